@@ -1,0 +1,44 @@
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`.
+//!
+//! Scrapes read atomics and metric families; they never block the data path.
+
+use std::sync::Arc;
+
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use crate::error::{error_response, full, GatewayError, ProxyBody};
+use crate::state::App;
+
+pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => {
+            let mut r = Response::new(full(app.metrics.encode()));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+            r
+        }
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/readyz") => {
+            let snap = app.snapshot();
+            let mut lines = String::new();
+            for p in &snap.pools {
+                lines.push_str(&format!("pool {}: {}/{} replicas healthy\n", p.config.name, p.healthy_count(), p.replicas.len()));
+            }
+            if snap.ready() {
+                text(StatusCode::OK, &format!("ready\n{lines}"))
+            } else {
+                let mut r = error_response(StatusCode::SERVICE_UNAVAILABLE, &format!("not ready: {}", lines.trim_end().replace('\n', "; ")), "service_unavailable", None, "not_ready");
+                r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            }
+        }
+        (m, p) => GatewayError::NotFound { method: m.to_string(), path: p.to_string() }.into_response(),
+    }
+}
+
+fn text(status: StatusCode, body: &str) -> Response<ProxyBody> {
+    let mut r = Response::new(full(body.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}

@@ -1,0 +1,109 @@
+//! Classification: who is calling (API key) and which SLO class the request
+//! runs under (`x-slo-class`, else the key's first class, else
+//! `default_class`). Keys are compared as SHA-256 digests in constant time
+//! and never logged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::{Config, Tier};
+use crate::error::GatewayError;
+
+/// A class as the request path needs it.
+#[derive(Debug, Clone)]
+pub struct Class {
+    pub name: Arc<str>,
+    pub tier: Tier,
+    pub ttft: Duration,
+    pub itl: Duration,
+}
+
+/// One configured API key, stored only as its digest.
+pub struct ApiKey {
+    pub name: String,
+    digest: [u8; 32],
+    /// Allowed classes, in the configured order (the first is the default).
+    pub classes: Vec<Arc<Class>>,
+}
+
+/// Everything classification needs, built once per config snapshot.
+pub struct Classifier {
+    classes: Vec<Arc<Class>>,
+    default_class: Arc<Class>,
+    keys: Vec<ApiKey>,
+}
+
+impl Classifier {
+    pub fn new(config: &Config) -> Result<Classifier, String> {
+        let classes: Vec<Arc<Class>> = config
+            .classes
+            .iter()
+            .map(|(name, c)| Arc::new(Class { name: name.as_str().into(), tier: c.tier, ttft: c.ttft.get(), itl: c.itl.get() }))
+            .collect();
+        let find = |n: &str| classes.iter().find(|c| &*c.name == n).cloned();
+        let default_class = find(&config.default_class).ok_or_else(|| format!("default_class `{}` is not a class", config.default_class))?;
+        let mut keys = Vec::new();
+        for k in &config.auth.keys {
+            let digest: [u8; 32] = match (&k.key_env, &k.key_sha256) {
+                (Some(env), _) => {
+                    let v = std::env::var(env).map_err(|_| format!("auth key `{}`: environment variable {env} is not set", k.name))?;
+                    Sha256::digest(v.as_bytes()).into()
+                }
+                (None, Some(h)) => {
+                    let raw = hex::decode(h).map_err(|e| format!("auth key `{}`: key_sha256: {e}", k.name))?;
+                    raw.try_into().map_err(|_| format!("auth key `{}`: key_sha256 must be 32 bytes", k.name))?
+                }
+                (None, None) => return Err(format!("auth key `{}` has no key", k.name)),
+            };
+            let allowed = k.classes.iter().map(|c| find(c).ok_or_else(|| format!("auth key `{}`: unknown class `{c}`", k.name))).collect::<Result<_, _>>()?;
+            keys.push(ApiKey { name: k.name.clone(), digest, classes: allowed });
+        }
+        Ok(Classifier { classes, default_class, keys })
+    }
+
+    pub fn classes(&self) -> &[Arc<Class>] {
+        &self.classes
+    }
+
+    pub fn class(&self, name: &str) -> Option<&Arc<Class>> {
+        self.classes.iter().find(|c| &*c.name == name)
+    }
+
+    /// Decide the class of a request from its headers.
+    pub fn classify(&self, headers: &http::HeaderMap) -> Result<Arc<Class>, GatewayError> {
+        let wanted = headers.get("x-slo-class").map(|v| v.to_str().map(str::trim).unwrap_or(""));
+        if self.keys.is_empty() {
+            return match wanted {
+                None => Ok(self.default_class.clone()),
+                Some(n) => self.class(n).cloned().ok_or_else(|| GatewayError::UnknownClass(n.to_string())),
+            };
+        }
+        let token = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .ok_or(GatewayError::Unauthorized)?;
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        // Compare against every key so timing does not reveal which matched.
+        let mut found: Option<&ApiKey> = None;
+        for k in &self.keys {
+            if bool::from(k.digest.ct_eq(&digest)) {
+                found = Some(k);
+            }
+        }
+        let key = found.ok_or(GatewayError::Unauthorized)?;
+        match wanted {
+            None => key.classes.first().cloned().ok_or(GatewayError::Unauthorized),
+            Some(n) => {
+                if self.class(n).is_none() {
+                    return Err(GatewayError::UnknownClass(n.to_string()));
+                }
+                key.classes.iter().find(|c| &*c.name == n).cloned().ok_or_else(|| GatewayError::ClassForbidden(n.to_string()))
+            }
+        }
+    }
+}

@@ -1,0 +1,430 @@
+//! Configuration: parse `slogate.yaml`, check it, and say every problem with
+//! the field it is in (`pools[0].replicas[1]: ...`), not only the first.
+//!
+//! Parsing goes section by section (and pool by pool, class by class) through
+//! `serde_path_to_error`, so one bad field does not hide the others; semantic
+//! checks then run over whatever parsed.
+
+mod types;
+
+use std::path::Path;
+
+pub use types::*;
+
+/// One problem in a config file: the dotted field path and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+/// Every problem found in a config, one per line when displayed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}", self.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigError(pub Vec<Problem>);
+
+const SECTIONS: &[&str] = &[
+    "server",
+    "pools",
+    "classes",
+    "default_class",
+    "tiers",
+    "slo",
+    "breaker",
+    "context_reduction",
+    "auth",
+    "telemetry",
+];
+
+impl Config {
+    /// Read and check a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError(vec![Problem { field: String::new(), message: format!("cannot read {}: {e}", path.display()) }])
+        })?;
+        Config::parse(&text)
+    }
+
+    /// Parse and check config text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let mut problems = Vec::new();
+        let value: serde_norway::Value = match serde_norway::from_str(text) {
+            Ok(v) => v,
+            Err(e) => {
+                return Err(ConfigError(vec![Problem { field: String::new(), message: format!("not valid YAML: {e}") }]));
+            }
+        };
+        let mut cfg = Config::default();
+        // Original indices of the pools that parsed, and classes that did not,
+        // so later checks name the right field and do not repeat a problem.
+        let mut seen = Parsed { pool_index: (0..cfg.pools.len()).collect(), pools_given: cfg.pools.len(), failed_classes: Vec::new() };
+        let map = match value {
+            serde_norway::Value::Null => serde_norway::Mapping::new(),
+            serde_norway::Value::Mapping(m) => m,
+            _ => {
+                return Err(ConfigError(vec![Problem {
+                    field: String::new(),
+                    message: "the top level must be a mapping of sections".into(),
+                }]));
+            }
+        };
+        for (k, v) in map {
+            let Some(key) = k.as_str() else {
+                problems.push(Problem { field: format!("{k:?}"), message: "section names must be strings".into() });
+                continue;
+            };
+            match key {
+                "server" => section(key, v, &mut cfg.server, &mut problems),
+                "default_class" => section(key, v, &mut cfg.default_class, &mut problems),
+                "tiers" => section(key, v, &mut cfg.tiers, &mut problems),
+                "slo" => section(key, v, &mut cfg.slo, &mut problems),
+                "breaker" => section(key, v, &mut cfg.breaker, &mut problems),
+                "context_reduction" => section(key, v, &mut cfg.context_reduction, &mut problems),
+                "auth" => section(key, v, &mut cfg.auth, &mut problems),
+                "telemetry" => section(key, v, &mut cfg.telemetry, &mut problems),
+                "pools" => match v {
+                    serde_norway::Value::Sequence(items) => {
+                        seen.pool_index.clear();
+                        seen.pools_given = items.len();
+                        cfg.pools = items
+                            .into_iter()
+                            .enumerate()
+                            .filter_map(|(i, item)| {
+                                let p = parse_part(&format!("pools[{i}]"), item, &mut problems)?;
+                                seen.pool_index.push(i);
+                                Some(p)
+                            })
+                            .collect();
+                    }
+                    _ => problems.push(Problem { field: "pools".into(), message: "must be a list of pools".into() }),
+                },
+                "classes" => match v {
+                    serde_norway::Value::Mapping(items) => {
+                        cfg.classes = items
+                            .into_iter()
+                            .filter_map(|(name, item)| {
+                                let name = name.as_str().map(str::to_owned).unwrap_or_else(|| format!("{name:?}"));
+                                let parsed = parse_part(&format!("classes.{name}"), item, &mut problems);
+                                if parsed.is_none() {
+                                    seen.failed_classes.push(name.clone());
+                                }
+                                parsed.map(|c| (name, c))
+                            })
+                            .collect();
+                    }
+                    _ => problems.push(Problem { field: "classes".into(), message: "must be a mapping of class name to class".into() }),
+                },
+                other => problems.push(Problem {
+                    field: other.into(),
+                    message: format!("unknown section, expected one of: {}", SECTIONS.join(", ")),
+                }),
+            }
+        }
+        cfg.validate(&seen, &mut problems);
+        if problems.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(ConfigError(problems))
+        }
+    }
+
+    /// The class with the given name.
+    pub fn class(&self, name: &str) -> Option<&ClassConfig> {
+        self.classes.get(name)
+    }
+
+    fn validate(&self, seen: &Parsed, p: &mut Vec<Problem>) {
+        let class_known = |c: &str| self.classes.contains_key(c) || seen.failed_classes.iter().any(|f| f == c);
+        let mut bad = |field: String, message: String| p.push(Problem { field, message });
+        if self.server.listen == self.server.admin_listen && self.server.listen.port() != 0 {
+            bad("server.admin_listen".into(), "must differ from server.listen".into());
+        }
+        if let Some(tls) = &self.server.tls {
+            for (f, path) in [("cert", &tls.cert), ("key", &tls.key)] {
+                if !path.is_file() {
+                    bad(format!("server.tls.{f}"), format!("file {} does not exist", path.display()));
+                }
+            }
+        }
+        if self.server.max_request_body.0 == 0 {
+            bad("server.max_request_body".into(), "must be greater than 0".into());
+        }
+        if self.pools.is_empty() && seen.pool_index.len() == seen.pools_given {
+            bad("pools".into(), "at least one pool is required".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut models: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (pool, &i) in self.pools.iter().zip(&seen.pool_index) {
+            let f = |s: &str| format!("pools[{i}].{s}");
+            if pool.name.is_empty() {
+                bad(f("name"), "must not be empty".into());
+            } else if !names.insert(pool.name.as_str()) {
+                bad(f("name"), format!("pool name `{}` is used twice", pool.name));
+            }
+            if pool.models.is_empty() {
+                bad(f("models"), "list at least one model, or [auto]".into());
+            }
+            for (j, m) in pool.models.iter().enumerate() {
+                if m.is_empty() {
+                    bad(format!("pools[{i}].models[{j}]"), "must not be empty".into());
+                } else if m != "auto" {
+                    if let Some(other) = models.insert(m.as_str(), i) {
+                        bad(format!("pools[{i}].models[{j}]"), format!("model `{m}` is already served by pools[{other}]"));
+                    }
+                }
+            }
+            if pool.replicas.is_empty() {
+                bad(f("replicas"), "at least one replica is required".into());
+            }
+            for (j, r) in pool.replicas.iter().enumerate() {
+                if let Err(e) = parse_replica_url(r) {
+                    bad(format!("pools[{i}].replicas[{j}]"), e);
+                }
+            }
+            if pool.max_inflight_per_replica == 0 {
+                bad(f("max_inflight_per_replica"), "must be at least 1".into());
+            }
+            if !pool.health.path.starts_with('/') {
+                bad(f("health.path"), "must start with /".into());
+            }
+            for (name, d) in [("health.interval", pool.health.interval), ("health.timeout", pool.health.timeout)] {
+                if d.get().is_zero() {
+                    bad(f(name), "must be greater than 0".into());
+                }
+            }
+            for (name, n) in [("health.unhealthy_after", pool.health.unhealthy_after), ("health.healthy_after", pool.health.healthy_after)] {
+                if n == 0 {
+                    bad(f(name), "must be at least 1".into());
+                }
+            }
+            let t = &pool.timeouts;
+            for (name, d) in [("timeouts.connect", t.connect), ("timeouts.first_token", t.first_token), ("timeouts.idle", t.idle), ("timeouts.total", t.total)] {
+                if d.get().is_zero() {
+                    bad(f(name), "must be greater than 0".into());
+                }
+            }
+        }
+        if self.classes.is_empty() && seen.failed_classes.is_empty() {
+            bad("classes".into(), "at least one class is required".into());
+        }
+        for (name, c) in &self.classes {
+            if name.is_empty() || !name.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_') {
+                bad(format!("classes.{name}"), "class names use letters, digits, - and _ only".into());
+            }
+            if c.ttft.get().is_zero() {
+                bad(format!("classes.{name}.ttft"), "must be greater than 0".into());
+            }
+            if c.itl.get().is_zero() {
+                bad(format!("classes.{name}.itl"), "must be greater than 0".into());
+            }
+        }
+        if !class_known(&self.default_class) {
+            bad("default_class".into(), format!("`{}` is not one of the classes", self.default_class));
+        }
+        for (tier, t) in [("interactive", &self.tiers.interactive), ("batch", &self.tiers.batch)] {
+            if t.queue_capacity == 0 {
+                bad(format!("tiers.{tier}.queue_capacity"), "must be at least 1".into());
+            }
+            if t.queue_timeout.get().is_zero() {
+                bad(format!("tiers.{tier}.queue_timeout"), "must be greater than 0".into());
+            }
+            if !(0.0..1.0).contains(&t.reserved_share) {
+                bad(format!("tiers.{tier}.reserved_share"), "must be at least 0 and below 1".into());
+            }
+        }
+        if self.tiers.batch.reserved_share != 0.0 {
+            bad("tiers.batch.reserved_share".into(), "only the interactive tier reserves slots".into());
+        }
+        for (name, v) in [("slo.latency_objective", self.slo.latency_objective), ("slo.availability_objective", self.slo.availability_objective)] {
+            if !(v > 0.0 && v < 1.0) {
+                bad(name.into(), "must be between 0 and 1, e.g. 0.99".into());
+            }
+        }
+        if self.slo.window.get().is_zero() {
+            bad("slo.window".into(), "must be greater than 0".into());
+        }
+        for (i, a) in self.slo.burn_alerts.iter().enumerate() {
+            if a.short >= a.long {
+                bad(format!("slo.burn_alerts[{i}].short"), format!("must be shorter than long ({})", a.long));
+            }
+            if a.long > self.slo.window {
+                bad(format!("slo.burn_alerts[{i}].long"), "must not exceed slo.window".into());
+            }
+            if a.short.get().is_zero() {
+                bad(format!("slo.burn_alerts[{i}].short"), "must be greater than 0".into());
+            }
+            if !(a.factor > 0.0) {
+                bad(format!("slo.burn_alerts[{i}].factor"), "must be greater than 0".into());
+            }
+        }
+        let b = &self.breaker;
+        if !(b.trip_ratio >= 1.0) {
+            bad("breaker.trip_ratio".into(), "must be at least 1.0".into());
+        }
+        for (name, d) in [("breaker.trip_after", b.trip_after), ("breaker.window", b.window), ("breaker.retry_after", b.retry_after)] {
+            if d.get().is_zero() {
+                bad(name.into(), "must be greater than 0".into());
+            }
+        }
+        if b.min_samples == 0 {
+            bad("breaker.min_samples".into(), "must be at least 1".into());
+        }
+        let r = &self.context_reduction;
+        if !(r.trigger_ratio >= 1.0) {
+            bad("context_reduction.trigger_ratio".into(), "must be at least 1.0".into());
+        }
+        for (name, v) in [("max_tokens_cap", r.max_tokens_cap), ("max_documents", r.max_documents), ("max_prompt_tokens", r.max_prompt_tokens)] {
+            if v == 0 {
+                bad(format!("context_reduction.{name}"), "must be at least 1".into());
+            }
+        }
+        let mut key_names = std::collections::HashSet::new();
+        for (i, k) in self.auth.keys.iter().enumerate() {
+            let f = |s: &str| format!("auth.keys[{i}].{s}");
+            if k.name.is_empty() {
+                bad(f("name"), "must not be empty".into());
+            } else if !key_names.insert(k.name.as_str()) {
+                bad(f("name"), format!("key name `{}` is used twice", k.name));
+            }
+            match (&k.key_env, &k.key_sha256) {
+                (Some(_), Some(_)) | (None, None) => bad(format!("auth.keys[{i}]"), "give exactly one of key_env and key_sha256".into()),
+                (Some(env), None) => {
+                    if std::env::var(env).map(|v| v.is_empty()).unwrap_or(true) {
+                        bad(f("key_env"), format!("environment variable {env} is not set"));
+                    }
+                }
+                (None, Some(h)) => {
+                    if h.len() != 64 || !h.chars().all(|c| c.is_ascii_hexdigit()) {
+                        bad(f("key_sha256"), "must be 64 hex digits (the SHA-256 of the key)".into());
+                    }
+                }
+            }
+            if k.classes.is_empty() {
+                bad(f("classes"), "list at least one class".into());
+            }
+            for (j, c) in k.classes.iter().enumerate() {
+                if !class_known(c) {
+                    bad(format!("auth.keys[{i}].classes[{j}]"), format!("`{c}` is not one of the classes"));
+                }
+            }
+        }
+        if let Some(ep) = &self.telemetry.otlp_endpoint {
+            if parse_replica_url(ep).is_err() {
+                bad("telemetry.otlp_endpoint".into(), "must be an http(s)://host:port URL".into());
+            }
+        }
+    }
+}
+
+struct Parsed {
+    pool_index: Vec<usize>,
+    pools_given: usize,
+    failed_classes: Vec<String>,
+}
+
+/// Check a replica base URL: `http://host:port` with an optional path prefix.
+pub fn parse_replica_url(s: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return Err(format!("`{s}`: https replicas are not supported yet; use http://")),
+        _ => return Err(format!("`{s}` must start with http://")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("`{s}` has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("`{s}` must not have a query"));
+    }
+    Ok(uri)
+}
+
+fn section<T: serde::de::DeserializeOwned>(name: &str, v: serde_norway::Value, slot: &mut T, problems: &mut Vec<Problem>) {
+    if let Some(parsed) = parse_part(name, v, problems) {
+        *slot = parsed;
+    }
+}
+
+fn parse_part<T: serde::de::DeserializeOwned>(prefix: &str, v: serde_norway::Value, problems: &mut Vec<Problem>) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(v) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let path = e.path().to_string();
+            let field = if path == "." || path.is_empty() {
+                prefix.to_string()
+            } else if path.starts_with('[') {
+                format!("{prefix}{path}")
+            } else {
+                format!("{prefix}.{path}")
+            };
+            problems.push(Problem { field, message: e.into_inner().to_string() });
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_reference_default() {
+        let c = Config::parse("").expect("defaults are valid");
+        assert_eq!(c.pools[0].max_inflight_per_replica, 32);
+        assert_eq!(c.classes["voice"].ttft, Dur::millis(150));
+        assert_eq!(c.server.max_request_body, Size(4 * 1024 * 1024));
+        assert_eq!(c.slo.window, Dur::secs(28 * 86_400));
+        assert_eq!(c.default_class, "chat");
+    }
+
+    #[test]
+    fn partial_section_keeps_the_other_defaults() {
+        let c = Config::parse("pools:\n  - name: p\n    models: [m]\n    replicas: [http://127.0.0.1:1]\n    timeouts: { idle: 5s }\n").expect("valid");
+        assert_eq!(c.pools[0].timeouts.idle, Dur::secs(5));
+        assert_eq!(c.pools[0].timeouts.first_token, Dur::secs(60));
+        assert_eq!(c.pools[0].health.unhealthy_after, 2);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_field() {
+        let text = "server:\n  listen: nope\npools:\n  - name: a\n    models: [m]\n    replicas: [http://127.0.0.1:1]\n  - name: a\n    models: [m]\n    replicas: [http://127.0.0.1:2, 'not a url']\n    max_inflight_per_replica: 0\n  - name: c\n    models: [x]\n    replicas: [http://127.0.0.1:3]\n    balance: random\nclasses:\n  chat: { tier: interactive, ttft: 3 bananas, itl: 50ms }\nbogus: 1\n";
+        let err = Config::parse(text).expect_err("invalid").0;
+        let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
+        for want in ["server.listen", "pools[2].balance", "pools[1].name", "pools[1].models[0]", "pools[1].replicas[1]", "pools[1].max_inflight_per_replica", "classes.chat.ttft", "bogus"] {
+            assert!(fields.contains(&want), "missing {want} in {fields:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_errors() {
+        let err = Config::parse("breaker:\n  trip_ratoi: 3\n").expect_err("typo").0;
+        assert_eq!(err.len(), 1);
+        assert!(err[0].field.starts_with("breaker"), "{:?}", err[0]);
+        assert!(err[0].message.contains("trip_ratoi"), "{:?}", err[0]);
+    }
+
+    #[test]
+    fn replica_urls_are_checked() {
+        let err = Config::parse("pools:\n  - name: a\n    models: [m]\n    replicas: [http://127.0.0.1:1, 'ftp://x']\n").expect_err("bad").0;
+        assert_eq!(err[0].field, "pools[0].replicas[1]");
+    }
+
+    #[test]
+    fn auth_keys_need_exactly_one_source_and_known_classes() {
+        let err = Config::parse("auth:\n  keys:\n    - { name: a, classes: [chat] }\n    - { name: b, key_sha256: abc, classes: [nope] }\n").expect_err("bad").0;
+        let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
+        assert!(fields.contains(&"auth.keys[0]"), "{fields:?}");
+        assert!(fields.contains(&"auth.keys[1].key_sha256"), "{fields:?}");
+        assert!(fields.contains(&"auth.keys[1].classes[0]"), "{fields:?}");
+    }
+}

@@ -1,0 +1,396 @@
+//! Serde shapes of `slogate.yaml`, with the defaults of `slogate.reference.yaml`.
+//!
+//! Every struct denies unknown fields and fills what a file leaves out from
+//! its `Default`, so a section given in part keeps the defaults of the rest.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use indexmap::IndexMap;
+use serde::{Deserialize, Deserializer};
+
+/// A duration written as a string: `300ms`, `30s`, `28d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Dur(pub Duration);
+
+impl Dur {
+    pub const fn secs(s: u64) -> Self {
+        Dur(Duration::from_secs(s))
+    }
+    pub const fn millis(ms: u64) -> Self {
+        Dur(Duration::from_millis(ms))
+    }
+    pub fn get(self) -> Duration {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(s.trim())
+            .map(Dur)
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration `{s}`: {e} (write e.g. 300ms, 30s, 28d)")))
+    }
+}
+
+impl std::fmt::Display for Dur {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+/// A size written as a string: `4MiB`, `512KiB`, or a plain byte count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Size(n)),
+            Raw::S(s) => s
+                .trim()
+                .parse::<bytesize::ByteSize>()
+                .map(|b| Size(b.as_u64()))
+                .map_err(|e| serde::de::Error::custom(format!("invalid size `{s}`: {e} (write e.g. 4MiB)"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub pools: Vec<PoolConfig>,
+    pub classes: IndexMap<String, ClassConfig>,
+    pub default_class: String,
+    pub tiers: TiersConfig,
+    pub slo: SloConfig,
+    pub breaker: BreakerConfig,
+    pub context_reduction: ContextReductionConfig,
+    pub auth: AuthConfig,
+    pub telemetry: TelemetryConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server: ServerConfig::default(),
+            pools: vec![PoolConfig::default()],
+            classes: default_classes(),
+            default_class: "chat".into(),
+            tiers: TiersConfig::default(),
+            slo: SloConfig::default(),
+            breaker: BreakerConfig::default(),
+            context_reduction: ContextReductionConfig::default(),
+            auth: AuthConfig::default(),
+            telemetry: TelemetryConfig::default(),
+        }
+    }
+}
+
+/// Seed 003's SLO table.
+pub fn default_classes() -> IndexMap<String, ClassConfig> {
+    let c = |tier, ttft, itl| ClassConfig { tier, ttft: Dur::millis(ttft), itl: Dur::millis(itl) };
+    [
+        ("chat", c(Tier::Interactive, 300, 50)),
+        ("voice", c(Tier::Interactive, 150, 30)),
+        ("code-inline", c(Tier::Interactive, 100, 25)),
+        ("code-panel", c(Tier::Interactive, 300, 50)),
+        ("rag", c(Tier::Interactive, 400, 80)),
+        ("batch", c(Tier::Batch, 3000, 200)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub tls: Option<TlsConfig>,
+    pub max_request_body: Size,
+    pub shutdown_grace: Dur,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            tls: None,
+            max_request_body: Size(4 << 20),
+            shutdown_grace: Dur::secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    RoundRobin,
+    LeastLoaded,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    pub name: String,
+    pub models: Vec<String>,
+    pub replicas: Vec<String>,
+    pub max_inflight_per_replica: u32,
+    pub balance: Balance,
+    pub health: HealthConfig,
+    pub scrape_metrics: Dur,
+    pub timeouts: TimeoutsConfig,
+    /// Pass the tier to vLLM's `priority` field (replicas run `--scheduling-policy priority`).
+    pub upstream_priority: bool,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            name: "default".into(),
+            models: vec!["auto".into()],
+            replicas: vec!["http://127.0.0.1:8000".into(), "http://127.0.0.1:8001".into()],
+            max_inflight_per_replica: 32,
+            balance: Balance::LeastLoaded,
+            health: HealthConfig::default(),
+            scrape_metrics: Dur::secs(1),
+            timeouts: TimeoutsConfig::default(),
+            upstream_priority: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    pub path: String,
+    pub interval: Dur,
+    pub timeout: Dur,
+    pub unhealthy_after: u32,
+    pub healthy_after: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            path: "/health".into(),
+            interval: Dur::secs(2),
+            timeout: Dur::secs(1),
+            unhealthy_after: 2,
+            healthy_after: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeoutsConfig {
+    pub connect: Dur,
+    pub first_token: Dur,
+    pub idle: Dur,
+    pub total: Dur,
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        TimeoutsConfig {
+            connect: Dur::secs(2),
+            first_token: Dur::secs(60),
+            idle: Dur::secs(60),
+            total: Dur::secs(30 * 60),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    Interactive,
+    Batch,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Interactive => "interactive",
+            Tier::Batch => "batch",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    pub tier: Tier,
+    pub ttft: Dur,
+    pub itl: Dur,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TiersConfig {
+    pub interactive: TierConfig,
+    pub batch: TierConfig,
+}
+
+impl Default for TiersConfig {
+    fn default() -> Self {
+        TiersConfig {
+            interactive: TierConfig { queue_capacity: 256, queue_timeout: Dur::secs(2), reserved_share: 0.25 },
+            batch: TierConfig { queue_capacity: 10_000, queue_timeout: Dur::secs(120), reserved_share: 0.0 },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierConfig {
+    #[serde(default = "default_queue_capacity")]
+    pub queue_capacity: u32,
+    #[serde(default = "default_queue_timeout")]
+    pub queue_timeout: Dur,
+    #[serde(default)]
+    pub reserved_share: f64,
+}
+
+fn default_queue_capacity() -> u32 {
+    256
+}
+fn default_queue_timeout() -> Dur {
+    Dur::secs(2)
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SloConfig {
+    pub latency_objective: f64,
+    pub availability_objective: f64,
+    pub window: Dur,
+    pub burn_alerts: Vec<BurnAlert>,
+}
+
+impl Default for SloConfig {
+    fn default() -> Self {
+        let a = |long, short, factor, severity| BurnAlert { long: Dur::secs(long), short: Dur::secs(short), factor, severity };
+        SloConfig {
+            latency_objective: 0.99,
+            availability_objective: 0.999,
+            window: Dur::secs(28 * 86_400),
+            burn_alerts: vec![
+                a(3_600, 300, 14.4, Severity::Page),
+                a(6 * 3_600, 1_800, 6.0, Severity::Page),
+                a(3 * 86_400, 6 * 3_600, 1.0, Severity::Ticket),
+            ],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Page,
+    Ticket,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BurnAlert {
+    pub long: Dur,
+    pub short: Dur,
+    pub factor: f64,
+    pub severity: Severity,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    pub trip_ratio: f64,
+    pub trip_after: Dur,
+    pub window: Dur,
+    pub min_samples: u32,
+    pub retry_after: Dur,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            trip_ratio: 2.0,
+            trip_after: Dur::secs(30),
+            window: Dur::secs(30),
+            min_samples: 20,
+            retry_after: Dur::secs(5),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContextReductionConfig {
+    pub trigger_ratio: f64,
+    pub trigger_after: Dur,
+    pub max_tokens_cap: u32,
+    pub max_documents: u32,
+    pub max_prompt_tokens: u32,
+}
+
+impl Default for ContextReductionConfig {
+    fn default() -> Self {
+        ContextReductionConfig {
+            trigger_ratio: 2.0,
+            trigger_after: Dur::secs(10),
+            max_tokens_cap: 256,
+            max_documents: 3,
+            max_prompt_tokens: 2048,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub keys: Vec<KeyConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    pub name: String,
+    #[serde(default)]
+    pub key_env: Option<String>,
+    #[serde(default)]
+    pub key_sha256: Option<String>,
+    pub classes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    pub otlp_endpoint: Option<String>,
+    pub log_format: LogFormat,
+}

@@ -1,0 +1,133 @@
+//! The one place an error becomes an HTTP response.
+//!
+//! Every error slogate itself produces is OpenAI's
+//! `{"error": {"message", "type", "param", "code"}}` with the status from
+//! DESIGN.md; errors from replicas are passed through unchanged elsewhere.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+use crate::config::Dur;
+use crate::telemetry::Outcome;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The response body type of both listeners.
+pub type ProxyBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("request body is larger than the {limit}-byte limit")]
+    PayloadTooLarge { limit: u64 },
+    #[error("could not read the request body")]
+    BodyRead(#[source] BoxError),
+    #[error("request body is not valid JSON: {0}")]
+    MalformedJson(#[source] serde_json::Error),
+    #[error("{message}")]
+    InvalidRequest { message: String, param: Option<&'static str> },
+    #[error("The model `{0}` does not exist")]
+    ModelNotFound(String),
+    #[error("no route for {method} {path}")]
+    NotFound { method: String, path: String },
+    #[error("missing or invalid API key (send `Authorization: Bearer <key>`)")]
+    Unauthorized,
+    #[error("this API key may not use SLO class `{0}`")]
+    ClassForbidden(String),
+    #[error("unknown SLO class `{0}` in x-slo-class")]
+    UnknownClass(String),
+    #[error("all replicas of pool `{pool}` are busy; retry later")]
+    Saturated { pool: String, retry_after: u64 },
+    #[error("no healthy replica in pool `{pool}`")]
+    NoHealthyReplica { pool: String },
+    #[error("replica {replica} failed: {source}")]
+    Upstream {
+        replica: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error("replica {replica} sent no response within {after}")]
+    UpstreamTimeout { replica: String, after: Dur },
+}
+
+impl GatewayError {
+    pub fn status(&self) -> StatusCode {
+        use GatewayError::*;
+        match self {
+            PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyRead(_) | MalformedJson(_) | InvalidRequest { .. } | UnknownClass(_) => StatusCode::BAD_REQUEST,
+            ModelNotFound(_) | NotFound { .. } => StatusCode::NOT_FOUND,
+            Unauthorized => StatusCode::UNAUTHORIZED,
+            ClassForbidden(_) => StatusCode::FORBIDDEN,
+            Saturated { .. } => StatusCode::TOO_MANY_REQUESTS,
+            NoHealthyReplica { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Upstream { .. } => StatusCode::BAD_GATEWAY,
+            UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// How a request that ended with this error is counted.
+    pub fn outcome(&self) -> Outcome {
+        use GatewayError::*;
+        match self {
+            Saturated { .. } => Outcome::rejected,
+            NoHealthyReplica { .. } => Outcome::unavailable,
+            Upstream { .. } => Outcome::upstream_error,
+            UpstreamTimeout { .. } => Outcome::timeout,
+            _ => Outcome::client_error,
+        }
+    }
+
+    fn kind(&self) -> (&'static str, Option<&'static str>, &'static str) {
+        use GatewayError::*;
+        match self {
+            PayloadTooLarge { .. } => ("invalid_request_error", None, "payload_too_large"),
+            BodyRead(_) => ("invalid_request_error", None, "body_read_error"),
+            MalformedJson(_) => ("invalid_request_error", None, "invalid_json"),
+            InvalidRequest { param, .. } => ("invalid_request_error", *param, "invalid_request"),
+            ModelNotFound(_) => ("invalid_request_error", Some("model"), "model_not_found"),
+            NotFound { .. } => ("invalid_request_error", None, "not_found"),
+            Unauthorized => ("authentication_error", None, "invalid_api_key"),
+            ClassForbidden(_) => ("permission_error", Some("x-slo-class"), "class_not_allowed"),
+            UnknownClass(_) => ("invalid_request_error", Some("x-slo-class"), "unknown_class"),
+            Saturated { .. } => ("rate_limit_error", None, "replicas_busy"),
+            NoHealthyReplica { .. } => ("service_unavailable", None, "no_healthy_replica"),
+            Upstream { .. } => ("upstream_error", None, "upstream_unreachable"),
+            UpstreamTimeout { .. } => ("timeout", None, "upstream_timeout"),
+        }
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            GatewayError::Saturated { retry_after, .. } => Some(*retry_after),
+            GatewayError::NoHealthyReplica { .. } => Some(1),
+            _ => None,
+        }
+    }
+
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let (ty, param, code) = self.kind();
+        let mut resp = error_response(self.status(), &self.to_string(), ty, param, code);
+        if let Some(secs) = self.retry_after() {
+            resp.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+/// The OpenAI error JSON for a message.
+pub fn error_json(message: &str, ty: &str, param: Option<&str>, code: impl serde::Serialize) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"error": {"message": message, "type": ty, "param": param, "code": code}}))
+        .unwrap_or_else(|_| br#"{"error":{"message":"internal error","type":"internal_error","param":null,"code":null}}"#.to_vec())
+}
+
+pub fn error_response(status: StatusCode, message: &str, ty: &str, param: Option<&str>, code: &str) -> Response<ProxyBody> {
+    let mut resp = Response::new(full(error_json(message, ty, param, code)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// A complete body.
+pub fn full(b: impl Into<Bytes>) -> ProxyBody {
+    Full::new(b.into()).map_err(|never| match never {}).boxed_unsync()
+}

@@ -1,0 +1,106 @@
+//! slogate: an OpenAI-compatible streaming gateway for vLLM replicas that
+//! measures TTFT, ITL and availability where the caller feels them.
+//!
+//! The request path, one way (see DESIGN.md):
+//! `server` accepts → `classify` picks the SLO class → `proxy` reads the body
+//! and finds the pool → `upstream` leases a replica slot → `proxy` forwards
+//! and wraps the body in an observer → `telemetry` records one outcome when
+//! the body ends or is dropped, and the lease is released with it.
+//!
+//! [`Gateway::start`] builds the whole service, so tests run it in-process.
+
+pub mod admin;
+pub mod classify;
+pub mod config;
+pub mod error;
+pub mod proxy;
+pub mod server;
+pub mod state;
+pub mod telemetry;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use config::Config;
+use state::{App, Snapshot};
+use telemetry::Metrics;
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// A running gateway: both listeners and the background tasks.
+pub struct Gateway {
+    pub data_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub tls: bool,
+    pub app: Arc<App>,
+    stop: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Gateway {
+    /// Bind both listeners and start serving `config`.
+    pub async fn start(config: Config) -> Result<Gateway, StartError> {
+        let metrics = Arc::new(Metrics::new(&config));
+        let snapshot = Snapshot::prepare(config, &metrics).map_err(StartError::Setup)?;
+        let cfg = snapshot.config.clone();
+        let tls = match &cfg.server.tls {
+            Some(t) => Some(server::tls_acceptor(&t.cert, &t.key).map_err(StartError::Setup)?),
+            None => None,
+        };
+        let bind = |addr: SocketAddr| async move { TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source }) };
+        let data = bind(cfg.server.listen).await?;
+        let admin = bind(cfg.server.admin_listen).await?;
+        let data_addr = data.local_addr().map_err(|e| StartError::Setup(e.to_string()))?;
+        let admin_addr = admin.local_addr().map_err(|e| StartError::Setup(e.to_string()))?;
+
+        let app = Arc::new(App::new(snapshot, metrics));
+        let (stop, stop_rx) = watch::channel(false);
+        let mut background = Vec::new();
+        for pool in &app.snapshot().pools {
+            background.extend(upstream::health::spawn(pool.clone(), stop_rx.clone()));
+        }
+        let grace = cfg.server.shutdown_grace.get();
+        let a = app.clone();
+        let data_task = tokio::spawn(server::serve(data, tls.clone(), move |req| proxy::handle(req, a.clone()), stop_rx.clone(), grace));
+        let a = app.clone();
+        let admin_task = tokio::spawn(server::serve(admin, None, move |req| admin::handle(req, a.clone()), stop_rx, grace));
+        Ok(Gateway { data_addr, admin_addr, tls: tls.is_some(), app, stop, servers: vec![data_task, admin_task], background })
+    }
+
+    /// Stop accepting, let in-flight streams finish (up to `shutdown_grace`), stop.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        for t in self.servers.drain(..) {
+            let _ = t.await;
+        }
+        for t in self.background.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        for t in &self.background {
+            t.abort();
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Forwarding: the data-plane handler.
+//!
+//! Order of work for one request (data flows one way):
+//! 1. classify (`crate::classify`): class and tier, or 400/401/403;
+//! 2. read the body (413 past `max_request_body`, 400 if not JSON) and find
+//!    the pool serving its `model` (404 otherwise);
+//! 3. ask the replica for usage when the client streams without it;
+//! 4. lease a slot on a replica (`crate::upstream`): 503 when none is
+//!    healthy, 429 when all slots are taken;
+//! 5. send; a connect failure or a 5xx before any byte reached the client
+//!    is retried once on another healthy replica;
+//! 6. wrap the response body in an [`observe::ObservedBody`], which owns the
+//!    lease and the request's [`observe::Tracker`] until the stream ends.
+
+pub mod observe;
+pub mod sse;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use crate::error::{full, GatewayError, ProxyBody};
+use crate::state::{App, Snapshot};
+use crate::telemetry::Outcome;
+use crate::upstream::{Lease, PickError, Pool};
+use observe::{ObservedBody, StreamTimeouts, Tracker};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completions,
+    Embeddings,
+    /// Any other `/v1/*` POST that names a model.
+    Other,
+}
+
+/// Handle one data-plane request.
+pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
+    let start = Instant::now();
+    let snap = app.snapshot();
+    let endpoint = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/v1/models") => return models(&snap),
+        (&Method::POST, "/v1/chat/completions") => Endpoint::Chat,
+        (&Method::POST, "/v1/completions") => Endpoint::Completions,
+        (&Method::POST, "/v1/embeddings") => Endpoint::Embeddings,
+        (&Method::POST, p) if p.starts_with("/v1/") => Endpoint::Other,
+        (m, p) => return GatewayError::NotFound { method: m.to_string(), path: p.to_string() }.into_response(),
+    };
+    let class = match snap.classifier.classify(req.headers()) {
+        Ok(c) => c,
+        Err(e) => {
+            // No class yet: count it under the default class so 401s are visible.
+            let mut t = Tracker::new(app.metrics.clone(), snap.default_class(), start);
+            t.finish(e.outcome());
+            return e.into_response();
+        }
+    };
+    let mut tracker = Some(Tracker::new(app.metrics.clone(), class, start));
+    match forward(req, &snap, endpoint, &mut tracker).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            if let Some(mut t) = tracker.take() {
+                t.finish(e.outcome());
+            }
+            if e.status().is_server_error() {
+                tracing::warn!(error = %e, "request failed");
+            }
+            e.into_response()
+        }
+    }
+}
+
+fn models(snap: &Snapshot) -> Response<ProxyBody> {
+    let mut data = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for pool in &snap.pools {
+        for m in pool.model_objects() {
+            if let Some(id) = m.get("id").and_then(|v| v.as_str()) {
+                if seen.insert(id.to_string()) {
+                    data.push(m);
+                }
+            }
+        }
+    }
+    let body = serde_json::json!({"object": "list", "data": data});
+    let mut resp = Response::new(full(serde_json::to_vec(&body).unwrap_or_default()));
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<Bytes, GatewayError> {
+    if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
+        if len > limit {
+            return Err(GatewayError::PayloadTooLarge { limit });
+        }
+    }
+    match Limited::new(body, limit as usize).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::PayloadTooLarge { limit }),
+        Err(e) => Err(GatewayError::BodyRead(e)),
+    }
+}
+
+async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, tracker: &mut Option<Tracker>) -> Result<Response<ProxyBody>, GatewayError> {
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(body, &parts.headers, snap.config.server.max_request_body.0).await?;
+    let mut json: serde_json::Value = serde_json::from_slice(&bytes).map_err(GatewayError::MalformedJson)?;
+    let obj = json.as_object_mut().ok_or_else(|| GatewayError::InvalidRequest { message: "the request body must be a JSON object".into(), param: None })?;
+    let model = match obj.get("model") {
+        Some(serde_json::Value::String(m)) => m.clone(),
+        Some(_) => return Err(GatewayError::InvalidRequest { message: "`model` must be a string".into(), param: Some("model") }),
+        None if endpoint == Endpoint::Other => {
+            return Err(GatewayError::NotFound { method: parts.method.to_string(), path: parts.uri.path().to_string() });
+        }
+        None => return Err(GatewayError::InvalidRequest { message: "`model` is required".into(), param: Some("model") }),
+    };
+    let pool = snap.pool_for(&model).ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
+    let stream = matches!(endpoint, Endpoint::Chat | Endpoint::Completions) && obj.get("stream").and_then(|v| v.as_bool()) == Some(true);
+    let client_wants_usage = obj.get("stream_options").and_then(|o| o.get("include_usage")).and_then(|v| v.as_bool()) == Some(true);
+    let strip_usage = stream && !client_wants_usage;
+    let body = if strip_usage {
+        let opts = obj.entry("stream_options").or_insert_with(|| serde_json::json!({}));
+        if !opts.is_object() {
+            *opts = serde_json::json!({});
+        }
+        if let Some(o) = opts.as_object_mut() {
+            o.insert("include_usage".into(), serde_json::Value::Bool(true));
+        }
+        Bytes::from(serde_json::to_vec(&json).map_err(GatewayError::MalformedJson)?)
+    } else {
+        bytes
+    };
+    if let Some(t) = tracker.as_mut() {
+        t.set_model(&model);
+        t.set_streaming(stream);
+    }
+
+    let timeouts = StreamTimeouts {
+        first_token: pool.config.timeouts.first_token.get(),
+        idle: pool.config.timeouts.idle.get(),
+        total: pool.config.timeouts.total.get(),
+    };
+    let start = tracker.as_ref().map(|t| t.start()).unwrap_or_else(Instant::now);
+    // Until the response headers: the first-token budget for streams, the total otherwise.
+    let header_deadline = start + if stream { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
+
+    let mut lease = lease(pool, None)?;
+    let mut retried = false;
+    let resp = loop {
+        let replica = lease.replica().clone();
+        let upstream_req = build_upstream_request(&parts, &replica.url, body.clone())?;
+        let sent = tokio::time::timeout_at(header_deadline, pool.client.request(upstream_req)).await;
+        let failure: GatewayError = match sent {
+            Err(_) => {
+                let after = crate::config::Dur(header_deadline - start);
+                return Err(GatewayError::UpstreamTimeout { replica: replica.url.clone(), after });
+            }
+            Ok(Ok(resp)) if resp.status().is_server_error() && !retried => match pool.lease(Some(&replica)) {
+                Ok(other) => {
+                    tracing::info!(replica = %replica.url, status = %resp.status(), "replica answered 5xx before any byte was sent; retrying on another replica");
+                    drop(resp);
+                    lease = other;
+                    retried = true;
+                    continue;
+                }
+                Err(_) => break resp,
+            },
+            Ok(Ok(resp)) => break resp,
+            Ok(Err(e)) => GatewayError::Upstream { replica: replica.url.clone(), source: Box::new(e) },
+        };
+        if retried {
+            return Err(failure);
+        }
+        match pool.lease(Some(&replica)) {
+            Ok(other) => {
+                tracing::info!(error = %failure, "retrying on another replica");
+                lease = other;
+                retried = true;
+            }
+            Err(_) => return Err(failure),
+        }
+    };
+
+    let status = resp.status();
+    let replica_url = lease.replica().url.clone();
+    let Some(mut tracker) = tracker.take() else {
+        return Err(GatewayError::InvalidRequest { message: "internal: request tracker missing".into(), param: None });
+    };
+    let class_name = tracker.class().name.clone();
+    tracker.attach_lease(lease);
+    let (mut rparts, rbody) = resp.into_parts();
+    let is_sse = rparts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
+    let body: ProxyBody = if !status.is_success() {
+        tracker.finish(if status.is_server_error() { Outcome::upstream_error } else { Outcome::client_error });
+        ObservedBody::passthrough(rbody, tracker, timeouts).boxed_unsync()
+    } else if is_sse {
+        ObservedBody::sse(rbody, tracker, timeouts, strip_usage).boxed_unsync()
+    } else if endpoint == Endpoint::Other {
+        ObservedBody::passthrough(rbody, tracker, timeouts).boxed_unsync()
+    } else {
+        ObservedBody::json(rbody, tracker, timeouts).boxed_unsync()
+    };
+    strip_hop_by_hop(&mut rparts.headers);
+    if is_sse && strip_usage {
+        rparts.headers.remove(header::CONTENT_LENGTH);
+    }
+    let h = &mut rparts.headers;
+    if let Ok(v) = HeaderValue::from_str(&class_name) {
+        h.insert(HeaderName::from_static("x-slogate-class"), v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&replica_url) {
+        h.insert(HeaderName::from_static("x-slogate-replica"), v);
+    }
+    h.insert(HeaderName::from_static("x-slogate-queue-ms"), HeaderValue::from_static("0"));
+    Ok(Response::from_parts(rparts, body))
+}
+
+fn lease(pool: &Pool, exclude: Option<&Arc<crate::upstream::Replica>>) -> Result<Lease, GatewayError> {
+    pool.lease(exclude).map_err(|e| match e {
+        PickError::NoHealthy => GatewayError::NoHealthyReplica { pool: pool.config.name.clone() },
+        PickError::Saturated => GatewayError::Saturated { pool: pool.config.name.clone(), retry_after: 1 },
+    })
+}
+
+fn build_upstream_request(parts: &http::request::Parts, base: &str, body: Bytes) -> Result<Request<Full<Bytes>>, GatewayError> {
+    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let uri: http::Uri = format!("{base}{pq}").parse().map_err(|e: http::uri::InvalidUri| GatewayError::InvalidRequest { message: format!("cannot build upstream URI: {e}"), param: None })?;
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    let h = req.headers_mut();
+    for (k, v) in parts.headers.iter() {
+        if k == header::HOST || k == header::CONTENT_LENGTH || is_hop_by_hop(k) {
+            continue;
+        }
+        h.append(k.clone(), v.clone());
+    }
+    Ok(req)
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection" | "keep-alive" | "proxy-authenticate" | "proxy-authorization" | "te" | "trailer" | "transfer-encoding" | "upgrade" | "proxy-connection"
+    )
+}
+
+/// Remove hop-by-hop headers, including those named in `Connection`.
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    let hop: Vec<HeaderName> = h.keys().filter(|k| is_hop_by_hop(k)).cloned().collect();
+    for n in hop {
+        h.remove(n);
+    }
+}

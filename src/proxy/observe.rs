@@ -1,0 +1,496 @@
+//! The observed response body.
+//!
+//! [`ObservedBody`] wraps the replica's body. It forwards every frame the
+//! moment it arrives (no buffering, no re-chunking), parses SSE on the side,
+//! stamps the first content-bearing event (TTFT) and every gap between
+//! content events (ITL), enforces the first-token, idle and total timeouts,
+//! and owns the request's [`Tracker`]. The tracker holds the replica lease
+//! and records exactly one outcome when it is dropped: at end of stream, or
+//! when the client goes away (a cancellation, which also drops the upstream
+//! body and so cancels the replica's request).
+//!
+//! The one exception to "forward as it arrives": when the client did not ask
+//! for usage, slogate asked the replica for it and must cut the usage event
+//! back out. Then the bytes of an event still incomplete at the end of a read
+//! are held until the read that completes it; complete events are never held.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::time::{Instant, Sleep};
+
+use super::sse::{analyze, Block, SseParser, Usage};
+use crate::classify::Class;
+use crate::error::BoxError;
+use crate::telemetry::metrics::{BreachKind, BreachLabels, ClassLabels, Metrics, ModelClassLabels, OutcomeLabels, RequestLabels};
+use crate::telemetry::Outcome;
+use crate::upstream::Lease;
+
+/// Everything measured about one request; records itself once, on drop.
+pub struct Tracker {
+    metrics: Arc<Metrics>,
+    labels: RequestLabels,
+    class: Arc<Class>,
+    start: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    gaps: u64,
+    gaps_over: u64,
+    itl: Option<Histogram>,
+    usage: Option<Usage>,
+    streaming: bool,
+    outcome: Option<Outcome>,
+    /// The stream ended before `[DONE]` (an incomplete response).
+    cut: bool,
+    lease: Option<Lease>,
+}
+
+impl Tracker {
+    pub fn new(metrics: Arc<Metrics>, class: Arc<Class>, start: Instant) -> Tracker {
+        let labels = RequestLabels { model: "unknown".into(), class: class.name.to_string(), tier: class.tier.into() };
+        Tracker {
+            metrics,
+            labels,
+            class,
+            start,
+            first_token: None,
+            last_token: None,
+            gaps: 0,
+            gaps_over: 0,
+            itl: None,
+            usage: None,
+            streaming: false,
+            outcome: None,
+            cut: false,
+            lease: None,
+        }
+    }
+
+    /// Set the model label (a model a pool serves: bounded).
+    pub fn set_model(&mut self, model: &str) {
+        self.labels.model = model.to_string();
+    }
+
+    pub fn set_streaming(&mut self, streaming: bool) {
+        self.streaming = streaming;
+    }
+
+    pub fn attach_lease(&mut self, lease: Lease) {
+        self.lease = Some(lease);
+    }
+
+    pub fn class(&self) -> &Arc<Class> {
+        &self.class
+    }
+
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
+    /// Set the outcome; the first call wins.
+    pub fn finish(&mut self, outcome: Outcome) {
+        if self.outcome.is_none() {
+            self.outcome = Some(outcome);
+        }
+    }
+
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.outcome
+    }
+
+    fn content_event(&mut self, now: Instant) {
+        match self.last_token {
+            None => self.first_token = Some(now),
+            Some(prev) => {
+                let gap = now - prev;
+                let itl = self.itl.get_or_insert_with(|| self.metrics.itl.get_or_create(&self.labels).clone());
+                itl.observe(gap.as_secs_f64());
+                self.gaps += 1;
+                if gap > self.class.itl {
+                    self.gaps_over += 1;
+                }
+            }
+        }
+        self.last_token = Some(now);
+    }
+
+    fn record(&mut self) {
+        let outcome = self.outcome.unwrap_or(Outcome::cancelled);
+        let end = Instant::now();
+        let m = &self.metrics;
+        let class = &self.labels.class;
+        m.requests
+            .get_or_create(&OutcomeLabels { model: self.labels.model.clone(), class: class.clone(), tier: self.labels.tier, outcome })
+            .inc();
+        let ttft = self.first_token.map(|t| t - self.start);
+        if let Some(ttft) = ttft {
+            m.ttft.get_or_create(&self.labels).observe(ttft.as_secs_f64());
+        }
+        let completed = matches!(outcome, Outcome::ok | Outcome::length);
+        let e2e = end - self.start;
+        if completed {
+            m.e2e.get_or_create(&self.labels).observe(e2e.as_secs_f64());
+        }
+        let out_tokens = self.usage.map(|u| u.completion_tokens).unwrap_or(0);
+        if let Some(u) = self.usage {
+            let l = ModelClassLabels { model: self.labels.model.clone(), class: class.clone() };
+            m.prompt_tokens.get_or_create(&l).inc_by(u.prompt_tokens);
+            m.generation_tokens.get_or_create(&l).inc_by(u.completion_tokens);
+        }
+        if let (Some(ttft), true) = (ttft, completed && out_tokens > 1) {
+            let tpot = (e2e.saturating_sub(ttft)).as_secs_f64() / (out_tokens - 1) as f64;
+            m.tpot.get_or_create(&self.labels).observe(tpot);
+        }
+        // Per request: TTFT within target, and at most 1% of its gaps over the ITL target.
+        let ttft_ok = ttft.is_none_or(|t| t <= self.class.ttft);
+        let itl_ok = self.gaps_over <= self.gaps / 100;
+        let breach = |kind| {
+            m.slo_breaches.get_or_create(&BreachLabels { class: class.clone(), kind }).inc();
+        };
+        if !ttft_ok {
+            breach(BreachKind::ttft);
+        }
+        if !itl_ok {
+            breach(BreachKind::itl);
+        }
+        match outcome {
+            Outcome::length => breach(BreachKind::incomplete),
+            Outcome::stream_error if self.cut => breach(BreachKind::incomplete),
+            Outcome::timeout => breach(BreachKind::timeout),
+            Outcome::stream_error | Outcome::upstream_error | Outcome::unavailable => breach(BreachKind::error),
+            _ => {}
+        }
+        let latency_ok = if self.streaming {
+            ttft.is_some() && ttft_ok && itl_ok
+        } else {
+            // A non-streaming answer is on time if a stream at the targets would have finished by now.
+            e2e <= self.class.ttft + self.class.itl * (out_tokens.saturating_sub(1) as u32)
+        };
+        if completed && latency_ok {
+            m.goodput.get_or_create(&ClassLabels { class: class.clone() }).inc();
+        }
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        self.record();
+        // The lease (if any) is dropped right after, freeing the slot.
+    }
+}
+
+/// Timeouts applied to a response body.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamTimeouts {
+    pub first_token: Duration,
+    pub idle: Duration,
+    pub total: Duration,
+}
+
+enum Mode {
+    /// `text/event-stream`: parse events, stamp tokens, maybe strip usage.
+    Sse {
+        parser: SseParser,
+        blocks: Vec<Block>,
+        strip_usage: bool,
+        /// Bytes of an incomplete event held back (only with `strip_usage`).
+        pending: BytesMut,
+        saw_done: bool,
+        saw_error: bool,
+        finish_reason: Option<String>,
+    },
+    /// A JSON body: keep the chunks (cheap clones) to read usage at the end.
+    Json { chunks: Vec<Bytes>, size: usize },
+    /// Forward as is; the outcome was decided from the status.
+    Passthrough,
+}
+
+const JSON_KEEP_LIMIT: usize = 16 << 20;
+
+/// A response body that measures as it forwards. See the module docs.
+pub struct ObservedBody<B> {
+    inner: Option<B>,
+    mode: Mode,
+    tracker: Tracker,
+    timeouts: StreamTimeouts,
+    deadline: Pin<Box<Sleep>>,
+    /// A last frame to send before ending (held-back bytes, or a timeout event).
+    trailer: Option<Bytes>,
+    done: bool,
+}
+
+impl<B> ObservedBody<B> {
+    /// Observe a `text/event-stream` body.
+    pub fn sse(inner: B, tracker: Tracker, timeouts: StreamTimeouts, strip_usage: bool) -> Self {
+        let mode = Mode::Sse {
+            parser: SseParser::new(),
+            blocks: Vec::new(),
+            strip_usage,
+            pending: BytesMut::new(),
+            saw_done: false,
+            saw_error: false,
+            finish_reason: None,
+        };
+        Self::new(inner, mode, tracker, timeouts)
+    }
+
+    /// Observe a JSON body (non-streaming completion or embeddings).
+    pub fn json(inner: B, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
+        Self::new(inner, Mode::Json { chunks: Vec::new(), size: 0 }, tracker, timeouts)
+    }
+
+    /// Forward a body whose outcome is already set (error statuses, other paths).
+    pub fn passthrough(inner: B, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
+        Self::new(inner, Mode::Passthrough, tracker, timeouts)
+    }
+
+    fn new(inner: B, mode: Mode, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
+        let start = tracker.start();
+        let first = if matches!(mode, Mode::Sse { .. }) { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
+        ObservedBody { inner: Some(inner), mode, tracker, timeouts, deadline: Box::pin(tokio::time::sleep_until(start + first)), trailer: None, done: false }
+    }
+
+    /// Handle one data chunk; returns what to send to the client now.
+    fn on_data(&mut self, data: Bytes) -> Option<Bytes> {
+        let now = Instant::now();
+        match &mut self.mode {
+            Mode::Passthrough => Some(data),
+            Mode::Json { chunks, size } => {
+                if *size + data.len() <= JSON_KEEP_LIMIT {
+                    *size += data.len();
+                    chunks.push(data.clone());
+                }
+                Some(data)
+            }
+            Mode::Sse { parser, blocks, strip_usage, pending, saw_done, saw_error, finish_reason } => {
+                blocks.clear();
+                parser.feed(&data, blocks);
+                // Offsets below are in `pending ++ data`: usage events to cut.
+                let p = pending.len();
+                let mut cuts: Vec<(usize, usize)> = Vec::new();
+                let mut prev_end = 0usize;
+                for b in blocks.iter() {
+                    if let Some(d) = &b.data {
+                        let info = analyze(d);
+                        if info.content {
+                            // Every content event in this read is delivered now.
+                            self.tracker.content_event(now);
+                        }
+                        if info.usage.is_some() {
+                            self.tracker.usage = info.usage;
+                        }
+                        if let Some(f) = info.finish_reason {
+                            *saw_error |= f == "error";
+                            *finish_reason = Some(f);
+                        }
+                        *saw_error |= info.error;
+                        *saw_done |= info.done;
+                        if *strip_usage && info.usage_only {
+                            cuts.push((prev_end, b.end + p));
+                        }
+                    }
+                    prev_end = b.end + p;
+                }
+                if !*strip_usage {
+                    return Some(data);
+                }
+                let Some(complete_end) = blocks.last().map(|b| b.end) else {
+                    // No event completed in this read: hold its bytes.
+                    pending.extend_from_slice(&data);
+                    return None;
+                };
+                if cuts.is_empty() && p == 0 && complete_end == data.len() {
+                    return Some(data);
+                }
+                let mut buf = BytesMut::with_capacity(p + complete_end);
+                let mut append = |a: usize, b: usize| {
+                    if a < p {
+                        buf.extend_from_slice(&pending[a..b.min(p)]);
+                    }
+                    if b > p {
+                        buf.extend_from_slice(&data[a.max(p) - p..b - p]);
+                    }
+                };
+                let mut pos = 0;
+                for (s, e) in cuts {
+                    append(pos, s);
+                    pos = e;
+                }
+                append(pos, complete_end + p);
+                pending.clear();
+                pending.extend_from_slice(&data[complete_end..]);
+                Some(buf.freeze()).filter(|b| !b.is_empty())
+            }
+        }
+    }
+
+    /// The upstream body ended cleanly: decide the outcome.
+    fn on_end(&mut self) {
+        match &mut self.mode {
+            Mode::Passthrough => self.tracker.finish(crate::telemetry::Outcome::ok),
+            Mode::Json { chunks, .. } => {
+                let mut whole = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum());
+                for c in chunks.iter() {
+                    whole.extend_from_slice(c);
+                }
+                let outcome = read_json_outcome(&whole, &mut self.tracker);
+                self.tracker.finish(outcome);
+            }
+            Mode::Sse { pending, saw_done, saw_error, finish_reason, .. } => {
+                if !pending.is_empty() {
+                    self.trailer = Some(std::mem::take(pending).freeze());
+                }
+                let outcome = if *saw_error {
+                    Outcome::stream_error
+                } else if !*saw_done {
+                    self.tracker.cut = true;
+                    Outcome::stream_error
+                } else if finish_reason.as_deref() == Some("length") {
+                    Outcome::length
+                } else {
+                    Outcome::ok
+                };
+                self.tracker.finish(outcome);
+            }
+        }
+    }
+
+    /// A timeout fired: stop reading upstream (cancelling it) and tell the client.
+    fn on_timeout(&mut self) {
+        let waited_for_first = self.tracker.first_token.is_none();
+        let elapsed = self.tracker.start.elapsed();
+        let what = if elapsed >= self.timeouts.total {
+            format!("slogate: request exceeded the total timeout of {:?}", self.timeouts.total)
+        } else if waited_for_first && matches!(self.mode, Mode::Sse { .. }) {
+            format!("slogate: no first token within {:?}", self.timeouts.first_token)
+        } else {
+            format!("slogate: no data from the replica for {:?}", self.timeouts.idle)
+        };
+        tracing::warn!(class = %self.tracker.class.name, model = %self.tracker.labels.model, "{what}");
+        self.inner = None;
+        if let Mode::Sse { .. } = self.mode {
+            let json = crate::error::error_json(&what, "timeout", None, 504);
+            let mut ev = BytesMut::with_capacity(json.len() + 32);
+            ev.extend_from_slice(b"data: ");
+            ev.extend_from_slice(&json);
+            ev.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+            self.trailer = Some(ev.freeze());
+        }
+        self.tracker.finish(Outcome::timeout);
+        self.done = true;
+    }
+
+    fn next_deadline(&self, now: Instant) -> Instant {
+        let total = self.tracker.start + self.timeouts.total;
+        let gap = match self.mode {
+            Mode::Sse { .. } if self.tracker.first_token.is_none() => {
+                return (self.tracker.start + self.timeouts.first_token).min(total);
+            }
+            _ => self.timeouts.idle,
+        };
+        (now + gap).min(total)
+    }
+}
+
+/// Read usage and finish reason from a complete non-streaming JSON answer.
+fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        #[serde(default)]
+        usage: Option<Usage>,
+        #[serde(default)]
+        choices: Vec<AnswerChoice>,
+    }
+    #[derive(serde::Deserialize)]
+    struct AnswerChoice {
+        #[serde(default)]
+        finish_reason: Option<String>,
+    }
+    match serde_json::from_slice::<Answer>(body) {
+        Ok(a) => {
+            tracker.usage = a.usage;
+            if a.choices.iter().any(|c| c.finish_reason.as_deref() == Some("length")) {
+                Outcome::length
+            } else {
+                Outcome::ok
+            }
+        }
+        Err(_) => Outcome::ok,
+    }
+}
+
+impl<B> Body for ObservedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(t) = this.trailer.take() {
+                return Poll::Ready(Some(Ok(Frame::data(t))));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let Some(inner) = this.inner.as_mut() else {
+                this.done = true;
+                continue;
+            };
+            match Pin::new(inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        let out = this.on_data(data);
+                        let now = Instant::now();
+                        let next = this.next_deadline(now);
+                        if next != this.deadline.deadline() {
+                            this.deadline.as_mut().reset(next);
+                        }
+                        if let Some(out) = out {
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
+                        }
+                    }
+                    Err(other) => return Poll::Ready(Some(Ok(other))),
+                },
+                Poll::Ready(Some(Err(e))) => {
+                    let e: BoxError = e.into();
+                    tracing::warn!(class = %this.tracker.class.name, model = %this.tracker.labels.model, error = %e, "replica stream failed");
+                    this.tracker.cut = true;
+                    this.tracker.finish(if matches!(this.mode, Mode::Sse { .. }) { Outcome::stream_error } else { Outcome::upstream_error });
+                    this.inner = None;
+                    this.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(None) => {
+                    this.inner = None;
+                    this.on_end();
+                    this.done = true;
+                }
+                Poll::Pending => {
+                    ready!(this.deadline.as_mut().poll(cx));
+                    this.on_timeout();
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.trailer.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match (&self.mode, &self.inner) {
+            (Mode::Sse { .. }, _) | (_, None) => SizeHint::default(),
+            (_, Some(inner)) => inner.size_hint(),
+        }
+    }
+}

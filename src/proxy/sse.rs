@@ -1,0 +1,272 @@
+//! Incremental Server-Sent Events parsing and OpenAI chunk analysis.
+//!
+//! Upstream bytes arrive in arbitrary pieces: an event may be split over
+//! several reads, one read may hold several events, lines may end in LF, CR or
+//! CRLF, and `:` lines are comments (keep-alives). The parser keeps only the
+//! current partial line and the current event's data, and reports for each
+//! completed event where in the fed chunk it ended, so a caller can cut an
+//! event out of the byte stream without re-chunking the rest.
+
+use std::borrow::Cow;
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+/// One completed SSE block (the bytes up to and including a blank line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    /// The `data` field (lines joined with `\n`), or `None` for comment-only blocks.
+    pub data: Option<Vec<u8>>,
+    /// Offset in the chunk just fed where this block's bytes end.
+    pub end: usize,
+}
+
+/// Incremental SSE parser.
+#[derive(Debug, Default)]
+pub struct SseParser {
+    line: Vec<u8>,
+    data: Vec<u8>,
+    has_data: bool,
+    /// The last chunk ended in CR: a leading LF in the next one belongs to it.
+    skip_lf: bool,
+}
+
+impl SseParser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feed one chunk; completed blocks are appended to `out`.
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Block>) {
+        let mut i = 0;
+        if self.skip_lf {
+            self.skip_lf = false;
+            if chunk.first() == Some(&b'\n') {
+                i = 1;
+            }
+        }
+        while i < chunk.len() {
+            let rest = &chunk[i..];
+            match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+                None => {
+                    self.line.extend_from_slice(rest);
+                    return;
+                }
+                Some(pos) => {
+                    let mut end = i + pos + 1;
+                    if rest[pos] == b'\r' {
+                        if end < chunk.len() {
+                            if chunk[end] == b'\n' {
+                                end += 1;
+                            }
+                        } else {
+                            self.skip_lf = true;
+                        }
+                    }
+                    if self.line.is_empty() {
+                        self.take_line(&rest[..pos], end, out);
+                    } else {
+                        self.line.extend_from_slice(&rest[..pos]);
+                        let line = std::mem::take(&mut self.line);
+                        self.take_line(&line, end, out);
+                        self.line = line;
+                        self.line.clear();
+                    }
+                    i = end;
+                }
+            }
+        }
+    }
+
+    fn take_line(&mut self, line: &[u8], end: usize, out: &mut Vec<Block>) {
+        if line.is_empty() {
+            let data = if self.has_data { Some(std::mem::take(&mut self.data)) } else { None };
+            self.has_data = false;
+            out.push(Block { data, end });
+            return;
+        }
+        if line[0] == b':' {
+            return;
+        }
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(p) => {
+                let v = &line[p + 1..];
+                (&line[..p], v.strip_prefix(b" ").unwrap_or(v))
+            }
+            None => (line, &[][..]),
+        };
+        if field == b"data" {
+            if self.has_data {
+                self.data.push(b'\n');
+            }
+            self.data.extend_from_slice(value);
+            self.has_data = true;
+        }
+    }
+}
+
+/// What one `data:` payload of an OpenAI-style stream means.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventInfo {
+    pub done: bool,
+    /// Carries generated content: text, a tool call, or reasoning.
+    pub content: bool,
+    pub error: bool,
+    /// The final usage chunk (`choices: []` with `usage`).
+    pub usage_only: bool,
+    pub usage: Option<Usage>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+}
+
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    #[serde(default, borrow)]
+    choices: Option<Vec<Choice<'a>>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+    #[serde(default, borrow)]
+    object: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(default, borrow)]
+    delta: Option<Delta<'a>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<Vec<IgnoredAny>>,
+}
+
+fn non_empty(s: &Option<Cow<'_, str>>) -> bool {
+    s.as_deref().is_some_and(|s| !s.is_empty())
+}
+
+/// Classify one event payload. Payloads that are not JSON are neither content
+/// nor errors (they are passed through untouched).
+pub fn analyze(data: &[u8]) -> EventInfo {
+    let trimmed = data.trim_ascii();
+    if trimmed == b"[DONE]" {
+        return EventInfo { done: true, ..Default::default() };
+    }
+    let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(trimmed) else {
+        return EventInfo::default();
+    };
+    let mut info = EventInfo {
+        error: chunk.error.is_some() || chunk.object.as_deref() == Some("error"),
+        usage: chunk.usage,
+        ..Default::default()
+    };
+    if let Some(choices) = &chunk.choices {
+        info.usage_only = choices.is_empty() && chunk.usage.is_some();
+        for c in choices {
+            if let Some(d) = &c.delta {
+                if non_empty(&d.content) || non_empty(&d.reasoning_content) || non_empty(&d.reasoning) || d.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) {
+                    info.content = true;
+                }
+            }
+            if non_empty(&c.text) {
+                info.content = true;
+            }
+            if let Some(f) = &c.finish_reason {
+                info.finish_reason = Some(f.to_string());
+            }
+        }
+    }
+    info
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(chunks: &[&[u8]]) -> Vec<Option<String>> {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        let mut blocks = Vec::new();
+        for c in chunks {
+            blocks.clear();
+            p.feed(c, &mut blocks);
+            out.extend(blocks.iter().map(|b| b.data.as_ref().map(|d| String::from_utf8_lossy(d).into_owned())));
+        }
+        out
+    }
+
+    const STREAM: &[u8] = b": ping\n\ndata: {\"a\":1}\n\ndata: line1\ndata: line2\n\nevent: x\r\ndata:nospace\r\n\r\ndata: [DONE]\r\r";
+
+    #[test]
+    fn whole_stream_in_one_chunk() {
+        let got = parse_all(&[STREAM]);
+        assert_eq!(got, vec![None, Some("{\"a\":1}".into()), Some("line1\nline2".into()), Some("nospace".into()), Some("[DONE]".into())]);
+    }
+
+    #[test]
+    fn split_at_every_byte_boundary_gives_the_same_events() {
+        let whole = parse_all(&[STREAM]);
+        for cut in 0..=STREAM.len() {
+            assert_eq!(parse_all(&[&STREAM[..cut], &STREAM[cut..]]), whole, "cut at {cut}");
+        }
+        let bytes: Vec<&[u8]> = STREAM.chunks(1).collect();
+        assert_eq!(parse_all(&bytes), whole);
+    }
+
+    #[test]
+    fn block_end_offsets_point_after_the_blank_line() {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        p.feed(b"data: a\n\ndata: b\n\ndata: c", &mut out);
+        assert_eq!(out.iter().map(|b| b.end).collect::<Vec<_>>(), vec![9, 18]);
+    }
+
+    #[test]
+    fn role_chunk_is_not_content_but_text_tool_calls_and_reasoning_are() {
+        let role = br#"{"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#;
+        assert!(!analyze(role).content);
+        let text = br#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#;
+        assert!(analyze(text).content);
+        let tool = br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"f"}}]}}]}"#;
+        assert!(analyze(tool).content);
+        let reasoning = br#"{"choices":[{"delta":{"reasoning_content":"hmm"}}]}"#;
+        assert!(analyze(reasoning).content);
+        let completion = br#"{"choices":[{"index":0,"text":" the","finish_reason":null}]}"#;
+        assert!(analyze(completion).content);
+        let escaped = br#"{"choices":[{"delta":{"content":"a\"b\n"}}]}"#;
+        assert!(analyze(escaped).content);
+    }
+
+    #[test]
+    fn usage_errors_finish_and_done_are_recognised() {
+        let usage = br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
+        let u = analyze(usage);
+        assert!(u.usage_only && !u.content);
+        assert_eq!(u.usage, Some(Usage { prompt_tokens: 5, completion_tokens: 7 }));
+        assert!(analyze(br#"{"error":{"message":"boom","code":500}}"#).error);
+        assert!(analyze(br#"{"object":"error","message":"boom"}"#).error);
+        let fin = analyze(br#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#);
+        assert_eq!(fin.finish_reason.as_deref(), Some("length"));
+        assert!(analyze(b"[DONE]").done);
+        assert_eq!(analyze(b"not json"), EventInfo::default());
+    }
+}

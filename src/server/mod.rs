@@ -1,0 +1,114 @@
+//! Listeners: accept, optional TLS, HTTP/1.1 and HTTP/2, graceful shutdown.
+//!
+//! Shutdown, in order:
+//! 1. stop accepting (the listener is dropped, new connects are refused);
+//! 2. tell every open connection to finish: idle keep-alive connections close
+//!    at once, connections with a response in flight close after it ends;
+//! 3. wait for them up to `grace`, then return (what is left is cut when the
+//!    process exits).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::service::TowerToHyperService;
+use std::net::SocketAddr;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+use crate::error::{error_response, ProxyBody};
+
+/// Load a rustls acceptor (ALPN h2 and http/1.1) from PEM files.
+pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("server.tls.cert {}: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!("server.tls.cert {}: no certificate found", cert.display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("server.tls.key {}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("server.tls: {e}"))?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(cfg)))
+}
+
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response<ProxyBody> {
+    tracing::error!("request handler panicked");
+    error_response(http::StatusCode::INTERNAL_SERVER_ERROR, "internal error in slogate", "internal_error", None, "internal_error")
+}
+
+/// Serve `handler` on `listener` until `shutdown` turns true, then drain.
+pub async fn serve<H, F>(listener: TcpListener, tls: Option<TlsAcceptor>, handler: H, mut shutdown: watch::Receiver<bool>, grace: Duration)
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    let svc: Svc = tower::util::BoxCloneService::new(
+        tower::ServiceBuilder::new()
+            .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
+            .service_fn(move |req| {
+                let fut = handler(req);
+                async move { Ok::<_, Infallible>(fut.await) }
+            }),
+    );
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+    builder.http2().timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => break,
+        };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(serve_conn(builder.clone(), stream, peer, tls.clone(), svc.clone(), graceful.watcher()));
+    }
+    drop(listener);
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!(grace = ?grace, "shutdown grace expired with connections still open");
+    }
+}
+
+type Svc = tower::util::BoxCloneService<Request<Incoming>, Response<tower_http::body::UnsyncBoxBody<bytes::Bytes, crate::error::BoxError>>, Infallible>;
+
+async fn serve_conn(builder: auto::Builder<TokioExecutor>, stream: TcpStream, peer: SocketAddr, tls: Option<TlsAcceptor>, svc: Svc, watcher: Watcher) {
+    let svc = TowerToHyperService::new(svc);
+    let result = match tls {
+        None => watcher.watch(builder.serve_connection(TokioIo::new(stream), svc).into_owned()).await,
+        Some(acc) => match tokio::time::timeout(Duration::from_secs(10), acc.accept(stream)).await {
+            Ok(Ok(s)) => watcher.watch(builder.serve_connection(TokioIo::new(s), svc).into_owned()).await,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => return,
+        },
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}

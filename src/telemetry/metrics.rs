@@ -1,0 +1,228 @@
+//! Prometheus metrics, named exactly as CONTRACT.md says (prefix `slogate_`).
+//!
+//! Label sets are typed structs. Label values are bounded: `model` is one of
+//! the models a pool serves (or `unknown`), `class` one of the configured
+//! classes, so random client input cannot create series.
+//!
+//! Histogram buckets always contain every configured class's TTFT and ITL
+//! target and twice each, so `le="0.3"` SLIs work for any config.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::Outcome;
+use crate::config::{Config, Tier};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum TierLabel {
+    interactive,
+    batch,
+}
+
+impl From<Tier> for TierLabel {
+    fn from(t: Tier) -> Self {
+        match t {
+            Tier::Interactive => TierLabel::interactive,
+            Tier::Batch => TierLabel::batch,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub model: String,
+    pub class: String,
+    pub tier: TierLabel,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub model: String,
+    pub class: String,
+    pub tier: TierLabel,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ClassTierLabels {
+    pub class: String,
+    pub tier: TierLabel,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ModelClassLabels {
+    pub model: String,
+    pub class: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub class: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum BreachKind {
+    ttft,
+    itl,
+    incomplete,
+    timeout,
+    error,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct BreachLabels {
+    pub class: String,
+    pub kind: BreachKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReplicaLabels {
+    pub pool: String,
+    pub replica: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TierOnlyLabels {
+    pub tier: TierLabel,
+}
+
+/// Builds histograms with a fixed bucket list.
+#[derive(Clone)]
+pub struct Buckets(Arc<Vec<f64>>);
+
+impl MetricConstructor<Histogram> for Buckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
+}
+
+/// Base latency buckets (seconds), before the configured targets are merged in.
+const LATENCY_BASE: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+];
+const ITL_BASE: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5];
+const E2E_BASE: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0];
+
+/// `base` plus every target and twice every target, sorted and deduplicated
+/// at microsecond precision (so `0.3` from `300ms` and `2 x 150ms` is one bucket).
+pub fn buckets_with_targets(base: &[f64], targets: impl IntoIterator<Item = f64>) -> Vec<f64> {
+    let mut micros: Vec<u64> = base.iter().map(|s| (s * 1e6).round() as u64).collect();
+    for t in targets {
+        micros.push((t * 1e6).round() as u64);
+        micros.push((t * 2e6).round() as u64);
+    }
+    micros.sort_unstable();
+    micros.dedup();
+    micros.into_iter().filter(|&m| m > 0).map(|m| m as f64 / 1e6).collect()
+}
+
+/// Every metric slogate exports.
+pub struct Metrics {
+    pub registry: Registry,
+    pub ttft: Family<RequestLabels, Histogram, Buckets>,
+    pub itl: Family<RequestLabels, Histogram, Buckets>,
+    pub tpot: Family<RequestLabels, Histogram, Buckets>,
+    pub e2e: Family<RequestLabels, Histogram, Buckets>,
+    pub queue_time: Family<ClassTierLabels, Histogram, Buckets>,
+    pub requests: Family<OutcomeLabels, Counter>,
+    pub slo_breaches: Family<BreachLabels, Counter>,
+    pub prompt_tokens: Family<ModelClassLabels, Counter>,
+    pub generation_tokens: Family<ModelClassLabels, Counter>,
+    pub goodput: Family<ClassLabels, Counter>,
+    pub queue_depth: Family<TierOnlyLabels, Gauge>,
+    pub inflight: Family<ReplicaLabels, Gauge>,
+    pub upstream_healthy: Family<ReplicaLabels, Gauge>,
+}
+
+impl Metrics {
+    /// Build the registry. Buckets come from the classes of `config`.
+    pub fn new(config: &Config) -> Metrics {
+        let ttfts: Vec<f64> = config.classes.values().map(|c| c.ttft.get().as_secs_f64()).collect();
+        let itls: Vec<f64> = config.classes.values().map(|c| c.itl.get().as_secs_f64()).collect();
+        let ttft_b = Buckets(Arc::new(buckets_with_targets(LATENCY_BASE, ttfts.iter().copied())));
+        let itl_b = Buckets(Arc::new(buckets_with_targets(ITL_BASE, itls.iter().copied())));
+        let e2e_b = Buckets(Arc::new(buckets_with_targets(E2E_BASE, [])));
+        let queue_b = Buckets(Arc::new(buckets_with_targets(LATENCY_BASE, ttfts.iter().copied())));
+
+        let mut registry = Registry::with_prefix("slogate");
+        let m = Metrics {
+            ttft: Family::new_with_constructor(ttft_b),
+            itl: Family::new_with_constructor(itl_b.clone()),
+            tpot: Family::new_with_constructor(itl_b),
+            e2e: Family::new_with_constructor(e2e_b),
+            queue_time: Family::new_with_constructor(queue_b),
+            requests: Family::default(),
+            slo_breaches: Family::default(),
+            prompt_tokens: Family::default(),
+            generation_tokens: Family::default(),
+            goodput: Family::default(),
+            queue_depth: Family::default(),
+            inflight: Family::default(),
+            upstream_healthy: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("time_to_first_token_seconds", "Time from request received to the first content-bearing event sent to the client", m.ttft.clone());
+        registry.register("inter_token_latency_seconds", "Gap between consecutive content-bearing events as delivered to the client", m.itl.clone());
+        registry.register("time_per_output_token_seconds", "(e2e - TTFT) / (output_tokens - 1) per request", m.tpot.clone());
+        registry.register("e2e_request_latency_seconds", "Time from request received to the end of the response", m.e2e.clone());
+        registry.register("queue_time_seconds", "Time spent waiting in the gateway queue", m.queue_time.clone());
+        registry.register("requests", "Requests by outcome", m.requests.clone());
+        registry.register("slo_breaches", "Requests that breached their class SLO, by kind", m.slo_breaches.clone());
+        registry.register("prompt_tokens", "Prompt tokens reported by the replicas", m.prompt_tokens.clone());
+        registry.register("generation_tokens", "Generated tokens reported by the replicas", m.generation_tokens.clone());
+        registry.register("goodput_requests", "Requests that met both their TTFT and ITL target", m.goodput.clone());
+        registry.register("queue_depth", "Requests waiting in the gateway queue", m.queue_depth.clone());
+        registry.register("inflight_requests", "Requests holding a slot on a replica (until their stream ends)", m.inflight.clone());
+        registry.register("upstream_healthy", "1 when the replica passes its health checks", m.upstream_healthy.clone());
+        for tier in [TierLabel::interactive, TierLabel::batch] {
+            m.queue_depth.get_or_create(&TierOnlyLabels { tier }).set(0);
+        }
+        Metrics { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_contain_every_target_and_twice_it() {
+        let b = buckets_with_targets(LATENCY_BASE, [0.3, 0.15, 0.1, 0.4, 3.0, 0.123]);
+        for want in [0.3, 0.15, 0.1, 0.4, 3.0, 6.0, 0.8, 0.123, 0.246] {
+            assert!(b.contains(&want), "{want} missing from {b:?}");
+        }
+        assert!(b.windows(2).all(|w| w[0] < w[1]), "sorted and unique: {b:?}");
+    }
+
+    #[test]
+    fn exposition_has_le_for_each_class_target() {
+        let cfg = Config::parse("classes:\n  chat: { tier: interactive, ttft: 300ms, itl: 50ms }\n  odd: { tier: batch, ttft: 1234ms, itl: 77ms }\ndefault_class: chat\n").expect("valid");
+        let m = Metrics::new(&cfg);
+        let l = RequestLabels { model: "m".into(), class: "chat".into(), tier: TierLabel::interactive };
+        m.ttft.get_or_create(&l).observe(0.1);
+        m.itl.get_or_create(&l).observe(0.01);
+        let text = m.encode();
+        for le in ["le=\"0.3\"", "le=\"0.6\"", "le=\"1.234\"", "le=\"2.468\""] {
+            assert!(text.lines().any(|x| x.starts_with("slogate_time_to_first_token_seconds_bucket") && x.contains(le)), "{le} missing");
+        }
+        for le in ["le=\"0.05\"", "le=\"0.1\"", "le=\"0.077\"", "le=\"0.154\""] {
+            assert!(text.lines().any(|x| x.starts_with("slogate_inter_token_latency_seconds_bucket") && x.contains(le)), "{le} missing");
+        }
+    }
+}
