@@ -13,8 +13,15 @@ use crate::state::App;
 pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
-            let mut r = Response::new(full(app.metrics.encode()));
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+            let om =
+                req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("application/openmetrics-text"));
+            let (body, ct) = if om {
+                (app.metrics.encode_openmetrics(), "application/openmetrics-text; version=1.0.0; charset=utf-8")
+            } else {
+                (app.metrics.encode(), "text/plain; version=0.0.4; charset=utf-8")
+            };
+            let mut r = Response::new(full(body));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
             r
         }
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
@@ -27,7 +34,13 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
             if snap.ready() {
                 text(StatusCode::OK, &format!("ready\n{lines}"))
             } else {
-                let mut r = error_response(StatusCode::SERVICE_UNAVAILABLE, &format!("not ready: {}", lines.trim_end().replace('\n', "; ")), "service_unavailable", None, "not_ready");
+                let mut r = error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!("not ready: {}", lines.trim_end().replace('\n', "; ")),
+                    "service_unavailable",
+                    None,
+                    "not_ready",
+                );
                 r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 r
             }

@@ -8,7 +8,11 @@ use slogate::config::{Config, LogFormat};
 use slogate::Gateway;
 
 #[derive(Parser)]
-#[command(name = "slogate", version, about = "OpenAI-compatible streaming gateway for vLLM that measures and acts on TTFT, ITL and availability")]
+#[command(
+    name = "slogate",
+    version,
+    about = "OpenAI-compatible streaming gateway for vLLM that measures and acts on TTFT, ITL and availability"
+)]
 struct Cli {
     /// Log format on stderr (overrides telemetry.log_format).
     #[arg(long, global = true, value_enum)]

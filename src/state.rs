@@ -34,10 +34,7 @@ impl Snapshot {
     }
 
     pub fn default_class(&self) -> Arc<Class> {
-        self.classifier
-            .class(&self.config.default_class)
-            .cloned()
-            .unwrap_or_else(|| self.classifier.classes()[0].clone())
+        self.classifier.class(&self.config.default_class).cloned().unwrap_or_else(|| self.classifier.classes()[0].clone())
     }
 
     /// Ready: at least one healthy replica in every pool.

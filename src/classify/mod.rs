@@ -44,7 +44,8 @@ impl Classifier {
             .map(|(name, c)| Arc::new(Class { name: name.as_str().into(), tier: c.tier, ttft: c.ttft.get(), itl: c.itl.get() }))
             .collect();
         let find = |n: &str| classes.iter().find(|c| &*c.name == n).cloned();
-        let default_class = find(&config.default_class).ok_or_else(|| format!("default_class `{}` is not a class", config.default_class))?;
+        let default_class =
+            find(&config.default_class).ok_or_else(|| format!("default_class `{}` is not a class", config.default_class))?;
         let mut keys = Vec::new();
         for k in &config.auth.keys {
             let digest: [u8; 32] = match (&k.key_env, &k.key_sha256) {
@@ -58,7 +59,11 @@ impl Classifier {
                 }
                 (None, None) => return Err(format!("auth key `{}` has no key", k.name)),
             };
-            let allowed = k.classes.iter().map(|c| find(c).ok_or_else(|| format!("auth key `{}`: unknown class `{c}`", k.name))).collect::<Result<_, _>>()?;
+            let allowed = k
+                .classes
+                .iter()
+                .map(|c| find(c).ok_or_else(|| format!("auth key `{}`: unknown class `{c}`", k.name)))
+                .collect::<Result<_, _>>()?;
             keys.push(ApiKey { name: k.name.clone(), digest, classes: allowed });
         }
         Ok(Classifier { classes, default_class, keys })

@@ -33,25 +33,14 @@ impl std::fmt::Display for Problem {
 #[error("{}", self.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n"))]
 pub struct ConfigError(pub Vec<Problem>);
 
-const SECTIONS: &[&str] = &[
-    "server",
-    "pools",
-    "classes",
-    "default_class",
-    "tiers",
-    "slo",
-    "breaker",
-    "context_reduction",
-    "auth",
-    "telemetry",
-];
+const SECTIONS: &[&str] =
+    &["server", "pools", "classes", "default_class", "tiers", "slo", "breaker", "context_reduction", "auth", "telemetry"];
 
 impl Config {
     /// Read and check a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError(vec![Problem { field: String::new(), message: format!("cannot read {}: {e}", path.display()) }])
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(vec![Problem { field: String::new(), message: format!("cannot read {}: {e}", path.display()) }]))?;
         Config::parse(&text)
     }
 
@@ -124,10 +113,8 @@ impl Config {
                     }
                     _ => problems.push(Problem { field: "classes".into(), message: "must be a mapping of class name to class".into() }),
                 },
-                other => problems.push(Problem {
-                    field: other.into(),
-                    message: format!("unknown section, expected one of: {}", SECTIONS.join(", ")),
-                }),
+                other => problems
+                    .push(Problem { field: other.into(), message: format!("unknown section, expected one of: {}", SECTIONS.join(", ")) }),
             }
         }
         cfg.validate(&seen, &mut problems);
@@ -202,13 +189,19 @@ impl Config {
                     bad(f(name), "must be greater than 0".into());
                 }
             }
-            for (name, n) in [("health.unhealthy_after", pool.health.unhealthy_after), ("health.healthy_after", pool.health.healthy_after)] {
+            for (name, n) in [("health.unhealthy_after", pool.health.unhealthy_after), ("health.healthy_after", pool.health.healthy_after)]
+            {
                 if n == 0 {
                     bad(f(name), "must be at least 1".into());
                 }
             }
             let t = &pool.timeouts;
-            for (name, d) in [("timeouts.connect", t.connect), ("timeouts.first_token", t.first_token), ("timeouts.idle", t.idle), ("timeouts.total", t.total)] {
+            for (name, d) in [
+                ("timeouts.connect", t.connect),
+                ("timeouts.first_token", t.first_token),
+                ("timeouts.idle", t.idle),
+                ("timeouts.total", t.total),
+            ] {
                 if d.get().is_zero() {
                     bad(f(name), "must be greater than 0".into());
                 }
@@ -245,7 +238,9 @@ impl Config {
         if self.tiers.batch.reserved_share != 0.0 {
             bad("tiers.batch.reserved_share".into(), "only the interactive tier reserves slots".into());
         }
-        for (name, v) in [("slo.latency_objective", self.slo.latency_objective), ("slo.availability_objective", self.slo.availability_objective)] {
+        for (name, v) in
+            [("slo.latency_objective", self.slo.latency_objective), ("slo.availability_objective", self.slo.availability_objective)]
+        {
             if !(v > 0.0 && v < 1.0) {
                 bad(name.into(), "must be between 0 and 1, e.g. 0.99".into());
             }
@@ -263,12 +258,12 @@ impl Config {
             if a.short.get().is_zero() {
                 bad(format!("slo.burn_alerts[{i}].short"), "must be greater than 0".into());
             }
-            if !(a.factor > 0.0) {
+            if !(a.factor.is_finite() && a.factor > 0.0) {
                 bad(format!("slo.burn_alerts[{i}].factor"), "must be greater than 0".into());
             }
         }
         let b = &self.breaker;
-        if !(b.trip_ratio >= 1.0) {
+        if !(b.trip_ratio.is_finite() && b.trip_ratio >= 1.0) {
             bad("breaker.trip_ratio".into(), "must be at least 1.0".into());
         }
         for (name, d) in [("breaker.trip_after", b.trip_after), ("breaker.window", b.window), ("breaker.retry_after", b.retry_after)] {
@@ -280,10 +275,12 @@ impl Config {
             bad("breaker.min_samples".into(), "must be at least 1".into());
         }
         let r = &self.context_reduction;
-        if !(r.trigger_ratio >= 1.0) {
+        if !(r.trigger_ratio.is_finite() && r.trigger_ratio >= 1.0) {
             bad("context_reduction.trigger_ratio".into(), "must be at least 1.0".into());
         }
-        for (name, v) in [("max_tokens_cap", r.max_tokens_cap), ("max_documents", r.max_documents), ("max_prompt_tokens", r.max_prompt_tokens)] {
+        for (name, v) in
+            [("max_tokens_cap", r.max_tokens_cap), ("max_documents", r.max_documents), ("max_prompt_tokens", r.max_prompt_tokens)]
+        {
             if v == 0 {
                 bad(format!("context_reduction.{name}"), "must be at least 1".into());
             }
@@ -389,7 +386,8 @@ mod tests {
 
     #[test]
     fn partial_section_keeps_the_other_defaults() {
-        let c = Config::parse("pools:\n  - name: p\n    models: [m]\n    replicas: [http://127.0.0.1:1]\n    timeouts: { idle: 5s }\n").expect("valid");
+        let c = Config::parse("pools:\n  - name: p\n    models: [m]\n    replicas: [http://127.0.0.1:1]\n    timeouts: { idle: 5s }\n")
+            .expect("valid");
         assert_eq!(c.pools[0].timeouts.idle, Dur::secs(5));
         assert_eq!(c.pools[0].timeouts.first_token, Dur::secs(60));
         assert_eq!(c.pools[0].health.unhealthy_after, 2);
@@ -400,7 +398,16 @@ mod tests {
         let text = "server:\n  listen: nope\npools:\n  - name: a\n    models: [m]\n    replicas: [http://127.0.0.1:1]\n  - name: a\n    models: [m]\n    replicas: [http://127.0.0.1:2, 'not a url']\n    max_inflight_per_replica: 0\n  - name: c\n    models: [x]\n    replicas: [http://127.0.0.1:3]\n    balance: random\nclasses:\n  chat: { tier: interactive, ttft: 3 bananas, itl: 50ms }\nbogus: 1\n";
         let err = Config::parse(text).expect_err("invalid").0;
         let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
-        for want in ["server.listen", "pools[2].balance", "pools[1].name", "pools[1].models[0]", "pools[1].replicas[1]", "pools[1].max_inflight_per_replica", "classes.chat.ttft", "bogus"] {
+        for want in [
+            "server.listen",
+            "pools[2].balance",
+            "pools[1].name",
+            "pools[1].models[0]",
+            "pools[1].replicas[1]",
+            "pools[1].max_inflight_per_replica",
+            "classes.chat.ttft",
+            "bogus",
+        ] {
             assert!(fields.contains(&want), "missing {want} in {fields:?}");
         }
     }
@@ -415,13 +422,17 @@ mod tests {
 
     #[test]
     fn replica_urls_are_checked() {
-        let err = Config::parse("pools:\n  - name: a\n    models: [m]\n    replicas: [http://127.0.0.1:1, 'ftp://x']\n").expect_err("bad").0;
+        let err =
+            Config::parse("pools:\n  - name: a\n    models: [m]\n    replicas: [http://127.0.0.1:1, 'ftp://x']\n").expect_err("bad").0;
         assert_eq!(err[0].field, "pools[0].replicas[1]");
     }
 
     #[test]
     fn auth_keys_need_exactly_one_source_and_known_classes() {
-        let err = Config::parse("auth:\n  keys:\n    - { name: a, classes: [chat] }\n    - { name: b, key_sha256: abc, classes: [nope] }\n").expect_err("bad").0;
+        let err =
+            Config::parse("auth:\n  keys:\n    - { name: a, classes: [chat] }\n    - { name: b, key_sha256: abc, classes: [nope] }\n")
+                .expect_err("bad")
+                .0;
         let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
         assert!(fields.contains(&"auth.keys[0]"), "{fields:?}");
         assert!(fields.contains(&"auth.keys[1].key_sha256"), "{fields:?}");

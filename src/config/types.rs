@@ -190,13 +190,7 @@ pub struct HealthConfig {
 
 impl Default for HealthConfig {
     fn default() -> Self {
-        HealthConfig {
-            path: "/health".into(),
-            interval: Dur::secs(2),
-            timeout: Dur::secs(1),
-            unhealthy_after: 2,
-            healthy_after: 2,
-        }
+        HealthConfig { path: "/health".into(), interval: Dur::secs(2), timeout: Dur::secs(1), unhealthy_after: 2, healthy_after: 2 }
     }
 }
 
@@ -211,12 +205,7 @@ pub struct TimeoutsConfig {
 
 impl Default for TimeoutsConfig {
     fn default() -> Self {
-        TimeoutsConfig {
-            connect: Dur::secs(2),
-            first_token: Dur::secs(60),
-            idle: Dur::secs(60),
-            total: Dur::secs(30 * 60),
-        }
+        TimeoutsConfig { connect: Dur::secs(2), first_token: Dur::secs(60), idle: Dur::secs(60), total: Dur::secs(30 * 60) }
     }
 }
 
@@ -331,13 +320,7 @@ pub struct BreakerConfig {
 
 impl Default for BreakerConfig {
     fn default() -> Self {
-        BreakerConfig {
-            trip_ratio: 2.0,
-            trip_after: Dur::secs(30),
-            window: Dur::secs(30),
-            min_samples: 20,
-            retry_after: Dur::secs(5),
-        }
+        BreakerConfig { trip_ratio: 2.0, trip_after: Dur::secs(30), window: Dur::secs(30), min_samples: 20, retry_after: Dur::secs(5) }
     }
 }
 

@@ -105,11 +105,18 @@ async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<By
     }
 }
 
-async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, tracker: &mut Option<Tracker>) -> Result<Response<ProxyBody>, GatewayError> {
+async fn forward(
+    req: Request<Incoming>,
+    snap: &Snapshot,
+    endpoint: Endpoint,
+    tracker: &mut Option<Tracker>,
+) -> Result<Response<ProxyBody>, GatewayError> {
     let (parts, body) = req.into_parts();
     let bytes = read_body(body, &parts.headers, snap.config.server.max_request_body.0).await?;
     let mut json: serde_json::Value = serde_json::from_slice(&bytes).map_err(GatewayError::MalformedJson)?;
-    let obj = json.as_object_mut().ok_or_else(|| GatewayError::InvalidRequest { message: "the request body must be a JSON object".into(), param: None })?;
+    let obj = json
+        .as_object_mut()
+        .ok_or_else(|| GatewayError::InvalidRequest { message: "the request body must be a JSON object".into(), param: None })?;
     let model = match obj.get("model") {
         Some(serde_json::Value::String(m)) => m.clone(),
         Some(_) => return Err(GatewayError::InvalidRequest { message: "`model` must be a string".into(), param: Some("model") }),
@@ -228,7 +235,10 @@ fn lease(pool: &Pool, exclude: Option<&Arc<crate::upstream::Replica>>) -> Result
 
 fn build_upstream_request(parts: &http::request::Parts, base: &str, body: Bytes) -> Result<Request<Full<Bytes>>, GatewayError> {
     let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let uri: http::Uri = format!("{base}{pq}").parse().map_err(|e: http::uri::InvalidUri| GatewayError::InvalidRequest { message: format!("cannot build upstream URI: {e}"), param: None })?;
+    let uri: http::Uri = format!("{base}{pq}").parse().map_err(|e: http::uri::InvalidUri| GatewayError::InvalidRequest {
+        message: format!("cannot build upstream URI: {e}"),
+        param: None,
+    })?;
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
@@ -245,7 +255,15 @@ fn build_upstream_request(parts: &http::request::Parts, base: &str, body: Bytes)
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
-        "connection" | "keep-alive" | "proxy-authenticate" | "proxy-authorization" | "te" | "trailer" | "transfer-encoding" | "upgrade" | "proxy-connection"
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "proxy-connection"
     )
 }
 

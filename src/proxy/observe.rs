@@ -253,7 +253,15 @@ impl<B> ObservedBody<B> {
     fn new(inner: B, mode: Mode, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
         let start = tracker.start();
         let first = if matches!(mode, Mode::Sse { .. }) { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
-        ObservedBody { inner: Some(inner), mode, tracker, timeouts, deadline: Box::pin(tokio::time::sleep_until(start + first)), trailer: None, done: false }
+        ObservedBody {
+            inner: Some(inner),
+            mode,
+            tracker,
+            timeouts,
+            deadline: Box::pin(tokio::time::sleep_until(start + first)),
+            trailer: None,
+            done: false,
+        }
     }
 
     /// Handle one data chunk; returns what to send to the client now.
@@ -465,7 +473,11 @@ where
                     let e: BoxError = e.into();
                     tracing::warn!(class = %this.tracker.class.name, model = %this.tracker.labels.model, error = %e, "replica stream failed");
                     this.tracker.cut = true;
-                    this.tracker.finish(if matches!(this.mode, Mode::Sse { .. }) { Outcome::stream_error } else { Outcome::upstream_error });
+                    this.tracker.finish(if matches!(this.mode, Mode::Sse { .. }) {
+                        Outcome::stream_error
+                    } else {
+                        Outcome::upstream_error
+                    });
                     this.inner = None;
                     this.done = true;
                     return Poll::Ready(Some(Err(e)));
@@ -492,5 +504,111 @@ where
             (Mode::Sse { .. }, _) | (_, None) => SizeHint::default(),
             (_, Some(inner)) => inner.size_hint(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::config::Config;
+
+    /// A body that yields the given chunks, then stays pending or ends.
+    struct Chunks {
+        q: VecDeque<Bytes>,
+        hang: bool,
+    }
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = std::io::Error;
+        fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            match self.q.pop_front() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None if self.hang => Poll::Pending,
+                None => Poll::Ready(None),
+            }
+        }
+    }
+
+    fn fixture() -> (Arc<Metrics>, Arc<Class>) {
+        let cfg = Config::default();
+        let metrics = Arc::new(Metrics::new(&cfg));
+        let class = Arc::new(Class {
+            name: "chat".into(),
+            tier: crate::config::Tier::Interactive,
+            ttft: Duration::from_millis(300),
+            itl: Duration::from_millis(50),
+        });
+        (metrics, class)
+    }
+
+    const TIMEOUTS: StreamTimeouts =
+        StreamTimeouts { first_token: Duration::from_secs(5), idle: Duration::from_secs(5), total: Duration::from_secs(60) };
+
+    const ROLE: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+    const TOK: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
+    const FIN: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+    const USAGE: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":3}}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+
+    async fn run(chunks: Vec<Bytes>, strip: bool) -> (Bytes, String) {
+        let (metrics, class) = fixture();
+        let tracker = Tracker::new(metrics.clone(), class, Instant::now());
+        let body = ObservedBody::sse(Chunks { q: chunks.into(), hang: false }, tracker, TIMEOUTS, strip);
+        let out = body.collect().await.expect("body").to_bytes();
+        (out, metrics.encode())
+    }
+
+    #[tokio::test]
+    async fn usage_event_is_cut_at_every_split_point_and_nothing_else_changes() {
+        let with_usage = format!("{ROLE}: ka\n\n{TOK}{TOK}{TOK}{FIN}{USAGE}{DONE}");
+        let expected = format!("{ROLE}: ka\n\n{TOK}{TOK}{TOK}{FIN}{DONE}");
+        let whole = Bytes::from(with_usage.clone());
+        for a in 0..=whole.len() {
+            for b in [a, (a + 7).min(whole.len()), (a + 40).min(whole.len())] {
+                let chunks = vec![whole.slice(..a), whole.slice(a..b), whole.slice(b..)];
+                let (out, metrics) = run(chunks, true).await;
+                assert_eq!(String::from_utf8_lossy(&out), expected, "split at {a},{b}");
+                assert!(metrics.contains("slogate_generation_tokens_total{model=\"unknown\",class=\"chat\"} 3"), "usage read at {a},{b}");
+                assert!(
+                    metrics.contains("slogate_inter_token_latency_seconds_count{model=\"unknown\",class=\"chat\",tier=\"interactive\"} 2"),
+                    "{a},{b}"
+                );
+            }
+        }
+        let bytes: Vec<Bytes> = (0..whole.len()).map(|i| whole.slice(i..i + 1)).collect();
+        assert_eq!(String::from_utf8_lossy(&run(bytes, true).await.0), expected);
+        // Without stripping, bytes are forwarded untouched.
+        assert_eq!(run(vec![whole.clone()], false).await.0, whole);
+    }
+
+    #[tokio::test]
+    async fn outcome_is_recorded_exactly_once_when_the_body_is_dropped_midway() {
+        let (metrics, class) = fixture();
+        let tracker = Tracker::new(metrics.clone(), class, Instant::now());
+        let mut body =
+            ObservedBody::sse(Chunks { q: vec![Bytes::from(ROLE), Bytes::from(TOK)].into(), hang: true }, tracker, TIMEOUTS, true);
+        body.frame().await.expect("frame").expect("ok");
+        drop(body);
+        let text = metrics.encode();
+        assert!(text.contains("outcome=\"cancelled\"} 1"), "{text}");
+        assert_eq!(text.matches("slogate_requests_total{").count(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn first_token_timeout_ends_the_stream_with_an_error_event() {
+        let (metrics, class) = fixture();
+        let tracker = Tracker::new(metrics.clone(), class, Instant::now());
+        let start = Instant::now();
+        let body = ObservedBody::sse(Chunks { q: vec![Bytes::from(ROLE)].into(), hang: true }, tracker, TIMEOUTS, true);
+        let out = body.collect().await.expect("body").to_bytes();
+        assert_eq!(start.elapsed(), TIMEOUTS.first_token, "fires exactly at the first-token deadline");
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with(ROLE) && text.contains("no first token within 5s") && text.ends_with("data: [DONE]\n\n"), "{text}");
+        assert!(metrics.encode().contains("outcome=\"timeout\"} 1"));
     }
 }

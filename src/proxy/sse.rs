@@ -174,16 +174,17 @@ pub fn analyze(data: &[u8]) -> EventInfo {
     let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(trimmed) else {
         return EventInfo::default();
     };
-    let mut info = EventInfo {
-        error: chunk.error.is_some() || chunk.object.as_deref() == Some("error"),
-        usage: chunk.usage,
-        ..Default::default()
-    };
+    let mut info =
+        EventInfo { error: chunk.error.is_some() || chunk.object.as_deref() == Some("error"), usage: chunk.usage, ..Default::default() };
     if let Some(choices) = &chunk.choices {
         info.usage_only = choices.is_empty() && chunk.usage.is_some();
         for c in choices {
             if let Some(d) = &c.delta {
-                if non_empty(&d.content) || non_empty(&d.reasoning_content) || non_empty(&d.reasoning) || d.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) {
+                if non_empty(&d.content)
+                    || non_empty(&d.reasoning_content)
+                    || non_empty(&d.reasoning)
+                    || d.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
+                {
                     info.content = true;
                 }
             }

@@ -60,12 +60,10 @@ where
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     let svc: Svc = tower::util::BoxCloneService::new(
-        tower::ServiceBuilder::new()
-            .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
-            .service_fn(move |req| {
-                let fut = handler(req);
-                async move { Ok::<_, Infallible>(fut.await) }
-            }),
+        tower::ServiceBuilder::new().layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response)).service_fn(move |req| {
+            let fut = handler(req);
+            async move { Ok::<_, Infallible>(fut.await) }
+        }),
     );
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
@@ -93,9 +91,20 @@ where
     }
 }
 
-type Svc = tower::util::BoxCloneService<Request<Incoming>, Response<tower_http::body::UnsyncBoxBody<bytes::Bytes, crate::error::BoxError>>, Infallible>;
+type Svc = tower::util::BoxCloneService<
+    Request<Incoming>,
+    Response<tower_http::body::UnsyncBoxBody<bytes::Bytes, crate::error::BoxError>>,
+    Infallible,
+>;
 
-async fn serve_conn(builder: auto::Builder<TokioExecutor>, stream: TcpStream, peer: SocketAddr, tls: Option<TlsAcceptor>, svc: Svc, watcher: Watcher) {
+async fn serve_conn(
+    builder: auto::Builder<TokioExecutor>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    svc: Svc,
+    watcher: Watcher,
+) {
     let svc = TowerToHyperService::new(svc);
     let result = match tls {
         None => watcher.watch(builder.serve_connection(TokioIo::new(stream), svc).into_owned()).await,

@@ -105,9 +105,8 @@ impl MetricConstructor<Histogram> for Buckets {
 }
 
 /// Base latency buckets (seconds), before the configured targets are merged in.
-const LATENCY_BASE: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-];
+const LATENCY_BASE: &[f64] =
+    &[0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
 const ITL_BASE: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5];
 const E2E_BASE: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0];
 
@@ -169,8 +168,16 @@ impl Metrics {
             upstream_healthy: Family::default(),
             registry: Registry::default(),
         };
-        registry.register("time_to_first_token_seconds", "Time from request received to the first content-bearing event sent to the client", m.ttft.clone());
-        registry.register("inter_token_latency_seconds", "Gap between consecutive content-bearing events as delivered to the client", m.itl.clone());
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from request received to the first content-bearing event sent to the client",
+            m.ttft.clone(),
+        );
+        registry.register(
+            "inter_token_latency_seconds",
+            "Gap between consecutive content-bearing events as delivered to the client",
+            m.itl.clone(),
+        );
         registry.register("time_per_output_token_seconds", "(e2e - TTFT) / (output_tokens - 1) per request", m.tpot.clone());
         registry.register("e2e_request_latency_seconds", "Time from request received to the end of the response", m.e2e.clone());
         registry.register("queue_time_seconds", "Time spent waiting in the gateway queue", m.queue_time.clone());
@@ -188,13 +195,48 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// The Prometheus text exposition.
-    pub fn encode(&self) -> String {
+    /// The OpenMetrics text exposition (`application/openmetrics-text`).
+    pub fn encode_openmetrics(&self) -> String {
         let mut out = String::with_capacity(16 * 1024);
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+
+    /// The Prometheus text format 0.0.4 (what `promtool check metrics` and
+    /// most scrapers expect): OpenMetrics names counter families without
+    /// `_total` in HELP/TYPE and ends with `# EOF`; the classic format does not.
+    pub fn encode(&self) -> String {
+        openmetrics_to_prometheus(&self.encode_openmetrics())
+    }
+}
+
+/// Rewrite OpenMetrics text as Prometheus text format 0.0.4.
+pub fn openmetrics_to_prometheus(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        om.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let meta = line.strip_prefix("# HELP ").map(|r| ("# HELP ", r)).or_else(|| line.strip_prefix("# TYPE ").map(|r| ("# TYPE ", r)));
+        match meta {
+            Some((kind, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(kind);
+                out.push_str(name);
+                if counters.contains(name) && !name.ends_with("_total") {
+                    out.push_str("_total");
+                }
+                out.push(' ');
+                out.push_str(tail);
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 #[cfg(test)]

@@ -49,7 +49,13 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
         }
         let was = replica.is_healthy();
         // The first check decides at once; after that the thresholds apply.
-        let now = if !known { ok } else if was { streak_bad < h.unhealthy_after } else { streak_ok >= h.healthy_after };
+        let now = if !known {
+            ok
+        } else if was {
+            streak_bad < h.unhealthy_after
+        } else {
+            streak_ok >= h.healthy_after
+        };
         if !known || now != was {
             replica.set_healthy(now);
             if known || !now {
@@ -102,10 +108,7 @@ async fn scrape_load(client: &UpstreamClient, replica: &Replica, timeout: Durati
         return;
     }
     let text = String::from_utf8_lossy(&body);
-    let waiting: f64 = text
-        .lines()
-        .filter(|l| l.starts_with("vllm:num_requests_waiting"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let waiting: f64 =
+        text.lines().filter(|l| l.starts_with("vllm:num_requests_waiting")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
     replica.scraped_waiting.store(waiting.max(0.0) as u64, std::sync::atomic::Ordering::Relaxed);
 }

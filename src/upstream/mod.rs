@@ -169,7 +169,8 @@ impl Pool {
     /// Does this pool serve `model`?
     pub fn serves(&self, model: &str) -> bool {
         self.static_models.contains(model)
-            || (self.auto && self.replicas.iter().any(|r| r.models.load().iter().any(|m| m.get("id").and_then(|v| v.as_str()) == Some(model))))
+            || (self.auto
+                && self.replicas.iter().any(|r| r.models.load().iter().any(|m| m.get("id").and_then(|v| v.as_str()) == Some(model))))
     }
 
     /// Model objects for `/v1/models`: discovered ones as the replicas gave

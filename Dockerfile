@@ -1,0 +1,13 @@
+# Multi-stage build: a small, non-root runtime image with the slogate binary.
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --bin slogate && strip target/release/slogate
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /src/target/release/slogate /usr/local/bin/slogate
+COPY --from=build /src/config/slogate.yaml /etc/slogate/slogate.yaml
+USER nonroot:nonroot
+EXPOSE 8080 9464
+ENTRYPOINT ["/usr/local/bin/slogate"]
+CMD ["serve", "--config", "/etc/slogate/slogate.yaml"]

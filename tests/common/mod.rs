@@ -1,0 +1,383 @@
+//! Test harness: a scripted mock vLLM replica and helpers to run the gateway
+//! in-process on 127.0.0.1:0. No fixed ports; no sleeping for timing (the
+//! mock's scripted delays are upstream behaviour, and waits are bounded
+//! polls for a condition).
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use slogate::config::Config;
+use slogate::Gateway;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+/// One step of a scripted response body.
+#[derive(Clone, Debug)]
+pub enum Step {
+    Send(Bytes),
+    Wait(Duration),
+    /// Cut the connection (the body errors mid-stream).
+    Abort,
+}
+
+/// A scripted response.
+#[derive(Clone, Debug)]
+pub struct Script {
+    pub status: u16,
+    pub content_type: &'static str,
+    /// Delay before the response headers.
+    pub header_delay: Duration,
+    pub steps: Vec<Step>,
+}
+
+pub type ScriptFn = Arc<dyn Fn(&serde_json::Value) -> Script + Send + Sync>;
+
+pub struct MockState {
+    pub calls: AtomicUsize,
+    pub cancelled: AtomicUsize,
+    pub completed: AtomicUsize,
+    pub healthy: AtomicBool,
+    pub script: Mutex<ScriptFn>,
+    pub bodies: Mutex<Vec<serde_json::Value>>,
+    pub model: String,
+}
+
+pub struct Mock {
+    pub addr: SocketAddr,
+    pub state: Arc<MockState>,
+    tasks: Arc<Mutex<JoinSet<()>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Mock {
+    pub async fn start(script: ScriptFn) -> Mock {
+        Self::start_with_model("m1", script).await
+    }
+
+    pub async fn start_with_model(model: &str, script: ScriptFn) -> Mock {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind mock");
+        let addr = listener.local_addr().expect("addr");
+        let state = Arc::new(MockState {
+            calls: AtomicUsize::new(0),
+            cancelled: AtomicUsize::new(0),
+            completed: AtomicUsize::new(0),
+            healthy: AtomicBool::new(true),
+            script: Mutex::new(script),
+            bodies: Mutex::new(Vec::new()),
+            model: model.to_string(),
+        });
+        let tasks = Arc::new(Mutex::new(JoinSet::new()));
+        let (st, ts) = (state.clone(), tasks.clone());
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let _ = stream.set_nodelay(true);
+                let st = st.clone();
+                ts.lock().expect("lock").spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let st = st.clone();
+                        async move { Ok::<_, Infallible>(mock_handle(req, st).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                });
+            }
+        });
+        Mock { addr, state, tasks, accept }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set_script(&self, f: ScriptFn) {
+        *self.state.script.lock().expect("lock") = f;
+    }
+
+    pub fn calls(&self) -> usize {
+        self.state.calls.load(Ordering::SeqCst)
+    }
+
+    /// Stop accepting and cut every open connection: connects are refused.
+    pub fn kill(&self) {
+        self.accept.abort();
+        self.tasks.lock().expect("lock").abort_all();
+    }
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct ChannelBody(mpsc::Receiver<Result<Bytes, std::io::Error>>);
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data)))
+    }
+}
+
+type MockBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<MockBody> {
+    let path = req.uri().path().to_string();
+    if req.method() == http::Method::GET {
+        return match path.as_str() {
+            "/health" => {
+                let code = if st.healthy.load(Ordering::SeqCst) { 200 } else { 503 };
+                simple(code, "application/json", "{}")
+            }
+            "/v1/models" => simple(
+                200,
+                "application/json",
+                &format!(r#"{{"object":"list","data":[{{"id":"{}","object":"model","owned_by":"vllm","max_model_len":4096}}]}}"#, st.model),
+            ),
+            "/metrics" => simple(200, "text/plain", "vllm:num_requests_waiting{model_name=\"m1\"} 0.0\n"),
+            _ => simple(404, "application/json", "{}"),
+        };
+    }
+    st.calls.fetch_add(1, Ordering::SeqCst);
+    let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    let f = st.script.lock().expect("lock").clone();
+    let script = f(&json);
+    st.bodies.lock().expect("lock").push(json);
+    if !script.header_delay.is_zero() {
+        tokio::time::sleep(script.header_delay).await;
+    }
+    let (tx, rx) = mpsc::channel(4);
+    let st2 = st.clone();
+    tokio::spawn(async move {
+        for step in script.steps {
+            match step {
+                Step::Wait(d) => {
+                    // Like uvicorn, notice a client that went away while idle.
+                    tokio::select! {
+                        _ = tokio::time::sleep(d) => {}
+                        _ = tx.closed() => {
+                            st2.cancelled.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+                Step::Send(b) => {
+                    if tx.send(Ok(b)).await.is_err() {
+                        st2.cancelled.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                }
+                Step::Abort => {
+                    let _ = tx.send(Err(std::io::Error::other("scripted abort"))).await;
+                    return;
+                }
+            }
+        }
+        st2.completed.fetch_add(1, Ordering::SeqCst);
+    });
+    let mut resp = Response::new(ChannelBody(rx).boxed());
+    *resp.status_mut() = StatusCode::from_u16(script.status).unwrap_or(StatusCode::OK);
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(script.content_type));
+    resp
+}
+
+fn simple(code: u16, ct: &'static str, body: &str) -> Response<MockBody> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())).map_err(|n| match n {}).boxed());
+    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(ct));
+    r
+}
+
+// ---- vLLM-shaped stream builders ----
+
+pub fn event(json: &str) -> Bytes {
+    Bytes::from(format!("data: {json}\n\n"))
+}
+
+pub fn role_chunk() -> Bytes {
+    event(
+        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
+    )
+}
+
+pub fn content_chunk(text: &str) -> Bytes {
+    event(&format!(
+        r#"{{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m1","choices":[{{"index":0,"delta":{{"content":"{text}"}},"logprobs":null,"finish_reason":null}}]}}"#
+    ))
+}
+
+pub fn finish_chunk(reason: &str) -> Bytes {
+    event(&format!(
+        r#"{{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m1","choices":[{{"index":0,"delta":{{"content":""}},"logprobs":null,"finish_reason":"{reason}"}}]}}"#
+    ))
+}
+
+pub fn usage_chunk(prompt: u64, completion: u64) -> Bytes {
+    event(&format!(
+        r#"{{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m1","choices":[],"usage":{{"prompt_tokens":{prompt},"total_tokens":{},"completion_tokens":{completion}}}}}"#,
+        prompt + completion
+    ))
+}
+
+pub fn done() -> Bytes {
+    Bytes::from_static(b"data: [DONE]\n\n")
+}
+
+pub fn wants_usage(req: &serde_json::Value) -> bool {
+    req.pointer("/stream_options/include_usage").and_then(|v| v.as_bool()) == Some(true)
+}
+
+/// A vLLM-like stream: role chunk, `n` tokens `gap` apart, finish, usage if asked, [DONE].
+pub fn vllm_stream(req: &serde_json::Value, n: usize, gap: Duration, finish: &str) -> Script {
+    let mut steps = vec![Step::Send(role_chunk())];
+    for i in 0..n {
+        if !gap.is_zero() {
+            steps.push(Step::Wait(gap));
+        }
+        steps.push(Step::Send(content_chunk(&format!("t{i} "))));
+    }
+    steps.push(Step::Send(finish_chunk(finish)));
+    if wants_usage(req) {
+        steps.push(Step::Send(usage_chunk(7, n as u64)));
+    }
+    steps.push(Step::Send(done()));
+    Script { status: 200, content_type: "text/event-stream; charset=utf-8", header_delay: Duration::ZERO, steps }
+}
+
+pub fn json_answer(text: &str, finish: &str, prompt: u64, completion: u64) -> Script {
+    let body = format!(
+        r#"{{"id":"cmpl-1","object":"chat.completion","created":1,"model":"m1","choices":[{{"index":0,"message":{{"role":"assistant","content":"{text}"}},"finish_reason":"{finish}"}}],"usage":{{"prompt_tokens":{prompt},"total_tokens":{},"completion_tokens":{completion}}}}}"#,
+        prompt + completion
+    );
+    Script { status: 200, content_type: "application/json", header_delay: Duration::ZERO, steps: vec![Step::Send(Bytes::from(body))] }
+}
+
+pub fn script(f: impl Fn(&serde_json::Value) -> Script + Send + Sync + 'static) -> ScriptFn {
+    Arc::new(f)
+}
+
+/// A stream script for streaming requests, a JSON answer otherwise.
+pub fn standard(n: usize, gap: Duration) -> ScriptFn {
+    script(move |req| {
+        if req.get("stream").and_then(|v| v.as_bool()) == Some(true) {
+            vllm_stream(req, n, gap, "stop")
+        } else {
+            json_answer("hello", "stop", 7, 3)
+        }
+    })
+}
+
+// ---- gateway helpers ----
+
+/// Config YAML for a gateway on 127.0.0.1:0 in front of `replicas`.
+pub fn config_yaml(replicas: &[String], pool_extra: &str) -> String {
+    let reps = replicas.iter().map(|r| format!("      - {r}\n")).collect::<String>();
+    format!(
+        "server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\n  shutdown_grace: 10s\npools:\n  - name: p\n    models: [m1]\n    replicas:\n{reps}    health: {{ interval: 100ms, timeout: 1s, unhealthy_after: 2, healthy_after: 2 }}\n{pool_extra}"
+    )
+}
+
+pub async fn start_gateway(yaml: &str) -> Gateway {
+    let cfg = Config::parse(yaml).unwrap_or_else(|e| panic!("test config invalid:\n{e}\n---\n{yaml}"));
+    let gw = Gateway::start(cfg).await.expect("gateway starts");
+    let admin = gw.admin_addr;
+    wait_until("gateway ready", || async move { get(admin, "/readyz").await.0 == 200 }).await;
+    gw
+}
+
+/// Poll `cond` every 10 ms until true; fail after 15 s.
+pub async fn wait_until<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+pub fn client() -> TestClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let resp = client().get(format!("http://{addr}{path}").parse().expect("uri")).await.expect("GET");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+pub fn post_req(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let mut b = Request::post(format!("http://{addr}{path}")).header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Full::new(Bytes::from(body.to_string()))).expect("request")
+}
+
+/// POST and read the whole response: (status, headers, body).
+pub async fn post(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, http::HeaderMap, Bytes) {
+    let resp = client().request(post_req(addr, path, body, headers)).await.expect("POST");
+    let status = resp.status().as_u16();
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    (status, parts.headers, bytes)
+}
+
+pub fn chat_body(stream: bool, usage: bool) -> String {
+    let opts = if usage { r#","stream_options":{"include_usage":true}"# } else { "" };
+    format!(r#"{{"model":"m1","messages":[{{"role":"user","content":"hi"}}],"max_tokens":16,"stream":{stream}{opts}}}"#)
+}
+
+/// The sum of the samples in Prometheus text matching `name` and all `labels`.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = match series.split_once('{') {
+                Some((n, r)) => (n, r),
+                None => (series, ""),
+            };
+            if n != name {
+                return None;
+            }
+            if !labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))) {
+                return None;
+            }
+            value.parse().ok()
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+pub async fn metrics_text(gw: &Gateway) -> String {
+    get(gw.admin_addr, "/metrics").await.1
+}
+
+pub async fn requests_with_outcome(gw: &Gateway, outcome: &str) -> f64 {
+    metric(&metrics_text(gw).await, "slogate_requests_total", &[("outcome", outcome)]).unwrap_or(0.0)
+}

@@ -1,0 +1,333 @@
+//! The gateway around the stream: errors, routing, health, retry, metrics
+//! exposition, shutdown and TLS.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::BodyExt;
+
+fn error_of(body: &Bytes) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(body)));
+    for k in ["message", "type", "param", "code"] {
+        assert!(v["error"].get(k).is_some(), "OpenAI error body lacks `{k}`: {v}");
+    }
+    v["error"].clone()
+}
+
+#[tokio::test]
+async fn gateway_errors_have_their_status_and_openai_shape() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let yaml = config_yaml(&[mock.url()], "").replace("shutdown_grace: 10s", "shutdown_grace: 10s\n  max_request_body: 1KiB");
+    let gw = start_gateway(&yaml).await;
+    let a = gw.data_addr;
+    let cases: Vec<(&str, String, u16)> = vec![
+        ("malformed JSON", "{not json".into(), 400),
+        ("not an object", "[1,2]".into(), 400),
+        ("missing model", r#"{"messages":[]}"#.into(), 400),
+        ("unknown model", r#"{"model":"nope","messages":[]}"#.into(), 404),
+        ("too large", format!(r#"{{"model":"m1","messages":[{{"role":"user","content":"{}"}}]}}"#, "x".repeat(2000)), 413),
+    ];
+    for (what, body, want) in cases {
+        let (status, _, b) = post(a, "/v1/chat/completions", &body, &[]).await;
+        assert_eq!(status, want, "{what}: {}", String::from_utf8_lossy(&b));
+        error_of(&b);
+    }
+    let (status, _, b) = post(a, "/v1/chat/completions", &chat_body(false, false), &[("x-slo-class", "gold")]).await;
+    assert_eq!(status, 400);
+    assert_eq!(error_of(&b)["param"], "x-slo-class");
+    let (status, body) = get(a, "/nope").await;
+    assert_eq!(status, 404);
+    error_of(&Bytes::from(body));
+    let (status, _, _) = post(a, "/v1/rerank", r#"{"query":"q"}"#, &[]).await;
+    assert_eq!(status, 404, "other /v1 paths without a model are 404");
+    assert_eq!(mock.calls(), 0, "nothing bad reached the replica");
+    // Client errors are counted, under bounded labels.
+    let m = metrics_text(&gw).await;
+    assert_eq!(
+        metric(&m, "slogate_requests_total", &[("outcome", "client_error")]),
+        Some(7.0),
+        "5 bad bodies, 1 unknown class, 1 unroutable path"
+    );
+    assert!(!m.contains("model=\"nope\""), "client-chosen model names never become label values");
+}
+
+#[tokio::test]
+async fn api_keys_gate_classes_with_401_and_403() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let hash = |k: &str| {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(k.as_bytes()))
+    };
+    let auth = format!("auth:\n  keys:\n    - {{ name: web, key_sha256: {}, classes: [chat, voice] }}\n    - {{ name: nightly, key_sha256: {}, classes: [batch] }}\n", hash("web-key"), hash("batch-key"));
+    let gw = start_gateway(&format!("{}{auth}", config_yaml(&[mock.url()], ""))).await;
+    let a = gw.data_addr;
+    let body = chat_body(false, false);
+    assert_eq!(post(a, "/v1/chat/completions", &body, &[]).await.0, 401);
+    assert_eq!(post(a, "/v1/chat/completions", &body, &[("authorization", "Bearer wrong")]).await.0, 401);
+    let (s, h, _) = post(a, "/v1/chat/completions", &body, &[("authorization", "Bearer web-key")]).await;
+    assert_eq!((s, h.get("x-slogate-class").and_then(|v| v.to_str().ok())), (200, Some("chat")));
+    let (s, h, _) = post(a, "/v1/chat/completions", &body, &[("authorization", "Bearer web-key"), ("x-slo-class", "voice")]).await;
+    assert_eq!((s, h.get("x-slogate-class").and_then(|v| v.to_str().ok())), (200, Some("voice")));
+    let (s, h, _) = post(a, "/v1/chat/completions", &body, &[("authorization", "Bearer batch-key")]).await;
+    assert_eq!((s, h.get("x-slogate-class").and_then(|v| v.to_str().ok())), (200, Some("batch")));
+    let (s, _, b) = post(a, "/v1/chat/completions", &body, &[("authorization", "Bearer batch-key"), ("x-slo-class", "chat")]).await;
+    assert_eq!(s, 403, "a batch key cannot promote itself to interactive");
+    assert_eq!(error_of(&b)["type"], "permission_error");
+}
+
+#[tokio::test]
+async fn no_healthy_replica_is_503_with_retry_after() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    mock.state.healthy.store(false, Ordering::SeqCst);
+    wait_until("replica taken out", || async { get(gw.admin_addr, "/readyz").await.0 == 503 }).await;
+    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    assert_eq!(s, 503);
+    assert!(h.get("retry-after").is_some());
+    error_of(&b);
+    assert_eq!(requests_with_outcome(&gw, "unavailable").await, 1.0);
+}
+
+#[tokio::test]
+async fn replica_failing_health_is_taken_out_and_comes_back() {
+    let a = Mock::start(standard(1, Duration::ZERO)).await;
+    let b = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = start_gateway(&config_yaml(&[a.url(), b.url()], "    balance: round_robin\n")).await;
+    let healthy = |url: String| {
+        let admin = gw.admin_addr;
+        async move { metric(&get(admin, "/metrics").await.1, "slogate_upstream_healthy", &[("replica", &url)]) }
+    };
+    wait_until("both healthy", || async { healthy(a.url()).await == Some(1.0) && healthy(b.url()).await == Some(1.0) }).await;
+    a.state.healthy.store(false, Ordering::SeqCst);
+    wait_until("a taken out", || async { healthy(a.url()).await == Some(0.0) }).await;
+    let before = a.calls();
+    for _ in 0..6 {
+        assert_eq!(post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await.0, 200);
+    }
+    assert_eq!(a.calls(), before, "no traffic to a replica that is out");
+    assert_eq!(get(gw.admin_addr, "/readyz").await.0, 200, "one healthy replica keeps the pool ready");
+    a.state.healthy.store(true, Ordering::SeqCst);
+    wait_until("a back", || async { healthy(a.url()).await == Some(1.0) }).await;
+    for _ in 0..6 {
+        post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    }
+    assert!(a.calls() > before, "traffic returns to the recovered replica");
+}
+
+#[tokio::test]
+async fn retry_before_first_byte_lands_on_the_other_replica() {
+    let bad = Mock::start(script(|_| Script {
+        status: 503,
+        content_type: "application/json",
+        header_delay: Duration::ZERO,
+        steps: vec![Step::Send(Bytes::from_static(br#"{"error":"overloaded"}"#))],
+    }))
+    .await;
+    let good = Mock::start(standard(2, Duration::ZERO)).await;
+    let gw = start_gateway(&config_yaml(&[bad.url(), good.url()], "    balance: round_robin\n")).await;
+    for _ in 0..6 {
+        let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+        assert_eq!(s, 200);
+    }
+    assert!(bad.calls() >= 1, "the failing replica was tried");
+    assert_eq!(good.calls(), 6, "every request ended on the good replica");
+    // Now a replica that refuses connections while still marked healthy.
+    bad.kill();
+    for _ in 0..4 {
+        let (s, h, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+        assert_eq!(s, 200);
+        assert_eq!(h.get("x-slogate-replica").and_then(|v| v.to_str().ok()), Some(good.url().as_str()));
+    }
+    assert_eq!(requests_with_outcome(&gw, "ok").await, 10.0);
+}
+
+#[tokio::test]
+async fn streaming_first_token_timeout_before_headers_is_504() {
+    let mock = Mock::start(script(|req| {
+        let mut s = vllm_stream(req, 1, Duration::ZERO, "stop");
+        s.header_delay = Duration::from_secs(30);
+        s
+    }))
+    .await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "    timeouts: { first_token: 300ms }\n")).await;
+    let (s, _, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(s, 504);
+    error_of(&b);
+    assert_eq!(requests_with_outcome(&gw, "timeout").await, 1.0);
+    assert_eq!(metric(&metrics_text(&gw).await, "slogate_slo_breaches_total", &[("kind", "timeout")]), Some(1.0));
+}
+
+#[tokio::test]
+async fn saturated_pool_is_429_with_retry_after() {
+    let mock = Mock::start(standard(2, Duration::from_millis(200))).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n")).await;
+    let held = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("first");
+    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    assert_eq!(s, 429);
+    assert_eq!(h.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    error_of(&b);
+    held.into_body().collect().await.expect("first completes");
+    assert_eq!(requests_with_outcome(&gw, "rejected").await, 1.0);
+}
+
+#[tokio::test]
+async fn models_are_the_union_across_pools_with_auto_discovery() {
+    let auto = Mock::start_with_model("llama-8b", standard(1, Duration::ZERO)).await;
+    let fixed = Mock::start(standard(1, Duration::ZERO)).await;
+    let yaml = format!(
+        "server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\npools:\n  - name: fixed\n    models: [m1]\n    replicas: [{}]\n  - name: discovered\n    models: [auto]\n    replicas: [{}]\n",
+        fixed.url(),
+        auto.url()
+    );
+    let gw = start_gateway(&yaml).await;
+    wait_until("discovered", || async { get(gw.data_addr, "/v1/models").await.1.contains("llama-8b") }).await;
+    let (s, body) = get(gw.data_addr, "/v1/models").await;
+    assert_eq!(s, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let ids: Vec<&str> = v["data"].as_array().expect("list").iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(ids, vec!["m1", "llama-8b"]);
+    assert_eq!(v["data"][1]["max_model_len"], 4096, "discovered model objects are passed on as the replica gave them");
+    let body = chat_body(false, false).replace("\"m1\"", "\"llama-8b\"");
+    let (s, h, _) = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(h.get("x-slogate-replica").and_then(|v| v.to_str().ok()), Some(auto.url().as_str()));
+    assert_eq!((auto.calls(), fixed.calls()), (1, 0));
+}
+
+#[tokio::test]
+async fn embeddings_and_completions_are_forwarded() {
+    let mock = Mock::start(script(|req| {
+        if req.get("input").is_some() {
+            Script {
+                status: 200,
+                content_type: "application/json",
+                header_delay: Duration::ZERO,
+                steps: vec![Step::Send(Bytes::from_static(br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"m1","usage":{"prompt_tokens":3,"total_tokens":3}}"#))],
+            }
+        } else {
+            let mut s = vllm_stream(req, 2, Duration::ZERO, "stop");
+            s.steps[1] = Step::Send(event(r#"{"id":"c","object":"text_completion","choices":[{"index":0,"text":" the","finish_reason":null}]}"#));
+            s
+        }
+    }))
+    .await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let (s, _, b) = post(gw.data_addr, "/v1/embeddings", r#"{"model":"m1","input":"abc"}"#, &[]).await;
+    assert_eq!(s, 200);
+    assert!(String::from_utf8_lossy(&b).contains("embedding"));
+    let (s, _, _) = post(gw.data_addr, "/v1/completions", r#"{"model":"m1","prompt":"a","stream":true}"#, &[]).await;
+    assert_eq!(s, 200);
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0));
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[]), Some(1.0), "completion text counts as content");
+    assert_eq!(metric(&m, "slogate_prompt_tokens_total", &[]), Some(10.0));
+}
+
+#[tokio::test]
+async fn metrics_pass_promtool_check_metrics() {
+    let mock = Mock::start(standard(3, Duration::ZERO)).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    post(gw.data_addr, "/v1/chat/completions", r#"{"model":"x"}"#, &[]).await;
+    let text = metrics_text(&gw).await;
+    for name in [
+        "slogate_time_to_first_token_seconds",
+        "slogate_inter_token_latency_seconds",
+        "slogate_time_per_output_token_seconds",
+        "slogate_e2e_request_latency_seconds",
+        "slogate_queue_time_seconds",
+        "slogate_requests_total",
+        "slogate_slo_breaches_total",
+        "slogate_prompt_tokens_total",
+        "slogate_generation_tokens_total",
+        "slogate_goodput_requests_total",
+        "slogate_queue_depth",
+        "slogate_inflight_requests",
+        "slogate_upstream_healthy",
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
+    }
+    let promtool = which("promtool").expect("promtool not found: run scripts/test, which installs Debian's prometheus package");
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    use std::io::Write;
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn which(bin: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(bin)).find(|f| f.is_file()))
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting_and_lets_inflight_streams_finish() {
+    let mock = Mock::start(standard(10, Duration::from_millis(50))).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let addr = gw.data_addr;
+    let resp = client().request(post_req(addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("stream");
+    assert_eq!(resp.status(), 200);
+    let app = gw.app.clone();
+    let stopping = tokio::spawn(gw.shutdown());
+    wait_until("listener closed", || async { tokio::net::TcpStream::connect(addr).await.is_err() }).await;
+    let body = resp.into_body().collect().await.expect("in-flight stream completes").to_bytes();
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("t9 ") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    tokio::time::timeout(Duration::from_secs(10), stopping).await.expect("shutdown finishes once drained").expect("join");
+    let m = app.metrics.encode();
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(1.0));
+}
+
+#[tokio::test]
+async fn tls_listener_serves_https() {
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let dir = std::env::temp_dir().join(format!("slogate-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
+    let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).expect("write");
+    std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write");
+    let yaml = config_yaml(&[mock.url()], "").replace(
+        "shutdown_grace: 10s",
+        &format!("shutdown_grace: 10s\n  tls: {{ cert: {}, key: {} }}", cert_path.display(), key_path.display()),
+    );
+    let gw = start_gateway(&yaml).await;
+    assert!(gw.tls);
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).expect("root");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    let tcp = tokio::net::TcpStream::connect(gw.data_addr).await.expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let stream = connector.connect(name, tcp).await.expect("TLS handshake");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("http");
+    tokio::spawn(conn);
+    let req = post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]);
+    let resp = sender.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

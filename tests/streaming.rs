@@ -1,0 +1,270 @@
+//! Streaming through the gateway: bytes, TTFT/ITL stamping, usage handling,
+//! and every way a stream can end.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::BodyExt;
+
+#[tokio::test]
+async fn streaming_bytes_are_identical_through_gateway_and_direct() {
+    let mock = Mock::start(standard(20, Duration::ZERO)).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    for usage in [false, true] {
+        let body = chat_body(true, usage);
+        let (s1, _, direct) = post(mock.addr, "/v1/chat/completions", &body, &[]).await;
+        let (s2, headers, via) = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+        assert_eq!((s1, s2), (200, 200));
+        assert_eq!(String::from_utf8_lossy(&via), String::from_utf8_lossy(&direct), "usage asked: {usage}");
+        assert_eq!(direct.windows(7).any(|w| w == b"\"usage\""), usage, "the mock sends usage only when asked");
+        assert_eq!(headers.get("x-slogate-class").map(|v| v.as_bytes()), Some(&b"chat"[..]));
+        assert!(headers.get("x-slogate-replica").is_some());
+    }
+    // The gateway asked for usage both times, so it counted tokens both times.
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_generation_tokens_total", &[("model", "m1"), ("class", "chat")]), Some(40.0));
+    assert_eq!(metric(&m, "slogate_prompt_tokens_total", &[("model", "m1")]), Some(14.0));
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0));
+}
+
+#[tokio::test]
+async fn ttft_is_stamped_at_first_content_not_at_role_chunk_or_keepalive() {
+    // Role chunk and keep-alive comments at once; first real token 400 ms later.
+    let mock = Mock::start(script(|req| {
+        let mut s = vllm_stream(req, 3, Duration::ZERO, "stop");
+        s.steps.insert(1, Step::Send(Bytes::from_static(b": keep-alive\n\n")));
+        s.steps.insert(2, Step::Wait(Duration::from_millis(200)));
+        s.steps.insert(3, Step::Send(Bytes::from_static(b": keep-alive\n\n")));
+        s.steps.insert(4, Step::Wait(Duration::from_millis(200)));
+        s
+    }))
+    .await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 200);
+    let m = metrics_text(&gw).await;
+    let count = metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "chat")]);
+    let sum = metric(&m, "slogate_time_to_first_token_seconds_sum", &[("class", "chat")]).unwrap_or(0.0);
+    assert_eq!(count, Some(1.0));
+    assert!(sum >= 0.4, "TTFT {sum}s must include the 400 ms before the first content token");
+    // The seed's SLI bucket exists and this request is not in it.
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_bucket", &[("class", "chat"), ("le", "0.3")]), Some(0.0));
+    assert_eq!(metric(&m, "slogate_slo_breaches_total", &[("class", "chat"), ("kind", "ttft")]), Some(1.0));
+    // Two gaps between three tokens delivered together: ITL recorded, no breach.
+    assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[("class", "chat")]), Some(2.0));
+}
+
+#[tokio::test]
+async fn inter_token_gaps_are_measured_as_delivered() {
+    let mock = Mock::start(standard(4, Duration::from_millis(120))).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", "batch")]).await;
+    assert_eq!(status, 200);
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[("class", "batch")]), Some(3.0));
+    let sum = metric(&m, "slogate_inter_token_latency_seconds_sum", &[("class", "batch")]).unwrap_or(0.0);
+    assert!(sum >= 0.36, "three gaps of >= 120 ms, got {sum}");
+    assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_bucket", &[("class", "batch"), ("le", "0.1")]), Some(0.0));
+    // TPOT = (e2e - ttft) / (4 - 1) >= 120 ms.
+    let tpot = metric(&m, "slogate_time_per_output_token_seconds_sum", &[("class", "batch")]).unwrap_or(0.0);
+    assert!(tpot >= 0.12, "tpot {tpot}");
+    assert_eq!(metric(&m, "slogate_goodput_requests_total", &[("class", "batch")]), Some(1.0));
+}
+
+#[tokio::test]
+async fn events_split_into_single_bytes_are_forwarded_and_measured() {
+    let mock = Mock::start(script(|req| {
+        let whole = vllm_stream(req, 5, Duration::ZERO, "stop");
+        let mut steps = Vec::new();
+        for s in whole.steps {
+            if let Step::Send(b) = s {
+                steps.extend((0..b.len()).map(|i| Step::Send(b.slice(i..i + 1))));
+            }
+        }
+        common::Script { steps, ..whole }
+    }))
+    .await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let body = chat_body(true, false);
+    let (_, _, direct) = post(mock.addr, "/v1/chat/completions", &body, &[]).await;
+    let (status, _, via) = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(via, direct);
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_generation_tokens_total", &[("class", "chat")]), Some(5.0));
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(1.0));
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[]), Some(1.0));
+}
+
+#[tokio::test]
+async fn usage_is_stripped_when_not_asked_and_kept_when_asked() {
+    let mock = Mock::start(standard(3, Duration::ZERO)).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let (_, _, without) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (_, _, with) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, true), &[]).await;
+    let has_usage = |b: &Bytes| String::from_utf8_lossy(b).contains("\"usage\"");
+    assert!(!has_usage(&without));
+    assert!(has_usage(&with));
+    assert!(String::from_utf8_lossy(&without).ends_with("data: [DONE]\n\n"));
+    // The replica was asked for usage both times, other options kept.
+    let bodies = mock.state.bodies.lock().expect("lock").clone();
+    assert!(bodies.iter().all(wants_usage), "{bodies:?}");
+}
+
+#[tokio::test]
+async fn finish_reason_length_is_counted_as_length() {
+    let mock = Mock::start(script(|req| vllm_stream(req, 2, Duration::ZERO, "length"))).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "length")]), Some(1.0));
+    assert_eq!(metric(&m, "slogate_slo_breaches_total", &[("kind", "incomplete")]), Some(1.0));
+}
+
+#[tokio::test]
+async fn mid_stream_error_event_is_a_stream_error() {
+    let mock = Mock::start(script(|_| Script {
+        status: 200,
+        content_type: "text/event-stream",
+        header_delay: Duration::ZERO,
+        steps: vec![
+            Step::Send(role_chunk()),
+            Step::Send(content_chunk("a")),
+            Step::Send(event(
+                r#"{"error":{"object":"error","message":"engine died","type":"InternalServerError","param":null,"code":500}}"#,
+            )),
+            Step::Send(done()),
+        ],
+    }))
+    .await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 200, "an HTTP 200 stream can still fail");
+    assert!(String::from_utf8_lossy(&body).contains("engine died"), "the error event reaches the client");
+    assert_eq!(requests_with_outcome(&gw, "stream_error").await, 1.0);
+    assert_eq!(requests_with_outcome(&gw, "ok").await, 0.0);
+}
+
+#[tokio::test]
+async fn stream_cut_before_done_is_a_stream_error() {
+    for cut in [Step::Abort, Step::Wait(Duration::ZERO)] {
+        let aborted = matches!(cut, Step::Abort);
+        let mock = Mock::start(script(move |_| Script {
+            status: 200,
+            content_type: "text/event-stream",
+            header_delay: Duration::ZERO,
+            steps: vec![Step::Send(role_chunk()), Step::Send(content_chunk("a")), Step::Wait(Duration::from_millis(100)), cut.clone()],
+        }))
+        .await;
+        let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+        let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+        assert_eq!(resp.status(), 200);
+        let collected = resp.into_body().collect().await;
+        // An upstream connection cut is passed on as a cut; a clean early end as a clean end.
+        assert_eq!(collected.is_err(), aborted);
+        wait_until("outcome recorded", || async { requests_with_outcome(&gw, "stream_error").await == 1.0 }).await;
+        let m = metrics_text(&gw).await;
+        assert_eq!(metric(&m, "slogate_slo_breaches_total", &[("kind", "incomplete")]), Some(1.0));
+    }
+}
+
+#[tokio::test]
+async fn upstream_5xx_passes_through_and_counts_as_upstream_error() {
+    let mock = Mock::start(script(|_| Script {
+        status: 500,
+        content_type: "application/json",
+        header_delay: Duration::ZERO,
+        steps: vec![Step::Send(Bytes::from_static(br#"{"object":"error","message":"boom","type":"InternalServerError","code":500}"#))],
+    }))
+    .await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 500);
+    assert_eq!(&body[..], br#"{"object":"error","message":"boom","type":"InternalServerError","code":500}"#, "passed through unchanged");
+    assert_eq!(requests_with_outcome(&gw, "upstream_error").await, 1.0);
+}
+
+#[tokio::test]
+async fn client_disconnect_cancels_upstream_and_frees_slot() {
+    let mock = Mock::start(standard(500, Duration::from_millis(20))).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n")).await;
+    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+    let mut body = resp.into_body();
+    // Read until the first content token has arrived, then hang up.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("t0") {
+        let frame = body.frame().await.expect("frame").expect("ok frame");
+        if let Ok(d) = frame.into_data() {
+            seen.extend_from_slice(&d);
+        }
+    }
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_inflight_requests", &[]), Some(1.0), "slot held while streaming");
+    drop(body);
+    wait_until("replica sees the cancellation", || async { mock.state.cancelled.load(Ordering::SeqCst) == 1 }).await;
+    wait_until("slot freed", || async { metric(&metrics_text(&gw).await, "slogate_inflight_requests", &[]) == Some(0.0) }).await;
+    assert_eq!(requests_with_outcome(&gw, "cancelled").await, 1.0);
+    assert_eq!(mock.state.completed.load(Ordering::SeqCst), 0, "the replica did not finish generating");
+    // The freed slot is usable again.
+    mock.set_script(standard(1, Duration::ZERO));
+    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn slot_is_held_until_the_stream_ends_not_the_headers() {
+    let mock = Mock::start(standard(3, Duration::from_millis(300))).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n")).await;
+    let first = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+    assert_eq!(first.status(), 200);
+    // Headers are here, the stream is not over: the only slot is still taken.
+    let (status, headers, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    assert!(headers.get("retry-after").is_some());
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("OpenAI error JSON");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    first.into_body().collect().await.expect("first stream completes");
+    wait_until("slot freed", || async { metric(&metrics_text(&gw).await, "slogate_inflight_requests", &[]) == Some(0.0) }).await;
+    mock.set_script(standard(1, Duration::ZERO));
+    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn idle_gap_past_the_limit_ends_the_stream_as_timeout() {
+    let mock = Mock::start(script(|_| Script {
+        status: 200,
+        content_type: "text/event-stream",
+        header_delay: Duration::ZERO,
+        steps: vec![Step::Send(role_chunk()), Step::Send(content_chunk("a")), Step::Wait(Duration::from_secs(30)), Step::Send(done())],
+    }))
+    .await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "    timeouts: { idle: 300ms }\n")).await;
+    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("\"code\":504") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(requests_with_outcome(&gw, "timeout").await, 1.0);
+    wait_until("upstream cancelled", || async { mock.state.cancelled.load(Ordering::SeqCst) == 1 }).await;
+}
+
+#[tokio::test]
+async fn non_streaming_records_e2e_and_tokens() {
+    let mock = Mock::start(standard(0, Duration::ZERO)).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(v["choices"][0]["message"]["content"], "hello");
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_e2e_request_latency_seconds_count", &[("class", "chat")]), Some(1.0));
+    assert_eq!(metric(&m, "slogate_generation_tokens_total", &[]), Some(3.0));
+    assert_eq!(metric(&m, "slogate_prompt_tokens_total", &[]), Some(7.0));
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[]), None, "no TTFT without a stream");
+    // The replica was not asked for stream_options on a non-streaming request.
+    assert!(mock.state.bodies.lock().expect("lock").iter().all(|b| b.get("stream_options").is_none()));
+}
