@@ -35,6 +35,19 @@ enum Command {
         #[arg(long, default_value = "config/slogate.yaml")]
         config: PathBuf,
     },
+    /// The embedded default: the gateway (config/slogate.yaml) in front of
+    /// simulated vLLM replicas, with a line telling what to run next.
+    Demo {
+        /// Data-plane address.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Admin address (/metrics, /readyz).
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        admin_listen: std::net::SocketAddr,
+        /// Number of simulated replicas.
+        #[arg(long, default_value_t = 2)]
+        replicas: u16,
+    },
     /// Validate a config: exit 0, or exit 2 with one line per problem naming the field.
     Check {
         /// Config file.
@@ -58,6 +71,13 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Demo { listen, admin_listen, replicas } => {
+            slogate::telemetry::init_logging(matches!(cli.log_format, Some(LogFmt::Json)));
+            match runtime() {
+                Ok(rt) => rt.block_on(demo(listen, admin_listen, replicas)),
+                Err(code) => code,
+            }
+        }
         Command::Serve { config } => {
             let cfg = match Config::load(&config) {
                 Ok(c) => c,
@@ -75,16 +95,73 @@ fn main() -> ExitCode {
                 None => cfg.telemetry.log_format == LogFormat::Json,
             };
             slogate::telemetry::init_logging(json);
-            let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            rt.block_on(serve(cfg))
+            match runtime() {
+                Ok(rt) => rt.block_on(serve(cfg)),
+                Err(code) => code,
+            }
         }
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| {
+        eprintln!("cannot start the runtime: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+/// The example config, embedded so `slogate demo` needs no files.
+const EXAMPLE_CONFIG: &str = include_str!("../config/slogate.yaml");
+
+async fn demo(listen: std::net::SocketAddr, admin_listen: std::net::SocketAddr, replicas: u16) -> ExitCode {
+    let mut cfg = match Config::parse(EXAMPLE_CONFIG) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("embedded config is invalid:\n{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let sim_cfg = loadtest::sim::Profile::Llama8bH100.config();
+    let mut sims = Vec::new();
+    for _ in 0..replicas.max(1) {
+        match loadtest::sim::SimServer::start(sim_cfg.clone(), std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await {
+            Ok(s) => sims.push(s),
+            Err(e) => {
+                eprintln!("cannot start a simulated replica: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    cfg.pools[0].replicas = sims.iter().map(|s| s.url()).collect();
+    cfg.server.listen = listen;
+    cfg.server.admin_listen = admin_listen;
+    let gw = match Gateway::start(cfg).await {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("slogate demo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let app = gw.app.clone();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !(app.snapshot().ready() && app.snapshot().pool_for(&sim_cfg.model).is_some()) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (data, admin, model) = (gw.data_addr, gw.admin_addr, &sim_cfg.model);
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    println!("slogate demo: gateway http://{data} in front of {} simulated vLLM replicas of {model} ({})", sims.len(), urls.join(", "));
+    println!("admin: http://{admin}/metrics (Prometheus), http://{admin}/readyz");
+    println!("try a stream:");
+    println!(
+        "  curl -N http://{data}/v1/chat/completions -H 'content-type: application/json' -H 'x-slo-class: chat' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":32,\"stream\":true}}'"
+    );
+    println!("  OpenAI SDK: OpenAI(base_url=\"http://{data}/v1\", api_key=\"unused\")");
+    println!("  curl -s http://{admin}/metrics | grep slogate_time_to_first_token");
+    println!("Ctrl-C stops.");
+    wait_for_signal().await;
+    gw.shutdown().await;
+    drop(sims);
+    ExitCode::SUCCESS
 }
 
 async fn serve(cfg: Config) -> ExitCode {

@@ -13,7 +13,6 @@
 //!    lease and the request's [`observe::Tracker`] until the stream ends.
 
 pub mod observe;
-pub mod sse;
 
 use std::sync::Arc;
 

@@ -25,12 +25,12 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::time::{Instant, Sleep};
 
-use super::sse::{analyze, Block, SseParser, Usage};
 use crate::classify::Class;
 use crate::error::BoxError;
 use crate::telemetry::metrics::{BreachKind, BreachLabels, ClassLabels, Metrics, ModelClassLabels, OutcomeLabels, RequestLabels};
 use crate::telemetry::Outcome;
 use crate::upstream::Lease;
+use sse::{analyze, Block, SseParser, Usage};
 
 /// Everything measured about one request; records itself once, on drop.
 pub struct Tracker {

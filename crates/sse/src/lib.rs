@@ -1,4 +1,6 @@
-//! Incremental Server-Sent Events parsing and OpenAI chunk analysis.
+//! Incremental Server-Sent Events parsing and OpenAI chunk analysis, shared
+//! by the gateway (which measures as it forwards) and the load generator
+//! (which measures as a client does), so both stamp TTFT the same way.
 //!
 //! Upstream bytes arrive in arbitrary pieces: an event may be split over
 //! several reads, one read may hold several events, lines may end in LF, CR or

@@ -1,0 +1,146 @@
+//! `vllm-sim`: run simulated vLLM replicas on loopback.
+//!
+//! Prints one JSON line per replica (`{"url": ...}`) on stdout once it
+//! listens, so scripts can read the ports. Stops on SIGINT/SIGTERM, or when
+//! the exit fault is set on any replica.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use loadtest::sim::{FaultConfig, Profile, SimConfig, SimServer};
+
+#[derive(Parser)]
+#[command(name = "vllm-sim", about = "A vLLM-faithful simulated replica (seed 002's queueing model)")]
+struct Args {
+    /// Address to bind; port 0 picks a free port. Replica i binds port + i.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    listen: SocketAddr,
+    /// How many replicas to start.
+    #[arg(long, default_value_t = 1)]
+    replicas: u16,
+    #[arg(long, value_enum, default_value_t = Profile::Llama8bH100)]
+    profile: Profile,
+    /// A JSON or YAML file with SimConfig fields (over the profile).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
+    #[arg(long)]
+    max_num_batched_tokens: Option<u32>,
+    #[arg(long)]
+    kv_blocks: Option<u32>,
+    #[arg(long)]
+    step_base_ms: Option<f64>,
+    #[arg(long)]
+    decode_per_seq_ms: Option<f64>,
+    #[arg(long)]
+    prefill_per_token_ms: Option<f64>,
+    /// Bound the waiting queue (503 past it).
+    #[arg(long)]
+    max_waiting: Option<usize>,
+    /// `priority` orders the waiting queue by the request's priority field.
+    #[arg(long, value_parser = ["fcfs", "priority"])]
+    scheduling_policy: Option<String>,
+    /// Natural output length as a share of max_tokens, e.g. `0.3,1.0`.
+    #[arg(long, value_delimiter = ',', num_args = 2)]
+    natural_stop: Option<Vec<f64>>,
+    #[arg(long)]
+    error_rate: Option<f64>,
+    #[arg(long)]
+    stream_error_rate: Option<f64>,
+    #[arg(long)]
+    cut_rate: Option<f64>,
+    #[arg(long)]
+    slowdown: Option<f64>,
+}
+
+fn load(args: &Args) -> Result<SimConfig, String> {
+    let mut cfg = args.profile.config();
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let overlay: serde_json::Value = serde_norway::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut base = serde_json::to_value(&cfg).map_err(|e| e.to_string())?;
+        if let (Some(b), Some(o)) = (base.as_object_mut(), overlay.as_object()) {
+            for (k, v) in o {
+                b.insert(k.clone(), v.clone());
+            }
+        }
+        cfg = serde_json::from_value(base).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    macro_rules! set {
+        ($($f:ident),*) => { $(if let Some(v) = args.$f.clone() { cfg.$f = v; })* };
+    }
+    set!(model, max_num_seqs, max_num_batched_tokens, kv_blocks, step_base_ms, decode_per_seq_ms, prefill_per_token_ms);
+    if args.max_waiting.is_some() {
+        cfg.max_waiting = args.max_waiting;
+    }
+    if let Some(p) = &args.scheduling_policy {
+        cfg.priority_scheduling = p == "priority";
+    }
+    if let Some(v) = &args.natural_stop {
+        cfg.natural_stop = Some((v[0], v[1]));
+    }
+    let f: &mut FaultConfig = &mut cfg.faults;
+    if let Some(v) = args.error_rate {
+        f.error_rate = v;
+    }
+    if let Some(v) = args.stream_error_rate {
+        f.stream_error_rate = v;
+    }
+    if let Some(v) = args.cut_rate {
+        f.cut_rate = v;
+    }
+    if let Some(v) = args.slowdown {
+        f.slowdown = v;
+    }
+    Ok(cfg)
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let cfg = match load(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vllm-sim: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let mut servers = Vec::new();
+    for i in 0..args.replicas {
+        let mut addr = args.listen;
+        if addr.port() != 0 {
+            addr.set_port(addr.port() + i);
+        }
+        match SimServer::start(cfg.clone(), addr).await {
+            Ok(s) => {
+                println!("{}", serde_json::json!({"url": s.url(), "model": cfg.model}));
+                servers.push(s);
+            }
+            Err(e) => {
+                eprintln!("vllm-sim: cannot listen on {addr}: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
+    let (tx, mut any_exit) = tokio::sync::mpsc::channel::<()>(1);
+    for s in &servers {
+        let (tx, mut rx) = (tx.clone(), s.exit_signal());
+        tokio::spawn(async move {
+            if rx.wait_for(|e| *e).await.is_ok() {
+                let _ = tx.send(()).await;
+            }
+        });
+    }
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = any_exit.recv() => {
+            eprintln!("vllm-sim: exit fault set; exiting");
+            return std::process::ExitCode::from(3);
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}

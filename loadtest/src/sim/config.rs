@@ -1,0 +1,126 @@
+//! Simulator parameters and the two built-in profiles.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything that shapes one simulated vLLM replica.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimConfig {
+    /// Served model name.
+    pub model: String,
+    pub max_model_len: u32,
+    /// Fixed cost of one engine step (scheduling, sampling, kernel launches), in ms.
+    pub step_base_ms: f64,
+    /// Decode cost per running sequence per step (β grows with batch), in ms.
+    pub decode_per_seq_ms: f64,
+    /// Prefill cost per prompt token (α), in ms.
+    pub prefill_per_token_ms: f64,
+    /// vLLM `--max-num-seqs`: the running batch cap.
+    pub max_num_seqs: usize,
+    /// vLLM `--max-num-batched-tokens`: tokens per step (decodes + prefill chunks).
+    pub max_num_batched_tokens: u32,
+    /// KV cache capacity in blocks of `block_size` tokens.
+    pub kv_blocks: u32,
+    pub block_size: u32,
+    /// Bound on the waiting queue (503 past it); `None` = unbounded, as vLLM.
+    pub max_waiting: Option<usize>,
+    /// Order the waiting queue by the request's `priority` (lower first), as
+    /// vLLM `--scheduling-policy priority`.
+    pub priority_scheduling: bool,
+    /// Output length when the request gives no `max_tokens`.
+    pub default_max_tokens: u32,
+    /// Without `ignore_eos`, a request stops (`stop`) after a natural length
+    /// drawn uniformly from this share of its `max_tokens`: `[lo, hi]`.
+    pub natural_stop: Option<(f64, f64)>,
+    /// Length of the fixed embedding vectors.
+    pub embedding_dim: usize,
+    pub faults: FaultConfig,
+}
+
+/// Faults, switchable at start and at run time (`POST /admin/faults`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultConfig {
+    /// Share of requests answered with an HTTP error (half 500, half 503).
+    pub error_rate: f64,
+    /// Share of streams that end in a `data: {"error": ...}` event midway.
+    pub stream_error_rate: f64,
+    /// Share of streams cut (connection closed) midway.
+    pub cut_rate: f64,
+    /// Stop producing tokens for this many seconds (from when it is set).
+    pub stall_secs: f64,
+    /// Multiply every step time by this (1.0 = normal; 0 is treated as 1).
+    pub slowdown: f64,
+    /// `/health` answers 503.
+    pub health_fail: bool,
+    /// Stop the replica (the process exits; in-process, the server stops).
+    pub exit: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Profile::Llama8bH100.config()
+    }
+}
+
+/// Built-in hardware/model profiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// An 8B model on one H100: ~6 ms steps, ~15 ms prefill for 512 tokens.
+    Llama8bH100,
+    /// A 70B FP8 model on one H100 (seed 003): ~40 ms prefill for 512
+    /// tokens, ~25 ms decode steps, KV for ~64k tokens.
+    Llama70bFp8H100,
+}
+
+impl Profile {
+    pub fn config(self) -> SimConfig {
+        match self {
+            Profile::Llama8bH100 => SimConfig {
+                model: "sim-llama-8b".into(),
+                max_model_len: 8192,
+                step_base_ms: 6.0,
+                decode_per_seq_ms: 0.05,
+                prefill_per_token_ms: 0.03,
+                max_num_seqs: 256,
+                max_num_batched_tokens: 8192,
+                kv_blocks: 29_000,
+                block_size: 16,
+                max_waiting: None,
+                priority_scheduling: false,
+                default_max_tokens: 256,
+                natural_stop: None,
+                embedding_dim: 16,
+                faults: FaultConfig::default(),
+            },
+            Profile::Llama70bFp8H100 => SimConfig {
+                model: "sim-llama-70b-fp8".into(),
+                max_model_len: 8192,
+                step_base_ms: 22.0,
+                decode_per_seq_ms: 0.3,
+                prefill_per_token_ms: 0.078,
+                max_num_seqs: 64,
+                max_num_batched_tokens: 2048,
+                kv_blocks: 4096,
+                block_size: 16,
+                max_waiting: None,
+                priority_scheduling: false,
+                default_max_tokens: 256,
+                natural_stop: None,
+                embedding_dim: 16,
+                faults: FaultConfig::default(),
+            },
+        }
+    }
+}
+
+impl SimConfig {
+    /// The modelled time of one step.
+    pub fn step_time(&self, decodes: usize, prefill_tokens: u32, slowdown: f64) -> Duration {
+        let ms = self.step_base_ms + self.decode_per_seq_ms * decodes as f64 + self.prefill_per_token_ms * prefill_tokens as f64;
+        let factor = if slowdown > 0.0 { slowdown } else { 1.0 };
+        Duration::from_secs_f64((ms * factor).max(0.0) / 1000.0)
+    }
+}

@@ -1,0 +1,412 @@
+//! One replica's engine: vLLM's step loop as seed 002 models it.
+//!
+//! Each step first decodes one token for every running sequence (decode
+//! preference), then spends what is left of the `max_num_batched_tokens`
+//! budget on prefill chunks: first sequences already partly prefilled, then
+//! waiting ones in FCFS (or priority) order. A step takes
+//! `base + decode_per_seq x decodes + alpha x prefill_tokens` (times the
+//! slowdown fault). `max_num_seqs` caps the running batch; the KV cache is
+//! counted in blocks, and when a decode needs a block and none is free, the
+//! most recently admitted sequence is preempted and recomputed later (its
+//! prompt and generated tokens are prefilled again).
+//!
+//! Time is `tokio::time`, so the scheduler runs on paused time in tests.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::config::{FaultConfig, SimConfig};
+use super::metrics::SimMetrics;
+
+/// How a sequence's stream should fail, if it should.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamFault {
+    /// A `data: {"error": ...}` event after this many tokens.
+    ErrorAt(u32),
+    /// The connection is cut after this many tokens.
+    CutAt(u32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// What the engine sends back for one sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Token number `index` (0-based); the last one carries its finish reason.
+    Token {
+        index: u32,
+        finish: Option<Finish>,
+    },
+    Error(String),
+    Cut,
+}
+
+/// A request as the engine sees it.
+#[derive(Debug, Clone)]
+pub struct SeqRequest {
+    pub prompt_tokens: u32,
+    pub max_tokens: u32,
+    /// Stop (`stop`) after this many tokens if below `max_tokens`.
+    pub natural_len: Option<u32>,
+    /// Lower is served first under priority scheduling.
+    pub priority: i64,
+    pub fault: Option<StreamFault>,
+}
+
+/// Counters the server and tests read.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub running: AtomicUsize,
+    pub waiting: AtomicUsize,
+    pub max_running_seen: AtomicUsize,
+    pub kv_used_blocks: AtomicUsize,
+    pub preemptions: AtomicU64,
+    pub steps: AtomicU64,
+}
+
+/// Faults the engine reads each step.
+#[derive(Debug, Default)]
+pub struct Faults {
+    pub config: Mutex<FaultConfig>,
+    pub stall_until: Mutex<Option<Instant>>,
+}
+
+impl Faults {
+    pub fn new(cfg: FaultConfig) -> Faults {
+        let f = Faults::default();
+        f.set(cfg);
+        f
+    }
+
+    /// Replace the fault settings; a non-zero `stall_secs` starts a stall now.
+    pub fn set(&self, cfg: FaultConfig) {
+        let stall = (cfg.stall_secs > 0.0).then(|| Instant::now() + std::time::Duration::from_secs_f64(cfg.stall_secs));
+        *self.stall_until.lock().unwrap_or_else(|e| e.into_inner()) = stall;
+        *self.config.lock().unwrap_or_else(|e| e.into_inner()) = cfg;
+    }
+
+    pub fn get(&self) -> FaultConfig {
+        self.config.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn stall_until(&self) -> Option<Instant> {
+        *self.stall_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct Seq {
+    req: SeqRequest,
+    order: u64,
+    arrival: Instant,
+    generated: u32,
+    /// Tokens to prefill before decoding: the prompt, or prompt + generated after preemption.
+    prefill_target: u32,
+    prefilled: u32,
+    blocks: u32,
+    last_token: Option<Instant>,
+    tx: mpsc::UnboundedSender<Event>,
+}
+
+impl Seq {
+    fn stop_at(&self) -> u32 {
+        self.req.natural_len.map_or(self.req.max_tokens, |n| n.min(self.req.max_tokens)).max(1)
+    }
+    fn decoding(&self) -> bool {
+        self.prefilled >= self.prefill_target
+    }
+}
+
+/// Handle to a running engine.
+#[derive(Clone)]
+pub struct Engine {
+    tx: mpsc::UnboundedSender<(SeqRequest, mpsc::UnboundedSender<Event>, Instant)>,
+    pub stats: Arc<EngineStats>,
+    pub faults: Arc<Faults>,
+    cfg: Arc<SimConfig>,
+}
+
+/// Why a request was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejected {
+    QueueFull,
+    TooLong(String),
+    Stopped,
+}
+
+impl Engine {
+    /// Start the engine loop on the current runtime.
+    pub fn start(cfg: Arc<SimConfig>, metrics: Arc<SimMetrics>, faults: Arc<Faults>) -> (Engine, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stats = Arc::new(EngineStats::default());
+        let core = Core {
+            cfg: cfg.clone(),
+            rx,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            free_blocks: cfg.kv_blocks,
+            order: 0,
+            stats: stats.clone(),
+            metrics,
+            faults: faults.clone(),
+        };
+        let task = tokio::spawn(core.run());
+        (Engine { tx, stats, faults, cfg }, task)
+    }
+
+    /// Queue a sequence; events arrive on the returned receiver.
+    pub fn submit(&self, req: SeqRequest) -> Result<mpsc::UnboundedReceiver<Event>, Rejected> {
+        let total = req.prompt_tokens + req.max_tokens;
+        if total.div_ceil(self.cfg.block_size) > self.cfg.kv_blocks {
+            return Err(Rejected::TooLong(format!("{total} tokens do not fit the KV cache")));
+        }
+        if let Some(cap) = self.cfg.max_waiting {
+            if self.stats.waiting.load(Ordering::Relaxed) >= cap {
+                return Err(Rejected::QueueFull);
+            }
+        }
+        let (etx, erx) = mpsc::unbounded_channel();
+        // Counted as waiting at once, so a bounded queue cannot be overrun between steps.
+        self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+        self.tx.send((req, etx, Instant::now())).map_err(|_| {
+            self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+            Rejected::Stopped
+        })?;
+        Ok(erx)
+    }
+}
+
+struct Core {
+    cfg: Arc<SimConfig>,
+    rx: mpsc::UnboundedReceiver<(SeqRequest, mpsc::UnboundedSender<Event>, Instant)>,
+    running: Vec<Seq>,
+    waiting: VecDeque<Seq>,
+    free_blocks: u32,
+    order: u64,
+    stats: Arc<EngineStats>,
+    metrics: Arc<SimMetrics>,
+    faults: Arc<Faults>,
+}
+
+impl Core {
+    async fn run(mut self) {
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match self.rx.recv().await {
+                    Some(m) => self.enqueue(m),
+                    None => return,
+                }
+            }
+            while let Ok(m) = self.rx.try_recv() {
+                self.enqueue(m);
+            }
+            if let Some(until) = self.faults.stall_until() {
+                if until > Instant::now() {
+                    tokio::time::sleep_until(until).await;
+                }
+            }
+            self.drop_cancelled();
+            if self.running.is_empty() && self.waiting.is_empty() {
+                self.publish();
+                continue;
+            }
+            self.step().await;
+        }
+    }
+
+    fn enqueue(&mut self, (req, tx, arrival): (SeqRequest, mpsc::UnboundedSender<Event>, Instant)) {
+        self.order += 1;
+        let seq = Seq {
+            prefill_target: req.prompt_tokens.max(1),
+            req,
+            order: self.order,
+            arrival,
+            generated: 0,
+            prefilled: 0,
+            blocks: 0,
+            last_token: None,
+            tx,
+        };
+        // Counted as waiting by `submit` already.
+        self.insert_waiting(seq, false);
+    }
+
+    fn insert_waiting(&mut self, seq: Seq, front: bool) {
+        if self.cfg.priority_scheduling {
+            let key = (seq.req.priority, seq.order);
+            let pos = self.waiting.iter().position(|s| (s.req.priority, s.order) > key).unwrap_or(self.waiting.len());
+            self.waiting.insert(pos, seq);
+        } else if front {
+            self.waiting.push_front(seq);
+        } else {
+            self.waiting.push_back(seq);
+        }
+    }
+
+    fn blocks_for(&self, tokens: u32) -> u32 {
+        tokens.div_ceil(self.cfg.block_size)
+    }
+
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.tx.is_closed());
+        self.stats.waiting.fetch_sub(before - self.waiting.len(), Ordering::Relaxed);
+        let mut freed = 0;
+        self.running.retain(|s| {
+            let keep = !s.tx.is_closed();
+            if !keep {
+                freed += s.blocks;
+            }
+            keep
+        });
+        self.free_blocks += freed;
+    }
+
+    /// Preempt the most recently admitted running sequence (recompute later).
+    fn preempt_latest(&mut self) -> Option<u64> {
+        let idx = self.running.iter().enumerate().max_by_key(|(_, s)| (s.req.priority, s.order)).map(|(i, _)| i)?;
+        let mut seq = self.running.swap_remove(idx);
+        self.free_blocks += seq.blocks;
+        seq.blocks = 0;
+        seq.prefilled = 0;
+        seq.prefill_target = seq.req.prompt_tokens.max(1) + seq.generated;
+        let order = seq.order;
+        self.stats.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.metrics.preemptions.inc();
+        self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+        self.insert_waiting(seq, true);
+        Some(order)
+    }
+
+    async fn step(&mut self) {
+        // 1. Decodes first: every fully prefilled running sequence gets a KV slot for its next token.
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &self.running[i];
+            if !s.decoding() {
+                i += 1;
+                continue;
+            }
+            let need = self.blocks_for(s.req.prompt_tokens + s.generated + 1).saturating_sub(s.blocks);
+            if need <= self.free_blocks {
+                self.free_blocks -= need;
+                self.running[i].blocks += need;
+                i += 1;
+                continue;
+            }
+            let me = self.running[i].order;
+            match self.preempt_latest() {
+                Some(o) if o == me => {} // preempted itself; same index now holds another sequence
+                Some(_) => {}
+                None => break,
+            }
+            // Re-examine from the start: indices moved.
+            i = 0;
+        }
+        let decodes: Vec<u64> = self.running.iter().filter(|s| s.decoding()).map(|s| s.order).collect();
+
+        // 2. Prefill chunks with what is left of the token budget.
+        let mut budget = self.cfg.max_num_batched_tokens.saturating_sub(decodes.len() as u32);
+        let mut prefill_tokens = 0u32;
+        for s in self.running.iter_mut().filter(|s| !s.decoding()) {
+            let chunk = (s.prefill_target - s.prefilled).min(budget);
+            s.prefilled += chunk;
+            budget -= chunk;
+            prefill_tokens += chunk;
+        }
+        while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some(front) = self.waiting.front() else { break };
+            let need = self.blocks_for(front.prefill_target + 1);
+            if need > self.free_blocks {
+                break;
+            }
+            let Some(mut s) = self.waiting.pop_front() else { break };
+            self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.free_blocks -= need;
+            s.blocks = need;
+            let chunk = s.prefill_target.min(budget);
+            s.prefilled = chunk;
+            budget -= chunk;
+            prefill_tokens += chunk;
+            self.running.push(s);
+        }
+        // Prefills that complete in this step produce their first token at its end.
+        let completing: Vec<u64> = self.running.iter().filter(|s| s.decoding() && !decodes.contains(&s.order)).map(|s| s.order).collect();
+        self.publish();
+
+        // 3. The step takes its modelled time.
+        let slowdown = self.faults.get().slowdown;
+        let dt = self.cfg.step_time(decodes.len(), prefill_tokens, slowdown);
+        tokio::time::sleep(dt).await;
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+
+        // 4. Emit tokens.
+        let now = Instant::now();
+        let mut finished_blocks = 0;
+        let metrics = self.metrics.clone();
+        self.running.retain_mut(|s| {
+            let emits = decodes.contains(&s.order) || (completing.contains(&s.order) && s.generated == 0);
+            if !emits {
+                return true;
+            }
+            let index = s.generated;
+            s.generated += 1;
+            match s.last_token {
+                None => metrics.ttft.observe((now - s.arrival).as_secs_f64()),
+                Some(prev) => metrics.itl.observe((now - prev).as_secs_f64()),
+            }
+            s.last_token = Some(now);
+            let fault = match s.req.fault {
+                Some(StreamFault::ErrorAt(n)) if s.generated >= n => Some(Event::Error("simulated engine error".into())),
+                Some(StreamFault::CutAt(n)) if s.generated >= n => Some(Event::Cut),
+                _ => None,
+            };
+            let done = s.generated >= s.stop_at();
+            let finish = done.then(|| if s.generated >= s.req.max_tokens { Finish::Length } else { Finish::Stop });
+            let sent = s.tx.send(Event::Token { index, finish }).is_ok();
+            if let Some(f) = fault.filter(|_| !done) {
+                let _ = s.tx.send(f);
+                finished_blocks += s.blocks;
+                return false;
+            }
+            if done {
+                let reason = finish.unwrap_or(Finish::Stop);
+                metrics.finished(reason, (now - s.arrival).as_secs_f64(), s.req.prompt_tokens, s.generated);
+            }
+            if done || !sent {
+                finished_blocks += s.blocks;
+                return false;
+            }
+            true
+        });
+        self.free_blocks += finished_blocks;
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let running = self.running.len();
+        self.stats.running.store(running, Ordering::Relaxed);
+        self.stats.max_running_seen.fetch_max(running, Ordering::Relaxed);
+        let used = self.cfg.kv_blocks - self.free_blocks;
+        self.stats.kv_used_blocks.store(used as usize, Ordering::Relaxed);
+        self.metrics.running.set(running as i64);
+        self.metrics.waiting.set(self.waiting.len() as i64);
+        self.metrics.kv_usage.set(used as f64 / self.cfg.kv_blocks.max(1) as f64);
+    }
+}

@@ -1,0 +1,12 @@
+//! A vLLM-faithful simulated replica: the OpenAI API as vLLM emits it, in
+//! front of an engine that schedules like vLLM (seed 002), with vLLM's
+//! metrics and switchable faults. Runs in-process (tests, `slogate demo`)
+//! or as the `vllm-sim` binary.
+
+pub mod config;
+pub mod engine;
+pub mod metrics;
+pub mod server;
+
+pub use config::{FaultConfig, Profile, SimConfig};
+pub use server::SimServer;

@@ -1,0 +1,158 @@
+//! Scheduling invariants of the simulated engine, on paused tokio time.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use loadtest::sim::engine::{Engine, Event, Faults, Finish, SeqRequest};
+use loadtest::sim::metrics::SimMetrics;
+use loadtest::sim::SimConfig;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant;
+
+fn cfg() -> SimConfig {
+    SimConfig {
+        step_base_ms: 10.0,
+        decode_per_seq_ms: 1.0,
+        prefill_per_token_ms: 0.1,
+        max_num_seqs: 8,
+        max_num_batched_tokens: 512,
+        kv_blocks: 10_000,
+        block_size: 16,
+        ..SimConfig::default()
+    }
+}
+
+fn start(c: SimConfig) -> Engine {
+    let m = Arc::new(SimMetrics::new(&c.model));
+    Engine::start(Arc::new(c.clone()), m, Arc::new(Faults::new(c.faults))).0
+}
+
+fn req(prompt: u32, out: u32) -> SeqRequest {
+    SeqRequest { prompt_tokens: prompt, max_tokens: out, natural_len: None, priority: 0, fault: None }
+}
+
+/// Times (since `t0`) of each token of one sequence, and its finish.
+async fn drain(mut rx: UnboundedReceiver<Event>, t0: Instant) -> (Vec<Duration>, Option<Finish>) {
+    let mut times = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        if let Event::Token { finish, .. } = ev {
+            times.push(t0.elapsed());
+            if finish.is_some() {
+                return (times, finish);
+            }
+        }
+    }
+    (times, None)
+}
+
+#[tokio::test(start_paused = true)]
+async fn ttft_is_prefill_time_and_itl_is_the_decode_step() {
+    let e = start(cfg());
+    let t0 = Instant::now();
+    let (times, finish) = drain(e.submit(req(200, 5)).expect("accepted"), t0).await;
+    assert_eq!(finish, Some(Finish::Length));
+    assert_eq!(times.len(), 5);
+    // Prefill step: 10 ms base + 200 x 0.1 ms = 30 ms; then decode steps of 10 + 1 ms.
+    assert_eq!(times[0], Duration::from_millis(30));
+    for w in times.windows(2) {
+        assert_eq!(w[1] - w[0], Duration::from_millis(11));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn decodes_run_before_prefill_and_long_prompts_are_chunked() {
+    let e = start(cfg());
+    let t0 = Instant::now();
+    let short = tokio::spawn(drain(e.submit(req(16, 40)).expect("accepted"), t0));
+    // Let the short one start decoding, then send a prompt of 4 budgets.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let long = tokio::spawn(drain(e.submit(req(2000, 2)).expect("accepted"), Instant::now()));
+    let (short_times, _) = short.await.expect("join");
+    let (long_times, _) = long.await.expect("join");
+    // The running sequence never misses a step while the long prompt prefills:
+    // every gap is one step, which grows by the prefill chunk it shares: at most
+    // 10 + 2 x 1 + 51.1 ms, which tokio's millisecond timer rounds up to 64 ms.
+    for w in short_times.windows(2) {
+        let gap = w[1] - w[0];
+        assert!(gap >= Duration::from_millis(11) && gap <= Duration::from_millis(64), "gap {gap:?}");
+    }
+    // 2000 tokens with a 511-token budget per step (one decode uses a token) take 4 steps.
+    assert!(long_times[0] >= Duration::from_millis(4 * 10 + 200), "chunked prefill: {:?}", long_times[0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn running_batch_never_exceeds_max_num_seqs() {
+    let e = start(SimConfig { max_num_seqs: 4, ..cfg() });
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..10).map(|_| tokio::spawn(drain(e.submit(req(32, 10)).expect("accepted"), t0))).collect();
+    let mut firsts = Vec::new();
+    for h in handles {
+        let (times, finish) = h.await.expect("join");
+        assert_eq!(finish, Some(Finish::Length));
+        firsts.push(times[0]);
+    }
+    assert_eq!(e.stats.max_running_seen.load(Ordering::Relaxed), 4);
+    // The 5th request could only start when one of the first 4 finished.
+    firsts.sort();
+    assert!(firsts[4] > firsts[3] + Duration::from_millis(50), "{firsts:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn kv_exhaustion_preempts_and_every_sequence_still_completes() {
+    // 12 blocks of 16 tokens: three sequences of 16 prompt + 64 output (5 blocks each) cannot all fit.
+    let e = start(SimConfig { kv_blocks: 12, ..cfg() });
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..3).map(|_| tokio::spawn(drain(e.submit(req(16, 64)).expect("accepted"), t0))).collect();
+    for h in handles {
+        let (times, finish) = h.await.expect("join");
+        assert_eq!((times.len(), finish), (64, Some(Finish::Length)), "each gets all its tokens exactly once");
+    }
+    assert!(e.stats.preemptions.load(Ordering::Relaxed) > 0, "KV ran out, so something was preempted");
+    assert_eq!(e.stats.kv_used_blocks.load(Ordering::Relaxed), 0, "all blocks returned");
+}
+
+#[tokio::test(start_paused = true)]
+async fn priority_scheduling_serves_lower_priority_values_first() {
+    let e = start(SimConfig { max_num_seqs: 1, priority_scheduling: true, ..cfg() });
+    let t0 = Instant::now();
+    let busy = e.submit(req(16, 20)).expect("accepted");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let low = e.submit(SeqRequest { priority: 10, ..req(16, 1) }).expect("accepted");
+    let high = e.submit(SeqRequest { priority: -5, ..req(16, 1) }).expect("accepted");
+    let (low, high, _) = tokio::join!(drain(low, t0), drain(high, t0), drain(busy, t0));
+    assert!(high.0[0] < low.0[0], "priority -5 before priority 10: {:?} vs {:?}", high.0[0], low.0[0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fcfs_without_priority_scheduling() {
+    let e = start(SimConfig { max_num_seqs: 1, ..cfg() });
+    let t0 = Instant::now();
+    let busy = e.submit(req(16, 20)).expect("accepted");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let first = e.submit(SeqRequest { priority: 10, ..req(16, 1) }).expect("accepted");
+    let second = e.submit(SeqRequest { priority: -5, ..req(16, 1) }).expect("accepted");
+    let (first, second, _) = tokio::join!(drain(first, t0), drain(second, t0), drain(busy, t0));
+    assert!(first.0[0] < second.0[0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ttft_grows_with_queueing_under_load() {
+    let e = start(SimConfig { max_num_seqs: 2, ..cfg() });
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..6).map(|_| tokio::spawn(drain(e.submit(req(64, 20)).expect("accepted"), t0))).collect();
+    let mut ttfts = Vec::new();
+    for h in handles {
+        ttfts.push(h.await.expect("join").0[0]);
+    }
+    ttfts.sort();
+    assert!(ttfts[5] > ttfts[0] * 5, "queued requests wait for slots: {ttfts:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn bounded_waiting_queue_rejects_when_full() {
+    let e = start(SimConfig { max_waiting: Some(2), ..cfg() });
+    let _a = e.submit(req(16, 5)).expect("first");
+    let _b = e.submit(req(16, 5)).expect("second");
+    assert!(e.submit(req(16, 5)).is_err(), "third exceeds the waiting bound before the engine runs");
+}
