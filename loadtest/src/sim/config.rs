@@ -85,7 +85,7 @@ impl Profile {
                 decode_per_seq_ms: 0.05,
                 prefill_per_token_ms: 0.03,
                 max_num_seqs: 256,
-                max_num_batched_tokens: 8192,
+                max_num_batched_tokens: 2048,
                 kv_blocks: 29_000,
                 block_size: 16,
                 max_waiting: None,

@@ -1,0 +1,77 @@
+//! `loadgen`: run a scenario against a loopback target, or compare two runs.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use loadtest::loadgen::{report, run, RunResult, Scenario};
+
+#[derive(Parser)]
+#[command(name = "loadgen", about = "Open-loop load generator that measures TTFT and ITL like a client")]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a scenario file; write the JSON result and print (or write) the Markdown report.
+    Run {
+        scenario: PathBuf,
+        /// Override the scenario's target URL (loopback only).
+        #[arg(long)]
+        target: Option<String>,
+        /// Where to write the JSON result.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Where to write the Markdown report (printed otherwise).
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// A name for this run in reports.
+        #[arg(long, default_value = "run")]
+        label: String,
+        #[arg(long)]
+        no_progress: bool,
+    },
+    /// Compare two JSON results side by side.
+    Compare { a: PathBuf, b: PathBuf },
+}
+
+fn read(p: &PathBuf) -> Result<RunResult, String> {
+    let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let result = match Args::parse().cmd {
+        Cmd::Run { scenario, target, out, report: rpath, label, no_progress } => {
+            async {
+                let mut s = Scenario::load(&scenario)?;
+                if let Some(t) = target {
+                    s.target = t;
+                }
+                let r = run(&s, &label, !no_progress).await?;
+                if let Some(out) = out {
+                    std::fs::write(&out, serde_json::to_vec(&r).map_err(|e| e.to_string())?)
+                        .map_err(|e| format!("{}: {e}", out.display()))?;
+                }
+                let md = report::markdown(&r);
+                match rpath {
+                    Some(p) => std::fs::write(&p, md).map_err(|e| format!("{}: {e}", p.display()))?,
+                    None => print!("{md}"),
+                }
+                Ok::<(), String>(())
+            }
+            .await
+        }
+        Cmd::Compare { a, b } => read(&a).and_then(|a| read(&b).map(|b| print!("{}", report::compare(&a, &b)))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

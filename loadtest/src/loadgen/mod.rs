@@ -1,0 +1,9 @@
+//! An open-loop load generator that measures like a client: TTFT at the first
+//! content-bearing event, every inter-token gap, e2e, tokens, Retry-After.
+
+pub mod report;
+pub mod run;
+pub mod scenario;
+
+pub use run::{run, Record, RunResult};
+pub use scenario::Scenario;

@@ -1,0 +1,400 @@
+//! Running a scenario: open-loop dispatch on a precomputed schedule (or
+//! closed-loop workers), each request measured as a client sees it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::scenario::{Arrival, Endpoint, Scenario, StreamSpec, Targets};
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// One request as the client saw it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub stream: String,
+    pub class: String,
+    /// Seconds from the start of the run to sending.
+    pub start_s: f64,
+    pub status: u16,
+    /// ok, length, rejected (429), http_NNN, stream_error, cut, timeout, connect_error, client_overload.
+    pub outcome: String,
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: f64,
+    pub tokens: u32,
+    pub prompt_tokens: u32,
+    pub gaps: u32,
+    /// Gaps longer than the class ITL target.
+    pub itl_over: u32,
+    pub itl_max_ms: Option<f64>,
+    pub retry_after: Option<u64>,
+    pub queue_ms: Option<f64>,
+    pub context_reduced: Option<String>,
+}
+
+impl Record {
+    pub fn completed(&self) -> bool {
+        self.outcome == "ok" || self.outcome == "length"
+    }
+    /// Completed with TTFT and (at least 99% of) ITL gaps within the class targets.
+    pub fn within_slo(&self, t: Option<&Targets>) -> bool {
+        let Some(t) = t else { return self.completed() };
+        self.completed() && self.ttft_ms.is_none_or(|v| v <= t.ttft_ms) && self.itl_over <= self.gaps / 100
+    }
+}
+
+/// Everything a run produced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunResult {
+    pub scenario: Scenario,
+    pub label: String,
+    pub elapsed_s: f64,
+    pub records: Vec<Record>,
+    /// All inter-token gaps per class, in microseconds, as (value, count) pairs.
+    pub itl_us: BTreeMap<String, Vec<(u64, u64)>>,
+}
+
+impl RunResult {
+    pub fn itl_histogram(&self, class: &str) -> Histogram<u64> {
+        let mut h = new_hist();
+        for (v, c) in self.itl_us.get(class).into_iter().flatten() {
+            let _ = h.record_n(*v, *c);
+        }
+        h
+    }
+}
+
+pub fn new_hist() -> Histogram<u64> {
+    // 1 us .. 1 h at 3 significant digits: constant, valid bounds.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
+struct Shared {
+    records: Mutex<Vec<Record>>,
+    itl: Mutex<BTreeMap<String, Histogram<u64>>>,
+    ttft_recent: Mutex<Histogram<u64>>,
+    sent: AtomicU64,
+    done: AtomicU64,
+    errors: AtomicU64,
+}
+
+const MAX_INFLIGHT: usize = 20_000;
+
+/// Run a scenario to the end (its duration, or `max_requests`).
+pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult, String> {
+    s.check()?;
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(4096).build(http);
+    let shared = Arc::new(Shared {
+        records: Mutex::new(Vec::new()),
+        itl: Mutex::new(BTreeMap::new()),
+        ttft_recent: Mutex::new(new_hist()),
+        sent: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+    });
+    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT));
+    let t0 = Instant::now();
+    let end = t0 + s.duration;
+    let mut rng = StdRng::seed_from_u64(s.seed);
+    let mut dispatchers = Vec::new();
+    let mut expected = 0u64;
+    for (i, spec) in s.streams.iter().enumerate() {
+        let spec = Arc::new(spec.clone());
+        let target = s.classes.get(spec.class.as_deref().unwrap_or("")).copied();
+        let ctx = Ctx {
+            client: client.clone(),
+            base: s.target.trim_end_matches('/').to_string(),
+            spec: spec.clone(),
+            target,
+            shared: shared.clone(),
+            t0,
+            timeout: s.request_timeout,
+        };
+        let mut prompt = spec.prompt_tokens.sampler()?;
+        let mut output = spec.output_tokens.sampler()?;
+        let mut srng = StdRng::seed_from_u64(s.seed.wrapping_add(i as u64 * 7919));
+        match &spec.arrival {
+            Arrival::Closed { concurrency } => {
+                for w in 0..*concurrency {
+                    let ctx = ctx.clone();
+                    let mut prompt = spec.prompt_tokens.sampler()?;
+                    let mut output = spec.output_tokens.sampler()?;
+                    let mut wrng = StdRng::seed_from_u64(s.seed.wrapping_add((i * 100_003 + w) as u64));
+                    let max = s.max_requests;
+                    dispatchers.push(tokio::spawn(async move {
+                        while Instant::now() < end && ctx.shared.sent.fetch_add(1, Ordering::Relaxed) < max {
+                            let (p, o) = (prompt.sample(&mut wrng), output.sample(&mut wrng));
+                            ctx.clone().one(p, o).await;
+                        }
+                    }));
+                }
+            }
+            arrival => {
+                let schedule = arrival.schedule(s.duration, s.max_requests, &mut rng)?;
+                expected += schedule.len() as u64;
+                let lens: Vec<(u32, u32)> = schedule.iter().map(|_| (prompt.sample(&mut srng), output.sample(&mut srng))).collect();
+                let limit = limit.clone();
+                let max = s.max_requests;
+                dispatchers.push(tokio::spawn(async move {
+                    let mut inflight = tokio::task::JoinSet::new();
+                    for (off, (p, o)) in schedule.into_iter().zip(lens) {
+                        tokio::time::sleep_until(t0 + off).await;
+                        if ctx.shared.sent.fetch_add(1, Ordering::Relaxed) >= max {
+                            break;
+                        }
+                        match limit.clone().try_acquire_owned() {
+                            Ok(permit) => {
+                                let c = ctx.clone();
+                                inflight.spawn(async move {
+                                    c.one(p, o).await;
+                                    drop(permit);
+                                });
+                            }
+                            Err(_) => ctx.record_overload(),
+                        }
+                        while inflight.try_join_next().is_some() {}
+                    }
+                    while inflight.join_next().await.is_some() {}
+                }));
+            }
+        }
+    }
+    let bar = progress.then(|| {
+        let b = if expected > 0 { indicatif::ProgressBar::new(expected) } else { indicatif::ProgressBar::new(s.duration.as_secs()) };
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let all = futures_join(dispatchers);
+    tokio::pin!(all);
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut last_done = 0;
+    loop {
+        tokio::select! {
+            _ = &mut all => break,
+            _ = tick.tick() => {
+                if let Some(b) = &bar {
+                    let done = shared.done.load(Ordering::Relaxed);
+                    let rate = (done - last_done) as f64 * 2.0;
+                    last_done = done;
+                    let p99 = {
+                        let mut h = shared.ttft_recent.lock().unwrap_or_else(|e| e.into_inner());
+                        let v = h.value_at_quantile(0.99) as f64 / 1000.0;
+                        h.reset();
+                        v
+                    };
+                    if expected > 0 { b.set_position(done) } else { b.set_position(t0.elapsed().as_secs()) }
+                    b.set_message(format!("{rate:.0} req/s  errors {}  TTFT p99 {p99:.0} ms", shared.errors.load(Ordering::Relaxed)));
+                }
+            }
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let elapsed_s = t0.elapsed().as_secs_f64();
+    let mut records = std::mem::take(&mut *shared.records.lock().unwrap_or_else(|e| e.into_inner()));
+    records.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+    let itl_us = shared
+        .itl
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(k, h)| (k.clone(), h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect()))
+        .collect();
+    Ok(RunResult { scenario: s.clone(), label: label.to_string(), elapsed_s, records, itl_us })
+}
+
+async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
+    for h in handles {
+        let _ = h.await;
+    }
+}
+
+#[derive(Clone)]
+struct Ctx {
+    client: HttpClient,
+    base: String,
+    spec: Arc<StreamSpec>,
+    target: Option<Targets>,
+    shared: Arc<Shared>,
+    t0: Instant,
+    timeout: Duration,
+}
+
+/// Text of about `n` tokens as the simulator counts them (4 characters each).
+fn prompt_text(n: u32) -> String {
+    "abc ".repeat(n as usize)
+}
+
+impl Ctx {
+    fn class(&self) -> String {
+        self.spec.class.clone().unwrap_or_else(|| "default".into())
+    }
+
+    fn record_overload(&self) {
+        self.push(Record { outcome: "client_overload".into(), ..self.blank(self.t0.elapsed().as_secs_f64(), 0) }, &[]);
+    }
+
+    fn blank(&self, start_s: f64, prompt_tokens: u32) -> Record {
+        Record {
+            stream: self.spec.name.clone(),
+            class: self.class(),
+            start_s,
+            status: 0,
+            outcome: String::new(),
+            ttft_ms: None,
+            e2e_ms: 0.0,
+            tokens: 0,
+            prompt_tokens,
+            gaps: 0,
+            itl_over: 0,
+            itl_max_ms: None,
+            retry_after: None,
+            queue_ms: None,
+            context_reduced: None,
+        }
+    }
+
+    fn push(&self, r: Record, gaps_us: &[u64]) {
+        if !r.completed() {
+            self.shared.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(t) = r.ttft_ms {
+            let _ = self.shared.ttft_recent.lock().unwrap_or_else(|e| e.into_inner()).record((t * 1000.0) as u64);
+        }
+        if !gaps_us.is_empty() {
+            let mut itl = self.shared.itl.lock().unwrap_or_else(|e| e.into_inner());
+            let h = itl.entry(r.class.clone()).or_insert_with(new_hist);
+            for g in gaps_us {
+                let _ = h.record((*g).max(1));
+            }
+        }
+        self.shared.done.fetch_add(1, Ordering::Relaxed);
+        self.shared.records.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+    }
+
+    async fn one(self, prompt: u32, output: u32) {
+        let start = Instant::now();
+        let mut rec = self.blank((start - self.t0).as_secs_f64(), prompt);
+        let mut gaps_us = Vec::new();
+        let outcome = tokio::time::timeout(self.timeout, self.exchange(prompt, output, start, &mut rec, &mut gaps_us)).await;
+        rec.outcome = match outcome {
+            Ok(o) => o,
+            Err(_) => "timeout".into(),
+        };
+        rec.e2e_ms = start.elapsed().as_secs_f64() * 1000.0;
+        self.push(rec, &gaps_us);
+    }
+
+    async fn exchange(&self, prompt: u32, output: u32, start: Instant, rec: &mut Record, gaps_us: &mut Vec<u64>) -> String {
+        let spec = &self.spec;
+        let text = prompt_text(prompt);
+        let mut body = match spec.endpoint {
+            Endpoint::Chat => serde_json::json!({"model": spec.model, "messages": [{"role": "user", "content": text}]}),
+            Endpoint::Completions => serde_json::json!({"model": spec.model, "prompt": text}),
+        };
+        body["max_tokens"] = output.into();
+        body["ignore_eos"] = true.into();
+        body["stream"] = spec.stream.into();
+        let path = match spec.endpoint {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        };
+        let mut req = http::Request::post(format!("{}{path}", self.base)).header("content-type", "application/json");
+        if let Some(c) = &spec.class {
+            req = req.header("x-slo-class", c);
+        }
+        if let Some(k) = &spec.api_key {
+            req = req.header("authorization", format!("Bearer {k}"));
+        }
+        let Ok(req) = req.body(Full::new(Bytes::from(body.to_string()))) else { return "client_error".into() };
+        let resp = match self.client.request(req).await {
+            Ok(r) => r,
+            Err(_) => return "connect_error".into(),
+        };
+        rec.status = resp.status().as_u16();
+        let h = resp.headers();
+        rec.retry_after = h.get("retry-after").and_then(|v| v.to_str().ok()?.parse().ok());
+        rec.queue_ms = h.get("x-slogate-queue-ms").and_then(|v| v.to_str().ok()?.parse().ok());
+        rec.context_reduced = h.get("x-slogate-context-reduced").and_then(|v| v.to_str().ok()).map(str::to_string);
+        let status = resp.status();
+        let mut body = resp.into_body();
+        if !status.is_success() {
+            let _ = body.collect().await;
+            return if status.as_u16() == 429 { "rejected".into() } else { format!("http_{}", status.as_u16()) };
+        }
+        if !spec.stream {
+            let Ok(bytes) = body.collect().await.map(|c| c.to_bytes()) else { return "cut".into() };
+            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            rec.tokens = v.pointer("/usage/completion_tokens").and_then(|t| t.as_u64()).unwrap_or(0) as u32;
+            let length = v.pointer("/choices/0/finish_reason").and_then(|f| f.as_str()) == Some("length");
+            return if length { "length" } else { "ok" }.into();
+        }
+        let itl_target_us = self.target.map(|t| (t.itl_ms * 1000.0) as u64);
+        let mut parser = sse::SseParser::new();
+        let mut blocks = Vec::new();
+        let (mut last, mut done, mut error, mut finish) = (None::<Instant>, false, false, None::<String>);
+        loop {
+            let frame = match body.frame().await {
+                None => break,
+                Some(Err(_)) => return "cut".into(),
+                Some(Ok(f)) => f,
+            };
+            let Ok(data) = frame.into_data() else { continue };
+            let now = Instant::now();
+            blocks.clear();
+            parser.feed(&data, &mut blocks);
+            for b in &blocks {
+                let Some(d) = &b.data else { continue };
+                let info = sse::analyze(d);
+                if info.content {
+                    rec.tokens += 1;
+                    match last {
+                        None => rec.ttft_ms = Some((now - start).as_secs_f64() * 1000.0),
+                        Some(prev) => {
+                            let g = (now - prev).as_micros() as u64;
+                            gaps_us.push(g);
+                            rec.gaps += 1;
+                            if itl_target_us.is_some_and(|t| g > t) {
+                                rec.itl_over += 1;
+                            }
+                            let ms = g as f64 / 1000.0;
+                            rec.itl_max_ms = Some(rec.itl_max_ms.map_or(ms, |m: f64| m.max(ms)));
+                        }
+                    }
+                    last = Some(now);
+                }
+                error |= info.error;
+                done |= info.done;
+                if info.finish_reason.is_some() {
+                    finish = info.finish_reason;
+                }
+            }
+        }
+        if error || finish.as_deref() == Some("error") {
+            "stream_error".into()
+        } else if !done {
+            "cut".into()
+        } else if finish.as_deref() == Some("length") {
+            "length".into()
+        } else {
+            "ok".into()
+        }
+    }
+}

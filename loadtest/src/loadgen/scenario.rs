@@ -1,0 +1,299 @@
+//! A load scenario: where to send, for how long, and which streams of
+//! traffic (class, key, endpoint, arrivals, prompt and output lengths).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use rand_distr::{Distribution, Exp, LogNormal};
+use serde::{Deserialize, Serialize};
+
+fn dur<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+fn ser_dur<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_duration(*d).to_string())
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Base URL; only loopback hosts are accepted.
+    pub target: String,
+    #[serde(deserialize_with = "dur", serialize_with = "ser_dur")]
+    pub duration: Duration,
+    /// Stop after this many requests in total.
+    #[serde(default = "default_max")]
+    pub max_requests: u64,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Give up on a request after this long.
+    #[serde(default = "default_timeout", deserialize_with = "dur", serialize_with = "ser_dur")]
+    pub request_timeout: Duration,
+    /// Class targets for SLO attainment; defaults to seed 003's table.
+    #[serde(default = "default_targets")]
+    pub classes: BTreeMap<String, Targets>,
+    pub streams: Vec<StreamSpec>,
+}
+
+fn default_max() -> u64 {
+    1_000_000
+}
+fn default_seed() -> u64 {
+    1
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Targets {
+    pub ttft_ms: f64,
+    pub itl_ms: f64,
+}
+
+pub fn default_targets() -> BTreeMap<String, Targets> {
+    [
+        ("chat", 300.0, 50.0),
+        ("voice", 150.0, 30.0),
+        ("code-inline", 100.0, 25.0),
+        ("code-panel", 300.0, 50.0),
+        ("rag", 400.0, 80.0),
+        ("batch", 3000.0, 200.0),
+    ]
+    .into_iter()
+    .map(|(n, t, i)| (n.to_string(), Targets { ttft_ms: t, itl_ms: i }))
+    .collect()
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSpec {
+    pub name: String,
+    /// Sent as `x-slo-class` (omitted when null).
+    #[serde(default)]
+    pub class: Option<String>,
+    #[serde(default)]
+    pub api_key: Option<String>,
+    pub model: String,
+    #[serde(default = "default_endpoint")]
+    pub endpoint: Endpoint,
+    #[serde(default = "default_true")]
+    pub stream: bool,
+    pub arrival: Arrival,
+    pub prompt_tokens: LenDist,
+    pub output_tokens: LenDist,
+}
+
+fn default_endpoint() -> Endpoint {
+    Endpoint::Chat
+}
+fn default_true() -> bool {
+    true
+}
+
+/// How requests of a stream arrive.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Arrival {
+    /// Poisson arrivals at `rate` per second (open loop).
+    Poisson { rate: f64 },
+    /// Evenly spaced arrivals at `rate` per second (open loop).
+    Constant { rate: f64 },
+    /// Batches arrive as a Poisson process at `rate`; each holds `size` requests (M^X, seed 002).
+    Batch { rate: f64, size: LenDist },
+    /// Poisson arrivals whose rate moves linearly to each stage's `rate` over its duration (ramp, spike, soak).
+    Stages { stages: Vec<Stage> },
+    /// `concurrency` clients, each sending its next request when the last ends (closed loop).
+    Closed { concurrency: usize },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    #[serde(deserialize_with = "dur", serialize_with = "ser_dur")]
+    pub duration: Duration,
+    pub rate: f64,
+}
+
+/// A token-count distribution.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "dist", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LenDist {
+    Fixed {
+        value: u32,
+    },
+    Uniform {
+        min: u32,
+        max: u32,
+    },
+    Lognormal {
+        median: f64,
+        sigma: f64,
+        #[serde(default)]
+        max: Option<u32>,
+    },
+    /// Values replayed in order (cycling) from a JSONL file's `field`.
+    Trace {
+        path: PathBuf,
+        field: String,
+    },
+}
+
+impl LenDist {
+    pub fn sampler(&self) -> Result<Sampler, String> {
+        Ok(match self {
+            LenDist::Fixed { value } => Sampler::Fixed((*value).max(1)),
+            LenDist::Uniform { min, max } if min <= max => Sampler::Uniform(*min, *max),
+            LenDist::Uniform { .. } => return Err("uniform: min must not exceed max".into()),
+            LenDist::Lognormal { median, sigma, max } => {
+                let d = LogNormal::new(median.max(1.0).ln(), *sigma).map_err(|e| format!("lognormal: {e}"))?;
+                Sampler::Lognormal(d, max.unwrap_or(u32::MAX))
+            }
+            LenDist::Trace { path, field } => {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let vals: Vec<u32> = text
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(|l| serde_json::from_str::<serde_json::Value>(l).ok().and_then(|v| v.get(field)?.as_u64()).map(|n| n as u32))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| format!("{}: every line needs a numeric `{field}`", path.display()))?;
+                if vals.is_empty() {
+                    return Err(format!("{}: empty trace", path.display()));
+                }
+                Sampler::Trace(vals, 0)
+            }
+        })
+    }
+}
+
+pub enum Sampler {
+    Fixed(u32),
+    Uniform(u32, u32),
+    Lognormal(LogNormal<f64>, u32),
+    Trace(Vec<u32>, usize),
+}
+
+impl Sampler {
+    pub fn sample(&mut self, rng: &mut StdRng) -> u32 {
+        match self {
+            Sampler::Fixed(n) => *n,
+            Sampler::Uniform(a, b) => rng.random_range(*a..=*b).max(1),
+            Sampler::Lognormal(d, max) => (d.sample(rng).round() as u32).clamp(1, *max),
+            Sampler::Trace(v, i) => {
+                let x = v[*i % v.len()];
+                *i += 1;
+                x.max(1)
+            }
+        }
+    }
+}
+
+impl Arrival {
+    /// Arrival offsets from the start, within `duration` (open-loop kinds only).
+    pub fn schedule(&self, duration: Duration, limit: u64, rng: &mut StdRng) -> Result<Vec<Duration>, String> {
+        let end = duration.as_secs_f64();
+        let mut out = Vec::new();
+        let exp = |rate: f64| Exp::new(rate).map_err(|e| format!("rate {rate}: {e}"));
+        match self {
+            Arrival::Closed { .. } => {}
+            Arrival::Poisson { rate } | Arrival::Batch { rate, .. } if *rate <= 0.0 => return Err("rate must be above 0".into()),
+            Arrival::Poisson { rate } => {
+                let d = exp(*rate)?;
+                let mut t = d.sample(rng);
+                while t < end && (out.len() as u64) < limit {
+                    out.push(Duration::from_secs_f64(t));
+                    t += d.sample(rng);
+                }
+            }
+            Arrival::Constant { rate } => {
+                if *rate <= 0.0 {
+                    return Err("rate must be above 0".into());
+                }
+                // i / rate, not a running sum: no drift past `end`.
+                let n = ((end * rate).ceil() as u64).min(limit);
+                out.extend((0..n).map(|i| i as f64 / rate).filter(|t| *t < end).map(Duration::from_secs_f64));
+            }
+            Arrival::Batch { rate, size } => {
+                let d = exp(*rate)?;
+                let mut s = size.sampler()?;
+                let mut t = d.sample(rng);
+                while t < end && (out.len() as u64) < limit {
+                    for _ in 0..s.sample(rng) {
+                        out.push(Duration::from_secs_f64(t));
+                    }
+                    t += d.sample(rng);
+                }
+                out.truncate(limit as usize);
+            }
+            Arrival::Stages { stages } => {
+                let max_rate = stages.iter().map(|s| s.rate).fold(0.0, f64::max);
+                if max_rate <= 0.0 {
+                    return Err("stages need a rate above 0".into());
+                }
+                // Thinning: candidates at the peak rate, kept with probability rate(t)/peak.
+                let d = exp(max_rate)?;
+                let rate_at = |t: f64| {
+                    let (mut start, mut prev) = (0.0, 0.0);
+                    for s in stages {
+                        let len = s.duration.as_secs_f64();
+                        if t < start + len {
+                            return prev + (s.rate - prev) * (t - start) / len.max(1e-9);
+                        }
+                        start += len;
+                        prev = s.rate;
+                    }
+                    prev
+                };
+                let stage_end: f64 = stages.iter().map(|s| s.duration.as_secs_f64()).sum();
+                let mut t = d.sample(rng);
+                while t < end.min(stage_end) && (out.len() as u64) < limit {
+                    if rng.random::<f64>() * max_rate < rate_at(t) {
+                        out.push(Duration::from_secs_f64(t));
+                    }
+                    t += d.sample(rng);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Scenario {
+    pub fn load(path: &std::path::Path) -> Result<Scenario, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let s: Scenario = serde_norway::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        s.check()?;
+        Ok(s)
+    }
+
+    /// Refuse anything but loopback targets and empty scenarios.
+    pub fn check(&self) -> Result<(), String> {
+        let uri: http::Uri = self.target.parse().map_err(|e| format!("target: {e}"))?;
+        let host = uri.host().unwrap_or("");
+        let loopback = host == "localhost"
+            || host.trim_matches(|c| c == '[' || c == ']').parse::<std::net::IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false);
+        if !loopback {
+            return Err(format!("target {}: loadgen only sends to loopback addresses (127.0.0.0/8, ::1, localhost)", self.target));
+        }
+        if self.streams.is_empty() {
+            return Err("streams: at least one stream is required".into());
+        }
+        if self.duration.is_zero() {
+            return Err("duration must be above 0".into());
+        }
+        Ok(())
+    }
+}

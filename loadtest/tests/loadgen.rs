@@ -1,0 +1,115 @@
+//! The load generator: schedules, loopback-only targets, and client-side
+//! measurements that agree with the simulator's own.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use loadtest::loadgen::scenario::{Arrival, Endpoint, LenDist, Stage, StreamSpec};
+use loadtest::loadgen::{report, run, Scenario};
+use loadtest::sim::{Profile, SimServer};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+fn scenario(target: &str, duration: Duration, arrival: Arrival, prompt: u32, output: u32) -> Scenario {
+    Scenario {
+        target: target.into(),
+        duration,
+        max_requests: 1_000_000,
+        seed: 7,
+        request_timeout: Duration::from_secs(30),
+        classes: loadtest::loadgen::scenario::default_targets(),
+        streams: vec![StreamSpec {
+            name: "s".into(),
+            class: Some("chat".into()),
+            api_key: None,
+            model: "sim-llama-8b".into(),
+            endpoint: Endpoint::Chat,
+            stream: true,
+            arrival,
+            prompt_tokens: LenDist::Fixed { value: prompt },
+            output_tokens: LenDist::Fixed { value: output },
+        }],
+    }
+}
+
+#[test]
+fn schedules_have_the_requested_shape() {
+    let mut rng = StdRng::seed_from_u64(1);
+    let d = Duration::from_secs(10);
+    let constant = Arrival::Constant { rate: 10.0 }.schedule(d, u64::MAX, &mut rng).expect("ok");
+    assert_eq!(constant.len(), 100);
+    assert_eq!(constant[1] - constant[0], Duration::from_millis(100));
+    let poisson = Arrival::Poisson { rate: 100.0 }.schedule(d, u64::MAX, &mut rng).expect("ok");
+    assert!((850..=1150).contains(&poisson.len()), "{}", poisson.len());
+    assert!(poisson.windows(2).all(|w| w[0] <= w[1]));
+    let batch = Arrival::Batch { rate: 2.0, size: LenDist::Fixed { value: 5 } }.schedule(d, u64::MAX, &mut rng).expect("ok");
+    assert_eq!(batch.len() % 5, 0);
+    assert!(batch.chunks(5).all(|c| c.iter().all(|t| *t == c[0])), "a batch arrives at one instant");
+    let ramp = Arrival::Stages { stages: vec![Stage { duration: d, rate: 100.0 }] }.schedule(d, u64::MAX, &mut rng).expect("ok");
+    let first_half = ramp.iter().filter(|t| t.as_secs_f64() < 5.0).count();
+    assert!(first_half * 2 < ramp.len() - first_half, "a ramp from 0 sends fewer in its first half: {first_half} of {}", ramp.len());
+    assert_eq!(Arrival::Poisson { rate: 100.0 }.schedule(d, 10, &mut rng).expect("ok").len(), 10, "bounded by count");
+}
+
+#[test]
+fn only_loopback_targets_are_accepted() {
+    for bad in ["http://10.0.0.1:8080", "http://192.168.1.2", "http://example.com"] {
+        assert!(scenario(bad, Duration::from_secs(1), Arrival::Constant { rate: 1.0 }, 1, 1).check().is_err(), "{bad}");
+    }
+    for ok in ["http://127.0.0.1:1", "http://localhost:2", "http://[::1]:3", "http://127.8.9.10:4"] {
+        assert!(scenario(ok, Duration::from_secs(1), Arrival::Constant { rate: 1.0 }, 1, 1).check().is_ok(), "{ok}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_measurements_agree_with_the_simulator() {
+    let sim = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
+    let s = scenario(&sim.url(), Duration::from_secs(2), Arrival::Constant { rate: 20.0 }, 64, 16);
+    let r = run(&s, "agree", false).await.expect("run");
+    assert_eq!(r.records.len(), 40);
+    for x in &r.records {
+        assert_eq!((x.outcome.as_str(), x.tokens, x.gaps), ("length", 16, 15), "{x:?}");
+        assert!(x.ttft_ms.is_some());
+    }
+    let client_ttft: f64 = r.records.iter().filter_map(|x| x.ttft_ms).sum::<f64>() / 40.0;
+    let text = sim.metrics.encode();
+    let get = |name: &str| -> f64 {
+        text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+    };
+    let sim_ttft = get("vllm:time_to_first_token_seconds_sum") * 1000.0 / get("vllm:time_to_first_token_seconds_count");
+    assert_eq!(get("vllm:generation_tokens_total"), 640.0);
+    // The client sees the engine's TTFT plus loopback and parsing: never less, not much more.
+    assert!(client_ttft >= sim_ttft && client_ttft < sim_ttft + 50.0, "client {client_ttft:.2} ms vs simulator {sim_ttft:.2} ms");
+    let sums = report::summarize(&r);
+    assert_eq!(sums["chat"].completed, 40);
+    assert!(report::markdown(&r).contains("| chat | 40 | 40 | 0 | 0 |"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_loop_keeps_its_concurrency() {
+    let sim = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
+    let s = scenario(&sim.url(), Duration::from_secs(1), Arrival::Closed { concurrency: 3 }, 16, 8);
+    let r = run(&s, "closed", false).await.expect("run");
+    assert!(r.records.len() >= 6, "{}", r.records.len());
+    assert!(r.records.iter().all(|x| x.outcome == "length"));
+    assert!(sim.engine.stats.max_running_seen.load(std::sync::atomic::Ordering::Relaxed) <= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_errors_and_cut_streams_are_classified() {
+    let mut cfg = Profile::Llama8bH100.config();
+    cfg.faults.cut_rate = 1.0;
+    let sim = SimServer::start(cfg, SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
+    let r =
+        run(&scenario(&sim.url(), Duration::from_millis(500), Arrival::Constant { rate: 10.0 }, 16, 8), "cut", false).await.expect("run");
+    assert!(
+        !r.records.is_empty() && r.records.iter().all(|x| x.outcome == "cut"),
+        "{:?}",
+        r.records.iter().map(|x| &x.outcome).collect::<Vec<_>>()
+    );
+    sim.set_faults(loadtest::sim::FaultConfig { error_rate: 1.0, ..Default::default() });
+    let r = run(&scenario(&sim.url(), Duration::from_millis(500), Arrival::Constant { rate: 10.0 }, 16, 8), "errors", false)
+        .await
+        .expect("run");
+    assert!(r.records.iter().all(|x| x.outcome == "http_500" || x.outcome == "http_503"));
+}
