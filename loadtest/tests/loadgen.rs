@@ -16,6 +16,7 @@ fn scenario(target: &str, duration: Duration, arrival: Arrival, prompt: u32, out
         duration,
         max_requests: 1_000_000,
         seed: 7,
+        warmup: Duration::ZERO,
         request_timeout: Duration::from_secs(30),
         classes: loadtest::loadgen::scenario::default_targets(),
         streams: vec![StreamSpec {

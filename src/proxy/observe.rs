@@ -219,7 +219,11 @@ pub struct ObservedBody<B> {
     mode: Mode,
     tracker: Tracker,
     timeouts: StreamTimeouts,
+    /// Fires at or before the current deadline. It is not moved on every
+    /// chunk (a timer operation per token); when it fires, the real deadline
+    /// is computed from `last_event` and the timer re-armed if that is later.
     deadline: Pin<Box<Sleep>>,
+    last_event: Instant,
     /// A last frame to send before ending (held-back bytes, or a timeout event).
     trailer: Option<Bytes>,
     done: bool,
@@ -259,6 +263,7 @@ impl<B> ObservedBody<B> {
             tracker,
             timeouts,
             deadline: Box::pin(tokio::time::sleep_until(start + first)),
+            last_event: start,
             trailer: None,
             done: false,
         }
@@ -266,7 +271,7 @@ impl<B> ObservedBody<B> {
 
     /// Handle one data chunk; returns what to send to the client now.
     fn on_data(&mut self, data: Bytes) -> Option<Bytes> {
-        let now = Instant::now();
+        let now = self.last_event;
         match &mut self.mode {
             Mode::Passthrough => Some(data),
             Mode::Json { chunks, size } => {
@@ -394,7 +399,8 @@ impl<B> ObservedBody<B> {
         self.done = true;
     }
 
-    fn next_deadline(&self, now: Instant) -> Instant {
+    /// The deadline given the last event at `last`.
+    fn next_deadline(&self, last: Instant) -> Instant {
         let total = self.tracker.start + self.timeouts.total;
         let gap = match self.mode {
             Mode::Sse { .. } if self.tracker.first_token.is_none() => {
@@ -402,7 +408,7 @@ impl<B> ObservedBody<B> {
             }
             _ => self.timeouts.idle,
         };
-        (now + gap).min(total)
+        (last + gap).min(total)
     }
 }
 
@@ -457,11 +463,14 @@ where
             match Pin::new(inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
+                        this.last_event = Instant::now();
                         let out = this.on_data(data);
-                        let now = Instant::now();
-                        let next = this.next_deadline(now);
-                        if next != this.deadline.deadline() {
-                            this.deadline.as_mut().reset(next);
+                        // Deadlines only move later as events arrive, except when
+                        // the first token switches from the first-token to the idle
+                        // budget: only then can the armed timer be too late.
+                        let due = this.next_deadline(this.last_event);
+                        if due < this.deadline.deadline() {
+                            this.deadline.as_mut().reset(due);
                         }
                         if let Some(out) = out {
                             return Poll::Ready(Some(Ok(Frame::data(out))));
@@ -487,10 +496,15 @@ where
                     this.on_end();
                     this.done = true;
                 }
-                Poll::Pending => {
+                Poll::Pending => loop {
                     ready!(this.deadline.as_mut().poll(cx));
-                    this.on_timeout();
-                }
+                    let due = this.next_deadline(this.last_event);
+                    if Instant::now() >= due {
+                        this.on_timeout();
+                        break;
+                    }
+                    this.deadline.as_mut().reset(due);
+                },
             }
         }
     }

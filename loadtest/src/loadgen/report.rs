@@ -46,10 +46,11 @@ pub fn summarize(r: &RunResult) -> BTreeMap<String, ClassSummary> {
     let mut classes: Vec<String> = r.records.iter().map(|x| x.class.clone()).collect();
     classes.sort();
     classes.dedup();
-    let secs = r.elapsed_s.max(1e-9);
+    let warm = r.scenario.warmup.as_secs_f64();
+    let secs = (r.elapsed_s - warm).max(1e-9);
     let mut out = BTreeMap::new();
     for class in classes.iter().map(String::as_str).chain(std::iter::once("all")) {
-        let recs: Vec<_> = r.records.iter().filter(|x| class == "all" || x.class == class).collect();
+        let recs: Vec<_> = r.records.iter().filter(|x| x.start_s >= warm && (class == "all" || x.class == class)).collect();
         let (mut ttft, mut e2e) = (new_hist(), new_hist());
         let mut itl = new_hist();
         if class == "all" {
@@ -111,7 +112,15 @@ pub fn markdown(r: &RunResult) -> String {
     let sums = summarize(r);
     let mut m = String::new();
     let _ = writeln!(m, "## {}\n", r.label);
-    let _ = writeln!(m, "target `{}`, {:.1} s, {} requests\n", r.scenario.target, r.elapsed_s, r.records.len());
+    let _ = writeln!(
+        m,
+        "target `{}`, {:.1} s, {} requests ({} in the first {:?} of warm-up left out)\n",
+        r.scenario.target,
+        r.elapsed_s,
+        r.records.len(),
+        r.records.iter().filter(|x| x.start_s < r.scenario.warmup.as_secs_f64()).count(),
+        r.scenario.warmup
+    );
     let _ = writeln!(
         m,
         "| class | requests | done | 429 | errors | TTFT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | target TTFT / ITL ms | within SLO | goodput req/s | tokens/s |"

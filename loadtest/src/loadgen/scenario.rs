@@ -31,6 +31,10 @@ pub struct Scenario {
     pub max_requests: u64,
     #[serde(default = "default_seed")]
     pub seed: u64,
+    /// Requests sent in the first `warmup` are run but left out of summaries
+    /// (connection set-up storms, cold pools).
+    #[serde(default, deserialize_with = "dur", serialize_with = "ser_dur")]
+    pub warmup: Duration,
     /// Give up on a request after this long.
     #[serde(default = "default_timeout", deserialize_with = "dur", serialize_with = "ser_dur")]
     pub request_timeout: Duration,

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Gateway overhead, measured side by side in one run (issue 2's benchmark):
+#   - added TTFT p50/p99 and added ITL p99 at 200 concurrent streams, against a
+#     deterministic upstream (every engine step 20 ms, so upstream TTFT and ITL
+#     are 20 ms and any spread is the path's), direct and through slogate,
+#     interleaved A/B/A/B;
+#   - streaming requests/s at 32 and 256 concurrent streams against a fast
+#     upstream (1 ms steps, 16 tokens), direct vs slogate;
+#   - slogate's RSS idle and with 1,000 open streams.
+# Everything runs on 127.0.0.1, bounded in time. Writes loadtest/results/overhead.md.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+WORK=$(mktemp -d); export WORK
+source "$HERE/lib.sh"
+LAT_SECS=${LAT_SECS:-20}
+TPUT_SECS=${TPUT_SECS:-15}
+build_release
+
+scenario() { # file concurrency output_tokens seconds
+  cat >"$1" <<EOS
+target: http://127.0.0.1:1
+duration: ${4}s
+warmup: 3s
+request_timeout: 120s
+streams:
+  - name: s
+    class: chat
+    model: sim-llama-8b
+    arrival: { kind: closed, concurrency: $2 }
+    prompt_tokens: { dist: fixed, value: 32 }
+    output_tokens: { dist: fixed, value: $3 }
+EOS
+}
+run_lg() { "$BIN/loadgen" run "$1" --target "$2" --label "$3" --no-progress --out "$WORK/$3.json" --report "$WORK/$3.md"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# run_gw SCENARIO LABEL: run through the gateway and record its CPU ticks.
+run_gw() { local t0; t0=$(cpu_ticks "$GW_PID"); run_lg "$1" "$GW_URL" "$2"; echo $(( $(cpu_ticks "$GW_PID") - t0 )) >"$WORK/$2.cpu"; }
+
+SIM_FLAT="--step-base-ms 20 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
+SIM_FAST="--step-base-ms 1 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
+SIM_SLOW="--step-base-ms 50 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
+
+# 1. Latency overhead at 200 concurrent streams.
+start_sim flat $SIM_FLAT
+gateway_config "$WORK/gw-flat.yaml" "${SIM_URLS[0]}"
+start_gateway "$WORK/gw-flat.yaml"
+IDLE_RSS=$(rss_kb "$GW_PID")
+scenario "$WORK/lat.yaml" 200 64 "$LAT_SECS"
+for round in 1 2; do
+  run_lg "$WORK/lat.yaml" "${SIM_URLS[0]}" "lat-direct-$round"
+  run_gw "$WORK/lat.yaml" "lat-gateway-$round"
+done
+cleanup; PIDS=()
+
+# 2. Throughput at 32 and 256 concurrent streams.
+start_sim fast $SIM_FAST
+gateway_config "$WORK/gw-fast.yaml" "${SIM_URLS[0]}"
+start_gateway "$WORK/gw-fast.yaml"
+for c in 32 256; do
+  scenario "$WORK/tput-$c.yaml" "$c" 16 "$TPUT_SECS"
+  run_lg "$WORK/tput-$c.yaml" "${SIM_URLS[0]}" "tput-direct-$c"
+  run_gw "$WORK/tput-$c.yaml" "tput-gateway-$c"
+done
+cleanup; PIDS=()
+
+# 3. RSS with 1,000 open streams (50 ms steps, 400 tokens: each stream stays open ~20 s).
+start_sim slow $SIM_SLOW
+gateway_config "$WORK/gw-slow.yaml" "${SIM_URLS[0]}"
+start_gateway "$WORK/gw-slow.yaml"
+scenario "$WORK/rss.yaml" 1000 400 12
+run_lg "$WORK/rss.yaml" "$GW_URL" "rss" &
+LG=$!
+sleep 8
+OPEN=$(curl -s "$ADMIN_URL/metrics" | awk '/^slogate_inflight_requests/{s+=$2} END{print s+0}')
+OPEN_RSS=$(rss_kb "$GW_PID")
+wait "$LG"
+cleanup; PIDS=()
+
+python3 - "$WORK" "$IDLE_RSS" "$OPEN_RSS" "$OPEN" "$(machine_line)" "$(getconf CLK_TCK)" >"$HERE/results/overhead.md" <<'PY'
+import json, sys, statistics
+work, idle_kb, open_kb, open_streams, machine, tck = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
+def load(n): return json.load(open(f"{work}/{n}.json"))
+def pct(vals, q):
+    vals = sorted(vals); return vals[min(len(vals) - 1, int(q * len(vals)))] if vals else float("nan")
+def itl_pct(r, q):
+    pairs = sorted(p for c in r["itl_us"].values() for p in c)
+    total = sum(c for _, c in pairs); acc = 0
+    for v, c in pairs:
+        acc += c
+        if acc >= q * total: return v / 1000.0
+    return float("nan")
+def stats(n):
+    r = load(n); warm = 3.0
+    recs = [x for x in r["records"] if x["start_s"] >= warm]
+    ok = [x for x in recs if x["outcome"] in ("ok", "length")]
+    t = [x["ttft_ms"] for x in ok if x["ttft_ms"] is not None]
+    s = {"ttft50": pct(t, .5), "ttft99": pct(t, .99), "itl50": itl_pct(r, .5), "itl99": itl_pct(r, .99), "rps": len(ok) / (r["elapsed_s"] - warm), "n": len(recs), "bad": len(recs) - len(ok)}
+    try:
+        s["cpu_us"] = int(open(f"{work}/{n}.cpu").read()) / tck * 1e6 / max(1, len(r["records"]))
+    except OSError:
+        s["cpu_us"] = None
+    return s
+out = ["# slogate overhead benchmark", "", f"Machine: {machine}. Build: release (thin LTO, codegen-units 4). All processes on one 2-core machine (upstream simulator, gateway, load generator), so absolute numbers include CPU contention; read the ratios.", ""]
+out += ["## Latency at 200 concurrent streams", "", "Upstream: every engine step 20 ms (TTFT and ITL 20 ms at the engine), 32-token prompts, 64 output tokens, closed loop, interleaved direct/gateway rounds. The first 3 s of each run (200 simultaneous connects) are left out.", "",
+        "| round | path | requests | failed | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+added = []
+for rnd in (1, 2):
+    d, g = stats(f"lat-direct-{rnd}"), stats(f"lat-gateway-{rnd}")
+    for name, s in (("direct", d), ("slogate", g)):
+        out.append(f"| {rnd} | {name} | {s['n']} | {s['bad']} | {s['ttft50']:.3f} | {s['ttft99']:.3f} | {s['itl50']:.3f} | {s['itl99']:.3f} |")
+    added.append((g["ttft50"] - d["ttft50"], g["ttft99"] - d["ttft99"], g["itl99"] - d["itl99"]))
+a50 = statistics.mean(a[0] for a in added); a99 = statistics.mean(a[1] for a in added); i99 = statistics.mean(a[2] for a in added)
+out += ["", f"Added by slogate (mean of rounds): TTFT p50 {a50:+.3f} ms, TTFT p99 {a99:+.3f} ms, ITL p99 {i99:+.3f} ms. Targets: TTFT p99 <= 0.5 ms, ITL p99 <= 0.1 ms: "
+        f"TTFT p99 {'met' if a99 <= 0.5 else 'NOT met'}, ITL p99 {'met' if i99 <= 0.1 else 'NOT met'}.", ""]
+out += ["## Streaming throughput", "", "Upstream: 1 ms engine steps, 16 output tokens (18 SSE events per stream); closed loop. slogate CPU is its user+system time over the run divided by the requests it served: the cost per streamed request, independent of how busy the other two processes keep the cores.", "", "| concurrency | direct req/s | slogate req/s | ratio | failed (direct/slogate) | slogate CPU per request |", "|---:|---:|---:|---:|---|---:|"]
+for c in (32, 256):
+    d, g = stats(f"tput-direct-{c}"), stats(f"tput-gateway-{c}")
+    ratio = g["rps"] / d["rps"]
+    out.append(f"| {c} | {d['rps']:.0f} | {g['rps']:.0f} | {ratio:.3f} ({'met' if ratio >= 0.9 else 'NOT met'} >= 0.9) | {d['bad']}/{g['bad']} | {g['cpu_us']:.0f} us |")
+out += ["", "## Memory", "", f"slogate RSS idle: {idle_kb/1024:.1f} MB. With {open_streams} open streams: {open_kb/1024:.1f} MB (target <= 64 MB: {'met' if open_kb <= 64*1024 else 'NOT met'}).", ""]
+print("\n".join(out))
+PY
+cat "$HERE/results/overhead.md"
