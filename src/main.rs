@@ -47,6 +47,9 @@ enum Command {
         /// Number of simulated replicas.
         #[arg(long, default_value_t = 2)]
         replicas: u16,
+        /// Drive a mixed chat/batch load for this long (e.g. 60s), print the report, and exit.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        load: Option<std::time::Duration>,
     },
     /// Validate a config: exit 0, or exit 2 with one line per problem naming the field.
     Check {
@@ -71,10 +74,10 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Demo { listen, admin_listen, replicas } => {
+        Command::Demo { listen, admin_listen, replicas, load } => {
             slogate::telemetry::init_logging(matches!(cli.log_format, Some(LogFmt::Json)));
             match runtime() {
-                Ok(rt) => rt.block_on(demo(listen, admin_listen, replicas)),
+                Ok(rt) => rt.block_on(demo(listen, admin_listen, replicas, load)),
                 Err(code) => code,
             }
         }
@@ -113,7 +116,12 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 /// The example config, embedded so `slogate demo` needs no files.
 const EXAMPLE_CONFIG: &str = include_str!("../config/slogate.yaml");
 
-async fn demo(listen: std::net::SocketAddr, admin_listen: std::net::SocketAddr, replicas: u16) -> ExitCode {
+async fn demo(
+    listen: std::net::SocketAddr,
+    admin_listen: std::net::SocketAddr,
+    replicas: u16,
+    load: Option<std::time::Duration>,
+) -> ExitCode {
     let mut cfg = match Config::parse(EXAMPLE_CONFIG) {
         Ok(c) => c,
         Err(e) => {
@@ -135,6 +143,16 @@ async fn demo(listen: std::net::SocketAddr, admin_listen: std::net::SocketAddr, 
     cfg.pools[0].replicas = sims.iter().map(|s| s.url()).collect();
     cfg.server.listen = listen;
     cfg.server.admin_listen = admin_listen;
+    let targets = cfg
+        .classes
+        .iter()
+        .map(|(n, c)| {
+            (
+                n.clone(),
+                loadtest::loadgen::scenario::Targets { ttft_ms: c.ttft.get().as_secs_f64() * 1e3, itl_ms: c.itl.get().as_secs_f64() * 1e3 },
+            )
+        })
+        .collect();
     let gw = match Gateway::start(cfg).await {
         Ok(g) => g,
         Err(e) => {
@@ -157,11 +175,72 @@ async fn demo(listen: std::net::SocketAddr, admin_listen: std::net::SocketAddr, 
     );
     println!("  OpenAI SDK: OpenAI(base_url=\"http://{data}/v1\", api_key=\"unused\")");
     println!("  curl -s http://{admin}/metrics | grep slogate_time_to_first_token");
+    if let Some(duration) = load {
+        let scenario = demo_scenario(&format!("http://{data}"), model, duration, targets);
+        println!("driving {duration:?} of mixed load: chat (Poisson, 8 req/s) and batch (bursts of 8, every 2 s on average)");
+        let code = match loadtest::loadgen::run(&scenario, "slogate demo", true).await {
+            Ok(r) => {
+                print!("{}", loadtest::loadgen::report::markdown(&r));
+                println!("\ngateway's own view: curl -s http://{admin}/metrics | grep slogate_");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("slogate demo: load failed: {e}");
+                ExitCode::FAILURE
+            }
+        };
+        gw.shutdown().await;
+        return code;
+    }
     println!("Ctrl-C stops.");
     wait_for_signal().await;
     gw.shutdown().await;
     drop(sims);
     ExitCode::SUCCESS
+}
+
+/// The `demo --load` traffic: interactive chat plus bursty batch.
+fn demo_scenario(
+    target: &str,
+    model: &str,
+    duration: std::time::Duration,
+    classes: std::collections::BTreeMap<String, loadtest::loadgen::scenario::Targets>,
+) -> loadtest::loadgen::Scenario {
+    use loadtest::loadgen::scenario::{Arrival, Endpoint, LenDist, StreamSpec};
+    let stream = |name: &str, arrival, prompt, output| StreamSpec {
+        name: name.into(),
+        class: Some(name.into()),
+        api_key: None,
+        model: model.into(),
+        endpoint: Endpoint::Chat,
+        stream: true,
+        arrival,
+        prompt_tokens: prompt,
+        output_tokens: output,
+    };
+    loadtest::loadgen::Scenario {
+        target: target.into(),
+        duration,
+        max_requests: 1_000_000,
+        seed: 1,
+        warmup: std::time::Duration::ZERO,
+        request_timeout: std::time::Duration::from_secs(120),
+        classes,
+        streams: vec![
+            stream(
+                "chat",
+                Arrival::Poisson { rate: 8.0 },
+                LenDist::Lognormal { median: 256.0, sigma: 0.6, max: Some(4096) },
+                LenDist::Uniform { min: 32, max: 160 },
+            ),
+            stream(
+                "batch",
+                Arrival::Batch { rate: 0.5, size: LenDist::Fixed { value: 8 } },
+                LenDist::Fixed { value: 1024 },
+                LenDist::Fixed { value: 256 },
+            ),
+        ],
+    }
 }
 
 async fn serve(cfg: Config) -> ExitCode {

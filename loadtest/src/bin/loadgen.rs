@@ -27,6 +27,9 @@ enum Cmd {
         /// Where to write the Markdown report (printed otherwise).
         #[arg(long)]
         report: Option<PathBuf>,
+        /// Write SVG and PNG charts into this directory.
+        #[arg(long)]
+        plots: Option<PathBuf>,
         /// A name for this run in reports.
         #[arg(long, default_value = "run")]
         label: String,
@@ -45,7 +48,7 @@ fn read(p: &PathBuf) -> Result<RunResult, String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let result = match Args::parse().cmd {
-        Cmd::Run { scenario, target, out, report: rpath, label, no_progress } => {
+        Cmd::Run { scenario, target, out, report: rpath, plots, label, no_progress } => {
             async {
                 let mut s = Scenario::load(&scenario)?;
                 if let Some(t) = target {
@@ -55,6 +58,10 @@ async fn main() -> ExitCode {
                 if let Some(out) = out {
                     std::fs::write(&out, serde_json::to_vec(&r).map_err(|e| e.to_string())?)
                         .map_err(|e| format!("{}: {e}", out.display()))?;
+                }
+                if let Some(dir) = plots {
+                    let files = loadtest::loadgen::plots::render(&r, &dir, &label)?;
+                    eprintln!("loadgen: wrote {} charts to {}", files.len(), dir.display());
                 }
                 let md = report::markdown(&r);
                 match rpath {

@@ -1,6 +1,8 @@
 //! An open-loop load generator that measures like a client: TTFT at the first
 //! content-bearing event, every inter-token gap, e2e, tokens, Retry-After.
 
+#[cfg(feature = "plots")]
+pub mod plots;
 pub mod report;
 pub mod run;
 pub mod scenario;

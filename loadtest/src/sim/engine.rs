@@ -378,7 +378,7 @@ impl Core {
                 _ => None,
             };
             let done = s.generated >= s.stop_at();
-            let finish = done.then(|| if s.generated >= s.req.max_tokens { Finish::Length } else { Finish::Stop });
+            let finish = done.then_some(if s.generated >= s.req.max_tokens { Finish::Length } else { Finish::Stop });
             let sent = s.tx.send(Event::Token { index, finish }).is_ok();
             if let Some(f) = fault.filter(|_| !done) {
                 let _ = s.tx.send(f);

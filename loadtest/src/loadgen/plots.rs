@@ -1,0 +1,201 @@
+//! Charts of a run, as SVG and PNG: TTFT CDF per class, TTFT p99 over time
+//! with each class's SLO line, and completed and rejected requests per second.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::run::RunResult;
+
+/// Fonts tried, in order, for chart text.
+const FONTS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+];
+
+fn ensure_font() -> Result<(), String> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let path = FONTS
+            .iter()
+            .find(|p| Path::new(p).is_file())
+            .ok_or_else(|| format!("no TTF font found for chart text (install fonts-dejavu-core); looked in {FONTS:?}"))?;
+        let bytes: &'static [u8] = Box::leak(std::fs::read(path).map_err(|e| format!("{path}: {e}"))?.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).map_err(|_| format!("{path}: not a usable font"))
+    })
+    .clone()
+}
+
+struct Chart {
+    title: String,
+    x_label: &'static str,
+    y_label: &'static str,
+    series: Vec<(String, Vec<(f64, f64)>)>,
+    /// Horizontal reference lines (label, y).
+    lines: Vec<(String, f64)>,
+}
+
+fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| format!("{x:?}");
+    root.fill(&WHITE).map_err(e)?;
+    let pts = c.series.iter().flat_map(|(_, p)| p.iter());
+    let x_max = pts.clone().map(|p| p.0).fold(0.0, f64::max).max(1e-9);
+    let y_max = pts.map(|p| p.1).chain(c.lines.iter().map(|l| l.1)).fold(0.0, f64::max).max(1e-9) * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&c.title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .map_err(e)?;
+    chart.configure_mesh().x_desc(c.x_label).y_desc(c.y_label).label_style(("sans-serif", 14)).draw().map_err(e)?;
+    for (i, (name, points)) in c.series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+            .map_err(e)?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+    }
+    for (i, (name, y)) in c.lines.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new([(0.0, *y), (x_max, *y)], color.stroke_width(1)))
+            .map_err(e)?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(1)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)?;
+    Ok(())
+}
+
+fn both(c: &Chart, dir: &Path, stem: &str, out: &mut Vec<PathBuf>) -> Result<(), String> {
+    let svg = dir.join(format!("{stem}.svg"));
+    let png = dir.join(format!("{stem}.png"));
+    draw(SVGBackend::new(&svg, (960, 540)).into_drawing_area(), c)?;
+    draw(BitMapBackend::new(&png, (960, 540)).into_drawing_area(), c)?;
+    out.push(svg);
+    out.push(png);
+    Ok(())
+}
+
+fn window_p99(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[((values.len() as f64 * 0.99).ceil() as usize).saturating_sub(1).min(values.len() - 1)]
+}
+
+/// Render the charts of `r` into `dir` as `PREFIX-*.{svg,png}`; returns the files.
+pub fn render(r: &RunResult, dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, String> {
+    ensure_font()?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut out = Vec::new();
+    let mut by_class: BTreeMap<&str, Vec<&super::Record>> = BTreeMap::new();
+    for x in &r.records {
+        by_class.entry(x.class.as_str()).or_default().push(x);
+    }
+
+    // TTFT CDF per class.
+    let mut series = Vec::new();
+    for (class, recs) in &by_class {
+        let mut t: Vec<f64> = recs.iter().filter_map(|x| x.ttft_ms).collect();
+        if t.is_empty() {
+            continue;
+        }
+        t.sort_by(f64::total_cmp);
+        let n = t.len() as f64;
+        series.push((class.to_string(), t.iter().enumerate().map(|(i, v)| (*v, (i + 1) as f64 / n)).collect()));
+    }
+    both(
+        &Chart {
+            title: format!("{}: TTFT CDF per class", r.label),
+            x_label: "TTFT (ms)",
+            y_label: "share of requests",
+            series,
+            lines: vec![],
+        },
+        dir,
+        &format!("{prefix}-ttft-cdf"),
+        &mut out,
+    )?;
+
+    // TTFT p99 over time, 5 s windows, with each class's target.
+    let window = 5.0;
+    let mut series = Vec::new();
+    let mut lines = Vec::new();
+    for (class, recs) in &by_class {
+        let mut buckets: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+        for x in recs {
+            if let Some(t) = x.ttft_ms {
+                buckets.entry((x.start_s / window) as u64).or_default().push(t);
+            }
+        }
+        let pts: Vec<(f64, f64)> = buckets.iter_mut().map(|(w, v)| ((*w as f64 + 1.0) * window, window_p99(v))).collect();
+        if !pts.is_empty() {
+            series.push((format!("{class} p99"), pts));
+            if let Some(t) = r.scenario.classes.get(*class) {
+                lines.push((format!("{class} SLO {} ms", t.ttft_ms), t.ttft_ms));
+            }
+        }
+    }
+    both(
+        &Chart {
+            title: format!("{}: TTFT p99 over time ({window} s windows)", r.label),
+            x_label: "time (s)",
+            y_label: "TTFT p99 (ms)",
+            series,
+            lines,
+        },
+        dir,
+        &format!("{prefix}-ttft-p99"),
+        &mut out,
+    )?;
+
+    // Completed and rejected per second.
+    let secs = r.elapsed_s.ceil().max(1.0) as usize;
+    let mut done = vec![0.0; secs + 1];
+    let mut rejected = vec![0.0; secs + 1];
+    let mut failed = vec![0.0; secs + 1];
+    for x in &r.records {
+        let end = ((x.start_s + x.e2e_ms / 1000.0) as usize).min(secs);
+        if x.completed() {
+            done[end] += 1.0;
+        } else if x.outcome == "rejected" {
+            rejected[end] += 1.0;
+        } else {
+            failed[end] += 1.0;
+        }
+    }
+    let pts = |v: &[f64]| v.iter().enumerate().map(|(i, y)| (i as f64, *y)).collect::<Vec<_>>();
+    let series = vec![
+        ("completed/s".to_string(), pts(&done)),
+        ("rejected (429)/s".to_string(), pts(&rejected)),
+        ("failed/s".to_string(), pts(&failed)),
+    ];
+    both(
+        &Chart {
+            title: format!("{}: throughput and rejections", r.label),
+            x_label: "time (s)",
+            y_label: "requests per second",
+            series,
+            lines: vec![],
+        },
+        dir,
+        &format!("{prefix}-throughput"),
+        &mut out,
+    )?;
+    Ok(out)
+}
