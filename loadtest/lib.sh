@@ -9,12 +9,16 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
+# Optional CPU placement (taskset lists): SIM_CPUS, GW_CPUS, LG_CPUS.
+spawn_on() { local cpus=$1; shift; if [ -n "$cpus" ]; then exec taskset -c "$cpus" "$@"; else exec "$@"; fi; }
+run_on() { local cpus=$1; shift; if [ -n "$cpus" ]; then taskset -c "$cpus" "$@"; else "$@"; fi; }
+
 build_release() { (cd "$ROOT" && cargo build --release --locked -q --workspace --bins); }
 
 # start_sim NAME ARGS... : start N replicas (--replicas) and set SIM_URLS (array).
 start_sim() {
   local name=$1; shift
-  "$BIN/vllm-sim" --listen 127.0.0.1:0 "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+  ( spawn_on "${SIM_CPUS:-}" "$BIN/vllm-sim" --listen 127.0.0.1:0 "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" ) &
   PIDS+=($!)
   local want; want=$(printf '%s\n' "$@" | awk 'p{print;exit} /^--replicas$/{p=1}'); want=${want:-1}
   for _ in $(seq 100); do [ "$(wc -l <"$WORK/$name.out")" -ge "$want" ] && break; sleep 0.05; done
@@ -23,7 +27,7 @@ start_sim() {
 
 # start_gateway CONFIG : start slogate, set GW_URL, ADMIN_URL, GW_PID once ready.
 start_gateway() {
-  "$BIN/slogate" --log-format json serve --config "$1" 2>"$WORK/gateway.log" &
+  ( spawn_on "${GW_CPUS:-}" "$BIN/slogate" --log-format json serve --config "$1" 2>"$WORK/gateway.log" ) &
   GW_PID=$!; PIDS+=($GW_PID)
   for _ in $(seq 200); do grep -q '"slogate listening"' "$WORK/gateway.log" 2>/dev/null && break; sleep 0.05; done
   GW_URL=$(python3 -c 'import json,sys

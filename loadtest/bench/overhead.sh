@@ -7,11 +7,18 @@
 #   - streaming requests/s at 32 and 256 concurrent streams against a fast
 #     upstream (1 ms steps, 16 tokens), direct vs slogate;
 #   - slogate's RSS idle and with 1,000 open streams.
-# Everything runs on 127.0.0.1, bounded in time. Writes loadtest/results/overhead.md.
+# Everything runs on 127.0.0.1, bounded in time.
+#
+# PLACEMENT=shared (default): all three processes share both cores.
+# PLACEMENT=pinned: simulator and load generator on CPU 0, slogate alone on
+# CPU 1 (direct runs use the same placement, CPU 1 then idle).
+# Writes loadtest/results/overhead-$PLACEMENT.md.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d); export WORK
 source "$HERE/lib.sh"
+PLACEMENT=${PLACEMENT:-shared}
+if [ "$PLACEMENT" = pinned ]; then export SIM_CPUS=0 LG_CPUS=0 GW_CPUS=1; fi
 LAT_SECS=${LAT_SECS:-20}
 TPUT_SECS=${TPUT_SECS:-15}
 build_release
@@ -31,7 +38,7 @@ streams:
     output_tokens: { dist: fixed, value: $3 }
 EOS
 }
-run_lg() { "$BIN/loadgen" run "$1" --target "$2" --label "$3" --no-progress --out "$WORK/$3.json" --report "$WORK/$3.md"; }
+run_lg() { run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$1" --target "$2" --label "$3" --no-progress --out "$WORK/$3.json" --report "$WORK/$3.md"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # run_gw SCENARIO LABEL: run through the gateway and record its CPU ticks.
 run_gw() { local t0; t0=$(cpu_ticks "$GW_PID"); run_lg "$1" "$GW_URL" "$2"; echo $(( $(cpu_ticks "$GW_PID") - t0 )) >"$WORK/$2.cpu"; }
@@ -76,9 +83,9 @@ OPEN_RSS=$(rss_kb "$GW_PID")
 wait "$LG"
 cleanup; PIDS=()
 
-python3 - "$WORK" "$IDLE_RSS" "$OPEN_RSS" "$OPEN" "$(machine_line)" "$(getconf CLK_TCK)" >"$HERE/results/overhead.md" <<'PY'
+python3 - "$WORK" "$IDLE_RSS" "$OPEN_RSS" "$OPEN" "$(machine_line)" "$(getconf CLK_TCK)" "$PLACEMENT" >"$HERE/results/overhead-$PLACEMENT.md" <<'PY'
 import json, sys, statistics
-work, idle_kb, open_kb, open_streams, machine, tck = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
+work, idle_kb, open_kb, open_streams, machine, tck, placement = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6]), sys.argv[7]
 def load(n): return json.load(open(f"{work}/{n}.json"))
 def pct(vals, q):
     vals = sorted(vals); return vals[min(len(vals) - 1, int(q * len(vals)))] if vals else float("nan")
@@ -100,7 +107,9 @@ def stats(n):
     except OSError:
         s["cpu_us"] = None
     return s
-out = ["# slogate overhead benchmark", "", f"Machine: {machine}. Build: release (thin LTO, codegen-units 4). All processes on one 2-core machine (upstream simulator, gateway, load generator), so absolute numbers include CPU contention; read the ratios.", ""]
+where = {"shared": "All three processes (upstream simulator, slogate, load generator) share both cores, so the gateway competes with its own client and upstream for CPU.",
+         "pinned": "Simulator and load generator pinned to CPU 0, slogate alone on CPU 1 (taskset); direct runs use the same placement. This measures whether the gateway keeps up when it has a core of its own, as in production."}[placement]
+out = [f"# slogate overhead benchmark ({placement})", "", f"Machine: {machine}. Build: release (thin LTO, codegen-units 4). {where} Produced by `PLACEMENT={placement} loadtest/bench/overhead.sh`.", ""]
 out += ["## Latency at 200 concurrent streams", "", "Upstream: every engine step 20 ms (TTFT and ITL 20 ms at the engine), 32-token prompts, 64 output tokens, closed loop, interleaved direct/gateway rounds. The first 3 s of each run (200 simultaneous connects) are left out.", "",
         "| round | path | requests | failed | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |", "|---|---|---:|---:|---:|---:|---:|---:|"]
 added = []
@@ -120,4 +129,4 @@ for c in (32, 256):
 out += ["", "## Memory", "", f"slogate RSS idle: {idle_kb/1024:.1f} MB. With {open_streams} open streams: {open_kb/1024:.1f} MB (target <= 64 MB: {'met' if open_kb <= 64*1024 else 'NOT met'}).", ""]
 print("\n".join(out))
 PY
-cat "$HERE/results/overhead.md"
+cat "$HERE/results/overhead-$PLACEMENT.md"

@@ -38,6 +38,12 @@ enum Cmd {
     },
     /// Compare two JSON results side by side.
     Compare { a: PathBuf, b: PathBuf },
+    /// Render the SVG and PNG charts of a JSON result.
+    Plot {
+        result: PathBuf,
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 fn read(p: &PathBuf) -> Result<RunResult, String> {
@@ -73,6 +79,11 @@ async fn main() -> ExitCode {
             .await
         }
         Cmd::Compare { a, b } => read(&a).and_then(|a| read(&b).map(|b| print!("{}", report::compare(&a, &b)))),
+        Cmd::Plot { result, dir } => read(&result).and_then(|r| {
+            let files = loadtest::loadgen::plots::render(&r, &dir, &r.label)?;
+            eprintln!("loadgen: wrote {} charts to {}", files.len(), dir.display());
+            Ok(())
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,52 @@
+"""Write the calibration report from the runs loadtest/calibrate.sh left in WORK."""
+import json, sys, re
+work, out, secs, rates, machine = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(), sys.argv[5]
+note = sys.argv[6] if len(sys.argv) > 6 else ""
+def load(n): return json.load(open(f"{work}/{n}.json"))
+def pct(v, q):
+    v = sorted(v); return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
+def recs(r): return [x for x in r["records"] if x["start_s"] >= 5.0]
+def itl_mean(r):
+    pairs = [p for c in r["itl_us"].values() for p in c]; n = sum(c for _, c in pairs)
+    return sum(v * c for v, c in pairs) / n / 1000.0 if n else float("nan")
+def sim_hist(path, name):
+    s = c = None; buckets = []
+    for line in open(path):
+        if line.startswith(name + "_sum"): s = float(line.split()[-1])
+        elif line.startswith(name + "_count"): c = float(line.split()[-1])
+        elif line.startswith(name + "_bucket"):
+            le = re.search(r'le="([^"]+)"', line).group(1); buckets.append((float(le), float(line.split()[-1])))
+    return s, c, buckets
+L = ["# Simulator calibration", "", f"Machine: {machine}. Profile: `llama70b-fp8-h100` (22 ms step base, 0.3 ms per running sequence, 0.078 ms per prefill token, max_num_seqs 64, 2048-token prefill budget, 4096 KV blocks of 16). Prompts 512 tokens, outputs uniform 64-256 tokens.{note} Each run {secs} s, the first 5 s left out of client statistics. Produced by `loadtest/calibrate.sh`.", ""]
+L += ["## 1. Client-side measurements agree with the simulator's own", "", "Same runs, whole-run means: loadgen (client, includes loopback HTTP and SSE parsing) vs the simulator's `vllm:time_to_first_token_seconds` and `vllm:inter_token_latency_seconds` (engine side).", "",
+      "| concurrency | TTFT mean client ms | TTFT mean engine ms | diff ms | ITL mean client ms | ITL mean engine ms | diff ms | requests client / engine |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+for c in (8, 16, 32, 64):
+    r = load(f"c{c}"); allr = r["records"]
+    t_client = sum(x["ttft_ms"] for x in allr if x["ttft_ms"] is not None) / max(1, sum(1 for x in allr if x["ttft_ms"] is not None))
+    s, n, _ = sim_hist(f"{work}/c{c}.metrics", "vllm:time_to_first_token_seconds"); t_eng = s / n * 1000
+    s2, n2, _ = sim_hist(f"{work}/c{c}.metrics", "vllm:inter_token_latency_seconds"); i_eng = s2 / n2 * 1000
+    i_client = itl_mean(r)
+    L.append(f"| {c} | {t_client:.2f} | {t_eng:.2f} | {t_client - t_eng:+.2f} | {i_client:.2f} | {i_eng:.2f} | {i_client - i_eng:+.2f} | {len(allr)} / {int(n)} |")
+L += ["", "The engine counts a request when its first token is produced; a request still waiting at the end of the run is in neither column. Differences are the client's loopback and parsing time (fractions of a millisecond) plus requests in flight at the cut-off.", ""]
+L += ["## 2. Batch interference (seed 003's table)", "", "| concurrent requests | P50 TTFT ms | P99 TTFT ms | P99/P50 | seed 003 P99/P50 |", "|---:|---:|---:|---:|---:|"]
+seed = {8: 2.0, 16: 3.1, 32: 4.1, 64: 5.1}
+for c in (8, 16, 32, 64):
+    t = [x["ttft_ms"] for x in recs(load(f"c{c}")) if x["ttft_ms"] is not None]
+    L.append(f"| {c} | {pct(t, .5):.1f} | {pct(t, .99):.1f} | {pct(t, .99) / pct(t, .5):.2f} | {seed[c]} |")
+L += ["", "## 3. Capacity knee (open loop, Poisson)", "", f"Requests sent between 5 s and {secs} s; rates are per second of that window (every request runs to completion after it).", "",
+      "| offered req/s | completed req/s | goodput req/s, TTFT <= 300 ms | goodput req/s, TTFT <= 300 ms and ITL <= 50 ms | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | timeouts |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+for rate in rates:
+    r = load(f"r{rate}"); rs = [x for x in recs(r) if x["start_s"] < secs]; span = secs - 5
+    ok = [x for x in rs if x["outcome"] in ("ok", "length")]
+    good_ttft = [x for x in ok if x["ttft_ms"] is not None and x["ttft_ms"] <= 300]
+    good = [x for x in good_ttft if x["itl_over"] <= x["gaps"] // 100]
+    t = [x["ttft_ms"] for x in ok if x["ttft_ms"] is not None]
+    pairs = sorted(p for c in r["itl_us"].values() for p in c); tot = sum(c for _, c in pairs); acc = 0; i99 = float("nan")
+    for v, c in pairs:
+        acc += c
+        if acc >= .99 * tot: i99 = v / 1000; break
+    late = sum(1 for x in rs if x["outcome"] == "timeout")
+    L.append(f"| {rate} | {len(ok) / span:.2f} | {len(good_ttft) / span:.2f} | {len(good) / span:.2f} | {pct(t, .5):.0f} | {pct(t, .99):.0f} | {i99:.1f} | {late} |")
+L += ["", "Charts of the highest offered load: `rate-*-ttft-cdf.png`, `rate-*-ttft-p99.png`, `rate-*-throughput.png` (and .svg).", ""]
+open(f"{out}/README.md", "w").write("\n".join(L))
+print("\n".join(L))
