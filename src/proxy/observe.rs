@@ -30,7 +30,7 @@ use crate::error::BoxError;
 use crate::telemetry::metrics::{BreachKind, BreachLabels, ClassLabels, Metrics, ModelClassLabels, OutcomeLabels, RequestLabels};
 use crate::telemetry::Outcome;
 use crate::upstream::Lease;
-use sse::{analyze, Block, SseParser, Usage};
+use sse::{analyze, SseParser, Usage};
 
 /// Everything measured about one request; records itself once, on drop.
 pub struct Tracker {
@@ -197,7 +197,6 @@ enum Mode {
     /// `text/event-stream`: parse events, stamp tokens, maybe strip usage.
     Sse {
         parser: SseParser,
-        blocks: Vec<Block>,
         strip_usage: bool,
         /// Bytes of an incomplete event held back (only with `strip_usage`).
         pending: BytesMut,
@@ -234,7 +233,6 @@ impl<B> ObservedBody<B> {
     pub fn sse(inner: B, tracker: Tracker, timeouts: StreamTimeouts, strip_usage: bool) -> Self {
         let mode = Mode::Sse {
             parser: SseParser::new(),
-            blocks: Vec::new(),
             strip_usage,
             pending: BytesMut::new(),
             saw_done: false,
@@ -281,22 +279,23 @@ impl<B> ObservedBody<B> {
                 }
                 Some(data)
             }
-            Mode::Sse { parser, blocks, strip_usage, pending, saw_done, saw_error, finish_reason } => {
-                blocks.clear();
-                parser.feed(&data, blocks);
+            Mode::Sse { parser, strip_usage, pending, saw_done, saw_error, finish_reason } => {
                 // Offsets below are in `pending ++ data`: usage events to cut.
                 let p = pending.len();
+                let strip = *strip_usage;
+                let tracker = &mut self.tracker;
                 let mut cuts: Vec<(usize, usize)> = Vec::new();
                 let mut prev_end = 0usize;
-                for b in blocks.iter() {
-                    if let Some(d) = &b.data {
+                let mut complete: Option<usize> = None;
+                parser.feed(&data, |d, end| {
+                    if let Some(d) = d {
                         let info = analyze(d);
                         if info.content {
                             // Every content event in this read is delivered now.
-                            self.tracker.content_event(now);
+                            tracker.content_event(now);
                         }
                         if info.usage.is_some() {
-                            self.tracker.usage = info.usage;
+                            tracker.usage = info.usage;
                         }
                         if let Some(f) = info.finish_reason {
                             *saw_error |= f == "error";
@@ -304,16 +303,17 @@ impl<B> ObservedBody<B> {
                         }
                         *saw_error |= info.error;
                         *saw_done |= info.done;
-                        if *strip_usage && info.usage_only {
-                            cuts.push((prev_end, b.end + p));
+                        if strip && info.usage_only {
+                            cuts.push((prev_end, end + p));
                         }
                     }
-                    prev_end = b.end + p;
-                }
+                    prev_end = end + p;
+                    complete = Some(end);
+                });
                 if !*strip_usage {
                     return Some(data);
                 }
-                let Some(complete_end) = blocks.last().map(|b| b.end) else {
+                let Some(complete_end) = complete else {
                     // No event completed in this read: hold its bytes.
                     pending.extend_from_slice(&data);
                     return None;

@@ -14,16 +14,12 @@ use std::borrow::Cow;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-/// One completed SSE block (the bytes up to and including a blank line).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Block {
-    /// The `data` field (lines joined with `\n`), or `None` for comment-only blocks.
-    pub data: Option<Vec<u8>>,
-    /// Offset in the chunk just fed where this block's bytes end.
-    pub end: usize,
-}
-
 /// Incremental SSE parser.
+///
+/// Completed blocks (the bytes up to and including a blank line) are handed
+/// to a callback with their `data` field (lines joined with `\n`, or `None`
+/// for comment-only blocks) and the offset in the fed chunk where the block
+/// ends. The data buffer is reused: parsing allocates nothing per event.
 #[derive(Debug, Default)]
 pub struct SseParser {
     line: Vec<u8>,
@@ -38,8 +34,8 @@ impl SseParser {
         Self::default()
     }
 
-    /// Feed one chunk; completed blocks are appended to `out`.
-    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Block>) {
+    /// Feed one chunk; `on_block(data, end)` is called for each completed block.
+    pub fn feed(&mut self, chunk: &[u8], mut on_block: impl FnMut(Option<&[u8]>, usize)) {
         let mut i = 0;
         if self.skip_lf {
             self.skip_lf = false;
@@ -49,7 +45,7 @@ impl SseParser {
         }
         while i < chunk.len() {
             let rest = &chunk[i..];
-            match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+            match memchr::memchr2(b'\n', b'\r', rest) {
                 None => {
                     self.line.extend_from_slice(rest);
                     return;
@@ -66,11 +62,11 @@ impl SseParser {
                         }
                     }
                     if self.line.is_empty() {
-                        self.take_line(&rest[..pos], end, out);
+                        self.take_line(&rest[..pos], end, &mut on_block);
                     } else {
                         self.line.extend_from_slice(&rest[..pos]);
                         let line = std::mem::take(&mut self.line);
-                        self.take_line(&line, end, out);
+                        self.take_line(&line, end, &mut on_block);
                         self.line = line;
                         self.line.clear();
                     }
@@ -80,11 +76,11 @@ impl SseParser {
         }
     }
 
-    fn take_line(&mut self, line: &[u8], end: usize, out: &mut Vec<Block>) {
+    fn take_line(&mut self, line: &[u8], end: usize, on_block: &mut impl FnMut(Option<&[u8]>, usize)) {
         if line.is_empty() {
-            let data = if self.has_data { Some(std::mem::take(&mut self.data)) } else { None };
+            on_block(self.has_data.then_some(&self.data[..]), end);
+            self.data.clear();
             self.has_data = false;
-            out.push(Block { data, end });
             return;
         }
         if line[0] == b':' {
@@ -130,8 +126,8 @@ pub struct Usage {
 
 #[derive(Deserialize)]
 struct Chunk<'a> {
-    #[serde(default, borrow)]
-    choices: Option<Vec<Choice<'a>>>,
+    #[serde(default)]
+    choices: Option<Choices>,
     #[serde(default)]
     usage: Option<Usage>,
     #[serde(default)]
@@ -166,6 +162,49 @@ fn non_empty(s: &Option<Cow<'_, str>>) -> bool {
     s.as_deref().is_some_and(|s| !s.is_empty())
 }
 
+/// What the `choices` array says, folded while it is read (no `Vec`).
+#[derive(Default)]
+struct Choices {
+    any: bool,
+    content: bool,
+    finish_reason: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for Choices {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fold;
+        impl<'de> serde::de::Visitor<'de> for Fold {
+            type Value = Choices;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of choices")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
+                let mut out = Choices::default();
+                while let Some(c) = seq.next_element::<Choice<'de>>()? {
+                    out.any = true;
+                    if let Some(d) = &c.delta {
+                        if non_empty(&d.content)
+                            || non_empty(&d.reasoning_content)
+                            || non_empty(&d.reasoning)
+                            || d.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
+                        {
+                            out.content = true;
+                        }
+                    }
+                    if non_empty(&c.text) {
+                        out.content = true;
+                    }
+                    if let Some(f) = c.finish_reason {
+                        out.finish_reason = Some(f.into_owned());
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(Fold)
+    }
+}
+
 /// Classify one event payload. Payloads that are not JSON are neither content
 /// nor errors (they are passed through untouched).
 pub fn analyze(data: &[u8]) -> EventInfo {
@@ -178,25 +217,10 @@ pub fn analyze(data: &[u8]) -> EventInfo {
     };
     let mut info =
         EventInfo { error: chunk.error.is_some() || chunk.object.as_deref() == Some("error"), usage: chunk.usage, ..Default::default() };
-    if let Some(choices) = &chunk.choices {
-        info.usage_only = choices.is_empty() && chunk.usage.is_some();
-        for c in choices {
-            if let Some(d) = &c.delta {
-                if non_empty(&d.content)
-                    || non_empty(&d.reasoning_content)
-                    || non_empty(&d.reasoning)
-                    || d.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
-                {
-                    info.content = true;
-                }
-            }
-            if non_empty(&c.text) {
-                info.content = true;
-            }
-            if let Some(f) = &c.finish_reason {
-                info.finish_reason = Some(f.to_string());
-            }
-        }
+    if let Some(choices) = chunk.choices {
+        info.usage_only = !choices.any && chunk.usage.is_some();
+        info.content = choices.content;
+        info.finish_reason = choices.finish_reason;
     }
     info
 }
@@ -208,11 +232,8 @@ mod tests {
     fn parse_all(chunks: &[&[u8]]) -> Vec<Option<String>> {
         let mut p = SseParser::new();
         let mut out = Vec::new();
-        let mut blocks = Vec::new();
         for c in chunks {
-            blocks.clear();
-            p.feed(c, &mut blocks);
-            out.extend(blocks.iter().map(|b| b.data.as_ref().map(|d| String::from_utf8_lossy(d).into_owned())));
+            p.feed(c, |d, _| out.push(d.map(|d| String::from_utf8_lossy(d).into_owned())));
         }
         out
     }
@@ -238,9 +259,9 @@ mod tests {
     #[test]
     fn block_end_offsets_point_after_the_blank_line() {
         let mut p = SseParser::new();
-        let mut out = Vec::new();
-        p.feed(b"data: a\n\ndata: b\n\ndata: c", &mut out);
-        assert_eq!(out.iter().map(|b| b.end).collect::<Vec<_>>(), vec![9, 18]);
+        let mut ends = Vec::new();
+        p.feed(b"data: a\n\ndata: b\n\ndata: c", |_, end| ends.push(end));
+        assert_eq!(ends, vec![9, 18]);
     }
 
     #[test]

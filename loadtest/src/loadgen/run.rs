@@ -348,7 +348,6 @@ impl Ctx {
         }
         let itl_target_us = self.target.map(|t| (t.itl_ms * 1000.0) as u64);
         let mut parser = sse::SseParser::new();
-        let mut blocks = Vec::new();
         let (mut last, mut done, mut error, mut finish) = (None::<Instant>, false, false, None::<String>);
         loop {
             let frame = match body.frame().await {
@@ -358,10 +357,8 @@ impl Ctx {
             };
             let Ok(data) = frame.into_data() else { continue };
             let now = Instant::now();
-            blocks.clear();
-            parser.feed(&data, &mut blocks);
-            for b in &blocks {
-                let Some(d) = &b.data else { continue };
+            parser.feed(&data, |d, _| {
+                let Some(d) = d else { return };
                 let info = sse::analyze(d);
                 if info.content {
                     rec.tokens += 1;
@@ -385,7 +382,7 @@ impl Ctx {
                 if info.finish_reason.is_some() {
                     finish = info.finish_reason;
                 }
-            }
+            });
         }
         if error || finish.as_deref() == Some("error") {
             "stream_error".into()
