@@ -17,7 +17,7 @@ def sim_hist(path, name):
         elif line.startswith(name + "_bucket"):
             le = re.search(r'le="([^"]+)"', line).group(1); buckets.append((float(le), float(line.split()[-1])))
     return s, c, buckets
-L = ["# Simulator calibration", "", f"Machine: {machine}. Profile: `llama70b-fp8-h100` (22 ms step base, 0.3 ms per running sequence, 0.078 ms per prefill token, max_num_seqs 64, 2048-token prefill budget, 4096 KV blocks of 16). Prompts 512 tokens, outputs uniform 64-256 tokens.{note} Each run {secs} s, the first 5 s left out of client statistics. Produced by `loadtest/calibrate.sh`.", ""]
+L = ["# Simulator calibration", "", f"Machine: {machine}. Profile: `llama70b-fp8-h100` (a step costs the larger of 22 ms + 0.3 ms per running sequence (memory-bound) and 0.078 ms per token processed (compute-bound); max_num_seqs 64, 2048-token prefill budget, 4096 KV blocks of 16). Prompts 512 tokens, outputs uniform 64-256 tokens.{note} Each run {secs} s, the first 5 s left out of client statistics. Produced by `loadtest/calibrate.sh`.", ""]
 L += ["## 1. Client-side measurements agree with the simulator's own", "", "Same runs, whole-run means: loadgen (client, includes loopback HTTP and SSE parsing) vs the simulator's `vllm:time_to_first_token_seconds` and `vllm:inter_token_latency_seconds` (engine side).", "",
       "| concurrency | TTFT mean client ms | TTFT mean engine ms | diff ms | ITL mean client ms | ITL mean engine ms | diff ms | requests client / engine |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for c in (8, 16, 32, 64):

@@ -97,29 +97,28 @@ impl Profile {
             },
             Profile::Llama70bFp8H100 => SimConfig {
                 model: "sim-llama-70b-fp8".into(),
-                max_model_len: 8192,
                 step_base_ms: 22.0,
                 decode_per_seq_ms: 0.3,
                 prefill_per_token_ms: 0.078,
                 max_num_seqs: 64,
-                max_num_batched_tokens: 2048,
                 kv_blocks: 4096,
-                block_size: 16,
-                max_waiting: None,
-                priority_scheduling: false,
-                default_max_tokens: 256,
-                natural_stop: None,
-                embedding_dim: 16,
-                faults: FaultConfig::default(),
+                ..Profile::Llama8bH100.config()
             },
         }
     }
 }
 
 impl SimConfig {
-    /// The modelled time of one step.
+    /// The modelled time of one step: the larger of its memory-bound part
+    /// (weights and KV read once per step: `step_base + decode_per_seq x
+    /// decodes`) and its compute-bound part (`prefill_per_token x` every token
+    /// processed, prefill chunks and one per decode). A lone decode batch is
+    /// memory-bound; a step carrying big prefill chunks is compute-bound, so
+    /// decodes ride along with a prefill for free and colliding prefills add up.
     pub fn step_time(&self, decodes: usize, prefill_tokens: u32, slowdown: f64) -> Duration {
-        let ms = self.step_base_ms + self.decode_per_seq_ms * decodes as f64 + self.prefill_per_token_ms * prefill_tokens as f64;
+        let memory = self.step_base_ms + self.decode_per_seq_ms * decodes as f64;
+        let compute = self.prefill_per_token_ms * (prefill_tokens as f64 + decodes as f64);
+        let ms = memory.max(compute);
         let factor = if slowdown > 0.0 { slowdown } else { 1.0 };
         Duration::from_secs_f64((ms * factor).max(0.0) / 1000.0)
     }

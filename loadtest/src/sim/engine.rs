@@ -3,9 +3,9 @@
 //! Each step first decodes one token for every running sequence (decode
 //! preference), then spends what is left of the `max_num_batched_tokens`
 //! budget on prefill chunks: first sequences already partly prefilled, then
-//! waiting ones in FCFS (or priority) order. A step takes
-//! `base + decode_per_seq x decodes + alpha x prefill_tokens` (times the
-//! slowdown fault). `max_num_seqs` caps the running batch; the KV cache is
+//! waiting ones in FCFS (or priority) order. A step takes the larger of its
+//! memory-bound part (`base + decode_per_seq x decodes`) and its compute-bound
+//! part (`alpha x` tokens processed), times the slowdown fault. `max_num_seqs` caps the running batch; the KV cache is
 //! counted in blocks, and when a decode needs a block and none is free, the
 //! most recently admitted sequence is preempted and recomputed later (its
 //! prompt and generated tokens are prefilled again).
