@@ -22,11 +22,11 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use prometheus_client::metrics::histogram::Histogram;
 use tokio::time::{Instant, Sleep};
 
 use crate::classify::Class;
 use crate::error::BoxError;
+use crate::telemetry::histogram::AtomicHistogram;
 use crate::telemetry::metrics::{BreachKind, BreachLabels, ClassLabels, Metrics, ModelClassLabels, OutcomeLabels, RequestLabels};
 use crate::telemetry::Outcome;
 use crate::upstream::Lease;
@@ -42,7 +42,7 @@ pub struct Tracker {
     last_token: Option<Instant>,
     gaps: u64,
     gaps_over: u64,
-    itl: Option<Histogram>,
+    itl: Option<AtomicHistogram>,
     usage: Option<Usage>,
     streaming: bool,
     outcome: Option<Outcome>,

@@ -13,9 +13,9 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use super::histogram::AtomicHistogram;
 use super::Outcome;
 use crate::config::{Config, Tier};
 
@@ -98,9 +98,9 @@ pub struct TierOnlyLabels {
 #[derive(Clone)]
 pub struct Buckets(Arc<Vec<f64>>);
 
-impl MetricConstructor<Histogram> for Buckets {
-    fn new_metric(&self) -> Histogram {
-        Histogram::new(self.0.iter().copied())
+impl MetricConstructor<AtomicHistogram> for Buckets {
+    fn new_metric(&self) -> AtomicHistogram {
+        AtomicHistogram::new(self.0.iter().copied())
     }
 }
 
@@ -126,11 +126,11 @@ pub fn buckets_with_targets(base: &[f64], targets: impl IntoIterator<Item = f64>
 /// Every metric slogate exports.
 pub struct Metrics {
     pub registry: Registry,
-    pub ttft: Family<RequestLabels, Histogram, Buckets>,
-    pub itl: Family<RequestLabels, Histogram, Buckets>,
-    pub tpot: Family<RequestLabels, Histogram, Buckets>,
-    pub e2e: Family<RequestLabels, Histogram, Buckets>,
-    pub queue_time: Family<ClassTierLabels, Histogram, Buckets>,
+    pub ttft: Family<RequestLabels, AtomicHistogram, Buckets>,
+    pub itl: Family<RequestLabels, AtomicHistogram, Buckets>,
+    pub tpot: Family<RequestLabels, AtomicHistogram, Buckets>,
+    pub e2e: Family<RequestLabels, AtomicHistogram, Buckets>,
+    pub queue_time: Family<ClassTierLabels, AtomicHistogram, Buckets>,
     pub requests: Family<OutcomeLabels, Counter>,
     pub slo_breaches: Family<BreachLabels, Counter>,
     pub prompt_tokens: Family<ModelClassLabels, Counter>,
