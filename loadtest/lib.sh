@@ -30,14 +30,11 @@ start_gateway() {
   ( spawn_on "${GW_CPUS:-}" "$BIN/slogate" --log-format json serve --config "$1" 2>"$WORK/gateway.log" ) &
   GW_PID=$!; PIDS+=($GW_PID)
   for _ in $(seq 200); do grep -q '"slogate listening"' "$WORK/gateway.log" 2>/dev/null && break; sleep 0.05; done
-  GW_URL=$(python3 -c 'import json,sys
+  read -r GW_URL ADMIN_URL < <(python3 -c 'import json,sys
 for l in open(sys.argv[1]):
-    j=json.loads(l)
-    if j.get("fields",{}).get("message")=="slogate listening": print(j["fields"]["data"]); break' "$WORK/gateway.log")
-  ADMIN_URL=$(python3 -c 'import json,sys
-for l in open(sys.argv[1]):
-    j=json.loads(l)
-    if j.get("fields",{}).get("message")=="slogate listening": print(j["fields"]["admin"]); break' "$WORK/gateway.log")
+    f = json.loads(l).get("fields", {})
+    if f.get("message") == "slogate listening":
+        print(f["data"], f["admin"]); break' "$WORK/gateway.log")
   for _ in $(seq 200); do curl -sf "$ADMIN_URL/readyz" >/dev/null && break; sleep 0.05; done
 }
 

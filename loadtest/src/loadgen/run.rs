@@ -123,9 +123,6 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
             t0,
             timeout: s.request_timeout,
         };
-        let mut prompt = spec.prompt_tokens.sampler()?;
-        let mut output = spec.output_tokens.sampler()?;
-        let mut srng = StdRng::seed_from_u64(s.seed.wrapping_add(i as u64 * 7919));
         match &spec.arrival {
             Arrival::Closed { concurrency } => {
                 for w in 0..*concurrency {
@@ -143,6 +140,9 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
                 }
             }
             arrival => {
+                let mut prompt = spec.prompt_tokens.sampler()?;
+                let mut output = spec.output_tokens.sampler()?;
+                let mut srng = StdRng::seed_from_u64(s.seed.wrapping_add(i as u64 * 7919));
                 let schedule = arrival.schedule(s.duration, s.max_requests, &mut rng)?;
                 expected += schedule.len() as u64;
                 let lens: Vec<(u32, u32)> = schedule.iter().map(|_| (prompt.sample(&mut srng), output.sample(&mut srng))).collect();

@@ -93,11 +93,7 @@ impl SimServer {
 
     /// Replace the fault settings at run time.
     pub fn set_faults(&self, f: FaultConfig) {
-        let exit = f.exit;
-        self.engine.faults.set(f);
-        if exit {
-            let _ = self.exit.send(true);
-        }
+        apply_faults(&self.engine, &self.exit, f);
     }
 
     /// Turns true when the replica stops.
@@ -124,6 +120,15 @@ impl Drop for SimServer {
     }
 }
 
+/// Install fault settings; the exit fault stops the replica.
+fn apply_faults(engine: &Engine, exit: &watch::Sender<bool>, f: FaultConfig) {
+    let stop = f.exit;
+    engine.faults.set(f);
+    if stop {
+        let _ = exit.send(true);
+    }
+}
+
 async fn handle(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<SimBody> {
     let path = req.uri().path().to_string();
     match (req.method().clone(), path.as_str()) {
@@ -147,12 +152,9 @@ async fn handle(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<SimBody> {
             let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
             match serde_json::from_slice::<FaultConfig>(&body) {
                 Ok(f) => {
-                    let exit = f.exit;
-                    ctx.engine.faults.set(f.clone());
-                    if exit {
-                        let _ = ctx.exit.send(true);
-                    }
-                    json_resp(StatusCode::OK, &serde_json::to_value(f).unwrap_or(Value::Null))
+                    let shown = serde_json::to_value(&f).unwrap_or(Value::Null);
+                    apply_faults(&ctx.engine, &ctx.exit, f);
+                    json_resp(StatusCode::OK, &shown)
                 }
                 Err(e) => error(StatusCode::BAD_REQUEST, &format!("invalid faults: {e}"), "BadRequestError"),
             }
