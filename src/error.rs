@@ -35,8 +35,8 @@ pub enum GatewayError {
     ClassForbidden(String),
     #[error("unknown SLO class `{0}` in x-slo-class")]
     UnknownClass(String),
-    #[error("all replicas of pool `{pool}` are busy; retry later")]
-    Saturated { pool: String, retry_after: u64 },
+    #[error("{message}")]
+    Rejected { message: String, code: &'static str, retry_after: u64 },
     #[error("no healthy replica in pool `{pool}`")]
     NoHealthyReplica { pool: String },
     #[error("replica {replica} failed: {source}")]
@@ -58,7 +58,7 @@ impl GatewayError {
             ModelNotFound(_) | NotFound { .. } => StatusCode::NOT_FOUND,
             Unauthorized => StatusCode::UNAUTHORIZED,
             ClassForbidden(_) => StatusCode::FORBIDDEN,
-            Saturated { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Rejected { .. } => StatusCode::TOO_MANY_REQUESTS,
             NoHealthyReplica { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Upstream { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -69,7 +69,7 @@ impl GatewayError {
     pub fn outcome(&self) -> Outcome {
         use GatewayError::*;
         match self {
-            Saturated { .. } => Outcome::rejected,
+            Rejected { .. } => Outcome::rejected,
             NoHealthyReplica { .. } => Outcome::unavailable,
             Upstream { .. } => Outcome::upstream_error,
             UpstreamTimeout { .. } => Outcome::timeout,
@@ -89,7 +89,7 @@ impl GatewayError {
             Unauthorized => ("authentication_error", None, "invalid_api_key"),
             ClassForbidden(_) => ("permission_error", Some("x-slo-class"), "class_not_allowed"),
             UnknownClass(_) => ("invalid_request_error", Some("x-slo-class"), "unknown_class"),
-            Saturated { .. } => ("rate_limit_error", None, "replicas_busy"),
+            Rejected { code, .. } => ("rate_limit_error", None, code),
             NoHealthyReplica { .. } => ("service_unavailable", None, "no_healthy_replica"),
             Upstream { .. } => ("upstream_error", None, "upstream_unreachable"),
             UpstreamTimeout { .. } => ("timeout", None, "upstream_timeout"),
@@ -98,7 +98,7 @@ impl GatewayError {
 
     fn retry_after(&self) -> Option<u64> {
         match self {
-            GatewayError::Saturated { retry_after, .. } => Some(*retry_after),
+            GatewayError::Rejected { retry_after, .. } => Some(*retry_after),
             GatewayError::NoHealthyReplica { .. } => Some(1),
             _ => None,
         }

@@ -10,10 +10,12 @@
 //! [`Gateway::start`] builds the whole service, so tests run it in-process.
 
 pub mod admin;
+pub mod admission;
 pub mod classify;
 pub mod config;
 pub mod error;
 pub mod proxy;
+pub mod reduce;
 pub mod server;
 pub mod state;
 pub mod telemetry;
@@ -58,7 +60,8 @@ impl Gateway {
     /// Bind both listeners and start serving `config`.
     pub async fn start(config: Config) -> Result<Gateway, StartError> {
         let metrics = Arc::new(Metrics::new(&config));
-        let snapshot = Snapshot::prepare(config, &metrics).map_err(StartError::Setup)?;
+        let controls = Arc::new(admission::Controls::new(metrics.clone()));
+        let snapshot = Snapshot::prepare(config, &metrics, &controls).map_err(StartError::Setup)?;
         let cfg = snapshot.config.clone();
         let tls = match &cfg.server.tls {
             Some(t) => Some(server::tls_acceptor(&t.cert, &t.key).map_err(StartError::Setup)?),
@@ -70,12 +73,13 @@ impl Gateway {
         let data_addr = data.local_addr().map_err(|e| StartError::Setup(e.to_string()))?;
         let admin_addr = admin.local_addr().map_err(|e| StartError::Setup(e.to_string()))?;
 
-        let app = Arc::new(App::new(snapshot, metrics));
+        let app = Arc::new(App::new(snapshot, metrics, controls));
         let (stop, stop_rx) = watch::channel(false);
         let mut background = Vec::new();
         for pool in &app.snapshot().pools {
             background.extend(upstream::health::spawn(pool.clone(), stop_rx.clone()));
         }
+        background.push(admission::publisher(app.clone(), stop_rx.clone()));
         let grace = cfg.server.shutdown_grace.get();
         let a = app.clone();
         let data_task = tokio::spawn(server::serve(data, tls.clone(), move |req| proxy::handle(req, a.clone()), stop_rx.clone(), grace));

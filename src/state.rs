@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::admission::Controls;
 use crate::classify::{Class, Classifier};
 use crate::config::Config;
 use crate::telemetry::Metrics;
@@ -22,9 +23,10 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Build a snapshot; fails without side effects on the running one.
-    pub fn prepare(config: Config, metrics: &Metrics) -> Result<Snapshot, String> {
-        let classifier = Classifier::new(&config)?;
-        let pools = config.pools.iter().map(|p| Pool::new(p.clone(), metrics).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
+    pub fn prepare(config: Config, metrics: &Metrics, controls: &Controls) -> Result<Snapshot, String> {
+        let classifier = Classifier::new(&config, controls)?;
+        let pools =
+            config.pools.iter().map(|p| Pool::new(p.clone(), &config.tiers, metrics).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
         Ok(Snapshot { config: Arc::new(config), pools, classifier })
     }
 
@@ -47,11 +49,13 @@ impl Snapshot {
 pub struct App {
     state: ArcSwap<Snapshot>,
     pub metrics: Arc<Metrics>,
+    /// Per-class rolling windows, breakers and reduction triggers.
+    pub controls: Arc<Controls>,
 }
 
 impl App {
-    pub fn new(snapshot: Snapshot, metrics: Arc<Metrics>) -> App {
-        App { state: ArcSwap::from_pointee(snapshot), metrics }
+    pub fn new(snapshot: Snapshot, metrics: Arc<Metrics>, controls: Arc<Controls>) -> App {
+        App { state: ArcSwap::from_pointee(snapshot), metrics, controls }
     }
 
     /// The current snapshot; hold it for the whole request.

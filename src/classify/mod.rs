@@ -9,16 +9,25 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::admission::{ClassControl, Controls};
 use crate::config::{Config, Tier};
 use crate::error::GatewayError;
 
 /// A class as the request path needs it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Class {
     pub name: Arc<str>,
     pub tier: Tier,
     pub ttft: Duration,
     pub itl: Duration,
+    /// Its rolling windows, breaker and reduction trigger.
+    pub control: Arc<ClassControl>,
+}
+
+impl std::fmt::Debug for Class {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Class").field("name", &self.name).field("tier", &self.tier).finish()
+    }
 }
 
 /// One configured API key, stored only as its digest.
@@ -37,11 +46,19 @@ pub struct Classifier {
 }
 
 impl Classifier {
-    pub fn new(config: &Config) -> Result<Classifier, String> {
+    pub fn new(config: &Config, controls: &Controls) -> Result<Classifier, String> {
         let classes: Vec<Arc<Class>> = config
             .classes
             .iter()
-            .map(|(name, c)| Arc::new(Class { name: name.as_str().into(), tier: c.tier, ttft: c.ttft.get(), itl: c.itl.get() }))
+            .map(|(name, c)| {
+                Arc::new(Class {
+                    name: name.as_str().into(),
+                    tier: c.tier,
+                    ttft: c.ttft.get(),
+                    itl: c.itl.get(),
+                    control: controls.get_or_create(name, c, config),
+                })
+            })
             .collect();
         let find = |n: &str| classes.iter().find(|c| &*c.name == n).cloned();
         let default_class =

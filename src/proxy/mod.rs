@@ -22,10 +22,16 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use crate::admission::breaker::Gate;
+use crate::admission::queue::{Admitted, Refusal};
+use crate::classify::Class;
+use crate::config::{Dur, Tier};
 use crate::error::{full, GatewayError, ProxyBody};
+use crate::reduce::Limits;
 use crate::state::{App, Snapshot};
+use crate::telemetry::metrics::{ClassLabels, ClassTierLabels, Metrics};
 use crate::telemetry::Outcome;
-use crate::upstream::{Lease, PickError, Pool};
+use crate::upstream::Pool;
 use observe::{ObservedBody, StreamTimeouts, Tracker};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +65,7 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
         }
     };
     let mut tracker = Some(Tracker::new(app.metrics.clone(), class, start));
-    match forward(req, &snap, endpoint, &mut tracker).await {
+    match forward(req, &snap, &app.metrics, endpoint, &mut tracker).await {
         Ok(resp) => resp,
         Err(e) => {
             if let Some(mut t) = tracker.take() {
@@ -107,6 +113,7 @@ async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<By
 async fn forward(
     req: Request<Incoming>,
     snap: &Snapshot,
+    metrics: &Metrics,
     endpoint: Endpoint,
     tracker: &mut Option<Tracker>,
 ) -> Result<Response<ProxyBody>, GatewayError> {
@@ -128,7 +135,65 @@ async fn forward(
     let stream = matches!(endpoint, Endpoint::Chat | Endpoint::Completions) && obj.get("stream").and_then(|v| v.as_bool()) == Some(true);
     let client_wants_usage = obj.get("stream_options").and_then(|o| o.get("include_usage")).and_then(|v| v.as_bool()) == Some(true);
     let strip_usage = stream && !client_wants_usage;
-    let body = if strip_usage {
+    let Some(t) = tracker.as_mut() else {
+        return Err(GatewayError::InvalidRequest { message: "internal: request tracker missing".into(), param: None });
+    };
+    t.set_model(&model);
+    t.set_streaming(stream);
+    let class = t.class().clone();
+
+    // Admission: the class's breaker gate, then a slot (maybe after a wait).
+    match class.control.breaker.admit() {
+        Gate::Pass => {}
+        Gate::Probe => t.set_probe(),
+        Gate::Reject { retry_after_secs } => {
+            return Err(GatewayError::Rejected {
+                message: format!(
+                    "SLO class `{}` is shedding load: its TTFT P99 has stayed above {} x its {} ms target; retry in {retry_after_secs} s",
+                    class.name,
+                    snap.config.breaker.trip_ratio,
+                    class.ttft.as_millis()
+                ),
+                code: "breaker_open",
+                retry_after: retry_after_secs,
+            })
+        }
+    }
+    let admitted = pool.queue.admit(pool, class.tier).await;
+    let waited = match &admitted {
+        Ok(a) => Some(a.waited),
+        Err(Refusal::Timeout { .. }) => Some(pool.queue_timeout(class.tier)),
+        Err(_) => None,
+    };
+    if let Some(w) = waited {
+        metrics
+            .queue_time
+            .get_or_create(&ClassTierLabels { class: class.name.to_string(), tier: class.tier.into() })
+            .observe(w.as_secs_f64());
+    }
+    let Admitted { lease, waited } = admitted.map_err(|r| refusal_error(r, pool, &class))?;
+
+    // Reduce: under TTFT pressure, rewrite the request to cost less.
+    let mut modified = false;
+    let mut reduced = None;
+    if class.control.reduction.active() && matches!(endpoint, Endpoint::Chat | Endpoint::Completions) {
+        let changes = crate::reduce::reduce(obj, endpoint == Endpoint::Chat, &Limits::from_config(&snap.config.context_reduction));
+        if !changes.is_empty() {
+            metrics.context_reduced.get_or_create(&ClassLabels { class: class.name.to_string() }).inc();
+            reduced = Some(changes.header());
+            modified = true;
+        }
+    }
+    if pool.config.upstream_priority && matches!(endpoint, Endpoint::Chat | Endpoint::Completions) {
+        // vLLM serves lower values first.
+        let prio = match class.tier {
+            Tier::Interactive => 0,
+            Tier::Batch => 1,
+        };
+        obj.insert("priority".into(), serde_json::Value::from(prio));
+        modified = true;
+    }
+    if strip_usage {
         let opts = obj.entry("stream_options").or_insert_with(|| serde_json::json!({}));
         if !opts.is_object() {
             *opts = serde_json::json!({});
@@ -136,14 +201,9 @@ async fn forward(
         if let Some(o) = opts.as_object_mut() {
             o.insert("include_usage".into(), serde_json::Value::Bool(true));
         }
-        Bytes::from(serde_json::to_vec(&json).map_err(GatewayError::MalformedJson)?)
-    } else {
-        bytes
-    };
-    if let Some(t) = tracker.as_mut() {
-        t.set_model(&model);
-        t.set_streaming(stream);
+        modified = true;
     }
+    let body = if modified { Bytes::from(serde_json::to_vec(&json).map_err(GatewayError::MalformedJson)?) } else { bytes };
 
     let timeouts = StreamTimeouts {
         first_token: pool.config.timeouts.first_token.get(),
@@ -154,7 +214,7 @@ async fn forward(
     // Until the response headers: the first-token budget for streams, the total otherwise.
     let header_deadline = start + if stream { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
 
-    let mut lease = lease(pool, None)?;
+    let mut lease = lease;
     let mut retried = false;
     let resp = loop {
         let replica = lease.replica().clone();
@@ -165,7 +225,7 @@ async fn forward(
                 let after = crate::config::Dur(header_deadline - start);
                 return Err(GatewayError::UpstreamTimeout { replica: replica.url.clone(), after });
             }
-            Ok(Ok(resp)) if resp.status().is_server_error() && !retried => match pool.lease(Some(&replica)) {
+            Ok(Ok(resp)) if resp.status().is_server_error() && !retried => match pool.try_lease(class.tier, Some(&replica)) {
                 Ok(other) => {
                     tracing::info!(replica = %replica.url, status = %resp.status(), "replica answered 5xx before any byte was sent; retrying on another replica");
                     drop(resp);
@@ -181,7 +241,7 @@ async fn forward(
         if retried {
             return Err(failure);
         }
-        match pool.lease(Some(&replica)) {
+        match pool.try_lease(class.tier, Some(&replica)) {
             Ok(other) => {
                 tracing::info!(error = %failure, "retrying on another replica");
                 lease = other;
@@ -221,15 +281,33 @@ async fn forward(
     if let Ok(v) = HeaderValue::from_str(&replica_url) {
         h.insert(HeaderName::from_static("x-slogate-replica"), v);
     }
-    h.insert(HeaderName::from_static("x-slogate-queue-ms"), HeaderValue::from_static("0"));
+    h.insert(HeaderName::from_static("x-slogate-queue-ms"), HeaderValue::from(waited.as_millis() as u64));
+    if let Some(v) = reduced.and_then(|r| HeaderValue::from_str(&r).ok()) {
+        h.insert(HeaderName::from_static("x-slogate-context-reduced"), v);
+    }
     Ok(Response::from_parts(rparts, body))
 }
 
-fn lease(pool: &Pool, exclude: Option<&Arc<crate::upstream::Replica>>) -> Result<Lease, GatewayError> {
-    pool.lease(exclude).map_err(|e| match e {
-        PickError::NoHealthy => GatewayError::NoHealthyReplica { pool: pool.config.name.clone() },
-        PickError::Saturated => GatewayError::Saturated { pool: pool.config.name.clone(), retry_after: 1 },
-    })
+fn refusal_error(r: Refusal, pool: &Pool, class: &Class) -> GatewayError {
+    let tier = class.tier.as_str();
+    let (message, code, retry_after) = match r {
+        Refusal::NoHealthy => return GatewayError::NoHealthyReplica { pool: pool.config.name.clone() },
+        Refusal::QueueFull { retry_after } => (format!("the {tier} queue of pool `{}` is full", pool.config.name), "queue_full", retry_after),
+        Refusal::Shed { retry_after } => {
+            (format!("batch work is shed while interactive requests wait for pool `{}`", pool.config.name), "shed", retry_after)
+        }
+        Refusal::Timeout { retry_after } => (
+            format!("no slot on pool `{}` within the {tier} queue timeout of {}", pool.config.name, Dur(pool.queue_timeout(class.tier))),
+            "queue_timeout",
+            retry_after,
+        ),
+        Refusal::Hopeless { retry_after } => (
+            format!("pool `{}` cannot serve this {tier} request before its queue timeout at the current rate", pool.config.name),
+            "queue_timeout",
+            retry_after,
+        ),
+    };
+    GatewayError::Rejected { message, code, retry_after }
 }
 
 fn build_upstream_request(parts: &http::request::Parts, base: &str, body: Bytes) -> Result<Request<Full<Bytes>>, GatewayError> {

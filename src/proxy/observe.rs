@@ -49,6 +49,8 @@ pub struct Tracker {
     /// The stream ended before `[DONE]` (an incomplete response).
     cut: bool,
     lease: Option<Lease>,
+    /// Admitted by a half-open breaker as a probe: report how it went.
+    probe: bool,
 }
 
 impl Tracker {
@@ -69,7 +71,13 @@ impl Tracker {
             outcome: None,
             cut: false,
             lease: None,
+            probe: false,
         }
+    }
+
+    /// This request is a half-open breaker's probe.
+    pub fn set_probe(&mut self) {
+        self.probe = true;
     }
 
     /// Set the model label (a model a pool serves: bounded).
@@ -111,6 +119,7 @@ impl Tracker {
                 let gap = now - prev;
                 let itl = self.itl.get_or_insert_with(|| self.metrics.itl.get_or_create(&self.labels).clone());
                 itl.observe(gap.as_secs_f64());
+                self.class.control.itl.record(gap);
                 self.gaps += 1;
                 if gap > self.class.itl {
                     self.gaps_over += 1;
@@ -131,6 +140,16 @@ impl Tracker {
         let ttft = self.first_token.map(|t| t - self.start);
         if let Some(ttft) = ttft {
             m.ttft.get_or_create(&self.labels).observe(ttft.as_secs_f64());
+            self.class.control.ttft.record(ttft);
+        }
+        if self.probe {
+            let verdict = match (ttft, outcome) {
+                (Some(t), _) => Some(t <= self.class.ttft),
+                // Ended before a first token for reasons that say nothing about latency.
+                (None, Outcome::cancelled | Outcome::rejected | Outcome::client_error) => None,
+                (None, _) => Some(false),
+            };
+            self.class.control.breaker.probe_done(verdict);
         }
         let completed = matches!(outcome, Outcome::ok | Outcome::length);
         let e2e = end - self.start;
@@ -551,11 +570,13 @@ mod tests {
     fn fixture() -> (Arc<Metrics>, Arc<Class>) {
         let cfg = Config::default();
         let metrics = Arc::new(Metrics::new(&cfg));
+        let controls = crate::admission::Controls::new(metrics.clone());
         let class = Arc::new(Class {
             name: "chat".into(),
             tier: crate::config::Tier::Interactive,
             ttft: Duration::from_millis(300),
             itl: Duration::from_millis(50),
+            control: controls.get_or_create("chat", &cfg.classes["chat"], &cfg),
         });
         (metrics, class)
     }

@@ -7,6 +7,7 @@
 //! Histogram buckets always contain every configured class's TTFT and ITL
 //! target and twice each, so `le="0.3"` SLIs work for any config.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -139,6 +140,10 @@ pub struct Metrics {
     pub queue_depth: Family<TierOnlyLabels, Gauge>,
     pub inflight: Family<ReplicaLabels, Gauge>,
     pub upstream_healthy: Family<ReplicaLabels, Gauge>,
+    pub breaker_state: Family<ClassLabels, Gauge>,
+    pub context_reduction_active: Family<ClassLabels, Gauge>,
+    pub ttft_p99: Family<ClassLabels, Gauge<f64, AtomicU64>>,
+    pub context_reduced: Family<ClassLabels, Counter>,
 }
 
 impl Metrics {
@@ -166,6 +171,10 @@ impl Metrics {
             queue_depth: Family::default(),
             inflight: Family::default(),
             upstream_healthy: Family::default(),
+            breaker_state: Family::default(),
+            context_reduction_active: Family::default(),
+            ttft_p99: Family::default(),
+            context_reduced: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -189,6 +198,16 @@ impl Metrics {
         registry.register("queue_depth", "Requests waiting in the gateway queue", m.queue_depth.clone());
         registry.register("inflight_requests", "Requests holding a slot on a replica (until their stream ends)", m.inflight.clone());
         registry.register("upstream_healthy", "1 when the replica passes its health checks", m.upstream_healthy.clone());
+        registry.register("breaker_state", "TTFT circuit breaker state: 0 closed, 1 half-open, 2 open", m.breaker_state.clone());
+        registry.register("context_reduction_active", "1 while requests of the class are rewritten to shed context", m.context_reduction_active.clone());
+        registry.register("ttft_p99_seconds", "TTFT P99 over the breaker's rolling window", m.ttft_p99.clone());
+        registry.register("context_reduced_requests", "Requests rewritten by context reduction", m.context_reduced.clone());
+        for class in config.classes.keys() {
+            let l = ClassLabels { class: class.clone() };
+            m.breaker_state.get_or_create(&l).set(0);
+            m.context_reduction_active.get_or_create(&l).set(0);
+            m.ttft_p99.get_or_create(&l).set(0.0);
+        }
         for tier in [TierLabel::interactive, TierLabel::batch] {
             m.queue_depth.get_or_create(&TierOnlyLabels { tier }).set(0);
         }

@@ -6,6 +6,7 @@
 
 pub mod histogram;
 pub mod metrics;
+pub mod window;
 
 pub use metrics::Metrics;
 

@@ -20,8 +20,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::config::{Balance, PoolConfig};
-use crate::telemetry::metrics::{Metrics, ReplicaLabels};
+use crate::admission::queue::AdmissionQueue;
+use crate::config::{Balance, PoolConfig, Tier, TiersConfig};
+use crate::telemetry::metrics::{Metrics, ReplicaLabels, TierLabel, TierOnlyLabels};
 
 /// The pooled HTTP/1 client used for one pool's replicas.
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
@@ -74,16 +75,16 @@ impl Replica {
     }
 
     /// Take a slot if one is free.
-    pub fn try_lease(self: &Arc<Self>) -> Option<Lease> {
-        let mut cur = self.inflight.load(Ordering::Relaxed);
+    fn try_take(&self) -> bool {
+        let mut cur = self.inflight.load(Ordering::SeqCst);
         loop {
             if cur >= self.max_inflight {
-                return None;
+                return false;
             }
-            match self.inflight.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
+            match self.inflight.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => {
                     self.inflight_gauge.inc();
-                    return Some(Lease { replica: self.clone() });
+                    return true;
                 }
                 Err(now) => cur = now,
             }
@@ -95,21 +96,31 @@ impl Replica {
     }
 }
 
-/// A held slot on one replica; dropping it frees the slot.
+/// A held slot on one replica; dropping it frees the slot and hands it to
+/// the next queued request.
 pub struct Lease {
     replica: Arc<Replica>,
+    pool: Arc<Pool>,
+    tier: Tier,
 }
 
 impl Lease {
     pub fn replica(&self) -> &Arc<Replica> {
         &self.replica
     }
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.replica.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
         self.replica.inflight_gauge.dec();
+        if self.tier == Tier::Batch {
+            self.pool.batch_inflight.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.pool.queue.released(&self.pool, self.tier);
     }
 }
 
@@ -137,10 +148,16 @@ pub struct Pool {
     pub static_models: HashSet<String>,
     pub auto: bool,
     rr: AtomicUsize,
+    /// Slots held by batch requests (at most `1 - reserved_share` of the slots).
+    batch_inflight: AtomicUsize,
+    reserved_share: f64,
+    tiers: TiersConfig,
+    /// Requests waiting for a slot, by tier.
+    pub queue: AdmissionQueue,
 }
 
 impl Pool {
-    pub fn new(config: PoolConfig, metrics: &Metrics) -> Result<Pool, String> {
+    pub fn new(config: PoolConfig, tiers: &TiersConfig, metrics: &Metrics) -> Result<Pool, String> {
         let mut replicas = Vec::with_capacity(config.replicas.len());
         for url in &config.replicas {
             let base = crate::config::parse_replica_url(url)?;
@@ -163,7 +180,20 @@ impl Pool {
         }
         let static_models = config.models.iter().filter(|m| *m != "auto").cloned().collect();
         let auto = config.models.iter().any(|m| m == "auto");
-        Ok(Pool { client: build_client(&config), replicas, static_models, auto, config, rr: AtomicUsize::new(0) })
+        let depth = |tier| metrics.queue_depth.get_or_create(&TierOnlyLabels { tier }).clone();
+        let queue = AdmissionQueue::new(tiers.clone(), depth(TierLabel::interactive), depth(TierLabel::batch));
+        Ok(Pool {
+            client: build_client(&config),
+            replicas,
+            static_models,
+            auto,
+            config,
+            rr: AtomicUsize::new(0),
+            batch_inflight: AtomicUsize::new(0),
+            reserved_share: tiers.interactive.reserved_share.clamp(0.0, 1.0),
+            tiers: tiers.clone(),
+            queue,
+        })
     }
 
     /// Does this pool serve `model`?
@@ -201,8 +231,61 @@ impl Pool {
         self.replicas.iter().filter(|r| r.is_healthy()).count()
     }
 
-    /// Pick a healthy replica with a free slot, skipping `exclude`, and lease it.
-    pub fn lease(&self, exclude: Option<&Arc<Replica>>) -> Result<Lease, PickError> {
+    /// Slots on healthy replicas.
+    pub fn capacity(&self) -> usize {
+        self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight).sum()
+    }
+
+    /// The most slots batch may hold: all but the interactive reserved share.
+    pub fn batch_limit(&self) -> usize {
+        let cap = self.capacity();
+        let limit = (cap as f64 * (1.0 - self.reserved_share)).floor() as usize;
+        if self.reserved_share < 1.0 && cap > 0 {
+            limit.max(1)
+        } else {
+            limit
+        }
+    }
+
+    pub fn queue_timeout(&self, tier: Tier) -> std::time::Duration {
+        match tier {
+            Tier::Interactive => self.tiers.interactive.queue_timeout.get(),
+            Tier::Batch => self.tiers.batch.queue_timeout.get(),
+        }
+    }
+
+    pub fn batch_inflight(&self) -> usize {
+        self.batch_inflight.load(Ordering::SeqCst)
+    }
+
+    /// Take a slot for a request of `tier` now, if one is free: a healthy
+    /// replica (skipping `exclude`) with a free slot, and for batch, room
+    /// under the batch limit. Does not queue.
+    pub fn try_lease(self: &Arc<Self>, tier: Tier, exclude: Option<&Arc<Replica>>) -> Result<Lease, PickError> {
+        if tier == Tier::Batch {
+            let limit = self.batch_limit();
+            let reserved = self
+                .batch_inflight
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1))
+                .is_ok();
+            if !reserved {
+                return Err(if self.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
+            }
+        }
+        let picked = self.pick(exclude);
+        match picked {
+            Ok(replica) => Ok(Lease { replica, pool: self.clone(), tier }),
+            Err(e) => {
+                if tier == Tier::Batch {
+                    self.batch_inflight.fetch_sub(1, Ordering::SeqCst);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Pick a healthy replica with a free slot, skipping `exclude`, and take the slot.
+    fn pick(&self, exclude: Option<&Arc<Replica>>) -> Result<Arc<Replica>, PickError> {
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
         let mut any_healthy = false;
@@ -214,8 +297,8 @@ impl Pool {
         match self.config.balance {
             Balance::RoundRobin => {
                 for r in candidates {
-                    if let Some(l) = r.try_lease() {
-                        return Ok(l);
+                    if r.try_take() {
+                        return Ok(r.clone());
                     }
                 }
             }
@@ -224,8 +307,8 @@ impl Pool {
                 // Stable sort keeps the rotating start as the tie-breaker.
                 ranked.sort_by_key(|r| r.load_score());
                 for r in ranked {
-                    if let Some(l) = r.try_lease() {
-                        return Ok(l);
+                    if r.try_take() {
+                        return Ok(r.clone());
                     }
                 }
             }

@@ -1,0 +1,424 @@
+//! The TTFT-P99 circuit breaker of one class (seed 003: P99 > 2x SLO for
+//! 30 s -> 429 + Retry-After: 5), and the trigger of context reduction,
+//! which follows the same pattern with its own thresholds.
+//!
+//! The request path only reads: [`Breaker::admit`] is an atomic load (and,
+//! half-open, one atomic decrement for a probe permit). Transitions are made
+//! by the publisher in [`Breaker::tick`] from the published window stats,
+//! and by the outcome of probe requests.
+
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::BreakerConfig;
+use crate::telemetry::window::WindowStats;
+
+/// How many probe requests a half-open breaker admits.
+pub const HALF_OPEN_PROBES: u32 = 5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed = 0,
+    HalfOpen = 1,
+    Open = 2,
+}
+
+impl BreakerState {
+    fn from_u8(v: u8) -> BreakerState {
+        match v {
+            1 => BreakerState::HalfOpen,
+            2 => BreakerState::Open,
+            _ => BreakerState::Closed,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::HalfOpen => "half-open",
+            BreakerState::Open => "open",
+        }
+    }
+}
+
+/// What the gate says to one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Closed: go on.
+    Pass,
+    /// Half-open: go on as a probe; report its TTFT with [`Breaker::probe_done`].
+    Probe,
+    /// Open (or half-open with every probe permit taken): 429 with this Retry-After.
+    Reject { retry_after_secs: u64 },
+}
+
+/// The configuration a breaker runs with (whole `BreakerConfig` plus the
+/// class's TTFT target).
+#[derive(Debug, Clone)]
+pub struct BreakerParams {
+    pub target: Duration,
+    pub trip_ratio: f64,
+    pub trip_after: Duration,
+    pub min_samples: u64,
+    pub retry_after: Duration,
+}
+
+impl BreakerParams {
+    pub fn new(cfg: &BreakerConfig, target: Duration) -> Self {
+        BreakerParams {
+            target,
+            trip_ratio: cfg.trip_ratio,
+            trip_after: cfg.trip_after.get(),
+            min_samples: cfg.min_samples as u64,
+            retry_after: cfg.retry_after.get(),
+        }
+    }
+    pub fn retry_after_secs(&self) -> u64 {
+        let d = self.retry_after;
+        (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
+    }
+}
+
+struct Machine {
+    params: BreakerParams,
+    /// When the P99 was first seen above the trip threshold (closed only).
+    above_since: Option<Instant>,
+    /// When the breaker last opened.
+    opened_at: Option<Instant>,
+}
+
+/// One class's breaker.
+pub struct Breaker {
+    state: AtomicU8,
+    /// Half-open probe permits still available.
+    permits: AtomicI64,
+    probes_good: AtomicU32,
+    probes_bad: AtomicU32,
+    retry_after_secs: std::sync::atomic::AtomicU64,
+    machine: Mutex<Machine>,
+}
+
+/// A state change, for the log line and the gauge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    pub from: BreakerState,
+    pub to: BreakerState,
+}
+
+impl Breaker {
+    pub fn new(params: BreakerParams) -> Breaker {
+        Breaker {
+            state: AtomicU8::new(BreakerState::Closed as u8),
+            permits: AtomicI64::new(0),
+            probes_good: AtomicU32::new(0),
+            probes_bad: AtomicU32::new(0),
+            retry_after_secs: std::sync::atomic::AtomicU64::new(params.retry_after_secs()),
+            machine: Mutex::new(Machine { params, above_since: None, opened_at: None }),
+        }
+    }
+
+    /// New parameters (a reload); the state is kept.
+    pub fn set_params(&self, params: BreakerParams) {
+        self.retry_after_secs.store(params.retry_after_secs(), Ordering::Relaxed);
+        if let Ok(mut m) = self.machine.lock() {
+            m.params = params;
+        }
+    }
+
+    pub fn state(&self) -> BreakerState {
+        BreakerState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// The gate a new request of this class passes through. Never blocks.
+    pub fn admit(&self) -> Gate {
+        match self.state() {
+            BreakerState::Closed => Gate::Pass,
+            BreakerState::Open => Gate::Reject { retry_after_secs: self.retry_after_secs.load(Ordering::Relaxed) },
+            BreakerState::HalfOpen => {
+                if self.permits.fetch_sub(1, Ordering::AcqRel) > 0 {
+                    Gate::Probe
+                } else {
+                    self.permits.fetch_add(1, Ordering::AcqRel);
+                    Gate::Reject { retry_after_secs: self.retry_after_secs.load(Ordering::Relaxed) }
+                }
+            }
+        }
+    }
+
+    /// A probe finished: `Some(ttft_within_target)`, or `None` when it ended
+    /// without telling (the client hung up before the first token), which
+    /// gives its permit back.
+    pub fn probe_done(&self, good: Option<bool>) {
+        match good {
+            Some(true) => {
+                self.probes_good.fetch_add(1, Ordering::AcqRel);
+            }
+            Some(false) => {
+                self.probes_bad.fetch_add(1, Ordering::AcqRel);
+            }
+            None => {
+                if self.state() == BreakerState::HalfOpen {
+                    self.permits.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }
+    }
+
+    /// Advance the state machine from the window's stats at `now`. Called by
+    /// the publisher only.
+    pub fn tick(&self, now: Instant, stats: &WindowStats) -> Option<Transition> {
+        let Ok(mut m) = self.machine.lock() else { return None };
+        let from = self.state();
+        let to = match from {
+            BreakerState::Closed => {
+                let threshold = m.params.target.mul_f64(m.params.trip_ratio);
+                if stats.count >= m.params.min_samples && stats.p99 > threshold {
+                    let since = *m.above_since.get_or_insert(now);
+                    if now.saturating_duration_since(since) >= m.params.trip_after {
+                        m.opened_at = Some(now);
+                        BreakerState::Open
+                    } else {
+                        from
+                    }
+                } else {
+                    m.above_since = None;
+                    from
+                }
+            }
+            BreakerState::Open => {
+                if m.opened_at.is_none_or(|t| now.saturating_duration_since(t) >= m.params.retry_after) {
+                    self.probes_good.store(0, Ordering::Release);
+                    self.probes_bad.store(0, Ordering::Release);
+                    self.permits.store(HALF_OPEN_PROBES as i64, Ordering::Release);
+                    BreakerState::HalfOpen
+                } else {
+                    from
+                }
+            }
+            BreakerState::HalfOpen => {
+                if self.probes_bad.load(Ordering::Acquire) > 0 {
+                    m.opened_at = Some(now);
+                    self.permits.store(0, Ordering::Release);
+                    BreakerState::Open
+                } else if self.probes_good.load(Ordering::Acquire) >= HALF_OPEN_PROBES {
+                    m.above_since = None;
+                    self.permits.store(0, Ordering::Release);
+                    BreakerState::Closed
+                } else {
+                    from
+                }
+            }
+        };
+        if to == from {
+            return None;
+        }
+        self.state.store(to as u8, Ordering::Release);
+        Some(Transition { from, to })
+    }
+}
+
+/// Context reduction's trigger for one class: on when the P99 stays above
+/// `trigger_ratio` x target for `trigger_after`; off again (hysteresis) when
+/// it has stayed at or under the target for `trigger_after`.
+pub struct ReductionTrigger {
+    active: std::sync::atomic::AtomicBool,
+    machine: Mutex<TriggerMachine>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TriggerParams {
+    pub target: Duration,
+    pub ratio: f64,
+    pub after: Duration,
+    pub min_samples: u64,
+}
+
+struct TriggerMachine {
+    params: TriggerParams,
+    since: Option<Instant>,
+}
+
+impl ReductionTrigger {
+    pub fn new(params: TriggerParams) -> Self {
+        ReductionTrigger { active: false.into(), machine: Mutex::new(TriggerMachine { params, since: None }) }
+    }
+
+    pub fn set_params(&self, params: TriggerParams) {
+        if let Ok(mut m) = self.machine.lock() {
+            m.params = params;
+        }
+    }
+
+    /// Read by the request path.
+    pub fn active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Returns the new state when it changed.
+    pub fn tick(&self, now: Instant, stats: &WindowStats) -> Option<bool> {
+        let Ok(mut m) = self.machine.lock() else { return None };
+        let active = self.active();
+        let toward_change = if active {
+            stats.p99 <= m.params.target
+        } else {
+            stats.count >= m.params.min_samples && stats.p99 > m.params.target.mul_f64(m.params.ratio)
+        };
+        if !toward_change {
+            m.since = None;
+            return None;
+        }
+        let since = *m.since.get_or_insert(now);
+        if now.saturating_duration_since(since) < m.params.after {
+            return None;
+        }
+        m.since = None;
+        self.active.store(!active, Ordering::Release);
+        Some(!active)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> BreakerParams {
+        BreakerParams {
+            target: Duration::from_millis(300),
+            trip_ratio: 2.0,
+            trip_after: Duration::from_secs(30),
+            min_samples: 20,
+            retry_after: Duration::from_secs(5),
+        }
+    }
+
+    fn stats(p99_ms: u64, count: u64) -> WindowStats {
+        WindowStats { count, p50: Duration::from_millis(p99_ms / 2), p99: Duration::from_millis(p99_ms) }
+    }
+
+    /// Tick every 250 ms for `secs` seconds with the same stats; return the
+    /// transitions with the seconds at which they happened.
+    async fn run(b: &Breaker, secs: f64, s: WindowStats, t0: Instant) -> Vec<(f64, Transition)> {
+        let mut out = Vec::new();
+        let steps = (secs * 4.0) as u32;
+        for _ in 0..steps {
+            tokio::time::advance(Duration::from_millis(250)).await;
+            let now = Instant::now();
+            if let Some(t) = b.tick(now, &s) {
+                out.push(((now - t0).as_secs_f64(), t));
+            }
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn trips_after_trip_after_above_threshold_not_before() {
+        let b = Breaker::new(params());
+        let t0 = Instant::now();
+        // Above 2x target (600 ms) for 29.75 s: still closed.
+        assert!(run(&b, 29.75, stats(700, 100), t0).await.is_empty());
+        assert_eq!(b.admit(), Gate::Pass);
+        // At 30 s past the first tick above: open.
+        let tr = run(&b, 0.5, stats(700, 100), t0).await;
+        assert_eq!(tr.len(), 1, "{tr:?}");
+        assert_eq!(tr[0].1, Transition { from: BreakerState::Closed, to: BreakerState::Open });
+        assert!(tr[0].0 >= 30.0 && tr[0].0 <= 30.5, "{tr:?}");
+        assert_eq!(b.admit(), Gate::Reject { retry_after_secs: 5 });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dip_below_threshold_restarts_the_count() {
+        let b = Breaker::new(params());
+        let t0 = Instant::now();
+        assert!(run(&b, 20.0, stats(700, 100), t0).await.is_empty());
+        assert!(run(&b, 0.25, stats(500, 100), t0).await.is_empty());
+        assert!(run(&b, 29.5, stats(700, 100), t0).await.is_empty());
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(run(&b, 1.0, stats(700, 100), t0).await.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn too_few_samples_never_trip() {
+        let b = Breaker::new(params());
+        assert!(run(&b, 120.0, stats(5000, 19), Instant::now()).await.is_empty());
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn open_half_open_probes_close() {
+        let b = Breaker::new(params());
+        let t0 = Instant::now();
+        run(&b, 30.25, stats(700, 100), t0).await;
+        assert_eq!(b.state(), BreakerState::Open);
+        // After retry_after: half-open, admits exactly HALF_OPEN_PROBES probes.
+        let tr = run(&b, 5.0, stats(700, 100), t0).await;
+        assert_eq!(tr.len(), 1);
+        assert_eq!(tr[0].1.to, BreakerState::HalfOpen);
+        let gates: Vec<Gate> = (0..HALF_OPEN_PROBES + 2).map(|_| b.admit()).collect();
+        assert_eq!(gates.iter().filter(|g| **g == Gate::Probe).count(), HALF_OPEN_PROBES as usize);
+        assert_eq!(gates[HALF_OPEN_PROBES as usize], Gate::Reject { retry_after_secs: 5 });
+        // One probe's client hangs up: its permit comes back.
+        b.probe_done(None);
+        assert_eq!(b.admit(), Gate::Probe);
+        // All probes under target: closed.
+        for _ in 0..HALF_OPEN_PROBES {
+            b.probe_done(Some(true));
+        }
+        let tr = run(&b, 0.25, stats(700, 100), t0).await;
+        assert_eq!(tr[0].1, Transition { from: BreakerState::HalfOpen, to: BreakerState::Closed });
+        assert_eq!(b.admit(), Gate::Pass);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_probe_reopens() {
+        let b = Breaker::new(params());
+        let t0 = Instant::now();
+        run(&b, 35.5, stats(700, 100), t0).await;
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert_eq!(b.admit(), Gate::Probe);
+        b.probe_done(Some(true));
+        b.probe_done(Some(false));
+        let tr = run(&b, 0.25, stats(700, 100), t0).await;
+        assert_eq!(tr[0].1, Transition { from: BreakerState::HalfOpen, to: BreakerState::Open });
+        assert!(matches!(b.admit(), Gate::Reject { .. }));
+        // And half-open again retry_after later, with fresh permits and counts.
+        let tr = run(&b, 5.0, stats(700, 100), t0).await;
+        assert_eq!(tr[0].1.to, BreakerState::HalfOpen);
+        assert_eq!(b.admit(), Gate::Probe);
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_rounded_up() {
+        let mut p = params();
+        p.retry_after = Duration::from_millis(1500);
+        assert_eq!(p.retry_after_secs(), 2);
+        p.retry_after = Duration::from_millis(10);
+        assert_eq!(p.retry_after_secs(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reduction_on_after_trigger_after_off_with_hysteresis() {
+        let r = ReductionTrigger::new(TriggerParams {
+            target: Duration::from_millis(300),
+            ratio: 2.0,
+            after: Duration::from_secs(10),
+            min_samples: 20,
+        });
+        let mut changes = Vec::new();
+        let t0 = Instant::now();
+        for (p99, secs) in [(700u64, 12u32), (450, 20), (250, 12)] {
+            for _ in 0..secs * 4 {
+                tokio::time::advance(Duration::from_millis(250)).await;
+                if let Some(on) = r.tick(Instant::now(), &stats(p99, 100)) {
+                    changes.push(((Instant::now() - t0).as_secs_f64(), on));
+                }
+            }
+        }
+        // On 10 s after going above 2x; stays on between 1x and 2x (hysteresis);
+        // off 10 s after going back under 1x.
+        assert_eq!(changes.len(), 2, "{changes:?}");
+        assert!(changes[0].1 && (10.0..=10.5).contains(&changes[0].0), "{changes:?}");
+        assert!(!changes[1].1 && (42.0..=42.5).contains(&changes[1].0), "{changes:?}");
+    }
+}

@@ -1,0 +1,573 @@
+//! The two-tier priority queue in front of a pool's replica slots.
+//!
+//! A request needs a slot ([`Lease`]); with none free it waits in its tier's
+//! queue. A freed slot (a lease dropped at the end of a stream) goes to the
+//! interactive queue first; batch never holds more than
+//! `1 - tiers.interactive.reserved_share` of the slots (enforced by
+//! [`Pool::try_lease`]); a starvation guard still hands batch one slot per
+//! [`STARVATION_GUARD_INTERVAL`] while interactive is not at risk. Queues are
+//! bounded (429 when full), timed (429 at `queue_timeout`), new batch work is
+//! shed while interactive requests wait, and queued batch requests that
+//! cannot be served before their deadline at the measured service rate are
+//! rejected early. A request whose client hangs up while queued leaves the
+//! queue at once (its wait future is dropped, its entry removed).
+//!
+//! Wake-ups cannot be lost: a waiter registers itself (counter, SeqCst) and
+//! only then retries for a slot; a release frees the slot (SeqCst) and only
+//! then checks the counter. One of the two always sees the other.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::config::{Tier, TiersConfig};
+use crate::upstream::{Lease, PickError, Pool};
+
+/// Batch gets at least one slot this often while interactive waits but is
+/// not at risk.
+pub const STARVATION_GUARD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How far back the service rate used for early rejection looks.
+const RATE_WINDOW: Duration = Duration::from_secs(5);
+
+/// Why a request got no slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No replica of the pool is healthy (503).
+    NoHealthy,
+    /// The tier's queue is at `queue_capacity` (429).
+    QueueFull { retry_after: u64 },
+    /// A batch request arrived while interactive requests wait (429).
+    Shed { retry_after: u64 },
+    /// Waited `queue_timeout` (429).
+    Timeout { retry_after: u64 },
+    /// Batch: cannot be served before its deadline at the current rate (429).
+    Hopeless { retry_after: u64 },
+}
+
+/// A slot, and how long the request waited for it.
+#[derive(Debug)]
+pub struct Admitted {
+    pub lease: Lease,
+    pub waited: Duration,
+}
+
+struct Waiter {
+    id: u64,
+    enqueued: Instant,
+    deadline: Instant,
+    tx: oneshot::Sender<Result<Lease, Refusal>>,
+}
+
+#[derive(Default)]
+struct Queues {
+    interactive: VecDeque<Waiter>,
+    batch: VecDeque<Waiter>,
+    next_id: u64,
+    last_batch_grant: Option<Instant>,
+    /// (instant, batch releases so far) samples for the service rate.
+    samples: VecDeque<(Instant, u64)>,
+}
+
+impl Queues {
+    fn of(&mut self, tier: Tier) -> &mut VecDeque<Waiter> {
+        match tier {
+            Tier::Interactive => &mut self.interactive,
+            Tier::Batch => &mut self.batch,
+        }
+    }
+}
+
+/// The queue of one pool.
+pub struct AdmissionQueue {
+    inner: Mutex<Queues>,
+    waiting_interactive: AtomicUsize,
+    waiting_batch: AtomicUsize,
+    tiers: TiersConfig,
+    depth_interactive: Gauge,
+    depth_batch: Gauge,
+    /// Batch leases released so far (for the batch service rate).
+    released_batch: AtomicU64,
+    /// Batch slots per second, as f64 bits; 0 = not known yet.
+    batch_rate: AtomicU64,
+    /// Published by the publisher: some interactive class is over its TTFT target.
+    interactive_at_risk: AtomicBool,
+}
+
+impl AdmissionQueue {
+    pub fn new(tiers: TiersConfig, depth_interactive: Gauge, depth_batch: Gauge) -> Self {
+        AdmissionQueue {
+            inner: Mutex::new(Queues::default()),
+            waiting_interactive: AtomicUsize::new(0),
+            waiting_batch: AtomicUsize::new(0),
+            tiers,
+            depth_interactive,
+            depth_batch,
+            released_batch: AtomicU64::new(0),
+            batch_rate: AtomicU64::new(0),
+            interactive_at_risk: AtomicBool::new(false),
+        }
+    }
+
+    fn counter(&self, tier: Tier) -> (&AtomicUsize, &Gauge) {
+        match tier {
+            Tier::Interactive => (&self.waiting_interactive, &self.depth_interactive),
+            Tier::Batch => (&self.waiting_batch, &self.depth_batch),
+        }
+    }
+
+    fn inc(&self, tier: Tier) {
+        let (c, g) = self.counter(tier);
+        c.fetch_add(1, Ordering::SeqCst);
+        g.inc();
+    }
+
+    fn dec(&self, tier: Tier) {
+        let (c, g) = self.counter(tier);
+        c.fetch_sub(1, Ordering::SeqCst);
+        g.dec();
+    }
+
+    /// Requests waiting in `tier`'s queue.
+    pub fn depth(&self, tier: Tier) -> usize {
+        self.counter(tier).0.load(Ordering::SeqCst)
+    }
+
+    fn timeout(&self, tier: Tier) -> Duration {
+        match tier {
+            Tier::Interactive => self.tiers.interactive.queue_timeout.get(),
+            Tier::Batch => self.tiers.batch.queue_timeout.get(),
+        }
+    }
+
+    fn capacity(&self, tier: Tier) -> usize {
+        match tier {
+            Tier::Interactive => self.tiers.interactive.queue_capacity as usize,
+            Tier::Batch => self.tiers.batch.queue_capacity as usize,
+        }
+    }
+
+    fn batch_rate(&self) -> Option<f64> {
+        let r = f64::from_bits(self.batch_rate.load(Ordering::Relaxed));
+        (r > 0.0).then_some(r)
+    }
+
+    /// Whole seconds a client should wait before retrying in `tier`.
+    fn retry_after(&self, tier: Tier, position: usize) -> u64 {
+        match (tier, self.batch_rate()) {
+            (Tier::Batch, Some(rate)) => ((position as f64 + 1.0) / rate).ceil().clamp(1.0, 60.0) as u64,
+            _ => 1,
+        }
+    }
+
+    pub fn set_interactive_at_risk(&self, at_risk: bool) {
+        self.interactive_at_risk.store(at_risk, Ordering::Relaxed);
+    }
+
+    /// A lease of `tier` was just released (its slot already freed).
+    pub(crate) fn released(&self, pool: &Arc<Pool>, tier: Tier) {
+        if tier == Tier::Batch {
+            self.released_batch.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.waiting_interactive.load(Ordering::SeqCst) + self.waiting_batch.load(Ordering::SeqCst) > 0 {
+            self.dispatch(pool);
+        }
+    }
+
+    /// Get a slot for a request of `tier`, waiting in the queue if needed.
+    /// Dropping the future (the client went away) leaves the queue at once.
+    pub async fn admit(&self, pool: &Arc<Pool>, tier: Tier) -> Result<Admitted, Refusal> {
+        let start = Instant::now();
+        let ahead = |q: &Self| match tier {
+            Tier::Interactive => q.waiting_interactive.load(Ordering::SeqCst),
+            Tier::Batch => q.waiting_interactive.load(Ordering::SeqCst) + q.waiting_batch.load(Ordering::SeqCst),
+        };
+        if ahead(self) == 0 {
+            match pool.try_lease(tier, None) {
+                Ok(lease) => return Ok(Admitted { lease, waited: Duration::ZERO }),
+                Err(PickError::NoHealthy) => return Err(Refusal::NoHealthy),
+                Err(PickError::Saturated) => {}
+            }
+        }
+        let deadline = start + self.timeout(tier);
+        let (id, rx) = {
+            let Ok(mut q) = self.inner.lock() else { return Err(Refusal::NoHealthy) };
+            let len = q.of(tier).len();
+            if tier == Tier::Batch && !q.interactive.is_empty() {
+                return Err(Refusal::Shed { retry_after: self.retry_after(tier, len) });
+            }
+            if len >= self.capacity(tier) {
+                return Err(Refusal::QueueFull { retry_after: self.retry_after(tier, len) });
+            }
+            if tier == Tier::Batch {
+                if let Some(rate) = self.batch_rate() {
+                    if Duration::from_secs_f64((len as f64 + 1.0) / rate) > self.timeout(tier) {
+                        return Err(Refusal::Hopeless { retry_after: self.retry_after(tier, len) });
+                    }
+                }
+            }
+            let first = ahead(self) == 0;
+            self.inc(tier);
+            if first {
+                // Registered first, then retry: a concurrent release either
+                // sees us waiting or we see its freed slot.
+                match pool.try_lease(tier, None) {
+                    Ok(lease) => {
+                        self.dec(tier);
+                        return Ok(Admitted { lease, waited: start.elapsed() });
+                    }
+                    Err(PickError::NoHealthy) => {
+                        self.dec(tier);
+                        return Err(Refusal::NoHealthy);
+                    }
+                    Err(PickError::Saturated) => {}
+                }
+            }
+            let (tx, rx) = oneshot::channel();
+            q.next_id += 1;
+            let id = q.next_id;
+            q.of(tier).push_back(Waiter { id, enqueued: start, deadline, tx });
+            (id, rx)
+        };
+        let guard = WaitGuard { queue: self, tier, id };
+        let result = tokio::time::timeout_at(deadline, rx).await;
+        drop(guard);
+        match result {
+            Ok(Ok(Ok(lease))) => Ok(Admitted { lease, waited: start.elapsed() }),
+            Ok(Ok(Err(refusal))) => Err(refusal),
+            // The queue went away (its pool was replaced); nothing will come.
+            Ok(Err(_)) => Err(Refusal::NoHealthy),
+            Err(_) => Err(Refusal::Timeout { retry_after: self.retry_after(tier, self.depth(tier)) }),
+        }
+    }
+
+    /// Remove waiter `id` if it is still queued.
+    fn remove(&self, tier: Tier, id: u64) {
+        let removed = {
+            let Ok(mut q) = self.inner.lock() else { return };
+            let queue = q.of(tier);
+            queue.iter().position(|w| w.id == id).and_then(|i| queue.remove(i))
+        };
+        if removed.is_some() {
+            self.dec(tier);
+        }
+    }
+
+    /// Hand free slots to waiters: interactive first, batch within its share,
+    /// batch first once per guard interval when interactive is not at risk.
+    pub fn dispatch(&self, pool: &Arc<Pool>) {
+        // Leases nobody took are dropped after the lock is released (dropping
+        // one re-enters `released`).
+        let mut spare: Vec<Lease> = Vec::new();
+        {
+            let Ok(mut q) = self.inner.lock() else { return };
+            let now = Instant::now();
+            loop {
+                let has_i = !q.interactive.is_empty();
+                let has_b = !q.batch.is_empty();
+                // Batch has waited a guard interval, and got nothing for as long.
+                let guard_due = !self.interactive_at_risk.load(Ordering::Relaxed)
+                    && q.batch.front().is_some_and(|w| now.saturating_duration_since(w.enqueued) >= STARVATION_GUARD_INTERVAL)
+                    && q.last_batch_grant.is_none_or(|t| now.saturating_duration_since(t) >= STARVATION_GUARD_INTERVAL);
+                let order: &[Tier] = match (has_i, has_b) {
+                    (false, false) => break,
+                    (true, false) => &[Tier::Interactive],
+                    (false, true) => &[Tier::Batch],
+                    (true, true) if guard_due => &[Tier::Batch, Tier::Interactive],
+                    (true, true) => &[Tier::Interactive, Tier::Batch],
+                };
+                let mut served = false;
+                for &tier in order {
+                    let Ok(mut lease) = pool.try_lease(tier, None) else { continue };
+                    loop {
+                        let Some(w) = q.of(tier).pop_front() else {
+                            spare.push(lease);
+                            break;
+                        };
+                        self.dec(tier);
+                        match w.tx.send(Ok(lease)) {
+                            Ok(()) => {
+                                served = true;
+                                if tier == Tier::Batch {
+                                    q.last_batch_grant = Some(now);
+                                }
+                                break;
+                            }
+                            // Its client went away in the meantime: next one.
+                            Err(Ok(l)) => lease = l,
+                            Err(Err(_)) => break,
+                        }
+                    }
+                    if served {
+                        break;
+                    }
+                }
+                if !served {
+                    break;
+                }
+            }
+        }
+        drop(spare);
+    }
+
+    /// Periodic work (the publisher): measure the batch service rate, reject
+    /// queued batch requests that cannot make their deadline, hand out slots
+    /// that appeared without a release (a replica came back).
+    pub fn tick(&self, pool: &Arc<Pool>, now: Instant) {
+        let mut hopeless = Vec::new();
+        if let Ok(mut q) = self.inner.lock() {
+            let released = self.released_batch.load(Ordering::Relaxed);
+            q.samples.push_back((now, released));
+            while q.samples.len() > 2 && q.samples.front().is_some_and(|(t, _)| now.saturating_duration_since(*t) > RATE_WINDOW) {
+                q.samples.pop_front();
+            }
+            if let (Some(&(t0, c0)), Some(&(t1, c1))) = (q.samples.front(), q.samples.back()) {
+                let dt = t1.saturating_duration_since(t0).as_secs_f64();
+                // Only claim a rate once it rests on a full window of samples.
+                if dt >= RATE_WINDOW.as_secs_f64() * 0.8 {
+                    let rate = (c1 - c0) as f64 / dt;
+                    self.batch_rate.store(rate.to_bits(), Ordering::Relaxed);
+                }
+            }
+            if let Some(rate) = self.batch_rate() {
+                let mut i = 0usize;
+                let mut pos = 0usize;
+                while i < q.batch.len() {
+                    let eta = now + Duration::from_secs_f64((pos as f64 + 1.0) / rate);
+                    if eta > q.batch[i].deadline {
+                        if let Some(w) = q.batch.remove(i) {
+                            hopeless.push(w);
+                        }
+                    } else {
+                        i += 1;
+                    }
+                    pos += 1;
+                }
+            }
+        }
+        for w in hopeless {
+            self.dec(Tier::Batch);
+            let retry_after = self.retry_after(Tier::Batch, self.depth(Tier::Batch));
+            let _ = w.tx.send(Err(Refusal::Hopeless { retry_after }));
+        }
+        self.dispatch(pool);
+    }
+}
+
+/// Removes a waiter from its queue when its request goes away.
+struct WaitGuard<'a> {
+    queue: &'a AdmissionQueue,
+    tier: Tier,
+    id: u64,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.queue.remove(self.tier, self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, PoolConfig, TierConfig};
+    use crate::config::Dur;
+    use crate::telemetry::Metrics;
+
+    fn tiers(reserved: f64, i_cap: u32, b_cap: u32) -> TiersConfig {
+        TiersConfig {
+            interactive: TierConfig { queue_capacity: i_cap, queue_timeout: Dur::secs(2), reserved_share: reserved },
+            batch: TierConfig { queue_capacity: b_cap, queue_timeout: Dur::secs(10), reserved_share: 0.0 },
+        }
+    }
+
+    /// A pool of one healthy replica with `slots` slots (nothing listens: the
+    /// queue never connects).
+    fn pool(slots: u32, tiers: TiersConfig) -> Arc<Pool> {
+        let cfg = PoolConfig { replicas: vec!["http://127.0.0.1:9".into()], max_inflight_per_replica: slots, ..PoolConfig::default() };
+        let metrics = Metrics::new(&Config::default());
+        let pool = Arc::new(Pool::new(cfg, &tiers, &metrics).expect("pool"));
+        for r in &pool.replicas {
+            r.set_healthy(true);
+        }
+        pool
+    }
+
+    async fn take(pool: &Arc<Pool>, tier: Tier) -> Lease {
+        pool.queue.admit(pool, tier).await.expect("a free slot").lease
+    }
+
+    /// Start a queued admission; the task runs until it is queued.
+    async fn queued(pool: &Arc<Pool>, tier: Tier) -> tokio::task::JoinHandle<Result<Admitted, Refusal>> {
+        let p = pool.clone();
+        let before = pool.queue.depth(tier);
+        let h = tokio::spawn(async move { p.queue.admit(&p, tier).await });
+        while pool.queue.depth(tier) == before && !h.is_finished() {
+            tokio::task::yield_now().await;
+        }
+        h
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn freed_slot_goes_to_interactive_before_earlier_batch_and_fifo_within_a_tier() {
+        let pool = pool(2, tiers(0.0, 10, 10));
+        let a = take(&pool, Tier::Batch).await;
+        let b = take(&pool, Tier::Interactive).await;
+        let batch = queued(&pool, Tier::Batch).await;
+        let i1 = queued(&pool, Tier::Interactive).await;
+        let i2 = queued(&pool, Tier::Interactive).await;
+        assert_eq!((pool.queue.depth(Tier::Interactive), pool.queue.depth(Tier::Batch)), (2, 1));
+        drop(a);
+        settle().await;
+        assert!(i1.is_finished() && !i2.is_finished() && !batch.is_finished());
+        drop(b);
+        settle().await;
+        assert!(i2.is_finished() && !batch.is_finished());
+        let l1 = i1.await.expect("task").expect("admitted");
+        assert_eq!(l1.lease.tier(), Tier::Interactive);
+        drop(l1);
+        settle().await;
+        let got = batch.await.expect("task").expect("batch admitted after interactive");
+        assert_eq!(got.lease.tier(), Tier::Batch);
+        assert_eq!(pool.queue.depth(Tier::Batch), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batch_never_holds_the_reserved_share() {
+        // 4 slots, half reserved: batch may hold 2.
+        let pool = pool(4, tiers(0.5, 10, 10));
+        assert_eq!(pool.batch_limit(), 2);
+        let _b1 = take(&pool, Tier::Batch).await;
+        let _b2 = take(&pool, Tier::Batch).await;
+        let b3 = queued(&pool, Tier::Batch).await;
+        assert_eq!(pool.queue.depth(Tier::Batch), 1);
+        // Interactive still gets the two reserved slots at once.
+        let _i1 = take(&pool, Tier::Interactive).await;
+        let i2 = take(&pool, Tier::Interactive).await;
+        drop(i2);
+        settle().await;
+        // A freed slot inside the reserved share does not go to batch.
+        assert!(!b3.is_finished());
+        assert_eq!(pool.batch_inflight(), 2);
+        let r = b3.await.expect("task");
+        assert!(matches!(r, Err(Refusal::Timeout { .. })), "{r:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn starvation_guard_moves_batch_unless_interactive_is_at_risk() {
+        for at_risk in [false, true] {
+            let pool = pool(1, tiers(0.0, 100, 10));
+            pool.queue.set_interactive_at_risk(at_risk);
+            let mut held = Some(take(&pool, Tier::Interactive).await);
+            let mut batch = Some(queued(&pool, Tier::Batch).await);
+            // Interactive keeps arriving; every 200 ms the slot is freed.
+            let mut served_batch_at = None;
+            for step in 1..=9u32 {
+                let next = queued(&pool, Tier::Interactive).await;
+                tokio::time::advance(Duration::from_millis(200)).await;
+                drop(held.take());
+                settle().await;
+                if let Some(b) = batch.take_if(|b| b.is_finished()) {
+                    // The batch request got the slot; the interactive one still waits.
+                    served_batch_at = Some(step * 200);
+                    assert!(!next.is_finished());
+                    held = Some(b.await.expect("task").expect("batch admitted").lease);
+                    next.abort();
+                    break;
+                }
+                held = Some(next.await.expect("task").expect("interactive admitted").lease);
+            }
+            if at_risk {
+                assert_eq!(served_batch_at, None, "batch must not pass interactive at risk");
+            } else {
+                // Batch waited at least the guard interval, then got the next freed slot.
+                assert_eq!(served_batch_at, Some(1000));
+            }
+            drop(held);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_queue_shed_and_timeout_are_refusals() {
+        let pool = pool(1, tiers(0.0, 1, 10));
+        let held = take(&pool, Tier::Interactive).await;
+        let waiting = queued(&pool, Tier::Interactive).await;
+        // Interactive queue holds 1: the next is refused at once.
+        assert!(matches!(pool.queue.admit(&pool, Tier::Interactive).await, Err(Refusal::QueueFull { retry_after: 1 })));
+        // Batch arriving while interactive waits is shed, not queued.
+        assert!(matches!(pool.queue.admit(&pool, Tier::Batch).await, Err(Refusal::Shed { .. })));
+        assert_eq!(pool.queue.depth(Tier::Batch), 0);
+        // The waiting one times out after queue_timeout (2 s) and leaves the queue.
+        let t0 = Instant::now();
+        let r = waiting.await.expect("task");
+        assert!(matches!(r, Err(Refusal::Timeout { .. })), "{r:?}");
+        assert_eq!(t0.elapsed(), Duration::from_secs(2));
+        assert_eq!(pool.queue.depth(Tier::Interactive), 0);
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hanging_up_while_queued_leaves_the_queue_at_once() {
+        let pool = pool(1, tiers(0.0, 10, 10));
+        let held = take(&pool, Tier::Interactive).await;
+        let gone = queued(&pool, Tier::Interactive).await;
+        let stays = queued(&pool, Tier::Interactive).await;
+        assert_eq!(pool.queue.depth(Tier::Interactive), 2);
+        gone.abort();
+        settle().await;
+        assert_eq!(pool.queue.depth(Tier::Interactive), 1);
+        drop(held);
+        settle().await;
+        // The slot went to the one still waiting, not into the void.
+        assert!(stays.await.expect("task").is_ok());
+        assert_eq!(pool.replicas[0].inflight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batch_that_cannot_make_its_deadline_is_refused_early() {
+        // One slot; batch timeout 10 s; batch served at 1 per second.
+        let pool = pool(1, tiers(0.0, 10, 100));
+        for _ in 0..6 {
+            let l = take(&pool, Tier::Batch).await;
+            tokio::time::advance(Duration::from_secs(1)).await;
+            drop(l);
+            pool.queue.tick(&pool, Instant::now());
+        }
+        let held = take(&pool, Tier::Batch).await;
+        // About 10 fit before the deadline; the rest are refused when they arrive.
+        let mut waiting = Vec::new();
+        let mut refused_at = None;
+        for i in 0..20 {
+            let h = queued(&pool, Tier::Batch).await;
+            settle().await;
+            if h.is_finished() {
+                assert!(matches!(h.await.expect("task"), Err(Refusal::Hopeless { .. })));
+                refused_at = Some(i);
+                break;
+            }
+            waiting.push(h);
+        }
+        let refused_at = refused_at.expect("refused early");
+        assert!((8..=10).contains(&refused_at), "refused at position {refused_at}");
+        // When the rate drops, queued ones that can no longer make it go early too.
+        for _ in 0..8 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            pool.queue.tick(&pool, Instant::now());
+        }
+        settle().await;
+        let early = waiting.iter().filter(|h| h.is_finished()).count();
+        assert!(early > 0, "no queued batch request was refused before its deadline");
+        drop(held);
+    }
+}
