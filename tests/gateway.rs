@@ -163,19 +163,6 @@ async fn streaming_first_token_timeout_before_headers_is_504() {
 }
 
 #[tokio::test]
-async fn saturated_pool_is_429_with_retry_after() {
-    let mock = Mock::start(standard(2, Duration::from_millis(200))).await;
-    let gw = start_gateway(&config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n")).await;
-    let held = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("first");
-    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
-    assert_eq!(s, 429);
-    assert_eq!(h.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
-    error_of(&b);
-    held.into_body().collect().await.expect("first completes");
-    assert_eq!(requests_with_outcome(&gw, "rejected").await, 1.0);
-}
-
-#[tokio::test]
 async fn models_are_the_union_across_pools_with_auto_discovery() {
     let auto = Mock::start_with_model("llama-8b", standard(1, Duration::ZERO)).await;
     let fixed = Mock::start(standard(1, Duration::ZERO)).await;

@@ -221,17 +221,22 @@ async fn slot_is_held_until_the_stream_ends_not_the_headers() {
     let gw = start_gateway(&config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n")).await;
     let first = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
     assert_eq!(first.status(), 200);
-    // Headers are here, the stream is not over: the only slot is still taken.
-    let (status, headers, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
-    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
-    assert!(headers.get("retry-after").is_some());
-    let v: serde_json::Value = serde_json::from_slice(&body).expect("OpenAI error JSON");
-    assert_eq!(v["error"]["type"], "rate_limit_error");
+    // Headers are here, the stream is not over: the only slot is still
+    // taken, so a second request waits in the queue and reaches no replica.
+    let addr = gw.data_addr;
+    let second = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(true, false), &[]).await });
+    wait_until("second request queued", || async {
+        metric(&metrics_text(&gw).await, "slogate_queue_depth", &[("tier", "interactive")]) == Some(1.0)
+    })
+    .await;
+    assert_eq!(mock.calls(), 1);
+    assert_eq!(metric(&metrics_text(&gw).await, "slogate_inflight_requests", &[]), Some(1.0));
     first.into_body().collect().await.expect("first stream completes");
-    wait_until("slot freed", || async { metric(&metrics_text(&gw).await, "slogate_inflight_requests", &[]) == Some(0.0) }).await;
-    mock.set_script(standard(1, Duration::ZERO));
-    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    // The end of the stream hands the slot to the queued request.
+    let (status, headers, _) = second.await.expect("task");
     assert_eq!(status, 200);
+    assert_ne!(headers.get("x-slogate-queue-ms").and_then(|v| v.to_str().ok()), Some("0"));
+    wait_until("slot freed", || async { metric(&metrics_text(&gw).await, "slogate_inflight_requests", &[]) == Some(0.0) }).await;
 }
 
 #[tokio::test]

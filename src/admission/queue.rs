@@ -375,8 +375,8 @@ impl Drop for WaitGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, PoolConfig, TierConfig};
     use crate::config::Dur;
+    use crate::config::{Config, PoolConfig, TierConfig};
     use crate::telemetry::Metrics;
 
     fn tiers(reserved: f64, i_cap: u32, b_cap: u32) -> TiersConfig {

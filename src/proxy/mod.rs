@@ -292,7 +292,9 @@ fn refusal_error(r: Refusal, pool: &Pool, class: &Class) -> GatewayError {
     let tier = class.tier.as_str();
     let (message, code, retry_after) = match r {
         Refusal::NoHealthy => return GatewayError::NoHealthyReplica { pool: pool.config.name.clone() },
-        Refusal::QueueFull { retry_after } => (format!("the {tier} queue of pool `{}` is full", pool.config.name), "queue_full", retry_after),
+        Refusal::QueueFull { retry_after } => {
+            (format!("the {tier} queue of pool `{}` is full", pool.config.name), "queue_full", retry_after)
+        }
         Refusal::Shed { retry_after } => {
             (format!("batch work is shed while interactive requests wait for pool `{}`", pool.config.name), "shed", retry_after)
         }

@@ -22,7 +22,11 @@ pub struct Limits {
 
 impl Limits {
     pub fn from_config(c: &crate::config::ContextReductionConfig) -> Limits {
-        Limits { max_tokens_cap: c.max_tokens_cap as u64, max_documents: c.max_documents as usize, max_prompt_tokens: c.max_prompt_tokens as u64 }
+        Limits {
+            max_tokens_cap: c.max_tokens_cap as u64,
+            max_documents: c.max_documents as usize,
+            max_prompt_tokens: c.max_prompt_tokens as u64,
+        }
     }
 }
 

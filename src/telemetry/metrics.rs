@@ -199,7 +199,11 @@ impl Metrics {
         registry.register("inflight_requests", "Requests holding a slot on a replica (until their stream ends)", m.inflight.clone());
         registry.register("upstream_healthy", "1 when the replica passes its health checks", m.upstream_healthy.clone());
         registry.register("breaker_state", "TTFT circuit breaker state: 0 closed, 1 half-open, 2 open", m.breaker_state.clone());
-        registry.register("context_reduction_active", "1 while requests of the class are rewritten to shed context", m.context_reduction_active.clone());
+        registry.register(
+            "context_reduction_active",
+            "1 while requests of the class are rewritten to shed context",
+            m.context_reduction_active.clone(),
+        );
         registry.register("ttft_p99_seconds", "TTFT P99 over the breaker's rolling window", m.ttft_p99.clone());
         registry.register("context_reduced_requests", "Requests rewritten by context reduction", m.context_reduced.clone());
         for class in config.classes.keys() {

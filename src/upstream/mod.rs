@@ -264,10 +264,7 @@ impl Pool {
     pub fn try_lease(self: &Arc<Self>, tier: Tier, exclude: Option<&Arc<Replica>>) -> Result<Lease, PickError> {
         if tier == Tier::Batch {
             let limit = self.batch_limit();
-            let reserved = self
-                .batch_inflight
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1))
-                .is_ok();
+            let reserved = self.batch_inflight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1)).is_ok();
             if !reserved {
                 return Err(if self.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
             }

@@ -1,0 +1,230 @@
+//! Admission control through the real gateway: the queue (wait, full,
+//! timeout, shed, cancel while queued), the TTFT breaker (429 +
+//! Retry-After, half-open, closed again), context reduction (the rewrite
+//! reaches the replica and the header says so), upstream priority.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use http_body_util::BodyExt;
+use serde_json::json;
+
+fn header<'a>(h: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn code_of(body: &[u8]) -> String {
+    let v: serde_json::Value = serde_json::from_slice(body).expect("error JSON");
+    v["error"]["code"].as_str().unwrap_or_default().to_string()
+}
+
+async fn gauge(gw: &slogate::Gateway, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric(&metrics_text(gw).await, name, labels).unwrap_or(-1.0)
+}
+
+/// Hold the one slot with a stream that lasts until the returned body is read.
+async fn hold_slot(gw: &slogate::Gateway) -> hyper::Response<hyper::body::Incoming> {
+    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("holder");
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
+#[tokio::test]
+async fn queued_request_waits_for_the_slot_and_says_how_long() {
+    let mock = Mock::start(standard(3, Duration::from_millis(100))).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n")).await;
+    let held = hold_slot(&gw).await;
+    let addr = gw.data_addr;
+    let waiter = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(false, false), &[]).await });
+    wait_until("the second request is queued", || async { gauge(&gw, "slogate_queue_depth", &[("tier", "interactive")]).await == 1.0 })
+        .await;
+    assert_eq!(mock.calls(), 1, "a queued request must not reach the replica");
+    held.into_body().collect().await.expect("holder completes");
+    let (s, h, _) = waiter.await.expect("task");
+    assert_eq!(s, 200);
+    let queued_ms: u64 = header(&h, "x-slogate-queue-ms").and_then(|v| v.parse().ok()).expect("x-slogate-queue-ms");
+    assert!(queued_ms >= 1, "it waited for the stream holding the slot, header says {queued_ms} ms");
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_queue_depth", &[("tier", "interactive")]), Some(0.0));
+    assert_eq!(metric(&m, "slogate_queue_time_seconds_count", &[("class", "chat")]), Some(2.0));
+}
+
+#[tokio::test]
+async fn full_queue_is_429_with_retry_after() {
+    let mock = Mock::start(standard(2, Duration::from_millis(200))).await;
+    let yaml =
+        format!("{}tiers:\n  interactive: {{ queue_capacity: 1 }}\n", config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n"));
+    let gw = start_gateway(&yaml).await;
+    let held = hold_slot(&gw).await;
+    let addr = gw.data_addr;
+    let waiter = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(false, false), &[]).await });
+    wait_until("one request is queued", || async { gauge(&gw, "slogate_queue_depth", &[("tier", "interactive")]).await == 1.0 }).await;
+    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    assert_eq!(s, 429);
+    assert_eq!(header(&h, "retry-after"), Some("1"));
+    assert_eq!(code_of(&b), "queue_full");
+    held.into_body().collect().await.expect("holder completes");
+    assert_eq!(waiter.await.expect("task").0, 200);
+    assert_eq!(requests_with_outcome(&gw, "rejected").await, 1.0);
+}
+
+#[tokio::test]
+async fn queue_timeout_is_429() {
+    let mock = Mock::start(standard(2, Duration::from_millis(600))).await;
+    let yaml =
+        format!("{}tiers:\n  interactive: {{ queue_timeout: 200ms }}\n", config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n"));
+    let gw = start_gateway(&yaml).await;
+    let held = hold_slot(&gw).await;
+    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    assert_eq!(s, 429);
+    assert!(header(&h, "retry-after").is_some());
+    assert_eq!(code_of(&b), "queue_timeout");
+    drop(held);
+    assert_eq!(requests_with_outcome(&gw, "rejected").await, 1.0);
+    assert_eq!(gauge(&gw, "slogate_queue_depth", &[("tier", "interactive")]).await, 0.0);
+}
+
+#[tokio::test]
+async fn client_hanging_up_while_queued_leaves_the_queue_and_never_reaches_the_replica() {
+    let mock = Mock::start(standard(2, Duration::from_millis(100))).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n")).await;
+    let held = hold_slot(&gw).await;
+    let addr = gw.data_addr;
+    let gone = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(false, false), &[]).await });
+    wait_until("queued", || async { gauge(&gw, "slogate_queue_depth", &[("tier", "interactive")]).await == 1.0 }).await;
+    gone.abort();
+    wait_until("left the queue", || async { gauge(&gw, "slogate_queue_depth", &[("tier", "interactive")]).await == 0.0 }).await;
+    held.into_body().collect().await.expect("holder completes");
+    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    assert_eq!(s, 200, "the slot was not lost");
+    assert_eq!(mock.calls(), 2);
+    wait_until("the cancellation is counted", || async { requests_with_outcome(&gw, "cancelled").await == 1.0 }).await;
+}
+
+#[tokio::test]
+async fn batch_is_shed_while_interactive_waits() {
+    let mock = Mock::start(standard(2, Duration::from_millis(200))).await;
+    let yaml =
+        format!("{}tiers:\n  interactive: {{ reserved_share: 0 }}\n", config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n"));
+    let gw = start_gateway(&yaml).await;
+    let held = hold_slot(&gw).await;
+    let addr = gw.data_addr;
+    let waiter = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(false, false), &[]).await });
+    wait_until("interactive queued", || async { gauge(&gw, "slogate_queue_depth", &[("tier", "interactive")]).await == 1.0 }).await;
+    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[("x-slo-class", "batch")]).await;
+    assert_eq!(s, 429);
+    assert!(header(&h, "retry-after").is_some());
+    assert_eq!(code_of(&b), "shed");
+    held.into_body().collect().await.expect("holder completes");
+    assert_eq!(waiter.await.expect("task").0, 200);
+}
+
+/// Chat's TTFT target is 20 ms and the replica takes 150 ms to the first
+/// token; the breaker trips after 1 ms above 2x with 3 samples.
+const SLOW_CHAT: &str = "classes:\n  chat: { tier: interactive, ttft: 20ms, itl: 50ms }\n  batch: { tier: batch, ttft: 3s, itl: 200ms }\n";
+
+fn slow_first_token(delay: Duration) -> ScriptFn {
+    script(move |req| {
+        let mut s = vllm_stream(req, 2, Duration::ZERO, "stop");
+        s.steps.insert(0, Step::Wait(delay));
+        s
+    })
+}
+
+#[tokio::test]
+async fn open_breaker_answers_429_with_retry_after_then_probes_close_it() {
+    let mock = Mock::start(slow_first_token(Duration::from_millis(150))).await;
+    let yaml = format!(
+        "{}{SLOW_CHAT}breaker: {{ trip_after: 1ms, min_samples: 3, retry_after: 1s }}\ncontext_reduction: {{ trigger_ratio: 1000 }}\n",
+        config_yaml(&[mock.url()], "")
+    );
+    let gw = start_gateway(&yaml).await;
+    for _ in 0..3 {
+        let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+        assert_eq!(s, 200);
+    }
+    wait_until("breaker open", || async { gauge(&gw, "slogate_breaker_state", &[("class", "chat")]).await == 2.0 }).await;
+    let p99 = gauge(&gw, "slogate_ttft_p99_seconds", &[("class", "chat")]).await;
+    assert!(p99 >= 0.15, "ttft_p99_seconds {p99}");
+    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(s, 429);
+    assert_eq!(header(&h, "retry-after"), Some("1"));
+    assert_eq!(code_of(&b), "breaker_open");
+    let msg = String::from_utf8_lossy(&b).to_string();
+    assert!(msg.contains("`chat`") && msg.contains("TTFT P99"), "{msg}");
+    assert_eq!(mock.calls(), 3, "refused requests never reach the replica");
+    // Other classes are not affected.
+    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", "batch")]).await;
+    assert_eq!(s, 200);
+
+    // The replica recovers; after retry_after the breaker is half-open and
+    // its probes (fast now) close it.
+    mock.set_script(standard(2, Duration::ZERO));
+    wait_until("half-open", || async { gauge(&gw, "slogate_breaker_state", &[("class", "chat")]).await == 1.0 }).await;
+    for _ in 0..5 {
+        let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+        assert_eq!(s, 200);
+    }
+    wait_until("closed", || async { gauge(&gw, "slogate_breaker_state", &[("class", "chat")]).await == 0.0 }).await;
+    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(requests_with_outcome(&gw, "rejected").await, 1.0);
+}
+
+#[tokio::test]
+async fn context_reduction_rewrites_the_request_and_says_so() {
+    let mock = Mock::start(slow_first_token(Duration::from_millis(100))).await;
+    let yaml = format!(
+        "{}{SLOW_CHAT}breaker: {{ trip_ratio: 1000, min_samples: 3 }}\ncontext_reduction: {{ trigger_ratio: 1.0, trigger_after: 1ms, max_tokens_cap: 16, max_documents: 1, max_prompt_tokens: 60 }}\n",
+        config_yaml(&[mock.url()], "")
+    );
+    let gw = start_gateway(&yaml).await;
+    // Before the trigger: untouched, no header.
+    let long = "word ".repeat(40); // 50 tokens + framing
+    let body = json!({
+        "model": "m1", "stream": true, "max_tokens": 1000, "top_k": 5,
+        "documents": [{"text": "a"}, {"text": "b"}, {"text": "c"}],
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": long},
+            {"role": "assistant", "content": long},
+            {"role": "user", "content": "and now?"},
+        ]
+    })
+    .to_string();
+    let (s, h, _) = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(s, 200);
+    assert!(h.get("x-slogate-context-reduced").is_none());
+    for _ in 0..3 {
+        post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    }
+    wait_until("reduction active", || async { gauge(&gw, "slogate_context_reduction_active", &[("class", "chat")]).await == 1.0 }).await;
+    let (s, h, _) = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(header(&h, "x-slogate-context-reduced"), Some("max_tokens=1000->16; documents=3->1; messages=4->2"));
+    let sent = mock.state.bodies.lock().expect("bodies").last().cloned().expect("a body");
+    assert_eq!(sent["max_tokens"], 16);
+    assert_eq!(sent["documents"], json!([{"text": "a"}]));
+    assert_eq!(sent["top_k"], 5, "unknown fields survive");
+    let roles: Vec<&str> = sent["messages"].as_array().into_iter().flatten().filter_map(|m| m["role"].as_str()).collect();
+    assert_eq!(roles, ["system", "user"]);
+    assert_eq!(sent["messages"][1]["content"], "and now?");
+    // A batch request is another class: not reduced.
+    let (_, h, _) = post(gw.data_addr, "/v1/chat/completions", &body, &[("x-slo-class", "batch")]).await;
+    assert!(h.get("x-slogate-context-reduced").is_none());
+    assert_eq!(metric(&metrics_text(&gw).await, "slogate_context_reduced_requests_total", &[("class", "chat")]), Some(1.0));
+}
+
+#[tokio::test]
+async fn upstream_priority_passes_the_tier_to_vllm() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "    upstream_priority: true\n")).await;
+    post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", "batch")]).await;
+    let bodies = mock.state.bodies.lock().expect("bodies").clone();
+    assert_eq!(bodies.len(), 2);
+    assert_eq!(bodies[0]["priority"], 0);
+    assert_eq!(bodies[1]["priority"], 1);
+}
