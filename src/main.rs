@@ -217,6 +217,7 @@ fn demo_scenario(
         arrival,
         prompt_tokens: prompt,
         output_tokens: output,
+        turns: 1,
     };
     loadtest::loadgen::Scenario {
         target: target.into(),

@@ -29,6 +29,7 @@ fn scenario(target: &str, duration: Duration, arrival: Arrival, prompt: u32, out
             arrival,
             prompt_tokens: LenDist::Fixed { value: prompt },
             output_tokens: LenDist::Fixed { value: output },
+            turns: 1,
         }],
     }
 }

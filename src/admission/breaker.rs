@@ -7,7 +7,7 @@
 //! by the publisher in [`Breaker::tick`] from the published window stats,
 //! and by the outcome of probe requests.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -49,9 +49,29 @@ pub enum Gate {
     /// Closed: go on.
     Pass,
     /// Half-open: go on as a probe; report its TTFT with [`Breaker::probe_done`].
-    Probe,
+    Probe(ProbeTicket),
     /// Open (or half-open with every probe permit taken): 429 with this Retry-After.
     Reject { retry_after_secs: u64 },
+}
+
+/// Identifies one half-open probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeTicket {
+    epoch: u64,
+    id: u64,
+}
+
+/// Probes of the current half-open period. Only touched while half-open.
+#[derive(Default)]
+struct Probes {
+    /// Bumped at every half-open: late verdicts of older probes are ignored.
+    epoch: u64,
+    next_id: u64,
+    /// Probes admitted and not yet judged, with when they were admitted.
+    outstanding: Vec<(u64, Instant)>,
+    admitted: u32,
+    good: u32,
+    bad: u32,
 }
 
 /// The configuration a breaker runs with (whole `BreakerConfig` plus the
@@ -92,10 +112,7 @@ struct Machine {
 /// One class's breaker.
 pub struct Breaker {
     state: AtomicU8,
-    /// Half-open probe permits still available.
-    permits: AtomicI64,
-    probes_good: AtomicU32,
-    probes_bad: AtomicU32,
+    probes: Mutex<Probes>,
     retry_after_secs: std::sync::atomic::AtomicU64,
     machine: Mutex<Machine>,
 }
@@ -111,9 +128,7 @@ impl Breaker {
     pub fn new(params: BreakerParams) -> Breaker {
         Breaker {
             state: AtomicU8::new(BreakerState::Closed as u8),
-            permits: AtomicI64::new(0),
-            probes_good: AtomicU32::new(0),
-            probes_bad: AtomicU32::new(0),
+            probes: Mutex::new(Probes::default()),
             retry_after_secs: std::sync::atomic::AtomicU64::new(params.retry_after_secs()),
             machine: Mutex::new(Machine { params, above_since: None, opened_at: None }),
         }
@@ -131,38 +146,47 @@ impl Breaker {
         BreakerState::from_u8(self.state.load(Ordering::Acquire))
     }
 
+    /// Closed, with the P99 above the trip threshold: since when.
+    pub fn armed(&self) -> bool {
+        self.machine.lock().map(|m| m.above_since.is_some()).unwrap_or(false) && self.state() == BreakerState::Closed
+    }
+
     /// The gate a new request of this class passes through. Never blocks.
     pub fn admit(&self) -> Gate {
         match self.state() {
             BreakerState::Closed => Gate::Pass,
             BreakerState::Open => Gate::Reject { retry_after_secs: self.retry_after_secs.load(Ordering::Relaxed) },
             BreakerState::HalfOpen => {
-                if self.permits.fetch_sub(1, Ordering::AcqRel) > 0 {
-                    Gate::Probe
-                } else {
-                    self.permits.fetch_add(1, Ordering::AcqRel);
-                    Gate::Reject { retry_after_secs: self.retry_after_secs.load(Ordering::Relaxed) }
+                let reject = Gate::Reject { retry_after_secs: self.retry_after_secs.load(Ordering::Relaxed) };
+                let Ok(mut p) = self.probes.lock() else { return reject };
+                if p.admitted >= HALF_OPEN_PROBES {
+                    return reject;
                 }
+                p.admitted += 1;
+                p.next_id += 1;
+                let id = p.next_id;
+                p.outstanding.push((id, Instant::now()));
+                Gate::Probe(ProbeTicket { epoch: p.epoch, id })
             }
         }
     }
 
     /// A probe finished: `Some(ttft_within_target)`, or `None` when it ended
-    /// without telling (the client hung up before the first token), which
-    /// gives its permit back.
-    pub fn probe_done(&self, good: Option<bool>) {
+    /// without telling (the client hung up, or it was refused after the
+    /// gate), which gives its place back. A probe already judged (it went
+    /// past the target without a first token) or from an earlier half-open
+    /// period is ignored.
+    pub fn probe_done(&self, ticket: ProbeTicket, good: Option<bool>) {
+        let Ok(mut p) = self.probes.lock() else { return };
+        if p.epoch != ticket.epoch {
+            return;
+        }
+        let Some(i) = p.outstanding.iter().position(|(id, _)| *id == ticket.id) else { return };
+        p.outstanding.swap_remove(i);
         match good {
-            Some(true) => {
-                self.probes_good.fetch_add(1, Ordering::AcqRel);
-            }
-            Some(false) => {
-                self.probes_bad.fetch_add(1, Ordering::AcqRel);
-            }
-            None => {
-                if self.state() == BreakerState::HalfOpen {
-                    self.permits.fetch_add(1, Ordering::AcqRel);
-                }
-            }
+            Some(true) => p.good += 1,
+            Some(false) => p.bad += 1,
+            None => p.admitted = p.admitted.saturating_sub(1),
         }
     }
 
@@ -189,22 +213,32 @@ impl Breaker {
             }
             BreakerState::Open => {
                 if m.opened_at.is_none_or(|t| now.saturating_duration_since(t) >= m.params.retry_after) {
-                    self.probes_good.store(0, Ordering::Release);
-                    self.probes_bad.store(0, Ordering::Release);
-                    self.permits.store(HALF_OPEN_PROBES as i64, Ordering::Release);
+                    if let Ok(mut p) = self.probes.lock() {
+                        let epoch = p.epoch + 1;
+                        *p = Probes { epoch, ..Probes::default() };
+                    }
                     BreakerState::HalfOpen
                 } else {
                     from
                 }
             }
             BreakerState::HalfOpen => {
-                if self.probes_bad.load(Ordering::Acquire) > 0 {
+                let (good, bad) = match self.probes.lock() {
+                    Ok(mut p) => {
+                        // A probe with no first token past the target is already a slow one.
+                        let target = m.params.target;
+                        let before = p.outstanding.len();
+                        p.outstanding.retain(|(_, t)| now.saturating_duration_since(*t) <= target);
+                        p.bad += (before - p.outstanding.len()) as u32;
+                        (p.good, p.bad)
+                    }
+                    Err(_) => (0, 0),
+                };
+                if bad > 0 {
                     m.opened_at = Some(now);
-                    self.permits.store(0, Ordering::Release);
                     BreakerState::Open
-                } else if self.probes_good.load(Ordering::Acquire) >= HALF_OPEN_PROBES {
+                } else if good >= HALF_OPEN_PROBES {
                     m.above_since = None;
-                    self.permits.store(0, Ordering::Release);
                     BreakerState::Closed
                 } else {
                     from
@@ -356,14 +390,15 @@ mod tests {
         assert_eq!(tr.len(), 1);
         assert_eq!(tr[0].1.to, BreakerState::HalfOpen);
         let gates: Vec<Gate> = (0..HALF_OPEN_PROBES + 2).map(|_| b.admit()).collect();
-        assert_eq!(gates.iter().filter(|g| **g == Gate::Probe).count(), HALF_OPEN_PROBES as usize);
+        let tickets: Vec<ProbeTicket> = gates.iter().filter_map(|g| if let Gate::Probe(t) = g { Some(*t) } else { None }).collect();
+        assert_eq!(tickets.len(), HALF_OPEN_PROBES as usize);
         assert_eq!(gates[HALF_OPEN_PROBES as usize], Gate::Reject { retry_after_secs: 5 });
-        // One probe's client hangs up: its permit comes back.
-        b.probe_done(None);
-        assert_eq!(b.admit(), Gate::Probe);
+        // One probe's client hangs up: its place comes back.
+        b.probe_done(tickets[0], None);
+        let Gate::Probe(again) = b.admit() else { panic!("a probe place came back") };
         // All probes under target: closed.
-        for _ in 0..HALF_OPEN_PROBES {
-            b.probe_done(Some(true));
+        for t in tickets[1..].iter().chain([&again]) {
+            b.probe_done(*t, Some(true));
         }
         let tr = run(&b, 0.25, stats(700, 100), t0).await;
         assert_eq!(tr[0].1, Transition { from: BreakerState::HalfOpen, to: BreakerState::Closed });
@@ -376,16 +411,36 @@ mod tests {
         let t0 = Instant::now();
         run(&b, 35.5, stats(700, 100), t0).await;
         assert_eq!(b.state(), BreakerState::HalfOpen);
-        assert_eq!(b.admit(), Gate::Probe);
-        b.probe_done(Some(true));
-        b.probe_done(Some(false));
+        let (Gate::Probe(p1), Gate::Probe(p2)) = (b.admit(), b.admit()) else { panic!("probes") };
+        b.probe_done(p1, Some(true));
+        b.probe_done(p2, Some(false));
         let tr = run(&b, 0.25, stats(700, 100), t0).await;
         assert_eq!(tr[0].1, Transition { from: BreakerState::HalfOpen, to: BreakerState::Open });
         assert!(matches!(b.admit(), Gate::Reject { .. }));
         // And half-open again retry_after later, with fresh permits and counts.
         let tr = run(&b, 5.0, stats(700, 100), t0).await;
         assert_eq!(tr[0].1.to, BreakerState::HalfOpen);
-        assert_eq!(b.admit(), Gate::Probe);
+        assert!(matches!(b.admit(), Gate::Probe(_)));
+        // A verdict from the earlier half-open period is ignored.
+        b.probe_done(p2, Some(false));
+        assert!(run(&b, 0.25, stats(700, 100), t0).await.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_without_a_first_token_past_the_target_reopens_at_once() {
+        let b = Breaker::new(params());
+        let t0 = Instant::now();
+        run(&b, 35.5, stats(700, 100), t0).await;
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        let Gate::Probe(p) = b.admit() else { panic!("probe") };
+        // 250 ms: still within the 300 ms target, nothing happens.
+        assert!(run(&b, 0.25, stats(700, 100), t0).await.is_empty());
+        // 500 ms without a first token: slow, whatever comes later.
+        let tr = run(&b, 0.25, stats(700, 100), t0).await;
+        assert_eq!(tr[0].1, Transition { from: BreakerState::HalfOpen, to: BreakerState::Open });
+        // Its late verdict changes nothing.
+        b.probe_done(p, Some(true));
+        assert_eq!(b.state(), BreakerState::Open);
     }
 
     #[test]

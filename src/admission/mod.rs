@@ -22,7 +22,8 @@ use tokio::time::Instant;
 
 use crate::config::{ClassConfig, Config, Tier};
 use crate::state::App;
-use crate::telemetry::metrics::{ClassLabels, Metrics};
+use crate::telemetry::budget::{self, Budget, Sli};
+use crate::telemetry::metrics::{ClassLabels, Metrics, SloLabels, SloWindowLabels};
 use crate::telemetry::window::{RollingHistogram, WindowStats};
 use breaker::{Breaker, BreakerParams, BreakerState, ReductionTrigger, TriggerParams};
 
@@ -45,7 +46,11 @@ pub struct ClassControl {
     pub itl: RollingHistogram,
     pub breaker: Breaker,
     pub reduction: ReductionTrigger,
+    /// Error-budget counters (latency and availability SLIs).
+    pub budget: Budget,
     view: Mutex<ClassView>,
+    /// The breaker was armed (P99 above threshold, counting) at the last tick.
+    was_armed: std::sync::atomic::AtomicBool,
     ttft_p99_gauge: Gauge<f64, AtomicU64>,
     breaker_gauge: Gauge,
     reduction_gauge: Gauge,
@@ -63,7 +68,12 @@ impl ClassControl {
             itl: RollingHistogram::new(window),
             breaker: Breaker::new(BreakerParams::new(&config.breaker, class.ttft.get())),
             reduction: ReductionTrigger::new(trigger_params(class, config)),
+            budget: Budget::new(
+                config.slo.burn_alerts.iter().map(|a| a.long.get()).max().unwrap_or(Duration::from_secs(3600)),
+                config.slo.window.get(),
+            ),
             view: Mutex::new(ClassView::default()),
+            was_armed: false.into(),
             ttft_p99_gauge: metrics.ttft_p99.get_or_create(&labels).clone(),
             breaker_gauge: metrics.breaker_state.get_or_create(&labels).clone(),
             reduction_gauge: metrics.context_reduction_active.get_or_create(&labels).clone(),
@@ -107,6 +117,17 @@ impl ClassControl {
                 // What the window holds is about the episode just handled.
                 self.ttft.reset();
                 self.itl.reset();
+            }
+        }
+        let armed = self.breaker.armed();
+        if armed != self.was_armed.swap(armed, Ordering::Relaxed) {
+            if armed {
+                tracing::warn!(
+                    class = %self.name, ttft_p99_ms = ttft.p99.as_millis() as u64, target_ms = self.ttft_target().as_millis() as u64,
+                    "TTFT P99 above the breaker's trip threshold; it opens if this lasts trip_after"
+                );
+            } else if self.breaker.state() == BreakerState::Closed {
+                tracing::info!(class = %self.name, ttft_p99_ms = ttft.p99.as_millis() as u64, "TTFT P99 back under the breaker's trip threshold");
             }
         }
         if let Some(on) = self.reduction.tick(now, &ttft) {
@@ -154,12 +175,38 @@ impl Controls {
     }
 }
 
+/// Per class and SLI: budget left over `slo.window` and burn rate over each
+/// burn-alert window, as gauges.
+pub fn publish_budgets(app: &App, now: Instant) {
+    let snap = app.snapshot();
+    let slo = &snap.config.slo;
+    let mut windows: Vec<Duration> = slo.burn_alerts.iter().flat_map(|a| [a.long.get(), a.short.get()]).collect();
+    windows.sort();
+    windows.dedup();
+    for c in app.controls.all() {
+        if !snap.config.classes.contains_key(&*c.name) {
+            continue;
+        }
+        for (sli, objective) in [(Sli::Latency, slo.latency_objective), (Sli::Availability, slo.availability_objective)] {
+            let name = format!("{}-{}", c.name, sli.as_str());
+            let total = c.budget.counts(now, slo.window.get());
+            app.metrics.budget_remaining.get_or_create(&SloLabels { slo: name.clone() }).set(budget::remaining(sli, &total, objective));
+            for w in &windows {
+                let counts = c.budget.counts(now, *w);
+                let labels = SloWindowLabels { slo: name.clone(), window: budget::window_label(*w) };
+                app.metrics.burn_rate.get_or_create(&labels).set(budget::burn_rate(sli, &counts, objective));
+            }
+        }
+    }
+}
+
 /// One publisher pass at `now`: class views, breaker and reduction
 /// transitions, then each pool's queue upkeep.
 pub fn publish_once(app: &App, now: Instant) {
     let snap = app.snapshot();
     let mut interactive_at_risk = false;
     for c in app.controls.all() {
+        c.budget.fold(now);
         let ttft = c.publish(now);
         if c.tier == Tier::Interactive && ttft.count > 0 && ttft.p99 > c.ttft_target() {
             interactive_at_risk = true;
@@ -176,9 +223,18 @@ pub fn publisher(app: Arc<App>, mut stop: watch::Receiver<bool>) -> JoinHandle<(
     tokio::spawn(async move {
         let mut every = tokio::time::interval(TICK);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut n = 0u64;
         loop {
             tokio::select! {
-                _ = every.tick() => publish_once(&app, Instant::now()),
+                _ = every.tick() => {
+                    let now = Instant::now();
+                    publish_once(&app, now);
+                    // Budgets move slowly: every 5 s is plenty.
+                    if n % 20 == 0 {
+                        publish_budgets(&app, now);
+                    }
+                    n += 1;
+                }
                 _ = stop.changed() => return,
             }
         }

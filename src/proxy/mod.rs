@@ -145,7 +145,7 @@ async fn forward(
     // Admission: the class's breaker gate, then a slot (maybe after a wait).
     match class.control.breaker.admit() {
         Gate::Pass => {}
-        Gate::Probe => t.set_probe(),
+        Gate::Probe(ticket) => t.set_probe(ticket),
         Gate::Reject { retry_after_secs } => {
             return Err(GatewayError::Rejected {
                 message: format!(
@@ -165,6 +165,13 @@ async fn forward(
         Err(Refusal::Timeout { .. }) => Some(pool.queue_timeout(class.tier)),
         Err(_) => None,
     };
+    if let Err(Refusal::Timeout { .. }) = &admitted {
+        // The caller waited this long without a first token: a TTFT sample
+        // for the breaker's window (an overloaded pool shows up here first).
+        if let Some(w) = waited {
+            class.control.ttft.record(w);
+        }
+    }
     if let Some(w) = waited {
         metrics
             .queue_time

@@ -50,7 +50,7 @@ pub struct Tracker {
     cut: bool,
     lease: Option<Lease>,
     /// Admitted by a half-open breaker as a probe: report how it went.
-    probe: bool,
+    probe: Option<crate::admission::breaker::ProbeTicket>,
 }
 
 impl Tracker {
@@ -71,13 +71,13 @@ impl Tracker {
             outcome: None,
             cut: false,
             lease: None,
-            probe: false,
+            probe: None,
         }
     }
 
     /// This request is a half-open breaker's probe.
-    pub fn set_probe(&mut self) {
-        self.probe = true;
+    pub fn set_probe(&mut self, ticket: crate::admission::breaker::ProbeTicket) {
+        self.probe = Some(ticket);
     }
 
     /// Set the model label (a model a pool serves: bounded).
@@ -114,7 +114,14 @@ impl Tracker {
 
     fn content_event(&mut self, now: Instant) {
         match self.last_token {
-            None => self.first_token = Some(now),
+            None => {
+                self.first_token = Some(now);
+                // Recorded now, not at the end of the stream: the rolling
+                // window must see a slow first token while the stream runs.
+                let ttft = now - self.start;
+                self.metrics.ttft.get_or_create(&self.labels).observe(ttft.as_secs_f64());
+                self.class.control.ttft.record(ttft);
+            }
             Some(prev) => {
                 let gap = now - prev;
                 let itl = self.itl.get_or_insert_with(|| self.metrics.itl.get_or_create(&self.labels).clone());
@@ -138,18 +145,19 @@ impl Tracker {
             .get_or_create(&OutcomeLabels { model: self.labels.model.clone(), class: class.clone(), tier: self.labels.tier, outcome })
             .inc();
         let ttft = self.first_token.map(|t| t - self.start);
-        if let Some(ttft) = ttft {
-            m.ttft.get_or_create(&self.labels).observe(ttft.as_secs_f64());
-            self.class.control.ttft.record(ttft);
+        if ttft.is_none() && outcome == Outcome::timeout {
+            // No first token within the timeout: the caller waited this long
+            // for one, and the breaker's window should know it.
+            self.class.control.ttft.record(end - self.start);
         }
-        if self.probe {
+        if let Some(ticket) = self.probe {
             let verdict = match (ttft, outcome) {
                 (Some(t), _) => Some(t <= self.class.ttft),
                 // Ended before a first token for reasons that say nothing about latency.
                 (None, Outcome::cancelled | Outcome::rejected | Outcome::client_error) => None,
                 (None, _) => Some(false),
             };
-            self.class.control.breaker.probe_done(verdict);
+            self.class.control.breaker.probe_done(ticket, verdict);
         }
         let completed = matches!(outcome, Outcome::ok | Outcome::length);
         let e2e = end - self.start;
@@ -191,6 +199,7 @@ impl Tracker {
             // A non-streaming answer is on time if a stream at the targets would have finished by now.
             e2e <= self.class.ttft + self.class.itl * (out_tokens.saturating_sub(1) as u32)
         };
+        self.class.control.budget.record(outcome, completed && latency_ok);
         if completed && latency_ok {
             m.goodput.get_or_create(&ClassLabels { class: class.clone() }).inc();
         }

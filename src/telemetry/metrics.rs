@@ -64,6 +64,17 @@ pub struct ModelClassLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct SloLabels {
+    pub slo: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct SloWindowLabels {
+    pub slo: String,
+    pub window: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ClassLabels {
     pub class: String,
 }
@@ -144,6 +155,10 @@ pub struct Metrics {
     pub context_reduction_active: Family<ClassLabels, Gauge>,
     pub ttft_p99: Family<ClassLabels, Gauge<f64, AtomicU64>>,
     pub context_reduced: Family<ClassLabels, Counter>,
+    pub budget_remaining: Family<SloLabels, Gauge<f64, AtomicU64>>,
+    pub burn_rate: Family<SloWindowLabels, Gauge<f64, AtomicU64>>,
+    pub reload_failures: Counter,
+    pub reloads: Counter,
 }
 
 impl Metrics {
@@ -175,6 +190,10 @@ impl Metrics {
             context_reduction_active: Family::default(),
             ttft_p99: Family::default(),
             context_reduced: Family::default(),
+            budget_remaining: Family::default(),
+            burn_rate: Family::default(),
+            reload_failures: Counter::default(),
+            reloads: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -206,6 +225,14 @@ impl Metrics {
         );
         registry.register("ttft_p99_seconds", "TTFT P99 over the breaker's rolling window", m.ttft_p99.clone());
         registry.register("context_reduced_requests", "Requests rewritten by context reduction", m.context_reduced.clone());
+        registry.register(
+            "error_budget_remaining_ratio",
+            "Share of the error budget left over slo.window (since the process started; negative when overspent)",
+            m.budget_remaining.clone(),
+        );
+        registry.register("error_budget_burn_rate", "Bad share over the allowed bad share, per burn-alert window", m.burn_rate.clone());
+        registry.register("config_reloads", "Config reloads applied", m.reloads.clone());
+        registry.register("config_reload_failures", "Config reloads rejected (the old config was kept)", m.reload_failures.clone());
         for class in config.classes.keys() {
             let l = ClassLabels { class: class.clone() };
             m.breaker_state.get_or_create(&l).set(0);

@@ -4,6 +4,7 @@
 //! The request path only calls cheap, non-blocking recorders here; nothing in
 //! this room waits on a scrape.
 
+pub mod budget;
 pub mod histogram;
 pub mod metrics;
 pub mod window;

@@ -38,6 +38,21 @@ enum Cmd {
     },
     /// Compare two JSON results side by side.
     Compare { a: PathBuf, b: PathBuf },
+    /// Chart a CSV file (x column, then one column per series) as SVG and PNG.
+    Chart {
+        csv: PathBuf,
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        stem: String,
+        #[arg(long)]
+        title: String,
+        #[arg(long, default_value = "")]
+        y_label: String,
+        /// A horizontal reference line, `LABEL=Y` (repeatable).
+        #[arg(long = "line")]
+        lines: Vec<String>,
+    },
     /// Render the SVG and PNG charts of a JSON result.
     Plot {
         result: PathBuf,
@@ -79,6 +94,15 @@ async fn main() -> ExitCode {
             .await
         }
         Cmd::Compare { a, b } => read(&a).and_then(|a| read(&b).map(|b| print!("{}", report::compare(&a, &b)))),
+        Cmd::Chart { csv, dir, stem, title, y_label, lines } => lines
+            .iter()
+            .map(|l| {
+                let (name, y) = l.rsplit_once('=').ok_or_else(|| format!("--line {l}: write LABEL=Y"))?;
+                Ok((name.to_string(), y.parse::<f64>().map_err(|e| format!("--line {l}: {e}"))?))
+            })
+            .collect::<Result<Vec<_>, String>>()
+            .and_then(|lines| loadtest::loadgen::plots::render_csv(&csv, &dir, &stem, &title, &y_label, lines))
+            .map(|files| eprintln!("loadgen: wrote {} charts to {}", files.len(), dir.display())),
         Cmd::Plot { result, dir } => read(&result).and_then(|r| {
             let files = loadtest::loadgen::plots::render(&r, &dir, &r.label)?;
             eprintln!("loadgen: wrote {} charts to {}", files.len(), dir.display());

@@ -32,8 +32,8 @@ fn ensure_font() -> Result<(), String> {
 
 struct Chart {
     title: String,
-    x_label: &'static str,
-    y_label: &'static str,
+    x_label: String,
+    y_label: String,
     series: Vec<(String, Vec<(f64, f64)>)>,
     /// Horizontal reference lines (label, y).
     lines: Vec<(String, f64)>,
@@ -55,7 +55,7 @@ where
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..x_max, 0.0..y_max)
         .map_err(e)?;
-    chart.configure_mesh().x_desc(c.x_label).y_desc(c.y_label).label_style(("sans-serif", 14)).draw().map_err(e)?;
+    chart.configure_mesh().x_desc(c.x_label.as_str()).y_desc(c.y_label.as_str()).label_style(("sans-serif", 14)).draw().map_err(e)?;
     for (i, (name, points)) in c.series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         chart
@@ -122,8 +122,8 @@ pub fn render(r: &RunResult, dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, S
     both(
         &Chart {
             title: format!("{}: TTFT CDF per class", r.label),
-            x_label: "TTFT (ms)",
-            y_label: "share of requests",
+            x_label: "TTFT (ms)".into(),
+            y_label: "share of requests".into(),
             series,
             lines: vec![],
         },
@@ -154,8 +154,8 @@ pub fn render(r: &RunResult, dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, S
     both(
         &Chart {
             title: format!("{}: TTFT p99 over time ({window} s windows)", r.label),
-            x_label: "time (s)",
-            y_label: "TTFT p99 (ms)",
+            x_label: "time (s)".into(),
+            y_label: "TTFT p99 (ms)".into(),
             series,
             lines,
         },
@@ -188,8 +188,8 @@ pub fn render(r: &RunResult, dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, S
     both(
         &Chart {
             title: format!("{}: throughput and rejections", r.label),
-            x_label: "time (s)",
-            y_label: "requests per second",
+            x_label: "time (s)".into(),
+            y_label: "requests per second".into(),
             series,
             lines: vec![],
         },
@@ -197,5 +197,43 @@ pub fn render(r: &RunResult, dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, S
         &format!("{prefix}-throughput"),
         &mut out,
     )?;
+    Ok(out)
+}
+
+/// Chart the columns of a CSV file (a header row, then numbers; the first
+/// column is the x axis) as one line each, with optional horizontal lines.
+/// Writes `DIR/STEM.{svg,png}`.
+pub fn render_csv(
+    csv: &Path,
+    dir: &Path,
+    stem: &str,
+    title: &str,
+    y_label: &str,
+    lines: Vec<(String, f64)>,
+) -> Result<Vec<PathBuf>, String> {
+    ensure_font()?;
+    let text = std::fs::read_to_string(csv).map_err(|e| format!("{}: {e}", csv.display()))?;
+    let mut rows = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<String> =
+        rows.next().ok_or_else(|| format!("{}: empty", csv.display()))?.split(',').map(|h| h.trim().to_string()).collect();
+    if header.len() < 2 {
+        return Err(format!("{}: need an x column and at least one series", csv.display()));
+    }
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = header[1..].iter().map(|h| (h.clone(), Vec::new())).collect();
+    for (n, row) in rows.enumerate() {
+        let vals: Vec<f64> = row
+            .split(',')
+            .map(|v| v.trim().parse::<f64>().map_err(|e| format!("{}: row {}: {e}", csv.display(), n + 2)))
+            .collect::<Result<_, _>>()?;
+        for (i, s) in series.iter_mut().enumerate() {
+            if let Some(y) = vals.get(i + 1) {
+                s.1.push((vals[0], *y));
+            }
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut out = Vec::new();
+    let chart = Chart { title: title.into(), x_label: header[0].clone(), y_label: y_label.into(), series, lines };
+    both(&chart, dir, stem, &mut out)?;
     Ok(out)
 }

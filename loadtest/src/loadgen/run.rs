@@ -111,12 +111,13 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
     let mut rng = StdRng::seed_from_u64(s.seed);
     let mut dispatchers = Vec::new();
     let mut expected = 0u64;
+    let bases: Arc<Vec<String>> = Arc::new(s.targets());
     for (i, spec) in s.streams.iter().enumerate() {
         let spec = Arc::new(spec.clone());
         let target = s.classes.get(spec.class.as_deref().unwrap_or("")).copied();
         let ctx = Ctx {
             client: client.clone(),
-            base: s.target.trim_end_matches('/').to_string(),
+            bases: bases.clone(),
             spec: spec.clone(),
             target,
             shared: shared.clone(),
@@ -229,7 +230,8 @@ async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
 #[derive(Clone)]
 struct Ctx {
     client: HttpClient,
-    base: String,
+    /// Target base URLs, used in turn.
+    bases: Arc<Vec<String>>,
     spec: Arc<StreamSpec>,
     target: Option<Targets>,
     shared: Arc<Shared>,
@@ -240,6 +242,24 @@ struct Ctx {
 /// Text of about `n` tokens as the simulator counts them (4 characters each).
 fn prompt_text(n: u32) -> String {
     "abc ".repeat(n as usize)
+}
+
+/// A chat history of `turns` messages holding about `n` prompt tokens: a
+/// short system prompt, then user/assistant turns ending with the user.
+fn conversation(n: u32, turns: u32) -> Vec<serde_json::Value> {
+    if turns <= 1 {
+        return vec![serde_json::json!({"role": "user", "content": prompt_text(n)})];
+    }
+    let system = n.min(16);
+    let rest = turns - 1;
+    let each = (n - system) / rest;
+    let mut msgs = vec![serde_json::json!({"role": "system", "content": prompt_text(system)})];
+    for i in 0..rest {
+        // Odd count of turns after the system prompt ends with the user.
+        let role = if (rest - 1 - i) % 2 == 0 { "user" } else { "assistant" };
+        msgs.push(serde_json::json!({"role": role, "content": prompt_text(each)}));
+    }
+    msgs
 }
 
 impl Ctx {
@@ -306,7 +326,7 @@ impl Ctx {
         let spec = &self.spec;
         let text = prompt_text(prompt);
         let mut body = match spec.endpoint {
-            Endpoint::Chat => serde_json::json!({"model": spec.model, "messages": [{"role": "user", "content": text}]}),
+            Endpoint::Chat => serde_json::json!({"model": spec.model, "messages": conversation(prompt, spec.turns)}),
             Endpoint::Completions => serde_json::json!({"model": spec.model, "prompt": text}),
         };
         body["max_tokens"] = output.into();
@@ -316,7 +336,9 @@ impl Ctx {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
         };
-        let mut req = http::Request::post(format!("{}{path}", self.base)).header("content-type", "application/json");
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = &self.bases[NEXT.fetch_add(1, Ordering::Relaxed) as usize % self.bases.len().max(1)];
+        let mut req = http::Request::post(format!("{base}{path}")).header("content-type", "application/json");
         if let Some(c) = &spec.class {
             req = req.header("x-slo-class", c);
         }

@@ -22,7 +22,9 @@ fn ser_dur<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
-    /// Base URL; only loopback hosts are accepted.
+    /// Base URL; only loopback hosts are accepted. Several URLs separated by
+    /// commas are used in turn, request by request (client-side round robin,
+    /// as a plain Kubernetes Service would spread load without a gateway).
     pub target: String,
     #[serde(deserialize_with = "dur", serialize_with = "ser_dur")]
     pub duration: Duration,
@@ -99,6 +101,15 @@ pub struct StreamSpec {
     pub arrival: Arrival,
     pub prompt_tokens: LenDist,
     pub output_tokens: LenDist,
+    /// Chat: spread the prompt over a conversation of this many messages (a
+    /// system prompt, then alternating user/assistant turns ending with the
+    /// user), as a multi-turn chat history looks. 1 = one user message.
+    #[serde(default = "default_turns")]
+    pub turns: u32,
+}
+
+fn default_turns() -> u32 {
+    1
 }
 
 fn default_endpoint() -> Endpoint {
@@ -283,14 +294,24 @@ impl Scenario {
         Ok(s)
     }
 
+    /// The target base URLs, without trailing slashes.
+    pub fn targets(&self) -> Vec<String> {
+        self.target.split(',').map(|t| t.trim().trim_end_matches('/').to_string()).filter(|t| !t.is_empty()).collect()
+    }
+
     /// Refuse anything but loopback targets and empty scenarios.
     pub fn check(&self) -> Result<(), String> {
-        let uri: http::Uri = self.target.parse().map_err(|e| format!("target: {e}"))?;
-        let host = uri.host().unwrap_or("");
-        let loopback = host == "localhost"
-            || host.trim_matches(|c| c == '[' || c == ']').parse::<std::net::IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false);
-        if !loopback {
-            return Err(format!("target {}: loadgen only sends to loopback addresses (127.0.0.0/8, ::1, localhost)", self.target));
+        if self.targets().is_empty() {
+            return Err("target: at least one URL is required".into());
+        }
+        for t in self.targets() {
+            let uri: http::Uri = t.parse().map_err(|e| format!("target {t}: {e}"))?;
+            let host = uri.host().unwrap_or("");
+            let loopback = host == "localhost"
+                || host.trim_matches(|c| c == '[' || c == ']').parse::<std::net::IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false);
+            if !loopback {
+                return Err(format!("target {t}: loadgen only sends to loopback addresses (127.0.0.0/8, ::1, localhost)"));
+            }
         }
         if self.streams.is_empty() {
             return Err("streams: at least one stream is required".into());

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Issue 4's admission scenarios against simulated 70B replicas, each run
+# side by side, reported with charts under loadtest/results/admission/:
+#
+#   overload   fleet of capacity C (measured first), offered 2C for 150 s:
+#              chat 0.4C, batch 1.6C; straight to the replicas, then through slogate
+#   breaker    a slowdown pushes chat TTFT P99 past 2x SLO; when does the
+#              breaker open, what do callers get, when does it close
+#   reduction  a moderate overload of long multi-turn chats, without and with
+#              context reduction
+#
+#   loadtest/bench/admission.sh [overload] [breaker] [reduction]   (default: all)
+#
+# Everything runs on 127.0.0.1 with free ports, bounded in time; it stops by itself.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+WORK=$(mktemp -d); export WORK
+source "$HERE/../lib.sh"
+OUT="$ROOT/loadtest/results/admission"
+MODEL=sim-llama-70b-fp8
+# vLLM-like replica: 70B FP8 on one H100, 512-token prefill chunks (keeps ITL
+# under 50 ms while prefills run), priority scheduling for upstream_priority.
+SIM_ARGS=(--profile llama70b-fp8-h100 --max-num-batched-tokens 512 --scheduling-policy priority)
+build_release
+
+sim_up() { start_sim sim "$@" "${SIM_ARGS[@]}"; SIM_PID=${PIDS[-1]}; TARGETS=$(IFS=,; echo "${SIM_URLS[*]}"); }
+sim_down() { kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; }
+gw_up() { start_gateway "$1"; }
+gw_down() { kill "$GW_PID" 2>/dev/null || true; wait "$GW_PID" 2>/dev/null || true; }
+
+# write_config FILE EXTRA_YAML : a gateway over SIM_URLS with EXTRA_YAML appended.
+write_config() {
+  local file=$1 extra=$2
+  { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
+    echo "pools:"
+    echo "  - name: default"
+    echo "    models: [auto]"
+    echo "    replicas: [$(IFS=,; echo "${SIM_URLS[*]}" | sed 's/,/, /g')]"
+    echo "$extra"
+  } >"$file"
+}
+
+loadgen() { run_on "${LG_CPUS:-}" "$BIN/loadgen" "$@"; }
+
+chat_stream() { # NAME CLASS ARRIVAL PROMPT OUTPUT [TURNS]
+  cat <<EOF
+  - name: $1
+    class: $2
+    model: $MODEL
+    arrival: $3
+    prompt_tokens: $4
+    output_tokens: $5
+    turns: ${6:-1}
+EOF
+}
+
+overload() {
+  local d="$OUT/overload"; mkdir -p "$d"
+  # 1. Capacity C: two replicas, closed loop at 128 (2 x max_num_seqs), round robin.
+  sim_up --replicas 2
+  { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
+    chat_stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
+  } >"$WORK/capacity.yaml"
+  loadgen run "$WORK/capacity.yaml" --label capacity --out "$d/capacity.json" --report "$d/capacity.md" --no-progress
+  sim_down
+  local C; C=$(python3 "$HERE/admission_report.py" capacity "$d/capacity.json")
+  echo "capacity C = $C req/s"
+  local chat_rate batch_rate
+  chat_rate=$(python3 -c "print(round(0.4*$C, 3))")
+  batch_rate=$(python3 -c "print(round(1.6*$C/8, 3))")   # M^X: batches of 8
+  { echo "target: http://127.0.0.1:1"; echo "duration: 150s"; echo "warmup: 20s"; echo "request_timeout: 60s"; echo "streams:"
+    chat_stream chat chat "{ kind: poisson, rate: $chat_rate }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
+    chat_stream batch batch "{ kind: batch, rate: $batch_rate, size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
+  } >"$d/scenario.yaml"
+  # 2. Straight to the replicas (client-side round robin), fresh replicas.
+  sim_up --replicas 2
+  loadgen run "$d/scenario.yaml" --target "$TARGETS" --label direct --out "$d/direct.json" --report "$d/direct.md" --plots "$d" --no-progress
+  sim_down
+  # 3. Through slogate, fresh replicas.
+  sim_up --replicas 2
+  write_config "$WORK/gw.yaml" "    max_inflight_per_replica: 64   # = max_num_seqs: the replica runs everything it is given
+    upstream_priority: true
+tiers:
+  interactive: { reserved_share: 0.45 }
+  batch: { queue_timeout: 2s }     # a batch request served later than this misses its 3 s TTFT target anyway"
+  sed -n '/max_inflight/,$p' "$WORK/gw.yaml" >"$d/gateway-extra.yaml"
+  gw_up "$WORK/gw.yaml"
+  python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration 215 --out "$d/timeline.csv" &
+  local tl=$!
+  loadgen run "$d/scenario.yaml" --target "$GW_URL" --label gateway --out "$d/gateway.json" --report "$d/gateway.md" --plots "$d" --no-progress
+  kill "$tl" 2>/dev/null || true; wait "$tl" 2>/dev/null || true
+  cp "$WORK/gateway.log" "$d/gateway.log"
+  gw_down; sim_down
+  loadgen compare "$d/direct.json" "$d/gateway.json" >"$d/compare.md"
+  python3 "$HERE/admission_report.py" overload "$d" "$C" "$(machine_line)"
+}
+
+breaker() {
+  local d="$OUT/breaker"; mkdir -p "$d"
+  sim_up --replicas 1
+  { echo "target: http://127.0.0.1:1"; echo "duration: 110s"; echo "warmup: 0s"; echo "request_timeout: 60s"; echo "streams:"
+    chat_stream chat chat "{ kind: poisson, rate: 4 }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
+  } >"$d/scenario.yaml"
+  write_config "$WORK/gw.yaml" "    max_inflight_per_replica: 64
+breaker: { window: 10s }   # P99 over the last 10 s, which must stay above 2x target for trip_after (30 s)"
+  sed -n '/max_inflight/,$p' "$WORK/gw.yaml" >"$d/gateway-extra.yaml"
+  gw_up "$WORK/gw.yaml"
+  python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration 112 --out "$d/timeline.csv" \
+    --fault "25=${SIM_URLS[0]}={\"slowdown\": 8}" --fault "75=${SIM_URLS[0]}={\"slowdown\": 1}" 2>"$d/faults.log" &
+  local tl=$!
+  loadgen run "$d/scenario.yaml" --target "$GW_URL" --label breaker --out "$d/breaker.json" --report "$d/breaker.md" --plots "$d" --no-progress
+  wait "$tl" || true
+  cp "$WORK/gateway.log" "$d/gateway.log"
+  gw_down; sim_down
+  python3 "$HERE/admission_report.py" breaker "$d" "$(machine_line)"
+}
+
+reduction() {
+  local d="$OUT/reduction"; mkdir -p "$d"
+  { echo "target: http://127.0.0.1:1"; echo "duration: 120s"; echo "warmup: 0s"; echo "request_timeout: 60s"; echo "streams:"
+    chat_stream chat chat "{ kind: poisson, rate: ${REDUCTION_RATE:-5.6} }" "{ dist: fixed, value: 2500 }" "{ dist: fixed, value: 64 }" 9
+  } >"$d/scenario.yaml"
+  local common="    max_inflight_per_replica: 24   # keeps the backlog in the gateway queue, where it is reduced on its way out
+tiers:
+  interactive: { queue_timeout: 20s }
+breaker: { window: 10s }"
+  for mode in without with; do
+    sim_up --replicas 1
+    if [ "$mode" = without ]; then
+      write_config "$WORK/gw.yaml" "$common
+context_reduction: { trigger_ratio: 1000 }   # never triggers"
+    else
+      write_config "$WORK/gw.yaml" "$common
+context_reduction: { max_prompt_tokens: 1024, max_tokens_cap: 256 }"
+    fi
+    sed -n '/max_inflight/,$p' "$WORK/gw.yaml" >"$d/gateway-$mode.yaml"
+    gw_up "$WORK/gw.yaml"
+    python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration 122 --out "$d/timeline-$mode.csv" &
+    local tl=$!
+    loadgen run "$d/scenario.yaml" --target "$GW_URL" --label "$mode-reduction" --out "$d/$mode.json" --report "$d/$mode.md" --plots "$d" --no-progress
+    wait "$tl" || true
+    cp "$WORK/gateway.log" "$d/gateway-$mode.log"
+    gw_down; sim_down
+  done
+  loadgen compare "$d/without.json" "$d/with.json" >"$d/compare.md"
+  python3 "$HERE/admission_report.py" reduction "$d" "$(machine_line)"
+}
+
+todo=("$@"); [ ${#todo[@]} -eq 0 ] && todo=(overload breaker reduction)
+for t in "${todo[@]}"; do "$t"; done

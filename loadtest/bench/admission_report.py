@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Reports of loadtest/bench/admission.sh: reads the loadgen results, the
+gateway's admission timeline and log, writes README.md with each of issue
+4's checks stated as met or not met, and draws the timeline charts.
+
+    admission_report.py capacity RESULT.json          -> prints C (req/s)
+    admission_report.py overload DIR C MACHINE
+    admission_report.py breaker DIR MACHINE
+    admission_report.py reduction DIR MACHINE
+"""
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from datetime import datetime
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LOADGEN = os.path.join(HERE, "..", "..", "target", "release", "loadgen")
+TARGETS = {"chat": (300.0, 50.0), "batch": (3000.0, 200.0)}
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def secs(d):
+    """A humantime-ish duration as loadgen serialises it ("150s", "2m 30s", ...)."""
+    if isinstance(d, (int, float)):
+        return float(d)
+    total = 0.0
+    for part in str(d).split():
+        for unit, mul in (("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600)):
+            if part.endswith(unit) and part[: -len(unit)].replace(".", "").isdigit():
+                total += float(part[: -len(unit)]) * mul
+                break
+    return total
+
+
+def window(r):
+    sc = r["scenario"]
+    return secs(sc.get("warmup", 0)), secs(sc["duration"])
+
+
+def measured(r):
+    w, d = window(r)
+    return [x for x in r["records"] if w <= x["start_s"] < d]
+
+
+def within(x):
+    ttft, itl = TARGETS.get(x["class"], (math.inf, math.inf))
+    ok = x["outcome"] in ("ok", "length")
+    return ok and (x["ttft_ms"] is None or x["ttft_ms"] <= ttft) and x["itl_over"] <= x["gaps"] // 100
+
+
+def pct(values, q):
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
+
+
+def log_events(path):
+    """(unix seconds, fields) of the gateway's JSON log lines."""
+    out = []
+    for line in open(path):
+        try:
+            j = json.loads(line)
+        except ValueError:
+            continue
+        ts = datetime.fromisoformat(j["timestamp"].replace("Z", "+00:00")).timestamp()
+        out.append((ts, j.get("fields", {})))
+    return out
+
+
+def timeline(path):
+    with open(path) as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def chart(csv_path, d, stem, title, ylabel, lines):
+    args = [LOADGEN, "chart", csv_path, "--dir", d, "--stem", stem, "--title", title, "--y-label", ylabel]
+    for l in lines:
+        args += ["--line", l]
+    subprocess.run(args, check=True)
+
+
+def timeline_chart(tl_path, d, stem, title):
+    """TTFT P99 (the gateway's rolling view) with breaker and reduction state scaled to be visible."""
+    rows = timeline(tl_path)
+    derived = os.path.join(d, stem + ".csv")
+    with open(derived, "w") as f:
+        f.write("time (s),chat TTFT P99 ms (gateway window),breaker state x500 (1000 = open),reduction active x400\n")
+        for r in rows:
+            f.write(f"{r['t']:.2f},{r['ttft_p99_ms']:.1f},{r['breaker_state'] * 500:.0f},{r['reduction_active'] * 400:.0f}\n")
+    chart(derived, d, stem, title, "ms", ["chat TTFT target 300 ms=300", "2x target 600 ms=600"])
+
+
+def class_row(recs, cls, dur):
+    rs = [x for x in recs if x["class"] == cls]
+    done = [x for x in rs if x["outcome"] in ("ok", "length")]
+    rej = [x for x in rs if x["outcome"] == "rejected"]
+    ttft = [x["ttft_ms"] for x in done if x["ttft_ms"] is not None]
+    good = [x for x in rs if within(x)]
+    return {
+        "requests": len(rs), "done": len(done), "rejected": len(rej), "failed": len(rs) - len(done) - len(rej),
+        "p50": pct(ttft, 0.5), "p99": pct(ttft, 0.99), "within": len(good) / len(rs) if rs else float("nan"),
+        "within_served": len(good) / len(done) if done else float("nan"),
+        "goodput": len(good) / dur, "throughput": len(done) / dur,
+    }
+
+
+def cmd_capacity(path):
+    r = load(path)
+    w, d = window(r)
+    done = [x for x in measured(r) if x["outcome"] in ("ok", "length")]
+    print(f"{len(done) / (d - w):.2f}")
+
+
+def cmd_overload(d, C, machine):
+    C = float(C)
+    res = {k: load(os.path.join(d, f"{k}.json")) for k in ("direct", "gateway")}
+    w, dur = window(res["gateway"])
+    span = dur - w
+    rows = {k: {c: class_row(measured(r), c, span) for c in ("chat", "batch")} for k, r in res.items()}
+    g = rows["gateway"]
+    goodput = {k: rows[k]["chat"]["goodput"] + rows[k]["batch"]["goodput"] for k in rows}
+    checks = [
+        ("chat TTFT P99 <= 300 ms", g["chat"]["p99"] <= 300, f"{g['chat']['p99']:.0f} ms"),
+        (">= 99 % of chat requests within their SLO (TTFT and ITL)", g["chat"]["within"] >= 0.99, f"{100 * g['chat']['within']:.2f} %"),
+        ("aggregate goodput >= 90 % of C", goodput["gateway"] >= 0.9 * C, f"{goodput['gateway']:.2f} req/s = {100 * goodput['gateway'] / C:.0f} % of C"),
+        ("batch still served", g["batch"]["done"] > 0, f"{g['batch']['done']} batch requests completed ({g['batch']['throughput']:.2f} req/s)"),
+    ]
+    tl = os.path.join(d, "timeline.csv")
+    if os.path.exists(tl):
+        timeline_chart(tl, d, "gateway-admission", "through slogate: chat TTFT P99 as the gateway sees it")
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# Overload: 2x the fleet's capacity, chat 0.4 C + batch 1.6 C\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/admission.sh overload`.\n\n")
+        f.write("**Fleet:** two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each: "
+                "22 ms + 0.3 ms/seq decode steps, 0.078 ms/prompt token, max_num_seqs 64), `--max-num-batched-tokens 512`, "
+                "`--scheduling-policy priority`. Every request: 512 prompt tokens, 64-256 output tokens (uniform).\n\n")
+        f.write(f"**Capacity C = {C:.2f} req/s**: the fleet's throughput saturated (closed loop, 128 concurrent = 2 x max_num_seqs, "
+                "round robin, 30 s after 10 s warm-up; `capacity.md`). At that load the replicas alone still hold chat's SLO "
+                "(see `capacity.md`), so C is also the SLO capacity.\n\n")
+        f.write(f"**Offered 2 C for 150 s** (first 20 s warm-up left out): chat Poisson {0.4 * C:.2f} req/s (0.4 C), batch "
+                f"{1.6 * C:.2f} req/s (1.6 C) arriving in bursts of 8 (M^X). Run once straight to the replicas (client-side round "
+                "robin, as a plain Service would) and once through slogate, each on freshly started replicas. Goodput = requests "
+                "that completed within their class's TTFT and ITL targets (chat 300/50 ms, batch 3000/200 ms), per second of the "
+                "measured window; TTFT is measured by the client and includes time in the gateway queue.\n\n")
+        f.write("slogate's settings (`gateway-extra.yaml`): `max_inflight_per_replica: 64` (= max_num_seqs), `upstream_priority: true`, "
+                "`tiers.interactive.reserved_share: 0.45`, `tiers.batch.queue_timeout: 2s`.\n\n")
+        f.write("## Checks\n\n| check | result | measured |\n|---|---|---|\n")
+        for name, ok, val in checks:
+            f.write(f"| {name} | {'met' if ok else '**not met**'} | {val} |\n")
+        f.write("\n## Side by side\n\n| run | class | requests | completed | 429 | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n")
+        f.write("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+        for k in ("direct", "gateway"):
+            for c in ("chat", "batch"):
+                x = rows[k][c]
+                f.write(f"| {k} | {c} | {x['requests']} | {x['done']} | {x['rejected']} | {x['failed']} | "
+                        f"{x['p50']:.0f} / {x['p99']:.0f} | {100 * x['within']:.1f} % | {x['goodput']:.2f} |\n")
+            f.write(f"| {k} | **all** | | | | | | | **{goodput[k]:.2f}** ({100 * goodput[k] / C:.0f} % of C) |\n")
+        f.write("\nStraight to the replicas every request is accepted and waits in vLLM's unbounded queue: the queue grows "
+                "for the whole run and chat's TTFT with it. Through slogate, chat finds a slot at once (reserved share, "
+                "interactive first, vLLM priority), batch fills the rest of the slots and what cannot be served within its "
+                "TTFT target is refused early with 429 + Retry-After instead of waiting.\n\n")
+        f.write("Charts: `direct-*.png`, `gateway-*.png` (TTFT CDF, TTFT p99 over time, throughput and 429s), "
+                "`gateway-admission.png` (the gateway's rolling chat TTFT P99). Full reports: `direct.md`, `gateway.md`, `compare.md`.\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
+def transitions(events, cls="chat"):
+    out = []
+    for ts, f in events:
+        if f.get("class") != cls:
+            continue
+        msg = f.get("message", "")
+        if msg.startswith("TTFT P99 above the breaker"):
+            out.append((ts, "armed"))
+        elif msg.startswith("TTFT P99 back under"):
+            out.append((ts, "disarmed"))
+        elif "breaker" in msg and f.get("to"):
+            out.append((ts, f["to"]))
+        elif msg.startswith("context reduction"):
+            out.append((ts, "reduction " + ("on" if f.get("active") in (True, "true") else "off")))
+    return out
+
+
+def cmd_breaker(d, machine):
+    r = load(os.path.join(d, "breaker.json"))
+    tl = timeline(os.path.join(d, "timeline.csv"))
+    faults = [(float(l.split()[1]), l.split(None, 3)[3]) for l in open(os.path.join(d, "faults.log")) if l.startswith("fault ")]
+    slow_start, slow_end = faults[0][0], faults[1][0]
+    ev = transitions(log_events(os.path.join(d, "gateway.log")))
+    armed = next((t for t, e in ev if e == "armed"), None)
+    opened = next((t for t, e in ev if e == "open" and armed and t >= armed), None)
+    exceed_t = next((x["t"] for x in tl if x["t"] >= slow_start and x["ttft_p99_ms"] > 600), None)
+    open_t = next((x["t"] for x in tl if x["t"] >= slow_start and x["breaker_state"] == 2), None)
+    # Closed again: the first sample at state 0 after the slowdown ended, once it had opened.
+    was_open = any(x["breaker_state"] != 0 for x in tl if slow_start <= x["t"] <= slow_end)
+    closed_t = next((x["t"] for x in tl if x["t"] >= slow_end and x["breaker_state"] == 0), None) if was_open else None
+    # Align the log's clock with the timeline's through the opening.
+    rej = [x for x in r["records"] if x["outcome"] == "rejected"]
+    by_ra = {}
+    for x in rej:
+        by_ra[x["retry_after"]] = by_ra.get(x["retry_after"], 0) + 1
+    open_delay = (opened - armed) if (armed and opened) else None
+    close_delay = (closed_t - slow_end) if closed_t is not None else None
+    ra5 = by_ra.get(5, 0)
+    checks = [
+        ("opens 30-33 s after chat TTFT P99 exceeds 2x SLO",
+         open_delay is not None and 30 <= open_delay <= 33,
+         f"{open_delay:.2f} s (gateway log: P99 above 600 ms -> open)" if open_delay is not None else "never opened"),
+        ("callers receive 429 with Retry-After: 5", ra5 > 0, f"{ra5} responses 429 with Retry-After: 5"),
+        ("closes within 10 s of the slowdown ending", close_delay is not None and close_delay <= 10,
+         f"{close_delay:.2f} s (+-0.25 s sampling)" if close_delay is not None else "did not close"),
+    ]
+    timeline_chart(os.path.join(d, "timeline.csv"), d, "breaker-timeline",
+                   f"breaker: slowdown x8 from {slow_start:.0f} s to {slow_end:.0f} s")
+    t0 = (opened - open_t) if (opened and open_t is not None) else None
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# Breaker: chat TTFT P99 past 2x SLO, 429 + Retry-After, and back\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/admission.sh breaker`.\n\n")
+        f.write("One simulated replica (`llama70b-fp8-h100`, 512-token prefill chunks), chat at 4 req/s Poisson (512 prompt, "
+                f"64-256 output tokens) for 110 s through slogate. At {slow_start:.1f} s the replica slows down 8x "
+                f"(`POST /admin/faults {{\"slowdown\": 8}}`), at {slow_end:.1f} s it recovers. Breaker settings: the defaults "
+                "(`trip_ratio 2`, `trip_after 30s`, `min_samples 20`, `retry_after 5s`) with `window: 10s` (`gateway-extra.yaml`): "
+                "the P99 is taken over the last 10 s and must stay above 2x target for 30 s. With the default 30 s window, "
+                "slow samples would stay in the P99 for 30 s after a recovery, so a 30 s window plus a 30 s hold really "
+                "means 'slow at any point in the last minute'.\n\n")
+        f.write("## Checks\n\n| check | result | measured |\n|---|---|---|\n")
+        for name, ok, val in checks:
+            f.write(f"| {name} | {'met' if ok else '**not met**'} | {val} |\n")
+        f.write("\n## Timeline\n\n| time s | event |\n|---|---|\n")
+        rows = [(slow_start, "replica slowed down 8x"), (slow_end, "replica back to normal")]
+        if exceed_t is not None:
+            rows.append((exceed_t, "gateway's chat TTFT P99 first sampled above 600 ms (2x target)"))
+        if t0 is not None:
+            rows += [(ts - t0, f"breaker log: {e}") for ts, e in ev]
+        if ra5:
+            rows.append((min(x["start_s"] for x in rej if x["retry_after"] == 5), "first 429 with Retry-After: 5 at a client (sent at)"))
+        if rej:
+            rows.append((min(x["start_s"] for x in rej), "first 429 of any kind at a client (sent at)"))
+        for t, e in sorted(rows):
+            f.write(f"| {t:.2f} | {e} |\n")
+        f.write(f"\n429s by Retry-After: {by_ra} (Retry-After 1 are queue timeouts: with the replica 8x slower its 64 slots "
+                "fill and the interactive queue's 2 s timeout answers before the breaker opens).\n\n")
+        f.write("Charts: `breaker-timeline.png` (the gateway's rolling chat TTFT P99 with the breaker state), "
+                "`breaker-ttft-p99.png`, `breaker-throughput.png` (completed and 429 per second, client side). Report: `breaker.md`.\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
+def cmd_reduction(d, machine):
+    res = {m: load(os.path.join(d, f"{m}.json")) for m in ("without", "with")}
+    ev = {m: transitions(log_events(os.path.join(d, f"gateway-{m}.log"))) for m in res}
+    tls = {m: timeline(os.path.join(d, f"timeline-{m}.csv")) for m in res}
+    summary = {}
+    for m, r in res.items():
+        recs = [x for x in r["records"] if x["class"] == "chat"]
+        tl = tls[m]
+        on_t = next((x["t"] for x in tl if x["reduction_active"] == 1), None)
+        opened = any(x["breaker_state"] == 2 for x in tl) or any(e == "open" for _, e in ev[m])
+        # Client TTFT p99 in 10 s windows by send time.
+        wins = {}
+        for x in recs:
+            if x["ttft_ms"] is not None:
+                wins.setdefault(int(x["start_s"] // 10), []).append(x["ttft_ms"])
+        summary[m] = {
+            "on_t": on_t, "opened": opened, "wins": {k: pct(v, 0.99) for k, v in sorted(wins.items())},
+            "reduced": sum(1 for x in recs if x.get("context_reduced")),
+            "rejected": sum(1 for x in recs if x["outcome"] == "rejected"),
+            "requests": len(recs), "all_p99": pct([x["ttft_ms"] for x in recs if x["ttft_ms"] is not None], 0.99),
+            "max_p99": max((x["ttft_ms_p99"] for x in []), default=None),
+            "gw_max": max((x["ttft_p99_ms"] for x in tl), default=float("nan")),
+        }
+        timeline_chart(os.path.join(d, f"timeline-{m}.csv"), d, f"timeline-{m}", f"{m} context reduction: chat TTFT P99 (gateway view)")
+    w = summary["with"]
+    on = w["on_t"]
+    # Before: the 10 s window in which reduction switched on; after: from 20 s after it to the end.
+    before = [v for k, v in w["wins"].items() if on is not None and k * 10 <= on < k * 10 + 10]
+    after = [v for k, v in w["wins"].items() if on is not None and k * 10 >= on + 20 and k * 10 + 10 <= 120]
+    tail_tl = [x["ttft_p99_ms"] for x in tls["with"] if on is not None and x["t"] >= on + 30]
+    checks = [
+        ("without reduction the same load opens the breaker (a real overload)", summary["without"]["opened"],
+         "opened" if summary["without"]["opened"] else "never opened"),
+        ("with reduction the breaker never opens", not w["opened"], "never opened" if not w["opened"] else "opened"),
+        ("reduction brings chat TTFT P99 back under the 300 ms target",
+         bool(tail_tl) and pct(tail_tl, 0.5) <= 300 and bool(after) and max(after) <= 300,
+         (f"client p99 per 10 s window from {on + 20:.0f} s: max {max(after):.0f} ms; gateway's rolling P99 median "
+          f"{pct(tail_tl, 0.5):.0f} ms from {on + 30:.0f} s") if after and tail_tl else "no data"),
+    ]
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# Context reduction: a moderate overload brought back under target without the breaker\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/admission.sh reduction`.\n\n")
+        f.write("One simulated replica (`llama70b-fp8-h100`, 512-token prefill chunks). Chat at "
+                f"{res['with']['scenario']['streams'][0]['arrival'].get('rate')} req/s Poisson, each a 9-message conversation "
+                "(system prompt + 8 turns) of 2,500 prompt tokens and 64 output tokens: prefill-bound, about 1.15x what the "
+                "replica can prefill. Run twice through slogate for 120 s on fresh replicas: once with context reduction off "
+                "(`trigger_ratio: 1000`), once on with `max_prompt_tokens: 1024`, `max_tokens_cap: 256` (trigger: the "
+                "defaults, P99 > 2x target for 10 s). Both: `max_inflight_per_replica: 24` (the backlog waits in the gateway "
+                "queue, where requests are reduced on their way out), interactive `queue_timeout: 20s`, breaker `window: 10s` "
+                "(see the breaker report for why).\n\n")
+        f.write("## Checks\n\n| check | result | measured |\n|---|---|---|\n")
+        for name, ok, val in checks:
+            f.write(f"| {name} | {'met' if ok else '**not met**'} | {val} |\n")
+        f.write("\n## Before / after\n\n| run | requests | reduced | 429 | chat TTFT p99 whole run ms | gateway's rolling P99 max ms | reduction on at s | breaker opened |\n")
+        f.write("|---|---:|---:|---:|---:|---:|---:|---|\n")
+        for m in ("without", "with"):
+            s = summary[m]
+            f.write(f"| {m} | {s['requests']} | {s['reduced']} | {s['rejected']} | {s['all_p99']:.0f} | {s['gw_max']:.0f} | "
+                    f"{'-' if s['on_t'] is None else format(s['on_t'], '.1f')} | {'yes' if s['opened'] else 'no'} |\n")
+        f.write("\nClient-side chat TTFT p99 per 10 s of send time (ms):\n\n| window s | " + " | ".join(
+            f"{k * 10}-{k * 10 + 10}" for k in summary["with"]["wins"]) + " |\n|---|" + "---:|" * len(summary["with"]["wins"]) + "\n")
+        for m in ("without", "with"):
+            f.write(f"| {m} | " + " | ".join(f"{summary[m]['wins'].get(k, float('nan')):.0f}" for k in summary["with"]["wins"]) + " |\n")
+        if before:
+            f.write(f"\nWith reduction: p99 {max(before):.0f} ms in the window it switched on, then at most "
+                    f"{max(after) if after else float('nan'):.0f} ms from 20 s after.\n")
+        f.write("\nTransitions (gateway log, seconds after the first event):\n\n")
+        for m in ("without", "with"):
+            if ev[m]:
+                t0 = ev[m][0][0]
+                f.write(f"- {m}: " + "; ".join(f"{t - t0:.1f} s {e}" for t, e in ev[m]) + "\n")
+        f.write("\nCharts: `timeline-without.png`, `timeline-with.png` (the gateway's rolling chat TTFT P99, breaker and "
+                "reduction state), `*-reduction-ttft-p99.png`, `*-reduction-throughput.png`. Reports: `without.md`, `with.md`, `compare.md`.\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
+if __name__ == "__main__":
+    cmd, *rest = sys.argv[1:]
+    {"capacity": cmd_capacity, "overload": cmd_overload, "breaker": cmd_breaker, "reduction": cmd_reduction}[cmd](*rest)
