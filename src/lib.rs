@@ -16,6 +16,7 @@ pub mod config;
 pub mod error;
 pub mod proxy;
 pub mod reduce;
+pub mod rules;
 pub mod server;
 pub mod state;
 pub mod telemetry;

@@ -1,4 +1,4 @@
-//! The `slogate` command line: serve | check | demo.
+//! The `slogate` command line: serve | check | rules | demo.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +27,12 @@ enum LogFmt {
     Text,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum RulesFormat {
+    Prometheus,
+    PrometheusOperator,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway.
@@ -51,6 +57,16 @@ enum Command {
         #[arg(long, value_parser = humantime::parse_duration)]
         load: Option<std::time::Duration>,
     },
+    /// Print Prometheus recording rules and multi-window burn-rate alerts for
+    /// every SLO class of the config (a file `promtool check rules` accepts).
+    Rules {
+        /// Config file.
+        #[arg(long, default_value = "config/slogate.yaml")]
+        config: PathBuf,
+        /// `prometheus` (a rule file) or `prometheus-operator` (a PrometheusRule resource).
+        #[arg(long, value_enum, default_value = "prometheus")]
+        format: RulesFormat,
+    },
     /// Validate a config: exit 0, or exit 2 with one line per problem naming the field.
     Check {
         /// Config file.
@@ -74,6 +90,22 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Rules { config, format } => {
+            let format = match format {
+                RulesFormat::Prometheus => slogate::rules::Format::Prometheus,
+                RulesFormat::PrometheusOperator => slogate::rules::Format::PrometheusOperator,
+            };
+            match Config::load(&config).map_err(|e| e.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n")).and_then(|c| slogate::rules::render(&c, format)) {
+                Ok(y) => {
+                    print!("{y}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Demo { listen, admin_listen, replicas, load } => {
             slogate::telemetry::init_logging(matches!(cli.log_format, Some(LogFmt::Json)));
             match runtime() {

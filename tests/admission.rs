@@ -160,8 +160,13 @@ async fn open_breaker_answers_429_with_retry_after_then_probes_close_it() {
     assert_eq!(s, 200);
 
     // The replica recovers; after retry_after the breaker is half-open and
-    // its probes (fast now) close it.
-    mock.set_script(standard(2, Duration::ZERO));
+    // its probes close it: judged at their first token (fast now), not at
+    // the end of their streams (which take 200 ms, 10x the target).
+    mock.set_script(script(|req| {
+        let mut s = vllm_stream(req, 3, Duration::from_millis(100), "stop");
+        s.steps.remove(1); // no wait before the first token
+        s
+    }));
     wait_until("half-open", || async { gauge(&gw, "slogate_breaker_state", &[("class", "chat")]).await == 1.0 }).await;
     for _ in 0..5 {
         let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;

@@ -121,6 +121,9 @@ impl Tracker {
                 let ttft = now - self.start;
                 self.metrics.ttft.get_or_create(&self.labels).observe(ttft.as_secs_f64());
                 self.class.control.ttft.record(ttft);
+                if let Some(ticket) = self.probe.take() {
+                    self.class.control.breaker.probe_done(ticket, Some(ttft <= self.class.ttft));
+                }
             }
             Some(prev) => {
                 let gap = now - prev;
@@ -150,12 +153,12 @@ impl Tracker {
             // for one, and the breaker's window should know it.
             self.class.control.ttft.record(end - self.start);
         }
-        if let Some(ticket) = self.probe {
-            let verdict = match (ttft, outcome) {
-                (Some(t), _) => Some(t <= self.class.ttft),
-                // Ended before a first token for reasons that say nothing about latency.
-                (None, Outcome::cancelled | Outcome::rejected | Outcome::client_error) => None,
-                (None, _) => Some(false),
+        if let Some(ticket) = self.probe.take() {
+            // A probe that ended before its first token (judged at the first token otherwise).
+            let verdict = match outcome {
+                // Nothing said about latency: its place goes back.
+                Outcome::cancelled | Outcome::rejected | Outcome::client_error => None,
+                _ => Some(false),
             };
             self.class.control.breaker.probe_done(ticket, verdict);
         }
