@@ -1,4 +1,4 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz`.
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`, `/slo`, `/slo.json`, `/-/reload`.
 //!
 //! Scrapes read atomics and metric families; they never block the data path.
 
@@ -25,6 +25,19 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
             r
         }
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/slo") => {
+            let mut r = Response::new(full(crate::status::html(&crate::status::collect(&app))));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+            r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            r
+        }
+        (&Method::GET, "/slo.json") => {
+            let body = serde_json::to_vec_pretty(&crate::status::collect(&app)).unwrap_or_default();
+            let mut r = Response::new(full(body));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            r
+        }
         (&Method::GET, "/readyz") => {
             let snap = app.snapshot();
             let mut lines = String::new();

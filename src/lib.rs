@@ -19,6 +19,7 @@ pub mod reduce;
 pub mod rules;
 pub mod server;
 pub mod state;
+pub mod status;
 pub mod telemetry;
 pub mod upstream;
 

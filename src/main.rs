@@ -95,7 +95,10 @@ fn main() -> ExitCode {
                 RulesFormat::Prometheus => slogate::rules::Format::Prometheus,
                 RulesFormat::PrometheusOperator => slogate::rules::Format::PrometheusOperator,
             };
-            match Config::load(&config).map_err(|e| e.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n")).and_then(|c| slogate::rules::render(&c, format)) {
+            match Config::load(&config)
+                .map_err(|e| e.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n"))
+                .and_then(|c| slogate::rules::render(&c, format))
+            {
                 Ok(y) => {
                     print!("{y}");
                     ExitCode::SUCCESS

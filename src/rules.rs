@@ -36,7 +36,7 @@ pub struct Group {
 #[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
 pub enum Rule {
-    Record { record: String, expr: String },
+    Record { record: String, expr: String, labels: indexmap::IndexMap<String, String> },
     Alert(Alert),
 }
 
@@ -158,6 +158,8 @@ pub fn rule_file(config: &Config) -> RuleFile {
     let ws = windows(config);
     for (class, c) in &config.classes {
         let s = sel(class);
+        // A static class label keeps each class's rule distinct (promtool's lint).
+        let labels: indexmap::IndexMap<String, String> = [("class".to_string(), class.clone())].into_iter().collect();
         for w in &ws {
             let r = window_label(*w);
             let ttft = c.ttft.get().as_secs_f64();
@@ -168,6 +170,7 @@ pub fn rule_file(config: &Config) -> RuleFile {
                     "sum by (class) (rate(slogate_time_to_first_token_seconds_bucket{{{s},{}}}[{r}]))\n/\nsum by (class) (rate(slogate_time_to_first_token_seconds_count{{{s}}}[{r}]))",
                     le_matcher(ttft)
                 ),
+                labels: labels.clone(),
             });
             recording.push(Rule::Record {
                 record: record_name("itl", *w),
@@ -175,12 +178,14 @@ pub fn rule_file(config: &Config) -> RuleFile {
                     "sum by (class) (rate(slogate_inter_token_latency_seconds_bucket{{{s},{}}}[{r}]))\n/\nsum by (class) (rate(slogate_inter_token_latency_seconds_count{{{s}}}[{r}]))",
                     le_matcher(itl)
                 ),
+                labels: labels.clone(),
             });
             recording.push(Rule::Record {
                 record: record_name("availability", *w),
                 expr: format!(
                     "sum by (class) (rate(slogate_requests_total{{{s},outcome=~\"ok|length\"}}[{r}]))\n/\nsum by (class) (rate(slogate_requests_total{{{s},outcome!~\"client_error|cancelled\"}}[{r}]))"
                 ),
+                labels: labels.clone(),
             });
         }
     }

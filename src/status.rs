@@ -1,0 +1,320 @@
+//! The SLO status page: `GET /slo` (self-contained HTML that refreshes
+//! itself) and `GET /slo.json` (the same data), on the admin listener.
+//!
+//! Per class: TTFT and ITL P50/P99 over the rolling window against the
+//! targets, SLO attainment, budget left and burn rates (latency and
+//! availability), breaker and context-reduction state; the queue depths;
+//! each replica's health and in-flight count. Built from the same views
+//! the request path and the metrics use; the page never touches the
+//! request path.
+
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::config::Tier;
+use crate::state::App;
+use crate::telemetry::budget::{self, Sli};
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub generated_at: String,
+    /// When the error budgets started counting (the process start).
+    pub budgets_since: String,
+    pub slo: SloSpec,
+    pub classes: Vec<ClassStatus>,
+    pub queues: Queues,
+    pub pools: Vec<PoolStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SloSpec {
+    pub latency_objective: f64,
+    pub availability_objective: f64,
+    pub window: String,
+    pub rolling_window: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClassStatus {
+    pub name: String,
+    pub tier: &'static str,
+    pub ttft_target_ms: f64,
+    pub itl_target_ms: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+    pub itl_p50_ms: f64,
+    pub itl_p99_ms: f64,
+    pub samples: u64,
+    pub breaker: &'static str,
+    pub context_reduction: bool,
+    pub latency: SliStatus,
+    pub availability: SliStatus,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SliStatus {
+    pub objective: f64,
+    /// good / valid over the SLO window (1 with no traffic).
+    pub attainment: f64,
+    pub good: u64,
+    pub valid: u64,
+    pub budget_remaining: f64,
+    pub burn_rates: Vec<BurnRate>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BurnRate {
+    pub window: String,
+    pub rate: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Queues {
+    pub interactive: usize,
+    pub batch: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PoolStatus {
+    pub name: String,
+    pub replicas: Vec<ReplicaStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReplicaStatus {
+    pub url: String,
+    pub healthy: bool,
+    pub inflight: usize,
+    pub max_inflight: usize,
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e5).round() / 100.0
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Collect the status now.
+pub fn collect(app: &App) -> Status {
+    let snap = app.snapshot();
+    let cfg = &snap.config;
+    let now = Instant::now();
+    let mut windows: Vec<Duration> = cfg.slo.burn_alerts.iter().flat_map(|a| [a.long.get(), a.short.get()]).collect();
+    windows.sort();
+    windows.dedup();
+    let mut since = SystemTime::now();
+    let classes = snap
+        .classifier
+        .classes()
+        .iter()
+        .map(|c| {
+            let ctl = &c.control;
+            since = since.min(ctl.budget.since());
+            let v = ctl.view();
+            let total = ctl.budget.counts(now, cfg.slo.window.get());
+            let sli = |sli: Sli, objective: f64| {
+                let (good, valid) = match sli {
+                    Sli::Latency => (total.latency_good, total.latency_valid),
+                    Sli::Availability => (total.avail_good, total.avail_valid),
+                };
+                SliStatus {
+                    objective,
+                    attainment: budget::ratio(sli, &total),
+                    good,
+                    valid,
+                    budget_remaining: budget::remaining(sli, &total, objective),
+                    burn_rates: windows
+                        .iter()
+                        .map(|w| BurnRate {
+                            window: budget::window_label(*w),
+                            rate: budget::burn_rate(sli, &ctl.budget.counts(now, *w), objective),
+                        })
+                        .collect(),
+                }
+            };
+            ClassStatus {
+                name: c.name.to_string(),
+                tier: c.tier.as_str(),
+                ttft_target_ms: ms(c.ttft),
+                itl_target_ms: ms(c.itl),
+                ttft_p50_ms: ms(v.ttft.p50),
+                ttft_p99_ms: ms(v.ttft.p99),
+                itl_p50_ms: ms(v.itl.p50),
+                itl_p99_ms: ms(v.itl.p99),
+                samples: v.ttft.count,
+                breaker: ctl.breaker.state().as_str(),
+                context_reduction: ctl.reduction.active(),
+                latency: sli(Sli::Latency, cfg.slo.latency_objective),
+                availability: sli(Sli::Availability, cfg.slo.availability_objective),
+            }
+        })
+        .collect();
+    let queues = Queues {
+        interactive: snap.pools.iter().map(|p| p.queue.depth(Tier::Interactive)).sum(),
+        batch: snap.pools.iter().map(|p| p.queue.depth(Tier::Batch)).sum(),
+    };
+    let pools = snap
+        .pools
+        .iter()
+        .map(|p| PoolStatus {
+            name: p.config.name.clone(),
+            replicas: p
+                .replicas
+                .iter()
+                .map(|r| ReplicaStatus {
+                    url: r.url.clone(),
+                    healthy: r.is_healthy(),
+                    inflight: r.inflight(),
+                    max_inflight: r.max_inflight(),
+                })
+                .collect(),
+        })
+        .collect();
+    Status {
+        generated_at: rfc3339(SystemTime::now()),
+        budgets_since: rfc3339(since),
+        slo: SloSpec {
+            latency_objective: cfg.slo.latency_objective,
+            availability_objective: cfg.slo.availability_objective,
+            window: budget::window_label(cfg.slo.window.get()),
+            rolling_window: budget::window_label(cfg.breaker.window.get()),
+        },
+        classes,
+        queues,
+        pools,
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.3} %", x * 100.0)
+}
+
+/// Green under target, amber up to 2x, red beyond.
+fn level(value: f64, target: f64) -> &'static str {
+    if value <= target {
+        "ok"
+    } else if value <= 2.0 * target {
+        "warn"
+    } else {
+        "bad"
+    }
+}
+
+/// The page: one table per concern, inline CSS, no scripts, no external assets.
+pub fn html(s: &Status) -> String {
+    let mut h = String::with_capacity(16 * 1024);
+    h.push_str(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"5\">\
+<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>slogate SLO status</title><style>\
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#1d2430;background:#fafbfc}\
+h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}p.meta{color:#5b6574;margin:0 0 12px;font-size:13px}\
+table{border-collapse:collapse;background:#fff;font-size:13px;box-shadow:0 1px 2px rgba(0,0,0,.08)}\
+th,td{padding:6px 10px;border-bottom:1px solid #e6e9ee;text-align:right;white-space:nowrap}th{background:#f0f2f5;font-weight:600}\
+td.l,th.l{text-align:left}.ok{color:#13795b}.warn{color:#a15c00}.bad{color:#b42318;font-weight:600}\
+.pill{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px}.pill.ok{background:#e3f6ee}.pill.warn{background:#fff1dc}.pill.bad{background:#fde7e5}\
+</style></head><body>",
+    );
+    h.push_str("<h1>slogate SLO status</h1>");
+    h.push_str(&format!(
+        "<p class=\"meta\">Generated {} &middot; error budgets counted since {} (process start; Prometheus holds the history) &middot; \
+latency objective {} &middot; availability objective {} over {} &middot; percentiles over the last {} &middot; refreshes every 5 s &middot; \
+<a href=\"/slo.json\">JSON</a></p>",
+        esc(&s.generated_at),
+        esc(&s.budgets_since),
+        pct(s.slo.latency_objective),
+        pct(s.slo.availability_objective),
+        esc(&s.slo.window),
+        esc(&s.slo.rolling_window)
+    ));
+
+    h.push_str("<h2>Latency against targets</h2><table><tr><th class=\"l\">class</th><th class=\"l\">tier</th><th>TTFT P50 ms</th><th>TTFT P99 ms</th><th>TTFT target ms</th><th>ITL P50 ms</th><th>ITL P99 ms</th><th>ITL target ms</th><th>samples</th><th class=\"l\">breaker</th><th class=\"l\">context reduction</th></tr>");
+    for c in &s.classes {
+        let breaker = match c.breaker {
+            "closed" => "ok",
+            "half-open" => "warn",
+            _ => "bad",
+        };
+        h.push_str(&format!(
+            "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{:.1}</td><td class=\"{}\">{:.1}</td><td>{:.0}</td><td>{:.1}</td><td class=\"{}\">{:.1}</td><td>{:.0}</td><td>{}</td><td class=\"l\"><span class=\"pill {breaker}\">{}</span></td><td class=\"l\"><span class=\"pill {}\">{}</span></td></tr>",
+            esc(&c.name),
+            c.tier,
+            c.ttft_p50_ms,
+            level(c.ttft_p99_ms, c.ttft_target_ms),
+            c.ttft_p99_ms,
+            c.ttft_target_ms,
+            c.itl_p50_ms,
+            level(c.itl_p99_ms, c.itl_target_ms),
+            c.itl_p99_ms,
+            c.itl_target_ms,
+            c.samples,
+            c.breaker,
+            if c.context_reduction { "warn" } else { "ok" },
+            if c.context_reduction { "active" } else { "off" },
+        ));
+    }
+    h.push_str("</table>");
+
+    h.push_str("<h2>Error budgets</h2><table><tr><th class=\"l\">SLO</th><th>objective</th><th>attainment</th><th>good / valid</th><th>budget remaining</th>");
+    let windows: Vec<String> =
+        s.classes.first().map(|c| c.latency.burn_rates.iter().map(|b| b.window.clone()).collect()).unwrap_or_default();
+    for w in &windows {
+        h.push_str(&format!("<th>burn {}</th>", esc(w)));
+    }
+    h.push_str("</tr>");
+    for c in &s.classes {
+        for (kind, sli) in [("latency", &c.latency), ("availability", &c.availability)] {
+            let rem = if sli.budget_remaining >= 0.5 {
+                "ok"
+            } else if sli.budget_remaining >= 0.0 {
+                "warn"
+            } else {
+                "bad"
+            };
+            h.push_str(&format!(
+                "<tr><td class=\"l\">{}-{kind}</td><td>{}</td><td class=\"{}\">{}</td><td>{} / {}</td><td class=\"{rem}\">{:.1} %</td>",
+                esc(&c.name),
+                pct(sli.objective),
+                if sli.attainment >= sli.objective { "ok" } else { "bad" },
+                pct(sli.attainment),
+                sli.good,
+                sli.valid,
+                sli.budget_remaining * 100.0,
+            ));
+            for b in &sli.burn_rates {
+                h.push_str(&format!("<td class=\"{}\">{:.2}x</td>", level(b.rate, 1.0), b.rate));
+            }
+            h.push_str("</tr>");
+        }
+    }
+    h.push_str("</table>");
+
+    h.push_str(&format!(
+        "<h2>Queues</h2><table><tr><th class=\"l\">tier</th><th>waiting</th></tr><tr><td class=\"l\">interactive</td><td>{}</td></tr><tr><td class=\"l\">batch</td><td>{}</td></tr></table>",
+        s.queues.interactive, s.queues.batch
+    ));
+
+    h.push_str("<h2>Replicas</h2><table><tr><th class=\"l\">pool</th><th class=\"l\">replica</th><th class=\"l\">health</th><th>in flight</th><th>slots</th></tr>");
+    for p in &s.pools {
+        for r in &p.replicas {
+            h.push_str(&format!(
+                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span></td><td>{}</td><td>{}</td></tr>",
+                esc(&p.name),
+                esc(&r.url),
+                if r.healthy { "ok" } else { "bad" },
+                if r.healthy { "healthy" } else { "unhealthy" },
+                r.inflight,
+                r.max_inflight
+            ));
+        }
+    }
+    h.push_str("</table></body></html>\n");
+    h
+}
