@@ -25,6 +25,16 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
             r
         }
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::POST, "/-/reload") => match app.reload().await {
+            Ok(()) => text(StatusCode::OK, "reloaded\n"),
+            Err(e) => error_response(
+                StatusCode::BAD_REQUEST,
+                &format!("reload rejected, the running config stays: {e}"),
+                "invalid_request_error",
+                None,
+                "reload_failed",
+            ),
+        },
         (&Method::GET, "/slo") => {
             let mut r = Response::new(full(crate::status::html(&crate::status::collect(&app))));
             r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));

@@ -59,11 +59,21 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Bind both listeners and start serving `config`.
+    /// Bind both listeners and start serving `config` (no file: reload is refused).
     pub async fn start(config: Config) -> Result<Gateway, StartError> {
+        Self::start_with(config, None).await
+    }
+
+    /// Load `path` and serve it; `POST /-/reload` and SIGHUP read it again.
+    pub async fn start_file(path: &std::path::Path) -> Result<Gateway, StartError> {
+        let config = Config::load(path).map_err(|e| StartError::Setup(e.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n")))?;
+        Self::start_with(config, Some(path.to_path_buf())).await
+    }
+
+    async fn start_with(config: Config, path: Option<std::path::PathBuf>) -> Result<Gateway, StartError> {
         let metrics = Arc::new(Metrics::new(&config));
         let controls = Arc::new(admission::Controls::new(metrics.clone()));
-        let snapshot = Snapshot::prepare(config, &metrics, &controls).map_err(StartError::Setup)?;
+        let snapshot = Snapshot::prepare(config, &metrics, &controls, None).map_err(StartError::Setup)?;
         let cfg = snapshot.config.clone();
         let tls = match &cfg.server.tls {
             Some(t) => Some(server::tls_acceptor(&t.cert, &t.key).map_err(StartError::Setup)?),
@@ -75,19 +85,21 @@ impl Gateway {
         let data_addr = data.local_addr().map_err(|e| StartError::Setup(e.to_string()))?;
         let admin_addr = admin.local_addr().map_err(|e| StartError::Setup(e.to_string()))?;
 
-        let app = Arc::new(App::new(snapshot, metrics, controls));
         let (stop, stop_rx) = watch::channel(false);
-        let mut background = Vec::new();
-        for pool in &app.snapshot().pools {
-            background.extend(upstream::health::spawn(pool.clone(), stop_rx.clone()));
-        }
-        background.push(admission::publisher(app.clone(), stop_rx.clone()));
+        let app = Arc::new(App::new(snapshot, metrics, controls, path, stop_rx.clone()));
+        app.start_health_checks();
+        let background = vec![admission::publisher(app.clone(), stop_rx.clone())];
         let grace = cfg.server.shutdown_grace.get();
         let a = app.clone();
         let data_task = tokio::spawn(server::serve(data, tls.clone(), move |req| proxy::handle(req, a.clone()), stop_rx.clone(), grace));
         let a = app.clone();
         let admin_task = tokio::spawn(server::serve(admin, None, move |req| admin::handle(req, a.clone()), stop_rx, grace));
         Ok(Gateway { data_addr, admin_addr, tls: tls.is_some(), app, stop, servers: vec![data_task, admin_task], background })
+    }
+
+    /// Reload the config file (as SIGHUP and `POST /-/reload` do).
+    pub async fn reload(&self) -> Result<(), String> {
+        self.app.reload().await
     }
 
     /// Stop accepting, let in-flight streams finish (up to `shutdown_grace`), stop.
@@ -99,6 +111,7 @@ impl Gateway {
         for t in self.background.drain(..) {
             t.abort();
         }
+        self.app.stop_health_checks();
     }
 }
 
@@ -108,5 +121,6 @@ impl Drop for Gateway {
         for t in &self.background {
             t.abort();
         }
+        self.app.stop_health_checks();
     }
 }

@@ -134,7 +134,7 @@ fn main() -> ExitCode {
             };
             slogate::telemetry::init_logging(json);
             match runtime() {
-                Ok(rt) => rt.block_on(serve(cfg)),
+                Ok(rt) => rt.block_on(serve(cfg, config)),
                 Err(code) => code,
             }
         }
@@ -279,8 +279,8 @@ fn demo_scenario(
     }
 }
 
-async fn serve(cfg: Config) -> ExitCode {
-    let gw = match Gateway::start(cfg).await {
+async fn serve(_validated: Config, path: PathBuf) -> ExitCode {
+    let gw = match Gateway::start_file(&path).await {
         Ok(g) => g,
         Err(e) => {
             tracing::error!("{e}");
@@ -289,7 +289,18 @@ async fn serve(cfg: Config) -> ExitCode {
     };
     let scheme = if gw.tls { "https" } else { "http" };
     tracing::info!(data = %format!("{scheme}://{}", gw.data_addr), admin = %format!("http://{}", gw.admin_addr), "slogate listening");
+    // SIGHUP reloads the config file, like POST /-/reload.
+    let app = gw.app.clone();
+    let hup = tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the config");
+            let _ = app.reload().await;
+        }
+    });
     wait_for_signal().await;
+    hup.abort();
     tracing::info!("shutting down: no new connections; draining in-flight streams");
     gw.shutdown().await;
     tracing::info!("stopped");

@@ -4,13 +4,17 @@
 //! infallible swap of one `ArcSwap`; each request loads it once and keeps
 //! that `Arc` until it ends, so a reload never changes a request midway.
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::admission::Controls;
 use crate::classify::{Class, Classifier};
 use crate::config::Config;
+use crate::telemetry::metrics::ReplicaLabels;
 use crate::telemetry::Metrics;
 use crate::upstream::Pool;
 
@@ -23,10 +27,14 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Build a snapshot; fails without side effects on the running one.
-    pub fn prepare(config: Config, metrics: &Metrics, controls: &Controls) -> Result<Snapshot, String> {
+    /// With `previous`, replicas and queues of pools of the same name carry over.
+    pub fn prepare(config: Config, metrics: &Metrics, controls: &Controls, previous: Option<&Snapshot>) -> Result<Snapshot, String> {
         let classifier = Classifier::new(&config, controls)?;
-        let pools =
-            config.pools.iter().map(|p| Pool::new(p.clone(), &config.tiers, metrics).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
+        let mut pools = Vec::with_capacity(config.pools.len());
+        for p in &config.pools {
+            let before = previous.and_then(|s| s.pools.iter().find(|o| o.config.name == p.name));
+            pools.push(Arc::new(Pool::new(p.clone(), &config.tiers, metrics, before.map(|b| &**b))?));
+        }
         Ok(Snapshot { config: Arc::new(config), pools, classifier })
     }
 
@@ -51,15 +59,121 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Per-class rolling windows, breakers and reduction triggers.
     pub controls: Arc<Controls>,
+    /// The file `POST /-/reload` and SIGHUP read again.
+    pub config_path: Option<PathBuf>,
+    stop: watch::Receiver<bool>,
+    /// Health-check tasks of the current snapshot's replicas.
+    health: Mutex<Vec<JoinHandle<()>>>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl App {
-    pub fn new(snapshot: Snapshot, metrics: Arc<Metrics>, controls: Arc<Controls>) -> App {
-        App { state: ArcSwap::from_pointee(snapshot), metrics, controls }
+    pub fn new(
+        snapshot: Snapshot,
+        metrics: Arc<Metrics>,
+        controls: Arc<Controls>,
+        config_path: Option<PathBuf>,
+        stop: watch::Receiver<bool>,
+    ) -> App {
+        for p in &snapshot.pools {
+            p.queue.attach(p);
+        }
+        App {
+            state: ArcSwap::from_pointee(snapshot),
+            metrics,
+            controls,
+            config_path,
+            stop,
+            health: Mutex::new(Vec::new()),
+            reloading: tokio::sync::Mutex::new(()),
+        }
     }
 
     /// The current snapshot; hold it for the whole request.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.state.load_full()
+    }
+
+    /// (Re)start health checks for the current snapshot's replicas.
+    pub fn start_health_checks(&self) {
+        let snap = self.snapshot();
+        let mut tasks = Vec::new();
+        for pool in &snap.pools {
+            tasks.extend(crate::upstream::health::spawn(pool.clone(), self.stop.clone()));
+        }
+        let old = match self.health.lock() {
+            Ok(mut h) => std::mem::replace(&mut *h, tasks),
+            Err(_) => Vec::new(),
+        };
+        for t in old {
+            t.abort();
+        }
+    }
+
+    pub fn stop_health_checks(&self) {
+        if let Ok(mut h) = self.health.lock() {
+            for t in h.drain(..) {
+                t.abort();
+            }
+        }
+    }
+
+    /// Read the config file again, validate it, build a whole new snapshot,
+    /// then swap it in. On any problem the running config stays, the error
+    /// is logged and `config_reload_failures_total` goes up.
+    pub async fn reload(&self) -> Result<(), String> {
+        let _one = self.reloading.lock().await;
+        let result = self.try_reload();
+        match &result {
+            Ok(()) => {
+                self.metrics.reloads.inc();
+                tracing::info!(path = ?self.config_path, "config reloaded");
+            }
+            Err(e) => {
+                self.metrics.reload_failures.inc();
+                tracing::error!(path = ?self.config_path, error = %e, "config reload rejected; the running config stays");
+            }
+        }
+        result
+    }
+
+    fn try_reload(&self) -> Result<(), String> {
+        let path = self.config_path.as_ref().ok_or("this gateway was not started from a config file")?;
+        let config = Config::load(path).map_err(|e| e.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("; "))?;
+        let old = self.snapshot();
+        // Histogram buckets are fixed at start: a new target would have no `le`
+        // bucket, and the SLI rules would silently break.
+        for (name, c) in &config.classes {
+            for (what, d) in [("ttft", c.ttft), ("itl", c.itl)] {
+                if !self.metrics.has_bucket(what, d.get().as_secs_f64()) {
+                    return Err(format!(
+                        "classes.{name}.{what}: {d} is not a histogram bucket of this process (buckets are fixed at start); restart to change SLO targets"
+                    ));
+                }
+            }
+        }
+        if config.server.listen != old.config.server.listen || config.server.admin_listen != old.config.server.admin_listen {
+            tracing::warn!("server.listen / server.admin_listen changes take effect at the next restart");
+        }
+        let new = Snapshot::prepare(config, &self.metrics, &self.controls, Some(&old))?;
+        for p in &new.pools {
+            p.queue.attach(p);
+        }
+        let kept: std::collections::HashSet<(String, String)> =
+            new.pools.iter().flat_map(|p| p.replicas.iter().map(|r| (p.config.name.clone(), r.url.clone()))).collect();
+        self.state.store(Arc::new(new));
+        self.start_health_checks();
+        // Series of replicas that are gone.
+        for p in &old.pools {
+            for r in &p.replicas {
+                if !kept.contains(&(p.config.name.clone(), r.url.clone())) {
+                    let l = ReplicaLabels { pool: p.config.name.clone(), replica: r.url.clone() };
+                    self.metrics.inflight.remove(&l);
+                    self.metrics.upstream_healthy.remove(&l);
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -18,7 +18,9 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+
+use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
@@ -88,7 +90,14 @@ pub struct AdmissionQueue {
     inner: Mutex<Queues>,
     waiting_interactive: AtomicUsize,
     waiting_batch: AtomicUsize,
-    tiers: TiersConfig,
+    /// The tiers' limits; replaced on reload.
+    tiers: ArcSwap<TiersConfig>,
+    /// The pool this queue currently serves: a reload builds a new pool of
+    /// the same name that keeps this queue, so releases of leases taken
+    /// before it hand slots out from the new pool's replicas.
+    current: Mutex<Weak<Pool>>,
+    /// Slots held by batch requests (counted here so a reload keeps the count).
+    batch_inflight: AtomicUsize,
     depth_interactive: Gauge,
     depth_batch: Gauge,
     /// Batch leases released so far (for the batch service rate).
@@ -105,13 +114,35 @@ impl AdmissionQueue {
             inner: Mutex::new(Queues::default()),
             waiting_interactive: AtomicUsize::new(0),
             waiting_batch: AtomicUsize::new(0),
-            tiers,
+            tiers: ArcSwap::from_pointee(tiers),
+            current: Mutex::new(Weak::new()),
+            batch_inflight: AtomicUsize::new(0),
             depth_interactive,
             depth_batch,
             released_batch: AtomicU64::new(0),
             batch_rate: AtomicU64::new(0),
             interactive_at_risk: AtomicBool::new(false),
         }
+    }
+
+    /// New limits (a reload); waiting requests keep their place.
+    pub fn set_tiers(&self, tiers: TiersConfig) {
+        self.tiers.store(Arc::new(tiers));
+    }
+
+    /// Serve `pool` from now on.
+    pub fn attach(&self, pool: &Arc<Pool>) {
+        if let Ok(mut c) = self.current.lock() {
+            *c = Arc::downgrade(pool);
+        }
+    }
+
+    fn current_pool(&self, fallback: &Arc<Pool>) -> Arc<Pool> {
+        self.current.lock().ok().and_then(|c| c.upgrade()).unwrap_or_else(|| fallback.clone())
+    }
+
+    pub(crate) fn batch_inflight(&self) -> &AtomicUsize {
+        &self.batch_inflight
     }
 
     fn counter(&self, tier: Tier) -> (&AtomicUsize, &Gauge) {
@@ -140,15 +171,15 @@ impl AdmissionQueue {
 
     fn timeout(&self, tier: Tier) -> Duration {
         match tier {
-            Tier::Interactive => self.tiers.interactive.queue_timeout.get(),
-            Tier::Batch => self.tiers.batch.queue_timeout.get(),
+            Tier::Interactive => self.tiers.load().interactive.queue_timeout.get(),
+            Tier::Batch => self.tiers.load().batch.queue_timeout.get(),
         }
     }
 
     fn capacity(&self, tier: Tier) -> usize {
         match tier {
-            Tier::Interactive => self.tiers.interactive.queue_capacity as usize,
-            Tier::Batch => self.tiers.batch.queue_capacity as usize,
+            Tier::Interactive => self.tiers.load().interactive.queue_capacity as usize,
+            Tier::Batch => self.tiers.load().batch.queue_capacity as usize,
         }
     }
 
@@ -261,6 +292,7 @@ impl AdmissionQueue {
     /// Hand free slots to waiters: interactive first, batch within its share,
     /// batch first once per guard interval when interactive is not at risk.
     pub fn dispatch(&self, pool: &Arc<Pool>) {
+        let pool = &self.current_pool(pool);
         // Leases nobody took are dropped after the lock is released (dropping
         // one re-enters `released`).
         let mut spare: Vec<Lease> = Vec::new();
@@ -391,7 +423,8 @@ mod tests {
     fn pool(slots: u32, tiers: TiersConfig) -> Arc<Pool> {
         let cfg = PoolConfig { replicas: vec!["http://127.0.0.1:9".into()], max_inflight_per_replica: slots, ..PoolConfig::default() };
         let metrics = Metrics::new(&Config::default());
-        let pool = Arc::new(Pool::new(cfg, &tiers, &metrics).expect("pool"));
+        let pool = Arc::new(Pool::new(cfg, &tiers, &metrics, None).expect("pool"));
+        pool.queue.attach(&pool);
         for r in &pool.replicas {
             r.set_healthy(true);
         }

@@ -159,6 +159,8 @@ pub struct Metrics {
     pub burn_rate: Family<SloWindowLabels, Gauge<f64, AtomicU64>>,
     pub reload_failures: Counter,
     pub reloads: Counter,
+    ttft_bounds: Arc<Vec<f64>>,
+    itl_bounds: Arc<Vec<f64>>,
 }
 
 impl Metrics {
@@ -168,6 +170,7 @@ impl Metrics {
         let itls: Vec<f64> = config.classes.values().map(|c| c.itl.get().as_secs_f64()).collect();
         let ttft_b = Buckets(Arc::new(buckets_with_targets(LATENCY_BASE, ttfts.iter().copied())));
         let itl_b = Buckets(Arc::new(buckets_with_targets(ITL_BASE, itls.iter().copied())));
+        let (ttft_bounds, itl_bounds) = (ttft_b.0.clone(), itl_b.0.clone());
         let e2e_b = Buckets(Arc::new(buckets_with_targets(E2E_BASE, [])));
         let queue_b = Buckets(Arc::new(buckets_with_targets(LATENCY_BASE, ttfts.iter().copied())));
 
@@ -194,6 +197,8 @@ impl Metrics {
             burn_rate: Family::default(),
             reload_failures: Counter::default(),
             reloads: Counter::default(),
+            ttft_bounds: ttft_bounds.clone(),
+            itl_bounds: itl_bounds.clone(),
             registry: Registry::default(),
         };
         registry.register(
@@ -243,6 +248,12 @@ impl Metrics {
             m.queue_depth.get_or_create(&TierOnlyLabels { tier }).set(0);
         }
         Metrics { registry, ..m }
+    }
+
+    /// Is `secs` a bucket bound of the TTFT (`what == "ttft"`) or ITL histograms?
+    pub fn has_bucket(&self, what: &str, secs: f64) -> bool {
+        let b = if what == "ttft" { &self.ttft_bounds } else { &self.itl_bounds };
+        b.iter().any(|x| (x - secs).abs() < 1e-9)
     }
 
     /// The OpenMetrics text exposition (`application/openmetrics-text`).

@@ -118,7 +118,7 @@ impl Drop for Lease {
         self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
         self.replica.inflight_gauge.dec();
         if self.tier == Tier::Batch {
-            self.pool.batch_inflight.fetch_sub(1, Ordering::SeqCst);
+            self.pool.queue.batch_inflight().fetch_sub(1, Ordering::SeqCst);
         }
         self.pool.queue.released(&self.pool, self.tier);
     }
@@ -148,20 +148,29 @@ pub struct Pool {
     pub static_models: HashSet<String>,
     pub auto: bool,
     rr: AtomicUsize,
-    /// Slots held by batch requests (at most `1 - reserved_share` of the slots).
-    batch_inflight: AtomicUsize,
     reserved_share: f64,
     tiers: TiersConfig,
     /// Requests waiting for a slot, by tier.
-    pub queue: AdmissionQueue,
+    /// Kept across reloads (by pool name), with the batch slot count.
+    pub queue: Arc<AdmissionQueue>,
 }
 
 impl Pool {
-    pub fn new(config: PoolConfig, tiers: &TiersConfig, metrics: &Metrics) -> Result<Pool, String> {
+    /// Build a pool. With `previous` (the pool of the same name before a
+    /// reload), replicas with the same URL and slot count are kept as they
+    /// are (health, in-flight count, discovered models), and so is the queue.
+    pub fn new(config: PoolConfig, tiers: &TiersConfig, metrics: &Metrics, previous: Option<&Pool>) -> Result<Pool, String> {
         let mut replicas = Vec::with_capacity(config.replicas.len());
         for url in &config.replicas {
+            let kept = previous.and_then(|p| {
+                p.replicas.iter().find(|r| r.url == url.trim_end_matches('/') && r.max_inflight == config.max_inflight_per_replica as usize)
+            });
+            if let Some(r) = kept {
+                replicas.push(r.clone());
+                continue;
+            }
             let base = crate::config::parse_replica_url(url)?;
-            let labels = ReplicaLabels { pool: config.name.clone(), replica: url.clone() };
+            let labels = ReplicaLabels { pool: config.name.clone(), replica: url.trim_end_matches('/').to_string() };
             let inflight_gauge = metrics.inflight.get_or_create(&labels).clone();
             let healthy_gauge = metrics.upstream_healthy.get_or_create(&labels).clone();
             healthy_gauge.set(0);
@@ -181,7 +190,13 @@ impl Pool {
         let static_models = config.models.iter().filter(|m| *m != "auto").cloned().collect();
         let auto = config.models.iter().any(|m| m == "auto");
         let depth = |tier| metrics.queue_depth.get_or_create(&TierOnlyLabels { tier }).clone();
-        let queue = AdmissionQueue::new(tiers.clone(), depth(TierLabel::interactive), depth(TierLabel::batch));
+        let queue = match previous {
+            Some(p) => {
+                p.queue.set_tiers(tiers.clone());
+                p.queue.clone()
+            }
+            None => Arc::new(AdmissionQueue::new(tiers.clone(), depth(TierLabel::interactive), depth(TierLabel::batch))),
+        };
         Ok(Pool {
             client: build_client(&config),
             replicas,
@@ -189,7 +204,6 @@ impl Pool {
             auto,
             config,
             rr: AtomicUsize::new(0),
-            batch_inflight: AtomicUsize::new(0),
             reserved_share: tiers.interactive.reserved_share.clamp(0.0, 1.0),
             tiers: tiers.clone(),
             queue,
@@ -255,7 +269,7 @@ impl Pool {
     }
 
     pub fn batch_inflight(&self) -> usize {
-        self.batch_inflight.load(Ordering::SeqCst)
+        self.queue.batch_inflight().load(Ordering::SeqCst)
     }
 
     /// Take a slot for a request of `tier` now, if one is free: a healthy
@@ -264,7 +278,8 @@ impl Pool {
     pub fn try_lease(self: &Arc<Self>, tier: Tier, exclude: Option<&Arc<Replica>>) -> Result<Lease, PickError> {
         if tier == Tier::Batch {
             let limit = self.batch_limit();
-            let reserved = self.batch_inflight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1)).is_ok();
+            let reserved =
+                self.queue.batch_inflight().fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1)).is_ok();
             if !reserved {
                 return Err(if self.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
             }
@@ -274,7 +289,7 @@ impl Pool {
             Ok(replica) => Ok(Lease { replica, pool: self.clone(), tier }),
             Err(e) => {
                 if tier == Tier::Batch {
-                    self.batch_inflight.fetch_sub(1, Ordering::SeqCst);
+                    self.queue.batch_inflight().fetch_sub(1, Ordering::SeqCst);
                 }
                 Err(e)
             }

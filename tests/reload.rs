@@ -1,0 +1,119 @@
+//! Hot reload under streaming load: the config file is rewritten and
+//! reloaded again and again (POST /-/reload) while clients stream; not one
+//! request fails or is cut, added replicas get traffic, removed ones drain
+//! and get no new requests, and an invalid file is rejected with the
+//! running config kept.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use http_body_util::BodyExt;
+
+fn config(replicas: &[String]) -> String {
+    config_yaml(replicas, "    max_inflight_per_replica: 64\n")
+}
+
+async fn reload(gw: &slogate::Gateway) -> (u16, String) {
+    let req = hyper::Request::post(format!("http://{}/-/reload", gw.admin_addr))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .expect("request");
+    let resp = client().request(req).await.expect("reload");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).to_string())
+}
+
+/// One client: streams until `stop`; returns (requests, failures with why).
+async fn client_loop(addr: std::net::SocketAddr, stop: Arc<AtomicBool>) -> (u32, Vec<String>) {
+    let mut n = 0;
+    let mut failures = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let resp = client().request(post_req(addr, "/v1/chat/completions", &chat_body(true, false), &[])).await;
+        n += 1;
+        match resp {
+            Err(e) => failures.push(format!("send: {e}")),
+            Ok(r) if r.status() != 200 => failures.push(format!("status {}", r.status())),
+            Ok(r) => match r.into_body().collect().await {
+                Err(e) => failures.push(format!("body: {e}")),
+                Ok(b) => {
+                    let text = String::from_utf8_lossy(&b.to_bytes()).to_string();
+                    if !text.trim_end().ends_with("data: [DONE]") || text.contains("\"error\"") {
+                        failures.push(format!("incomplete stream: {text}"));
+                    }
+                }
+            },
+        }
+    }
+    (n, failures)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloading_under_streaming_load_fails_or_cuts_nothing() {
+    let a = Mock::start(standard(10, Duration::from_millis(10))).await;
+    let b = Mock::start(standard(10, Duration::from_millis(10))).await;
+    let dir = std::env::temp_dir().join(format!("slogate-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("slogate.yaml");
+    std::fs::write(&path, config(&[a.url()])).expect("write");
+    let gw = slogate::Gateway::start_file(&path).await.expect("gateway");
+    let admin = gw.admin_addr;
+    wait_until("ready", || async { get(admin, "/readyz").await.0 == 200 }).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..6).map(|_| tokio::spawn(client_loop(gw.data_addr, stop.clone()))).collect();
+
+    for round in 0..5 {
+        // Add B: it passes its health checks and gets traffic.
+        std::fs::write(&path, config(&[a.url(), b.url()])).expect("write");
+        assert_eq!(reload(&gw).await.0, 200);
+        let b_before = b.calls();
+        wait_until("the added replica receives traffic", || async { b.calls() >= b_before + 5 }).await;
+
+        // Remove A: its streams finish, and it gets nothing new.
+        std::fs::write(&path, config(&[b.url()])).expect("write");
+        assert_eq!(reload(&gw).await.0, 200);
+        wait_until("the removed replica drains", || async {
+            let s = &a.state;
+            s.calls.load(Ordering::SeqCst) == s.completed.load(Ordering::SeqCst) + s.cancelled.load(Ordering::SeqCst)
+        })
+        .await;
+        let a_after = a.calls();
+        let b_now = b.calls();
+        wait_until("traffic continues on the remaining replica", || async { b.calls() >= b_now + 10 }).await;
+        assert_eq!(a.calls(), a_after, "round {round}: a removed replica got new requests");
+        assert_eq!(a.state.cancelled.load(Ordering::SeqCst), 0, "a removed replica's stream was cut");
+
+        // Back to A alone, through B's removal this time.
+        std::fs::write(&path, config(&[a.url(), b.url()])).expect("write");
+        assert_eq!(reload(&gw).await.0, 200);
+        std::fs::write(&path, config(&[a.url()])).expect("write");
+        assert_eq!(reload(&gw).await.0, 200);
+        let a_now = a.calls();
+        wait_until("traffic back on A", || async { a.calls() >= a_now + 5 }).await;
+    }
+
+    // An invalid file is rejected and the running config stays.
+    std::fs::write(&path, "pools:\n  - name: p\n    replicas: [ftp://nope]\n").expect("write");
+    let (status, body) = reload(&gw).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("pools[0]"), "the error names the field: {body}");
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_config_reload_failures_total", &[]), Some(1.0));
+    assert_eq!(metric(&m, "slogate_config_reloads_total", &[]), Some(20.0));
+    let a_now = a.calls();
+    wait_until("still serving on the old config", || async { a.calls() >= a_now + 5 }).await;
+
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for c in clients {
+        let (n, failures) = c.await.expect("client");
+        total += n;
+        assert!(failures.is_empty(), "{} of {n} requests failed: {:?}", failures.len(), &failures[..failures.len().min(3)]);
+    }
+    assert!(total >= 100, "only {total} requests ran across the reloads");
+    let _ = std::fs::remove_dir_all(&dir);
+}
