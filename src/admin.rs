@@ -41,6 +41,20 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
             r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
             r
         }
+        (&Method::GET, "/capacity") => {
+            let query = req.uri().query().unwrap_or("");
+            let rates: Vec<&str> = query.split('&').filter_map(|kv| kv.strip_prefix("rate=")).collect();
+            match crate::capacity::parse_rates(rates.iter().map(|r| r.trim())) {
+                Err(e) => error_response(StatusCode::BAD_REQUEST, &e, "invalid_request_error", Some("rate"), "invalid_rate"),
+                Ok(rates) => {
+                    let estimates = crate::capacity::plan(&crate::capacity::measure(&app), &rates);
+                    let body = serde_json::json!({"assumptions": crate::capacity::ASSUMPTIONS, "estimates": estimates});
+                    let mut r = Response::new(full(serde_json::to_vec_pretty(&body).unwrap_or_default()));
+                    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                    r
+                }
+            }
+        }
         (&Method::GET, "/slo.json") => {
             let body = serde_json::to_vec_pretty(&crate::status::collect(&app)).unwrap_or_default();
             let mut r = Response::new(full(body));

@@ -11,6 +11,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod capacity;
 pub mod classify;
 pub mod config;
 pub mod error;

@@ -67,6 +67,23 @@ enum Command {
         #[arg(long, value_enum, default_value = "prometheus")]
         format: RulesFormat,
     },
+    /// How many replicas each class needs for a target rate to hold its TTFT
+    /// P99 (seed 003's formula), from a running gateway's measurements
+    /// (`--from http://ADMIN`) or a loadgen result (`--from result.json`).
+    Capacity {
+        /// A gateway's admin URL (loopback or not) or a loadgen JSON result.
+        #[arg(long)]
+        from: String,
+        /// Target rate per class, `CLASS=RPS` (repeatable or comma-separated); default: the rate measured.
+        #[arg(long = "rate")]
+        rates: Vec<String>,
+        /// With a loadgen result: take the classes' TTFT targets from this config.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Validate a config: exit 0, or exit 2 with one line per problem naming the field.
     Check {
         /// Config file.
@@ -89,6 +106,19 @@ fn main() -> ExitCode {
                 }
                 ExitCode::from(2)
             }
+        },
+        Command::Capacity { from, rates, config, json } => match runtime() {
+            Ok(rt) => match rt.block_on(capacity(&from, &rates, config.as_deref(), json)) {
+                Ok(out) => {
+                    print!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("slogate capacity: {e}");
+                    ExitCode::from(2)
+                }
+            },
+            Err(code) => code,
         },
         Command::Rules { config, format } => {
             let format = match format {
@@ -276,6 +306,46 @@ fn demo_scenario(
                 LenDist::Fixed { value: 256 },
             ),
         ],
+    }
+}
+
+/// `slogate capacity`: estimates from a gateway's `/capacity` or a loadgen result.
+async fn capacity(from: &str, rates: &[String], config: Option<&std::path::Path>, json: bool) -> Result<String, String> {
+    use slogate::capacity;
+    let targets = capacity::parse_rates(rates.iter().map(String::as_str))?;
+    let estimates: Vec<capacity::Estimate> = if from.starts_with("http://") {
+        let rate_q: String = targets.iter().map(|(c, r)| format!("&rate={c}={r}")).collect();
+        let url = format!("{}/capacity?{}", from.trim_end_matches('/'), rate_q.trim_start_matches('&'));
+        let uri: hyper::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http::<http_body_util::Empty<bytes::Bytes>>();
+        let resp = tokio::time::timeout(std::time::Duration::from_secs(10), client.get(uri))
+            .await
+            .map_err(|_| format!("{url}: no answer within 10 s"))?
+            .map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status();
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await.map_err(|e| e.to_string())?.to_bytes();
+        if !status.is_success() {
+            return Err(format!("{url}: {status}: {}", String::from_utf8_lossy(&body)));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| format!("{url}: {e}"))?;
+        serde_json::from_value(v["estimates"].clone()).map_err(|e| format!("{url}: {e}"))?
+    } else {
+        let text = std::fs::read_to_string(from).map_err(|e| format!("{from}: {e}"))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{from}: {e}"))?;
+        let cfg = match config {
+            Some(p) => Some(Config::load(p).map_err(|e| e.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("; "))?),
+            None => None,
+        };
+        let target = |class: &str| cfg.as_ref().and_then(|c| c.classes.get(class)).map(|c| c.ttft.get().as_secs_f64() * 1000.0);
+        capacity::plan(&capacity::from_loadgen(&v, &target)?, &targets)
+    };
+    if json {
+        serde_json::to_string_pretty(&serde_json::json!({"assumptions": capacity::ASSUMPTIONS, "estimates": estimates}))
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string())
+    } else {
+        Ok(capacity::table(&estimates))
     }
 }
 

@@ -87,9 +87,13 @@ async fn reloading_under_streaming_load_fails_or_cuts_nothing() {
         assert_eq!(a.calls(), a_after, "round {round}: a removed replica got new requests");
         assert_eq!(a.state.cancelled.load(Ordering::SeqCst), 0, "a removed replica's stream was cut");
 
-        // Back to A alone, through B's removal this time.
+        // Back to A alone, through B's removal this time. As in a rolling
+        // update, the added replica passes its health checks first (removing
+        // the last healthy one before would leave nothing to serve: 503).
         std::fs::write(&path, config(&[a.url(), b.url()])).expect("write");
         assert_eq!(reload(&gw).await.0, 200);
+        let a_before = a.calls();
+        wait_until("A is back in service", || async { a.calls() >= a_before + 3 }).await;
         std::fs::write(&path, config(&[a.url()])).expect("write");
         assert_eq!(reload(&gw).await.0, 200);
         let a_now = a.calls();

@@ -81,7 +81,7 @@ overload() {
   write_config "$WORK/gw.yaml" "    max_inflight_per_replica: 64   # = max_num_seqs: the replica runs everything it is given
     upstream_priority: true
 tiers:
-  interactive: { reserved_share: 0.45 }
+  interactive: { reserved_share: 0.5 }
   batch: { queue_timeout: 2s }     # a batch request served later than this misses its 3 s TTFT target anyway"
   sed -n '/max_inflight/,$p' "$WORK/gw.yaml" >"$d/gateway-extra.yaml"
   gw_up "$WORK/gw.yaml"

@@ -106,6 +106,11 @@ impl Budget {
         }
     }
 
+    /// How long this budget has been counting.
+    pub fn uptime(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.started)
+    }
+
     /// When counting started (process start).
     pub fn since(&self) -> SystemTime {
         self.since

@@ -1,0 +1,249 @@
+//! Operator-facing pieces with the real tools: the /slo page rendered by
+//! headless Chromium (text checked, screenshot saved), /slo.json and
+//! /capacity, `slogate capacity`, the Prometheus scrape config through
+//! `promtool check config`, and the Grafana dashboard and KEDA example
+//! referring only to metrics the gateway exports.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+fn which(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(bin)).find(|f| f.is_file()))
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chromium() -> PathBuf {
+    which("chromium")
+        .or_else(|| which("chromium-browser"))
+        .expect("chromium not found: run scripts/test, which installs Debian's chromium package")
+}
+
+fn chromium_run(args: &[&str], profile: &Path) -> std::process::Output {
+    let mut cmd = Command::new(chromium());
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()))
+    .args(args);
+    cmd.output().expect("run chromium")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slo_page_renders_in_headless_chromium_with_every_section() {
+    let good = Mock::start(standard(3, Duration::from_millis(5))).await;
+    let gw = start_gateway(&config_yaml(&[good.url()], "")).await;
+    // voice goes to a failing replica: a 5xx before any byte, retried, still 502.
+    good.set_script(script(|req| {
+        if req.get("stream").is_some() && req["messages"][0]["content"] == "fail" {
+            Script { status: 500, content_type: "application/json", header_delay: Duration::ZERO, steps: vec![] }
+        } else {
+            vllm_stream(req, 3, Duration::from_millis(5), "stop")
+        }
+    }));
+    for i in 0..12 {
+        let class = if i % 3 == 0 { "batch" } else { "chat" };
+        let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", class)]).await;
+        assert_eq!(s, 200);
+    }
+    let fail = r#"{"model":"m1","stream":true,"messages":[{"role":"user","content":"fail"}]}"#;
+    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", fail, &[("x-slo-class", "voice")]).await;
+    assert_eq!(s, 500);
+    // Let the publisher fold the counts and refresh the views.
+    wait_until("the view has the chat samples", || async {
+        let (_, j) = get(gw.admin_addr, "/slo.json").await;
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap_or_default();
+        v["classes"].as_array().into_iter().flatten().any(|c| c["name"] == "chat" && c["samples"].as_u64() == Some(8))
+            && v["classes"].as_array().into_iter().flatten().any(|c| c["name"] == "voice" && c["availability"]["valid"].as_u64() == Some(1))
+    })
+    .await;
+
+    let (_, j) = get(gw.admin_addr, "/slo.json").await;
+    let v: serde_json::Value = serde_json::from_str(&j).expect("slo.json");
+    let chat = v["classes"].as_array().and_then(|a| a.iter().find(|c| c["name"] == "chat")).expect("chat");
+    assert_eq!(chat["ttft_target_ms"], 300.0);
+    assert_eq!(chat["latency"]["valid"], 8);
+    assert_eq!(chat["availability"]["attainment"], 1.0);
+    assert_eq!(chat["breaker"], "closed");
+    let voice = v["classes"].as_array().and_then(|a| a.iter().find(|c| c["name"] == "voice")).expect("voice");
+    assert_eq!(voice["availability"]["attainment"], 0.0);
+    assert!(voice["availability"]["budget_remaining"].as_f64().is_some_and(|r| r < 0.0), "one failure overspends a 99.9 % budget");
+    assert_eq!(v["pools"][0]["replicas"][0]["healthy"], true);
+    assert!(v["budgets_since"].as_str().is_some_and(|s| s.ends_with('Z')));
+
+    // The page as a browser renders it.
+    let dir = repo().join("target").join("slo-page");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let profile = dir.join(format!("profile-{}", std::process::id()));
+    let url = format!("http://{}/slo", gw.admin_addr);
+    let out = chromium_run(&["--dump-dom", &url], &profile);
+    let dom = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "chromium --dump-dom failed: {}", String::from_utf8_lossy(&out.stderr));
+    for needle in [
+        "slogate SLO status",
+        "Latency against targets",
+        "TTFT P99 ms",
+        "ITL P99 ms",
+        "Error budgets",
+        "chat-latency",
+        "voice-availability",
+        "budget remaining",
+        "burn 5m",
+        "Queues",
+        "interactive",
+        "Replicas",
+        &good.url(),
+        "healthy",
+        "closed",
+        "error budgets counted since",
+    ] {
+        assert!(dom.contains(needle), "rendered page lacks {needle:?}");
+    }
+    let shot = dir.join("slo.png");
+    let _ = std::fs::remove_file(&shot);
+    let out = chromium_run(&[&format!("--screenshot={}", shot.display()), "--window-size=1280,1000", &url], &profile);
+    assert!(out.status.success(), "chromium --screenshot failed: {}", String::from_utf8_lossy(&out.stderr));
+    let png = std::fs::read(&shot).expect("screenshot written");
+    assert!(png.len() > 10_000 && png.starts_with(b"\x89PNG"), "not a real screenshot ({} bytes)", png.len());
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+#[tokio::test]
+async fn page_is_self_contained_and_refreshes_itself() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let (s, html) = get(gw.admin_addr, "/slo").await;
+    assert_eq!(s, 200);
+    assert!(html.contains("http-equiv=\"refresh\""));
+    for external in ["<script src", "<link", "@import", "url("] {
+        assert!(!html.contains(external), "external asset: {external}");
+    }
+}
+
+#[tokio::test]
+async fn capacity_endpoint_and_command_answer_per_class() {
+    let mock = Mock::start(standard(2, Duration::from_millis(20))).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    for _ in 0..5 {
+        post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    }
+    wait_until("samples in the view", || async {
+        let (_, j) = get(gw.admin_addr, "/slo.json").await;
+        j.contains("\"samples\": 5")
+    })
+    .await;
+    let (s, j) = get(gw.admin_addr, "/capacity?rate=chat=100").await;
+    assert_eq!(s, 200, "{j}");
+    let v: serde_json::Value = serde_json::from_str(&j).expect("json");
+    let chat = v["estimates"].as_array().and_then(|a| a.iter().find(|e| e["class"] == "chat")).expect("chat");
+    assert_eq!(chat["target_rps"], 100.0);
+    assert_eq!(chat["utilisation_ceiling"], 0.63);
+    let service = chat["service_time_ms"].as_f64().expect("service time");
+    assert!(service >= 20.0, "median TTFT includes the 20 ms the replica waits: {service}");
+    let expected = (100.0 / (0.63 / (service / 1000.0))).ceil() as u64;
+    assert_eq!(chat["replicas_needed"], expected);
+    assert!(v["assumptions"].as_str().is_some_and(|a| a.contains("seed 003")));
+    let (s, j) = get(gw.admin_addr, "/capacity?rate=chat").await;
+    assert_eq!(s, 400, "{j}");
+
+    // The command reads the same endpoint.
+    let bin = env!("CARGO_BIN_EXE_slogate");
+    let admin = format!("http://{}", gw.admin_addr);
+    let out = tokio::task::spawn_blocking(move || Command::new(bin).args(["capacity", "--from", &admin, "--rate", "chat=100"]).output())
+        .await
+        .expect("join")
+        .expect("run slogate capacity");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line = text.lines().find(|l| l.starts_with("chat ")).expect("chat line");
+    assert!(line.trim_end().ends_with(&expected.to_string()), "{line}");
+    assert!(text.contains("seed 003"));
+}
+
+#[test]
+fn capacity_command_reads_a_loadgen_result() {
+    let dir = std::env::temp_dir().join(format!("slogate-cap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let mut records = Vec::new();
+    for i in 0..100 {
+        records
+            .push(serde_json::json!({"class": "chat", "outcome": "length", "ttft_ms": 90.0 + (i % 21) as f64, "start_s": i as f64 * 0.1}));
+    }
+    let result =
+        serde_json::json!({"elapsed_s": 10.0, "records": records, "scenario": {"classes": {"chat": {"ttft_ms": 300.0, "itl_ms": 50.0}}}});
+    let path = dir.join("r.json");
+    std::fs::write(&path, result.to_string()).expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_slogate"))
+        .args(["capacity", "--from", path.to_str().expect("path"), "--rate", "chat=50", "--json"])
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let e = &v["estimates"][0];
+    // Median TTFT 100 ms, 63 % ceiling: 6.3 req/s per replica, 50 req/s -> 8 replicas.
+    assert_eq!(e["service_time_ms"], 100.0);
+    assert_eq!(e["replicas_needed"], 8);
+    let bad = Command::new(env!("CARGO_BIN_EXE_slogate")).args(["capacity", "--from", "/nonexistent.json"]).output().expect("run");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("/nonexistent.json"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn prometheus_scrape_config_passes_promtool_check_config() {
+    let promtool = which("promtool").expect("promtool not found: run scripts/test");
+    let out = Command::new(promtool).args(["check", "config", "config/prometheus.yml"]).current_dir(repo()).output().expect("promtool");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "promtool check config failed:\n{text}");
+    assert!(text.contains("SUCCESS"), "{text}");
+}
+
+/// Every `slogate_*` name a config file queries exists in the exposition.
+#[test]
+fn dashboard_and_keda_query_only_exported_metrics() {
+    let metrics = slogate::telemetry::Metrics::new(&slogate::config::Config::default()).encode();
+    let mut exported = std::collections::HashSet::new();
+    for line in metrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let mut it = line.split_whitespace();
+        let (Some(name), Some(kind)) = (it.next(), it.next()) else { continue };
+        match kind {
+            "histogram" => exported.extend(["_bucket", "_count", "_sum"].map(|s| format!("{name}{s}"))),
+            "counter" if name.ends_with("_total") => {
+                exported.insert(name.to_string());
+            }
+            "counter" => {
+                exported.insert(format!("{name}_total"));
+            }
+            _ => {
+                exported.insert(name.to_string());
+            }
+        }
+    }
+    for file in ["config/grafana-dashboard.json", "config/keda-scaledobject.yaml"] {
+        let text = std::fs::read_to_string(repo().join(file)).expect(file);
+        if file.ends_with(".json") {
+            let _: serde_json::Value = serde_json::from_str(&text).expect("dashboard is JSON");
+        }
+        let mut used = 0;
+        for (i, _) in text.match_indices("slogate_") {
+            let name: String = text[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            assert!(exported.contains(&name), "{file} queries {name}, which slogate does not export");
+            used += 1;
+        }
+        assert!(used >= 3, "{file} queries only {used} slogate metrics");
+    }
+}
