@@ -162,7 +162,20 @@ fn main() -> ExitCode {
                 Some(LogFmt::Text) => false,
                 None => cfg.telemetry.log_format == LogFormat::Json,
             };
-            slogate::telemetry::init_logging(json);
+            // With an OTLP endpoint, spans are exported too; the guard flushes them at exit.
+            let _otel = match &cfg.telemetry.otlp_endpoint {
+                Some(endpoint) => match slogate::telemetry::otel::init(endpoint, json) {
+                    Ok(g) => Some(g),
+                    Err(e) => {
+                        eprintln!("{e}");
+                        return ExitCode::from(2);
+                    }
+                },
+                None => {
+                    slogate::telemetry::init_logging(json);
+                    None
+                }
+            };
             match runtime() {
                 Ok(rt) => rt.block_on(serve(cfg, config)),
                 Err(code) => code,

@@ -131,7 +131,7 @@ breaker: { window: 10s }"
 context_reduction: { trigger_ratio: 1000 }   # never triggers"
     else
       write_config "$WORK/gw.yaml" "$common
-context_reduction: { max_prompt_tokens: 1024, max_tokens_cap: 256 }"
+context_reduction: { max_prompt_tokens: 512, max_tokens_cap: 256 }"
     fi
     sed -n '/max_inflight/,$p' "$WORK/gw.yaml" >"$d/gateway-$mode.yaml"
     gw_up "$WORK/gw.yaml"

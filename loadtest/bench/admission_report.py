@@ -145,8 +145,8 @@ def cmd_overload(d, C, machine):
                 "22 ms + 0.3 ms/seq decode steps, 0.078 ms/prompt token, max_num_seqs 64), `--max-num-batched-tokens 512`, "
                 "`--scheduling-policy priority`. Every request: 512 prompt tokens, 64-256 output tokens (uniform).\n\n")
         f.write(f"**Capacity C = {C:.2f} req/s**: the fleet's throughput saturated (closed loop, 128 concurrent = 2 x max_num_seqs, "
-                "round robin, 30 s after 10 s warm-up; `capacity.md`). At that load the replicas alone still hold chat's SLO "
-                "(see `capacity.md`), so C is also the SLO capacity.\n\n")
+                "round robin, 30 s after 10 s warm-up; `capacity.md`). C is throughput capacity: at saturation the replicas' own "
+                "TTFT P99 is already far over chat's 300 ms (see `capacity.md`), so holding chat's SLO at 2 C is admission's work.\n\n")
         f.write(f"**Offered 2 C for 150 s** (first 20 s warm-up left out): chat Poisson {0.4 * C:.2f} req/s (0.4 C), batch "
                 f"{1.6 * C:.2f} req/s (1.6 C) arriving in bursts of 8 (M^X). Run once straight to the replicas (client-side round "
                 "robin, as a plain Service would) and once through slogate, each on freshly started replicas. Goodput = requests "
@@ -301,8 +301,8 @@ def cmd_reduction(d, machine):
                 f"{res['with']['scenario']['streams'][0]['arrival'].get('rate')} req/s Poisson, each a 9-message conversation "
                 "(system prompt + 8 turns) of 2,500 prompt tokens and 64 output tokens: prefill-bound, about 1.15x what the "
                 "replica can prefill. Run twice through slogate for 120 s on fresh replicas: once with context reduction off "
-                "(`trigger_ratio: 1000`), once on with `max_prompt_tokens: 1024`, `max_tokens_cap: 256` (trigger: the "
-                "defaults, P99 > 2x target for 10 s). Both: `max_inflight_per_replica: 24` (the backlog waits in the gateway "
+                "(`trigger_ratio: 1000`), once on with `max_prompt_tokens: 512`, `max_tokens_cap: 256` (trigger: the "
+                "defaults, P99 > 2x target for 10 s; off after 30 s back under target). Both: `max_inflight_per_replica: 24` (the backlog waits in the gateway "
                 "queue, where requests are reduced on their way out), interactive `queue_timeout: 20s`, breaker `window: 10s` "
                 "(see the breaker report for why).\n\n")
         f.write("## Checks\n\n| check | result | measured |\n|---|---|---|\n")

@@ -16,6 +16,9 @@ use tokio::time::Instant;
 use crate::config::BreakerConfig;
 use crate::telemetry::window::WindowStats;
 
+/// Reduction turns off after the P99 stayed under target this many times `trigger_after`.
+pub const OFF_DWELL_FACTOR: u32 = 3;
+
 /// How many probe requests a half-open breaker admits.
 pub const HALF_OPEN_PROBES: u32 = 5;
 
@@ -255,7 +258,8 @@ impl Breaker {
 
 /// Context reduction's trigger for one class: on when the P99 stays above
 /// `trigger_ratio` x target for `trigger_after`; off again (hysteresis) when
-/// it has stayed at or under the target for `trigger_after`.
+/// it has stayed at or under the target for [`OFF_DWELL_FACTOR`] x
+/// `trigger_after`.
 pub struct ReductionTrigger {
     active: std::sync::atomic::AtomicBool,
     machine: Mutex<TriggerMachine>,
@@ -304,7 +308,10 @@ impl ReductionTrigger {
             return None;
         }
         let since = *m.since.get_or_insert(now);
-        if now.saturating_duration_since(since) < m.params.after {
+        // Off takes three times as long as on: a load that needed reduction
+        // comes back the moment it stops, so leaving early only oscillates.
+        let dwell = if active { m.params.after * OFF_DWELL_FACTOR } else { m.params.after };
+        if now.saturating_duration_since(since) < dwell {
             return None;
         }
         m.since = None;
@@ -462,7 +469,7 @@ mod tests {
         });
         let mut changes = Vec::new();
         let t0 = Instant::now();
-        for (p99, secs) in [(700u64, 12u32), (450, 20), (250, 12)] {
+        for (p99, secs) in [(700u64, 12u32), (450, 20), (250, 32)] {
             for _ in 0..secs * 4 {
                 tokio::time::advance(Duration::from_millis(250)).await;
                 if let Some(on) = r.tick(Instant::now(), &stats(p99, 100)) {
@@ -471,9 +478,9 @@ mod tests {
             }
         }
         // On 10 s after going above 2x; stays on between 1x and 2x (hysteresis);
-        // off 10 s after going back under 1x.
+        // off 30 s (3 x trigger_after) after going back under 1x.
         assert_eq!(changes.len(), 2, "{changes:?}");
         assert!(changes[0].1 && (10.0..=10.5).contains(&changes[0].0), "{changes:?}");
-        assert!(!changes[1].1 && (42.0..=42.5).contains(&changes[1].0), "{changes:?}");
+        assert!(!changes[1].1 && (62.0..=62.5).contains(&changes[1].0), "{changes:?}");
     }
 }

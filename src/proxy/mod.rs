@@ -64,13 +64,35 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
             return e.into_response();
         }
     };
-    let mut tracker = Some(Tracker::new(app.metrics.clone(), class, start));
-    match forward(req, &snap, &app.metrics, endpoint, &mut tracker).await {
+    let mut t = Tracker::new(app.metrics.clone(), class.clone(), start);
+    // One trace span per request, only when OTLP export is on.
+    let span = if snap.config.telemetry.otlp_endpoint.is_some() {
+        let operation = match endpoint {
+            Endpoint::Chat => "chat",
+            Endpoint::Completions => "text_completion",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Other => "other",
+        };
+        let span = crate::telemetry::otel::request_span(req.headers(), operation);
+        span.record("slogate.class", &*class.name);
+        span.record("slogate.tier", class.tier.as_str());
+        span
+    } else {
+        tracing::Span::none()
+    };
+    t.set_span(span.clone());
+    let mut tracker = Some(t);
+    let result = {
+        use tracing::Instrument;
+        forward(req, &snap, &app.metrics, endpoint, &mut tracker).instrument(span.clone()).await
+    };
+    match result {
         Ok(resp) => resp,
         Err(e) => {
             if let Some(mut t) = tracker.take() {
                 t.finish(e.outcome());
             }
+            span.record("http.response.status_code", e.status().as_u16());
             if e.status().is_server_error() {
                 tracing::warn!(error = %e, "request failed");
             }
@@ -179,6 +201,7 @@ async fn forward(
             .observe(w.as_secs_f64());
     }
     let Admitted { lease, waited } = admitted.map_err(|r| refusal_error(r, pool, &class))?;
+    t.span().record("slogate.queue_ms", waited.as_secs_f64() * 1000.0);
 
     // Reduce: under TTFT pressure, rewrite the request to cost less.
     let mut modified = false;
@@ -225,7 +248,10 @@ async fn forward(
     let mut retried = false;
     let resp = loop {
         let replica = lease.replica().clone();
-        let upstream_req = build_upstream_request(&parts, &replica.url, body.clone())?;
+        let mut upstream_req = build_upstream_request(&parts, &replica.url, body.clone())?;
+        if let Some(t) = tracker.as_ref().filter(|t| !t.span().is_disabled()) {
+            crate::telemetry::otel::inject(t.span(), upstream_req.headers_mut());
+        }
         let sent = tokio::time::timeout_at(header_deadline, pool.client.request(upstream_req)).await;
         let failure: GatewayError = match sent {
             Err(_) => {
@@ -264,6 +290,7 @@ async fn forward(
         return Err(GatewayError::InvalidRequest { message: "internal: request tracker missing".into(), param: None });
     };
     let class_name = tracker.class().name.clone();
+    tracker.span().record("http.response.status_code", status.as_u16());
     tracker.attach_lease(lease);
     let (mut rparts, rbody) = resp.into_parts();
     let is_sse = rparts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));

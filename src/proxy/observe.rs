@@ -51,6 +51,10 @@ pub struct Tracker {
     lease: Option<Lease>,
     /// Admitted by a half-open breaker as a probe: report how it went.
     probe: Option<crate::admission::breaker::ProbeTicket>,
+    finish_reason: Option<String>,
+    /// The request's trace span (disabled unless OTLP export is on); it
+    /// ends when the tracker is dropped, with the stream.
+    span: tracing::Span,
 }
 
 impl Tracker {
@@ -72,7 +76,18 @@ impl Tracker {
             cut: false,
             lease: None,
             probe: None,
+            finish_reason: None,
+            span: tracing::Span::none(),
         }
+    }
+
+    /// Attach the request's span; its fields are filled in as the request goes.
+    pub fn set_span(&mut self, span: tracing::Span) {
+        self.span = span;
+    }
+
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
     }
 
     /// This request is a half-open breaker's probe.
@@ -83,6 +98,7 @@ impl Tracker {
     /// Set the model label (a model a pool serves: bounded).
     pub fn set_model(&mut self, model: &str) {
         self.labels.model = model.to_string();
+        self.span.record("gen_ai.request.model", model);
     }
 
     pub fn set_streaming(&mut self, streaming: bool) {
@@ -148,6 +164,25 @@ impl Tracker {
             .get_or_create(&OutcomeLabels { model: self.labels.model.clone(), class: class.clone(), tier: self.labels.tier, outcome })
             .inc();
         let ttft = self.first_token.map(|t| t - self.start);
+        if !self.span.is_disabled() {
+            let s = &self.span;
+            s.record("slogate.outcome", outcome.as_str());
+            if let Some(t) = ttft {
+                s.record("slogate.ttft_ms", t.as_secs_f64() * 1000.0);
+            }
+            if let Some(u) = self.usage {
+                s.record("gen_ai.usage.input_tokens", u.prompt_tokens);
+                s.record("gen_ai.usage.output_tokens", u.completion_tokens);
+            }
+            if let Some(f) = &self.finish_reason {
+                s.record("gen_ai.response.finish_reasons", f.as_str());
+            }
+            if let Some(l) = &self.lease {
+                s.record("slogate.replica", l.replica().url.as_str());
+            }
+            let failed = !matches!(outcome, Outcome::ok | Outcome::length | Outcome::cancelled | Outcome::client_error);
+            s.record("otel.status_code", if failed { "ERROR" } else { "OK" });
+        }
         if ttft.is_none() && outcome == Outcome::timeout {
             // No first token within the timeout: the caller waited this long
             // for one, and the breaker's window should know it.
@@ -400,6 +435,7 @@ impl<B> ObservedBody<B> {
                 } else {
                     Outcome::ok
                 };
+                self.tracker.finish_reason = finish_reason.clone();
                 self.tracker.finish(outcome);
             }
         }
@@ -460,6 +496,7 @@ fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
     match serde_json::from_slice::<Answer>(body) {
         Ok(a) => {
             tracker.usage = a.usage;
+            tracker.finish_reason = a.choices.iter().find_map(|c| c.finish_reason.clone());
             if a.choices.iter().any(|c| c.finish_reason.as_deref() == Some("length")) {
                 Outcome::length
             } else {

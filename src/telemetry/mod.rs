@@ -7,6 +7,7 @@
 pub mod budget;
 pub mod histogram;
 pub mod metrics;
+pub mod otel;
 pub mod window;
 
 pub use metrics::Metrics;

@@ -52,6 +52,8 @@ pub struct MockState {
     pub healthy: AtomicBool,
     pub script: Mutex<ScriptFn>,
     pub bodies: Mutex<Vec<serde_json::Value>>,
+    /// Request headers of every POST, in order.
+    pub headers: Mutex<Vec<http::HeaderMap>>,
     pub model: String,
 }
 
@@ -77,6 +79,7 @@ impl Mock {
             healthy: AtomicBool::new(true),
             script: Mutex::new(script),
             bodies: Mutex::new(Vec::new()),
+            headers: Mutex::new(Vec::new()),
             model: model.to_string(),
         });
         let tasks = Arc::new(Mutex::new(JoinSet::new()));
@@ -153,6 +156,7 @@ async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<Moc
         };
     }
     st.calls.fetch_add(1, Ordering::SeqCst);
+    st.headers.lock().expect("lock").push(req.headers().clone());
     let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     let f = st.script.lock().expect("lock").clone();
