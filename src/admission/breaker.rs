@@ -276,11 +276,13 @@ pub struct TriggerParams {
 struct TriggerMachine {
     params: TriggerParams,
     since: Option<Instant>,
+    /// When reduction last turned off.
+    off_at: Option<Instant>,
 }
 
 impl ReductionTrigger {
     pub fn new(params: TriggerParams) -> Self {
-        ReductionTrigger { active: false.into(), machine: Mutex::new(TriggerMachine { params, since: None }) }
+        ReductionTrigger { active: false.into(), machine: Mutex::new(TriggerMachine { params, since: None, off_at: None }) }
     }
 
     pub fn set_params(&self, params: TriggerParams) {
@@ -310,11 +312,21 @@ impl ReductionTrigger {
         let since = *m.since.get_or_insert(now);
         // Off takes three times as long as on: a load that needed reduction
         // comes back the moment it stops, so leaving early only oscillates.
-        let dwell = if active { m.params.after * OFF_DWELL_FACTOR } else { m.params.after };
+        // For the same reason, pressure soon after turning off turns it back
+        // on at once: the load has shown it still needs it.
+        let recently_off = m.off_at.is_some_and(|t| now.saturating_duration_since(t) <= m.params.after * OFF_DWELL_FACTOR);
+        let dwell = match (active, recently_off) {
+            (true, _) => m.params.after * OFF_DWELL_FACTOR,
+            (false, true) => Duration::ZERO,
+            (false, false) => m.params.after,
+        };
         if now.saturating_duration_since(since) < dwell {
             return None;
         }
         m.since = None;
+        if active {
+            m.off_at = Some(now);
+        }
         self.active.store(!active, Ordering::Release);
         Some(!active)
     }
@@ -469,7 +481,7 @@ mod tests {
         });
         let mut changes = Vec::new();
         let t0 = Instant::now();
-        for (p99, secs) in [(700u64, 12u32), (450, 20), (250, 32)] {
+        for (p99, secs) in [(700u64, 12u32), (450, 20), (250, 32), (700, 1), (250, 72), (700, 11)] {
             for _ in 0..secs * 4 {
                 tokio::time::advance(Duration::from_millis(250)).await;
                 if let Some(on) = r.tick(Instant::now(), &stats(p99, 100)) {
@@ -478,9 +490,15 @@ mod tests {
             }
         }
         // On 10 s after going above 2x; stays on between 1x and 2x (hysteresis);
-        // off 30 s (3 x trigger_after) after going back under 1x.
-        assert_eq!(changes.len(), 2, "{changes:?}");
-        assert!(changes[0].1 && (10.0..=10.5).contains(&changes[0].0), "{changes:?}");
-        assert!(!changes[1].1 && (62.0..=62.5).contains(&changes[1].0), "{changes:?}");
+        // off 30 s (3 x trigger_after) after going back under 1x; pressure
+        // right after (64-65 s) turns it on again at once; off again 30 s
+        // under target later (95 s); pressure 40 s after that waits 10 s again.
+        let at = |i: usize| changes.get(i).copied().unwrap_or((-1.0, false));
+        assert_eq!(changes.len(), 5, "{changes:?}");
+        assert!(at(0).1 && (10.0..=10.5).contains(&at(0).0), "{changes:?}");
+        assert!(!at(1).1 && (62.0..=62.5).contains(&at(1).0), "{changes:?}");
+        assert!(at(2).1 && (64.0..=64.5).contains(&at(2).0), "{changes:?}");
+        assert!(!at(3).1 && (95.0..=95.5).contains(&at(3).0), "{changes:?}");
+        assert!(at(4).1 && (147.0..=147.5).contains(&at(4).0), "{changes:?}");
     }
 }
