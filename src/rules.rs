@@ -162,31 +162,23 @@ pub fn rule_file(config: &Config) -> RuleFile {
         let labels: indexmap::IndexMap<String, String> = [("class".to_string(), class.clone())].into_iter().collect();
         for w in &ws {
             let r = window_label(*w);
-            let ttft = c.ttft.get().as_secs_f64();
-            let itl = c.itl.get().as_secs_f64();
-            recording.push(Rule::Record {
-                record: record_name("ttft", *w),
-                expr: format!(
-                    "sum by (class) (rate(slogate_time_to_first_token_seconds_bucket{{{s},{}}}[{r}]))\n/\nsum by (class) (rate(slogate_time_to_first_token_seconds_count{{{s}}}[{r}]))",
-                    le_matcher(ttft)
-                ),
+            // good / valid, both summed by class over the window.
+            let ratio = |sli: &str, good: String, valid: String| Rule::Record {
+                record: record_name(sli, *w),
+                expr: format!("sum by (class) (rate({good}[{r}]))\n/\nsum by (class) (rate({valid}[{r}]))"),
                 labels: labels.clone(),
-            });
-            recording.push(Rule::Record {
-                record: record_name("itl", *w),
-                expr: format!(
-                    "sum by (class) (rate(slogate_inter_token_latency_seconds_bucket{{{s},{}}}[{r}]))\n/\nsum by (class) (rate(slogate_inter_token_latency_seconds_count{{{s}}}[{r}]))",
-                    le_matcher(itl)
-                ),
-                labels: labels.clone(),
-            });
-            recording.push(Rule::Record {
-                record: record_name("availability", *w),
-                expr: format!(
-                    "sum by (class) (rate(slogate_requests_total{{{s},outcome=~\"ok|length\"}}[{r}]))\n/\nsum by (class) (rate(slogate_requests_total{{{s},outcome!~\"client_error|cancelled\"}}[{r}]))"
-                ),
-                labels: labels.clone(),
-            });
+            };
+            for (sli, metric, target) in
+                [("ttft", "slogate_time_to_first_token_seconds", c.ttft.get()), ("itl", "slogate_inter_token_latency_seconds", c.itl.get())]
+            {
+                let le = le_matcher(target.as_secs_f64());
+                recording.push(ratio(sli, format!("{metric}_bucket{{{s},{le}}}"), format!("{metric}_count{{{s}}}")));
+            }
+            recording.push(ratio(
+                "availability",
+                format!("slogate_requests_total{{{s},outcome=~\"ok|length\"}}"),
+                format!("slogate_requests_total{{{s},outcome!~\"client_error|cancelled\"}}"),
+            ));
         }
     }
     RuleFile {

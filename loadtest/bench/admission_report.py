@@ -112,6 +112,13 @@ def class_row(recs, cls, dur):
     }
 
 
+def write_checks(f, checks):
+    """The checks table: each of the issue's claims, met or not, with the number."""
+    f.write("## Checks\n\n| check | result | measured |\n|---|---|---|\n")
+    for name, ok, val in checks:
+        f.write(f"| {name} | {'met' if ok else '**not met**'} | {val} |\n")
+
+
 def cmd_capacity(path):
     """Completions per second inside the measured window (by completion time:
     counting requests that merely started in it would add the in-flight tail)."""
@@ -154,9 +161,7 @@ def cmd_overload(d, C, machine):
                 "measured window; TTFT is measured by the client and includes time in the gateway queue.\n\n")
         f.write("slogate's settings (`gateway-extra.yaml`): `max_inflight_per_replica: 64` (= max_num_seqs), `upstream_priority: true`, "
                 "`tiers.interactive.reserved_share: 0.5`, `tiers.batch.queue_timeout: 2s`.\n\n")
-        f.write("## Checks\n\n| check | result | measured |\n|---|---|---|\n")
-        for name, ok, val in checks:
-            f.write(f"| {name} | {'met' if ok else '**not met**'} | {val} |\n")
+        write_checks(f, checks)
         f.write("\n## Side by side\n\n| run | class | requests | completed | 429 | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n")
         f.write("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
         for k in ("direct", "gateway"):
@@ -233,9 +238,7 @@ def cmd_breaker(d, machine):
                 "the P99 is taken over the last 10 s and must stay above 2x target for 30 s. With the default 30 s window, "
                 "slow samples would stay in the P99 for 30 s after a recovery, so a 30 s window plus a 30 s hold really "
                 "means 'slow at any point in the last minute'.\n\n")
-        f.write("## Checks\n\n| check | result | measured |\n|---|---|---|\n")
-        for name, ok, val in checks:
-            f.write(f"| {name} | {'met' if ok else '**not met**'} | {val} |\n")
+        write_checks(f, checks)
         f.write("\n## Timeline\n\n| time s | event |\n|---|---|\n")
         rows = [(slow_start, "replica slowed down 8x"), (slow_end, "replica back to normal")]
         if exceed_t is not None:
@@ -312,9 +315,7 @@ def cmd_reduction(d, machine):
                 "defaults, P99 > 2x target for 10 s; off after 30 s back under target). Both: `max_inflight_per_replica: 24` (the backlog waits in the gateway "
                 "queue, where requests are reduced on their way out), interactive `queue_timeout: 20s`, breaker `window: 10s` "
                 "(see the breaker report for why).\n\n")
-        f.write("## Checks\n\n| check | result | measured |\n|---|---|---|\n")
-        for name, ok, val in checks:
-            f.write(f"| {name} | {'met' if ok else '**not met**'} | {val} |\n")
+        write_checks(f, checks)
         f.write("\n## Before / after\n\n| run | requests | reduced | 429 | chat TTFT p99 whole run ms | gateway's rolling P99 max ms | reduction on at s | breaker opened |\n")
         f.write("|---|---:|---:|---:|---:|---:|---:|---|\n")
         for m in ("without", "with"):

@@ -163,24 +163,16 @@ impl Budget {
         let mut out = Counts::default();
         let Ok(b) = self.buckets.lock() else { return out };
         let age = now.saturating_duration_since(self.started);
+        // The newest buckets whose index is within `n` of the current one.
+        let mut sum = |ring: &VecDeque<(u64, Counts)>, current: u64, n: u64| {
+            for (_, c) in ring.iter().rev().take_while(|(i, _)| current - i < n) {
+                out.add(c);
+            }
+        };
         if window.as_secs().div_ceil(60) < b.keep_minutes {
-            let minute = age.as_secs() / 60;
-            let n = window.as_secs().div_ceil(60).max(1);
-            for (i, c) in b.minutes.iter().rev() {
-                if minute - i >= n {
-                    break;
-                }
-                out.add(c);
-            }
+            sum(&b.minutes, age.as_secs() / 60, window.as_secs().div_ceil(60).max(1));
         } else {
-            let hour = age.as_secs() / 3600;
-            let n = window.as_secs().div_ceil(3600).max(1);
-            for (i, c) in b.hours.iter().rev() {
-                if hour - i >= n {
-                    break;
-                }
-                out.add(c);
-            }
+            sum(&b.hours, age.as_secs() / 3600, window.as_secs().div_ceil(3600).max(1));
         }
         out
     }
