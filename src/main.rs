@@ -207,7 +207,11 @@ async fn demo(
             return ExitCode::FAILURE;
         }
     };
-    let sim_cfg = loadtest::sim::Profile::Llama8bH100.config();
+    // An 8B model on an H100, its prefill chunks capped at 1,024 tokens as a
+    // team serving interactive traffic would (a 2,048-token chunk makes a
+    // step long enough to break chat's 50 ms ITL target).
+    let mut sim_cfg = loadtest::sim::Profile::Llama8bH100.config();
+    sim_cfg.max_num_batched_tokens = 1024;
     let mut sims = Vec::new();
     for _ in 0..replicas.max(1) {
         match loadtest::sim::SimServer::start(sim_cfg.clone(), std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await {
