@@ -78,6 +78,20 @@ async fn api_keys_gate_classes_with_401_and_403() {
     let (s, _, b) = post(a, "/v1/chat/completions", &body, &[("authorization", "Bearer batch-key"), ("x-slo-class", "chat")]).await;
     assert_eq!(s, 403, "a batch key cannot promote itself to interactive");
     assert_eq!(error_of(&b)["type"], "permission_error");
+    // slogate's keys are checked here and not passed on to the replicas.
+    let seen = mock.state.headers.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 3);
+    assert!(seen.iter().all(|h| h.get("authorization").is_none()), "a slogate key reached a replica");
+}
+
+#[tokio::test]
+async fn without_slogate_keys_the_callers_authorization_goes_to_the_replica() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[("authorization", "Bearer vllm-key")]).await;
+    assert_eq!(s, 200);
+    let seen = mock.state.headers.lock().expect("lock").clone();
+    assert_eq!(seen[0].get("authorization").and_then(|v| v.to_str().ok()), Some("Bearer vllm-key"));
 }
 
 #[tokio::test]

@@ -86,6 +86,11 @@ impl Classifier {
         Ok(Classifier { classes, default_class, keys })
     }
 
+    /// Are callers authenticated by slogate's own keys?
+    pub fn has_keys(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
     pub fn classes(&self) -> &[Arc<Class>] {
         &self.classes
     }

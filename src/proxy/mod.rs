@@ -248,7 +248,7 @@ async fn forward(
     let mut retried = false;
     let resp = loop {
         let replica = lease.replica().clone();
-        let mut upstream_req = build_upstream_request(&parts, &replica.url, body.clone())?;
+        let mut upstream_req = build_upstream_request(&parts, &replica.url, body.clone(), snap.classifier.has_keys())?;
         if let Some(t) = tracker.as_ref().filter(|t| !t.span().is_disabled()) {
             crate::telemetry::otel::inject(t.span(), upstream_req.headers_mut());
         }
@@ -346,7 +346,15 @@ fn refusal_error(r: Refusal, pool: &Pool, class: &Class) -> GatewayError {
     GatewayError::Rejected { message, code, retry_after }
 }
 
-fn build_upstream_request(parts: &http::request::Parts, base: &str, body: Bytes) -> Result<Request<Full<Bytes>>, GatewayError> {
+/// The request to a replica: the caller's headers but for hop-by-hop ones,
+/// and but for `Authorization` when slogate checked it against its own keys
+/// (a slogate key is not the replica's to see).
+fn build_upstream_request(
+    parts: &http::request::Parts,
+    base: &str,
+    body: Bytes,
+    strip_auth: bool,
+) -> Result<Request<Full<Bytes>>, GatewayError> {
     let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let uri: http::Uri = format!("{base}{pq}").parse().map_err(|e: http::uri::InvalidUri| GatewayError::InvalidRequest {
         message: format!("cannot build upstream URI: {e}"),
@@ -357,7 +365,7 @@ fn build_upstream_request(parts: &http::request::Parts, base: &str, body: Bytes)
     *req.uri_mut() = uri;
     let h = req.headers_mut();
     for (k, v) in parts.headers.iter() {
-        if k == header::HOST || k == header::CONTENT_LENGTH || is_hop_by_hop(k) {
+        if k == header::HOST || k == header::CONTENT_LENGTH || is_hop_by_hop(k) || (strip_auth && k == header::AUTHORIZATION) {
             continue;
         }
         h.append(k.clone(), v.clone());
