@@ -29,7 +29,7 @@ use crate::config::{Dur, Tier};
 use crate::error::{full, GatewayError, ProxyBody};
 use crate::reduce::Limits;
 use crate::state::{App, Snapshot};
-use crate::telemetry::metrics::{ClassLabels, ClassTierLabels, Metrics};
+use crate::telemetry::metrics::{ClassLabels, Metrics};
 use crate::telemetry::Outcome;
 use crate::upstream::Pool;
 use observe::{ObservedBody, StreamTimeouts, Tracker};
@@ -195,10 +195,7 @@ async fn forward(
         }
     }
     if let Some(w) = waited {
-        metrics
-            .queue_time
-            .get_or_create(&ClassTierLabels { class: class.name.to_string(), tier: class.tier.into() })
-            .observe(w.as_secs_f64());
+        class.control.queue_time.observe(w.as_secs_f64());
     }
     let Admitted { lease, waited } = admitted.map_err(|r| refusal_error(r, pool, &class))?;
     t.span().record("slogate.queue_ms", waited.as_secs_f64() * 1000.0);
