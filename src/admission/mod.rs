@@ -162,9 +162,13 @@ impl Controls {
     }
 
     /// The control of class `name`, created or updated for `config`.
+    /// Requests still running keep the control they started with.
     pub fn get_or_create(&self, name: &str, class: &ClassConfig, config: &Config) -> Arc<ClassControl> {
         let mut map = self.classes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = map.get(name) {
+        // Same tier: keep the windows, breaker and budgets, with the new
+        // parameters. A class that changed tier starts afresh (its tier
+        // decides its queue-time series and the at-risk check).
+        if let Some(c) = map.get(name).filter(|c| c.tier == class.tier) {
             c.update(class, config);
             return c.clone();
         }
@@ -242,4 +246,28 @@ pub fn publisher(app: Arc<App>, mut stop: watch::Receiver<bool>) -> JoinHandle<(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Dur;
+
+    #[test]
+    fn a_reload_keeps_a_class_control_unless_its_tier_changes() {
+        let config = Config::default();
+        let metrics = Arc::new(Metrics::new(&config));
+        let controls = Controls::new(metrics);
+        let chat = config.classes["chat"].clone();
+        let first = controls.get_or_create("chat", &chat, &config);
+        let tighter = ClassConfig { ttft: Dur::millis(200), ..chat.clone() };
+        let again = controls.get_or_create("chat", &tighter, &config);
+        assert!(Arc::ptr_eq(&first, &again), "same tier: the same windows and breaker");
+        assert_eq!(again.ttft_target(), Duration::from_millis(200));
+        let batch = ClassConfig { tier: Tier::Batch, ..chat };
+        let moved = controls.get_or_create("chat", &batch, &config);
+        assert!(!Arc::ptr_eq(&first, &moved));
+        assert_eq!(moved.tier, Tier::Batch);
+        assert_eq!(controls.all().len(), 1);
+    }
 }
