@@ -27,11 +27,6 @@ const SIGFIG: u8 = 2;
 /// How many sub-windows a window is cut into.
 pub const SUB_WINDOWS: u32 = 10;
 
-fn new_hist() -> Histogram<u32> {
-    // The bounds are constants that HdrHistogram accepts.
-    Histogram::new_with_bounds(LOWEST_US, HIGHEST_US, SIGFIG).unwrap_or_else(|_| Histogram::new(SIGFIG).unwrap_or_else(|_| unreachable!()))
-}
-
 fn shard_count() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 64) * 2
 }
@@ -53,6 +48,9 @@ pub struct RollingHistogram {
     ring: Mutex<VecDeque<(Instant, Histogram<u32>)>>,
     sub_window: Duration,
     window: Duration,
+    /// An empty histogram of the right shape, cloned for new shards and
+    /// sub-windows (built once, so the request path never constructs one).
+    empty: Histogram<u32>,
 }
 
 /// Percentiles over a window, published by the publisher.
@@ -66,7 +64,10 @@ pub struct WindowStats {
 impl RollingHistogram {
     pub fn new(window: Duration) -> RollingHistogram {
         let window = window.max(Duration::from_millis(10));
+        // Constant bounds that HdrHistogram accepts; checked by the tests.
+        let empty = Histogram::new_with_bounds(LOWEST_US, HIGHEST_US, SIGFIG).expect("constant histogram bounds are valid");
         RollingHistogram {
+            empty,
             shards: (0..shard_count()).map(|_| Mutex::new(None)).collect(),
             ring: Mutex::new(VecDeque::new()),
             sub_window: window / SUB_WINDOWS,
@@ -79,7 +80,7 @@ impl RollingHistogram {
         let us = (d.as_micros() as u64).clamp(LOWEST_US, HIGHEST_US);
         let shard = &self.shards[shard_index(self.shards.len())];
         if let Ok(mut h) = shard.lock() {
-            let _ = h.get_or_insert_with(new_hist).record(us);
+            let _ = h.get_or_insert_with(|| self.empty.clone()).record(us);
         }
     }
 
@@ -97,7 +98,7 @@ impl RollingHistogram {
             let taken = shard.lock().ok().and_then(|mut h| h.as_mut().filter(|h| !h.is_empty()).map(take));
             if let Some(h) = taken {
                 if !drained && need_new {
-                    ring.push_back((now, new_hist()));
+                    ring.push_back((now, self.empty.clone()));
                 }
                 drained = true;
                 if let Some((_, cur)) = ring.back_mut() {
