@@ -317,7 +317,11 @@ impl Config {
         }
         if let Some(ep) = &self.telemetry.otlp_endpoint {
             if parse_replica_url(ep).is_err() {
-                bad("telemetry.otlp_endpoint".into(), "must be an http(s)://host:port URL".into());
+                bad(
+                    "telemetry.otlp_endpoint".into(),
+                    "must be an http://host:port URL (OTLP over HTTP, e.g. http://127.0.0.1:4318; for TLS, run a collector beside slogate)"
+                        .into(),
+                );
             }
         }
     }
