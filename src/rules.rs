@@ -74,10 +74,7 @@ fn sel(class: &str) -> String {
 
 /// Distinct windows used by the burn alerts, shortest first.
 pub fn windows(config: &Config) -> Vec<std::time::Duration> {
-    let mut w: Vec<_> = config.slo.burn_alerts.iter().flat_map(|a| [a.long.get(), a.short.get()]).collect();
-    w.sort();
-    w.dedup();
-    w
+    crate::telemetry::budget::burn_windows(&config.slo)
 }
 
 pub fn record_name(sli: &str, window: std::time::Duration) -> String {

@@ -103,9 +103,7 @@ pub fn collect(app: &App) -> Status {
     let snap = app.snapshot();
     let cfg = &snap.config;
     let now = Instant::now();
-    let mut windows: Vec<Duration> = cfg.slo.burn_alerts.iter().flat_map(|a| [a.long.get(), a.short.get()]).collect();
-    windows.sort();
-    windows.dedup();
+    let windows = budget::burn_windows(&cfg.slo);
     let mut since = SystemTime::now();
     let classes = snap
         .classifier

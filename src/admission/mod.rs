@@ -187,9 +187,7 @@ impl Controls {
 pub fn publish_budgets(app: &App, now: Instant) {
     let snap = app.snapshot();
     let slo = &snap.config.slo;
-    let mut windows: Vec<Duration> = slo.burn_alerts.iter().flat_map(|a| [a.long.get(), a.short.get()]).collect();
-    windows.sort();
-    windows.dedup();
+    let windows = budget::burn_windows(slo);
     for c in app.controls.all() {
         if !snap.config.classes.contains_key(&*c.name) {
             continue;

@@ -169,7 +169,8 @@ impl AdmissionQueue {
         self.counter(tier).0.load(Ordering::SeqCst)
     }
 
-    fn timeout(&self, tier: Tier) -> Duration {
+    /// How long a request of `tier` may wait for a slot.
+    pub fn timeout(&self, tier: Tier) -> Duration {
         match tier {
             Tier::Interactive => self.tiers.load().interactive.queue_timeout.get(),
             Tier::Batch => self.tiers.load().batch.queue_timeout.get(),

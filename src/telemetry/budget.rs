@@ -209,6 +209,14 @@ pub fn ratio(sli: Sli, c: &Counts) -> f64 {
     }
 }
 
+/// The distinct windows of `slo.burn_alerts` (long and short), shortest first.
+pub fn burn_windows(slo: &crate::config::SloConfig) -> Vec<Duration> {
+    let mut w: Vec<Duration> = slo.burn_alerts.iter().flat_map(|a| [a.long.get(), a.short.get()]).collect();
+    w.sort();
+    w.dedup();
+    w
+}
+
 /// A window as written in labels: `5m`, `1h`, `3d`.
 pub fn window_label(d: Duration) -> String {
     let s = d.as_secs();

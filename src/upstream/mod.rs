@@ -149,7 +149,6 @@ pub struct Pool {
     pub auto: bool,
     rr: AtomicUsize,
     reserved_share: f64,
-    tiers: TiersConfig,
     /// Requests waiting for a slot, by tier.
     /// Kept across reloads (by pool name), with the batch slot count.
     pub queue: Arc<AdmissionQueue>,
@@ -205,7 +204,6 @@ impl Pool {
             config,
             rr: AtomicUsize::new(0),
             reserved_share: tiers.interactive.reserved_share.clamp(0.0, 1.0),
-            tiers: tiers.clone(),
             queue,
         })
     }
@@ -262,10 +260,7 @@ impl Pool {
     }
 
     pub fn queue_timeout(&self, tier: Tier) -> std::time::Duration {
-        match tier {
-            Tier::Interactive => self.tiers.interactive.queue_timeout.get(),
-            Tier::Batch => self.tiers.batch.queue_timeout.get(),
-        }
+        self.queue.timeout(tier)
     }
 
     pub fn batch_inflight(&self) -> usize {
