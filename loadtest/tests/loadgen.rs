@@ -88,6 +88,37 @@ async fn client_measurements_agree_with_the_simulator() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stamped_chunks_split_the_paths_share_from_the_engines() {
+    // A slow, steady engine: every step 30 ms, so each gap leaves the replica ~30 ms after the last.
+    let mut cfg = Profile::Llama8bH100.config();
+    (cfg.step_base_ms, cfg.decode_per_seq_ms, cfg.prefill_per_token_ms, cfg.stamp_events) = (30.0, 0.0, 0.0, true);
+    let sim = SimServer::start(cfg, SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
+    let s = scenario(&sim.url(), Duration::from_secs(1), Arrival::Constant { rate: 10.0 }, 16, 6);
+    let r = run(&s, "stamped", false).await.expect("run");
+    assert_eq!(r.records.len(), 10);
+    for x in &r.records {
+        let (client, engine) = (x.ttft_ms.expect("ttft"), x.engine_ttft_ms.expect("stamped chunks give the engine's TTFT"));
+        // The engine needs at least one 30 ms step for the first token; the client sees that plus the path.
+        assert!(engine >= 29.0 && client >= engine, "client {client:.3} ms, engine {engine:.3} ms");
+    }
+    let engine = r.engine_itl_us.get("chat").expect("engine gaps recorded");
+    let path = r.itl_path_us.get("chat").expect("path share recorded");
+    assert_eq!(engine.iter().map(|(_, c)| c).sum::<u64>(), 50, "5 gaps in each of 10 streams");
+    assert_eq!(path.iter().map(|(_, c)| c).sum::<u64>(), 50);
+    assert!(engine.iter().all(|(v, _)| (25_000..60_000).contains(v)), "engine gaps are steps: {engine:?}");
+    // The saved result reads back with the new fields.
+    let back: loadtest::loadgen::RunResult = serde_json::from_str(&serde_json::to_string(&r).expect("json")).expect("parses");
+    assert_eq!(back.itl_path_us, r.itl_path_us);
+
+    // Without stamping, chunks are exactly vLLM's: no extra fields.
+    let plain = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
+    let r = run(&scenario(&plain.url(), Duration::from_millis(300), Arrival::Constant { rate: 10.0 }, 16, 4), "plain", false)
+        .await
+        .expect("run");
+    assert!(r.records.iter().all(|x| x.engine_ttft_ms.is_none()) && r.engine_itl_us.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_loop_keeps_its_concurrency() {
     let sim = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
     let s = scenario(&sim.url(), Duration::from_secs(1), Arrival::Closed { concurrency: 3 }, 16, 8);
@@ -114,4 +145,29 @@ async fn http_errors_and_cut_streams_are_classified() {
         .await
         .expect("run");
     assert!(r.records.iter().all(|x| x.outcome == "http_500" || x.outcome == "http_503"));
+}
+
+#[test]
+fn a_mix_draws_each_part_in_proportion_to_its_weight() {
+    let d: LenDist = serde_norway::from_str(
+        "{dist: mix, parts: [{weight: 19, len: {dist: fixed, value: 512}}, {weight: 1, len: {dist: uniform, min: 4000, max: 4096}}]}",
+    )
+    .expect("a mix parses");
+    let mut s = d.sampler().expect("valid mix");
+    let mut rng = StdRng::seed_from_u64(3);
+    let draws: Vec<u32> = (0..20_000).map(|_| s.sample(&mut rng)).collect();
+    let long = draws.iter().filter(|&&n| (4000..=4096).contains(&n)).count();
+    assert_eq!(draws.iter().filter(|&&n| n == 512).count() + long, draws.len(), "every draw comes from one of the parts");
+    let share = long as f64 / draws.len() as f64;
+    assert!((0.04..0.06).contains(&share), "the 1-in-20 part drew {share}");
+
+    for bad in [
+        "{dist: mix, parts: []}",
+        "{dist: mix, parts: [{weight: 0, len: {dist: fixed, value: 1}}]}",
+        "{dist: mix, parts: [{weight: -1, len: {dist: fixed, value: 1}}]}",
+        "{dist: mix, parts: [{weight: 1, len: {dist: uniform, min: 9, max: 1}}]}",
+    ] {
+        let d: LenDist = serde_norway::from_str(bad).expect("parses");
+        assert!(d.sampler().is_err(), "{bad} is refused");
+    }
 }

@@ -55,6 +55,10 @@ struct Args {
     cut_rate: Option<f64>,
     #[arg(long)]
     slowdown: Option<f64>,
+    /// Stamp every streamed chunk with `sim_rx_ns` / `sim_t_ns` (benchmarks:
+    /// lets loadgen separate the path's latency from the engine's).
+    #[arg(long)]
+    stamp_events: bool,
 }
 
 fn load(args: &Args) -> Result<SimConfig, String> {
@@ -79,6 +83,9 @@ fn load(args: &Args) -> Result<SimConfig, String> {
     }
     if let Some(p) = &args.scheduling_policy {
         cfg.priority_scheduling = p == "priority";
+    }
+    if args.stamp_events {
+        cfg.stamp_events = true;
     }
     if let Some(v) = &args.natural_stop {
         cfg.natural_stop = Some((v[0], v[1]));

@@ -41,6 +41,12 @@ pub struct Record {
     pub retry_after: Option<u64>,
     pub queue_ms: Option<f64>,
     pub context_reduced: Option<String>,
+    /// With a stamping simulator (`vllm-sim --stamp-events`): the engine's
+    /// share of this request's TTFT, from the request's arrival at the
+    /// replica to its first content chunk leaving it. `ttft_ms` minus this is
+    /// the path's share (network, gateway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_ttft_ms: Option<f64>,
 }
 
 impl Record {
@@ -63,6 +69,13 @@ pub struct RunResult {
     pub records: Vec<Record>,
     /// All inter-token gaps per class, in microseconds, as (value, count) pairs.
     pub itl_us: BTreeMap<String, Vec<(u64, u64)>>,
+    /// With a stamping simulator: the same gaps as the replica sent them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub engine_itl_us: BTreeMap<String, Vec<(u64, u64)>>,
+    /// With a stamping simulator: how much longer each gap reached the client
+    /// than it left the replica (0 when shorter): the path's share of ITL.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub itl_path_us: BTreeMap<String, Vec<(u64, u64)>>,
 }
 
 impl RunResult {
@@ -80,9 +93,36 @@ pub fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
 }
 
+/// Gaps of one request, in microseconds: as the client saw them, and (with a
+/// stamping simulator) as the replica sent them and what the path added.
+#[derive(Default)]
+struct Gaps {
+    client: Vec<u64>,
+    engine: Vec<u64>,
+    path: Vec<u64>,
+}
+
+#[derive(Default)]
+struct GapHistograms {
+    client: BTreeMap<String, Histogram<u64>>,
+    engine: BTreeMap<String, Histogram<u64>>,
+    path: BTreeMap<String, Histogram<u64>>,
+}
+
+fn pairs(m: &BTreeMap<String, Histogram<u64>>) -> BTreeMap<String, Vec<(u64, u64)>> {
+    m.iter().map(|(k, h)| (k.clone(), h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect())).collect()
+}
+
+/// `"name":<digits>` in a JSON payload, without parsing the rest.
+fn stamp(data: &[u8], name: &[u8]) -> Option<u64> {
+    let at = memchr::memmem::find(data, name)? + name.len();
+    let digits = data[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&data[at..at + digits]).ok()?.parse().ok()
+}
+
 struct Shared {
     records: Mutex<Vec<Record>>,
-    itl: Mutex<BTreeMap<String, Histogram<u64>>>,
+    itl: Mutex<GapHistograms>,
     ttft_recent: Mutex<Histogram<u64>>,
     sent: AtomicU64,
     done: AtomicU64,
@@ -99,7 +139,7 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
     let client: HttpClient = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(4096).build(http);
     let shared = Arc::new(Shared {
         records: Mutex::new(Vec::new()),
-        itl: Mutex::new(BTreeMap::new()),
+        itl: Mutex::new(GapHistograms::default()),
         ttft_recent: Mutex::new(new_hist()),
         sent: AtomicU64::new(0),
         done: AtomicU64::new(0),
@@ -211,14 +251,9 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
     let elapsed_s = t0.elapsed().as_secs_f64();
     let mut records = std::mem::take(&mut *shared.records.lock().unwrap_or_else(|e| e.into_inner()));
     records.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
-    let itl_us = shared
-        .itl
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .map(|(k, h)| (k.clone(), h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect()))
-        .collect();
-    Ok(RunResult { scenario: s.clone(), label: label.to_string(), elapsed_s, records, itl_us })
+    let gaps = shared.itl.lock().unwrap_or_else(|e| e.into_inner());
+    let (itl_us, engine_itl_us, itl_path_us) = (pairs(&gaps.client), pairs(&gaps.engine), pairs(&gaps.path));
+    Ok(RunResult { scenario: s.clone(), label: label.to_string(), elapsed_s, records, itl_us, engine_itl_us, itl_path_us })
 }
 
 async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
@@ -268,7 +303,7 @@ impl Ctx {
     }
 
     fn record_overload(&self) {
-        self.push(Record { outcome: "client_overload".into(), ..self.blank(self.t0.elapsed().as_secs_f64(), 0) }, &[]);
+        self.push(Record { outcome: "client_overload".into(), ..self.blank(self.t0.elapsed().as_secs_f64(), 0) }, &Gaps::default());
     }
 
     fn blank(&self, start_s: f64, prompt_tokens: u32) -> Record {
@@ -288,21 +323,28 @@ impl Ctx {
             retry_after: None,
             queue_ms: None,
             context_reduced: None,
+            engine_ttft_ms: None,
         }
     }
 
-    fn push(&self, r: Record, gaps_us: &[u64]) {
+    fn push(&self, r: Record, gaps: &Gaps) {
         if !r.completed() {
             self.shared.errors.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(t) = r.ttft_ms {
             let _ = self.shared.ttft_recent.lock().unwrap_or_else(|e| e.into_inner()).record((t * 1000.0) as u64);
         }
-        if !gaps_us.is_empty() {
+        if !gaps.client.is_empty() {
             let mut itl = self.shared.itl.lock().unwrap_or_else(|e| e.into_inner());
-            let h = itl.entry(r.class.clone()).or_insert_with(new_hist);
-            for g in gaps_us {
-                let _ = h.record((*g).max(1));
+            let itl = &mut *itl;
+            for (m, v) in [(&mut itl.client, &gaps.client), (&mut itl.engine, &gaps.engine), (&mut itl.path, &gaps.path)] {
+                if v.is_empty() {
+                    continue;
+                }
+                let h = m.entry(r.class.clone()).or_insert_with(new_hist);
+                for g in v {
+                    let _ = h.record((*g).max(1));
+                }
             }
         }
         self.shared.done.fetch_add(1, Ordering::Relaxed);
@@ -312,17 +354,17 @@ impl Ctx {
     async fn one(self, prompt: u32, output: u32) {
         let start = Instant::now();
         let mut rec = self.blank((start - self.t0).as_secs_f64(), prompt);
-        let mut gaps_us = Vec::new();
-        let outcome = tokio::time::timeout(self.timeout, self.exchange(prompt, output, start, &mut rec, &mut gaps_us)).await;
+        let mut gaps = Gaps::default();
+        let outcome = tokio::time::timeout(self.timeout, self.exchange(prompt, output, start, &mut rec, &mut gaps)).await;
         rec.outcome = match outcome {
             Ok(o) => o,
             Err(_) => "timeout".into(),
         };
         rec.e2e_ms = start.elapsed().as_secs_f64() * 1000.0;
-        self.push(rec, &gaps_us);
+        self.push(rec, &gaps);
     }
 
-    async fn exchange(&self, prompt: u32, output: u32, start: Instant, rec: &mut Record, gaps_us: &mut Vec<u64>) -> String {
+    async fn exchange(&self, prompt: u32, output: u32, start: Instant, rec: &mut Record, gaps: &mut Gaps) -> String {
         let spec = &self.spec;
         let text = prompt_text(prompt);
         let mut body = match spec.endpoint {
@@ -371,6 +413,8 @@ impl Ctx {
         let itl_target_us = self.target.map(|t| (t.itl_ms * 1000.0) as u64);
         let mut parser = sse::SseParser::new();
         let (mut last, mut done, mut error, mut finish) = (None::<Instant>, false, false, None::<String>);
+        // With a stamping simulator: when the previous content chunk left the replica.
+        let mut last_sent_ns = None::<u64>;
         loop {
             let frame = match body.frame().await {
                 None => break,
@@ -384,11 +428,22 @@ impl Ctx {
                 let info = sse::analyze(d);
                 if info.content {
                     rec.tokens += 1;
+                    let sent_ns = stamp(d, b"\"sim_t_ns\":");
                     match last {
-                        None => rec.ttft_ms = Some((now - start).as_secs_f64() * 1000.0),
+                        None => {
+                            rec.ttft_ms = Some((now - start).as_secs_f64() * 1000.0);
+                            if let (Some(t), Some(rx)) = (sent_ns, stamp(d, b"\"sim_rx_ns\":")) {
+                                rec.engine_ttft_ms = Some(t.saturating_sub(rx) as f64 / 1e6);
+                            }
+                        }
                         Some(prev) => {
                             let g = (now - prev).as_micros() as u64;
-                            gaps_us.push(g);
+                            gaps.client.push(g);
+                            if let (Some(t), Some(p)) = (sent_ns, last_sent_ns) {
+                                let eg = t.saturating_sub(p) / 1000;
+                                gaps.engine.push(eg);
+                                gaps.path.push(g.saturating_sub(eg));
+                            }
                             rec.gaps += 1;
                             if itl_target_us.is_some_and(|t| g > t) {
                                 rec.itl_over += 1;
@@ -398,6 +453,7 @@ impl Ctx {
                         }
                     }
                     last = Some(now);
+                    last_sent_ns = sent_ns;
                 }
                 error |= info.error;
                 done |= info.done;

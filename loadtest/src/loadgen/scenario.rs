@@ -165,6 +165,19 @@ pub enum LenDist {
         path: PathBuf,
         field: String,
     },
+    /// A mixture: each draw picks a part with probability proportional to its
+    /// weight, then draws from it (e.g. mostly short prompts, a few long ones).
+    Mix {
+        parts: Vec<MixPart>,
+    },
+}
+
+/// One part of a [`LenDist::Mix`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixPart {
+    pub weight: f64,
+    pub len: LenDist,
 }
 
 impl LenDist {
@@ -190,6 +203,25 @@ impl LenDist {
                 }
                 Sampler::Trace(vals, 0)
             }
+            LenDist::Mix { parts } => {
+                if parts.is_empty() {
+                    return Err("mix: needs at least one part".into());
+                }
+                if let Some(bad) = parts.iter().find(|p| !(p.weight.is_finite() && p.weight >= 0.0)) {
+                    return Err(format!("mix: weight {} must be a finite number >= 0", bad.weight));
+                }
+                let total: f64 = parts.iter().map(|p| p.weight).sum();
+                if total <= 0.0 {
+                    return Err("mix: the weights must not all be 0".into());
+                }
+                let mut acc = 0.0;
+                let mut out = Vec::with_capacity(parts.len());
+                for p in parts {
+                    acc += p.weight / total;
+                    out.push((acc, p.len.sampler()?));
+                }
+                Sampler::Mix(out)
+            }
         })
     }
 }
@@ -199,6 +231,8 @@ pub enum Sampler {
     Uniform(u32, u32),
     Lognormal(LogNormal<f64>, u32),
     Trace(Vec<u32>, usize),
+    /// Parts with their cumulative probability (the last is 1).
+    Mix(Vec<(f64, Sampler)>),
 }
 
 impl Sampler {
@@ -211,6 +245,12 @@ impl Sampler {
                 let x = v[*i % v.len()];
                 *i += 1;
                 x.max(1)
+            }
+            Sampler::Mix(parts) => {
+                let u: f64 = rng.random();
+                let last = parts.len() - 1;
+                let idx = parts.iter().position(|(cum, _)| u < *cum).unwrap_or(last);
+                parts[idx].1.sample(rng)
             }
         }
     }

@@ -36,6 +36,11 @@ pub struct SimConfig {
     pub natural_stop: Option<(f64, f64)>,
     /// Length of the fixed embedding vectors.
     pub embedding_dim: usize,
+    /// Benchmarks only: every streamed chunk carries `sim_rx_ns` (when the
+    /// request arrived) and `sim_t_ns` (when the chunk was handed to the
+    /// connection), Unix-epoch nanoseconds, so a client on the same machine
+    /// can tell the path's share of TTFT and ITL from the engine's.
+    pub stamp_events: bool,
     pub faults: FaultConfig,
 }
 
@@ -93,6 +98,7 @@ impl Profile {
                 default_max_tokens: 256,
                 natural_stop: None,
                 embedding_dim: 16,
+                stamp_events: false,
                 faults: FaultConfig::default(),
             },
             Profile::Llama70bFp8H100 => SimConfig {

@@ -7,6 +7,7 @@ pub mod config;
 pub mod engine;
 pub mod metrics;
 pub mod server;
+pub mod sweep;
 
 pub use config::{FaultConfig, Profile, SimConfig};
 pub use server::SimServer;

@@ -166,6 +166,11 @@ async fn handle(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<SimBody> {
     }
 }
 
+/// Wall-clock nanoseconds: the one clock two processes on a machine share.
+fn unix_nanos() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
 fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
@@ -219,6 +224,7 @@ const WORDS: &[&str] = &[
 ];
 
 async fn completion(req: Request<Incoming>, ctx: Arc<Ctx>, chat: bool) -> Response<SimBody> {
+    let rx_ns = ctx.cfg.stamp_events.then(unix_nanos);
     let body = match req.into_body().collect().await {
         Ok(c) => c.to_bytes(),
         Err(_) => return error(StatusCode::BAD_REQUEST, "could not read body", "BadRequestError"),
@@ -295,6 +301,7 @@ async fn completion(req: Request<Incoming>, ctx: Arc<Ctx>, chat: bool) -> Respon
         created: now_secs(),
         model: ctx.cfg.model.clone(),
         prompt_tokens,
+        rx_ns,
     };
     if stream {
         let body = StreamBody { rx, shape, include_usage, continuous, generated: 0, done: false };
@@ -311,6 +318,8 @@ struct Shape {
     created: u64,
     model: String,
     prompt_tokens: u32,
+    /// With `stamp_events`: when the request arrived.
+    rx_ns: Option<u64>,
 }
 
 impl Shape {
@@ -323,6 +332,10 @@ impl Shape {
         let mut v = json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]});
         if let Some(u) = usage {
             v["usage"] = u;
+        }
+        if let Some(rx) = self.rx_ns {
+            v["sim_rx_ns"] = rx.into();
+            v["sim_t_ns"] = unix_nanos().into();
         }
         v
     }
