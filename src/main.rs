@@ -300,6 +300,7 @@ fn demo_scenario(
         prompt_tokens: prompt,
         output_tokens: output,
         turns: 1,
+        target: None,
     };
     loadtest::loadgen::Scenario {
         target: target.into(),

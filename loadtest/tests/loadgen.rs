@@ -30,6 +30,7 @@ fn scenario(target: &str, duration: Duration, arrival: Arrival, prompt: u32, out
             prompt_tokens: LenDist::Fixed { value: prompt },
             output_tokens: LenDist::Fixed { value: output },
             turns: 1,
+            target: None,
         }],
     }
 }
@@ -116,6 +117,28 @@ async fn stamped_chunks_split_the_paths_share_from_the_engines() {
         .await
         .expect("run");
     assert!(r.records.iter().all(|x| x.engine_ttft_ms.is_none()) && r.engine_itl_us.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_with_its_own_target_sends_there() {
+    let a = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
+    let b = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
+    let mut s = scenario(&a.url(), Duration::from_millis(500), Arrival::Constant { rate: 10.0 }, 16, 2);
+    let mut other = s.streams[0].clone();
+    (other.name, other.class, other.target) = ("other".into(), Some("batch".into()), Some(b.url()));
+    s.streams.push(other);
+    let r = run(&s, "two targets", false).await.expect("run");
+    assert_eq!(r.records.len(), 10);
+    assert!(r.records.iter().all(|x| x.outcome == "length"));
+    let tokens = |sim: &SimServer| sim.metrics.encode().lines().find(|l| l.starts_with("vllm:generation_tokens_total")).map(str::to_string);
+    // Each replica served exactly its own stream's five requests of two tokens.
+    assert!(tokens(&a).is_some_and(|l| l.ends_with(" 10")), "{:?}", tokens(&a));
+    assert!(tokens(&b).is_some_and(|l| l.ends_with(" 10")), "{:?}", tokens(&b));
+    // A stream's own target is held to loopback too.
+    s.streams[1].target = Some("http://10.1.2.3:80".into());
+    assert!(s.check().is_err());
+    s.streams[1].target = Some(" , ".into());
+    assert!(s.check().is_err(), "an empty list is refused");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -151,13 +151,12 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
     let mut rng = StdRng::seed_from_u64(s.seed);
     let mut dispatchers = Vec::new();
     let mut expected = 0u64;
-    let bases: Arc<Vec<String>> = Arc::new(s.targets());
     for (i, spec) in s.streams.iter().enumerate() {
         let spec = Arc::new(spec.clone());
         let target = s.classes.get(spec.class.as_deref().unwrap_or("")).copied();
         let ctx = Ctx {
             client: client.clone(),
-            bases: bases.clone(),
+            bases: Arc::new(s.targets_of(&spec)),
             spec: spec.clone(),
             target,
             shared: shared.clone(),

@@ -106,6 +106,11 @@ pub struct StreamSpec {
     /// user), as a multi-turn chat history looks. 1 = one user message.
     #[serde(default = "default_turns")]
     pub turns: u32,
+    /// This stream's own target(s), instead of the scenario's: one run can
+    /// then send part of its traffic straight to a replica and part through
+    /// a gateway, so both see the same engine steps at the same moments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 fn default_turns() -> u32 {
@@ -256,6 +261,10 @@ impl Sampler {
     }
 }
 
+fn split_targets(list: &str) -> Vec<String> {
+    list.split(',').map(|t| t.trim().trim_end_matches('/').to_string()).filter(|t| !t.is_empty()).collect()
+}
+
 impl Arrival {
     /// Arrival offsets from the start, within `duration` (open-loop kinds only).
     pub fn schedule(&self, duration: Duration, limit: u64, rng: &mut StdRng) -> Result<Vec<Duration>, String> {
@@ -336,7 +345,12 @@ impl Scenario {
 
     /// The target base URLs, without trailing slashes.
     pub fn targets(&self) -> Vec<String> {
-        self.target.split(',').map(|t| t.trim().trim_end_matches('/').to_string()).filter(|t| !t.is_empty()).collect()
+        split_targets(&self.target)
+    }
+
+    /// The base URLs `stream` sends to, in turn: its own, or the scenario's.
+    pub fn targets_of(&self, stream: &StreamSpec) -> Vec<String> {
+        stream.target.as_deref().map_or_else(|| self.targets(), split_targets)
     }
 
     /// Refuse anything but loopback targets and empty scenarios.
@@ -344,7 +358,13 @@ impl Scenario {
         if self.targets().is_empty() {
             return Err("target: at least one URL is required".into());
         }
-        for t in self.targets() {
+        let own = self.streams.iter().filter_map(|s| s.target.as_deref().map(|t| (s, split_targets(t))));
+        for (s, t) in own {
+            if t.is_empty() {
+                return Err(format!("stream {}: target: at least one URL is required", s.name));
+            }
+        }
+        for t in self.targets().into_iter().chain(self.streams.iter().flat_map(|s| self.targets_of(s))) {
             let uri: http::Uri = t.parse().map_err(|e| format!("target {t}: {e}"))?;
             let host = uri.host().unwrap_or("");
             let loopback = host == "localhost"
