@@ -60,9 +60,11 @@ for round in $(seq "$ROUNDS"); do
   run_lg "$WORK/lat.yaml" "${SIM_URLS[0]}" "lat-direct-$round"
   run_gw "$WORK/lat.yaml" "lat-gateway-$round"
 done
-# Side by side in one run: 200 streams through slogate and 200 straight to the
+# Side by side in one run: N streams through slogate and N straight to the
 # replica at the same time, so both ride the same engine steps and the same
-# load on the client's and replica's core; only the path differs.
+# load on the client's and replica's core; only the path differs. N = 200 is
+# the issue's point; 32 and 100 show how the difference grows with load.
+for c in 32 100 200; do
 for round in $(seq "$ROUNDS"); do
   cat >"$WORK/pair.yaml" <<EOS
 target: $GW_URL
@@ -70,10 +72,11 @@ duration: $((LAT_SECS + 2))s
 warmup: 5s
 request_timeout: 120s
 streams:
-  - { name: slogate, class: chat, model: sim-llama-8b, arrival: { kind: closed, concurrency: 200 }, prompt_tokens: { dist: fixed, value: 32 }, output_tokens: { dist: fixed, value: 64 } }
-  - { name: direct, class: direct, target: "${SIM_URLS[0]}", model: sim-llama-8b, arrival: { kind: closed, concurrency: 200 }, prompt_tokens: { dist: fixed, value: 32 }, output_tokens: { dist: fixed, value: 64 } }
+  - { name: slogate, class: chat, model: sim-llama-8b, arrival: { kind: closed, concurrency: $c }, prompt_tokens: { dist: fixed, value: 32 }, output_tokens: { dist: fixed, value: 64 } }
+  - { name: direct, class: direct, target: "${SIM_URLS[0]}", model: sim-llama-8b, arrival: { kind: closed, concurrency: $c }, prompt_tokens: { dist: fixed, value: 32 }, output_tokens: { dist: fixed, value: 64 } }
 EOS
-  run_lg "$WORK/pair.yaml" "$GW_URL" "lat-pair-$round"
+  run_lg "$WORK/pair.yaml" "$GW_URL" "lat-pair-$c-$round"
+done
 done
 cleanup; PIDS=()
 
@@ -158,7 +161,7 @@ m = lambda xs, k: statistics.mean(a[k] for a in xs)
 rng = lambda xs, k: f"{min(a[k] for a in xs):+.3f} to {max(a[k] for a in xs):+.3f}"
 out += ["", f"Separate runs, slogate minus direct (mean of {rounds} rounds, range in brackets): path's share of TTFT p50 {m(added, 'p50'):+.3f} ms ({rng(added, 'p50')}), p99 {m(added, 'p99'):+.3f} ms ({rng(added, 'p99')}); ITL p99 shift {m(added, 'shift99'):+.3f} ms ({rng(added, 'shift99')}). "
         f"Raw: TTFT p99 {m(added, 'raw99'):+.3f} ms ({rng(added, 'raw99')}), ITL p99 {m(added, 'rawitl99'):+.3f} ms ({rng(added, 'rawitl99')}). "
-        "The spread between rounds, several milliseconds, is wider than the targets: the replica and the client share a core and write and read 200 events in a burst every step, and where a stream falls in that burst changes from run to run. The next table compares both paths within one run.", ""]
+        "Separate runs differ in more than the path: the replica and the client share a core and write and read 200 events in a burst every step, and where a stream falls in that burst changes from run to run (compare the direct rows between rounds). The next table compares both paths within one run.", ""]
 
 # Side by side in one run.
 def by_class(n, cls):
@@ -171,21 +174,27 @@ def by_class(n, cls):
          "itl99": hpct(r["itl_us"].get(cls, []), .99), "eitl99": hpct(r.get("engine_itl_us", {}).get(cls, []), .99), "gap99": hpct(r.get("itl_path_us", {}).get(cls, []), .99)}
     s["shift99"] = s["itl99"] - s["eitl99"]
     return s
-out += ["### Side by side in one run", "", "Each round is one run: 200 streams through slogate and 200 straight to the same replica at the same time (400 sequences in every 20-ms engine step; the first 5 s, 400 simultaneous connects, left out), so both see the same steps and the same load on the client's and replica's core; only the path differs.", "",
+out += ["### Side by side in one run", "", "Each round is one run: N streams through slogate and N straight to the same replica at the same time (2N sequences in every 20-ms engine step; the first 5 s, the connects, left out), so both see the same steps and the same load on the client's and replica's core; only the path differs. Rounds at N = 200:", "",
         "| round | path | requests | failed | TTFT p99 ms | path's share of TTFT p50 / p99 ms | ITL p99 ms | replica's ITL p99 ms | path's share of a gap p99 ms |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-pair = []
-for rnd in range(1, rounds + 1):
-    d, g = by_class(f"lat-pair-{rnd}", "direct"), by_class(f"lat-pair-{rnd}", "chat")
-    for name, s in (("direct", d), ("slogate", g)):
-        out.append(f"| {rnd} | {name} | {s['n']} | {s['bad']} | {s['ttft99']:.3f} | {s['path50']:.3f} / {s['path99']:.3f} | {s['itl99']:.3f} | {s['eitl99']:.3f} | {s['gap99']:.3f} |")
-    pair.append({"p50": g["path50"] - d["path50"], "p99": g["path99"] - d["path99"], "shift99": g["shift99"] - d["shift99"], "gap99": g["gap99"] - d["gap99"]})
-a99, shift = m(pair, "p99"), m(pair, "shift99")
-out += ["", f"Added by slogate, side by side (mean of {rounds} rounds, range in brackets):", "",
-        f"- TTFT p50: {m(pair, 'p50'):+.3f} ms ({rng(pair, 'p50')}); TTFT p99: **{a99:+.3f} ms** ({rng(pair, 'p99')}): the path's share of TTFT, slogate minus direct.",
-        f"- ITL p99: **{shift:+.3f} ms** ({rng(pair, 'shift99')}): how much further the path moves the client's ITL p99 from the replica's, slogate minus direct. Per gap, the p99 of what the path adds grows by {m(pair, 'gap99'):+.3f} ms ({rng(pair, 'gap99')}).", "",
-        f"Targets (side by side): added TTFT p99 <= 0.5 ms: {'met' if a99 <= 0.5 else 'NOT met'}; added ITL p99 <= 0.1 ms: {'met' if shift <= 0.1 else 'NOT met'}.", "",
-        "Why: every 20 ms the replica emits the next token of all 200 streams at once, as vLLM does (one engine step, one output per running sequence). slogate forwards them one after another, each costing a loopback read and a write (about 12 us of CPU per event at this load, two thirds of it in the kernel, see the throughput table), so the last event of a step leaves a few milliseconds after the first and the median event waits about half that. "
-        "An added p99 of 0.5 ms with 200 simultaneous events needs about 2.5 us per event on one core, or the step's burst spread over several gateway cores (slogate's runtime uses every core it is given); on this 2-core machine the simulator and the client hold the other core.", ""]
+pairs_by = {}
+for c in (32, 100, 200):
+    pair = []
+    for rnd in range(1, rounds + 1):
+        d, g = by_class(f"lat-pair-{c}-{rnd}", "direct"), by_class(f"lat-pair-{c}-{rnd}", "chat")
+        if c == 200:
+            for name, s in (("direct", d), ("slogate", g)):
+                out.append(f"| {rnd} | {name} | {s['n']} | {s['bad']} | {s['ttft99']:.3f} | {s['path50']:.3f} / {s['path99']:.3f} | {s['itl99']:.3f} | {s['eitl99']:.3f} | {s['gap99']:.3f} |")
+        pair.append({"p50": g["path50"] - d["path50"], "p99": g["path99"] - d["path99"], "shift99": g["shift99"] - d["shift99"], "gap99": g["gap99"] - d["gap99"]})
+    pairs_by[c] = pair
+out += ["", f"Added by slogate, side by side, by streams per path (mean of {rounds} rounds, range in brackets):", "",
+        "| streams per path | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | path's share of a gap p99 ms |", "|---:|---|---|---|---|"]
+for c, pair in pairs_by.items():
+    out.append(f"| {c} | {m(pair, 'p50'):+.3f} ({rng(pair, 'p50')}) | {m(pair, 'p99'):+.3f} ({rng(pair, 'p99')}) | {m(pair, 'shift99'):+.3f} ({rng(pair, 'shift99')}) | {m(pair, 'gap99'):+.3f} ({rng(pair, 'gap99')}) |")
+pair = pairs_by[200]
+worst99, worst_shift = max(a["p99"] for a in pair), max(a["shift99"] for a in pair)
+out += ["", "TTFT: the path's share of TTFT, slogate minus direct. ITL: how much further the path moves the client's ITL p99 from the replica's, slogate minus direct.", "",
+        f"Targets at 200 streams, side by side, counted as met only when every round meets them (the ranges show how far these numbers move between rounds on this shared 2-core machine): "
+        f"added TTFT p99 <= 0.5 ms: {'met' if worst99 <= 0.5 else 'NOT met'} (worst round {worst99:+.3f} ms); added ITL p99 <= 0.1 ms: {'met' if worst_shift <= 0.1 else 'NOT met'} (worst round {worst_shift:+.3f} ms).", ""]
 out += ["## Streaming throughput", "", "Upstream: 1 ms engine steps, 16 output tokens (18 SSE events per stream); closed loop. slogate CPU is its user+system time over the run divided by the requests it served: the cost per streamed request, independent of how busy the other two processes keep the cores.", "", "| concurrency | direct req/s | slogate req/s | ratio | failed (direct/slogate) | slogate CPU per request |", "|---:|---:|---:|---:|---|---:|"]
 for c in (32, 256):
     d, g = stats(f"tput-direct-{c}"), stats(f"tput-gateway-{c}")
