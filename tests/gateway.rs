@@ -332,3 +332,56 @@ async fn tls_listener_serves_https() {
     assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn upstream_connections_are_kept_alive_and_a_cancelled_one_is_not_reused() {
+    let mock = Mock::start(script(|req| {
+        if req.get("stream").and_then(|v| v.as_bool()) == Some(true) {
+            let gap = if req["max_tokens"] == 1000 { Duration::from_secs(60) } else { Duration::ZERO };
+            vllm_stream(req, 3, gap, "stop")
+        } else {
+            json_answer("hi", "stop", 5, 1)
+        }
+    }))
+    .await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    for i in 0..6 {
+        let (s, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(i % 2 == 0, false), &[]).await;
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+    }
+    assert_eq!(mock.calls(), 6);
+    assert_eq!(mock.state.post_connections.load(Ordering::SeqCst), 1, "six requests one after another share one upstream connection");
+
+    // A client that hangs up mid-stream: that connection is closed (the
+    // replica must stop generating), so the next request needs a new one.
+    let slow = r#"{"model":"m1","stream":true,"max_tokens":1000,"messages":[{"role":"user","content":"hi"}]}"#;
+    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", slow, &[])).await.expect("stream");
+    let mut body = resp.into_body();
+    body.frame().await.expect("first frame").expect("ok");
+    drop(body);
+    wait_until("replica sees the cancellation", || async { mock.state.cancelled.load(Ordering::SeqCst) == 1 }).await;
+    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(mock.state.post_connections.load(Ordering::SeqCst), 2);
+    assert_eq!(requests_with_outcome(&gw, "ok").await, 7.0);
+}
+
+#[tokio::test]
+async fn a_replica_that_closes_idle_connections_costs_no_request() {
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    for round in 1..=3 {
+        let (s, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+        let text = String::from_utf8_lossy(&body);
+        assert_eq!(s, 200, "{text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        assert_eq!(mock.state.post_connections.load(Ordering::SeqCst), round, "round {round} went on a new connection");
+        // The connection the gateway keeps for the next request is closed under it.
+        mock.close_idle_connections();
+        wait_until("the replica closed the idle connection", || async {
+            mock.state.closed_post_connections.load(Ordering::SeqCst) == round
+        })
+        .await;
+    }
+    assert_eq!(requests_with_outcome(&gw, "ok").await, 3.0);
+}

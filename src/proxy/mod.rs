@@ -245,11 +245,12 @@ async fn forward(
     let mut retried = false;
     let resp = loop {
         let replica = lease.replica().clone();
-        let mut upstream_req = build_upstream_request(&parts, &replica.url, body.clone(), snap.classifier.has_keys())?;
+        let mut upstream_req = build_upstream_request(&parts, &replica.base, body.clone(), snap.classifier.has_keys())?;
         if let Some(t) = tracker.as_ref().filter(|t| !t.span().is_disabled()) {
             crate::telemetry::otel::inject(t.span(), upstream_req.headers_mut());
         }
-        let sent = tokio::time::timeout_at(header_deadline, pool.client.request(upstream_req)).await;
+        let connect_timeout = pool.config.timeouts.connect.get();
+        let sent = tokio::time::timeout_at(header_deadline, crate::upstream::conn::send(&replica, upstream_req, connect_timeout)).await;
         let failure: GatewayError = match sent {
             Err(_) => {
                 let after = crate::config::Dur(header_deadline - start);
@@ -345,22 +346,31 @@ fn refusal_error(r: Refusal, pool: &Pool, class: &Class) -> GatewayError {
 
 /// The request to a replica: the caller's headers but for hop-by-hop ones,
 /// and but for `Authorization` when slogate checked it against its own keys
-/// (a slogate key is not the replica's to see).
+/// (a slogate key is not the replica's to see). The URI is in origin form
+/// (`/v1/...`), with `Host` naming the replica.
 fn build_upstream_request(
     parts: &http::request::Parts,
-    base: &str,
+    base: &http::Uri,
     body: Bytes,
     strip_auth: bool,
 ) -> Result<Request<Full<Bytes>>, GatewayError> {
-    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let uri: http::Uri = format!("{base}{pq}").parse().map_err(|e: http::uri::InvalidUri| GatewayError::InvalidRequest {
-        message: format!("cannot build upstream URI: {e}"),
-        param: None,
-    })?;
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = uri;
+    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    // A replica URL may carry a path prefix (`http://host/vllm`).
+    let prefix = base.path().trim_end_matches('/');
+    *req.uri_mut() = if prefix.is_empty() {
+        parts.uri.path_and_query().map(|p| http::Uri::from(p.clone())).unwrap_or_else(|| http::Uri::from_static("/"))
+    } else {
+        format!("{prefix}{pq}").parse().map_err(|e: http::uri::InvalidUri| GatewayError::InvalidRequest {
+            message: format!("cannot build upstream URI: {e}"),
+            param: None,
+        })?
+    };
     let h = req.headers_mut();
+    if let Some(host) = base.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+        h.insert(header::HOST, host);
+    }
     for (k, v) in parts.headers.iter() {
         if k == header::HOST || k == header::CONTENT_LENGTH || is_hop_by_hop(k) || (strip_auth && k == header::AUTHORIZATION) {
             continue;

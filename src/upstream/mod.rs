@@ -6,6 +6,7 @@
 //! is released exactly once, by `Drop`, when the stream ends or the client
 //! goes away, never when the response headers arrive.
 
+pub mod conn;
 pub mod health;
 
 use std::collections::HashSet;
@@ -57,6 +58,8 @@ pub struct Replica {
     pub models: ArcSwap<Vec<serde_json::Value>>,
     inflight_gauge: Gauge,
     healthy_gauge: Gauge,
+    /// Keep-alive connections not serving a request now.
+    pub idle: conn::IdleConns,
 }
 
 impl Replica {
@@ -184,6 +187,7 @@ impl Pool {
                 models: ArcSwap::from_pointee(Vec::new()),
                 inflight_gauge,
                 healthy_gauge,
+                idle: conn::IdleConns::default(),
             }));
         }
         let static_models = config.models.iter().filter(|m| *m != "auto").cloned().collect();

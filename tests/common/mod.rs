@@ -55,6 +55,13 @@ pub struct MockState {
     /// Request headers of every POST, in order.
     pub headers: Mutex<Vec<http::HeaderMap>>,
     pub model: String,
+    /// Connections that carried at least one POST (health checks and model
+    /// discovery use connections of their own).
+    pub post_connections: AtomicUsize,
+    /// Fired by [`Mock::close_idle_connections`].
+    close_idle: tokio::sync::Notify,
+    /// Connections that carried a POST, closed by the mock's side.
+    pub closed_post_connections: AtomicUsize,
 }
 
 pub struct Mock {
@@ -81,6 +88,9 @@ impl Mock {
             bodies: Mutex::new(Vec::new()),
             headers: Mutex::new(Vec::new()),
             model: model.to_string(),
+            post_connections: AtomicUsize::new(0),
+            close_idle: tokio::sync::Notify::new(),
+            closed_post_connections: AtomicUsize::new(0),
         });
         let tasks = Arc::new(Mutex::new(JoinSet::new()));
         let (st, ts) = (state.clone(), tasks.clone());
@@ -90,11 +100,31 @@ impl Mock {
                 let _ = stream.set_nodelay(true);
                 let st = st.clone();
                 ts.lock().expect("lock").spawn(async move {
+                    let posted = Arc::new(AtomicBool::new(false));
+                    let (st2, posted2) = (st.clone(), posted.clone());
                     let svc = hyper::service::service_fn(move |req| {
-                        let st = st.clone();
-                        async move { Ok::<_, Infallible>(mock_handle(req, st).await) }
+                        let (st, posted) = (st2.clone(), posted2.clone());
+                        async move {
+                            if req.method() == http::Method::POST && !posted.swap(true, Ordering::SeqCst) {
+                                st.post_connections.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Ok::<_, Infallible>(mock_handle(req, st).await)
+                        }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                    let mut conn = std::pin::pin!(conn);
+                    let close = st.close_idle.notified();
+                    tokio::select! {
+                        _ = conn.as_mut() => return,
+                        _ = close => {}
+                    }
+                    // Like a keep-alive timeout: an idle connection closes at
+                    // once, without a `Connection: close` header.
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                    if posted.load(Ordering::SeqCst) {
+                        st.closed_post_connections.fetch_add(1, Ordering::SeqCst);
+                    }
                 });
             }
         });
@@ -111,6 +141,12 @@ impl Mock {
 
     pub fn calls(&self) -> usize {
         self.state.calls.load(Ordering::SeqCst)
+    }
+
+    /// Close every idle connection from the replica's side, as a server
+    /// with a short keep-alive timeout does (vLLM's closes after 5 s).
+    pub fn close_idle_connections(&self) {
+        self.state.close_idle.notify_waiters();
     }
 
     /// Stop accepting and cut every open connection: connects are refused.

@@ -1,0 +1,265 @@
+//! The data plane's connections to replicas: HTTP/1 client connections that
+//! are driven by the response body that uses them, kept per replica while
+//! idle.
+//!
+//! hyper-util's pooled client spawns one task per connection. That task reads
+//! the replica's socket and hands each decoded chunk to the response body
+//! through a one-slot channel, so every SSE event costs two task polls and a
+//! wake-up between them, and events that arrived in one read still leave the
+//! gateway in one write each: the writing task never sees a second chunk
+//! before it flushes the first.
+//!
+//! Here [`UpstreamBody`] polls its connection itself, in the task that writes
+//! to the client. One poll reads the socket, decodes a chunk and hands it
+//! over; when more events are already in the read buffer, hyper's server
+//! writes them in one `writev`, each still its own HTTP chunk (nothing waits,
+//! nothing is merged). When the body ends, the connection goes back to its
+//! replica's idle list; when the body is dropped early (the client went away,
+//! a timeout), the connection is dropped with it and the socket closes, so
+//! the replica stops generating.
+//!
+//! An idle connection is not polled. It is checked when taken: a replica that
+//! closed it (vLLM closes idle keep-alive connections after a few seconds)
+//! has left an end-of-file that a poll sees at once. If the request still
+//! could not be sent on it, it is sent again on a new connection (only a
+//! request that was never written is sent again).
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{Builder, Connection, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use super::Replica;
+
+type Conn = Connection<TokioIo<TcpStream>, Full<Bytes>>;
+type Sender = SendRequest<Full<Bytes>>;
+
+/// An idle connection unused for this long is closed when next seen.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Idle connections kept per replica; more are closed.
+const MAX_IDLE: usize = 1024;
+/// Stale idle connections tried before a new one is opened.
+const STALE_TRIES: usize = 3;
+
+struct Idle {
+    tx: Sender,
+    conn: Conn,
+    since: Instant,
+}
+
+/// One replica's idle connections, the most recently used last.
+#[derive(Default)]
+pub struct IdleConns {
+    list: Mutex<VecDeque<Idle>>,
+}
+
+impl IdleConns {
+    fn put(&self, tx: Sender, conn: Conn) {
+        let Ok(mut list) = self.list.lock() else { return };
+        if list.len() >= MAX_IDLE {
+            list.pop_front();
+        }
+        list.push_back(Idle { tx, conn, since: Instant::now() });
+    }
+
+    /// A live idle connection, if one is left.
+    fn take(&self) -> Option<(Sender, Conn)> {
+        loop {
+            let mut idle = {
+                let mut list = self.list.lock().ok()?;
+                // The oldest ones are at the front: drop those past the timeout.
+                while list.front().is_some_and(|i| i.since.elapsed() > IDLE_TIMEOUT) {
+                    list.pop_front();
+                }
+                list.pop_back()?
+            };
+            // A connection the replica closed finishes on this poll (it reads
+            // the end of file); the waker is replaced on the next real poll.
+            let mut cx = Context::from_waker(Waker::noop());
+            if Pin::new(&mut idle.conn).poll(&mut cx).is_ready() || !idle.tx.is_ready() {
+                continue;
+            }
+            return Some((idle.tx, idle.conn));
+        }
+    }
+
+    /// Idle connections held now.
+    pub fn len(&self) -> usize {
+        self.list.lock().map(|l| l.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Why a request could not be sent to a replica.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("connect to {addr}: {source}")]
+    Connect { addr: String, source: std::io::Error },
+    #[error("connect to {addr}: no connection within {after:?}")]
+    ConnectTimeout { addr: String, after: Duration },
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+    #[error("the replica closed the connection before answering")]
+    Closed,
+}
+
+/// Send `req` (origin-form URI, `Host` set) to `replica`, on an idle
+/// connection when one is left, else on a new one.
+pub async fn send(
+    replica: &Arc<Replica>,
+    req: Request<Full<Bytes>>,
+    connect_timeout: Duration,
+) -> Result<Response<UpstreamBody>, SendError> {
+    let mut req = req;
+    let mut tries = 0;
+    loop {
+        let (tx, conn, reused) = match (tries < STALE_TRIES).then(|| replica.idle.take()).flatten() {
+            Some((tx, conn)) => (tx, conn, true),
+            None => {
+                let (tx, conn) = connect(replica, connect_timeout).await?;
+                (tx, conn, false)
+            }
+        };
+        tries += 1;
+        match exchange(tx, conn, req).await {
+            Ok((resp, tx, conn)) => {
+                let (parts, incoming) = resp.into_parts();
+                let body = UpstreamBody { incoming, tx: Some(tx), conn, replica: replica.clone() };
+                return Ok(Response::from_parts(parts, body));
+            }
+            // Never written: safe to send again, on another connection.
+            Err(Failed::NotSent(error, back)) if reused => {
+                tracing::debug!(replica = %replica.url, %error, "idle connection was closed; sending on another");
+                req = *back;
+            }
+            Err(Failed::NotSent(error, _)) => return Err(SendError::Http(error)),
+            Err(Failed::Sent(e)) => return Err(e),
+        }
+    }
+}
+
+enum Failed {
+    NotSent(hyper::Error, Box<Request<Full<Bytes>>>),
+    Sent(SendError),
+}
+
+/// Send on one connection, driving it until the response headers arrive.
+async fn exchange(mut tx: Sender, conn: Conn, req: Request<Full<Bytes>>) -> Result<(Response<Incoming>, Sender, Option<Conn>), Failed> {
+    let mut conn = Some(conn);
+    let mut answer = std::pin::pin!(tx.try_send_request(req));
+    let result = std::future::poll_fn(|cx| {
+        if let Some(c) = conn.as_mut() {
+            if Pin::new(c).poll(cx).is_ready() {
+                conn = None;
+            }
+        }
+        match answer.as_mut().poll(cx) {
+            Poll::Ready(r) => Poll::Ready(Some(r)),
+            // The connection ended and left the request unanswered.
+            Poll::Pending if conn.is_none() => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await;
+    match result {
+        Some(Ok(resp)) => Ok((resp, tx, conn)),
+        Some(Err(mut e)) => match e.take_message() {
+            Some(req) => Err(Failed::NotSent(e.into_error(), Box::new(req))),
+            None => Err(Failed::Sent(SendError::Http(e.into_error()))),
+        },
+        None => Err(Failed::Sent(SendError::Closed)),
+    }
+}
+
+async fn connect(replica: &Replica, timeout: Duration) -> Result<(Sender, Conn), SendError> {
+    let host = replica.base.host().unwrap_or("127.0.0.1").trim_start_matches('[').trim_end_matches(']');
+    let port = replica.base.port_u16().unwrap_or(80);
+    let addr = || format!("{host}:{port}");
+    let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(source)) => return Err(SendError::Connect { addr: addr(), source }),
+        Err(_) => return Err(SendError::ConnectTimeout { addr: addr(), after: timeout }),
+    };
+    stream.set_nodelay(true).map_err(|source| SendError::Connect { addr: addr(), source })?;
+    Ok(Builder::new().handshake(TokioIo::new(stream)).await?)
+}
+
+/// A replica's response body, carrying the connection it arrives on.
+pub struct UpstreamBody {
+    incoming: Incoming,
+    tx: Option<Sender>,
+    /// `None` once the connection has ended.
+    conn: Option<Conn>,
+    replica: Arc<Replica>,
+}
+
+impl UpstreamBody {
+    /// The body ended: the connection can serve the next request.
+    fn release(&mut self) {
+        if let (Some(tx), Some(conn)) = (self.tx.take(), self.conn.take()) {
+            if !tx.is_closed() {
+                self.replica.idle.put(tx, conn);
+            }
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = SendError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, SendError>>> {
+        let this = self.get_mut();
+        // Read and decode first, so a chunk the connection just decoded is
+        // handed over in this same poll.
+        if let Some(c) = this.conn.as_mut() {
+            if Pin::new(c).poll(cx).is_ready() {
+                this.conn = None;
+            }
+        }
+        match Pin::new(&mut this.incoming).poll_frame(cx) {
+            Poll::Ready(None) => {
+                this.release();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.conn = None;
+                Poll::Ready(Some(Err(SendError::Http(e))))
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                // A body of known length may not be polled past its last byte.
+                if this.incoming.is_end_stream() {
+                    this.release();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            // The connection is gone and the body has nothing more: it was cut.
+            Poll::Pending if this.conn.is_none() => Poll::Ready(Some(Err(SendError::Closed))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.incoming.size_hint()
+    }
+}
