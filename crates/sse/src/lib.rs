@@ -9,8 +9,6 @@
 //! completed event where in the fed chunk it ended, so a caller can cut an
 //! event out of the byte stream without re-chunking the rest.
 
-use std::borrow::Cow;
-
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -124,42 +122,98 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
+// Strings are read without allocating: serde's `borrow` does not reach a
+// `Cow` inside an `Option`, which would copy every token's text into a new
+// `String`. Only emptiness (or one comparison) is kept.
+
 #[derive(Deserialize)]
-struct Chunk<'a> {
+struct Chunk {
     #[serde(default)]
     choices: Option<Choices>,
     #[serde(default)]
     usage: Option<Usage>,
     #[serde(default)]
     error: Option<IgnoredAny>,
-    #[serde(default, borrow)]
-    object: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct Choice<'a> {
-    #[serde(default, borrow)]
-    delta: Option<Delta<'a>>,
-    #[serde(default, borrow)]
-    text: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    finish_reason: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct Delta<'a> {
-    #[serde(default, borrow)]
-    content: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    reasoning_content: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    reasoning: Option<Cow<'a, str>>,
     #[serde(default)]
-    tool_calls: Option<Vec<IgnoredAny>>,
+    object: Option<IsError>,
 }
 
-fn non_empty(s: &Option<Cow<'_, str>>) -> bool {
-    s.as_deref().is_some_and(|s| !s.is_empty())
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    text: Option<NonEmpty>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Option<NonEmpty>,
+    #[serde(default)]
+    reasoning_content: Option<NonEmpty>,
+    #[serde(default)]
+    reasoning: Option<NonEmpty>,
+    #[serde(default)]
+    tool_calls: Option<NonEmptySeq>,
+}
+
+/// A string, read for whether it is empty. Not a string: a type error.
+struct NonEmpty(bool);
+
+/// A string, read for whether it is `"error"`.
+struct IsError(bool);
+
+/// An array, read for whether it has elements (which are skipped).
+struct NonEmptySeq(bool);
+
+fn non_empty(s: &Option<NonEmpty>) -> bool {
+    s.as_ref().is_some_and(|s| s.0)
+}
+
+macro_rules! str_visitor {
+    ($ty:ident, $what:literal, |$v:ident| $test:expr) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> serde::de::Visitor<'de> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str($what)
+                    }
+                    fn visit_str<E: serde::de::Error>(self, $v: &str) -> Result<$ty, E> {
+                        Ok($ty($test))
+                    }
+                }
+                d.deserialize_str(V)
+            }
+        }
+    };
+}
+
+str_visitor!(NonEmpty, "a string", |v| !v.is_empty());
+str_visitor!(IsError, "a string", |v| v == "error");
+
+impl<'de> Deserialize<'de> for NonEmptySeq {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = NonEmptySeq;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<NonEmptySeq, A::Error> {
+                let mut any = false;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    any = true;
+                }
+                Ok(NonEmptySeq(any))
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
 
 /// What the `choices` array says, folded while it is read (no `Vec`).
@@ -180,13 +234,13 @@ impl<'de> Deserialize<'de> for Choices {
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
                 let mut out = Choices::default();
-                while let Some(c) = seq.next_element::<Choice<'de>>()? {
+                while let Some(c) = seq.next_element::<Choice>()? {
                     out.any = true;
                     if let Some(d) = &c.delta {
                         if non_empty(&d.content)
                             || non_empty(&d.reasoning_content)
                             || non_empty(&d.reasoning)
-                            || d.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
+                            || d.tool_calls.as_ref().is_some_and(|t| t.0)
                         {
                             out.content = true;
                         }
@@ -195,7 +249,7 @@ impl<'de> Deserialize<'de> for Choices {
                         out.content = true;
                     }
                     if let Some(f) = c.finish_reason {
-                        out.finish_reason = Some(f.into_owned());
+                        out.finish_reason = Some(f);
                     }
                 }
                 Ok(out)
@@ -212,11 +266,11 @@ pub fn analyze(data: &[u8]) -> EventInfo {
     if trimmed == b"[DONE]" {
         return EventInfo { done: true, ..Default::default() };
     }
-    let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(trimmed) else {
+    let Ok(chunk) = serde_json::from_slice::<Chunk>(trimmed) else {
         return EventInfo::default();
     };
     let mut info =
-        EventInfo { error: chunk.error.is_some() || chunk.object.as_deref() == Some("error"), usage: chunk.usage, ..Default::default() };
+        EventInfo { error: chunk.error.is_some() || chunk.object.is_some_and(|o| o.0), usage: chunk.usage, ..Default::default() };
     if let Some(choices) = chunk.choices {
         info.usage_only = !choices.any && chunk.usage.is_some();
         info.content = choices.content;
@@ -278,6 +332,12 @@ mod tests {
         assert!(analyze(completion).content);
         let escaped = br#"{"choices":[{"delta":{"content":"a\"b\n"}}]}"#;
         assert!(analyze(escaped).content);
+        let only_escape = br#"{"choices":[{"delta":{"content":"\u00e9"}}]}"#;
+        assert!(analyze(only_escape).content);
+        let nulls = br#"{"object":null,"choices":[{"delta":{"content":null,"tool_calls":null},"text":null}]}"#;
+        assert!(!analyze(nulls).content);
+        let no_calls = br#"{"choices":[{"delta":{"content":"","tool_calls":[]}}]}"#;
+        assert!(!analyze(no_calls).content);
     }
 
     #[test]
