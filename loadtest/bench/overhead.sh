@@ -43,6 +43,14 @@ EOS
 }
 run_lg() { run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$1" --target "$2" --label "$3" --no-progress --out "$WORK/$3.json" --report "$WORK/$3.md"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Busy and total jiffies of CPU 0 and CPU 1, from /proc/stat.
+core_jiffies() { awk '/^cpu[01] /{busy=$2+$3+$4+$7+$8; print busy, busy+$5+$6}' /proc/stat | tr '\n' ' '; }
+# with_cores NAME CMD...: run CMD, then write each core's busy share over it to $WORK/NAME.cores.
+with_cores() {
+  local name=$1; shift
+  local a b; a=$(core_jiffies); "$@"; b=$(core_jiffies)
+  echo "$a $b" | awk '{printf "%.3f %.3f\n", ($5-$1)/($6-$2), ($7-$3)/($8-$4)}' >"$WORK/$name.cores"
+}
 # run_gw SCENARIO LABEL: run through the gateway and record its CPU ticks.
 run_gw() { local t0; t0=$(cpu_ticks "$GW_PID"); run_lg "$1" "$GW_URL" "$2"; echo $(( $(cpu_ticks "$GW_PID") - t0 )) >"$WORK/$2.cpu"; }
 
@@ -75,7 +83,7 @@ streams:
   - { name: slogate, class: chat, model: sim-llama-8b, arrival: { kind: closed, concurrency: $c }, prompt_tokens: { dist: fixed, value: 32 }, output_tokens: { dist: fixed, value: 64 } }
   - { name: direct, class: direct, target: "${SIM_URLS[0]}", model: sim-llama-8b, arrival: { kind: closed, concurrency: $c }, prompt_tokens: { dist: fixed, value: 32 }, output_tokens: { dist: fixed, value: 64 } }
 EOS
-  run_lg "$WORK/pair.yaml" "$GW_URL" "lat-pair-$c-$round"
+  with_cores "lat-pair-$c-$round" run_lg "$WORK/pair.yaml" "$GW_URL" "lat-pair-$c-$round"
 done
 done
 cleanup; PIDS=()
@@ -87,8 +95,8 @@ start_gateway "$WORK/gw-fast.yaml"
 for round in $(seq "$ROUNDS"); do
 for c in 32 256; do
   scenario "$WORK/tput-$c.yaml" "$c" 16 "$TPUT_SECS"
-  run_lg "$WORK/tput-$c.yaml" "${SIM_URLS[0]}" "tput-direct-$c-$round"
-  run_gw "$WORK/tput-$c.yaml" "tput-gateway-$c-$round"
+  with_cores "tput-direct-$c-$round" run_lg "$WORK/tput-$c.yaml" "${SIM_URLS[0]}" "tput-direct-$c-$round"
+  with_cores "tput-gateway-$c-$round" run_gw "$WORK/tput-$c.yaml" "tput-gateway-$c-$round"
 done
 done
 cleanup; PIDS=()
@@ -166,6 +174,12 @@ out += ["", f"Separate runs, slogate minus direct (mean of {rounds} rounds, rang
         "Separate runs differ in more than the path: the replica and the client share a core and write and read 200 events in a burst every step, and where a stream falls in that burst changes from run to run (compare the direct rows between rounds). The next table compares both paths within one run.", ""]
 
 # Side by side in one run.
+def cores(n):
+    try:
+        a, b = open(f"{work}/{n}.cores").read().split()
+        return float(a) * 100, float(b) * 100
+    except (OSError, ValueError):
+        return float("nan"), float("nan")
 def by_class(n, cls):
     r = load(n); warm = 5.0
     recs = [x for x in r["records"] if x["start_s"] >= warm and x["class"] == cls]
@@ -186,25 +200,28 @@ for c in (32, 100, 200):
         if c == 200:
             for name, s in (("direct", d), ("slogate", g)):
                 out.append(f"| {rnd} | {name} | {s['n']} | {s['bad']} | {s['ttft99']:.3f} | {s['path50']:.3f} / {s['path99']:.3f} | {s['itl99']:.3f} | {s['eitl99']:.3f} | {s['gap99']:.3f} |")
-        pair.append({"p50": g["path50"] - d["path50"], "p99": g["path99"] - d["path99"], "shift99": g["shift99"] - d["shift99"], "gap99": g["gap99"] - d["gap99"]})
+        c0, c1 = cores(f"lat-pair-{c}-{rnd}")
+        pair.append({"p50": g["path50"] - d["path50"], "p99": g["path99"] - d["path99"], "shift99": g["shift99"] - d["shift99"], "gap99": g["gap99"] - d["gap99"], "cpu0": c0, "cpu1": c1})
     pairs_by[c] = pair
 out += ["", f"Added by slogate, side by side, by streams per path (mean of {rounds} rounds, range in brackets):", "",
-        "| streams per path | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | path's share of a gap p99 ms |", "|---:|---|---|---|---|"]
+        "| streams per path | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | path's share of a gap p99 ms | CPU 0 / CPU 1 busy |", "|---:|---|---|---|---|---|"]
 for c, pair in pairs_by.items():
-    out.append(f"| {c} | {m(pair, 'p50'):+.3f} ({rng(pair, 'p50')}) | {m(pair, 'p99'):+.3f} ({rng(pair, 'p99')}) | {m(pair, 'shift99'):+.3f} ({rng(pair, 'shift99')}) | {m(pair, 'gap99'):+.3f} ({rng(pair, 'gap99')}) |")
+    out.append(f"| {c} | {m(pair, 'p50'):+.3f} ({rng(pair, 'p50')}) | {m(pair, 'p99'):+.3f} ({rng(pair, 'p99')}) | {m(pair, 'shift99'):+.3f} ({rng(pair, 'shift99')}) | {m(pair, 'gap99'):+.3f} ({rng(pair, 'gap99')}) | {m(pair, 'cpu0'):.0f} % / {m(pair, 'cpu1'):.0f} % |")
 pair = pairs_by[200]
 worst99, worst_shift = max(a["p99"] for a in pair), max(a["shift99"] for a in pair)
-out += ["", "TTFT: the path's share of TTFT, slogate minus direct. ITL: how much further the path moves the client's ITL p99 from the replica's, slogate minus direct.", "",
+out += ["", "TTFT: the path's share of TTFT, slogate minus direct. ITL: how much further the path moves the client's ITL p99 from the replica's, slogate minus direct. "
+        + ("CPU 0 runs the simulator and the load generator, CPU 1 slogate alone: the busy shares show which side is the bottleneck (when CPU 0 is near 100 %, every event waits its turn behind the whole step's burst there, and events that took the extra hop through slogate reach the back of that queue)." if placement == "pinned" else "Busy share of each core over the run (all three processes on both)."), "",
         f"Targets at 200 streams, side by side, counted as met only when every round meets them (the ranges show how far these numbers move between rounds on this shared 2-core machine): "
         f"added TTFT p99 <= 0.5 ms: {'met' if worst99 <= 0.5 else 'NOT met'} (worst round {worst99:+.3f} ms); added ITL p99 <= 0.1 ms: {'met' if worst_shift <= 0.1 else 'NOT met'} (worst round {worst_shift:+.3f} ms).", ""]
-out += ["## Streaming throughput", "", f"Upstream: 1 ms engine steps, 16 output tokens (18 SSE events per stream); closed loop; {rounds} interleaved rounds (direct, then slogate, at each concurrency). slogate CPU is its user+system time over the run divided by the requests it served: the cost per streamed request, independent of how busy the other two processes keep the cores.", "", "| round | concurrency | direct req/s | slogate req/s | ratio | failed (direct/slogate) | slogate CPU per request |", "|---:|---:|---:|---:|---:|---|---:|"]
+out += ["## Streaming throughput", "", f"Upstream: 1 ms engine steps, 16 output tokens (18 SSE events per stream); closed loop; {rounds} interleaved rounds (direct, then slogate, at each concurrency). slogate CPU is its user+system time over the run divided by the requests it served: the cost per streamed request, independent of how busy the other two processes keep the cores.", "", "| round | concurrency | direct req/s | slogate req/s | ratio | failed (direct/slogate) | slogate CPU per request | CPU 0 / CPU 1 busy, direct | CPU 0 / CPU 1 busy, slogate |", "|---:|---:|---:|---:|---:|---|---:|---|---|"]
 ratios = {32: [], 256: []}
 for rnd in range(1, rounds + 1):
     for c in (32, 256):
         d, g = stats(f"tput-direct-{c}-{rnd}"), stats(f"tput-gateway-{c}-{rnd}")
         ratio = g["rps"] / d["rps"]
         ratios[c].append(ratio)
-        out.append(f"| {rnd} | {c} | {d['rps']:.0f} | {g['rps']:.0f} | {ratio:.3f} | {d['bad']}/{g['bad']} | {g['cpu_us']:.0f} us |")
+        cd, cg = cores(f"tput-direct-{c}-{rnd}"), cores(f"tput-gateway-{c}-{rnd}")
+        out.append(f"| {rnd} | {c} | {d['rps']:.0f} | {g['rps']:.0f} | {ratio:.3f} | {d['bad']}/{g['bad']} | {g['cpu_us']:.0f} us | {cd[0]:.0f} % / {cd[1]:.0f} % | {cg[0]:.0f} % / {cg[1]:.0f} % |")
 out += [""] + [f"Throughput at {c} streams, slogate / direct: mean {statistics.mean(v):.3f}, worst round {min(v):.3f}; target >= 0.9 in every round: {'met' if min(v) >= 0.9 else 'NOT met'}." for c, v in ratios.items()]
 out += ["", "## Memory", "", f"slogate RSS idle: {idle_kb/1024:.1f} MB. With {open_streams} open streams: {open_kb/1024:.1f} MB (target <= 64 MB: {'met' if open_kb <= 64*1024 else 'NOT met'}).", ""]
 print("\n".join(out))
