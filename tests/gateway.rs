@@ -298,8 +298,8 @@ async fn shutdown_stops_accepting_and_lets_inflight_streams_finish() {
 #[tokio::test]
 async fn tls_listener_serves_https() {
     let mock = Mock::start(standard(2, Duration::ZERO)).await;
-    let dir = std::env::temp_dir().join(format!("slogate-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
     let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
     std::fs::write(&cert_path, cert.cert.pem()).expect("write");
@@ -330,7 +330,6 @@ async fn tls_listener_serves_https() {
     assert_eq!(resp.status(), 200);
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

@@ -176,8 +176,8 @@ async fn capacity_endpoint_and_command_answer_per_class() {
 
 #[test]
 fn capacity_command_reads_a_loadgen_result() {
-    let dir = std::env::temp_dir().join(format!("slogate-cap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path();
     let mut records = Vec::new();
     for i in 0..100 {
         records
@@ -200,7 +200,6 @@ fn capacity_command_reads_a_loadgen_result() {
     let bad = Command::new(env!("CARGO_BIN_EXE_slogate")).args(["capacity", "--from", "/nonexistent.json"]).output().expect("run");
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("/nonexistent.json"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -55,8 +55,8 @@ async fn client_loop(addr: std::net::SocketAddr, stop: Arc<AtomicBool>) -> (u32,
 async fn reloading_under_streaming_load_fails_or_cuts_nothing() {
     let a = Mock::start(standard(10, Duration::from_millis(10))).await;
     let b = Mock::start(standard(10, Duration::from_millis(10))).await;
-    let dir = std::env::temp_dir().join(format!("slogate-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path();
     let path = dir.join("slogate.yaml");
     std::fs::write(&path, config(&[a.url()])).expect("write");
     let gw = slogate::Gateway::start_file(&path).await.expect("gateway");
@@ -119,5 +119,4 @@ async fn reloading_under_streaming_load_fails_or_cuts_nothing() {
         assert!(failures.is_empty(), "{} of {n} requests failed: {:?}", failures.len(), &failures[..failures.len().min(3)]);
     }
     assert!(total >= 100, "only {total} requests ran across the reloads");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -53,7 +53,8 @@ fn expect(a: &Alert, class: &str) -> serde_json::Value {
 #[test]
 fn promtool_test_rules_fires_the_right_alerts_at_the_right_minutes() {
     let cfg = Config::default(); // latency 0.99, availability 0.999, burn alerts 1h/5m x14.4, 6h/30m x6, 3d/6h x1
-    let dir = tempdir();
+    let tmp = tempdir();
+    let dir = tmp.path();
     std::fs::write(dir.join("rules.yaml"), render(&cfg, Format::Prometheus).expect("render")).expect("write rules");
     let all = alerts(&cfg);
     let pick = |kind: &str, long: &str| -> serde_json::Value {
@@ -141,17 +142,12 @@ fn promtool_test_rules_fires_the_right_alerts_at_the_right_minutes() {
     });
     // JSON is YAML.
     std::fs::write(dir.join("tests.yaml"), serde_json::to_vec_pretty(&tests).expect("json")).expect("write tests");
-    let (ok, out) = promtool(&["test", "rules", "tests.yaml"], &dir);
+    let (ok, out) = promtool(&["test", "rules", "tests.yaml"], dir);
     assert!(ok, "promtool test rules failed:\n{out}");
     assert!(out.contains("SUCCESS"), "{out}");
 }
 
-fn tempdir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("slogate-rules-{}-{}", std::process::id(), rand_suffix()));
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+/// Removed when dropped.
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
 }
