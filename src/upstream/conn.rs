@@ -95,15 +95,6 @@ impl IdleConns {
             return Some((idle.tx, idle.conn));
         }
     }
-
-    /// Idle connections held now.
-    pub fn len(&self) -> usize {
-        self.list.lock().map(|l| l.len()).unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Why a request could not be sent to a replica.
