@@ -142,6 +142,24 @@ async fn a_stream_with_its_own_target_sends_there() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_with_two_targets_takes_them_in_turn_and_says_which() {
+    let a = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
+    let b = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
+    let s = scenario(&format!("{},{}", a.url(), b.url()), Duration::from_millis(600), Arrival::Constant { rate: 10.0 }, 16, 2);
+    let r = run(&s, "interleaved", false).await.expect("run");
+    assert_eq!(r.records.len(), 6);
+    let to = |i| r.records.iter().filter(|x| x.target == Some(i)).count();
+    assert_eq!((to(0), to(1)), (3, 3), "{:?}", r.records.iter().map(|x| x.target).collect::<Vec<_>>());
+    let tokens = |sim: &SimServer| sim.metrics.encode().lines().find(|l| l.starts_with("vllm:generation_tokens_total")).map(str::to_string);
+    assert!(tokens(&a).is_some_and(|l| l.ends_with(" 6")), "{:?}", tokens(&a));
+    assert!(tokens(&b).is_some_and(|l| l.ends_with(" 6")), "{:?}", tokens(&b));
+    // One target: nothing to say.
+    let one =
+        run(&scenario(&a.url(), Duration::from_millis(200), Arrival::Constant { rate: 10.0 }, 16, 2), "one", false).await.expect("run");
+    assert!(one.records.iter().all(|x| x.target.is_none()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_loop_keeps_its_concurrency() {
     let sim = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
     let s = scenario(&sim.url(), Duration::from_secs(1), Arrival::Closed { concurrency: 3 }, 16, 8);

@@ -12,6 +12,7 @@
 //! 6. wrap the response body in an [`observe::ObservedBody`], which owns the
 //!    lease and the request's [`observe::Tracker`] until the stream ends.
 
+mod body;
 pub mod observe;
 
 use std::sync::Arc;
@@ -32,6 +33,7 @@ use crate::state::{App, Snapshot};
 use crate::telemetry::metrics::{ClassLabels, Metrics};
 use crate::telemetry::Outcome;
 use crate::upstream::Pool;
+use body::{Model, RequestBody};
 use observe::{ObservedBody, StreamTimeouts, Tracker};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,21 +143,19 @@ async fn forward(
 ) -> Result<Response<ProxyBody>, GatewayError> {
     let (parts, body) = req.into_parts();
     let bytes = read_body(body, &parts.headers, snap.config.server.max_request_body.0).await?;
-    let mut json: serde_json::Value = serde_json::from_slice(&bytes).map_err(GatewayError::MalformedJson)?;
-    let obj = json
-        .as_object_mut()
-        .ok_or_else(|| GatewayError::InvalidRequest { message: "the request body must be a JSON object".into(), param: None })?;
-    let model = match obj.get("model") {
-        Some(serde_json::Value::String(m)) => m.clone(),
-        Some(_) => return Err(GatewayError::InvalidRequest { message: "`model` must be a string".into(), param: Some("model") }),
-        None if endpoint == Endpoint::Other => {
+    let mut request = RequestBody::parse(bytes)?;
+    let head = request.head();
+    let model = match &head.model {
+        Model::Name(m) => m.clone(),
+        Model::NotString => return Err(GatewayError::InvalidRequest { message: "`model` must be a string".into(), param: Some("model") }),
+        Model::Missing if endpoint == Endpoint::Other => {
             return Err(GatewayError::NotFound { method: parts.method.to_string(), path: parts.uri.path().to_string() });
         }
-        None => return Err(GatewayError::InvalidRequest { message: "`model` is required".into(), param: Some("model") }),
+        Model::Missing => return Err(GatewayError::InvalidRequest { message: "`model` is required".into(), param: Some("model") }),
     };
     let pool = snap.pool_for(&model).ok_or_else(|| GatewayError::ModelNotFound(model.clone()))?;
-    let stream = matches!(endpoint, Endpoint::Chat | Endpoint::Completions) && obj.get("stream").and_then(|v| v.as_bool()) == Some(true);
-    let client_wants_usage = obj.get("stream_options").and_then(|o| o.get("include_usage")).and_then(|v| v.as_bool()) == Some(true);
+    let stream = matches!(endpoint, Endpoint::Chat | Endpoint::Completions) && head.stream;
+    let client_wants_usage = head.include_usage;
     let strip_usage = stream && !client_wants_usage;
     let Some(t) = tracker.as_mut() else {
         return Err(GatewayError::InvalidRequest { message: "internal: request tracker missing".into(), param: None });
@@ -201,36 +201,23 @@ async fn forward(
     t.span().record("slogate.queue_ms", waited.as_secs_f64() * 1000.0);
 
     // Reduce: under TTFT pressure, rewrite the request to cost less.
-    let mut modified = false;
     let mut reduced = None;
     if class.control.reduction.active() && matches!(endpoint, Endpoint::Chat | Endpoint::Completions) {
-        let changes = crate::reduce::reduce(obj, endpoint == Endpoint::Chat, &Limits::from_config(&snap.config.context_reduction));
+        let limits = Limits::from_config(&snap.config.context_reduction);
+        let changes = crate::reduce::reduce(request.object()?, endpoint == Endpoint::Chat, &limits);
         if !changes.is_empty() {
             metrics.context_reduced.get_or_create(&ClassLabels { class: class.name.to_string() }).inc();
             reduced = Some(changes.header());
-            modified = true;
+            request.mark_changed();
         }
     }
-    if pool.config.upstream_priority && matches!(endpoint, Endpoint::Chat | Endpoint::Completions) {
-        // vLLM serves lower values first.
-        let prio = match class.tier {
+    // vLLM serves lower values first.
+    let priority =
+        (pool.config.upstream_priority && matches!(endpoint, Endpoint::Chat | Endpoint::Completions)).then_some(match class.tier {
             Tier::Interactive => 0,
             Tier::Batch => 1,
-        };
-        obj.insert("priority".into(), serde_json::Value::from(prio));
-        modified = true;
-    }
-    if strip_usage {
-        let opts = obj.entry("stream_options").or_insert_with(|| serde_json::json!({}));
-        if !opts.is_object() {
-            *opts = serde_json::json!({});
-        }
-        if let Some(o) = opts.as_object_mut() {
-            o.insert("include_usage".into(), serde_json::Value::Bool(true));
-        }
-        modified = true;
-    }
-    let body = if modified { Bytes::from(serde_json::to_vec(&json).map_err(GatewayError::MalformedJson)?) } else { bytes };
+        });
+    let body = request.into_bytes(strip_usage, priority)?;
 
     let timeouts = StreamTimeouts {
         first_token: pool.config.timeouts.first_token.get(),

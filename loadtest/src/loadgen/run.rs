@@ -47,6 +47,10 @@ pub struct Record {
     /// the path's share (network, gateway).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_ttft_ms: Option<f64>,
+    /// For a stream with several targets: which one (0-based, in the order
+    /// listed) this request went to. Requests take the targets in turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<usize>,
 }
 
 impl Record {
@@ -323,6 +327,7 @@ impl Ctx {
             queue_ms: None,
             context_reduced: None,
             engine_ttft_ms: None,
+            target: None,
         }
     }
 
@@ -378,7 +383,11 @@ impl Ctx {
             Endpoint::Completions => "/v1/completions",
         };
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let base = &self.bases[NEXT.fetch_add(1, Ordering::Relaxed) as usize % self.bases.len().max(1)];
+        let i = NEXT.fetch_add(1, Ordering::Relaxed) as usize % self.bases.len().max(1);
+        let base = &self.bases[i];
+        if self.bases.len() > 1 {
+            rec.target = Some(i);
+        }
         let mut req = http::Request::post(format!("{base}{path}")).header("content-type", "application/json");
         if let Some(c) = &spec.class {
             req = req.header("x-slo-class", c);

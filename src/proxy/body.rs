@@ -1,0 +1,304 @@
+//! The request body: the few fields the gateway routes on, and its edits.
+//!
+//! Most requests need only `model`, `stream` and `stream_options` read, and
+//! at most two members added (`stream_options` to ask for usage, `priority`
+//! for vLLM's scheduler). For those the body is read into a small struct
+//! (every byte still checked as JSON, the rest skipped without building
+//! values) and the members are written into the caller's bytes right after
+//! the opening brace. Anything else (a field to change rather than add,
+//! context reduction, duplicate keys, a `model` that is not a string) takes
+//! the general path: the whole object as a `serde_json::Value`, edited and
+//! written again. Both paths send the replica the same request.
+
+use std::borrow::Cow;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Deserializer};
+use serde_json::{Map, Value};
+
+use crate::error::GatewayError;
+
+/// What the request's `model` member holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Model {
+    Name(String),
+    Missing,
+    NotString,
+}
+
+/// The members the gateway routes and measures on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub model: Model,
+    /// `"stream": true`.
+    pub stream: bool,
+    /// `"stream_options": {"include_usage": true}`.
+    pub include_usage: bool,
+    /// A `stream_options` member of any value is present.
+    has_stream_options: bool,
+    /// A `priority` member of any value is present.
+    has_priority: bool,
+}
+
+/// A request body, parsed only as far as needed.
+pub struct RequestBody {
+    bytes: Bytes,
+    head: Head,
+    /// The whole object, once something needed it.
+    object: Option<Map<String, Value>>,
+    /// The object was changed and must be written again.
+    dirty: bool,
+}
+
+/// Only the routed-on members; the rest is checked and skipped.
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
+    stream: Option<bool>,
+    #[serde(default, deserialize_with = "present_value")]
+    stream_options: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    priority: bool,
+}
+
+/// `Some` for any value, `null` included (unlike `Option`'s own rule).
+fn present_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    IgnoredAny::deserialize(d).map(|_| true)
+}
+
+fn usage_asked(opts: Option<&Value>) -> bool {
+    opts.and_then(|o| o.get("include_usage")).and_then(Value::as_bool) == Some(true)
+}
+
+impl RequestBody {
+    /// Parse a body; 400 (`MalformedJson` or `InvalidRequest`) when it is
+    /// not a JSON object.
+    pub fn parse(bytes: Bytes) -> Result<Self, GatewayError> {
+        if let Some(head) = Self::quick_head(&bytes) {
+            return Ok(Self { bytes, head, object: None, dirty: false });
+        }
+        let object = parse_object(&bytes)?;
+        let head = head_of(&object);
+        Ok(Self { bytes, head, object: Some(object), dirty: false })
+    }
+
+    /// The members read by the small struct, or `None` when the body needs
+    /// the general path (or is malformed, which that path reports).
+    fn quick_head(bytes: &[u8]) -> Option<Head> {
+        // A struct also reads from a JSON array; only an object will do.
+        if first_non_ws(bytes, 0).map(|i| bytes[i]) != Some(b'{') {
+            return None;
+        }
+        // Fails on duplicate keys and on a `model` or `stream` of another
+        // type; the general path then decides as it always did.
+        let w: Wire<'_> = serde_json::from_slice(bytes).ok()?;
+        Some(Head {
+            model: Model::Name(w.model?.into_owned()),
+            stream: w.stream == Some(true),
+            include_usage: usage_asked(w.stream_options.as_ref()),
+            has_stream_options: w.stream_options.is_some(),
+            has_priority: w.priority,
+        })
+    }
+
+    pub fn head(&self) -> &Head {
+        &self.head
+    }
+
+    /// The whole object, parsed now if it was not already (for context
+    /// reduction). Call [`mark_changed`](Self::mark_changed) after editing it.
+    pub fn object(&mut self) -> Result<&mut Map<String, Value>, GatewayError> {
+        let object = match self.object.take() {
+            Some(o) => o,
+            None => parse_object(&self.bytes)?,
+        };
+        Ok(self.object.insert(object))
+    }
+
+    pub fn mark_changed(&mut self) {
+        self.dirty = true;
+    }
+
+    /// The bytes to send: with `stream_options.include_usage` set when
+    /// `ask_usage`, and `priority` set when given.
+    pub fn into_bytes(mut self, ask_usage: bool, priority: Option<i64>) -> Result<Bytes, GatewayError> {
+        let edit_existing = (ask_usage && self.head.has_stream_options) || (priority.is_some() && self.head.has_priority);
+        if self.object.is_none() && !edit_existing {
+            let mut members = Vec::new();
+            if ask_usage {
+                members.push(r#""stream_options":{"include_usage":true}"#.to_string());
+            }
+            if let Some(p) = priority {
+                members.push(format!(r#""priority":{p}"#));
+            }
+            if members.is_empty() {
+                return Ok(self.bytes);
+            }
+            if let Some(b) = insert_members(&self.bytes, &members.join(",")) {
+                return Ok(b);
+            }
+        }
+        let dirty = self.dirty || ask_usage || priority.is_some();
+        if !dirty {
+            return Ok(self.bytes);
+        }
+        let obj = self.object()?;
+        if let Some(p) = priority {
+            obj.insert("priority".into(), Value::from(p));
+        }
+        if ask_usage {
+            let opts = obj.entry("stream_options").or_insert_with(|| Value::Object(Map::new()));
+            if !opts.is_object() {
+                *opts = Value::Object(Map::new());
+            }
+            if let Some(o) = opts.as_object_mut() {
+                o.insert("include_usage".into(), Value::Bool(true));
+            }
+        }
+        serde_json::to_vec(obj).map(Bytes::from).map_err(GatewayError::MalformedJson)
+    }
+}
+
+fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, GatewayError> {
+    match serde_json::from_slice::<Value>(bytes).map_err(GatewayError::MalformedJson)? {
+        Value::Object(o) => Ok(o),
+        _ => Err(GatewayError::InvalidRequest { message: "the request body must be a JSON object".into(), param: None }),
+    }
+}
+
+fn head_of(o: &Map<String, Value>) -> Head {
+    Head {
+        model: match o.get("model") {
+            Some(Value::String(m)) => Model::Name(m.clone()),
+            Some(_) => Model::NotString,
+            None => Model::Missing,
+        },
+        stream: o.get("stream").and_then(Value::as_bool) == Some(true),
+        include_usage: usage_asked(o.get("stream_options")),
+        has_stream_options: o.contains_key("stream_options"),
+        has_priority: o.contains_key("priority"),
+    }
+}
+
+fn first_non_ws(b: &[u8], from: usize) -> Option<usize> {
+    b.iter().skip(from).position(|c| !matches!(c, b' ' | b'\t' | b'\n' | b'\r')).map(|i| i + from)
+}
+
+/// `members` (`"k":v,...`) written right after the object's opening brace.
+fn insert_members(bytes: &[u8], members: &str) -> Option<Bytes> {
+    let open = first_non_ws(bytes, 0).filter(|&i| bytes[i] == b'{')?;
+    let empty = bytes.get(first_non_ws(bytes, open + 1)?) == Some(&b'}');
+    let mut out = BytesMut::with_capacity(bytes.len() + members.len() + 1);
+    out.put_slice(&bytes[..=open]);
+    out.put_slice(members.as_bytes());
+    if !empty {
+        out.put_u8(b',');
+    }
+    out.put_slice(&bytes[open + 1..]);
+    Some(out.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(s: &str) -> RequestBody {
+        RequestBody::parse(Bytes::from(s.to_string())).expect("parses")
+    }
+
+    fn sent(s: &str, usage: bool, prio: Option<i64>) -> Value {
+        let out = body(s).into_bytes(usage, prio).expect("writes");
+        serde_json::from_slice(&out).expect("valid JSON")
+    }
+
+    /// What the general path sends: the reference the quick path must match.
+    fn general(s: &str, usage: bool, prio: Option<i64>) -> Value {
+        let mut b = body(s);
+        b.object().expect("object");
+        b.into_bytes(usage, prio).map(|out| serde_json::from_slice(&out).expect("valid JSON")).expect("writes")
+    }
+
+    #[test]
+    fn reads_the_routed_members_without_the_general_path() {
+        let b = body(
+            r#" {"messages":[{"role":"user","content":"hi"}],"model":"m\u00e9","stream":true,"stream_options":{"include_usage":true}}"#,
+        );
+        assert!(b.object.is_none(), "the quick path took it");
+        assert_eq!(
+            b.head(),
+            &Head { model: Model::Name("mé".into()), stream: true, include_usage: true, has_stream_options: true, has_priority: false }
+        );
+    }
+
+    #[test]
+    fn the_general_path_decides_the_odd_bodies() {
+        for (s, model, stream) in [
+            (r#"{"model":"a","model":"b"}"#, Model::Name("b".into()), false),
+            (r#"{"model":7}"#, Model::NotString, false),
+            (r#"{"model":null}"#, Model::NotString, false),
+            (r#"{"stream":true}"#, Model::Missing, true),
+            (r#"{"model":"m","stream":"yes"}"#, Model::Name("m".into()), false),
+            (r#"{"model":"m","stream":false,"stream":true}"#, Model::Name("m".into()), true),
+        ] {
+            let b = body(s);
+            assert!(b.object.is_some(), "{s}: the general path took it");
+            assert_eq!(b.head().model, model, "{s}");
+            assert_eq!(b.head().stream, stream, "{s}");
+        }
+        assert!(matches!(RequestBody::parse(Bytes::from_static(b"[\"m\"]")), Err(GatewayError::InvalidRequest { .. })));
+        for bad in [&b"{\"model\":\"m\""[..], b"{\"model\":\"m\"} x", b"", b"\xff"] {
+            assert!(matches!(RequestBody::parse(Bytes::copy_from_slice(bad)), Err(GatewayError::MalformedJson(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_unedited_body_is_sent_byte_for_byte() {
+        let s = "{ \"model\" : \"m\",\n \"stream\": false }";
+        assert_eq!(&body(s).into_bytes(false, None).expect("writes")[..], s.as_bytes());
+    }
+
+    #[test]
+    fn added_members_match_the_general_path() {
+        for s in [
+            r#"{"model":"m","stream":true}"#,
+            " \n{ \"model\":\"m\", \"stream\":true }",
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true}}"#,
+            r#"{"model":"m","stream":true,"stream_options":null}"#,
+            r#"{"model":"m","priority":null}"#,
+            r#"{"model":"m","priority":5,"stream_options":{}}"#,
+        ] {
+            for (usage, prio) in [(true, None), (false, Some(0)), (true, Some(1)), (false, None)] {
+                let want = general(s, usage, prio);
+                assert_eq!(sent(s, usage, prio), want, "{s} usage={usage} priority={prio:?}");
+                if usage {
+                    assert_eq!(want.pointer("/stream_options/include_usage"), Some(&Value::Bool(true)), "{s}");
+                }
+                if let Some(p) = prio {
+                    assert_eq!(want["priority"], p, "{s}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn members_go_into_an_empty_object_without_a_stray_comma() {
+        assert_eq!(&insert_members(b" { } ", r#""a":1"#).expect("object")[..], br#" {"a":1 } "#);
+        assert_eq!(&insert_members(br#"{"b":2}"#, r#""a":1"#).expect("object")[..], br#"{"a":1,"b":2}"#);
+        assert!(insert_members(b"[]", r#""a":1"#).is_none());
+    }
+
+    #[test]
+    fn a_reduced_body_is_written_again() {
+        let mut b = body(r#"{"model":"m","max_tokens":9000}"#);
+        b.object().expect("object").insert("max_tokens".into(), Value::from(100));
+        b.mark_changed();
+        let out: Value = serde_json::from_slice(&b.into_bytes(false, None).expect("writes")).expect("valid JSON");
+        assert_eq!(out["max_tokens"], 100);
+    }
+}
