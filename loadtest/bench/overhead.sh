@@ -5,7 +5,10 @@
 #     slogate, interleaved A/B/A/B. The simulator stamps each chunk
 #     (--stamp-events), so each request's TTFT and each gap splits into the
 #     engine's share and the path's; the path's share is compared, free of the
-#     engine's step-phase noise (which moves a TTFT p99 by milliseconds);
+#     engine's step-phase noise (which moves a TTFT p99 by milliseconds).
+#     Compared three ways: separate runs; two groups side by side in one run;
+#     and interleaved, one group whose requests take the two paths in turn
+#     (no group starts first), each in-run method with an A/A control;
 #   - streaming requests/s at 32 and 256 concurrent streams against a fast
 #     upstream (1 ms steps, 16 tokens), direct vs slogate;
 #   - slogate's RSS idle and with 1,000 open streams.
@@ -103,6 +106,19 @@ streams:
 EOS
   run_lg "$WORK/aa.yaml" "${SIM_URLS[0]}" "lat-aa-$round"
 done
+# Interleaved in one group: 2N closed-loop streams that take the two paths in
+# turn (request 1 through slogate, request 2 direct, ...). No group starts
+# first and every burst alternates between the paths, so both see the same
+# moment; the A/A run (both "paths" direct) is this method's noise floor.
+# 32 per path shows the hop's own cost, when no queue on the other core hides it.
+for round in $(seq "$ROUNDS"); do
+  for c in 32 200; do
+    scenario "$WORK/mix.yaml" $((2 * c)) 64 "$((LAT_SECS + 2))"
+    sed -i 's/^warmup: 3s/warmup: 5s/' "$WORK/mix.yaml"
+    with_cores "lat-mix-ab-$c-$round" run_lg "$WORK/mix.yaml" "$GW_URL,${SIM_URLS[0]}" "lat-mix-ab-$c-$round"
+  done
+  run_lg "$WORK/mix.yaml" "${SIM_URLS[0]},${SIM_URLS[0]}" "lat-mix-aa-$round"
+done
 cleanup; PIDS=()
 
 # 2. Throughput at 32 and 256 concurrent streams.
@@ -156,7 +172,8 @@ def stats(n):
     recs = [x for x in r["records"] if x["start_s"] >= warm]
     ok = [x for x in recs if x["outcome"] in ("ok", "length")]
     t = [x["ttft_ms"] for x in ok if x["ttft_ms"] is not None]
-    s = {"ttft50": pct(t, .5), "ttft99": pct(t, .99), "itl50": itl_pct(r, .5), "itl99": itl_pct(r, .99), "rps": len(ok) / (r["elapsed_s"] - warm), "n": len(recs), "bad": len(recs) - len(ok)}
+    s = {"ttft50": pct(t, .5), "ttft99": pct(t, .99), "itl50": itl_pct(r, .5), "itl99": itl_pct(r, .99), "rps": len(ok) / (r["elapsed_s"] - warm), "n": len(recs), "bad": len(recs) - len(ok),
+         "secs": r["elapsed_s"], "all": len(r["records"])}
     path = [x["ttft_ms"] - x["engine_ttft_ms"] for x in ok if x.get("engine_ttft_ms") is not None and x["ttft_ms"] is not None]
     if path:
         s["path50"], s["path99"] = pct(path, .5), pct(path, .99)
@@ -236,7 +253,41 @@ out += ["", "TTFT: the path's share of TTFT, slogate minus direct. ITL: how much
         + ("CPU 0 runs the simulator and the load generator, CPU 1 slogate alone: the busy shares show which side is the bottleneck (when CPU 0 is near 100 %, every event waits its turn behind the whole step's burst there, and events that took the extra hop through slogate reach the back of that queue)." if placement == "pinned" else "Busy share of each core over the run (all three processes on both)."), "",
         f"Targets at 200 streams, side by side, read on the mean of the {rounds} rounds, half of them in each order (a single round carries the order's bias, see the control row): "
         f"added TTFT p99 <= 0.5 ms: {'met' if mean99 <= 0.5 else 'NOT met'} ({mean99:+.3f} ms); added ITL p99 <= 0.1 ms: {'met' if mean_shift <= 0.1 else 'NOT met'} ({mean_shift:+.3f} ms).", ""]
-out += ["## Streaming throughput", "", f"Upstream: 1 ms engine steps, 16 output tokens (18 SSE events per stream); closed loop; {rounds} interleaved rounds (direct, then slogate, at each concurrency). slogate CPU is its user+system time over the run divided by the requests it served: the cost per streamed request, independent of how busy the other two processes keep the cores.", "", "| round | concurrency | direct req/s | slogate req/s | ratio | failed (direct/slogate) | slogate CPU per request | CPU 0 / CPU 1 busy, direct | CPU 0 / CPU 1 busy, slogate |", "|---:|---:|---:|---:|---:|---|---:|---|---|"]
+# Interleaved in one group.
+def by_target(n, t):
+    r = load(n); warm = 5.0; k = str(t); g = r.get("itl_by_target", {})
+    recs = [x for x in r["records"] if x["start_s"] >= warm and x.get("target") == t]
+    ok = [x for x in recs if x["outcome"] in ("ok", "length")]
+    tt = [x["ttft_ms"] for x in ok if x["ttft_ms"] is not None]
+    path = [x["ttft_ms"] - x["engine_ttft_ms"] for x in ok if x.get("engine_ttft_ms") is not None and x["ttft_ms"] is not None]
+    s = {"n": len(recs), "bad": len(recs) - len(ok), "ttft99": pct(tt, .99), "path50": pct(path, .5), "path99": pct(path, .99),
+         "itl99": hpct(g.get("client_us", {}).get(k, []), .99), "eitl99": hpct(g.get("engine_us", {}).get(k, []), .99), "gap99": hpct(g.get("path_us", {}).get(k, []), .99)}
+    s["shift99"] = s["itl99"] - s["eitl99"]
+    return s
+def diff(a, b): return {k: a[k] - b[k] for k in ("path50", "path99", "shift99", "gap99")}
+out += ["### Interleaved in one group", "", "Each round is one run of 400 closed-loop streams whose requests take the two paths in turn: one through slogate, the next straight to the replica, and so on (about 200 in flight on each). Nothing starts first, and every step's burst alternates between the paths, so both meet the same moment on the client's and the replica's core. The A/A run does the same with both paths direct: how far apart two identical paths land in this method. Rounds:", "",
+        "| round | path | requests | failed | TTFT p99 ms | path's share of TTFT p50 / p99 ms | ITL p99 ms | replica's ITL p99 ms | path's share of a gap p99 ms |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+mix_by, mixaa = {32: [], 200: []}, []
+for rnd in range(1, rounds + 1):
+    for c in (32, 200):
+        g, d = by_target(f"lat-mix-ab-{c}-{rnd}", 0), by_target(f"lat-mix-ab-{c}-{rnd}", 1)
+        if c == 200:
+            for name, s_ in (("slogate", g), ("direct", d)):
+                out.append(f"| {rnd} | {name} | {s_['n']} | {s_['bad']} | {s_['ttft99']:.3f} | {s_['path50']:.3f} / {s_['path99']:.3f} | {s_['itl99']:.3f} | {s_['eitl99']:.3f} | {s_['gap99']:.3f} |")
+        c0, c1 = cores(f"lat-mix-ab-{c}-{rnd}")
+        mix_by[c].append({**diff(g, d), "cpu0": c0, "cpu1": c1})
+    mixaa.append(diff(by_target(f"lat-mix-aa-{rnd}", 0), by_target(f"lat-mix-aa-{rnd}", 1)))
+row = lambda label, xs, busy: f"| {label} | {m(xs, 'path50'):+.3f} ({rng(xs, 'path50')}) | {m(xs, 'path99'):+.3f} ({rng(xs, 'path99')}) | {m(xs, 'shift99'):+.3f} ({rng(xs, 'shift99')}) | {m(xs, 'gap99'):+.3f} ({rng(xs, 'gap99')}) | {busy} |"
+out += ["", f"Added by slogate, interleaved (mean of {rounds} rounds, range in brackets):", "",
+        "| run | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | path's share of a gap p99 ms | CPU 0 / CPU 1 busy |", "|---|---|---|---|---|---|"]
+out += [row(f"slogate vs direct, {c} each", xs, f"{m(xs, 'cpu0'):.0f} % / {m(xs, 'cpu1'):.0f} %") for c, xs in mix_by.items()]
+out += [row("control at 200: direct vs direct (A/A)", mixaa, "")]
+out += ["", "At 32 per path the cores are mostly idle and the added time is the hop itself (two more loopback crossings and slogate's work on the request and on each event). At 200 the client's and replica's core is busy for milliseconds after every step, and a request or event that crosses slogate meanwhile waits in that same line rather than after it, so much of the hop is hidden; what remains is what a caller sees at that load."]
+mix = mix_by[200]
+mix99, mix_shift, worst99 = m(mix, "path99"), m(mix, "shift99"), max(a["path99"] for a in mix)
+out += ["", f"Targets at 200 streams, interleaved, on the mean of the {rounds} rounds: added TTFT p99 <= 0.5 ms: {'met' if mix99 <= 0.5 else 'NOT met'} ({mix99:+.3f} ms; worst round {worst99:+.3f} ms); "
+        f"added ITL p99 <= 0.1 ms: {'met' if mix_shift <= 0.1 else 'NOT met'} ({mix_shift:+.3f} ms).", ""]
+out += ["## Streaming throughput", "", f"Upstream: 1 ms engine steps, 16 output tokens (18 SSE events per stream); closed loop; {rounds} interleaved rounds (direct, then slogate, at each concurrency). slogate CPU is its user+system time over the run divided by the requests it served: the cost per streamed request, independent of how busy the other two processes keep the cores. CPU 0 time per request is that core's busy time over the run divided by the requests served" + (": with slogate on CPU 1, the simulator's and load generator's own cost per request, which decides the rate once CPU 0 is saturated." if placement == "pinned" else "."), "", "| round | concurrency | direct req/s | slogate req/s | ratio | failed (direct/slogate) | slogate CPU per request | CPU 0 / CPU 1 busy, direct | CPU 0 / CPU 1 busy, slogate | CPU 0 time per request, direct / slogate |", "|---:|---:|---:|---:|---:|---|---:|---|---|---|"]
 ratios = {32: [], 256: []}
 for rnd in range(1, rounds + 1):
     for c in (32, 256):
@@ -244,7 +295,9 @@ for rnd in range(1, rounds + 1):
         ratio = g["rps"] / d["rps"]
         ratios[c].append(ratio)
         cd, cg = cores(f"tput-direct-{c}-{rnd}"), cores(f"tput-gateway-{c}-{rnd}")
-        out.append(f"| {rnd} | {c} | {d['rps']:.0f} | {g['rps']:.0f} | {ratio:.3f} | {d['bad']}/{g['bad']} | {g['cpu_us']:.0f} us | {cd[0]:.0f} % / {cd[1]:.0f} % | {cg[0]:.0f} % / {cg[1]:.0f} % |")
+        # CPU 0's busy time per request served (pinned: the simulator and the load generator's).
+        c0d, c0g = cd[0] / 100 * d["secs"] * 1e6 / max(1, d["all"]), cg[0] / 100 * g["secs"] * 1e6 / max(1, g["all"])
+        out.append(f"| {rnd} | {c} | {d['rps']:.0f} | {g['rps']:.0f} | {ratio:.3f} | {d['bad']}/{g['bad']} | {g['cpu_us']:.0f} us | {cd[0]:.0f} % / {cd[1]:.0f} % | {cg[0]:.0f} % / {cg[1]:.0f} % | {c0d:.0f} / {c0g:.0f} us |")
 out += [""] + [f"Throughput at {c} streams, slogate / direct: mean {statistics.mean(v):.3f}, worst round {min(v):.3f}; target >= 0.9 in every round: {'met' if min(v) >= 0.9 else 'NOT met'}." for c, v in ratios.items()]
 out += ["", "## Memory", "", f"slogate RSS idle: {idle_kb/1024:.1f} MB. With {open_streams} open streams: {open_kb/1024:.1f} MB (target <= 64 MB: {'met' if open_kb <= 64*1024 else 'NOT met'}).", ""]
 print("\n".join(out))

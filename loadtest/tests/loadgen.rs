@@ -150,13 +150,16 @@ async fn a_stream_with_two_targets_takes_them_in_turn_and_says_which() {
     assert_eq!(r.records.len(), 6);
     let to = |i| r.records.iter().filter(|x| x.target == Some(i)).count();
     assert_eq!((to(0), to(1)), (3, 3), "{:?}", r.records.iter().map(|x| x.target).collect::<Vec<_>>());
+    // Each target's gaps are kept apart too: three requests of two tokens, one gap each.
+    let gaps = |i: &str| r.itl_by_target.client_us.get(i).map(|h| h.iter().map(|(_, c)| c).sum::<u64>());
+    assert_eq!((gaps("0"), gaps("1")), (Some(3), Some(3)));
     let tokens = |sim: &SimServer| sim.metrics.encode().lines().find(|l| l.starts_with("vllm:generation_tokens_total")).map(str::to_string);
     assert!(tokens(&a).is_some_and(|l| l.ends_with(" 6")), "{:?}", tokens(&a));
     assert!(tokens(&b).is_some_and(|l| l.ends_with(" 6")), "{:?}", tokens(&b));
     // One target: nothing to say.
     let one =
         run(&scenario(&a.url(), Duration::from_millis(200), Arrival::Constant { rate: 10.0 }, 16, 2), "one", false).await.expect("run");
-    assert!(one.records.iter().all(|x| x.target.is_none()));
+    assert!(one.records.iter().all(|x| x.target.is_none()) && one.itl_by_target.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

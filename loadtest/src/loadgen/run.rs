@@ -80,6 +80,26 @@ pub struct RunResult {
     /// than it left the replica (0 when shorter): the path's share of ITL.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub itl_path_us: BTreeMap<String, Vec<(u64, u64)>>,
+    /// For streams with several targets: the same three sets of gaps keyed
+    /// by target index ("0", "1", ... in the order listed), classes together.
+    #[serde(default, skip_serializing_if = "TargetGaps::is_empty")]
+    pub itl_by_target: TargetGaps,
+}
+
+/// Gaps per target index, as (value, count) pairs in microseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TargetGaps {
+    pub client_us: BTreeMap<String, Vec<(u64, u64)>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub engine_us: BTreeMap<String, Vec<(u64, u64)>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub path_us: BTreeMap<String, Vec<(u64, u64)>>,
+}
+
+impl TargetGaps {
+    pub fn is_empty(&self) -> bool {
+        self.client_us.is_empty()
+    }
 }
 
 impl RunResult {
@@ -113,6 +133,27 @@ struct GapHistograms {
     path: BTreeMap<String, Histogram<u64>>,
 }
 
+impl GapHistograms {
+    fn record(&mut self, key: &str, gaps: &Gaps) {
+        for (m, v) in [(&mut self.client, &gaps.client), (&mut self.engine, &gaps.engine), (&mut self.path, &gaps.path)] {
+            if v.is_empty() {
+                continue;
+            }
+            let h = m.entry(key.to_string()).or_insert_with(new_hist);
+            for g in v {
+                let _ = h.record((*g).max(1));
+            }
+        }
+    }
+}
+
+/// Gaps keyed by class, and by target index for streams with several.
+#[derive(Default)]
+struct AllGaps {
+    by_class: GapHistograms,
+    by_target: GapHistograms,
+}
+
 fn pairs(m: &BTreeMap<String, Histogram<u64>>) -> BTreeMap<String, Vec<(u64, u64)>> {
     m.iter().map(|(k, h)| (k.clone(), h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect())).collect()
 }
@@ -126,7 +167,7 @@ fn stamp(data: &[u8], name: &[u8]) -> Option<u64> {
 
 struct Shared {
     records: Mutex<Vec<Record>>,
-    itl: Mutex<GapHistograms>,
+    itl: Mutex<AllGaps>,
     ttft_recent: Mutex<Histogram<u64>>,
     sent: AtomicU64,
     done: AtomicU64,
@@ -143,7 +184,7 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
     let client: HttpClient = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(4096).build(http);
     let shared = Arc::new(Shared {
         records: Mutex::new(Vec::new()),
-        itl: Mutex::new(GapHistograms::default()),
+        itl: Mutex::new(AllGaps::default()),
         ttft_recent: Mutex::new(new_hist()),
         sent: AtomicU64::new(0),
         done: AtomicU64::new(0),
@@ -255,8 +296,11 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
     let mut records = std::mem::take(&mut *shared.records.lock().unwrap_or_else(|e| e.into_inner()));
     records.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
     let gaps = shared.itl.lock().unwrap_or_else(|e| e.into_inner());
-    let (itl_us, engine_itl_us, itl_path_us) = (pairs(&gaps.client), pairs(&gaps.engine), pairs(&gaps.path));
-    Ok(RunResult { scenario: s.clone(), label: label.to_string(), elapsed_s, records, itl_us, engine_itl_us, itl_path_us })
+    let c = &gaps.by_class;
+    let (itl_us, engine_itl_us, itl_path_us) = (pairs(&c.client), pairs(&c.engine), pairs(&c.path));
+    let t = &gaps.by_target;
+    let itl_by_target = TargetGaps { client_us: pairs(&t.client), engine_us: pairs(&t.engine), path_us: pairs(&t.path) };
+    Ok(RunResult { scenario: s.clone(), label: label.to_string(), elapsed_s, records, itl_us, engine_itl_us, itl_path_us, itl_by_target })
 }
 
 async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
@@ -340,15 +384,9 @@ impl Ctx {
         }
         if !gaps.client.is_empty() {
             let mut itl = self.shared.itl.lock().unwrap_or_else(|e| e.into_inner());
-            let itl = &mut *itl;
-            for (m, v) in [(&mut itl.client, &gaps.client), (&mut itl.engine, &gaps.engine), (&mut itl.path, &gaps.path)] {
-                if v.is_empty() {
-                    continue;
-                }
-                let h = m.entry(r.class.clone()).or_insert_with(new_hist);
-                for g in v {
-                    let _ = h.record((*g).max(1));
-                }
+            itl.by_class.record(&r.class, gaps);
+            if let Some(t) = r.target {
+                itl.by_target.record(&t.to_string(), gaps);
             }
         }
         self.shared.done.fetch_add(1, Ordering::Relaxed);
