@@ -214,16 +214,19 @@ def cores(n):
         return float(a) * 100, float(b) * 100
     except (OSError, ValueError):
         return float("nan"), float("nan")
-def by_class(n, cls):
-    r = load(n); warm = 5.0
-    recs = [x for x in r["records"] if x["start_s"] >= warm and x["class"] == cls]
+def one_path(recs, client, engine, gap):
+    """One path's numbers in a shared run: its records (warm-up left out) and its gaps as (value, count) pairs."""
     ok = [x for x in recs if x["outcome"] in ("ok", "length")]
     t = [x["ttft_ms"] for x in ok if x["ttft_ms"] is not None]
     path = [x["ttft_ms"] - x["engine_ttft_ms"] for x in ok if x.get("engine_ttft_ms") is not None and x["ttft_ms"] is not None]
     s = {"n": len(recs), "bad": len(recs) - len(ok), "ttft99": pct(t, .99), "path50": pct(path, .5), "path99": pct(path, .99),
-         "itl99": hpct(r["itl_us"].get(cls, []), .99), "eitl99": hpct(r.get("engine_itl_us", {}).get(cls, []), .99), "gap99": hpct(r.get("itl_path_us", {}).get(cls, []), .99)}
+         "itl99": hpct(client, .99), "eitl99": hpct(engine, .99), "gap99": hpct(gap, .99)}
     s["shift99"] = s["itl99"] - s["eitl99"]
     return s
+def by_class(n, cls):
+    r = load(n)
+    recs = [x for x in r["records"] if x["start_s"] >= 5.0 and x["class"] == cls]
+    return one_path(recs, r["itl_us"].get(cls, []), r.get("engine_itl_us", {}).get(cls, []), r.get("itl_path_us", {}).get(cls, []))
 out += ["### Side by side in one run", "", "Each round is one run: N streams through slogate and N straight to the same replica at the same time (2N sequences in every 20-ms engine step; the first 5 s, the connects, left out), so both see the same steps and the same load on the client's and replica's core; only the path differs. The group listed first in the scenario starts first and fares worse (the control below measures by how much), so odd rounds list slogate first and even rounds direct first, and means over an even number of rounds cancel the order. Rounds at N = 200:", "",
         "| round | path | requests | failed | TTFT p99 ms | path's share of TTFT p50 / p99 ms | ITL p99 ms | replica's ITL p99 ms | path's share of a gap p99 ms |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
 pairs_by = {}
@@ -255,15 +258,9 @@ out += ["", "TTFT: the path's share of TTFT, slogate minus direct. ITL: how much
         f"added TTFT p99 <= 0.5 ms: {'met' if mean99 <= 0.5 else 'NOT met'} ({mean99:+.3f} ms); added ITL p99 <= 0.1 ms: {'met' if mean_shift <= 0.1 else 'NOT met'} ({mean_shift:+.3f} ms).", ""]
 # Interleaved in one group.
 def by_target(n, t):
-    r = load(n); warm = 5.0; k = str(t); g = r.get("itl_by_target", {})
-    recs = [x for x in r["records"] if x["start_s"] >= warm and x.get("target") == t]
-    ok = [x for x in recs if x["outcome"] in ("ok", "length")]
-    tt = [x["ttft_ms"] for x in ok if x["ttft_ms"] is not None]
-    path = [x["ttft_ms"] - x["engine_ttft_ms"] for x in ok if x.get("engine_ttft_ms") is not None and x["ttft_ms"] is not None]
-    s = {"n": len(recs), "bad": len(recs) - len(ok), "ttft99": pct(tt, .99), "path50": pct(path, .5), "path99": pct(path, .99),
-         "itl99": hpct(g.get("client_us", {}).get(k, []), .99), "eitl99": hpct(g.get("engine_us", {}).get(k, []), .99), "gap99": hpct(g.get("path_us", {}).get(k, []), .99)}
-    s["shift99"] = s["itl99"] - s["eitl99"]
-    return s
+    r = load(n); g = r.get("itl_by_target", {}); k = str(t)
+    recs = [x for x in r["records"] if x["start_s"] >= 5.0 and x.get("target") == t]
+    return one_path(recs, g.get("client_us", {}).get(k, []), g.get("engine_us", {}).get(k, []), g.get("path_us", {}).get(k, []))
 def diff(a, b): return {k: a[k] - b[k] for k in ("path50", "path99", "shift99", "gap99")}
 out += ["### Interleaved in one group", "", "Each round is one run of 400 closed-loop streams whose requests take the two paths in turn: one through slogate, the next straight to the replica, and so on (about 200 in flight on each). Nothing starts first, and every step's burst alternates between the paths, so both meet the same moment on the client's and the replica's core. The A/A run does the same with both paths direct: how far apart two identical paths land in this method. Rounds:", "",
         "| round | path | requests | failed | TTFT p99 ms | path's share of TTFT p50 / p99 ms | ITL p99 ms | replica's ITL p99 ms | path's share of a gap p99 ms |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -130,17 +130,13 @@ impl RequestBody {
     pub fn into_bytes(mut self, ask_usage: bool, priority: Option<i64>) -> Result<Bytes, GatewayError> {
         let edit_existing = (ask_usage && self.head.has_stream_options) || (priority.is_some() && self.head.has_priority);
         if self.object.is_none() && !edit_existing {
-            let mut members = Vec::new();
-            if ask_usage {
-                members.push(r#""stream_options":{"include_usage":true}"#.to_string());
-            }
-            if let Some(p) = priority {
-                members.push(format!(r#""priority":{p}"#));
-            }
-            if members.is_empty() {
-                return Ok(self.bytes);
-            }
-            if let Some(b) = insert_members(&self.bytes, &members.join(",")) {
+            let members = match (ask_usage, priority) {
+                (false, None) => return Ok(self.bytes),
+                (true, None) => r#""stream_options":{"include_usage":true}"#.to_string(),
+                (false, Some(p)) => format!(r#""priority":{p}"#),
+                (true, Some(p)) => format!(r#""stream_options":{{"include_usage":true}},"priority":{p}"#),
+            };
+            if let Some(b) = insert_members(&self.bytes, &members) {
                 return Ok(b);
             }
         }
