@@ -123,9 +123,9 @@ for round in $(seq "$ROUNDS"); do
   done
   run_lg "$WORK/mix.yaml" "${SIM_URLS[0]},${SIM_URLS[0]}" "lat-mix-aa-$round"
   # The same at 200 per path with output lengths drawn from 32-96 (same mean):
-  # with every stream 64 tokens long the closed loop runs in lockstep, each
-  # path's 200 streams ending in the same step and 200 new requests arriving
-  # together; varied lengths spread the ends and starts over the steps.
+  # with every stream 64 tokens long the closed loop runs in lockstep, streams
+  # ending and new requests arriving in waves (the results say how bunched);
+  # varied lengths spread the ends and starts over the steps.
   scenario "$WORK/mixv.yaml" 400 32-96 "$((LAT_SECS + 2))"
   sed -i 's/^warmup: 3s/warmup: 5s/' "$WORK/mixv.yaml"
   with_cores "lat-mixv-ab-$round" run_lg "$WORK/mixv.yaml" "$GW_URL,${SIM_URLS[0]}" "lat-mixv-ab-$round"
