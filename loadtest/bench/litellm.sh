@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# slogate against LiteLLM's proxy (the gateway slogate replaces), each in front
+# of the same simulated vLLM replica, measured in the same runs as ratios to
+# the direct path:
+#   - added TTFT p50/p99 and ITL p99 at 8, 32 and 200 streams per path: one group
+#     of closed-loop streams whose requests take the gateway and the direct
+#     path in turn (20-ms engine steps, 32-96 output tokens), one run per
+#     gateway, the gateways' order alternating between rounds;
+#   - streaming requests/s at 32 and 256 streams per path, side by side in one
+#     run (1-ms steps, 16 tokens): N streams through the gateway, N direct;
+#   - each gateway's CPU time per request, RSS idle and at its peak;
+#   - whether a stream reaches the client as the replica sent it.
+# LiteLLM runs as its docs start it (`litellm --config`, one uvicorn worker,
+# the `hosted_vllm/` provider, the logging settings of its production page),
+# installed into .venv-litellm at a pinned version. Everything runs on 127.0.0.1, bounded in time.
+#
+# PLACEMENT=pinned (default): simulator and load generator on CPU 0, the
+# gateway under test alone on CPU 1 (both gateways stay up; one is loaded at a
+# time). PLACEMENT=shared: all processes on both cores.
+# Writes loadtest/results/litellm-$PLACEMENT.md.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+WORK=$(mktemp -d); export WORK
+source "$HERE/lib.sh"
+PLACEMENT=${PLACEMENT:-pinned}
+if [ "$PLACEMENT" = pinned ]; then export SIM_CPUS=0 LG_CPUS=0 GW_CPUS=1; fi
+LAT_SECS=${LAT_SECS:-20}
+TPUT_SECS=${TPUT_SECS:-15}
+ROUNDS=${ROUNDS:-2}
+LITELLM_VERSION=1.106.2
+VENV="$ROOT/.venv-litellm"
+
+# LiteLLM in its own venv (about 740 MB), installed once.
+if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('litellm') != '$LITELLM_VERSION')" 2>/dev/null; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "litellm[proxy]==$LITELLM_VERSION"
+fi
+build_release
+
+# start_litellm REPLICA_URL : LiteLLM's proxy in front of one replica; sets LL_URL, LL_PID once it answers.
+start_litellm() {
+  cat >"$WORK/litellm.yaml" <<EOS
+model_list:
+  - model_name: sim-llama-8b
+    litellm_params:
+      model: hosted_vllm/sim-llama-8b
+      api_base: $1/v1
+      api_key: none
+litellm_settings:
+  set_verbose: false
+  json_logs: true
+EOS
+  local port; port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # Its production page's logging settings; no master key (the proxy then
+  # checks no credentials: less work per request, not more); no network at start.
+  ( export LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY=true LITELLM_LOG=ERROR
+    spawn_on "${GW_CPUS:-}" "$VENV/bin/litellm" --config "$WORK/litellm.yaml" --host 127.0.0.1 --port "$port" >"$WORK/litellm.out" 2>"$WORK/litellm.err" )  &
+  LL_PID=$!; PIDS+=($LL_PID); LL_URL="http://127.0.0.1:$port"
+  for _ in $(seq 240); do curl -sf "$LL_URL/health/liveliness" >/dev/null && return 0; sleep 0.25; done
+  echo "LiteLLM did not start; its log ends:" >&2; tail -n 20 "$WORK/litellm.err" >&2; exit 1
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+rss() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
+# Busy share of CPU 0 and CPU 1 over a command, to $WORK/NAME.cores.
+core_jiffies() { awk '/^cpu[01] /{busy=$2+$3+$4+$7+$8; print busy, busy+$5+$6}' /proc/stat | tr '\n' ' '; }
+# measure NAME PID CMD...: run CMD; write the cores' busy shares and PID's CPU ticks over it.
+measure() {
+  local name=$1 pid=$2; shift 2
+  local a b t0; a=$(core_jiffies); t0=$(cpu_ticks "$pid"); "$@"; b=$(core_jiffies)
+  echo $(( $(cpu_ticks "$pid") - t0 )) >"$WORK/$name.cpu"
+  echo "$a $b" | awk '{printf "%.3f %.3f\n", ($5-$1)/($6-$2), ($7-$3)/($8-$4)}' >"$WORK/$name.cores"
+}
+run_lg() { run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$1" --target "$2" --label "$3" --no-progress --out "$WORK/$3.json" --report "$WORK/$3.md"; }
+scenario() { # file seconds: the header; groups follow, each with its own target
+  cat >"$1" <<EOS
+target: http://127.0.0.1:1
+duration: ${2}s
+warmup: 5s
+request_timeout: 120s
+streams:
+EOS
+}
+group() { # name streams tokens target
+  local out="{ dist: fixed, value: $3 }"
+  case $3 in *-*) out="{ dist: uniform, min: ${3%-*}, max: ${3#*-} }" ;; esac
+  echo "  - { name: $1, class: chat, target: \"$4\", model: sim-llama-8b, arrival: { kind: closed, concurrency: $2 }, prompt_tokens: { dist: fixed, value: 32 }, output_tokens: $out }"
+}
+
+SIM_FLAT="--step-base-ms 20 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
+SIM_FAST="--step-base-ms 1 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
+
+# 1. Latency, interleaved with the direct path, and fidelity.
+start_sim flat $SIM_FLAT
+DIRECT=${SIM_URLS[0]}
+gateway_config "$WORK/gw.yaml" "$DIRECT"
+start_gateway "$WORK/gw.yaml"
+start_litellm "$DIRECT"
+echo "$(rss "$GW_PID" VmRSS) $(rss "$LL_PID" VmRSS)" >"$WORK/idle.rss"
+# One short stream by each path, to compare what reaches the client.
+REQ='{"model": "sim-llama-8b", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4, "stream": true}'
+for p in direct:$DIRECT slogate:$GW_URL litellm:$LL_URL; do
+  curl -sN --max-time 10 "${p#*:}/v1/chat/completions" -H 'content-type: application/json' -d "$REQ" >"$WORK/bytes-${p%%:*}.txt"
+done
+GWS=(slogate litellm)
+url_of() { if [ "$1" = slogate ]; then echo "$GW_URL"; else echo "$LL_URL"; fi; }
+pid_of() { if [ "$1" = slogate ]; then echo "$GW_PID"; else echo "$LL_PID"; fi; }
+for round in $(seq "$ROUNDS"); do
+  order=("${GWS[@]}"); [ $((round % 2)) -eq 0 ] && order=(litellm slogate)
+  for gw in "${order[@]}"; do
+    for c in 8 32 200; do
+      scenario "$WORK/mix.yaml" $((LAT_SECS + 2))
+      group mix $((2 * c)) 32-96 "$(url_of "$gw"),$DIRECT" >>"$WORK/mix.yaml"
+      measure "lat-$gw-$c-$round" "$(pid_of "$gw")" run_lg "$WORK/mix.yaml" "$DIRECT" "lat-$gw-$c-$round"
+    done
+  done
+done
+echo "$(rss "$GW_PID" VmHWM) $(rss "$LL_PID" VmHWM)" >"$WORK/peak.rss"
+cleanup; PIDS=()
+
+# 2. Throughput, side by side in one run.
+start_sim fast $SIM_FAST
+DIRECT=${SIM_URLS[0]}
+gateway_config "$WORK/gw.yaml" "$DIRECT"
+start_gateway "$WORK/gw.yaml"
+start_litellm "$DIRECT"
+for round in $(seq "$ROUNDS"); do
+  order=("${GWS[@]}"); [ $((round % 2)) -eq 0 ] && order=(litellm slogate)
+  for gw in "${order[@]}"; do
+    for c in 32 256; do
+      scenario "$WORK/tput.yaml" $((TPUT_SECS + 2))
+      # The group listed first starts first; alternate with the rounds.
+      if [ $((round % 2)) -eq 1 ]; then
+        { group gateway "$c" 16 "$(url_of "$gw")"; group direct "$c" 16 "$DIRECT"; } >>"$WORK/tput.yaml"
+      else
+        { group direct "$c" 16 "$DIRECT"; group gateway "$c" 16 "$(url_of "$gw")"; } >>"$WORK/tput.yaml"
+      fi
+      measure "tput-$gw-$c-$round" "$(pid_of "$gw")" run_lg "$WORK/tput.yaml" "$DIRECT" "tput-$gw-$c-$round"
+    done
+  done
+done
+cleanup; PIDS=()
+
+python3 "$HERE/bench/litellm_report.py" "$WORK" "$(machine_line)" "$(getconf CLK_TCK)" "$PLACEMENT" "$ROUNDS" "$LITELLM_VERSION" >"$HERE/results/litellm-$PLACEMENT.md"
+cat "$HERE/results/litellm-$PLACEMENT.md"
+if [ -z "${KEEP_WORK:-}" ]; then rm -rf "$WORK"; else echo "raw results kept in $WORK" >&2; fi
