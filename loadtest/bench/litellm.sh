@@ -15,8 +15,8 @@
 # installed into .venv-litellm at a pinned version. Everything runs on 127.0.0.1, bounded in time.
 #
 # PLACEMENT=pinned (default): simulator and load generator on CPU 0, the
-# gateway under test alone on CPU 1 (both gateways stay up; one is loaded at a
-# time). PLACEMENT=shared: all processes on both cores.
+# gateway under test alone on CPU 1 (one gateway runs at a time).
+# PLACEMENT=shared: all processes on both cores.
 # Writes loadtest/results/litellm-$PLACEMENT.md.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -89,53 +89,59 @@ group() { # name streams tokens target
 SIM_FLAT="--step-base-ms 20 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
 SIM_FAST="--step-base-ms 1 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
 
+# start_gw slogate|litellm REPLICA_URL: start that gateway alone; sets UT_URL, UT_PID.
+start_gw() {
+  if [ "$1" = slogate ]; then
+    # A fresh log: start_gateway reads the address from it.
+    rm -f "$WORK/gateway.log"; gateway_config "$WORK/gw.yaml" "$2"; start_gateway "$WORK/gw.yaml"; UT_URL=$GW_URL; UT_PID=$GW_PID
+  else
+    start_litellm "$2"; UT_URL=$LL_URL; UT_PID=$LL_PID
+  fi
+}
+stop_gw() { kill "$UT_PID" 2>/dev/null || true; wait "$UT_PID" 2>/dev/null || true; }
+# Only the gateway under test runs (an idle LiteLLM still wakes up on slogate's
+# core); the order of the two alternates between rounds.
+order() { if [ $(($1 % 2)) -eq 1 ]; then echo slogate litellm; else echo litellm slogate; fi; }
+
 # 1. Latency, interleaved with the direct path, and fidelity.
 start_sim flat $SIM_FLAT
 DIRECT=${SIM_URLS[0]}
-gateway_config "$WORK/gw.yaml" "$DIRECT"
-start_gateway "$WORK/gw.yaml"
-start_litellm "$DIRECT"
-echo "$(rss "$GW_PID" VmRSS) $(rss "$LL_PID" VmRSS)" >"$WORK/idle.rss"
 # One short stream by each path, to compare what reaches the client.
 REQ='{"model": "sim-llama-8b", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4, "stream": true}'
-for p in direct:$DIRECT slogate:$GW_URL litellm:$LL_URL; do
-  curl -sN --max-time 10 "${p#*:}/v1/chat/completions" -H 'content-type: application/json' -d "$REQ" >"$WORK/bytes-${p%%:*}.txt"
-done
-GWS=(slogate litellm)
-url_of() { if [ "$1" = slogate ]; then echo "$GW_URL"; else echo "$LL_URL"; fi; }
-pid_of() { if [ "$1" = slogate ]; then echo "$GW_PID"; else echo "$LL_PID"; fi; }
+fetch() { curl -sN --max-time 10 "$2/v1/chat/completions" -H 'content-type: application/json' -d "$REQ" >"$WORK/bytes-$1.txt"; }
+fetch direct "$DIRECT"
 for round in $(seq "$ROUNDS"); do
-  order=("${GWS[@]}"); [ $((round % 2)) -eq 0 ] && order=(litellm slogate)
-  for gw in "${order[@]}"; do
+  for gw in $(order "$round"); do
+    start_gw "$gw" "$DIRECT"
+    if [ "$round" -eq 1 ]; then rss "$UT_PID" VmRSS >"$WORK/idle-$gw.rss"; fetch "$gw" "$UT_URL"; fi
     for c in 8 32 200; do
       scenario "$WORK/mix.yaml" $((LAT_SECS + 2))
-      group mix $((2 * c)) 32-96 "$(url_of "$gw"),$DIRECT" >>"$WORK/mix.yaml"
-      measure "lat-$gw-$c-$round" "$(pid_of "$gw")" run_lg "$WORK/mix.yaml" "$DIRECT" "lat-$gw-$c-$round"
+      group mix $((2 * c)) 32-96 "$UT_URL,$DIRECT" >>"$WORK/mix.yaml"
+      measure "lat-$gw-$c-$round" "$UT_PID" run_lg "$WORK/mix.yaml" "$DIRECT" "lat-$gw-$c-$round"
     done
+    rss "$UT_PID" VmHWM >>"$WORK/peak-$gw.rss"
+    stop_gw
   done
 done
-echo "$(rss "$GW_PID" VmHWM) $(rss "$LL_PID" VmHWM)" >"$WORK/peak.rss"
 cleanup; PIDS=()
 
 # 2. Throughput, side by side in one run.
 start_sim fast $SIM_FAST
 DIRECT=${SIM_URLS[0]}
-gateway_config "$WORK/gw.yaml" "$DIRECT"
-start_gateway "$WORK/gw.yaml"
-start_litellm "$DIRECT"
 for round in $(seq "$ROUNDS"); do
-  order=("${GWS[@]}"); [ $((round % 2)) -eq 0 ] && order=(litellm slogate)
-  for gw in "${order[@]}"; do
+  for gw in $(order "$round"); do
+    start_gw "$gw" "$DIRECT"
     for c in 32 256; do
       scenario "$WORK/tput.yaml" $((TPUT_SECS + 2))
       # The group listed first starts first; alternate with the rounds.
       if [ $((round % 2)) -eq 1 ]; then
-        { group gateway "$c" 16 "$(url_of "$gw")"; group direct "$c" 16 "$DIRECT"; } >>"$WORK/tput.yaml"
+        { group gateway "$c" 16 "$UT_URL"; group direct "$c" 16 "$DIRECT"; } >>"$WORK/tput.yaml"
       else
-        { group direct "$c" 16 "$DIRECT"; group gateway "$c" 16 "$(url_of "$gw")"; } >>"$WORK/tput.yaml"
+        { group direct "$c" 16 "$DIRECT"; group gateway "$c" 16 "$UT_URL"; } >>"$WORK/tput.yaml"
       fi
-      measure "tput-$gw-$c-$round" "$(pid_of "$gw")" run_lg "$WORK/tput.yaml" "$DIRECT" "tput-$gw-$c-$round"
+      measure "tput-$gw-$c-$round" "$UT_PID" run_lg "$WORK/tput.yaml" "$DIRECT" "tput-$gw-$c-$round"
     done
+    stop_gw
   done
 done
 cleanup; PIDS=()

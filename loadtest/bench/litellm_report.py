@@ -57,7 +57,7 @@ def mean_range(xs):
     return f"{statistics.mean(xs):+.3f} ({min(xs):+.3f} to {max(xs):+.3f})"
 
 
-where = {"pinned": "Simulator and load generator on CPU 0, the gateway under test alone on CPU 1 (taskset); both gateways stay up, one is loaded at a time.",
+where = {"pinned": "Simulator and load generator on CPU 0, the gateway under test alone on CPU 1 (taskset); one gateway runs at a time, started anew for each round.",
          "shared": "All processes share both cores."}[placement]
 out = [f"# slogate vs LiteLLM ({placement})", "",
        f"Machine: {machine}. slogate: release build. LiteLLM {version} (`litellm[proxy]` from PyPI), started as its docs do: `litellm --config` (one uvicorn worker), the replica as a `hosted_vllm/` model, `set_verbose: false`, `json_logs: true` and `LITELLM_LOG=ERROR` as its production page advises, no master key. {where} "
@@ -112,6 +112,9 @@ out.append("")
 out += ["## Added latency, interleaved with the direct path", "",
         "Each run is one group of closed-loop streams whose requests take the gateway and the direct path in turn (N in flight on each; every engine step 20 ms; 32-token prompts, 32-96 output tokens; the first 5 s left out), so both paths meet the same engine steps and the same load on the client's and replica's core. "
         "Numbers are as the client saw them (TTFT at the first content-bearing event), the gateway's path minus the direct path in the same run. "
+        "A p99 rests on the requests of one path after the warm-up (the requests column): at 8 streams per path about a hundred per round, so its p99 is about the second-slowest request and moves by a millisecond between rounds. "
+        "slogate's own targets are read in `overhead-pinned.md`, on thousands of requests with the engine's share of each TTFT and gap taken out. "
+        "CPU per request is the gateway's user and system time over the run divided by the requests it served: at a few events per engine step each event wakes the gateway on its own, so slogate's time per request is highest at 8 streams and falls with load (about 180 us per 16-token request at 256 streams below). "
         "LiteLLM rebuilds every chunk and drops the simulator's time stamps, so the engine's share cannot be taken out here as `overhead.sh` does for slogate; interleaving keeps the engine's step phase the same on both paths.", "",
         "| gateway | streams per path | round | requests (gateway / direct) | failed (gateway / direct) | TTFT p50 ms (gateway / direct) | TTFT p99 ms | ITL p99 ms | gateway CPU per request | CPU 0 / CPU 1 busy |",
         "|---|---:|---:|---|---|---|---|---|---:|---|"]
@@ -159,9 +162,9 @@ for (gw, c), xs in tput.items():
 out.append("")
 
 # Memory.
-idle = [int(v) for v in open(f"{work}/idle.rss").read().split()]
-peak = [int(v) for v in open(f"{work}/peak.rss").read().split()]
-out += ["## Memory", "", "| gateway | RSS idle | peak RSS over the latency runs |", "|---|---:|---:|"]
+idle = [int(open(f"{work}/idle-{gw}.rss").read()) for gw in GWS]
+peak = [max(int(v) for v in open(f"{work}/peak-{gw}.rss").read().split()) for gw in GWS]
+out += ["## Memory", "", "| gateway | RSS idle | peak RSS over the latency runs (highest of the rounds) |", "|---|---:|---:|"]
 out += [f"| {NAMES[gw]} | {idle[i] / 1024:.1f} MB | {peak[i] / 1024:.1f} MB |" for i, gw in enumerate(GWS)]
 out.append("")
 
@@ -171,8 +174,10 @@ t = {k: statistics.mean(x["p99"] for x in v) for k, v in lat.items()}
 cpu = {k: statistics.mean(x["cpu"] for x in v) for k, v in lat.items()}
 thr = {k: statistics.mean(x["ratio"] for x in v) for k, v in tput.items()}
 out += ["## In short", ""]
+p50 = {k: statistics.mean(x["p50"] for x in v) for k, v in lat.items()}
 for c in (8, 32, 200):
-    out.append(f"- {c} streams per path: LiteLLM adds {t[('litellm', c)]:+.2f} ms to TTFT p99 and {s[('litellm', c)]:+.2f} ms to ITL p99, slogate {t[('slogate', c)]:+.3f} ms and {s[('slogate', c)]:+.3f} ms.")
+    out.append(f"- {c} streams per path, added by LiteLLM: TTFT p50 {p50[('litellm', c)]:+.2f} ms, p99 {t[('litellm', c)]:+.2f} ms, ITL p99 {s[('litellm', c)]:+.2f} ms; by slogate: {p50[('slogate', c)]:+.3f}, {t[('slogate', c)]:+.3f} and {s[('slogate', c)]:+.3f} ms."
+               + (" LiteLLM's core is saturated here (CPU 1 busy in the table above): requests queue inside it." if c > 8 else ""))
 out += [f"- CPU per streamed request (32-96 tokens, 200 per path): LiteLLM {cpu[('litellm', 200)]:.0f} us, slogate {cpu[('slogate', 200)]:.0f} us ({cpu[('litellm', 200)] / cpu[('slogate', 200)]:.0f}x less).",
         f"- Throughput as a share of the direct path in the same run, 32 and 256 streams per path: LiteLLM {thr[('litellm', 32)]:.3f} and {thr[('litellm', 256)]:.3f}, slogate {thr[('slogate', 32)]:.3f} and {thr[('slogate', 256)]:.3f}.",
         f"- Memory idle: LiteLLM {idle[1] / 1024:.0f} MB, slogate {idle[0] / 1024:.1f} MB.", ""]
