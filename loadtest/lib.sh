@@ -52,6 +52,37 @@ gateway_config() {
   } >"$file"
 }
 
-rss_kb() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
+# rss_kb PID [FIELD]: VmRSS (or VmHWM, the peak) of a process, in kB.
+rss_kb() { awk -v k="${2:-VmRSS}:" '$1 == k {print $2}' "/proc/$1/status"; }
+
+# Benchmarks (bench/*.sh): placement, measuring, the load generator.
+# bench_setup DEFAULT_PLACEMENT: PLACEMENT (pinned: simulator and load
+# generator on CPU 0, the gateway alone on CPU 1; shared: every process on
+# both cores), and the defaults of ROUNDS, LAT_SECS and TPUT_SECS.
+bench_setup() {
+  PLACEMENT=${PLACEMENT:-$1}
+  if [ "$PLACEMENT" = pinned ]; then export SIM_CPUS=0 LG_CPUS=0 GW_CPUS=1; fi
+  ROUNDS=${ROUNDS:-2} LAT_SECS=${LAT_SECS:-20} TPUT_SECS=${TPUT_SECS:-15}
+}
+# An engine whose every step takes the same time (add --step-base-ms N): no
+# per-sequence or prefill cost, no limit that binds.
+SIM_EVEN="--decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
+# run_lg SCENARIO TARGET LABEL: loadgen on LG_CPUS, results to $WORK/LABEL.json and .md.
+run_lg() { run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$1" --target "$2" --label "$3" --no-progress --out "$WORK/$3.json" --report "$WORK/$3.md"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Busy and total jiffies of CPU 0 and CPU 1, from /proc/stat.
+core_jiffies() { awk '/^cpu[01] /{busy=$2+$3+$4+$7+$8; print busy, busy+$5+$6}' /proc/stat | tr '\n' ' '; }
+# with_cores NAME CMD...: run CMD, then write each core's busy share over it to $WORK/NAME.cores.
+with_cores() {
+  local name=$1; shift
+  local a b; a=$(core_jiffies); "$@"; b=$(core_jiffies)
+  echo "$a $b" | awk '{printf "%.3f %.3f\n", ($5-$1)/($6-$2), ($7-$3)/($8-$4)}' >"$WORK/$name.cores"
+}
+# measure NAME PID CMD...: with_cores, and PID's CPU ticks over CMD to $WORK/NAME.cpu.
+measure() {
+  local name=$1 pid=$2 t0; shift 2
+  t0=$(cpu_ticks "$pid"); with_cores "$name" "$@"
+  echo $(( $(cpu_ticks "$pid") - t0 )) >"$WORK/$name.cpu"
+}
 
 machine_line() { echo "$(nproc) cores, $(free -g | awk '/^Mem/{print $2}') GiB, $(uname -r), $(rustc --version)"; }

@@ -22,11 +22,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d); export WORK
 source "$HERE/lib.sh"
-PLACEMENT=${PLACEMENT:-pinned}
-if [ "$PLACEMENT" = pinned ]; then export SIM_CPUS=0 LG_CPUS=0 GW_CPUS=1; fi
-LAT_SECS=${LAT_SECS:-20}
-TPUT_SECS=${TPUT_SECS:-15}
-ROUNDS=${ROUNDS:-2}
+bench_setup pinned
 LITELLM_VERSION=1.106.2
 VENV="$ROOT/.venv-litellm"
 
@@ -59,18 +55,6 @@ EOS
   for _ in $(seq 240); do curl -sf "$LL_URL/health/liveliness" >/dev/null && return 0; sleep 0.25; done
   echo "LiteLLM did not start; its log ends:" >&2; tail -n 20 "$WORK/litellm.err" >&2; exit 1
 }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-rss() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
-# Busy share of CPU 0 and CPU 1 over a command, to $WORK/NAME.cores.
-core_jiffies() { awk '/^cpu[01] /{busy=$2+$3+$4+$7+$8; print busy, busy+$5+$6}' /proc/stat | tr '\n' ' '; }
-# measure NAME PID CMD...: run CMD; write the cores' busy shares and PID's CPU ticks over it.
-measure() {
-  local name=$1 pid=$2; shift 2
-  local a b t0; a=$(core_jiffies); t0=$(cpu_ticks "$pid"); "$@"; b=$(core_jiffies)
-  echo $(( $(cpu_ticks "$pid") - t0 )) >"$WORK/$name.cpu"
-  echo "$a $b" | awk '{printf "%.3f %.3f\n", ($5-$1)/($6-$2), ($7-$3)/($8-$4)}' >"$WORK/$name.cores"
-}
-run_lg() { run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$1" --target "$2" --label "$3" --no-progress --out "$WORK/$3.json" --report "$WORK/$3.md"; }
 scenario() { # file seconds: the header; groups follow, each with its own target
   cat >"$1" <<EOS
 target: http://127.0.0.1:1
@@ -86,8 +70,6 @@ group() { # name streams tokens target
   echo "  - { name: $1, class: chat, target: \"$4\", model: sim-llama-8b, arrival: { kind: closed, concurrency: $2 }, prompt_tokens: { dist: fixed, value: 32 }, output_tokens: $out }"
 }
 
-SIM_FLAT="--step-base-ms 20 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
-SIM_FAST="--step-base-ms 1 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
 
 # start_gw slogate|litellm REPLICA_URL: start that gateway alone; sets UT_URL, UT_PID.
 start_gw() {
@@ -104,7 +86,7 @@ stop_gw() { kill "$UT_PID" 2>/dev/null || true; wait "$UT_PID" 2>/dev/null || tr
 order() { if [ $(($1 % 2)) -eq 1 ]; then echo slogate litellm; else echo litellm slogate; fi; }
 
 # 1. Latency, interleaved with the direct path, and fidelity.
-start_sim flat $SIM_FLAT
+start_sim flat --step-base-ms 20 $SIM_EVEN
 DIRECT=${SIM_URLS[0]}
 # One short stream by each path, to compare what reaches the client.
 REQ='{"model": "sim-llama-8b", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4, "stream": true}'
@@ -113,20 +95,20 @@ fetch direct "$DIRECT"
 for round in $(seq "$ROUNDS"); do
   for gw in $(order "$round"); do
     start_gw "$gw" "$DIRECT"
-    if [ "$round" -eq 1 ]; then rss "$UT_PID" VmRSS >"$WORK/idle-$gw.rss"; fetch "$gw" "$UT_URL"; fi
+    if [ "$round" -eq 1 ]; then rss_kb "$UT_PID" >"$WORK/idle-$gw.rss"; fetch "$gw" "$UT_URL"; fi
     for c in 8 32 200; do
       scenario "$WORK/mix.yaml" $((LAT_SECS + 2))
       group mix $((2 * c)) 32-96 "$UT_URL,$DIRECT" >>"$WORK/mix.yaml"
       measure "lat-$gw-$c-$round" "$UT_PID" run_lg "$WORK/mix.yaml" "$DIRECT" "lat-$gw-$c-$round"
     done
-    rss "$UT_PID" VmHWM >>"$WORK/peak-$gw.rss"
+    rss_kb "$UT_PID" VmHWM >>"$WORK/peak-$gw.rss"
     stop_gw
   done
 done
 cleanup; PIDS=()
 
 # 2. Throughput, side by side in one run.
-start_sim fast $SIM_FAST
+start_sim fast --step-base-ms 1 $SIM_EVEN
 DIRECT=${SIM_URLS[0]}
 for round in $(seq "$ROUNDS"); do
   for gw in $(order "$round"); do

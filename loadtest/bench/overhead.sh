@@ -19,16 +19,12 @@
 # PLACEMENT=shared (default): all three processes share both cores.
 # PLACEMENT=pinned: simulator and load generator on CPU 0, slogate alone on
 # CPU 1 (direct runs use the same placement, CPU 1 then idle).
-# Writes loadtest/results/overhead-$PLACEMENT.md.
+# Writes loadtest/results/overhead-$PLACEMENT.md (KEEP_WORK=1 keeps the raw results).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d); export WORK
 source "$HERE/lib.sh"
-PLACEMENT=${PLACEMENT:-shared}
-if [ "$PLACEMENT" = pinned ]; then export SIM_CPUS=0 LG_CPUS=0 GW_CPUS=1; fi
-LAT_SECS=${LAT_SECS:-20}
-ROUNDS=${ROUNDS:-2}
-TPUT_SECS=${TPUT_SECS:-15}
+bench_setup shared
 build_release
 
 scenario() { # file concurrency output_tokens seconds (output_tokens: N, or MIN-MAX drawn uniformly)
@@ -48,32 +44,16 @@ streams:
     output_tokens: $out
 EOS
 }
-run_lg() { run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$1" --target "$2" --label "$3" --no-progress --out "$WORK/$3.json" --report "$WORK/$3.md"; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-# Busy and total jiffies of CPU 0 and CPU 1, from /proc/stat.
-core_jiffies() { awk '/^cpu[01] /{busy=$2+$3+$4+$7+$8; print busy, busy+$5+$6}' /proc/stat | tr '\n' ' '; }
-# with_cores NAME CMD...: run CMD, then write each core's busy share over it to $WORK/NAME.cores.
-with_cores() {
-  local name=$1; shift
-  local a b; a=$(core_jiffies); "$@"; b=$(core_jiffies)
-  echo "$a $b" | awk '{printf "%.3f %.3f\n", ($5-$1)/($6-$2), ($7-$3)/($8-$4)}' >"$WORK/$name.cores"
-}
-# run_gw SCENARIO LABEL: run through the gateway and record its CPU ticks.
-run_gw() { local t0; t0=$(cpu_ticks "$GW_PID"); run_lg "$1" "$GW_URL" "$2"; echo $(( $(cpu_ticks "$GW_PID") - t0 )) >"$WORK/$2.cpu"; }
-
-SIM_FLAT="--step-base-ms 20 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
-SIM_FAST="--step-base-ms 1 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
-SIM_SLOW="--step-base-ms 50 --decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
 
 # 1. Latency overhead at 200 concurrent streams.
-start_sim flat $SIM_FLAT --stamp-events
+start_sim flat --step-base-ms 20 $SIM_EVEN --stamp-events
 gateway_config "$WORK/gw-flat.yaml" "${SIM_URLS[0]}"
 start_gateway "$WORK/gw-flat.yaml"
 IDLE_RSS=$(rss_kb "$GW_PID")
 scenario "$WORK/lat.yaml" 200 64 "$LAT_SECS"
 for round in $(seq "$ROUNDS"); do
   run_lg "$WORK/lat.yaml" "${SIM_URLS[0]}" "lat-direct-$round"
-  run_gw "$WORK/lat.yaml" "lat-gateway-$round"
+  measure "lat-gateway-$round" "$GW_PID" run_lg "$WORK/lat.yaml" "$GW_URL" "lat-gateway-$round"
 done
 # Side by side in one run: N streams through slogate and N straight to the
 # replica at the same time, so both ride the same engine steps and the same
@@ -134,14 +114,14 @@ done
 cleanup; PIDS=()
 
 # 2. Throughput at 32 and 256 concurrent streams.
-start_sim fast $SIM_FAST
+start_sim fast --step-base-ms 1 $SIM_EVEN
 gateway_config "$WORK/gw-fast.yaml" "${SIM_URLS[0]}"
 start_gateway "$WORK/gw-fast.yaml"
 for round in $(seq "$ROUNDS"); do
 for c in 32 256; do
   scenario "$WORK/tput-$c.yaml" "$c" 16 "$TPUT_SECS"
   with_cores "tput-direct-$c-$round" run_lg "$WORK/tput-$c.yaml" "${SIM_URLS[0]}" "tput-direct-$c-$round"
-  with_cores "tput-gateway-$c-$round" run_gw "$WORK/tput-$c.yaml" "tput-gateway-$c-$round"
+  measure "tput-gateway-$c-$round" "$GW_PID" run_lg "$WORK/tput-$c.yaml" "$GW_URL" "tput-gateway-$c-$round"
 done
 done
 # The same side by side in one run: N streams through slogate and N straight
@@ -177,7 +157,7 @@ done
 cleanup; PIDS=()
 
 # 3. RSS with 1,000 open streams (50 ms steps, 400 tokens: each stream stays open ~20 s).
-start_sim slow $SIM_SLOW
+start_sim slow --step-base-ms 50 $SIM_EVEN
 gateway_config "$WORK/gw-slow.yaml" "${SIM_URLS[0]}"
 start_gateway "$WORK/gw-slow.yaml"
 scenario "$WORK/rss.yaml" 1000 400 12
@@ -381,3 +361,4 @@ out += ["", "## Memory", "", f"slogate RSS idle: {idle_kb/1024:.1f} MB. With {op
 print("\n".join(out))
 PY
 cat "$HERE/results/overhead-$PLACEMENT.md"
+if [ -z "${KEEP_WORK:-}" ]; then rm -rf "$WORK"; else echo "raw results kept in $WORK" >&2; fi
