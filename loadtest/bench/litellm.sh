@@ -70,7 +70,6 @@ group() { # name streams tokens target
   echo "  - { name: $1, class: chat, target: \"$4\", model: sim-llama-8b, arrival: { kind: closed, concurrency: $2 }, prompt_tokens: { dist: fixed, value: 32 }, output_tokens: $out }"
 }
 
-
 # start_gw slogate|litellm REPLICA_URL: start that gateway alone; sets UT_URL, UT_PID.
 start_gw() {
   if [ "$1" = slogate ]; then

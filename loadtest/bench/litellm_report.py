@@ -99,7 +99,7 @@ def changes(a, b):
 
 
 direct = masked(f"{work}/bytes-direct.txt")
-out += ["## What reaches the client", "", "One 4-token chat stream by each path, compared with the replica's own (its `id`, `created` and the simulator's time stamps masked, as they differ per request):", ""]
+out += ["## What reaches the client", "", "One 4-token chat stream by each path, compared with the replica's own (its `id` and `created` masked, as they differ per request):", ""]
 for gw in GWS:
     got = masked(f"{work}/bytes-{gw}.txt")
     if got == direct:
