@@ -153,8 +153,9 @@ for gw in GWS:
             r = load(name)
             (g, gbad), (d, dbad) = rps(r, "gateway"), rps(r, "direct")
             cpu, c0, c1 = extra(name, sum(x["stream"] == "gateway" for x in r["records"]))
-            tput.setdefault((gw, c), []).append({"ratio": g / d if d else float("nan"), "cpu": cpu})
-            out.append(f"| {NAMES[gw]} | {c} | {rnd} | {d:.0f} | {g:.0f} | {g / d if d else float('nan'):.3f} | {gbad} / {dbad} | {cpu:.0f} us | {c0:.0f} % / {c1:.0f} % |")
+            ratio = g / d if d else float("nan")
+            tput.setdefault((gw, c), []).append({"ratio": ratio, "cpu": cpu})
+            out.append(f"| {NAMES[gw]} | {c} | {rnd} | {d:.0f} | {g:.0f} | {ratio:.3f} | {gbad} / {dbad} | {cpu:.0f} us | {c0:.0f} % / {c1:.0f} % |")
 out += ["", "| gateway | streams per path | ratio to direct, mean (worst round) | CPU per request |", "|---|---:|---|---:|"]
 for (gw, c), xs in tput.items():
     rs = [x["ratio"] for x in xs]
