@@ -6,7 +6,9 @@ RUN cargo build --release --locked --bin slogate && strip target/release/slogate
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/slogate /usr/local/bin/slogate
-COPY --from=build /src/config/slogate.yaml /etc/slogate/slogate.yaml
+# Listens on every interface (config/slogate.yaml listens on 127.0.0.1, which
+# nothing outside the container reaches); mount your own config over it.
+COPY --from=build /src/config/container.yaml /etc/slogate/slogate.yaml
 USER nonroot:nonroot
 EXPOSE 8080 9464
 ENTRYPOINT ["/usr/local/bin/slogate"]

@@ -246,3 +246,26 @@ fn dashboard_and_keda_query_only_exported_metrics() {
         assert!(used >= 3, "{file} queries only {used} slogate metrics");
     }
 }
+
+/// The image's default config (Dockerfile) is valid and listens where a
+/// published port reaches it: on every interface, not on the container's
+/// own loopback.
+#[test]
+fn container_config_is_valid_and_listens_on_every_interface() {
+    let out = Command::new(env!("CARGO_BIN_EXE_slogate"))
+        .args(["check", "--config", "config/container.yaml"])
+        .current_dir(repo())
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "slogate check: {}", String::from_utf8_lossy(&out.stderr));
+    let cfg = slogate::config::Config::load(&repo().join("config/container.yaml")).expect("container config");
+    for (field, addr) in [("server.listen", cfg.server.listen), ("server.admin_listen", cfg.server.admin_listen)] {
+        assert!(addr.ip().is_unspecified(), "{field} is {addr}: unreachable from outside the container");
+    }
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    assert!(
+        dockerfile.contains("COPY --from=build /src/config/container.yaml /etc/slogate/slogate.yaml"),
+        "the image does not ship config/container.yaml"
+    );
+    assert!(dockerfile.contains("\"--config\", \"/etc/slogate/slogate.yaml\""), "the image does not start with that config");
+}

@@ -39,7 +39,13 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
             _ = interval.tick() => {}
             _ = stop.changed() => return,
         }
-        let ok = get(&pool.client, &replica, &h.path, h.timeout.get()).await.is_some_and(|(status, _)| status.is_success());
+        // Why a check failed, for the log line that takes the replica out.
+        let failure = match get(&pool.client, &replica.url, &h.path, h.timeout.get()).await {
+            Ok((status, _)) if status.is_success() => None,
+            Ok((status, _)) => Some(format!("{} answered {status}", h.path)),
+            Err(e) => Some(e),
+        };
+        let ok = failure.is_none();
         if ok {
             streak_ok += 1;
             streak_bad = 0;
@@ -62,7 +68,12 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
                 if now {
                     tracing::info!(pool = %pool.config.name, replica = %replica.url, "replica healthy again");
                 } else {
-                    tracing::warn!(pool = %pool.config.name, replica = %replica.url, failures = streak_bad, "replica taken out: failing health checks");
+                    let reason = failure.as_deref().unwrap_or("");
+                    if known {
+                        tracing::warn!(pool = %pool.config.name, replica = %replica.url, failures = streak_bad, reason, "replica taken out: failing health checks");
+                    } else {
+                        tracing::warn!(pool = %pool.config.name, replica = %replica.url, reason, "replica not healthy at its first check: not used until it passes");
+                    }
                 }
             }
         }
@@ -78,20 +89,30 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
     }
 }
 
-async fn get(client: &UpstreamClient, replica: &Replica, path: &str, timeout: Duration) -> Option<(http::StatusCode, Bytes)> {
-    let uri = format!("{}{}", replica.url, path);
-    let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+/// GET `path` on the replica at `base`: its status and body, or why there is none.
+async fn get(client: &UpstreamClient, base: &str, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
+    let uri = format!("{base}{path}");
+    let req = http::Request::get(uri).body(Full::new(Bytes::new())).map_err(|e| format!("GET {path}: {e}"))?;
     let fut = async {
-        let resp = client.request(req).await.ok()?;
+        // The client's error names only its kind; its sources say what failed (refused, no such host).
+        let resp = client.request(req).await.map_err(|e| {
+            let mut msg = format!("GET {path}: {e}");
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                msg.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            msg
+        })?;
         let status = resp.status();
-        let body = resp.into_body().collect().await.ok()?.to_bytes();
-        Some((status, body))
+        let body = resp.into_body().collect().await.map_err(|e| format!("GET {path}: reading the body: {e}"))?.to_bytes();
+        Ok((status, body))
     };
-    tokio::time::timeout(timeout, fut).await.ok().flatten()
+    tokio::time::timeout(timeout, fut).await.unwrap_or_else(|_| Err(format!("GET {path}: no answer within {timeout:?}")))
 }
 
 async fn discover_models(client: &UpstreamClient, replica: &Replica, timeout: Duration) {
-    let Some((status, body)) = get(client, replica, "/v1/models", timeout).await else { return };
+    let Ok((status, body)) = get(client, &replica.url, "/v1/models", timeout).await else { return };
     if !status.is_success() {
         return;
     }
@@ -103,7 +124,7 @@ async fn discover_models(client: &UpstreamClient, replica: &Replica, timeout: Du
 
 /// Read `vllm:num_requests_waiting` so least-loaded sees the replica's own queue.
 async fn scrape_load(client: &UpstreamClient, replica: &Replica, timeout: Duration) {
-    let Some((status, body)) = get(client, replica, "/metrics", timeout).await else { return };
+    let Ok((status, body)) = get(client, &replica.url, "/metrics", timeout).await else { return };
     if !status.is_success() {
         return;
     }
@@ -111,4 +132,48 @@ async fn scrape_load(client: &UpstreamClient, replica: &Replica, timeout: Durati
     let waiting: f64 =
         text.lines().filter(|l| l.starts_with("vllm:num_requests_waiting")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
     replica.scraped_waiting.store(waiting.max(0.0) as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper_util::client::legacy::{connect::HttpConnector, Client};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn client() -> UpstreamClient {
+        Client::builder(hyper_util::rt::TokioExecutor::new()).build(HttpConnector::new())
+    }
+
+    /// A failed check says why, for the log line that takes the replica out.
+    #[tokio::test]
+    async fn a_failed_check_says_why() {
+        // Nothing listens: refused.
+        let port = TcpListener::bind("127.0.0.1:0").await.expect("bind").local_addr().expect("addr").port();
+        let refused = get(&client(), &format!("http://127.0.0.1:{port}"), "/health", Duration::from_secs(5)).await.expect_err("refused");
+        assert!(refused.starts_with("GET /health: ") && refused.contains("connect"), "{refused}");
+
+        // A listener that accepts and never answers: the check's timeout.
+        let silent = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", silent.local_addr().expect("addr"));
+        let hold = tokio::spawn(async move {
+            let (_s, _) = silent.accept().await.expect("accept");
+            std::future::pending::<()>().await
+        });
+        let slow = get(&client(), &url, "/health", Duration::from_millis(200)).await.expect_err("no answer");
+        assert_eq!(slow, "GET /health: no answer within 200ms");
+        hold.abort();
+
+        // An answer with a status: the status, for the caller to judge.
+        let busy = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", busy.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let (mut s, _) = busy.accept().await.expect("accept");
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nbusy").await;
+        });
+        let (status, body) = get(&client(), &url, "/health", Duration::from_secs(5)).await.expect("an answer");
+        assert_eq!((status.as_u16(), &body[..]), (503, &b"busy"[..]));
+    }
 }
