@@ -185,10 +185,20 @@ fn main() -> ExitCode {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| {
-        eprintln!("cannot start the runtime: {e}");
-        ExitCode::FAILURE
-    })
+    static REFUSED: std::sync::Once = std::sync::Once::new();
+    tokio::runtime::Builder::new_multi_thread()
+        // Short time slices: a woken thread takes a shared core sooner (see server::sched).
+        .on_thread_start(|| {
+            if let Err(e) = slogate::server::sched::request_short_slice() {
+                REFUSED.call_once(|| tracing::debug!(error = %e, "short scheduler slices not granted; default slices kept"));
+            }
+        })
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        })
 }
 
 /// The example config, embedded so `slogate demo` needs no files.

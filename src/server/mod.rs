@@ -7,6 +7,8 @@
 //! 3. wait for them up to `grace`, then return (what is left is cut when the
 //!    process exits).
 
+pub mod sched;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
