@@ -246,7 +246,10 @@ def one_path(recs, client, engine, gap):
     ok = [x for x in recs if x["outcome"] in ("ok", "length")]
     t = [x["ttft_ms"] for x in ok if x["ttft_ms"] is not None]
     path = [x["ttft_ms"] - x["engine_ttft_ms"] for x in ok if x.get("engine_ttft_ms") is not None and x["ttft_ms"] is not None]
+    # The path's share split at the replica: the request's way in, the first chunk's way out.
+    split = [(x["path_in_ms"], x["ttft_ms"] - x["engine_ttft_ms"] - x["path_in_ms"]) for x in ok if x.get("path_in_ms") is not None and x.get("engine_ttft_ms") is not None and x["ttft_ms"] is not None]
     s = {"n": len(recs), "bad": len(recs) - len(ok), "ttft99": pct(t, .99), "path50": pct(path, .5), "path99": pct(path, .99),
+         "in50": pct([a for a, _ in split], .5), "out50": pct([b for _, b in split], .5),
          "itl99": hpct(client, .99), "eitl99": hpct(engine, .99), "gap99": hpct(gap, .99)}
     s["shift99"] = s["itl99"] - s["eitl99"]
     return s
@@ -288,7 +291,7 @@ def by_target(n, t):
     r = load(n); g = r.get("itl_by_target", {}); k = str(t)
     recs = [x for x in r["records"] if x["start_s"] >= 5.0 and x.get("target") == t]
     return one_path(recs, g.get("client_us", {}).get(k, []), g.get("engine_us", {}).get(k, []), g.get("path_us", {}).get(k, []))
-def diff(a, b): return {k: a[k] - b[k] for k in ("path50", "path99", "shift99", "gap99")}
+def diff(a, b): return {k: a[k] - b[k] for k in ("path50", "path99", "in50", "out50", "shift99", "gap99")}
 out += ["### Interleaved in one group", "", "Each round is one run of 400 closed-loop streams whose requests take the two paths in turn: one through slogate, the next straight to the replica, and so on (about 200 in flight on each). Nothing starts first, and every step's burst alternates between the paths, so both meet the same moment on the client's and the replica's core. The A/A run does the same with both paths direct: how far apart two identical paths land in this method. Rounds:", "",
         "| round | path | requests | failed | TTFT p99 ms | path's share of TTFT p50 / p99 ms | ITL p99 ms | replica's ITL p99 ms | path's share of a gap p99 ms |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
 mix_by, mixaa, mixv, mixvaa = {32: [], 200: []}, [], [], []
@@ -304,9 +307,9 @@ for rnd in range(1, rounds + 1):
     c0, c1 = cores(f"lat-mixv-ab-{rnd}")
     mixv.append({**diff(by_target(f"lat-mixv-ab-{rnd}", 0), by_target(f"lat-mixv-ab-{rnd}", 1)), "cpu0": c0, "cpu1": c1})
     mixvaa.append(diff(by_target(f"lat-mixv-aa-{rnd}", 0), by_target(f"lat-mixv-aa-{rnd}", 1)))
-row = lambda label, xs, busy: f"| {label} | {m(xs, 'path50'):+.3f} ({rng(xs, 'path50')}) | {m(xs, 'path99'):+.3f} ({rng(xs, 'path99')}) | {m(xs, 'shift99'):+.3f} ({rng(xs, 'shift99')}) | {m(xs, 'gap99'):+.3f} ({rng(xs, 'gap99')}) | {busy} |"
-out += ["", f"Added by slogate, interleaved (mean of {rounds} rounds, range in brackets):", "",
-        "| run | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | path's share of a gap p99 ms | CPU 0 / CPU 1 busy |", "|---|---|---|---|---|---|"]
+row = lambda label, xs, busy: f"| {label} | {m(xs, 'path50'):+.3f} ({rng(xs, 'path50')}) | {m(xs, 'in50'):+.3f} / {m(xs, 'out50'):+.3f} | {m(xs, 'path99'):+.3f} ({rng(xs, 'path99')}) | {m(xs, 'shift99'):+.3f} ({rng(xs, 'shift99')}) | {m(xs, 'gap99'):+.3f} ({rng(xs, 'gap99')}) | {busy} |"
+out += ["", f"Added by slogate, interleaved (mean of {rounds} rounds, range in brackets; the p50 split at the replica into the request's way in and the first chunk's way out, from the client's send time and the simulator's arrival stamp on the shared wall clock):", "",
+        "| run | TTFT p50 ms | of which in / out, p50 ms | TTFT p99 ms | ITL p99 ms | path's share of a gap p99 ms | CPU 0 / CPU 1 busy |", "|---|---|---|---|---|---|---|"]
 out += [row(f"slogate vs direct, {c} each", xs, f"{m(xs, 'cpu0'):.0f} % / {m(xs, 'cpu1'):.0f} %") for c, xs in mix_by.items()]
 out += [row("control at 200: direct vs direct (A/A)", mixaa, "")]
 out += [row("slogate vs direct, 200 each, 32-96 output tokens", mixv, f"{m(mixv, 'cpu0'):.0f} % / {m(mixv, 'cpu1'):.0f} %")]

@@ -47,6 +47,11 @@ pub struct Record {
     /// the path's share (network, gateway).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_ttft_ms: Option<f64>,
+    /// With a stamping simulator: the inbound part of the path's share, from
+    /// the request leaving the client to its arrival at the replica (both on
+    /// the wall clock, which processes on one machine share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_in_ms: Option<f64>,
     /// For a stream with several targets: which one (0-based, in the order
     /// listed) this request went to. Requests take the targets in turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -371,6 +376,7 @@ impl Ctx {
             queue_ms: None,
             context_reduced: None,
             engine_ttft_ms: None,
+            path_in_ms: None,
             target: None,
         }
     }
@@ -434,6 +440,7 @@ impl Ctx {
             req = req.header("authorization", format!("Bearer {k}"));
         }
         let Ok(req) = req.body(Full::new(Bytes::from(body.to_string()))) else { return "client_error".into() };
+        let sent_unix_ns = unix_nanos();
         let resp = match self.client.request(req).await {
             Ok(r) => r,
             Err(_) => return "connect_error".into(),
@@ -480,6 +487,7 @@ impl Ctx {
                             rec.ttft_ms = Some((now - start).as_secs_f64() * 1000.0);
                             if let (Some(t), Some(rx)) = (sent_ns, stamp(d, b"\"sim_rx_ns\":")) {
                                 rec.engine_ttft_ms = Some(t.saturating_sub(rx) as f64 / 1e6);
+                                rec.path_in_ms = Some(rx.saturating_sub(sent_unix_ns) as f64 / 1e6);
                             }
                         }
                         Some(prev) => {
@@ -518,4 +526,9 @@ impl Ctx {
             "ok".into()
         }
     }
+}
+
+/// Wall-clock nanoseconds, the clock the simulator stamps its chunks with.
+fn unix_nanos() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
