@@ -72,11 +72,15 @@ run_lg() { run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$1" --target "$2" --label "
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # Busy and total jiffies of CPU 0 and CPU 1, from /proc/stat.
 core_jiffies() { awk '/^cpu[01] /{busy=$2+$3+$4+$7+$8; print busy, busy+$5+$6}' /proc/stat | tr '\n' ' '; }
-# with_cores NAME CMD...: run CMD, then write each core's busy share over it to $WORK/NAME.cores.
+# Steal jiffies of CPU 0 and CPU 1: time the hypervisor ran something else on the vCPU.
+steal_jiffies() { awk '/^cpu[01] /{print $9}' /proc/stat | tr '\n' ' '; }
+# with_cores NAME CMD...: run CMD, then write each core's busy share over it to
+# $WORK/NAME.cores, and each core's steal in ms to $WORK/NAME.steal.
 with_cores() {
   local name=$1; shift
-  local a b; a=$(core_jiffies); "$@"; b=$(core_jiffies)
+  local a b sa sb; a=$(core_jiffies); sa=$(steal_jiffies); "$@"; b=$(core_jiffies); sb=$(steal_jiffies)
   echo "$a $b" | awk '{printf "%.3f %.3f\n", ($5-$1)/($6-$2), ($7-$3)/($8-$4)}' >"$WORK/$name.cores"
+  echo "$sa $sb" | awk -v hz="$(getconf CLK_TCK)" '{printf "%d %d\n", ($3-$1)*1000/hz, ($4-$2)*1000/hz}' >"$WORK/$name.steal"
 }
 # measure NAME PID CMD...: with_cores, and PID's CPU ticks over CMD to $WORK/NAME.cpu.
 measure() {

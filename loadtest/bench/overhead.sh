@@ -241,6 +241,13 @@ def cores(n):
         return float(a) * 100, float(b) * 100
     except (OSError, ValueError):
         return float("nan"), float("nan")
+def steal(n):
+    """Milliseconds the hypervisor ran something else on CPU 0 and CPU 1 during the run."""
+    try:
+        a, b = open(f"{work}/{n}.steal").read().split()
+        return int(a), int(b)
+    except (OSError, ValueError):
+        return -1, -1
 def one_path(recs, client, engine, gap):
     """One path's numbers in a shared run: its records (warm-up left out) and its gaps as (value, count) pairs."""
     ok = [x for x in recs if x["outcome"] in ("ok", "length")]
@@ -302,10 +309,10 @@ for rnd in range(1, rounds + 1):
             for name, s_ in (("slogate", g), ("direct", d)):
                 out.append(f"| {rnd} | {name} | {s_['n']} | {s_['bad']} | {s_['ttft99']:.3f} | {s_['path50']:.3f} / {s_['path99']:.3f} | {s_['itl99']:.3f} | {s_['eitl99']:.3f} | {s_['gap99']:.3f} |")
         c0, c1 = cores(f"lat-mix-ab-{c}-{rnd}")
-        mix_by[c].append({**diff(g, d), "cpu0": c0, "cpu1": c1})
+        mix_by[c].append({**diff(g, d), "cpu0": c0, "cpu1": c1, "steal": steal(f"lat-mix-ab-{c}-{rnd}")})
     mixaa.append(diff(by_target(f"lat-mix-aa-{rnd}", 0), by_target(f"lat-mix-aa-{rnd}", 1)))
     c0, c1 = cores(f"lat-mixv-ab-{rnd}")
-    mixv.append({**diff(by_target(f"lat-mixv-ab-{rnd}", 0), by_target(f"lat-mixv-ab-{rnd}", 1)), "cpu0": c0, "cpu1": c1})
+    mixv.append({**diff(by_target(f"lat-mixv-ab-{rnd}", 0), by_target(f"lat-mixv-ab-{rnd}", 1)), "cpu0": c0, "cpu1": c1, "steal": steal(f"lat-mixv-ab-{rnd}")})
     mixvaa.append(diff(by_target(f"lat-mixv-aa-{rnd}", 0), by_target(f"lat-mixv-aa-{rnd}", 1)))
 row = lambda label, xs, busy: f"| {label} | {m(xs, 'path50'):+.3f} ({rng(xs, 'path50')}) | {m(xs, 'in50'):+.3f} / {m(xs, 'out50'):+.3f} | {m(xs, 'path99'):+.3f} ({rng(xs, 'path99')}) | {m(xs, 'shift99'):+.3f} ({rng(xs, 'shift99')}) | {m(xs, 'gap99'):+.3f} ({rng(xs, 'gap99')}) | {busy} |"
 out += ["", f"Added by slogate, interleaved (mean of {rounds} rounds, range in brackets; the p50 split at the replica into the request's way in and the first chunk's way out, from the client's send time and the simulator's arrival stamp on the shared wall clock):", "",
@@ -314,6 +321,9 @@ out += [row(f"slogate vs direct, {c} each", xs, f"{m(xs, 'cpu0'):.0f} % / {m(xs,
 out += [row("control at 200: direct vs direct (A/A)", mixaa, "")]
 out += [row("slogate vs direct, 200 each, 32-96 output tokens", mixv, f"{m(mixv, 'cpu0'):.0f} % / {m(mixv, 'cpu1'):.0f} %")]
 out += [row("control at 200, 32-96 output tokens (A/A)", mixvaa, "")]
+per_round = lambda xs: "; ".join(f"round {i} {a['path99']:+.3f} / {a['shift99']:+.3f} (steal {a['steal'][0]} / {a['steal'][1]} ms)" for i, a in enumerate(xs, 1))
+out += ["", "Each round at 200 per path, slogate minus direct, TTFT p99 / ITL p99 in ms, with the time the hypervisor took CPU 0 / CPU 1 away during the run (steal, from /proc/stat; this machine is a VM on a shared host): "
+        f"64 tokens: {per_round(mix_by[200])}. 32-96 tokens: {per_round(mixv)}."]
 out += ["", "At 32 per path the cores are mostly idle and the added time is the hop itself (two more loopback crossings and slogate's work on the request and on each event). At 200 the client's and replica's core is busy for milliseconds after every step, and a request or event that crosses slogate meanwhile waits in that same line rather than after it, so much of the hop is hidden; what remains is what a caller sees at that load."]
 def waves(n):
     """How bunched the arrivals through slogate are: the share that began in the busiest 5 % of 20-ms steps, and the most in one step."""
