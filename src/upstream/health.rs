@@ -2,6 +2,7 @@
 //! per replica. These tasks only write the replica's atomics; the request
 //! path reads them and never waits on a check.
 
+use std::fmt::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,7 +100,7 @@ async fn get(client: &UpstreamClient, base: &str, path: &str, timeout: Duration)
             let mut msg = format!("GET {path}: {e}");
             let mut cause = std::error::Error::source(&e);
             while let Some(c) = cause {
-                msg.push_str(&format!(": {c}"));
+                let _ = write!(msg, ": {c}");
                 cause = c.source();
             }
             msg

@@ -440,7 +440,7 @@ impl Ctx {
             req = req.header("authorization", format!("Bearer {k}"));
         }
         let Ok(req) = req.body(Full::new(Bytes::from(body.to_string()))) else { return "client_error".into() };
-        let sent_unix_ns = unix_nanos();
+        let sent_unix_ns = crate::unix_nanos();
         let resp = match self.client.request(req).await {
             Ok(r) => r,
             Err(_) => return "connect_error".into(),
@@ -526,9 +526,4 @@ impl Ctx {
             "ok".into()
         }
     }
-}
-
-/// Wall-clock nanoseconds, the clock the simulator stamps its chunks with.
-fn unix_nanos() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }

@@ -27,6 +27,7 @@ use tokio::task::JoinSet;
 use super::config::{FaultConfig, SimConfig};
 use super::engine::{Engine, Event, Faults, Rejected, SeqRequest, StreamFault};
 use super::metrics::SimMetrics;
+use crate::unix_nanos;
 
 type SimBody = BoxBody<Bytes, std::io::Error>;
 
@@ -164,11 +165,6 @@ async fn handle(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<SimBody> {
         (Method::POST, "/v1/embeddings") => embeddings(req, ctx).await,
         _ => error(StatusCode::NOT_FOUND, "Not Found", "NotFoundError"),
     }
-}
-
-/// Wall-clock nanoseconds: the one clock two processes on a machine share.
-fn unix_nanos() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 fn now_secs() -> u64 {
