@@ -82,7 +82,16 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
                 r
             }
         }
-        (m, p) => GatewayError::NotFound { method: m.to_string(), path: p.to_string() }.into_response(),
+        (m, p) => GatewayError::no_route(m, p, route_method(p)).into_response(),
+    }
+}
+
+/// The method an admin path takes, for a request that used another (405).
+fn route_method(path: &str) -> Option<&'static str> {
+    match path {
+        "/metrics" | "/healthz" | "/readyz" | "/slo" | "/slo.json" => Some("GET"),
+        "/-/reload" => Some("POST"),
+        _ => None,
     }
 }
 

@@ -29,6 +29,8 @@ pub enum GatewayError {
     ModelNotFound(String),
     #[error("no route for {method} {path}")]
     NotFound { method: String, path: String },
+    #[error("{path} does not take {method}; it takes {allow}")]
+    MethodNotAllowed { method: String, path: String, allow: &'static str },
     #[error("missing or invalid API key (send `Authorization: Bearer <key>`)")]
     Unauthorized,
     #[error("this API key may not use SLO class `{0}`")]
@@ -50,12 +52,23 @@ pub enum GatewayError {
 }
 
 impl GatewayError {
+    /// No route for this method and path: 405 naming the method the path
+    /// takes (`allow`, from the listener's routes), else 404.
+    pub fn no_route(method: &http::Method, path: &str, allow: Option<&'static str>) -> GatewayError {
+        let (method, path) = (method.to_string(), path.to_string());
+        match allow {
+            Some(allow) => GatewayError::MethodNotAllowed { method, path, allow },
+            None => GatewayError::NotFound { method, path },
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             BodyRead(_) | MalformedJson(_) | InvalidRequest { .. } | UnknownClass(_) => StatusCode::BAD_REQUEST,
             ModelNotFound(_) | NotFound { .. } => StatusCode::NOT_FOUND,
+            MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Unauthorized => StatusCode::UNAUTHORIZED,
             ClassForbidden(_) => StatusCode::FORBIDDEN,
             Rejected { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -86,6 +99,7 @@ impl GatewayError {
             InvalidRequest { param, .. } => ("invalid_request_error", *param, "invalid_request"),
             ModelNotFound(_) => ("invalid_request_error", Some("model"), "model_not_found"),
             NotFound { .. } => ("invalid_request_error", None, "not_found"),
+            MethodNotAllowed { .. } => ("invalid_request_error", None, "method_not_allowed"),
             Unauthorized => ("authentication_error", None, "invalid_api_key"),
             ClassForbidden(_) => ("permission_error", Some("x-slo-class"), "class_not_allowed"),
             UnknownClass(_) => ("invalid_request_error", Some("x-slo-class"), "unknown_class"),
@@ -109,6 +123,9 @@ impl GatewayError {
         let mut resp = error_response(self.status(), &self.to_string(), ty, param, code);
         if let Some(secs) = self.retry_after() {
             resp.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let GatewayError::MethodNotAllowed { allow, .. } = self {
+            resp.headers_mut().insert(http::header::ALLOW, HeaderValue::from_static(allow));
         }
         resp
     }

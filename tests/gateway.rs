@@ -45,6 +45,25 @@ async fn gateway_errors_have_their_status_and_openai_shape() {
     error_of(&Bytes::from(body));
     let (status, _, _) = post(a, "/v1/rerank", r#"{"query":"q"}"#, &[]).await;
     assert_eq!(status, 404, "other /v1 paths without a model are 404");
+    // A known path with the wrong method: 405 naming the method it takes (as vLLM answers).
+    for (addr, method, path, allow) in [
+        (a, "GET", "/v1/chat/completions", "POST"),
+        (a, "DELETE", "/v1/embeddings", "POST"),
+        (a, "POST", "/v1/models", "GET"),
+        (gw.admin_addr, "GET", "/-/reload", "POST"),
+        (gw.admin_addr, "POST", "/metrics", "GET"),
+    ] {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}{path}"))
+            .body(http_body_util::Full::new(Bytes::new()))
+            .expect("request");
+        let resp = client().request(req).await.expect("request");
+        let (status, allowed) = (resp.status().as_u16(), resp.headers().get("allow").and_then(|v| v.to_str().ok()).map(str::to_string));
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!((status, allowed.as_deref()), (405, Some(allow)), "{method} {path}");
+        assert_eq!(error_of(&body)["code"], "method_not_allowed", "{method} {path}");
+    }
     assert_eq!(mock.calls(), 0, "nothing bad reached the replica");
     // Client errors are counted, under bounded labels.
     let m = metrics_text(&gw).await;

@@ -54,8 +54,8 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
         (&Method::POST, "/v1/chat/completions") => Endpoint::Chat,
         (&Method::POST, "/v1/completions") => Endpoint::Completions,
         (&Method::POST, "/v1/embeddings") => Endpoint::Embeddings,
-        (&Method::POST, p) if p.starts_with("/v1/") => Endpoint::Other,
-        (m, p) => return GatewayError::NotFound { method: m.to_string(), path: p.to_string() }.into_response(),
+        (&Method::POST, p) if p.starts_with("/v1/") && route_method(p).is_none() => Endpoint::Other,
+        (m, p) => return GatewayError::no_route(m, p, route_method(p)).into_response(),
     };
     let class = match snap.classifier.classify(req.headers()) {
         Ok(c) => c,
@@ -100,6 +100,16 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
             }
             e.into_response()
         }
+    }
+}
+
+/// The method a data-plane path takes, for a request that used another
+/// (405, as vLLM answers, rather than 404).
+fn route_method(path: &str) -> Option<&'static str> {
+    match path {
+        "/v1/models" => Some("GET"),
+        "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" => Some("POST"),
+        _ => None,
     }
 }
 
