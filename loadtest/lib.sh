@@ -52,6 +52,43 @@ gateway_config() {
   } >"$file"
 }
 
+# free_port: a loopback port nothing listens on now (for programs that cannot bind port 0 and say which they got).
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# HAProxy, the reference relay of the overhead benchmark (Debian's package, installed once).
+ensure_haproxy() {
+  command -v haproxy >/dev/null && return 0
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy) >"$WORK/apt-haproxy.log" 2>&1 || true
+  fi
+  command -v haproxy >/dev/null || { echo "haproxy is not installed and could not be (apt-get install haproxy needs root); its rows are left out" >&2; return 1; }
+}
+# start_haproxy NAME MODE UPSTREAM_URL: HAProxy on GW_CPUS in front of one replica, `mode tcp`
+# (bytes relayed, nothing parsed) or `mode http` (each request and response parsed; streamed
+# without delay, connections to the replica reused), one thread per core as slogate has; sets HAP_URL.
+start_haproxy() {
+  local name=$1 mode=$2 port; port=$(free_port)
+  { echo "global"
+    echo "  nbthread $(nproc)"
+    echo "  maxconn 4000"
+    echo "defaults"
+    echo "  mode $mode"
+    echo "  timeout connect 5s"
+    echo "  timeout client 120s"
+    echo "  timeout server 120s"
+    if [ "$mode" = http ]; then echo "  option http-no-delay"; echo "  http-reuse always"; fi
+    echo "frontend in"
+    echo "  bind 127.0.0.1:$port"
+    echo "  default_backend replica"
+    echo "backend replica"
+    echo "  server r1 ${3#http://}"
+  } >"$WORK/$name.cfg"
+  ( spawn_on "${GW_CPUS:-}" haproxy -db -f "$WORK/$name.cfg" >"$WORK/$name.log" 2>&1 ) &
+  PIDS+=($!); HAP_URL="http://127.0.0.1:$port"
+  for _ in $(seq 100); do curl -sf "$HAP_URL/v1/models" >/dev/null && return 0; sleep 0.05; done
+  echo "haproxy ($mode) did not start; its log:" >&2; cat "$WORK/$name.log" >&2; return 1
+}
+
 # rss_kb PID [FIELD]: VmRSS (or VmHWM, the peak) of a process, in kB.
 rss_kb() { awk -v k="${2:-VmRSS}:" '$1 == k {print $2}' "/proc/$1/status"; }
 

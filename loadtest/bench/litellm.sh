@@ -46,7 +46,7 @@ litellm_settings:
   set_verbose: false
   json_logs: true
 EOS
-  local port; port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  local port; port=$(free_port)
   # Its production page's logging settings; no master key (the proxy then
   # checks no credentials: less work per request, not more); no network at start.
   ( export LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY=true LITELLM_LOG=ERROR

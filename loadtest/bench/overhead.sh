@@ -10,7 +10,10 @@
 #     and interleaved, one group whose requests take the two paths in turn
 #     (no group starts first), each in-run method with an A/A control; the
 #     interleaved method also with output lengths drawn from 32-96 (fixed
-#     lengths put the closed loop in lockstep);
+#     lengths put the closed loop in lockstep); and for scale, the same
+#     interleaved runs with HAProxy (Debian's package, installed when missing)
+#     in slogate's place, in `mode tcp` (a bare relay: what the hop itself
+#     costs here) and `mode http`;
 #   - streaming requests/s at 32 and 256 concurrent streams against a fast
 #     upstream (1 ms steps, 16 tokens), direct vs slogate: in separate runs,
 #     and side by side in one run (with an A/A control);
@@ -51,6 +54,16 @@ start_sim flat --step-base-ms 20 $SIM_EVEN --stamp-events
 gateway_config "$WORK/gw-flat.yaml" "${SIM_URLS[0]}"
 start_gateway "$WORK/gw-flat.yaml"
 IDLE_RSS=$(rss_kb "$GW_PID")
+# The reference: HAProxy in front of the same replica, placed as slogate is.
+# In `mode tcp` it relays bytes and parses nothing: what the extra hop itself
+# costs on this machine. In `mode http` it is a mature L7 proxy.
+HAP=()
+if ensure_haproxy; then
+  start_haproxy hap-tcp tcp "${SIM_URLS[0]}"; HAP_TCP=$HAP_URL
+  start_haproxy hap-http http "${SIM_URLS[0]}"; HAP_HTTP=$HAP_URL
+  HAP=(tcp http)
+  haproxy -v | head -n 1 | awk '{print "HAProxy " $3}' >"$WORK/haproxy.version"
+fi
 scenario "$WORK/lat.yaml" 200 64 "$LAT_SECS"
 for round in $(seq "$ROUNDS"); do
   run_lg "$WORK/lat.yaml" "${SIM_URLS[0]}" "lat-direct-$round"
@@ -111,6 +124,12 @@ for round in $(seq "$ROUNDS"); do
   sed -i 's/^warmup: 3s/warmup: 5s/' "$WORK/mixv.yaml"
   with_cores "lat-mixv-ab-$round" run_lg "$WORK/mixv.yaml" "$GW_URL,${SIM_URLS[0]}" "lat-mixv-ab-$round"
   run_lg "$WORK/mixv.yaml" "${SIM_URLS[0]},${SIM_URLS[0]}" "lat-mixv-aa-$round"
+  # The same two runs with HAProxy in slogate's place.
+  for mode in "${HAP[@]}"; do
+    if [ "$mode" = tcp ]; then hap=$HAP_TCP; else hap=$HAP_HTTP; fi
+    with_cores "lat-hap-$mode-$round" run_lg "$WORK/mix.yaml" "$hap,${SIM_URLS[0]}" "lat-hap-$mode-$round"
+    with_cores "lat-hapv-$mode-$round" run_lg "$WORK/mixv.yaml" "$hap,${SIM_URLS[0]}" "lat-hapv-$mode-$round"
+  done
 done
 cleanup; PIDS=()
 
@@ -341,6 +360,26 @@ def verdict(label, xs):
             f"added ITL p99 <= 0.1 ms: {'met' if shift <= 0.1 else 'NOT met'} ({shift:+.3f} ms)")
 out += ["", f"Targets at 200 streams, interleaved, on the mean of the {rounds} rounds (the method the targets are read on: its A/A control is far tighter than the side-by-side one). "
         + verdict("64 output tokens (lockstep)", mix_by[200]) + ". " + verdict("32-96 output tokens", mixv) + ".", ""]
+# The reference relay, where it ran.
+import os
+def versus(n):
+    """An interleaved run, target 0 minus target 1, with the cores' busy shares and steal."""
+    c0, c1 = cores(n)
+    return diff(by_target(n, 0), by_target(n, 1)) | {"cpu0": c0, "cpu1": c1, "steal": steal(n)}
+hap = {mode: ([versus(f"lat-hap-{mode}-{rnd}") for rnd in range(1, rounds + 1)], [versus(f"lat-hapv-{mode}-{rnd}") for rnd in range(1, rounds + 1)])
+       for mode in ("tcp", "http") if os.path.exists(f"{work}/lat-hap-{mode}-1.json")}
+busy = lambda xs: f"{m(xs, 'cpu0'):.0f} % / {m(xs, 'cpu1'):.0f} %"
+if hap:
+    version = open(f"{work}/haproxy.version").read().strip() if os.path.exists(f"{work}/haproxy.version") else "HAProxy"
+    out += ["### The same hop through HAProxy", "", f"For scale: {version} in slogate's place, placed as slogate is, in the same rounds and the same interleaved method (HAProxy vs direct, 200 each). "
+            "In `mode tcp` HAProxy relays bytes and parses nothing: what one more loopback hop costs on this machine, whatever the proxy. In `mode http` (`option http-no-delay`, connections to the replica reused) it parses each request and response as slogate does, without reading the events. "
+            "The relay does the least work any proxy can, one read and one write per event.", "",
+            "| run | TTFT p50 ms | of which in / out, p50 ms | TTFT p99 ms | ITL p99 ms | path's share of a gap p99 ms | CPU 0 / CPU 1 busy |", "|---|---|---|---|---|---|---|"]
+    out += [row("slogate vs direct, 64 tokens (from above)", mix_by[200], busy(mix_by[200])), row("slogate vs direct, 32-96 tokens (from above)", mixv, busy(mixv))]
+    for mode, (fixed, varied) in hap.items():
+        out += [row(f"HAProxy `mode {mode}` vs direct, 64 tokens", fixed, busy(fixed)), row(f"HAProxy `mode {mode}` vs direct, 32-96 tokens", varied, busy(varied))]
+    out += ["", "Each round, HAProxy minus direct, TTFT p99 / ITL p99 in ms (steal CPU 0 / CPU 1): "
+            + " ".join(f"`mode {mode}`, 64 tokens: {per_round(fixed)}; 32-96 tokens: {per_round(varied)}." for mode, (fixed, varied) in hap.items()), ""]
 out += ["## Streaming throughput", "", f"Upstream: 1 ms engine steps, 16 output tokens (18 SSE events per stream); closed loop; {rounds} interleaved rounds (direct, then slogate, at each concurrency). slogate CPU is its user+system time over the run divided by the requests it served: the cost per streamed request, independent of how busy the other two processes keep the cores. CPU 0 time per request is that core's busy time over the run divided by the requests served" + (": with slogate on CPU 1, the simulator's and load generator's own cost per request, which decides the rate once CPU 0 is saturated." if placement == "pinned" else "."), "", "| round | concurrency | direct req/s | slogate req/s | ratio | failed (direct/slogate) | slogate CPU per request | CPU 0 / CPU 1 busy, direct | CPU 0 / CPU 1 busy, slogate | CPU 0 time per request, direct / slogate |", "|---:|---:|---:|---:|---:|---|---:|---|---|---|"]
 ratios = {32: [], 256: []}
 for rnd in range(1, rounds + 1):
