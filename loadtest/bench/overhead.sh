@@ -194,7 +194,7 @@ wait "$LG"
 cleanup; PIDS=()
 
 python3 - "$WORK" "$IDLE_RSS" "$OPEN_RSS" "$OPEN" "$(machine_line)" "$(getconf CLK_TCK)" "$PLACEMENT" "$ROUNDS" >"$HERE/results/overhead-$PLACEMENT.md" <<'PY'
-import collections, json, sys, statistics
+import collections, json, os, sys, statistics
 work, idle_kb, open_kb, open_streams, machine, tck, placement = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6]), sys.argv[7]
 rounds = int(sys.argv[8])
 def load(n): return json.load(open(f"{work}/{n}.json"))
@@ -318,6 +318,11 @@ def by_target(n, t):
     recs = [x for x in r["records"] if x["start_s"] >= 5.0 and x.get("target") == t]
     return one_path(recs, g.get("client_us", {}).get(k, []), g.get("engine_us", {}).get(k, []), g.get("path_us", {}).get(k, []))
 def diff(a, b): return {k: a[k] - b[k] for k in ("path50", "path99", "in50", "out50", "shift99", "gap99")}
+def versus(n):
+    """An interleaved run, target 0 minus target 1, with the cores' busy shares and steal."""
+    c0, c1 = cores(n)
+    return diff(by_target(n, 0), by_target(n, 1)) | {"cpu0": c0, "cpu1": c1, "steal": steal(n)}
+busy = lambda xs: f"{m(xs, 'cpu0'):.0f} % / {m(xs, 'cpu1'):.0f} %"
 out += ["### Interleaved in one group", "", "Each round is one run of 400 closed-loop streams whose requests take the two paths in turn: one through slogate, the next straight to the replica, and so on (about 200 in flight on each). Nothing starts first, and every step's burst alternates between the paths, so both meet the same moment on the client's and the replica's core. The A/A run does the same with both paths direct: how far apart two identical paths land in this method. Rounds:", "",
         "| round | path | requests | failed | TTFT p99 ms | path's share of TTFT p50 / p99 ms | ITL p99 ms | replica's ITL p99 ms | path's share of a gap p99 ms |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
 mix_by, mixaa, mixv, mixvaa = {32: [], 200: []}, [], [], []
@@ -327,18 +332,16 @@ for rnd in range(1, rounds + 1):
         if c == 200:
             for name, s_ in (("slogate", g), ("direct", d)):
                 out.append(f"| {rnd} | {name} | {s_['n']} | {s_['bad']} | {s_['ttft99']:.3f} | {s_['path50']:.3f} / {s_['path99']:.3f} | {s_['itl99']:.3f} | {s_['eitl99']:.3f} | {s_['gap99']:.3f} |")
-        c0, c1 = cores(f"lat-mix-ab-{c}-{rnd}")
-        mix_by[c].append({**diff(g, d), "cpu0": c0, "cpu1": c1, "steal": steal(f"lat-mix-ab-{c}-{rnd}")})
+        mix_by[c].append(versus(f"lat-mix-ab-{c}-{rnd}"))
     mixaa.append(diff(by_target(f"lat-mix-aa-{rnd}", 0), by_target(f"lat-mix-aa-{rnd}", 1)))
-    c0, c1 = cores(f"lat-mixv-ab-{rnd}")
-    mixv.append({**diff(by_target(f"lat-mixv-ab-{rnd}", 0), by_target(f"lat-mixv-ab-{rnd}", 1)), "cpu0": c0, "cpu1": c1, "steal": steal(f"lat-mixv-ab-{rnd}")})
+    mixv.append(versus(f"lat-mixv-ab-{rnd}"))
     mixvaa.append(diff(by_target(f"lat-mixv-aa-{rnd}", 0), by_target(f"lat-mixv-aa-{rnd}", 1)))
 row = lambda label, xs, busy: f"| {label} | {m(xs, 'path50'):+.3f} ({rng(xs, 'path50')}) | {m(xs, 'in50'):+.3f} / {m(xs, 'out50'):+.3f} | {m(xs, 'path99'):+.3f} ({rng(xs, 'path99')}) | {m(xs, 'shift99'):+.3f} ({rng(xs, 'shift99')}) | {m(xs, 'gap99'):+.3f} ({rng(xs, 'gap99')}) | {busy} |"
 out += ["", f"Added by slogate, interleaved (mean of {rounds} rounds, range in brackets; the p50 split at the replica into the request's way in and the first chunk's way out, from the client's send time and the simulator's arrival stamp on the shared wall clock):", "",
         "| run | TTFT p50 ms | of which in / out, p50 ms | TTFT p99 ms | ITL p99 ms | path's share of a gap p99 ms | CPU 0 / CPU 1 busy |", "|---|---|---|---|---|---|---|"]
-out += [row(f"slogate vs direct, {c} each", xs, f"{m(xs, 'cpu0'):.0f} % / {m(xs, 'cpu1'):.0f} %") for c, xs in mix_by.items()]
+out += [row(f"slogate vs direct, {c} each", xs, busy(xs)) for c, xs in mix_by.items()]
 out += [row("control at 200: direct vs direct (A/A)", mixaa, "")]
-out += [row("slogate vs direct, 200 each, 32-96 output tokens", mixv, f"{m(mixv, 'cpu0'):.0f} % / {m(mixv, 'cpu1'):.0f} %")]
+out += [row("slogate vs direct, 200 each, 32-96 output tokens", mixv, busy(mixv))]
 out += [row("control at 200, 32-96 output tokens (A/A)", mixvaa, "")]
 per_round = lambda xs: "; ".join(f"round {i} {a['path99']:+.3f} / {a['shift99']:+.3f} (steal {a['steal'][0]} / {a['steal'][1]} ms)" for i, a in enumerate(xs, 1))
 out += ["", "Each round at 200 per path, slogate minus direct, TTFT p99 / ITL p99 in ms, with the time the hypervisor took CPU 0 / CPU 1 away during the run (steal, from /proc/stat; this machine is a VM on a shared host): "
@@ -361,14 +364,8 @@ def verdict(label, xs):
 out += ["", f"Targets at 200 streams, interleaved, on the mean of the {rounds} rounds (the method the targets are read on: its A/A control is far tighter than the side-by-side one). "
         + verdict("64 output tokens (lockstep)", mix_by[200]) + ". " + verdict("32-96 output tokens", mixv) + ".", ""]
 # The reference relay, where it ran.
-import os
-def versus(n):
-    """An interleaved run, target 0 minus target 1, with the cores' busy shares and steal."""
-    c0, c1 = cores(n)
-    return diff(by_target(n, 0), by_target(n, 1)) | {"cpu0": c0, "cpu1": c1, "steal": steal(n)}
 hap = {mode: ([versus(f"lat-hap-{mode}-{rnd}") for rnd in range(1, rounds + 1)], [versus(f"lat-hapv-{mode}-{rnd}") for rnd in range(1, rounds + 1)])
        for mode in ("tcp", "http") if os.path.exists(f"{work}/lat-hap-{mode}-1.json")}
-busy = lambda xs: f"{m(xs, 'cpu0'):.0f} % / {m(xs, 'cpu1'):.0f} %"
 if hap:
     version = open(f"{work}/haproxy.version").read().strip() if os.path.exists(f"{work}/haproxy.version") else "HAProxy"
     out += ["### The same hop through HAProxy", "", f"For scale: {version} in slogate's place, placed as slogate is, in the same rounds and the same interleaved method (HAProxy vs direct, 200 each). "
