@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use crate::config::{ClassConfig, Config, Tier};
 use crate::state::App;
 use crate::telemetry::budget::{self, Budget, Sli};
-use crate::telemetry::metrics::{ClassLabels, ClassTierLabels, Metrics, SloLabels, SloWindowLabels};
+use crate::telemetry::metrics::{ClassLabels, ClassSeries, ClassTierLabels, Metrics, SloLabels, SloWindowLabels};
 use crate::telemetry::window::{RollingHistogram, WindowStats};
 use breaker::{Breaker, BreakerParams, BreakerState, ReductionTrigger, TriggerParams};
 
@@ -49,6 +49,8 @@ pub struct ClassControl {
     /// Error-budget counters (latency and availability SLIs).
     pub budget: Budget,
     view: Mutex<ClassView>,
+    /// The series its requests write, looked up once per request rather than per write.
+    pub series: ClassSeries,
     /// `queue_time_seconds{class,tier}`, looked up once rather than per request.
     pub queue_time: crate::telemetry::histogram::AtomicHistogram,
     /// The breaker was armed (P99 above threshold, counting) at the last tick.
@@ -75,6 +77,7 @@ impl ClassControl {
                 config.slo.window.get(),
             ),
             view: Mutex::new(ClassView::default()),
+            series: ClassSeries::new(name, class.tier),
             queue_time: metrics.queue_time.get_or_create(&ClassTierLabels { class: name.to_string(), tier: class.tier.into() }).clone(),
             was_armed: false.into(),
             ttft_p99_gauge: metrics.ttft_p99.get_or_create(&labels).clone(),

@@ -26,8 +26,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::classify::Class;
 use crate::error::BoxError;
-use crate::telemetry::histogram::AtomicHistogram;
-use crate::telemetry::metrics::{BreachKind, BreachLabels, ClassLabels, Metrics, ModelClassLabels, OutcomeLabels, RequestLabels};
+use crate::telemetry::metrics::{BreachKind, Metrics, RequestSeries};
 use crate::telemetry::Outcome;
 use crate::upstream::Lease;
 use sse::{analyze, SseParser, Usage};
@@ -35,14 +34,14 @@ use sse::{analyze, SseParser, Usage};
 /// Everything measured about one request; records itself once, on drop.
 pub struct Tracker {
     metrics: Arc<Metrics>,
-    labels: RequestLabels,
+    /// The series it writes (its model's; `unknown` until the model is known).
+    series: Option<Arc<RequestSeries>>,
     class: Arc<Class>,
     start: Instant,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     gaps: u64,
     gaps_over: u64,
-    itl: Option<AtomicHistogram>,
     usage: Option<Usage>,
     streaming: bool,
     outcome: Option<Outcome>,
@@ -59,17 +58,15 @@ pub struct Tracker {
 
 impl Tracker {
     pub fn new(metrics: Arc<Metrics>, class: Arc<Class>, start: Instant) -> Tracker {
-        let labels = RequestLabels { model: "unknown".into(), class: class.name.to_string(), tier: class.tier.into() };
         Tracker {
             metrics,
-            labels,
+            series: None,
             class,
             start,
             first_token: None,
             last_token: None,
             gaps: 0,
             gaps_over: 0,
-            itl: None,
             usage: None,
             streaming: false,
             outcome: None,
@@ -97,8 +94,17 @@ impl Tracker {
 
     /// Set the model label (a model a pool serves: bounded).
     pub fn set_model(&mut self, model: &str) {
-        self.labels.model = model.to_string();
+        self.series = Some(self.class.control.series.for_model(model));
         self.span.record("gen_ai.request.model", model);
+    }
+
+    /// The model label: the request's model once known, `unknown` before.
+    pub fn model(&self) -> &str {
+        self.series.as_deref().map_or("unknown", RequestSeries::model)
+    }
+
+    fn series(&mut self) -> Arc<RequestSeries> {
+        self.series.get_or_insert_with(|| self.class.control.series.for_model("unknown")).clone()
     }
 
     pub fn set_streaming(&mut self, streaming: bool) {
@@ -135,7 +141,7 @@ impl Tracker {
                 // Recorded now, not at the end of the stream: the rolling
                 // window must see a slow first token while the stream runs.
                 let ttft = now - self.start;
-                self.metrics.ttft.get_or_create(&self.labels).observe(ttft.as_secs_f64());
+                self.series().ttft(&self.metrics).observe(ttft.as_secs_f64());
                 self.class.control.ttft.record(ttft);
                 if let Some(ticket) = self.probe.take() {
                     self.class.control.breaker.probe_done(ticket, Some(ttft <= self.class.ttft));
@@ -143,8 +149,8 @@ impl Tracker {
             }
             Some(prev) => {
                 let gap = now - prev;
-                let itl = self.itl.get_or_insert_with(|| self.metrics.itl.get_or_create(&self.labels).clone());
-                itl.observe(gap.as_secs_f64());
+                let series = self.series.get_or_insert_with(|| self.class.control.series.for_model("unknown"));
+                series.itl(&self.metrics).observe(gap.as_secs_f64());
                 self.class.control.itl.record(gap);
                 self.gaps += 1;
                 if gap > self.class.itl {
@@ -158,11 +164,10 @@ impl Tracker {
     fn record(&mut self) {
         let outcome = self.outcome.unwrap_or(Outcome::cancelled);
         let end = Instant::now();
-        let m = &self.metrics;
-        let class = &self.labels.class;
-        m.requests
-            .get_or_create(&OutcomeLabels { model: self.labels.model.clone(), class: class.clone(), tier: self.labels.tier, outcome })
-            .inc();
+        let series = self.series();
+        let m = &*self.metrics;
+        let class = &self.class.control.series;
+        series.outcome(m, outcome).inc();
         let ttft = self.first_token.map(|t| t - self.start);
         if !self.span.is_disabled() {
             let s = &self.span;
@@ -200,23 +205,22 @@ impl Tracker {
         let completed = matches!(outcome, Outcome::ok | Outcome::length);
         let e2e = end - self.start;
         if completed {
-            m.e2e.get_or_create(&self.labels).observe(e2e.as_secs_f64());
+            series.e2e(m).observe(e2e.as_secs_f64());
         }
         let out_tokens = self.usage.map(|u| u.completion_tokens).unwrap_or(0);
         if let Some(u) = self.usage {
-            let l = ModelClassLabels { model: self.labels.model.clone(), class: class.clone() };
-            m.prompt_tokens.get_or_create(&l).inc_by(u.prompt_tokens);
-            m.generation_tokens.get_or_create(&l).inc_by(u.completion_tokens);
+            series.prompt_tokens(m).inc_by(u.prompt_tokens);
+            series.generation_tokens(m).inc_by(u.completion_tokens);
         }
         if let (Some(ttft), true) = (ttft, completed && out_tokens > 1) {
             let tpot = (e2e.saturating_sub(ttft)).as_secs_f64() / (out_tokens - 1) as f64;
-            m.tpot.get_or_create(&self.labels).observe(tpot);
+            series.tpot(m).observe(tpot);
         }
         // Per request: TTFT within target, and at most 1% of its gaps over the ITL target.
         let ttft_ok = ttft.is_none_or(|t| t <= self.class.ttft);
         let itl_ok = self.gaps_over <= self.gaps / 100;
         let breach = |kind| {
-            m.slo_breaches.get_or_create(&BreachLabels { class: class.clone(), kind }).inc();
+            class.breach(m, kind).inc();
         };
         if !ttft_ok {
             breach(BreachKind::ttft);
@@ -239,7 +243,7 @@ impl Tracker {
         };
         self.class.control.budget.record(outcome, completed && latency_ok);
         if completed && latency_ok {
-            m.goodput.get_or_create(&ClassLabels { class: class.clone() }).inc();
+            class.goodput(m).inc();
         }
     }
 }
@@ -452,7 +456,7 @@ impl<B> ObservedBody<B> {
         } else {
             format!("slogate: no data from the replica for {:?}", self.timeouts.idle)
         };
-        tracing::warn!(class = %self.tracker.class.name, model = %self.tracker.labels.model, "{what}");
+        tracing::warn!(class = %self.tracker.class.name, model = %self.tracker.model(), "{what}");
         self.inner = None;
         if let Mode::Sse { .. } = self.mode {
             let json = crate::error::error_json(&what, "timeout", None, 504);
@@ -548,7 +552,7 @@ where
                 },
                 Poll::Ready(Some(Err(e))) => {
                     let e: BoxError = e.into();
-                    tracing::warn!(class = %this.tracker.class.name, model = %this.tracker.labels.model, error = %e, "replica stream failed");
+                    tracing::warn!(class = %this.tracker.class.name, model = %this.tracker.model(), error = %e, "replica stream failed");
                     this.tracker.cut = true;
                     this.tracker.finish(if matches!(this.mode, Mode::Sse { .. }) {
                         Outcome::stream_error

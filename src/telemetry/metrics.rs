@@ -7,8 +7,9 @@
 //! Histogram buckets always contain every configured class's TTFT and ITL
 //! target and twice each, so `le="0.3"` SLIs work for any config.
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -104,6 +105,120 @@ pub struct ReplicaLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct TierOnlyLabels {
     pub tier: TierLabel,
+}
+
+/// The series of one class that its requests write: `goodput` and
+/// `slo_breaches` by kind, and per model the [`RequestSeries`].
+///
+/// A request looks its series up once, by model, instead of once per write:
+/// a `Family` lookup builds the label set (a `String` per label) and hashes
+/// it, eight times per request. Each series is still created on its first
+/// write, as the `Family` lookup would create it, so the exposition is the
+/// same. Models are the ones pools serve (and `unknown`): bounded.
+pub struct ClassSeries {
+    class: String,
+    tier: TierLabel,
+    goodput: OnceLock<Counter>,
+    breaches: [OnceLock<Counter>; BREACH_KINDS],
+    by_model: RwLock<HashMap<String, Arc<RequestSeries>>>,
+}
+
+/// One (model, class, tier)'s request series. See [`ClassSeries`].
+pub struct RequestSeries {
+    labels: RequestLabels,
+    ttft: OnceLock<AtomicHistogram>,
+    itl: OnceLock<AtomicHistogram>,
+    tpot: OnceLock<AtomicHistogram>,
+    e2e: OnceLock<AtomicHistogram>,
+    outcomes: [OnceLock<Counter>; OUTCOMES],
+    prompt_tokens: OnceLock<Counter>,
+    generation_tokens: OnceLock<Counter>,
+}
+
+const OUTCOMES: usize = Outcome::stream_error as usize + 1;
+const BREACH_KINDS: usize = BreachKind::error as usize + 1;
+
+impl ClassSeries {
+    pub fn new(class: &str, tier: Tier) -> ClassSeries {
+        ClassSeries {
+            class: class.to_string(),
+            tier: tier.into(),
+            goodput: OnceLock::new(),
+            breaches: Default::default(),
+            by_model: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The series of this class's requests for `model` (a model a pool serves, or `unknown`).
+    pub fn for_model(&self, model: &str) -> Arc<RequestSeries> {
+        if let Some(s) = self.by_model.read().unwrap_or_else(|p| p.into_inner()).get(model) {
+            return s.clone();
+        }
+        let mut map = self.by_model.write().unwrap_or_else(|p| p.into_inner());
+        map.entry(model.to_string())
+            .or_insert_with(|| {
+                Arc::new(RequestSeries {
+                    labels: RequestLabels { model: model.to_string(), class: self.class.clone(), tier: self.tier },
+                    ttft: OnceLock::new(),
+                    itl: OnceLock::new(),
+                    tpot: OnceLock::new(),
+                    e2e: OnceLock::new(),
+                    outcomes: Default::default(),
+                    prompt_tokens: OnceLock::new(),
+                    generation_tokens: OnceLock::new(),
+                })
+            })
+            .clone()
+    }
+
+    pub fn goodput(&self, m: &Metrics) -> &Counter {
+        self.goodput.get_or_init(|| m.goodput.get_or_create(&ClassLabels { class: self.class.clone() }).clone())
+    }
+
+    pub fn breach(&self, m: &Metrics, kind: BreachKind) -> &Counter {
+        self.breaches[kind as usize].get_or_init(|| m.slo_breaches.get_or_create(&BreachLabels { class: self.class.clone(), kind }).clone())
+    }
+}
+
+impl RequestSeries {
+    pub fn model(&self) -> &str {
+        &self.labels.model
+    }
+
+    pub fn ttft(&self, m: &Metrics) -> &AtomicHistogram {
+        self.ttft.get_or_init(|| m.ttft.get_or_create(&self.labels).clone())
+    }
+
+    pub fn itl(&self, m: &Metrics) -> &AtomicHistogram {
+        self.itl.get_or_init(|| m.itl.get_or_create(&self.labels).clone())
+    }
+
+    pub fn tpot(&self, m: &Metrics) -> &AtomicHistogram {
+        self.tpot.get_or_init(|| m.tpot.get_or_create(&self.labels).clone())
+    }
+
+    pub fn e2e(&self, m: &Metrics) -> &AtomicHistogram {
+        self.e2e.get_or_init(|| m.e2e.get_or_create(&self.labels).clone())
+    }
+
+    pub fn outcome(&self, m: &Metrics, outcome: Outcome) -> &Counter {
+        self.outcomes[outcome as usize].get_or_init(|| {
+            let l = &self.labels;
+            m.requests.get_or_create(&OutcomeLabels { model: l.model.clone(), class: l.class.clone(), tier: l.tier, outcome }).clone()
+        })
+    }
+
+    fn model_class(&self) -> ModelClassLabels {
+        ModelClassLabels { model: self.labels.model.clone(), class: self.labels.class.clone() }
+    }
+
+    pub fn prompt_tokens(&self, m: &Metrics) -> &Counter {
+        self.prompt_tokens.get_or_init(|| m.prompt_tokens.get_or_create(&self.model_class()).clone())
+    }
+
+    pub fn generation_tokens(&self, m: &Metrics) -> &Counter {
+        self.generation_tokens.get_or_init(|| m.generation_tokens.get_or_create(&self.model_class()).clone())
+    }
 }
 
 /// Builds histograms with a fixed bucket list.
@@ -326,6 +441,46 @@ mod tests {
         }
         for le in ["le=\"0.05\"", "le=\"0.1\"", "le=\"0.077\"", "le=\"0.154\""] {
             assert!(text.lines().any(|x| x.starts_with("slogate_inter_token_latency_seconds_bucket") && x.contains(le)), "{le} missing");
+        }
+    }
+
+    #[test]
+    fn class_series_write_the_family_series_and_create_them_on_first_write() {
+        let cfg = Config::parse("classes:\n  chat: { tier: interactive, ttft: 300ms, itl: 50ms }\ndefault_class: chat\n").expect("valid");
+        let m = Metrics::new(&cfg);
+        let c = ClassSeries::new("chat", Tier::Interactive);
+        let s = c.for_model("m");
+        assert!(Arc::ptr_eq(&s, &c.for_model("m")), "one series set per model");
+        assert_eq!(s.model(), "m");
+        // Nothing written yet: no request series in the exposition.
+        let before = m.encode();
+        assert!(!before.contains("slogate_requests_total{"), "{before}");
+        assert!(!before.contains("slogate_time_to_first_token_seconds_count{"), "{before}");
+        s.outcome(&m, Outcome::ok).inc();
+        s.outcome(&m, Outcome::ok).inc();
+        s.outcome(&m, Outcome::stream_error).inc();
+        s.ttft(&m).observe(0.1);
+        s.prompt_tokens(&m).inc_by(7);
+        c.breach(&m, BreachKind::itl).inc();
+        c.goodput(&m).inc();
+        c.for_model("unknown").outcome(&m, Outcome::client_error).inc();
+        let text = m.encode();
+        for line in [
+            r#"slogate_requests_total{model="m",class="chat",tier="interactive",outcome="ok"} 2"#,
+            r#"slogate_requests_total{model="m",class="chat",tier="interactive",outcome="stream_error"} 1"#,
+            r#"slogate_requests_total{model="unknown",class="chat",tier="interactive",outcome="client_error"} 1"#,
+            r#"slogate_time_to_first_token_seconds_count{model="m",class="chat",tier="interactive"} 1"#,
+            r#"slogate_prompt_tokens_total{model="m",class="chat"} 7"#,
+            r#"slogate_slo_breaches_total{class="chat",kind="itl"} 1"#,
+            r#"slogate_goodput_requests_total{class="chat"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+        }
+        // Outcomes, breach kinds and series never written stay absent.
+        for absent in
+            [r#"outcome="length""#, r#"kind="ttft""#, "slogate_e2e_request_latency_seconds_count{", "slogate_generation_tokens_total{"]
+        {
+            assert!(!text.contains(absent), "{absent} should not be in\n{text}");
         }
     }
 }
