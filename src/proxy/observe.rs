@@ -103,10 +103,6 @@ impl Tracker {
         self.series.as_deref().map_or("unknown", RequestSeries::model)
     }
 
-    fn series(&mut self) -> Arc<RequestSeries> {
-        self.series.get_or_insert_with(|| self.class.control.series.for_model("unknown")).clone()
-    }
-
     pub fn set_streaming(&mut self, streaming: bool) {
         self.streaming = streaming;
     }
@@ -141,7 +137,7 @@ impl Tracker {
                 // Recorded now, not at the end of the stream: the rolling
                 // window must see a slow first token while the stream runs.
                 let ttft = now - self.start;
-                self.series().ttft(&self.metrics).observe(ttft.as_secs_f64());
+                series(&mut self.series, &self.class).ttft(&self.metrics).observe(ttft.as_secs_f64());
                 self.class.control.ttft.record(ttft);
                 if let Some(ticket) = self.probe.take() {
                     self.class.control.breaker.probe_done(ticket, Some(ttft <= self.class.ttft));
@@ -149,8 +145,7 @@ impl Tracker {
             }
             Some(prev) => {
                 let gap = now - prev;
-                let series = self.series.get_or_insert_with(|| self.class.control.series.for_model("unknown"));
-                series.itl(&self.metrics).observe(gap.as_secs_f64());
+                series(&mut self.series, &self.class).itl(&self.metrics).observe(gap.as_secs_f64());
                 self.class.control.itl.record(gap);
                 self.gaps += 1;
                 if gap > self.class.itl {
@@ -164,7 +159,7 @@ impl Tracker {
     fn record(&mut self) {
         let outcome = self.outcome.unwrap_or(Outcome::cancelled);
         let end = Instant::now();
-        let series = self.series();
+        let series = series(&mut self.series, &self.class);
         let m = &*self.metrics;
         let class = &self.class.control.series;
         series.outcome(m, outcome).inc();
@@ -246,6 +241,11 @@ impl Tracker {
             class.goodput(m).inc();
         }
     }
+}
+
+/// A request's series: its model's, or `unknown` when it never got one.
+fn series<'a>(slot: &'a mut Option<Arc<RequestSeries>>, class: &Class) -> &'a RequestSeries {
+    slot.get_or_insert_with(|| class.control.series.for_model("unknown"))
 }
 
 impl Drop for Tracker {
