@@ -89,7 +89,10 @@ impl Gateway {
         let (stop, stop_rx) = watch::channel(false);
         let app = Arc::new(App::new(snapshot, metrics, controls, path, stop_rx.clone()));
         app.start_health_checks();
-        let background = vec![admission::publisher(app.clone(), stop_rx.clone())];
+        let mut background = vec![admission::publisher(app.clone(), stop_rx.clone())];
+        if let Some(busy) = &app.busy {
+            background.extend(busy.start(stop_rx.clone()));
+        }
         let grace = cfg.server.shutdown_grace.get();
         let a = app.clone();
         let data_task = tokio::spawn(server::serve(data, tls.clone(), move |req| proxy::handle(req, a.clone()), stop_rx.clone(), grace));

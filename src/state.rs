@@ -66,6 +66,9 @@ pub struct App {
     health: Mutex<Vec<JoinHandle<()>>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// Requests in flight for busy polling, when `server.busy_poll` is on
+    /// (fixed at start).
+    pub busy: Option<Arc<crate::server::busy::BusyPoll>>,
 }
 
 impl App {
@@ -79,7 +82,9 @@ impl App {
         for p in &snapshot.pools {
             p.queue.attach(p);
         }
+        let busy = snapshot.config.server.busy_poll.then(Default::default);
         App {
+            busy,
             state: ArcSwap::from_pointee(snapshot),
             metrics,
             controls,
@@ -155,6 +160,9 @@ impl App {
         }
         if config.server.listen != old.config.server.listen || config.server.admin_listen != old.config.server.admin_listen {
             tracing::warn!("server.listen / server.admin_listen changes take effect at the next restart");
+        }
+        if config.server.busy_poll != old.config.server.busy_poll {
+            tracing::warn!("server.busy_poll changes take effect at the next restart");
         }
         let new = Snapshot::prepare(config, &self.metrics, &self.controls, Some(&old))?;
         for p in &new.pools {

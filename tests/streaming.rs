@@ -215,6 +215,51 @@ async fn client_disconnect_cancels_upstream_and_frees_slot() {
     assert_eq!(status, 200);
 }
 
+/// `server.busy_poll`: the workers poll while a request is in flight, and
+/// the request counts as in flight until its stream ends or its client goes
+/// away (it travels in the response body), then they sleep again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_polling_lasts_while_streams_are_in_flight() {
+    let mock = Mock::start(standard(200, Duration::from_millis(20))).await;
+    let yaml = config_yaml(&[mock.url()], "").replace("  shutdown_grace: 10s\n", "  shutdown_grace: 10s\n  busy_poll: true\n");
+    let gw = start_gateway(&yaml).await;
+    let busy = gw.app.busy.clone().expect("busy polling is on");
+    wait_until("polling tasks asleep at start", || async { busy.active() == 0 && busy.asleep() == 2 }).await;
+
+    // A stream: in flight past its headers, polled for, released at its end.
+    mock.set_script(standard(5, Duration::from_millis(200)));
+    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(busy.active(), 1, "in flight after the headers");
+    let spins = busy.spins();
+    let text = String::from_utf8(resp.into_body().collect().await.expect("stream").to_bytes().to_vec()).expect("utf-8");
+    assert!(text.ends_with("data: [DONE]\n\n") && text.contains("t4"), "{text}");
+    assert!(busy.spins() > spins, "the workers polled while the stream was open");
+    wait_until("released at the end of the stream", || async { busy.active() == 0 && busy.asleep() == 2 }).await;
+
+    // A client that hangs up releases it too.
+    mock.set_script(standard(500, Duration::from_millis(20)));
+    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+    let mut body = resp.into_body();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("t0") {
+        let frame = body.frame().await.expect("frame").expect("ok frame");
+        if let Ok(d) = frame.into_data() {
+            seen.extend_from_slice(&d);
+        }
+    }
+    assert_eq!(busy.active(), 1);
+    assert_eq!(busy.asleep(), 0, "polling while the stream is open");
+    drop(body);
+    wait_until("released when the client went away", || async { busy.active() == 0 && busy.asleep() == 2 }).await;
+    assert_eq!(requests_with_outcome(&gw, "cancelled").await, 1.0);
+
+    // A request the gateway refuses (unknown model) holds nothing afterwards.
+    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false).replace("m1", "nope"), &[]).await;
+    assert_eq!(status, 404);
+    assert_eq!(busy.active(), 0);
+}
+
 #[tokio::test]
 async fn slot_is_held_until_the_stream_ends_not_the_headers() {
     let mock = Mock::start(standard(3, Duration::from_millis(300))).await;

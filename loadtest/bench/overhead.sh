@@ -113,7 +113,7 @@ for round in $(seq "$ROUNDS"); do
   for c in 32 200; do
     scenario "$WORK/mix.yaml" $((2 * c)) 64 "$((LAT_SECS + 2))"
     sed -i 's/^warmup: 3s/warmup: 5s/' "$WORK/mix.yaml"
-    with_cores "lat-mix-ab-$c-$round" run_lg "$WORK/mix.yaml" "$GW_URL,${SIM_URLS[0]}" "lat-mix-ab-$c-$round"
+    measure "lat-mix-ab-$c-$round" "$GW_PID" run_lg "$WORK/mix.yaml" "$GW_URL,${SIM_URLS[0]}" "lat-mix-ab-$c-$round"
   done
   run_lg "$WORK/mix.yaml" "${SIM_URLS[0]},${SIM_URLS[0]}" "lat-mix-aa-$round"
   # The same at 200 per path with output lengths drawn from 32-96 (same mean):
@@ -122,7 +122,7 @@ for round in $(seq "$ROUNDS"); do
   # varied lengths spread the ends and starts over the steps.
   scenario "$WORK/mixv.yaml" 400 32-96 "$((LAT_SECS + 2))"
   sed -i 's/^warmup: 3s/warmup: 5s/' "$WORK/mixv.yaml"
-  with_cores "lat-mixv-ab-$round" run_lg "$WORK/mixv.yaml" "$GW_URL,${SIM_URLS[0]}" "lat-mixv-ab-$round"
+  measure "lat-mixv-ab-$round" "$GW_PID" run_lg "$WORK/mixv.yaml" "$GW_URL,${SIM_URLS[0]}" "lat-mixv-ab-$round"
   run_lg "$WORK/mixv.yaml" "${SIM_URLS[0]},${SIM_URLS[0]}" "lat-mixv-aa-$round"
   # The same two runs with HAProxy in slogate's place.
   for mode in "${HAP[@]}"; do
@@ -130,6 +130,21 @@ for round in $(seq "$ROUNDS"); do
     with_cores "lat-hap-$mode-$round" run_lg "$WORK/mix.yaml" "$hap,${SIM_URLS[0]}" "lat-hap-$mode-$round"
     with_cores "lat-hapv-$mode-$round" run_lg "$WORK/mixv.yaml" "$hap,${SIM_URLS[0]}" "lat-hapv-$mode-$round"
   done
+  # The same two runs through a second slogate with `server.busy_poll: true`
+  # (pinned only: it keeps its core busy while streams are open, which on
+  # shared cores would slow the simulator and the client). It runs only for
+  # these runs, so the default gateway's runs never share its core with it.
+  if [ "$PLACEMENT" = pinned ]; then
+    sed 's/^server: { /server: { busy_poll: true, /' "$WORK/gw-flat.yaml" >"$WORK/gw-busy.yaml"
+    DEFAULT_GW=("$GW_PID" "$GW_URL" "$ADMIN_URL")
+    mv "$WORK/gateway.log" "$WORK/gateway-default.log"
+    start_gateway "$WORK/gw-busy.yaml"
+    measure "lat-busy-$round" "$GW_PID" run_lg "$WORK/mix.yaml" "$GW_URL,${SIM_URLS[0]}" "lat-busy-$round"
+    measure "lat-busyv-$round" "$GW_PID" run_lg "$WORK/mixv.yaml" "$GW_URL,${SIM_URLS[0]}" "lat-busyv-$round"
+    kill "$GW_PID"; wait "$GW_PID" 2>/dev/null || true
+    GW_PID=${DEFAULT_GW[0]} GW_URL=${DEFAULT_GW[1]} ADMIN_URL=${DEFAULT_GW[2]}
+    mv "$WORK/gateway-default.log" "$WORK/gateway.log"
+  fi
 done
 cleanup; PIDS=()
 
@@ -363,6 +378,27 @@ def verdict(label, xs):
             f"added ITL p99 <= 0.1 ms: {'met' if shift <= 0.1 else 'NOT met'} ({shift:+.3f} ms)")
 out += ["", f"Targets at 200 streams, interleaved, on the mean of the {rounds} rounds (the method the targets are read on: its A/A control is far tighter than the side-by-side one). "
         + verdict("64 output tokens (lockstep)", mix_by[200]) + ". " + verdict("32-96 output tokens", mixv) + ".", ""]
+# Busy polling, where it ran (pinned).
+def gw_cpu(n):
+    """slogate's CPU seconds over the run."""
+    try:
+        return int(open(f"{work}/{n}.cpu").read()) / tck
+    except (OSError, ValueError):
+        return float("nan")
+if os.path.exists(f"{work}/lat-busy-1.json"):
+    bf = [versus(f"lat-busy-{rnd}") for rnd in range(1, rounds + 1)]
+    bv = [versus(f"lat-busyv-{rnd}") for rnd in range(1, rounds + 1)]
+    cpu = lambda pre: statistics.mean(gw_cpu(f"{pre}-{rnd}") for rnd in range(1, rounds + 1))
+    secs = load("lat-busy-1")["elapsed_s"]
+    out += ["### With `server.busy_poll: true`", "",
+            f"The same interleaved runs in the same rounds through a second slogate whose workers poll for I/O instead of sleeping while streams are open (started for these runs only, so it never shares CPU 1 with the default one). "
+            "On this VM an idle vCPU halts (the guest's `cpuidle-haltpoll` has `guest_halt_poll_ns` 0), and the first event after every pause wakes it through the hypervisor; polling keeps slogate's core awake. The price is slogate's CPU, in seconds over a run of "
+            f"{secs:.0f} s: 64 tokens {cpu('lat-mix-ab-200'):.1f} s by default, {cpu('lat-busy'):.1f} s polling; 32-96 tokens {cpu('lat-mixv-ab'):.1f} s by default, {cpu('lat-busyv'):.1f} s polling.", "",
+            "| run | TTFT p50 ms | of which in / out, p50 ms | TTFT p99 ms | ITL p99 ms | path's share of a gap p99 ms | CPU 0 / CPU 1 busy |", "|---|---|---|---|---|---|---|"]
+    out += [row("slogate vs direct, 64 tokens (default, from above)", mix_by[200], busy(mix_by[200])), row("slogate `busy_poll` vs direct, 64 tokens", bf, busy(bf)),
+            row("slogate vs direct, 32-96 tokens (default, from above)", mixv, busy(mixv)), row("slogate `busy_poll` vs direct, 32-96 tokens", bv, busy(bv))]
+    out += ["", f"Each round, slogate `busy_poll` minus direct, TTFT p99 / ITL p99 in ms (steal CPU 0 / CPU 1): 64 tokens: {per_round(bf)}. 32-96 tokens: {per_round(bv)}.", "",
+            f"Targets at 200 streams with `server.busy_poll: true`, interleaved, on the mean of the {rounds} rounds: " + verdict("64 output tokens (lockstep)", bf) + ". " + verdict("32-96 output tokens", bv) + ".", ""]
 # The reference relay, where it ran.
 hap = {mode: ([versus(f"lat-hap-{mode}-{rnd}") for rnd in range(1, rounds + 1)], [versus(f"lat-hapv-{mode}-{rnd}") for rnd in range(1, rounds + 1)])
        for mode in ("tcp", "http") if os.path.exists(f"{work}/lat-hap-{mode}-1.json")}

@@ -48,6 +48,8 @@ enum Endpoint {
 /// Handle one data-plane request.
 pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
     let start = Instant::now();
+    // In flight from here until the response body ends (busy polling).
+    let active = app.busy.as_ref().map(|b| b.enter());
     let snap = app.snapshot();
     let endpoint = match (req.method(), req.uri().path()) {
         (&Method::GET, "/v1/models") => return models(&snap),
@@ -67,6 +69,9 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
         }
     };
     let mut t = Tracker::new(app.metrics.clone(), class.clone(), start);
+    if let Some(a) = active {
+        t.hold_active(a);
+    }
     // One trace span per request, only when OTLP export is on.
     let span = if snap.config.telemetry.otlp_endpoint.is_some() {
         let operation = match endpoint {

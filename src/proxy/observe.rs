@@ -54,6 +54,8 @@ pub struct Tracker {
     /// The request's trace span (disabled unless OTLP export is on); it
     /// ends when the tracker is dropped, with the stream.
     span: tracing::Span,
+    /// Counted as in flight for busy polling until the tracker is dropped.
+    active: Option<crate::server::busy::Active>,
 }
 
 impl Tracker {
@@ -75,7 +77,13 @@ impl Tracker {
             probe: None,
             finish_reason: None,
             span: tracing::Span::none(),
+            active: None,
         }
+    }
+
+    /// Hold the request's place among those in flight (busy polling).
+    pub fn hold_active(&mut self, active: crate::server::busy::Active) {
+        self.active = Some(active);
     }
 
     /// Attach the request's span; its fields are filled in as the request goes.

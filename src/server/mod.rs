@@ -7,6 +7,7 @@
 //! 3. wait for them up to `grace`, then return (what is left is cut when the
 //!    process exits).
 
+pub mod busy;
 pub mod sched;
 
 use std::convert::Infallible;
