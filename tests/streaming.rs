@@ -192,16 +192,8 @@ async fn upstream_5xx_passes_through_and_counts_as_upstream_error() {
 async fn client_disconnect_cancels_upstream_and_frees_slot() {
     let mock = Mock::start(standard(500, Duration::from_millis(20))).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n")).await;
-    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
-    let mut body = resp.into_body();
     // Read until the first content token has arrived, then hang up.
-    let mut seen = Vec::new();
-    while !String::from_utf8_lossy(&seen).contains("t0") {
-        let frame = body.frame().await.expect("frame").expect("ok frame");
-        if let Ok(d) = frame.into_data() {
-            seen.extend_from_slice(&d);
-        }
-    }
+    let body = stream_until(gw.data_addr, "t0").await;
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_inflight_requests", &[]), Some(1.0), "slot held while streaming");
     drop(body);
@@ -239,15 +231,7 @@ async fn busy_polling_lasts_while_streams_are_in_flight() {
 
     // A client that hangs up releases it too.
     mock.set_script(standard(500, Duration::from_millis(20)));
-    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
-    let mut body = resp.into_body();
-    let mut seen = Vec::new();
-    while !String::from_utf8_lossy(&seen).contains("t0") {
-        let frame = body.frame().await.expect("frame").expect("ok frame");
-        if let Ok(d) = frame.into_data() {
-            seen.extend_from_slice(&d);
-        }
-    }
+    let body = stream_until(gw.data_addr, "t0").await;
     assert_eq!(busy.active(), 1);
     assert_eq!(busy.asleep(), 0, "polling while the stream is open");
     drop(body);

@@ -356,6 +356,21 @@ where
     }
 }
 
+/// Start a streamed chat completion through `addr` and read it until `text`
+/// has arrived; the body is returned still open (drop it to hang up).
+pub async fn stream_until(addr: SocketAddr, text: &str) -> Incoming {
+    let resp = client().request(post_req(addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+    let mut body = resp.into_body();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains(text) {
+        let frame = body.frame().await.expect("frame").expect("ok frame");
+        if let Ok(d) = frame.into_data() {
+            seen.extend_from_slice(&d);
+        }
+    }
+    body
+}
+
 pub type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
 pub fn client() -> TestClient {
