@@ -38,7 +38,7 @@ use tokio::task::JoinHandle;
 pub struct BusyPoll {
     active: AtomicUsize,
     idle: Notify,
-    /// Rounds of polling done, for tests and diagnostics.
+    /// Rounds of polling done (counted in batches), for tests and diagnostics.
     spins: AtomicU64,
     /// Polling tasks asleep, waiting for a request.
     asleep: AtomicUsize,
@@ -92,16 +92,31 @@ impl BusyPoll {
     }
 
     async fn run(&self, mut stop: watch::Receiver<bool>) {
+        // Shared state is written and the stop signal read once per
+        // `CHECK_EVERY` rounds, not on every round: polling workers on
+        // different cores would otherwise bounce those cache lines between
+        // them without pause.
+        const CHECK_EVERY: u64 = 64;
+        let mut rounds = 0u64;
         loop {
-            if *stop.borrow() {
-                return;
-            }
             if self.active() > 0 {
-                self.spins.fetch_add(1, Ordering::Relaxed);
+                rounds += 1;
+                if rounds == CHECK_EVERY {
+                    self.spins.fetch_add(rounds, Ordering::Relaxed);
+                    rounds = 0;
+                    if *stop.borrow() {
+                        return;
+                    }
+                }
                 // Back of the run queue: every task that is ready runs first,
                 // then the worker polls for I/O without sleeping.
                 tokio::task::yield_now().await;
                 continue;
+            }
+            self.spins.fetch_add(rounds, Ordering::Relaxed);
+            rounds = 0;
+            if *stop.borrow() {
+                return;
             }
             // Nothing in flight: sleep until a request arrives. Registered
             // before the count is read again, so an arrival in between is
