@@ -66,7 +66,7 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
             let snap = app.snapshot();
             let mut lines = String::new();
             for p in &snap.pools {
-                lines.push_str(&format!("pool {}: {}/{} replicas healthy\n", p.config.name, p.healthy_count(), p.replicas.len()));
+                lines.push_str(&format!("pool {}: {}/{} replicas healthy\n", p.pool.config.name, p.pool.healthy_count(), p.pool.replicas.len()));
             }
             if snap.ready() {
                 text(StatusCode::OK, &format!("ready\n{lines}"))

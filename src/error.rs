@@ -49,6 +49,9 @@ pub enum GatewayError {
     },
     #[error("replica {replica} sent no response within {after}")]
     UpstreamTimeout { replica: String, after: Dur },
+    /// slogate's own inconsistency: a 500 and a log line, never blamed on the client.
+    #[error("internal error in slogate: {0}")]
+    Internal(String),
 }
 
 impl GatewayError {
@@ -75,6 +78,7 @@ impl GatewayError {
             NoHealthyReplica { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Upstream { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -86,6 +90,8 @@ impl GatewayError {
             NoHealthyReplica { .. } => Outcome::unavailable,
             Upstream { .. } => Outcome::upstream_error,
             UpstreamTimeout { .. } => Outcome::timeout,
+            // The gateway failed the caller: bad for availability.
+            Internal(_) => Outcome::unavailable,
             _ => Outcome::client_error,
         }
     }
@@ -107,6 +113,7 @@ impl GatewayError {
             NoHealthyReplica { .. } => ("service_unavailable", None, "no_healthy_replica"),
             Upstream { .. } => ("upstream_error", None, "upstream_unreachable"),
             UpstreamTimeout { .. } => ("timeout", None, "upstream_timeout"),
+            Internal(_) => ("internal_error", None, "internal_error"),
         }
     }
 

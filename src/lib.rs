@@ -54,6 +54,7 @@ pub struct Gateway {
     pub admin_addr: SocketAddr,
     pub tls: bool,
     pub app: Arc<App>,
+    tuning: server::Tuning,
     stop: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
@@ -87,18 +88,24 @@ impl Gateway {
         let admin_addr = admin.local_addr().map_err(|e| StartError::Setup(e.to_string()))?;
 
         let (stop, stop_rx) = watch::channel(false);
-        let app = Arc::new(App::new(snapshot, metrics, controls, path, stop_rx.clone()));
+        let app = Arc::new(App::new(snapshot, metrics.clone(), controls.clone(), path, stop_rx.clone()));
         app.start_health_checks();
-        let mut background = vec![admission::publisher(app.clone(), stop_rx.clone())];
-        if let Some(busy) = &app.busy {
-            background.extend(busy.start(stop_rx.clone()));
-        }
+        let tuning = server::Tuning::new(&cfg.server);
+        let mut background = vec![admission::publisher(controls, metrics, app.publisher_view(), stop_rx.clone())];
+        background.extend(tuning.start(stop_rx.clone()));
         let grace = cfg.server.shutdown_grace.get();
         let a = app.clone();
-        let data_task = tokio::spawn(server::serve(data, tls.clone(), move |req| proxy::handle(req, a.clone()), stop_rx.clone(), grace));
+        let data_task =
+            tokio::spawn(server::serve(data, tls.clone(), move |req| proxy::handle(req, a.clone()), stop_rx.clone(), grace, tuning.clone()));
         let a = app.clone();
-        let admin_task = tokio::spawn(server::serve(admin, None, move |req| admin::handle(req, a.clone()), stop_rx, grace));
-        Ok(Gateway { data_addr, admin_addr, tls: tls.is_some(), app, stop, servers: vec![data_task, admin_task], background })
+        let admin_task =
+            tokio::spawn(server::serve(admin, None, move |req| admin::handle(req, a.clone()), stop_rx, grace, server::Tuning::default()));
+        Ok(Gateway { data_addr, admin_addr, tls: tls.is_some(), app, tuning, stop, servers: vec![data_task, admin_task], background })
+    }
+
+    /// Requests in flight for busy polling, when `server.busy_poll` is on.
+    pub fn busy_poll(&self) -> Option<Arc<server::busy::BusyPoll>> {
+        self.tuning.busy.clone()
     }
 
     /// Reload the config file (as SIGHUP and `POST /-/reload` do).

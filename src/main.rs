@@ -107,7 +107,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Capacity { from, rates, config, json } => match runtime() {
+        Command::Capacity { from, rates, config, json } => match runtime(false) {
             Ok(rt) => match rt.block_on(capacity(&from, &rates, config.as_deref(), json)) {
                 Ok(out) => {
                     print!("{out}");
@@ -141,7 +141,7 @@ fn main() -> ExitCode {
         }
         Command::Demo { listen, admin_listen, replicas, load } => {
             slogate::telemetry::init_logging(matches!(cli.log_format, Some(LogFmt::Json)));
-            match runtime() {
+            match runtime(false) {
                 Ok(rt) => rt.block_on(demo(listen, admin_listen, replicas, load)),
                 Err(code) => code,
             }
@@ -176,7 +176,7 @@ fn main() -> ExitCode {
                     None
                 }
             };
-            match runtime() {
+            match runtime(cfg.server.short_sched_slice) {
                 Ok(rt) => rt.block_on(serve(cfg, config)),
                 Err(code) => code,
             }
@@ -184,21 +184,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    static REFUSED: std::sync::Once = std::sync::Once::new();
-    tokio::runtime::Builder::new_multi_thread()
-        // Short time slices: a woken thread takes a shared core sooner (see server::sched).
-        .on_thread_start(|| {
-            if let Err(e) = slogate::server::sched::request_short_slice() {
-                REFUSED.call_once(|| tracing::debug!(error = %e, "short scheduler slices not granted; default slices kept"));
-            }
-        })
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("cannot start the runtime: {e}");
-            ExitCode::FAILURE
-        })
+/// The runtime, with short scheduler slices when the config asks for them.
+fn runtime(short_sched_slice: bool) -> Result<tokio::runtime::Runtime, ExitCode> {
+    slogate::server::runtime(short_sched_slice).map_err(|e| {
+        eprintln!("cannot start the runtime: {e}");
+        ExitCode::FAILURE
+    })
 }
 
 /// The example config, embedded so `slogate demo` needs no files.
@@ -342,22 +333,7 @@ async fn capacity(from: &str, rates: &[String], config: Option<&std::path::Path>
     use slogate::capacity;
     let targets = capacity::parse_rates(rates.iter().map(String::as_str))?;
     let estimates: Vec<capacity::Estimate> = if from.starts_with("http://") {
-        let rate_q: String = targets.iter().map(|(c, r)| format!("&rate={c}={r}")).collect();
-        let url = format!("{}/capacity?{}", from.trim_end_matches('/'), rate_q.trim_start_matches('&'));
-        let uri: hyper::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
-        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http::<http_body_util::Empty<bytes::Bytes>>();
-        let resp = tokio::time::timeout(std::time::Duration::from_secs(10), client.get(uri))
-            .await
-            .map_err(|_| format!("{url}: no answer within 10 s"))?
-            .map_err(|e| format!("{url}: {e}"))?;
-        let status = resp.status();
-        let body = http_body_util::BodyExt::collect(resp.into_body()).await.map_err(|e| e.to_string())?.to_bytes();
-        if !status.is_success() {
-            return Err(format!("{url}: {status}: {}", String::from_utf8_lossy(&body)));
-        }
-        let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| format!("{url}: {e}"))?;
-        serde_json::from_value(v["estimates"].clone()).map_err(|e| format!("{url}: {e}"))?
+        capacity::from_gateway(from, &targets).await?
     } else {
         let text = std::fs::read_to_string(from).map_err(|e| format!("{from}: {e}"))?;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{from}: {e}"))?;

@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use crate::config::{Config, Severity};
 use crate::telemetry::budget::window_label;
+use crate::telemetry::{Outcome, SliClass};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RuleFile {
@@ -173,8 +174,8 @@ pub fn rule_file(config: &Config) -> RuleFile {
             }
             recording.push(ratio(
                 "availability",
-                format!("slogate_requests_total{{{s},outcome=~\"ok|length\"}}"),
-                format!("slogate_requests_total{{{s},outcome!~\"client_error|cancelled\"}}"),
+                format!("slogate_requests_total{{{s},outcome=~\"{}\"}}", Outcome::regex(SliClass::Good)),
+                format!("slogate_requests_total{{{s},outcome!~\"{}\"}}", Outcome::regex(SliClass::Excluded)),
             ));
         }
     }

@@ -1,8 +1,12 @@
 //! The one swappable snapshot of everything built from a config.
 //!
-//! A snapshot is built by a fallible `prepare` step and installed by an
-//! infallible swap of one `ArcSwap`; each request loads it once and keeps
-//! that `Arc` until it ends, so a reload never changes a request midway.
+//! A snapshot is built by a fallible [`Snapshot::prepare`] step, which reads
+//! the running state but changes none of it (a failed or discarded prepare
+//! leaves no trace), and installed by an infallible swap ([`App::install`]):
+//! the new parameters reach the long-lived parts (class controls, pool
+//! admissions, gauges), then one `ArcSwap` store. Each request loads the
+//! snapshot once and keeps that `Arc` until it ends, so a reload never
+//! changes a request midway.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -11,36 +15,55 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::admission::Controls;
+use crate::admission::{Controls, PoolAdmission};
 use crate::classify::{Class, Classifier};
 use crate::config::Config;
 use crate::telemetry::metrics::ReplicaLabels;
 use crate::telemetry::Metrics;
 use crate::upstream::Pool;
 
+/// One pool as the request path sees it: its replicas (`upstream`) and the
+/// admission in front of them, side by side.
+pub struct Route {
+    pub pool: Arc<Pool>,
+    pub admission: Arc<PoolAdmission>,
+}
+
 /// Everything the request path needs, immutable once built.
 pub struct Snapshot {
     pub config: Arc<Config>,
-    pub pools: Vec<Arc<Pool>>,
+    pub pools: Vec<Route>,
     pub classifier: Classifier,
 }
 
 impl Snapshot {
-    /// Build a snapshot; fails without side effects on the running one.
-    /// With `previous`, replicas and queues of pools of the same name carry over.
+    /// Build a snapshot. Fails before it builds anything, and changes nothing
+    /// live either way: with `previous`, replicas of pools of the same name
+    /// and their admissions (queues, batch count) carry over as they are,
+    /// and get the new parameters only at [`App::install`].
     pub fn prepare(config: Config, metrics: &Metrics, controls: &Controls, previous: Option<&Snapshot>) -> Result<Snapshot, String> {
         let classifier = Classifier::new(&config, controls)?;
+        for (i, p) in config.pools.iter().enumerate() {
+            for (j, url) in p.replicas.iter().enumerate() {
+                crate::config::parse_replica_url(url).map_err(|e| format!("pools[{i}].replicas[{j}]: {e}"))?;
+            }
+        }
         let mut pools = Vec::with_capacity(config.pools.len());
         for p in &config.pools {
-            let before = previous.and_then(|s| s.pools.iter().find(|o| o.config.name == p.name));
-            pools.push(Arc::new(Pool::new(p.clone(), &config.tiers, metrics, before.map(|b| &**b))?));
+            let before = previous.and_then(|s| s.pools.iter().find(|o| o.pool.config.name == p.name));
+            let pool = Arc::new(Pool::new(p.clone(), metrics, before.map(|b| &*b.pool))?);
+            let admission = match before {
+                Some(b) => b.admission.clone(),
+                None => Arc::new(PoolAdmission::new(pool.clone(), config.tiers.clone(), metrics)),
+            };
+            pools.push(Route { pool, admission });
         }
         Ok(Snapshot { config: Arc::new(config), pools, classifier })
     }
 
     /// The pool serving `model`: static names first, then discovered ones.
-    pub fn pool_for(&self, model: &str) -> Option<&Arc<Pool>> {
-        self.pools.iter().find(|p| p.static_models.contains(model)).or_else(|| self.pools.iter().find(|p| p.serves(model)))
+    pub fn pool_for(&self, model: &str) -> Option<&Route> {
+        self.pools.iter().find(|r| r.pool.static_models.contains(model)).or_else(|| self.pools.iter().find(|r| r.pool.serves(model)))
     }
 
     pub fn default_class(&self) -> Arc<Class> {
@@ -49,7 +72,17 @@ impl Snapshot {
 
     /// Ready: at least one healthy replica in every pool.
     pub fn ready(&self) -> bool {
-        self.pools.iter().all(|p| p.healthy_count() > 0)
+        self.pools.iter().all(|r| r.pool.healthy_count() > 0)
+    }
+}
+
+/// Give the long-lived parts a snapshot's parameters: class controls, pool
+/// admissions (the pool they hand slots from, the tier limits), gauges.
+fn activate(controls: &Controls, snapshot: &Snapshot) {
+    controls.install(snapshot.classifier.classes().iter().map(|c| &c.control), &snapshot.config);
+    for r in &snapshot.pools {
+        r.admission.install(r.pool.clone(), snapshot.config.tiers.clone());
+        r.pool.activate();
     }
 }
 
@@ -66,9 +99,6 @@ pub struct App {
     health: Mutex<Vec<JoinHandle<()>>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
-    /// Requests in flight for busy polling, when `server.busy_poll` is on
-    /// (fixed at start).
-    pub busy: Option<Arc<crate::server::busy::BusyPoll>>,
 }
 
 impl App {
@@ -79,12 +109,8 @@ impl App {
         config_path: Option<PathBuf>,
         stop: watch::Receiver<bool>,
     ) -> App {
-        for p in &snapshot.pools {
-            p.queue.attach(p);
-        }
-        let busy = snapshot.config.server.busy_poll.then(Default::default);
+        activate(&controls, &snapshot);
         App {
-            busy,
             state: ArcSwap::from_pointee(snapshot),
             metrics,
             controls,
@@ -93,6 +119,26 @@ impl App {
             health: Mutex::new(Vec::new()),
             reloading: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The swap step (cannot fail): the long-lived parts take the new
+    /// snapshot's parameters, then the snapshot is stored.
+    fn install(&self, snapshot: Snapshot) {
+        activate(&self.controls, &snapshot);
+        self.state.store(Arc::new(snapshot));
+    }
+
+    /// A handle for the admission publisher: the running config and the
+    /// pools' admissions, read at each of its ticks.
+    pub fn publisher_view(self: &Arc<Self>) -> Box<crate::admission::Current> {
+        let app = Arc::downgrade(self);
+        Box::new(move || match app.upgrade() {
+            Some(app) => {
+                let snap = app.snapshot();
+                (snap.config.clone(), snap.pools.iter().map(|r| r.admission.clone()).collect())
+            }
+            None => (Arc::new(Config::default()), Vec::new()),
+        })
     }
 
     /// The current snapshot; hold it for the whole request.
@@ -104,8 +150,8 @@ impl App {
     pub fn start_health_checks(&self) {
         let snap = self.snapshot();
         let mut tasks = Vec::new();
-        for pool in &snap.pools {
-            tasks.extend(crate::upstream::health::spawn(pool.clone(), self.stop.clone()));
+        for r in &snap.pools {
+            tasks.extend(crate::upstream::health::spawn(r.pool.clone(), self.stop.clone()));
         }
         let old = match self.health.lock() {
             Ok(mut h) => std::mem::replace(&mut *h, tasks),
@@ -161,19 +207,16 @@ impl App {
         if config.server.listen != old.config.server.listen || config.server.admin_listen != old.config.server.admin_listen {
             tracing::warn!("server.listen / server.admin_listen changes take effect at the next restart");
         }
-        if config.server.busy_poll != old.config.server.busy_poll {
-            tracing::warn!("server.busy_poll changes take effect at the next restart");
+        if config.server.busy_poll != old.config.server.busy_poll || config.server.short_sched_slice != old.config.server.short_sched_slice {
+            tracing::warn!("server.busy_poll and server.short_sched_slice changes take effect at the next restart");
         }
         let new = Snapshot::prepare(config, &self.metrics, &self.controls, Some(&old))?;
-        for p in &new.pools {
-            p.queue.attach(p);
-        }
         let kept: std::collections::HashSet<(String, String)> =
-            new.pools.iter().flat_map(|p| p.replicas.iter().map(|r| (p.config.name.clone(), r.url.clone()))).collect();
-        self.state.store(Arc::new(new));
+            new.pools.iter().flat_map(|r| r.pool.replicas.iter().map(|x| (r.pool.config.name.clone(), x.url.clone()))).collect();
+        self.install(new);
         self.start_health_checks();
         // Series of replicas that are gone.
-        for p in &old.pools {
+        for p in old.pools.iter().map(|r| &r.pool) {
             for r in &p.replicas {
                 if !kept.contains(&(p.config.name.clone(), r.url.clone())) {
                     let l = ReplicaLabels { pool: p.config.name.clone(), replica: r.url.clone() };

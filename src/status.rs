@@ -152,12 +152,13 @@ pub fn collect(app: &App) -> Status {
         })
         .collect();
     let queues = Queues {
-        interactive: snap.pools.iter().map(|p| p.queue.depth(Tier::Interactive)).sum(),
-        batch: snap.pools.iter().map(|p| p.queue.depth(Tier::Batch)).sum(),
+        interactive: snap.pools.iter().map(|p| p.admission.depth(Tier::Interactive)).sum(),
+        batch: snap.pools.iter().map(|p| p.admission.depth(Tier::Batch)).sum(),
     };
     let pools = snap
         .pools
         .iter()
+        .map(|r| &r.pool)
         .map(|p| PoolStatus {
             name: p.config.name.clone(),
             replicas: p

@@ -215,7 +215,7 @@ async fn busy_polling_lasts_while_streams_are_in_flight() {
     let mock = Mock::start(standard(200, Duration::from_millis(20))).await;
     let yaml = config_yaml(&[mock.url()], "").replace("  shutdown_grace: 10s\n", "  shutdown_grace: 10s\n  busy_poll: true\n");
     let gw = start_gateway(&yaml).await;
-    let busy = gw.app.busy.clone().expect("busy polling is on");
+    let busy = gw.busy_poll().expect("busy polling is on");
     wait_until("polling tasks asleep at start", || async { busy.active() == 0 && busy.asleep() == 2 }).await;
 
     // A stream: in flight past its headers, polled for, released at its end.

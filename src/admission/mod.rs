@@ -1,14 +1,22 @@
 //! Admission control: the breaker gate of a class, the two-tier queue in
-//! front of a pool's slots, and the per-class control state both read.
+//! front of a pool's slots, the lease on a slot, and the per-class control
+//! state they read.
 //!
-//! Data flows one way. The observer (after the proxy) records TTFT and ITL
-//! into a class's [`ClassControl`] windows; the [`publisher`] task turns
-//! those into read-only views (P99, breaker state, reduction on/off) every
-//! [`TICK`]; the request path reads the views with atomic loads and never
-//! waits on the publisher.
+//! [`admit`] is the request path's admission stage. Data flows one way: the
+//! observer (after the proxy) records TTFT and ITL into a class's
+//! [`ClassControl`] windows; the [`publisher`] task turns those into
+//! read-only views (P99, breaker state, reduction on/off) every [`TICK`];
+//! the request path reads the views with atomic loads and never waits on
+//! the publisher.
+//!
+//! This room owns the slots' accounting (the [`Lease`], the tier shares, the
+//! queues, one [`PoolAdmission`] per pool); `upstream` only offers replicas
+//! and their slots.
 
 pub mod breaker;
 pub mod queue;
+
+pub use queue::{Lease, PoolAdmission, Refusal};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,12 +28,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::config::{ClassConfig, Config, Tier};
-use crate::state::App;
+use crate::config::{ClassConfig, Config, Dur, Tier};
+use crate::error::GatewayError;
 use crate::telemetry::budget::{self, Budget, Sli};
 use crate::telemetry::metrics::{ClassLabels, ClassSeries, ClassTierLabels, Metrics, SloLabels, SloWindowLabels};
 use crate::telemetry::window::{RollingHistogram, WindowStats};
-use breaker::{Breaker, BreakerParams, BreakerState, ReductionTrigger, TriggerParams};
+use crate::telemetry::Outcome;
+use breaker::{Breaker, BreakerParams, BreakerState, Gate, ProbeTicket, ReductionTrigger, TriggerParams};
 
 /// How often the publisher refreshes the views.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -42,6 +51,8 @@ pub struct ClassControl {
     pub name: Arc<str>,
     pub tier: Tier,
     target_ttft_us: AtomicU64,
+    /// `breaker.trip_ratio`, as f64 bits (for the 429's message).
+    trip_ratio: AtomicU64,
     pub ttft: RollingHistogram,
     pub itl: RollingHistogram,
     pub breaker: Breaker,
@@ -68,6 +79,7 @@ impl ClassControl {
             name: name.into(),
             tier: class.tier,
             target_ttft_us: AtomicU64::new(class.ttft.get().as_micros() as u64),
+            trip_ratio: AtomicU64::new(config.breaker.trip_ratio.to_bits()),
             ttft: RollingHistogram::new(window),
             itl: RollingHistogram::new(window),
             breaker: Breaker::new(BreakerParams::new(&config.breaker, class.ttft.get())),
@@ -88,6 +100,7 @@ impl ClassControl {
 
     fn update(&self, class: &ClassConfig, config: &Config) {
         self.target_ttft_us.store(class.ttft.get().as_micros() as u64, Ordering::Relaxed);
+        self.trip_ratio.store(config.breaker.trip_ratio.to_bits(), Ordering::Relaxed);
         self.breaker.set_params(BreakerParams::new(&config.breaker, class.ttft.get()));
         self.reduction.set_params(trigger_params(class, config));
     }
@@ -164,20 +177,31 @@ impl Controls {
         Controls { classes: Mutex::new(IndexMap::new()), metrics }
     }
 
-    /// The control of class `name`, created or updated for `config`.
-    /// Requests still running keep the control they started with.
-    pub fn get_or_create(&self, name: &str, class: &ClassConfig, config: &Config) -> Arc<ClassControl> {
-        let mut map = self.classes.lock().unwrap_or_else(|p| p.into_inner());
-        // Same tier: keep the windows, breaker and budgets, with the new
-        // parameters. A class that changed tier starts afresh (its tier
-        // decides its queue-time series and the at-risk check).
-        if let Some(c) = map.get(name).filter(|c| c.tier == class.tier) {
-            c.update(class, config);
-            return c.clone();
+    /// The control class `name` will have under `config` (a reload's prepare
+    /// step, which changes nothing live): the running one when the class
+    /// keeps its tier (its windows, breaker and budgets carry over; the new
+    /// parameters arrive at [`Controls::install`]), else a new one. A class
+    /// that changed tier starts afresh: its tier decides its queue-time
+    /// series and the at-risk check.
+    pub fn prepare(&self, name: &str, class: &ClassConfig, config: &Config) -> Arc<ClassControl> {
+        let map = self.classes.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(name).filter(|c| c.tier == class.tier) {
+            Some(c) => c.clone(),
+            None => Arc::new(ClassControl::new(name, class, config, &self.metrics)),
         }
-        let c = Arc::new(ClassControl::new(name, class, config, &self.metrics));
-        map.insert(name.to_string(), c.clone());
-        c
+    }
+
+    /// The swap step (cannot fail): from now on `classes` are the controls,
+    /// with `config`'s parameters. Requests still running keep the control
+    /// they started with.
+    pub fn install<'a>(&self, classes: impl IntoIterator<Item = &'a Arc<ClassControl>>, config: &Config) {
+        let mut map = self.classes.lock().unwrap_or_else(|p| p.into_inner());
+        for c in classes {
+            if let Some(cc) = config.classes.get(&*c.name) {
+                c.update(cc, config);
+            }
+            map.insert(c.name.to_string(), c.clone());
+        }
     }
 
     pub fn all(&self) -> Vec<Arc<ClassControl>> {
@@ -185,24 +209,133 @@ impl Controls {
     }
 }
 
+/// A half-open breaker's probe: judged at its first token, or by how the
+/// request ended; dropped unjudged, it gives its place back. Travels in the
+/// response body with the lease.
+pub struct Probe {
+    control: Arc<ClassControl>,
+    ticket: Option<ProbeTicket>,
+}
+
+impl Probe {
+    /// The first token came after `ttft`.
+    pub fn first_token(mut self, ttft: Duration) {
+        if let Some(t) = self.ticket.take() {
+            self.control.breaker.probe_done(t, Some(ttft <= self.control.ttft_target()));
+        }
+    }
+
+    /// The request ended as `outcome` before its first token.
+    pub fn ended(mut self, outcome: Outcome) {
+        if let Some(t) = self.ticket.take() {
+            // One past the target without a token is already slow; one that
+            // says nothing about latency gives its place back.
+            self.control.breaker.probe_done(t, outcome.judges_latency().then_some(false));
+        }
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.control.breaker.probe_done(t, None);
+        }
+    }
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe").field("class", &self.control.name).finish()
+    }
+}
+
+/// A request that may go to its pool: its slot, how long it waited for it,
+/// and its probe when a half-open breaker let it through as one.
+#[derive(Debug)]
+pub struct Admitted {
+    pub lease: Lease,
+    pub waited: Duration,
+    pub probe: Option<Probe>,
+}
+
+/// The admission stage: the class's breaker gate, then a slot on `pool`
+/// (maybe after a wait in its tier's queue). A refusal is the error the
+/// client gets (429 with Retry-After, or 503).
+pub async fn admit(control: &Arc<ClassControl>, pool: &Arc<PoolAdmission>) -> Result<Admitted, GatewayError> {
+    let probe = match control.breaker.admit() {
+        Gate::Pass => None,
+        Gate::Probe(ticket) => Some(Probe { control: control.clone(), ticket: Some(ticket) }),
+        Gate::Reject { retry_after_secs } => {
+            return Err(GatewayError::Rejected {
+                message: format!(
+                    "SLO class `{}` is shedding load: its TTFT P99 has stayed above {} x its {} ms target; retry in {retry_after_secs} s",
+                    control.name,
+                    f64::from_bits(control.trip_ratio.load(Ordering::Relaxed)),
+                    control.ttft_target().as_millis()
+                ),
+                code: "breaker_open",
+                retry_after: retry_after_secs,
+            })
+        }
+    };
+    let tier = control.tier;
+    match pool.admit(tier).await {
+        Ok(granted) => {
+            control.queue_time.observe(granted.waited.as_secs_f64());
+            Ok(Admitted { lease: granted.lease, waited: granted.waited, probe })
+        }
+        Err(refusal) => {
+            if let Refusal::Timeout { .. } = refusal {
+                // The caller waited this long without a first token: a TTFT
+                // sample for the breaker's window (an overloaded pool shows
+                // up here first), and its queue time.
+                let waited = pool.timeout(tier);
+                control.ttft.record(waited);
+                control.queue_time.observe(waited.as_secs_f64());
+            }
+            if let Some(p) = probe {
+                p.ended(Outcome::rejected);
+            }
+            Err(refusal_error(refusal, pool, tier))
+        }
+    }
+}
+
+fn refusal_error(r: Refusal, admission: &PoolAdmission, tier: Tier) -> GatewayError {
+    let pool = admission.pool();
+    let name = &pool.config.name;
+    let t = tier.as_str();
+    let (message, code, retry_after) = match r {
+        Refusal::NoHealthy => return GatewayError::NoHealthyReplica { pool: name.clone() },
+        Refusal::QueueFull { retry_after } => (format!("the {t} queue of pool `{name}` is full"), "queue_full", retry_after),
+        Refusal::Shed { retry_after } => (format!("batch work is shed while interactive requests wait for pool `{name}`"), "shed", retry_after),
+        Refusal::Timeout { retry_after } => {
+            (format!("no slot on pool `{name}` within the {t} queue timeout of {}", Dur(admission.timeout(tier))), "queue_timeout", retry_after)
+        }
+        Refusal::Hopeless { retry_after } => {
+            (format!("pool `{name}` cannot serve this {t} request before its queue timeout at the current rate"), "queue_timeout", retry_after)
+        }
+    };
+    GatewayError::Rejected { message, code, retry_after }
+}
+
 /// Per class and SLI: budget left over `slo.window` and burn rate over each
 /// burn-alert window, as gauges.
-pub fn publish_budgets(app: &App, now: Instant) {
-    let snap = app.snapshot();
-    let slo = &snap.config.slo;
+pub fn publish_budgets(controls: &Controls, config: &Config, metrics: &Metrics, now: Instant) {
+    let slo = &config.slo;
     let windows = budget::burn_windows(slo);
-    for c in app.controls.all() {
-        if !snap.config.classes.contains_key(&*c.name) {
+    for c in controls.all() {
+        if !config.classes.contains_key(&*c.name) {
             continue;
         }
         for (sli, objective) in [(Sli::Latency, slo.latency_objective), (Sli::Availability, slo.availability_objective)] {
             let name = format!("{}-{}", c.name, sli.as_str());
             let total = c.budget.counts(now, slo.window.get());
-            app.metrics.budget_remaining.get_or_create(&SloLabels { slo: name.clone() }).set(budget::remaining(sli, &total, objective));
+            metrics.budget_remaining.get_or_create(&SloLabels { slo: name.clone() }).set(budget::remaining(sli, &total, objective));
             for w in &windows {
                 let counts = c.budget.counts(now, *w);
                 let labels = SloWindowLabels { slo: name.clone(), window: budget::window_label(*w) };
-                app.metrics.burn_rate.get_or_create(&labels).set(budget::burn_rate(sli, &counts, objective));
+                metrics.burn_rate.get_or_create(&labels).set(budget::burn_rate(sli, &counts, objective));
             }
         }
     }
@@ -210,24 +343,27 @@ pub fn publish_budgets(app: &App, now: Instant) {
 
 /// One publisher pass at `now`: class views, breaker and reduction
 /// transitions, then each pool's queue upkeep.
-pub fn publish_once(app: &App, now: Instant) {
-    let snap = app.snapshot();
+pub fn publish_once(controls: &Controls, pools: &[Arc<PoolAdmission>], now: Instant) {
     let mut interactive_at_risk = false;
-    for c in app.controls.all() {
+    for c in controls.all() {
         c.budget.fold(now);
         let ttft = c.publish(now);
         if c.tier == Tier::Interactive && ttft.count > 0 && ttft.p99 > c.ttft_target() {
             interactive_at_risk = true;
         }
     }
-    for pool in &snap.pools {
-        pool.queue.set_interactive_at_risk(interactive_at_risk);
-        pool.queue.tick(pool, now);
+    for pool in pools {
+        pool.set_interactive_at_risk(interactive_at_risk);
+        pool.tick(now);
     }
 }
 
+/// What the publisher reads at each tick: the running config and the pools'
+/// admissions (a handle on the current snapshot gives both).
+pub type Current = dyn Fn() -> (Arc<Config>, Vec<Arc<PoolAdmission>>) + Send + Sync;
+
 /// The background task that publishes the views every [`TICK`].
-pub fn publisher(app: Arc<App>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+pub fn publisher(controls: Arc<Controls>, metrics: Arc<Metrics>, current: Box<Current>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(TICK);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -236,10 +372,11 @@ pub fn publisher(app: Arc<App>, mut stop: watch::Receiver<bool>) -> JoinHandle<(
             tokio::select! {
                 _ = every.tick() => {
                     let now = Instant::now();
-                    publish_once(&app, now);
+                    let (config, pools) = current();
+                    publish_once(&controls, &pools, now);
                     // Budgets move slowly: every 5 s is plenty.
                     if n % 20 == 0 {
-                        publish_budgets(&app, now);
+                        publish_budgets(&controls, &config, &metrics, now);
                     }
                     n += 1;
                 }
@@ -254,21 +391,46 @@ mod tests {
     use super::*;
     use crate::config::Dur;
 
+    /// Prepare, then install, as a reload does.
+    fn reload(controls: &Controls, name: &str, class: &ClassConfig, config: &Config) -> Arc<ClassControl> {
+        let c = controls.prepare(name, class, config);
+        let mut config = config.clone();
+        config.classes.insert(name.to_string(), class.clone());
+        controls.install([&c], &config);
+        c
+    }
+
     #[test]
     fn a_reload_keeps_a_class_control_unless_its_tier_changes() {
         let config = Config::default();
         let metrics = Arc::new(Metrics::new(&config));
         let controls = Controls::new(metrics);
         let chat = config.classes["chat"].clone();
-        let first = controls.get_or_create("chat", &chat, &config);
+        let first = reload(&controls, "chat", &chat, &config);
         let tighter = ClassConfig { ttft: Dur::millis(200), ..chat.clone() };
-        let again = controls.get_or_create("chat", &tighter, &config);
+        let again = reload(&controls, "chat", &tighter, &config);
         assert!(Arc::ptr_eq(&first, &again), "same tier: the same windows and breaker");
         assert_eq!(again.ttft_target(), Duration::from_millis(200));
         let batch = ClassConfig { tier: Tier::Batch, ..chat };
-        let moved = controls.get_or_create("chat", &batch, &config);
+        let moved = reload(&controls, "chat", &batch, &config);
         assert!(!Arc::ptr_eq(&first, &moved));
         assert_eq!(moved.tier, Tier::Batch);
         assert_eq!(controls.all().len(), 1);
+    }
+
+    #[test]
+    fn prepare_changes_nothing_live_until_install() {
+        let config = Config::default();
+        let controls = Controls::new(Arc::new(Metrics::new(&config)));
+        let chat = config.classes["chat"].clone();
+        let live = reload(&controls, "chat", &chat, &config);
+        let tighter = ClassConfig { ttft: Dur::millis(120), ..chat };
+        let prepared = controls.prepare("chat", &tighter, &config);
+        let new_class = controls.prepare("search", &config.classes["chat"], &config);
+        // Thrown away: the running class keeps its target, no class was added.
+        assert_eq!(live.ttft_target(), Duration::from_millis(300));
+        assert_eq!(controls.all().len(), 1);
+        drop((prepared, new_class));
+        assert_eq!(live.ttft_target(), Duration::from_millis(300));
     }
 }

@@ -4,7 +4,7 @@
 //! queue. A freed slot (a lease dropped at the end of a stream) goes to the
 //! interactive queue first; batch never holds more than
 //! `1 - tiers.interactive.reserved_share` of the slots (enforced by
-//! [`Pool::try_lease`]); a starvation guard still hands batch one slot per
+//! [`PoolAdmission::try_lease`]); a starvation guard still hands batch one slot per
 //! [`STARVATION_GUARD_INTERVAL`] while interactive is not at risk. Queues are
 //! bounded (429 when full), timed (429 at `queue_timeout`), new batch work is
 //! shed while interactive requests wait, and queued batch requests that
@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use std::time::Duration;
@@ -28,7 +28,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::config::{Tier, TiersConfig};
-use crate::upstream::{Lease, PickError, Pool};
+use crate::telemetry::metrics::{Metrics, TierLabel, TierOnlyLabels};
+use crate::upstream::{PickError, Pool, Replica, ReplicaSlot};
 
 /// Batch gets at least one slot this often while interactive waits but is
 /// not at risk.
@@ -36,6 +37,63 @@ pub const STARVATION_GUARD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How far back the service rate used for early rejection looks.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
+
+/// A request's hold on one replica slot, counted against its tier's share.
+/// It travels inside the response body and is released exactly once, by
+/// `Drop`, when the stream ends or the client goes away (never when the
+/// response headers arrive); the freed slot goes to the next waiter.
+pub struct Lease {
+    slot: ReplicaSlot,
+    tier: Tier,
+    admission: Arc<PoolAdmission>,
+}
+
+impl Lease {
+    pub fn replica(&self) -> &Arc<Replica> {
+        self.slot.replica()
+    }
+
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+}
+
+impl crate::upstream::Attempts for Lease {
+    fn replica(&self) -> &Arc<Replica> {
+        self.slot.replica()
+    }
+
+    /// Move to a slot on another healthy replica, keeping the tier's count;
+    /// the slot left behind goes to the next waiter.
+    fn move_to_another(&mut self) -> bool {
+        let pool = self.admission.pool.load();
+        match pool.pick(Some(self.slot.replica())) {
+            Ok(other) => {
+                self.slot = other;
+                self.admission.dispatch();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // The slot first, so the waiter handed it below can take it.
+        self.slot.release();
+        if self.tier == Tier::Batch {
+            self.admission.batch_inflight.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.admission.released(self.tier);
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("replica", &self.slot.replica().url).field("tier", &self.tier).finish()
+    }
+}
 
 /// Why a request got no slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +112,7 @@ pub enum Refusal {
 
 /// A slot, and how long the request waited for it.
 #[derive(Debug)]
-pub struct Admitted {
+pub struct Granted {
     pub lease: Lease,
     pub waited: Duration,
 }
@@ -85,18 +143,20 @@ impl Queues {
     }
 }
 
-/// The queue of one pool.
-pub struct AdmissionQueue {
+/// Admission to one pool's replicas: its queues, its tier shares and the
+/// pool it hands slots from. One per pool name, kept across reloads (so are
+/// the waiters and the batch count); a reload's swap installs the new pool
+/// and limits with [`PoolAdmission::install`].
+pub struct PoolAdmission {
+    /// The upstream pool slots come from (the current snapshot's).
+    pool: ArcSwap<Pool>,
     inner: Mutex<Queues>,
     waiting_interactive: AtomicUsize,
     waiting_batch: AtomicUsize,
     /// The tiers' limits; replaced on reload.
     tiers: ArcSwap<TiersConfig>,
-    /// The pool this queue currently serves: a reload builds a new pool of
-    /// the same name that keeps this queue, so releases of leases taken
-    /// before it hand slots out from the new pool's replicas.
-    current: Mutex<Weak<Pool>>,
-    /// Slots held by batch requests (counted here so a reload keeps the count).
+    /// Slots held by batch requests. Invariant: only changed by
+    /// [`PoolAdmission::try_lease`] and [`Lease`]'s drop.
     batch_inflight: AtomicUsize,
     depth_interactive: Gauge,
     depth_batch: Gauge,
@@ -108,41 +168,76 @@ pub struct AdmissionQueue {
     interactive_at_risk: AtomicBool,
 }
 
-impl AdmissionQueue {
-    pub fn new(tiers: TiersConfig, depth_interactive: Gauge, depth_batch: Gauge) -> Self {
-        AdmissionQueue {
+impl PoolAdmission {
+    /// Admission for a new pool (not live until its snapshot is swapped in).
+    pub fn new(pool: Arc<Pool>, tiers: TiersConfig, metrics: &Metrics) -> Self {
+        let depth = |tier| metrics.queue_depth.get_or_create(&TierOnlyLabels { tier }).clone();
+        PoolAdmission {
+            pool: ArcSwap::new(pool),
             inner: Mutex::new(Queues::default()),
             waiting_interactive: AtomicUsize::new(0),
             waiting_batch: AtomicUsize::new(0),
             tiers: ArcSwap::from_pointee(tiers),
-            current: Mutex::new(Weak::new()),
             batch_inflight: AtomicUsize::new(0),
-            depth_interactive,
-            depth_batch,
+            depth_interactive: depth(TierLabel::interactive),
+            depth_batch: depth(TierLabel::batch),
             released_batch: AtomicU64::new(0),
             batch_rate: AtomicU64::new(0),
             interactive_at_risk: AtomicBool::new(false),
         }
     }
 
-    /// New limits (a reload); waiting requests keep their place.
-    pub fn set_tiers(&self, tiers: TiersConfig) {
+    /// The swap step of a reload (cannot fail): hand slots out from `pool`
+    /// with `tiers`' limits from now on; waiting requests keep their place.
+    pub fn install(&self, pool: Arc<Pool>, tiers: TiersConfig) {
+        self.pool.store(pool);
         self.tiers.store(Arc::new(tiers));
     }
 
-    /// Serve `pool` from now on.
-    pub fn attach(&self, pool: &Arc<Pool>) {
-        if let Ok(mut c) = self.current.lock() {
-            *c = Arc::downgrade(pool);
+    /// The pool slots come from now.
+    pub fn pool(&self) -> Arc<Pool> {
+        self.pool.load_full()
+    }
+
+    /// Slots held by batch requests.
+    pub fn batch_inflight(&self) -> usize {
+        self.batch_inflight.load(Ordering::SeqCst)
+    }
+
+    /// The most slots batch may hold: all but the interactive reserved share
+    /// of the healthy replicas' slots (at least one while any is free to share).
+    pub fn batch_limit(&self) -> usize {
+        let cap = self.pool.load().capacity();
+        let reserved = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
+        let limit = (cap as f64 * (1.0 - reserved)).floor() as usize;
+        if reserved < 1.0 && cap > 0 {
+            limit.max(1)
+        } else {
+            limit
         }
     }
 
-    fn current_pool(&self, fallback: &Arc<Pool>) -> Arc<Pool> {
-        self.current.lock().ok().and_then(|c| c.upgrade()).unwrap_or_else(|| fallback.clone())
-    }
-
-    pub(crate) fn batch_inflight(&self) -> &AtomicUsize {
-        &self.batch_inflight
+    /// Take a slot for a request of `tier` now, if one is free: a healthy
+    /// replica with a free slot and, for batch, room under the batch limit.
+    /// Does not queue.
+    pub fn try_lease(self: &Arc<Self>, tier: Tier) -> Result<Lease, PickError> {
+        let pool = self.pool.load();
+        if tier == Tier::Batch {
+            let limit = self.batch_limit();
+            let reserved = self.batch_inflight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1)).is_ok();
+            if !reserved {
+                return Err(if pool.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
+            }
+        }
+        match pool.pick(None) {
+            Ok(slot) => Ok(Lease { slot, tier, admission: self.clone() }),
+            Err(e) => {
+                if tier == Tier::Batch {
+                    self.batch_inflight.fetch_sub(1, Ordering::SeqCst);
+                }
+                Err(e)
+            }
+        }
     }
 
     fn counter(&self, tier: Tier) -> (&AtomicUsize, &Gauge) {
@@ -202,26 +297,26 @@ impl AdmissionQueue {
     }
 
     /// A lease of `tier` was just released (its slot already freed).
-    pub(crate) fn released(&self, pool: &Arc<Pool>, tier: Tier) {
+    fn released(self: &Arc<Self>, tier: Tier) {
         if tier == Tier::Batch {
             self.released_batch.fetch_add(1, Ordering::Relaxed);
         }
         if self.waiting_interactive.load(Ordering::SeqCst) + self.waiting_batch.load(Ordering::SeqCst) > 0 {
-            self.dispatch(pool);
+            self.dispatch();
         }
     }
 
     /// Get a slot for a request of `tier`, waiting in the queue if needed.
     /// Dropping the future (the client went away) leaves the queue at once.
-    pub async fn admit(&self, pool: &Arc<Pool>, tier: Tier) -> Result<Admitted, Refusal> {
+    pub async fn admit(self: &Arc<Self>, tier: Tier) -> Result<Granted, Refusal> {
         let start = Instant::now();
         let ahead = |q: &Self| match tier {
             Tier::Interactive => q.waiting_interactive.load(Ordering::SeqCst),
             Tier::Batch => q.waiting_interactive.load(Ordering::SeqCst) + q.waiting_batch.load(Ordering::SeqCst),
         };
         if ahead(self) == 0 {
-            match pool.try_lease(tier, None) {
-                Ok(lease) => return Ok(Admitted { lease, waited: Duration::ZERO }),
+            match self.try_lease(tier) {
+                Ok(lease) => return Ok(Granted { lease, waited: Duration::ZERO }),
                 Err(PickError::NoHealthy) => return Err(Refusal::NoHealthy),
                 Err(PickError::Saturated) => {}
             }
@@ -248,10 +343,10 @@ impl AdmissionQueue {
             if first {
                 // Registered first, then retry: a concurrent release either
                 // sees us waiting or we see its freed slot.
-                match pool.try_lease(tier, None) {
+                match self.try_lease(tier) {
                     Ok(lease) => {
                         self.dec(tier);
-                        return Ok(Admitted { lease, waited: start.elapsed() });
+                        return Ok(Granted { lease, waited: start.elapsed() });
                     }
                     Err(PickError::NoHealthy) => {
                         self.dec(tier);
@@ -266,11 +361,11 @@ impl AdmissionQueue {
             q.of(tier).push_back(Waiter { id, enqueued: start, deadline, tx });
             (id, rx)
         };
-        let guard = WaitGuard { queue: self, tier, id };
+        let guard = WaitGuard { queue: &**self, tier, id };
         let result = tokio::time::timeout_at(deadline, rx).await;
         drop(guard);
         match result {
-            Ok(Ok(Ok(lease))) => Ok(Admitted { lease, waited: start.elapsed() }),
+            Ok(Ok(Ok(lease))) => Ok(Granted { lease, waited: start.elapsed() }),
             Ok(Ok(Err(refusal))) => Err(refusal),
             // The queue went away (its pool was replaced); nothing will come.
             Ok(Err(_)) => Err(Refusal::NoHealthy),
@@ -292,8 +387,7 @@ impl AdmissionQueue {
 
     /// Hand free slots to waiters: interactive first, batch within its share,
     /// batch first once per guard interval when interactive is not at risk.
-    pub fn dispatch(&self, pool: &Arc<Pool>) {
-        let pool = &self.current_pool(pool);
+    pub fn dispatch(self: &Arc<Self>) {
         // Leases nobody took are dropped after the lock is released (dropping
         // one re-enters `released`).
         let mut spare: Vec<Lease> = Vec::new();
@@ -316,7 +410,7 @@ impl AdmissionQueue {
                 };
                 let mut served = false;
                 for &tier in order {
-                    let Ok(mut lease) = pool.try_lease(tier, None) else { continue };
+                    let Ok(mut lease) = self.try_lease(tier) else { continue };
                     loop {
                         let Some(w) = q.of(tier).pop_front() else {
                             spare.push(lease);
@@ -351,7 +445,7 @@ impl AdmissionQueue {
     /// Periodic work (the publisher): measure the batch service rate, reject
     /// queued batch requests that cannot make their deadline, hand out slots
     /// that appeared without a release (a replica came back).
-    pub fn tick(&self, pool: &Arc<Pool>, now: Instant) {
+    pub fn tick(self: &Arc<Self>, now: Instant) {
         let mut hopeless = Vec::new();
         if let Ok(mut q) = self.inner.lock() {
             let released = self.released_batch.load(Ordering::Relaxed);
@@ -388,13 +482,13 @@ impl AdmissionQueue {
             let retry_after = self.retry_after(Tier::Batch, self.depth(Tier::Batch));
             let _ = w.tx.send(Err(Refusal::Hopeless { retry_after }));
         }
-        self.dispatch(pool);
+        self.dispatch();
     }
 }
 
 /// Removes a waiter from its queue when its request goes away.
 struct WaitGuard<'a> {
-    queue: &'a AdmissionQueue,
+    queue: &'a PoolAdmission,
     tier: Tier,
     id: u64,
 }
@@ -410,8 +504,7 @@ mod tests {
     use super::*;
     use crate::config::Dur;
     use crate::config::{Config, PoolConfig, TierConfig};
-    use crate::telemetry::Metrics;
-
+    
     fn tiers(reserved: f64, i_cap: u32, b_cap: u32) -> TiersConfig {
         TiersConfig {
             interactive: TierConfig { queue_capacity: i_cap, queue_timeout: Dur::secs(2), reserved_share: reserved },
@@ -421,27 +514,26 @@ mod tests {
 
     /// A pool of one healthy replica with `slots` slots (nothing listens: the
     /// queue never connects).
-    fn pool(slots: u32, tiers: TiersConfig) -> Arc<Pool> {
+    fn pool(slots: u32, tiers: TiersConfig) -> Arc<PoolAdmission> {
         let cfg = PoolConfig { replicas: vec!["http://127.0.0.1:9".into()], max_inflight_per_replica: slots, ..PoolConfig::default() };
         let metrics = Metrics::new(&Config::default());
-        let pool = Arc::new(Pool::new(cfg, &tiers, &metrics, None).expect("pool"));
-        pool.queue.attach(&pool);
+        let pool = Arc::new(Pool::new(cfg, &metrics, None).expect("pool"));
         for r in &pool.replicas {
             r.set_healthy(true);
         }
-        pool
+        Arc::new(PoolAdmission::new(pool, tiers, &metrics))
     }
 
-    async fn take(pool: &Arc<Pool>, tier: Tier) -> Lease {
-        pool.queue.admit(pool, tier).await.expect("a free slot").lease
+    async fn take(pool: &Arc<PoolAdmission>, tier: Tier) -> Lease {
+        pool.admit(tier).await.expect("a free slot").lease
     }
 
     /// Start a queued admission; the task runs until it is queued.
-    async fn queued(pool: &Arc<Pool>, tier: Tier) -> tokio::task::JoinHandle<Result<Admitted, Refusal>> {
+    async fn queued(pool: &Arc<PoolAdmission>, tier: Tier) -> tokio::task::JoinHandle<Result<Granted, Refusal>> {
         let p = pool.clone();
-        let before = pool.queue.depth(tier);
-        let h = tokio::spawn(async move { p.queue.admit(&p, tier).await });
-        while pool.queue.depth(tier) == before && !h.is_finished() {
+        let before = pool.depth(tier);
+        let h = tokio::spawn(async move { p.admit(tier).await });
+        while pool.depth(tier) == before && !h.is_finished() {
             tokio::task::yield_now().await;
         }
         h
@@ -461,7 +553,7 @@ mod tests {
         let batch = queued(&pool, Tier::Batch).await;
         let i1 = queued(&pool, Tier::Interactive).await;
         let i2 = queued(&pool, Tier::Interactive).await;
-        assert_eq!((pool.queue.depth(Tier::Interactive), pool.queue.depth(Tier::Batch)), (2, 1));
+        assert_eq!((pool.depth(Tier::Interactive), pool.depth(Tier::Batch)), (2, 1));
         drop(a);
         settle().await;
         assert!(i1.is_finished() && !i2.is_finished() && !batch.is_finished());
@@ -474,7 +566,7 @@ mod tests {
         settle().await;
         let got = batch.await.expect("task").expect("batch admitted after interactive");
         assert_eq!(got.lease.tier(), Tier::Batch);
-        assert_eq!(pool.queue.depth(Tier::Batch), 0);
+        assert_eq!(pool.depth(Tier::Batch), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -485,7 +577,7 @@ mod tests {
         let _b1 = take(&pool, Tier::Batch).await;
         let _b2 = take(&pool, Tier::Batch).await;
         let b3 = queued(&pool, Tier::Batch).await;
-        assert_eq!(pool.queue.depth(Tier::Batch), 1);
+        assert_eq!(pool.depth(Tier::Batch), 1);
         // Interactive still gets the two reserved slots at once.
         let _i1 = take(&pool, Tier::Interactive).await;
         let i2 = take(&pool, Tier::Interactive).await;
@@ -502,7 +594,7 @@ mod tests {
     async fn starvation_guard_moves_batch_unless_interactive_is_at_risk() {
         for at_risk in [false, true] {
             let pool = pool(1, tiers(0.0, 100, 10));
-            pool.queue.set_interactive_at_risk(at_risk);
+            pool.set_interactive_at_risk(at_risk);
             let mut held = Some(take(&pool, Tier::Interactive).await);
             let mut batch = Some(queued(&pool, Tier::Batch).await);
             // Interactive keeps arriving; every 200 ms the slot is freed.
@@ -538,16 +630,16 @@ mod tests {
         let held = take(&pool, Tier::Interactive).await;
         let waiting = queued(&pool, Tier::Interactive).await;
         // Interactive queue holds 1: the next is refused at once.
-        assert!(matches!(pool.queue.admit(&pool, Tier::Interactive).await, Err(Refusal::QueueFull { retry_after: 1 })));
+        assert!(matches!(pool.admit(Tier::Interactive).await, Err(Refusal::QueueFull { retry_after: 1 })));
         // Batch arriving while interactive waits is shed, not queued.
-        assert!(matches!(pool.queue.admit(&pool, Tier::Batch).await, Err(Refusal::Shed { .. })));
-        assert_eq!(pool.queue.depth(Tier::Batch), 0);
+        assert!(matches!(pool.admit(Tier::Batch).await, Err(Refusal::Shed { .. })));
+        assert_eq!(pool.depth(Tier::Batch), 0);
         // The waiting one times out after queue_timeout (2 s) and leaves the queue.
         let t0 = Instant::now();
         let r = waiting.await.expect("task");
         assert!(matches!(r, Err(Refusal::Timeout { .. })), "{r:?}");
         assert_eq!(t0.elapsed(), Duration::from_secs(2));
-        assert_eq!(pool.queue.depth(Tier::Interactive), 0);
+        assert_eq!(pool.depth(Tier::Interactive), 0);
         drop(held);
     }
 
@@ -557,15 +649,15 @@ mod tests {
         let held = take(&pool, Tier::Interactive).await;
         let gone = queued(&pool, Tier::Interactive).await;
         let stays = queued(&pool, Tier::Interactive).await;
-        assert_eq!(pool.queue.depth(Tier::Interactive), 2);
+        assert_eq!(pool.depth(Tier::Interactive), 2);
         gone.abort();
         settle().await;
-        assert_eq!(pool.queue.depth(Tier::Interactive), 1);
+        assert_eq!(pool.depth(Tier::Interactive), 1);
         drop(held);
         settle().await;
         // The slot went to the one still waiting, not into the void.
         assert!(stays.await.expect("task").is_ok());
-        assert_eq!(pool.replicas[0].inflight(), 0);
+        assert_eq!(pool.pool().replicas[0].inflight(), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -576,7 +668,7 @@ mod tests {
             let l = take(&pool, Tier::Batch).await;
             tokio::time::advance(Duration::from_secs(1)).await;
             drop(l);
-            pool.queue.tick(&pool, Instant::now());
+            pool.tick(Instant::now());
         }
         let held = take(&pool, Tier::Batch).await;
         // About 10 fit before the deadline; the rest are refused when they arrive.
@@ -597,7 +689,7 @@ mod tests {
         // When the rate drops, queued ones that can no longer make it go early too.
         for _ in 0..8 {
             tokio::time::advance(Duration::from_secs(1)).await;
-            pool.queue.tick(&pool, Instant::now());
+            pool.tick(Instant::now());
         }
         settle().await;
         let early = waiting.iter().filter(|h| h.is_finished()).count();

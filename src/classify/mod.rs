@@ -46,24 +46,14 @@ pub struct Classifier {
 }
 
 impl Classifier {
+    /// Build the classifier of `config`. Checks every key first and fails
+    /// before anything is built; the class controls it takes are prepared,
+    /// not installed (see [`Controls::prepare`]).
     pub fn new(config: &Config, controls: &Controls) -> Result<Classifier, String> {
-        let classes: Vec<Arc<Class>> = config
-            .classes
-            .iter()
-            .map(|(name, c)| {
-                Arc::new(Class {
-                    name: name.as_str().into(),
-                    tier: c.tier,
-                    ttft: c.ttft.get(),
-                    itl: c.itl.get(),
-                    control: controls.get_or_create(name, c, config),
-                })
-            })
-            .collect();
-        let find = |n: &str| classes.iter().find(|c| &*c.name == n).cloned();
-        let default_class =
-            find(&config.default_class).ok_or_else(|| format!("default_class `{}` is not a class", config.default_class))?;
-        let mut keys = Vec::new();
+        if !config.classes.contains_key(&config.default_class) {
+            return Err(format!("default_class `{}` is not a class", config.default_class));
+        }
+        let mut digests = Vec::with_capacity(config.auth.keys.len());
         for k in &config.auth.keys {
             let digest: [u8; 32] = match (&k.key_env, &k.key_sha256) {
                 (Some(env), _) => {
@@ -76,13 +66,35 @@ impl Classifier {
                 }
                 (None, None) => return Err(format!("auth key `{}` has no key", k.name)),
             };
-            let allowed = k
-                .classes
-                .iter()
-                .map(|c| find(c).ok_or_else(|| format!("auth key `{}`: unknown class `{c}`", k.name)))
-                .collect::<Result<_, _>>()?;
-            keys.push(ApiKey { name: k.name.clone(), digest, classes: allowed });
+            if let Some(c) = k.classes.iter().find(|c| !config.classes.contains_key(*c)) {
+                return Err(format!("auth key `{}`: unknown class `{c}`", k.name));
+            }
+            digests.push(digest);
         }
+        let classes: Vec<Arc<Class>> = config
+            .classes
+            .iter()
+            .map(|(name, c)| {
+                Arc::new(Class {
+                    name: name.as_str().into(),
+                    tier: c.tier,
+                    ttft: c.ttft.get(),
+                    itl: c.itl.get(),
+                    control: controls.prepare(name, c, config),
+                })
+            })
+            .collect();
+        let find = |n: &str| classes.iter().find(|c| &*c.name == n).cloned();
+        let Some(default_class) = find(&config.default_class) else {
+            return Err(format!("default_class `{}` is not a class", config.default_class));
+        };
+        let keys = config
+            .auth
+            .keys
+            .iter()
+            .zip(digests)
+            .map(|(k, digest)| ApiKey { name: k.name.clone(), digest, classes: k.classes.iter().filter_map(|c| find(c)).collect() })
+            .collect();
         Ok(Classifier { classes, default_class, keys })
     }
 

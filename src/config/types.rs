@@ -122,6 +122,10 @@ pub struct ServerConfig {
     /// Poll for I/O without sleeping while requests are in flight (see
     /// `server::busy`): lower latency on VMs, a core's worth of CPU.
     pub busy_poll: bool,
+    /// Ask Linux for the shortest scheduler time slice on the gateway's
+    /// threads (see `server::sched`): a woken thread takes a shared core
+    /// sooner. Read at start.
+    pub short_sched_slice: bool,
 }
 
 impl Default for ServerConfig {
@@ -133,6 +137,7 @@ impl Default for ServerConfig {
             max_request_body: Size(4 << 20),
             shutdown_grace: Dur::secs(30),
             busy_poll: false,
+            short_sched_slice: false,
         }
     }
 }

@@ -24,14 +24,18 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use crate::admission::{Lease, Probe};
 use crate::classify::Class;
+use crate::config::TimeoutsConfig;
 use crate::error::BoxError;
-use crate::telemetry::metrics::{BreachKind, Metrics, RequestSeries};
-use crate::telemetry::Outcome;
-use crate::upstream::Lease;
+use crate::telemetry::accounting::{self, Finished, Sinks};
+use crate::telemetry::metrics::{Metrics, RequestSeries};
+use crate::telemetry::{Outcome, SliClass};
 use sse::{analyze, SseParser, Usage};
 
 /// Everything measured about one request; records itself once, on drop.
+/// It also carries the request's guards (the lease on its slot, its breaker
+/// probe, its span), which end with it.
 pub struct Tracker {
     metrics: Arc<Metrics>,
     /// The series it writes (its model's; `unknown` until the model is known).
@@ -49,13 +53,11 @@ pub struct Tracker {
     cut: bool,
     lease: Option<Lease>,
     /// Admitted by a half-open breaker as a probe: report how it went.
-    probe: Option<crate::admission::breaker::ProbeTicket>,
+    probe: Option<Probe>,
     finish_reason: Option<String>,
     /// The request's trace span (disabled unless OTLP export is on); it
     /// ends when the tracker is dropped, with the stream.
     span: tracing::Span,
-    /// Counted as in flight for busy polling until the tracker is dropped.
-    active: Option<crate::server::busy::Active>,
 }
 
 impl Tracker {
@@ -77,13 +79,11 @@ impl Tracker {
             probe: None,
             finish_reason: None,
             span: tracing::Span::none(),
-            active: None,
         }
     }
 
-    /// Hold the request's place among those in flight (busy polling).
-    pub fn hold_active(&mut self, active: crate::server::busy::Active) {
-        self.active = Some(active);
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Attach the request's span; its fields are filled in as the request goes.
@@ -95,9 +95,9 @@ impl Tracker {
         &self.span
     }
 
-    /// This request is a half-open breaker's probe.
-    pub fn set_probe(&mut self, ticket: crate::admission::breaker::ProbeTicket) {
-        self.probe = Some(ticket);
+    /// This request is a half-open breaker's probe (or not).
+    pub fn set_probe(&mut self, probe: Option<Probe>) {
+        self.probe = probe;
     }
 
     /// Set the model label (a model a pool serves: bounded).
@@ -147,8 +147,8 @@ impl Tracker {
                 let ttft = now - self.start;
                 series(&mut self.series, &self.class).ttft(&self.metrics).observe(ttft.as_secs_f64());
                 self.class.control.ttft.record(ttft);
-                if let Some(ticket) = self.probe.take() {
-                    self.class.control.breaker.probe_done(ticket, Some(ttft <= self.class.ttft));
+                if let Some(probe) = self.probe.take() {
+                    probe.first_token(ttft);
                 }
             }
             Some(prev) => {
@@ -166,16 +166,23 @@ impl Tracker {
 
     fn record(&mut self) {
         let outcome = self.outcome.unwrap_or(Outcome::cancelled);
-        let end = Instant::now();
-        let series = series(&mut self.series, &self.class);
-        let m = &*self.metrics;
-        let class = &self.class.control.series;
-        series.outcome(m, outcome).inc();
-        let ttft = self.first_token.map(|t| t - self.start);
+        let f = Finished {
+            outcome,
+            streaming: self.streaming,
+            cut: self.cut,
+            start: self.start,
+            end: Instant::now(),
+            first_token: self.first_token,
+            gaps: self.gaps,
+            gaps_over: self.gaps_over,
+            usage: self.usage,
+            ttft_target: self.class.ttft,
+            itl_target: self.class.itl,
+        };
         if !self.span.is_disabled() {
             let s = &self.span;
             s.record("slogate.outcome", outcome.as_str());
-            if let Some(t) = ttft {
+            if let Some(t) = f.ttft() {
                 s.record("slogate.ttft_ms", t.as_secs_f64() * 1000.0);
             }
             if let Some(u) = self.usage {
@@ -188,66 +195,18 @@ impl Tracker {
             if let Some(l) = &self.lease {
                 s.record("slogate.replica", l.replica().url.as_str());
             }
-            let failed = !matches!(outcome, Outcome::ok | Outcome::length | Outcome::cancelled | Outcome::client_error);
-            s.record("otel.status_code", if failed { "ERROR" } else { "OK" });
+            s.record("otel.status_code", if outcome.sli() == SliClass::Bad { "ERROR" } else { "OK" });
         }
-        if ttft.is_none() && outcome == Outcome::timeout {
-            // No first token within the timeout: the caller waited this long
-            // for one, and the breaker's window should know it.
-            self.class.control.ttft.record(end - self.start);
-        }
-        if let Some(ticket) = self.probe.take() {
+        if let Some(probe) = self.probe.take() {
             // A probe that ended before its first token (judged at the first token otherwise).
-            let verdict = match outcome {
-                // Nothing said about latency: its place goes back.
-                Outcome::cancelled | Outcome::rejected | Outcome::client_error => None,
-                _ => Some(false),
-            };
-            self.class.control.breaker.probe_done(ticket, verdict);
+            probe.ended(outcome);
         }
-        let completed = matches!(outcome, Outcome::ok | Outcome::length);
-        let e2e = end - self.start;
-        if completed {
-            series.e2e(m).observe(e2e.as_secs_f64());
-        }
-        let out_tokens = self.usage.map(|u| u.completion_tokens).unwrap_or(0);
-        if let Some(u) = self.usage {
-            series.prompt_tokens(m).inc_by(u.prompt_tokens);
-            series.generation_tokens(m).inc_by(u.completion_tokens);
-        }
-        if let (Some(ttft), true) = (ttft, completed && out_tokens > 1) {
-            let tpot = (e2e.saturating_sub(ttft)).as_secs_f64() / (out_tokens - 1) as f64;
-            series.tpot(m).observe(tpot);
-        }
-        // Per request: TTFT within target, and at most 1% of its gaps over the ITL target.
-        let ttft_ok = ttft.is_none_or(|t| t <= self.class.ttft);
-        let itl_ok = self.gaps_over <= self.gaps / 100;
-        let breach = |kind| {
-            class.breach(m, kind).inc();
-        };
-        if !ttft_ok {
-            breach(BreachKind::ttft);
-        }
-        if !itl_ok {
-            breach(BreachKind::itl);
-        }
-        match outcome {
-            Outcome::length => breach(BreachKind::incomplete),
-            Outcome::stream_error if self.cut => breach(BreachKind::incomplete),
-            Outcome::timeout => breach(BreachKind::timeout),
-            Outcome::stream_error | Outcome::upstream_error | Outcome::unavailable => breach(BreachKind::error),
-            _ => {}
-        }
-        let latency_ok = if self.streaming {
-            ttft.is_some() && ttft_ok && itl_ok
-        } else {
-            // A non-streaming answer is on time if a stream at the targets would have finished by now.
-            e2e <= self.class.ttft + self.class.itl * (out_tokens.saturating_sub(1) as u32)
-        };
-        self.class.control.budget.record(outcome, completed && latency_ok);
-        if completed && latency_ok {
-            class.goodput(m).inc();
-        }
+        let control = &self.class.control;
+        let series = series(&mut self.series, &self.class);
+        accounting::account(
+            &f,
+            &Sinks { metrics: &self.metrics, series, class: &control.series, budget: &control.budget, ttft_window: &control.ttft },
+        );
     }
 }
 
@@ -269,6 +228,13 @@ pub struct StreamTimeouts {
     pub first_token: Duration,
     pub idle: Duration,
     pub total: Duration,
+}
+
+impl StreamTimeouts {
+    /// A pool's stream timeouts.
+    pub fn of(t: &TimeoutsConfig) -> Self {
+        StreamTimeouts { first_token: t.first_token.get(), idle: t.idle.get(), total: t.total.get() }
+    }
 }
 
 enum Mode {
@@ -637,7 +603,7 @@ mod tests {
             tier: crate::config::Tier::Interactive,
             ttft: Duration::from_millis(300),
             itl: Duration::from_millis(50),
-            control: controls.get_or_create("chat", &cfg.classes["chat"], &cfg),
+            control: controls.prepare("chat", &cfg.classes["chat"], &cfg),
         });
         (metrics, class)
     }

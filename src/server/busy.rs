@@ -48,6 +48,47 @@ pub struct BusyPoll {
 #[derive(Debug)]
 pub struct Active(Arc<BusyPoll>);
 
+pin_project_lite::pin_project! {
+    /// A response body that holds its request's [`Active`] until the body
+    /// ends or is dropped (the client went away).
+    pub struct Held<B> {
+        #[pin]
+        body: B,
+        active: Option<Active>,
+    }
+}
+
+impl<B> Held<B> {
+    pub fn new(body: B, active: Active) -> Self {
+        Held { body, active: Some(active) }
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for Held<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.body.poll_frame(cx);
+        if let std::task::Poll::Ready(None) = polled {
+            this.active.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 impl Drop for Active {
     fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::Release);

@@ -1,4 +1,7 @@
-//! Listeners: accept, optional TLS, HTTP/1.1 and HTTP/2, graceful shutdown.
+//! Listeners: accept, optional TLS, HTTP/1.1 and HTTP/2, graceful shutdown;
+//! and the opt-in tuning for machines of the gateway's own (busy polling,
+//! short scheduler slices), which lives here only and reaches the rest
+//! through [`Tuning`] and [`runtime`].
 //!
 //! Shutdown, in order:
 //! 1. stop accepting (the listener is dropped, new connects are refused);
@@ -51,21 +54,70 @@ pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<Tls
     Ok(TlsAcceptor::from(Arc::new(cfg)))
 }
 
+/// The opt-in machine tuning of a running gateway (`server.busy_poll`,
+/// `server.short_sched_slice`), fixed at start.
+#[derive(Clone, Default)]
+pub struct Tuning {
+    /// Requests in flight, for busy polling (when it is on).
+    pub busy: Option<Arc<busy::BusyPoll>>,
+}
+
+impl Tuning {
+    pub fn new(cfg: &crate::config::ServerConfig) -> Tuning {
+        Tuning { busy: cfg.busy_poll.then(Default::default) }
+    }
+
+    /// Start what runs in the background (the polling tasks), until `stop`.
+    pub fn start(&self, stop: watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
+        self.busy.as_ref().map(|b| b.start(stop)).unwrap_or_default()
+    }
+}
+
+/// The gateway's runtime: multi-threaded, with short scheduler slices on
+/// every worker when `short_sched_slice` is set (see [`sched`]).
+pub fn runtime(short_sched_slice: bool) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if short_sched_slice {
+        static REFUSED: std::sync::Once = std::sync::Once::new();
+        b.on_thread_start(|| {
+            if let Err(e) = sched::request_short_slice() {
+                REFUSED.call_once(|| tracing::warn!(error = %e, "server.short_sched_slice: short scheduler slices not granted; default slices kept"));
+            }
+        });
+    }
+    b.enable_all().build()
+}
+
 fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response<ProxyBody> {
     tracing::error!("request handler panicked");
     error_response(http::StatusCode::INTERNAL_SERVER_ERROR, "internal error in slogate", "internal_error", None, "internal_error")
 }
 
 /// Serve `handler` on `listener` until `shutdown` turns true, then drain.
-pub async fn serve<H, F>(listener: TcpListener, tls: Option<TlsAcceptor>, handler: H, mut shutdown: watch::Receiver<bool>, grace: Duration)
-where
+/// With busy polling on (`tuning`), each request counts as in flight from
+/// its arrival until its response body ends.
+pub async fn serve<H, F>(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    handler: H,
+    mut shutdown: watch::Receiver<bool>,
+    grace: Duration,
+    tuning: Tuning,
+) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     let svc: Svc = tower::util::BoxCloneService::new(
         tower::ServiceBuilder::new().layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response)).service_fn(move |req| {
+            let active = tuning.busy.as_ref().map(|b| b.enter());
             let fut = handler(req);
-            async move { Ok::<_, Infallible>(fut.await) }
+            async move {
+                let resp = fut.await;
+                Ok::<_, Infallible>(match active {
+                    Some(a) => resp.map(|b| http_body_util::BodyExt::boxed_unsync(busy::Held::new(b, a))),
+                    None => resp,
+                })
+            }
         }),
     );
     let mut builder = auto::Builder::new(TokioExecutor::new());

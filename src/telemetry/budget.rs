@@ -1,10 +1,10 @@
 //! Error budgets and burn rates, per class, from the gateway's own outcomes.
 //!
-//! Two SLIs per class (seed 000): latency (requests that completed within
+//! Two SLIs per class: latency (requests that completed within
 //! both the class's TTFT and ITL targets, over completed requests) and
-//! availability (`ok` and `length` good; `rejected`, `unavailable`,
-//! `timeout`, `upstream_error`, `stream_error` bad; `client_error` and
-//! `cancelled` not counted). Counts live in time buckets, never per
+//! availability (as [`Outcome::sli`] says: `ok` and `length` good; the
+//! gateway's and the fleet's failures bad; `client_error` and `cancelled`
+//! not counted). Counts live in time buckets, never per
 //! request: one-minute buckets for the burn-rate windows (up to the longest
 //! `slo.burn_alerts` window) and one-hour buckets for the budget window
 //! (`slo.window`, 28 d by default), so memory is constant. The request path
@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::telemetry::Outcome;
+use crate::telemetry::{Outcome, SliClass};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
@@ -60,15 +60,6 @@ impl Sli {
             Sli::Latency => (c.latency_good, c.latency_valid),
             Sli::Availability => (c.avail_good, c.avail_valid),
         }
-    }
-}
-
-/// How an outcome counts for availability: `Some(good)`, or `None` (excluded).
-pub fn availability(outcome: Outcome) -> Option<bool> {
-    match outcome {
-        Outcome::ok | Outcome::length => Some(true),
-        Outcome::rejected | Outcome::unavailable | Outcome::timeout | Outcome::upstream_error | Outcome::stream_error => Some(false),
-        Outcome::client_error | Outcome::cancelled => None,
     }
 }
 
@@ -118,16 +109,15 @@ impl Budget {
 
     /// Count one finished request. Four relaxed atomic adds at most.
     pub fn record(&self, outcome: Outcome, latency_ok: bool) {
-        let completed = matches!(outcome, Outcome::ok | Outcome::length);
-        if completed {
+        if outcome.completed() {
             self.cur[1].fetch_add(1, Ordering::Relaxed);
             if latency_ok {
                 self.cur[0].fetch_add(1, Ordering::Relaxed);
             }
         }
-        if let Some(good) = availability(outcome) {
+        if outcome.sli() != SliClass::Excluded {
             self.cur[3].fetch_add(1, Ordering::Relaxed);
-            if good {
+            if outcome.sli() == SliClass::Good {
                 self.cur[2].fetch_add(1, Ordering::Relaxed);
             }
         }

@@ -123,7 +123,7 @@ pub async fn send(
         let (tx, conn, reused) = match (tries < STALE_TRIES).then(|| replica.idle.take()).flatten() {
             Some((tx, conn)) => (tx, conn, true),
             None => {
-                let (tx, conn) = connect(replica, connect_timeout).await?;
+                let (tx, conn) = connect(&replica.base, connect_timeout).await?;
                 (tx, conn, false)
             }
         };
@@ -131,7 +131,7 @@ pub async fn send(
         match exchange(tx, conn, req).await {
             Ok((resp, tx, conn)) => {
                 let (parts, incoming) = resp.into_parts();
-                let body = UpstreamBody { incoming, tx: Some(tx), conn, replica: replica.clone() };
+                let body = UpstreamBody { incoming, tx: Some(tx), conn, home: Some(replica.clone()) };
                 return Ok(Response::from_parts(parts, body));
             }
             // Never written: safe to send again, on another connection.
@@ -178,9 +178,9 @@ async fn exchange(mut tx: Sender, conn: Conn, req: Request<Full<Bytes>>) -> Resu
     }
 }
 
-async fn connect(replica: &Replica, timeout: Duration) -> Result<(Sender, Conn), SendError> {
-    let host = replica.base.host().unwrap_or("127.0.0.1").trim_start_matches('[').trim_end_matches(']');
-    let port = replica.base.port_u16().unwrap_or(80);
+async fn connect(base: &http::Uri, timeout: Duration) -> Result<(Sender, Conn), SendError> {
+    let host = base.host().unwrap_or("127.0.0.1").trim_start_matches('[').trim_end_matches(']');
+    let port = base.port_u16().unwrap_or(80);
     let addr = || format!("{host}:{port}");
     let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
         Ok(Ok(s)) => s,
@@ -197,15 +197,17 @@ pub struct UpstreamBody {
     tx: Option<Sender>,
     /// `None` once the connection has ended.
     conn: Option<Conn>,
-    replica: Arc<Replica>,
+    /// The replica whose idle list the connection goes back to (none for a
+    /// one-off request).
+    home: Option<Arc<Replica>>,
 }
 
 impl UpstreamBody {
     /// The body ended: the connection can serve the next request.
     fn release(&mut self) {
-        if let (Some(tx), Some(conn)) = (self.tx.take(), self.conn.take()) {
+        if let (Some(tx), Some(conn), Some(home)) = (self.tx.take(), self.conn.take(), &self.home) {
             if !tx.is_closed() {
-                self.replica.idle.put(tx, conn);
+                home.idle.put(tx, conn);
             }
         }
     }
@@ -253,4 +255,65 @@ impl Body for UpstreamBody {
     fn size_hint(&self) -> SizeHint {
         self.incoming.size_hint()
     }
+}
+
+/// A GET request for `path` under `base` (which may carry a path prefix):
+/// origin-form URI, `Host` naming the server.
+fn get_request(base: &http::Uri, path: &str) -> Result<Request<Full<Bytes>>, String> {
+    let prefix = base.path().trim_end_matches('/');
+    let mut req = Request::get(format!("{prefix}{path}")).body(Full::new(Bytes::new())).map_err(|e| format!("GET {path}: {e}"))?;
+    if let Some(host) = base.authority().and_then(|a| http::HeaderValue::from_str(a.as_str()).ok()) {
+        req.headers_mut().insert(http::header::HOST, host);
+    }
+    Ok(req)
+}
+
+/// Read a whole response within `timeout`: its status and body, or why not.
+async fn read_whole(
+    path: &str,
+    timeout: Duration,
+    answer: impl Future<Output = Result<Response<UpstreamBody>, SendError>>,
+) -> Result<(http::StatusCode, Bytes), String> {
+    use http_body_util::BodyExt;
+    let fut = async {
+        // The error names only its kind; its sources say what failed (refused, reset).
+        let resp = answer.await.map_err(|e| {
+            let mut msg = format!("GET {path}: {e}");
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                msg.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            msg
+        })?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await.map_err(|e| format!("GET {path}: reading the body: {e}"))?.to_bytes();
+        Ok((status, body))
+    };
+    tokio::time::timeout(timeout, fut).await.unwrap_or_else(|_| Err(format!("GET {path}: no answer within {timeout:?}")))
+}
+
+/// GET `path` from a replica (health checks, model discovery, load
+/// scrapes), on its pooled connections like any request.
+pub async fn get(replica: &Arc<Replica>, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
+    let req = get_request(&replica.base, path)?;
+    read_whole(path, timeout, send(replica, req, timeout)).await
+}
+
+/// GET `path` from any HTTP server at `base` (a gateway's admin listener,
+/// for `slogate capacity`) on a connection of its own.
+pub async fn get_once(base: &http::Uri, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
+    let req = get_request(base, path)?;
+    read_whole(path, timeout, async {
+        let (tx, conn) = connect(base, timeout).await?;
+        match exchange(tx, conn, req).await {
+            Ok((resp, tx, conn)) => {
+                let (parts, incoming) = resp.into_parts();
+                Ok(Response::from_parts(parts, UpstreamBody { incoming, tx: Some(tx), conn, home: None }))
+            }
+            Err(Failed::NotSent(e, _)) => Err(SendError::Http(e)),
+            Err(Failed::Sent(e)) => Err(e),
+        }
+    })
+    .await
 }

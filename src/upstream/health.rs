@@ -2,15 +2,13 @@
 //! per replica. These tasks only write the replica's atomics; the request
 //! path reads them and never waits on a check.
 
-use std::fmt::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use tokio::sync::watch;
 
-use super::{Pool, Replica, UpstreamClient};
+use super::conn::get;
+use super::{Pool, Replica};
 
 /// Run health checks (and, for `auto` pools, model discovery; with
 /// `scrape_metrics`, vLLM load scraping) for every replica of `pool` until
@@ -41,7 +39,7 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
             _ = stop.changed() => return,
         }
         // Why a check failed, for the log line that takes the replica out.
-        let failure = match get(&pool.client, &replica.url, &h.path, h.timeout.get()).await {
+        let failure = match get(&replica, &h.path, h.timeout.get()).await {
             Ok((status, _)) if status.is_success() => None,
             Ok((status, _)) => Some(format!("{} answered {status}", h.path)),
             Err(e) => Some(e),
@@ -80,40 +78,18 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
         }
         known = true;
         if now && pool.auto && (tick % 15 == 0 || replica.models.load().is_empty()) {
-            discover_models(&pool.client, &replica, h.timeout.get()).await;
+            discover_models(&replica, h.timeout.get()).await;
         }
         if now && !scrape.is_zero() && last_scrape.is_none_or(|t| t.elapsed() >= scrape) {
             last_scrape = Some(tokio::time::Instant::now());
-            scrape_load(&pool.client, &replica, h.timeout.get()).await;
+            scrape_load(&replica, h.timeout.get()).await;
         }
         tick += 1;
     }
 }
 
-/// GET `path` on the replica at `base`: its status and body, or why there is none.
-async fn get(client: &UpstreamClient, base: &str, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
-    let uri = format!("{base}{path}");
-    let req = http::Request::get(uri).body(Full::new(Bytes::new())).map_err(|e| format!("GET {path}: {e}"))?;
-    let fut = async {
-        // The client's error names only its kind; its sources say what failed (refused, no such host).
-        let resp = client.request(req).await.map_err(|e| {
-            let mut msg = format!("GET {path}: {e}");
-            let mut cause = std::error::Error::source(&e);
-            while let Some(c) = cause {
-                let _ = write!(msg, ": {c}");
-                cause = c.source();
-            }
-            msg
-        })?;
-        let status = resp.status();
-        let body = resp.into_body().collect().await.map_err(|e| format!("GET {path}: reading the body: {e}"))?.to_bytes();
-        Ok((status, body))
-    };
-    tokio::time::timeout(timeout, fut).await.unwrap_or_else(|_| Err(format!("GET {path}: no answer within {timeout:?}")))
-}
-
-async fn discover_models(client: &UpstreamClient, replica: &Replica, timeout: Duration) {
-    let Ok((status, body)) = get(client, &replica.url, "/v1/models", timeout).await else { return };
+async fn discover_models(replica: &Arc<Replica>, timeout: Duration) {
+    let Ok((status, body)) = get(replica, "/v1/models", timeout).await else { return };
     if !status.is_success() {
         return;
     }
@@ -124,8 +100,8 @@ async fn discover_models(client: &UpstreamClient, replica: &Replica, timeout: Du
 }
 
 /// Read `vllm:num_requests_waiting` so least-loaded sees the replica's own queue.
-async fn scrape_load(client: &UpstreamClient, replica: &Replica, timeout: Duration) {
-    let Ok((status, body)) = get(client, &replica.url, "/metrics", timeout).await else { return };
+async fn scrape_load(replica: &Arc<Replica>, timeout: Duration) {
+    let Ok((status, body)) = get(replica, "/metrics", timeout).await else { return };
     if !status.is_success() {
         return;
     }
@@ -138,12 +114,16 @@ async fn scrape_load(client: &UpstreamClient, replica: &Replica, timeout: Durati
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper_util::client::legacy::{connect::HttpConnector, Client};
+    use crate::config::{Config, PoolConfig};
+    use crate::telemetry::Metrics;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
-    fn client() -> UpstreamClient {
-        Client::builder(hyper_util::rt::TokioExecutor::new()).build(HttpConnector::new())
+    /// The replica at `url`, as a pool holds it.
+    fn replica(url: &str) -> Arc<Replica> {
+        let cfg = PoolConfig { replicas: vec![url.to_string()], ..PoolConfig::default() };
+        let pool = Pool::new(cfg, &Metrics::new(&Config::default()), None).expect("pool");
+        pool.replicas[0].clone()
     }
 
     /// A failed check says why, for the log line that takes the replica out.
@@ -151,7 +131,7 @@ mod tests {
     async fn a_failed_check_says_why() {
         // Nothing listens: refused.
         let port = TcpListener::bind("127.0.0.1:0").await.expect("bind").local_addr().expect("addr").port();
-        let refused = get(&client(), &format!("http://127.0.0.1:{port}"), "/health", Duration::from_secs(5)).await.expect_err("refused");
+        let refused = get(&replica(&format!("http://127.0.0.1:{port}")), "/health", Duration::from_secs(5)).await.expect_err("refused");
         assert!(refused.starts_with("GET /health: ") && refused.contains("connect"), "{refused}");
 
         // A listener that accepts and never answers: the check's timeout.
@@ -161,7 +141,7 @@ mod tests {
             let (_s, _) = silent.accept().await.expect("accept");
             std::future::pending::<()>().await
         });
-        let slow = get(&client(), &url, "/health", Duration::from_millis(200)).await.expect_err("no answer");
+        let slow = get(&replica(&url), "/health", Duration::from_millis(200)).await.expect_err("no answer");
         assert_eq!(slow, "GET /health: no answer within 200ms");
         hold.abort();
 
@@ -174,7 +154,7 @@ mod tests {
             let _ = s.read(&mut buf).await;
             let _ = s.write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nbusy").await;
         });
-        let (status, body) = get(&client(), &url, "/health", Duration::from_secs(5)).await.expect("an answer");
+        let (status, body) = get(&replica(&url), "/health", Duration::from_secs(5)).await.expect("an answer");
         assert_eq!((status.as_u16(), &body[..]), (503, &b"busy"[..]));
     }
 }

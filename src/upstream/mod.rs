@@ -1,10 +1,10 @@
-//! Upstream pools: replicas, their health, their slots, and which one serves
-//! a request.
+//! Upstream pools: replicas, their health, their connections, and which one
+//! serves a request.
 //!
-//! A [`Lease`] is a replica's concurrency slot plus its load count. It is
-//! taken before the request is sent and travels inside the response body; it
-//! is released exactly once, by `Drop`, when the stream ends or the client
-//! goes away, never when the response headers arrive.
+//! This room offers replicas and their slots and knows nothing of who asks:
+//! [`Pool::pick`] takes a slot on a healthy replica ([`ReplicaSlot`]), and
+//! dropping the slot gives it back. Nothing here calls back into admission;
+//! admission wraps a slot in its lease and decides who gets the next one.
 
 pub mod conn;
 pub mod health;
@@ -14,31 +14,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::admission::queue::AdmissionQueue;
-use crate::config::{Balance, PoolConfig, Tier, TiersConfig};
-use crate::telemetry::metrics::{Metrics, ReplicaLabels, TierLabel, TierOnlyLabels};
-
-/// The pooled HTTP/1 client used for one pool's replicas.
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
-
-/// Build a pooled client: TCP_NODELAY, the pool's connect timeout.
-pub fn build_client(cfg: &PoolConfig) -> UpstreamClient {
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(cfg.timeouts.connect.get()));
-    http.set_keepalive(Some(std::time::Duration::from_secs(30)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(std::time::Duration::from_secs(60))
-        .pool_timer(hyper_util::rt::TokioTimer::new())
-        .build(http)
-}
+use crate::config::{Balance, PoolConfig};
+use crate::error::GatewayError;
+use crate::telemetry::metrics::{Metrics, ReplicaLabels};
 
 /// One upstream vLLM server.
 pub struct Replica {
@@ -47,7 +27,7 @@ pub struct Replica {
     pub url: String,
     /// Scheme + authority, used to build request URIs.
     pub base: http::Uri,
-    /// Requests holding a slot here. Invariant: only changed through [`Lease`].
+    /// Requests holding a slot here. Invariant: only changed through [`ReplicaSlot`].
     inflight: AtomicUsize,
     max_inflight: usize,
     healthy: AtomicBool,
@@ -77,6 +57,12 @@ impl Replica {
         self.healthy_gauge.set(up as i64);
     }
 
+    /// Show this replica's health on its gauge (a replica that just joined:
+    /// unhealthy until its first check passes).
+    pub(crate) fn publish_health(&self) {
+        self.healthy_gauge.set(self.is_healthy() as i64);
+    }
+
     /// Take a slot if one is free.
     fn try_take(&self) -> bool {
         let mut cur = self.inflight.load(Ordering::SeqCst);
@@ -99,41 +85,41 @@ impl Replica {
     }
 }
 
-/// A held slot on one replica; dropping it frees the slot and hands it to
-/// the next queued request.
-pub struct Lease {
+/// A held slot on one replica: taken by [`Pool::pick`], given back exactly
+/// once, when dropped or [released](ReplicaSlot::release) (whichever comes
+/// first).
+pub struct ReplicaSlot {
     replica: Arc<Replica>,
-    pool: Arc<Pool>,
-    tier: Tier,
+    held: bool,
 }
 
-impl Lease {
+impl ReplicaSlot {
     pub fn replica(&self) -> &Arc<Replica> {
         &self.replica
     }
-    pub fn tier(&self) -> Tier {
-        self.tier
-    }
-}
 
-impl Drop for Lease {
-    fn drop(&mut self) {
-        self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
-        self.replica.inflight_gauge.dec();
-        if self.tier == Tier::Batch {
-            self.pool.queue.batch_inflight().fetch_sub(1, Ordering::SeqCst);
+    /// Give the slot back now (a no-op the second time).
+    pub fn release(&mut self) {
+        if std::mem::take(&mut self.held) {
+            self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
+            self.replica.inflight_gauge.dec();
         }
-        self.pool.queue.released(&self.pool, self.tier);
     }
 }
 
-impl std::fmt::Debug for Lease {
+impl Drop for ReplicaSlot {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl std::fmt::Debug for ReplicaSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lease").field("replica", &self.replica.url).finish()
+        f.debug_struct("ReplicaSlot").field("replica", &self.replica.url).field("held", &self.held).finish()
     }
 }
 
-/// Why no lease could be had.
+/// Why no slot could be had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PickError {
     /// No replica of the pool is healthy.
@@ -146,24 +132,21 @@ pub enum PickError {
 pub struct Pool {
     pub config: PoolConfig,
     pub replicas: Vec<Arc<Replica>>,
-    pub client: UpstreamClient,
     /// Models named in the config (without `auto`).
     pub static_models: HashSet<String>,
     pub auto: bool,
     rr: AtomicUsize,
-    reserved_share: f64,
-    /// Requests waiting for a slot, by tier.
-    /// Kept across reloads (by pool name), with the batch slot count.
-    pub queue: Arc<AdmissionQueue>,
 }
 
 impl Pool {
     /// Build a pool. With `previous` (the pool of the same name before a
     /// reload), replicas with the same URL and slot count are kept as they
-    /// are (health, in-flight count, discovered models), and so is the queue.
-    pub fn new(config: PoolConfig, tiers: &TiersConfig, metrics: &Metrics, previous: Option<&Pool>) -> Result<Pool, String> {
+    /// are (health, in-flight count, discovered models). Fails on a bad
+    /// replica URL before it builds anything.
+    pub fn new(config: PoolConfig, metrics: &Metrics, previous: Option<&Pool>) -> Result<Pool, String> {
+        let bases = config.replicas.iter().map(|u| crate::config::parse_replica_url(u)).collect::<Result<Vec<_>, _>>()?;
         let mut replicas = Vec::with_capacity(config.replicas.len());
-        for url in &config.replicas {
+        for (url, base) in config.replicas.iter().zip(bases) {
             let kept = previous.and_then(|p| {
                 p.replicas.iter().find(|r| r.url == url.trim_end_matches('/') && r.max_inflight == config.max_inflight_per_replica as usize)
             });
@@ -171,11 +154,9 @@ impl Pool {
                 replicas.push(r.clone());
                 continue;
             }
-            let base = crate::config::parse_replica_url(url)?;
             let labels = ReplicaLabels { pool: config.name.clone(), replica: url.trim_end_matches('/').to_string() };
             let inflight_gauge = metrics.inflight.get_or_create(&labels).clone();
             let healthy_gauge = metrics.upstream_healthy.get_or_create(&labels).clone();
-            healthy_gauge.set(0);
             replicas.push(Arc::new(Replica {
                 pool: config.name.clone(),
                 url: url.trim_end_matches('/').to_string(),
@@ -192,24 +173,7 @@ impl Pool {
         }
         let static_models = config.models.iter().filter(|m| *m != "auto").cloned().collect();
         let auto = config.models.iter().any(|m| m == "auto");
-        let depth = |tier| metrics.queue_depth.get_or_create(&TierOnlyLabels { tier }).clone();
-        let queue = match previous {
-            Some(p) => {
-                p.queue.set_tiers(tiers.clone());
-                p.queue.clone()
-            }
-            None => Arc::new(AdmissionQueue::new(tiers.clone(), depth(TierLabel::interactive), depth(TierLabel::batch))),
-        };
-        Ok(Pool {
-            client: build_client(&config),
-            replicas,
-            static_models,
-            auto,
-            config,
-            rr: AtomicUsize::new(0),
-            reserved_share: tiers.interactive.reserved_share.clamp(0.0, 1.0),
-            queue,
-        })
+        Ok(Pool { replicas, static_models, auto, config, rr: AtomicUsize::new(0) })
     }
 
     /// Does this pool serve `model`?
@@ -243,6 +207,14 @@ impl Pool {
         out
     }
 
+    /// This pool went live (a start or a reload's swap): its gauges say
+    /// what its replicas are.
+    pub fn activate(&self) {
+        for r in &self.replicas {
+            r.publish_health();
+        }
+    }
+
     pub fn healthy_count(&self) -> usize {
         self.replicas.iter().filter(|r| r.is_healthy()).count()
     }
@@ -252,51 +224,8 @@ impl Pool {
         self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight).sum()
     }
 
-    /// The most slots batch may hold: all but the interactive reserved share.
-    pub fn batch_limit(&self) -> usize {
-        let cap = self.capacity();
-        let limit = (cap as f64 * (1.0 - self.reserved_share)).floor() as usize;
-        if self.reserved_share < 1.0 && cap > 0 {
-            limit.max(1)
-        } else {
-            limit
-        }
-    }
-
-    pub fn queue_timeout(&self, tier: Tier) -> std::time::Duration {
-        self.queue.timeout(tier)
-    }
-
-    pub fn batch_inflight(&self) -> usize {
-        self.queue.batch_inflight().load(Ordering::SeqCst)
-    }
-
-    /// Take a slot for a request of `tier` now, if one is free: a healthy
-    /// replica (skipping `exclude`) with a free slot, and for batch, room
-    /// under the batch limit. Does not queue.
-    pub fn try_lease(self: &Arc<Self>, tier: Tier, exclude: Option<&Arc<Replica>>) -> Result<Lease, PickError> {
-        if tier == Tier::Batch {
-            let limit = self.batch_limit();
-            let reserved =
-                self.queue.batch_inflight().fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1)).is_ok();
-            if !reserved {
-                return Err(if self.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
-            }
-        }
-        let picked = self.pick(exclude);
-        match picked {
-            Ok(replica) => Ok(Lease { replica, pool: self.clone(), tier }),
-            Err(e) => {
-                if tier == Tier::Batch {
-                    self.queue.batch_inflight().fetch_sub(1, Ordering::SeqCst);
-                }
-                Err(e)
-            }
-        }
-    }
-
     /// Pick a healthy replica with a free slot, skipping `exclude`, and take the slot.
-    fn pick(&self, exclude: Option<&Arc<Replica>>) -> Result<Arc<Replica>, PickError> {
+    pub fn pick(&self, exclude: Option<&Arc<Replica>>) -> Result<ReplicaSlot, PickError> {
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
         let mut any_healthy = false;
@@ -309,7 +238,7 @@ impl Pool {
             Balance::RoundRobin => {
                 for r in candidates {
                     if r.try_take() {
-                        return Ok(r.clone());
+                        return Ok(ReplicaSlot { replica: r.clone(), held: true });
                     }
                 }
             }
@@ -319,11 +248,59 @@ impl Pool {
                 ranked.sort_by_key(|r| r.load_score());
                 for r in ranked {
                     if r.try_take() {
-                        return Ok(r.clone());
+                        return Ok(ReplicaSlot { replica: r.clone(), held: true });
                     }
                 }
             }
         }
         Err(if any_healthy { PickError::Saturated } else { PickError::NoHealthy })
+    }
+}
+
+/// What a request's attempts are made on: the replica its slot is on now,
+/// and a way to move the slot to another healthy replica for a retry.
+/// Admission's lease implements it; this room never sees the lease.
+pub trait Attempts {
+    fn replica(&self) -> &Arc<Replica>;
+    /// Move to a slot on another healthy replica; false when there is none.
+    fn move_to_another(&mut self) -> bool;
+}
+
+/// Send a request to the replica `on` holds a slot on, retrying once on
+/// another healthy replica when connecting fails or the replica answers 5xx
+/// before any byte reached the client. Nothing written to a replica that
+/// answered is sent again after its body started. `request` builds the
+/// request for a replica; the response headers must arrive by `deadline`
+/// (`start` is when the gateway got the request, for the error message).
+pub async fn send_with_retry<A: Attempts>(
+    pool: &Pool,
+    on: &mut A,
+    request: impl Fn(&Replica) -> Result<http::Request<http_body_util::Full<bytes::Bytes>>, GatewayError>,
+    start: tokio::time::Instant,
+    deadline: tokio::time::Instant,
+) -> Result<http::Response<conn::UpstreamBody>, GatewayError> {
+    let connect_timeout = pool.config.timeouts.connect.get();
+    let mut retried = false;
+    loop {
+        let replica = on.replica().clone();
+        let req = request(&replica)?;
+        let failure = match tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout)).await {
+            Err(_) => return Err(GatewayError::UpstreamTimeout { replica: replica.url.clone(), after: crate::config::Dur(deadline - start) }),
+            Ok(Ok(resp)) if resp.status().is_server_error() && !retried => {
+                if !on.move_to_another() {
+                    return Ok(resp);
+                }
+                tracing::info!(replica = %replica.url, status = %resp.status(), "replica answered 5xx before any byte was sent; retrying on another replica");
+                retried = true;
+                continue;
+            }
+            Ok(Ok(resp)) => return Ok(resp),
+            Ok(Err(e)) => GatewayError::Upstream { replica: replica.url.clone(), source: Box::new(e) },
+        };
+        if retried || !on.move_to_another() {
+            return Err(failure);
+        }
+        tracing::info!(error = %failure, "retrying on another replica");
+        retried = true;
     }
 }
