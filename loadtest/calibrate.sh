@@ -17,6 +17,7 @@ source "$HERE/lib.sh"
 SECS=${SECS:-30}
 CSECS=${CSECS:-120}   # each interference run
 build_release
+MACHINE=$(machine_line)   # stamped once: the build being measured
 (cd "$ROOT" && cargo build -q --release --locked -p slogate-loadtest --example interference)
 
 PROMPT_512='{ dist: fixed, value: 512 }'
@@ -63,7 +64,8 @@ for r in $RATES; do
   cleanup; PIDS=()
 done
 last=$(echo $RATES | awk '{print $NF}')
-python3 "$HERE/calibration_report.py" "$WORK" "$OUT" "$SECS" "$RATES" "$(machine_line)" "$CSECS"
-# Charts of the most loaded open-loop run, and the per-run reports.
-"$BIN/loadgen" plot "$WORK/r$last.json" --dir "$OUT"
-cp "$WORK"/r*.md "$WORK"/c*.md "$WORK"/m*.md "$OUT/"
+python3 "$HERE/calibration_report.py" "$WORK" "$OUT" "$SECS" "$RATES" "$MACHINE" "$CSECS"
+# Charts of the most loaded open-loop run; the per-run reports stay in $WORK.
+"$BIN/loadgen" plot "$WORK/r$last.json" --dir "$WORK"
+cp "$OUT/README.md" "$WORK/README.md"
+publish "$WORK" "$OUT"

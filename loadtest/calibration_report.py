@@ -69,6 +69,6 @@ for rate in rates:
         if acc >= .99 * tot: i99 = v / 1000; break
     late = sum(1 for x in rs if x["outcome"] == "timeout")
     L.append(f"| {rate} | {len(ok) / span:.2f} | {len(good_ttft) / span:.2f} | {len(good) / span:.2f} | {pct(t, .5):.0f} | {pct(t, .99):.0f} | {i99:.1f} | {late} |")
-L += ["", "Charts of the highest offered load: `rate-*-ttft-cdf.png`, `rate-*-ttft-p99.png`, `rate-*-throughput.png` (and .svg).", ""]
+L += ["", "Charts of the highest offered load: `rate-*-ttft-cdf.svg`, `rate-*-ttft-p99.svg`, `rate-*-throughput.svg`.", ""]
 open(f"{out}/README.md", "w").write("\n".join(L))
 print("\n".join(L))

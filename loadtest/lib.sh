@@ -126,4 +126,14 @@ measure() {
   echo $(( $(cpu_ticks "$pid") - t0 )) >"$WORK/$name.cpu"
 }
 
-machine_line() { echo "$(nproc) cores, $(free -g | awk '/^Mem/{print $2}') GiB, $(uname -r), $(rustc --version)"; }
+machine_line() { echo "commit $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src crates loadtest/src 2>/dev/null || echo '+changes'), $(nproc) cores, $(free -g | awk '/^Mem/{print $2}') GiB, $(uname -r), $(rustc --version)"; }
+
+# publish WORKDIR OUTDIR : a benchmark's committed result is its README.md and
+# its SVG charts only; OUTDIR is replaced with them (inputs, logs and raw
+# reports stay in WORKDIR, which is temporary).
+publish() {
+  local from=$1 to=$2
+  rm -rf "$to"; mkdir -p "$to"
+  cp "$from/README.md" "$to/"
+  cp "$from"/*.svg "$to/" 2>/dev/null || true
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 4's admission scenarios against simulated 70B replicas, each run
-# side by side, reported with charts under loadtest/results/admission/:
+# The admission scenarios against simulated 70B replicas, each run side by
+# side; each scenario's result (README.md, stamped with commit and machine,
+# and its SVG charts) replaces loadtest/results/admission/SCENARIO/:
 #
 #   overload   fleet of capacity C (measured first), offered 2C for 150 s:
 #              chat 0.4C, batch 1.6C; straight to the replicas, then through slogate
@@ -22,6 +23,7 @@ MODEL=sim-llama-70b-fp8
 # under 50 ms while prefills run), priority scheduling for upstream_priority.
 SIM_ARGS=(--profile llama70b-fp8-h100 --max-num-batched-tokens 512 --scheduling-policy priority)
 build_release
+MACHINE=$(machine_line)   # stamped once: the build being measured
 
 sim_up() { start_sim sim "$@" "${SIM_ARGS[@]}"; SIM_PID=${PIDS[-1]}; TARGETS=$(IFS=,; echo "${SIM_URLS[*]}"); }
 sim_down() { kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; }
@@ -55,7 +57,7 @@ EOF
 }
 
 overload() {
-  local d="$OUT/overload"; mkdir -p "$d"
+  local d="$WORK/overload"; mkdir -p "$d"
   # 1. Capacity C: two replicas, closed loop at 128 (2 x max_num_seqs), round robin.
   sim_up --replicas 2
   { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
@@ -89,14 +91,15 @@ tiers:
   local tl=$!
   loadgen run "$d/scenario.yaml" --target "$GW_URL" --label gateway --out "$d/gateway.json" --report "$d/gateway.md" --plots "$d" --no-progress
   kill "$tl" 2>/dev/null || true; wait "$tl" 2>/dev/null || true
-  cp "$WORK/gateway.log" "$d/gateway.log"
+  cp "$WORK/gateway.log" "$d/gateway.log"   # read by the report; not committed
   gw_down; sim_down
   loadgen compare "$d/direct.json" "$d/gateway.json" >"$d/compare.md"
-  python3 "$HERE/admission_report.py" overload "$d" "$C" "$(machine_line)"
+  python3 "$HERE/admission_report.py" overload "$d" "$C" "$MACHINE"
+  publish "$d" "$OUT/overload"
 }
 
 breaker() {
-  local d="$OUT/breaker"; mkdir -p "$d"
+  local d="$WORK/breaker"; mkdir -p "$d"
   sim_up --replicas 1
   { echo "target: http://127.0.0.1:1"; echo "duration: 110s"; echo "warmup: 0s"; echo "request_timeout: 60s"; echo "streams:"
     chat_stream chat chat "{ kind: poisson, rate: 4 }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
@@ -110,13 +113,14 @@ breaker: { window: 10s }   # P99 over the last 10 s, which must stay above 2x ta
   local tl=$!
   loadgen run "$d/scenario.yaml" --target "$GW_URL" --label breaker --out "$d/breaker.json" --report "$d/breaker.md" --plots "$d" --no-progress
   wait "$tl" || true
-  cp "$WORK/gateway.log" "$d/gateway.log"
+  cp "$WORK/gateway.log" "$d/gateway.log"   # read by the report; not committed
   gw_down; sim_down
-  python3 "$HERE/admission_report.py" breaker "$d" "$(machine_line)"
+  python3 "$HERE/admission_report.py" breaker "$d" "$MACHINE"
+  publish "$d" "$OUT/breaker"
 }
 
 reduction() {
-  local d="$OUT/reduction"; mkdir -p "$d"
+  local d="$WORK/reduction"; mkdir -p "$d"
   { echo "target: http://127.0.0.1:1"; echo "duration: 120s"; echo "warmup: 0s"; echo "request_timeout: 60s"; echo "streams:"
     chat_stream chat chat "{ kind: poisson, rate: ${REDUCTION_RATE:-5.6} }" "{ dist: fixed, value: 2500 }" "{ dist: fixed, value: 64 }" 9
   } >"$d/scenario.yaml"
@@ -139,11 +143,12 @@ context_reduction: { max_prompt_tokens: 512, max_tokens_cap: 256 }"
     local tl=$!
     loadgen run "$d/scenario.yaml" --target "$GW_URL" --label "$mode-reduction" --out "$d/$mode.json" --report "$d/$mode.md" --plots "$d" --no-progress
     wait "$tl" || true
-    cp "$WORK/gateway.log" "$d/gateway-$mode.log"
+    cp "$WORK/gateway.log" "$d/gateway-$mode.log"   # read by the report; not committed
     gw_down; sim_down
   done
   loadgen compare "$d/without.json" "$d/with.json" >"$d/compare.md"
-  python3 "$HERE/admission_report.py" reduction "$d" "$(machine_line)"
+  python3 "$HERE/admission_report.py" reduction "$d" "$MACHINE"
+  publish "$d" "$OUT/reduction"
 }
 
 todo=("$@"); [ ${#todo[@]} -eq 0 ] && todo=(overload breaker reduction)

@@ -152,8 +152,8 @@ def cmd_overload(d, C, machine):
                 "22 ms + 0.3 ms/seq decode steps, 0.078 ms/prompt token, max_num_seqs 64), `--max-num-batched-tokens 512`, "
                 "`--scheduling-policy priority`. Every request: 512 prompt tokens, 64-256 output tokens (uniform).\n\n")
         f.write(f"**Capacity C = {C:.2f} req/s**: the fleet's throughput saturated (closed loop, 128 concurrent = 2 x max_num_seqs, "
-                "round robin, 30 s after 10 s warm-up; `capacity.md`). C is throughput capacity: at saturation the replicas' own "
-                "TTFT P99 is already far over chat's 300 ms (see `capacity.md`), so holding chat's SLO at 2 C is admission's work.\n\n")
+                "round robin, 30 s after 10 s warm-up). C is throughput capacity: at saturation the replicas' own "
+                "TTFT P99 is already far over chat's 300 ms, so holding chat's SLO at 2 C is admission's work.\n\n")
         f.write(f"**Offered 2 C for 150 s** (first 20 s warm-up left out): chat Poisson {0.4 * C:.2f} req/s (0.4 C), batch "
                 f"{1.6 * C:.2f} req/s (1.6 C) arriving in bursts of 8 (M^X). Run once straight to the replicas (client-side round "
                 "robin, as a plain Service would) and once through slogate, each on freshly started replicas. Goodput = requests "
@@ -174,8 +174,8 @@ def cmd_overload(d, C, machine):
                 "for the whole run and chat's TTFT with it. Through slogate, chat finds a slot at once (reserved share, "
                 "interactive first, vLLM priority), batch fills the rest of the slots and what cannot be served within its "
                 "TTFT target is refused early with 429 + Retry-After instead of waiting.\n\n")
-        f.write("Charts: `direct-*.png`, `gateway-*.png` (TTFT CDF, TTFT p99 over time, throughput and 429s), "
-                "`gateway-admission.png` (the gateway's rolling chat TTFT P99). Full reports: `direct.md`, `gateway.md`, `compare.md`.\n")
+        f.write("Charts: `direct-*.svg`, `gateway-*.svg` (TTFT CDF, TTFT p99 over time, throughput and 429s), "
+                "`gateway-admission.svg` (the gateway's rolling chat TTFT P99). \n")
     print(open(os.path.join(d, "README.md")).read())
 
 
@@ -253,8 +253,8 @@ def cmd_breaker(d, machine):
             f.write(f"| {t:.2f} | {e} |\n")
         f.write(f"\n429s by Retry-After: {by_ra} (Retry-After 1 are queue timeouts: with the replica 8x slower its 64 slots "
                 "fill and the interactive queue's 2 s timeout answers before the breaker opens).\n\n")
-        f.write("Charts: `breaker-timeline.png` (the gateway's rolling chat TTFT P99 with the breaker state), "
-                "`breaker-ttft-p99.png`, `breaker-throughput.png` (completed and 429 per second, client side). Report: `breaker.md`.\n")
+        f.write("Charts: `breaker-timeline.svg` (the gateway's rolling chat TTFT P99 with the breaker state), "
+                "`breaker-ttft-p99.svg`, `breaker-throughput.svg` (completed and 429 per second, client side).\n")
     print(open(os.path.join(d, "README.md")).read())
 
 
@@ -334,8 +334,8 @@ def cmd_reduction(d, machine):
             if ev[m]:
                 t0 = ev[m][0][0]
                 f.write(f"- {m}: " + "; ".join(f"{t - t0:.1f} s {e}" for t, e in ev[m]) + "\n")
-        f.write("\nCharts: `chart-timeline-without.png`, `chart-timeline-with.png` (the gateway's rolling chat TTFT P99, breaker and "
-                "reduction state), `*-reduction-ttft-p99.png`, `*-reduction-throughput.png`. Reports: `without.md`, `with.md`, `compare.md`.\n")
+        f.write("\nCharts: `chart-timeline-without.svg`, `chart-timeline-with.svg` (the gateway's rolling chat TTFT P99, breaker and "
+                "reduction state), `*-reduction-ttft-p99.svg`, `*-reduction-throughput.svg`.\n")
     print(open(os.path.join(d, "README.md")).read())
 
 

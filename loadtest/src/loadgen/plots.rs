@@ -85,11 +85,8 @@ where
 
 fn both(c: &Chart, dir: &Path, stem: &str, out: &mut Vec<PathBuf>) -> Result<(), String> {
     let svg = dir.join(format!("{stem}.svg"));
-    let png = dir.join(format!("{stem}.png"));
     draw(SVGBackend::new(&svg, (960, 540)).into_drawing_area(), c)?;
-    draw(BitMapBackend::new(&png, (960, 540)).into_drawing_area(), c)?;
     out.push(svg);
-    out.push(png);
     Ok(())
 }
 
@@ -98,7 +95,7 @@ fn window_p99(values: &mut [f64]) -> f64 {
     values[((values.len() as f64 * 0.99).ceil() as usize).saturating_sub(1).min(values.len() - 1)]
 }
 
-/// Render the charts of `r` into `dir` as `PREFIX-*.{svg,png}`; returns the files.
+/// Render the charts of `r` into `dir` as `PREFIX-*.svg`; returns the files.
 pub fn render(r: &RunResult, dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, String> {
     ensure_font()?;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -202,7 +199,7 @@ pub fn render(r: &RunResult, dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, S
 
 /// Chart the columns of a CSV file (a header row, then numbers; the first
 /// column is the x axis) as one line each, with optional horizontal lines.
-/// Writes `DIR/STEM.{svg,png}`.
+/// Writes `DIR/STEM.svg`.
 pub fn render_csv(
     csv: &Path,
     dir: &Path,
