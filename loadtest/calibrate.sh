@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Calibrate the simulator against seed 003, end to end, and write
+# Calibrate the simulator against published vLLM behaviour, end to end, and write
 # loadtest/results/calibration/README.md with the numbers and charts:
 #   1. loadgen's client-side TTFT/ITL vs the simulator's own vllm: histograms, same run;
 #   2. the batch-interference shape: P99/P50 TTFT at 8, 16, 32, 64 concurrent
 #      requests with 512-token prompts (70B FP8 profile), alone and with 5 % of
-#      requests carrying a 4096-token prompt (seed 003's "long-prompt request
+#      requests carrying a 4096-token prompt (a "long-prompt request
 #      hitting the queue"); over HTTP with loadgen, and from the engine alone
 #      on paused time (20 simulated minutes per level, for a stable P99);
 #   3. the capacity knee: Poisson load swept past capacity on one replica.

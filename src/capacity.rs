@@ -1,11 +1,11 @@
-//! Capacity planning (seed 003): how many replicas a target request rate
+//! Capacity planning: how many replicas a target request rate
 //! needs for a class to hold its TTFT P99.
 //!
 //! `replicas = ceil(rate / (utilisation_ceiling / service_time))`, with the
-//! seed's utilisation ceilings for P99 TTFT targets (300 ms: 63 %, 400 ms:
+//! utilisation ceilings an M/M/c-style queue allows for P99 TTFT targets (300 ms: 63 %, 400 ms:
 //! 70 %, 500 ms: 75 %; linear between, extended with the same slope and
 //! clamped to 30-85 % outside). Assumptions, stated with every answer:
-//! the workload is prefill-bound (seed 003's model), a replica's service
+//! the workload is prefill-bound (the prefill-bound model), a replica's service
 //! time is the measured median TTFT of the class (prefill plus the
 //! replica's own queueing at the load it was measured at, so measure at
 //! moderate load), arrivals are Poisson, and classes are sized
@@ -41,7 +41,7 @@ pub struct Estimate {
 }
 
 pub const ASSUMPTIONS: &str =
-    "replicas = ceil(rate / (ceiling / service_time)) (seed 003). Prefill-bound workload; service time = the class's \
+    "replicas = ceil(rate / (ceiling / service_time)). Prefill-bound workload; service time = the class's \
 median TTFT as measured (measure at moderate load: at saturation it includes queueing); utilisation ceiling from the TTFT P99 target \
 (300 ms: 63 %, 400 ms: 70 %, 500 ms: 75 %, linear between, clamped to 30-85 %); Poisson arrivals; classes sized independently.";
 
@@ -183,7 +183,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seed_003_worked_example() {
+    fn capacity_formula_worked_example() {
         // 1,000 RPS, 40 ms average service time, 400 ms target (70 %): 58 instances.
         let m = Measured { class: "rag".into(), ttft_target_ms: 400.0, service_time_ms: 40.0, observed_rps: 0.0, samples: 100 };
         let e = estimate(&m, 1000.0);
@@ -192,7 +192,7 @@ mod tests {
     }
 
     #[test]
-    fn ceilings_follow_the_seed_and_stay_bounded() {
+    fn ceilings_follow_the_published_curve_and_stay_bounded() {
         assert!((utilisation_ceiling(300.0) - 0.63).abs() < 1e-9);
         assert!((utilisation_ceiling(400.0) - 0.70).abs() < 1e-9);
         assert!((utilisation_ceiling(500.0) - 0.75).abs() < 1e-9);

@@ -68,7 +68,7 @@ enum Command {
         format: RulesFormat,
     },
     /// How many replicas each class needs for a target rate to hold its TTFT
-    /// P99 (seed 003's formula), from a running gateway's measurements
+    /// P99 (the capacity formula), from a running gateway's measurements
     /// (`--from http://ADMIN`) or a loadgen result (`--from result.json`).
     Capacity {
         /// A gateway's admin URL (loopback or not) or a loadgen JSON result.

@@ -1,5 +1,5 @@
 //! SLO as code: Prometheus recording and multi-window, multi-burn-rate alert
-//! rules generated from the config (seed 000; the Google SRE workbook's
+//! rules generated from the config (the Google SRE workbook's
 //! method), so the SLO spec, the histogram buckets and the rules can never
 //! disagree.
 //!

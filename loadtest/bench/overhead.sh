@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Gateway overhead, measured side by side in one run (issue 2's benchmark):
+# Gateway overhead, measured side by side in one run :
 #   - added TTFT p50/p99 and added ITL p99 at 200 concurrent streams, against a
 #     deterministic upstream (every engine step 20 ms), direct and through
 #     slogate, interleaved A/B/A/B. The simulator stamps each chunk
@@ -72,7 +72,7 @@ done
 # Side by side in one run: N streams through slogate and N straight to the
 # replica at the same time, so both ride the same engine steps and the same
 # load on the client's and replica's core; only the path differs. N = 200 is
-# the issue's point; 32 and 100 show how the difference grows with load.
+# the target's load; 32 and 100 show how the difference grows with load.
 for c in 32 100 200; do
 for round in $(seq "$ROUNDS"); do
   cat >"$WORK/pair.yaml" <<EOS

@@ -1,4 +1,4 @@
-//! The TTFT-P99 circuit breaker of one class (seed 003: P99 > 2x SLO for
+//! The TTFT-P99 circuit breaker of one class (P99 > 2x SLO for
 //! 30 s -> 429 + Retry-After: 5), and the trigger of context reduction,
 //! which follows the same pattern with its own thresholds.
 //!

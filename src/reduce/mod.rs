@@ -1,6 +1,6 @@
 //! Context reduction: pure functions that rewrite a chat or completion
 //! request to cost less, used while a class's TTFT P99 is over its trigger
-//! (seed 003: P99 > 200 % of SLO for > 10 s -> reduce context).
+//! (P99 > 200 % of SLO for > 10 s -> reduce context).
 //!
 //! In order: cap `max_tokens` / `max_completion_tokens` (added when absent),
 //! keep only the first `max_documents` RAG `documents`, then drop the oldest

@@ -9,13 +9,10 @@
 //! `cpuidle-haltpoll`, whose `guest_halt_poll_ns` is 0 on this project's test
 //! machines). HAProxy offers the same trade as its `busy-polling` setting.
 //!
-//! Measured (pinned: slogate alone on CPU 1, replica and client on CPU 0;
-//! 400 streams taking the two paths in turn, 64 tokens, 20 ms steps; six
-//! alternating runs each): the path's share of a gap, p99, slogate minus
-//! direct, +0.207 ms (0.000 to +0.512) without, +0.027 (-0.004 to +0.060)
-//! with; the path's share of TTFT, p99, up to +2.6 ms without, at most
-//! +0.21 with. The price is CPU: the gateway used 5 s of CPU in a 22 s run
-//! without, 22 s with (a core kept busy for as long as streams are open).
+//! The overhead benchmark (`loadtest/bench/overhead.sh`) measures both
+//! settings side by side; `loadtest/results/overhead-pinned.md` has the
+//! figures: the gap the path adds shrinks, at the price of a core kept busy
+//! for as long as streams are open.
 //! Only for a gateway with cores of its own: sharing a core, it takes the
 //! core from the processes it shares it with.
 //!

@@ -6,16 +6,15 @@
 //! gateway shares cores with other busy processes, how long a woken thread
 //! waits for a core is added to every token. With the default slice the
 //! thread that is running keeps the core until its slice is used up (1.4 ms
-//! on this project's test machines); a thread that asks for a short slice
+//! on the machines this was developed on); a thread that asks for a short slice
 //! gets an earlier deadline and takes the core when it wakes. Its share of
 //! CPU is unchanged (that is set by its weight, which stays the default): it
 //! runs sooner, in shorter turns.
 //!
-//! Measured with all processes sharing two cores (interleaved direct and
-//! slogate paths, 200 streams each, 4 rounds): the path's share of TTFT p99
-//! slogate added fell from +2.24 ms to +1.10 ms, p50 from +1.71 to +1.40 ms,
-//! and a gap's p99 from +0.51 to +0.30 ms. On a core of its own the gateway
-//! never waits, and the hint changes nothing.
+//! On a core of its own the gateway never waits, and the hint changes
+//! nothing; it helps only where the gateway shares cores with other busy
+//! processes (see `loadtest/results/overhead-shared.md`). Off by default
+//! (`server.short_sched_slice`).
 //!
 //! Before 6.12 the kernel read `sched_runtime` only for SCHED_DEADLINE, so
 //! the request should be accepted and the slice ignored there (not tried:

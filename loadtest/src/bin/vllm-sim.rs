@@ -11,7 +11,7 @@ use clap::Parser;
 use loadtest::sim::{FaultConfig, Profile, SimConfig, SimServer};
 
 #[derive(Parser)]
-#[command(name = "vllm-sim", about = "A vLLM-faithful simulated replica (seed 002's queueing model)")]
+#[command(name = "vllm-sim", about = "A vLLM-faithful simulated replica (vLLM's scheduling's queueing model)")]
 struct Args {
     /// Address to bind; port 0 picks a free port. Replica i binds port + i.
     #[arg(long, default_value = "127.0.0.1:8000")]

@@ -40,7 +40,7 @@ pub struct Scenario {
     /// Give up on a request after this long.
     #[serde(default = "default_timeout", deserialize_with = "dur", serialize_with = "ser_dur")]
     pub request_timeout: Duration,
-    /// Class targets for SLO attainment; defaults to seed 003's table.
+    /// Class targets for SLO attainment; defaults to the default SLO table.
     #[serde(default = "default_targets")]
     pub classes: BTreeMap<String, Targets>,
     pub streams: Vec<StreamSpec>,
@@ -132,7 +132,7 @@ pub enum Arrival {
     Poisson { rate: f64 },
     /// Evenly spaced arrivals at `rate` per second (open loop).
     Constant { rate: f64 },
-    /// Batches arrive as a Poisson process at `rate`; each holds `size` requests (M^X, seed 002).
+    /// Batches arrive as a Poisson process at `rate`; each holds `size` requests (M^X).
     Batch { rate: f64, size: LenDist },
     /// Poisson arrivals whose rate moves linearly to each stage's `rate` over its duration (ramp, spike, soak).
     Stages { stages: Vec<Stage> },

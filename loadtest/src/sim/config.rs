@@ -75,7 +75,7 @@ impl Default for SimConfig {
 pub enum Profile {
     /// An 8B model on one H100: ~6 ms steps, ~15 ms prefill for 512 tokens.
     Llama8bH100,
-    /// A 70B FP8 model on one H100 (seed 003): ~40 ms prefill for 512
+    /// A 70B FP8 model on one H100: ~40 ms prefill for 512
     /// tokens, ~25 ms decode steps, KV for ~64k tokens.
     Llama70bFp8H100,
 }

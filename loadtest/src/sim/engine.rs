@@ -1,4 +1,4 @@
-//! One replica's engine: vLLM's step loop as seed 002 models it.
+//! One replica's engine: vLLM's step loop as vLLM runs it.
 //!
 //! Each step first decodes one token for every running sequence (decode
 //! preference), then spends what is left of the `max_num_batched_tokens`

@@ -1,5 +1,5 @@
 //! A vLLM-faithful simulated replica: the OpenAI API as vLLM emits it, in
-//! front of an engine that schedules like vLLM (seed 002), with vLLM's
+//! front of an engine that schedules like vLLM, with vLLM's
 //! metrics and switchable faults. Runs in-process (tests, `slogate demo`)
 //! or as the `vllm-sim` binary.
 

@@ -1,10 +1,10 @@
 //! The engine alone under a closed loop, on whatever clock the runtime has:
 //! on paused tokio time, ten simulated minutes take seconds, which gives the
-//! batch-interference table (seed 003) enough requests for a stable P99.
+//! batch-interference table enough requests for a stable P99.
 //!
 //! `concurrency` clients each submit a request, read its tokens to the end
 //! and submit the next at once (as `benchmark_serving --max-concurrency`).
-//! A share of requests can carry a long prompt (the seed's "long-prompt
+//! A share of requests can carry a long prompt (the "long-prompt
 //! request hitting the queue"); the TTFT of the others is what is measured.
 
 use std::sync::{Arc, Mutex};
