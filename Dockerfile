@@ -2,7 +2,8 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin slogate && strip target/release/slogate
+# Without the `demo` feature: the image does not ship the simulator.
+RUN cargo build --release --locked --no-default-features --bin slogate && strip target/release/slogate
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/slogate /usr/local/bin/slogate

@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 use crate::error::{error_response, full, GatewayError, ProxyBody};
 use crate::state::App;
 
-pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
+pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
             let om =
@@ -66,7 +66,12 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody
             let snap = app.snapshot();
             let mut lines = String::new();
             for p in &snap.pools {
-                lines.push_str(&format!("pool {}: {}/{} replicas healthy\n", p.pool.config.name, p.pool.healthy_count(), p.pool.replicas.len()));
+                lines.push_str(&format!(
+                    "pool {}: {}/{} replicas healthy\n",
+                    p.pool.config.name,
+                    p.pool.healthy_count(),
+                    p.pool.replicas.len()
+                ));
             }
             if snap.ready() {
                 text(StatusCode::OK, &format!("ready\n{lines}"))

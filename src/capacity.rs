@@ -40,8 +40,7 @@ pub struct Estimate {
     pub samples: u64,
 }
 
-pub const ASSUMPTIONS: &str =
-    "replicas = ceil(rate / (ceiling / service_time)). Prefill-bound workload; service time = the class's \
+pub const ASSUMPTIONS: &str = "replicas = ceil(rate / (ceiling / service_time)). Prefill-bound workload; service time = the class's \
 median TTFT as measured (measure at moderate load: at saturation it includes queueing); utilisation ceiling from the TTFT P99 target \
 (300 ms: 63 %, 400 ms: 70 %, 500 ms: 75 %, linear between, clamped to 30-85 %); Poisson arrivals; classes sized independently.";
 
@@ -156,7 +155,7 @@ pub fn table(estimates: &[Estimate]) -> String {
 
 /// What a running gateway has measured: per class, the rolling median TTFT
 /// and the rate of counted requests over the last five minutes.
-pub fn measure(app: &crate::state::App) -> Vec<Measured> {
+pub(crate) fn measure(app: &crate::state::App) -> Vec<Measured> {
     let snap = app.snapshot();
     let now = tokio::time::Instant::now();
     let span = std::time::Duration::from_secs(300);
@@ -222,9 +221,8 @@ pub async fn from_gateway(admin_url: &str, rates: &[(String, f64)]) -> Result<Ve
     let query: Vec<String> = rates.iter().map(|(c, r)| format!("rate={c}={r}")).collect();
     let path = format!("/capacity?{}", query.join("&"));
     let url = format!("{}{path}", admin_url.trim_end_matches('/'));
-    let (status, body) = crate::upstream::conn::get_once(&base, &path, std::time::Duration::from_secs(10))
-        .await
-        .map_err(|e| format!("{admin_url}: {e}"))?;
+    let (status, body) =
+        crate::upstream::conn::get_once(&base, &path, std::time::Duration::from_secs(10)).await.map_err(|e| format!("{admin_url}: {e}"))?;
     if !status.is_success() {
         return Err(format!("{url}: {status}: {}", String::from_utf8_lossy(&body)));
     }

@@ -11,12 +11,12 @@ use http_body_util::{BodyExt, Full};
 use crate::config::Dur;
 use crate::telemetry::Outcome;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The response body type of both listeners.
-pub type ProxyBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type ProxyBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
 #[derive(Debug, thiserror::Error)]
-pub enum GatewayError {
+pub(crate) enum GatewayError {
     #[error("request body is larger than the {limit}-byte limit")]
     PayloadTooLarge { limit: u64 },
     #[error("could not read the request body")]
@@ -57,7 +57,7 @@ pub enum GatewayError {
 impl GatewayError {
     /// No route for this method and path: 405 naming the method the path
     /// takes (`allow`, from the listener's routes), else 404.
-    pub fn no_route(method: &http::Method, path: &str, allow: Option<&'static str>) -> GatewayError {
+    pub(crate) fn no_route(method: &http::Method, path: &str, allow: Option<&'static str>) -> GatewayError {
         let (method, path) = (method.to_string(), path.to_string());
         match allow {
             Some(allow) => GatewayError::MethodNotAllowed { method, path, allow },
@@ -65,7 +65,7 @@ impl GatewayError {
         }
     }
 
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -83,7 +83,7 @@ impl GatewayError {
     }
 
     /// How a request that ended with this error is counted.
-    pub fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         use GatewayError::*;
         match self {
             Rejected { .. } => Outcome::rejected,
@@ -125,7 +125,7 @@ impl GatewayError {
         }
     }
 
-    pub fn into_response(self) -> Response<ProxyBody> {
+    pub(crate) fn into_response(self) -> Response<ProxyBody> {
         let (ty, param, code) = self.kind();
         let mut resp = error_response(self.status(), &self.to_string(), ty, param, code);
         if let Some(secs) = self.retry_after() {
@@ -139,12 +139,12 @@ impl GatewayError {
 }
 
 /// The OpenAI error JSON for a message.
-pub fn error_json(message: &str, ty: &str, param: Option<&str>, code: impl serde::Serialize) -> Vec<u8> {
+pub(crate) fn error_json(message: &str, ty: &str, param: Option<&str>, code: impl serde::Serialize) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({"error": {"message": message, "type": ty, "param": param, "code": code}}))
         .unwrap_or_else(|_| br#"{"error":{"message":"internal error","type":"internal_error","param":null,"code":null}}"#.to_vec())
 }
 
-pub fn error_response(status: StatusCode, message: &str, ty: &str, param: Option<&str>, code: &str) -> Response<ProxyBody> {
+pub(crate) fn error_response(status: StatusCode, message: &str, ty: &str, param: Option<&str>, code: &str) -> Response<ProxyBody> {
     let mut resp = Response::new(full(error_json(message, ty, param, code)));
     *resp.status_mut() = status;
     resp.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -152,6 +152,6 @@ pub fn error_response(status: StatusCode, message: &str, ty: &str, param: Option
 }
 
 /// A complete body.
-pub fn full(b: impl Into<Bytes>) -> ProxyBody {
+pub(crate) fn full(b: impl Into<Bytes>) -> ProxyBody {
     Full::new(b.into()).map_err(|never| match never {}).boxed_unsync()
 }

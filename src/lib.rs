@@ -1,28 +1,36 @@
 //! slogate: an OpenAI-compatible streaming gateway for vLLM replicas that
 //! measures TTFT, ITL and availability where the caller feels them.
 //!
-//! The request path, one way (see DESIGN.md):
-//! `server` accepts → `classify` picks the SLO class → `proxy` reads the body
-//! and finds the pool → `upstream` leases a replica slot → `proxy` forwards
-//! and wraps the body in an observer → `telemetry` records one outcome when
-//! the body ends or is dropped, and the lease is released with it.
+//! The request path, one way: `server` accepts → `classify` picks the SLO
+//! class → `proxy::forward` runs the stages: route (body, pool), `admission`
+//! (breaker gate, queue, a lease on a replica slot), `reduce`, `upstream`
+//! (send, retry) → the observed body, which records one outcome through
+//! `telemetry` when it ends or is dropped, and releases the lease with it.
 //!
-//! [`Gateway::start`] builds the whole service, so tests run it in-process.
+//! The facade: [`Gateway`] builds the whole service (tests run it
+//! in-process), [`config`] is the configuration users write, [`rules`] and
+//! [`capacity`] are the `slogate rules` and `slogate capacity` commands,
+//! [`telemetry`] sets up logging and tracing, [`server::runtime`] builds the
+//! runtime. Everything else is the crate's own.
 
-pub mod admin;
-pub mod admission;
+#![warn(unreachable_pub)]
+
+mod admin;
+mod admission;
 pub mod capacity;
-pub mod classify;
+mod classify;
 pub mod config;
-pub mod error;
-pub mod proxy;
-pub mod reduce;
+mod error;
+mod proxy;
+mod reduce;
 pub mod rules;
 pub mod server;
-pub mod state;
-pub mod status;
+mod state;
+mod status;
 pub mod telemetry;
-pub mod upstream;
+mod upstream;
+
+pub use state::ReloadError;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,7 +53,13 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error("{0}")]
-    Setup(String),
+    Config(#[from] config::ConfigError),
+    #[error("server.tls: {0}")]
+    Tls(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("cannot read the listener's address: {0}")]
+    LocalAddr(#[source] std::io::Error),
 }
 
 /// A running gateway: both listeners and the background tasks.
@@ -53,7 +67,7 @@ pub struct Gateway {
     pub data_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub tls: bool,
-    pub app: Arc<App>,
+    app: Arc<App>,
     tuning: server::Tuning,
     stop: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
@@ -68,24 +82,24 @@ impl Gateway {
 
     /// Load `path` and serve it; `POST /-/reload` and SIGHUP read it again.
     pub async fn start_file(path: &std::path::Path) -> Result<Gateway, StartError> {
-        let config = Config::load(path).map_err(|e| StartError::Setup(e.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n")))?;
+        let config = Config::load(path)?;
         Self::start_with(config, Some(path.to_path_buf())).await
     }
 
     async fn start_with(config: Config, path: Option<std::path::PathBuf>) -> Result<Gateway, StartError> {
         let metrics = Arc::new(Metrics::new(&config));
         let controls = Arc::new(admission::Controls::new(metrics.clone()));
-        let snapshot = Snapshot::prepare(config, &metrics, &controls, None).map_err(StartError::Setup)?;
+        let snapshot = Snapshot::prepare(config, &metrics, &controls, None).map_err(StartError::Invalid)?;
         let cfg = snapshot.config.clone();
         let tls = match &cfg.server.tls {
-            Some(t) => Some(server::tls_acceptor(&t.cert, &t.key).map_err(StartError::Setup)?),
+            Some(t) => Some(server::tls_acceptor(&t.cert, &t.key).map_err(StartError::Tls)?),
             None => None,
         };
         let bind = |addr: SocketAddr| async move { TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source }) };
         let data = bind(cfg.server.listen).await?;
         let admin = bind(cfg.server.admin_listen).await?;
-        let data_addr = data.local_addr().map_err(|e| StartError::Setup(e.to_string()))?;
-        let admin_addr = admin.local_addr().map_err(|e| StartError::Setup(e.to_string()))?;
+        let data_addr = data.local_addr().map_err(StartError::LocalAddr)?;
+        let admin_addr = admin.local_addr().map_err(StartError::LocalAddr)?;
 
         let (stop, stop_rx) = watch::channel(false);
         let app = Arc::new(App::new(snapshot, metrics.clone(), controls.clone(), path, stop_rx.clone()));
@@ -95,8 +109,14 @@ impl Gateway {
         background.extend(tuning.start(stop_rx.clone()));
         let grace = cfg.server.shutdown_grace.get();
         let a = app.clone();
-        let data_task =
-            tokio::spawn(server::serve(data, tls.clone(), move |req| proxy::handle(req, a.clone()), stop_rx.clone(), grace, tuning.clone()));
+        let data_task = tokio::spawn(server::serve(
+            data,
+            tls.clone(),
+            move |req| proxy::handle(req, a.clone()),
+            stop_rx.clone(),
+            grace,
+            tuning.clone(),
+        ));
         let a = app.clone();
         let admin_task =
             tokio::spawn(server::serve(admin, None, move |req| admin::handle(req, a.clone()), stop_rx, grace, server::Tuning::default()));
@@ -109,8 +129,25 @@ impl Gateway {
     }
 
     /// Reload the config file (as SIGHUP and `POST /-/reload` do).
-    pub async fn reload(&self) -> Result<(), String> {
+    pub async fn reload(&self) -> Result<(), ReloadError> {
         self.app.reload().await
+    }
+
+    /// A handle that reloads this gateway's config file (for a signal handler).
+    pub fn reloader(&self) -> Reloader {
+        Reloader(self.app.clone())
+    }
+
+    /// The gateway's metrics (what the admin listener serves at `/metrics`);
+    /// readable after shutdown too.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.app.metrics.clone()
+    }
+
+    /// Ready (a healthy replica in every pool) and serving `model`.
+    pub fn serves(&self, model: &str) -> bool {
+        let snap = self.app.snapshot();
+        snap.ready() && snap.pool_for(model).is_some()
     }
 
     /// Stop accepting, let in-flight streams finish (up to `shutdown_grace`), stop.
@@ -123,6 +160,16 @@ impl Gateway {
             t.abort();
         }
         self.app.stop_health_checks();
+    }
+}
+
+/// Reloads a gateway's config file; see [`Gateway::reloader`].
+#[derive(Clone)]
+pub struct Reloader(Arc<App>);
+
+impl Reloader {
+    pub async fn reload(&self) -> Result<(), ReloadError> {
+        self.0.reload().await
     }
 }
 

@@ -43,6 +43,8 @@ enum Command {
     },
     /// The embedded default: the gateway (config/slogate.yaml) in front of
     /// simulated vLLM replicas, with a line telling what to run next.
+    /// (Built with the `demo` feature, on by default.)
+    #[cfg(feature = "demo")]
     Demo {
         /// Data-plane address.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -125,10 +127,7 @@ fn main() -> ExitCode {
                 RulesFormat::Prometheus => slogate::rules::Format::Prometheus,
                 RulesFormat::PrometheusOperator => slogate::rules::Format::PrometheusOperator,
             };
-            match Config::load(&config)
-                .map_err(|e| e.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n"))
-                .and_then(|c| slogate::rules::render(&c, format))
-            {
+            match Config::load(&config).map_err(|e| e.to_string()).and_then(|c| slogate::rules::render(&c, format)) {
                 Ok(y) => {
                     print!("{y}");
                     ExitCode::SUCCESS
@@ -139,6 +138,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        #[cfg(feature = "demo")]
         Command::Demo { listen, admin_listen, replicas, load } => {
             slogate::telemetry::init_logging(matches!(cli.log_format, Some(LogFmt::Json)));
             match runtime(false) {
@@ -193,8 +193,10 @@ fn runtime(short_sched_slice: bool) -> Result<tokio::runtime::Runtime, ExitCode>
 }
 
 /// The example config, embedded so `slogate demo` needs no files.
+#[cfg(feature = "demo")]
 const EXAMPLE_CONFIG: &str = include_str!("../config/slogate.yaml");
 
+#[cfg(feature = "demo")]
 async fn demo(
     listen: std::net::SocketAddr,
     admin_listen: std::net::SocketAddr,
@@ -243,9 +245,8 @@ async fn demo(
             return ExitCode::FAILURE;
         }
     };
-    let app = gw.app.clone();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !(app.snapshot().ready() && app.snapshot().pool_for(&sim_cfg.model).is_some()) && tokio::time::Instant::now() < deadline {
+    while !gw.serves(&sim_cfg.model) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let (data, admin, model) = (gw.data_addr, gw.admin_addr, &sim_cfg.model);
@@ -283,6 +284,7 @@ async fn demo(
 }
 
 /// The `demo --load` traffic: interactive chat plus bursty batch.
+#[cfg(feature = "demo")]
 fn demo_scenario(
     target: &str,
     model: &str,
@@ -338,7 +340,7 @@ async fn capacity(from: &str, rates: &[String], config: Option<&std::path::Path>
         let text = std::fs::read_to_string(from).map_err(|e| format!("{from}: {e}"))?;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{from}: {e}"))?;
         let cfg = match config {
-            Some(p) => Some(Config::load(p).map_err(|e| e.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("; "))?),
+            Some(p) => Some(Config::load(p).map_err(|e| e.to_string())?),
             None => None,
         };
         let target = |class: &str| cfg.as_ref().and_then(|c| c.classes.get(class)).map(|c| c.ttft.get().as_secs_f64() * 1000.0);
@@ -364,7 +366,7 @@ async fn serve(_validated: Config, path: PathBuf) -> ExitCode {
     let scheme = if gw.tls { "https" } else { "http" };
     tracing::info!(data = %format!("{scheme}://{}", gw.data_addr), admin = %format!("http://{}", gw.admin_addr), "slogate listening");
     // SIGHUP reloads the config file, like POST /-/reload.
-    let app = gw.app.clone();
+    let app = gw.reloader();
     let hup = tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let Ok(mut hup) = signal(SignalKind::hangup()) else { return };

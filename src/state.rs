@@ -24,16 +24,16 @@ use crate::upstream::Pool;
 
 /// One pool as the request path sees it: its replicas (`upstream`) and the
 /// admission in front of them, side by side.
-pub struct Route {
-    pub pool: Arc<Pool>,
-    pub admission: Arc<PoolAdmission>,
+pub(crate) struct Route {
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) admission: Arc<PoolAdmission>,
 }
 
 /// Everything the request path needs, immutable once built.
-pub struct Snapshot {
-    pub config: Arc<Config>,
-    pub pools: Vec<Route>,
-    pub classifier: Classifier,
+pub(crate) struct Snapshot {
+    pub(crate) config: Arc<Config>,
+    pub(crate) pools: Vec<Route>,
+    pub(crate) classifier: Classifier,
 }
 
 impl Snapshot {
@@ -41,7 +41,7 @@ impl Snapshot {
     /// live either way: with `previous`, replicas of pools of the same name
     /// and their admissions (queues, batch count) carry over as they are,
     /// and get the new parameters only at [`App::install`].
-    pub fn prepare(config: Config, metrics: &Metrics, controls: &Controls, previous: Option<&Snapshot>) -> Result<Snapshot, String> {
+    pub(crate) fn prepare(config: Config, metrics: &Metrics, controls: &Controls, previous: Option<&Snapshot>) -> Result<Snapshot, String> {
         let classifier = Classifier::new(&config, controls)?;
         for (i, p) in config.pools.iter().enumerate() {
             for (j, url) in p.replicas.iter().enumerate() {
@@ -62,16 +62,16 @@ impl Snapshot {
     }
 
     /// The pool serving `model`: static names first, then discovered ones.
-    pub fn pool_for(&self, model: &str) -> Option<&Route> {
+    pub(crate) fn pool_for(&self, model: &str) -> Option<&Route> {
         self.pools.iter().find(|r| r.pool.static_models.contains(model)).or_else(|| self.pools.iter().find(|r| r.pool.serves(model)))
     }
 
-    pub fn default_class(&self) -> Arc<Class> {
+    pub(crate) fn default_class(&self) -> Arc<Class> {
         self.classifier.class(&self.config.default_class).cloned().unwrap_or_else(|| self.classifier.classes()[0].clone())
     }
 
     /// Ready: at least one healthy replica in every pool.
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         self.pools.iter().all(|r| r.pool.healthy_count() > 0)
     }
 }
@@ -86,14 +86,29 @@ fn activate(controls: &Controls, snapshot: &Snapshot) {
     }
 }
 
+/// Why a reload was refused (the running config stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("this gateway was not started from a config file")]
+    NoConfigFile,
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error(
+        "classes.{class}.{what}: {value} is not a histogram bucket of this process (buckets are fixed at start); restart to change SLO targets"
+    )]
+    TargetNotABucket { class: String, what: &'static str, value: crate::config::Dur },
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// Process-wide state shared by both listeners.
-pub struct App {
+pub(crate) struct App {
     state: ArcSwap<Snapshot>,
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Per-class rolling windows, breakers and reduction triggers.
-    pub controls: Arc<Controls>,
+    pub(crate) controls: Arc<Controls>,
     /// The file `POST /-/reload` and SIGHUP read again.
-    pub config_path: Option<PathBuf>,
+    pub(crate) config_path: Option<PathBuf>,
     stop: watch::Receiver<bool>,
     /// Health-check tasks of the current snapshot's replicas.
     health: Mutex<Vec<JoinHandle<()>>>,
@@ -102,7 +117,7 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(
+    pub(crate) fn new(
         snapshot: Snapshot,
         metrics: Arc<Metrics>,
         controls: Arc<Controls>,
@@ -130,7 +145,7 @@ impl App {
 
     /// A handle for the admission publisher: the running config and the
     /// pools' admissions, read at each of its ticks.
-    pub fn publisher_view(self: &Arc<Self>) -> Box<crate::admission::Current> {
+    pub(crate) fn publisher_view(self: &Arc<Self>) -> Box<crate::admission::Current> {
         let app = Arc::downgrade(self);
         Box::new(move || match app.upgrade() {
             Some(app) => {
@@ -142,12 +157,12 @@ impl App {
     }
 
     /// The current snapshot; hold it for the whole request.
-    pub fn snapshot(&self) -> Arc<Snapshot> {
+    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
         self.state.load_full()
     }
 
     /// (Re)start health checks for the current snapshot's replicas.
-    pub fn start_health_checks(&self) {
+    pub(crate) fn start_health_checks(&self) {
         let snap = self.snapshot();
         let mut tasks = Vec::new();
         for r in &snap.pools {
@@ -162,7 +177,7 @@ impl App {
         }
     }
 
-    pub fn stop_health_checks(&self) {
+    pub(crate) fn stop_health_checks(&self) {
         if let Ok(mut h) = self.health.lock() {
             for t in h.drain(..) {
                 t.abort();
@@ -173,7 +188,7 @@ impl App {
     /// Read the config file again, validate it, build a whole new snapshot,
     /// then swap it in. On any problem the running config stays, the error
     /// is logged and `config_reload_failures_total` goes up.
-    pub async fn reload(&self) -> Result<(), String> {
+    pub(crate) async fn reload(&self) -> Result<(), ReloadError> {
         let _one = self.reloading.lock().await;
         let result = self.try_reload();
         match &result {
@@ -189,28 +204,27 @@ impl App {
         result
     }
 
-    fn try_reload(&self) -> Result<(), String> {
-        let path = self.config_path.as_ref().ok_or("this gateway was not started from a config file")?;
-        let config = Config::load(path).map_err(|e| e.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("; "))?;
+    fn try_reload(&self) -> Result<(), ReloadError> {
+        let path = self.config_path.as_ref().ok_or(ReloadError::NoConfigFile)?;
+        let config = Config::load(path)?;
         let old = self.snapshot();
         // Histogram buckets are fixed at start: a new target would have no `le`
         // bucket, and the SLI rules would silently break.
         for (name, c) in &config.classes {
             for (what, d) in [("ttft", c.ttft), ("itl", c.itl)] {
                 if !self.metrics.has_bucket(what, d.get().as_secs_f64()) {
-                    return Err(format!(
-                        "classes.{name}.{what}: {d} is not a histogram bucket of this process (buckets are fixed at start); restart to change SLO targets"
-                    ));
+                    return Err(ReloadError::TargetNotABucket { class: name.clone(), what, value: d });
                 }
             }
         }
         if config.server.listen != old.config.server.listen || config.server.admin_listen != old.config.server.admin_listen {
             tracing::warn!("server.listen / server.admin_listen changes take effect at the next restart");
         }
-        if config.server.busy_poll != old.config.server.busy_poll || config.server.short_sched_slice != old.config.server.short_sched_slice {
+        if config.server.busy_poll != old.config.server.busy_poll || config.server.short_sched_slice != old.config.server.short_sched_slice
+        {
             tracing::warn!("server.busy_poll and server.short_sched_slice changes take effect at the next restart");
         }
-        let new = Snapshot::prepare(config, &self.metrics, &self.controls, Some(&old))?;
+        let new = Snapshot::prepare(config, &self.metrics, &self.controls, Some(&old)).map_err(ReloadError::Invalid)?;
         let kept: std::collections::HashSet<(String, String)> =
             new.pools.iter().flat_map(|r| r.pool.replicas.iter().map(|x| (r.pool.config.name.clone(), x.url.clone()))).collect();
         self.install(new);

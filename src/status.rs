@@ -18,76 +18,76 @@ use crate::state::App;
 use crate::telemetry::budget::{self, Sli};
 
 #[derive(Debug, Serialize)]
-pub struct Status {
-    pub generated_at: String,
+pub(crate) struct Status {
+    pub(crate) generated_at: String,
     /// When the error budgets started counting (the process start).
-    pub budgets_since: String,
-    pub slo: SloSpec,
-    pub classes: Vec<ClassStatus>,
-    pub queues: Queues,
-    pub pools: Vec<PoolStatus>,
+    pub(crate) budgets_since: String,
+    pub(crate) slo: SloSpec,
+    pub(crate) classes: Vec<ClassStatus>,
+    pub(crate) queues: Queues,
+    pub(crate) pools: Vec<PoolStatus>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct SloSpec {
-    pub latency_objective: f64,
-    pub availability_objective: f64,
-    pub window: String,
-    pub rolling_window: String,
+pub(crate) struct SloSpec {
+    pub(crate) latency_objective: f64,
+    pub(crate) availability_objective: f64,
+    pub(crate) window: String,
+    pub(crate) rolling_window: String,
 }
 
 #[derive(Debug, Serialize)]
-pub struct ClassStatus {
-    pub name: String,
-    pub tier: &'static str,
-    pub ttft_target_ms: f64,
-    pub itl_target_ms: f64,
-    pub ttft_p50_ms: f64,
-    pub ttft_p99_ms: f64,
-    pub itl_p50_ms: f64,
-    pub itl_p99_ms: f64,
-    pub samples: u64,
-    pub breaker: &'static str,
-    pub context_reduction: bool,
-    pub latency: SliStatus,
-    pub availability: SliStatus,
+pub(crate) struct ClassStatus {
+    pub(crate) name: String,
+    pub(crate) tier: &'static str,
+    pub(crate) ttft_target_ms: f64,
+    pub(crate) itl_target_ms: f64,
+    pub(crate) ttft_p50_ms: f64,
+    pub(crate) ttft_p99_ms: f64,
+    pub(crate) itl_p50_ms: f64,
+    pub(crate) itl_p99_ms: f64,
+    pub(crate) samples: u64,
+    pub(crate) breaker: &'static str,
+    pub(crate) context_reduction: bool,
+    pub(crate) latency: SliStatus,
+    pub(crate) availability: SliStatus,
 }
 
 #[derive(Debug, Serialize)]
-pub struct SliStatus {
-    pub objective: f64,
+pub(crate) struct SliStatus {
+    pub(crate) objective: f64,
     /// good / valid over the SLO window (1 with no traffic).
-    pub attainment: f64,
-    pub good: u64,
-    pub valid: u64,
-    pub budget_remaining: f64,
-    pub burn_rates: Vec<BurnRate>,
+    pub(crate) attainment: f64,
+    pub(crate) good: u64,
+    pub(crate) valid: u64,
+    pub(crate) budget_remaining: f64,
+    pub(crate) burn_rates: Vec<BurnRate>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct BurnRate {
-    pub window: String,
-    pub rate: f64,
+pub(crate) struct BurnRate {
+    pub(crate) window: String,
+    pub(crate) rate: f64,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Queues {
-    pub interactive: usize,
-    pub batch: usize,
+pub(crate) struct Queues {
+    pub(crate) interactive: usize,
+    pub(crate) batch: usize,
 }
 
 #[derive(Debug, Serialize)]
-pub struct PoolStatus {
-    pub name: String,
-    pub replicas: Vec<ReplicaStatus>,
+pub(crate) struct PoolStatus {
+    pub(crate) name: String,
+    pub(crate) replicas: Vec<ReplicaStatus>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct ReplicaStatus {
-    pub url: String,
-    pub healthy: bool,
-    pub inflight: usize,
-    pub max_inflight: usize,
+pub(crate) struct ReplicaStatus {
+    pub(crate) url: String,
+    pub(crate) healthy: bool,
+    pub(crate) inflight: usize,
+    pub(crate) max_inflight: usize,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -99,7 +99,7 @@ fn rfc3339(t: SystemTime) -> String {
 }
 
 /// Collect the status now.
-pub fn collect(app: &App) -> Status {
+pub(crate) fn collect(app: &App) -> Status {
     let snap = app.snapshot();
     let cfg = &snap.config;
     let now = Instant::now();
@@ -208,7 +208,7 @@ fn level(value: f64, target: f64) -> &'static str {
 }
 
 /// The page: one table per concern, inline CSS, no scripts, no external assets.
-pub fn html(s: &Status) -> String {
+pub(crate) fn html(s: &Status) -> String {
     let mut h = String::with_capacity(16 * 1024);
     h.push_str(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"5\">\

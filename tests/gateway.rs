@@ -303,14 +303,14 @@ async fn shutdown_stops_accepting_and_lets_inflight_streams_finish() {
     let addr = gw.data_addr;
     let resp = client().request(post_req(addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("stream");
     assert_eq!(resp.status(), 200);
-    let app = gw.app.clone();
+    let metrics = gw.metrics();
     let stopping = tokio::spawn(gw.shutdown());
     wait_until("listener closed", || async { tokio::net::TcpStream::connect(addr).await.is_err() }).await;
     let body = resp.into_body().collect().await.expect("in-flight stream completes").to_bytes();
     let text = String::from_utf8_lossy(&body);
     assert!(text.contains("t9 ") && text.ends_with("data: [DONE]\n\n"), "{text}");
     tokio::time::timeout(Duration::from_secs(10), stopping).await.expect("shutdown finishes once drained").expect("join");
-    let m = app.metrics.encode();
+    let m = metrics.encode();
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(1.0));
 }
 

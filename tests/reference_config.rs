@@ -46,4 +46,3 @@ fn the_reference_config_names_every_field() {
     let missing: Vec<&String> = want.iter().filter(|k| !have.contains(k)).collect();
     assert!(missing.is_empty(), "fields the parser reads that the reference does not name: {missing:?}");
 }
-

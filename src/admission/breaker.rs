@@ -17,13 +17,13 @@ use crate::config::BreakerConfig;
 use crate::telemetry::window::WindowStats;
 
 /// Reduction turns off after the P99 stayed under target this many times `trigger_after`.
-pub const OFF_DWELL_FACTOR: u32 = 3;
+pub(crate) const OFF_DWELL_FACTOR: u32 = 3;
 
 /// How many probe requests a half-open breaker admits.
-pub const HALF_OPEN_PROBES: u32 = 5;
+pub(crate) const HALF_OPEN_PROBES: u32 = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerState {
+pub(crate) enum BreakerState {
     Closed = 0,
     HalfOpen = 1,
     Open = 2,
@@ -37,7 +37,7 @@ impl BreakerState {
             _ => BreakerState::Closed,
         }
     }
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             BreakerState::Closed => "closed",
             BreakerState::HalfOpen => "half-open",
@@ -48,7 +48,7 @@ impl BreakerState {
 
 /// What the gate says to one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// Closed: go on.
     Pass,
     /// Half-open: go on as a probe; report its TTFT with [`Breaker::probe_done`].
@@ -59,7 +59,7 @@ pub enum Gate {
 
 /// Identifies one half-open probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProbeTicket {
+pub(crate) struct ProbeTicket {
     epoch: u64,
     id: u64,
 }
@@ -80,16 +80,16 @@ struct Probes {
 /// The configuration a breaker runs with (whole `BreakerConfig` plus the
 /// class's TTFT target).
 #[derive(Debug, Clone)]
-pub struct BreakerParams {
-    pub target: Duration,
-    pub trip_ratio: f64,
-    pub trip_after: Duration,
-    pub min_samples: u64,
-    pub retry_after: Duration,
+pub(crate) struct BreakerParams {
+    pub(crate) target: Duration,
+    pub(crate) trip_ratio: f64,
+    pub(crate) trip_after: Duration,
+    pub(crate) min_samples: u64,
+    pub(crate) retry_after: Duration,
 }
 
 impl BreakerParams {
-    pub fn new(cfg: &BreakerConfig, target: Duration) -> Self {
+    pub(crate) fn new(cfg: &BreakerConfig, target: Duration) -> Self {
         BreakerParams {
             target,
             trip_ratio: cfg.trip_ratio,
@@ -98,7 +98,7 @@ impl BreakerParams {
             retry_after: cfg.retry_after.get(),
         }
     }
-    pub fn retry_after_secs(&self) -> u64 {
+    pub(crate) fn retry_after_secs(&self) -> u64 {
         let d = self.retry_after;
         (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
     }
@@ -113,7 +113,7 @@ struct Machine {
 }
 
 /// One class's breaker.
-pub struct Breaker {
+pub(crate) struct Breaker {
     state: AtomicU8,
     probes: Mutex<Probes>,
     retry_after_secs: std::sync::atomic::AtomicU64,
@@ -122,13 +122,13 @@ pub struct Breaker {
 
 /// A state change, for the log line and the gauge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transition {
-    pub from: BreakerState,
-    pub to: BreakerState,
+pub(crate) struct Transition {
+    pub(crate) from: BreakerState,
+    pub(crate) to: BreakerState,
 }
 
 impl Breaker {
-    pub fn new(params: BreakerParams) -> Breaker {
+    pub(crate) fn new(params: BreakerParams) -> Breaker {
         Breaker {
             state: AtomicU8::new(BreakerState::Closed as u8),
             probes: Mutex::new(Probes::default()),
@@ -138,24 +138,24 @@ impl Breaker {
     }
 
     /// New parameters (a reload); the state is kept.
-    pub fn set_params(&self, params: BreakerParams) {
+    pub(crate) fn set_params(&self, params: BreakerParams) {
         self.retry_after_secs.store(params.retry_after_secs(), Ordering::Relaxed);
         if let Ok(mut m) = self.machine.lock() {
             m.params = params;
         }
     }
 
-    pub fn state(&self) -> BreakerState {
+    pub(crate) fn state(&self) -> BreakerState {
         BreakerState::from_u8(self.state.load(Ordering::Acquire))
     }
 
     /// Closed, with the P99 above the trip threshold: since when.
-    pub fn armed(&self) -> bool {
+    pub(crate) fn armed(&self) -> bool {
         self.machine.lock().map(|m| m.above_since.is_some()).unwrap_or(false) && self.state() == BreakerState::Closed
     }
 
     /// The gate a new request of this class passes through. Never blocks.
-    pub fn admit(&self) -> Gate {
+    pub(crate) fn admit(&self) -> Gate {
         match self.state() {
             BreakerState::Closed => Gate::Pass,
             BreakerState::Open => Gate::Reject { retry_after_secs: self.retry_after_secs.load(Ordering::Relaxed) },
@@ -179,7 +179,7 @@ impl Breaker {
     /// gate), which gives its place back. A probe already judged (it went
     /// past the target without a first token) or from an earlier half-open
     /// period is ignored.
-    pub fn probe_done(&self, ticket: ProbeTicket, good: Option<bool>) {
+    pub(crate) fn probe_done(&self, ticket: ProbeTicket, good: Option<bool>) {
         let Ok(mut p) = self.probes.lock() else { return };
         if p.epoch != ticket.epoch {
             return;
@@ -195,7 +195,7 @@ impl Breaker {
 
     /// Advance the state machine from the window's stats at `now`. Called by
     /// the publisher only.
-    pub fn tick(&self, now: Instant, stats: &WindowStats) -> Option<Transition> {
+    pub(crate) fn tick(&self, now: Instant, stats: &WindowStats) -> Option<Transition> {
         let Ok(mut m) = self.machine.lock() else { return None };
         let from = self.state();
         let to = match from {
@@ -260,17 +260,17 @@ impl Breaker {
 /// `trigger_ratio` x target for `trigger_after`; off again (hysteresis) when
 /// it has stayed at or under the target for [`OFF_DWELL_FACTOR`] x
 /// `trigger_after`.
-pub struct ReductionTrigger {
+pub(crate) struct ReductionTrigger {
     active: std::sync::atomic::AtomicBool,
     machine: Mutex<TriggerMachine>,
 }
 
 #[derive(Debug, Clone)]
-pub struct TriggerParams {
-    pub target: Duration,
-    pub ratio: f64,
-    pub after: Duration,
-    pub min_samples: u64,
+pub(crate) struct TriggerParams {
+    pub(crate) target: Duration,
+    pub(crate) ratio: f64,
+    pub(crate) after: Duration,
+    pub(crate) min_samples: u64,
 }
 
 struct TriggerMachine {
@@ -281,23 +281,23 @@ struct TriggerMachine {
 }
 
 impl ReductionTrigger {
-    pub fn new(params: TriggerParams) -> Self {
+    pub(crate) fn new(params: TriggerParams) -> Self {
         ReductionTrigger { active: false.into(), machine: Mutex::new(TriggerMachine { params, since: None, off_at: None }) }
     }
 
-    pub fn set_params(&self, params: TriggerParams) {
+    pub(crate) fn set_params(&self, params: TriggerParams) {
         if let Ok(mut m) = self.machine.lock() {
             m.params = params;
         }
     }
 
     /// Read by the request path.
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         self.active.load(Ordering::Acquire)
     }
 
     /// Returns the new state when it changed.
-    pub fn tick(&self, now: Instant, stats: &WindowStats) -> Option<bool> {
+    pub(crate) fn tick(&self, now: Instant, stats: &WindowStats) -> Option<bool> {
         let Ok(mut m) = self.machine.lock() else { return None };
         let active = self.active();
         let toward_change = if active {

@@ -13,10 +13,10 @@
 //! queues, one [`PoolAdmission`] per pool); `upstream` only offers replicas
 //! and their slots.
 
-pub mod breaker;
-pub mod queue;
+pub(crate) mod breaker;
+pub(crate) mod queue;
 
-pub use queue::{Lease, PoolAdmission, Refusal};
+pub(crate) use queue::{Lease, PoolAdmission, Refusal};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,33 +37,33 @@ use crate::telemetry::Outcome;
 use breaker::{Breaker, BreakerParams, BreakerState, Gate, ProbeTicket, ReductionTrigger, TriggerParams};
 
 /// How often the publisher refreshes the views.
-pub const TICK: Duration = Duration::from_millis(250);
+pub(crate) const TICK: Duration = Duration::from_millis(250);
 
 /// The last published view of one class.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ClassView {
-    pub ttft: WindowStats,
-    pub itl: WindowStats,
+pub(crate) struct ClassView {
+    pub(crate) ttft: WindowStats,
+    pub(crate) itl: WindowStats,
 }
 
 /// Everything admission and reduction know about one class.
-pub struct ClassControl {
-    pub name: Arc<str>,
-    pub tier: Tier,
+pub(crate) struct ClassControl {
+    pub(crate) name: Arc<str>,
+    pub(crate) tier: Tier,
     target_ttft_us: AtomicU64,
     /// `breaker.trip_ratio`, as f64 bits (for the 429's message).
     trip_ratio: AtomicU64,
-    pub ttft: RollingHistogram,
-    pub itl: RollingHistogram,
-    pub breaker: Breaker,
-    pub reduction: ReductionTrigger,
+    pub(crate) ttft: RollingHistogram,
+    pub(crate) itl: RollingHistogram,
+    pub(crate) breaker: Breaker,
+    pub(crate) reduction: ReductionTrigger,
     /// Error-budget counters (latency and availability SLIs).
-    pub budget: Budget,
+    pub(crate) budget: Budget,
     view: Mutex<ClassView>,
     /// The series its requests write, looked up once per request rather than per write.
-    pub series: ClassSeries,
+    pub(crate) series: ClassSeries,
     /// `queue_time_seconds{class,tier}`, looked up once rather than per request.
-    pub queue_time: crate::telemetry::histogram::AtomicHistogram,
+    pub(crate) queue_time: crate::telemetry::histogram::AtomicHistogram,
     /// The breaker was armed (P99 above threshold, counting) at the last tick.
     was_armed: std::sync::atomic::AtomicBool,
     ttft_p99_gauge: Gauge<f64, AtomicU64>,
@@ -105,12 +105,12 @@ impl ClassControl {
         self.reduction.set_params(trigger_params(class, config));
     }
 
-    pub fn ttft_target(&self) -> Duration {
+    pub(crate) fn ttft_target(&self) -> Duration {
         Duration::from_micros(self.target_ttft_us.load(Ordering::Relaxed))
     }
 
     /// The last published window stats.
-    pub fn view(&self) -> ClassView {
+    pub(crate) fn view(&self) -> ClassView {
         self.view.lock().map(|v| *v).unwrap_or_default()
     }
 
@@ -167,13 +167,13 @@ fn trigger_params(class: &ClassConfig, config: &Config) -> TriggerParams {
 }
 
 /// The controls of every class, kept across config reloads (by class name).
-pub struct Controls {
+pub(crate) struct Controls {
     classes: Mutex<IndexMap<String, Arc<ClassControl>>>,
     metrics: Arc<Metrics>,
 }
 
 impl Controls {
-    pub fn new(metrics: Arc<Metrics>) -> Controls {
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Controls {
         Controls { classes: Mutex::new(IndexMap::new()), metrics }
     }
 
@@ -183,7 +183,7 @@ impl Controls {
     /// parameters arrive at [`Controls::install`]), else a new one. A class
     /// that changed tier starts afresh: its tier decides its queue-time
     /// series and the at-risk check.
-    pub fn prepare(&self, name: &str, class: &ClassConfig, config: &Config) -> Arc<ClassControl> {
+    pub(crate) fn prepare(&self, name: &str, class: &ClassConfig, config: &Config) -> Arc<ClassControl> {
         let map = self.classes.lock().unwrap_or_else(|p| p.into_inner());
         match map.get(name).filter(|c| c.tier == class.tier) {
             Some(c) => c.clone(),
@@ -194,7 +194,7 @@ impl Controls {
     /// The swap step (cannot fail): from now on `classes` are the controls,
     /// with `config`'s parameters. Requests still running keep the control
     /// they started with.
-    pub fn install<'a>(&self, classes: impl IntoIterator<Item = &'a Arc<ClassControl>>, config: &Config) {
+    pub(crate) fn install<'a>(&self, classes: impl IntoIterator<Item = &'a Arc<ClassControl>>, config: &Config) {
         let mut map = self.classes.lock().unwrap_or_else(|p| p.into_inner());
         for c in classes {
             if let Some(cc) = config.classes.get(&*c.name) {
@@ -204,7 +204,7 @@ impl Controls {
         }
     }
 
-    pub fn all(&self) -> Vec<Arc<ClassControl>> {
+    pub(crate) fn all(&self) -> Vec<Arc<ClassControl>> {
         self.classes.lock().map(|m| m.values().cloned().collect()).unwrap_or_default()
     }
 }
@@ -212,21 +212,21 @@ impl Controls {
 /// A half-open breaker's probe: judged at its first token, or by how the
 /// request ended; dropped unjudged, it gives its place back. Travels in the
 /// response body with the lease.
-pub struct Probe {
+pub(crate) struct Probe {
     control: Arc<ClassControl>,
     ticket: Option<ProbeTicket>,
 }
 
 impl Probe {
     /// The first token came after `ttft`.
-    pub fn first_token(mut self, ttft: Duration) {
+    pub(crate) fn first_token(mut self, ttft: Duration) {
         if let Some(t) = self.ticket.take() {
             self.control.breaker.probe_done(t, Some(ttft <= self.control.ttft_target()));
         }
     }
 
     /// The request ended as `outcome` before its first token.
-    pub fn ended(mut self, outcome: Outcome) {
+    pub(crate) fn ended(mut self, outcome: Outcome) {
         if let Some(t) = self.ticket.take() {
             // One past the target without a token is already slow; one that
             // says nothing about latency gives its place back.
@@ -252,16 +252,16 @@ impl std::fmt::Debug for Probe {
 /// A request that may go to its pool: its slot, how long it waited for it,
 /// and its probe when a half-open breaker let it through as one.
 #[derive(Debug)]
-pub struct Admitted {
-    pub lease: Lease,
-    pub waited: Duration,
-    pub probe: Option<Probe>,
+pub(crate) struct Admitted {
+    pub(crate) lease: Lease,
+    pub(crate) waited: Duration,
+    pub(crate) probe: Option<Probe>,
 }
 
 /// The admission stage: the class's breaker gate, then a slot on `pool`
 /// (maybe after a wait in its tier's queue). A refusal is the error the
 /// client gets (429 with Retry-After, or 503).
-pub async fn admit(control: &Arc<ClassControl>, pool: &Arc<PoolAdmission>) -> Result<Admitted, GatewayError> {
+pub(crate) async fn admit(control: &Arc<ClassControl>, pool: &Arc<PoolAdmission>) -> Result<Admitted, GatewayError> {
     let probe = match control.breaker.admit() {
         Gate::Pass => None,
         Gate::Probe(ticket) => Some(Probe { control: control.clone(), ticket: Some(ticket) }),
@@ -308,20 +308,26 @@ fn refusal_error(r: Refusal, admission: &PoolAdmission, tier: Tier) -> GatewayEr
     let (message, code, retry_after) = match r {
         Refusal::NoHealthy => return GatewayError::NoHealthyReplica { pool: name.clone() },
         Refusal::QueueFull { retry_after } => (format!("the {t} queue of pool `{name}` is full"), "queue_full", retry_after),
-        Refusal::Shed { retry_after } => (format!("batch work is shed while interactive requests wait for pool `{name}`"), "shed", retry_after),
-        Refusal::Timeout { retry_after } => {
-            (format!("no slot on pool `{name}` within the {t} queue timeout of {}", Dur(admission.timeout(tier))), "queue_timeout", retry_after)
+        Refusal::Shed { retry_after } => {
+            (format!("batch work is shed while interactive requests wait for pool `{name}`"), "shed", retry_after)
         }
-        Refusal::Hopeless { retry_after } => {
-            (format!("pool `{name}` cannot serve this {t} request before its queue timeout at the current rate"), "queue_timeout", retry_after)
-        }
+        Refusal::Timeout { retry_after } => (
+            format!("no slot on pool `{name}` within the {t} queue timeout of {}", Dur(admission.timeout(tier))),
+            "queue_timeout",
+            retry_after,
+        ),
+        Refusal::Hopeless { retry_after } => (
+            format!("pool `{name}` cannot serve this {t} request before its queue timeout at the current rate"),
+            "queue_timeout",
+            retry_after,
+        ),
     };
     GatewayError::Rejected { message, code, retry_after }
 }
 
 /// Per class and SLI: budget left over `slo.window` and burn rate over each
 /// burn-alert window, as gauges.
-pub fn publish_budgets(controls: &Controls, config: &Config, metrics: &Metrics, now: Instant) {
+pub(crate) fn publish_budgets(controls: &Controls, config: &Config, metrics: &Metrics, now: Instant) {
     let slo = &config.slo;
     let windows = budget::burn_windows(slo);
     for c in controls.all() {
@@ -343,7 +349,7 @@ pub fn publish_budgets(controls: &Controls, config: &Config, metrics: &Metrics, 
 
 /// One publisher pass at `now`: class views, breaker and reduction
 /// transitions, then each pool's queue upkeep.
-pub fn publish_once(controls: &Controls, pools: &[Arc<PoolAdmission>], now: Instant) {
+pub(crate) fn publish_once(controls: &Controls, pools: &[Arc<PoolAdmission>], now: Instant) {
     let mut interactive_at_risk = false;
     for c in controls.all() {
         c.budget.fold(now);
@@ -360,10 +366,15 @@ pub fn publish_once(controls: &Controls, pools: &[Arc<PoolAdmission>], now: Inst
 
 /// What the publisher reads at each tick: the running config and the pools'
 /// admissions (a handle on the current snapshot gives both).
-pub type Current = dyn Fn() -> (Arc<Config>, Vec<Arc<PoolAdmission>>) + Send + Sync;
+pub(crate) type Current = dyn Fn() -> (Arc<Config>, Vec<Arc<PoolAdmission>>) + Send + Sync;
 
 /// The background task that publishes the views every [`TICK`].
-pub fn publisher(controls: Arc<Controls>, metrics: Arc<Metrics>, current: Box<Current>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+pub(crate) fn publisher(
+    controls: Arc<Controls>,
+    metrics: Arc<Metrics>,
+    current: Box<Current>,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(TICK);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -33,7 +33,7 @@ use crate::upstream::{PickError, Pool, Replica, ReplicaSlot};
 
 /// Batch gets at least one slot this often while interactive waits but is
 /// not at risk.
-pub const STARVATION_GUARD_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const STARVATION_GUARD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How far back the service rate used for early rejection looks.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
@@ -42,18 +42,19 @@ const RATE_WINDOW: Duration = Duration::from_secs(5);
 /// It travels inside the response body and is released exactly once, by
 /// `Drop`, when the stream ends or the client goes away (never when the
 /// response headers arrive); the freed slot goes to the next waiter.
-pub struct Lease {
+pub(crate) struct Lease {
     slot: ReplicaSlot,
     tier: Tier,
     admission: Arc<PoolAdmission>,
 }
 
 impl Lease {
-    pub fn replica(&self) -> &Arc<Replica> {
+    pub(crate) fn replica(&self) -> &Arc<Replica> {
         self.slot.replica()
     }
 
-    pub fn tier(&self) -> Tier {
+    #[cfg(test)]
+    pub(crate) fn tier(&self) -> Tier {
         self.tier
     }
 }
@@ -97,7 +98,7 @@ impl std::fmt::Debug for Lease {
 
 /// Why a request got no slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// No replica of the pool is healthy (503).
     NoHealthy,
     /// The tier's queue is at `queue_capacity` (429).
@@ -112,9 +113,9 @@ pub enum Refusal {
 
 /// A slot, and how long the request waited for it.
 #[derive(Debug)]
-pub struct Granted {
-    pub lease: Lease,
-    pub waited: Duration,
+pub(crate) struct Granted {
+    pub(crate) lease: Lease,
+    pub(crate) waited: Duration,
 }
 
 struct Waiter {
@@ -147,7 +148,7 @@ impl Queues {
 /// pool it hands slots from. One per pool name, kept across reloads (so are
 /// the waiters and the batch count); a reload's swap installs the new pool
 /// and limits with [`PoolAdmission::install`].
-pub struct PoolAdmission {
+pub(crate) struct PoolAdmission {
     /// The upstream pool slots come from (the current snapshot's).
     pool: ArcSwap<Pool>,
     inner: Mutex<Queues>,
@@ -170,7 +171,7 @@ pub struct PoolAdmission {
 
 impl PoolAdmission {
     /// Admission for a new pool (not live until its snapshot is swapped in).
-    pub fn new(pool: Arc<Pool>, tiers: TiersConfig, metrics: &Metrics) -> Self {
+    pub(crate) fn new(pool: Arc<Pool>, tiers: TiersConfig, metrics: &Metrics) -> Self {
         let depth = |tier| metrics.queue_depth.get_or_create(&TierOnlyLabels { tier }).clone();
         PoolAdmission {
             pool: ArcSwap::new(pool),
@@ -189,24 +190,25 @@ impl PoolAdmission {
 
     /// The swap step of a reload (cannot fail): hand slots out from `pool`
     /// with `tiers`' limits from now on; waiting requests keep their place.
-    pub fn install(&self, pool: Arc<Pool>, tiers: TiersConfig) {
+    pub(crate) fn install(&self, pool: Arc<Pool>, tiers: TiersConfig) {
         self.pool.store(pool);
         self.tiers.store(Arc::new(tiers));
     }
 
     /// The pool slots come from now.
-    pub fn pool(&self) -> Arc<Pool> {
+    pub(crate) fn pool(&self) -> Arc<Pool> {
         self.pool.load_full()
     }
 
     /// Slots held by batch requests.
-    pub fn batch_inflight(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn batch_inflight(&self) -> usize {
         self.batch_inflight.load(Ordering::SeqCst)
     }
 
     /// The most slots batch may hold: all but the interactive reserved share
     /// of the healthy replicas' slots (at least one while any is free to share).
-    pub fn batch_limit(&self) -> usize {
+    pub(crate) fn batch_limit(&self) -> usize {
         let cap = self.pool.load().capacity();
         let reserved = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
         let limit = (cap as f64 * (1.0 - reserved)).floor() as usize;
@@ -220,7 +222,7 @@ impl PoolAdmission {
     /// Take a slot for a request of `tier` now, if one is free: a healthy
     /// replica with a free slot and, for batch, room under the batch limit.
     /// Does not queue.
-    pub fn try_lease(self: &Arc<Self>, tier: Tier) -> Result<Lease, PickError> {
+    pub(crate) fn try_lease(self: &Arc<Self>, tier: Tier) -> Result<Lease, PickError> {
         let pool = self.pool.load();
         if tier == Tier::Batch {
             let limit = self.batch_limit();
@@ -260,12 +262,12 @@ impl PoolAdmission {
     }
 
     /// Requests waiting in `tier`'s queue.
-    pub fn depth(&self, tier: Tier) -> usize {
+    pub(crate) fn depth(&self, tier: Tier) -> usize {
         self.counter(tier).0.load(Ordering::SeqCst)
     }
 
     /// How long a request of `tier` may wait for a slot.
-    pub fn timeout(&self, tier: Tier) -> Duration {
+    pub(crate) fn timeout(&self, tier: Tier) -> Duration {
         match tier {
             Tier::Interactive => self.tiers.load().interactive.queue_timeout.get(),
             Tier::Batch => self.tiers.load().batch.queue_timeout.get(),
@@ -292,7 +294,7 @@ impl PoolAdmission {
         }
     }
 
-    pub fn set_interactive_at_risk(&self, at_risk: bool) {
+    pub(crate) fn set_interactive_at_risk(&self, at_risk: bool) {
         self.interactive_at_risk.store(at_risk, Ordering::Relaxed);
     }
 
@@ -308,7 +310,7 @@ impl PoolAdmission {
 
     /// Get a slot for a request of `tier`, waiting in the queue if needed.
     /// Dropping the future (the client went away) leaves the queue at once.
-    pub async fn admit(self: &Arc<Self>, tier: Tier) -> Result<Granted, Refusal> {
+    pub(crate) async fn admit(self: &Arc<Self>, tier: Tier) -> Result<Granted, Refusal> {
         let start = Instant::now();
         let ahead = |q: &Self| match tier {
             Tier::Interactive => q.waiting_interactive.load(Ordering::SeqCst),
@@ -387,7 +389,7 @@ impl PoolAdmission {
 
     /// Hand free slots to waiters: interactive first, batch within its share,
     /// batch first once per guard interval when interactive is not at risk.
-    pub fn dispatch(self: &Arc<Self>) {
+    pub(crate) fn dispatch(self: &Arc<Self>) {
         // Leases nobody took are dropped after the lock is released (dropping
         // one re-enters `released`).
         let mut spare: Vec<Lease> = Vec::new();
@@ -445,7 +447,7 @@ impl PoolAdmission {
     /// Periodic work (the publisher): measure the batch service rate, reject
     /// queued batch requests that cannot make their deadline, hand out slots
     /// that appeared without a release (a replica came back).
-    pub fn tick(self: &Arc<Self>, now: Instant) {
+    pub(crate) fn tick(self: &Arc<Self>, now: Instant) {
         let mut hopeless = Vec::new();
         if let Ok(mut q) = self.inner.lock() {
             let released = self.released_batch.load(Ordering::Relaxed);
@@ -504,7 +506,7 @@ mod tests {
     use super::*;
     use crate::config::Dur;
     use crate::config::{Config, PoolConfig, TierConfig};
-    
+
     fn tiers(reserved: f64, i_cap: u32, b_cap: u32) -> TiersConfig {
         TiersConfig {
             interactive: TierConfig { queue_capacity: i_cap, queue_timeout: Dur::secs(2), reserved_share: reserved },

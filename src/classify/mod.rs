@@ -15,13 +15,13 @@ use crate::error::GatewayError;
 
 /// A class as the request path needs it.
 #[derive(Clone)]
-pub struct Class {
-    pub name: Arc<str>,
-    pub tier: Tier,
-    pub ttft: Duration,
-    pub itl: Duration,
+pub(crate) struct Class {
+    pub(crate) name: Arc<str>,
+    pub(crate) tier: Tier,
+    pub(crate) ttft: Duration,
+    pub(crate) itl: Duration,
     /// Its rolling windows, breaker and reduction trigger.
-    pub control: Arc<ClassControl>,
+    pub(crate) control: Arc<ClassControl>,
 }
 
 impl std::fmt::Debug for Class {
@@ -31,15 +31,14 @@ impl std::fmt::Debug for Class {
 }
 
 /// One configured API key, stored only as its digest.
-pub struct ApiKey {
-    pub name: String,
+pub(crate) struct ApiKey {
     digest: [u8; 32],
     /// Allowed classes, in the configured order (the first is the default).
-    pub classes: Vec<Arc<Class>>,
+    pub(crate) classes: Vec<Arc<Class>>,
 }
 
 /// Everything classification needs, built once per config snapshot.
-pub struct Classifier {
+pub(crate) struct Classifier {
     classes: Vec<Arc<Class>>,
     default_class: Arc<Class>,
     keys: Vec<ApiKey>,
@@ -49,7 +48,7 @@ impl Classifier {
     /// Build the classifier of `config`. Checks every key first and fails
     /// before anything is built; the class controls it takes are prepared,
     /// not installed (see [`Controls::prepare`]).
-    pub fn new(config: &Config, controls: &Controls) -> Result<Classifier, String> {
+    pub(crate) fn new(config: &Config, controls: &Controls) -> Result<Classifier, String> {
         if !config.classes.contains_key(&config.default_class) {
             return Err(format!("default_class `{}` is not a class", config.default_class));
         }
@@ -93,26 +92,26 @@ impl Classifier {
             .keys
             .iter()
             .zip(digests)
-            .map(|(k, digest)| ApiKey { name: k.name.clone(), digest, classes: k.classes.iter().filter_map(|c| find(c)).collect() })
+            .map(|(k, digest)| ApiKey { digest, classes: k.classes.iter().filter_map(|c| find(c)).collect() })
             .collect();
         Ok(Classifier { classes, default_class, keys })
     }
 
     /// Are callers authenticated by slogate's own keys?
-    pub fn has_keys(&self) -> bool {
+    pub(crate) fn has_keys(&self) -> bool {
         !self.keys.is_empty()
     }
 
-    pub fn classes(&self) -> &[Arc<Class>] {
+    pub(crate) fn classes(&self) -> &[Arc<Class>] {
         &self.classes
     }
 
-    pub fn class(&self, name: &str) -> Option<&Arc<Class>> {
+    pub(crate) fn class(&self, name: &str) -> Option<&Arc<Class>> {
         self.classes.iter().find(|c| &*c.name == name)
     }
 
     /// Decide the class of a request from its headers.
-    pub fn classify(&self, headers: &http::HeaderMap) -> Result<Arc<Class>, GatewayError> {
+    pub(crate) fn classify(&self, headers: &http::HeaderMap) -> Result<Arc<Class>, GatewayError> {
         let wanted = headers.get("x-slo-class").map(|v| v.to_str().map(str::trim).unwrap_or(""));
         if self.keys.is_empty() {
             return match wanted {

@@ -21,7 +21,7 @@ use crate::error::GatewayError;
 
 /// What the request's `model` member holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Model {
+pub(super) enum Model {
     Name(String),
     Missing,
     NotString,
@@ -29,12 +29,12 @@ pub enum Model {
 
 /// The members the gateway routes and measures on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Head {
-    pub model: Model,
+pub(super) struct Head {
+    pub(crate) model: Model,
     /// `"stream": true`.
-    pub stream: bool,
+    pub(crate) stream: bool,
     /// `"stream_options": {"include_usage": true}`.
-    pub include_usage: bool,
+    pub(crate) include_usage: bool,
     /// A `stream_options` member of any value is present.
     has_stream_options: bool,
     /// A `priority` member of any value is present.
@@ -42,7 +42,7 @@ pub struct Head {
 }
 
 /// A request body, parsed only as far as needed.
-pub struct RequestBody {
+pub(super) struct RequestBody {
     bytes: Bytes,
     head: Head,
     /// The whole object, once something needed it.
@@ -79,7 +79,7 @@ fn usage_asked(opts: Option<&Value>) -> bool {
 impl RequestBody {
     /// Parse a body; 400 (`MalformedJson` or `InvalidRequest`) when it is
     /// not a JSON object.
-    pub fn parse(bytes: Bytes) -> Result<Self, GatewayError> {
+    pub(super) fn parse(bytes: Bytes) -> Result<Self, GatewayError> {
         if let Some(head) = Self::quick_head(&bytes) {
             return Ok(Self { bytes, head, object: None, dirty: false });
         }
@@ -107,13 +107,13 @@ impl RequestBody {
         })
     }
 
-    pub fn head(&self) -> &Head {
+    pub(super) fn head(&self) -> &Head {
         &self.head
     }
 
     /// The whole object, parsed now if it was not already (for context
     /// reduction). Call [`mark_changed`](Self::mark_changed) after editing it.
-    pub fn object(&mut self) -> Result<&mut Map<String, Value>, GatewayError> {
+    pub(super) fn object(&mut self) -> Result<&mut Map<String, Value>, GatewayError> {
         let object = match self.object.take() {
             Some(o) => o,
             None => parse_object(&self.bytes)?,
@@ -121,13 +121,13 @@ impl RequestBody {
         Ok(self.object.insert(object))
     }
 
-    pub fn mark_changed(&mut self) {
+    pub(super) fn mark_changed(&mut self) {
         self.dirty = true;
     }
 
     /// The bytes to send: with `stream_options.include_usage` set when
     /// `ask_usage`, and `priority` set when given.
-    pub fn into_bytes(mut self, ask_usage: bool, priority: Option<i64>) -> Result<Bytes, GatewayError> {
+    pub(super) fn into_bytes(mut self, ask_usage: bool, priority: Option<i64>) -> Result<Bytes, GatewayError> {
         let edit_existing = (ask_usage && self.head.has_stream_options) || (priority.is_some() && self.head.has_priority);
         if self.object.is_none() && !edit_existing {
             let members = match (ask_usage, priority) {

@@ -18,7 +18,7 @@
 //! [`fail`], which counts the outcome once and answers in OpenAI's form.
 
 mod body;
-pub mod observe;
+pub(crate) mod observe;
 
 use std::sync::Arc;
 
@@ -67,7 +67,7 @@ impl Endpoint {
 }
 
 /// Handle one data-plane request: route by path, classify, then [`forward`].
-pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
+pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
     let start = Instant::now();
     let snap = app.snapshot();
     let endpoint = match (req.method(), req.uri().path()) {
@@ -324,7 +324,9 @@ fn build_upstream_request(
     *req.uri_mut() = if prefix.is_empty() {
         parts.uri.path_and_query().map(|p| http::Uri::from(p.clone())).unwrap_or_else(|| http::Uri::from_static("/"))
     } else {
-        format!("{prefix}{pq}").parse().map_err(|e: http::uri::InvalidUri| GatewayError::Internal(format!("cannot build the replica's URI: {e}")))?
+        format!("{prefix}{pq}")
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| GatewayError::Internal(format!("cannot build the replica's URI: {e}")))?
     };
     let h = req.headers_mut();
     if let Some(host) = base.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {

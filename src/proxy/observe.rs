@@ -36,7 +36,7 @@ use sse::{analyze, SseParser, Usage};
 /// Everything measured about one request; records itself once, on drop.
 /// It also carries the request's guards (the lease on its slot, its breaker
 /// probe, its span), which end with it.
-pub struct Tracker {
+pub(crate) struct Tracker {
     metrics: Arc<Metrics>,
     /// The series it writes (its model's; `unknown` until the model is known).
     series: Option<Arc<RequestSeries>>,
@@ -61,7 +61,7 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    pub fn new(metrics: Arc<Metrics>, class: Arc<Class>, start: Instant) -> Tracker {
+    pub(crate) fn new(metrics: Arc<Metrics>, class: Arc<Class>, start: Instant) -> Tracker {
         Tracker {
             metrics,
             series: None,
@@ -82,60 +82,56 @@ impl Tracker {
         }
     }
 
-    pub fn metrics(&self) -> &Metrics {
+    pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
     /// Attach the request's span; its fields are filled in as the request goes.
-    pub fn set_span(&mut self, span: tracing::Span) {
+    pub(crate) fn set_span(&mut self, span: tracing::Span) {
         self.span = span;
     }
 
-    pub fn span(&self) -> &tracing::Span {
+    pub(crate) fn span(&self) -> &tracing::Span {
         &self.span
     }
 
     /// This request is a half-open breaker's probe (or not).
-    pub fn set_probe(&mut self, probe: Option<Probe>) {
+    pub(crate) fn set_probe(&mut self, probe: Option<Probe>) {
         self.probe = probe;
     }
 
     /// Set the model label (a model a pool serves: bounded).
-    pub fn set_model(&mut self, model: &str) {
+    pub(crate) fn set_model(&mut self, model: &str) {
         self.series = Some(self.class.control.series.for_model(model));
         self.span.record("gen_ai.request.model", model);
     }
 
     /// The model label: the request's model once known, `unknown` before.
-    pub fn model(&self) -> &str {
+    pub(crate) fn model(&self) -> &str {
         self.series.as_deref().map_or("unknown", RequestSeries::model)
     }
 
-    pub fn set_streaming(&mut self, streaming: bool) {
+    pub(crate) fn set_streaming(&mut self, streaming: bool) {
         self.streaming = streaming;
     }
 
-    pub fn attach_lease(&mut self, lease: Lease) {
+    pub(crate) fn attach_lease(&mut self, lease: Lease) {
         self.lease = Some(lease);
     }
 
-    pub fn class(&self) -> &Arc<Class> {
+    pub(crate) fn class(&self) -> &Arc<Class> {
         &self.class
     }
 
-    pub fn start(&self) -> Instant {
+    pub(crate) fn start(&self) -> Instant {
         self.start
     }
 
     /// Set the outcome; the first call wins.
-    pub fn finish(&mut self, outcome: Outcome) {
+    pub(crate) fn finish(&mut self, outcome: Outcome) {
         if self.outcome.is_none() {
             self.outcome = Some(outcome);
         }
-    }
-
-    pub fn outcome(&self) -> Option<Outcome> {
-        self.outcome
     }
 
     fn content_event(&mut self, now: Instant) {
@@ -224,15 +220,15 @@ impl Drop for Tracker {
 
 /// Timeouts applied to a response body.
 #[derive(Debug, Clone, Copy)]
-pub struct StreamTimeouts {
-    pub first_token: Duration,
-    pub idle: Duration,
-    pub total: Duration,
+pub(crate) struct StreamTimeouts {
+    pub(crate) first_token: Duration,
+    pub(crate) idle: Duration,
+    pub(crate) total: Duration,
 }
 
 impl StreamTimeouts {
     /// A pool's stream timeouts.
-    pub fn of(t: &TimeoutsConfig) -> Self {
+    pub(crate) fn of(t: &TimeoutsConfig) -> Self {
         StreamTimeouts { first_token: t.first_token.get(), idle: t.idle.get(), total: t.total.get() }
     }
 }
@@ -257,7 +253,7 @@ enum Mode {
 const JSON_KEEP_LIMIT: usize = 16 << 20;
 
 /// A response body that measures as it forwards. See the module docs.
-pub struct ObservedBody<B> {
+pub(crate) struct ObservedBody<B> {
     inner: Option<B>,
     mode: Mode,
     tracker: Tracker,
@@ -274,7 +270,7 @@ pub struct ObservedBody<B> {
 
 impl<B> ObservedBody<B> {
     /// Observe a `text/event-stream` body.
-    pub fn sse(inner: B, tracker: Tracker, timeouts: StreamTimeouts, strip_usage: bool) -> Self {
+    pub(crate) fn sse(inner: B, tracker: Tracker, timeouts: StreamTimeouts, strip_usage: bool) -> Self {
         let mode = Mode::Sse {
             parser: SseParser::new(),
             strip_usage,
@@ -287,12 +283,12 @@ impl<B> ObservedBody<B> {
     }
 
     /// Observe a JSON body (non-streaming completion or embeddings).
-    pub fn json(inner: B, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
+    pub(crate) fn json(inner: B, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
         Self::new(inner, Mode::Json { chunks: Vec::new(), size: 0 }, tracker, timeouts)
     }
 
     /// Forward a body whose outcome is already set (error statuses, other paths).
-    pub fn passthrough(inner: B, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
+    pub(crate) fn passthrough(inner: B, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
         Self::new(inner, Mode::Passthrough, tracker, timeouts)
     }
 

@@ -14,14 +14,14 @@ use serde_json::{Map, Value};
 
 /// The limits of `context_reduction`.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_tokens_cap: u64,
-    pub max_documents: usize,
-    pub max_prompt_tokens: u64,
+pub(crate) struct Limits {
+    pub(crate) max_tokens_cap: u64,
+    pub(crate) max_documents: usize,
+    pub(crate) max_prompt_tokens: u64,
 }
 
 impl Limits {
-    pub fn from_config(c: &crate::config::ContextReductionConfig) -> Limits {
+    pub(crate) fn from_config(c: &crate::config::ContextReductionConfig) -> Limits {
         Limits {
             max_tokens_cap: c.max_tokens_cap as u64,
             max_documents: c.max_documents as usize,
@@ -32,14 +32,14 @@ impl Limits {
 
 /// What a rewrite changed, e.g. `max_tokens=1024->256; documents=10->3; messages=24->8`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Changes(Vec<String>);
+pub(crate) struct Changes(Vec<String>);
 
 impl Changes {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
     /// The `x-slogate-context-reduced` header value.
-    pub fn header(&self) -> String {
+    pub(crate) fn header(&self) -> String {
         self.0.join("; ")
     }
 }
@@ -62,14 +62,14 @@ fn value_tokens(v: &Value) -> u64 {
 
 /// Estimated tokens of one chat message (content, tool calls, name, plus
 /// a few tokens of chat-template framing).
-pub fn message_tokens(m: &Value) -> u64 {
+pub(crate) fn message_tokens(m: &Value) -> u64 {
     const FRAMING: u64 = 4;
     let Some(o) = m.as_object() else { return FRAMING };
     FRAMING + ["content", "tool_calls", "name", "reasoning_content"].iter().filter_map(|k| o.get(*k)).map(value_tokens).sum::<u64>()
 }
 
 /// Estimated prompt tokens of a chat request (messages and documents).
-pub fn prompt_tokens(obj: &Map<String, Value>) -> u64 {
+pub(crate) fn prompt_tokens(obj: &Map<String, Value>) -> u64 {
     let msgs = obj.get("messages").and_then(Value::as_array).map(|a| a.iter().map(message_tokens).sum()).unwrap_or(0);
     let docs = obj.get("documents").map(value_tokens).unwrap_or(0);
     msgs + docs
@@ -105,7 +105,7 @@ fn units(msgs: &[Value]) -> Vec<std::ops::Range<usize>> {
 /// Rewrite a request in place. `chat` selects `/v1/chat/completions` rules
 /// (messages, documents, `max_completion_tokens`); otherwise only
 /// `max_tokens` is capped (a completion prompt is not cut).
-pub fn reduce(obj: &mut Map<String, Value>, chat: bool, limits: &Limits) -> Changes {
+pub(crate) fn reduce(obj: &mut Map<String, Value>, chat: bool, limits: &Limits) -> Changes {
     let mut changes = Vec::new();
 
     // 1. Output length.

@@ -11,7 +11,7 @@
 //!    process exits).
 
 pub mod busy;
-pub mod sched;
+pub(crate) mod sched;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -81,7 +81,9 @@ pub fn runtime(short_sched_slice: bool) -> std::io::Result<tokio::runtime::Runti
         static REFUSED: std::sync::Once = std::sync::Once::new();
         b.on_thread_start(|| {
             if let Err(e) = sched::request_short_slice() {
-                REFUSED.call_once(|| tracing::warn!(error = %e, "server.short_sched_slice: short scheduler slices not granted; default slices kept"));
+                REFUSED.call_once(
+                    || tracing::warn!(error = %e, "server.short_sched_slice: short scheduler slices not granted; default slices kept"),
+                );
             }
         });
     }

@@ -24,12 +24,12 @@
 use std::io;
 
 /// The slice requested, in nanoseconds: the least the kernel grants (0.1 ms).
-pub const SLICE_NS: u64 = 100_000;
+pub(crate) const SLICE_NS: u64 = 100_000;
 
 /// Ask for [`SLICE_NS`] slices on the calling thread (keeping its policy,
 /// SCHED_OTHER, and its nice value 0).
 #[cfg(target_os = "linux")]
-pub fn request_short_slice() -> io::Result<()> {
+pub(crate) fn request_short_slice() -> io::Result<()> {
     // `struct sched_attr` from the kernel's uapi (sched_setattr(2)), as of
     // its second version (with the utilisation clamps).
     #[repr(C)]

@@ -18,30 +18,30 @@ use super::Outcome;
 
 /// One finished request, as measured.
 #[derive(Debug, Clone)]
-pub struct Finished {
-    pub outcome: Outcome,
-    pub streaming: bool,
+pub(crate) struct Finished {
+    pub(crate) outcome: Outcome,
+    pub(crate) streaming: bool,
     /// The stream ended before `[DONE]`.
-    pub cut: bool,
-    pub start: Instant,
-    pub end: Instant,
+    pub(crate) cut: bool,
+    pub(crate) start: Instant,
+    pub(crate) end: Instant,
     /// When the first content-bearing event went to the client.
-    pub first_token: Option<Instant>,
+    pub(crate) first_token: Option<Instant>,
     /// Gaps between content events, and how many were over the ITL target.
-    pub gaps: u64,
-    pub gaps_over: u64,
-    pub usage: Option<Usage>,
+    pub(crate) gaps: u64,
+    pub(crate) gaps_over: u64,
+    pub(crate) usage: Option<Usage>,
     /// The class's targets.
-    pub ttft_target: Duration,
-    pub itl_target: Duration,
+    pub(crate) ttft_target: Duration,
+    pub(crate) itl_target: Duration,
 }
 
 impl Finished {
-    pub fn ttft(&self) -> Option<Duration> {
+    pub(crate) fn ttft(&self) -> Option<Duration> {
         self.first_token.map(|t| t - self.start)
     }
 
-    pub fn e2e(&self) -> Duration {
+    pub(crate) fn e2e(&self) -> Duration {
         self.end - self.start
     }
 
@@ -62,7 +62,7 @@ impl Finished {
     /// Good for the latency SLI: completed within the class's targets. A
     /// non-streaming answer is on time if a stream at the targets would have
     /// finished by now.
-    pub fn latency_good(&self) -> bool {
+    pub(crate) fn latency_good(&self) -> bool {
         if !self.outcome.completed() {
             return false;
         }
@@ -75,19 +75,19 @@ impl Finished {
 }
 
 /// Where a class's end-of-request numbers go.
-pub struct Sinks<'a> {
-    pub metrics: &'a Metrics,
+pub(crate) struct Sinks<'a> {
+    pub(crate) metrics: &'a Metrics,
     /// The request's own series (its model's).
-    pub series: &'a RequestSeries,
-    pub class: &'a ClassSeries,
-    pub budget: &'a Budget,
+    pub(crate) series: &'a RequestSeries,
+    pub(crate) class: &'a ClassSeries,
+    pub(crate) budget: &'a Budget,
     /// The class's rolling TTFT window (the breaker's input).
-    pub ttft_window: &'a RollingHistogram,
+    pub(crate) ttft_window: &'a RollingHistogram,
 }
 
 /// Count one finished request. Relaxed atomic adds and histogram
 /// observations only: never waits.
-pub fn account(f: &Finished, to: &Sinks<'_>) {
+pub(crate) fn account(f: &Finished, to: &Sinks<'_>) {
     let m = to.metrics;
     to.series.outcome(m, f.outcome).inc();
     let ttft = f.ttft();

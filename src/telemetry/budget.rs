@@ -25,11 +25,11 @@ const HOUR: Duration = Duration::from_secs(3600);
 
 /// good/valid counts of the two SLIs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
-    pub latency_good: u64,
-    pub latency_valid: u64,
-    pub avail_good: u64,
-    pub avail_valid: u64,
+pub(crate) struct Counts {
+    pub(crate) latency_good: u64,
+    pub(crate) latency_valid: u64,
+    pub(crate) avail_good: u64,
+    pub(crate) avail_valid: u64,
 }
 
 impl Counts {
@@ -43,13 +43,13 @@ impl Counts {
 
 /// Which SLI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sli {
+pub(crate) enum Sli {
     Latency,
     Availability,
 }
 
 impl Sli {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Sli::Latency => "latency",
             Sli::Availability => "availability",
@@ -73,7 +73,7 @@ struct Buckets {
 }
 
 /// One class's budget counters.
-pub struct Budget {
+pub(crate) struct Budget {
     cur: [AtomicU64; 4],
     buckets: Mutex<Buckets>,
     started: Instant,
@@ -83,7 +83,7 @@ pub struct Budget {
 impl Budget {
     /// `longest_burn_window`: the longest window a burn rate is asked for;
     /// `budget_window`: `slo.window`.
-    pub fn new(longest_burn_window: Duration, budget_window: Duration) -> Budget {
+    pub(crate) fn new(longest_burn_window: Duration, budget_window: Duration) -> Budget {
         Budget {
             cur: Default::default(),
             buckets: Mutex::new(Buckets {
@@ -98,17 +98,17 @@ impl Budget {
     }
 
     /// How long this budget has been counting.
-    pub fn uptime(&self, now: Instant) -> Duration {
+    pub(crate) fn uptime(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.started)
     }
 
     /// When counting started (process start).
-    pub fn since(&self) -> SystemTime {
+    pub(crate) fn since(&self) -> SystemTime {
         self.since
     }
 
     /// Count one finished request. Four relaxed atomic adds at most.
-    pub fn record(&self, outcome: Outcome, latency_ok: bool) {
+    pub(crate) fn record(&self, outcome: Outcome, latency_ok: bool) {
         if outcome.completed() {
             self.cur[1].fetch_add(1, Ordering::Relaxed);
             if latency_ok {
@@ -124,7 +124,7 @@ impl Budget {
     }
 
     /// Fold the current counts into the buckets of `now` (the publisher).
-    pub fn fold(&self, now: Instant) {
+    pub(crate) fn fold(&self, now: Instant) {
         let take = |i: usize| self.cur[i].swap(0, Ordering::Relaxed);
         let c = Counts { latency_good: take(0), latency_valid: take(1), avail_good: take(2), avail_valid: take(3) };
         let Ok(mut guard) = self.buckets.lock() else { return };
@@ -149,7 +149,7 @@ impl Budget {
 
     /// Counts over the last `window` (minute resolution up to the burn
     /// windows, hour resolution beyond), as of the last fold.
-    pub fn counts(&self, now: Instant, window: Duration) -> Counts {
+    pub(crate) fn counts(&self, now: Instant, window: Duration) -> Counts {
         let mut out = Counts::default();
         let Ok(b) = self.buckets.lock() else { return out };
         let age = now.saturating_duration_since(self.started);
@@ -168,14 +168,15 @@ impl Budget {
     }
 
     /// Buckets held (for the constant-memory test).
-    pub fn bucket_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn bucket_count(&self) -> usize {
         self.buckets.lock().map(|b| b.minutes.len() + b.hours.len()).unwrap_or(0)
     }
 }
 
 /// Burn rate of an SLI over some counts: the bad share over the allowed bad
 /// share (`1 - objective`). 0 with no valid requests.
-pub fn burn_rate(sli: Sli, c: &Counts, objective: f64) -> f64 {
+pub(crate) fn burn_rate(sli: Sli, c: &Counts, objective: f64) -> f64 {
     let (good, valid) = sli.of(c);
     if valid == 0 {
         return 0.0;
@@ -185,12 +186,12 @@ pub fn burn_rate(sli: Sli, c: &Counts, objective: f64) -> f64 {
 }
 
 /// The budget left over the budget window: 1 - consumed (negative when overspent).
-pub fn remaining(sli: Sli, c: &Counts, objective: f64) -> f64 {
+pub(crate) fn remaining(sli: Sli, c: &Counts, objective: f64) -> f64 {
     1.0 - burn_rate(sli, c, objective)
 }
 
 /// SLI ratio (good / valid), 1 with no valid requests.
-pub fn ratio(sli: Sli, c: &Counts) -> f64 {
+pub(crate) fn ratio(sli: Sli, c: &Counts) -> f64 {
     let (good, valid) = sli.of(c);
     if valid == 0 {
         1.0
@@ -200,7 +201,7 @@ pub fn ratio(sli: Sli, c: &Counts) -> f64 {
 }
 
 /// The distinct windows of `slo.burn_alerts` (long and short), shortest first.
-pub fn burn_windows(slo: &crate::config::SloConfig) -> Vec<Duration> {
+pub(crate) fn burn_windows(slo: &crate::config::SloConfig) -> Vec<Duration> {
     let mut w: Vec<Duration> = slo.burn_alerts.iter().flat_map(|a| [a.long.get(), a.short.get()]).collect();
     w.sort();
     w.dedup();
@@ -208,7 +209,7 @@ pub fn burn_windows(slo: &crate::config::SloConfig) -> Vec<Duration> {
 }
 
 /// A window as written in labels: `5m`, `1h`, `3d`.
-pub fn window_label(d: Duration) -> String {
+pub(crate) fn window_label(d: Duration) -> String {
     let s = d.as_secs();
     if s > 0 && s % 86_400 == 0 {
         format!("{}d", s / 86_400)

@@ -24,17 +24,17 @@ struct Inner {
 }
 
 #[derive(Debug, Clone)]
-pub struct AtomicHistogram(Arc<Inner>);
+pub(crate) struct AtomicHistogram(Arc<Inner>);
 
 impl AtomicHistogram {
-    pub fn new(bounds: impl IntoIterator<Item = f64>) -> Self {
+    pub(crate) fn new(bounds: impl IntoIterator<Item = f64>) -> Self {
         let bounds: Vec<f64> = bounds.into_iter().chain(std::iter::once(f64::MAX)).collect();
         let counts = bounds.iter().map(|_| AtomicU64::new(0)).collect();
         AtomicHistogram(Arc::new(Inner { bounds, counts, sum_nanos: AtomicU64::new(0) }))
     }
 
     /// Record one value in seconds.
-    pub fn observe(&self, v: f64) {
+    pub(crate) fn observe(&self, v: f64) {
         let i = self.0.bounds.partition_point(|b| *b < v);
         self.0.counts[i.min(self.0.counts.len() - 1)].fetch_add(1, Ordering::Relaxed);
         self.0.sum_nanos.fetch_add((v * 1e9).round().max(0.0) as u64, Ordering::Relaxed);

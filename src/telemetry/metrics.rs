@@ -23,7 +23,7 @@ use crate::config::{Config, Tier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
-pub enum TierLabel {
+pub(crate) enum TierLabel {
     interactive,
     batch,
 }
@@ -38,46 +38,46 @@ impl From<Tier> for TierLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub model: String,
-    pub class: String,
-    pub tier: TierLabel,
+pub(crate) struct RequestLabels {
+    pub(crate) model: String,
+    pub(crate) class: String,
+    pub(crate) tier: TierLabel,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct OutcomeLabels {
-    pub model: String,
-    pub class: String,
-    pub tier: TierLabel,
-    pub outcome: Outcome,
+pub(crate) struct OutcomeLabels {
+    pub(crate) model: String,
+    pub(crate) class: String,
+    pub(crate) tier: TierLabel,
+    pub(crate) outcome: Outcome,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ClassTierLabels {
-    pub class: String,
-    pub tier: TierLabel,
+pub(crate) struct ClassTierLabels {
+    pub(crate) class: String,
+    pub(crate) tier: TierLabel,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ModelClassLabels {
-    pub model: String,
-    pub class: String,
+pub(crate) struct ModelClassLabels {
+    pub(crate) model: String,
+    pub(crate) class: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct SloLabels {
-    pub slo: String,
+pub(crate) struct SloLabels {
+    pub(crate) slo: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct SloWindowLabels {
-    pub slo: String,
-    pub window: String,
+pub(crate) struct SloWindowLabels {
+    pub(crate) slo: String,
+    pub(crate) window: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ClassLabels {
-    pub class: String,
+pub(crate) struct ClassLabels {
+    pub(crate) class: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
@@ -91,20 +91,20 @@ pub enum BreachKind {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct BreachLabels {
-    pub class: String,
-    pub kind: BreachKind,
+pub(crate) struct BreachLabels {
+    pub(crate) class: String,
+    pub(crate) kind: BreachKind,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ReplicaLabels {
-    pub pool: String,
-    pub replica: String,
+pub(crate) struct ReplicaLabels {
+    pub(crate) pool: String,
+    pub(crate) replica: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct TierOnlyLabels {
-    pub tier: TierLabel,
+pub(crate) struct TierOnlyLabels {
+    pub(crate) tier: TierLabel,
 }
 
 /// The series of one class that its requests write: `goodput` and
@@ -115,7 +115,7 @@ pub struct TierOnlyLabels {
 /// it, eight times per request. Each series is still created on its first
 /// write, as the `Family` lookup would create it, so the exposition is the
 /// same. Models are the ones pools serve (and `unknown`): bounded.
-pub struct ClassSeries {
+pub(crate) struct ClassSeries {
     class: String,
     tier: TierLabel,
     goodput: OnceLock<Counter>,
@@ -124,7 +124,7 @@ pub struct ClassSeries {
 }
 
 /// One (model, class, tier)'s request series. See [`ClassSeries`].
-pub struct RequestSeries {
+pub(crate) struct RequestSeries {
     labels: RequestLabels,
     ttft: OnceLock<AtomicHistogram>,
     itl: OnceLock<AtomicHistogram>,
@@ -139,7 +139,7 @@ const OUTCOMES: usize = Outcome::stream_error as usize + 1;
 const BREACH_KINDS: usize = BreachKind::error as usize + 1;
 
 impl ClassSeries {
-    pub fn new(class: &str, tier: Tier) -> ClassSeries {
+    pub(crate) fn new(class: &str, tier: Tier) -> ClassSeries {
         ClassSeries {
             class: class.to_string(),
             tier: tier.into(),
@@ -150,7 +150,7 @@ impl ClassSeries {
     }
 
     /// The series of this class's requests for `model` (a model a pool serves, or `unknown`).
-    pub fn for_model(&self, model: &str) -> Arc<RequestSeries> {
+    pub(crate) fn for_model(&self, model: &str) -> Arc<RequestSeries> {
         if let Some(s) = self.by_model.read().unwrap_or_else(|p| p.into_inner()).get(model) {
             return s.clone();
         }
@@ -171,37 +171,37 @@ impl ClassSeries {
             .clone()
     }
 
-    pub fn goodput(&self, m: &Metrics) -> &Counter {
+    pub(crate) fn goodput(&self, m: &Metrics) -> &Counter {
         self.goodput.get_or_init(|| m.goodput.get_or_create(&ClassLabels { class: self.class.clone() }).clone())
     }
 
-    pub fn breach(&self, m: &Metrics, kind: BreachKind) -> &Counter {
+    pub(crate) fn breach(&self, m: &Metrics, kind: BreachKind) -> &Counter {
         self.breaches[kind as usize].get_or_init(|| m.slo_breaches.get_or_create(&BreachLabels { class: self.class.clone(), kind }).clone())
     }
 }
 
 impl RequestSeries {
-    pub fn model(&self) -> &str {
+    pub(crate) fn model(&self) -> &str {
         &self.labels.model
     }
 
-    pub fn ttft(&self, m: &Metrics) -> &AtomicHistogram {
+    pub(crate) fn ttft(&self, m: &Metrics) -> &AtomicHistogram {
         self.ttft.get_or_init(|| m.ttft.get_or_create(&self.labels).clone())
     }
 
-    pub fn itl(&self, m: &Metrics) -> &AtomicHistogram {
+    pub(crate) fn itl(&self, m: &Metrics) -> &AtomicHistogram {
         self.itl.get_or_init(|| m.itl.get_or_create(&self.labels).clone())
     }
 
-    pub fn tpot(&self, m: &Metrics) -> &AtomicHistogram {
+    pub(crate) fn tpot(&self, m: &Metrics) -> &AtomicHistogram {
         self.tpot.get_or_init(|| m.tpot.get_or_create(&self.labels).clone())
     }
 
-    pub fn e2e(&self, m: &Metrics) -> &AtomicHistogram {
+    pub(crate) fn e2e(&self, m: &Metrics) -> &AtomicHistogram {
         self.e2e.get_or_init(|| m.e2e.get_or_create(&self.labels).clone())
     }
 
-    pub fn outcome(&self, m: &Metrics, outcome: Outcome) -> &Counter {
+    pub(crate) fn outcome(&self, m: &Metrics, outcome: Outcome) -> &Counter {
         self.outcomes[outcome as usize].get_or_init(|| {
             let l = &self.labels;
             m.requests.get_or_create(&OutcomeLabels { model: l.model.clone(), class: l.class.clone(), tier: l.tier, outcome }).clone()
@@ -212,18 +212,18 @@ impl RequestSeries {
         ModelClassLabels { model: self.labels.model.clone(), class: self.labels.class.clone() }
     }
 
-    pub fn prompt_tokens(&self, m: &Metrics) -> &Counter {
+    pub(crate) fn prompt_tokens(&self, m: &Metrics) -> &Counter {
         self.prompt_tokens.get_or_init(|| m.prompt_tokens.get_or_create(&self.model_class()).clone())
     }
 
-    pub fn generation_tokens(&self, m: &Metrics) -> &Counter {
+    pub(crate) fn generation_tokens(&self, m: &Metrics) -> &Counter {
         self.generation_tokens.get_or_init(|| m.generation_tokens.get_or_create(&self.model_class()).clone())
     }
 }
 
 /// Builds histograms with a fixed bucket list.
 #[derive(Clone)]
-pub struct Buckets(Arc<Vec<f64>>);
+pub(crate) struct Buckets(Arc<Vec<f64>>);
 
 impl MetricConstructor<AtomicHistogram> for Buckets {
     fn new_metric(&self) -> AtomicHistogram {
@@ -239,7 +239,7 @@ const E2E_BASE: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0
 
 /// `base` plus every target and twice every target, sorted and deduplicated
 /// at microsecond precision (so `0.3` from `300ms` and `2 x 150ms` is one bucket).
-pub fn buckets_with_targets(base: &[f64], targets: impl IntoIterator<Item = f64>) -> Vec<f64> {
+pub(crate) fn buckets_with_targets(base: &[f64], targets: impl IntoIterator<Item = f64>) -> Vec<f64> {
     let mut micros: Vec<u64> = base.iter().map(|s| (s * 1e6).round() as u64).collect();
     for t in targets {
         micros.push((t * 1e6).round() as u64);
@@ -252,28 +252,28 @@ pub fn buckets_with_targets(base: &[f64], targets: impl IntoIterator<Item = f64>
 
 /// Every metric slogate exports.
 pub struct Metrics {
-    pub registry: Registry,
-    pub ttft: Family<RequestLabels, AtomicHistogram, Buckets>,
-    pub itl: Family<RequestLabels, AtomicHistogram, Buckets>,
-    pub tpot: Family<RequestLabels, AtomicHistogram, Buckets>,
-    pub e2e: Family<RequestLabels, AtomicHistogram, Buckets>,
-    pub queue_time: Family<ClassTierLabels, AtomicHistogram, Buckets>,
-    pub requests: Family<OutcomeLabels, Counter>,
-    pub slo_breaches: Family<BreachLabels, Counter>,
-    pub prompt_tokens: Family<ModelClassLabels, Counter>,
-    pub generation_tokens: Family<ModelClassLabels, Counter>,
-    pub goodput: Family<ClassLabels, Counter>,
-    pub queue_depth: Family<TierOnlyLabels, Gauge>,
-    pub inflight: Family<ReplicaLabels, Gauge>,
-    pub upstream_healthy: Family<ReplicaLabels, Gauge>,
-    pub breaker_state: Family<ClassLabels, Gauge>,
-    pub context_reduction_active: Family<ClassLabels, Gauge>,
-    pub ttft_p99: Family<ClassLabels, Gauge<f64, AtomicU64>>,
-    pub context_reduced: Family<ClassLabels, Counter>,
-    pub budget_remaining: Family<SloLabels, Gauge<f64, AtomicU64>>,
-    pub burn_rate: Family<SloWindowLabels, Gauge<f64, AtomicU64>>,
-    pub reload_failures: Counter,
-    pub reloads: Counter,
+    pub(crate) registry: Registry,
+    pub(crate) ttft: Family<RequestLabels, AtomicHistogram, Buckets>,
+    pub(crate) itl: Family<RequestLabels, AtomicHistogram, Buckets>,
+    pub(crate) tpot: Family<RequestLabels, AtomicHistogram, Buckets>,
+    pub(crate) e2e: Family<RequestLabels, AtomicHistogram, Buckets>,
+    pub(crate) queue_time: Family<ClassTierLabels, AtomicHistogram, Buckets>,
+    pub(crate) requests: Family<OutcomeLabels, Counter>,
+    pub(crate) slo_breaches: Family<BreachLabels, Counter>,
+    pub(crate) prompt_tokens: Family<ModelClassLabels, Counter>,
+    pub(crate) generation_tokens: Family<ModelClassLabels, Counter>,
+    pub(crate) goodput: Family<ClassLabels, Counter>,
+    pub(crate) queue_depth: Family<TierOnlyLabels, Gauge>,
+    pub(crate) inflight: Family<ReplicaLabels, Gauge>,
+    pub(crate) upstream_healthy: Family<ReplicaLabels, Gauge>,
+    pub(crate) breaker_state: Family<ClassLabels, Gauge>,
+    pub(crate) context_reduction_active: Family<ClassLabels, Gauge>,
+    pub(crate) ttft_p99: Family<ClassLabels, Gauge<f64, AtomicU64>>,
+    pub(crate) context_reduced: Family<ClassLabels, Counter>,
+    pub(crate) budget_remaining: Family<SloLabels, Gauge<f64, AtomicU64>>,
+    pub(crate) burn_rate: Family<SloWindowLabels, Gauge<f64, AtomicU64>>,
+    pub(crate) reload_failures: Counter,
+    pub(crate) reloads: Counter,
     ttft_bounds: Arc<Vec<f64>>,
     itl_bounds: Arc<Vec<f64>>,
 }
@@ -388,7 +388,7 @@ impl Metrics {
 }
 
 /// Rewrite OpenMetrics text as Prometheus text format 0.0.4.
-pub fn openmetrics_to_prometheus(om: &str) -> String {
+pub(crate) fn openmetrics_to_prometheus(om: &str) -> String {
     let counters: std::collections::HashSet<&str> =
         om.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
     let mut out = String::with_capacity(om.len());

@@ -4,13 +4,13 @@
 //! The request path only calls cheap, non-blocking recorders here; nothing in
 //! this room waits on a scrape.
 
-pub mod accounting;
-pub mod budget;
-pub mod histogram;
-pub mod metrics;
+pub(crate) mod accounting;
+pub(crate) mod budget;
+pub(crate) mod histogram;
+pub(crate) mod metrics;
 pub mod otel;
-pub mod outcome;
-pub mod window;
+pub(crate) mod outcome;
+pub(crate) mod window;
 
 pub use metrics::Metrics;
 pub use outcome::{Outcome, SliClass};

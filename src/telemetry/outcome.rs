@@ -77,9 +77,7 @@ impl Outcome {
     pub fn sli(self) -> SliClass {
         match self {
             Outcome::ok | Outcome::length => SliClass::Good,
-            Outcome::rejected | Outcome::unavailable | Outcome::timeout | Outcome::upstream_error | Outcome::stream_error => {
-                SliClass::Bad
-            }
+            Outcome::rejected | Outcome::unavailable | Outcome::timeout | Outcome::upstream_error | Outcome::stream_error => SliClass::Bad,
             Outcome::client_error | Outcome::cancelled => SliClass::Excluded,
         }
     }

@@ -25,7 +25,7 @@ const HIGHEST_US: u64 = 600_000_000;
 const SIGFIG: u8 = 2;
 
 /// How many sub-windows a window is cut into.
-pub const SUB_WINDOWS: u32 = 10;
+pub(crate) const SUB_WINDOWS: u32 = 10;
 
 fn shard_count() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 64) * 2
@@ -40,7 +40,7 @@ fn shard_index(n: usize) -> usize {
 }
 
 /// One latency series (TTFT or ITL) of one class.
-pub struct RollingHistogram {
+pub(crate) struct RollingHistogram {
     /// Written by recorders; drained by the publisher. Allocated on first use.
     shards: Box<[Mutex<Option<Histogram<u32>>>]>,
     /// Sub-windows, oldest first, each with the instant it started. Only the
@@ -55,14 +55,14 @@ pub struct RollingHistogram {
 
 /// Percentiles over a window, published by the publisher.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct WindowStats {
-    pub count: u64,
-    pub p50: Duration,
-    pub p99: Duration,
+pub(crate) struct WindowStats {
+    pub(crate) count: u64,
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
 }
 
 impl RollingHistogram {
-    pub fn new(window: Duration) -> RollingHistogram {
+    pub(crate) fn new(window: Duration) -> RollingHistogram {
         let window = window.max(Duration::from_millis(10));
         // Constant bounds that HdrHistogram accepts; checked by the tests.
         let empty = Histogram::new_with_bounds(LOWEST_US, HIGHEST_US, SIGFIG).expect("constant histogram bounds are valid");
@@ -76,7 +76,7 @@ impl RollingHistogram {
     }
 
     /// Record one value. Cheap: one uncontended lock and an array increment.
-    pub fn record(&self, d: Duration) {
+    pub(crate) fn record(&self, d: Duration) {
         let us = (d.as_micros() as u64).clamp(LOWEST_US, HIGHEST_US);
         let shard = &self.shards[shard_index(self.shards.len())];
         if let Ok(mut h) = shard.lock() {
@@ -86,7 +86,7 @@ impl RollingHistogram {
 
     /// Drain the shards into the current sub-window, rotate, and return the
     /// stats over the window ending at `now`. Called by the publisher only.
-    pub fn publish(&self, now: Instant) -> WindowStats {
+    pub(crate) fn publish(&self, now: Instant) -> WindowStats {
         let Ok(mut ring) = self.ring.lock() else { return WindowStats::default() };
         // Drop sub-windows that ended before the window.
         while ring.front().is_some_and(|(start, _)| now.saturating_duration_since(*start) >= self.window + self.sub_window) {
@@ -111,7 +111,7 @@ impl RollingHistogram {
 
     /// Forget everything recorded so far (the breaker closed: what the window
     /// held is about a state already acted on).
-    pub fn reset(&self) {
+    pub(crate) fn reset(&self) {
         if let Ok(mut ring) = self.ring.lock() {
             ring.clear();
         }

@@ -62,7 +62,7 @@ struct Idle {
 
 /// One replica's idle connections, the most recently used last.
 #[derive(Default)]
-pub struct IdleConns {
+pub(crate) struct IdleConns {
     list: Mutex<VecDeque<Idle>>,
 }
 
@@ -99,7 +99,7 @@ impl IdleConns {
 
 /// Why a request could not be sent to a replica.
 #[derive(Debug, thiserror::Error)]
-pub enum SendError {
+pub(crate) enum SendError {
     #[error("connect to {addr}: {source}")]
     Connect { addr: String, source: std::io::Error },
     #[error("connect to {addr}: no connection within {after:?}")]
@@ -112,7 +112,7 @@ pub enum SendError {
 
 /// Send `req` (origin-form URI, `Host` set) to `replica`, on an idle
 /// connection when one is left, else on a new one.
-pub async fn send(
+pub(crate) async fn send(
     replica: &Arc<Replica>,
     req: Request<Full<Bytes>>,
     connect_timeout: Duration,
@@ -192,7 +192,7 @@ async fn connect(base: &http::Uri, timeout: Duration) -> Result<(Sender, Conn), 
 }
 
 /// A replica's response body, carrying the connection it arrives on.
-pub struct UpstreamBody {
+pub(crate) struct UpstreamBody {
     incoming: Incoming,
     tx: Option<Sender>,
     /// `None` once the connection has ended.
@@ -295,14 +295,14 @@ async fn read_whole(
 
 /// GET `path` from a replica (health checks, model discovery, load
 /// scrapes), on its pooled connections like any request.
-pub async fn get(replica: &Arc<Replica>, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
+pub(crate) async fn get(replica: &Arc<Replica>, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
     let req = get_request(&replica.base, path)?;
     read_whole(path, timeout, send(replica, req, timeout)).await
 }
 
 /// GET `path` from any HTTP server at `base` (a gateway's admin listener,
 /// for `slogate capacity`) on a connection of its own.
-pub async fn get_once(base: &http::Uri, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
+pub(crate) async fn get_once(base: &http::Uri, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
     let req = get_request(base, path)?;
     read_whole(path, timeout, async {
         let (tx, conn) = connect(base, timeout).await?;

@@ -13,7 +13,7 @@ use super::{Pool, Replica};
 /// Run health checks (and, for `auto` pools, model discovery; with
 /// `scrape_metrics`, vLLM load scraping) for every replica of `pool` until
 /// `stop` changes.
-pub fn spawn(pool: Arc<Pool>, stop: watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
+pub(crate) fn spawn(pool: Arc<Pool>, stop: watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
     pool.replicas
         .iter()
         .map(|r| {

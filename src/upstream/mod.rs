@@ -6,8 +6,8 @@
 //! dropping the slot gives it back. Nothing here calls back into admission;
 //! admission wraps a slot in its lease and decides who gets the next one.
 
-pub mod conn;
-pub mod health;
+pub(crate) mod conn;
+pub(crate) mod health;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -21,35 +21,34 @@ use crate::error::GatewayError;
 use crate::telemetry::metrics::{Metrics, ReplicaLabels};
 
 /// One upstream vLLM server.
-pub struct Replica {
-    pub pool: String,
+pub(crate) struct Replica {
     /// Base URL as configured, e.g. `http://127.0.0.1:8000`.
-    pub url: String,
+    pub(crate) url: String,
     /// Scheme + authority, used to build request URIs.
-    pub base: http::Uri,
+    pub(crate) base: http::Uri,
     /// Requests holding a slot here. Invariant: only changed through [`ReplicaSlot`].
     inflight: AtomicUsize,
     max_inflight: usize,
     healthy: AtomicBool,
     /// Requests waiting inside vLLM, as last scraped from its `/metrics`
     /// (includes other clients' requests); 0 when not scraped.
-    pub scraped_waiting: AtomicU64,
+    pub(crate) scraped_waiting: AtomicU64,
     /// Models this replica's `/v1/models` listed (raw model objects).
-    pub models: ArcSwap<Vec<serde_json::Value>>,
+    pub(crate) models: ArcSwap<Vec<serde_json::Value>>,
     inflight_gauge: Gauge,
     healthy_gauge: Gauge,
     /// Keep-alive connections not serving a request now.
-    pub idle: conn::IdleConns,
+    pub(crate) idle: conn::IdleConns,
 }
 
 impl Replica {
-    pub fn inflight(&self) -> usize {
+    pub(crate) fn inflight(&self) -> usize {
         self.inflight.load(Ordering::Relaxed)
     }
-    pub fn max_inflight(&self) -> usize {
+    pub(crate) fn max_inflight(&self) -> usize {
         self.max_inflight
     }
-    pub fn is_healthy(&self) -> bool {
+    pub(crate) fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
     pub(crate) fn set_healthy(&self, up: bool) {
@@ -88,18 +87,18 @@ impl Replica {
 /// A held slot on one replica: taken by [`Pool::pick`], given back exactly
 /// once, when dropped or [released](ReplicaSlot::release) (whichever comes
 /// first).
-pub struct ReplicaSlot {
+pub(crate) struct ReplicaSlot {
     replica: Arc<Replica>,
     held: bool,
 }
 
 impl ReplicaSlot {
-    pub fn replica(&self) -> &Arc<Replica> {
+    pub(crate) fn replica(&self) -> &Arc<Replica> {
         &self.replica
     }
 
     /// Give the slot back now (a no-op the second time).
-    pub fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         if std::mem::take(&mut self.held) {
             self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
             self.replica.inflight_gauge.dec();
@@ -121,7 +120,7 @@ impl std::fmt::Debug for ReplicaSlot {
 
 /// Why no slot could be had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PickError {
+pub(crate) enum PickError {
     /// No replica of the pool is healthy.
     NoHealthy,
     /// Healthy replicas exist, but every slot is taken.
@@ -129,12 +128,12 @@ pub enum PickError {
 }
 
 /// A named set of replicas serving some models.
-pub struct Pool {
-    pub config: PoolConfig,
-    pub replicas: Vec<Arc<Replica>>,
+pub(crate) struct Pool {
+    pub(crate) config: PoolConfig,
+    pub(crate) replicas: Vec<Arc<Replica>>,
     /// Models named in the config (without `auto`).
-    pub static_models: HashSet<String>,
-    pub auto: bool,
+    pub(crate) static_models: HashSet<String>,
+    pub(crate) auto: bool,
     rr: AtomicUsize,
 }
 
@@ -143,7 +142,7 @@ impl Pool {
     /// reload), replicas with the same URL and slot count are kept as they
     /// are (health, in-flight count, discovered models). Fails on a bad
     /// replica URL before it builds anything.
-    pub fn new(config: PoolConfig, metrics: &Metrics, previous: Option<&Pool>) -> Result<Pool, String> {
+    pub(crate) fn new(config: PoolConfig, metrics: &Metrics, previous: Option<&Pool>) -> Result<Pool, String> {
         let bases = config.replicas.iter().map(|u| crate::config::parse_replica_url(u)).collect::<Result<Vec<_>, _>>()?;
         let mut replicas = Vec::with_capacity(config.replicas.len());
         for (url, base) in config.replicas.iter().zip(bases) {
@@ -158,7 +157,6 @@ impl Pool {
             let inflight_gauge = metrics.inflight.get_or_create(&labels).clone();
             let healthy_gauge = metrics.upstream_healthy.get_or_create(&labels).clone();
             replicas.push(Arc::new(Replica {
-                pool: config.name.clone(),
                 url: url.trim_end_matches('/').to_string(),
                 base,
                 inflight: AtomicUsize::new(0),
@@ -177,7 +175,7 @@ impl Pool {
     }
 
     /// Does this pool serve `model`?
-    pub fn serves(&self, model: &str) -> bool {
+    pub(crate) fn serves(&self, model: &str) -> bool {
         self.static_models.contains(model)
             || (self.auto
                 && self.replicas.iter().any(|r| r.models.load().iter().any(|m| m.get("id").and_then(|v| v.as_str()) == Some(model))))
@@ -185,7 +183,7 @@ impl Pool {
 
     /// Model objects for `/v1/models`: discovered ones as the replicas gave
     /// them, static ones synthesised.
-    pub fn model_objects(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn model_objects(&self) -> Vec<serde_json::Value> {
         let mut seen = HashSet::new();
         let mut out = Vec::new();
         for m in &self.config.models {
@@ -209,23 +207,23 @@ impl Pool {
 
     /// This pool went live (a start or a reload's swap): its gauges say
     /// what its replicas are.
-    pub fn activate(&self) {
+    pub(crate) fn activate(&self) {
         for r in &self.replicas {
             r.publish_health();
         }
     }
 
-    pub fn healthy_count(&self) -> usize {
+    pub(crate) fn healthy_count(&self) -> usize {
         self.replicas.iter().filter(|r| r.is_healthy()).count()
     }
 
     /// Slots on healthy replicas.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight).sum()
     }
 
     /// Pick a healthy replica with a free slot, skipping `exclude`, and take the slot.
-    pub fn pick(&self, exclude: Option<&Arc<Replica>>) -> Result<ReplicaSlot, PickError> {
+    pub(crate) fn pick(&self, exclude: Option<&Arc<Replica>>) -> Result<ReplicaSlot, PickError> {
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
         let mut any_healthy = false;
@@ -260,7 +258,7 @@ impl Pool {
 /// What a request's attempts are made on: the replica its slot is on now,
 /// and a way to move the slot to another healthy replica for a retry.
 /// Admission's lease implements it; this room never sees the lease.
-pub trait Attempts {
+pub(crate) trait Attempts {
     fn replica(&self) -> &Arc<Replica>;
     /// Move to a slot on another healthy replica; false when there is none.
     fn move_to_another(&mut self) -> bool;
@@ -272,7 +270,7 @@ pub trait Attempts {
 /// answered is sent again after its body started. `request` builds the
 /// request for a replica; the response headers must arrive by `deadline`
 /// (`start` is when the gateway got the request, for the error message).
-pub async fn send_with_retry<A: Attempts>(
+pub(crate) async fn send_with_retry<A: Attempts>(
     pool: &Pool,
     on: &mut A,
     request: impl Fn(&Replica) -> Result<http::Request<http_body_util::Full<bytes::Bytes>>, GatewayError>,
@@ -285,7 +283,9 @@ pub async fn send_with_retry<A: Attempts>(
         let replica = on.replica().clone();
         let req = request(&replica)?;
         let failure = match tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout)).await {
-            Err(_) => return Err(GatewayError::UpstreamTimeout { replica: replica.url.clone(), after: crate::config::Dur(deadline - start) }),
+            Err(_) => {
+                return Err(GatewayError::UpstreamTimeout { replica: replica.url.clone(), after: crate::config::Dur(deadline - start) })
+            }
             Ok(Ok(resp)) if resp.status().is_server_error() && !retried => {
                 if !on.move_to_another() {
                     return Ok(resp);
