@@ -242,3 +242,75 @@ impl App {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{ClassConfig, Dur, KeyConfig, Tier};
+
+    fn running(config: &Config) -> (App, Arc<Metrics>, Arc<Controls>) {
+        let metrics = Arc::new(Metrics::new(config));
+        let controls = Arc::new(Controls::new(metrics.clone()));
+        let snap = Snapshot::prepare(config.clone(), &metrics, &controls, None).expect("prepare");
+        let (_stop, rx) = watch::channel(false);
+        (App::new(snap, metrics.clone(), controls.clone(), None, rx), metrics, controls)
+    }
+
+    /// Everything a reload could change, as the running gateway has it.
+    fn live(app: &App, controls: &Controls) -> (Duration, Duration, Duration, usize, Vec<String>) {
+        let snap = app.snapshot();
+        let chat = snap.classifier.class("chat").expect("chat").control.clone();
+        let admission = &snap.pools[0].admission;
+        (
+            chat.ttft_target(),
+            admission.timeout(Tier::Interactive),
+            admission.timeout(Tier::Batch),
+            Arc::strong_count(&admission.pool()),
+            controls.all().iter().map(|c| c.name.to_string()).collect(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_failed_or_discarded_prepare_leaves_the_running_state_as_it_was() {
+        let config = Config::default();
+        let (app, metrics, controls) = running(&config);
+        let before = live(&app, &controls);
+        let exposition = metrics.encode();
+
+        // A new config that changes every long-lived part: a class's target,
+        // the tiers, a new class, the breaker; and a key that cannot be read.
+        let mut next = config.clone();
+        next.classes.insert("chat".into(), ClassConfig { ttft: Dur::millis(120), ..config.classes["chat"].clone() });
+        next.classes.insert("search".into(), config.classes["chat"].clone());
+        next.tiers.interactive.queue_timeout = Dur::secs(7);
+        next.tiers.batch.queue_timeout = Dur::secs(9);
+        next.breaker.trip_ratio = 5.0;
+        next.auth.keys = vec![KeyConfig {
+            name: "k".into(),
+            key_env: Some("SLOGATE_TEST_KEY_THAT_IS_NEVER_SET".into()),
+            key_sha256: None,
+            classes: vec!["chat".into()],
+        }];
+        let old = app.snapshot();
+        let failed = Snapshot::prepare(next.clone(), &metrics, &controls, Some(&old));
+        assert!(failed.is_err_and(|e| e.contains("SLOGATE_TEST_KEY_THAT_IS_NEVER_SET")));
+        assert_eq!(live(&app, &controls), before, "a failed prepare changed the running state");
+        assert_eq!(metrics.encode(), exposition, "a failed prepare changed the metrics");
+
+        // Prepared and thrown away: still nothing live changes.
+        next.auth.keys.clear();
+        let discarded = Snapshot::prepare(next.clone(), &metrics, &controls, Some(&old)).expect("prepare");
+        assert_eq!(live(&app, &controls), before, "a prepare changed the running state before the swap");
+        drop(discarded);
+        assert_eq!(live(&app, &controls), before);
+
+        // The swap is what applies it.
+        let prepared = Snapshot::prepare(next, &metrics, &controls, Some(&old)).expect("prepare");
+        app.install(prepared);
+        let (ttft, interactive, batch, _, classes) = live(&app, &controls);
+        assert_eq!((ttft, interactive, batch), (Duration::from_millis(120), Duration::from_secs(7), Duration::from_secs(9)));
+        assert!(classes.contains(&"search".to_string()));
+    }
+}
