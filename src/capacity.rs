@@ -44,7 +44,7 @@ pub const ASSUMPTIONS: &str = "replicas = ceil(rate / (ceiling / service_time)).
 median TTFT as measured (measure at moderate load: at saturation it includes queueing); utilisation ceiling from the TTFT P99 target \
 (300 ms: 63 %, 400 ms: 70 %, 500 ms: 75 %, linear between, clamped to 30-85 %); Poisson arrivals; classes sized independently.";
 
-/// Seed 003's utilisation ceiling for a TTFT P99 target.
+/// The utilisation ceiling for a TTFT P99 target.
 pub fn utilisation_ceiling(ttft_target_ms: f64) -> f64 {
     let pts = [(300.0, 0.63), (400.0, 0.70), (500.0, 0.75)];
     let c = if ttft_target_ms <= 300.0 {

@@ -73,6 +73,7 @@ async fn gateway_errors_have_their_status_and_openai_shape() {
         "5 bad bodies, 1 unknown class, 1 unroutable path"
     );
     assert!(!m.contains("model=\"nope\""), "client-chosen model names never become label values");
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -101,6 +102,7 @@ async fn api_keys_gate_classes_with_401_and_403() {
     let seen = mock.state.headers.lock().expect("lock").clone();
     assert_eq!(seen.len(), 3);
     assert!(seen.iter().all(|h| h.get("authorization").is_none()), "a slogate key reached a replica");
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -111,6 +113,7 @@ async fn without_slogate_keys_the_callers_authorization_goes_to_the_replica() {
     assert_eq!(s, 200);
     let seen = mock.state.headers.lock().expect("lock").clone();
     assert_eq!(seen[0].get("authorization").and_then(|v| v.to_str().ok()), Some("Bearer vllm-key"));
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -124,6 +127,7 @@ async fn no_healthy_replica_is_503_with_retry_after() {
     assert!(h.get("retry-after").is_some());
     error_of(&b);
     assert_eq!(requests_with_outcome(&gw, "unavailable").await, 1.0);
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -150,6 +154,7 @@ async fn replica_failing_health_is_taken_out_and_comes_back() {
         post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     }
     assert!(a.calls() > before, "traffic returns to the recovered replica");
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -177,6 +182,7 @@ async fn retry_before_first_byte_lands_on_the_other_replica() {
         assert_eq!(h.get("x-slogate-replica").and_then(|v| v.to_str().ok()), Some(good.url().as_str()));
     }
     assert_eq!(requests_with_outcome(&gw, "ok").await, 10.0);
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -193,6 +199,7 @@ async fn streaming_first_token_timeout_before_headers_is_504() {
     error_of(&b);
     assert_eq!(requests_with_outcome(&gw, "timeout").await, 1.0);
     assert_eq!(metric(&metrics_text(&gw).await, "slogate_slo_breaches_total", &[("kind", "timeout")]), Some(1.0));
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -217,6 +224,7 @@ async fn models_are_the_union_across_pools_with_auto_discovery() {
     assert_eq!(s, 200);
     assert_eq!(h.get("x-slogate-replica").and_then(|v| v.to_str().ok()), Some(auto.url().as_str()));
     assert_eq!((auto.calls(), fixed.calls()), (1, 0));
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -246,6 +254,7 @@ async fn embeddings_and_completions_are_forwarded() {
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0));
     assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[]), Some(1.0), "completion text counts as content");
     assert_eq!(metric(&m, "slogate_prompt_tokens_total", &[]), Some(10.0));
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -290,6 +299,7 @@ async fn metrics_pass_promtool_check_metrics() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_quiescent(&gw).await;
 }
 
 fn which(bin: &str) -> Option<std::path::PathBuf> {
@@ -349,6 +359,7 @@ async fn tls_listener_serves_https() {
     assert_eq!(resp.status(), 200);
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -382,6 +393,7 @@ async fn upstream_connections_are_kept_alive_and_a_cancelled_one_is_not_reused()
     assert_eq!(s, 200);
     assert_eq!(mock.state.post_connections.load(Ordering::SeqCst), 2);
     assert_eq!(requests_with_outcome(&gw, "ok").await, 7.0);
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -402,4 +414,5 @@ async fn a_replica_that_closes_idle_connections_costs_no_request() {
         .await;
     }
     assert_eq!(requests_with_outcome(&gw, "ok").await, 3.0);
+    assert_quiescent(&gw).await;
 }

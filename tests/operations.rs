@@ -120,6 +120,7 @@ async fn slo_page_renders_in_headless_chromium_with_every_section() {
     let png = std::fs::read(&shot).expect("screenshot written");
     assert!(png.len() > 10_000 && png.starts_with(b"\x89PNG"), "not a real screenshot ({} bytes)", png.len());
     let _ = std::fs::remove_dir_all(&profile);
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -132,6 +133,7 @@ async fn page_is_self_contained_and_refreshes_itself() {
     for external in ["<script src", "<link", "@import", "url("] {
         assert!(!html.contains(external), "external asset: {external}");
     }
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -156,7 +158,7 @@ async fn capacity_endpoint_and_command_answer_per_class() {
     assert!(service >= 20.0, "median TTFT includes the 20 ms the replica waits: {service}");
     let expected = (100.0 / (0.63 / (service / 1000.0))).ceil() as u64;
     assert_eq!(chat["replicas_needed"], expected);
-    assert!(v["assumptions"].as_str().is_some_and(|a| a.contains("seed 003")));
+    assert!(v["assumptions"].as_str().is_some_and(|a| a.contains("ceil(rate / (ceiling / service_time))")));
     let (s, j) = get(gw.admin_addr, "/capacity?rate=chat").await;
     assert_eq!(s, 400, "{j}");
 
@@ -171,7 +173,8 @@ async fn capacity_endpoint_and_command_answer_per_class() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let line = text.lines().find(|l| l.starts_with("chat ")).expect("chat line");
     assert!(line.trim_end().ends_with(&expected.to_string()), "{line}");
-    assert!(text.contains("seed 003"));
+    assert!(text.contains("ceil(rate / (ceiling / service_time))"), "the assumptions are printed with the answer");
+    assert_quiescent(&gw).await;
 }
 
 #[test]

@@ -119,4 +119,5 @@ async fn reloading_under_streaming_load_fails_or_cuts_nothing() {
         assert!(failures.is_empty(), "{} of {n} requests failed: {:?}", failures.len(), &failures[..failures.len().min(3)]);
     }
     assert!(total >= 100, "only {total} requests ran across the reloads");
+    assert_quiescent(&gw).await;
 }

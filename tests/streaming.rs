@@ -29,17 +29,20 @@ async fn streaming_bytes_are_identical_through_gateway_and_direct() {
     assert_eq!(metric(&m, "slogate_generation_tokens_total", &[("model", "m1"), ("class", "chat")]), Some(40.0));
     assert_eq!(metric(&m, "slogate_prompt_tokens_total", &[("model", "m1")]), Some(14.0));
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0));
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
 async fn ttft_is_stamped_at_first_content_not_at_role_chunk_or_keepalive() {
-    // Role chunk and keep-alive comments at once; first real token 400 ms later.
+    // Role chunk and keep-alive comments at once; the first real token 400 ms
+    // later, the next two a second apart: stamping at the role chunk (0 s) or
+    // at the last token (2.4 s) would both fall outside [0.4 s, 1.4 s).
     let mock = Mock::start(script(|req| {
-        let mut s = vllm_stream(req, 3, Duration::ZERO, "stop");
+        let mut s = vllm_stream(req, 3, Duration::from_secs(1), "stop");
+        s.steps[1] = Step::Wait(Duration::from_millis(200)); // before the first token, instead of 1 s
         s.steps.insert(1, Step::Send(Bytes::from_static(b": keep-alive\n\n")));
         s.steps.insert(2, Step::Wait(Duration::from_millis(200)));
         s.steps.insert(3, Step::Send(Bytes::from_static(b": keep-alive\n\n")));
-        s.steps.insert(4, Step::Wait(Duration::from_millis(200)));
         s
     }))
     .await;
@@ -50,12 +53,15 @@ async fn ttft_is_stamped_at_first_content_not_at_role_chunk_or_keepalive() {
     let count = metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "chat")]);
     let sum = metric(&m, "slogate_time_to_first_token_seconds_sum", &[("class", "chat")]).unwrap_or(0.0);
     assert_eq!(count, Some(1.0));
-    assert!(sum >= 0.4, "TTFT {sum}s must include the 400 ms before the first content token");
-    // The seed's SLI bucket exists and this request is not in it.
+    assert!((0.4..1.4).contains(&sum), "TTFT {sum}s: the first content token came at 0.4 s, the last at 2.4 s");
+    // The SLI bucket at chat's 300 ms target exists and this request is not in it.
     assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_bucket", &[("class", "chat"), ("le", "0.3")]), Some(0.0));
     assert_eq!(metric(&m, "slogate_slo_breaches_total", &[("class", "chat"), ("kind", "ttft")]), Some(1.0));
-    // Two gaps between three tokens delivered together: ITL recorded, no breach.
+    // Two gaps of a second between the three tokens.
     assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[("class", "chat")]), Some(2.0));
+    let itl = metric(&m, "slogate_inter_token_latency_seconds_sum", &[("class", "chat")]).unwrap_or(0.0);
+    assert!(itl >= 2.0, "ITL sum {itl}");
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -73,6 +79,7 @@ async fn inter_token_gaps_are_measured_as_delivered() {
     let tpot = metric(&m, "slogate_time_per_output_token_seconds_sum", &[("class", "batch")]).unwrap_or(0.0);
     assert!(tpot >= 0.12, "tpot {tpot}");
     assert_eq!(metric(&m, "slogate_goodput_requests_total", &[("class", "batch")]), Some(1.0));
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -98,6 +105,7 @@ async fn events_split_into_single_bytes_are_forwarded_and_measured() {
     assert_eq!(metric(&m, "slogate_generation_tokens_total", &[("class", "chat")]), Some(5.0));
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(1.0));
     assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[]), Some(1.0));
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -113,6 +121,7 @@ async fn usage_is_stripped_when_not_asked_and_kept_when_asked() {
     // The replica was asked for usage both times, other options kept.
     let bodies = mock.state.bodies.lock().expect("lock").clone();
     assert!(bodies.iter().all(wants_usage), "{bodies:?}");
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -123,6 +132,7 @@ async fn finish_reason_length_is_counted_as_length() {
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "length")]), Some(1.0));
     assert_eq!(metric(&m, "slogate_slo_breaches_total", &[("kind", "incomplete")]), Some(1.0));
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -147,6 +157,7 @@ async fn mid_stream_error_event_is_a_stream_error() {
     assert!(String::from_utf8_lossy(&body).contains("engine died"), "the error event reaches the client");
     assert_eq!(requests_with_outcome(&gw, "stream_error").await, 1.0);
     assert_eq!(requests_with_outcome(&gw, "ok").await, 0.0);
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -169,6 +180,7 @@ async fn stream_cut_before_done_is_a_stream_error() {
         wait_until("outcome recorded", || async { requests_with_outcome(&gw, "stream_error").await == 1.0 }).await;
         let m = metrics_text(&gw).await;
         assert_eq!(metric(&m, "slogate_slo_breaches_total", &[("kind", "incomplete")]), Some(1.0));
+        assert_quiescent(&gw).await;
     }
 }
 
@@ -186,6 +198,7 @@ async fn upstream_5xx_passes_through_and_counts_as_upstream_error() {
     assert_eq!(status, 500);
     assert_eq!(&body[..], br#"{"object":"error","message":"boom","type":"InternalServerError","code":500}"#, "passed through unchanged");
     assert_eq!(requests_with_outcome(&gw, "upstream_error").await, 1.0);
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -205,6 +218,7 @@ async fn client_disconnect_cancels_upstream_and_frees_slot() {
     mock.set_script(standard(1, Duration::ZERO));
     let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 200);
+    assert_quiescent(&gw).await;
 }
 
 /// `server.busy_poll`: the workers poll while a request is in flight, and
@@ -213,8 +227,7 @@ async fn client_disconnect_cancels_upstream_and_frees_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_polling_lasts_while_streams_are_in_flight() {
     let mock = Mock::start(standard(200, Duration::from_millis(20))).await;
-    let yaml = config_yaml(&[mock.url()], "").replace("  shutdown_grace: 10s\n", "  shutdown_grace: 10s\n  busy_poll: true\n");
-    let gw = start_gateway(&yaml).await;
+    let gw = gateway_config(&[mock.url()]).server("busy_poll: true").start().await;
     let busy = gw.busy_poll().expect("busy polling is on");
     wait_until("polling tasks asleep at start", || async { busy.active() == 0 && busy.asleep() == 2 }).await;
 
@@ -239,19 +252,20 @@ async fn busy_polling_lasts_while_streams_are_in_flight() {
     assert_eq!(requests_with_outcome(&gw, "cancelled").await, 1.0);
 
     // A request the gateway refuses (unknown model) holds nothing afterwards.
-    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false).replace("m1", "nope"), &[]).await;
+    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", r#"{"model":"nope","messages":[],"stream":true}"#, &[]).await;
     assert_eq!(status, 404);
     assert_eq!(busy.active(), 0);
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
 async fn slot_is_held_until_the_stream_ends_not_the_headers() {
-    let mock = Mock::start(standard(3, Duration::from_millis(300))).await;
-    let gw = start_gateway(&config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n")).await;
-    let first = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
-    assert_eq!(first.status(), 200);
-    // Headers are here, the stream is not over: the only slot is still
-    // taken, so a second request waits in the queue and reaches no replica.
+    let mock = Mock::start(standard(3, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").start().await;
+    let first = mock.hold_slot(gw.data_addr).await;
+    // Headers are here, the stream is not over (the replica waits at its
+    // gate): the only slot is still taken, so a second request waits in the
+    // queue and reaches no replica.
     let addr = gw.data_addr;
     let second = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(true, false), &[]).await });
     wait_until("second request queued", || async {
@@ -260,12 +274,14 @@ async fn slot_is_held_until_the_stream_ends_not_the_headers() {
     .await;
     assert_eq!(mock.calls(), 1);
     assert_eq!(metric(&metrics_text(&gw).await, "slogate_inflight_requests", &[]), Some(1.0));
-    first.into_body().collect().await.expect("first stream completes");
+    assert!(!second.is_finished());
+    first.release().await;
     // The end of the stream hands the slot to the queued request.
     let (status, headers, _) = second.await.expect("task");
     assert_eq!(status, 200);
     assert_ne!(headers.get("x-slogate-queue-ms").and_then(|v| v.to_str().ok()), Some("0"));
     wait_until("slot freed", || async { metric(&metrics_text(&gw).await, "slogate_inflight_requests", &[]) == Some(0.0) }).await;
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -284,6 +300,7 @@ async fn idle_gap_past_the_limit_ends_the_stream_as_timeout() {
     assert!(text.contains("\"code\":504") && text.ends_with("data: [DONE]\n\n"), "{text}");
     assert_eq!(requests_with_outcome(&gw, "timeout").await, 1.0);
     wait_until("upstream cancelled", || async { mock.state.cancelled.load(Ordering::SeqCst) == 1 }).await;
+    assert_quiescent(&gw).await;
 }
 
 #[tokio::test]
@@ -301,4 +318,5 @@ async fn non_streaming_records_e2e_and_tokens() {
     assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[]), None, "no TTFT without a stream");
     // The replica was not asked for stream_options on a non-streaming request.
     assert!(mock.state.bodies.lock().expect("lock").iter().all(|b| b.get("stream_options").is_none()));
+    assert_quiescent(&gw).await;
 }

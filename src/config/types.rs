@@ -109,7 +109,7 @@ impl Default for Config {
     }
 }
 
-/// Seed 003's SLO table.
+/// The default SLO table: P99 targets per class.
 pub fn default_classes() -> IndexMap<String, ClassConfig> {
     let c = |tier, ttft, itl| ClassConfig { tier, ttft: Dur::millis(ttft), itl: Dur::millis(itl) };
     [

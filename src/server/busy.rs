@@ -69,9 +69,11 @@ impl<B: http_body::Body> http_body::Body for Held<B> {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-        let this = self.project();
-        let polled = this.body.poll_frame(cx);
-        if let std::task::Poll::Ready(None) = polled {
+        let mut this = self.project();
+        let polled = this.body.as_mut().poll_frame(cx);
+        // The end: nothing more (a body of known length may never be polled
+        // for its `None`, so its last frame counts too).
+        if matches!(polled, std::task::Poll::Ready(None)) || this.body.is_end_stream() {
             this.active.take();
         }
         polled

@@ -29,8 +29,38 @@ use tokio::task::JoinSet;
 pub enum Step {
     Send(Bytes),
     Wait(Duration),
+    /// Wait until the test opens the gate (no timing involved).
+    Until(Gate),
     /// Cut the connection (the body errors mid-stream).
     Abort,
+}
+
+/// A gate a scripted response waits at until the test opens it; once open it
+/// stays open. How a test holds a replica slot for exactly as long as it needs.
+#[derive(Clone, Debug, Default)]
+pub struct Gate(Arc<(AtomicBool, tokio::sync::Notify)>);
+
+impl Gate {
+    pub fn open(&self) {
+        self.0 .0.store(true, Ordering::SeqCst);
+        self.0 .1.notify_waiters();
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.0 .0.load(Ordering::SeqCst)
+    }
+
+    pub async fn passed(&self) {
+        loop {
+            let notified = self.0 .1.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_open() {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// A scripted response.
@@ -62,6 +92,8 @@ pub struct MockState {
     close_idle: tokio::sync::Notify,
     /// Connections that carried a POST, closed by the mock's side.
     pub closed_post_connections: AtomicUsize,
+    /// The gate a held slot's stream waits at (see [`Mock::hold_slot`]).
+    hold: Mutex<Gate>,
 }
 
 pub struct Mock {
@@ -91,6 +123,7 @@ impl Mock {
             post_connections: AtomicUsize::new(0),
             close_idle: tokio::sync::Notify::new(),
             closed_post_connections: AtomicUsize::new(0),
+            hold: Mutex::new(Gate::default()),
         });
         let tasks = Arc::new(Mutex::new(JoinSet::new()));
         let (st, ts) = (state.clone(), tasks.clone());
@@ -149,6 +182,23 @@ impl Mock {
         self.state.close_idle.notify_waiters();
     }
 
+    /// Hold a replica slot through the gateway at `addr`: a streamed chat
+    /// completion whose replica sends its role chunk and then waits, holding
+    /// the slot, until [`HeldSlot::release`] (or until the holder is dropped,
+    /// which hangs up). Returns once the gateway has admitted it and the
+    /// replica answered, whatever other scripts the mock has.
+    pub async fn hold_slot(&self, addr: SocketAddr) -> HeldSlot {
+        let gate = Gate::default();
+        *self.state.hold.lock().expect("lock") = gate.clone();
+        let body = format!(
+            r#"{{"model":"{}","messages":[{{"role":"user","content":"hi"}}],"stream":true,"user":"{HOLD_SLOT}"}}"#,
+            self.state.model
+        );
+        let resp = client().request(post_req(addr, "/v1/chat/completions", &body, &[])).await.expect("holder");
+        assert_eq!(resp.status(), 200, "the holder got a slot");
+        HeldSlot { body: Some(resp.into_body()), gate }
+    }
+
     /// Stop accepting and cut every open connection: connects are refused.
     pub fn kill(&self) {
         self.accept.abort();
@@ -159,6 +209,30 @@ impl Mock {
 impl Drop for Mock {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The `user` of a request that [`Mock::hold_slot`] sends.
+const HOLD_SLOT: &str = "slogate-test-hold-slot";
+
+/// A stream holding a replica slot; see [`Mock::hold_slot`].
+pub struct HeldSlot {
+    body: Option<Incoming>,
+    gate: Gate,
+}
+
+impl HeldSlot {
+    /// Let the replica finish the stream; its whole body, as the client got it.
+    pub async fn release(mut self) -> String {
+        self.gate.open();
+        let body = self.body.take().expect("body");
+        let bytes = body.collect().await.expect("held stream completes").to_bytes();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Hang up without reading further (a client that went away).
+    pub fn hang_up(mut self) {
+        self.body.take();
     }
 }
 
@@ -195,8 +269,15 @@ async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<Moc
     st.headers.lock().expect("lock").push(req.headers().clone());
     let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-    let f = st.script.lock().expect("lock").clone();
-    let script = f(&json);
+    let script = if json.get("user").and_then(|u| u.as_str()) == Some(HOLD_SLOT) {
+        let gate = st.hold.lock().expect("lock").clone();
+        let mut s = vllm_stream(&json, 1, Duration::ZERO, "stop");
+        s.steps.insert(1, Step::Until(gate));
+        s
+    } else {
+        let f = st.script.lock().expect("lock").clone();
+        f(&json)
+    };
     st.bodies.lock().expect("lock").push(json);
     if !script.header_delay.is_zero() {
         tokio::time::sleep(script.header_delay).await;
@@ -210,6 +291,15 @@ async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<Moc
                     // Like uvicorn, notice a client that went away while idle.
                     tokio::select! {
                         _ = tokio::time::sleep(d) => {}
+                        _ = tx.closed() => {
+                            st2.cancelled.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+                Step::Until(gate) => {
+                    tokio::select! {
+                        _ = gate.passed() => {}
                         _ = tx.closed() => {
                             st2.cancelled.fetch_add(1, Ordering::SeqCst);
                             return;
@@ -324,12 +414,71 @@ pub fn standard(n: usize, gap: Duration) -> ScriptFn {
 
 // ---- gateway helpers ----
 
-/// Config YAML for a gateway on 127.0.0.1:0 in front of `replicas`.
+/// A test gateway's config: both listeners on 127.0.0.1:0, one pool `p`
+/// serving `m1` from the given replicas with fast health checks. Fields are
+/// added by section, never by editing the YAML text.
+#[derive(Clone, Debug)]
+pub struct ConfigBuilder {
+    replicas: Vec<String>,
+    server: Vec<String>,
+    pool: Vec<String>,
+    sections: Vec<String>,
+}
+
+pub fn gateway_config(replicas: &[String]) -> ConfigBuilder {
+    ConfigBuilder { replicas: replicas.to_vec(), server: Vec::new(), pool: Vec::new(), sections: Vec::new() }
+}
+
+impl ConfigBuilder {
+    /// A field of `server:`, e.g. `"busy_poll: true"`.
+    pub fn server(mut self, field: &str) -> Self {
+        self.server.push(field.to_string());
+        self
+    }
+
+    /// A field of the pool, e.g. `"max_inflight_per_replica: 1"`.
+    pub fn pool(mut self, field: &str) -> Self {
+        self.pool.push(field.to_string());
+        self
+    }
+
+    /// A top-level section, e.g. `"tiers:\n  interactive: { queue_capacity: 1 }"`.
+    pub fn section(mut self, yaml: &str) -> Self {
+        self.sections.push(yaml.trim_end().to_string());
+        self
+    }
+
+    pub fn yaml(&self) -> String {
+        let mut y = String::from("server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\n  shutdown_grace: 10s\n");
+        for f in &self.server {
+            y.push_str(&format!("  {f}\n"));
+        }
+        y.push_str("pools:\n  - name: p\n    models: [m1]\n    replicas:\n");
+        for r in &self.replicas {
+            y.push_str(&format!("      - {r}\n"));
+        }
+        y.push_str("    health: { interval: 100ms, timeout: 1s, unhealthy_after: 2, healthy_after: 2 }\n");
+        for f in &self.pool {
+            y.push_str(&format!("    {f}\n"));
+        }
+        for sec in &self.sections {
+            y.push_str(sec);
+            y.push('\n');
+        }
+        y
+    }
+
+    pub async fn start(&self) -> Gateway {
+        start_gateway(&self.yaml()).await
+    }
+}
+
+/// Config YAML for a gateway on 127.0.0.1:0 in front of `replicas`, with
+/// `pool_extra` (indented pool fields, then any top-level sections) appended.
 pub fn config_yaml(replicas: &[String], pool_extra: &str) -> String {
-    let reps = replicas.iter().map(|r| format!("      - {r}\n")).collect::<String>();
-    format!(
-        "server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\n  shutdown_grace: 10s\npools:\n  - name: p\n    models: [m1]\n    replicas:\n{reps}    health: {{ interval: 100ms, timeout: 1s, unhealthy_after: 2, healthy_after: 2 }}\n{pool_extra}"
-    )
+    let mut y = gateway_config(replicas).yaml();
+    y.push_str(pool_extra);
+    y
 }
 
 pub async fn start_gateway(yaml: &str) -> Gateway {
@@ -385,6 +534,10 @@ pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 pub fn post_req(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    // The paths the gateway routes (others are 404/405 and never counted).
+    if path.starts_with("/v1/") && path != "/v1/models" {
+        count_sent(addr, 1);
+    }
     let mut b = Request::post(format!("http://{addr}{path}")).header("content-type", "application/json");
     for (k, v) in headers {
         b = b.header(*k, *v);
@@ -435,4 +588,74 @@ pub async fn metrics_text(gw: &Gateway) -> String {
 
 pub async fn requests_with_outcome(gw: &Gateway, outcome: &str) -> f64 {
     metric(&metrics_text(gw).await, "slogate_requests_total", &[("outcome", outcome)]).unwrap_or(0.0)
+}
+
+// ---- quiescence: every test ends with nothing held and everything counted ----
+
+static SENT: Mutex<Vec<(SocketAddr, usize)>> = Mutex::new(Vec::new());
+
+/// Count `n` requests sent to the data plane at `addr` (`post_req` counts its
+/// own; a test that sends by other means, raw TCP or an SDK, says so here).
+pub fn count_sent(addr: SocketAddr, n: usize) {
+    let mut sent = SENT.lock().expect("lock");
+    match sent.iter_mut().find(|(a, _)| *a == addr) {
+        Some((_, c)) => *c += n,
+        None => sent.push((addr, n)),
+    }
+}
+
+pub fn sent_to(addr: SocketAddr) -> usize {
+    SENT.lock().expect("lock").iter().find(|(a, _)| *a == addr).map_or(0, |(_, c)| *c)
+}
+
+/// The gateway is at rest and its books balance: no request holds a slot,
+/// none waits in a queue, and every request sent to it was counted in
+/// `slogate_requests_total` exactly once.
+pub async fn assert_quiescent(gw: &Gateway) {
+    let sent = sent_to(gw.data_addr) as f64;
+    let mut last = String::new();
+    let admin = gw.admin_addr;
+    let at_rest = |m: &str| {
+        let inflight = metric(m, "slogate_inflight_requests", &[]).unwrap_or(0.0);
+        let queued = metric(m, "slogate_queue_depth", &[]).unwrap_or(0.0);
+        let counted = metric(m, "slogate_requests_total", &[]).unwrap_or(0.0);
+        (inflight, queued, counted)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let m = get(admin, "/metrics").await.1;
+        let (inflight, queued, counted) = at_rest(&m);
+        if inflight == 0.0 && queued == 0.0 && counted == sent {
+            break;
+        }
+        last = format!("in flight {inflight}, queued {queued}, counted {counted} of {sent} sent");
+        assert!(counted <= sent, "more requests counted than sent: {last}");
+        assert!(tokio::time::Instant::now() < deadline, "the gateway did not come to rest: {last}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = last;
+}
+
+// ---- shared helpers ----
+
+/// The repository's root.
+pub fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A program on PATH.
+pub fn which(bin: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(bin)).find(|f| f.is_file()))
+}
+
+/// The `error.code` of an OpenAI error body.
+pub fn error_code(body: &[u8]) -> String {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).unwrap_or_else(|e| panic!("not an error JSON ({e}): {}", String::from_utf8_lossy(body)));
+    v["error"]["code"].as_str().unwrap_or_default().to_string()
+}
+
+/// A response header as text.
+pub fn header<'a>(h: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
 }
