@@ -297,4 +297,57 @@ mod tests {
         let out: Value = serde_json::from_slice(&b.into_bytes(false, None).expect("writes")).expect("valid JSON");
         assert_eq!(out["max_tokens"], 100);
     }
+
+    use proptest::prelude::*;
+
+    /// One member as written in a request body (some of them the members the
+    /// gateway reads, in every type a caller might send).
+    fn member() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z0-9-]{1,8}".prop_map(|m| format!(r#""model":"{m}""#)),
+            Just(r#""model":7"#.to_string()),
+            Just(r#""model":null"#.to_string()),
+            prop_oneof![Just("true"), Just("false"), Just("\"yes\""), Just("null")].prop_map(|v| format!(r#""stream":{v}"#)),
+            prop_oneof![
+                Just("null"),
+                Just("{}"),
+                Just(r#"{"include_usage":true}"#),
+                Just(r#"{"include_usage":false,"continuous_usage_stats":true}"#),
+                Just("\"x\""),
+            ]
+            .prop_map(|v| format!(r#""stream_options":{v}"#)),
+            prop_oneof![Just("null"), Just("5"), Just("\"high\"")].prop_map(|v| format!(r#""priority":{v}"#)),
+            ("[a-z_]{1,8}", prop_oneof![Just("1"), Just("\"s\""), Just("[1,{\"a\":[]}]"), Just("{\"k\":null}")])
+                .prop_map(|(k, v)| format!(r#""{k}":{v}"#)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// Whatever the body, the quick path reads the same head and sends
+        /// the replica the same request as the general path.
+        #[test]
+        fn the_quick_path_agrees_with_the_general_path(
+            members in prop::collection::vec(member(), 0..7),
+            ws in prop_oneof![Just(""), Just(" "), Just("\n  ")],
+            usage in any::<bool>(),
+            prio in prop_oneof![Just(None), Just(Some(0i64)), Just(Some(1i64))],
+        ) {
+            let text = format!("{ws}{{{ws}{}{ws}}}{ws}", members.join(&format!(",{ws}")));
+            let bytes = Bytes::from(text.clone());
+            let Ok(quick) = RequestBody::parse(bytes.clone()) else {
+                // Rejected: the general path rejects it too.
+                prop_assert!(parse_object(&bytes).is_err(), "{}", text);
+                return Ok(());
+            };
+            let object = parse_object(&bytes).expect("the general path reads what the quick path read");
+            prop_assert_eq!(quick.head(), &head_of(&object), "{}", text);
+            let q: Value = serde_json::from_slice(&quick.into_bytes(usage, prio).expect("writes")).expect("valid JSON");
+            let mut g = RequestBody::parse(bytes).expect("parses");
+            g.object().expect("object");
+            let g: Value = serde_json::from_slice(&g.into_bytes(usage, prio).expect("writes")).expect("valid JSON");
+            prop_assert_eq!(q, g, "{}", text);
+        }
+    }
 }

@@ -669,4 +669,142 @@ mod tests {
         assert!(text.starts_with(ROLE) && text.contains("no first token within 5s") && text.ends_with("data: [DONE]\n\n"), "{text}");
         assert!(metrics.encode().contains("outcome=\"timeout\"} 1"));
     }
+
+    /// A body whose chunks arrive at given times after its start (for
+    /// paused-time tests: the times are exact), then ends or hangs.
+    struct Timed {
+        start: Instant,
+        q: VecDeque<(Duration, Bytes)>,
+        sleep: Option<Pin<Box<Sleep>>>,
+        hang: bool,
+    }
+
+    impl Timed {
+        fn new(chunks: Vec<(u64, &str)>, hang: bool) -> Self {
+            let q = chunks.into_iter().map(|(ms, b)| (Duration::from_millis(ms), Bytes::from(b.to_string()))).collect();
+            Timed { start: Instant::now(), q, sleep: None, hang }
+        }
+    }
+
+    impl Body for Timed {
+        type Data = Bytes;
+        type Error = std::io::Error;
+        fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            let Some(&(at, _)) = self.q.front() else {
+                return if self.hang { Poll::Pending } else { Poll::Ready(None) };
+            };
+            let due = self.start + at;
+            let sleep = self.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+            ready!(sleep.as_mut().poll(cx));
+            self.sleep = None;
+            Poll::Ready(self.q.pop_front().map(|(_, b)| Ok(Frame::data(b))))
+        }
+    }
+
+    /// A sample's value in the exposition: `NAME{...class="chat"...} VALUE`.
+    fn sample(text: &str, name: &str) -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("class=\"chat\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    }
+
+    async fn observe_timed(chunks: Vec<(u64, &str)>, hang: bool, timeouts: StreamTimeouts) -> (String, String) {
+        let (metrics, class) = fixture();
+        let mut tracker = Tracker::new(metrics.clone(), class, Instant::now());
+        tracker.set_streaming(true);
+        let body = ObservedBody::sse(Timed::new(chunks, hang), tracker, timeouts, true);
+        let out = body.collect().await.expect("body").to_bytes();
+        (String::from_utf8_lossy(&out).into_owned(), metrics.encode())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ttft_and_itl_are_the_exact_times_of_the_content_events() {
+        // Role chunk at once, a keep-alive at 100 ms, content at 400 ms and
+        // 900 ms: TTFT is 400 ms (not 0, not 900), the one gap 500 ms.
+        let (_, m) = observe_timed(
+            vec![(0, ROLE), (100, ": ka\n\n"), (400, TOK), (900, TOK), (900, FIN), (900, USAGE), (900, DONE)],
+            false,
+            TIMEOUTS,
+        )
+        .await;
+        assert_eq!(sample(&m, "slogate_time_to_first_token_seconds_sum"), 0.4);
+        assert_eq!(sample(&m, "slogate_time_to_first_token_seconds_count"), 1.0);
+        assert_eq!(sample(&m, "slogate_inter_token_latency_seconds_sum"), 0.5);
+        assert_eq!(sample(&m, "slogate_inter_token_latency_seconds_count"), 1.0);
+        assert_eq!(sample(&m, "slogate_e2e_request_latency_seconds_sum"), 0.9);
+        // TPOT = (e2e - TTFT) / (3 tokens - 1) = 0.25 s.
+        assert_eq!(sample(&m, "slogate_time_per_output_token_seconds_sum"), 0.25);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn more_than_one_gap_in_a_hundred_over_the_itl_target_is_an_itl_breach() {
+        // 101 tokens, 100 gaps of 10 ms; `slow` of them 60 ms (chat's target is 50 ms).
+        for (slow, breach) in [(1, false), (2, true)] {
+            let mut chunks = vec![(0u64, ROLE)];
+            let mut t = 0;
+            for i in 0..101 {
+                if i > 0 {
+                    t += if i <= slow { 60 } else { 10 };
+                }
+                chunks.push((t, TOK));
+            }
+            chunks.extend([(t, FIN), (t, DONE)]);
+            let (_, m) = observe_timed(chunks, false, TIMEOUTS).await;
+            let itl_breaches =
+                m.lines().any(|l| l.starts_with("slogate_slo_breaches_total{") && l.contains("kind=\"itl\"") && l.ends_with(" 1"));
+            assert_eq!(itl_breaches, breach, "{slow} slow gaps of 100");
+            let goodput = m.lines().any(|l| l.starts_with("slogate_goodput_requests_total{") && l.ends_with(" 1"));
+            assert_eq!(goodput, !breach, "{slow} slow gaps of 100: goodput\n{m}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_total_timeout_ends_a_stream_that_still_flows() {
+        // A token every 500 ms for ever; idle and first-token budgets never
+        // run out, the 2 s total does: the stream ends exactly then.
+        let total = StreamTimeouts { first_token: Duration::from_secs(5), idle: Duration::from_secs(5), total: Duration::from_secs(2) };
+        let chunks: Vec<(u64, &str)> = std::iter::once((0, ROLE)).chain((1..20).map(|i| (i * 500, TOK))).collect();
+        let start = Instant::now();
+        let (out, m) = observe_timed(chunks, true, total).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(2), "ended at the total timeout");
+        assert_eq!(out.matches("\"x\"").count(), 4, "the tokens of 0.5-2.0 s were delivered: {out}");
+        assert!(out.contains("exceeded the total timeout of 2s") && out.ends_with("data: [DONE]\n\n"), "{out}");
+        assert!(m.contains("outcome=\"timeout\"} 1"), "{m}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        /// Usage stripping leaves exactly the replica's bytes without the
+        /// usage event, however the stream is cut into reads.
+        #[test]
+        fn stripping_leaves_exactly_the_replicas_bytes_minus_the_usage_event(
+            tokens in 0usize..6,
+            keepalives in proptest::collection::vec(0usize..8, 0..3),
+            cuts in proptest::collection::vec(proptest::prelude::any::<proptest::sample::Index>(), 0..8),
+        ) {
+            let mut events: Vec<&str> = vec![ROLE];
+            events.extend(std::iter::repeat_n(TOK, tokens));
+            for k in &keepalives {
+                events.insert((*k).min(events.len()), ": keep-alive\n\n");
+            }
+            events.push(FIN);
+            let expected = format!("{}{DONE}", events.concat());
+            events.push(USAGE);
+            events.push(DONE);
+            let whole = Bytes::from(events.concat());
+            let mut at: Vec<usize> = cuts.iter().map(|c| c.index(whole.len() + 1)).collect();
+            at.sort_unstable();
+            let mut chunks = Vec::new();
+            let mut start = 0;
+            for end in at.into_iter().chain([whole.len()]) {
+                chunks.push(whole.slice(start..end));
+                start = end;
+            }
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+            let (out, _) = rt.block_on(run(chunks, true));
+            proptest::prop_assert_eq!(String::from_utf8_lossy(&out), expected);
+        }
+    }
 }
