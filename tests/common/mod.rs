@@ -188,13 +188,18 @@ impl Mock {
     /// which hangs up). Returns once the gateway has admitted it and the
     /// replica answered, whatever other scripts the mock has.
     pub async fn hold_slot(&self, addr: SocketAddr) -> HeldSlot {
+        self.hold_slot_as(addr, &[]).await
+    }
+
+    /// [`Mock::hold_slot`] with request headers (e.g. `x-slo-class`).
+    pub async fn hold_slot_as(&self, addr: SocketAddr, headers: &[(&str, &str)]) -> HeldSlot {
         let gate = Gate::default();
         *self.state.hold.lock().expect("lock") = gate.clone();
         let body = format!(
             r#"{{"model":"{}","messages":[{{"role":"user","content":"hi"}}],"stream":true,"user":"{HOLD_SLOT}"}}"#,
             self.state.model
         );
-        let resp = client().request(post_req(addr, "/v1/chat/completions", &body, &[])).await.expect("holder");
+        let resp = client().request(post_req(addr, "/v1/chat/completions", &body, headers)).await.expect("holder");
         assert_eq!(resp.status(), 200, "the holder got a slot");
         HeldSlot { body: Some(resp.into_body()), gate }
     }
@@ -449,7 +454,10 @@ impl ConfigBuilder {
     }
 
     pub fn yaml(&self) -> String {
-        let mut y = String::from("server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\n  shutdown_grace: 10s\n");
+        let mut y = String::from("server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\n");
+        if !self.server.iter().any(|f| f.starts_with("shutdown_grace:")) {
+            y.push_str("  shutdown_grace: 10s\n");
+        }
         for f in &self.server {
             y.push_str(&format!("  {f}\n"));
         }
