@@ -11,19 +11,10 @@ use bytes::Bytes;
 use common::*;
 use http_body_util::BodyExt;
 
-fn error_of(body: &Bytes) -> serde_json::Value {
-    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(body)));
-    for k in ["message", "type", "param", "code"] {
-        assert!(v["error"].get(k).is_some(), "OpenAI error body lacks `{k}`: {v}");
-    }
-    v["error"].clone()
-}
-
 #[tokio::test]
 async fn gateway_errors_have_their_status_and_openai_shape() {
     let mock = Mock::start(standard(1, Duration::ZERO)).await;
-    let yaml = config_yaml(&[mock.url()], "").replace("shutdown_grace: 10s", "shutdown_grace: 10s\n  max_request_body: 1KiB");
-    let gw = start_gateway(&yaml).await;
+    let gw = gateway_config(&[mock.url()]).server("max_request_body: 1KiB").start().await;
     let a = gw.data_addr;
     let cases: Vec<(&str, String, u16)> = vec![
         ("malformed JSON", "{not json".into(), 400),
@@ -35,14 +26,14 @@ async fn gateway_errors_have_their_status_and_openai_shape() {
     for (what, body, want) in cases {
         let (status, _, b) = post(a, "/v1/chat/completions", &body, &[]).await;
         assert_eq!(status, want, "{what}: {}", String::from_utf8_lossy(&b));
-        error_of(&b);
+        error_body(&b);
     }
     let (status, _, b) = post(a, "/v1/chat/completions", &chat_body(false, false), &[("x-slo-class", "gold")]).await;
     assert_eq!(status, 400);
-    assert_eq!(error_of(&b)["param"], "x-slo-class");
+    assert_eq!(error_body(&b)["param"], "x-slo-class");
     let (status, body) = get(a, "/nope").await;
     assert_eq!(status, 404);
-    error_of(&Bytes::from(body));
+    error_body(&Bytes::from(body));
     let (status, _, _) = post(a, "/v1/rerank", r#"{"query":"q"}"#, &[]).await;
     assert_eq!(status, 404, "other /v1 paths without a model are 404");
     // A known path with the wrong method: 405 naming the method it takes (as vLLM answers).
@@ -62,7 +53,7 @@ async fn gateway_errors_have_their_status_and_openai_shape() {
         let (status, allowed) = (resp.status().as_u16(), resp.headers().get("allow").and_then(|v| v.to_str().ok()).map(str::to_string));
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         assert_eq!((status, allowed.as_deref()), (405, Some(allow)), "{method} {path}");
-        assert_eq!(error_of(&body)["code"], "method_not_allowed", "{method} {path}");
+        assert_eq!(error_body(&body)["code"], "method_not_allowed", "{method} {path}");
     }
     assert_eq!(mock.calls(), 0, "nothing bad reached the replica");
     // Client errors are counted, under bounded labels.
@@ -97,7 +88,7 @@ async fn api_keys_gate_classes_with_401_and_403() {
     assert_eq!((s, h.get("x-slogate-class").and_then(|v| v.to_str().ok())), (200, Some("batch")));
     let (s, _, b) = post(a, "/v1/chat/completions", &body, &[("authorization", "Bearer batch-key"), ("x-slo-class", "chat")]).await;
     assert_eq!(s, 403, "a batch key cannot promote itself to interactive");
-    assert_eq!(error_of(&b)["type"], "permission_error");
+    assert_eq!(error_body(&b)["type"], "permission_error");
     // slogate's keys are checked here and not passed on to the replicas.
     let seen = mock.state.headers.lock().expect("lock").clone();
     assert_eq!(seen.len(), 3);
@@ -125,7 +116,7 @@ async fn no_healthy_replica_is_503_with_retry_after() {
     let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     assert_eq!(s, 503);
     assert!(h.get("retry-after").is_some());
-    error_of(&b);
+    error_body(&b);
     assert_eq!(requests_with_outcome(&gw, "unavailable").await, 1.0);
     assert_quiescent(&gw).await;
 }
@@ -196,7 +187,7 @@ async fn streaming_first_token_timeout_before_headers_is_504() {
     let gw = start_gateway(&config_yaml(&[mock.url()], "    timeouts: { first_token: 300ms }\n")).await;
     let (s, _, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(s, 504);
-    error_of(&b);
+    error_body(&b);
     assert_eq!(requests_with_outcome(&gw, "timeout").await, 1.0);
     assert_eq!(metric(&metrics_text(&gw).await, "slogate_slo_breaches_total", &[("kind", "timeout")]), Some(1.0));
     assert_quiescent(&gw).await;
@@ -248,8 +239,15 @@ async fn embeddings_and_completions_are_forwarded() {
     let (s, _, b) = post(gw.data_addr, "/v1/embeddings", r#"{"model":"m1","input":"abc"}"#, &[]).await;
     assert_eq!(s, 200);
     assert!(String::from_utf8_lossy(&b).contains("embedding"));
-    let (s, _, _) = post(gw.data_addr, "/v1/completions", r#"{"model":"m1","prompt":"a","stream":true}"#, &[]).await;
+    let completion = r#"{"model":"m1","prompt":"a","stream":true}"#;
+    let (s, _, via) = post(gw.data_addr, "/v1/completions", completion, &[]).await;
     assert_eq!(s, 200);
+    // The client did not ask for usage: it gets exactly what the replica
+    // sends such a client, with the usage slogate asked for cut out again.
+    let (_, _, direct) = post(mock.addr, "/v1/completions", completion, &[]).await;
+    assert_eq!(String::from_utf8_lossy(&via), String::from_utf8_lossy(&direct));
+    assert!(!String::from_utf8_lossy(&via).contains("\"usage\""));
+    assert!(mock.state.bodies.lock().expect("lock")[1].pointer("/stream_options/include_usage") == Some(&serde_json::Value::Bool(true)));
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0));
     assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[]), Some(1.0), "completion text counts as content");
@@ -300,10 +298,6 @@ async fn metrics_pass_promtool_check_metrics() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_quiescent(&gw).await;
-}
-
-fn which(bin: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(bin)).find(|f| f.is_file()))
 }
 
 #[tokio::test]

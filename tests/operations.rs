@@ -12,14 +12,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn which(bin: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(bin)).find(|f| f.is_file()))
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn chromium() -> PathBuf {
     which("chromium")
         .or_else(|| which("chromium-browser"))

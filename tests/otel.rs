@@ -83,20 +83,38 @@ fn request_spans_reach_an_otlp_receiver_with_genai_attributes_and_traceparent() 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let mock_headers = rt.block_on(async {
         let mock = Mock::start(standard(3, Duration::from_millis(2))).await;
-        let yaml = format!("{}telemetry: {{ otlp_endpoint: \"{endpoint}\" }}\n", config_yaml(&[mock.url()], ""));
-        let gw = start_gateway(&yaml).await;
+        let gw = gateway_config(&[mock.url()])
+            .pool("max_inflight_per_replica: 1")
+            .section(&format!("telemetry: {{ otlp_endpoint: \"{endpoint}\" }}"))
+            .start()
+            .await;
+        // The traced request waits in the queue behind a held slot, so its
+        // span's queue time is not zero.
+        let held = mock.hold_slot(gw.data_addr).await;
         let traceparent = format!("00-{TRACE_ID}-{PARENT}-01");
-        let (s, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("traceparent", &traceparent)]).await;
+        let addr = gw.data_addr;
+        let traced = tokio::spawn(async move {
+            post(addr, "/v1/chat/completions", &chat_body(true, false), &[("traceparent", traceparent.as_str())]).await
+        });
+        wait_until("the traced request is queued", || async {
+            metric(&metrics_text(&gw).await, "slogate_queue_depth", &[("tier", "interactive")]) == Some(1.0)
+        })
+        .await;
+        held.release().await;
+        let (s, h, body) = traced.await.expect("task");
         assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+        let queue_ms: u64 = h.get("x-slogate-queue-ms").and_then(|v| v.to_str().ok()?.parse().ok()).expect("queue ms header");
         let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[("x-slo-class", "batch")]).await;
         assert_eq!(s, 200);
         // The spans end with the streams (the trackers drop after the bodies).
-        wait_until("both requests counted", || async { requests_with_outcome(&gw, "ok").await == 2.0 }).await;
-        let h = mock.state.headers.lock().expect("lock").clone();
-        (h, mock.url())
+        wait_until("all three requests counted", || async { requests_with_outcome(&gw, "ok").await == 3.0 }).await;
+        assert_quiescent(&gw).await;
+        // The holder's request went first; the traced one second.
+        let h = mock.state.headers.lock().expect("lock")[1].clone();
+        (h, mock.url(), queue_ms)
     });
     guard.flush();
-    let (headers, replica) = mock_headers;
+    let (headers, replica, queue_ms) = mock_headers;
 
     let mut spans = Vec::new();
     for b in bodies.lock().expect("lock").iter() {
@@ -109,9 +127,9 @@ fn request_spans_reach_an_otlp_receiver_with_genai_attributes_and_traceparent() 
             }
         }
     }
-    assert_eq!(spans.len(), 2, "one span per request: {:?}", spans.iter().map(|s| &s.name).collect::<Vec<_>>());
+    assert_eq!(spans.len(), 3, "one span per request: {:?}", spans.iter().map(|s| &s.name).collect::<Vec<_>>());
 
-    let stream = spans.iter().find(|s| attrs(s).get("slogate.class").map(String::as_str) == Some("chat")).expect("chat span");
+    let stream = spans.iter().find(|s| hex(&s.trace_id) == TRACE_ID).expect("the traced request's span");
     let a = attrs(stream);
     assert_eq!(stream.name, "chat");
     assert_eq!(a["gen_ai.operation.name"], "chat");
@@ -124,12 +142,14 @@ fn request_spans_reach_an_otlp_receiver_with_genai_attributes_and_traceparent() 
     assert_eq!(a["slogate.replica"], replica);
     assert_eq!(a["http.response.status_code"], "200");
     assert!(a["slogate.ttft_ms"].parse::<f64>().is_ok_and(|t| t > 0.0), "{a:?}");
-    assert!(a["slogate.queue_ms"].parse::<f64>().is_ok_and(|q| q >= 0.0), "{a:?}");
+    // The span's queue time is the one the response header reported (whole ms there).
+    let q: f64 = a["slogate.queue_ms"].parse().expect("queue_ms");
+    assert!(q > 0.0 && q.floor() as u64 == queue_ms, "span queue_ms {q}, header {queue_ms}: it waited in the queue");
     // Parented on the caller's traceparent.
     assert_eq!(hex(&stream.trace_id), TRACE_ID);
     assert_eq!(hex(&stream.parent_span_id), PARENT);
     // The replica got this span as its parent.
-    let sent = headers[0].get("traceparent").and_then(|v| v.to_str().ok()).expect("traceparent sent upstream");
+    let sent = headers.get("traceparent").and_then(|v| v.to_str().ok()).expect("traceparent sent upstream");
     assert_eq!(sent, format!("00-{TRACE_ID}-{}-01", hex(&stream.span_id)));
 
     let batch = spans.iter().find(|s| attrs(s).get("slogate.class").map(String::as_str) == Some("batch")).expect("batch span");

@@ -5,24 +5,20 @@
 //! minutes, a slow degradation firing only the ticket, an availability
 //! burn paging, and healthy traffic firing nothing.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
+
+use common::{repo, which};
 use std::process::Command;
 
 use slogate::config::Config;
 use slogate::rules::{alerts, render, Alert, Format};
 
-fn which(bin: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(bin)).find(|f| f.is_file()))
-}
-
 fn promtool(args: &[&str], dir: &Path) -> (bool, String) {
     let bin = which("promtool").expect("promtool not found: run scripts/test, which installs Debian's prometheus package");
     let out = Command::new(bin).args(args).current_dir(dir).output().expect("run promtool");
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 #[test]
