@@ -177,6 +177,22 @@ pub(crate) fn measure(app: &crate::state::App) -> Vec<Measured> {
         .collect()
 }
 
+/// Estimates from a running gateway's admin listener (`GET /capacity`),
+/// fetched with the same client code that talks to replicas.
+pub async fn from_gateway(admin_url: &str, rates: &[(String, f64)]) -> Result<Vec<Estimate>, String> {
+    let base: http::Uri = admin_url.parse().map_err(|e| format!("{admin_url}: {e}"))?;
+    let query: Vec<String> = rates.iter().map(|(c, r)| format!("rate={c}={r}")).collect();
+    let path = format!("/capacity?{}", query.join("&"));
+    let url = format!("{}{path}", admin_url.trim_end_matches('/'));
+    let (status, body) =
+        crate::upstream::conn::get_once(&base, &path, std::time::Duration::from_secs(10)).await.map_err(|e| format!("{admin_url}: {e}"))?;
+    if !status.is_success() {
+        return Err(format!("{url}: {status}: {}", String::from_utf8_lossy(&body)));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| format!("{url}: {e}"))?;
+    serde_json::from_value(v["estimates"].clone()).map_err(|e| format!("{url}: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,20 +228,4 @@ mod tests {
         let m = Measured { class: "voice".into(), ttft_target_ms: 150.0, service_time_ms: 0.0, observed_rps: 0.0, samples: 0 };
         assert_eq!(estimate(&m, 10.0).replicas_needed, None);
     }
-}
-
-/// Estimates from a running gateway's admin listener (`GET /capacity`),
-/// fetched with the same client code that talks to replicas.
-pub async fn from_gateway(admin_url: &str, rates: &[(String, f64)]) -> Result<Vec<Estimate>, String> {
-    let base: http::Uri = admin_url.parse().map_err(|e| format!("{admin_url}: {e}"))?;
-    let query: Vec<String> = rates.iter().map(|(c, r)| format!("rate={c}={r}")).collect();
-    let path = format!("/capacity?{}", query.join("&"));
-    let url = format!("{}{path}", admin_url.trim_end_matches('/'));
-    let (status, body) =
-        crate::upstream::conn::get_once(&base, &path, std::time::Duration::from_secs(10)).await.map_err(|e| format!("{admin_url}: {e}"))?;
-    if !status.is_success() {
-        return Err(format!("{url}: {status}: {}", String::from_utf8_lossy(&body)));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| format!("{url}: {e}"))?;
-    serde_json::from_value(v["estimates"].clone()).map_err(|e| format!("{url}: {e}"))
 }

@@ -8,7 +8,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use http_body_util::BodyExt;
 use serde_json::json;
 
 async fn gauge(gw: &slogate::Gateway, name: &str, labels: &[(&str, &str)]) -> f64 {

@@ -150,13 +150,7 @@ async fn replica_failing_health_is_taken_out_and_comes_back() {
 
 #[tokio::test]
 async fn retry_before_first_byte_lands_on_the_other_replica() {
-    let bad = Mock::start(script(|_| Script {
-        status: 503,
-        content_type: "application/json",
-        header_delay: Duration::ZERO,
-        steps: vec![Step::Send(Bytes::from_static(br#"{"error":"overloaded"}"#))],
-    }))
-    .await;
+    let bad = Mock::start(Script::json(503, r#"{"error":"overloaded"}"#).always()).await;
     let good = Mock::start(standard(2, Duration::ZERO)).await;
     let gw = start_gateway(&config_yaml(&[bad.url(), good.url()], "    balance: round_robin\n")).await;
     for _ in 0..6 {
@@ -222,12 +216,10 @@ async fn models_are_the_union_across_pools_with_auto_discovery() {
 async fn embeddings_and_completions_are_forwarded() {
     let mock = Mock::start(script(|req| {
         if req.get("input").is_some() {
-            Script {
-                status: 200,
-                content_type: "application/json",
-                header_delay: Duration::ZERO,
-                steps: vec![Step::Send(Bytes::from_static(br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"m1","usage":{"prompt_tokens":3,"total_tokens":3}}"#))],
-            }
+            Script::json(
+                200,
+                r#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"m1","usage":{"prompt_tokens":3,"total_tokens":3}}"#,
+            )
         } else {
             let mut s = vllm_stream(req, 2, Duration::ZERO, "stop");
             s.steps[1] = Step::Send(event(r#"{"id":"c","object":"text_completion","choices":[{"index":0,"text":" the","finish_reason":null}]}"#));

@@ -42,7 +42,7 @@ async fn slo_page_renders_in_headless_chromium_with_every_section() {
     // voice goes to a failing replica: a 5xx before any byte, retried, still 502.
     good.set_script(script(|req| {
         if req.get("stream").is_some() && req["messages"][0]["content"] == "fail" {
-            Script { status: 500, content_type: "application/json", header_delay: Duration::ZERO, steps: vec![] }
+            Script::json(500, "")
         } else {
             vllm_stream(req, 3, Duration::from_millis(5), "stop")
         }

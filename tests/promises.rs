@@ -24,14 +24,8 @@ async fn a_request_is_not_retried_once_the_replica_started_answering() {
     // sent again. (The cut waits until the token is out: a body that fails
     // in the same write as its headers closes the connection unanswered.)
     let gate = Gate::default();
-    let cut = |gate: Gate| {
-        script(move |_| Script {
-            status: 200,
-            content_type: "text/event-stream",
-            header_delay: Duration::ZERO,
-            steps: vec![Step::Send(role_chunk()), Step::Send(content_chunk("a")), Step::Until(gate.clone()), Step::Abort],
-        })
-    };
+    let cut =
+        |gate: Gate| Script::sse(vec![Step::Send(role_chunk()), Step::Send(content_chunk("a")), Step::Until(gate), Step::Abort]).always();
     let (a, b) = (Mock::start(cut(gate.clone())).await, Mock::start(cut(gate.clone())).await);
     let gw = gateway_config(&[a.url(), b.url()]).start().await;
     let body = stream_until(gw.data_addr, "\"a\"").await;
@@ -44,14 +38,7 @@ async fn a_request_is_not_retried_once_the_replica_started_answering() {
 
 #[tokio::test]
 async fn a_replica_4xx_passes_through_as_client_error_and_is_not_retried() {
-    let bad = || {
-        script(|_| Script {
-            status: 400,
-            content_type: "application/json",
-            header_delay: Duration::ZERO,
-            steps: vec![Step::Send(Bytes::from_static(br#"{"object":"error","message":"max_tokens too large","code":400}"#))],
-        })
-    };
+    let bad = || Script::json(400, r#"{"object":"error","message":"max_tokens too large","code":400}"#).always();
     let (a, b) = (Mock::start(bad()).await, Mock::start(bad()).await);
     let gw = gateway_config(&[a.url(), b.url()]).start().await;
     let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
@@ -66,13 +53,13 @@ async fn a_replica_4xx_passes_through_as_client_error_and_is_not_retried() {
 #[tokio::test]
 async fn a_json_answer_cut_midway_is_an_upstream_error() {
     let gate = Gate::default();
-    let g = gate.clone();
-    let mock = Mock::start(script(move |_| Script {
-        status: 200,
-        content_type: "application/json",
-        header_delay: Duration::ZERO,
-        steps: vec![Step::Send(Bytes::from_static(br#"{"id":"cmpl-1","choices":[{"index":0,"mess"#)), Step::Until(g.clone()), Step::Abort],
-    }))
+    let mock = Mock::start(
+        Script::json_steps(
+            200,
+            vec![Step::Send(Bytes::from_static(br#"{"id":"cmpl-1","choices":[{"index":0,"mess"#)), Step::Until(gate.clone()), Step::Abort],
+        )
+        .always(),
+    )
     .await;
     let gw = gateway_config(&[mock.url()]).start().await;
     let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[])).await.expect("response");

@@ -137,19 +137,17 @@ async fn finish_reason_length_is_counted_as_length() {
 
 #[tokio::test]
 async fn mid_stream_error_event_is_a_stream_error() {
-    let mock = Mock::start(script(|_| Script {
-        status: 200,
-        content_type: "text/event-stream",
-        header_delay: Duration::ZERO,
-        steps: vec![
+    let mock = Mock::start(
+        Script::sse(vec![
             Step::Send(role_chunk()),
             Step::Send(content_chunk("a")),
             Step::Send(event(
                 r#"{"error":{"object":"error","message":"engine died","type":"InternalServerError","param":null,"code":500}}"#,
             )),
             Step::Send(done()),
-        ],
-    }))
+        ])
+        .always(),
+    )
     .await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
     let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
@@ -164,17 +162,17 @@ async fn mid_stream_error_event_is_a_stream_error() {
 async fn stream_cut_before_done_is_a_stream_error() {
     for cut in [Step::Abort, Step::Wait(Duration::ZERO)] {
         let aborted = matches!(cut, Step::Abort);
-        let mock = Mock::start(script(move |_| Script {
-            status: 200,
-            content_type: "text/event-stream",
-            header_delay: Duration::ZERO,
-            steps: vec![Step::Send(role_chunk()), Step::Send(content_chunk("a")), Step::Wait(Duration::from_millis(100)), cut.clone()],
-        }))
+        // The cut comes once the client has the headers and the token (a
+        // body that fails in its first write closes the connection unanswered).
+        let gate = Gate::default();
+        let mock = Mock::start(
+            Script::sse(vec![Step::Send(role_chunk()), Step::Send(content_chunk("a")), Step::Until(gate.clone()), cut.clone()]).always(),
+        )
         .await;
         let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-        let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
-        assert_eq!(resp.status(), 200);
-        let collected = resp.into_body().collect().await;
+        let body = stream_until(gw.data_addr, "\"a\"").await;
+        gate.open();
+        let collected = body.collect().await;
         // An upstream connection cut is passed on as a cut; a clean early end as a clean end.
         assert_eq!(collected.is_err(), aborted);
         wait_until("outcome recorded", || async { requests_with_outcome(&gw, "stream_error").await == 1.0 }).await;
@@ -186,13 +184,8 @@ async fn stream_cut_before_done_is_a_stream_error() {
 
 #[tokio::test]
 async fn upstream_5xx_passes_through_and_counts_as_upstream_error() {
-    let mock = Mock::start(script(|_| Script {
-        status: 500,
-        content_type: "application/json",
-        header_delay: Duration::ZERO,
-        steps: vec![Step::Send(Bytes::from_static(br#"{"object":"error","message":"boom","type":"InternalServerError","code":500}"#))],
-    }))
-    .await;
+    let mock =
+        Mock::start(Script::json(500, r#"{"object":"error","message":"boom","type":"InternalServerError","code":500}"#).always()).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
     let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 500);
@@ -286,12 +279,15 @@ async fn slot_is_held_until_the_stream_ends_not_the_headers() {
 
 #[tokio::test]
 async fn idle_gap_past_the_limit_ends_the_stream_as_timeout() {
-    let mock = Mock::start(script(|_| Script {
-        status: 200,
-        content_type: "text/event-stream",
-        header_delay: Duration::ZERO,
-        steps: vec![Step::Send(role_chunk()), Step::Send(content_chunk("a")), Step::Wait(Duration::from_secs(30)), Step::Send(done())],
-    }))
+    let mock = Mock::start(
+        Script::sse(vec![
+            Step::Send(role_chunk()),
+            Step::Send(content_chunk("a")),
+            Step::Wait(Duration::from_secs(30)),
+            Step::Send(done()),
+        ])
+        .always(),
+    )
     .await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "    timeouts: { idle: 300ms }\n")).await;
     let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;

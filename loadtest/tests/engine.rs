@@ -119,6 +119,43 @@ async fn kv_exhaustion_preempts_and_every_sequence_still_completes() {
     assert_eq!(e.stats.kv_used_blocks.load(Ordering::Relaxed), 0, "all blocks returned");
 }
 
+/// When the KV cache runs out, the most recently admitted sequence is the
+/// one preempted (vLLM's recompute policy), and it pays for it: when blocks
+/// free up, its prompt and every token it had generated are prefilled again
+/// before its next token.
+#[tokio::test(start_paused = true)]
+async fn the_latest_admitted_sequence_is_preempted_and_recomputes_its_tokens() {
+    // 12 blocks of 16 tokens; three sequences of 16 prompt + 64 output. At 64
+    // tokens each holds 4 blocks (all 12): the next block forces a preemption.
+    // Prefill at 1 ms a token makes the recompute visible: 64 tokens, 64 ms.
+    let c = SimConfig { kv_blocks: 12, prefill_per_token_ms: 1.0, ..cfg() };
+    let e = start(c);
+    let t0 = Instant::now();
+    let rx: Vec<_> = (0..3).map(|_| e.submit(req(16, 64)).expect("accepted")).collect();
+    let handles: Vec<_> = rx.into_iter().map(|r| tokio::spawn(drain(r, t0))).collect();
+    let mut runs = Vec::new();
+    for h in handles {
+        let (times, finish) = h.await.expect("join");
+        assert_eq!((times.len(), finish), (64, Some(Finish::Length)), "every sequence gets all its tokens exactly once");
+        runs.push(times);
+    }
+    assert_eq!(e.stats.preemptions.load(Ordering::Relaxed), 1);
+    let (first, second, latest) = (&runs[0], &runs[1], &runs[2]);
+    // The two admitted first run to the end without waiting for blocks; the
+    // latest stops after 48 tokens (4 blocks) and resumes only once they finished.
+    let gap_at = (1..64).max_by_key(|&i| latest[i] - latest[i - 1]).expect("gaps");
+    assert_eq!(gap_at, 48, "the latest sequence stopped when its 5th block was needed: {latest:?}");
+    let done = first[63].max(second[63]);
+    assert!(latest[47] < done && latest[48] > done, "it resumed after the others finished: {latest:?}");
+    // Recompute: 16 prompt + 48 generated tokens prefilled again, 64 ms at 1 ms a token.
+
+    assert!(latest[48] - done >= Duration::from_millis(64), "resumed {:?} after the blocks freed", latest[48] - done);
+    for run in [first, second] {
+        let longest = run.windows(2).map(|w| w[1] - w[0]).max().expect("gaps");
+        assert!(longest < Duration::from_millis(64), "a sequence admitted earlier waited {longest:?}: it was preempted");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn priority_scheduling_serves_lower_priority_values_first() {
     let e = start(SimConfig { max_num_seqs: 1, priority_scheduling: true, ..cfg() });

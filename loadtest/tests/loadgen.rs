@@ -81,8 +81,10 @@ async fn client_measurements_agree_with_the_simulator() {
     };
     let sim_ttft = get("vllm:time_to_first_token_seconds_sum") * 1000.0 / get("vllm:time_to_first_token_seconds_count");
     assert_eq!(get("vllm:generation_tokens_total"), 640.0);
-    // The client sees the engine's TTFT plus loopback and parsing: never less, not much more.
-    assert!(client_ttft >= sim_ttft && client_ttft < sim_ttft + 50.0, "client {client_ttft:.2} ms vs simulator {sim_ttft:.2} ms");
+    // The client sees the engine's TTFT plus loopback and parsing: never less.
+    // (How much more is the overhead benchmark's question; the upper bound
+    // here only catches a gross error, such as stamping at the last token.)
+    assert!(client_ttft >= sim_ttft && client_ttft < sim_ttft + 1000.0, "client {client_ttft:.2} ms vs simulator {sim_ttft:.2} ms");
     let sums = report::summarize(&r);
     assert_eq!(sums["chat"].completed, 40);
     assert!(report::markdown(&r).contains("| chat | 40 | 40 | 0 | 0 |"));
@@ -106,7 +108,9 @@ async fn stamped_chunks_split_the_paths_share_from_the_engines() {
     let path = r.itl_path_us.get("chat").expect("path share recorded");
     assert_eq!(engine.iter().map(|(_, c)| c).sum::<u64>(), 50, "5 gaps in each of 10 streams");
     assert_eq!(path.iter().map(|(_, c)| c).sum::<u64>(), 50);
-    assert!(engine.iter().all(|(v, _)| (25_000..60_000).contains(v)), "engine gaps are steps: {engine:?}");
+    // A step lasts at least its 30 ms (less 5 ms for the histogram's
+    // resolution); how much later a loaded machine runs it is not bounded here.
+    assert!(!engine.is_empty() && engine.iter().all(|(v, _)| *v >= 25_000), "engine gaps are steps: {engine:?}");
     // The saved result reads back with the new fields.
     let back: loadtest::loadgen::RunResult = serde_json::from_str(&serde_json::to_string(&r).expect("json")).expect("parses");
     assert_eq!(back.itl_path_us, r.itl_path_us);
@@ -116,7 +120,7 @@ async fn stamped_chunks_split_the_paths_share_from_the_engines() {
     let r = run(&scenario(&plain.url(), Duration::from_millis(300), Arrival::Constant { rate: 10.0 }, 16, 4), "plain", false)
         .await
         .expect("run");
-    assert!(r.records.iter().all(|x| x.engine_ttft_ms.is_none()) && r.engine_itl_us.is_empty());
+    assert!(!r.records.is_empty() && r.records.iter().all(|x| x.engine_ttft_ms.is_none()) && r.engine_itl_us.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,7 +163,7 @@ async fn a_stream_with_two_targets_takes_them_in_turn_and_says_which() {
     // One target: nothing to say.
     let one =
         run(&scenario(&a.url(), Duration::from_millis(200), Arrival::Constant { rate: 10.0 }, 16, 2), "one", false).await.expect("run");
-    assert!(one.records.iter().all(|x| x.target.is_none()) && one.itl_by_target.is_empty());
+    assert!(!one.records.is_empty() && one.records.iter().all(|x| x.target.is_none()) && one.itl_by_target.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,7 +192,7 @@ async fn http_errors_and_cut_streams_are_classified() {
     let r = run(&scenario(&sim.url(), Duration::from_millis(500), Arrival::Constant { rate: 10.0 }, 16, 8), "errors", false)
         .await
         .expect("run");
-    assert!(r.records.iter().all(|x| x.outcome == "http_500" || x.outcome == "http_503"));
+    assert!(!r.records.is_empty() && r.records.iter().all(|x| x.outcome == "http_500" || x.outcome == "http_503"));
 }
 
 #[test]

@@ -363,7 +363,7 @@ impl PoolAdmission {
             q.of(tier).push_back(Waiter { id, enqueued: start, deadline, tx });
             (id, rx)
         };
-        let guard = WaitGuard { queue: &**self, tier, id };
+        let guard = WaitGuard { queue: self, tier, id };
         let result = tokio::time::timeout_at(deadline, rx).await;
         drop(guard);
         match result {

@@ -124,8 +124,9 @@ mod tests {
     #[test]
     fn outcome_classification_table() {
         use SliClass::*;
+        type Row = (Outcome, SliClass, bool, bool, Option<BreachKind>, Option<BreachKind>);
         #[rustfmt::skip]
-        let table: [(Outcome, SliClass, bool, bool, Option<BreachKind>, Option<BreachKind>); 9] = [
+        let table: [Row; 9] = [
             // outcome                  sli       completed judges  breach(cut=false)             breach(cut=true)
             (Outcome::ok,             Good,     true,  true,  None,                         None),
             (Outcome::length,         Good,     true,  true,  Some(BreachKind::incomplete), Some(BreachKind::incomplete)),

@@ -75,6 +75,29 @@ pub struct Script {
 
 pub type ScriptFn = Arc<dyn Fn(&serde_json::Value) -> Script + Send + Sync>;
 
+impl Script {
+    /// A 200 `text/event-stream` answer made of `steps`.
+    pub fn sse(steps: Vec<Step>) -> Script {
+        Script { status: 200, content_type: "text/event-stream", header_delay: Duration::ZERO, steps }
+    }
+
+    /// An `application/json` answer with `status` made of `steps`.
+    pub fn json_steps(status: u16, steps: Vec<Step>) -> Script {
+        Script { status, content_type: "application/json", header_delay: Duration::ZERO, steps }
+    }
+
+    /// An `application/json` answer with `status` and `body` (none when empty).
+    pub fn json(status: u16, body: &str) -> Script {
+        let steps = if body.is_empty() { Vec::new() } else { vec![Step::Send(Bytes::from(body.to_string()))] };
+        Self::json_steps(status, steps)
+    }
+
+    /// This answer to every request.
+    pub fn always(self) -> ScriptFn {
+        Arc::new(move |_| self.clone())
+    }
+}
+
 pub struct MockState {
     pub calls: AtomicUsize,
     pub cancelled: AtomicUsize,
