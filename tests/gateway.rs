@@ -115,7 +115,8 @@ async fn no_healthy_replica_is_503_with_retry_after() {
     wait_until("replica taken out", || async { get(gw.admin_addr, "/readyz").await.0 == 503 }).await;
     let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     assert_eq!(s, 503);
-    assert!(h.get("retry-after").is_some());
+    assert_eq!(h.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"), "Retry-After in whole seconds");
+    assert_eq!(error_code(&b), "no_healthy_replica");
     error_body(&b);
     assert_eq!(requests_with_outcome(&gw, "unavailable").await, 1.0);
     assert_quiescent(&gw).await;
@@ -319,11 +320,10 @@ async fn tls_listener_serves_https() {
     let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
     std::fs::write(&cert_path, cert.cert.pem()).expect("write");
     std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write");
-    let yaml = config_yaml(&[mock.url()], "").replace(
-        "shutdown_grace: 10s",
-        &format!("shutdown_grace: 10s\n  tls: {{ cert: {}, key: {} }}", cert_path.display(), key_path.display()),
-    );
-    let gw = start_gateway(&yaml).await;
+    let gw = gateway_config(&[mock.url()])
+        .server(&format!("tls: {{ cert: {}, key: {} }}", cert_path.display(), key_path.display()))
+        .start()
+        .await;
     assert!(gw.tls);
 
     let mut roots = rustls::RootCertStore::empty();

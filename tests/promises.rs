@@ -195,6 +195,9 @@ async fn sighup_reloads_the_config_file_and_sigterm_exits_cleanly() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
     wait_until("a bad file is refused", || async { reloads("slogate_config_reload_failures_total").await == 1.0 }).await;
     assert_eq!(get(admin, "/readyz").await.0, 200, "still serving on the old config");
+    let m = get(admin, "/metrics").await.1;
+    assert_eq!(metric(&m, "slogate_inflight_requests", &[]).unwrap_or(0.0), 0.0);
+    assert_eq!(metric(&m, "slogate_queue_depth", &[]).unwrap_or(0.0), 0.0);
 
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let status = tokio::task::spawn_blocking(move || child.wait()).await.expect("join").expect("wait");

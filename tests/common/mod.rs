@@ -644,7 +644,6 @@ pub fn sent_to(addr: SocketAddr) -> usize {
 /// `slogate_requests_total` exactly once.
 pub async fn assert_quiescent(gw: &Gateway) {
     let sent = sent_to(gw.data_addr) as f64;
-    let mut last = String::new();
     let admin = gw.admin_addr;
     let at_rest = |m: &str| {
         let inflight = metric(m, "slogate_inflight_requests", &[]).unwrap_or(0.0);
@@ -659,12 +658,11 @@ pub async fn assert_quiescent(gw: &Gateway) {
         if inflight == 0.0 && queued == 0.0 && counted == sent {
             break;
         }
-        last = format!("in flight {inflight}, queued {queued}, counted {counted} of {sent} sent");
+        let last = format!("in flight {inflight}, queued {queued}, counted {counted} of {sent} sent");
         assert!(counted <= sent, "more requests counted than sent: {last}");
         assert!(tokio::time::Instant::now() < deadline, "the gateway did not come to rest: {last}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let _ = last;
 }
 
 // ---- shared helpers ----
