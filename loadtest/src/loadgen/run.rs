@@ -207,6 +207,7 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
         let ctx = Ctx {
             client: client.clone(),
             bases: Arc::new(s.targets_of(&spec)),
+            turn: Arc::new(AtomicU64::new(0)),
             spec: spec.clone(),
             target,
             shared: shared.clone(),
@@ -319,6 +320,9 @@ struct Ctx {
     client: HttpClient,
     /// Target base URLs, used in turn.
     bases: Arc<Vec<String>>,
+    /// The stream's next target, in turn (its own: not shared with other
+    /// streams or with other runs in the same process).
+    turn: Arc<AtomicU64>,
     spec: Arc<StreamSpec>,
     target: Option<Targets>,
     shared: Arc<Shared>,
@@ -426,8 +430,7 @@ impl Ctx {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
         };
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let i = NEXT.fetch_add(1, Ordering::Relaxed) as usize % self.bases.len().max(1);
+        let i = self.turn.fetch_add(1, Ordering::Relaxed) as usize % self.bases.len().max(1);
         let base = &self.bases[i];
         if self.bases.len() > 1 {
             rec.target = Some(i);
