@@ -30,7 +30,8 @@ mod status;
 pub mod telemetry;
 mod upstream;
 
-pub use state::ReloadError;
+pub use classify::KeyError;
+pub use state::{PrepareError, ReloadError};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -56,8 +57,8 @@ pub enum StartError {
     Config(#[from] config::ConfigError),
     #[error("server.tls: {0}")]
     Tls(String),
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(#[from] state::PrepareError),
     #[error("cannot read the listener's address: {0}")]
     LocalAddr(#[source] std::io::Error),
 }
@@ -89,7 +90,7 @@ impl Gateway {
     async fn start_with(config: Config, path: Option<std::path::PathBuf>) -> Result<Gateway, StartError> {
         let metrics = Arc::new(Metrics::new(&config));
         let controls = Arc::new(admission::Controls::new(metrics.clone()));
-        let snapshot = Snapshot::prepare(config, &metrics, &controls, None).map_err(StartError::Invalid)?;
+        let snapshot = Snapshot::prepare(config, &metrics, &controls, None)?;
         let cfg = snapshot.config.clone();
         let tls = match &cfg.server.tls {
             Some(t) => Some(server::tls_acceptor(&t.cert, &t.key).map_err(StartError::Tls)?),

@@ -41,17 +41,28 @@ impl Snapshot {
     /// live either way: with `previous`, replicas of pools of the same name
     /// and their admissions (queues, batch count) carry over as they are,
     /// and get the new parameters only at [`App::install`].
-    pub(crate) fn prepare(config: Config, metrics: &Metrics, controls: &Controls, previous: Option<&Snapshot>) -> Result<Snapshot, String> {
+    pub(crate) fn prepare(
+        config: Config,
+        metrics: &Metrics,
+        controls: &Controls,
+        previous: Option<&Snapshot>,
+    ) -> Result<Snapshot, PrepareError> {
         let classifier = Classifier::new(&config, controls)?;
         for (i, p) in config.pools.iter().enumerate() {
             for (j, url) in p.replicas.iter().enumerate() {
-                crate::config::parse_replica_url(url).map_err(|e| format!("pools[{i}].replicas[{j}]: {e}"))?;
+                crate::config::parse_replica_url(url).map_err(|message| PrepareError::ReplicaUrl { pool: i, replica: j, message })?;
             }
         }
         let mut pools = Vec::with_capacity(config.pools.len());
-        for p in &config.pools {
+        for (i, p) in config.pools.iter().enumerate() {
             let before = previous.and_then(|s| s.pools.iter().find(|o| o.pool.config.name == p.name));
-            let pool = Arc::new(Pool::new(p.clone(), metrics, before.map(|b| &*b.pool))?);
+            // Every URL was checked above, so this does not fail; if it did, it names the URL.
+            let pool = Pool::new(p.clone(), metrics, before.map(|b| &*b.pool)).map_err(|message| PrepareError::ReplicaUrl {
+                pool: i,
+                replica: p.replicas.iter().position(|u| crate::config::parse_replica_url(u).is_err()).unwrap_or(0),
+                message,
+            })?;
+            let pool = Arc::new(pool);
             let admission = match before {
                 Some(b) => b.admission.clone(),
                 None => Arc::new(PoolAdmission::new(pool.clone(), config.tiers.clone(), metrics)),
@@ -86,6 +97,15 @@ fn activate(controls: &Controls, snapshot: &Snapshot) {
     }
 }
 
+/// Why a config that parsed cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(transparent)]
+    Keys(#[from] crate::classify::KeyError),
+    #[error("pools[{pool}].replicas[{replica}]: {message}")]
+    ReplicaUrl { pool: usize, replica: usize, message: String },
+}
+
 /// Why a reload was refused (the running config stays).
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
@@ -97,8 +117,8 @@ pub enum ReloadError {
         "classes.{class}.{what}: {value} is not a histogram bucket of this process (buckets are fixed at start); restart to change SLO targets"
     )]
     TargetNotABucket { class: String, what: &'static str, value: crate::config::Dur },
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(#[from] PrepareError),
 }
 
 /// Process-wide state shared by both listeners.
@@ -224,7 +244,7 @@ impl App {
         {
             tracing::warn!("server.busy_poll and server.short_sched_slice changes take effect at the next restart");
         }
-        let new = Snapshot::prepare(config, &self.metrics, &self.controls, Some(&old)).map_err(ReloadError::Invalid)?;
+        let new = Snapshot::prepare(config, &self.metrics, &self.controls, Some(&old))?;
         let kept: std::collections::HashSet<(String, String)> =
             new.pools.iter().flat_map(|r| r.pool.replicas.iter().map(|x| (r.pool.config.name.clone(), x.url.clone()))).collect();
         self.install(new);
@@ -295,7 +315,13 @@ mod tests {
         }];
         let old = app.snapshot();
         let failed = Snapshot::prepare(next.clone(), &metrics, &controls, Some(&old));
-        assert!(failed.is_err_and(|e| e.contains("SLOGATE_TEST_KEY_THAT_IS_NEVER_SET")));
+        let Err(e) = failed else { panic!("a key that cannot be read must fail the prepare") };
+        assert!(
+            matches!(&e, PrepareError::Keys(crate::classify::KeyError::EnvUnset { var, .. }) if var == "SLOGATE_TEST_KEY_THAT_IS_NEVER_SET"),
+            "{e:?}"
+        );
+        assert!(std::error::Error::source(&e).is_some_and(|s| s.is::<std::env::VarError>()), "the cause is kept: {e:?}");
+        assert_eq!(e.to_string(), "auth key `k`: environment variable SLOGATE_TEST_KEY_THAT_IS_NEVER_SET is not set");
         assert_eq!(live(&app, &controls), before, "a failed prepare changed the running state");
         assert_eq!(metrics.encode(), exposition, "a failed prepare changed the metrics");
 

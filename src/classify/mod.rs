@@ -37,6 +37,33 @@ pub(crate) struct ApiKey {
     pub(crate) classes: Vec<Arc<Class>>,
 }
 
+/// Why a config's keys or classes cannot be used (the config parsed, but
+/// something it names is not there).
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("default_class `{0}` is not a class")]
+    DefaultClass(String),
+    #[error("auth key `{key}`: environment variable {var} is not set")]
+    EnvUnset {
+        key: String,
+        var: String,
+        #[source]
+        source: std::env::VarError,
+    },
+    #[error("auth key `{key}`: key_sha256 is not hex")]
+    NotHex {
+        key: String,
+        #[source]
+        source: hex::FromHexError,
+    },
+    #[error("auth key `{key}`: key_sha256 must be 32 bytes")]
+    DigestLength { key: String },
+    #[error("auth key `{key}` has no key")]
+    NoKey { key: String },
+    #[error("auth key `{key}`: unknown class `{class}`")]
+    UnknownClass { key: String, class: String },
+}
+
 /// Everything classification needs, built once per config snapshot.
 pub(crate) struct Classifier {
     classes: Vec<Arc<Class>>,
@@ -48,25 +75,25 @@ impl Classifier {
     /// Build the classifier of `config`. Checks every key first and fails
     /// before anything is built; the class controls it takes are prepared,
     /// not installed (see [`Controls::prepare`]).
-    pub(crate) fn new(config: &Config, controls: &Controls) -> Result<Classifier, String> {
+    pub(crate) fn new(config: &Config, controls: &Controls) -> Result<Classifier, KeyError> {
         if !config.classes.contains_key(&config.default_class) {
-            return Err(format!("default_class `{}` is not a class", config.default_class));
+            return Err(KeyError::DefaultClass(config.default_class.clone()));
         }
         let mut digests = Vec::with_capacity(config.auth.keys.len());
         for k in &config.auth.keys {
             let digest: [u8; 32] = match (&k.key_env, &k.key_sha256) {
                 (Some(env), _) => {
-                    let v = std::env::var(env).map_err(|_| format!("auth key `{}`: environment variable {env} is not set", k.name))?;
+                    let v = std::env::var(env).map_err(|source| KeyError::EnvUnset { key: k.name.clone(), var: env.clone(), source })?;
                     Sha256::digest(v.as_bytes()).into()
                 }
                 (None, Some(h)) => {
-                    let raw = hex::decode(h).map_err(|e| format!("auth key `{}`: key_sha256: {e}", k.name))?;
-                    raw.try_into().map_err(|_| format!("auth key `{}`: key_sha256 must be 32 bytes", k.name))?
+                    let raw = hex::decode(h).map_err(|source| KeyError::NotHex { key: k.name.clone(), source })?;
+                    raw.try_into().map_err(|_| KeyError::DigestLength { key: k.name.clone() })?
                 }
-                (None, None) => return Err(format!("auth key `{}` has no key", k.name)),
+                (None, None) => return Err(KeyError::NoKey { key: k.name.clone() }),
             };
             if let Some(c) = k.classes.iter().find(|c| !config.classes.contains_key(*c)) {
-                return Err(format!("auth key `{}`: unknown class `{c}`", k.name));
+                return Err(KeyError::UnknownClass { key: k.name.clone(), class: c.clone() });
             }
             digests.push(digest);
         }
@@ -85,7 +112,7 @@ impl Classifier {
             .collect();
         let find = |n: &str| classes.iter().find(|c| &*c.name == n).cloned();
         let Some(default_class) = find(&config.default_class) else {
-            return Err(format!("default_class `{}` is not a class", config.default_class));
+            return Err(KeyError::DefaultClass(config.default_class.clone()));
         };
         let keys = config
             .auth
