@@ -91,6 +91,7 @@ async fn reloading_under_streaming_load_fails_or_cuts_nothing() {
     let path = dir.join("slogate.yaml");
     std::fs::write(&path, config(&[a.url()])).expect("write");
     let gw = slogate::Gateway::start_file(&path).await.expect("gateway");
+    started(&gw);
     let admin = gw.admin_addr;
     wait_until("ready", || async { get(admin, "/readyz").await.0 == 200 }).await;
 

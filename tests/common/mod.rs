@@ -515,6 +515,7 @@ pub fn config_yaml(replicas: &[String], pool_extra: &str) -> String {
 pub async fn start_gateway(yaml: &str) -> Gateway {
     let cfg = Config::parse(yaml).unwrap_or_else(|e| panic!("test config invalid:\n{e}\n---\n{yaml}"));
     let gw = Gateway::start(cfg).await.expect("gateway starts");
+    started(&gw);
     let admin = gw.admin_addr;
     wait_until("gateway ready", || async move { get(admin, "/readyz").await.0 == 200 }).await;
     gw
@@ -633,6 +634,12 @@ pub fn count_sent(addr: SocketAddr, n: usize) {
         Some((_, c)) => *c += n,
         None => sent.push((addr, n)),
     }
+}
+
+/// A gateway started: nothing was sent to it yet. (Its address may be one
+/// an earlier test's gateway or mock had: ports of closed listeners are reused.)
+pub fn started(gw: &Gateway) {
+    SENT.lock().expect("lock").retain(|(a, _)| *a != gw.data_addr);
 }
 
 pub fn sent_to(addr: SocketAddr) -> usize {
