@@ -203,6 +203,14 @@ async fn demo(
     replicas: u16,
     load: Option<std::time::Duration>,
 ) -> ExitCode {
+    // Before anything listens: a SIGTERM that comes early must not end the process unhandled.
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let mut cfg = match Config::parse(EXAMPLE_CONFIG) {
         Ok(c) => c,
         Err(e) => {
@@ -277,7 +285,7 @@ async fn demo(
         return code;
     }
     println!("Ctrl-C stops.");
-    wait_for_signal().await;
+    signals.terminated().await;
     gw.shutdown().await;
     drop(sims);
     ExitCode::SUCCESS
@@ -356,6 +364,17 @@ async fn capacity(from: &str, rates: &[String], config: Option<&std::path::Path>
 }
 
 async fn serve(_validated: Config, path: PathBuf) -> ExitCode {
+    // The signal handlers are in place before the gateway starts: a SIGHUP or
+    // SIGTERM that arrives as soon as it listens must not meet the default
+    // action (which ends the process).
+    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    let (mut signals, mut hup) = match (Signals::install(), hangup) {
+        (Ok(s), Ok(h)) => (s, h),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let gw = match Gateway::start_file(&path).await {
         Ok(g) => g,
         Err(e) => {
@@ -367,30 +386,38 @@ async fn serve(_validated: Config, path: PathBuf) -> ExitCode {
     tracing::info!(data = %format!("{scheme}://{}", gw.data_addr), admin = %format!("http://{}", gw.admin_addr), "slogate listening");
     // SIGHUP reloads the config file, like POST /-/reload.
     let app = gw.reloader();
-    let hup = tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+    let reloads = tokio::spawn(async move {
         while hup.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading the config");
             let _ = app.reload().await;
         }
     });
-    wait_for_signal().await;
-    hup.abort();
+    signals.terminated().await;
+    reloads.abort();
     tracing::info!("shutting down: no new connections; draining in-flight streams");
     gw.shutdown().await;
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, registered with the OS when installed (before then
+/// their default action would end the process unhandled).
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? })
+    }
+
+    /// Until SIGTERM or SIGINT.
+    async fn terminated(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
     }
 }
