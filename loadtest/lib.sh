@@ -26,15 +26,16 @@ start_sim() {
 }
 
 # start_gateway CONFIG : start slogate, set GW_URL, ADMIN_URL, GW_PID once ready.
-start_gateway() {
-  ( spawn_on "${GW_CPUS:-}" "$BIN/slogate" --log-format json serve --config "$1" 2>"$WORK/gateway.log" ) &
+start_gateway() { # config [log name, default gateway]
+  local log="$WORK/${2:-gateway}.log"
+  ( spawn_on "${GW_CPUS:-}" "$BIN/slogate" --log-format json serve --config "$1" 2>"$log" ) &
   GW_PID=$!; PIDS+=($GW_PID)
-  for _ in $(seq 200); do grep -q '"slogate listening"' "$WORK/gateway.log" 2>/dev/null && break; sleep 0.05; done
+  for _ in $(seq 200); do grep -q '"slogate listening"' "$log" 2>/dev/null && break; sleep 0.05; done
   read -r GW_URL ADMIN_URL < <(python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     f = json.loads(l).get("fields", {})
     if f.get("message") == "slogate listening":
-        print(f["data"], f["admin"]); break' "$WORK/gateway.log")
+        print(f["data"], f["admin"]); break' "$log")
   for _ in $(seq 200); do curl -sf "$ADMIN_URL/readyz" >/dev/null && break; sleep 0.05; done
 }
 

@@ -32,6 +32,8 @@ mod upstream;
 
 pub use classify::KeyError;
 pub use state::{PrepareError, ReloadError};
+pub use upstream::tls::TlsError;
+pub use upstream::PoolError;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

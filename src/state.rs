@@ -20,7 +20,7 @@ use crate::classify::{Class, Classifier};
 use crate::config::Config;
 use crate::telemetry::metrics::ReplicaLabels;
 use crate::telemetry::Metrics;
-use crate::upstream::Pool;
+use crate::upstream::{Access, Pool};
 
 /// One pool as the request path sees it: its replicas (`upstream`) and the
 /// admission in front of them, side by side.
@@ -48,20 +48,17 @@ impl Snapshot {
         previous: Option<&Snapshot>,
     ) -> Result<Snapshot, PrepareError> {
         let classifier = Classifier::new(&config, controls)?;
-        for (i, p) in config.pools.iter().enumerate() {
-            for (j, url) in p.replicas.iter().enumerate() {
-                crate::config::parse_replica_url(url).map_err(|message| PrepareError::ReplicaUrl { pool: i, replica: j, message })?;
-            }
-        }
+        // Every pool's URLs, TLS and key first: nothing is built for a config that fails.
+        let access = config
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Access::new(p).map_err(|source| PrepareError::Pool { pool: i, source }))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut pools = Vec::with_capacity(config.pools.len());
-        for (i, p) in config.pools.iter().enumerate() {
+        for (p, access) in config.pools.iter().zip(access) {
             let before = previous.and_then(|s| s.pools.iter().find(|o| o.pool.config.name == p.name));
-            // Every URL was checked above, so this does not fail; if it did, it names the URL.
-            let pool = Pool::new(p.clone(), metrics, before.map(|b| &*b.pool)).map_err(|message| PrepareError::ReplicaUrl {
-                pool: i,
-                replica: p.replicas.iter().position(|u| crate::config::parse_replica_url(u).is_err()).unwrap_or(0),
-                message,
-            })?;
+            let pool = Pool::new(p.clone(), access, metrics, before.map(|b| &*b.pool));
             let pool = Arc::new(pool);
             let admission = match before {
                 Some(b) => b.admission.clone(),
@@ -102,8 +99,9 @@ fn activate(controls: &Controls, snapshot: &Snapshot) {
 pub enum PrepareError {
     #[error(transparent)]
     Keys(#[from] crate::classify::KeyError),
-    #[error("pools[{pool}].replicas[{replica}]: {message}")]
-    ReplicaUrl { pool: usize, replica: usize, message: String },
+    /// A replica URL, a TLS file or the API key of a pool.
+    #[error("pools[{pool}].{source}")]
+    Pool { pool: usize, source: crate::upstream::PoolError },
 }
 
 /// Why a reload was refused (the running config stays).

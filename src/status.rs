@@ -86,6 +86,9 @@ pub(crate) struct PoolStatus {
 pub(crate) struct ReplicaStatus {
     pub(crate) url: String,
     pub(crate) healthy: bool,
+    /// Why its last health check failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<String>,
     pub(crate) inflight: usize,
     pub(crate) max_inflight: usize,
 }
@@ -167,6 +170,7 @@ pub(crate) fn collect(app: &App) -> Status {
                 .map(|r| ReplicaStatus {
                     url: r.url.clone(),
                     healthy: r.is_healthy(),
+                    reason: r.health_error(),
                     inflight: r.inflight(),
                     max_inflight: r.max_inflight(),
                 })
@@ -304,11 +308,12 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
     for p in &s.pools {
         for r in &p.replicas {
             h.push_str(&format!(
-                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span></td><td>{}</td><td>{}</td></tr>",
+                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span> {}</td><td>{}</td><td>{}</td></tr>",
                 esc(&p.name),
                 esc(&r.url),
                 if r.healthy { "ok" } else { "bad" },
                 if r.healthy { "healthy" } else { "unhealthy" },
+                esc(r.reason.as_deref().unwrap_or("")),
                 r.inflight,
                 r.max_inflight
             ));

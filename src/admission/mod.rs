@@ -444,4 +444,45 @@ mod tests {
         drop((prepared, new_class));
         assert_eq!(live.ttft_target(), Duration::from_millis(300));
     }
+
+    /// Drive chat's control with the default config on paused time: every
+    /// 250 ms tick, 10 requests (40 a second) with TTFT `slow` while
+    /// `slow_for(seconds)` says so, else 100 ms; returns when (seconds from
+    /// the start) the breaker opened, if it did within `secs`.
+    async fn breaker_opens_at(slow_for: impl Fn(f64) -> bool, secs: f64) -> Option<f64> {
+        let config = Config::default();
+        let controls = Controls::new(Arc::new(Metrics::new(&config)));
+        let chat = reload(&controls, "chat", &config.classes["chat"], &config);
+        let t0 = Instant::now();
+        let mut t = 0.0;
+        while t < secs {
+            let ttft = if slow_for(t) { Duration::from_millis(1500) } else { Duration::from_millis(100) };
+            for _ in 0..10 {
+                chat.ttft.record(ttft);
+            }
+            tokio::time::advance(TICK).await;
+            t = (Instant::now() - t0).as_secs_f64();
+            chat.publish(Instant::now());
+            if chat.breaker.state() == BreakerState::Open {
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// The default breaker measures sustained slowness, not a burst: a
+    /// one-second burst at 5x the target leaves it closed; thirty seconds of
+    /// it open the breaker within `trip_after` plus one window.
+    #[tokio::test(start_paused = true)]
+    async fn the_default_breaker_ignores_a_burst_and_opens_on_sustained_slowness() {
+        let b = crate::config::BreakerConfig::default();
+        let (trip_after, window) = (b.trip_after.get().as_secs_f64(), b.window.get().as_secs_f64());
+        let burst = breaker_opens_at(|t| (5.0..6.0).contains(&t), 120.0).await;
+        assert_eq!(burst, None, "a one-second burst opened the breaker");
+        let sustained = breaker_opens_at(|t| (5.0..35.0).contains(&t), 120.0).await;
+        let opened = sustained.expect("thirty seconds of slowness open the breaker");
+        assert!(opened - 5.0 <= trip_after + window, "opened {opened} s in, slowness began at 5 s");
+        // And not before it had lasted trip_after.
+        assert!(opened - 5.0 >= trip_after, "opened {opened} s in");
+    }
 }

@@ -519,7 +519,8 @@ mod tests {
     fn pool(slots: u32, tiers: TiersConfig) -> Arc<PoolAdmission> {
         let cfg = PoolConfig { replicas: vec!["http://127.0.0.1:9".into()], max_inflight_per_replica: slots, ..PoolConfig::default() };
         let metrics = Metrics::new(&Config::default());
-        let pool = Arc::new(Pool::new(cfg, &metrics, None).expect("pool"));
+        let access = crate::upstream::Access::new(&cfg).expect("access");
+        let pool = Arc::new(Pool::new(cfg, access, &metrics, None));
         for r in &pool.replicas {
             r.set_healthy(true);
         }

@@ -5,6 +5,7 @@
 //! `serde_path_to_error`, so one bad field does not hide the others; semantic
 //! checks then run over whatever parsed.
 
+pub(crate) mod pem;
 mod types;
 
 use std::path::Path;
@@ -137,10 +138,11 @@ impl Config {
             bad("server.admin_listen".into(), "must differ from server.listen".into());
         }
         if let Some(tls) = &self.server.tls {
-            for (f, path) in [("cert", &tls.cert), ("key", &tls.key)] {
-                if !path.is_file() {
-                    bad(format!("server.tls.{f}"), format!("file {} does not exist", path.display()));
-                }
+            if let Err(e) = pem::certs(&tls.cert) {
+                bad("server.tls.cert".into(), e);
+            }
+            if let Err(e) = pem::key(&tls.key) {
+                bad("server.tls.key".into(), e);
             }
         }
         if self.server.max_request_body.0 == 0 {
@@ -176,6 +178,45 @@ impl Config {
             for (j, r) in pool.replicas.iter().enumerate() {
                 if let Err(e) = parse_replica_url(r) {
                     bad(format!("pools[{i}].replicas[{j}]"), e);
+                }
+            }
+            let https = pool.replicas.iter().any(|r| r.trim_start().starts_with("https://"));
+            if let Some(tls) = &pool.tls {
+                if !https {
+                    bad(f("tls"), "is set, but no replica URL starts with https://".into());
+                }
+                if let Some(ca) = &tls.ca {
+                    if let Err(e) = pem::certs(ca) {
+                        bad(f("tls.ca"), e);
+                    }
+                }
+                match (&tls.cert, &tls.key) {
+                    (Some(cert), Some(key)) => {
+                        if let Err(e) = pem::certs(cert) {
+                            bad(f("tls.cert"), e);
+                        }
+                        if let Err(e) = pem::key(key) {
+                            bad(f("tls.key"), e);
+                        }
+                    }
+                    (Some(_), None) => bad(f("tls.key"), "is required with tls.cert (the client certificate's private key)".into()),
+                    (None, Some(_)) => bad(f("tls.cert"), "is required with tls.key (the client certificate)".into()),
+                    (None, None) => {}
+                }
+                if let Some(name) = &tls.server_name {
+                    if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
+                        bad(f("tls.server_name"), format!("`{name}` is not a DNS name or an IP address"));
+                    }
+                }
+            }
+            if let Some(env) = &pool.api_key_env {
+                match std::env::var(env) {
+                    Ok(v) if v.is_empty() => bad(f("api_key_env"), format!("environment variable {env} is empty")),
+                    Ok(v) if http::HeaderValue::from_str(&format!("Bearer {v}")).is_err() => {
+                        bad(f("api_key_env"), format!("environment variable {env} holds characters a header cannot carry"))
+                    }
+                    Ok(_) => {}
+                    Err(_) => bad(f("api_key_env"), format!("environment variable {env} is not set")),
                 }
             }
             if pool.max_inflight_per_replica == 0 {
@@ -316,7 +357,7 @@ impl Config {
             }
         }
         if let Some(ep) = &self.telemetry.otlp_endpoint {
-            if parse_replica_url(ep).is_err() {
+            if parse_replica_url(ep).is_err() || !ep.starts_with("http://") {
                 bad(
                     "telemetry.otlp_endpoint".into(),
                     "must be an http://host:port URL (OTLP over HTTP, e.g. http://127.0.0.1:4318; for TLS, run a collector beside slogate)"
@@ -333,13 +374,13 @@ struct Parsed {
     failed_classes: Vec<String>,
 }
 
-/// Check a replica base URL: `http://host:port` with an optional path prefix.
+/// Check a replica base URL: `http://host:port` or `https://host:port`,
+/// with an optional path prefix.
 pub fn parse_replica_url(s: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err(format!("`{s}`: https replicas are not supported yet; use http://")),
-        _ => return Err(format!("`{s}` must start with http://")),
+        Some("http" | "https") => {}
+        _ => return Err(format!("`{s}` must start with http:// or https://")),
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err(format!("`{s}` has no host"));

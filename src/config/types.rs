@@ -183,6 +183,29 @@ pub struct PoolConfig {
     pub timeouts: TimeoutsConfig,
     /// Pass the tier to vLLM's `priority` field (replicas run `--scheduling-policy priority`).
     pub upstream_priority: bool,
+    /// How `https://` replicas are verified and how slogate shows itself to
+    /// them (mTLS). Without it, `https://` replicas are verified against the
+    /// system's roots.
+    pub tls: Option<UpstreamTlsConfig>,
+    /// The environment variable holding the key the replicas were started
+    /// with (`vllm serve --api-key`): sent as `Authorization: Bearer` on
+    /// every request, health check and scrape, replacing the caller's.
+    pub api_key_env: Option<String>,
+}
+
+/// TLS towards a pool's `https://` replicas.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamTlsConfig {
+    /// PEM file of CA certificates trusted in addition to the system's roots.
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM certificate chain slogate presents (mTLS); needs `key`.
+    pub cert: Option<std::path::PathBuf>,
+    /// PEM private key of `cert`.
+    pub key: Option<std::path::PathBuf>,
+    /// The name the replicas' certificates are checked against, when not
+    /// the URL's host (a URL that names an IP, a certificate for a service name).
+    pub server_name: Option<String>,
 }
 
 impl Default for PoolConfig {
@@ -197,6 +220,8 @@ impl Default for PoolConfig {
             scrape_metrics: Dur::secs(1),
             timeouts: TimeoutsConfig::default(),
             upstream_priority: false,
+            tls: None,
+            api_key_env: None,
         }
     }
 }
@@ -331,6 +356,17 @@ pub struct BurnAlert {
     pub severity: Severity,
 }
 
+/// The TTFT breaker of each class: open when the P99 over the last `window`
+/// stays above `trip_ratio` x the class's target for `trip_after`.
+///
+/// The window decides what "sustained" means. A slow burst of length `b`
+/// keeps the rolling P99 above the threshold for about `b + window` (its
+/// samples stay in the window that long after it ends), so the breaker opens
+/// only when `b + window >= trip_after`. With the defaults (10 s window, 30 s
+/// hold), slowness must last about 20 s: a one-second burst never opens it,
+/// thirty seconds of slowness opens it within `trip_after` plus one window.
+/// A window as long as `trip_after` would open it after any burst, 30 s after
+/// the replicas had recovered.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BreakerConfig {
@@ -343,7 +379,7 @@ pub struct BreakerConfig {
 
 impl Default for BreakerConfig {
     fn default() -> Self {
-        BreakerConfig { trip_ratio: 2.0, trip_after: Dur::secs(30), window: Dur::secs(30), min_samples: 20, retry_after: Dur::secs(5) }
+        BreakerConfig { trip_ratio: 2.0, trip_after: Dur::secs(30), window: Dur::secs(10), min_samples: 20, retry_after: Dur::secs(5) }
     }
 }
 

@@ -34,15 +34,8 @@ use crate::error::{error_response, ProxyBody};
 
 /// Load a rustls acceptor (ALPN h2 and http/1.1) from PEM files.
 pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor, String> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("server.tls.cert {}: {e}", cert.display()))?;
-    if certs.is_empty() {
-        return Err(format!("server.tls.cert {}: no certificate found", cert.display()));
-    }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("server.tls.key {}: {e}", key.display()))?;
+    let certs = crate::config::pem::certs(cert).map_err(|e| format!("server.tls.cert {e}"))?;
+    let key = crate::config::pem::key(key).map_err(|e| format!("server.tls.key {e}"))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -40,11 +40,13 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{Builder, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::tls::ReplicaTls;
 use super::Replica;
 
-type Conn = Connection<TokioIo<TcpStream>, Full<Bytes>>;
+type Conn = Connection<TokioIo<Stream>, Full<Bytes>>;
 type Sender = SendRequest<Full<Bytes>>;
 
 /// An idle connection unused for this long is closed when next seen.
@@ -100,30 +102,86 @@ impl IdleConns {
 /// Why a request could not be sent to a replica.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SendError {
-    #[error("connect to {addr}: {source}")]
-    Connect { addr: String, source: std::io::Error },
+    // The I/O error is in the message, not a source: messages that walk
+    // the sources would say it twice.
+    #[error("connect to {addr}: {error}")]
+    Connect { addr: String, error: std::io::Error },
     #[error("connect to {addr}: no connection within {after:?}")]
     ConnectTimeout { addr: String, after: Duration },
     #[error("{0}")]
     Http(#[from] hyper::Error),
+    #[error("TLS with {addr}: {error}")]
+    Tls { addr: String, error: std::io::Error },
     #[error("the replica closed the connection before answering")]
     Closed,
 }
 
+/// A connection to a replica: plain TCP, or TLS over it (`https://`).
+pub(crate) enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
 /// Send `req` (origin-form URI, `Host` set) to `replica`, on an idle
-/// connection when one is left, else on a new one.
+/// connection when one is left, else on a new one. With the pool's API key,
+/// `Authorization` is the key, whatever `req` carried.
 pub(crate) async fn send(
     replica: &Arc<Replica>,
     req: Request<Full<Bytes>>,
     connect_timeout: Duration,
 ) -> Result<Response<UpstreamBody>, SendError> {
     let mut req = req;
+    if let Some(key) = &replica.api_key {
+        req.headers_mut().insert(http::header::AUTHORIZATION, key.clone());
+    }
     let mut tries = 0;
     loop {
         let (tx, conn, reused) = match (tries < STALE_TRIES).then(|| replica.idle.take()).flatten() {
             Some((tx, conn)) => (tx, conn, true),
             None => {
-                let (tx, conn) = connect(&replica.base, connect_timeout).await?;
+                let (tx, conn) = connect(&replica.base, replica.tls.as_ref(), connect_timeout).await?;
                 (tx, conn, false)
             }
         };
@@ -178,16 +236,27 @@ async fn exchange(mut tx: Sender, conn: Conn, req: Request<Full<Bytes>>) -> Resu
     }
 }
 
-async fn connect(base: &http::Uri, timeout: Duration) -> Result<(Sender, Conn), SendError> {
+/// Open a connection to `base` (with TLS when `tls` is given): the TCP
+/// connect and the TLS handshake together within `timeout`.
+async fn connect(base: &http::Uri, tls: Option<&ReplicaTls>, timeout: Duration) -> Result<(Sender, Conn), SendError> {
     let host = base.host().unwrap_or("127.0.0.1").trim_start_matches('[').trim_end_matches(']');
-    let port = base.port_u16().unwrap_or(80);
+    let port = base.port_u16().unwrap_or(if tls.is_some() { 443 } else { 80 });
     let addr = || format!("{host}:{port}");
-    let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(source)) => return Err(SendError::Connect { addr: addr(), source }),
+    let open = async {
+        let tcp = TcpStream::connect((host, port)).await.map_err(|error| SendError::Connect { addr: addr(), error })?;
+        tcp.set_nodelay(true).map_err(|error| SendError::Connect { addr: addr(), error })?;
+        match tls {
+            None => Ok(Stream::Plain(tcp)),
+            Some(t) => match t.connector.connect(t.server_name.clone(), tcp).await {
+                Ok(s) => Ok(Stream::Tls(Box::new(s))),
+                Err(error) => Err(SendError::Tls { addr: addr(), error }),
+            },
+        }
+    };
+    let stream = match tokio::time::timeout(timeout, open).await {
+        Ok(s) => s?,
         Err(_) => return Err(SendError::ConnectTimeout { addr: addr(), after: timeout }),
     };
-    stream.set_nodelay(true).map_err(|source| SendError::Connect { addr: addr(), source })?;
     Ok(Builder::new().handshake(TokioIo::new(stream)).await?)
 }
 
@@ -300,12 +369,15 @@ pub(crate) async fn get(replica: &Arc<Replica>, path: &str, timeout: Duration) -
     read_whole(path, timeout, send(replica, req, timeout)).await
 }
 
-/// GET `path` from any HTTP server at `base` (a gateway's admin listener,
-/// for `slogate capacity`) on a connection of its own.
+/// GET `path` from any plain-HTTP server at `base` (a gateway's admin
+/// listener, for `slogate capacity`) on a connection of its own.
 pub(crate) async fn get_once(base: &http::Uri, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
+    if base.scheme_str() != Some("http") {
+        return Err(format!("{base}: must be an http:// URL"));
+    }
     let req = get_request(base, path)?;
     read_whole(path, timeout, async {
-        let (tx, conn) = connect(base, timeout).await?;
+        let (tx, conn) = connect(base, None, timeout).await?;
         match exchange(tx, conn, req).await {
             Ok((resp, tx, conn)) => {
                 let (parts, incoming) = resp.into_parts();

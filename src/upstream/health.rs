@@ -38,12 +38,29 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
             _ = interval.tick() => {}
             _ = stop.changed() => return,
         }
-        // Why a check failed, for the log line that takes the replica out.
-        let failure = match get(&replica, &h.path, h.timeout.get()).await {
+        // Why a check failed, for the log line that takes the replica out
+        // and for the status page.
+        let mut failure = match get(&replica, &h.path, h.timeout.get()).await {
             Ok((status, _)) if status.is_success() => None,
             Ok((status, _)) => Some(format!("{} answered {status}", h.path)),
             Err(e) => Some(e),
         };
+        // vLLM checks its API key on /v1 only (its /health is open): with a
+        // key, the check also lists the models, so a wrong key shows here
+        // rather than as 401s to callers. The list doubles as discovery.
+        if failure.is_none() {
+            if let Some(var) = &pool.config.api_key_env {
+                match get(&replica, "/v1/models", h.timeout.get()).await {
+                    Ok((status, _)) if status == http::StatusCode::UNAUTHORIZED || status == http::StatusCode::FORBIDDEN => {
+                        failure = Some(format!("/v1/models answered {status}: the replica refused the key in {var}"));
+                    }
+                    Ok((status, body)) if status.is_success() => store_models(&replica, &body),
+                    // Anything else is the health path's to judge.
+                    _ => {}
+                }
+            }
+        }
+        replica.set_health_error(failure.clone());
         let ok = failure.is_none();
         if ok {
             streak_ok += 1;
@@ -77,7 +94,7 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
             }
         }
         known = true;
-        if now && pool.auto && (tick % 15 == 0 || replica.models.load().is_empty()) {
+        if now && pool.auto && pool.config.api_key_env.is_none() && (tick % 15 == 0 || replica.models.load().is_empty()) {
             discover_models(&replica, h.timeout.get()).await;
         }
         if now && !scrape.is_zero() && last_scrape.is_none_or(|t| t.elapsed() >= scrape) {
@@ -90,10 +107,14 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
 
 async fn discover_models(replica: &Arc<Replica>, timeout: Duration) {
     let Ok((status, body)) = get(replica, "/v1/models", timeout).await else { return };
-    if !status.is_success() {
-        return;
+    if status.is_success() {
+        store_models(replica, &body);
     }
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else { return };
+}
+
+/// Keep the models a `/v1/models` answer lists.
+fn store_models(replica: &Replica, body: &[u8]) {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else { return };
     if let Some(list) = v.get("data").and_then(|d| d.as_array()) {
         replica.models.store(Arc::new(list.clone()));
     }
@@ -116,13 +137,15 @@ mod tests {
     use super::*;
     use crate::config::{Config, PoolConfig};
     use crate::telemetry::Metrics;
+    use crate::upstream::Access;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     /// The replica at `url`, as a pool holds it.
     fn replica(url: &str) -> Arc<Replica> {
         let cfg = PoolConfig { replicas: vec![url.to_string()], ..PoolConfig::default() };
-        let pool = Pool::new(cfg, &Metrics::new(&Config::default()), None).expect("pool");
+        let access = Access::new(&cfg).expect("access");
+        let pool = Pool::new(cfg, access, &Metrics::new(&Config::default()), None);
         pool.replicas[0].clone()
     }
 

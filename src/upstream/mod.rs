@@ -8,6 +8,7 @@
 
 pub(crate) mod conn;
 pub(crate) mod health;
+pub(crate) mod tls;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -39,6 +40,12 @@ pub(crate) struct Replica {
     healthy_gauge: Gauge,
     /// Keep-alive connections not serving a request now.
     pub(crate) idle: conn::IdleConns,
+    /// TLS for an `https://` replica.
+    tls: Option<tls::ReplicaTls>,
+    /// `Authorization: Bearer <pools[].api_key_env>`, marked sensitive.
+    api_key: Option<http::HeaderValue>,
+    /// Why the last health check failed (none after one passed).
+    health_error: ArcSwap<Option<String>>,
 }
 
 impl Replica {
@@ -54,6 +61,14 @@ impl Replica {
     pub(crate) fn set_healthy(&self, up: bool) {
         self.healthy.store(up, Ordering::Relaxed);
         self.healthy_gauge.set(up as i64);
+    }
+
+    /// Why the replica is not healthy, as its last failed check said.
+    pub(crate) fn health_error(&self) -> Option<String> {
+        (**self.health_error.load()).clone()
+    }
+    pub(crate) fn set_health_error(&self, reason: Option<String>) {
+        self.health_error.store(Arc::new(reason));
     }
 
     /// Show this replica's health on its gauge (a replica that just joined:
@@ -127,6 +142,52 @@ pub(crate) enum PickError {
     Saturated,
 }
 
+/// Why a pool could not be built; names the part of `pools[i]`.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("replicas[{replica}]: {message}")]
+    ReplicaUrl { replica: usize, message: String },
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error("api_key_env: environment variable {var} is not set, or holds characters a header cannot carry")]
+    ApiKey { var: String },
+}
+
+/// How a pool's replicas are reached, checked before anything is built:
+/// their URLs, TLS (files read, names checked) and API key (read from its
+/// environment variable).
+pub(crate) struct Access {
+    bases: Vec<http::Uri>,
+    tls: Vec<Option<tls::ReplicaTls>>,
+    api_key: Option<http::HeaderValue>,
+}
+
+impl Access {
+    pub(crate) fn new(config: &PoolConfig) -> Result<Access, PoolError> {
+        let bases = config
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(replica, u)| crate::config::parse_replica_url(u).map_err(|message| PoolError::ReplicaUrl { replica, message }))
+            .collect::<Result<Vec<_>, _>>()?;
+        let client_tls = tls::client_config(config)?;
+        let server_name = config.tls.as_ref().and_then(|t| t.server_name.as_deref());
+        let tls = bases.iter().map(|b| tls::for_replica(b, client_tls.as_ref(), server_name)).collect::<Result<Vec<_>, _>>()?;
+        let api_key = match &config.api_key_env {
+            None => None,
+            Some(var) => {
+                let key = std::env::var(var).ok().filter(|k| !k.is_empty());
+                let mut value = key
+                    .and_then(|k| http::HeaderValue::from_str(&format!("Bearer {k}")).ok())
+                    .ok_or_else(|| PoolError::ApiKey { var: var.clone() })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+        };
+        Ok(Access { bases, tls, api_key })
+    }
+}
+
 /// A named set of replicas serving some models.
 pub(crate) struct Pool {
     pub(crate) config: PoolConfig,
@@ -138,15 +199,16 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// Build a pool. With `previous` (the pool of the same name before a
-    /// reload), replicas with the same URL and slot count are kept as they
-    /// are (health, in-flight count, discovered models). Fails on a bad
-    /// replica URL before it builds anything.
-    pub(crate) fn new(config: PoolConfig, metrics: &Metrics, previous: Option<&Pool>) -> Result<Pool, String> {
-        let bases = config.replicas.iter().map(|u| crate::config::parse_replica_url(u)).collect::<Result<Vec<_>, _>>()?;
+    /// Build a pool from what [`Access::new`] checked. With `previous`
+    /// (the pool of the same name before a reload), replicas with the same
+    /// URL, slot count, TLS and key are kept as they are (health, in-flight
+    /// count, discovered models, open connections).
+    pub(crate) fn new(config: PoolConfig, access: Access, metrics: &Metrics, previous: Option<&Pool>) -> Pool {
+        let Access { bases, tls: replica_tls, api_key } = access;
+        let same_access = previous.is_some_and(|p| p.config.tls == config.tls && p.config.api_key_env == config.api_key_env);
         let mut replicas = Vec::with_capacity(config.replicas.len());
-        for (url, base) in config.replicas.iter().zip(bases) {
-            let kept = previous.and_then(|p| {
+        for ((url, base), tls) in config.replicas.iter().zip(bases).zip(replica_tls) {
+            let kept = previous.filter(|_| same_access).and_then(|p| {
                 p.replicas.iter().find(|r| r.url == url.trim_end_matches('/') && r.max_inflight == config.max_inflight_per_replica as usize)
             });
             if let Some(r) = kept {
@@ -167,11 +229,14 @@ impl Pool {
                 inflight_gauge,
                 healthy_gauge,
                 idle: conn::IdleConns::default(),
+                tls,
+                api_key: api_key.clone(),
+                health_error: ArcSwap::from_pointee(None),
             }));
         }
         let static_models = config.models.iter().filter(|m| *m != "auto").cloned().collect();
         let auto = config.models.iter().any(|m| m == "auto");
-        Ok(Pool { replicas, static_models, auto, config, rr: AtomicUsize::new(0) })
+        Pool { replicas, static_models, auto, config, rr: AtomicUsize::new(0) }
     }
 
     /// Does this pool serve `model`?

@@ -117,10 +117,33 @@ pub struct MockState {
     pub closed_post_connections: AtomicUsize,
     /// The gate a held slot's stream waits at (see [`Mock::hold_slot`]).
     hold: Mutex<Gate>,
+    /// The key the replica was started with (`vllm serve --api-key`).
+    pub api_key: Option<String>,
+    /// Every request with a key configured: its method and path, and
+    /// whether it carried the right key.
+    pub keyed: Mutex<Vec<(String, bool)>>,
+    /// TLS handshakes, and how many of them resumed a session.
+    pub tls_handshakes: AtomicUsize,
+    pub tls_resumed: AtomicUsize,
+}
+
+/// How a mock replica is started; see [`Mock::start_with`].
+#[derive(Clone, Default)]
+pub struct MockOptions {
+    /// The model it serves (`m1` when none).
+    pub model: Option<String>,
+    /// Serve HTTPS with this configuration.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Require `Authorization: Bearer <key>` as vLLM does with `--api-key`:
+    /// on `/v1/*` (its `/health` and `/metrics` are open), answering 401
+    /// without it.
+    pub api_key: Option<String>,
 }
 
 pub struct Mock {
     pub addr: SocketAddr,
+    /// Serves HTTPS.
+    https: bool,
     pub state: Arc<MockState>,
     tasks: Arc<Mutex<JoinSet<()>>>,
     accept: tokio::task::JoinHandle<()>,
@@ -132,6 +155,11 @@ impl Mock {
     }
 
     pub async fn start_with_model(model: &str, script: ScriptFn) -> Mock {
+        Self::start_with(script, MockOptions { model: Some(model.to_string()), ..MockOptions::default() }).await
+    }
+
+    pub async fn start_with(script: ScriptFn, opts: MockOptions) -> Mock {
+        let model = opts.model.as_deref().unwrap_or("m1");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind mock");
         let addr = listener.local_addr().expect("addr");
         let state = Arc::new(MockState {
@@ -147,7 +175,13 @@ impl Mock {
             close_idle: tokio::sync::Notify::new(),
             closed_post_connections: AtomicUsize::new(0),
             hold: Mutex::new(Gate::default()),
+            api_key: opts.api_key.clone(),
+            keyed: Mutex::new(Vec::new()),
+            tls_handshakes: AtomicUsize::new(0),
+            tls_resumed: AtomicUsize::new(0),
         });
+        let https = opts.tls.is_some();
+        let acceptor = opts.tls.map(tokio_rustls::TlsAcceptor::from);
         let tasks = Arc::new(Mutex::new(JoinSet::new()));
         let (st, ts) = (state.clone(), tasks.clone());
         let accept = tokio::spawn(async move {
@@ -155,40 +189,28 @@ impl Mock {
                 let Ok((stream, _)) = listener.accept().await else { continue };
                 let _ = stream.set_nodelay(true);
                 let st = st.clone();
+                let acceptor = acceptor.clone();
                 ts.lock().expect("lock").spawn(async move {
-                    let posted = Arc::new(AtomicBool::new(false));
-                    let (st2, posted2) = (st.clone(), posted.clone());
-                    let svc = hyper::service::service_fn(move |req| {
-                        let (st, posted) = (st2.clone(), posted2.clone());
-                        async move {
-                            if req.method() == http::Method::POST && !posted.swap(true, Ordering::SeqCst) {
-                                st.post_connections.fetch_add(1, Ordering::SeqCst);
+                    match acceptor {
+                        None => serve_mock_connection(stream, st).await,
+                        Some(a) => {
+                            // A failed handshake (an untrusted client) ends the connection.
+                            let Ok(tls) = a.accept(stream).await else { return };
+                            st.tls_handshakes.fetch_add(1, Ordering::SeqCst);
+                            if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                                st.tls_resumed.fetch_add(1, Ordering::SeqCst);
                             }
-                            Ok::<_, Infallible>(mock_handle(req, st).await)
+                            serve_mock_connection(tls, st).await
                         }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
-                    let mut conn = std::pin::pin!(conn);
-                    let close = st.close_idle.notified();
-                    tokio::select! {
-                        _ = conn.as_mut() => return,
-                        _ = close => {}
-                    }
-                    // Like a keep-alive timeout: an idle connection closes at
-                    // once, without a `Connection: close` header.
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                    if posted.load(Ordering::SeqCst) {
-                        st.closed_post_connections.fetch_add(1, Ordering::SeqCst);
                     }
                 });
             }
         });
-        Mock { addr, state, tasks, accept }
+        Mock { addr, state, tasks, accept, https }
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", if self.https { "https" } else { "http" }, self.addr)
     }
 
     pub fn set_script(&self, f: ScriptFn) {
@@ -231,6 +253,38 @@ impl Mock {
     pub fn kill(&self) {
         self.accept.abort();
         self.tasks.lock().expect("lock").abort_all();
+    }
+}
+
+/// Serve one connection of a mock replica (plain or TLS).
+async fn serve_mock_connection<IO>(stream: IO, st: Arc<MockState>)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let posted = Arc::new(AtomicBool::new(false));
+    let (st2, posted2) = (st.clone(), posted.clone());
+    let svc = hyper::service::service_fn(move |req| {
+        let (st, posted) = (st2.clone(), posted2.clone());
+        async move {
+            if req.method() == http::Method::POST && !posted.swap(true, Ordering::SeqCst) {
+                st.post_connections.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok::<_, Infallible>(mock_handle(req, st).await)
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+    let mut conn = std::pin::pin!(conn);
+    let close = st.close_idle.notified();
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = close => {}
+    }
+    // Like a keep-alive timeout: an idle connection closes at
+    // once, without a `Connection: close` header.
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
+    if posted.load(Ordering::SeqCst) {
+        st.closed_post_connections.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -278,6 +332,13 @@ type MockBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
 async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<MockBody> {
     let path = req.uri().path().to_string();
+    if let Some(key) = &st.api_key {
+        let right = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {key}"));
+        st.keyed.lock().expect("lock").push((format!("{} {path}", req.method()), right));
+        if !right && path.starts_with("/v1/") {
+            return simple(401, "application/json", r#"{"error":"Unauthorized"}"#);
+        }
+    }
     if req.method() == http::Method::GET {
         return match path.as_str() {
             "/health" => {
@@ -556,6 +617,17 @@ pub type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector,
 
 pub fn client() -> TestClient {
     Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A client that speaks HTTP/2 without TLS (prior knowledge), as gRPC-style
+/// clients and proxies in a mesh do.
+pub fn client_h2() -> TestClient {
+    Client::builder(TokioExecutor::new()).http2_only(true).build_http()
+}
+
+/// Both protocols a client may use, with their names for assertion messages.
+pub fn clients() -> [(&'static str, TestClient); 2] {
+    [("HTTP/1.1", client()), ("HTTP/2", client_h2())]
 }
 
 pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {

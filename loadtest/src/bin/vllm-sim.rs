@@ -59,6 +59,30 @@ struct Args {
     /// lets loadgen separate the path's latency from the engine's).
     #[arg(long)]
     stamp_events: bool,
+    /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+/// A TLS acceptor from PEM files.
+fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<tokio_rustls::TlsAcceptor, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("--tls-cert: {e}"))?;
+    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(cfg)))
 }
 
 fn load(args: &Args) -> Result<SimConfig, String> {
@@ -116,13 +140,23 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => match tls_acceptor(c, k) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                eprintln!("vllm-sim: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
     let mut servers = Vec::new();
     for i in 0..args.replicas {
         let mut addr = args.listen;
         if addr.port() != 0 {
             addr.set_port(addr.port() + i);
         }
-        match SimServer::start(cfg.clone(), addr).await {
+        match SimServer::start_with_tls(cfg.clone(), addr, tls.clone()).await {
             Ok(s) => {
                 println!("{}", serde_json::json!({"url": s.url(), "model": cfg.model}));
                 servers.push(s);

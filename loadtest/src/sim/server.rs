@@ -42,6 +42,7 @@ struct Ctx {
 /// A running simulated replica.
 pub struct SimServer {
     pub addr: SocketAddr,
+    https: bool,
     pub engine: Engine,
     pub metrics: Arc<SimMetrics>,
     exit: watch::Sender<bool>,
@@ -51,6 +52,13 @@ pub struct SimServer {
 impl SimServer {
     /// Bind `addr` (use port 0 for any) and serve.
     pub async fn start(cfg: SimConfig, addr: SocketAddr) -> std::io::Result<SimServer> {
+        Self::start_with_tls(cfg, addr, None).await
+    }
+
+    /// [`SimServer::start`], serving HTTPS when `tls` is given (a replica
+    /// behind TLS, for benchmarks of what TLS costs the gateway).
+    pub async fn start_with_tls(cfg: SimConfig, addr: SocketAddr, tls: Option<tokio_rustls::TlsAcceptor>) -> std::io::Result<SimServer> {
+        let https = tls.is_some();
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let cfg = Arc::new(cfg);
@@ -76,8 +84,19 @@ impl SimServer {
                     let ctx = ctx.clone();
                     async move { Ok::<_, Infallible>(handle(req, ctx).await) }
                 });
+                let tls = tls.clone();
                 conns.lock().unwrap_or_else(|e| e.into_inner()).spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match tls {
+                        None => {
+                            let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                            }
+                        }
+                    }
                 });
             }
             // Exit fault or stop: the listener closes, connections are cut, the engine stops.
@@ -85,11 +104,11 @@ impl SimServer {
             conns.lock().unwrap_or_else(|e| e.into_inner()).abort_all();
         };
         tasks.lock().unwrap_or_else(|e| e.into_inner()).spawn(accept);
-        Ok(SimServer { addr, engine, metrics, exit, tasks })
+        Ok(SimServer { addr, https, engine, metrics, exit, tasks })
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", if self.https { "https" } else { "http" }, self.addr)
     }
 
     /// Replace the fault settings at run time.

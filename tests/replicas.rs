@@ -1,0 +1,282 @@
+//! Replicas as they are deployed: behind TLS (a private CA, mTLS, a
+//! certificate for a name the URL does not carry) and started with an API
+//! key. Every certificate is made here, by a throwaway CA.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use http_body_util::BodyExt;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use slogate::config::Config;
+use slogate::Gateway;
+
+/// A throwaway CA, a replica certificate for `replica.test` (only: the
+/// replicas are reached as `https://127.0.0.1:port`) and a client
+/// certificate for slogate, all as PEM files in a temporary directory.
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: CertificateDer<'static>,
+    server: (CertificateDer<'static>, PrivateKeyDer<'static>),
+}
+
+impl Pki {
+    fn new() -> Pki {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(DnType::CommonName, "slogate test CA");
+        let ca = ca_params.self_signed(&ca_key).expect("CA");
+        let leaf = |name: &str, purpose: ExtendedKeyUsagePurpose| {
+            let key = KeyPair::generate().expect("key");
+            let mut p = CertificateParams::new(vec![name.to_string()]).expect("params");
+            p.extended_key_usages = vec![purpose];
+            (p.signed_by(&key, &ca, &ca_key).expect("signed"), key)
+        };
+        let (server, server_key) = leaf("replica.test", ExtendedKeyUsagePurpose::ServerAuth);
+        let (client, client_key) = leaf("slogate", ExtendedKeyUsagePurpose::ClientAuth);
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (name, pem) in [
+            ("ca.pem", ca.pem()),
+            ("client.pem", client.pem()),
+            ("client-key.pem", client_key.serialize_pem()),
+            ("other-ca.pem", rcgen::generate_simple_self_signed(vec!["x".into()]).expect("cert").cert.pem()),
+        ] {
+            std::fs::write(dir.path().join(name), pem).expect("write");
+        }
+        let server = (server.der().clone(), PrivateKeyDer::Pkcs8(server_key.serialize_der().into()));
+        Pki { dir, ca: ca.der().clone(), server }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// The replica's TLS: its certificate; with `require_client_cert`, mTLS
+    /// (clients must show a certificate the CA signed).
+    fn server_config(&self, require_client_cert: bool) -> Arc<rustls::ServerConfig> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder =
+            rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions().expect("versions");
+        let builder = if require_client_cert {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(self.ca.clone()).expect("root");
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build().expect("verifier");
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let cfg = builder.with_single_cert(vec![self.server.0.clone()], self.server.1.clone_key()).expect("server cert");
+        Arc::new(cfg)
+    }
+}
+
+/// Start a gateway that may never become ready (its replica fails its checks).
+async fn start_unready(yaml: &str) -> Gateway {
+    let cfg = Config::parse(yaml).unwrap_or_else(|e| panic!("test config invalid:\n{e}\n---\n{yaml}"));
+    let gw = Gateway::start(cfg).await.expect("gateway starts");
+    started(&gw);
+    gw
+}
+
+/// The `/slo` entry of the pool's only replica once its health is known
+/// to be `healthy`.
+async fn replica_status(gw: &Gateway, healthy: bool) -> serde_json::Value {
+    let admin = gw.admin_addr;
+    let entry = || async move {
+        let (_, body) = get(admin, "/slo.json").await;
+        let v: serde_json::Value = serde_json::from_str(&body).expect("/slo is JSON");
+        v["pools"][0]["replicas"][0].clone()
+    };
+    wait_until("the replica's health is known", || async move {
+        let r = entry().await;
+        r["healthy"] == healthy && (healthy || r.get("reason").is_some())
+    })
+    .await;
+    entry().await
+}
+
+async fn chat_through(c: &TestClient, gw: &Gateway) -> (u16, String) {
+    let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn https_replicas_behind_a_private_ca_serve_and_reuse_their_connections_and_sessions() {
+    let pki = Pki::new();
+    let opts = MockOptions { tls: Some(pki.server_config(false)), ..MockOptions::default() };
+    let mock = Mock::start_with(standard(3, Duration::ZERO), opts).await;
+    assert!(mock.url().starts_with("https://127.0.0.1:"));
+    let gw = gateway_config(&[mock.url()]).pool(&format!("tls: {{ ca: {}, server_name: replica.test }}", pki.path("ca.pem"))).start().await;
+
+    for (proto, c) in clients() {
+        for _ in 0..3 {
+            let (status, text) = chat_through(&c, &gw).await;
+            assert_eq!(status, 200, "{proto}: {text}");
+            assert!(text.ends_with("data: [DONE]\n\n"), "{proto}: {text}");
+        }
+    }
+    assert_eq!(mock.calls(), 6);
+    assert_eq!(mock.state.post_connections.load(Ordering::SeqCst), 1, "requests one after another share one TLS connection");
+    let resumed_before = mock.state.tls_resumed.load(Ordering::SeqCst);
+
+    // The replica closes its idle connections (a keep-alive timeout): the
+    // next request opens a new one, and resumes the TLS session.
+    mock.close_idle_connections();
+    wait_until("the replica closed its idle connections", || async { mock.state.closed_post_connections.load(Ordering::SeqCst) >= 1 })
+        .await;
+    let (status, text) = chat_through(&client(), &gw).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(mock.state.post_connections.load(Ordering::SeqCst), 2);
+    assert!(mock.state.tls_resumed.load(Ordering::SeqCst) > resumed_before, "the new connection resumed the TLS session");
+    assert_quiescent(&gw).await;
+}
+
+#[tokio::test]
+async fn an_https_replica_whose_certificate_is_not_trusted_is_unhealthy_with_the_reason() {
+    let pki = Pki::new();
+    let opts = MockOptions { tls: Some(pki.server_config(false)), ..MockOptions::default() };
+    let mock = Mock::start_with(standard(3, Duration::ZERO), opts).await;
+    // Another CA than the replica's.
+    let gw = start_unready(
+        &gateway_config(&[mock.url()]).pool(&format!("tls: {{ ca: {}, server_name: replica.test }}", pki.path("other-ca.pem"))).yaml(),
+    )
+    .await;
+    let r = replica_status(&gw, false).await;
+    let reason = r["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("TLS with 127.0.0.1") && reason.contains("UnknownIssuer"), "{reason}");
+    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 503);
+    assert_eq!(mock.calls(), 0, "nothing reached the replica");
+
+    // The right CA but the URL's own host (an IP the certificate does not name).
+    let gw = start_unready(&gateway_config(&[mock.url()]).pool(&format!("tls: {{ ca: {} }}", pki.path("ca.pem"))).yaml()).await;
+    let r = replica_status(&gw, false).await;
+    let reason = r["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("certificate not valid for name \"127.0.0.1\""), "{reason}");
+}
+
+#[tokio::test]
+async fn mtls_replicas_accept_slogates_client_certificate_and_refuse_a_gateway_without_one() {
+    let pki = Pki::new();
+    let opts = MockOptions { tls: Some(pki.server_config(true)), ..MockOptions::default() };
+    let mock = Mock::start_with(standard(3, Duration::ZERO), opts).await;
+    let tls = format!(
+        "tls: {{ ca: {}, cert: {}, key: {}, server_name: replica.test }}",
+        pki.path("ca.pem"),
+        pki.path("client.pem"),
+        pki.path("client-key.pem")
+    );
+    let gw = gateway_config(&[mock.url()]).pool(&tls).start().await;
+    for (proto, c) in clients() {
+        let (status, text) = chat_through(&c, &gw).await;
+        assert_eq!(status, 200, "{proto}: {text}");
+    }
+    assert_quiescent(&gw).await;
+    assert!(replica_status(&gw, true).await.get("reason").is_none());
+
+    // No client certificate: the replica ends every handshake.
+    let without = format!("tls: {{ ca: {}, server_name: replica.test }}", pki.path("ca.pem"));
+    let calls = mock.calls();
+    let gw = start_unready(&gateway_config(&[mock.url()]).pool(&without).yaml()).await;
+    let r = replica_status(&gw, false).await;
+    assert!(r["reason"].as_str().is_some_and(|s| s.starts_with("GET /health: ")), "{r}");
+    assert_eq!(mock.calls(), calls);
+}
+
+/// Set an environment variable for this test binary (each test uses its own name).
+fn set_env(name: &str, value: &str) {
+    std::env::set_var(name, value);
+}
+
+#[tokio::test]
+async fn a_pools_api_key_authenticates_requests_health_checks_and_scrapes_and_replaces_the_callers() {
+    set_env("SLOGATE_TEST_REPLICA_KEY", "sk-replica-0123");
+    let opts = MockOptions { api_key: Some("sk-replica-0123".into()), ..MockOptions::default() };
+    let mock = Mock::start_with(standard(3, Duration::ZERO), opts).await;
+    let gw = gateway_config(&[mock.url()]).pool("api_key_env: SLOGATE_TEST_REPLICA_KEY").pool("scrape_metrics: 100ms").start().await;
+
+    for (proto, c) in clients() {
+        let req = post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("authorization", "Bearer caller-key")]);
+        let resp = c.request(req).await.expect("response");
+        assert_eq!(resp.status(), 200, "{proto}");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"), "{proto}");
+    }
+    wait_until("health checks, model lists and scrapes have been seen", || async {
+        let seen = mock.state.keyed.lock().expect("lock").clone();
+        ["GET /health", "GET /metrics", "GET /v1/models", "POST /v1/chat/completions"].iter().all(|p| seen.iter().any(|(s, _)| s == p))
+    })
+    .await;
+    let seen = mock.state.keyed.lock().expect("lock").clone();
+    let without: Vec<&String> = seen.iter().filter(|(_, right)| !right).map(|(p, _)| p).collect();
+    assert!(without.is_empty(), "requests without the replica's key: {without:?}");
+    // The caller's own key never reached the replica.
+    for h in mock.state.headers.lock().expect("lock").iter() {
+        let auth: Vec<&http::HeaderValue> = h.get_all("authorization").iter().collect();
+        assert_eq!(auth, ["Bearer sk-replica-0123"]);
+    }
+    // Neither the status page nor the metrics show the key.
+    let (_, slo) = get(gw.admin_addr, "/slo").await;
+    let (_, html) = get(gw.admin_addr, "/slo.json").await;
+    let metrics = metrics_text(&gw).await;
+    for text in [&slo, &html, &metrics] {
+        assert!(!text.contains("sk-replica-0123"));
+    }
+    assert_quiescent(&gw).await;
+}
+
+#[tokio::test]
+async fn a_wrong_api_key_shows_the_replica_unhealthy_with_the_reason() {
+    set_env("SLOGATE_TEST_WRONG_REPLICA_KEY", "sk-not-the-replicas");
+    let opts = MockOptions { api_key: Some("sk-replica-4567".into()), ..MockOptions::default() };
+    let mock = Mock::start_with(standard(3, Duration::ZERO), opts).await;
+    // vLLM's /health is open even with --api-key: the check passes it and
+    // then finds the key refused on /v1/models.
+    let gw = start_unready(&gateway_config(&[mock.url()]).pool("api_key_env: SLOGATE_TEST_WRONG_REPLICA_KEY").yaml()).await;
+    let r = replica_status(&gw, false).await;
+    assert_eq!(
+        r["reason"].as_str().unwrap_or_default(),
+        "/v1/models answered 401 Unauthorized: the replica refused the key in SLOGATE_TEST_WRONG_REPLICA_KEY"
+    );
+    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(mock.calls(), 0);
+    let (_, slo) = get(gw.admin_addr, "/slo").await;
+    assert!(!slo.contains("sk-not-the-replicas"));
+}
+
+#[test]
+fn slogate_check_names_a_missing_ca_file_an_unset_key_variable_and_half_an_mtls_pair() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("slogate.yaml");
+    let missing = dir.path().join("no-such-ca.pem");
+    std::fs::write(
+        &config,
+        format!(
+            "pools:\n  - name: a\n    models: [m]\n    replicas: [https://10.0.0.1:8000]\n    tls: {{ ca: {}, cert: {} }}\n    api_key_env: SLOGATE_TEST_KEY_NOBODY_SETS\n  - name: b\n    models: [n]\n    replicas: [http://10.0.0.2:8000]\n    tls: {{ server_name: 'not a name' }}\n",
+            missing.display(),
+            missing.display()
+        ),
+    )
+    .expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_slogate")).args(["check", "--config"]).arg(&config).output().expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for line in [
+        format!("pools[0].tls.ca: {}: ", missing.display()),
+        "pools[0].tls.key: is required with tls.cert".to_string(),
+        "pools[0].api_key_env: environment variable SLOGATE_TEST_KEY_NOBODY_SETS is not set".to_string(),
+        "pools[1].tls: is set, but no replica URL starts with https://".to_string(),
+        "pools[1].tls.server_name: `not a name` is not a DNS name or an IP address".to_string(),
+    ] {
+        assert!(err.lines().any(|l| l.starts_with(&line)), "missing `{line}` in:\n{err}");
+    }
+}
