@@ -502,11 +502,25 @@ where
                 this.done = true;
                 continue;
             };
-            match Pin::new(inner).poll_frame(cx) {
+            match Pin::new(&mut *inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
                         this.last_event = Instant::now();
+                        // A body of known length (a JSON answer with
+                        // Content-Length) ends with its last frame: the
+                        // server may never poll again, so the end is
+                        // accounted for now, not at a poll that returns None.
+                        let ended = inner.is_end_stream();
                         let out = this.on_data(data);
+                        if ended {
+                            this.inner = None;
+                            this.on_end();
+                            this.done = true;
+                            if let Some(out) = out {
+                                return Poll::Ready(Some(Ok(Frame::data(out))));
+                            }
+                            continue;
+                        }
                         // Deadlines only move later as events arrive, except when
                         // the first token switches from the first-token to the idle
                         // budget: only then can the armed timer be too late.

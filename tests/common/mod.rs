@@ -371,6 +371,20 @@ async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<Moc
     if !script.header_delay.is_zero() {
         tokio::time::sleep(script.header_delay).await;
     }
+    // A whole JSON answer goes out as vLLM sends it: one body with
+    // Content-Length (uvicorn does not chunk a response it has whole).
+    if script.content_type == "application/json" && script.steps.iter().all(|s| matches!(s, Step::Send(_))) {
+        let mut whole = Vec::new();
+        for step in &script.steps {
+            if let Step::Send(b) = step {
+                whole.extend_from_slice(b);
+            }
+        }
+        st.completed.fetch_add(1, Ordering::SeqCst);
+        let mut resp = simple(script.status, script.content_type, "");
+        *resp.body_mut() = Full::new(Bytes::from(whole)).map_err(|n| match n {}).boxed();
+        return resp;
+    }
     let (tx, rx) = mpsc::channel(4);
     let st2 = st.clone();
     tokio::spawn(async move {
