@@ -49,3 +49,61 @@ async fn non_streaming_answers_with_content_length_are_counted_ok_over_both_prot
     assert_eq!(metric(&m, "slogate_generation_tokens_total", &[]), Some(8.0), "chat and completion tokens, both protocols");
     assert_quiescent(&gw).await;
 }
+
+async fn body_text(c: &TestClient, gw: &slogate::Gateway, usage: bool) -> String {
+    let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, usage), &[])).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.into_body().collect().await.expect("the stream ends").to_bytes();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A replica that sends one event without end (a line that never ends)
+/// must not make slogate hold it all: past `max_event_bytes` the stream ends
+/// at once with an error event, the replica's request is cancelled, and the
+/// request counts as `stream_error`.
+#[tokio::test]
+async fn an_event_past_max_event_bytes_ends_the_stream_with_an_error_event() {
+    let never = Gate::default();
+    let mut steps =
+        vec![Step::Send(role_chunk()), Step::Send(content_chunk("a")), Step::Send(bytes::Bytes::from_static(b"data: {\"x\":\""))];
+    steps.extend((0..16).map(|_| Step::Send(bytes::Bytes::from(vec![b'x'; 16 * 1024]))));
+    steps.push(Step::Until(never));
+    let mock = Mock::start(Script::sse(steps).always()).await;
+    let gw = gateway_config(&[mock.url()]).pool("max_event_bytes: 64KiB").pool("timeouts: { idle: 5s }").start().await;
+    for ((proto, c), usage) in clients().into_iter().zip([false, true]) {
+        let text = body_text(&c, &gw, usage).await;
+        assert!(text.contains("\"content\":\"a\""), "{proto}: the events before it arrive: {text}");
+        assert!(!text.contains("xxxx"), "{proto}: none of the oversized event is sent");
+        assert!(text.contains("\n\ndata: {\"error\":") && text.contains("exceeded max_event_bytes (65536 bytes)"), "{proto}: {text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{proto}: {text}");
+    }
+    wait_until("the replica saw both requests cancelled", || async { mock.state.cancelled.load(std::sync::atomic::Ordering::SeqCst) == 2 })
+        .await;
+    assert_eq!(requests_with_outcome(&gw, "stream_error").await, 2.0);
+    assert_quiescent(&gw).await;
+}
+
+/// A replica that stalls in the middle of an event: the timeout's error
+/// event starts on an event boundary, not glued to the half-sent line.
+#[tokio::test]
+async fn a_timeout_mid_event_sends_its_error_event_on_a_fresh_boundary() {
+    let steps = vec![
+        Step::Send(role_chunk()),
+        Step::Send(content_chunk("a")),
+        Step::Send(bytes::Bytes::from_static(b"data: {\"choi")),
+        Step::Wait(Duration::from_secs(60)),
+    ];
+    let mock = Mock::start(Script::sse(steps).always()).await;
+    let gw = gateway_config(&[mock.url()]).pool("timeouts: { idle: 300ms }").start().await;
+    // With and without usage asked for (slogate strips usage it asked for itself).
+    for ((proto, c), usage) in clients().into_iter().flat_map(|c| [(c.clone(), false), (c, true)]) {
+        let text = body_text(&c, &gw, usage).await;
+        assert!(!text.contains("{\"choi"), "{proto}: the half event was sent: {text}");
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+        let error = events.iter().find(|e| e.contains("\"error\"")).unwrap_or_else(|| panic!("{proto}: no error event in {text}"));
+        assert!(error.starts_with("data: {\"error\":"), "{proto}: {error}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{proto}: {text}");
+    }
+    assert_eq!(requests_with_outcome(&gw, "timeout").await, 4.0);
+    assert_quiescent(&gw).await;
+}

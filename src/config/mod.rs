@@ -219,6 +219,9 @@ impl Config {
                     Err(_) => bad(f("api_key_env"), format!("environment variable {env} is not set")),
                 }
             }
+            if pool.max_event_bytes.0 < 1024 {
+                bad(f("max_event_bytes"), "must be at least 1KiB (a chunk of vLLM's stream with usage is a few hundred bytes)".into());
+            }
             if pool.max_inflight_per_replica == 0 {
                 bad(f("max_inflight_per_replica"), "must be at least 1".into());
             }

@@ -191,6 +191,9 @@ pub struct PoolConfig {
     /// with (`vllm serve --api-key`): sent as `Authorization: Bearer` on
     /// every request, health check and scrape, replacing the caller's.
     pub api_key_env: Option<String>,
+    /// The longest one SSE event from a replica may be; past it the stream
+    /// ends with an error event (`stream_error`).
+    pub max_event_bytes: Size,
 }
 
 /// TLS towards a pool's `https://` replicas.
@@ -222,6 +225,7 @@ impl Default for PoolConfig {
             upstream_priority: false,
             tls: None,
             api_key_env: None,
+            max_event_bytes: Size(1 << 20),
         }
     }
 }

@@ -129,7 +129,7 @@ async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, mu
     });
     let body = stage!(t, request.into_bytes(strip_usage, priority));
 
-    let timeouts = StreamTimeouts::of(&route.pool.config.timeouts);
+    let timeouts = StreamTimeouts::of(&route.pool.config);
     // Until the response headers: the first-token budget for streams, the total otherwise.
     let header_deadline = t.start() + if stream { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
     let mut lease = admitted.lease;

@@ -26,7 +26,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::admission::{Lease, Probe};
 use crate::classify::Class;
-use crate::config::TimeoutsConfig;
+use crate::config::PoolConfig;
 use crate::error::BoxError;
 use crate::telemetry::accounting::{self, Finished, Sinks};
 use crate::telemetry::metrics::{Metrics, RequestSeries};
@@ -224,12 +224,20 @@ pub(crate) struct StreamTimeouts {
     pub(crate) first_token: Duration,
     pub(crate) idle: Duration,
     pub(crate) total: Duration,
+    /// The longest one SSE event may be (`pools[].max_event_bytes`).
+    pub(crate) max_event: usize,
 }
 
 impl StreamTimeouts {
-    /// A pool's stream timeouts.
-    pub(crate) fn of(t: &TimeoutsConfig) -> Self {
-        StreamTimeouts { first_token: t.first_token.get(), idle: t.idle.get(), total: t.total.get() }
+    /// A pool's stream timeouts and event size limit.
+    pub(crate) fn of(pool: &PoolConfig) -> Self {
+        let t = &pool.timeouts;
+        StreamTimeouts {
+            first_token: t.first_token.get(),
+            idle: t.idle.get(),
+            total: t.total.get(),
+            max_event: usize::try_from(pool.max_event_bytes.0).unwrap_or(usize::MAX),
+        }
     }
 }
 
@@ -238,7 +246,9 @@ enum Mode {
     Sse {
         parser: SseParser,
         strip_usage: bool,
-        /// Bytes of an incomplete event held back (only with `strip_usage`).
+        /// Bytes of an incomplete event, held back: the client gets whole
+        /// events only, so an error event slogate adds (a timeout, an event
+        /// too large) starts on an event boundary. At most `max_event`.
         pending: BytesMut,
         saw_done: bool,
         saw_error: bool,
@@ -350,9 +360,6 @@ impl<B> ObservedBody<B> {
                     prev_end = end + p;
                     complete = Some(end);
                 });
-                if !*strip_usage {
-                    return Some(data);
-                }
                 let Some(complete_end) = complete else {
                     // No event completed in this read: hold its bytes.
                     pending.extend_from_slice(&data);
@@ -415,6 +422,27 @@ impl<B> ObservedBody<B> {
         }
     }
 
+    /// The replica's current event has grown past `max_event` bytes without
+    /// ending (a line that never ends): reading on would hold it all.
+    fn event_too_large(&self) -> bool {
+        matches!(&self.mode, Mode::Sse { pending, .. } if pending.len() > self.timeouts.max_event)
+    }
+
+    /// End the stream now, cancelling the upstream request: an error event
+    /// (on an event boundary: the partial event is dropped), `stream_error`.
+    fn on_event_too_large(&mut self) {
+        let what = format!("slogate: an event from the replica exceeded max_event_bytes ({} bytes)", self.timeouts.max_event);
+        tracing::warn!(class = %self.tracker.class.name, model = %self.tracker.model(), "{what}");
+        self.inner = None;
+        if let Mode::Sse { pending, .. } = &mut self.mode {
+            *pending = BytesMut::new();
+        }
+        self.trailer = Some(error_event(&what, "upstream_error", 502));
+        self.tracker.cut = true;
+        self.tracker.finish(Outcome::stream_error);
+        self.done = true;
+    }
+
     /// A timeout fired: stop reading upstream (cancelling it) and tell the client.
     fn on_timeout(&mut self) {
         let waited_for_first = self.tracker.first_token.is_none();
@@ -428,13 +456,10 @@ impl<B> ObservedBody<B> {
         };
         tracing::warn!(class = %self.tracker.class.name, model = %self.tracker.model(), "{what}");
         self.inner = None;
-        if let Mode::Sse { .. } = self.mode {
-            let json = crate::error::error_json(&what, "timeout", None, 504);
-            let mut ev = BytesMut::with_capacity(json.len() + 32);
-            ev.extend_from_slice(b"data: ");
-            ev.extend_from_slice(&json);
-            ev.extend_from_slice(b"\n\ndata: [DONE]\n\n");
-            self.trailer = Some(ev.freeze());
+        if let Mode::Sse { pending, .. } = &mut self.mode {
+            // A partial event was never sent: the error event starts clean.
+            *pending = BytesMut::new();
+            self.trailer = Some(error_event(&what, "timeout", 504));
         }
         self.tracker.finish(Outcome::timeout);
         self.done = true;
@@ -451,6 +476,16 @@ impl<B> ObservedBody<B> {
         };
         (last + gap).min(total)
     }
+}
+
+/// An SSE error event in OpenAI's error form, then `[DONE]`.
+fn error_event(message: &str, kind: &str, code: u16) -> Bytes {
+    let json = crate::error::error_json(message, kind, None, code);
+    let mut ev = BytesMut::with_capacity(json.len() + 32);
+    ev.extend_from_slice(b"data: ");
+    ev.extend_from_slice(&json);
+    ev.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+    ev.freeze()
 }
 
 /// Read usage and finish reason from a complete non-streaming JSON answer.
@@ -512,6 +547,13 @@ where
                         // accounted for now, not at a poll that returns None.
                         let ended = inner.is_end_stream();
                         let out = this.on_data(data);
+                        if this.event_too_large() {
+                            this.on_event_too_large();
+                            if let Some(out) = out {
+                                return Poll::Ready(Some(Ok(Frame::data(out))));
+                            }
+                            continue;
+                        }
                         if ended {
                             this.inner = None;
                             this.on_end();
@@ -618,8 +660,12 @@ mod tests {
         (metrics, class)
     }
 
-    const TIMEOUTS: StreamTimeouts =
-        StreamTimeouts { first_token: Duration::from_secs(5), idle: Duration::from_secs(5), total: Duration::from_secs(60) };
+    const TIMEOUTS: StreamTimeouts = StreamTimeouts {
+        first_token: Duration::from_secs(5),
+        idle: Duration::from_secs(5),
+        total: Duration::from_secs(60),
+        max_event: 1 << 20,
+    };
 
     const ROLE: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
     const TOK: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
@@ -777,7 +823,12 @@ mod tests {
     async fn the_total_timeout_ends_a_stream_that_still_flows() {
         // A token every 500 ms for ever; idle and first-token budgets never
         // run out, the 2 s total does: the stream ends exactly then.
-        let total = StreamTimeouts { first_token: Duration::from_secs(5), idle: Duration::from_secs(5), total: Duration::from_secs(2) };
+        let total = StreamTimeouts {
+            first_token: Duration::from_secs(5),
+            idle: Duration::from_secs(5),
+            total: Duration::from_secs(2),
+            max_event: 1 << 20,
+        };
         let chunks: Vec<(u64, &str)> = std::iter::once((0, ROLE)).chain((1..20).map(|i| (i * 500, TOK))).collect();
         let start = Instant::now();
         let (out, m) = observe_timed(chunks, true, total).await;
