@@ -107,3 +107,50 @@ async fn a_timeout_mid_event_sends_its_error_event_on_a_fresh_boundary() {
     assert_eq!(requests_with_outcome(&gw, "timeout").await, 4.0);
     assert_quiescent(&gw).await;
 }
+
+/// With `auth.keys`, listing the models needs a key like any other call.
+#[tokio::test]
+async fn with_auth_keys_listing_the_models_needs_a_key() {
+    use sha2::Digest;
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let digest = hex::encode(sha2::Sha256::digest(b"sk-edge-caller"));
+    let gw = gateway_config(&[mock.url()])
+        .section(&format!("auth:\n  keys:\n    - {{ name: team, key_sha256: {digest}, classes: [chat] }}"))
+        .start()
+        .await;
+    for (proto, c) in clients() {
+        let list = |auth: Option<&str>| {
+            let mut req = http::Request::get(format!("http://{}/v1/models", gw.data_addr));
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            c.request(req.body(http_body_util::Full::new(bytes::Bytes::new())).expect("request"))
+        };
+        let none = list(None).await.expect("response");
+        assert_eq!(none.status(), 401, "{proto}: no key");
+        let wrong = list(Some("Bearer sk-wrong")).await.expect("response");
+        assert_eq!(wrong.status(), 401, "{proto}: a wrong key");
+        let right = list(Some("Bearer sk-edge-caller")).await.expect("response");
+        assert_eq!(right.status(), 200, "{proto}: the right key");
+        let body = right.into_body().collect().await.expect("body").to_bytes();
+        assert!(String::from_utf8_lossy(&body).contains("\"m1\""));
+    }
+}
+
+/// Headers the client's `Connection` header names are for that hop only:
+/// they do not reach the replica (HTTP/1.1; HTTP/2 has no `Connection`).
+#[tokio::test]
+async fn headers_named_in_connection_are_not_forwarded() {
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()]).start().await;
+    let headers = [("connection", "keep-alive, x-hop-secret"), ("x-hop-secret", "for the gateway only"), ("x-kept", "yes")];
+    let resp =
+        client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &headers)).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.expect("body");
+    let seen = mock.state.headers.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].get("x-hop-secret").is_none(), "{:?}", seen[0]);
+    assert_eq!(seen[0].get("x-kept").and_then(|v| v.to_str().ok()), Some("yes"));
+    assert_quiescent(&gw).await;
+}

@@ -137,15 +137,17 @@ impl Classifier {
         self.classes.iter().find(|c| &*c.name == name)
     }
 
-    /// Decide the class of a request from its headers.
-    pub(crate) fn classify(&self, headers: &http::HeaderMap) -> Result<Arc<Class>, GatewayError> {
-        let wanted = headers.get("x-slo-class").map(|v| v.to_str().map(str::trim).unwrap_or(""));
+    /// With `auth.keys`: the caller's key must be one of them (listing the
+    /// models needs a key like any other call). Without keys, anyone.
+    pub(crate) fn authenticate(&self, headers: &http::HeaderMap) -> Result<(), GatewayError> {
         if self.keys.is_empty() {
-            return match wanted {
-                None => Ok(self.default_class.clone()),
-                Some(n) => self.class(n).cloned().ok_or_else(|| GatewayError::UnknownClass(n.to_string())),
-            };
+            return Ok(());
         }
+        self.key_of(headers).map(|_| ())
+    }
+
+    /// The configured key the request's `Authorization: Bearer` carries.
+    fn key_of(&self, headers: &http::HeaderMap) -> Result<&ApiKey, GatewayError> {
         let token = headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -160,7 +162,19 @@ impl Classifier {
                 found = Some(k);
             }
         }
-        let key = found.ok_or(GatewayError::Unauthorized)?;
+        found.ok_or(GatewayError::Unauthorized)
+    }
+
+    /// Decide the class of a request from its headers.
+    pub(crate) fn classify(&self, headers: &http::HeaderMap) -> Result<Arc<Class>, GatewayError> {
+        let wanted = headers.get("x-slo-class").map(|v| v.to_str().map(str::trim).unwrap_or(""));
+        if self.keys.is_empty() {
+            return match wanted {
+                None => Ok(self.default_class.clone()),
+                Some(n) => self.class(n).cloned().ok_or_else(|| GatewayError::UnknownClass(n.to_string())),
+            };
+        }
+        let key = self.key_of(headers)?;
         match wanted {
             None => key.classes.first().cloned().ok_or(GatewayError::Unauthorized),
             Some(n) => {

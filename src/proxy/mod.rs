@@ -71,7 +71,12 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
     let start = Instant::now();
     let snap = app.snapshot();
     let endpoint = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/v1/models") => return models(&snap),
+        (&Method::GET, "/v1/models") => {
+            return match snap.classifier.authenticate(req.headers()) {
+                Ok(()) => models(&snap),
+                Err(e) => e.into_response(),
+            };
+        }
         (&Method::POST, "/v1/chat/completions") => Endpoint::Chat,
         (&Method::POST, "/v1/completions") => Endpoint::Completions,
         (&Method::POST, "/v1/embeddings") => Endpoint::Embeddings,
@@ -332,8 +337,14 @@ fn build_upstream_request(
     if let Some(host) = base.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
         h.insert(header::HOST, host);
     }
+    let named = connection_named(&parts.headers);
     for (k, v) in parts.headers.iter() {
-        if k == header::HOST || k == header::CONTENT_LENGTH || is_hop_by_hop(k) || (strip_auth && k == header::AUTHORIZATION) {
+        if k == header::HOST
+            || k == header::CONTENT_LENGTH
+            || is_hop_by_hop(k)
+            || (strip_auth && k == header::AUTHORIZATION)
+            || named.contains(k)
+        {
             continue;
         }
         h.append(k.clone(), v.clone());
@@ -356,15 +367,19 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-/// Remove hop-by-hop headers, including those named in `Connection`.
-fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
+/// The headers a `Connection` header names: hop-by-hop for this hop only.
+fn connection_named(h: &HeaderMap) -> Vec<HeaderName> {
+    h.get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
+        .collect()
+}
+
+/// Remove hop-by-hop headers, including those named in `Connection`.
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named = connection_named(h);
     for n in named {
         h.remove(n);
     }
