@@ -154,3 +154,52 @@ async fn headers_named_in_connection_are_not_forwarded() {
     assert_eq!(seen[0].get("x-kept").and_then(|v| v.to_str().ok()), Some("yes"));
     assert_quiescent(&gw).await;
 }
+
+/// A breaker opened by slow streams closes again for a class that then
+/// sends only non-streaming requests, or only embeddings: such a probe has
+/// no first token, so it is judged when it ends, against the class's TTFT
+/// target plus its ITL target per generated token.
+#[tokio::test]
+async fn a_breaker_closes_for_classes_that_send_only_non_streaming_requests_or_embeddings() {
+    let mock = Mock::start(script(|req| {
+        if req.get("input").is_some() {
+            Script::json(200, r#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"model":"m1","usage":{"prompt_tokens":3,"total_tokens":3}}"#)
+        } else if req.get("stream").and_then(|v| v.as_bool()) == Some(true) {
+            // Slow first tokens: 400 ms against a 100 ms target.
+            Script { header_delay: Duration::from_millis(400), ..vllm_stream(req, 2, Duration::ZERO, "stop") }
+        } else {
+            // 150 ms for 10 tokens: over the TTFT target, within 100 ms + 10 x 20 ms.
+            Script { header_delay: Duration::from_millis(150), ..json_answer("0123456789", "stop", 5, 10) }
+        }
+    }))
+    .await;
+    let gw = gateway_config(&[mock.url()])
+        .section("classes:\n  chat: { tier: interactive, ttft: 100ms, itl: 20ms }\n  emb: { tier: interactive, ttft: 100ms, itl: 20ms }")
+        .section("breaker: { trip_after: 500ms, window: 1s, min_samples: 3, retry_after: 500ms }")
+        .start()
+        .await;
+    let state = |class: &'static str| {
+        let gw = &gw;
+        async move { metric(&metrics_text(gw).await, "slogate_breaker_state", &[("class", class)]) }
+    };
+    for class in ["chat", "emb"] {
+        wait_until("slow streams open the breaker", || async {
+            let _ = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", class)]).await;
+            state(class).await == Some(2.0)
+        })
+        .await;
+    }
+    // From now on: chat sends only non-streaming requests, emb only embeddings.
+    let (chat, emb) = (chat_body(false, false), r#"{"model":"m1","input":"abc"}"#);
+    wait_until("both breakers close", || async {
+        let _ = post(gw.data_addr, "/v1/chat/completions", &chat, &[("x-slo-class", "chat")]).await;
+        let _ = post(gw.data_addr, "/v1/embeddings", emb, &[("x-slo-class", "emb")]).await;
+        state("chat").await == Some(0.0) && state("emb").await == Some(0.0)
+    })
+    .await;
+    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat, &[("x-slo-class", "chat")]).await;
+    assert_eq!(s, 200);
+    let (s, _, _) = post(gw.data_addr, "/v1/embeddings", emb, &[("x-slo-class", "emb")]).await;
+    assert_eq!(s, 200);
+    assert_quiescent(&gw).await;
+}

@@ -70,8 +70,10 @@ struct Probes {
     /// Bumped at every half-open: late verdicts of older probes are ignored.
     epoch: u64,
     next_id: u64,
-    /// Probes admitted and not yet judged, with when they were admitted.
-    outstanding: Vec<(u64, Instant)>,
+    /// Probes admitted and not yet judged, with when they were admitted;
+    /// `None` for one judged only when it ends (a non-streaming request,
+    /// which has no first token to wait for).
+    outstanding: Vec<(u64, Option<Instant>)>,
     admitted: u32,
     good: u32,
     bad: u32,
@@ -168,9 +170,21 @@ impl Breaker {
                 p.admitted += 1;
                 p.next_id += 1;
                 let id = p.next_id;
-                p.outstanding.push((id, Instant::now()));
+                p.outstanding.push((id, Some(Instant::now())));
                 Gate::Probe(ProbeTicket { epoch: p.epoch, id })
             }
+        }
+    }
+
+    /// This probe has no first token to wait for (a non-streaming request):
+    /// it is judged when it ends, not when the target passes.
+    pub(crate) fn judge_at_end(&self, ticket: ProbeTicket) {
+        let Ok(mut p) = self.probes.lock() else { return };
+        if p.epoch != ticket.epoch {
+            return;
+        }
+        if let Some(entry) = p.outstanding.iter_mut().find(|(id, _)| *id == ticket.id) {
+            entry.1 = None;
         }
     }
 
@@ -231,7 +245,7 @@ impl Breaker {
                         // A probe with no first token past the target is already a slow one.
                         let target = m.params.target;
                         let before = p.outstanding.len();
-                        p.outstanding.retain(|(_, t)| now.saturating_duration_since(*t) <= target);
+                        p.outstanding.retain(|(_, t)| t.is_none_or(|t| now.saturating_duration_since(t) <= target));
                         p.bad += (before - p.outstanding.len()) as u32;
                         (p.good, p.bad)
                     }
@@ -460,6 +474,21 @@ mod tests {
         // Its late verdict changes nothing.
         b.probe_done(p, Some(true));
         assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_judged_at_its_end_is_not_slow_for_passing_the_target() {
+        let b = Breaker::new(params());
+        let t0 = Instant::now();
+        run(&b, 35.5, stats(700, 100), t0).await;
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        let Gate::Probe(p) = b.admit() else { panic!("probe") };
+        b.judge_at_end(p);
+        // Two seconds past the 300 ms target, still running: not judged.
+        assert!(run(&b, 2.0, stats(700, 100), t0).await.is_empty());
+        b.probe_done(p, Some(false));
+        let tr = run(&b, 0.25, stats(700, 100), t0).await;
+        assert_eq!(tr[0].1, Transition { from: BreakerState::HalfOpen, to: BreakerState::Open });
     }
 
     #[test]

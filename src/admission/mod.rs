@@ -225,6 +225,14 @@ impl Probe {
         }
     }
 
+    /// A non-streaming request ended: `in_time` says whether it was as fast
+    /// as the class's targets allow for what it generated.
+    pub(crate) fn judged(mut self, in_time: bool) {
+        if let Some(t) = self.ticket.take() {
+            self.control.breaker.probe_done(t, Some(in_time));
+        }
+    }
+
     /// The request ended as `outcome` before its first token.
     pub(crate) fn ended(mut self, outcome: Outcome) {
         if let Some(t) = self.ticket.take() {
@@ -260,11 +268,17 @@ pub(crate) struct Admitted {
 
 /// The admission stage: the class's breaker gate, then a slot on `pool`
 /// (maybe after a wait in its tier's queue). A refusal is the error the
-/// client gets (429 with Retry-After, or 503).
-pub(crate) async fn admit(control: &Arc<ClassControl>, pool: &Arc<PoolAdmission>) -> Result<Admitted, GatewayError> {
+/// client gets (429 with Retry-After, or 503). A probe of a request that
+/// does not stream is judged when it ends, not at a first token.
+pub(crate) async fn admit(control: &Arc<ClassControl>, pool: &Arc<PoolAdmission>, streaming: bool) -> Result<Admitted, GatewayError> {
     let probe = match control.breaker.admit() {
         Gate::Pass => None,
-        Gate::Probe(ticket) => Some(Probe { control: control.clone(), ticket: Some(ticket) }),
+        Gate::Probe(ticket) => {
+            if !streaming {
+                control.breaker.judge_at_end(ticket);
+            }
+            Some(Probe { control: control.clone(), ticket: Some(ticket) })
+        }
         Gate::Reject { retry_after_secs } => {
             return Err(GatewayError::Rejected {
                 message: format!(

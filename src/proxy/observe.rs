@@ -194,8 +194,16 @@ impl Tracker {
             s.record("otel.status_code", if outcome.sli() == SliClass::Bad { "ERROR" } else { "OK" });
         }
         if let Some(probe) = self.probe.take() {
-            // A probe that ended before its first token (judged at the first token otherwise).
-            probe.ended(outcome);
+            if !self.streaming && outcome.completed() {
+                // No first token to judge: the whole answer, against the
+                // class's TTFT target plus its ITL target per token generated.
+                let tokens = self.usage.map(|u| u.completion_tokens).unwrap_or(0);
+                let allowed = self.class.ttft + self.class.itl.saturating_mul(u32::try_from(tokens).unwrap_or(u32::MAX));
+                probe.judged(f.end - f.start <= allowed);
+            } else {
+                // A probe that ended before its first token (judged at the first token otherwise).
+                probe.ended(outcome);
+            }
         }
         let control = &self.class.control;
         let series = series(&mut self.series, &self.class);
