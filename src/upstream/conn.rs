@@ -108,6 +108,12 @@ pub(crate) enum SendError {
     Connect { addr: String, error: std::io::Error },
     #[error("connect to {addr}: no connection within {after:?}")]
     ConnectTimeout { addr: String, after: Duration },
+    /// The HTTP handshake on a new connection failed, or the request could
+    /// not be written: the replica never saw it.
+    #[error("{0}")]
+    NotSent(hyper::Error),
+    /// The request was written (the replica may be generating) and then the
+    /// exchange failed.
     #[error("{0}")]
     Http(#[from] hyper::Error),
     #[error("TLS with {addr}: {error}")]
@@ -197,9 +203,17 @@ pub(crate) async fn send(
                 tracing::debug!(replica = %replica.url, %error, "idle connection was closed; sending on another");
                 req = *back;
             }
-            Err(Failed::NotSent(error, _)) => return Err(SendError::Http(error)),
+            Err(Failed::NotSent(error, _)) => return Err(SendError::NotSent(error)),
             Err(Failed::Sent(e)) => return Err(e),
         }
+    }
+}
+
+impl SendError {
+    /// The replica may have the request (it was written): sending it to
+    /// another replica could generate it twice.
+    pub(crate) fn was_sent(&self) -> bool {
+        matches!(self, SendError::Http(_) | SendError::Closed)
     }
 }
 
@@ -257,7 +271,7 @@ async fn connect(base: &http::Uri, tls: Option<&ReplicaTls>, timeout: Duration) 
         Ok(s) => s?,
         Err(_) => return Err(SendError::ConnectTimeout { addr: addr(), after: timeout }),
     };
-    Ok(Builder::new().handshake(TokioIo::new(stream)).await?)
+    Builder::new().handshake(TokioIo::new(stream)).await.map_err(SendError::NotSent)
 }
 
 /// A replica's response body, carrying the connection it arrives on.
@@ -383,7 +397,7 @@ pub(crate) async fn get_once(base: &http::Uri, path: &str, timeout: Duration) ->
                 let (parts, incoming) = resp.into_parts();
                 Ok(Response::from_parts(parts, UpstreamBody { incoming, tx: Some(tx), conn, home: None }))
             }
-            Err(Failed::NotSent(e, _)) => Err(SendError::Http(e)),
+            Err(Failed::NotSent(e, _)) => Err(SendError::NotSent(e)),
             Err(Failed::Sent(e)) => Err(e),
         }
     })

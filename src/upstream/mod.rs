@@ -330,9 +330,11 @@ pub(crate) trait Attempts {
 }
 
 /// Send a request to the replica `on` holds a slot on, retrying once on
-/// another healthy replica when connecting fails or the replica answers 5xx
-/// before any byte reached the client. Nothing written to a replica that
-/// answered is sent again after its body started. `request` builds the
+/// another healthy replica when the request never reached it (connecting,
+/// TLS or the HTTP handshake failed) or when it answered 5xx before any byte
+/// reached the client (it refused the work). A request written to a replica
+/// that then failed without answering is not sent again: the replica may be
+/// generating it, and a second one would generate it twice. `request` builds the
 /// request for a replica; the response headers must arrive by `deadline`
 /// (`start` is when the gateway got the request, for the error message).
 pub(crate) async fn send_with_retry<A: Attempts>(
@@ -360,6 +362,7 @@ pub(crate) async fn send_with_retry<A: Attempts>(
                 continue;
             }
             Ok(Ok(resp)) => return Ok(resp),
+            Ok(Err(e)) if e.was_sent() => return Err(GatewayError::Upstream { replica: replica.url.clone(), source: Box::new(e) }),
             Ok(Err(e)) => GatewayError::Upstream { replica: replica.url.clone(), source: Box::new(e) },
         };
         if retried || !on.move_to_another() {
