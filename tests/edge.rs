@@ -255,3 +255,57 @@ async fn a_request_written_to_a_replica_is_not_sent_to_another() {
     assert_quiescent(&gw).await;
     server.abort();
 }
+
+/// A stream that floods: 3,000 events of 1 KB, as fast as they go.
+fn flood() -> ScriptFn {
+    let big = "x".repeat(1000);
+    let mut steps = vec![Step::Send(role_chunk())];
+    steps.extend((0..3000).map(|_| Step::Send(content_chunk(&big))));
+    steps.push(Step::Send(finish_chunk("stop")));
+    steps.push(Step::Send(done()));
+    Script::sse(steps).always()
+}
+
+/// Clients that stop reading (a full TCP window over HTTP/1.1; an HTTP/2
+/// stream with no flow-control window) stop the server from polling the
+/// response: the total timeout must still end the request from its timer
+/// and give the replica slot back, so others are served.
+#[tokio::test]
+async fn a_client_that_stops_reading_gives_its_slot_back_at_the_total_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let mock = Mock::start(flood()).await;
+    let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").pool("timeouts: { total: 2s }").start().await;
+    let inflight = || async { metric(&metrics_text(&gw).await, "slogate_inflight_requests", &[]).unwrap_or(0.0) };
+
+    // HTTP/1.1: a small receive buffer, and nothing read.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("rcvbuf");
+    let mut raw = socket.connect(gw.data_addr).await.expect("connect");
+    let body = chat_body(true, false);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    raw.write_all(head.as_bytes()).await.expect("write");
+    count_sent(gw.data_addr, 1);
+    wait_until("the stalled client holds the slot", || async { inflight().await == 1.0 }).await;
+    wait_until("the total timeout gives the slot back", || async { inflight().await == 0.0 }).await;
+    drop(raw);
+
+    // HTTP/2: a stream whose window is zero.
+    let h2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .http2_initial_stream_window_size(0)
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let held = h2.request(post_req(gw.data_addr, "/v1/chat/completions", &body, &[])).await.expect("headers arrive");
+    assert_eq!(held.status(), 200);
+    wait_until("the zero-window stream gives the slot back", || async { inflight().await == 0.0 }).await;
+    drop(held);
+
+    assert_eq!(requests_with_outcome(&gw, "timeout").await, 2.0);
+    // The slot serves the next caller.
+    mock.set_script(standard(2, Duration::ZERO));
+    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 200);
+    assert_quiescent(&gw).await;
+}

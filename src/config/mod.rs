@@ -145,6 +145,9 @@ impl Config {
                 bad("server.tls.key".into(), e);
             }
         }
+        if self.server.send_timeout.get().is_zero() {
+            bad("server.send_timeout".into(), "must be greater than 0".into());
+        }
         if self.server.max_request_body.0 == 0 {
             bad("server.max_request_body".into(), "must be greater than 0".into());
         }

@@ -140,6 +140,10 @@ pub struct ServerConfig {
     /// threads (see `server::sched`): a woken thread takes a shared core
     /// sooner. Read at start.
     pub short_sched_slice: bool,
+    /// A client that takes no bytes for this long while a response has data
+    /// waiting is dropped: its replica request is cancelled, its slot given
+    /// back (nginx's `send_timeout`).
+    pub send_timeout: Dur,
 }
 
 impl Default for ServerConfig {
@@ -152,6 +156,7 @@ impl Default for ServerConfig {
             shutdown_grace: Dur::secs(30),
             busy_poll: false,
             short_sched_slice: false,
+            send_timeout: Dur::secs(30),
         }
     }
 }

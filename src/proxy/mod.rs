@@ -38,7 +38,7 @@ use crate::telemetry::metrics::ClassLabels;
 use crate::telemetry::Outcome;
 use crate::upstream::{self, conn::UpstreamBody};
 use body::{Model, RequestBody};
-use observe::{ObservedBody, StreamTimeouts, Tracker};
+use observe::{ObservedBody, StreamTimeouts, Tracker, Watched};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
@@ -134,7 +134,7 @@ async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, mu
     });
     let body = stage!(t, request.into_bytes(strip_usage, priority));
 
-    let timeouts = StreamTimeouts::of(&route.pool.config);
+    let timeouts = StreamTimeouts::of(&route.pool.config, &snap.config.server);
     // Until the response headers: the first-token budget for streams, the total otherwise.
     let header_deadline = t.start() + if stream { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
     let mut lease = admitted.lease;
@@ -244,13 +244,13 @@ fn observe(
     let is_sse = rparts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
     let body: ProxyBody = if !status.is_success() {
         tracker.finish(if status.is_server_error() { Outcome::upstream_error } else { Outcome::client_error });
-        ObservedBody::passthrough(rbody, tracker, timeouts).boxed_unsync()
+        Watched::new(ObservedBody::passthrough(rbody, tracker, timeouts)).boxed_unsync()
     } else if is_sse {
-        ObservedBody::sse(rbody, tracker, timeouts, strip_usage).boxed_unsync()
+        Watched::new(ObservedBody::sse(rbody, tracker, timeouts, strip_usage)).boxed_unsync()
     } else if endpoint == Endpoint::Other {
-        ObservedBody::passthrough(rbody, tracker, timeouts).boxed_unsync()
+        Watched::new(ObservedBody::passthrough(rbody, tracker, timeouts)).boxed_unsync()
     } else {
-        ObservedBody::json(rbody, tracker, timeouts).boxed_unsync()
+        Watched::new(ObservedBody::json(rbody, tracker, timeouts)).boxed_unsync()
     };
     strip_hop_by_hop(&mut rparts.headers);
     if is_sse && strip_usage {

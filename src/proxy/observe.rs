@@ -26,7 +26,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::admission::{Lease, Probe};
 use crate::classify::Class;
-use crate::config::PoolConfig;
+use crate::config::{PoolConfig, ServerConfig};
 use crate::error::BoxError;
 use crate::telemetry::accounting::{self, Finished, Sinks};
 use crate::telemetry::metrics::{Metrics, RequestSeries};
@@ -58,6 +58,8 @@ pub(crate) struct Tracker {
     /// The request's trace span (disabled unless OTLP export is on); it
     /// ends when the tracker is dropped, with the stream.
     span: tracing::Span,
+    /// Accounted for already (see [`Tracker::close`]).
+    recorded: bool,
 }
 
 impl Tracker {
@@ -79,6 +81,7 @@ impl Tracker {
             probe: None,
             finish_reason: None,
             span: tracing::Span::none(),
+            recorded: false,
         }
     }
 
@@ -219,10 +222,21 @@ fn series<'a>(slot: &'a mut Option<Arc<RequestSeries>>, class: &Class) -> &'a Re
     slot.get_or_insert_with(|| class.control.series.for_model("unknown"))
 }
 
+impl Tracker {
+    /// The request is over: account for it (once) and give its slot back,
+    /// now, even if the response body lives on (a client that stopped
+    /// reading keeps it until its connection goes).
+    fn close(&mut self) {
+        if !std::mem::replace(&mut self.recorded, true) {
+            self.record();
+        }
+        self.lease = None;
+    }
+}
+
 impl Drop for Tracker {
     fn drop(&mut self) {
-        self.record();
-        // The lease (if any) is dropped right after, freeing the slot.
+        self.close();
     }
 }
 
@@ -234,17 +248,20 @@ pub(crate) struct StreamTimeouts {
     pub(crate) total: Duration,
     /// The longest one SSE event may be (`pools[].max_event_bytes`).
     pub(crate) max_event: usize,
+    /// How long a client may take no bytes while data waits (`server.send_timeout`).
+    pub(crate) send: Duration,
 }
 
 impl StreamTimeouts {
-    /// A pool's stream timeouts and event size limit.
-    pub(crate) fn of(pool: &PoolConfig) -> Self {
+    /// A pool's stream timeouts and event size limit, and the server's send timeout.
+    pub(crate) fn of(pool: &PoolConfig, server: &ServerConfig) -> Self {
         let t = &pool.timeouts;
         StreamTimeouts {
             first_token: t.first_token.get(),
             idle: t.idle.get(),
             total: t.total.get(),
             max_event: usize::try_from(pool.max_event_bytes.0).unwrap_or(usize::MAX),
+            send: server.send_timeout.get(),
         }
     }
 }
@@ -284,6 +301,11 @@ pub(crate) struct ObservedBody<B> {
     /// A last frame to send before ending (held-back bytes, or a timeout event).
     trailer: Option<Bytes>,
     done: bool,
+    /// When a frame was last handed over, while the client has not asked
+    /// for the next one (`None` while the body waits for the replica).
+    handed_over: Option<Instant>,
+    /// The task to wake when the watchdog ends the stream.
+    waker: Option<std::task::Waker>,
 }
 
 impl<B> ObservedBody<B> {
@@ -322,6 +344,8 @@ impl<B> ObservedBody<B> {
             last_event: start,
             trailer: None,
             done: false,
+            handed_over: None,
+            waker: None,
         }
     }
 
@@ -627,6 +651,113 @@ where
     }
 }
 
+impl<B> ObservedBody<B> {
+    /// The watchdog's check at `now`: end the request if a deadline passed
+    /// (a timeout, or a client that took nothing for the send timeout);
+    /// otherwise when to look again. `None`: nothing left to watch.
+    fn watch(&mut self, now: Instant) -> Option<Instant> {
+        if self.done {
+            return None;
+        }
+        let due = self.next_deadline(self.last_event);
+        if now >= due {
+            self.on_timeout();
+        } else if let Some(t) = self.handed_over.filter(|t| now >= *t + self.timeouts.send) {
+            let what = format!("slogate: the client took no data for {:?} (server.send_timeout)", now - t);
+            tracing::warn!(class = %self.tracker.class.name, model = %self.tracker.model(), "{what}; cancelling the request");
+            self.inner = None;
+            self.trailer = None;
+            self.tracker.finish(Outcome::cancelled);
+            self.done = true;
+        } else {
+            return Some(self.handed_over.map_or(due, |t| due.min(t + self.timeouts.send)));
+        }
+        // Ended here, not in a poll: the replica's request is cancelled (its
+        // body dropped), the slot given back and the request accounted for
+        // now; a client still reading gets the trailer.
+        self.inner = None;
+        self.tracker.close();
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+        None
+    }
+}
+
+/// An observed body whose deadlines fire from a timer of their own,
+/// whether or not anyone polls it. A client that stops reading (a full
+/// TCP window, an HTTP/2 stream with no window) stops the server from
+/// polling the body; without this, its first-token, idle and total
+/// deadlines would never be checked and its replica slot never given back.
+/// The watchdog task holds the body weakly and is stopped with it.
+pub(crate) struct Watched<B> {
+    core: Arc<std::sync::Mutex<ObservedBody<B>>>,
+    watchdog: tokio::task::JoinHandle<()>,
+}
+
+impl<B> Watched<B>
+where
+    B: Send + 'static,
+{
+    pub(crate) fn new(body: ObservedBody<B>) -> Self {
+        let core = Arc::new(std::sync::Mutex::new(body));
+        let weak = Arc::downgrade(&core);
+        let watchdog = tokio::spawn(async move {
+            loop {
+                let due = {
+                    let Some(core) = weak.upgrade() else { return };
+                    let Ok(mut body) = core.lock() else { return };
+                    match body.watch(Instant::now()) {
+                        Some(due) => due,
+                        None => return,
+                    }
+                };
+                tokio::time::sleep_until(due).await;
+            }
+        });
+        Watched { core, watchdog }
+    }
+}
+
+impl<B> Drop for Watched<B> {
+    fn drop(&mut self) {
+        self.watchdog.abort();
+    }
+}
+
+impl<B> Body for Watched<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let Ok(mut body) = self.core.lock() else { return Poll::Ready(Some(Err("observed body poisoned".into()))) };
+        let polled = Pin::new(&mut *body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(_))) => body.handed_over = Some(Instant::now()),
+            Poll::Pending => {
+                body.handed_over = None;
+                if !body.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    body.waker = Some(cx.waker().clone());
+                }
+            }
+            _ => body.handed_over = None,
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.core.lock().map(|b| b.is_end_stream()).unwrap_or(true)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.core.lock().map(|b| b.size_hint()).unwrap_or_default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
@@ -673,6 +804,7 @@ mod tests {
         idle: Duration::from_secs(5),
         total: Duration::from_secs(60),
         max_event: 1 << 20,
+        send: Duration::from_secs(30),
     };
 
     const ROLE: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
@@ -736,6 +868,73 @@ mod tests {
         let text = String::from_utf8_lossy(&out);
         assert!(text.starts_with(ROLE) && text.contains("no first token within 5s") && text.ends_with("data: [DONE]\n\n"), "{text}");
         assert!(metrics.encode().contains("outcome=\"timeout\"} 1"));
+    }
+
+    /// A replica with data always ready, that notes when it is dropped
+    /// (the request to it cancelled).
+    struct Endless(Arc<std::sync::atomic::AtomicBool>);
+
+    impl Body for Endless {
+        type Data = Bytes;
+        type Error = std::io::Error;
+        fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(TOK)))))
+        }
+    }
+
+    impl Drop for Endless {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// A client that takes one frame and then no more: the server stops
+    /// polling the body. The deadline that comes first still ends it, from
+    /// the watchdog's timer: the replica's request is dropped and the
+    /// request accounted for at that moment, with no poll.
+    async fn unread(timeouts: StreamTimeouts, wait: Duration) -> (bool, String) {
+        let (metrics, class) = fixture();
+        let tracker = Tracker::new(metrics.clone(), class, Instant::now());
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut body = Watched::new(ObservedBody::sse(Endless(dropped.clone()), tracker, timeouts, false));
+        body.frame().await.expect("a frame").expect("ok");
+        tokio::time::advance(wait).await;
+        // Let the watchdog run.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let out = (dropped.load(std::sync::atomic::Ordering::SeqCst), metrics.encode());
+        drop(body);
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_total_timeout_fires_for_a_body_nobody_polls() {
+        let t = StreamTimeouts {
+            first_token: Duration::from_secs(60),
+            idle: Duration::from_secs(60),
+            total: Duration::from_secs(4),
+            ..TIMEOUTS
+        };
+        let (dropped, text) = unread(t, Duration::from_millis(3900)).await;
+        assert!(!dropped && !text.contains("slogate_requests_total{"), "nothing ends before the deadline: {text}");
+        let (dropped, text) = unread(t, Duration::from_millis(4100)).await;
+        assert!(dropped, "the replica's request is cancelled");
+        assert!(text.contains("outcome=\"timeout\"} 1"), "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_takes_nothing_for_the_send_timeout_is_cancelled() {
+        let t = StreamTimeouts {
+            first_token: Duration::from_secs(600),
+            idle: Duration::from_secs(600),
+            total: Duration::from_secs(3600),
+            send: Duration::from_secs(10),
+            ..TIMEOUTS
+        };
+        let (dropped, text) = unread(t, Duration::from_millis(10_100)).await;
+        assert!(dropped, "the replica's request is cancelled");
+        assert!(text.contains("outcome=\"cancelled\"} 1"), "{text}");
     }
 
     /// A body whose chunks arrive at given times after its start (for
@@ -831,12 +1030,8 @@ mod tests {
     async fn the_total_timeout_ends_a_stream_that_still_flows() {
         // A token every 500 ms for ever; idle and first-token budgets never
         // run out, the 2 s total does: the stream ends exactly then.
-        let total = StreamTimeouts {
-            first_token: Duration::from_secs(5),
-            idle: Duration::from_secs(5),
-            total: Duration::from_secs(2),
-            max_event: 1 << 20,
-        };
+        let total =
+            StreamTimeouts { first_token: Duration::from_secs(5), idle: Duration::from_secs(5), total: Duration::from_secs(2), ..TIMEOUTS };
         let chunks: Vec<(u64, &str)> = std::iter::once((0, ROLE)).chain((1..20).map(|i| (i * 500, TOK))).collect();
         let start = Instant::now();
         let (out, m) = observe_timed(chunks, true, total).await;
