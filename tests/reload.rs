@@ -155,3 +155,62 @@ async fn reloading_under_streaming_load_fails_or_cuts_nothing() {
     assert!(total >= 100, "only {total} requests ran across the reloads");
     assert_quiescent(&gw).await;
 }
+
+/// Reloads that change a replica's slot count, the health settings or the
+/// order of the replicas keep the replicas as they are (health, in-flight
+/// count, connections): not one request gets 503 or is cut, and after a
+/// lowered limit takes effect no replica holds more than it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_that_resize_reorder_or_retune_health_answer_no_503() {
+    let a = Mock::start(standard(10, Duration::from_millis(10))).await;
+    let b = Mock::start(standard(10, Duration::from_millis(10))).await;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let path = tmp.path().join("slogate.yaml");
+    let variant = |i: usize| {
+        let order = if i % 2 == 0 { [a.url(), b.url()] } else { [b.url(), a.url()] };
+        let slots = [8, 3, 16, 1][i % 4];
+        let interval = ["100ms", "150ms", "200ms"][i % 3];
+        gateway_config(&order)
+            .pool(&format!("max_inflight_per_replica: {slots}"))
+            .section("tiers:\n  interactive: { queue_capacity: 256, queue_timeout: 30s }")
+            .yaml()
+            .replace(
+                "health: { interval: 100ms, timeout: 1s, unhealthy_after: 2, healthy_after: 2 }",
+                &format!("health: {{ interval: {interval}, timeout: 1s, unhealthy_after: {}, healthy_after: 2 }}", 2 + i % 2),
+            )
+    };
+    std::fs::write(&path, variant(0)).expect("write");
+    let gw = slogate::Gateway::start_file(&path).await.expect("gateway");
+    started(&gw);
+    let admin = gw.admin_addr;
+    wait_until("ready", || async { get(admin, "/readyz").await.0 == 200 }).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let inflight = Arc::new(InFlight::default());
+    let clients: Vec<_> = (0..6).map(|_| tokio::spawn(client_loop(gw.data_addr, stop.clone(), inflight.clone()))).collect();
+    for i in 1..=30 {
+        std::fs::write(&path, variant(i)).expect("write");
+        assert_eq!(reload(&gw).await.0, 200, "reload {i}");
+        let calls = a.calls() + b.calls();
+        wait_until("requests flow after the reload", || async { a.calls() + b.calls() >= calls + 3 }).await;
+        if i % 4 == 3 {
+            // One slot per replica now: once the streams admitted under the
+            // old limit have ended, none holds more than one.
+            inflight.settle().await;
+            let m = metrics_text(&gw).await;
+            for r in [a.url(), b.url()] {
+                let held = metric(&m, "slogate_inflight_requests", &[("replica", &r)]).unwrap_or(0.0);
+                assert!(held <= 1.0, "reload {i}: {r} holds {held} slots, over the new limit of 1");
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for c in clients {
+        let (n, failures) = c.await.expect("client");
+        total += n;
+        assert!(failures.is_empty(), "{} of {n} requests failed: {:?}", failures.len(), &failures[..failures.len().min(3)]);
+    }
+    assert!(total >= 60, "only {total} requests ran across the reloads");
+    assert_quiescent(&gw).await;
+}

@@ -29,7 +29,10 @@ pub(crate) struct Replica {
     pub(crate) base: http::Uri,
     /// Requests holding a slot here. Invariant: only changed through [`ReplicaSlot`].
     inflight: AtomicUsize,
-    max_inflight: usize,
+    /// Slots; set when a config goes live (a reload resizes it in place:
+    /// slots above a lowered limit drain, and no new one is taken until the
+    /// count is under it).
+    max_inflight: AtomicUsize,
     healthy: AtomicBool,
     /// Requests waiting inside vLLM, as last scraped from its `/metrics`
     /// (includes other clients' requests); 0 when not scraped.
@@ -53,7 +56,7 @@ impl Replica {
         self.inflight.load(Ordering::Relaxed)
     }
     pub(crate) fn max_inflight(&self) -> usize {
-        self.max_inflight
+        self.max_inflight.load(Ordering::Relaxed)
     }
     pub(crate) fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
@@ -80,8 +83,9 @@ impl Replica {
     /// Take a slot if one is free.
     fn try_take(&self) -> bool {
         let mut cur = self.inflight.load(Ordering::SeqCst);
+        let max = self.max_inflight();
         loop {
-            if cur >= self.max_inflight {
+            if cur >= max {
                 return false;
             }
             match self.inflight.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
@@ -201,16 +205,16 @@ pub(crate) struct Pool {
 impl Pool {
     /// Build a pool from what [`Access::new`] checked. With `previous`
     /// (the pool of the same name before a reload), replicas with the same
-    /// URL, slot count, TLS and key are kept as they are (health, in-flight
-    /// count, discovered models, open connections).
+    /// URL, TLS and key are kept as they are (health, in-flight count,
+    /// discovered models, open connections), wherever they are in the list;
+    /// a new slot count reaches them when the pool goes live
+    /// ([`Pool::activate`]), not before.
     pub(crate) fn new(config: PoolConfig, access: Access, metrics: &Metrics, previous: Option<&Pool>) -> Pool {
         let Access { bases, tls: replica_tls, api_key } = access;
         let same_access = previous.is_some_and(|p| p.config.tls == config.tls && p.config.api_key_env == config.api_key_env);
         let mut replicas = Vec::with_capacity(config.replicas.len());
         for ((url, base), tls) in config.replicas.iter().zip(bases).zip(replica_tls) {
-            let kept = previous.filter(|_| same_access).and_then(|p| {
-                p.replicas.iter().find(|r| r.url == url.trim_end_matches('/') && r.max_inflight == config.max_inflight_per_replica as usize)
-            });
+            let kept = previous.filter(|_| same_access).and_then(|p| p.replicas.iter().find(|r| r.url == url.trim_end_matches('/')));
             if let Some(r) = kept {
                 replicas.push(r.clone());
                 continue;
@@ -222,7 +226,7 @@ impl Pool {
                 url: url.trim_end_matches('/').to_string(),
                 base,
                 inflight: AtomicUsize::new(0),
-                max_inflight: config.max_inflight_per_replica as usize,
+                max_inflight: AtomicUsize::new(config.max_inflight_per_replica as usize),
                 healthy: AtomicBool::new(false),
                 scraped_waiting: AtomicU64::new(0),
                 models: ArcSwap::from_pointee(Vec::new()),
@@ -270,10 +274,11 @@ impl Pool {
         out
     }
 
-    /// This pool went live (a start or a reload's swap): its gauges say
-    /// what its replicas are.
+    /// This pool went live (a start or a reload's swap): its replicas take
+    /// its slot count, and their gauges say what they are.
     pub(crate) fn activate(&self) {
         for r in &self.replicas {
+            r.max_inflight.store(self.config.max_inflight_per_replica as usize, Ordering::Relaxed);
             r.publish_health();
         }
     }
@@ -284,7 +289,7 @@ impl Pool {
 
     /// Slots on healthy replicas.
     pub(crate) fn capacity(&self) -> usize {
-        self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight).sum()
+        self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight()).sum()
     }
 
     /// Pick a healthy replica with a free slot, skipping `exclude`, and take the slot.
