@@ -21,6 +21,8 @@ pub(crate) enum GatewayError {
     PayloadTooLarge { limit: u64 },
     #[error("could not read the request body")]
     BodyRead(#[source] BoxError),
+    #[error("the request body did not arrive within {0} (server.body_read_timeout)")]
+    BodyTimeout(Dur),
     #[error("request body is not valid JSON: {0}")]
     MalformedJson(#[source] serde_json::Error),
     #[error("{message}")]
@@ -69,6 +71,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             BodyRead(_) | MalformedJson(_) | InvalidRequest { .. } | UnknownClass(_) => StatusCode::BAD_REQUEST,
             ModelNotFound(_) | NotFound { .. } => StatusCode::NOT_FOUND,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -101,6 +104,7 @@ impl GatewayError {
         match self {
             PayloadTooLarge { .. } => ("invalid_request_error", None, "payload_too_large"),
             BodyRead(_) => ("invalid_request_error", None, "body_read_error"),
+            BodyTimeout(_) => ("invalid_request_error", None, "request_timeout"),
             MalformedJson(_) => ("invalid_request_error", None, "invalid_json"),
             InvalidRequest { param, .. } => ("invalid_request_error", *param, "invalid_request"),
             ModelNotFound(_) => ("invalid_request_error", Some("model"), "model_not_found"),

@@ -119,10 +119,22 @@ impl Gateway {
             stop_rx.clone(),
             grace,
             tuning.clone(),
+            server::Limits {
+                open: Some(app.metrics.open_connections.clone()),
+                waited: Some(app.metrics.connections_waited.clone()),
+                ..server::Limits::new(&cfg.server)
+            },
         ));
         let a = app.clone();
-        let admin_task =
-            tokio::spawn(server::serve(admin, None, move |req| admin::handle(req, a.clone()), stop_rx, grace, server::Tuning::default()));
+        let admin_task = tokio::spawn(server::serve(
+            admin,
+            None,
+            move |req| admin::handle(req, a.clone()),
+            stop_rx,
+            grace,
+            server::Tuning::default(),
+            server::Limits::new(&cfg.server),
+        ));
         Ok(Gateway { data_addr, admin_addr, tls: tls.is_some(), app, tuning, stop, servers: vec![data_task, admin_task], background })
     }
 

@@ -309,3 +309,96 @@ async fn a_client_that_stops_reading_gives_its_slot_back_at_the_total_timeout() 
     assert_eq!(status, 200);
     assert_quiescent(&gw).await;
 }
+
+/// Read until the peer closes the connection; what it sent before.
+async fn until_closed(s: &mut tokio::net::TcpStream) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read).await.expect("the gateway closes the connection");
+    out
+}
+
+/// Connections that send nothing, half a request head, half the HTTP/2
+/// preface, or nothing more after a response, are closed after
+/// `server.header_read_timeout`.
+#[tokio::test]
+async fn idle_and_half_sent_connections_are_closed_after_the_header_read_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()]).server("header_read_timeout: 300ms").start().await;
+    for (what, sent) in [
+        ("nothing", &b""[..]),
+        ("half a request head", &b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"[..]),
+        ("half the HTTP/2 preface", &b"PRI * HTTP/2.0\r\n"[..]),
+    ] {
+        let mut s = tokio::net::TcpStream::connect(gw.data_addr).await.expect("connect");
+        s.write_all(sent).await.expect("write");
+        let answer = until_closed(&mut s).await;
+        assert!(!String::from_utf8_lossy(&answer).contains("200"), "{what}: {}", String::from_utf8_lossy(&answer));
+    }
+    // A keep-alive connection idle after its response.
+    let mut s = tokio::net::TcpStream::connect(gw.data_addr).await.expect("connect");
+    s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await.expect("write");
+    let mut first = [0u8; 12];
+    s.read_exact(&mut first).await.expect("an answer");
+    assert_eq!(&first, b"HTTP/1.1 200");
+    until_closed(&mut s).await;
+}
+
+/// A request body that stalls is answered 408 in OpenAI's error form
+/// after `server.body_read_timeout`.
+#[tokio::test]
+async fn a_stalled_request_body_is_408_after_the_body_read_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()]).server("body_read_timeout: 300ms").start().await;
+    let mut s = tokio::net::TcpStream::connect(gw.data_addr).await.expect("connect");
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":",
+    )
+    .await
+    .expect("write");
+    count_sent(gw.data_addr, 1);
+    let answer = String::from_utf8_lossy(&until_closed(&mut s).await).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let body = &answer[answer.find("\r\n\r\n").map_or(0, |i| i + 4)..];
+    assert_eq!(error_code(body.as_bytes()), "request_timeout", "{answer}");
+    assert_eq!(mock.calls(), 0);
+    assert_eq!(requests_with_outcome(&gw, "client_error").await, 1.0);
+    assert_quiescent(&gw).await;
+}
+
+/// Past `server.max_connections`, a new connection waits to be accepted
+/// (and is counted) until one closes; then it is served.
+#[tokio::test]
+async fn connections_past_max_connections_wait_and_are_counted() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()]).server("max_connections: 2").start().await;
+    let held = [
+        tokio::net::TcpStream::connect(gw.data_addr).await.expect("connect"),
+        tokio::net::TcpStream::connect(gw.data_addr).await.expect("connect"),
+    ];
+    wait_until("two connections open", || async { metric(&metrics_text(&gw).await, "slogate_open_connections", &[]) == Some(2.0) }).await;
+    let mut third = tokio::net::TcpStream::connect(gw.data_addr).await.expect("the kernel queues it");
+    third.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await.expect("write");
+    wait_until("the third waits, counted", || async {
+        metric(&metrics_text(&gw).await, "slogate_connections_waited_total", &[]).unwrap_or(0.0) >= 1.0
+    })
+    .await;
+    let mut first = [0u8; 12];
+    let early = tokio::time::timeout(Duration::from_millis(200), third.read_exact(&mut first)).await;
+    assert!(early.is_err(), "served while two connections were open");
+    drop(held);
+    tokio::time::timeout(Duration::from_secs(10), third.read_exact(&mut first)).await.expect("served once one closed").expect("read");
+    assert_eq!(&first, b"HTTP/1.1 200");
+}

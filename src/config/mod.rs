@@ -145,8 +145,17 @@ impl Config {
                 bad("server.tls.key".into(), e);
             }
         }
-        if self.server.send_timeout.get().is_zero() {
-            bad("server.send_timeout".into(), "must be greater than 0".into());
+        for (name, d) in [
+            ("server.send_timeout", self.server.send_timeout),
+            ("server.header_read_timeout", self.server.header_read_timeout),
+            ("server.body_read_timeout", self.server.body_read_timeout),
+        ] {
+            if d.get().is_zero() {
+                bad(name.into(), "must be greater than 0".into());
+            }
+        }
+        if self.server.max_connections == 0 {
+            bad("server.max_connections".into(), "must be at least 1".into());
         }
         if self.server.max_request_body.0 == 0 {
             bad("server.max_request_body".into(), "must be greater than 0".into());

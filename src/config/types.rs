@@ -144,6 +144,13 @@ pub struct ServerConfig {
     /// waiting is dropped: its replica request is cancelled, its slot given
     /// back (nginx's `send_timeout`).
     pub send_timeout: Dur,
+    /// From accept (or the end of the previous response on a keep-alive
+    /// connection) to a complete request head, HTTP/2 preface included.
+    pub header_read_timeout: Dur,
+    /// The whole request body must arrive within this, else 408.
+    pub body_read_timeout: Dur,
+    /// Open connections per listener; more wait to be accepted.
+    pub max_connections: u32,
 }
 
 impl Default for ServerConfig {
@@ -157,6 +164,9 @@ impl Default for ServerConfig {
             busy_poll: false,
             short_sched_slice: false,
             send_timeout: Dur::secs(30),
+            header_read_timeout: Dur::secs(10),
+            body_read_timeout: Dur::secs(30),
+            max_connections: 10_000,
         }
     }
 }

@@ -188,7 +188,11 @@ async fn route<'a>(
     snap: &'a Snapshot,
     endpoint: Endpoint,
 ) -> Result<Routed<'a>, GatewayError> {
-    let bytes = read_body(body, headers, snap.config.server.max_request_body.0).await?;
+    let server = &snap.config.server;
+    let read = read_body(body, headers, server.max_request_body.0);
+    let bytes = tokio::time::timeout(server.body_read_timeout.get(), read)
+        .await
+        .map_err(|_| GatewayError::BodyTimeout(server.body_read_timeout))??;
     let request = RequestBody::parse(bytes)?;
     let head = request.head();
     let model = match &head.model {

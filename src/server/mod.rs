@@ -88,6 +88,62 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response<ProxyB
     error_response(http::StatusCode::INTERNAL_SERVER_ERROR, "internal error in slogate", "internal_error", None, "internal_error")
 }
 
+/// How long HTTP/2 waits between keep-alive pings on a connection, and for
+/// the answer to one before it closes the connection (a peer gone silent).
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+/// Streams one HTTP/2 connection may have open at once.
+const H2_MAX_STREAMS: u32 = 256;
+
+/// What a listener allows its clients: how long a request head may take,
+/// how many connections may be open (`server.*`).
+#[derive(Clone)]
+pub struct Limits {
+    pub header_read_timeout: Duration,
+    pub max_connections: usize,
+    /// Open connections and connections that waited (the data listener's).
+    pub open: Option<prometheus_client::metrics::gauge::Gauge>,
+    pub waited: Option<prometheus_client::metrics::counter::Counter>,
+}
+
+impl Limits {
+    pub fn new(cfg: &crate::config::ServerConfig) -> Limits {
+        Limits {
+            header_read_timeout: cfg.header_read_timeout.get(),
+            max_connections: cfg.max_connections as usize,
+            open: None,
+            waited: None,
+        }
+    }
+}
+
+/// The HTTP/2 connection preface every HTTP/2 client sends first.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Wait (up to `deadline`) until a new plain connection has sent either the
+/// whole HTTP/2 preface or bytes that are not one (HTTP/1.1; hyper's own
+/// header timeout covers the rest of its head). False: it sent nothing in
+/// time, or closed.
+async fn first_bytes(stream: &TcpStream, deadline: tokio::time::Instant) -> bool {
+    let mut buf = [0u8; 24];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) | Err(_) => return false,
+        };
+        if n == 0 {
+            return false;
+        }
+        if n >= H2_PREFACE.len() || !H2_PREFACE.starts_with(&buf[..n]) {
+            return true;
+        }
+        // Part of a preface: peek returns at once until more arrives.
+        if tokio::time::timeout_at(deadline, tokio::time::sleep(Duration::from_millis(5))).await.is_err() {
+            return false;
+        }
+    }
+}
+
 /// Serve `handler` on `listener` until `shutdown` turns true, then drain.
 /// With busy polling on (`tuning`), each request counts as in flight from
 /// its arrival until its response body ends.
@@ -98,6 +154,7 @@ pub async fn serve<H, F>(
     mut shutdown: watch::Receiver<bool>,
     grace: Duration,
     tuning: Tuning,
+    limits: Limits,
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
@@ -116,10 +173,33 @@ pub async fn serve<H, F>(
         }),
     );
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
-    builder.http2().timer(TokioTimer::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(H2_PING_INTERVAL)
+        .keep_alive_timeout(H2_PING_TIMEOUT)
+        .max_concurrent_streams(H2_MAX_STREAMS);
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
+        // At max_connections, stop accepting until one closes: new
+        // connections wait in the kernel's accept queue.
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                if let Some(w) = &limits.waited {
+                    w.inc();
+                }
+                tokio::select! {
+                    p = slots.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => break,
+                    },
+                    _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => break,
+                }
+            }
+        };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
@@ -133,7 +213,18 @@ pub async fn serve<H, F>(
             _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => break,
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_conn(builder.clone(), stream, peer, tls.clone(), svc.clone(), graceful.watcher()));
+        let conn = serve_conn(builder.clone(), stream, peer, tls.clone(), svc.clone(), graceful.watcher(), limits.header_read_timeout);
+        let open = limits.open.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Some(g) = &open {
+                g.inc();
+            }
+            conn.await;
+            if let Some(g) = &open {
+                g.dec();
+            }
+        });
     }
     drop(listener);
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
@@ -154,11 +245,19 @@ async fn serve_conn(
     tls: Option<TlsAcceptor>,
     svc: Svc,
     watcher: Watcher,
+    header_read_timeout: Duration,
 ) {
     let svc = TowerToHyperService::new(svc);
+    let deadline = tokio::time::Instant::now() + header_read_timeout;
     let result = match tls {
-        None => watcher.watch(builder.serve_connection(TokioIo::new(stream), svc).into_owned()).await,
-        Some(acc) => match tokio::time::timeout(Duration::from_secs(10), acc.accept(stream)).await {
+        None => {
+            if !first_bytes(&stream, deadline).await {
+                tracing::debug!(%peer, "no request head within server.header_read_timeout; closing");
+                return;
+            }
+            watcher.watch(builder.serve_connection(TokioIo::new(stream), svc).into_owned()).await
+        }
+        Some(acc) => match tokio::time::timeout_at(deadline, acc.accept(stream)).await {
             Ok(Ok(s)) => watcher.watch(builder.serve_connection(TokioIo::new(s), svc).into_owned()).await,
             Ok(Err(e)) => {
                 tracing::debug!(%peer, error = %e, "TLS handshake failed");

@@ -274,6 +274,10 @@ pub struct Metrics {
     pub(crate) burn_rate: Family<SloWindowLabels, Gauge<f64, AtomicU64>>,
     pub(crate) reload_failures: Counter,
     pub(crate) reloads: Counter,
+    /// Connections open on the data listener.
+    pub(crate) open_connections: Gauge,
+    /// Connections that waited to be accepted because `server.max_connections` were open.
+    pub(crate) connections_waited: Counter,
     ttft_bounds: Arc<Vec<f64>>,
     itl_bounds: Arc<Vec<f64>>,
 }
@@ -312,6 +316,8 @@ impl Metrics {
             burn_rate: Family::default(),
             reload_failures: Counter::default(),
             reloads: Counter::default(),
+            open_connections: Gauge::default(),
+            connections_waited: Counter::default(),
             ttft_bounds: ttft_bounds.clone(),
             itl_bounds: itl_bounds.clone(),
             registry: Registry::default(),
@@ -335,6 +341,12 @@ impl Metrics {
         registry.register("generation_tokens", "Generated tokens reported by the replicas", m.generation_tokens.clone());
         registry.register("goodput_requests", "Requests that met both their TTFT and ITL target", m.goodput.clone());
         registry.register("queue_depth", "Requests waiting in the gateway queue", m.queue_depth.clone());
+        registry.register("open_connections", "Client connections open on the data listener", m.open_connections.clone());
+        registry.register(
+            "connections_waited",
+            "Client connections that waited to be accepted because server.max_connections were open",
+            m.connections_waited.clone(),
+        );
         registry.register("inflight_requests", "Requests holding a slot on a replica (until their stream ends)", m.inflight.clone());
         registry.register("upstream_healthy", "1 when the replica passes its health checks", m.upstream_healthy.clone());
         registry.register("breaker_state", "TTFT circuit breaker state: 0 closed, 1 half-open, 2 open", m.breaker_state.clone());
