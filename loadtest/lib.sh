@@ -26,9 +26,9 @@ start_sim() {
 }
 
 # start_gateway CONFIG : start slogate, set GW_URL, ADMIN_URL, GW_PID once ready.
-start_gateway() { # config [log name, default gateway]
+start_gateway() { # config [log name, default gateway]; GW_BIN: another slogate binary
   local log="$WORK/${2:-gateway}.log"
-  ( spawn_on "${GW_CPUS:-}" "$BIN/slogate" --log-format json serve --config "$1" 2>"$log" ) &
+  ( spawn_on "${GW_CPUS:-}" "${GW_BIN:-$BIN/slogate}" --log-format json serve --config "$1" 2>"$log" ) &
   GW_PID=$!; PIDS+=($GW_PID)
   for _ in $(seq 200); do grep -q '"slogate listening"' "$log" 2>/dev/null && break; sleep 0.05; done
   read -r GW_URL ADMIN_URL < <(python3 -c 'import json,sys
