@@ -355,9 +355,13 @@ impl<B> ObservedBody<B> {
         match &mut self.mode {
             Mode::Passthrough => Some(data),
             Mode::Json { chunks, size } => {
-                if *size + data.len() <= JSON_KEEP_LIMIT {
+                if size.saturating_add(data.len()) <= JSON_KEEP_LIMIT {
                     *size += data.len();
                     chunks.push(data.clone());
+                } else {
+                    // Too large to keep: passed on, not read (usize::MAX marks it).
+                    *size = usize::MAX;
+                    chunks.clear();
                 }
                 Some(data)
             }
@@ -426,6 +430,7 @@ impl<B> ObservedBody<B> {
     fn on_end(&mut self) {
         match &mut self.mode {
             Mode::Passthrough => self.tracker.finish(crate::telemetry::Outcome::ok),
+            Mode::Json { size, .. } if *size == usize::MAX => self.tracker.finish(Outcome::ok),
             Mode::Json { chunks, .. } => {
                 let mut whole = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum());
                 for c in chunks.iter() {
@@ -544,7 +549,9 @@ fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
                 Outcome::ok
             }
         }
-        Err(_) => Outcome::ok,
+        // A 200 that is not the JSON answer asked for (garbage, a cut
+        // body): the caller got no usable answer.
+        Err(_) => Outcome::upstream_error,
     }
 }
 
@@ -612,13 +619,17 @@ where
                     let e: BoxError = e.into();
                     tracing::warn!(class = %this.tracker.class.name, model = %this.tracker.model(), error = %e, "replica stream failed");
                     this.tracker.cut = true;
-                    this.tracker.finish(if matches!(this.mode, Mode::Sse { .. }) {
-                        Outcome::stream_error
-                    } else {
-                        Outcome::upstream_error
-                    });
                     this.inner = None;
                     this.done = true;
+                    if let Mode::Sse { pending, .. } = &mut this.mode {
+                        // A stream ends as OpenAI's do when they fail: an
+                        // error event (on an event boundary), then [DONE].
+                        *pending = BytesMut::new();
+                        this.trailer = Some(error_event(&format!("slogate: the replica's stream failed: {e}"), "upstream_error", 502));
+                        this.tracker.finish(Outcome::stream_error);
+                        continue;
+                    }
+                    this.tracker.finish(Outcome::upstream_error);
                     return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(None) => {

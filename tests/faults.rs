@@ -1,0 +1,139 @@
+//! Faults under load: replicas that die mid-run, hang after their headers,
+//! or answer 200 with something that is not what was asked. Every request
+//! ends, the client learns what happened, and each is counted exactly once
+//! with the outcome the client saw.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use http_body_util::BodyExt;
+
+/// How one request ended, as the client saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Seen {
+    Done,
+    ErrorEvent,
+    Status(u16),
+}
+
+async fn stream_once(c: &TestClient, addr: std::net::SocketAddr) -> Seen {
+    let resp = c.request(post_req(addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("a response");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("every body ends cleanly").to_bytes();
+    let text = String::from_utf8_lossy(&bytes);
+    match status {
+        200 if text.contains("\"error\":") => {
+            assert!(text.ends_with("data: [DONE]\n\n"), "an error event ends the stream: {text}");
+            Seen::ErrorEvent
+        }
+        200 => {
+            assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+            Seen::Done
+        }
+        s => Seen::Status(s),
+    }
+}
+
+/// Eight clients, five streams each, over both protocols; replica A is
+/// killed while streams run on it. Streams already running on A end with
+/// an error event (`stream_error`); requests that had not reached A go to
+/// B; the counts match what the clients saw, one per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_run_ends_its_streams_with_error_events_and_loses_no_request() {
+    let a = Arc::new(Mock::start(standard(20, Duration::from_millis(20))).await);
+    let b = Mock::start(standard(20, Duration::from_millis(20))).await;
+    let gw = gateway_config(&[a.url(), b.url()]).pool("balance: round_robin").start().await;
+    let addr = gw.data_addr;
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            tokio::spawn(async move {
+                let c = if i % 2 == 0 { client() } else { client_h2() };
+                let mut seen = Vec::new();
+                for _ in 0..5 {
+                    seen.push(stream_once(&c, addr).await);
+                }
+                seen
+            })
+        })
+        .collect();
+    let streaming_on_a = || a.calls() - a.state.completed.load(std::sync::atomic::Ordering::SeqCst);
+    wait_until("streams running on A", || async { streaming_on_a() >= 2 }).await;
+    a.kill();
+    let mut seen = Vec::new();
+    for c in clients {
+        seen.extend(c.await.expect("client"));
+    }
+    let count = |s: Seen| seen.iter().filter(|x| **x == s).count() as f64;
+    assert_eq!(seen.len(), 40);
+    assert!(count(Seen::ErrorEvent) >= 2.0, "the streams on A end with an error event: {seen:?}");
+    assert!(count(Seen::Done) >= 30.0, "the rest is served (by B once A is gone): {seen:?}");
+    let others: Vec<&Seen> = seen.iter().filter(|s| !matches!(s, Seen::Done | Seen::ErrorEvent | Seen::Status(502))).collect();
+    assert!(others.is_empty(), "{others:?}");
+    assert_eq!(requests_with_outcome(&gw, "ok").await, count(Seen::Done));
+    assert_eq!(requests_with_outcome(&gw, "stream_error").await, count(Seen::ErrorEvent));
+    assert_eq!(requests_with_outcome(&gw, "upstream_error").await, count(Seen::Status(502)));
+    assert_quiescent(&gw).await;
+}
+
+/// A replica that sends its headers and then nothing: each stream ends at
+/// the first-token timeout with an error event, counted `timeout`, and the
+/// slots come back.
+#[tokio::test]
+async fn a_replica_that_hangs_after_its_headers_ends_each_stream_at_the_first_token_timeout() {
+    let mock = Mock::start(Script::sse(vec![Step::Wait(Duration::from_secs(120))]).always()).await;
+    let gw = gateway_config(&[mock.url()]).pool("timeouts: { first_token: 500ms }").pool("max_inflight_per_replica: 8").start().await;
+    let addr = gw.data_addr;
+    let runs: Vec<_> = (0..8)
+        .map(|i| {
+            tokio::spawn(async move {
+                let c = if i % 2 == 0 { client() } else { client_h2() };
+                stream_once(&c, addr).await
+            })
+        })
+        .collect();
+    for r in runs {
+        assert_eq!(r.await.expect("client"), Seen::ErrorEvent);
+    }
+    assert_eq!(requests_with_outcome(&gw, "timeout").await, 8.0);
+    wait_until("the replica saw every request cancelled", || async { mock.state.cancelled.load(std::sync::atomic::Ordering::SeqCst) == 8 })
+        .await;
+    assert_quiescent(&gw).await;
+}
+
+/// A replica that answers 200 with something that is not the answer asked
+/// for: an HTML page for a stream, garbage with an event-stream type. The
+/// client gets what came; the request is not counted `ok`.
+#[tokio::test]
+async fn a_replica_answering_200_with_garbage_is_not_counted_ok() {
+    let page = Script {
+        status: 200,
+        content_type: "text/html",
+        header_delay: Duration::ZERO,
+        steps: vec![Step::Send("<html>gateway timeout</html>".into())],
+    };
+    let mock = Mock::start(page.always()).await;
+    let gw = gateway_config(&[mock.url()]).start().await;
+    for (proto, c) in clients() {
+        for stream in [true, false] {
+            let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(stream, false), &[])).await.expect("response");
+            assert_eq!(resp.status(), 200, "{proto}");
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            assert_eq!(&body[..], b"<html>gateway timeout</html>", "{proto}: passed on as it came");
+        }
+    }
+    assert_eq!(requests_with_outcome(&gw, "upstream_error").await, 4.0);
+    assert_eq!(requests_with_outcome(&gw, "ok").await, 0.0);
+
+    // Bytes that are no events, under an event-stream type: no [DONE].
+    mock.set_script(Script::sse(vec![Step::Send(bytes::Bytes::from_static(b"\x00\x01garbage\xff\n\n"))]).always());
+    for (proto, c) in clients() {
+        let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&body[..], b"\x00\x01garbage\xff\n\n", "{proto}: passed on as it came");
+    }
+    assert_eq!(requests_with_outcome(&gw, "stream_error").await, 2.0);
+    assert_quiescent(&gw).await;
+}
