@@ -77,6 +77,22 @@ impl IdleConns {
         list.push_back(Idle { tx, conn, since: Instant::now() });
     }
 
+    /// Close the idle connections past the idle timeout and those the
+    /// replica closed (their end of file is seen by one poll), so a burst
+    /// leaves no sockets behind once traffic stops. Called with each
+    /// health check.
+    pub(crate) fn sweep(&self) {
+        let Ok(mut list) = self.list.lock() else { return };
+        let mut cx = Context::from_waker(Waker::noop());
+        list.retain_mut(|i| i.since.elapsed() <= IDLE_TIMEOUT && Pin::new(&mut i.conn).poll(&mut cx).is_pending() && i.tx.is_ready());
+    }
+
+    /// How many idle connections are kept.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.list.lock().map(|l| l.len()).unwrap_or(0)
+    }
+
     /// A live idle connection, if one is left.
     fn take(&self) -> Option<(Sender, Conn)> {
         loop {
@@ -402,4 +418,34 @@ pub(crate) async fn get_once(base: &http::Uri, path: &str, timeout: Duration) ->
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Idle connections the replica closed are closed here at the next
+    /// sweep; live ones stay; past the idle timeout they go too.
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_closes_what_the_replica_closed_and_what_idled_too_long() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base: http::Uri = format!("http://{}", listener.local_addr().expect("addr")).parse().expect("uri");
+        let idle = IdleConns::default();
+        let (a, conn_a) = connect(&base, None, Duration::from_secs(5)).await.expect("connect");
+        let (server_a, _) = listener.accept().await.expect("accept");
+        let (b, conn_b) = connect(&base, None, Duration::from_secs(5)).await.expect("connect");
+        let (_server_b, _) = listener.accept().await.expect("accept");
+        idle.put(a, conn_a);
+        idle.put(b, conn_b);
+        idle.sweep();
+        assert_eq!(idle.len(), 2, "both are alive");
+        drop(server_a);
+        // The end of file reaches the client socket.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        idle.sweep();
+        assert_eq!(idle.len(), 1, "the one the replica closed is gone");
+        tokio::time::advance(IDLE_TIMEOUT + Duration::from_secs(1)).await;
+        idle.sweep();
+        assert_eq!(idle.len(), 0, "the one idle past the timeout is gone");
+    }
 }

@@ -38,6 +38,7 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
             _ = interval.tick() => {}
             _ = stop.changed() => return,
         }
+        replica.idle.sweep();
         // Why a check failed, for the log line that takes the replica out
         // and for the status page.
         let mut failure = match get(&replica, &h.path, h.timeout.get()).await {
