@@ -30,6 +30,58 @@ mod status;
 pub mod telemetry;
 mod upstream;
 
+/// Entry points for the fuzz targets (`fuzz/`): each checks one promise on
+/// arbitrary input and panics when it is broken. Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use bytes::Bytes;
+
+    /// The SSE observer: the client's bytes do not depend on how the
+    /// replica's stream was cut into reads (with and without usage stripping).
+    pub fn sse_reads(stream: &[u8], cuts: &[u8]) {
+        let whole = Bytes::copy_from_slice(stream);
+        let mut at: Vec<usize> = cuts.iter().map(|c| *c as usize * whole.len() / 255).collect();
+        at.sort_unstable();
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        for end in at.into_iter().chain([whole.len()]) {
+            chunks.push(whole.slice(start..end));
+            start = end;
+        }
+        for strip in [false, true] {
+            let one = crate::proxy::observe::observe_sse(vec![whole.clone()], strip);
+            let many = crate::proxy::observe::observe_sse(chunks.clone(), strip);
+            assert_eq!(one, many, "strip {strip}: the reads changed what the client gets");
+        }
+    }
+
+    /// The request-body reader: its quick and general paths agree.
+    pub fn request_body(bytes: &[u8], usage: bool, priority: Option<i64>) {
+        if let Err(e) = crate::proxy::body::paths_agree(bytes, usage, priority) {
+            panic!("{e}");
+        }
+    }
+
+    /// Context reduction: on any JSON object, the rewrite is a valid object
+    /// no larger than the input plus the `max_tokens` it may add.
+    pub fn reduce(bytes: &[u8], chat: bool) {
+        let Ok(serde_json::Value::Object(mut o)) = serde_json::from_slice::<serde_json::Value>(bytes) else { return };
+        let before = serde_json::to_vec(&o).map(|v| v.len()).unwrap_or(0);
+        let limits = crate::reduce::Limits { max_tokens_cap: 64, max_documents: 2, max_prompt_tokens: 64 };
+        crate::reduce::reduce(&mut o, chat, &limits);
+        let after = serde_json::to_vec(&o).expect("a rewritten object serialises");
+        assert!(after.len() <= before + ",\"max_tokens\":64,\"max_completion_tokens\":64".len(), "the rewrite grew the request");
+    }
+
+    /// The config parser: any text is a config or a list of problems, each
+    /// naming a field or saying the file is not YAML; never a panic.
+    pub fn config(text: &str) {
+        if let Err(e) = crate::config::Config::parse(text) {
+            assert!(!e.0.is_empty(), "an error with no problem in it");
+        }
+    }
+}
+
 pub use classify::KeyError;
 pub use state::{PrepareError, ReloadError};
 pub use upstream::tls::TlsError;

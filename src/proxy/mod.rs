@@ -17,7 +17,7 @@
 //! them. The tracker travels by value; a stage that fails hands its error to
 //! [`fail`], which counts the outcome once and answers in OpenAI's form.
 
-mod body;
+pub(crate) mod body;
 pub(crate) mod observe;
 
 use std::sync::Arc;

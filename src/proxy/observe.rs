@@ -371,7 +371,11 @@ impl<B> ObservedBody<B> {
                 let strip = *strip_usage;
                 let tracker = &mut self.tracker;
                 let mut cuts: Vec<(usize, usize)> = Vec::new();
-                let mut prev_end = 0usize;
+                // An LF that ends the CR of the previous read's last block
+                // belongs to that block (nothing is pending then): a usage
+                // event cut here starts after it.
+                let lead = usize::from(p == 0 && parser.expects_lf() && data.first() == Some(&b'\n'));
+                let mut prev_end = lead;
                 let mut complete: Option<usize> = None;
                 parser.feed(&data, |d, end| {
                     if let Some(d) = d {
@@ -397,9 +401,10 @@ impl<B> ObservedBody<B> {
                     complete = Some(end);
                 });
                 let Some(complete_end) = complete else {
-                    // No event completed in this read: hold its bytes.
-                    pending.extend_from_slice(&data);
-                    return None;
+                    // No event completed in this read: hold its bytes (but
+                    // an LF that ends the last block goes with it, now).
+                    pending.extend_from_slice(&data[lead..]);
+                    return (lead == 1).then(|| data.slice(..1));
                 };
                 if cuts.is_empty() && p == 0 && complete_end == data.len() {
                     return Some(data);
@@ -662,6 +667,52 @@ where
     }
 }
 
+/// A metrics registry and a `chat` class with the default targets, for
+/// observing a body outside a gateway (tests, fuzzing).
+fn fixture() -> (Arc<Metrics>, Arc<Class>) {
+    let cfg = crate::config::Config::default();
+    let metrics = Arc::new(Metrics::new(&cfg));
+    let controls = crate::admission::Controls::new(metrics.clone());
+    let class = Arc::new(Class {
+        name: "chat".into(),
+        tier: crate::config::Tier::Interactive,
+        ttft: Duration::from_millis(300),
+        itl: Duration::from_millis(50),
+        control: controls.prepare("chat", &cfg.classes["chat"], &cfg),
+    });
+    (metrics, class)
+}
+
+/// The bytes a client gets when a replica's SSE stream arrives in
+/// `chunks` (with `strip`: usage stripped). For the fuzz targets: the
+/// result must not depend on how the stream was cut into reads.
+#[doc(hidden)]
+pub(crate) fn observe_sse(chunks: Vec<Bytes>, strip: bool) -> Result<Bytes, String> {
+    use http_body_util::BodyExt;
+    struct Reads(std::collections::VecDeque<Bytes>);
+    impl Body for Reads {
+        type Data = Bytes;
+        type Error = std::io::Error;
+        fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let (metrics, class) = fixture();
+        let tracker = Tracker::new(metrics, class, Instant::now());
+        let timeouts = StreamTimeouts {
+            first_token: Duration::from_secs(60),
+            idle: Duration::from_secs(60),
+            total: Duration::from_secs(600),
+            max_event: 1 << 20,
+            send: Duration::from_secs(30),
+        };
+        let body = ObservedBody::sse(Reads(chunks.into()), tracker, timeouts, strip);
+        body.collect().await.map(|c| c.to_bytes()).map_err(|e| e.to_string())
+    })
+}
+
 impl<B> ObservedBody<B> {
     /// The watchdog's check at `now`: end the request if a deadline passed
     /// (a timeout, or a client that took nothing for the send timeout);
@@ -776,7 +827,6 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
-    use crate::config::Config;
 
     /// A body that yields the given chunks, then stays pending or ends.
     struct Chunks {
@@ -796,19 +846,7 @@ mod tests {
         }
     }
 
-    fn fixture() -> (Arc<Metrics>, Arc<Class>) {
-        let cfg = Config::default();
-        let metrics = Arc::new(Metrics::new(&cfg));
-        let controls = crate::admission::Controls::new(metrics.clone());
-        let class = Arc::new(Class {
-            name: "chat".into(),
-            tier: crate::config::Tier::Interactive,
-            ttft: Duration::from_millis(300),
-            itl: Duration::from_millis(50),
-            control: controls.prepare("chat", &cfg.classes["chat"], &cfg),
-        });
-        (metrics, class)
-    }
+    use super::fixture;
 
     const TIMEOUTS: StreamTimeouts = StreamTimeouts {
         first_token: Duration::from_secs(5),
@@ -853,6 +891,19 @@ mod tests {
         assert_eq!(String::from_utf8_lossy(&run(bytes, true).await.0), expected);
         // Without stripping, bytes are forwarded untouched.
         assert_eq!(run(vec![whole.clone()], false).await.0, whole);
+    }
+
+    /// Found by the SSE property (`tests/fuzz_properties.rs`): a blank line
+    /// ended by CRLF that the reads split between CR and LF, followed by the
+    /// usage event, lost its LF when the usage event was cut.
+    #[tokio::test]
+    async fn a_crlf_split_before_a_usage_event_keeps_its_lf() {
+        let usage = USAGE.as_bytes();
+        for chunks in [vec![&b"\r"[..], &b"\n"[..], usage, DONE.as_bytes()], vec![&b"\r"[..], &[b"\n", usage].concat(), DONE.as_bytes()]] {
+            let chunks: Vec<Bytes> = chunks.into_iter().map(Bytes::copy_from_slice).collect();
+            let (out, _) = run(chunks, true).await;
+            assert_eq!(String::from_utf8_lossy(&out), format!("\r\n{DONE}"));
+        }
     }
 
     #[tokio::test]

@@ -32,6 +32,12 @@ impl SseParser {
         Self::default()
     }
 
+    /// The last chunk ended in CR: an LF at the start of the next one ends
+    /// that line (it belongs to the block before, not to the next one).
+    pub fn expects_lf(&self) -> bool {
+        self.skip_lf
+    }
+
     /// Feed one chunk; `on_block(data, end)` is called for each completed block.
     pub fn feed(&mut self, chunk: &[u8], mut on_block: impl FnMut(Option<&[u8]>, usize)) {
         // An empty read says nothing, not even whether an LF follows a CR.
