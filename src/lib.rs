@@ -40,14 +40,7 @@ pub mod fuzzing {
     /// replica's stream was cut into reads (with and without usage stripping).
     pub fn sse_reads(stream: &[u8], cuts: &[u8]) {
         let whole = Bytes::copy_from_slice(stream);
-        let mut at: Vec<usize> = cuts.iter().map(|c| *c as usize * whole.len() / 255).collect();
-        at.sort_unstable();
-        let mut chunks = Vec::new();
-        let mut start = 0;
-        for end in at.into_iter().chain([whole.len()]) {
-            chunks.push(whole.slice(start..end));
-            start = end;
-        }
+        let chunks = crate::proxy::observe::cut_into_reads(&whole, cuts.iter().map(|c| *c as usize * whole.len() / 255).collect());
         for strip in [false, true] {
             let one = crate::proxy::observe::observe_sse(vec![whole.clone()], strip);
             let many = crate::proxy::observe::observe_sse(chunks.clone(), strip);

@@ -82,6 +82,34 @@ async fn client_loop(addr: std::net::SocketAddr, stop: Arc<AtomicBool>, inflight
     (n, failures)
 }
 
+type Clients = Vec<tokio::task::JoinHandle<(u32, Vec<String>)>>;
+
+/// A gateway started from `yaml` written at `path`, ready, with six
+/// streaming clients running until `stop`.
+async fn start_with_clients(path: &std::path::Path, yaml: &str) -> (slogate::Gateway, Arc<AtomicBool>, Arc<InFlight>, Clients) {
+    std::fs::write(path, yaml).expect("write");
+    let gw = slogate::Gateway::start_file(path).await.expect("gateway");
+    started(&gw);
+    let admin = gw.admin_addr;
+    wait_until("ready", || async { get(admin, "/readyz").await.0 == 200 }).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let inflight = Arc::new(InFlight::default());
+    let clients = (0..6).map(|_| tokio::spawn(client_loop(gw.data_addr, stop.clone(), inflight.clone()))).collect();
+    (gw, stop, inflight, clients)
+}
+
+/// Stop the clients; none of their requests failed, and at least `min` ran.
+async fn stop_clients(stop: &AtomicBool, clients: Clients, min: u32) {
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for c in clients {
+        let (n, failures) = c.await.expect("client");
+        total += n;
+        assert!(failures.is_empty(), "{} of {n} requests failed: {:?}", failures.len(), &failures[..failures.len().min(3)]);
+    }
+    assert!(total >= min, "only {total} requests ran across the reloads");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloading_under_streaming_load_fails_or_cuts_nothing() {
     let a = Mock::start(standard(10, Duration::from_millis(10))).await;
@@ -89,15 +117,7 @@ async fn reloading_under_streaming_load_fails_or_cuts_nothing() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path();
     let path = dir.join("slogate.yaml");
-    std::fs::write(&path, config(&[a.url()])).expect("write");
-    let gw = slogate::Gateway::start_file(&path).await.expect("gateway");
-    started(&gw);
-    let admin = gw.admin_addr;
-    wait_until("ready", || async { get(admin, "/readyz").await.0 == 200 }).await;
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let inflight = Arc::new(InFlight::default());
-    let clients: Vec<_> = (0..6).map(|_| tokio::spawn(client_loop(gw.data_addr, stop.clone(), inflight.clone()))).collect();
+    let (gw, stop, inflight, clients) = start_with_clients(&path, &config(&[a.url()])).await;
 
     for round in 0..5 {
         // Add B: it passes its health checks and gets traffic.
@@ -145,14 +165,7 @@ async fn reloading_under_streaming_load_fails_or_cuts_nothing() {
     let a_now = a.calls();
     wait_until("still serving on the old config", || async { a.calls() >= a_now + 5 }).await;
 
-    stop.store(true, Ordering::Relaxed);
-    let mut total = 0;
-    for c in clients {
-        let (n, failures) = c.await.expect("client");
-        total += n;
-        assert!(failures.is_empty(), "{} of {n} requests failed: {:?}", failures.len(), &failures[..failures.len().min(3)]);
-    }
-    assert!(total >= 100, "only {total} requests ran across the reloads");
+    stop_clients(&stop, clients, 100).await;
     assert_quiescent(&gw).await;
 }
 
@@ -179,15 +192,7 @@ async fn reloads_that_resize_reorder_or_retune_health_answer_no_503() {
                 &format!("health: {{ interval: {interval}, timeout: 1s, unhealthy_after: {}, healthy_after: 2 }}", 2 + i % 2),
             )
     };
-    std::fs::write(&path, variant(0)).expect("write");
-    let gw = slogate::Gateway::start_file(&path).await.expect("gateway");
-    started(&gw);
-    let admin = gw.admin_addr;
-    wait_until("ready", || async { get(admin, "/readyz").await.0 == 200 }).await;
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let inflight = Arc::new(InFlight::default());
-    let clients: Vec<_> = (0..6).map(|_| tokio::spawn(client_loop(gw.data_addr, stop.clone(), inflight.clone()))).collect();
+    let (gw, stop, inflight, clients) = start_with_clients(&path, &variant(0)).await;
     for i in 1..=30 {
         std::fs::write(&path, variant(i)).expect("write");
         assert_eq!(reload(&gw).await.0, 200, "reload {i}");
@@ -204,13 +209,6 @@ async fn reloads_that_resize_reorder_or_retune_health_answer_no_503() {
             }
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    let mut total = 0;
-    for c in clients {
-        let (n, failures) = c.await.expect("client");
-        total += n;
-        assert!(failures.is_empty(), "{} of {n} requests failed: {:?}", failures.len(), &failures[..failures.len().min(3)]);
-    }
-    assert!(total >= 60, "only {total} requests ran across the reloads");
+    stop_clients(&stop, clients, 60).await;
     assert_quiescent(&gw).await;
 }

@@ -683,6 +683,19 @@ fn fixture() -> (Arc<Metrics>, Arc<Class>) {
     (metrics, class)
 }
 
+/// `whole` cut into reads at the offsets `at` (in any order).
+#[doc(hidden)]
+pub(crate) fn cut_into_reads(whole: &Bytes, mut at: Vec<usize>) -> Vec<Bytes> {
+    at.sort_unstable();
+    let mut reads = Vec::new();
+    let mut start = 0;
+    for end in at.into_iter().map(|e| e.min(whole.len())).chain([whole.len()]) {
+        reads.push(whole.slice(start..end.max(start)));
+        start = end.max(start);
+    }
+    reads
+}
+
 /// The bytes a client gets when a replica's SSE stream arrives in
 /// `chunks` (with `strip`: usage stripped). For the fuzz targets: the
 /// result must not depend on how the stream was cut into reads.
@@ -1124,14 +1137,7 @@ mod tests {
             events.push(USAGE);
             events.push(DONE);
             let whole = Bytes::from(events.concat());
-            let mut at: Vec<usize> = cuts.iter().map(|c| c.index(whole.len() + 1)).collect();
-            at.sort_unstable();
-            let mut chunks = Vec::new();
-            let mut start = 0;
-            for end in at.into_iter().chain([whole.len()]) {
-                chunks.push(whole.slice(start..end));
-                start = end;
-            }
+            let chunks = super::cut_into_reads(&whole, cuts.iter().map(|c| c.index(whole.len() + 1)).collect());
             let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
             let (out, _) = rt.block_on(run(chunks, true));
             proptest::prop_assert_eq!(String::from_utf8_lossy(&out), expected);
