@@ -221,15 +221,8 @@ impl Config {
                     }
                 }
             }
-            if let Some(env) = &pool.api_key_env {
-                match std::env::var(env) {
-                    Ok(v) if v.is_empty() => bad(f("api_key_env"), format!("environment variable {env} is empty")),
-                    Ok(v) if http::HeaderValue::from_str(&format!("Bearer {v}")).is_err() => {
-                        bad(f("api_key_env"), format!("environment variable {env} holds characters a header cannot carry"))
-                    }
-                    Ok(_) => {}
-                    Err(_) => bad(f("api_key_env"), format!("environment variable {env} is not set")),
-                }
+            if let Some(problem) = pool.api_key_env.as_deref().and_then(env_problem) {
+                bad(f("api_key_env"), problem);
             }
             if pool.max_event_bytes.0 < 1024 {
                 bad(f("max_event_bytes"), "must be at least 1KiB (a chunk of vLLM's stream with usage is a few hundred bytes)".into());
@@ -380,6 +373,19 @@ impl Config {
                 );
             }
         }
+    }
+}
+
+/// What is wrong with the replicas' key in environment variable `var`, if
+/// anything: unset, empty, or not something an `Authorization` header can carry.
+fn env_problem(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Err(_) => Some(format!("environment variable {var} is not set")),
+        Ok(v) if v.is_empty() => Some(format!("environment variable {var} is empty")),
+        Ok(v) if http::HeaderValue::from_str(&format!("Bearer {v}")).is_err() => {
+            Some(format!("environment variable {var} holds characters a header cannot carry"))
+        }
+        Ok(_) => None,
     }
 }
 

@@ -372,12 +372,16 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// The headers a `Connection` header names: hop-by-hop for this hop only.
+/// `keep-alive` (hop-by-hop anyway) is left out, so the usual
+/// `Connection: keep-alive` costs no allocation.
 fn connection_named(h: &HeaderMap) -> Vec<HeaderName> {
     h.get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|n| !n.eq_ignore_ascii_case("keep-alive"))
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
         .collect()
 }
 

@@ -475,13 +475,27 @@ impl<B> ObservedBody<B> {
     fn on_event_too_large(&mut self) {
         let what = format!("slogate: an event from the replica exceeded max_event_bytes ({} bytes)", self.timeouts.max_event);
         tracing::warn!(class = %self.tracker.class.name, model = %self.tracker.model(), "{what}");
+        self.tracker.cut = true;
+        self.end_with_error(&what, "upstream_error", 502, Outcome::stream_error);
+    }
+
+    /// Stop reading the replica (dropping its body cancels its request) and
+    /// end with `outcome`; a stream's client gets an error event (a partial
+    /// event was never sent, so it starts on an event boundary) and `[DONE]`.
+    fn end_with_error(&mut self, message: &str, kind: &str, code: u16, outcome: Outcome) {
         self.inner = None;
         if let Mode::Sse { pending, .. } = &mut self.mode {
             *pending = BytesMut::new();
+            self.trailer = Some(error_event(message, kind, code));
         }
-        self.trailer = Some(error_event(&what, "upstream_error", 502));
-        self.tracker.cut = true;
-        self.tracker.finish(Outcome::stream_error);
+        self.tracker.finish(outcome);
+        self.done = true;
+    }
+
+    /// The replica's body ended cleanly: account for it.
+    fn end(&mut self) {
+        self.inner = None;
+        self.on_end();
         self.done = true;
     }
 
@@ -497,14 +511,7 @@ impl<B> ObservedBody<B> {
             format!("slogate: no data from the replica for {:?}", self.timeouts.idle)
         };
         tracing::warn!(class = %self.tracker.class.name, model = %self.tracker.model(), "{what}");
-        self.inner = None;
-        if let Mode::Sse { pending, .. } = &mut self.mode {
-            // A partial event was never sent: the error event starts clean.
-            *pending = BytesMut::new();
-            self.trailer = Some(error_event(&what, "timeout", 504));
-        }
-        self.tracker.finish(Outcome::timeout);
-        self.done = true;
+        self.end_with_error(&what, "timeout", 504, Outcome::timeout);
     }
 
     /// The deadline given the last event at `last`.
@@ -593,15 +600,10 @@ where
                         let out = this.on_data(data);
                         if this.event_too_large() {
                             this.on_event_too_large();
-                            if let Some(out) = out {
-                                return Poll::Ready(Some(Ok(Frame::data(out))));
-                            }
-                            continue;
+                        } else if ended {
+                            this.end();
                         }
-                        if ended {
-                            this.inner = None;
-                            this.on_end();
-                            this.done = true;
+                        if this.done {
                             if let Some(out) = out {
                                 return Poll::Ready(Some(Ok(Frame::data(out))));
                             }
@@ -624,24 +626,17 @@ where
                     let e: BoxError = e.into();
                     tracing::warn!(class = %this.tracker.class.name, model = %this.tracker.model(), error = %e, "replica stream failed");
                     this.tracker.cut = true;
-                    this.inner = None;
-                    this.done = true;
-                    if let Mode::Sse { pending, .. } = &mut this.mode {
-                        // A stream ends as OpenAI's do when they fail: an
-                        // error event (on an event boundary), then [DONE].
-                        *pending = BytesMut::new();
-                        this.trailer = Some(error_event(&format!("slogate: the replica's stream failed: {e}"), "upstream_error", 502));
-                        this.tracker.finish(Outcome::stream_error);
+                    // A stream ends as OpenAI's do when they fail (an error
+                    // event); any other body is cut, as the replica's was.
+                    let sse = matches!(this.mode, Mode::Sse { .. });
+                    let outcome = if sse { Outcome::stream_error } else { Outcome::upstream_error };
+                    this.end_with_error(&format!("slogate: the replica's stream failed: {e}"), "upstream_error", 502, outcome);
+                    if sse {
                         continue;
                     }
-                    this.tracker.finish(Outcome::upstream_error);
                     return Poll::Ready(Some(Err(e)));
                 }
-                Poll::Ready(None) => {
-                    this.inner = None;
-                    this.on_end();
-                    this.done = true;
-                }
+                Poll::Ready(None) => this.end(),
                 Poll::Pending => loop {
                     ready!(this.deadline.as_mut().poll(cx));
                     let due = this.next_deadline(this.last_event);
@@ -701,6 +696,21 @@ pub(crate) fn cut_into_reads(whole: &Bytes, mut at: Vec<usize>) -> Vec<Bytes> {
 /// result must not depend on how the stream was cut into reads.
 #[doc(hidden)]
 pub(crate) fn observe_sse(chunks: Vec<Bytes>, strip: bool) -> Result<Bytes, String> {
+    thread_local! {
+        // Built once per thread: a fuzzer calls this hundreds of thousands of times.
+        static HERE: Option<(tokio::runtime::Runtime, Arc<Metrics>, Arc<Class>)> =
+            tokio::runtime::Builder::new_current_thread().enable_time().build().ok().map(|rt| {
+                let (metrics, class) = fixture();
+                (rt, metrics, class)
+            });
+    }
+    HERE.with(|here| {
+        let (rt, metrics, class) = here.as_ref().ok_or("no runtime")?;
+        rt.block_on(observe_sse_on(chunks, strip, metrics.clone(), class.clone()))
+    })
+}
+
+async fn observe_sse_on(chunks: Vec<Bytes>, strip: bool, metrics: Arc<Metrics>, class: Arc<Class>) -> Result<Bytes, String> {
     use http_body_util::BodyExt;
     struct Reads(std::collections::VecDeque<Bytes>);
     impl Body for Reads {
@@ -710,20 +720,16 @@ pub(crate) fn observe_sse(chunks: Vec<Bytes>, strip: bool) -> Result<Bytes, Stri
             Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
         }
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let (metrics, class) = fixture();
-        let tracker = Tracker::new(metrics, class, Instant::now());
-        let timeouts = StreamTimeouts {
-            first_token: Duration::from_secs(60),
-            idle: Duration::from_secs(60),
-            total: Duration::from_secs(600),
-            max_event: 1 << 20,
-            send: Duration::from_secs(30),
-        };
-        let body = ObservedBody::sse(Reads(chunks.into()), tracker, timeouts, strip);
-        body.collect().await.map(|c| c.to_bytes()).map_err(|e| e.to_string())
-    })
+    let tracker = Tracker::new(metrics, class, Instant::now());
+    let timeouts = StreamTimeouts {
+        first_token: Duration::from_secs(60),
+        idle: Duration::from_secs(60),
+        total: Duration::from_secs(600),
+        max_event: 1 << 20,
+        send: Duration::from_secs(30),
+    };
+    let body = ObservedBody::sse(Reads(chunks.into()), tracker, timeouts, strip);
+    body.collect().await.map(|c| c.to_bytes()).map_err(|e| e.to_string())
 }
 
 impl<B> ObservedBody<B> {
@@ -812,6 +818,8 @@ where
         let Ok(mut body) = self.core.lock() else { return Poll::Ready(Some(Err("observed body poisoned".into()))) };
         let polled = Pin::new(&mut *body).poll_frame(cx);
         match &polled {
+            // A data frame's arrival was just stamped (`last_event`): no second clock read.
+            Poll::Ready(Some(Ok(f))) if f.is_data() => body.handed_over = Some(body.last_event),
             Poll::Ready(Some(Ok(_))) => body.handed_over = Some(Instant::now()),
             Poll::Pending => {
                 body.handed_over = None;
