@@ -111,10 +111,6 @@ pub enum ReloadError {
     NoConfigFile,
     #[error("{0}")]
     Config(#[from] crate::config::ConfigError),
-    #[error(
-        "classes.{class}.{what}: {value} is not a histogram bucket of this process (buckets are fixed at start); restart to change SLO targets"
-    )]
-    TargetNotABucket { class: String, what: &'static str, value: crate::config::Dur },
     #[error(transparent)]
     Invalid(#[from] PrepareError),
 }
@@ -226,15 +222,6 @@ impl App {
         let path = self.config_path.as_ref().ok_or(ReloadError::NoConfigFile)?;
         let config = Config::load(path)?;
         let old = self.snapshot();
-        // Histogram buckets are fixed at start: a new target would have no `le`
-        // bucket, and the SLI rules would silently break.
-        for (name, c) in &config.classes {
-            for (what, d) in [("ttft", c.ttft), ("itl", c.itl)] {
-                if !self.metrics.has_bucket(what, d.get().as_secs_f64()) {
-                    return Err(ReloadError::TargetNotABucket { class: name.clone(), what, value: d });
-                }
-            }
-        }
         if config.server.listen != old.config.server.listen || config.server.admin_listen != old.config.server.admin_listen {
             tracing::warn!("server.listen / server.admin_listen changes take effect at the next restart");
         }

@@ -212,3 +212,52 @@ async fn reloads_that_resize_reorder_or_retune_health_answer_no_503() {
     stop_clients(&stop, clients, 60).await;
     assert_quiescent(&gw).await;
 }
+
+/// A reload may add a class whose targets are no bucket yet and change an
+/// existing class's target: both get buckets at their targets (and twice
+/// them), and the series counted before keep their buckets and counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_adds_classes_and_changes_targets_with_buckets_at_them() {
+    let a = Mock::start(standard(3, Duration::from_millis(1))).await;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let path = tmp.path().join("slogate.yaml");
+    let classes = |extra: &str| {
+        gateway_config(&[a.url()]).section(&format!("classes:\n  chat: {{ tier: interactive, ttft: 300ms, itl: 50ms }}\n{extra}")).yaml()
+    };
+    std::fs::write(&path, classes("")).expect("write");
+    let gw = slogate::Gateway::start_file(&path).await.expect("gateway");
+    started(&gw);
+    let admin = gw.admin_addr;
+    wait_until("ready", || async { get(admin, "/readyz").await.0 == 200 }).await;
+    let chat = |class: &'static str| async move {
+        let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", class)]).await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    };
+    let ttft_bucket =
+        |m: &str, class: &str, le: &str| metric(m, "slogate_time_to_first_token_seconds_bucket", &[("class", class), ("le", le)]);
+    chat("chat").await;
+    let m = metrics_text(&gw).await;
+    assert_eq!(ttft_bucket(&m, "chat", "0.3"), Some(1.0));
+    assert_eq!(ttft_bucket(&m, "chat", "0.21"), None);
+
+    // chat's TTFT target becomes 210 ms; a class `quick` (123 ms, 17 ms) is added.
+    std::fs::write(&path, classes("  quick: { tier: interactive, ttft: 123ms, itl: 17ms }\n").replace("ttft: 300ms", "ttft: 210ms"))
+        .expect("write");
+    let (status, body) = reload(&gw).await;
+    assert_eq!(status, 200, "{body}");
+    chat("chat").await;
+    chat("quick").await;
+    let m = metrics_text(&gw).await;
+    for le in ["0.21", "0.42", "0.3", "0.6"] {
+        assert_eq!(ttft_bucket(&m, "chat", le), Some(2.0), "chat le={le}\n{m}");
+    }
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "chat")]), Some(2.0));
+    for le in ["0.123", "0.246"] {
+        assert_eq!(ttft_bucket(&m, "quick", le), Some(1.0), "quick le={le}\n{m}");
+        assert!(metric(&m, "slogate_queue_time_seconds_bucket", &[("class", "quick"), ("le", le)]).is_some(), "queue le={le}");
+    }
+    for le in ["0.017", "0.034"] {
+        assert!(metric(&m, "slogate_inter_token_latency_seconds_bucket", &[("class", "quick"), ("le", le)]).is_some(), "itl le={le}\n{m}");
+    }
+    assert_quiescent(&gw).await;
+}

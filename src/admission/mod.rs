@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use indexmap::IndexMap;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
@@ -31,7 +32,7 @@ use tokio::time::Instant;
 use crate::config::{ClassConfig, Config, Dur, Tier};
 use crate::error::GatewayError;
 use crate::telemetry::budget::{self, Budget, Sli};
-use crate::telemetry::metrics::{ClassLabels, ClassSeries, ClassTierLabels, Metrics, SloLabels, SloWindowLabels};
+use crate::telemetry::metrics::{ClassLabels, ClassSeries, Metrics, SloLabels, SloWindowLabels};
 use crate::telemetry::window::{RollingHistogram, WindowStats};
 use crate::telemetry::Outcome;
 use breaker::{Breaker, BreakerParams, BreakerState, Gate, ProbeTicket, ReductionTrigger, TriggerParams};
@@ -60,10 +61,11 @@ pub(crate) struct ClassControl {
     /// Error-budget counters (latency and availability SLIs).
     pub(crate) budget: Budget,
     view: Mutex<ClassView>,
-    /// The series its requests write, looked up once per request rather than per write.
-    pub(crate) series: ClassSeries,
-    /// `queue_time_seconds{class,tier}`, looked up once rather than per request.
-    pub(crate) queue_time: crate::telemetry::histogram::AtomicHistogram,
+    /// The series its requests write, looked up once per request rather
+    /// than per write; replaced when a reload changes the class's targets
+    /// (the new ones have buckets at them).
+    pub(crate) series: ArcSwap<ClassSeries>,
+    metrics: Arc<Metrics>,
     /// The breaker was armed (P99 above threshold, counting) at the last tick.
     was_armed: std::sync::atomic::AtomicBool,
     ttft_p99_gauge: Gauge<f64, AtomicU64>,
@@ -72,7 +74,7 @@ pub(crate) struct ClassControl {
 }
 
 impl ClassControl {
-    fn new(name: &str, class: &ClassConfig, config: &Config, metrics: &Metrics) -> ClassControl {
+    fn new(name: &str, class: &ClassConfig, config: &Config, metrics: &Arc<Metrics>) -> ClassControl {
         let labels = ClassLabels { class: name.to_string() };
         let window = config.breaker.window.get();
         ClassControl {
@@ -89,8 +91,8 @@ impl ClassControl {
                 config.slo.window.get(),
             ),
             view: Mutex::new(ClassView::default()),
-            series: ClassSeries::new(name, class.tier),
-            queue_time: metrics.queue_time.get_or_create(&ClassTierLabels { class: name.to_string(), tier: class.tier.into() }).clone(),
+            series: ArcSwap::from_pointee(ClassSeries::new(name, class.tier, class.ttft.get(), class.itl.get())),
+            metrics: metrics.clone(),
             was_armed: false.into(),
             ttft_p99_gauge: metrics.ttft_p99.get_or_create(&labels).clone(),
             breaker_gauge: metrics.breaker_state.get_or_create(&labels).clone(),
@@ -99,10 +101,17 @@ impl ClassControl {
     }
 
     fn update(&self, class: &ClassConfig, config: &Config) {
+        if !self.series.load().has_targets(class.ttft.get(), class.itl.get()) {
+            self.series.store(Arc::new(ClassSeries::new(&self.name, self.tier, class.ttft.get(), class.itl.get())));
+        }
         self.target_ttft_us.store(class.ttft.get().as_micros() as u64, Ordering::Relaxed);
         self.trip_ratio.store(config.breaker.trip_ratio.to_bits(), Ordering::Relaxed);
         self.breaker.set_params(BreakerParams::new(&config.breaker, class.ttft.get()));
         self.reduction.set_params(trigger_params(class, config));
+    }
+
+    fn observe_queue_time(&self, waited: Duration) {
+        self.series.load().queue_time(&self.metrics).observe(waited.as_secs_f64());
     }
 
     pub(crate) fn ttft_target(&self) -> Duration {
@@ -295,7 +304,7 @@ pub(crate) async fn admit(control: &Arc<ClassControl>, pool: &Arc<PoolAdmission>
     let tier = control.tier;
     match pool.admit(tier).await {
         Ok(granted) => {
-            control.queue_time.observe(granted.waited.as_secs_f64());
+            control.observe_queue_time(granted.waited);
             Ok(Admitted { lease: granted.lease, waited: granted.waited, probe })
         }
         Err(refusal) => {
@@ -305,7 +314,7 @@ pub(crate) async fn admit(control: &Arc<ClassControl>, pool: &Arc<PoolAdmission>
                 // up here first), and its queue time.
                 let waited = pool.timeout(tier);
                 control.ttft.record(waited);
-                control.queue_time.observe(waited.as_secs_f64());
+                control.observe_queue_time(waited);
             }
             if let Some(p) = probe {
                 p.ended(Outcome::rejected);

@@ -105,7 +105,7 @@ impl Tracker {
 
     /// Set the model label (a model a pool serves: bounded).
     pub(crate) fn set_model(&mut self, model: &str) {
-        self.series = Some(self.class.control.series.for_model(model));
+        self.series = Some(self.class.control.series.load().for_model(model));
         self.span.record("gen_ai.request.model", model);
     }
 
@@ -210,16 +210,17 @@ impl Tracker {
         }
         let control = &self.class.control;
         let series = series(&mut self.series, &self.class);
+        let class = control.series.load();
         accounting::account(
             &f,
-            &Sinks { metrics: &self.metrics, series, class: &control.series, budget: &control.budget, ttft_window: &control.ttft },
+            &Sinks { metrics: &self.metrics, series, class: &class, budget: &control.budget, ttft_window: &control.ttft },
         );
     }
 }
 
 /// A request's series: its model's, or `unknown` when it never got one.
 fn series<'a>(slot: &'a mut Option<Arc<RequestSeries>>, class: &Class) -> &'a RequestSeries {
-    slot.get_or_insert_with(|| class.control.series.for_model("unknown"))
+    slot.get_or_insert_with(|| class.control.series.load().for_model("unknown"))
 }
 
 impl Tracker {

@@ -4,8 +4,9 @@
 //! the models a pool serves (or `unknown`), `class` one of the configured
 //! classes, so random client input cannot create series.
 //!
-//! Histogram buckets always contain every configured class's TTFT and ITL
-//! target and twice each, so `le="0.3"` SLIs work for any config.
+//! A class's latency histograms have buckets at its TTFT and ITL targets and
+//! twice each (plus common ones), so `le="0.3"` SLIs work for any config; a
+//! reload that adds a class or changes a target adds its buckets.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -17,7 +18,7 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::histogram::AtomicHistogram;
+use super::histogram::{AtomicHistogram, HistogramFamily};
 use super::Outcome;
 use crate::config::{Config, Tier};
 
@@ -118,6 +119,8 @@ pub(crate) struct TierOnlyLabels {
 pub(crate) struct ClassSeries {
     class: String,
     tier: TierLabel,
+    layout: ClassLayout,
+    queue_time: OnceLock<AtomicHistogram>,
     goodput: OnceLock<Counter>,
     breaches: [OnceLock<Counter>; BREACH_KINDS],
     by_model: RwLock<HashMap<String, Arc<RequestSeries>>>,
@@ -126,6 +129,7 @@ pub(crate) struct ClassSeries {
 /// One (model, class, tier)'s request series. See [`ClassSeries`].
 pub(crate) struct RequestSeries {
     labels: RequestLabels,
+    layout: ClassLayout,
     ttft: OnceLock<AtomicHistogram>,
     itl: OnceLock<AtomicHistogram>,
     tpot: OnceLock<AtomicHistogram>,
@@ -139,10 +143,14 @@ const OUTCOMES: usize = Outcome::stream_error as usize + 1;
 const BREACH_KINDS: usize = BreachKind::error as usize + 1;
 
 impl ClassSeries {
-    pub(crate) fn new(class: &str, tier: Tier) -> ClassSeries {
+    /// The series of `class`, whose latency histograms have buckets at
+    /// `ttft` and `itl` (its targets) and twice each.
+    pub(crate) fn new(class: &str, tier: Tier, ttft: std::time::Duration, itl: std::time::Duration) -> ClassSeries {
         ClassSeries {
             class: class.to_string(),
             tier: tier.into(),
+            layout: ClassLayout::new(ttft, itl),
+            queue_time: OnceLock::new(),
             goodput: OnceLock::new(),
             breaches: Default::default(),
             by_model: RwLock::new(HashMap::new()),
@@ -159,6 +167,7 @@ impl ClassSeries {
             .or_insert_with(|| {
                 Arc::new(RequestSeries {
                     labels: RequestLabels { model: model.to_string(), class: self.class.clone(), tier: self.tier },
+                    layout: self.layout.clone(),
                     ttft: OnceLock::new(),
                     itl: OnceLock::new(),
                     tpot: OnceLock::new(),
@@ -169,6 +178,17 @@ impl ClassSeries {
                 })
             })
             .clone()
+    }
+
+    /// Were these series made for these targets?
+    pub(crate) fn has_targets(&self, ttft: std::time::Duration, itl: std::time::Duration) -> bool {
+        self.layout.targets == (ttft, itl)
+    }
+
+    /// `queue_time_seconds{class,tier}`.
+    pub(crate) fn queue_time(&self, m: &Metrics) -> &AtomicHistogram {
+        self.queue_time
+            .get_or_init(|| m.queue_time.get_or_create(&ClassTierLabels { class: self.class.clone(), tier: self.tier }, &self.layout.ttft))
     }
 
     pub(crate) fn goodput(&self, m: &Metrics) -> &Counter {
@@ -186,15 +206,15 @@ impl RequestSeries {
     }
 
     pub(crate) fn ttft(&self, m: &Metrics) -> &AtomicHistogram {
-        self.ttft.get_or_init(|| m.ttft.get_or_create(&self.labels).clone())
+        self.ttft.get_or_init(|| m.ttft.get_or_create(&self.labels, &self.layout.ttft))
     }
 
     pub(crate) fn itl(&self, m: &Metrics) -> &AtomicHistogram {
-        self.itl.get_or_init(|| m.itl.get_or_create(&self.labels).clone())
+        self.itl.get_or_init(|| m.itl.get_or_create(&self.labels, &self.layout.itl))
     }
 
     pub(crate) fn tpot(&self, m: &Metrics) -> &AtomicHistogram {
-        self.tpot.get_or_init(|| m.tpot.get_or_create(&self.labels).clone())
+        self.tpot.get_or_init(|| m.tpot.get_or_create(&self.labels, &self.layout.itl))
     }
 
     pub(crate) fn e2e(&self, m: &Metrics) -> &AtomicHistogram {
@@ -237,6 +257,26 @@ const LATENCY_BASE: &[f64] =
 const ITL_BASE: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5];
 const E2E_BASE: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0];
 
+/// The bucket bounds of one class's latency histograms.
+#[derive(Clone)]
+struct ClassLayout {
+    targets: (std::time::Duration, std::time::Duration),
+    /// TTFT and queue time.
+    ttft: Arc<[f64]>,
+    /// ITL and time per output token.
+    itl: Arc<[f64]>,
+}
+
+impl ClassLayout {
+    fn new(ttft: std::time::Duration, itl: std::time::Duration) -> ClassLayout {
+        ClassLayout {
+            targets: (ttft, itl),
+            ttft: buckets_with_targets(LATENCY_BASE, [ttft.as_secs_f64()]).into(),
+            itl: buckets_with_targets(ITL_BASE, [itl.as_secs_f64()]).into(),
+        }
+    }
+}
+
 /// `base` plus every target and twice every target, sorted and deduplicated
 /// at microsecond precision (so `0.3` from `300ms` and `2 x 150ms` is one bucket).
 pub(crate) fn buckets_with_targets(base: &[f64], targets: impl IntoIterator<Item = f64>) -> Vec<f64> {
@@ -253,11 +293,11 @@ pub(crate) fn buckets_with_targets(base: &[f64], targets: impl IntoIterator<Item
 /// Every metric slogate exports.
 pub struct Metrics {
     pub(crate) registry: Registry,
-    pub(crate) ttft: Family<RequestLabels, AtomicHistogram, Buckets>,
-    pub(crate) itl: Family<RequestLabels, AtomicHistogram, Buckets>,
-    pub(crate) tpot: Family<RequestLabels, AtomicHistogram, Buckets>,
+    pub(crate) ttft: HistogramFamily<RequestLabels>,
+    pub(crate) itl: HistogramFamily<RequestLabels>,
+    pub(crate) tpot: HistogramFamily<RequestLabels>,
     pub(crate) e2e: Family<RequestLabels, AtomicHistogram, Buckets>,
-    pub(crate) queue_time: Family<ClassTierLabels, AtomicHistogram, Buckets>,
+    pub(crate) queue_time: HistogramFamily<ClassTierLabels>,
     pub(crate) requests: Family<OutcomeLabels, Counter>,
     pub(crate) slo_breaches: Family<BreachLabels, Counter>,
     pub(crate) prompt_tokens: Family<ModelClassLabels, Counter>,
@@ -278,28 +318,21 @@ pub struct Metrics {
     pub(crate) open_connections: Gauge,
     /// Connections that waited to be accepted because `server.max_connections` were open.
     pub(crate) connections_waited: Counter,
-    ttft_bounds: Arc<Vec<f64>>,
-    itl_bounds: Arc<Vec<f64>>,
 }
 
 impl Metrics {
-    /// Build the registry. Buckets come from the classes of `config`.
+    /// Build the registry, with the gauges of the classes of `config`.
+    /// Histogram buckets come from each class's series ([`ClassSeries`]).
     pub fn new(config: &Config) -> Metrics {
-        let ttfts: Vec<f64> = config.classes.values().map(|c| c.ttft.get().as_secs_f64()).collect();
-        let itls: Vec<f64> = config.classes.values().map(|c| c.itl.get().as_secs_f64()).collect();
-        let ttft_b = Buckets(Arc::new(buckets_with_targets(LATENCY_BASE, ttfts.iter().copied())));
-        let itl_b = Buckets(Arc::new(buckets_with_targets(ITL_BASE, itls.iter().copied())));
-        let (ttft_bounds, itl_bounds) = (ttft_b.0.clone(), itl_b.0.clone());
         let e2e_b = Buckets(Arc::new(buckets_with_targets(E2E_BASE, [])));
-        let queue_b = Buckets(Arc::new(buckets_with_targets(LATENCY_BASE, ttfts.iter().copied())));
 
         let mut registry = Registry::with_prefix("slogate");
         let m = Metrics {
-            ttft: Family::new_with_constructor(ttft_b),
-            itl: Family::new_with_constructor(itl_b.clone()),
-            tpot: Family::new_with_constructor(itl_b),
+            ttft: HistogramFamily::default(),
+            itl: HistogramFamily::default(),
+            tpot: HistogramFamily::default(),
             e2e: Family::new_with_constructor(e2e_b),
-            queue_time: Family::new_with_constructor(queue_b),
+            queue_time: HistogramFamily::default(),
             requests: Family::default(),
             slo_breaches: Family::default(),
             prompt_tokens: Family::default(),
@@ -318,8 +351,6 @@ impl Metrics {
             reloads: Counter::default(),
             open_connections: Gauge::default(),
             connections_waited: Counter::default(),
-            ttft_bounds: ttft_bounds.clone(),
-            itl_bounds: itl_bounds.clone(),
             registry: Registry::default(),
         };
         registry.register(
@@ -377,12 +408,6 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Is `secs` a bucket bound of the TTFT (`what == "ttft"`) or ITL histograms?
-    pub fn has_bucket(&self, what: &str, secs: f64) -> bool {
-        let b = if what == "ttft" { &self.ttft_bounds } else { &self.itl_bounds };
-        b.iter().any(|x| (x - secs).abs() < 1e-9)
-    }
-
     /// The OpenMetrics text exposition (`application/openmetrics-text`).
     pub fn encode_openmetrics(&self) -> String {
         let mut out = String::with_capacity(16 * 1024);
@@ -429,6 +454,8 @@ pub(crate) fn openmetrics_to_prometheus(om: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -440,27 +467,94 @@ mod tests {
         assert!(b.windows(2).all(|w| w[0] < w[1]), "sorted and unique: {b:?}");
     }
 
+    /// `name value` of the exposition line that starts with `prefix`.
+    fn sample(text: &str, prefix: &str) -> Option<f64> {
+        text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+    }
+
     #[test]
-    fn exposition_has_le_for_each_class_target() {
+    fn each_class_has_buckets_at_its_own_targets() {
         let cfg = Config::parse("classes:\n  chat: { tier: interactive, ttft: 300ms, itl: 50ms }\n  odd: { tier: batch, ttft: 1234ms, itl: 77ms }\ndefault_class: chat\n").expect("valid");
         let m = Metrics::new(&cfg);
-        let l = RequestLabels { model: "m".into(), class: "chat".into(), tier: TierLabel::interactive };
-        m.ttft.get_or_create(&l).observe(0.1);
-        m.itl.get_or_create(&l).observe(0.01);
+        for (class, tier, ttft, itl) in [("chat", Tier::Interactive, 300, 50), ("odd", Tier::Batch, 1234, 77)] {
+            let c = ClassSeries::new(class, tier, Duration::from_millis(ttft), Duration::from_millis(itl));
+            let s = c.for_model("m");
+            s.ttft(&m).observe(0.1);
+            s.itl(&m).observe(0.01);
+            c.queue_time(&m).observe(0.01);
+        }
         let text = m.encode();
-        for le in ["le=\"0.3\"", "le=\"0.6\"", "le=\"1.234\"", "le=\"2.468\""] {
-            assert!(text.lines().any(|x| x.starts_with("slogate_time_to_first_token_seconds_bucket") && x.contains(le)), "{le} missing");
+        let has = |metric: &str, class: &str, le: &str| {
+            text.lines().any(|x| {
+                x.starts_with(&format!("{metric}_bucket{{"))
+                    && x.contains(&format!("class=\"{class}\""))
+                    && x.contains(&format!("le=\"{le}\""))
+            })
+        };
+        for le in ["0.3", "0.6"] {
+            assert!(has("slogate_time_to_first_token_seconds", "chat", le), "chat ttft {le} missing\n{text}");
+            assert!(has("slogate_queue_time_seconds", "chat", le), "chat queue {le} missing");
         }
-        for le in ["le=\"0.05\"", "le=\"0.1\"", "le=\"0.077\"", "le=\"0.154\""] {
-            assert!(text.lines().any(|x| x.starts_with("slogate_inter_token_latency_seconds_bucket") && x.contains(le)), "{le} missing");
+        for le in ["1.234", "2.468"] {
+            assert!(has("slogate_time_to_first_token_seconds", "odd", le), "odd ttft {le} missing");
+            assert!(!has("slogate_time_to_first_token_seconds", "chat", le), "odd's target {le} is not in chat's series");
         }
+        for le in ["0.05", "0.1"] {
+            assert!(has("slogate_inter_token_latency_seconds", "chat", le), "chat itl {le} missing");
+        }
+        for le in ["0.077", "0.154"] {
+            assert!(has("slogate_inter_token_latency_seconds", "odd", le), "odd itl {le} missing");
+        }
+    }
+
+    /// A reload that changes a class's target gives the class new
+    /// [`ClassSeries`]; the series they write grow by the new bounds and keep
+    /// the old ones, what was counted, and what requests started before still count.
+    #[test]
+    fn a_changed_target_adds_its_buckets_and_keeps_the_old_ones_and_their_counts() {
+        let m = Metrics::new(&Config::default());
+        let before = ClassSeries::new("chat", Tier::Interactive, Duration::from_millis(300), Duration::from_millis(50));
+        let running = before.for_model("m");
+        for v in [0.1, 0.26, 0.29, 0.9] {
+            running.ttft(&m).observe(v);
+        }
+        let text = m.encode();
+        let p =
+            |le: &str| format!("slogate_time_to_first_token_seconds_bucket{{le=\"{le}\",model=\"m\",class=\"chat\",tier=\"interactive\"}}");
+        assert_eq!(sample(&text, &p("0.3")), Some(3.0));
+        assert_eq!(sample(&text, &p("0.25")), None, "not a bucket yet");
+
+        let after = ClassSeries::new("chat", Tier::Interactive, Duration::from_millis(250), Duration::from_millis(50));
+        assert!(!after.has_targets(Duration::from_millis(300), Duration::from_millis(50)));
+        let new = after.for_model("m");
+        for v in [0.24, 0.27] {
+            new.ttft(&m).observe(v);
+        }
+        // A request that looked its series up before the reload ends now.
+        running.ttft(&m).observe(0.2);
+        let text = m.encode();
+        // Old and new bounds; the counts before the change fall in the old
+        // buckets (0.26 and 0.29 stay above 0.25: they are not known to be under it).
+        for (le, want) in [("0.2", 2.0), ("0.25", 3.0), ("0.3", 6.0), ("0.5", 6.0), ("0.6", 6.0), ("+Inf", 7.0)] {
+            assert_eq!(sample(&text, &p(le)), Some(want), "le={le} in\n{text}");
+        }
+        let count = "slogate_time_to_first_token_seconds_count{model=\"m\",class=\"chat\",tier=\"interactive\"}";
+        assert_eq!(sample(&text, count), Some(7.0));
+        let sum = "slogate_time_to_first_token_seconds_sum{model=\"m\",class=\"chat\",tier=\"interactive\"}";
+        let want_sum = 0.1 + 0.26 + 0.29 + 0.9 + 0.24 + 0.27 + 0.2;
+        assert!((sample(&text, sum).unwrap_or(0.0) - want_sum).abs() < 1e-6);
+        // The same targets again: the same series, not another layer.
+        let again = ClassSeries::new("chat", Tier::Interactive, Duration::from_millis(300), Duration::from_millis(50));
+        assert_eq!(sample(&m.encode(), &p("0.25")), Some(3.0));
+        again.for_model("m").ttft(&m).observe(0.01);
+        assert_eq!(sample(&m.encode(), &p("0.25")), Some(4.0), "a layout the series covers reuses it");
     }
 
     #[test]
     fn class_series_write_the_family_series_and_create_them_on_first_write() {
         let cfg = Config::parse("classes:\n  chat: { tier: interactive, ttft: 300ms, itl: 50ms }\ndefault_class: chat\n").expect("valid");
         let m = Metrics::new(&cfg);
-        let c = ClassSeries::new("chat", Tier::Interactive);
+        let c = ClassSeries::new("chat", Tier::Interactive, Duration::from_millis(300), Duration::from_millis(50));
         let s = c.for_model("m");
         assert!(Arc::ptr_eq(&s, &c.for_model("m")), "one series set per model");
         assert_eq!(s.model(), "m");
