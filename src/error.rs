@@ -43,9 +43,13 @@ pub(crate) enum GatewayError {
     Rejected { message: String, code: &'static str, retry_after: u64 },
     #[error("no healthy replica in pool `{pool}`")]
     NoHealthyReplica { pool: String },
-    #[error("replica {replica} failed: {source}")]
+    /// `replica` is the name clients are shown, `detail` what they may be
+    /// told of the failure; `url` and `source` are for the log.
+    #[error("replica {replica} failed: {detail}")]
     Upstream {
         replica: String,
+        detail: String,
+        url: String,
         #[source]
         source: BoxError,
     },
@@ -64,6 +68,15 @@ impl GatewayError {
         match allow {
             Some(allow) => GatewayError::MethodNotAllowed { method, path, allow },
             None => GatewayError::NotFound { method, path },
+        }
+    }
+
+    /// The whole story for the log: what the client was told, and for a
+    /// replica's failure its URL and the full cause.
+    pub(crate) fn for_log(&self) -> String {
+        match self {
+            GatewayError::Upstream { url, source, .. } => format!("{self} ({url}: {source})"),
+            _ => self.to_string(),
         }
     }
 

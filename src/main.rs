@@ -233,7 +233,11 @@ async fn demo(
             }
         }
     }
-    cfg.pools[0].replicas = sims.iter().map(|s| s.url()).collect();
+    cfg.pools[0].replicas = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| slogate::config::ReplicaConfig { url: s.url(), name: Some(format!("sim-{}", i + 1)) })
+        .collect();
     cfg.server.listen = listen;
     cfg.server.admin_listen = admin_listen;
     let targets = cfg

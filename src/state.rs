@@ -231,14 +231,14 @@ impl App {
         }
         let new = Snapshot::prepare(config, &self.metrics, &self.controls, Some(&old))?;
         let kept: std::collections::HashSet<(String, String)> =
-            new.pools.iter().flat_map(|r| r.pool.replicas.iter().map(|x| (r.pool.config.name.clone(), x.url.clone()))).collect();
+            new.pools.iter().flat_map(|r| r.pool.replicas.iter().map(|x| (r.pool.config.name.clone(), x.label().to_string()))).collect();
         self.install(new);
         self.start_health_checks();
         // Series of replicas that are gone.
         for p in old.pools.iter().map(|r| &r.pool) {
             for r in &p.replicas {
-                if !kept.contains(&(p.config.name.clone(), r.url.clone())) {
-                    let l = ReplicaLabels { pool: p.config.name.clone(), replica: r.url.clone() };
+                if !kept.contains(&(p.config.name.clone(), r.label().to_string())) {
+                    let l = ReplicaLabels { pool: p.config.name.clone(), replica: r.label().to_string() };
                     self.metrics.inflight.remove(&l);
                     self.metrics.upstream_healthy.remove(&l);
                 }

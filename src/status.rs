@@ -84,6 +84,8 @@ pub(crate) struct PoolStatus {
 
 #[derive(Debug, Serialize)]
 pub(crate) struct ReplicaStatus {
+    /// What clients are shown in `x-slogate-replica`.
+    pub(crate) name: String,
     pub(crate) url: String,
     pub(crate) healthy: bool,
     /// Why its last health check failed.
@@ -168,6 +170,7 @@ pub(crate) fn collect(app: &App) -> Status {
                 .replicas
                 .iter()
                 .map(|r| ReplicaStatus {
+                    name: String::from_utf8_lossy(r.public_name().as_bytes()).into_owned(),
                     url: r.url.clone(),
                     healthy: r.is_healthy(),
                     reason: r.health_error(),
@@ -304,12 +307,13 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
         s.queues.interactive, s.queues.batch
     ));
 
-    h.push_str("<h2>Replicas</h2><table><tr><th class=\"l\">pool</th><th class=\"l\">replica</th><th class=\"l\">health</th><th>in flight</th><th>slots</th></tr>");
+    h.push_str("<h2>Replicas</h2><table><tr><th class=\"l\">pool</th><th class=\"l\">replica</th><th class=\"l\">URL</th><th class=\"l\">health</th><th>in flight</th><th>slots</th></tr>");
     for p in &s.pools {
         for r in &p.replicas {
             h.push_str(&format!(
-                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span> {}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span> {}</td><td>{}</td><td>{}</td></tr>",
                 esc(&p.name),
+                esc(&r.name),
                 esc(&r.url),
                 if r.healthy { "ok" } else { "bad" },
                 if r.healthy { "healthy" } else { "unhealthy" },

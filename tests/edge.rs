@@ -402,3 +402,71 @@ async fn connections_past_max_connections_wait_and_are_counted() {
     tokio::time::timeout(Duration::from_secs(10), third.read_exact(&mut first)).await.expect("served once one closed").expect("read");
     assert_eq!(&first, b"HTTP/1.1 200");
 }
+
+/// Replicas are shown to clients by name: `replicas[].name` when given,
+/// else `<pool>-<position>`; metrics and the status page label them by name
+/// or URL. Over HTTP/1.1 and HTTP/2.
+#[tokio::test]
+async fn replicas_are_shown_to_clients_by_name_never_by_url() {
+    let named = Mock::start(standard(2, Duration::ZERO)).await;
+    let plain = Mock::start(standard(2, Duration::ZERO)).await;
+    let gw = gateway_config(&[format!("{{ url: {}, name: gpu-a }}", named.url()), plain.url()]).pool("balance: round_robin").start().await;
+    for (proto, c) in clients() {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..4 {
+            let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+            assert_eq!(resp.status(), 200, "{proto}");
+            seen.insert(header(resp.headers(), "x-slogate-replica").unwrap_or("none").to_string());
+            resp.into_body().collect().await.expect("body");
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["gpu-a", "p-2"], "{proto}");
+    }
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_upstream_healthy", &[("replica", "gpu-a")]), Some(1.0));
+    assert_eq!(metric(&m, "slogate_upstream_healthy", &[("replica", &plain.url())]), Some(1.0));
+    assert_eq!(metric(&m, "slogate_upstream_healthy", &[("replica", &named.url())]), None, "a named replica's series carry its name");
+    let (_, slo) = get(gw.admin_addr, "/slo.json").await;
+    let v: serde_json::Value = serde_json::from_str(&slo).expect("json");
+    assert_eq!(v["pools"][0]["replicas"][0]["name"], "gpu-a");
+    assert_eq!(v["pools"][0]["replicas"][1]["name"], "p-2");
+    assert_eq!(v["pools"][0]["replicas"][1]["url"], plain.url());
+    assert_quiescent(&gw).await;
+}
+
+/// A replica that refuses connections (502) or answers nothing in time
+/// (504): the error body names the replica as clients know it, and holds
+/// neither its address nor its port.
+#[tokio::test]
+async fn gateway_errors_do_not_expose_replica_addresses() {
+    let dead = Mock::start(standard(1, Duration::ZERO)).await;
+    let slow = Mock::start(script(|req| {
+        let mut s = vllm_stream(req, 1, Duration::ZERO, "stop");
+        s.header_delay = Duration::from_secs(30);
+        s
+    }))
+    .await;
+    // One check at start (the first decides), none after: the dead replica
+    // stays in service and its connection is refused.
+    let once = |yaml: String| {
+        yaml.replace(
+            "health: { interval: 100ms, timeout: 1s, unhealthy_after: 2, healthy_after: 2 }",
+            "health: { interval: 1h, timeout: 1s, unhealthy_after: 2, healthy_after: 2 }",
+        )
+    };
+    let gw_dead = start_gateway(&once(gateway_config(&[dead.url()]).yaml())).await;
+    let gw_slow = start_gateway(&once(gateway_config(&[slow.url()]).pool("timeouts: { first_token: 300ms }").yaml())).await;
+    dead.kill();
+    for (gw, mock, status) in [(&gw_dead, &dead, 502), (&gw_slow, &slow, 504)] {
+        for (proto, c) in clients() {
+            let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+            assert_eq!(resp.status(), status, "{proto}");
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            let message = error_body(&body)["message"].as_str().unwrap_or_default().to_string();
+            let port = mock.url().rsplit(':').next().unwrap_or_default().to_string();
+            assert!(message.contains("replica p-1"), "{proto}: {message}");
+            assert!(!message.contains("127.0.0.1") && !message.contains(&port), "{proto}: {message} exposes {}", mock.url());
+        }
+    }
+    assert_quiescent(&gw_dead).await;
+    assert_quiescent(&gw_slow).await;
+}

@@ -8,6 +8,7 @@
 pub(crate) mod pem;
 mod types;
 
+use std::collections::HashMap;
 use std::path::Path;
 
 pub use types::*;
@@ -187,12 +188,20 @@ impl Config {
             if pool.replicas.is_empty() {
                 bad(f("replicas"), "at least one replica is required".into());
             }
+            let mut names = HashMap::new();
             for (j, r) in pool.replicas.iter().enumerate() {
-                if let Err(e) = parse_replica_url(r) {
+                if let Err(e) = parse_replica_url(&r.url) {
                     bad(format!("pools[{i}].replicas[{j}]"), e);
                 }
+                if let Some(name) = &r.name {
+                    if let Err(e) = check_replica_name(name) {
+                        bad(format!("pools[{i}].replicas[{j}].name"), e);
+                    } else if let Some(other) = names.insert(name.as_str(), j) {
+                        bad(format!("pools[{i}].replicas[{j}].name"), format!("`{name}` is already the name of replicas[{other}]"));
+                    }
+                }
             }
-            let https = pool.replicas.iter().any(|r| r.trim_start().starts_with("https://"));
+            let https = pool.replicas.iter().any(|r| r.url.trim_start().starts_with("https://"));
             if let Some(tls) = &pool.tls {
                 if !https {
                     bad(f("tls"), "is set, but no replica URL starts with https://".into());
@@ -397,6 +406,17 @@ struct Parsed {
 
 /// Check a replica base URL: `http://host:port` or `https://host:port`,
 /// with an optional path prefix.
+/// A replica's name: what clients see in a header, so short and plain.
+fn check_replica_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 {
+        return Err("must be 1 to 64 characters".into());
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)) {
+        return Err(format!("`{name}` may hold only letters, digits and - _ . :"));
+    }
+    Ok(())
+}
+
 pub fn parse_replica_url(s: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
     match uri.scheme_str() {
@@ -491,6 +511,29 @@ mod tests {
         let err =
             Config::parse("pools:\n  - name: a\n    models: [m]\n    replicas: [http://127.0.0.1:1, 'ftp://x']\n").expect_err("bad").0;
         assert_eq!(err[0].field, "pools[0].replicas[1]");
+    }
+
+    #[test]
+    fn replicas_are_urls_or_url_and_name() {
+        let c = Config::parse(
+            "pools:\n  - name: a\n    models: [m]\n    replicas: [http://10.0.0.1:8000, { url: http://10.0.0.2:8000, name: gpu-b }]\n",
+        )
+        .expect("valid");
+        assert_eq!(c.pools[0].replicas[0], ReplicaConfig { url: "http://10.0.0.1:8000".into(), name: None });
+        assert_eq!(c.pools[0].replicas[1], ReplicaConfig { url: "http://10.0.0.2:8000".into(), name: Some("gpu-b".into()) });
+        // Written back as read.
+        let again = Config::parse(&serde_norway::to_string(&c).expect("yaml")).expect("round trip");
+        assert_eq!(again.pools[0].replicas, c.pools[0].replicas);
+
+        let text = "pools:\n  - name: a\n    models: [m]\n    replicas:\n      - { url: http://10.0.0.1:8000, name: x }\n      - { url: http://10.0.0.2:8000, name: x }\n      - { url: http://10.0.0.3:8000, name: 'has space' }\n";
+        let err = Config::parse(text).expect_err("bad").0;
+        let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(fields, ["pools[0].replicas[1].name", "pools[0].replicas[2].name"], "{err:?}");
+        assert!(err[0].message.contains("already the name of replicas[0]"), "{err:?}");
+        for bad in ["{ name: x }", "{ url: http://10.0.0.1:8000, nmae: x }", "[1, 2]"] {
+            let err = Config::parse(&format!("pools:\n  - name: a\n    models: [m]\n    replicas: [{bad}]\n")).expect_err(bad).0;
+            assert!(err[0].field.starts_with("pools"), "{bad}: {err:?}");
+        }
     }
 
     #[test]

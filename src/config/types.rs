@@ -190,7 +190,8 @@ pub enum Balance {
 pub struct PoolConfig {
     pub name: String,
     pub models: Vec<String>,
-    pub replicas: Vec<String>,
+    /// Each a URL, or `{ url, name }`.
+    pub replicas: Vec<ReplicaConfig>,
     pub max_inflight_per_replica: u32,
     pub balance: Balance,
     pub health: HealthConfig,
@@ -209,6 +210,72 @@ pub struct PoolConfig {
     /// The longest one SSE event from a replica may be; past it the stream
     /// ends with an error event (`stream_error`).
     pub max_event_bytes: Size,
+}
+
+/// One replica: written as its URL, or as `{ url, name }`.
+///
+/// The name is what clients see in `x-slogate-replica` and in 502/504
+/// bodies, and what metrics and traces label it with. A replica without a
+/// name shows as `<pool>-<position>` to clients (its URL stays internal)
+/// and by its URL in metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaConfig {
+    pub url: String,
+    pub name: Option<String>,
+}
+
+impl From<&str> for ReplicaConfig {
+    fn from(url: &str) -> Self {
+        ReplicaConfig { url: url.to_string(), name: None }
+    }
+}
+
+impl From<String> for ReplicaConfig {
+    fn from(url: String) -> Self {
+        ReplicaConfig { url, name: None }
+    }
+}
+
+impl<'de> Deserialize<'de> for ReplicaConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Named {
+            url: String,
+            name: Option<String>,
+        }
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = ReplicaConfig;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a URL, or { url, name }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ReplicaConfig, E> {
+                Ok(v.into())
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ReplicaConfig, A::Error> {
+                let n = Named::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(ReplicaConfig { url: n.url, name: n.name })
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// Written as it is read: the URL alone when there is no name.
+impl Serialize for ReplicaConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match &self.name {
+            None => s.serialize_str(&self.url),
+            Some(name) => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("url", &self.url)?;
+                m.serialize_entry("name", name)?;
+                m.end()
+            }
+        }
+    }
 }
 
 /// TLS towards a pool's `https://` replicas.

@@ -163,7 +163,7 @@ fn fail(mut t: Tracker, e: GatewayError) -> Response<ProxyBody> {
     t.finish(e.outcome());
     t.span().record("http.response.status_code", e.status().as_u16());
     if e.status().is_server_error() {
-        tracing::warn!(error = %e, "request failed");
+        tracing::warn!(error = %e.for_log(), "request failed");
     }
     e.into_response()
 }
@@ -240,7 +240,7 @@ fn observe(
     reduced: Option<String>,
 ) -> Response<ProxyBody> {
     let status = resp.status();
-    let replica_url = lease.replica().url.clone();
+    let replica = lease.replica().public_name();
     let class_name = tracker.class().name.clone();
     tracker.span().record("http.response.status_code", status.as_u16());
     tracker.attach_lease(lease);
@@ -264,9 +264,7 @@ fn observe(
     if let Ok(v) = HeaderValue::from_str(&class_name) {
         h.insert(HeaderName::from_static("x-slogate-class"), v);
     }
-    if let Ok(v) = HeaderValue::from_str(&replica_url) {
-        h.insert(HeaderName::from_static("x-slogate-replica"), v);
-    }
+    h.insert(HeaderName::from_static("x-slogate-replica"), replica);
     h.insert(HeaderName::from_static("x-slogate-queue-ms"), HeaderValue::from(waited.as_millis() as u64));
     if let Some(v) = reduced.and_then(|r| HeaderValue::from_str(&r).ok()) {
         h.insert(HeaderName::from_static("x-slogate-context-reduced"), v);

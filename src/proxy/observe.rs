@@ -192,7 +192,7 @@ impl Tracker {
                 s.record("gen_ai.response.finish_reasons", f.as_str());
             }
             if let Some(l) = &self.lease {
-                s.record("slogate.replica", l.replica().url.as_str());
+                s.record("slogate.replica", l.replica().label());
             }
             s.record("otel.status_code", if outcome.sli() == SliClass::Bad { "ERROR" } else { "OK" });
         }

@@ -231,6 +231,18 @@ impl SendError {
     pub(crate) fn was_sent(&self) -> bool {
         matches!(self, SendError::Http(_) | SendError::Closed)
     }
+
+    /// What a client may be told: the failure without the replica's address
+    /// or certificate names (those go to the log).
+    pub(crate) fn public_message(&self) -> String {
+        match self {
+            SendError::Connect { error, .. } => format!("could not connect: {}", error.kind()),
+            SendError::ConnectTimeout { after, .. } => format!("no connection within {after:?}"),
+            SendError::NotSent(e) | SendError::Http(e) => e.to_string(),
+            SendError::Tls { .. } => "the TLS handshake failed".into(),
+            SendError::Closed => self.to_string(),
+        }
+    }
 }
 
 enum Failed {

@@ -144,7 +144,7 @@ mod tests {
 
     /// The replica at `url`, as a pool holds it.
     fn replica(url: &str) -> Arc<Replica> {
-        let cfg = PoolConfig { replicas: vec![url.to_string()], ..PoolConfig::default() };
+        let cfg = PoolConfig { replicas: vec![url.into()], ..PoolConfig::default() };
         let access = Access::new(&cfg).expect("access");
         let pool = Pool::new(cfg, access, &Metrics::new(&Config::default()), None);
         pool.replicas[0].clone()

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use http::HeaderValue;
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::config::{Balance, PoolConfig};
@@ -25,6 +26,11 @@ use crate::telemetry::metrics::{Metrics, ReplicaLabels};
 pub(crate) struct Replica {
     /// Base URL as configured, e.g. `http://127.0.0.1:8000`.
     pub(crate) url: String,
+    /// `replicas[].name`, when the config gives one.
+    name: Option<String>,
+    /// What clients are shown (`x-slogate-replica`, error bodies): the name,
+    /// else `<pool>-<position>`, set when a pool with it is built.
+    public: ArcSwap<HeaderValue>,
     /// Scheme + authority, used to build request URIs.
     pub(crate) base: http::Uri,
     /// Requests holding a slot here. Invariant: only changed through [`ReplicaSlot`].
@@ -52,6 +58,25 @@ pub(crate) struct Replica {
 }
 
 impl Replica {
+    /// How metrics, traces and the status page label it: its name, else its URL.
+    pub(crate) fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.url)
+    }
+
+    /// What clients are shown: its name, else `<pool>-<position>`; never the URL.
+    pub(crate) fn public_name(&self) -> HeaderValue {
+        (**self.public.load()).clone()
+    }
+
+    /// [`public_name`](Replica::public_name) as text.
+    fn shown(&self) -> String {
+        String::from_utf8_lossy(self.public_name().as_bytes()).into_owned()
+    }
+
+    fn failed(&self, e: conn::SendError) -> GatewayError {
+        GatewayError::Upstream { replica: self.shown(), detail: e.public_message(), url: self.url.clone(), source: Box::new(e) }
+    }
+
     pub(crate) fn inflight(&self) -> usize {
         self.inflight.load(Ordering::Relaxed)
     }
@@ -172,7 +197,7 @@ impl Access {
             .replicas
             .iter()
             .enumerate()
-            .map(|(replica, u)| crate::config::parse_replica_url(u).map_err(|message| PoolError::ReplicaUrl { replica, message }))
+            .map(|(replica, u)| crate::config::parse_replica_url(&u.url).map_err(|message| PoolError::ReplicaUrl { replica, message }))
             .collect::<Result<Vec<_>, _>>()?;
         let client_tls = tls::client_config(config)?;
         let server_name = config.tls.as_ref().and_then(|t| t.server_name.as_deref());
@@ -190,6 +215,16 @@ impl Access {
         };
         Ok(Access { bases, tls, api_key })
     }
+}
+
+/// What clients see of replica `i` of pool `pool`: its name, else
+/// `<pool>-<i + 1>`.
+fn public_name(pool: &str, i: usize, name: Option<&str>) -> HeaderValue {
+    let shown = match name {
+        Some(n) => n.to_string(),
+        None => format!("{pool}-{}", i + 1),
+    };
+    HeaderValue::from_str(&shown).unwrap_or_else(|_| HeaderValue::from(i + 1))
 }
 
 /// A named set of replicas serving some models.
@@ -213,17 +248,24 @@ impl Pool {
         let Access { bases, tls: replica_tls, api_key } = access;
         let same_access = previous.is_some_and(|p| p.config.tls == config.tls && p.config.api_key_env == config.api_key_env);
         let mut replicas = Vec::with_capacity(config.replicas.len());
-        for ((url, base), tls) in config.replicas.iter().zip(bases).zip(replica_tls) {
-            let kept = previous.filter(|_| same_access).and_then(|p| p.replicas.iter().find(|r| r.url == url.trim_end_matches('/')));
+        for (i, ((rc, base), tls)) in config.replicas.iter().zip(bases).zip(replica_tls).enumerate() {
+            let url = rc.url.trim().trim_end_matches('/');
+            let public = public_name(&config.name, i, rc.name.as_deref());
+            let kept = previous
+                .filter(|_| same_access)
+                .and_then(|p| p.replicas.iter().find(|r| r.url == url && r.name.as_deref() == rc.name.as_deref()));
             if let Some(r) = kept {
+                r.public.store(Arc::new(public));
                 replicas.push(r.clone());
                 continue;
             }
-            let labels = ReplicaLabels { pool: config.name.clone(), replica: url.trim_end_matches('/').to_string() };
+            let labels = ReplicaLabels { pool: config.name.clone(), replica: rc.name.as_deref().unwrap_or(url).to_string() };
             let inflight_gauge = metrics.inflight.get_or_create(&labels).clone();
             let healthy_gauge = metrics.upstream_healthy.get_or_create(&labels).clone();
             replicas.push(Arc::new(Replica {
-                url: url.trim_end_matches('/').to_string(),
+                url: url.to_string(),
+                name: rc.name.clone(),
+                public: ArcSwap::from_pointee(public),
                 base,
                 inflight: AtomicUsize::new(0),
                 max_inflight: AtomicUsize::new(config.max_inflight_per_replica as usize),
@@ -355,9 +397,7 @@ pub(crate) async fn send_with_retry<A: Attempts>(
         let replica = on.replica().clone();
         let req = request(&replica)?;
         let failure = match tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout)).await {
-            Err(_) => {
-                return Err(GatewayError::UpstreamTimeout { replica: replica.url.clone(), after: crate::config::Dur(deadline - start) })
-            }
+            Err(_) => return Err(GatewayError::UpstreamTimeout { replica: replica.shown(), after: crate::config::Dur(deadline - start) }),
             Ok(Ok(resp)) if resp.status().is_server_error() && !retried => {
                 if !on.move_to_another() {
                     return Ok(resp);
@@ -367,13 +407,13 @@ pub(crate) async fn send_with_retry<A: Attempts>(
                 continue;
             }
             Ok(Ok(resp)) => return Ok(resp),
-            Ok(Err(e)) if e.was_sent() => return Err(GatewayError::Upstream { replica: replica.url.clone(), source: Box::new(e) }),
-            Ok(Err(e)) => GatewayError::Upstream { replica: replica.url.clone(), source: Box::new(e) },
+            Ok(Err(e)) if e.was_sent() => return Err(replica.failed(e)),
+            Ok(Err(e)) => replica.failed(e),
         };
         if retried || !on.move_to_another() {
             return Err(failure);
         }
-        tracing::info!(error = %failure, "retrying on another replica");
+        tracing::info!(error = %failure.for_log(), "retrying on another replica");
         retried = true;
     }
 }

@@ -45,7 +45,7 @@ fn system_roots() -> &'static [CertificateDer<'static>] {
 /// The client configuration of `pool`'s `https://` replicas; `None` when
 /// every replica is `http://`.
 pub(crate) fn client_config(pool: &PoolConfig) -> Result<Option<Arc<ClientConfig>>, TlsError> {
-    if !pool.replicas.iter().any(|r| r.trim_start().starts_with("https://")) {
+    if !pool.replicas.iter().any(|r| r.url.trim_start().starts_with("https://")) {
         return Ok(None);
     }
     let tls = pool.tls.clone().unwrap_or_default();
