@@ -470,3 +470,38 @@ async fn gateway_errors_do_not_expose_replica_addresses() {
     assert_quiescent(&gw_dead).await;
     assert_quiescent(&gw_slow).await;
 }
+
+/// `X-Forwarded-For` and `Forwarded` reach the replica with the client's
+/// address appended to what the client sent (or as the only element when
+/// it sent none): a client cannot pass itself off as another address.
+#[tokio::test]
+async fn forwarded_headers_are_appended_to_not_passed_through() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()]).start().await;
+    let cases: [(&[(&str, &str)], &str, &str); 3] = [
+        (&[], "127.0.0.1", "for=127.0.0.1"),
+        (
+            &[("x-forwarded-for", "203.0.113.7"), ("forwarded", "for=203.0.113.7;proto=https")],
+            "203.0.113.7, 127.0.0.1",
+            "for=203.0.113.7;proto=https, for=127.0.0.1",
+        ),
+        (
+            &[("x-forwarded-for", "198.51.100.1, 203.0.113.7"), ("x-forwarded-for", "192.0.2.9")],
+            "198.51.100.1, 203.0.113.7, 192.0.2.9, 127.0.0.1",
+            "for=127.0.0.1",
+        ),
+    ];
+    for (proto, c) in clients() {
+        for (sent, xff, fwd) in cases {
+            mock.state.headers.lock().expect("lock").clear();
+            let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), sent)).await.expect("response");
+            assert_eq!(resp.status(), 200);
+            resp.into_body().collect().await.expect("body");
+            let seen = mock.state.headers.lock().expect("lock").clone();
+            let all = |name: &str| seen[0].get_all(name).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>();
+            assert_eq!(all("x-forwarded-for"), [xff], "{proto}: sent {sent:?}");
+            assert_eq!(all("forwarded"), [fwd], "{proto}: sent {sent:?}");
+        }
+    }
+    assert_quiescent(&gw).await;
+}

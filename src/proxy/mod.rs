@@ -139,11 +139,12 @@ async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, mu
     let header_deadline = t.start() + if stream { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
     let mut lease = admitted.lease;
     let strip_auth = snap.classifier.has_keys();
+    let forwarded = Forwarded::of(&parts);
     let sent = upstream::send_with_retry(
         &route.pool,
         &mut lease,
         |replica| {
-            let mut req = build_upstream_request(&parts, &replica.base, body.clone(), strip_auth)?;
+            let mut req = build_upstream_request(&parts, &replica.base, body.clone(), strip_auth, &forwarded)?;
             if !t.span().is_disabled() {
                 crate::telemetry::otel::inject(t.span(), req.headers_mut());
             }
@@ -322,6 +323,7 @@ fn build_upstream_request(
     base: &http::Uri,
     body: Bytes,
     strip_auth: bool,
+    forwarded: &Forwarded,
 ) -> Result<Request<Full<Bytes>>, GatewayError> {
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = parts.method.clone();
@@ -346,12 +348,63 @@ fn build_upstream_request(
             || is_hop_by_hop(k)
             || (strip_auth && k == header::AUTHORIZATION)
             || named.contains(k)
+            || (forwarded.replaces(k))
         {
             continue;
         }
         h.append(k.clone(), v.clone());
     }
+    if let Some(v) = &forwarded.x_forwarded_for {
+        h.insert(X_FORWARDED_FOR, v.clone());
+    }
+    if let Some(v) = &forwarded.forwarded {
+        h.insert(header::FORWARDED, v.clone());
+    }
     Ok(req)
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// `X-Forwarded-For` and `Forwarded` (RFC 7239) as the replica gets them:
+/// what the client sent, with the client's address appended. Without a
+/// known client address (no [`ClientAddr`](crate::server::ClientAddr)),
+/// they pass through as sent.
+struct Forwarded {
+    x_forwarded_for: Option<HeaderValue>,
+    forwarded: Option<HeaderValue>,
+}
+
+impl Forwarded {
+    fn of(parts: &http::request::Parts) -> Forwarded {
+        let Some(crate::server::ClientAddr(peer)) = parts.extensions.get::<crate::server::ClientAddr>().copied() else {
+            return Forwarded { x_forwarded_for: None, forwarded: None };
+        };
+        let ip = peer.ip().to_canonical();
+        let node = if ip.is_ipv6() { format!("\"[{ip}]\"") } else { ip.to_string() };
+        Forwarded {
+            x_forwarded_for: appended(&parts.headers, &X_FORWARDED_FOR, &ip.to_string()),
+            forwarded: appended(&parts.headers, &header::FORWARDED, &format!("for={node}")),
+        }
+    }
+
+    /// Is `k` a header this replaces (one the client's value goes into)?
+    fn replaces(&self, k: &HeaderName) -> bool {
+        (self.x_forwarded_for.is_some() && k == X_FORWARDED_FOR) || (self.forwarded.is_some() && k == header::FORWARDED)
+    }
+}
+
+/// Every `name` header the client sent, joined by commas, then `element`.
+fn appended(h: &HeaderMap, name: &HeaderName, element: &str) -> Option<HeaderValue> {
+    let mut v = Vec::new();
+    for sent in h.get_all(name) {
+        let sent = sent.as_bytes().trim_ascii();
+        if !sent.is_empty() {
+            v.extend_from_slice(sent);
+            v.extend_from_slice(b", ");
+        }
+    }
+    v.extend_from_slice(element.as_bytes());
+    HeaderValue::from_bytes(&v).ok()
 }
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {

@@ -95,6 +95,10 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// Streams one HTTP/2 connection may have open at once.
 const H2_MAX_STREAMS: u32 = 256;
 
+/// The address a request's connection came from, in its extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub SocketAddr);
+
 /// What a listener allows its clients: how long a request head may take,
 /// how many connections may be open (`server.*`).
 #[derive(Clone)]
@@ -247,7 +251,10 @@ async fn serve_conn(
     watcher: Watcher,
     header_read_timeout: Duration,
 ) {
-    let svc = TowerToHyperService::new(svc);
+    let svc = TowerToHyperService::new(tower::ServiceExt::map_request(svc, move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(ClientAddr(peer));
+        req
+    }));
     let deadline = tokio::time::Instant::now() + header_read_timeout;
     let result = match tls {
         None => {
