@@ -478,7 +478,8 @@ async fn gateway_errors_do_not_expose_replica_addresses() {
 async fn forwarded_headers_are_appended_to_not_passed_through() {
     let mock = Mock::start(standard(1, Duration::ZERO)).await;
     let gw = gateway_config(&[mock.url()]).start().await;
-    let cases: [(&[(&str, &str)], &str, &str); 3] = [
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: [Case; 3] = [
         (&[], "127.0.0.1", "for=127.0.0.1"),
         (
             &[("x-forwarded-for", "203.0.113.7"), ("forwarded", "for=203.0.113.7;proto=https")],
