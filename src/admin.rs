@@ -11,6 +11,23 @@ use crate::error::{error_response, full, GatewayError, ProxyBody};
 use crate::state::App;
 
 pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
+    // Probes stay open: a kubelet or load balancer checks them without a token.
+    let open = matches!(req.uri().path(), "/healthz" | "/readyz");
+    if !open {
+        if let Some(token) = &app.snapshot().admin_token {
+            if !token.admits(req.headers()) {
+                let mut r = error_response(
+                    StatusCode::UNAUTHORIZED,
+                    "the admin listener needs its token (send `Authorization: Bearer <token>`; server.admin_token_env)",
+                    "authentication_error",
+                    None,
+                    "invalid_admin_token",
+                );
+                r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"slogate-admin\""));
+                return r;
+            }
+        }
+    }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
             let om =
@@ -27,6 +44,11 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::POST, "/-/reload") => match app.reload().await {
             Ok(()) => text(StatusCode::OK, "reloaded\n"),
+            Err(e @ crate::state::ReloadError::TooSoon { retry_after }) => {
+                let mut r = error_response(StatusCode::TOO_MANY_REQUESTS, &e.to_string(), "rate_limit_error", None, "reload_rate_limited");
+                r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs_f64().ceil().max(1.0) as u64));
+                r
+            }
             Err(e) => error_response(
                 StatusCode::BAD_REQUEST,
                 &format!("reload rejected, the running config stays: {e}"),

@@ -393,7 +393,11 @@ async fn serve(_validated: Config, path: PathBuf) -> ExitCode {
     let reloads = tokio::spawn(async move {
         while hup.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading the config");
-            let _ = app.reload().await;
+            // A signal is never dropped: past the reload rate, it waits its
+            // turn (signals arriving meanwhile fold into it).
+            while let Err(slogate::ReloadError::TooSoon { retry_after }) = app.reload().await {
+                tokio::time::sleep(retry_after).await;
+            }
         }
     });
     signals.terminated().await;

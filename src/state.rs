@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admission::{Controls, PoolAdmission};
-use crate::classify::{Class, Classifier};
+use crate::classify::{AdminToken, Class, Classifier};
 use crate::config::Config;
 use crate::telemetry::metrics::ReplicaLabels;
 use crate::telemetry::Metrics;
@@ -34,6 +34,8 @@ pub(crate) struct Snapshot {
     pub(crate) config: Arc<Config>,
     pub(crate) pools: Vec<Route>,
     pub(crate) classifier: Classifier,
+    /// What the admin listener requires (`server.admin_token_env`).
+    pub(crate) admin_token: Option<AdminToken>,
 }
 
 impl Snapshot {
@@ -48,6 +50,10 @@ impl Snapshot {
         previous: Option<&Snapshot>,
     ) -> Result<Snapshot, PrepareError> {
         let classifier = Classifier::new(&config, controls)?;
+        let admin_token = match &config.server.admin_token_env {
+            None => None,
+            Some(var) => Some(AdminToken::from_env(var).ok_or_else(|| PrepareError::AdminToken { var: var.clone() })?),
+        };
         // Every pool's URLs, TLS and key first: nothing is built for a config that fails.
         let access = config
             .pools
@@ -66,7 +72,7 @@ impl Snapshot {
             };
             pools.push(Route { pool, admission });
         }
-        Ok(Snapshot { config: Arc::new(config), pools, classifier })
+        Ok(Snapshot { config: Arc::new(config), pools, classifier, admin_token })
     }
 
     /// The pool serving `model`: static names first, then discovered ones.
@@ -102,6 +108,8 @@ pub enum PrepareError {
     /// A replica URL, a TLS file or the API key of a pool.
     #[error("pools[{pool}].{source}")]
     Pool { pool: usize, source: crate::upstream::PoolError },
+    #[error("server.admin_token_env: environment variable {var} is not set or empty")]
+    AdminToken { var: String },
 }
 
 /// Why a reload was refused (the running config stays).
@@ -109,6 +117,9 @@ pub enum PrepareError {
 pub enum ReloadError {
     #[error("this gateway was not started from a config file")]
     NoConfigFile,
+    /// Reloads are rate-limited; nothing was read.
+    #[error("too many reloads in a row (up to {RELOAD_BURST}, then one per {RELOAD_EVERY:?}); retry in {retry_after:?}")]
+    TooSoon { retry_after: std::time::Duration },
     #[error("{0}")]
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
@@ -128,6 +139,40 @@ pub(crate) struct App {
     health: Mutex<Vec<JoinHandle<()>>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// Reloads allowed now (see [`RELOAD_BURST`]).
+    reload_budget: Mutex<ReloadBudget>,
+}
+
+/// Reloads that may run back to back; after them, one per [`RELOAD_EVERY`].
+/// A reload re-reads TLS files, rebuilds pools and restarts health checks:
+/// a loop posting `/-/reload` must not keep the gateway doing only that.
+pub(crate) const RELOAD_BURST: u32 = 10;
+pub(crate) const RELOAD_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A token bucket of reloads.
+struct ReloadBudget {
+    tokens: u32,
+    /// When the bucket last gained a token (or was full).
+    since: tokio::time::Instant,
+}
+
+impl ReloadBudget {
+    /// Take a reload; else how long until one is allowed.
+    fn take(&mut self, now: tokio::time::Instant) -> Result<(), std::time::Duration> {
+        let gained = (now.saturating_duration_since(self.since).as_millis() / RELOAD_EVERY.as_millis()) as u32;
+        if gained > 0 {
+            self.tokens = (self.tokens + gained).min(RELOAD_BURST);
+            self.since += RELOAD_EVERY * gained;
+        }
+        if self.tokens == RELOAD_BURST {
+            self.since = now;
+        }
+        if self.tokens == 0 {
+            return Err((self.since + RELOAD_EVERY).saturating_duration_since(now));
+        }
+        self.tokens -= 1;
+        Ok(())
+    }
 }
 
 impl App {
@@ -147,6 +192,7 @@ impl App {
             stop,
             health: Mutex::new(Vec::new()),
             reloading: tokio::sync::Mutex::new(()),
+            reload_budget: Mutex::new(ReloadBudget { tokens: RELOAD_BURST, since: tokio::time::Instant::now() }),
         }
     }
 
@@ -202,7 +248,14 @@ impl App {
     /// Read the config file again, validate it, build a whole new snapshot,
     /// then swap it in. On any problem the running config stays, the error
     /// is logged and `config_reload_failures_total` goes up.
+    /// More than [`RELOAD_BURST`] reloads in a row, faster than one per
+    /// [`RELOAD_EVERY`], are refused ([`ReloadError::TooSoon`]).
     pub(crate) async fn reload(&self) -> Result<(), ReloadError> {
+        let allowed = self.reload_budget.lock().unwrap_or_else(|p| p.into_inner()).take(tokio::time::Instant::now());
+        if let Err(retry_after) = allowed {
+            tracing::warn!(?retry_after, "reload refused: too many reloads in a row");
+            return Err(ReloadError::TooSoon { retry_after });
+        }
         let _one = self.reloading.lock().await;
         let result = self.try_reload();
         match &result {
@@ -323,5 +376,29 @@ mod tests {
         let (ttft, interactive, batch, _, classes) = live(&app, &controls);
         assert_eq!((ttft, interactive, batch), (Duration::from_millis(120), Duration::from_secs(7), Duration::from_secs(9)));
         assert!(classes.contains(&"search".to_string()));
+    }
+
+    /// Ten reloads back to back, then one per 200 ms; a quiet spell refills
+    /// the burst. The refusal says when to come back and reads nothing.
+    #[tokio::test(start_paused = true)]
+    async fn reloads_are_rate_limited_to_a_burst_then_one_per_interval() {
+        let (app, _, _) = running(&Config::default());
+        for i in 0..RELOAD_BURST {
+            assert!(matches!(app.reload().await, Err(ReloadError::NoConfigFile)), "reload {i} runs");
+        }
+        match app.reload().await {
+            Err(ReloadError::TooSoon { retry_after }) => assert_eq!(retry_after, RELOAD_EVERY),
+            other => panic!("the 11th in a row is refused: {other:?}"),
+        }
+        tokio::time::advance(Duration::from_millis(150)).await;
+        assert!(matches!(app.reload().await, Err(ReloadError::TooSoon { retry_after }) if retry_after == Duration::from_millis(50)));
+        tokio::time::advance(Duration::from_millis(50)).await;
+        assert!(matches!(app.reload().await, Err(ReloadError::NoConfigFile)), "one more after the interval");
+        assert!(matches!(app.reload().await, Err(ReloadError::TooSoon { .. })));
+        tokio::time::advance(RELOAD_EVERY * RELOAD_BURST * 3).await;
+        for i in 0..RELOAD_BURST {
+            assert!(matches!(app.reload().await, Err(ReloadError::NoConfigFile)), "after a quiet spell, reload {i} runs");
+        }
+        assert!(matches!(app.reload().await, Err(ReloadError::TooSoon { .. })), "the burst refills to its size, not more");
     }
 }

@@ -506,3 +506,49 @@ async fn forwarded_headers_are_appended_to_not_passed_through() {
     }
     assert_quiescent(&gw).await;
 }
+
+/// With `server.admin_token_env`, everything on the admin listener but the
+/// probes needs the token; a reload without it changes nothing.
+#[tokio::test]
+async fn the_admin_listener_requires_its_token_except_for_probes() {
+    // Each test binary is its own process; this variable is this test's alone.
+    std::env::set_var("SLOGATE_TEST_ADMIN_TOKEN", "adm-7f3e");
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()]).server("admin_token_env: SLOGATE_TEST_ADMIN_TOKEN").start().await;
+    let request = |method: &str, path: &str, token: Option<&str>| {
+        let mut b = hyper::Request::builder().method(method).uri(format!("http://{}{path}", gw.admin_addr));
+        if let Some(t) = token {
+            b = b.header("authorization", format!("Bearer {t}"));
+        }
+        b.body(http_body_util::Full::new(bytes::Bytes::new())).expect("request")
+    };
+    for (proto, c) in clients() {
+        for (method, path) in
+            [("GET", "/metrics"), ("GET", "/slo"), ("GET", "/slo.json"), ("GET", "/capacity?rate=chat=1"), ("POST", "/-/reload")]
+        {
+            for token in [None, Some("wrong"), Some("adm-7f3")] {
+                let resp = c.request(request(method, path, token)).await.expect("response");
+                assert_eq!(resp.status(), 401, "{proto} {method} {path} with {token:?}");
+                assert_eq!(header(resp.headers(), "www-authenticate"), Some("Bearer realm=\"slogate-admin\""));
+                let body = resp.into_body().collect().await.expect("body").to_bytes();
+                assert_eq!(error_code(&body), "invalid_admin_token");
+            }
+            let resp = c.request(request(method, path, Some("adm-7f3e"))).await.expect("response");
+            // This gateway has no config file to reload: the token got it that far.
+            let want = if path == "/-/reload" { 400 } else { 200 };
+            assert_eq!(resp.status(), want, "{proto} {method} {path} with the token");
+            resp.into_body().collect().await.expect("body");
+        }
+        for path in ["/healthz", "/readyz"] {
+            let resp = c.request(request("GET", path, None)).await.expect("response");
+            assert_eq!(resp.status(), 200, "{proto} {path} is open");
+            resp.into_body().collect().await.expect("body");
+        }
+    }
+    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    assert_eq!(status, 200, "the data plane needs no admin token");
+    let resp = client().request(request("GET", "/metrics", Some("adm-7f3e"))).await.expect("metrics");
+    let m = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).to_string();
+    assert_eq!(metric(&m, "slogate_config_reload_failures_total", &[]), Some(2.0), "only the two reloads with the token ran");
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(1.0));
+}

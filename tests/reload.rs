@@ -18,7 +18,8 @@ fn config(replicas: &[String]) -> String {
     config_yaml(replicas, "    max_inflight_per_replica: 64\n")
 }
 
-async fn reload(gw: &slogate::Gateway) -> (u16, String) {
+/// POST /-/reload once.
+async fn post_reload(gw: &slogate::Gateway) -> (u16, String) {
     let req = hyper::Request::post(format!("http://{}/-/reload", gw.admin_addr))
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .expect("request");
@@ -26,6 +27,20 @@ async fn reload(gw: &slogate::Gateway) -> (u16, String) {
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     (status, String::from_utf8_lossy(&body).to_string())
+}
+
+/// POST /-/reload as an operator's script would: again while it answers
+/// 429 (reloads are rate-limited), until it answers otherwise.
+async fn reload(gw: &slogate::Gateway) -> (u16, String) {
+    let answer = Mutex::new((0, String::new()));
+    wait_until("a reload that is not rate-limited", || async {
+        let a = post_reload(gw).await;
+        let done = a.0 != 429;
+        *answer.lock().expect("lock") = a;
+        done
+    })
+    .await;
+    answer.into_inner().expect("lock")
 }
 
 /// The requests the clients have started and not yet finished, by number.
@@ -259,5 +274,43 @@ async fn a_reload_adds_classes_and_changes_targets_with_buckets_at_them() {
     for le in ["0.017", "0.034"] {
         assert!(metric(&m, "slogate_inter_token_latency_seconds_bucket", &[("class", "quick"), ("le", le)]).is_some(), "itl le={le}\n{m}");
     }
+    assert_quiescent(&gw).await;
+}
+
+/// Reloads past the burst answer 429 with Retry-After and change
+/// nothing; the running config serves on.
+#[tokio::test]
+async fn reloads_past_the_burst_are_refused_with_retry_after() {
+    let a = Mock::start(standard(2, Duration::ZERO)).await;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let path = tmp.path().join("slogate.yaml");
+    std::fs::write(&path, config(&[a.url()])).expect("write");
+    let gw = slogate::Gateway::start_file(&path).await.expect("gateway");
+    started(&gw);
+    let admin = gw.admin_addr;
+    wait_until("ready", || async { get(admin, "/readyz").await.0 == 200 }).await;
+    let mut refused = None;
+    for i in 0..50 {
+        let req =
+            hyper::Request::post(format!("http://{admin}/-/reload")).body(http_body_util::Full::new(bytes::Bytes::new())).expect("req");
+        let resp = client().request(req).await.expect("reload");
+        if resp.status() == 429 {
+            let retry_after = header(resp.headers(), "retry-after").map(str::to_string);
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            refused = Some((i, retry_after, body));
+            break;
+        }
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.expect("body");
+    }
+    let (after, retry_after, body) = refused.expect("50 reloads in a row are not all allowed");
+    assert!(after >= 10, "the first ten in a row run (refused after {after})");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert_eq!(error_code(&body), "reload_rate_limited");
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_config_reloads_total", &[]), Some(after as f64), "a refused reload changed nothing");
+    assert_eq!(metric(&m, "slogate_config_reload_failures_total", &[]), Some(0.0));
+    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 200);
     assert_quiescent(&gw).await;
 }

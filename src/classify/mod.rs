@@ -64,6 +64,31 @@ pub enum KeyError {
     UnknownClass { key: String, class: String },
 }
 
+/// The token the admin listener requires (`server.admin_token_env`), kept
+/// as its SHA-256 digest and compared in constant time.
+pub(crate) struct AdminToken([u8; 32]);
+
+impl AdminToken {
+    /// The token in environment variable `var`; `None` when it is unset or empty.
+    pub(crate) fn from_env(var: &str) -> Option<AdminToken> {
+        std::env::var(var).ok().filter(|t| !t.is_empty()).map(|t| AdminToken(Sha256::digest(t.trim().as_bytes()).into()))
+    }
+
+    /// Does the request carry the token as `Authorization: Bearer`?
+    pub(crate) fn admits(&self, headers: &http::HeaderMap) -> bool {
+        bearer(headers).is_some_and(|t| bool::from(self.0.ct_eq(&<[u8; 32]>::from(Sha256::digest(t.as_bytes())))))
+    }
+}
+
+/// The token of `Authorization: Bearer <token>`.
+fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+}
+
 /// Everything classification needs, built once per config snapshot.
 pub(crate) struct Classifier {
     classes: Vec<Arc<Class>>,
@@ -148,12 +173,7 @@ impl Classifier {
 
     /// The configured key the request's `Authorization: Bearer` carries.
     fn key_of(&self, headers: &http::HeaderMap) -> Result<&ApiKey, GatewayError> {
-        let token = headers
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
-            .ok_or(GatewayError::Unauthorized)?;
+        let token = bearer(headers).ok_or(GatewayError::Unauthorized)?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         // Compare against every key so timing does not reveal which matched.
         let mut found: Option<&ApiKey> = None;

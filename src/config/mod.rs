@@ -155,6 +155,9 @@ impl Config {
                 bad(name.into(), "must be greater than 0".into());
             }
         }
+        if let Some(problem) = self.server.admin_token_env.as_deref().and_then(env_problem) {
+            bad("server.admin_token_env".into(), problem);
+        }
         if self.server.max_connections == 0 {
             bad("server.max_connections".into(), "must be at least 1".into());
         }
@@ -511,6 +514,13 @@ mod tests {
         let err =
             Config::parse("pools:\n  - name: a\n    models: [m]\n    replicas: [http://127.0.0.1:1, 'ftp://x']\n").expect_err("bad").0;
         assert_eq!(err[0].field, "pools[0].replicas[1]");
+    }
+
+    #[test]
+    fn the_admin_token_variable_must_be_set() {
+        let err = Config::parse("server:\n  admin_token_env: SLOGATE_UNIT_TEST_NOBODY_SETS_THIS\n").expect_err("unset").0;
+        assert_eq!(err[0].field, "server.admin_token_env");
+        assert!(err[0].message.contains("is not set"), "{err:?}");
     }
 
     #[test]

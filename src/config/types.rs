@@ -151,6 +151,10 @@ pub struct ServerConfig {
     pub body_read_timeout: Dur,
     /// Open connections per listener; more wait to be accepted.
     pub max_connections: u32,
+    /// The environment variable holding a token the admin listener requires
+    /// (`Authorization: Bearer <token>`) on everything but `/healthz` and
+    /// `/readyz`. None: the admin listener is open (keep it on loopback).
+    pub admin_token_env: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -167,6 +171,7 @@ impl Default for ServerConfig {
             header_read_timeout: Dur::secs(10),
             body_read_timeout: Dur::secs(30),
             max_connections: 10_000,
+            admin_token_env: None,
         }
     }
 }
