@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use http_body_util::BodyExt;
 use serde_json::json;
 
 async fn gauge(gw: &slogate::Gateway, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -58,6 +59,44 @@ async fn full_queue_is_429_with_retry_after() {
     held.release().await;
     assert_eq!(waiter.await.expect("task").0, 200);
     assert_eq!(requests_with_outcome(&gw, "rejected").await, 1.0);
+    assert_quiescent(&gw).await;
+}
+
+/// Bodies waiting in the queue count against `queue_max_bytes`: a request
+/// whose body would take the waiting bytes past it is 429 though the queue
+/// has room by count; the ones that waited are served. HTTP/1.1 and HTTP/2.
+#[tokio::test]
+async fn waiting_bodies_past_queue_max_bytes_are_429() {
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()])
+        .server("max_request_body: 1MiB")
+        .pool("max_inflight_per_replica: 1")
+        .section("tiers:\n  interactive: { queue_capacity: 100, queue_max_bytes: 1MiB }")
+        .start()
+        .await;
+    let held = mock.hold_slot(gw.data_addr).await;
+    let big = chat_body(false, false).replace("\"content\":\"", &format!("\"content\":\"{}", "x".repeat(600 << 10)));
+    let [(_, h1), (_, h2)] = clients();
+    let send = |c: &TestClient, body: &str| c.request(post_req(gw.data_addr, "/v1/chat/completions", body, &[]));
+    let waiting_big = tokio::spawn(send(&h1, &big));
+    wait_until("the big body waits", || async { queued(&gw, "interactive").await == 1.0 }).await;
+    let waiting_small = tokio::spawn(send(&h2, &chat_body(false, false)));
+    wait_until("the small body waits too", || async { queued(&gw, "interactive").await == 2.0 }).await;
+    for (proto, c) in [("HTTP/1.1", &h1), ("HTTP/2", &h2)] {
+        let resp = send(c, &big).await.expect("response");
+        assert_eq!(resp.status(), 429, "{proto}: 600 KiB waiting + 600 KiB > 1 MiB");
+        assert_eq!(header(resp.headers(), "retry-after"), Some("1"));
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(error_code(&body), "queue_full");
+        assert!(error_body(&body)["message"].as_str().is_some_and(|m| m.contains("queue_max_bytes")), "{proto}");
+    }
+    held.release().await;
+    for w in [waiting_big, waiting_small] {
+        let resp = w.await.expect("task").expect("response");
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.expect("body");
+    }
+    assert_eq!(requests_with_outcome(&gw, "rejected").await, 2.0);
     assert_quiescent(&gw).await;
 }
 

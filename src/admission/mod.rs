@@ -279,7 +279,12 @@ pub(crate) struct Admitted {
 /// (maybe after a wait in its tier's queue). A refusal is the error the
 /// client gets (429 with Retry-After, or 503). A probe of a request that
 /// does not stream is judged when it ends, not at a first token.
-pub(crate) async fn admit(control: &Arc<ClassControl>, pool: &Arc<PoolAdmission>, streaming: bool) -> Result<Admitted, GatewayError> {
+pub(crate) async fn admit(
+    control: &Arc<ClassControl>,
+    pool: &Arc<PoolAdmission>,
+    streaming: bool,
+    body_bytes: u64,
+) -> Result<Admitted, GatewayError> {
     let probe = match control.breaker.admit() {
         Gate::Pass => None,
         Gate::Probe(ticket) => {
@@ -302,7 +307,7 @@ pub(crate) async fn admit(control: &Arc<ClassControl>, pool: &Arc<PoolAdmission>
         }
     };
     let tier = control.tier;
-    match pool.admit(tier).await {
+    match pool.admit(tier, body_bytes).await {
         Ok(granted) => {
             control.observe_queue_time(granted.waited);
             Ok(Admitted { lease: granted.lease, waited: granted.waited, probe })
@@ -331,6 +336,9 @@ fn refusal_error(r: Refusal, admission: &PoolAdmission, tier: Tier) -> GatewayEr
     let (message, code, retry_after) = match r {
         Refusal::NoHealthy => return GatewayError::NoHealthyReplica { pool: name.clone() },
         Refusal::QueueFull { retry_after } => (format!("the {t} queue of pool `{name}` is full"), "queue_full", retry_after),
+        Refusal::QueueBytesFull { retry_after } => {
+            (format!("the {t} queue of pool `{name}` holds its tiers.{t}.queue_max_bytes of request bodies"), "queue_full", retry_after)
+        }
         Refusal::Shed { retry_after } => {
             (format!("batch work is shed while interactive requests wait for pool `{name}`"), "shed", retry_after)
         }

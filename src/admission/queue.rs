@@ -103,6 +103,9 @@ pub(crate) enum Refusal {
     NoHealthy,
     /// The tier's queue is at `queue_capacity` (429).
     QueueFull { retry_after: u64 },
+    /// Waiting, the request's body would take the tier's queue past
+    /// `queue_max_bytes` (429).
+    QueueBytesFull { retry_after: u64 },
     /// A batch request arrived while interactive requests wait (429).
     Shed { retry_after: u64 },
     /// Waited `queue_timeout` (429).
@@ -120,6 +123,8 @@ pub(crate) struct Granted {
 
 struct Waiter {
     id: u64,
+    /// Its request body's size, counted against `queue_max_bytes` while it waits.
+    bytes: u64,
     enqueued: Instant,
     deadline: Instant,
     tx: oneshot::Sender<Result<Lease, Refusal>>,
@@ -154,6 +159,9 @@ pub(crate) struct PoolAdmission {
     inner: Mutex<Queues>,
     waiting_interactive: AtomicUsize,
     waiting_batch: AtomicUsize,
+    /// Request body bytes waiting, per tier. Changed under the queue lock.
+    bytes_interactive: AtomicU64,
+    bytes_batch: AtomicU64,
     /// The tiers' limits; replaced on reload.
     tiers: ArcSwap<TiersConfig>,
     /// Slots held by batch requests. Invariant: only changed by
@@ -178,6 +186,8 @@ impl PoolAdmission {
             inner: Mutex::new(Queues::default()),
             waiting_interactive: AtomicUsize::new(0),
             waiting_batch: AtomicUsize::new(0),
+            bytes_interactive: AtomicU64::new(0),
+            bytes_batch: AtomicU64::new(0),
             tiers: ArcSwap::from_pointee(tiers),
             batch_inflight: AtomicUsize::new(0),
             depth_interactive: depth(TierLabel::interactive),
@@ -242,23 +252,39 @@ impl PoolAdmission {
         }
     }
 
-    fn counter(&self, tier: Tier) -> (&AtomicUsize, &Gauge) {
+    fn counter(&self, tier: Tier) -> (&AtomicUsize, &Gauge, &AtomicU64) {
         match tier {
-            Tier::Interactive => (&self.waiting_interactive, &self.depth_interactive),
-            Tier::Batch => (&self.waiting_batch, &self.depth_batch),
+            Tier::Interactive => (&self.waiting_interactive, &self.depth_interactive, &self.bytes_interactive),
+            Tier::Batch => (&self.waiting_batch, &self.depth_batch, &self.bytes_batch),
         }
     }
 
-    fn inc(&self, tier: Tier) {
-        let (c, g) = self.counter(tier);
+    /// A request with a body of `bytes` starts waiting in `tier`.
+    fn inc(&self, tier: Tier, bytes: u64) {
+        let (c, g, b) = self.counter(tier);
+        b.fetch_add(bytes, Ordering::SeqCst);
         c.fetch_add(1, Ordering::SeqCst);
         g.inc();
     }
 
-    fn dec(&self, tier: Tier) {
-        let (c, g) = self.counter(tier);
+    /// A request with a body of `bytes` stops waiting in `tier`.
+    fn dec(&self, tier: Tier, bytes: u64) {
+        let (c, g, b) = self.counter(tier);
         c.fetch_sub(1, Ordering::SeqCst);
+        b.fetch_sub(bytes, Ordering::SeqCst);
         g.dec();
+    }
+
+    /// Request body bytes waiting in `tier`'s queue.
+    pub(crate) fn waiting_bytes(&self, tier: Tier) -> u64 {
+        self.counter(tier).2.load(Ordering::SeqCst)
+    }
+
+    fn max_bytes(&self, tier: Tier) -> u64 {
+        match tier {
+            Tier::Interactive => self.tiers.load().interactive.queue_max_bytes.0,
+            Tier::Batch => self.tiers.load().batch.queue_max_bytes.0,
+        }
     }
 
     /// Requests waiting in `tier`'s queue.
@@ -308,9 +334,10 @@ impl PoolAdmission {
         }
     }
 
-    /// Get a slot for a request of `tier`, waiting in the queue if needed.
-    /// Dropping the future (the client went away) leaves the queue at once.
-    pub(crate) async fn admit(self: &Arc<Self>, tier: Tier) -> Result<Granted, Refusal> {
+    /// Get a slot for a request of `tier` whose body is `bytes` long,
+    /// waiting in the queue if needed. Dropping the future (the client went
+    /// away) leaves the queue at once.
+    pub(crate) async fn admit(self: &Arc<Self>, tier: Tier, bytes: u64) -> Result<Granted, Refusal> {
         let start = Instant::now();
         let ahead = |q: &Self| match tier {
             Tier::Interactive => q.waiting_interactive.load(Ordering::SeqCst),
@@ -333,6 +360,9 @@ impl PoolAdmission {
             if len >= self.capacity(tier) {
                 return Err(Refusal::QueueFull { retry_after: self.retry_after(tier, len) });
             }
+            if self.waiting_bytes(tier).saturating_add(bytes) > self.max_bytes(tier) {
+                return Err(Refusal::QueueBytesFull { retry_after: self.retry_after(tier, len) });
+            }
             if tier == Tier::Batch {
                 if let Some(rate) = self.batch_rate() {
                     if Duration::from_secs_f64((len as f64 + 1.0) / rate) > self.timeout(tier) {
@@ -341,17 +371,17 @@ impl PoolAdmission {
                 }
             }
             let first = ahead(self) == 0;
-            self.inc(tier);
+            self.inc(tier, bytes);
             if first {
                 // Registered first, then retry: a concurrent release either
                 // sees us waiting or we see its freed slot.
                 match self.try_lease(tier) {
                     Ok(lease) => {
-                        self.dec(tier);
+                        self.dec(tier, bytes);
                         return Ok(Granted { lease, waited: start.elapsed() });
                     }
                     Err(PickError::NoHealthy) => {
-                        self.dec(tier);
+                        self.dec(tier, bytes);
                         return Err(Refusal::NoHealthy);
                     }
                     Err(PickError::Saturated) => {}
@@ -360,7 +390,7 @@ impl PoolAdmission {
             let (tx, rx) = oneshot::channel();
             q.next_id += 1;
             let id = q.next_id;
-            q.of(tier).push_back(Waiter { id, enqueued: start, deadline, tx });
+            q.of(tier).push_back(Waiter { id, bytes, enqueued: start, deadline, tx });
             (id, rx)
         };
         let guard = WaitGuard { queue: self, tier, id };
@@ -382,8 +412,8 @@ impl PoolAdmission {
             let queue = q.of(tier);
             queue.iter().position(|w| w.id == id).and_then(|i| queue.remove(i))
         };
-        if removed.is_some() {
-            self.dec(tier);
+        if let Some(w) = removed {
+            self.dec(tier, w.bytes);
         }
     }
 
@@ -418,7 +448,7 @@ impl PoolAdmission {
                             spare.push(lease);
                             break;
                         };
-                        self.dec(tier);
+                        self.dec(tier, w.bytes);
                         match w.tx.send(Ok(lease)) {
                             Ok(()) => {
                                 served = true;
@@ -480,7 +510,7 @@ impl PoolAdmission {
             }
         }
         for w in hopeless {
-            self.dec(Tier::Batch);
+            self.dec(Tier::Batch, w.bytes);
             let retry_after = self.retry_after(Tier::Batch, self.depth(Tier::Batch));
             let _ = w.tx.send(Err(Refusal::Hopeless { retry_after }));
         }
@@ -509,8 +539,18 @@ mod tests {
 
     fn tiers(reserved: f64, i_cap: u32, b_cap: u32) -> TiersConfig {
         TiersConfig {
-            interactive: TierConfig { queue_capacity: i_cap, queue_timeout: Dur::secs(2), reserved_share: reserved },
-            batch: TierConfig { queue_capacity: b_cap, queue_timeout: Dur::secs(10), reserved_share: 0.0 },
+            interactive: TierConfig {
+                queue_capacity: i_cap,
+                queue_timeout: Dur::secs(2),
+                reserved_share: reserved,
+                queue_max_bytes: crate::config::Size(1 << 30),
+            },
+            batch: TierConfig {
+                queue_capacity: b_cap,
+                queue_timeout: Dur::secs(10),
+                reserved_share: 0.0,
+                queue_max_bytes: crate::config::Size(1 << 30),
+            },
         }
     }
 
@@ -528,14 +568,14 @@ mod tests {
     }
 
     async fn take(pool: &Arc<PoolAdmission>, tier: Tier) -> Lease {
-        pool.admit(tier).await.expect("a free slot").lease
+        pool.admit(tier, 0).await.expect("a free slot").lease
     }
 
     /// Start a queued admission; the task runs until it is queued.
     async fn queued(pool: &Arc<PoolAdmission>, tier: Tier) -> tokio::task::JoinHandle<Result<Granted, Refusal>> {
         let p = pool.clone();
         let before = pool.depth(tier);
-        let h = tokio::spawn(async move { p.admit(tier).await });
+        let h = tokio::spawn(async move { p.admit(tier, 0).await });
         while pool.depth(tier) == before && !h.is_finished() {
             tokio::task::yield_now().await;
         }
@@ -633,9 +673,9 @@ mod tests {
         let held = take(&pool, Tier::Interactive).await;
         let waiting = queued(&pool, Tier::Interactive).await;
         // Interactive queue holds 1: the next is refused at once.
-        assert!(matches!(pool.admit(Tier::Interactive).await, Err(Refusal::QueueFull { retry_after: 1 })));
+        assert!(matches!(pool.admit(Tier::Interactive, 0).await, Err(Refusal::QueueFull { retry_after: 1 })));
         // Batch arriving while interactive waits is shed, not queued.
-        assert!(matches!(pool.admit(Tier::Batch).await, Err(Refusal::Shed { .. })));
+        assert!(matches!(pool.admit(Tier::Batch, 0).await, Err(Refusal::Shed { .. })));
         assert_eq!(pool.depth(Tier::Batch), 0);
         // The waiting one times out after queue_timeout (2 s) and leaves the queue.
         let t0 = Instant::now();
@@ -644,6 +684,47 @@ mod tests {
         assert_eq!(t0.elapsed(), Duration::from_secs(2));
         assert_eq!(pool.depth(Tier::Interactive), 0);
         drop(held);
+    }
+
+    /// Bodies waiting in a tier count against its `queue_max_bytes`: one
+    /// that would take the queue past it is refused, whatever the count, and
+    /// bytes come back whichever way a waiter leaves (served, hung up, timed out).
+    #[tokio::test(start_paused = true)]
+    async fn waiting_bodies_count_against_the_queue_byte_budget() {
+        let mut t = tiers(0.0, 100, 100);
+        t.interactive.queue_max_bytes = crate::config::Size(10 << 20);
+        let pool = pool(1, t);
+        let held = take(&pool, Tier::Interactive).await;
+        let spawn = |bytes: u64| {
+            let p = pool.clone();
+            tokio::spawn(async move { p.admit(Tier::Interactive, bytes).await })
+        };
+        let first = spawn(4 << 20);
+        settle().await;
+        let second = spawn(4 << 20);
+        settle().await;
+        assert_eq!(pool.waiting_bytes(Tier::Interactive), 8 << 20);
+        // 8 MiB waiting + 4 MiB > 10 MiB: refused though the queue has room for 98 more.
+        assert!(matches!(pool.admit(Tier::Interactive, 4 << 20).await, Err(Refusal::QueueBytesFull { retry_after: 1 })));
+        // A small one still fits.
+        let small = spawn(1 << 20);
+        settle().await;
+        assert_eq!(pool.waiting_bytes(Tier::Interactive), 9 << 20);
+        // The first is served: its bytes leave the budget.
+        drop(held);
+        let lease = first.await.expect("task").expect("served").lease;
+        assert_eq!(pool.waiting_bytes(Tier::Interactive), 5 << 20);
+        // The second hangs up: its bytes leave too.
+        second.abort();
+        settle().await;
+        assert_eq!(pool.waiting_bytes(Tier::Interactive), 1 << 20);
+        // The small one times out.
+        assert!(matches!(small.await.expect("task"), Err(Refusal::Timeout { .. })));
+        assert_eq!(pool.waiting_bytes(Tier::Interactive), 0);
+        assert_eq!(pool.depth(Tier::Interactive), 0);
+        drop(lease);
+        // With a free slot nothing waits: a body larger than the budget is served.
+        assert!(pool.admit(Tier::Interactive, 64 << 20).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]

@@ -295,6 +295,15 @@ impl Config {
             if !(0.0..1.0).contains(&t.reserved_share) {
                 bad(format!("tiers.{tier}.reserved_share"), "must be at least 0 and below 1".into());
             }
+            if t.queue_max_bytes.0 < self.server.max_request_body.0 {
+                bad(
+                    format!("tiers.{tier}.queue_max_bytes"),
+                    format!(
+                        "must be at least server.max_request_body ({} bytes): a body the server takes must be able to wait",
+                        self.server.max_request_body.0
+                    ),
+                );
+            }
         }
         if self.tiers.batch.reserved_share != 0.0 {
             bad("tiers.batch.reserved_share".into(), "only the interactive tier reserves slots".into());
@@ -514,6 +523,20 @@ mod tests {
         let err =
             Config::parse("pools:\n  - name: a\n    models: [m]\n    replicas: [http://127.0.0.1:1, 'ftp://x']\n").expect_err("bad").0;
         assert_eq!(err[0].field, "pools[0].replicas[1]");
+    }
+
+    #[test]
+    fn a_tier_given_in_part_keeps_its_own_defaults() {
+        let c = Config::parse("tiers:\n  batch: { queue_timeout: 5m }\n  interactive: { queue_max_bytes: 64MiB }\n").expect("valid");
+        assert_eq!(c.tiers.batch.queue_capacity, 10_000, "batch's default, not interactive's");
+        assert_eq!(c.tiers.batch.queue_max_bytes, Size(1 << 30));
+        assert_eq!(c.tiers.batch.queue_timeout, Dur::secs(300));
+        assert_eq!(c.tiers.interactive.queue_max_bytes, Size(64 << 20));
+        assert_eq!(c.tiers.interactive.reserved_share, 0.25);
+        let err = Config::parse("tiers:\n  interactive: { queue_max_bytes: 1MiB, queue_cap: 3 }\n").expect_err("unknown").0;
+        assert!(err[0].field.starts_with("tiers"), "{err:?}");
+        let err = Config::parse("tiers:\n  interactive: { queue_max_bytes: 1MiB }\n").expect_err("below the body limit").0;
+        assert_eq!(err[0].field, "tiers.interactive.queue_max_bytes");
     }
 
     #[test]

@@ -372,8 +372,9 @@ pub struct ClassConfig {
     pub itl: Dur,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
+/// The two tiers' queues. A tier given in part keeps its own defaults for
+/// the fields it leaves out (batch's are not interactive's).
+#[derive(Debug, Clone, Serialize)]
 pub struct TiersConfig {
     pub interactive: TierConfig,
     pub batch: TierConfig,
@@ -382,28 +383,61 @@ pub struct TiersConfig {
 impl Default for TiersConfig {
     fn default() -> Self {
         TiersConfig {
-            interactive: TierConfig { queue_capacity: 256, queue_timeout: Dur::secs(2), reserved_share: 0.25 },
-            batch: TierConfig { queue_capacity: 10_000, queue_timeout: Dur::secs(120), reserved_share: 0.0 },
+            interactive: TierConfig {
+                queue_capacity: 256,
+                queue_timeout: Dur::secs(2),
+                reserved_share: 0.25,
+                queue_max_bytes: Size(256 << 20),
+            },
+            batch: TierConfig {
+                queue_capacity: 10_000,
+                queue_timeout: Dur::secs(120),
+                reserved_share: 0.0,
+                queue_max_bytes: Size(1 << 30),
+            },
         }
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Serialize)]
 pub struct TierConfig {
-    #[serde(default = "default_queue_capacity")]
     pub queue_capacity: u32,
-    #[serde(default = "default_queue_timeout")]
     pub queue_timeout: Dur,
-    #[serde(default)]
     pub reserved_share: f64,
+    /// Request bodies waiting in the queue may hold this many bytes in all;
+    /// a request that would wait past it gets 429.
+    pub queue_max_bytes: Size,
 }
 
-fn default_queue_capacity() -> u32 {
-    256
-}
-fn default_queue_timeout() -> Dur {
-    Dur::secs(2)
+impl<'de> Deserialize<'de> for TiersConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Partial {
+            queue_capacity: Option<u32>,
+            queue_timeout: Option<Dur>,
+            reserved_share: Option<f64>,
+            queue_max_bytes: Option<Size>,
+        }
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Tiers {
+            interactive: Option<Partial>,
+            batch: Option<Partial>,
+        }
+        fn fill(p: Option<Partial>, d: TierConfig) -> TierConfig {
+            let Some(p) = p else { return d };
+            TierConfig {
+                queue_capacity: p.queue_capacity.unwrap_or(d.queue_capacity),
+                queue_timeout: p.queue_timeout.unwrap_or(d.queue_timeout),
+                reserved_share: p.reserved_share.unwrap_or(d.reserved_share),
+                queue_max_bytes: p.queue_max_bytes.unwrap_or(d.queue_max_bytes),
+            }
+        }
+        let t = Tiers::deserialize(d)?;
+        let def = TiersConfig::default();
+        Ok(TiersConfig { interactive: fill(t.interactive, def.interactive), batch: fill(t.batch, def.batch) })
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -110,6 +110,11 @@ impl RequestBody {
         })
     }
 
+    /// The size of the body as the client sent it.
+    pub(super) fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
     pub(super) fn head(&self) -> &Head {
         &self.head
     }

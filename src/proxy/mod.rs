@@ -120,7 +120,7 @@ async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, mu
     t.set_streaming(routed.stream);
     let class = t.class().clone();
 
-    let admitted = admission::admit(&class.control, &routed.route.admission, routed.stream).await;
+    let admitted = admission::admit(&class.control, &routed.route.admission, routed.stream, routed.request.len() as u64).await;
     let admitted = stage!(t, admitted);
     t.set_probe(admitted.probe);
     t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
