@@ -312,33 +312,49 @@ async fn shutdown_stops_accepting_and_lets_inflight_streams_finish() {
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(1.0));
 }
 
-#[tokio::test]
-async fn tls_listener_serves_https() {
-    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+/// A gateway whose data listener serves TLS with a fresh self-signed
+/// certificate for `localhost`; the certificate, and the directory holding it.
+async fn tls_gateway(mock: &Mock, server: &[&str]) -> (slogate::Gateway, rcgen::CertifiedKey, tempfile::TempDir) {
     let tmp = tempfile::tempdir().expect("temp dir");
-    let dir = tmp.path();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
-    let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let (cert_path, key_path) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
     std::fs::write(&cert_path, cert.cert.pem()).expect("write");
     std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write");
-    let gw = gateway_config(&[mock.url()])
-        .server(&format!("tls: {{ cert: {}, key: {} }}", cert_path.display(), key_path.display()))
-        .start()
-        .await;
+    let mut c = gateway_config(&[mock.url()]).server(&format!("tls: {{ cert: {}, key: {} }}", cert_path.display(), key_path.display()));
+    for f in server {
+        c = c.server(f);
+    }
+    let gw = c.start().await;
     assert!(gw.tls);
+    (gw, cert, tmp)
+}
 
+/// A TLS connection to `gw` trusting `cert`, offering `alpn`.
+async fn tls_connect(
+    gw: &slogate::Gateway,
+    cert: &rcgen::CertifiedKey,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.cert.der().clone()).expect("root");
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("versions")
         .with_root_certificates(roots)
         .with_no_client_auth();
+    tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
     let tcp = tokio::net::TcpStream::connect(gw.data_addr).await.expect("connect");
     let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
-    let stream = connector.connect(name, tcp).await.expect("TLS handshake");
+    connector.connect(name, tcp).await.expect("TLS handshake")
+}
+
+#[tokio::test]
+async fn tls_listener_serves_https() {
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let (gw, cert, _dir) = tls_gateway(&mock, &[]).await;
+    let stream = tls_connect(&gw, &cert, &[]).await;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("http");
     tokio::spawn(conn);
     let req = post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]);
@@ -347,6 +363,29 @@ async fn tls_listener_serves_https() {
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
     assert_quiescent(&gw).await;
+}
+
+/// Over TLS, where the HTTP/2 preface cannot be peeked at, a connection
+/// that completes no request head within `server.header_read_timeout` is
+/// closed too: nothing sent, half a head, half the preface.
+#[tokio::test]
+async fn tls_connections_without_a_request_head_are_closed_after_the_header_read_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let (gw, cert, _dir) = tls_gateway(&mock, &["header_read_timeout: 300ms"]).await;
+    for (what, alpn, sent) in [
+        ("nothing", &[&b"h2"[..]][..], &b""[..]),
+        ("half the HTTP/2 preface", &[&b"h2"[..]][..], &b"PRI * HTTP/2.0\r\n"[..]),
+        ("half a request head", &[&b"http/1.1"[..]][..], &b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"[..]),
+    ] {
+        let mut s = tls_connect(&gw, &cert, alpn).await;
+        s.write_all(sent).await.expect("write");
+        s.flush().await.expect("flush");
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "{what}: the gateway closes the connection");
+        assert!(!String::from_utf8_lossy(&buf).contains("200"), "{what}");
+    }
 }
 
 #[tokio::test]

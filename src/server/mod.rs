@@ -251,7 +251,11 @@ async fn serve_conn(
     watcher: Watcher,
     header_read_timeout: Duration,
 ) {
+    // Set when the first request head is complete (hyper calls the service).
+    let headed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = headed.clone();
     let svc = TowerToHyperService::new(tower::ServiceExt::map_request(svc, move |mut req: Request<Incoming>| {
+        seen.store(true, std::sync::atomic::Ordering::Relaxed);
         req.extensions_mut().insert(ClientAddr(peer));
         req
     }));
@@ -265,7 +269,24 @@ async fn serve_conn(
             watcher.watch(builder.serve_connection(TokioIo::new(stream), svc).into_owned()).await
         }
         Some(acc) => match tokio::time::timeout_at(deadline, acc.accept(stream)).await {
-            Ok(Ok(s)) => watcher.watch(builder.serve_connection(TokioIo::new(s), svc).into_owned()).await,
+            Ok(Ok(s)) => {
+                // Inside TLS the preface cannot be peeked at: the connection
+                // goes if no request head is complete by the deadline.
+                let conn = watcher.watch(builder.serve_connection(TokioIo::new(s), svc).into_owned());
+                let no_head = async {
+                    tokio::time::sleep_until(deadline).await;
+                    if headed.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::select! {
+                    r = conn => r,
+                    _ = no_head => {
+                        tracing::debug!(%peer, "no request head within server.header_read_timeout; closing");
+                        return;
+                    }
+                }
+            }
             Ok(Err(e)) => {
                 tracing::debug!(%peer, error = %e, "TLS handshake failed");
                 return;
