@@ -552,3 +552,42 @@ async fn the_admin_listener_requires_its_token_except_for_probes() {
     assert_eq!(metric(&m, "slogate_config_reload_failures_total", &[]), Some(2.0), "only the two reloads with the token ran");
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(1.0));
 }
+
+/// Large bodies are parsed and rewritten with the worker handed over
+/// (a multi-thread runtime, as the server runs): they arrive whole, and
+/// small streams running beside them are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_are_parsed_and_forwarded_whole_beside_open_streams() {
+    let mock = Mock::start(standard(3, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()]).start().await;
+    let text = "abc ".repeat(300_000);
+    let big = format!(r#"{{"model":"m1","messages":[{{"role":"user","content":"{text}"}}],"stream":true,"max_tokens":3}}"#);
+    let addr = gw.data_addr;
+    let small = tokio::spawn(async move {
+        let mut n = 0;
+        for _ in 0..20 {
+            let (s, _, body) = post(addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+            assert_eq!(s, 200);
+            assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
+            n += 1;
+        }
+        n
+    });
+    for (proto, c) in clients() {
+        for _ in 0..3 {
+            let resp = c.request(post_req(addr, "/v1/chat/completions", &big, &[])).await.expect("response");
+            assert_eq!(resp.status(), 200, "{proto}");
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"), "{proto}");
+        }
+    }
+    assert_eq!(small.await.expect("small streams"), 20);
+    let bodies = mock.state.bodies.lock().expect("lock").clone();
+    let whole = bodies.iter().filter(|b| b["messages"][0]["content"].as_str() == Some(text.as_str())).count();
+    assert_eq!(whole, 6, "every large body reached the replica unchanged but for the usage request");
+    assert!(bodies
+        .iter()
+        .filter(|b| b["messages"][0]["content"].as_str() == Some(text.as_str()))
+        .all(|b| b["stream_options"]["include_usage"] == true));
+    assert_quiescent(&gw).await;
+}

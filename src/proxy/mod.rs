@@ -126,13 +126,16 @@ async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, mu
     t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
 
     let Routed { mut request, route, stream, strip_usage, .. } = routed;
-    let reduced = stage!(t, reduce(&mut request, endpoint, snap, &t));
     // vLLM serves lower values first.
     let priority = (route.pool.config.upstream_priority && endpoint.generates()).then_some(match class.tier {
         Tier::Interactive => 0,
         Tier::Batch => 1,
     });
-    let body = stage!(t, request.into_bytes(strip_usage, priority));
+    let prepared = cpu_bound(request.len(), || {
+        let reduced = reduce(&mut request, endpoint, snap, &t)?;
+        Ok((reduced, request.into_bytes(strip_usage, priority)?))
+    });
+    let (reduced, body) = stage!(t, prepared);
 
     let timeouts = StreamTimeouts::of(&route.pool.config, &snap.config.server);
     // Until the response headers: the first-token budget for streams, the total otherwise.
@@ -180,6 +183,27 @@ struct Routed<'a> {
     strip_usage: bool,
 }
 
+/// Bodies from this size up are parsed and rewritten with the worker
+/// thread handed over (see [`cpu_bound`]). Parsing runs at roughly a
+/// gigabyte a second: below this, a body holds a worker for well under a
+/// millisecond.
+const LARGE_BODY: usize = 256 * 1024;
+
+/// Run `f`, CPU work on a request body of `len` bytes. A large body takes
+/// milliseconds to parse or rewrite; a worker busy with it would hold up
+/// every stream whose next token waits on that worker, so for those the
+/// worker's other tasks move to another thread first
+/// ([`tokio::task::block_in_place`]). Small bodies, and a current-thread
+/// runtime (tests), run inline.
+fn cpu_bound<R>(len: usize, f: impl FnOnce() -> R) -> R {
+    let multi = tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if len >= LARGE_BODY && multi {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
 /// Read the body (only as far as routing needs) and find the pool.
 async fn route<'a>(
     body: Incoming,
@@ -194,7 +218,7 @@ async fn route<'a>(
     let bytes = tokio::time::timeout(server.body_read_timeout.get(), read)
         .await
         .map_err(|_| GatewayError::BodyTimeout(server.body_read_timeout))??;
-    let request = RequestBody::parse(bytes)?;
+    let request = cpu_bound(bytes.len(), || RequestBody::parse(bytes))?;
     let head = request.head();
     let model = match &head.model {
         Model::Name(m) => m.clone(),

@@ -330,6 +330,21 @@ struct Ctx {
     timeout: Duration,
 }
 
+/// Prompts of this many tokens (about 256 KiB) and more are written on a blocking thread.
+const LARGE_PROMPT: u32 = 65_536;
+
+/// The JSON body of one request of `spec`.
+fn request_body(spec: &StreamSpec, prompt: u32, output: u32) -> String {
+    let mut body = match spec.endpoint {
+        Endpoint::Chat => serde_json::json!({"model": spec.model, "messages": conversation(prompt, spec.turns)}),
+        Endpoint::Completions => serde_json::json!({"model": spec.model, "prompt": prompt_text(prompt)}),
+    };
+    body["max_tokens"] = output.into();
+    body["ignore_eos"] = true.into();
+    body["stream"] = spec.stream.into();
+    body.to_string()
+}
+
 /// Text of about `n` tokens as the simulator counts them (4 characters each).
 fn prompt_text(n: u32) -> String {
     "abc ".repeat(n as usize)
@@ -418,14 +433,17 @@ impl Ctx {
 
     async fn exchange(&self, prompt: u32, output: u32, start: Instant, rec: &mut Record, gaps: &mut Gaps) -> String {
         let spec = &self.spec;
-        let text = prompt_text(prompt);
-        let mut body = match spec.endpoint {
-            Endpoint::Chat => serde_json::json!({"model": spec.model, "messages": conversation(prompt, spec.turns)}),
-            Endpoint::Completions => serde_json::json!({"model": spec.model, "prompt": text}),
+        // Writing a body of megabytes takes milliseconds: not on the threads
+        // that read the other streams' tokens (their gaps would grow).
+        let body = if prompt >= LARGE_PROMPT {
+            let spec = spec.clone();
+            match tokio::task::spawn_blocking(move || request_body(&spec, prompt, output)).await {
+                Ok(b) => b,
+                Err(_) => return "client_error".into(),
+            }
+        } else {
+            request_body(spec, prompt, output)
         };
-        body["max_tokens"] = output.into();
-        body["ignore_eos"] = true.into();
-        body["stream"] = spec.stream.into();
         let path = match spec.endpoint {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
@@ -442,7 +460,7 @@ impl Ctx {
         if let Some(k) = &spec.api_key {
             req = req.header("authorization", format!("Bearer {k}"));
         }
-        let Ok(req) = req.body(Full::new(Bytes::from(body.to_string()))) else { return "client_error".into() };
+        let Ok(req) = req.body(Full::new(Bytes::from(body))) else { return "client_error".into() };
         let sent_unix_ns = crate::unix_nanos();
         let resp = match self.client.request(req).await {
             Ok(r) => r,
