@@ -8,18 +8,10 @@ their replica ("direct", the control) and through the gateway ("gateway").
 import json
 import sys
 
+from quantiles import pct_pairs  # beside this script
+
 work, machine, rounds, secs, streams, bulk_rate, hz = sys.argv[1:8]
 rounds, hz = int(rounds), int(hz)
-
-
-def pct_pairs(pairs, q):
-    total = sum(c for _, c in pairs)
-    seen = 0
-    for v, c in sorted(pairs):
-        seen += c
-        if seen >= q * total:
-            return v
-    return float("nan")
 
 
 def run(name):

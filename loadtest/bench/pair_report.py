@@ -11,25 +11,10 @@ control's A2 minus A."""
 import json
 import sys
 
+from quantiles import pct, pct_pairs  # beside this script
+
 work, machine, hz, rounds, secs, title, intro, a_name, b_name, a2_name = sys.argv[1:11]
 hz, rounds = int(hz), int(rounds)
-
-
-def pct(values, q):
-    values = sorted(values)
-    if not values:
-        return float("nan")
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
-def pct_pairs(pairs, q):
-    total = sum(c for _, c in pairs)
-    seen = 0
-    for v, c in sorted(pairs):
-        seen += c
-        if seen >= q * total:
-            return v
-    return float("nan")
 
 
 def side(run, idx, ticks):
