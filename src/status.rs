@@ -92,7 +92,9 @@ pub(crate) struct ReplicaStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) reason: Option<String>,
     pub(crate) inflight: usize,
+    /// Its slots: learned (`max_inflight_per_replica: auto`) or fixed.
     pub(crate) max_inflight: usize,
+    pub(crate) limit_learned: bool,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -176,6 +178,7 @@ pub(crate) fn collect(app: &App) -> Status {
                     reason: r.health_error(),
                     inflight: r.inflight(),
                     max_inflight: r.max_inflight(),
+                    limit_learned: p.learns_limits(),
                 })
                 .collect(),
         })
@@ -319,7 +322,7 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
                 if r.healthy { "healthy" } else { "unhealthy" },
                 esc(r.reason.as_deref().unwrap_or("")),
                 r.inflight,
-                r.max_inflight
+                if r.limit_learned { format!("{} (learned)", r.max_inflight) } else { r.max_inflight.to_string() }
             ));
         }
     }

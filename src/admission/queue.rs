@@ -38,6 +38,14 @@ pub(crate) const STARVATION_GUARD_INTERVAL: Duration = Duration::from_secs(1);
 /// How far back the service rate used for early rejection looks.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
 
+/// How far back the interactive demand the reservation follows looks.
+pub(crate) const DEMAND_WINDOW: Duration = Duration::from_secs(30);
+/// Slots kept free for interactive requests even after a quiet spell, as a
+/// share of the pool's slots (at least one).
+const HEADROOM_SHARE: f64 = 0.05;
+/// The reservation covers the interactive demand's recent peak and this much more.
+const DEMAND_MARGIN: f64 = 1.25;
+
 /// A request's hold on one replica slot, counted against its tier's share.
 /// It travels inside the response body and is released exactly once, by
 /// `Drop`, when the stream ends or the client goes away (never when the
@@ -83,9 +91,10 @@ impl Drop for Lease {
     fn drop(&mut self) {
         // The slot first, so the waiter handed it below can take it.
         self.slot.release();
-        if self.tier == Tier::Batch {
-            self.admission.batch_inflight.fetch_sub(1, Ordering::SeqCst);
-        }
+        match self.tier {
+            Tier::Batch => self.admission.batch_inflight.fetch_sub(1, Ordering::SeqCst),
+            Tier::Interactive => self.admission.interactive_inflight.fetch_sub(1, Ordering::SeqCst),
+        };
         self.admission.released(self.tier);
     }
 }
@@ -138,6 +147,8 @@ struct Queues {
     last_batch_grant: Option<Instant>,
     /// (instant, batch releases so far) samples for the service rate.
     samples: VecDeque<(Instant, u64)>,
+    /// (instant, interactive demand's peak over the tick before) samples.
+    demand: VecDeque<(Instant, usize)>,
 }
 
 impl Queues {
@@ -167,6 +178,13 @@ pub(crate) struct PoolAdmission {
     /// Slots held by batch requests. Invariant: only changed by
     /// [`PoolAdmission::try_lease`] and [`Lease`]'s drop.
     batch_inflight: AtomicUsize,
+    /// Slots held by interactive requests (same invariant).
+    interactive_inflight: AtomicUsize,
+    /// Interactive requests holding or waiting for a slot: the most since the last tick.
+    interactive_high: AtomicUsize,
+    /// Interactive demand's peak over [`DEMAND_WINDOW`], published each tick:
+    /// what the reservation follows.
+    interactive_demand: AtomicUsize,
     depth_interactive: Gauge,
     depth_batch: Gauge,
     /// Batch leases released so far (for the batch service rate).
@@ -190,6 +208,9 @@ impl PoolAdmission {
             bytes_batch: AtomicU64::new(0),
             tiers: ArcSwap::from_pointee(tiers),
             batch_inflight: AtomicUsize::new(0),
+            interactive_inflight: AtomicUsize::new(0),
+            interactive_high: AtomicUsize::new(0),
+            interactive_demand: AtomicUsize::new(0),
             depth_interactive: depth(TierLabel::interactive),
             depth_batch: depth(TierLabel::batch),
             released_batch: AtomicU64::new(0),
@@ -216,17 +237,38 @@ impl PoolAdmission {
         self.batch_inflight.load(Ordering::SeqCst)
     }
 
-    /// The most slots batch may hold: all but the interactive reserved share
-    /// of the healthy replicas' slots (at least one while any is free to share).
+    /// The most slots batch may hold: all but those reserved for
+    /// interactive requests (at least one while any is free to share).
+    ///
+    /// The reservation is work-conserving: it follows interactive demand
+    /// (its peak over [`DEMAND_WINDOW`], plus a quarter) up to
+    /// `tiers.interactive.reserved_share` of the slots, and never goes below
+    /// a headroom of [`HEADROOM_SHARE`] of them (at least one) while the
+    /// share is not zero. With no interactive traffic batch may use all but
+    /// the headroom; when interactive comes back, the headroom serves it at
+    /// once, freed slots go to it first, and the reservation grows with its
+    /// demand at the next tick.
     pub(crate) fn batch_limit(&self) -> usize {
         let cap = self.pool.load().capacity();
-        let reserved = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
-        let limit = (cap as f64 * (1.0 - reserved)).floor() as usize;
-        if reserved < 1.0 && cap > 0 {
-            limit.max(1)
-        } else {
-            limit
+        let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
+        if share == 0.0 || cap == 0 {
+            return cap;
         }
+        let most = cap - (cap as f64 * (1.0 - share)).floor() as usize;
+        let headroom = ((cap as f64 * HEADROOM_SHARE).ceil() as usize).max(1);
+        let demand = self.interactive_demand.load(Ordering::Relaxed) as f64;
+        let reserved = ((demand * DEMAND_MARGIN).ceil() as usize + headroom).min(most);
+        if share < 1.0 {
+            (cap - reserved).max(1)
+        } else {
+            cap - reserved
+        }
+    }
+
+    /// Interactive requests holding or waiting for a slot now; raises the tick's high mark.
+    fn note_interactive(&self) {
+        let now = self.interactive_inflight.load(Ordering::Relaxed) + self.waiting_interactive.load(Ordering::Relaxed);
+        self.interactive_high.fetch_max(now, Ordering::Relaxed);
     }
 
     /// Take a slot for a request of `tier` now, if one is free: a healthy
@@ -242,7 +284,12 @@ impl PoolAdmission {
             }
         }
         match pool.pick(None) {
-            Ok(slot) => Ok(Lease { slot, tier, admission: self.clone() }),
+            Ok(slot) => {
+                if tier == Tier::Interactive {
+                    self.interactive_inflight.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(Lease { slot, tier, admission: self.clone() })
+            }
             Err(e) => {
                 if tier == Tier::Batch {
                     self.batch_inflight.fetch_sub(1, Ordering::SeqCst);
@@ -345,7 +392,12 @@ impl PoolAdmission {
         };
         if ahead(self) == 0 {
             match self.try_lease(tier) {
-                Ok(lease) => return Ok(Granted { lease, waited: Duration::ZERO }),
+                Ok(lease) => {
+                    if tier == Tier::Interactive {
+                        self.note_interactive();
+                    }
+                    return Ok(Granted { lease, waited: Duration::ZERO });
+                }
                 Err(PickError::NoHealthy) => return Err(Refusal::NoHealthy),
                 Err(PickError::Saturated) => {}
             }
@@ -378,6 +430,9 @@ impl PoolAdmission {
                 match self.try_lease(tier) {
                     Ok(lease) => {
                         self.dec(tier, bytes);
+                        if tier == Tier::Interactive {
+                            self.note_interactive();
+                        }
                         return Ok(Granted { lease, waited: start.elapsed() });
                     }
                     Err(PickError::NoHealthy) => {
@@ -391,6 +446,9 @@ impl PoolAdmission {
             q.next_id += 1;
             let id = q.next_id;
             q.of(tier).push_back(Waiter { id, bytes, enqueued: start, deadline, tx });
+            if tier == Tier::Interactive {
+                self.note_interactive();
+            }
             (id, rx)
         };
         let guard = WaitGuard { queue: self, tier, id };
@@ -449,6 +507,9 @@ impl PoolAdmission {
                             break;
                         };
                         self.dec(tier, w.bytes);
+                        if tier == Tier::Interactive {
+                            self.note_interactive();
+                        }
                         match w.tx.send(Ok(lease)) {
                             Ok(()) => {
                                 served = true;
@@ -480,6 +541,16 @@ impl PoolAdmission {
     pub(crate) fn tick(self: &Arc<Self>, now: Instant) {
         let mut hopeless = Vec::new();
         if let Ok(mut q) = self.inner.lock() {
+            // The interactive demand the reservation follows: the peak of the
+            // ticks within the window (the high mark restarts from what is there now).
+            let current = self.interactive_inflight.load(Ordering::Relaxed) + self.waiting_interactive.load(Ordering::Relaxed);
+            let high = self.interactive_high.swap(current, Ordering::Relaxed).max(current);
+            q.demand.push_back((now, high));
+            while q.demand.front().is_some_and(|(t, _)| now.saturating_duration_since(*t) > DEMAND_WINDOW) {
+                q.demand.pop_front();
+            }
+            let peak = q.demand.iter().map(|(_, d)| *d).max().unwrap_or(0);
+            self.interactive_demand.store(peak, Ordering::Relaxed);
             let released = self.released_batch.load(Ordering::Relaxed);
             q.samples.push_back((now, released));
             while q.samples.len() > 2 && q.samples.front().is_some_and(|(t, _)| now.saturating_duration_since(*t) > RATE_WINDOW) {
@@ -557,10 +628,14 @@ mod tests {
     /// A pool of one healthy replica with `slots` slots (nothing listens: the
     /// queue never connects).
     fn pool(slots: u32, tiers: TiersConfig) -> Arc<PoolAdmission> {
-        let cfg = PoolConfig { replicas: vec!["http://127.0.0.1:9".into()], max_inflight_per_replica: slots, ..PoolConfig::default() };
+        let cfg = PoolConfig {
+            replicas: vec!["http://127.0.0.1:9".into()],
+            max_inflight_per_replica: crate::config::InflightLimit::Fixed(slots),
+            ..PoolConfig::default()
+        };
         let metrics = Metrics::new(&Config::default());
         let access = crate::upstream::Access::new(&cfg).expect("access");
-        let pool = Arc::new(Pool::new(cfg, access, &metrics, None));
+        let pool = Arc::new(Pool::new(cfg, access, &metrics, None, None));
         for r in &pool.replicas {
             r.set_healthy(true);
         }
@@ -614,8 +689,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn batch_never_holds_the_reserved_share() {
-        // 4 slots, half reserved: batch may hold 2.
+        // 4 slots, at most half reserved: with interactive demand seen in
+        // the window, batch may hold 2.
         let pool = pool(4, tiers(0.5, 10, 10));
+        let seen = take(&pool, Tier::Interactive).await;
+        pool.tick(Instant::now());
+        drop(seen);
         assert_eq!(pool.batch_limit(), 2);
         let _b1 = take(&pool, Tier::Batch).await;
         let _b2 = take(&pool, Tier::Batch).await;
@@ -631,6 +710,39 @@ mod tests {
         assert_eq!(pool.batch_inflight(), 2);
         let r = b3.await.expect("task");
         assert!(matches!(r, Err(Refusal::Timeout { .. })), "{r:?}");
+    }
+
+    /// With no interactive traffic batch may use all but the headroom; when
+    /// interactive comes, the headroom serves it at once, a freed slot goes
+    /// to it first, and the reservation grows with its demand; after a
+    /// window of quiet it is back to the headroom.
+    #[tokio::test(start_paused = true)]
+    async fn the_reservation_follows_interactive_demand() {
+        let pool = pool(20, tiers(0.25, 100, 100));
+        assert_eq!(pool.batch_limit(), 19, "20 slots, a headroom of 1, no interactive demand");
+        let mut batch = Vec::new();
+        for _ in 0..19 {
+            batch.push(take(&pool, Tier::Batch).await);
+        }
+        assert!(pool.try_lease(Tier::Batch).is_err(), "the headroom is not batch's");
+        let i1 = take(&pool, Tier::Interactive).await;
+        let i2 = queued(&pool, Tier::Interactive).await;
+        drop(batch.pop());
+        let i2 = i2.await.expect("task").expect("the freed slot goes to interactive").lease;
+        // Demand 2: the next tick reserves ceil(2 x 1.25) + 1 = 4 (of at most 5).
+        pool.tick(Instant::now());
+        assert_eq!(pool.batch_limit(), 16);
+        drop(batch.pop());
+        assert_eq!(pool.batch_inflight(), 17);
+        assert!(pool.try_lease(Tier::Batch).is_err(), "batch takes no slot above its new limit");
+        drop((i1, i2));
+        for _ in 0..(DEMAND_WINDOW.as_millis() / 250 + 2) {
+            tokio::time::advance(Duration::from_millis(250)).await;
+            pool.tick(Instant::now());
+        }
+        assert_eq!(pool.batch_limit(), 19, "quiet for the window: back to the headroom");
+        // A share of 0 reserves nothing, not even the headroom.
+        assert_eq!(self::pool(20, tiers(0.0, 10, 10)).batch_limit(), 20);
     }
 
     #[tokio::test(start_paused = true)]

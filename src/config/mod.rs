@@ -239,8 +239,17 @@ impl Config {
             if pool.max_event_bytes.0 < 1024 {
                 bad(f("max_event_bytes"), "must be at least 1KiB (a chunk of vLLM's stream with usage is a few hundred bytes)".into());
             }
-            if pool.max_inflight_per_replica == 0 {
-                bad(f("max_inflight_per_replica"), "must be at least 1".into());
+            match pool.max_inflight_per_replica {
+                InflightLimit::Fixed(0) => bad(f("max_inflight_per_replica"), "must be at least 1, or auto".into()),
+                InflightLimit::Auto if pool.scrape_metrics.get().is_zero() => bad(
+                    f("scrape_metrics"),
+                    "must be greater than 0 with max_inflight_per_replica: auto (the learned limit reads the replicas' queues)".into(),
+                ),
+                _ => {}
+            }
+            let l = &pool.learned_limit;
+            if l.min == 0 || l.min > l.max || !(l.min..=l.max).contains(&l.initial) {
+                bad(f("learned_limit"), "needs 1 <= min <= initial <= max".into());
             }
             if !pool.health.path.starts_with('/') {
                 bad(f("health.path"), "must start with /".into());
@@ -475,7 +484,7 @@ mod tests {
     #[test]
     fn empty_file_is_the_reference_default() {
         let c = Config::parse("").expect("defaults are valid");
-        assert_eq!(c.pools[0].max_inflight_per_replica, 32);
+        assert_eq!(c.pools[0].max_inflight_per_replica, InflightLimit::Auto);
         assert_eq!(c.classes["voice"].ttft, Dur::millis(150));
         assert_eq!(c.server.max_request_body, Size(4 * 1024 * 1024));
         assert_eq!(c.slo.window, Dur::secs(28 * 86_400));

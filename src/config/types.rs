@@ -197,9 +197,14 @@ pub struct PoolConfig {
     pub models: Vec<String>,
     /// Each a URL, or `{ url, name }`.
     pub replicas: Vec<ReplicaConfig>,
-    pub max_inflight_per_replica: u32,
+    /// Slots per replica: learned (`auto`) or fixed.
+    pub max_inflight_per_replica: InflightLimit,
+    /// Start and bounds of a learned limit.
+    pub learned_limit: LearnedLimitConfig,
     pub balance: Balance,
     pub health: HealthConfig,
+    /// How often each replica's `/metrics` is read (its waiting queue, for
+    /// `least_loaded` and learned limits); also the learned limits' period.
     pub scrape_metrics: Dur,
     pub timeouts: TimeoutsConfig,
     /// Pass the tier to vLLM's `priority` field (replicas run `--scheduling-policy priority`).
@@ -215,6 +220,54 @@ pub struct PoolConfig {
     /// The longest one SSE event from a replica may be; past it the stream
     /// ends with an error event (`stream_error`).
     pub max_event_bytes: Size,
+}
+
+/// `max_inflight_per_replica`: `auto` (learned per replica from its own
+/// waiting queue; see `upstream::limit`) or a fixed number of slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InflightLimit {
+    Auto,
+    Fixed(u32),
+}
+
+impl<'de> Deserialize<'de> for InflightLimit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u32),
+            S(String),
+        }
+        match Raw::deserialize(d) {
+            Ok(Raw::N(n)) => Ok(InflightLimit::Fixed(n)),
+            Ok(Raw::S(s)) if s.trim() == "auto" => Ok(InflightLimit::Auto),
+            _ => Err(serde::de::Error::custom("must be `auto` or a whole number of slots")),
+        }
+    }
+}
+
+impl Serialize for InflightLimit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            InflightLimit::Auto => s.serialize_str("auto"),
+            InflightLimit::Fixed(n) => s.serialize_u32(*n),
+        }
+    }
+}
+
+/// Where a learned limit starts and the bounds it stays in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LearnedLimitConfig {
+    pub initial: u32,
+    pub min: u32,
+    pub max: u32,
+}
+
+impl Default for LearnedLimitConfig {
+    fn default() -> Self {
+        LearnedLimitConfig { initial: 16, min: 1, max: 1024 }
+    }
 }
 
 /// One replica: written as its URL, or as `{ url, name }`.
@@ -304,10 +357,11 @@ impl Default for PoolConfig {
             name: "default".into(),
             models: vec!["auto".into()],
             replicas: vec!["http://127.0.0.1:8000".into(), "http://127.0.0.1:8001".into()],
-            max_inflight_per_replica: 32,
+            max_inflight_per_replica: InflightLimit::Auto,
+            learned_limit: LearnedLimitConfig::default(),
             balance: Balance::LeastLoaded,
             health: HealthConfig::default(),
-            scrape_metrics: Dur::secs(1),
+            scrape_metrics: Dur::millis(250),
             timeouts: TimeoutsConfig::default(),
             upstream_priority: false,
             tls: None,

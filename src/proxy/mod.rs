@@ -268,7 +268,7 @@ fn observe(
     let replica = lease.replica().public_name();
     let class_name = tracker.class().name.clone();
     tracker.span().record("http.response.status_code", status.as_u16());
-    tracker.attach_lease(lease);
+    tracker.attach_lease(lease, waited);
     let (mut rparts, rbody) = resp.into_parts();
     let is_sse = rparts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
     let body: ProxyBody = if !status.is_success() {

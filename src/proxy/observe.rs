@@ -52,6 +52,8 @@ pub(crate) struct Tracker {
     /// The stream ended before `[DONE]` (an incomplete response).
     cut: bool,
     lease: Option<Lease>,
+    /// Time it waited in the gateway's queue.
+    queued: std::time::Duration,
     /// Admitted by a half-open breaker as a probe: report how it went.
     probe: Option<Probe>,
     finish_reason: Option<String>,
@@ -78,6 +80,7 @@ impl Tracker {
             outcome: None,
             cut: false,
             lease: None,
+            queued: std::time::Duration::ZERO,
             probe: None,
             finish_reason: None,
             span: tracing::Span::none(),
@@ -118,8 +121,11 @@ impl Tracker {
         self.streaming = streaming;
     }
 
-    pub(crate) fn attach_lease(&mut self, lease: Lease) {
+    /// The request holds `lease` from now until it ends; it waited
+    /// `queued` for it (the replica's first-token time starts after).
+    pub(crate) fn attach_lease(&mut self, lease: Lease, queued: std::time::Duration) {
         self.lease = Some(lease);
+        self.queued = queued;
     }
 
     pub(crate) fn class(&self) -> &Arc<Class> {
@@ -145,6 +151,9 @@ impl Tracker {
                 // window must see a slow first token while the stream runs.
                 let ttft = now - self.start;
                 series(&mut self.series, &self.class).ttft(&self.metrics).observe(ttft.as_secs_f64());
+                if let Some(l) = &self.lease {
+                    l.replica().record_first_token(ttft.saturating_sub(self.queued));
+                }
                 self.class.control.ttft.record(ttft);
                 if let Some(probe) = self.probe.take() {
                     probe.first_token(ttft);

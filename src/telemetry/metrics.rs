@@ -306,6 +306,8 @@ pub struct Metrics {
     pub(crate) queue_depth: Family<TierOnlyLabels, Gauge>,
     pub(crate) inflight: Family<ReplicaLabels, Gauge>,
     pub(crate) upstream_healthy: Family<ReplicaLabels, Gauge>,
+    /// Slots per replica: the learned limit, or the fixed one.
+    pub(crate) replica_limit: Family<ReplicaLabels, Gauge>,
     pub(crate) breaker_state: Family<ClassLabels, Gauge>,
     pub(crate) context_reduction_active: Family<ClassLabels, Gauge>,
     pub(crate) ttft_p99: Family<ClassLabels, Gauge<f64, AtomicU64>>,
@@ -341,6 +343,7 @@ impl Metrics {
             queue_depth: Family::default(),
             inflight: Family::default(),
             upstream_healthy: Family::default(),
+            replica_limit: Family::default(),
             breaker_state: Family::default(),
             context_reduction_active: Family::default(),
             ttft_p99: Family::default(),
@@ -380,6 +383,11 @@ impl Metrics {
         );
         registry.register("inflight_requests", "Requests holding a slot on a replica (until their stream ends)", m.inflight.clone());
         registry.register("upstream_healthy", "1 when the replica passes its health checks", m.upstream_healthy.clone());
+        registry.register(
+            "replica_limit",
+            "Requests the gateway lets a replica hold at once: learned (max_inflight_per_replica: auto) or fixed",
+            m.replica_limit.clone(),
+        );
         registry.register("breaker_state", "TTFT circuit breaker state: 0 closed, 1 half-open, 2 open", m.breaker_state.clone());
         registry.register(
             "context_reduction_active",

@@ -14,13 +14,39 @@ use super::{Pool, Replica};
 /// `scrape_metrics`, vLLM load scraping) for every replica of `pool` until
 /// `stop` changes.
 pub(crate) fn spawn(pool: Arc<Pool>, stop: watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
-    pool.replicas
-        .iter()
-        .map(|r| {
-            let (pool, replica, stop) = (pool.clone(), r.clone(), stop.clone());
-            tokio::spawn(async move { replica_loop(pool, replica, stop).await })
-        })
-        .collect()
+    let mut tasks = Vec::new();
+    for r in &pool.replicas {
+        let (p, replica, s) = (pool.clone(), r.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move { replica_loop(p, replica, s).await }));
+        if !pool.config.scrape_metrics.get().is_zero() {
+            let (p, replica, s) = (pool.clone(), r.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move { load_loop(p, replica, s).await }));
+        }
+    }
+    tasks
+}
+
+/// Every `scrape_metrics`: read the replica's waiting queue (for
+/// `least_loaded`) and, with learned limits, run one period of its
+/// controller. A replica that is not healthy is left alone: its limit
+/// keeps what it learned.
+async fn load_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
+    let mut interval = tokio::time::interval(pool.config.scrape_metrics.get());
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let timeout = pool.config.health.timeout.get().min(pool.config.scrape_metrics.get() * 4);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if !replica.is_healthy() {
+            continue;
+        }
+        let waiting = scrape_load(&replica, timeout).await;
+        if pool.learns_limits() {
+            replica.control(&pool.config.name, waiting);
+        }
+    }
 }
 
 async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
@@ -31,8 +57,6 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
     let mut streak_bad = 0u32;
     let mut known = false;
     let mut tick = 0u64;
-    let scrape = pool.config.scrape_metrics.get();
-    let mut last_scrape: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = interval.tick() => {}
@@ -98,10 +122,6 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
         if now && pool.auto && pool.config.api_key_env.is_none() && (tick % 15 == 0 || replica.models.load().is_empty()) {
             discover_models(&replica, h.timeout.get()).await;
         }
-        if now && !scrape.is_zero() && last_scrape.is_none_or(|t| t.elapsed() >= scrape) {
-            last_scrape = Some(tokio::time::Instant::now());
-            scrape_load(&replica, h.timeout.get()).await;
-        }
         tick += 1;
     }
 }
@@ -121,16 +141,26 @@ fn store_models(replica: &Replica, body: &[u8]) {
     }
 }
 
-/// Read `vllm:num_requests_waiting` so least-loaded sees the replica's own queue.
-async fn scrape_load(replica: &Arc<Replica>, timeout: Duration) {
-    let Ok((status, body)) = get(replica, "/metrics", timeout).await else { return };
+/// Read `vllm:num_requests_waiting` (summed over its series) so
+/// least-loaded sees the replica's own queue; the value, or `None` when the
+/// replica has no such metric or did not answer.
+async fn scrape_load(replica: &Arc<Replica>, timeout: Duration) -> Option<f64> {
+    let (status, body) = get(replica, "/metrics", timeout).await.ok()?;
     if !status.is_success() {
-        return;
+        return None;
     }
     let text = String::from_utf8_lossy(&body);
-    let waiting: f64 =
-        text.lines().filter(|l| l.starts_with("vllm:num_requests_waiting")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
-    replica.scraped_waiting.store(waiting.max(0.0) as u64, std::sync::atomic::Ordering::Relaxed);
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("vllm:num_requests_waiting"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .collect();
+    if values.is_empty() {
+        return None;
+    }
+    let waiting = values.iter().sum::<f64>().max(0.0);
+    replica.scraped_waiting.store(waiting as u64, std::sync::atomic::Ordering::Relaxed);
+    Some(waiting)
 }
 
 #[cfg(test)]
@@ -146,7 +176,7 @@ mod tests {
     fn replica(url: &str) -> Arc<Replica> {
         let cfg = PoolConfig { replicas: vec![url.into()], ..PoolConfig::default() };
         let access = Access::new(&cfg).expect("access");
-        let pool = Pool::new(cfg, access, &Metrics::new(&Config::default()), None);
+        let pool = Pool::new(cfg, access, &Metrics::new(&Config::default()), None, None);
         pool.replicas[0].clone()
     }
 

@@ -8,6 +8,7 @@
 
 pub(crate) mod conn;
 pub(crate) mod health;
+pub(crate) mod limit;
 pub(crate) mod tls;
 
 use std::collections::HashSet;
@@ -18,7 +19,7 @@ use arc_swap::ArcSwap;
 use http::HeaderValue;
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::config::{Balance, PoolConfig};
+use crate::config::{Balance, InflightLimit, PoolConfig};
 use crate::error::GatewayError;
 use crate::telemetry::metrics::{Metrics, ReplicaLabels};
 
@@ -55,6 +56,19 @@ pub(crate) struct Replica {
     api_key: Option<http::HeaderValue>,
     /// Why the last health check failed (none after one passed).
     health_error: ArcSwap<Option<String>>,
+    /// The learned limit (`max_inflight_per_replica: auto`), kept across reloads.
+    controller: std::sync::Mutex<limit::Controller>,
+    /// The most requests held here since the controller last looked.
+    inflight_peak: AtomicUsize,
+    /// The replica answered 429 or 503 since the controller last looked.
+    refused: AtomicBool,
+    /// Time from dispatch to first token since the controller last looked: sum (µs) and count.
+    first_token_us: AtomicU64,
+    first_token_n: AtomicU64,
+    /// `slogate_replica_limit{pool,replica}`.
+    limit_gauge: Gauge,
+    /// The limit last logged (a move by a quarter or more is logged).
+    logged_limit: AtomicUsize,
 }
 
 impl Replica {
@@ -116,10 +130,50 @@ impl Replica {
             match self.inflight.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => {
                     self.inflight_gauge.inc();
+                    self.inflight_peak.fetch_max(cur + 1, Ordering::Relaxed);
                     return true;
                 }
                 Err(now) => cur = now,
             }
+        }
+    }
+
+    /// A request sent here got its first token `after` its dispatch.
+    pub(crate) fn record_first_token(&self, after: std::time::Duration) {
+        self.first_token_us.fetch_add(after.as_micros() as u64, Ordering::Relaxed);
+        self.first_token_n.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The replica refused a request (429 or 503).
+    pub(crate) fn note_refused(&self) {
+        self.refused.store(true, Ordering::Relaxed);
+    }
+
+    /// Set the slot count (a fixed limit, or the controller's).
+    fn set_max_inflight(&self, n: usize) {
+        self.max_inflight.store(n, Ordering::Relaxed);
+        self.limit_gauge.set(n as i64);
+    }
+
+    /// One period of the learned limit: the replica's waiting queue as
+    /// scraped (`None`: not read), and what the request path noted since
+    /// the last period.
+    pub(crate) fn control(&self, pool: &str, waiting: Option<f64>) {
+        let n = self.first_token_n.swap(0, Ordering::Relaxed);
+        let us = self.first_token_us.swap(0, Ordering::Relaxed);
+        let sample = limit::Sample {
+            waiting,
+            inflight_peak: self.inflight_peak.swap(self.inflight(), Ordering::Relaxed),
+            inflight_now: self.inflight(),
+            refused: self.refused.swap(false, Ordering::Relaxed),
+            first_token: (n > 0).then(|| std::time::Duration::from_micros(us / n)),
+        };
+        let limit = self.controller.lock().unwrap_or_else(|p| p.into_inner()).update(sample);
+        self.set_max_inflight(limit);
+        let logged = self.logged_limit.load(Ordering::Relaxed);
+        if limit * 4 >= logged * 5 || limit * 4 <= logged * 3 {
+            self.logged_limit.store(limit, Ordering::Relaxed);
+            tracing::info!(pool, replica = %self.label(), from = logged, to = limit, waiting = ?sample.waiting, refused = sample.refused, "learned in-flight limit moved");
         }
     }
 
@@ -230,6 +284,8 @@ fn public_name(pool: &str, i: usize, name: Option<&str>) -> HeaderValue {
 /// A named set of replicas serving some models.
 pub(crate) struct Pool {
     pub(crate) config: PoolConfig,
+    /// The learned limits' parameters (used with `max_inflight_per_replica: auto`).
+    limit_params: limit::LimitParams,
     pub(crate) replicas: Vec<Arc<Replica>>,
     /// Models named in the config (without `auto`).
     pub(crate) static_models: HashSet<String>,
@@ -244,8 +300,23 @@ impl Pool {
     /// discovered models, open connections), wherever they are in the list;
     /// a new slot count reaches them when the pool goes live
     /// ([`Pool::activate`]), not before.
-    pub(crate) fn new(config: PoolConfig, access: Access, metrics: &Metrics, previous: Option<&Pool>) -> Pool {
+    ///
+    /// `first_token_guard`: first tokens slower than this (from dispatch)
+    /// stop a learned limit growing (the tightest interactive TTFT target).
+    pub(crate) fn new(
+        config: PoolConfig,
+        access: Access,
+        metrics: &Metrics,
+        previous: Option<&Pool>,
+        first_token_guard: Option<std::time::Duration>,
+    ) -> Pool {
         let Access { bases, tls: replica_tls, api_key } = access;
+        let l = config.learned_limit;
+        let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize, first_token_guard };
+        let initial = match config.max_inflight_per_replica {
+            InflightLimit::Fixed(n) => n as usize,
+            InflightLimit::Auto => limit_params.initial,
+        };
         let same_access = previous.is_some_and(|p| p.config.tls == config.tls && p.config.api_key_env == config.api_key_env);
         let mut replicas = Vec::with_capacity(config.replicas.len());
         for (i, ((rc, base), tls)) in config.replicas.iter().zip(bases).zip(replica_tls).enumerate() {
@@ -262,13 +333,14 @@ impl Pool {
             let labels = ReplicaLabels { pool: config.name.clone(), replica: rc.name.as_deref().unwrap_or(url).to_string() };
             let inflight_gauge = metrics.inflight.get_or_create(&labels).clone();
             let healthy_gauge = metrics.upstream_healthy.get_or_create(&labels).clone();
+            let limit_gauge = metrics.replica_limit.get_or_create(&labels).clone();
             replicas.push(Arc::new(Replica {
                 url: url.to_string(),
                 name: rc.name.clone(),
                 public: ArcSwap::from_pointee(public),
                 base,
                 inflight: AtomicUsize::new(0),
-                max_inflight: AtomicUsize::new(config.max_inflight_per_replica as usize),
+                max_inflight: AtomicUsize::new(initial),
                 healthy: AtomicBool::new(false),
                 scraped_waiting: AtomicU64::new(0),
                 models: ArcSwap::from_pointee(Vec::new()),
@@ -278,11 +350,18 @@ impl Pool {
                 tls,
                 api_key: api_key.clone(),
                 health_error: ArcSwap::from_pointee(None),
+                controller: std::sync::Mutex::new(limit::Controller::new(limit_params)),
+                inflight_peak: AtomicUsize::new(0),
+                refused: AtomicBool::new(false),
+                first_token_us: AtomicU64::new(0),
+                first_token_n: AtomicU64::new(0),
+                limit_gauge,
+                logged_limit: AtomicUsize::new(initial),
             }));
         }
         let static_models = config.models.iter().filter(|m| *m != "auto").cloned().collect();
         let auto = config.models.iter().any(|m| m == "auto");
-        Pool { replicas, static_models, auto, config, rr: AtomicUsize::new(0) }
+        Pool { replicas, static_models, auto, config, limit_params, rr: AtomicUsize::new(0) }
     }
 
     /// Does this pool serve `model`?
@@ -317,12 +396,26 @@ impl Pool {
     }
 
     /// This pool went live (a start or a reload's swap): its replicas take
-    /// its slot count, and their gauges say what they are.
+    /// its slot count (a fixed one, or their learned one under this pool's
+    /// bounds), and their gauges say what they are.
     pub(crate) fn activate(&self) {
         for r in &self.replicas {
-            r.max_inflight.store(self.config.max_inflight_per_replica as usize, Ordering::Relaxed);
+            let n = match self.config.max_inflight_per_replica {
+                InflightLimit::Fixed(n) => n as usize,
+                InflightLimit::Auto => {
+                    let mut c = r.controller.lock().unwrap_or_else(|p| p.into_inner());
+                    c.set_params(self.limit_params);
+                    c.limit()
+                }
+            };
+            r.set_max_inflight(n);
             r.publish_health();
         }
+    }
+
+    /// Are this pool's limits learned?
+    pub(crate) fn learns_limits(&self) -> bool {
+        self.config.max_inflight_per_replica == InflightLimit::Auto
     }
 
     pub(crate) fn healthy_count(&self) -> usize {
@@ -398,6 +491,17 @@ pub(crate) async fn send_with_retry<A: Attempts>(
         let req = request(&replica)?;
         let failure = match tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout)).await {
             Err(_) => return Err(GatewayError::UpstreamTimeout { replica: replica.shown(), after: crate::config::Dur(deadline - start) }),
+            Ok(Ok(resp))
+                if resp.status() == http::StatusCode::TOO_MANY_REQUESTS || resp.status() == http::StatusCode::SERVICE_UNAVAILABLE =>
+            {
+                replica.note_refused();
+                if resp.status().is_server_error() && !retried && on.move_to_another() {
+                    tracing::info!(replica = %replica.url, status = %resp.status(), "replica refused the request; retrying on another replica");
+                    retried = true;
+                    continue;
+                }
+                return Ok(resp);
+            }
             Ok(Ok(resp)) if resp.status().is_server_error() && !retried => {
                 if !on.move_to_another() {
                     return Ok(resp);

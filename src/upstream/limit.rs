@@ -1,0 +1,255 @@
+//! Learned in-flight limits (`max_inflight_per_replica: auto`).
+//!
+//! A replica's capacity is the number of requests it runs at once without
+//! queueing any itself: past it, vLLM holds the rest in its own waiting
+//! queue, first come first served, where the gateway's priorities no longer
+//! apply. That number depends on the model, the GPU, `max_num_seqs`, and
+//! how much KV cache the current prompts and outputs take, so it moves
+//! during the day. The controller looks for it from what the replica says
+//! of itself, every `scrape_metrics`:
+//!
+//! - the replica's own waiting queue (`vllm:num_requests_waiting`), the
+//!   signal that says "past capacity" directly. End-to-end latency, the
+//!   signal of Envoy's adaptive concurrency filter and Netflix's Gradient2,
+//!   mostly measures how many tokens a request asked for; a queue measures
+//!   load whatever the lengths;
+//! - the replica refusing work (429 or 503): back off hard;
+//! - the replica's time to first token for requests it was sent (from
+//!   dispatch, without the gateway's queue time): while it is above the
+//!   guard (the tightest interactive class's TTFT target) the limit does
+//!   not grow.
+//!
+//! The limit grows only while it binds (the gateway has that many requests
+//! on the replica): without demand there is no evidence that more would be
+//! fine. It grows by the square root of itself far from the last point
+//! where a queue appeared (fast from a cold start), by one near it. A queue
+//! seen in two samples in a row takes it down by the smaller of the two
+//! (at most a quarter at once); one sample alone is a request caught
+//! between its arrival and the engine's next step. After a decrease the
+//! replica still queues what was sent before, until its streams end
+//! (seconds, for long answers): while the gateway holds more than the
+//! limit, a queue is that backlog and takes nothing further off. On a
+//! steady load it settles at the capacity, probing one above it now and
+//! then; each probe that finds the same capacity again doubles the wait
+//! before the next (up to 8 s at the default period).
+
+use std::time::Duration;
+
+/// Bounds and start of a learned limit (`pools[].learned_limit`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct LimitParams {
+    pub(crate) initial: usize,
+    pub(crate) min: usize,
+    pub(crate) max: usize,
+    /// First tokens slower than this (from dispatch) stop the limit growing.
+    pub(crate) first_token_guard: Option<Duration>,
+}
+
+/// What one control period saw of a replica.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Sample {
+    /// The replica's own waiting queue; `None` when it could not be scraped.
+    pub(crate) waiting: Option<f64>,
+    /// The most requests the gateway had on the replica in the period.
+    pub(crate) inflight_peak: usize,
+    /// The requests the gateway has on the replica now.
+    pub(crate) inflight_now: usize,
+    /// The replica answered 429 or 503 in the period.
+    pub(crate) refused: bool,
+    /// Mean time from dispatch to first token of the period's requests.
+    pub(crate) first_token: Option<Duration>,
+}
+
+/// Samples the limit is held after it went down.
+const HOLD_AFTER_DECREASE: u32 = 4;
+const HOLD_AFTER_REFUSAL: u32 = 8;
+/// The longest wait between probes above a known capacity (8 s at 250 ms).
+const MAX_PROBE_HOLD: u32 = 32;
+
+/// One replica's learned limit.
+#[derive(Debug, Clone)]
+pub(crate) struct Controller {
+    params: LimitParams,
+    limit: f64,
+    /// The limit at which a queue last appeared.
+    knee: Option<f64>,
+    hold: u32,
+    /// The hold after a decrease: doubled each time a probe above the
+    /// capacity finds the same knee again (up to [`MAX_PROBE_HOLD`]).
+    probe_hold: u32,
+    /// The previous sample's waiting queue.
+    waiting: f64,
+}
+
+impl Controller {
+    pub(crate) fn new(params: LimitParams) -> Controller {
+        let limit = params.initial.clamp(params.min, params.max) as f64;
+        Controller { params, limit, knee: None, hold: 0, probe_hold: HOLD_AFTER_DECREASE, waiting: 0.0 }
+    }
+
+    pub(crate) fn limit(&self) -> usize {
+        (self.limit.floor() as usize).clamp(self.params.min, self.params.max)
+    }
+
+    pub(crate) fn set_params(&mut self, params: LimitParams) {
+        self.params = params;
+        self.limit = self.limit.clamp(params.min as f64, params.max as f64);
+    }
+
+    /// Take one period's sample; the limit after it.
+    pub(crate) fn update(&mut self, s: Sample) -> usize {
+        let (min, max) = (self.params.min as f64, self.params.max as f64);
+        let waiting = s.waiting.unwrap_or(0.0).max(0.0);
+        let prev = std::mem::replace(&mut self.waiting, waiting);
+        let queued = waiting.min(prev);
+        // Requests sent under a higher limit that have not ended yet: the
+        // replica may queue that many without the limit being too high.
+        let backlog = s.inflight_now.saturating_sub(self.limit()) as f64;
+        if s.refused {
+            self.knee = Some(self.limit);
+            self.limit = (self.limit * 0.7).max(min);
+            self.hold = HOLD_AFTER_REFUSAL;
+        } else if queued >= backlog + 1.0 {
+            // A queue that stayed, beyond any backlog: past capacity.
+            let again = self.knee.is_some_and(|k| (k - self.limit).abs() <= 2.0);
+            self.probe_hold = if again { (self.probe_hold * 2).min(MAX_PROBE_HOLD) } else { HOLD_AFTER_DECREASE };
+            self.knee = Some(self.limit);
+            self.limit = (self.limit - (queued - backlog).floor()).max(self.limit * 0.75).max(min);
+            self.hold = self.probe_hold;
+        } else if queued >= 1.0 || self.hold > 0 {
+            // Draining a backlog sent under a higher limit, or holding after a cut.
+            self.hold = self.hold.saturating_sub(1);
+        } else {
+            // The limit binds: the gateway had (nearly) that many requests on it.
+            let binds = s.inflight_peak + 1 >= self.limit();
+            let slow = matches!((s.first_token, self.params.first_token_guard), (Some(t), Some(g)) if t > g);
+            // Nothing queued in this sample or the one before.
+            if binds && waiting == 0.0 && prev == 0.0 && !slow {
+                let near_knee = self.knee.is_some_and(|k| self.limit + self.limit.sqrt() >= k);
+                self.limit += if near_knee { 1.0 } else { self.limit.sqrt().max(1.0) };
+                // Well past the old knee without a queue: capacity grew; forget it.
+                if self.knee.is_some_and(|k| self.limit > k * 1.25 + 2.0) {
+                    self.knee = None;
+                }
+            }
+        }
+        self.limit = self.limit.clamp(min, max);
+        self.limit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> LimitParams {
+        LimitParams { initial: 8, min: 1, max: 512, first_token_guard: Some(Duration::from_millis(300)) }
+    }
+
+    /// A replica that runs `capacity` requests at once and queues the rest,
+    /// whose streams last `service` periods, under a demand that fills
+    /// whatever limit the gateway allows. Requests above a lowered limit
+    /// stay until they end (the gateway cannot take them back).
+    struct Replica {
+        capacity: usize,
+        service: usize,
+        /// Requests the gateway has on it, running first.
+        inflight: usize,
+        /// Running requests' completions owed, carried between periods.
+        carry: f64,
+    }
+
+    impl Replica {
+        fn period(&mut self, limit: usize) -> Sample {
+            let running = self.inflight.min(self.capacity);
+            self.carry += running as f64 / self.service as f64;
+            let done = (self.carry.floor() as usize).min(self.inflight);
+            self.carry -= done as f64;
+            self.inflight -= done;
+            self.inflight = self.inflight.max(limit);
+            Sample {
+                waiting: Some(self.inflight.saturating_sub(self.capacity) as f64),
+                inflight_peak: self.inflight,
+                inflight_now: self.inflight,
+                refused: false,
+                first_token: Some(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    fn run(c: &mut Controller, r: &mut Replica, periods: usize) -> Vec<usize> {
+        (0..periods).map(|_| c.update(r.period(c.limit()))).collect()
+    }
+
+    fn replica(capacity: usize) -> Replica {
+        // 250 ms periods, 5 s streams.
+        Replica { capacity, service: 20, inflight: 0, carry: 0.0 }
+    }
+
+    #[test]
+    fn it_converges_to_the_replicas_capacity_from_below_and_above() {
+        for (initial, capacity) in [(8, 64), (8, 200), (400, 48), (1, 3)] {
+            let mut c = Controller::new(LimitParams { initial, ..params() });
+            let limits = run(&mut c, &mut replica(capacity), 200);
+            // After 15 s (60 periods of 250 ms) it stays within one of the capacity.
+            let settled = &limits[60..];
+            assert!(
+                settled.iter().all(|&l| l + 1 >= capacity && l <= capacity + 1),
+                "start {initial}, capacity {capacity}: {:?}",
+                &limits[..60]
+            );
+        }
+    }
+
+    #[test]
+    fn it_does_not_oscillate_on_a_steady_load() {
+        let mut c = Controller::new(params());
+        let limits = run(&mut c, &mut replica(64), 400);
+        let settled = &limits[60..];
+        let (lo, hi) = (settled.iter().min().copied().unwrap_or(0), settled.iter().max().copied().unwrap_or(0));
+        assert!(hi - lo <= 1, "band {lo}..={hi}");
+        // Time above capacity (the replica queues one) is a small share.
+        let above = settled.iter().filter(|&&l| l > 64).count();
+        assert!(above * 4 <= settled.len(), "{above} of {} periods above capacity", settled.len());
+    }
+
+    #[test]
+    fn it_backs_off_on_a_growing_waiting_queue_and_follows_a_lower_capacity() {
+        let mut c = Controller::new(params());
+        let mut r = replica(128);
+        run(&mut c, &mut r, 120);
+        assert!(c.limit() >= 127);
+        // Prompts get twice as long: the replica now runs half as many.
+        r.capacity = 64;
+        let after = run(&mut c, &mut r, 80);
+        assert!(after[..8].iter().any(|&l| l < 127), "it backs off within 2 s: {after:?}");
+        assert!(after.iter().all(|&l| l >= 63), "it never goes below the new capacity while the backlog drains: {after:?}");
+        assert!(after[40..].iter().all(|&l| (63..=65).contains(&l)), "settled at the new capacity within 10 s: {after:?}");
+        // Capacity comes back: the limit follows it up.
+        r.capacity = 128;
+        let up = run(&mut c, &mut r, 120);
+        assert!(up[60..].iter().all(|&l| (127..=129).contains(&l)), "{up:?}");
+    }
+
+    #[test]
+    fn refusals_cut_it_hard_and_a_slow_replica_or_no_demand_stops_growth() {
+        let mut c = Controller::new(LimitParams { initial: 100, ..params() });
+        let l = c.update(Sample { refused: true, inflight_peak: 100, ..Sample::default() });
+        assert_eq!(l, 70);
+        // Held for a while, then grows again while it binds and nothing queues.
+        for _ in 0..HOLD_AFTER_REFUSAL {
+            assert_eq!(c.update(Sample { waiting: Some(0.0), inflight_peak: 70, ..Sample::default() }), 70);
+        }
+        assert!(c.update(Sample { waiting: Some(0.0), inflight_peak: 70, ..Sample::default() }) > 70);
+        let now = c.limit();
+        // First tokens slower than the guard: no growth.
+        let slow = Sample { waiting: Some(0.0), inflight_peak: now, first_token: Some(Duration::from_secs(1)), ..Sample::default() };
+        assert_eq!(c.update(slow), now);
+        // Demand below the limit: no growth either.
+        assert_eq!(c.update(Sample { waiting: Some(0.0), inflight_peak: now / 2, ..Sample::default() }), now);
+        // Bounds hold.
+        let mut c = Controller::new(LimitParams { initial: 8, min: 4, max: 10, first_token_guard: None });
+        assert_eq!(run(&mut c, &mut replica(1000), 50).last().copied(), Some(10));
+        assert_eq!(run(&mut c, &mut replica(1), 200).last().copied(), Some(4));
+    }
+}
