@@ -7,7 +7,8 @@ simulator faults at given offsets, for the admission scenarios.
 
 Every 250 ms it reads the admin /metrics and writes one CSV row:
 t (s since start), ttft_p99_ms, breaker_state (0 closed, 1 half-open, 2
-open), reduction_active, queue_interactive, queue_batch. Fault switches are
+open), reduction_active, queue_interactive, queue_batch, replica_limits (the
+sum of slogate_replica_limit over the replicas). Fault switches are
 POSTed to the simulator's /admin/faults at their offsets and logged to
 stderr as `fault T URL JSON`. Loopback only; stops by itself.
 """
@@ -32,6 +33,10 @@ def metric(text, name, labels):
     return float(m.group(1)) if m else float("nan")
 
 
+def metric_sum(text, name):
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--admin", required=True)
@@ -49,7 +54,7 @@ def main():
     t0 = time.monotonic()
     step = 0.25
     with open(a.out, "w") as out:
-        out.write("t,ttft_p99_ms,breaker_state,reduction_active,queue_interactive,queue_batch\n")
+        out.write("t,ttft_p99_ms,breaker_state,reduction_active,queue_interactive,queue_batch,replica_limits\n")
         n = 0
         while True:
             now = time.monotonic() - t0
@@ -71,6 +76,7 @@ def main():
                     metric(text, "slogate_context_reduction_active", c),
                     metric(text, "slogate_queue_depth", {"tier": "interactive"}),
                     metric(text, "slogate_queue_depth", {"tier": "batch"}),
+                    metric_sum(text, "slogate_replica_limit"),
                 ]
                 out.write(",".join(f"{v:.3f}" for v in row) + "\n")
                 out.flush()

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Learned replica limits and the work-conserving reservation against
+# simulated 70B replicas (the fleet of loadtest/bench/admission.sh: two
+# replicas, max_num_seqs 64, KV for ~65k tokens each, priority scheduling).
+# Each scenario's result (README.md with its SVG charts, stamped with commit
+# and machine) replaces loadtest/results/limits/SCENARIO/:
+#
+#   overload  capacity C measured first; then 2 C offered (chat 0.4 C +
+#             batch 1.6 C) for DURATION through three gateways in turn, each
+#             on fresh replicas: `auto` (learned), `fixed` (64 = max_num_seqs,
+#             the hand-tuned value) and `none` (4096: no limit to speak of)
+#   shift     the same 2 C, through `auto`; halfway through, prompts double
+#             (512 -> 1024 tokens): KV, not max_num_seqs, now caps what a
+#             replica runs, and the learned limits must follow
+#   batch     batch alone at 2 C for 60 s, then chat at 0.4 C joins after
+#             that quiet spell, through `auto`
+#
+#   loadtest/bench/limits.sh [overload] [shift] [batch]   (default: all)
+#
+# Everything runs on 127.0.0.1 with free ports, bounded in time.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+WORK=$(mktemp -d); export WORK
+source "$HERE/../lib.sh"
+OUT="$ROOT/loadtest/results/limits"
+MODEL=sim-llama-70b-fp8
+SIM_ARGS=(--profile llama70b-fp8-h100 --max-num-batched-tokens 512 --scheduling-policy priority)
+DURATION=${DURATION:-100}
+build_release
+MACHINE=$(machine_line)
+
+sim_up() { start_sim sim "$@" "${SIM_ARGS[@]}"; SIM_PID=${PIDS[-1]}; TARGETS=$(IFS=,; echo "${SIM_URLS[*]}"); }
+sim_down() { kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; }
+gw_down() { kill "$GW_PID" 2>/dev/null || true; wait "$GW_PID" 2>/dev/null || true; }
+loadgen() { run_on "${LG_CPUS:-}" "$BIN/loadgen" "$@"; }
+
+# gateway_yaml FILE LIMIT : slogate over SIM_URLS with max_inflight_per_replica LIMIT.
+gateway_yaml() {
+  { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
+    echo "pools:"
+    echo "  - name: default"
+    echo "    models: [auto]"
+    echo "    replicas: [$(IFS=,; echo "${SIM_URLS[*]}" | sed 's/,/, /g')]"
+    echo "    max_inflight_per_replica: $2"
+    echo "    upstream_priority: true"
+    echo "tiers:"
+    echo "  interactive: { reserved_share: 0.5 }"
+    echo "  batch: { queue_timeout: 2s }"
+  } >"$1"
+}
+
+stream() { # NAME CLASS ARRIVAL PROMPT OUTPUT
+  cat <<EOS
+  - name: $1
+    class: $2
+    model: $MODEL
+    arrival: $3
+    prompt_tokens: $4
+    output_tokens: $5
+EOS
+}
+OUTPUT="{ dist: uniform, min: 64, max: 256 }"
+
+# window RATE FROM TO : Poisson arrivals at RATE between FROM and TO seconds, none
+# (a negligible rate: stages need one) before and after.
+window() {
+  local r=$1 from=$2 to=$3 none=0.0001
+  if [ "$from" = 0 ]; then
+    echo "{ kind: stages, stages: [{ duration: 0.1s, rate: $r }, { duration: $(python3 -c "print($to - 0.1)")s, rate: $r }, { duration: 0.1s, rate: $none }, { duration: 3600s, rate: $none }] }"
+  else
+    echo "{ kind: stages, stages: [{ duration: ${from}s, rate: $none }, { duration: 0.1s, rate: $r }, { duration: $((to - from))s, rate: $r }] }"
+  fi
+}
+
+# capacity_of PROMPT: the fleet's throughput saturated (closed loop at 128 = 2 x max_num_seqs).
+capacity_of() {
+  sim_up --replicas 2
+  { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
+    stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: $1 }" "$OUTPUT"
+  } >"$WORK/capacity-$1.yaml"
+  loadgen run "$WORK/capacity-$1.yaml" --label "capacity-$1" --out "$WORK/capacity-$1.json" --report "$WORK/capacity-$1.md" --no-progress >&2
+  sim_down
+  python3 "$HERE/admission_report.py" capacity "$WORK/capacity-$1.json"
+}
+capacity() {
+  [ -n "${C:-}" ] && return 0
+  C=$(capacity_of 512)
+  echo "capacity C = $C req/s" >&2
+}
+
+# through DIR LABEL LIMIT SCENARIO: fresh replicas, a gateway with LIMIT, the
+# scenario through it, the gateway's timeline sampled; results in DIR.
+through() {
+  local d=$1 label=$2 limit=$3 scenario=$4
+  sim_up --replicas 2
+  gateway_yaml "$WORK/gw-$label.yaml" "$limit"
+  start_gateway "$WORK/gw-$label.yaml" "gw-$label"
+  python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration "$((DURATION + 5))" --out "$d/$label-timeline.csv" &
+  local tl=$!
+  loadgen run "$scenario" --target "$GW_URL" --label "$label" --out "$d/$label.json" --report "$d/$label.md" --no-progress
+  kill "$tl" 2>/dev/null || true; wait "$tl" 2>/dev/null || true
+  cp "$WORK/gw-$label.log" "$d/$label.log"   # read by the report; not committed
+  gw_down; sim_down
+}
+
+mix() { # FILE PROMPT_BEFORE PROMPT_AFTER : 2 C (chat 0.4 C, batch 1.6 C in bursts of 8), prompts switching halfway
+  local half=$((DURATION / 2)) chat_rate batch_rate
+  chat_rate=$(python3 -c "print(round(0.4*$C, 3))"); batch_rate=$(python3 -c "print(round(1.6*$C/8, 3))")
+  { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 5s"; echo "request_timeout: 60s"; echo "streams:"
+    if [ "$2" = "$3" ]; then
+      stream chat chat "{ kind: poisson, rate: $chat_rate }" "{ dist: fixed, value: $2 }" "$OUTPUT"
+      stream batch batch "{ kind: batch, rate: $batch_rate, size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: $2 }" "$OUTPUT"
+    else
+      local b; b=$(python3 -c "print(round(1.6*$C, 3))")
+      stream chat-a chat "$(window "$chat_rate" 0 "$half")" "{ dist: fixed, value: $2 }" "$OUTPUT"
+      stream chat-b chat "$(window "$chat_rate" "$half" "$DURATION")" "{ dist: fixed, value: $3 }" "$OUTPUT"
+      stream batch-a batch "$(window "$b" 0 "$half")" "{ dist: fixed, value: $2 }" "$OUTPUT"
+      stream batch-b batch "$(window "$b" "$half" "$DURATION")" "{ dist: fixed, value: $3 }" "$OUTPUT"
+    fi
+  } >"$1"
+}
+
+overload() {
+  local d="$WORK/overload"; mkdir -p "$d"
+  capacity
+  mix "$d/scenario.yaml" 512 512
+  through "$d" auto auto "$d/scenario.yaml"
+  through "$d" fixed 64 "$d/scenario.yaml"
+  through "$d" none 4096 "$d/scenario.yaml"
+  python3 "$HERE/limits_report.py" overload "$d" "$C" "$MACHINE"
+  publish "$d" "$OUT/overload"
+}
+
+shift_() {
+  local d="$WORK/shift"; mkdir -p "$d"
+  capacity
+  local C2; C2=$(capacity_of 1024)
+  mix "$d/scenario.yaml" 512 1024
+  through "$d" auto auto "$d/scenario.yaml"
+  python3 "$HERE/limits_report.py" shift "$d" "$C" "$MACHINE" "$((DURATION / 2))" "$C2"
+  publish "$d" "$OUT/shift"
+}
+
+batch() {
+  local d="$WORK/batch"; mkdir -p "$d"
+  capacity
+  local quiet=60 rest=$((DURATION - 60)) chat_rate batch_rate
+  [ "$rest" -ge 20 ] || rest=30
+  chat_rate=$(python3 -c "print(round(0.4*$C, 3))"); batch_rate=$(python3 -c "print(round(2*$C/8, 3))")
+  { echo "target: http://127.0.0.1:1"; echo "duration: $((quiet + rest))s"; echo "warmup: 5s"; echo "request_timeout: 60s"; echo "streams:"
+    stream batch batch "{ kind: batch, rate: $batch_rate, size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: 512 }" "$OUTPUT"
+    stream chat chat "$(window "$chat_rate" "$quiet" "$((quiet + rest))")" "{ dist: fixed, value: 512 }" "$OUTPUT"
+  } >"$d/scenario.yaml"
+  DURATION=$((quiet + rest)) through "$d" auto auto "$d/scenario.yaml"
+  python3 "$HERE/limits_report.py" batch "$d" "$C" "$MACHINE" "$quiet"
+  publish "$d" "$OUT/batch"
+}
+
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(overload shift batch)
+for s in "${want[@]}"; do
+  case $s in overload) overload ;; shift) shift_ ;; batch) batch ;; *) echo "unknown scenario $s" >&2; exit 2 ;; esac
+done

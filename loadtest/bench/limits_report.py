@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Reports of loadtest/bench/limits.sh (learned limits, work-conserving reservation).
+
+    limits_report.py overload DIR C MACHINE
+    limits_report.py shift DIR C MACHINE HALF C2
+    limits_report.py batch DIR C MACHINE QUIET
+"""
+import os
+import sys
+
+from admission_report import chart, class_row, load, pct, timeline, window, write_checks  # beside this script
+
+FLEET = ("two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each: 22 ms + 0.3 ms/seq decode "
+         "steps, max_num_seqs 64, KV cache for ~65k tokens), `--max-num-batched-tokens 512`, `--scheduling-policy priority`; "
+         "64-256 output tokens (uniform) per request. slogate: `upstream_priority: true`, "
+         "`tiers.interactive.reserved_share: 0.5`, `tiers.batch.queue_timeout: 2s`, and the `max_inflight_per_replica` named per run.")
+
+
+def between(r, a, b):
+    return [x for x in r["records"] if a <= x["start_s"] < b]
+
+
+def rows_of(recs, span):
+    return {c: class_row(recs, c, span) for c in ("chat", "batch")}
+
+
+def table(f, runs):
+    f.write("| run | class | requests | completed | 429 | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n")
+    f.write("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+    for name, rows, C in runs:
+        for c in ("chat", "batch"):
+            x = rows[c]
+            f.write(f"| {name} | {c} | {x['requests']} | {x['done']} | {x['rejected']} | {x['failed']} | "
+                    f"{x['p50']:.0f} / {x['p99']:.0f} | {100 * x['within']:.1f} % | {x['goodput']:.2f} |\n")
+        g = rows["chat"]["goodput"] + rows["batch"]["goodput"]
+        f.write(f"| {name} | **all** | | | | | | | **{g:.2f}** ({100 * g / C:.0f} % of C) |\n")
+
+
+def limit_chart(d, labels, stem, title):
+    """Sum of the replicas' limits and the gateway's chat TTFT P99 over time, one series per run."""
+    series = {lab: timeline(os.path.join(d, f"{lab}-timeline.csv")) for lab in labels}
+    n = min(len(v) for v in series.values())
+    path = os.path.join(d, stem + ".csv")
+    with open(path, "w") as f:
+        f.write("time (s)," + ",".join(f"{lab}: slots (sum of replica limits)" for lab in labels) + ","
+                + ",".join(f"{lab}: chat TTFT P99 ms" for lab in labels) + "\n")
+        for i in range(n):
+            t = series[labels[0]][i]["t"]
+            f.write(f"{t:.2f}," + ",".join(f"{series[l][i]['replica_limits']:.0f}" for l in labels) + ","
+                    + ",".join(f"{series[l][i]['ttft_p99_ms']:.0f}" for l in labels) + "\n")
+    chart(path, d, stem, title, "slots / ms", ["chat TTFT target 300 ms=300"])
+    return series
+
+
+def cmd_overload(d, C, machine):
+    C = float(C)
+    runs = {}
+    for lab in ("auto", "fixed", "none"):
+        r = load(os.path.join(d, f"{lab}.json"))
+        w, dur = window(r)
+        runs[lab] = rows_of([x for x in r["records"] if w <= x["start_s"] < dur], dur - w)
+    series = limit_chart(d, ["auto", "fixed", "none"], "limits", "slots per run, and chat TTFT P99 as the gateway sees it")
+    a = runs["auto"]
+    good = a["chat"]["goodput"] + a["batch"]["goodput"]
+    learned = [row["replica_limits"] for row in series["auto"] if row["t"] >= 5]
+    checks = [
+        ("auto: chat TTFT P99 <= 300 ms", a["chat"]["p99"] <= 300, f"{a['chat']['p99']:.0f} ms"),
+        ("auto: >= 99 % of chat within SLO", a["chat"]["within"] >= 0.99, f"{100 * a['chat']['within']:.2f} %"),
+        ("auto: goodput >= 90 % of C", good >= 0.9 * C, f"{good:.2f} req/s = {100 * good / C:.0f} % of C"),
+    ]
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# Learned limits at 2x overload: auto against the hand-tuned limit and no limit\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/limits.sh overload`.\n\n")
+        f.write(f"**Fleet:** {FLEET}\n\n")
+        f.write(f"**Capacity C = {C:.2f} req/s** (512-token prompts, closed loop at 128, 30 s after 10 s warm-up). "
+                f"**Offered 2 C**: chat Poisson {0.4 * C:.2f} req/s, batch {1.6 * C:.2f} req/s in bursts of 8, 512-token prompts, "
+                "through three gateways in turn, each on fresh replicas: `auto` (learned, starting at 16 per replica), "
+                "`fixed` (64 = max_num_seqs: the hand-tuned value) and `none` (4096). Measured from 5 s after start. "
+                "Goodput = requests within their class's TTFT and ITL targets (chat 300/50 ms, batch 3000/200 ms) per second.\n\n")
+        write_checks(f, checks)
+        f.write(f"\nLearned slots (sum over both replicas) from 5 s on: min {min(learned):.0f}, median {pct(learned, 0.5):.0f}, "
+                f"max {max(learned):.0f}.\n\n## Side by side\n\n")
+        table(f, [(lab, runs[lab], C) for lab in ("auto", "fixed", "none")])
+        f.write("\nChart: `limits.svg` (each run's slots and the gateway's rolling chat TTFT P99).\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
+def cmd_shift(d, C, machine, half, C2):
+    C, half, C2 = float(C), float(half), float(C2)
+    r = load(os.path.join(d, "auto.json"))
+    _, dur = window(r)
+    before = rows_of(between(r, 5, half), half - 5)
+    after = rows_of(between(r, half + 10, dur), dur - half - 10)
+    series = limit_chart(d, ["auto"], "limits", f"prompts double at {half:.0f} s: learned slots and chat TTFT P99")
+    lim = lambda a, b: [row["replica_limits"] for row in series["auto"] if a <= row["t"] < b]
+    pre, post = lim(half - 20, half), lim(half + 10, dur)
+    follow = next((row["t"] - half for row in series["auto"] if row["t"] >= half and row["replica_limits"] <= pct(post, 0.5) + 2), float("nan"))
+    good = after["chat"]["goodput"] + after["batch"]["goodput"]
+    checks = [
+        ("learned limits follow within 10 s", follow <= 10, f"{follow:.1f} s to the new level"),
+        (">= 97 % of chat within SLO after that", after["chat"]["within"] >= 0.97, f"{100 * after['chat']['within']:.2f} %"),
+        ("goodput >= 85 % of the new capacity", good >= 0.85 * C2, f"{good:.2f} req/s = {100 * good / C2:.0f} % of C2"),
+    ]
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# Capacity changes mid-run: prompts double, the learned limits follow\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/limits.sh shift`.\n\n")
+        f.write(f"**Fleet:** {FLEET}\n\n")
+        f.write(f"Capacity with 512-token prompts C = {C:.2f} req/s; with 1024-token prompts C2 = {C2:.2f} req/s (the KV cache, "
+                f"not max_num_seqs, now caps what a replica runs). Offered 2 C (chat 0.4 C, batch 1.6 C) through `auto`; at "
+                f"{half:.0f} s every new request's prompt doubles. \"After\" is from {half + 10:.0f} s on.\n\n")
+        write_checks(f, checks)
+        f.write(f"\nLearned slots (sum over both replicas): {pct(pre, 0.5):.0f} (median of the 20 s before the change), "
+                f"{pct(post, 0.5):.0f} (median after).\n\n## Before and after\n\n")
+        table(f, [("before (512)", before, C), ("after (1024)", after, C2)])
+        f.write("\nChart: `limits.svg`.\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
+def cmd_batch(d, C, machine, quiet):
+    C, quiet = float(C), float(quiet)
+    r = load(os.path.join(d, "auto.json"))
+    _, dur = window(r)
+    alone = [x for x in r["records"] if x["class"] == "batch" and x["outcome"] in ("ok", "length")
+             and 10 <= x["start_s"] + x["e2e_ms"] / 1000 < quiet]
+    rate = len(alone) / (quiet - 10)
+    chat = rows_of(between(r, quiet, dur), dur - quiet)["chat"]
+    limit_chart(d, ["auto"], "limits", f"batch alone, chat from {quiet:.0f} s: slots and chat TTFT P99")
+    checks = [
+        ("batch alone completes >= 90 % of C", rate >= 0.9 * C, f"{rate:.2f} req/s = {100 * rate / C:.0f} % of C"),
+        ("chat after 60 s of quiet: TTFT P99 <= 300 ms", chat["p99"] <= 300, f"{chat['p99']:.0f} ms ({chat['done']} chat requests)"),
+    ]
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# Batch alone, then chat: the reservation is work-conserving\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/limits.sh batch`.\n\n")
+        f.write(f"**Fleet:** {FLEET}\n\n")
+        f.write(f"C = {C:.2f} req/s. Batch offered at 2 C (bursts of 8) for the whole run, through `auto`; chat at 0.4 C joins "
+                f"at {quiet:.0f} s, after a quiet spell longer than the 30 s the reservation looks back. Batch's completions "
+                f"are counted between 10 s and {quiet:.0f} s.\n\n")
+        write_checks(f, checks)
+        f.write(f"\nChat from {quiet:.0f} s: {chat['requests']} requests, TTFT p50 {chat['p50']:.0f} ms, p99 {chat['p99']:.0f} ms, "
+                f"{100 * chat['within']:.1f} % within SLO.\n\nChart: `limits.svg`.\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
+if __name__ == "__main__":
+    cmd, *rest = sys.argv[1:]
+    {"overload": cmd_overload, "shift": cmd_shift, "batch": cmd_batch}[cmd](*rest)
