@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::conn::get;
-use super::{Pool, Replica};
+use super::{Load, Pool, Replica};
 
 /// Run health checks (and, for `auto` pools, model discovery; with
 /// `scrape_metrics`, vLLM load scraping) for every replica of `pool` until
@@ -42,9 +42,9 @@ async fn load_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::Rece
         if !replica.is_healthy() {
             continue;
         }
-        let waiting = scrape_load(&replica, timeout).await;
+        let load = scrape_load(&replica, timeout).await;
         if pool.learns_limits() {
-            replica.control(&pool.config.name, waiting);
+            replica.control(&pool.config.name, load);
         }
     }
 }
@@ -141,26 +141,28 @@ fn store_models(replica: &Replica, body: &[u8]) {
     }
 }
 
-/// Read `vllm:num_requests_waiting` (summed over its series) so
-/// least-loaded sees the replica's own queue; the value, or `None` when the
-/// replica has no such metric or did not answer.
-async fn scrape_load(replica: &Arc<Replica>, timeout: Duration) -> Option<f64> {
-    let (status, body) = get(replica, "/metrics", timeout).await.ok()?;
+/// Read `vllm:num_requests_waiting` and `vllm:num_requests_running` (each
+/// summed over its series) so least-loaded sees the replica's own queue;
+/// `None` for one the replica does not export (or when it did not answer).
+async fn scrape_load(replica: &Arc<Replica>, timeout: Duration) -> Load {
+    let Ok((status, body)) = get(replica, "/metrics", timeout).await else { return Load::default() };
     if !status.is_success() {
-        return None;
+        return Load::default();
     }
     let text = String::from_utf8_lossy(&body);
-    let values: Vec<f64> = text
-        .lines()
-        .filter(|l| l.starts_with("vllm:num_requests_waiting"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .collect();
-    if values.is_empty() {
-        return None;
+    let sum = |name: &str| {
+        let values: Vec<f64> = text
+            .lines()
+            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum::<f64>().max(0.0))
+    };
+    let load = Load { waiting: sum("vllm:num_requests_waiting"), running: sum("vllm:num_requests_running") };
+    if let Some(w) = load.waiting {
+        replica.scraped_waiting.store(w as u64, std::sync::atomic::Ordering::Relaxed);
     }
-    let waiting = values.iter().sum::<f64>().max(0.0);
-    replica.scraped_waiting.store(waiting as u64, std::sync::atomic::Ordering::Relaxed);
-    Some(waiting)
+    load
 }
 
 #[cfg(test)]

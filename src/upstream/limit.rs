@@ -9,7 +9,8 @@
 //! of itself, every `scrape_metrics`:
 //!
 //! - the replica's own waiting queue (`vllm:num_requests_waiting`), the
-//!   signal that says "past capacity" directly. End-to-end latency, the
+//!   signal that says "past capacity" directly; with a queue, what it runs
+//!   (`vllm:num_requests_running`) is its capacity at that moment. End-to-end latency, the
 //!   signal of Envoy's adaptive concurrency filter and Netflix's Gradient2,
 //!   mostly measures how many tokens a request asked for; a queue measures
 //!   load whatever the lengths;
@@ -50,6 +51,8 @@ pub(crate) struct LimitParams {
 pub(crate) struct Sample {
     /// The replica's own waiting queue; `None` when it could not be scraped.
     pub(crate) waiting: Option<f64>,
+    /// The requests the replica runs (`vllm:num_requests_running`), when scraped.
+    pub(crate) running: Option<f64>,
     /// The most requests the gateway had on the replica in the period.
     pub(crate) inflight_peak: usize,
     /// The requests the gateway has on the replica now.
@@ -114,14 +117,28 @@ impl Controller {
             let again = self.knee.is_some_and(|k| (k - self.limit).abs() <= 2.0);
             self.probe_hold = if again { (self.probe_hold * 2).min(MAX_PROBE_HOLD) } else { HOLD_AFTER_DECREASE };
             self.knee = Some(self.limit);
-            self.limit = (self.limit - (queued - backlog).floor()).max(self.limit * 0.75).max(min);
+            // With a queue, what the replica runs is its capacity now; our
+            // part of it is our share of its requests (all of it when the
+            // gateway is its only client). Without that figure, the queue's
+            // size beyond the backlog says how far over it the limit is.
+            let by_queue = (self.limit - (queued - backlog).floor()).max(self.limit * 0.75);
+            let target = match s.running {
+                Some(r) if r + waiting > 0.0 => {
+                    let ours = (s.inflight_now as f64 / (r + waiting)).min(1.0);
+                    (r * ours).floor().min(by_queue)
+                }
+                _ => by_queue,
+            };
+            self.limit = target.max(self.limit * 0.5).max(min);
             self.hold = self.probe_hold;
         } else if queued >= 1.0 || self.hold > 0 {
             // Draining a backlog sent under a higher limit, or holding after a cut.
             self.hold = self.hold.saturating_sub(1);
         } else {
             // The limit binds: the gateway had (nearly) that many requests on it.
-            let binds = s.inflight_peak + 1 >= self.limit();
+            // (Within a tenth: the interactive headroom keeps batch alone a
+            // little under it.)
+            let binds = s.inflight_peak as f64 + 1.0 >= self.limit * 0.9;
             let slow = matches!((s.first_token, self.params.first_token_guard), (Some(t), Some(g)) if t > g);
             // Nothing queued in this sample or the one before.
             if binds && waiting == 0.0 && prev == 0.0 && !slow {
@@ -169,6 +186,7 @@ mod tests {
             self.inflight = self.inflight.max(limit);
             Sample {
                 waiting: Some(self.inflight.saturating_sub(self.capacity) as f64),
+                running: Some(self.inflight.min(self.capacity) as f64),
                 inflight_peak: self.inflight,
                 inflight_now: self.inflight,
                 refused: false,
@@ -223,6 +241,7 @@ mod tests {
         r.capacity = 64;
         let after = run(&mut c, &mut r, 80);
         assert!(after[..8].iter().any(|&l| l < 127), "it backs off within 2 s: {after:?}");
+        assert!(after[..12].iter().any(|&l| l <= 65), "it reaches the new capacity within 3 s, though streams last 5 s: {after:?}");
         assert!(after.iter().all(|&l| l >= 63), "it never goes below the new capacity while the backlog drains: {after:?}");
         assert!(after[40..].iter().all(|&l| (63..=65).contains(&l)), "settled at the new capacity within 10 s: {after:?}");
         // Capacity comes back: the limit follows it up.

@@ -155,14 +155,14 @@ impl Replica {
         self.limit_gauge.set(n as i64);
     }
 
-    /// One period of the learned limit: the replica's waiting queue as
-    /// scraped (`None`: not read), and what the request path noted since
-    /// the last period.
-    pub(crate) fn control(&self, pool: &str, waiting: Option<f64>) {
+    /// One period of the learned limit: the replica's load as scraped, and
+    /// what the request path noted since the last period.
+    pub(crate) fn control(&self, pool: &str, load: Load) {
         let n = self.first_token_n.swap(0, Ordering::Relaxed);
         let us = self.first_token_us.swap(0, Ordering::Relaxed);
         let sample = limit::Sample {
-            waiting,
+            waiting: load.waiting,
+            running: load.running,
             inflight_peak: self.inflight_peak.swap(self.inflight(), Ordering::Relaxed),
             inflight_now: self.inflight(),
             refused: self.refused.swap(false, Ordering::Relaxed),
@@ -180,6 +180,13 @@ impl Replica {
     fn load_score(&self) -> u64 {
         self.inflight() as u64 + self.scraped_waiting.load(Ordering::Relaxed)
     }
+}
+
+/// What a replica said of its load (its `/metrics`); `None` where it did not say.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Load {
+    pub(crate) waiting: Option<f64>,
+    pub(crate) running: Option<f64>,
 }
 
 /// A held slot on one replica: taken by [`Pool::pick`], given back exactly
