@@ -61,13 +61,10 @@ impl Snapshot {
             .enumerate()
             .map(|(i, p)| Access::new(p).map_err(|source| PrepareError::Pool { pool: i, source }))
             .collect::<Result<Vec<_>, _>>()?;
-        // Learned limits stop growing while first tokens come slower than the
-        // tightest interactive target.
-        let guard = config.classes.values().filter(|c| c.tier == crate::config::Tier::Interactive).map(|c| c.ttft.get()).min();
         let mut pools = Vec::with_capacity(config.pools.len());
         for (p, access) in config.pools.iter().zip(access) {
             let before = previous.and_then(|s| s.pools.iter().find(|o| o.pool.config.name == p.name));
-            let pool = Pool::new(p.clone(), access, metrics, before.map(|b| &*b.pool), guard);
+            let pool = Pool::new(p.clone(), access, metrics, before.map(|b| &*b.pool));
             let pool = Arc::new(pool);
             let admission = match before {
                 Some(b) => b.admission.clone(),

@@ -94,7 +94,8 @@ def cmd_shift(d, C, machine, half, C2):
     series = limit_chart(d, ["auto"], "limits", f"prompts double at {half:.0f} s: learned slots and chat TTFT P99")
     lim = lambda a, b: [row["replica_limits"] for row in series["auto"] if a <= row["t"] < b]
     pre, post = lim(half - 20, half), lim(half + 10, dur)
-    follow = next((row["t"] - half for row in series["auto"] if row["t"] >= half and row["replica_limits"] <= pct(post, 0.5) + 2), float("nan"))
+    # The first moment after the change within a tenth of the level it settles at.
+    follow = next((row["t"] - half for row in series["auto"] if row["t"] >= half and row["replica_limits"] <= 1.1 * pct(post, 0.5)), float("nan"))
     good = after["chat"]["goodput"] + after["batch"]["goodput"]
     checks = [
         ("learned limits follow within 10 s", follow <= 10, f"{follow:.1f} s to the new level"),

@@ -635,7 +635,7 @@ mod tests {
         };
         let metrics = Metrics::new(&Config::default());
         let access = crate::upstream::Access::new(&cfg).expect("access");
-        let pool = Arc::new(Pool::new(cfg, access, &metrics, None, None));
+        let pool = Arc::new(Pool::new(cfg, access, &metrics, None));
         for r in &pool.replicas {
             r.set_healthy(true);
         }

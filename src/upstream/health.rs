@@ -178,7 +178,7 @@ mod tests {
     fn replica(url: &str) -> Arc<Replica> {
         let cfg = PoolConfig { replicas: vec![url.into()], ..PoolConfig::default() };
         let access = Access::new(&cfg).expect("access");
-        let pool = Pool::new(cfg, access, &Metrics::new(&Config::default()), None, None);
+        let pool = Pool::new(cfg, access, &Metrics::new(&Config::default()), None);
         pool.replicas[0].clone()
     }
 

@@ -15,10 +15,13 @@
 //!   mostly measures how many tokens a request asked for; a queue measures
 //!   load whatever the lengths;
 //! - the replica refusing work (429 or 503): back off hard;
-//! - the replica's time to first token for requests it was sent (from
-//!   dispatch, without the gateway's queue time): while it is above the
-//!   guard (the tightest interactive class's TTFT target) the limit does
-//!   not grow.
+//! - the replica's time to first token for interactive requests (from
+//!   dispatch, without the gateway's queue time), as a share of each one's
+//!   class target: while it is over the target the limit does not grow,
+//!   and when it is also over twice its own recent best (so it is load,
+//!   not long prompts) the limit is cut by a tenth: fewer requests on the
+//!   replica leave more of each step to the prefills interactive requests
+//!   wait for.
 //!
 //! The limit grows only while it binds (the gateway has that many requests
 //! on the replica): without demand there is no evidence that more would be
@@ -34,16 +37,12 @@
 //! then; each probe that finds the same capacity again doubles the wait
 //! before the next (up to 8 s at the default period).
 
-use std::time::Duration;
-
 /// Bounds and start of a learned limit (`pools[].learned_limit`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct LimitParams {
     pub(crate) initial: usize,
     pub(crate) min: usize,
     pub(crate) max: usize,
-    /// First tokens slower than this (from dispatch) stop the limit growing.
-    pub(crate) first_token_guard: Option<Duration>,
 }
 
 /// What one control period saw of a replica.
@@ -59,8 +58,9 @@ pub(crate) struct Sample {
     pub(crate) inflight_now: usize,
     /// The replica answered 429 or 503 in the period.
     pub(crate) refused: bool,
-    /// Mean time from dispatch to first token of the period's requests.
-    pub(crate) first_token: Option<Duration>,
+    /// Interactive requests' time from dispatch to first token over their
+    /// class's TTFT target, the period's mean (1.0 = on target).
+    pub(crate) first_token: Option<f64>,
 }
 
 /// Samples the limit is held after it went down.
@@ -82,12 +82,15 @@ pub(crate) struct Controller {
     probe_hold: u32,
     /// The previous sample's waiting queue.
     waiting: f64,
+    /// The lowest first-token share seen lately (it creeps up 1 % a period,
+    /// so it follows prompts that stay longer).
+    best_first_token: Option<f64>,
 }
 
 impl Controller {
     pub(crate) fn new(params: LimitParams) -> Controller {
         let limit = params.initial.clamp(params.min, params.max) as f64;
-        Controller { params, limit, knee: None, hold: 0, probe_hold: HOLD_AFTER_DECREASE, waiting: 0.0 }
+        Controller { params, limit, knee: None, hold: 0, probe_hold: HOLD_AFTER_DECREASE, waiting: 0.0, best_first_token: None }
     }
 
     pub(crate) fn limit(&self) -> usize {
@@ -108,6 +111,13 @@ impl Controller {
         // Requests sent under a higher limit that have not ended yet: the
         // replica may queue that many without the limit being too high.
         let backlog = s.inflight_now.saturating_sub(self.limit()) as f64;
+        let best = self.best_first_token.map(|b| b * 1.01);
+        self.best_first_token = match (best, s.first_token) {
+            (Some(b), Some(t)) => Some(b.min(t)),
+            (b, t) => b.or(t),
+        };
+        let slow = s.first_token.is_some_and(|t| t > 1.0);
+        let loaded = slow && s.first_token.zip(best).is_some_and(|(t, b)| t > 2.0 * b);
         if s.refused {
             self.knee = Some(self.limit);
             self.limit = (self.limit * 0.7).max(min);
@@ -131,6 +141,11 @@ impl Controller {
             };
             self.limit = target.max(self.limit * 0.5).max(min);
             self.hold = self.probe_hold;
+        } else if loaded && self.hold == 0 {
+            // Interactive first tokens late because of load: make room.
+            self.knee = Some(self.limit);
+            self.limit = (self.limit * 0.9).max(min);
+            self.hold = HOLD_AFTER_DECREASE;
         } else if queued >= 1.0 || self.hold > 0 {
             // Draining a backlog sent under a higher limit, or holding after a cut.
             self.hold = self.hold.saturating_sub(1);
@@ -139,7 +154,6 @@ impl Controller {
             // (Within a tenth: the interactive headroom keeps batch alone a
             // little under it.)
             let binds = s.inflight_peak as f64 + 1.0 >= self.limit * 0.9;
-            let slow = matches!((s.first_token, self.params.first_token_guard), (Some(t), Some(g)) if t > g);
             // Nothing queued in this sample or the one before.
             if binds && waiting == 0.0 && prev == 0.0 && !slow {
                 let near_knee = self.knee.is_some_and(|k| self.limit + self.limit.sqrt() >= k);
@@ -160,7 +174,7 @@ mod tests {
     use super::*;
 
     fn params() -> LimitParams {
-        LimitParams { initial: 8, min: 1, max: 512, first_token_guard: Some(Duration::from_millis(300)) }
+        LimitParams { initial: 8, min: 1, max: 512 }
     }
 
     /// A replica that runs `capacity` requests at once and queues the rest,
@@ -190,7 +204,7 @@ mod tests {
                 inflight_peak: self.inflight,
                 inflight_now: self.inflight,
                 refused: false,
-                first_token: Some(Duration::from_millis(100)),
+                first_token: Some(0.3),
             }
         }
     }
@@ -261,13 +275,20 @@ mod tests {
         }
         assert!(c.update(Sample { waiting: Some(0.0), inflight_peak: 70, ..Sample::default() }) > 70);
         let now = c.limit();
-        // First tokens slower than the guard: no growth.
-        let slow = Sample { waiting: Some(0.0), inflight_peak: now, first_token: Some(Duration::from_secs(1)), ..Sample::default() };
-        assert_eq!(c.update(slow), now);
-        // Demand below the limit: no growth either.
-        assert_eq!(c.update(Sample { waiting: Some(0.0), inflight_peak: now / 2, ..Sample::default() }), now);
+        // Interactive first tokens over their target: no growth.
+        let late = |share| Sample { waiting: Some(0.0), inflight_peak: now, first_token: Some(share), ..Sample::default() };
+        assert!(c.update(late(0.6)) > now, "on target: it grows");
+        let now = c.limit();
+        assert_eq!(c.update(late(1.1)), now, "over target but near its best (long prompts): it holds");
+        // Over target and over twice its best: load; cut by a tenth.
+        assert_eq!(c.update(late(1.5)), (now as f64 * 0.9).floor() as usize);
+        // Demand below the limit: no growth either (past the hold after the cut).
+        let now = c.limit();
+        for _ in 0..HOLD_AFTER_DECREASE + 4 {
+            assert_eq!(c.update(Sample { waiting: Some(0.0), inflight_peak: now / 2, first_token: Some(0.5), ..Sample::default() }), now);
+        }
         // Bounds hold.
-        let mut c = Controller::new(LimitParams { initial: 8, min: 4, max: 10, first_token_guard: None });
+        let mut c = Controller::new(LimitParams { initial: 8, min: 4, max: 10 });
         assert_eq!(run(&mut c, &mut replica(1000), 50).last().copied(), Some(10));
         assert_eq!(run(&mut c, &mut replica(1), 200).last().copied(), Some(4));
     }

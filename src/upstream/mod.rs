@@ -62,8 +62,9 @@ pub(crate) struct Replica {
     inflight_peak: AtomicUsize,
     /// The replica answered 429 or 503 since the controller last looked.
     refused: AtomicBool,
-    /// Time from dispatch to first token since the controller last looked: sum (µs) and count.
-    first_token_us: AtomicU64,
+    /// Interactive requests' dispatch-to-first-token time over their class
+    /// target since the controller last looked: sum (in thousandths) and count.
+    first_token_share: AtomicU64,
     first_token_n: AtomicU64,
     /// `slogate_replica_limit{pool,replica}`.
     limit_gauge: Gauge,
@@ -138,9 +139,11 @@ impl Replica {
         }
     }
 
-    /// A request sent here got its first token `after` its dispatch.
-    pub(crate) fn record_first_token(&self, after: std::time::Duration) {
-        self.first_token_us.fetch_add(after.as_micros() as u64, Ordering::Relaxed);
+    /// An interactive request sent here got its first token `after` its
+    /// dispatch; its class's TTFT target is `target`.
+    pub(crate) fn record_first_token(&self, after: std::time::Duration, target: std::time::Duration) {
+        let share = after.as_secs_f64() / target.as_secs_f64().max(1e-6);
+        self.first_token_share.fetch_add((share * 1000.0) as u64, Ordering::Relaxed);
         self.first_token_n.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -159,14 +162,14 @@ impl Replica {
     /// what the request path noted since the last period.
     pub(crate) fn control(&self, pool: &str, load: Load) {
         let n = self.first_token_n.swap(0, Ordering::Relaxed);
-        let us = self.first_token_us.swap(0, Ordering::Relaxed);
+        let share = self.first_token_share.swap(0, Ordering::Relaxed);
         let sample = limit::Sample {
             waiting: load.waiting,
             running: load.running,
             inflight_peak: self.inflight_peak.swap(self.inflight(), Ordering::Relaxed),
             inflight_now: self.inflight(),
             refused: self.refused.swap(false, Ordering::Relaxed),
-            first_token: (n > 0).then(|| std::time::Duration::from_micros(us / n)),
+            first_token: (n > 0).then(|| share as f64 / 1000.0 / n as f64),
         };
         let limit = self.controller.lock().unwrap_or_else(|p| p.into_inner()).update(sample);
         self.set_max_inflight(limit);
@@ -307,19 +310,10 @@ impl Pool {
     /// discovered models, open connections), wherever they are in the list;
     /// a new slot count reaches them when the pool goes live
     /// ([`Pool::activate`]), not before.
-    ///
-    /// `first_token_guard`: first tokens slower than this (from dispatch)
-    /// stop a learned limit growing (the tightest interactive TTFT target).
-    pub(crate) fn new(
-        config: PoolConfig,
-        access: Access,
-        metrics: &Metrics,
-        previous: Option<&Pool>,
-        first_token_guard: Option<std::time::Duration>,
-    ) -> Pool {
+    pub(crate) fn new(config: PoolConfig, access: Access, metrics: &Metrics, previous: Option<&Pool>) -> Pool {
         let Access { bases, tls: replica_tls, api_key } = access;
         let l = config.learned_limit;
-        let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize, first_token_guard };
+        let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize };
         let initial = match config.max_inflight_per_replica {
             InflightLimit::Fixed(n) => n as usize,
             InflightLimit::Auto => limit_params.initial,
@@ -360,7 +354,7 @@ impl Pool {
                 controller: std::sync::Mutex::new(limit::Controller::new(limit_params)),
                 inflight_peak: AtomicUsize::new(0),
                 refused: AtomicBool::new(false),
-                first_token_us: AtomicU64::new(0),
+                first_token_share: AtomicU64::new(0),
                 first_token_n: AtomicU64::new(0),
                 limit_gauge,
                 logged_limit: AtomicUsize::new(initial),
