@@ -551,6 +551,8 @@ impl PoolAdmission {
             }
             let peak = q.demand.iter().map(|(_, d)| *d).max().unwrap_or(0);
             self.interactive_demand.store(peak, Ordering::Relaxed);
+            // For the learned limits: is there demand beyond the slots?
+            self.pool.load().set_waiting(q.interactive.len() + q.batch.len());
             let released = self.released_batch.load(Ordering::Relaxed);
             q.samples.push_back((now, released));
             while q.samples.len() > 2 && q.samples.front().is_some_and(|(t, _)| now.saturating_duration_since(*t) > RATE_WINDOW) {

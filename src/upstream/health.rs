@@ -44,7 +44,7 @@ async fn load_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::Rece
         }
         let load = scrape_load(&replica, timeout).await;
         if pool.learns_limits() {
-            replica.control(&pool.config.name, load);
+            replica.control(&pool.config.name, load, pool.waiting() > 0);
         }
     }
 }

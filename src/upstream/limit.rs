@@ -56,6 +56,8 @@ pub(crate) struct Sample {
     pub(crate) inflight_peak: usize,
     /// The requests the gateway has on the replica now.
     pub(crate) inflight_now: usize,
+    /// Requests wait in the gateway for the pool's slots.
+    pub(crate) demand: bool,
     /// The replica answered 429 or 503 in the period.
     pub(crate) refused: bool,
     /// Interactive requests' time from dispatch to first token over their
@@ -150,10 +152,12 @@ impl Controller {
             // Draining a backlog sent under a higher limit, or holding after a cut.
             self.hold = self.hold.saturating_sub(1);
         } else {
-            // The limit binds: the gateway had (nearly) that many requests on it.
-            // (Within a tenth: the interactive headroom keeps batch alone a
-            // little under it.)
-            let binds = s.inflight_peak as f64 + 1.0 >= self.limit * 0.9;
+            // The limit binds: the gateway had that many requests on it, or
+            // requests wait for slots and it had nearly that many (the
+            // interactive headroom keeps batch alone a little under it).
+            // Not "nearly" alone: the limit would creep a tenth above use.
+            let peak = s.inflight_peak as f64 + 1.0;
+            let binds = peak >= self.limit || (s.demand && peak >= self.limit * 0.9);
             // Nothing queued in this sample or the one before.
             if binds && waiting == 0.0 && prev == 0.0 && !slow {
                 let near_knee = self.knee.is_some_and(|k| self.limit + self.limit.sqrt() >= k);
@@ -203,6 +207,7 @@ mod tests {
                 running: Some(self.inflight.min(self.capacity) as f64),
                 inflight_peak: self.inflight,
                 inflight_now: self.inflight,
+                demand: true,
                 refused: false,
                 first_token: Some(0.3),
             }
@@ -287,6 +292,11 @@ mod tests {
         for _ in 0..HOLD_AFTER_DECREASE + 4 {
             assert_eq!(c.update(Sample { waiting: Some(0.0), inflight_peak: now / 2, first_token: Some(0.5), ..Sample::default() }), now);
         }
+        // Within a tenth of the limit: growth only when requests wait for slots.
+        let mut c = Controller::new(LimitParams { initial: 50, ..params() });
+        let near = |demand| Sample { waiting: Some(0.0), inflight_peak: 46, demand, first_token: Some(0.5), ..Sample::default() };
+        assert_eq!(c.update(near(false)), 50, "no one waits: 46 of 50 is not binding");
+        assert!(c.update(near(true)) > 50, "requests wait: it grows");
         // Bounds hold.
         let mut c = Controller::new(LimitParams { initial: 8, min: 4, max: 10 });
         assert_eq!(run(&mut c, &mut replica(1000), 50).last().copied(), Some(10));

@@ -160,7 +160,8 @@ impl Replica {
 
     /// One period of the learned limit: the replica's load as scraped, and
     /// what the request path noted since the last period.
-    pub(crate) fn control(&self, pool: &str, load: Load) {
+    /// `demand`: requests wait in the gateway for the pool's slots.
+    pub(crate) fn control(&self, pool: &str, load: Load, demand: bool) {
         let n = self.first_token_n.swap(0, Ordering::Relaxed);
         let share = self.first_token_share.swap(0, Ordering::Relaxed);
         let sample = limit::Sample {
@@ -168,6 +169,7 @@ impl Replica {
             running: load.running,
             inflight_peak: self.inflight_peak.swap(self.inflight(), Ordering::Relaxed),
             inflight_now: self.inflight(),
+            demand,
             refused: self.refused.swap(false, Ordering::Relaxed),
             first_token: (n > 0).then(|| share as f64 / 1000.0 / n as f64),
         };
@@ -301,9 +303,22 @@ pub(crate) struct Pool {
     pub(crate) static_models: HashSet<String>,
     pub(crate) auto: bool,
     rr: AtomicUsize,
+    /// Requests waiting in the gateway for this pool's slots, as admission
+    /// last published it (its ticks).
+    waiting: AtomicUsize,
 }
 
 impl Pool {
+    /// Admission's tick: `n` requests wait for this pool's slots.
+    pub(crate) fn set_waiting(&self, n: usize) {
+        self.waiting.store(n, Ordering::Relaxed);
+    }
+
+    /// Requests waited for this pool's slots at admission's last tick.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
     /// Build a pool from what [`Access::new`] checked. With `previous`
     /// (the pool of the same name before a reload), replicas with the same
     /// URL, TLS and key are kept as they are (health, in-flight count,
@@ -362,7 +377,7 @@ impl Pool {
         }
         let static_models = config.models.iter().filter(|m| *m != "auto").cloned().collect();
         let auto = config.models.iter().any(|m| m == "auto");
-        Pool { replicas, static_models, auto, config, limit_params, rr: AtomicUsize::new(0) }
+        Pool { replicas, static_models, auto, config, limit_params, rr: AtomicUsize::new(0), waiting: AtomicUsize::new(0) }
     }
 
     /// Does this pool serve `model`?
