@@ -138,3 +138,25 @@ publish() {
   cp "$from/README.md" "$to/"
   cp "$from"/*.svg "$to/" 2>/dev/null || true
 }
+
+# The fleet of the admission benchmarks (bench/admission.sh, bench/limits.sh):
+# vLLM-like replicas of a 70B FP8 model on one H100 each, 512-token prefill
+# chunks (keeps ITL under 50 ms while prefills run), priority scheduling for
+# upstream_priority. sim_up ARGS... starts them (SIM_PID, TARGETS).
+MODEL=sim-llama-70b-fp8
+SIM_ARGS=(--profile llama70b-fp8-h100 --max-num-batched-tokens 512 --scheduling-policy priority)
+sim_up() { start_sim sim "$@" "${SIM_ARGS[@]}"; SIM_PID=${PIDS[-1]}; TARGETS=$(IFS=,; echo "${SIM_URLS[*]}"); }
+sim_down() { kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; }
+gw_down() { kill "$GW_PID" 2>/dev/null || true; wait "$GW_PID" 2>/dev/null || true; }
+# chat_stream NAME CLASS ARRIVAL PROMPT OUTPUT [TURNS]: one loadgen stream of MODEL, as YAML.
+chat_stream() {
+  cat <<EOF
+  - name: $1
+    class: $2
+    model: $MODEL
+    arrival: $3
+    prompt_tokens: $4
+    output_tokens: $5
+    turns: ${6:-1}
+EOF
+}

@@ -18,17 +18,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d); export WORK
 source "$HERE/../lib.sh"
 OUT="$ROOT/loadtest/results/admission"
-MODEL=sim-llama-70b-fp8
-# vLLM-like replica: 70B FP8 on one H100, 512-token prefill chunks (keeps ITL
-# under 50 ms while prefills run), priority scheduling for upstream_priority.
-SIM_ARGS=(--profile llama70b-fp8-h100 --max-num-batched-tokens 512 --scheduling-policy priority)
 build_release
 MACHINE=$(machine_line)   # stamped once: the build being measured
 
-sim_up() { start_sim sim "$@" "${SIM_ARGS[@]}"; SIM_PID=${PIDS[-1]}; TARGETS=$(IFS=,; echo "${SIM_URLS[*]}"); }
-sim_down() { kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; }
 gw_up() { start_gateway "$1"; }
-gw_down() { kill "$GW_PID" 2>/dev/null || true; wait "$GW_PID" 2>/dev/null || true; }
 
 # write_config FILE EXTRA_YAML : a gateway over SIM_URLS with EXTRA_YAML appended.
 write_config() {
@@ -44,17 +37,6 @@ write_config() {
 
 loadgen() { run_on "${LG_CPUS:-}" "$BIN/loadgen" "$@"; }
 
-chat_stream() { # NAME CLASS ARRIVAL PROMPT OUTPUT [TURNS]
-  cat <<EOF
-  - name: $1
-    class: $2
-    model: $MODEL
-    arrival: $3
-    prompt_tokens: $4
-    output_tokens: $5
-    turns: ${6:-1}
-EOF
-}
 
 overload() {
   local d="$WORK/overload"; mkdir -p "$d"

@@ -23,15 +23,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d); export WORK
 source "$HERE/../lib.sh"
 OUT="$ROOT/loadtest/results/limits"
-MODEL=sim-llama-70b-fp8
-SIM_ARGS=(--profile llama70b-fp8-h100 --max-num-batched-tokens 512 --scheduling-policy priority)
 DURATION=${DURATION:-100}
 build_release
 MACHINE=$(machine_line)
 
-sim_up() { start_sim sim "$@" "${SIM_ARGS[@]}"; SIM_PID=${PIDS[-1]}; TARGETS=$(IFS=,; echo "${SIM_URLS[*]}"); }
-sim_down() { kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; }
-gw_down() { kill "$GW_PID" 2>/dev/null || true; wait "$GW_PID" 2>/dev/null || true; }
 loadgen() { run_on "${LG_CPUS:-}" "$BIN/loadgen" "$@"; }
 
 # gateway_yaml FILE LIMIT : slogate over SIM_URLS with max_inflight_per_replica LIMIT.
@@ -49,16 +44,6 @@ gateway_yaml() {
   } >"$1"
 }
 
-stream() { # NAME CLASS ARRIVAL PROMPT OUTPUT
-  cat <<EOS
-  - name: $1
-    class: $2
-    model: $MODEL
-    arrival: $3
-    prompt_tokens: $4
-    output_tokens: $5
-EOS
-}
 OUTPUT="{ dist: uniform, min: 64, max: 256 }"
 
 # window RATE FROM TO : Poisson arrivals at RATE between FROM and TO seconds, none
@@ -76,7 +61,7 @@ window() {
 capacity_of() {
   sim_up --replicas 2
   { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
-    stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: $1 }" "$OUTPUT"
+    chat_stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: $1 }" "$OUTPUT"
   } >"$WORK/capacity-$1.yaml"
   loadgen run "$WORK/capacity-$1.yaml" --label "capacity-$1" --out "$WORK/capacity-$1.json" --report "$WORK/capacity-$1.md" --no-progress >&2
   sim_down
@@ -108,14 +93,14 @@ mix() { # FILE PROMPT_BEFORE PROMPT_AFTER : 2 C (chat 0.4 C, batch 1.6 C in burs
   chat_rate=$(python3 -c "print(round(0.4*$C, 3))"); batch_rate=$(python3 -c "print(round(1.6*$C/8, 3))")
   { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 5s"; echo "request_timeout: 60s"; echo "streams:"
     if [ "$2" = "$3" ]; then
-      stream chat chat "{ kind: poisson, rate: $chat_rate }" "{ dist: fixed, value: $2 }" "$OUTPUT"
-      stream batch batch "{ kind: batch, rate: $batch_rate, size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: $2 }" "$OUTPUT"
+      chat_stream chat chat "{ kind: poisson, rate: $chat_rate }" "{ dist: fixed, value: $2 }" "$OUTPUT"
+      chat_stream batch batch "{ kind: batch, rate: $batch_rate, size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: $2 }" "$OUTPUT"
     else
       local b; b=$(python3 -c "print(round(1.6*$C, 3))")
-      stream chat-a chat "$(window "$chat_rate" 0 "$half")" "{ dist: fixed, value: $2 }" "$OUTPUT"
-      stream chat-b chat "$(window "$chat_rate" "$half" "$DURATION")" "{ dist: fixed, value: $3 }" "$OUTPUT"
-      stream batch-a batch "$(window "$b" 0 "$half")" "{ dist: fixed, value: $2 }" "$OUTPUT"
-      stream batch-b batch "$(window "$b" "$half" "$DURATION")" "{ dist: fixed, value: $3 }" "$OUTPUT"
+      chat_stream chat-a chat "$(window "$chat_rate" 0 "$half")" "{ dist: fixed, value: $2 }" "$OUTPUT"
+      chat_stream chat-b chat "$(window "$chat_rate" "$half" "$DURATION")" "{ dist: fixed, value: $3 }" "$OUTPUT"
+      chat_stream batch-a batch "$(window "$b" 0 "$half")" "{ dist: fixed, value: $2 }" "$OUTPUT"
+      chat_stream batch-b batch "$(window "$b" "$half" "$DURATION")" "{ dist: fixed, value: $3 }" "$OUTPUT"
     fi
   } >"$1"
 }
@@ -148,8 +133,8 @@ batch() {
   [ "$rest" -ge 20 ] || rest=30
   chat_rate=$(python3 -c "print(round(0.4*$C, 3))"); batch_rate=$(python3 -c "print(round(2*$C/8, 3))")
   { echo "target: http://127.0.0.1:1"; echo "duration: $((quiet + rest))s"; echo "warmup: 5s"; echo "request_timeout: 60s"; echo "streams:"
-    stream batch batch "{ kind: batch, rate: $batch_rate, size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: 512 }" "$OUTPUT"
-    stream chat chat "$(window "$chat_rate" "$quiet" "$((quiet + rest))")" "{ dist: fixed, value: 512 }" "$OUTPUT"
+    chat_stream batch batch "{ kind: batch, rate: $batch_rate, size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: 512 }" "$OUTPUT"
+    chat_stream chat chat "$(window "$chat_rate" "$quiet" "$((quiet + rest))")" "{ dist: fixed, value: 512 }" "$OUTPUT"
   } >"$d/scenario.yaml"
   DURATION=$((quiet + rest)) through "$d" auto auto "$d/scenario.yaml"
   python3 "$HERE/limits_report.py" batch "$d" "$C" "$MACHINE" "$quiet"
