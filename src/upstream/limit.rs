@@ -17,9 +17,9 @@
 //! - the replica refusing work (429 or 503): back off hard;
 //! - the replica's time to first token for interactive requests (from
 //!   dispatch, without the gateway's queue time), as a share of each one's
-//!   class target: while it is over the target the limit does not grow,
-//!   and when it is also over twice its own recent best (so it is load,
-//!   not long prompts) the limit is cut by a tenth: fewer requests on the
+//!   class target: while one in a period is over its target the limit does
+//!   not grow, and when the period's mean is also over twice its own recent
+//!   best (so it is load, not long prompts) the limit is cut by a tenth: fewer requests on the
 //!   replica leave more of each step to the prefills interactive requests
 //!   wait for.
 //!
@@ -63,6 +63,8 @@ pub(crate) struct Sample {
     /// Interactive requests' time from dispatch to first token over their
     /// class's TTFT target, the period's mean (1.0 = on target).
     pub(crate) first_token: Option<f64>,
+    /// The same, the period's latest (largest share).
+    pub(crate) first_token_max: Option<f64>,
 }
 
 /// Samples the limit is held after it went down.
@@ -118,7 +120,9 @@ impl Controller {
             (Some(b), Some(t)) => Some(b.min(t)),
             (b, t) => b.or(t),
         };
-        let slow = s.first_token.is_some_and(|t| t > 1.0);
+        // Interactive targets are P99s: one first token over its target in a
+        // period is already a sign.
+        let slow = s.first_token_max.or(s.first_token).is_some_and(|t| t > 1.0);
         let loaded = slow && s.first_token.zip(best).is_some_and(|(t, b)| t > 2.0 * b);
         if s.refused {
             self.knee = Some(self.limit);
@@ -210,6 +214,7 @@ mod tests {
                 demand: true,
                 refused: false,
                 first_token: Some(0.3),
+                first_token_max: Some(0.5),
             }
         }
     }
@@ -285,6 +290,9 @@ mod tests {
         assert!(c.update(late(0.6)) > now, "on target: it grows");
         let now = c.limit();
         assert_eq!(c.update(late(1.1)), now, "over target but near its best (long prompts): it holds");
+        let one_late =
+            Sample { waiting: Some(0.0), inflight_peak: now, first_token: Some(0.4), first_token_max: Some(1.3), ..Sample::default() };
+        assert_eq!(c.update(one_late), now, "one of the period's first tokens over its target: no growth");
         // Over target and over twice its best: load; cut by a tenth.
         assert_eq!(c.update(late(1.5)), (now as f64 * 0.9).floor() as usize);
         // Demand below the limit: no growth either (past the hold after the cut).

@@ -66,6 +66,8 @@ pub(crate) struct Replica {
     /// target since the controller last looked: sum (in thousandths) and count.
     first_token_share: AtomicU64,
     first_token_n: AtomicU64,
+    /// The largest share since the controller last looked (thousandths).
+    first_token_max: AtomicU64,
     /// `slogate_replica_limit{pool,replica}`.
     limit_gauge: Gauge,
     /// The limit last logged (a move by a quarter or more is logged).
@@ -145,6 +147,7 @@ impl Replica {
         let share = after.as_secs_f64() / target.as_secs_f64().max(1e-6);
         self.first_token_share.fetch_add((share * 1000.0) as u64, Ordering::Relaxed);
         self.first_token_n.fetch_add(1, Ordering::Relaxed);
+        self.first_token_max.fetch_max((share * 1000.0) as u64, Ordering::Relaxed);
     }
 
     /// The replica refused a request (429 or 503).
@@ -164,6 +167,7 @@ impl Replica {
     pub(crate) fn control(&self, pool: &str, load: Load, demand: bool) {
         let n = self.first_token_n.swap(0, Ordering::Relaxed);
         let share = self.first_token_share.swap(0, Ordering::Relaxed);
+        let latest = self.first_token_max.swap(0, Ordering::Relaxed);
         let sample = limit::Sample {
             waiting: load.waiting,
             running: load.running,
@@ -172,6 +176,7 @@ impl Replica {
             demand,
             refused: self.refused.swap(false, Ordering::Relaxed),
             first_token: (n > 0).then(|| share as f64 / 1000.0 / n as f64),
+            first_token_max: (n > 0).then(|| latest as f64 / 1000.0),
         };
         let limit = self.controller.lock().unwrap_or_else(|p| p.into_inner()).update(sample);
         self.set_max_inflight(limit);
@@ -371,6 +376,7 @@ impl Pool {
                 refused: AtomicBool::new(false),
                 first_token_share: AtomicU64::new(0),
                 first_token_n: AtomicU64::new(0),
+                first_token_max: AtomicU64::new(0),
                 limit_gauge,
                 logged_limit: AtomicUsize::new(initial),
             }));
