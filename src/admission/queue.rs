@@ -247,7 +247,8 @@ impl PoolAdmission {
     /// share is not zero. With no interactive traffic batch may use all but
     /// the headroom; when interactive comes back, the headroom serves it at
     /// once, freed slots go to it first, and the reservation grows with its
-    /// demand at the next tick.
+    /// demand at the next tick. While an interactive class's TTFT P99 is
+    /// over its target, the whole share is reserved.
     pub(crate) fn batch_limit(&self) -> usize {
         let cap = self.pool.load().capacity();
         let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
@@ -257,7 +258,12 @@ impl PoolAdmission {
         let most = cap - (cap as f64 * (1.0 - share)).floor() as usize;
         let headroom = ((cap as f64 * HEADROOM_SHARE).ceil() as usize).max(1);
         let demand = self.interactive_demand.load(Ordering::Relaxed) as f64;
-        let reserved = ((demand * DEMAND_MARGIN).ceil() as usize + headroom).min(most);
+        // An interactive class over its TTFT target takes the whole share back.
+        let reserved = if self.interactive_at_risk.load(Ordering::Relaxed) {
+            most
+        } else {
+            ((demand * DEMAND_MARGIN).ceil() as usize + headroom).min(most)
+        };
         if share < 1.0 {
             (cap - reserved).max(1)
         } else {
@@ -743,6 +749,9 @@ mod tests {
             pool.tick(Instant::now());
         }
         assert_eq!(pool.batch_limit(), 19, "quiet for the window: back to the headroom");
+        pool.set_interactive_at_risk(true);
+        assert_eq!(pool.batch_limit(), 15, "an interactive class over its target: the whole share");
+        pool.set_interactive_at_risk(false);
         // A share of 0 reserves nothing, not even the headroom.
         assert_eq!(self::pool(20, tiers(0.0, 10, 10)).batch_limit(), 20);
     }
