@@ -196,8 +196,9 @@ const LARGE_BODY: usize = 256 * 1024;
 /// ([`tokio::task::block_in_place`]). Small bodies, and a current-thread
 /// runtime (tests), run inline.
 fn cpu_bound<R>(len: usize, f: impl FnOnce() -> R) -> R {
-    let multi = tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if len >= LARGE_BODY && multi {
+    // The size first: most bodies are small and need no runtime lookup.
+    let multi = || tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if len >= LARGE_BODY && multi() {
         tokio::task::block_in_place(f)
     } else {
         f()

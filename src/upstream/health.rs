@@ -151,12 +151,11 @@ async fn scrape_load(replica: &Arc<Replica>, timeout: Duration) -> Load {
     }
     let text = String::from_utf8_lossy(&body);
     let sum = |name: &str| {
-        let values: Vec<f64> = text
-            .lines()
+        text.lines()
             .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .collect();
-        (!values.is_empty()).then(|| values.iter().sum::<f64>().max(0.0))
+            .fold(None, |acc: Option<f64>, v| Some(acc.unwrap_or(0.0) + v))
+            .map(|v| v.max(0.0))
     };
     let load = Load { waiting: sum("vllm:num_requests_waiting"), running: sum("vllm:num_requests_running") };
     if let Some(w) = load.waiting {

@@ -144,10 +144,10 @@ impl Replica {
     /// An interactive request sent here got its first token `after` its
     /// dispatch; its class's TTFT target is `target`.
     pub(crate) fn record_first_token(&self, after: std::time::Duration, target: std::time::Duration) {
-        let share = after.as_secs_f64() / target.as_secs_f64().max(1e-6);
-        self.first_token_share.fetch_add((share * 1000.0) as u64, Ordering::Relaxed);
+        let permille = (after.as_secs_f64() / target.as_secs_f64().max(1e-6) * 1000.0) as u64;
+        self.first_token_share.fetch_add(permille, Ordering::Relaxed);
         self.first_token_n.fetch_add(1, Ordering::Relaxed);
-        self.first_token_max.fetch_max((share * 1000.0) as u64, Ordering::Relaxed);
+        self.first_token_max.fetch_max(permille, Ordering::Relaxed);
     }
 
     /// The replica refused a request (429 or 503).
@@ -511,19 +511,15 @@ pub(crate) async fn send_with_retry<A: Attempts>(
     loop {
         let replica = on.replica().clone();
         let req = request(&replica)?;
-        let failure = match tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout)).await {
-            Err(_) => return Err(GatewayError::UpstreamTimeout { replica: replica.shown(), after: crate::config::Dur(deadline - start) }),
-            Ok(Ok(resp))
-                if resp.status() == http::StatusCode::TOO_MANY_REQUESTS || resp.status() == http::StatusCode::SERVICE_UNAVAILABLE =>
-            {
+        let sent = tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout)).await;
+        if let Ok(Ok(resp)) = &sent {
+            if matches!(resp.status(), http::StatusCode::TOO_MANY_REQUESTS | http::StatusCode::SERVICE_UNAVAILABLE) {
+                // The learned limit backs off from a replica that refuses work.
                 replica.note_refused();
-                if resp.status().is_server_error() && !retried && on.move_to_another() {
-                    tracing::info!(replica = %replica.url, status = %resp.status(), "replica refused the request; retrying on another replica");
-                    retried = true;
-                    continue;
-                }
-                return Ok(resp);
             }
+        }
+        let failure = match sent {
+            Err(_) => return Err(GatewayError::UpstreamTimeout { replica: replica.shown(), after: crate::config::Dur(deadline - start) }),
             Ok(Ok(resp)) if resp.status().is_server_error() && !retried => {
                 if !on.move_to_another() {
                     return Ok(resp);
