@@ -1,4 +1,5 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz`, `/slo`, `/slo.json`, `/-/reload`.
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`, `/slo`, `/slo.json`,
+//! `/capacity`, `/fleet.json` (what fleet peers read), `/-/reload`.
 //!
 //! Scrapes read atomics and metric families; they never block the data path.
 
@@ -77,6 +78,15 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
                 }
             }
         }
+        (&Method::GET, crate::fleet::STATE_PATH) => {
+            let snap = app.snapshot();
+            let pools: Vec<_> = snap.pools.iter().map(|r| r.admission.clone()).collect();
+            let state = app.fleet.state(&pools, &snap.config.fleet, true);
+            let mut r = Response::new(full(serde_json::to_vec(&state).unwrap_or_default()));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            r
+        }
         (&Method::GET, "/slo.json") => {
             let body = serde_json::to_vec_pretty(&crate::status::collect(&app)).unwrap_or_default();
             let mut r = Response::new(full(body));
@@ -116,7 +126,7 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
 /// The method an admin path takes, for a request that used another (405).
 fn route_method(path: &str) -> Option<&'static str> {
     match path {
-        "/metrics" | "/healthz" | "/readyz" | "/slo" | "/slo.json" => Some("GET"),
+        "/metrics" | "/healthz" | "/readyz" | "/slo" | "/slo.json" | "/fleet.json" | "/capacity" => Some("GET"),
         "/-/reload" => Some("POST"),
         _ => None,
     }

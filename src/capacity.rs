@@ -184,8 +184,9 @@ pub async fn from_gateway(admin_url: &str, rates: &[(String, f64)]) -> Result<Ve
     let query: Vec<String> = rates.iter().map(|(c, r)| format!("rate={c}={r}")).collect();
     let path = format!("/capacity?{}", query.join("&"));
     let url = format!("{}{path}", admin_url.trim_end_matches('/'));
-    let (status, body) =
-        crate::upstream::conn::get_once(&base, &path, std::time::Duration::from_secs(10)).await.map_err(|e| format!("{admin_url}: {e}"))?;
+    let (status, body) = crate::upstream::conn::get_once(&base, &path, None, std::time::Duration::from_secs(10))
+        .await
+        .map_err(|e| format!("{admin_url}: {e}"))?;
     if !status.is_success() {
         return Err(format!("{url}: {status}: {}", String::from_utf8_lossy(&body)));
     }

@@ -21,6 +21,7 @@ pub mod capacity;
 mod classify;
 pub mod config;
 mod error;
+mod fleet;
 mod proxy;
 mod reduce;
 pub mod rules;
@@ -153,7 +154,10 @@ impl Gateway {
         let app = Arc::new(App::new(snapshot, metrics.clone(), controls.clone(), path, stop_rx.clone()));
         app.start_health_checks();
         let tuning = server::Tuning::new(&cfg.server);
-        let mut background = vec![admission::publisher(controls, metrics, app.publisher_view(), stop_rx.clone())];
+        let mut background = vec![
+            admission::publisher(controls, metrics.clone(), app.publisher_view(), stop_rx.clone()),
+            fleet::run(app.fleet.clone(), metrics, app.fleet_view(), stop_rx.clone()),
+        ];
         background.extend(tuning.start(stop_rx.clone()));
         let grace = cfg.server.shutdown_grace.get();
         let a = app.clone();

@@ -141,6 +141,8 @@ pub(crate) struct App {
     reloading: tokio::sync::Mutex<()>,
     /// Reloads allowed now (see [`RELOAD_BURST`]).
     reload_budget: Mutex<ReloadBudget>,
+    /// This instance among the others in front of the same replicas (`fleet`).
+    pub(crate) fleet: Arc<crate::fleet::Fleet>,
 }
 
 /// Reloads that may run back to back; after them, one per [`RELOAD_EVERY`].
@@ -193,6 +195,7 @@ impl App {
             health: Mutex::new(Vec::new()),
             reloading: tokio::sync::Mutex::new(()),
             reload_budget: Mutex::new(ReloadBudget { tokens: RELOAD_BURST, since: tokio::time::Instant::now() }),
+            fleet: Arc::new(crate::fleet::Fleet::new()),
         }
     }
 
@@ -213,6 +216,23 @@ impl App {
                 (snap.config.clone(), snap.pools.iter().map(|r| r.admission.clone()).collect())
             }
             None => (Arc::new(Config::default()), Vec::new()),
+        })
+    }
+
+    /// A handle for the fleet task: the running config, the pools'
+    /// admissions and the admin token to show peers.
+    pub(crate) fn fleet_view(self: &Arc<Self>) -> Box<crate::fleet::Current> {
+        let app = Arc::downgrade(self);
+        Box::new(move || match app.upgrade() {
+            Some(app) => {
+                let snap = app.snapshot();
+                crate::fleet::View {
+                    config: snap.config.clone(),
+                    pools: snap.pools.iter().map(|r| r.admission.clone()).collect(),
+                    bearer: snap.admin_token.as_ref().and_then(|t| t.bearer().cloned()),
+                }
+            }
+            None => crate::fleet::View { config: Arc::new(Config::default()), pools: Vec::new(), bearer: None },
         })
     }
 

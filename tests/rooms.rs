@@ -17,6 +17,7 @@ const LADDER: &[(&str, u32)] = &[
     ("server", 3),
     ("admission", 4),
     ("classify", 5),
+    ("fleet", 5),
     ("state", 6),
     ("proxy", 7),
     ("status", 7),

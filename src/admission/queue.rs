@@ -160,6 +160,14 @@ impl Queues {
     }
 }
 
+/// An instance's demand on a pool's slots, in requests (see [`PoolAdmission::demand`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Demand {
+    pub(crate) interactive: usize,
+    pub(crate) batch: usize,
+    pub(crate) waiting: usize,
+}
+
 /// Admission to one pool's replicas: its queues, its tier shares and the
 /// pool it hands slots from. One per pool name, kept across reloads (so are
 /// the waiters and the batch count); a reload's swap installs the new pool
@@ -268,6 +276,22 @@ impl PoolAdmission {
             (cap - reserved).max(1)
         } else {
             cap - reserved
+        }
+    }
+
+    /// This instance's demand on the pool, for the fleet's split of the
+    /// replicas' slots: interactive (what its reservation follows: the recent
+    /// peak and a quarter more, or what holds and waits now if that is more),
+    /// batch (holding and waiting now), and how many of both wait.
+    pub(crate) fn demand(&self) -> Demand {
+        let waiting_i = self.waiting_interactive.load(Ordering::Relaxed);
+        let waiting_b = self.waiting_batch.load(Ordering::Relaxed);
+        let now = self.interactive_inflight.load(Ordering::Relaxed) + waiting_i;
+        let peak = (self.interactive_demand.load(Ordering::Relaxed) as f64 * DEMAND_MARGIN).ceil() as usize;
+        Demand {
+            interactive: now.max(peak),
+            batch: self.batch_inflight.load(Ordering::Relaxed) + waiting_b,
+            waiting: waiting_i + waiting_b,
         }
     }
 

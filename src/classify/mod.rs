@@ -66,17 +66,33 @@ pub enum KeyError {
 
 /// The token the admin listener requires (`server.admin_token_env`), kept
 /// as its SHA-256 digest and compared in constant time.
-pub(crate) struct AdminToken([u8; 32]);
+pub(crate) struct AdminToken {
+    digest: [u8; 32],
+    /// `Bearer <token>`, marked sensitive: what this instance sends to its fleet peers.
+    bearer: Option<http::HeaderValue>,
+}
 
 impl AdminToken {
     /// The token in environment variable `var`; `None` when it is unset or empty.
     pub(crate) fn from_env(var: &str) -> Option<AdminToken> {
-        std::env::var(var).ok().filter(|t| !t.is_empty()).map(|t| AdminToken(Sha256::digest(t.trim().as_bytes()).into()))
+        std::env::var(var).ok().filter(|t| !t.trim().is_empty()).map(|t| {
+            let t = t.trim();
+            let bearer = http::HeaderValue::from_str(&format!("Bearer {t}")).ok().map(|mut v| {
+                v.set_sensitive(true);
+                v
+            });
+            AdminToken { digest: Sha256::digest(t.as_bytes()).into(), bearer }
+        })
+    }
+
+    /// The `Authorization` value that carries this token.
+    pub(crate) fn bearer(&self) -> Option<&http::HeaderValue> {
+        self.bearer.as_ref()
     }
 
     /// Does the request carry the token as `Authorization: Bearer`?
     pub(crate) fn admits(&self, headers: &http::HeaderMap) -> bool {
-        bearer(headers).is_some_and(|t| bool::from(self.0.ct_eq(&<[u8; 32]>::from(Sha256::digest(t.as_bytes())))))
+        bearer(headers).is_some_and(|t| bool::from(self.digest.ct_eq(&<[u8; 32]>::from(Sha256::digest(t.as_bytes())))))
     }
 }
 

@@ -36,7 +36,7 @@ impl std::fmt::Display for Problem {
 pub struct ConfigError(pub Vec<Problem>);
 
 const SECTIONS: &[&str] =
-    &["server", "pools", "classes", "default_class", "tiers", "slo", "breaker", "context_reduction", "auth", "telemetry"];
+    &["server", "pools", "classes", "default_class", "tiers", "slo", "breaker", "context_reduction", "auth", "telemetry", "fleet"];
 
 impl Config {
     /// Read and check a config file.
@@ -83,6 +83,7 @@ impl Config {
                 "context_reduction" => section(key, v, &mut cfg.context_reduction, &mut problems),
                 "auth" => section(key, v, &mut cfg.auth, &mut problems),
                 "telemetry" => section(key, v, &mut cfg.telemetry, &mut problems),
+                "fleet" => section(key, v, &mut cfg.fleet, &mut problems),
                 "pools" => match v {
                     serde_norway::Value::Sequence(items) => {
                         seen.pool_index.clear();
@@ -277,6 +278,25 @@ impl Config {
                 }
             }
         }
+        let fl = &self.fleet;
+        for (i, peer) in fl.peers.iter().enumerate() {
+            if let Err(e) = parse_peer_url(peer) {
+                bad(format!("fleet.peers[{i}]"), e);
+            }
+        }
+        if let Some(name) = &fl.peers_dns {
+            if let Err(e) = parse_host_port(name) {
+                bad("fleet.peers_dns".into(), e);
+            }
+        }
+        if fl.period.get().is_zero() {
+            bad("fleet.period".into(), "must be greater than 0".into());
+        } else if fl.peer_timeout.get() < fl.period.get() * 2 {
+            bad("fleet.peer_timeout".into(), "must be at least twice fleet.period (one slow answer is not a lost peer)".into());
+        }
+        if fl.takeover_after.get() < fl.peer_timeout.get() {
+            bad("fleet.takeover_after".into(), "must be at least fleet.peer_timeout".into());
+        }
         if self.classes.is_empty() && seen.failed_classes.is_empty() {
             bad("classes".into(), "at least one class is required".into());
         }
@@ -428,6 +448,34 @@ struct Parsed {
 /// Check a replica base URL: `http://host:port` or `https://host:port`,
 /// with an optional path prefix.
 /// A replica's name: what clients see in a header, so short and plain.
+/// A peer's admin listener: `http://host:port` (no path).
+pub fn parse_peer_url(url: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = url.trim().trim_end_matches('/').parse().map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!("`{url}`: must start with http:// (the admin listener speaks plain HTTP)"));
+    }
+    match uri.authority() {
+        Some(a) if a.port_u16().is_some() => {}
+        _ => return Err(format!("`{url}`: needs a host and the admin listener's port, e.g. http://10.0.0.7:9091")),
+    }
+    if uri.path_and_query().is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty()) {
+        return Err(format!("`{url}`: give the listener only, without a path"));
+    }
+    Ok(uri)
+}
+
+/// `host:port` (a DNS name or an IP address, and a port).
+pub fn parse_host_port(s: &str) -> Result<(String, u16), String> {
+    let (host, port) =
+        s.rsplit_once(':').ok_or_else(|| format!("`{s}`: must be host:port, e.g. slogate-peers.ai.svc.cluster.local:9091"))?;
+    let port: u16 = port.parse().map_err(|_| format!("`{s}`: `{port}` is not a port"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || port == 0 {
+        return Err(format!("`{s}`: must be host:port with a port above 0"));
+    }
+    Ok((host.to_string(), port))
+}
+
 fn check_replica_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 64 {
         return Err("must be 1 to 64 characters".into());
@@ -489,6 +537,22 @@ mod tests {
         assert_eq!(c.server.max_request_body, Size(4 * 1024 * 1024));
         assert_eq!(c.slo.window, Dur::secs(28 * 86_400));
         assert_eq!(c.default_class, "chat");
+    }
+
+    #[test]
+    fn fleet_peers_and_times_are_checked() {
+        let ok = Config::parse("fleet:\n  peers: [http://10.0.0.7:9091, 'http://[::1]:9091/']\n  peers_dns: slogate.ai.svc:9091\n")
+            .expect("valid");
+        assert!(ok.fleet.enabled());
+        assert!(!Config::parse("").expect("valid").fleet.enabled(), "no fleet by default");
+        let text = "fleet:\n  peers: [https://a:1, 'http://a', http://a:1/x]\n  peers_dns: nameonly\n  period: 100ms\n  peer_timeout: 150ms\n  takeover_after: 100ms\n";
+        let err = Config::parse(text).expect_err("invalid").0;
+        let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["fleet.peers[0]", "fleet.peers[1]", "fleet.peers[2]", "fleet.peers_dns", "fleet.peer_timeout", "fleet.takeover_after"],
+            "{err:?}"
+        );
     }
 
     #[test]

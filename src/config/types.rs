@@ -90,6 +90,7 @@ pub struct Config {
     pub context_reduction: ContextReductionConfig,
     pub auth: AuthConfig,
     pub telemetry: TelemetryConfig,
+    pub fleet: FleetConfig,
 }
 
 impl Default for Config {
@@ -105,6 +106,7 @@ impl Default for Config {
             context_reduction: ContextReductionConfig::default(),
             auth: AuthConfig::default(),
             telemetry: TelemetryConfig::default(),
+            fleet: FleetConfig::default(),
         }
     }
 }
@@ -581,6 +583,48 @@ impl Default for ContextReductionConfig {
             max_documents: 3,
             max_prompt_tokens: 2048,
         }
+    }
+}
+
+/// Several slogate instances in front of the same replicas (`fleet`): each
+/// reads the others' in-flight requests, learned limits and demand from
+/// their admin listeners every `period` and takes its share of each
+/// replica's slots. With neither `peers` nor `peers_dns`, the instance is alone.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetConfig {
+    /// The other instances' admin listeners, `http://host:port` (the
+    /// instance's own address may be listed too: it recognises itself).
+    pub peers: Vec<String>,
+    /// `host:port`: a name whose A/AAAA records are the instances (a
+    /// Kubernetes headless Service), the port their admin listener's.
+    pub peers_dns: Option<String>,
+    /// How often each peer is read and the shares recomputed.
+    pub period: Dur,
+    /// A peer unheard for this long is lost: it keeps the slots it last
+    /// held, at least an equal share, until `takeover_after`.
+    pub peer_timeout: Dur,
+    /// A peer unheard for this long gives up its share; what it still has
+    /// on the replicas (their own request counts) stays counted.
+    pub takeover_after: Dur,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig {
+            peers: Vec::new(),
+            peers_dns: None,
+            period: Dur::millis(100),
+            peer_timeout: Dur::secs(1),
+            takeover_after: Dur::secs(3),
+        }
+    }
+}
+
+impl FleetConfig {
+    /// Are other instances configured?
+    pub fn enabled(&self) -> bool {
+        !self.peers.is_empty() || self.peers_dns.is_some()
     }
 }
 

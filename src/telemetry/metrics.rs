@@ -98,6 +98,11 @@ pub(crate) struct BreachLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct FleetPeerLabels {
+    pub(crate) state: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct ReplicaLabels {
     pub(crate) pool: String,
     pub(crate) replica: String,
@@ -308,6 +313,10 @@ pub struct Metrics {
     pub(crate) upstream_healthy: Family<ReplicaLabels, Gauge>,
     /// Slots per replica: the learned limit, or the fixed one.
     pub(crate) replica_limit: Family<ReplicaLabels, Gauge>,
+    /// In a fleet: this instance's part of a replica's limit.
+    pub(crate) replica_slots: Family<ReplicaLabels, Gauge>,
+    /// In a fleet: the other instances by standing.
+    pub(crate) fleet_peers: Family<FleetPeerLabels, Gauge>,
     pub(crate) breaker_state: Family<ClassLabels, Gauge>,
     pub(crate) context_reduction_active: Family<ClassLabels, Gauge>,
     pub(crate) ttft_p99: Family<ClassLabels, Gauge<f64, AtomicU64>>,
@@ -344,6 +353,8 @@ impl Metrics {
             inflight: Family::default(),
             upstream_healthy: Family::default(),
             replica_limit: Family::default(),
+            replica_slots: Family::default(),
+            fleet_peers: Family::default(),
             breaker_state: Family::default(),
             context_reduction_active: Family::default(),
             ttft_p99: Family::default(),
@@ -387,6 +398,16 @@ impl Metrics {
             "replica_limit",
             "Requests the gateway lets a replica hold at once: learned (max_inflight_per_replica: auto) or fixed",
             m.replica_limit.clone(),
+        );
+        registry.register(
+            "replica_slots",
+            "With fleet peers: the requests this instance may hold on a replica, its part of the replica's limit",
+            m.replica_slots.clone(),
+        );
+        registry.register(
+            "fleet_peers",
+            "Other instances of the fleet: fresh (heard within peer_timeout), lost, gone (past takeover_after)",
+            m.fleet_peers.clone(),
         );
         registry.register("breaker_state", "TTFT circuit breaker state: 0 closed, 1 half-open, 2 open", m.breaker_state.clone());
         registry.register(

@@ -412,12 +412,21 @@ pub(crate) async fn get(replica: &Arc<Replica>, path: &str, timeout: Duration) -
 }
 
 /// GET `path` from any plain-HTTP server at `base` (a gateway's admin
-/// listener, for `slogate capacity`) on a connection of its own.
-pub(crate) async fn get_once(base: &http::Uri, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
+/// listener, for `slogate capacity` and the fleet's exchange) on a
+/// connection of its own, with `authorization` when given.
+pub(crate) async fn get_once(
+    base: &http::Uri,
+    path: &str,
+    authorization: Option<&http::HeaderValue>,
+    timeout: Duration,
+) -> Result<(http::StatusCode, Bytes), String> {
     if base.scheme_str() != Some("http") {
         return Err(format!("{base}: must be an http:// URL"));
     }
-    let req = get_request(base, path)?;
+    let mut req = get_request(base, path)?;
+    if let Some(v) = authorization {
+        req.headers_mut().insert(http::header::AUTHORIZATION, v.clone());
+    }
     read_whole(path, timeout, async {
         let (tx, conn) = connect(base, None, timeout).await?;
         match exchange(tx, conn, req).await {

@@ -44,7 +44,7 @@ async fn load_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::Rece
         }
         let load = scrape_load(&replica, timeout).await;
         if pool.learns_limits() {
-            replica.control(&pool.config.name, load, pool.waiting() > 0);
+            replica.control(&pool.config.name, load, pool.fleet_waiting() > 0);
         }
     }
 }
@@ -145,8 +145,12 @@ fn store_models(replica: &Replica, body: &[u8]) {
 /// summed over its series) so least-loaded sees the replica's own queue;
 /// `None` for one the replica does not export (or when it did not answer).
 async fn scrape_load(replica: &Arc<Replica>, timeout: Duration) -> Load {
-    let Ok((status, body)) = get(replica, "/metrics", timeout).await else { return Load::default() };
+    let Ok((status, body)) = get(replica, "/metrics", timeout).await else {
+        replica.set_scraped_total(None);
+        return Load::default();
+    };
     if !status.is_success() {
+        replica.set_scraped_total(None);
         return Load::default();
     }
     let text = String::from_utf8_lossy(&body);
@@ -161,6 +165,7 @@ async fn scrape_load(replica: &Arc<Replica>, timeout: Duration) -> Load {
     if let Some(w) = load.waiting {
         replica.scraped_waiting.store(w as u64, std::sync::atomic::Ordering::Relaxed);
     }
+    replica.set_scraped_total(load.waiting.zip(load.running).map(|(w, r)| w + r));
     load
 }
 

@@ -41,6 +41,15 @@ pub(crate) struct Replica {
     /// count is under it).
     max_inflight: AtomicUsize,
     healthy: AtomicBool,
+    /// This instance's part of the slots when other instances share the
+    /// replica (`fleet`); `usize::MAX` when it is alone.
+    allowance: AtomicUsize,
+    /// Requests other instances of the fleet hold here (or are assumed to,
+    /// for peers not heard lately), as the fleet last published it.
+    others_inflight: AtomicUsize,
+    /// What the replica runs and queues, as last scraped (all its clients);
+    /// `u64::MAX` when the last scrape failed or none was made.
+    scraped_total: AtomicU64,
     /// Requests waiting inside vLLM, as last scraped from its `/metrics`
     /// (includes other clients' requests); 0 when not scraped.
     pub(crate) scraped_waiting: AtomicU64,
@@ -97,8 +106,28 @@ impl Replica {
     pub(crate) fn inflight(&self) -> usize {
         self.inflight.load(Ordering::Relaxed)
     }
+    /// The replica's limit: learned, or fixed (for the whole fleet when
+    /// several instances share it).
     pub(crate) fn max_inflight(&self) -> usize {
         self.max_inflight.load(Ordering::Relaxed)
+    }
+    /// The slots this instance may hold: the limit, or its part of it in a fleet.
+    pub(crate) fn slots(&self) -> usize {
+        self.max_inflight().min(self.allowance.load(Ordering::Relaxed))
+    }
+    /// The fleet's word: this instance may hold `n` requests here, the
+    /// others hold `others` (`None`: the instance is alone again).
+    pub(crate) fn set_fleet_share(&self, share: Option<(usize, usize)>) {
+        let (n, others) = share.unwrap_or((usize::MAX, 0));
+        self.allowance.store(n, Ordering::Relaxed);
+        self.others_inflight.store(others, Ordering::Relaxed);
+    }
+    /// What the replica runs and queues for all its clients, as last scraped.
+    pub(crate) fn scraped_total(&self) -> Option<u64> {
+        Some(self.scraped_total.load(Ordering::Relaxed)).filter(|t| *t != u64::MAX)
+    }
+    pub(crate) fn set_scraped_total(&self, total: Option<f64>) {
+        self.scraped_total.store(total.map_or(u64::MAX, |t| t.round() as u64), Ordering::Relaxed);
     }
     pub(crate) fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
@@ -125,7 +154,7 @@ impl Replica {
     /// Take a slot if one is free.
     fn try_take(&self) -> bool {
         let mut cur = self.inflight.load(Ordering::SeqCst);
-        let max = self.max_inflight();
+        let max = self.slots();
         loop {
             if cur >= max {
                 return false;
@@ -168,11 +197,13 @@ impl Replica {
         let n = self.first_token_n.swap(0, Ordering::Relaxed);
         let share = self.first_token_share.swap(0, Ordering::Relaxed);
         let latest = self.first_token_max.swap(0, Ordering::Relaxed);
+        // In a fleet the limit is the replica's, for every instance's requests.
+        let others = self.others_inflight.load(Ordering::Relaxed);
         let sample = limit::Sample {
             waiting: load.waiting,
             running: load.running,
-            inflight_peak: self.inflight_peak.swap(self.inflight(), Ordering::Relaxed),
-            inflight_now: self.inflight(),
+            inflight_peak: self.inflight_peak.swap(self.inflight(), Ordering::Relaxed) + others,
+            inflight_now: self.inflight() + others,
             demand,
             refused: self.refused.swap(false, Ordering::Relaxed),
             first_token: (n > 0).then(|| share as f64 / 1000.0 / n as f64),
@@ -311,6 +342,8 @@ pub(crate) struct Pool {
     /// Requests waiting in the gateway for this pool's slots, as admission
     /// last published it (its ticks).
     waiting: AtomicUsize,
+    /// Requests waiting in the fleet's other instances, as the fleet last published it.
+    others_waiting: AtomicUsize,
 }
 
 impl Pool {
@@ -322,6 +355,16 @@ impl Pool {
     /// Requests waited for this pool's slots at admission's last tick.
     pub(crate) fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// The fleet's tick: the other instances have `n` requests waiting.
+    pub(crate) fn set_others_waiting(&self, n: usize) {
+        self.others_waiting.store(n, Ordering::Relaxed);
+    }
+
+    /// Requests waiting for this pool's replicas in the whole fleet.
+    pub(crate) fn fleet_waiting(&self) -> usize {
+        self.waiting() + self.others_waiting.load(Ordering::Relaxed)
     }
 
     /// Build a pool from what [`Access::new`] checked. With `previous`
@@ -363,6 +406,9 @@ impl Pool {
                 inflight: AtomicUsize::new(0),
                 max_inflight: AtomicUsize::new(initial),
                 healthy: AtomicBool::new(false),
+                allowance: AtomicUsize::new(usize::MAX),
+                others_inflight: AtomicUsize::new(0),
+                scraped_total: AtomicU64::new(u64::MAX),
                 scraped_waiting: AtomicU64::new(0),
                 models: ArcSwap::from_pointee(Vec::new()),
                 inflight_gauge,
@@ -383,7 +429,16 @@ impl Pool {
         }
         let static_models = config.models.iter().filter(|m| *m != "auto").cloned().collect();
         let auto = config.models.iter().any(|m| m == "auto");
-        Pool { replicas, static_models, auto, config, limit_params, rr: AtomicUsize::new(0), waiting: AtomicUsize::new(0) }
+        Pool {
+            replicas,
+            static_models,
+            auto,
+            config,
+            limit_params,
+            rr: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            others_waiting: AtomicUsize::new(0),
+        }
     }
 
     /// Does this pool serve `model`?
@@ -444,9 +499,9 @@ impl Pool {
         self.replicas.iter().filter(|r| r.is_healthy()).count()
     }
 
-    /// Slots on healthy replicas.
+    /// This instance's slots on healthy replicas.
     pub(crate) fn capacity(&self) -> usize {
-        self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight()).sum()
+        self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.slots()).sum()
     }
 
     /// Pick a healthy replica with a free slot, skipping `exclude`, and take the slot.

@@ -125,6 +125,8 @@ pub struct MockState {
     /// TLS handshakes, and how many of them resumed a session.
     pub tls_handshakes: AtomicUsize,
     pub tls_resumed: AtomicUsize,
+    /// What `/metrics` says the replica runs (`vllm:num_requests_running`); not said when `None`.
+    pub running: Mutex<Option<u64>>,
 }
 
 /// How a mock replica is started; see [`Mock::start_with`].
@@ -179,6 +181,7 @@ impl Mock {
             keyed: Mutex::new(Vec::new()),
             tls_handshakes: AtomicUsize::new(0),
             tls_resumed: AtomicUsize::new(0),
+            running: Mutex::new(None),
         });
         let https = opts.tls.is_some();
         let acceptor = opts.tls.map(tokio_rustls::TlsAcceptor::from);
@@ -350,7 +353,13 @@ async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<Moc
                 "application/json",
                 &format!(r#"{{"object":"list","data":[{{"id":"{}","object":"model","owned_by":"vllm","max_model_len":4096}}]}}"#, st.model),
             ),
-            "/metrics" => simple(200, "text/plain", "vllm:num_requests_waiting{model_name=\"m1\"} 0.0\n"),
+            "/metrics" => {
+                let mut text = String::from("vllm:num_requests_waiting{model_name=\"m1\"} 0.0\n");
+                if let Some(n) = *st.running.lock().expect("lock") {
+                    text.push_str(&format!("vllm:num_requests_running{{model_name=\"m1\"}} {n}.0\n"));
+                }
+                simple(200, "text/plain", &text)
+            }
             _ => simple(404, "application/json", "{}"),
         };
     }

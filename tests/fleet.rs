@@ -1,0 +1,235 @@
+//! Several gateways in front of the same replicas (`fleet`): they read each
+//! other's state from their admin listeners, split each replica's slots,
+//! keep a lost peer's share until it is taken for dead, count a peer that
+//! answers again, and take over a dead one's share.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+
+/// GET `path` from the admin listener at `admin` with the admin token.
+async fn admin_get(admin: SocketAddr, path: &str, token: Option<&str>) -> Bytes {
+    let mut req = hyper::Request::get(format!("http://{admin}{path}"));
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = client().request(req.body(Full::new(Bytes::new())).expect("request")).await.expect("GET");
+    assert_eq!(resp.status(), 200, "GET {path}");
+    resp.into_body().collect().await.expect("body").to_bytes()
+}
+
+/// `/fleet.json` of the gateway at `admin`, with the admin token when given.
+async fn fleet_state(admin: SocketAddr, token: Option<&str>) -> serde_json::Value {
+    serde_json::from_slice(&admin_get(admin, "/fleet.json", token).await).expect("JSON")
+}
+
+/// This gateway's slots on the pool's only replica.
+fn slots(state: &serde_json::Value) -> u64 {
+    state["pools"][0]["replicas"][0]["slots"].as_u64().expect("slots")
+}
+
+/// The standing the gateway gives the peer at `address`.
+fn peer_status(state: &serde_json::Value, address: &str) -> String {
+    let peers = state["peers"].as_array().cloned().unwrap_or_default();
+    peers.iter().find(|p| p["address"] == address).map(|p| p["status"].as_str().unwrap_or("").to_string()).unwrap_or_default()
+}
+
+/// Wait until the gateway at `admin` says `cond` of its state.
+async fn until(what: &str, admin: SocketAddr, token: Option<&'static str>, cond: impl Fn(&serde_json::Value) -> bool) {
+    let cond = &cond;
+    wait_until(what, || async move { cond(&fleet_state(admin, token).await) }).await;
+}
+
+const FLEET_TIMES: &str = "period: 50ms, peer_timeout: 400ms, takeover_after: 2s";
+
+/// A fake fleet peer: answers `GET /fleet.json` with the state the test
+/// sets, or 503 while down; counts requests that carried the token.
+struct FakePeer {
+    addr: SocketAddr,
+    state: Arc<Mutex<serde_json::Value>>,
+    up: Arc<AtomicBool>,
+    authorized: Arc<AtomicUsize>,
+}
+
+impl FakePeer {
+    async fn start(token: &'static str) -> FakePeer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let state = Arc::new(Mutex::new(serde_json::Value::Null));
+        let up = Arc::new(AtomicBool::new(true));
+        let authorized = Arc::new(AtomicUsize::new(0));
+        let (s, u, a) = (state.clone(), up.clone(), authorized.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let (s, u, a) = (s.clone(), u.clone(), a.clone());
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (s, u, a) = (s.clone(), u.clone(), a.clone());
+                        async move {
+                            if req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {token}")) {
+                                a.fetch_add(1, Ordering::SeqCst);
+                            }
+                            let (status, body) = if !u.load(Ordering::SeqCst) {
+                                (503, String::from("down"))
+                            } else if req.uri().path() == "/fleet.json" {
+                                (200, s.lock().expect("lock").to_string())
+                            } else {
+                                (404, String::new())
+                            };
+                            let mut r = hyper::Response::new(Full::new(Bytes::from(body)));
+                            *r.status_mut() = hyper::StatusCode::from_u16(status).expect("status");
+                            Ok::<_, Infallible>(r)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                });
+            }
+        });
+        FakePeer { addr, state, up, authorized }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// It says it holds `inflight` of `replica`'s requests, may hold `slots`,
+    /// and reserves for `interactive` interactive requests.
+    fn says(&self, replica: &str, inflight: u64, slots: u64, interactive: u64) {
+        *self.state.lock().expect("lock") = serde_json::json!({
+            "id": "fake-peer",
+            "pools": [{"name": "p", "interactive": interactive, "batch": 0, "waiting": 0,
+                       "replicas": [{"url": replica, "healthy": true, "inflight": inflight, "limit": 8, "slots": slots}]}]
+        });
+    }
+}
+
+/// A gateway in front of `mock` with a fixed limit of 8 and fleet `peers`.
+fn fleet_gateway(mock: &Mock, peers: &[String], token_env: &str) -> ConfigBuilder {
+    let peers = peers.iter().map(|p| format!("\"{p}\"")).collect::<Vec<_>>().join(", ");
+    gateway_config(&[mock.url()])
+        .server(&format!("admin_token_env: {token_env}"))
+        .pool("max_inflight_per_replica: 8")
+        .pool("scrape_metrics: 50ms")
+        .section(&format!("fleet: {{ peers: [{peers}], {FLEET_TIMES} }}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_answering_keeps_its_share_until_taken_for_dead_and_counts_again_when_back() {
+    const TOKEN: &str = "fleet-test-token-1";
+    std::env::set_var("SLOGATE_TEST_FLEET_TOKEN_1", TOKEN);
+    let mock = Mock::start(standard(2, std::time::Duration::from_millis(1))).await;
+    *mock.state.running.lock().expect("lock") = Some(5);
+    let peer = FakePeer::start(TOKEN).await;
+    // The peer holds 5 requests and reserves 6 interactive: of 8 slots, it
+    // gets its 6, and the 2 left are split evenly.
+    peer.says(&mock.url(), 5, 6, 6);
+    let gw = fleet_gateway(&mock, &[peer.url()], "SLOGATE_TEST_FLEET_TOKEN_1").start().await;
+    let admin = gw.admin_addr;
+    let url = peer.url();
+    until("the peer is heard and takes its share", admin, Some(TOKEN), |s| peer_status(s, &url) == "fresh" && slots(s) == 1).await;
+    assert!(peer.authorized.load(Ordering::SeqCst) > 0, "the exchange carries the admin token");
+    let m = String::from_utf8_lossy(&admin_get(admin, "/metrics", Some(TOKEN)).await).into_owned();
+    assert_eq!(metric(&m, "slogate_fleet_peers", &[("state", "fresh")]), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "slogate_replica_slots", &[("pool", "p")]), Some(1.0));
+
+    // Unreachable: it keeps the 6 slots it last held (more than the 5 the
+    // replica runs beyond this gateway's, more than an equal 4).
+    peer.up.store(false, Ordering::SeqCst);
+    until("the peer is lost and keeps its slots", admin, Some(TOKEN), |s| peer_status(s, &url) == "lost" && slots(s) == 2).await;
+    // (The state is read at the request, the slots at the last tick: one
+    // tick after "lost" they are the lost peer's.)
+    // It answers again: counted as before.
+    peer.up.store(true, Ordering::SeqCst);
+    until("the peer is back", admin, Some(TOKEN), |s| peer_status(s, &url) == "fresh" && slots(s) == 1).await;
+
+    // It dies: its requests end on the replica, and after takeover_after
+    // its share is this gateway's.
+    peer.up.store(false, Ordering::SeqCst);
+    *mock.state.running.lock().expect("lock") = Some(0);
+    until("the peer is lost, its slots kept", admin, Some(TOKEN), |s| peer_status(s, &url) == "lost" && slots(s) == 2).await;
+    until("the dead peer's share is taken over", admin, Some(TOKEN), |s| peer_status(s, &url) == "gone" && slots(s) == 8).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_never_reached_gets_an_equal_share_and_what_the_replica_still_runs_for_it() {
+    std::env::set_var("SLOGATE_TEST_FLEET_TOKEN_2", "t2");
+    let mock = Mock::start(standard(2, std::time::Duration::from_millis(1))).await;
+    *mock.state.running.lock().expect("lock") = Some(0);
+    // A port nobody listens on.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind").local_addr().expect("addr");
+    let url = format!("http://{closed}");
+    let gw = fleet_gateway(&mock, std::slice::from_ref(&url), "SLOGATE_TEST_FLEET_TOKEN_2").start().await;
+    let admin = gw.admin_addr;
+    // Ready means healthy replicas; the peer was never heard: half of 8 is kept for it.
+    until("the unreachable peer keeps an equal share", admin, Some("t2"), |s| peer_status(s, &url) == "lost" && slots(s) == 4).await;
+    let s = fleet_state(admin, Some("t2")).await;
+    let error = s["peers"][0]["error"].as_str().unwrap_or("").to_string();
+    assert!(!error.is_empty(), "the status says why the peer is not heard: {s}");
+    // Taken for dead, but the replica still runs 3 requests for someone else.
+    *mock.state.running.lock().expect("lock") = Some(3);
+    until("only what the replica still runs is kept", admin, Some("t2"), |s| peer_status(s, &url) == "gone" && slots(s) == 5).await;
+    *mock.state.running.lock().expect("lock") = Some(0);
+    until("all slots once the replica runs nothing else", admin, Some("t2"), |s| slots(s) == 8).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_split_the_slots_by_demand_and_the_survivor_takes_over() {
+    const TOKEN: &str = "fleet-test-token-3";
+    std::env::set_var("SLOGATE_TEST_FLEET_TOKEN_3", TOKEN);
+    let mock = Mock::start(standard(2, std::time::Duration::from_millis(1))).await;
+    *mock.state.running.lock().expect("lock") = Some(0);
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let (path_a, path_b) = (tmp.path().join("a.yaml"), tmp.path().join("b.yaml"));
+    let alone = gateway_config(&[mock.url()])
+        .server("admin_token_env: SLOGATE_TEST_FLEET_TOKEN_3")
+        .pool("max_inflight_per_replica: 8")
+        .pool("scrape_metrics: 50ms");
+    std::fs::write(&path_a, alone.yaml()).expect("write");
+    std::fs::write(&path_b, alone.yaml()).expect("write");
+    let a = slogate::Gateway::start_file(&path_a).await.expect("a starts");
+    let b = slogate::Gateway::start_file(&path_b).await.expect("b starts");
+    for gw in [&a, &b] {
+        started(gw);
+    }
+    until("a alone has every slot", a.admin_addr, Some(TOKEN), |s| slots(s) == 8 && s["peers"].as_array().is_none()).await;
+    // Each names the other, and itself too (one list for the whole fleet).
+    let (url_a, url_b) = (format!("http://{}", a.admin_addr), format!("http://{}", b.admin_addr));
+    let both = [url_a.clone(), url_b.clone()];
+    std::fs::write(&path_a, fleet_gateway(&mock, &both, "SLOGATE_TEST_FLEET_TOKEN_3").yaml()).expect("write");
+    std::fs::write(&path_b, fleet_gateway(&mock, &both, "SLOGATE_TEST_FLEET_TOKEN_3").yaml()).expect("write");
+    a.reload().await.expect("a reloads");
+    b.reload().await.expect("b reloads");
+    until("a hears b and recognises itself; idle, they split evenly", a.admin_addr, Some(TOKEN), |s| {
+        peer_status(s, &url_b) == "fresh" && peer_status(s, &url_a) == "self" && slots(s) == 4
+    })
+    .await;
+    until("b hears a", b.admin_addr, Some(TOKEN), |s| peer_status(s, &url_a) == "fresh" && slots(s) == 4).await;
+    // Both protocols read the state the peers exchange.
+    for (name, c) in clients() {
+        let req = hyper::Request::get(format!("http://{}/fleet.json", a.admin_addr)).body(Full::new(Bytes::new())).expect("req");
+        assert_eq!(c.request(req).await.expect("GET").status(), 401, "{name}: the state needs the admin token");
+    }
+
+    // A request streaming through b: b's interactive demand grows its share.
+    let held = mock.hold_slot(b.data_addr).await;
+    until("b's interactive demand is met first", b.admin_addr, Some(TOKEN), |s| slots(s) >= 5).await;
+    until("a gives way", a.admin_addr, Some(TOKEN), |s| slots(s) <= 3).await;
+    held.release().await;
+
+    // b stops: a keeps b's share until takeover_after, then takes it.
+    b.shutdown().await;
+    until("b is lost", a.admin_addr, Some(TOKEN), |s| peer_status(s, &url_b) == "lost").await;
+    until("b's share is taken over", a.admin_addr, Some(TOKEN), |s| peer_status(s, &url_b) == "gone" && slots(s) == 8).await;
+    a.shutdown().await;
+}
