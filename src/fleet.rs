@@ -39,10 +39,16 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::admission::queue::Demand;
+use crate::admission::queue::{Demand, DEMAND_MARGIN, DEMAND_WINDOW};
 use crate::admission::PoolAdmission;
 use crate::config::{Config, FleetConfig};
 use crate::telemetry::metrics::{FleetPeerLabels, Metrics, ReplicaLabels};
+
+/// An instance's interactive reservation scaled to its part of the fleet's
+/// peak, never below what it has now.
+fn scaled(reserve: usize, now: usize, scale: f64) -> usize {
+    ((reserve as f64 * scale).ceil() as usize).max(now)
+}
 
 /// Where an instance's state is served on its admin listener.
 pub(crate) const STATE_PATH: &str = "/fleet.json";
@@ -65,6 +71,9 @@ pub(crate) struct PoolState {
     pub(crate) name: String,
     /// Interactive requests it reserves for (its recent peak and more).
     pub(crate) interactive: usize,
+    /// Interactive requests it has holding or waiting now.
+    #[serde(default)]
+    pub(crate) interactive_now: usize,
     /// Batch requests holding or waiting for a slot.
     pub(crate) batch: usize,
     /// Requests waiting in its queues.
@@ -112,6 +121,9 @@ pub(crate) type Current = dyn Fn() -> View + Send + Sync;
 pub(crate) struct Fleet {
     id: String,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
+    /// Per pool: the fleet's interactive requests (holding or waiting, all
+    /// instances heard) at each tick of the last [`DEMAND_WINDOW`].
+    interactive: Mutex<HashMap<String, std::collections::VecDeque<(Instant, usize)>>>,
 }
 
 /// One other instance (or this one, reached by its address).
@@ -213,13 +225,18 @@ pub(crate) fn shares(capacity: f64, demands: &[Demand]) -> Vec<f64> {
 }
 
 /// This instance's part of each of a pool's replicas (`replicas`: URL and
-/// local view; `own`: its demand), given its peers' standings (their
-/// states' pool of this name).
-pub(crate) fn split(own: Demand, replicas: &[(&str, Local)], peers: &[Standing], pool: &str) -> Vec<Part> {
-    let pool_of = |s: &State| s.pools.iter().find(|p| p.name == pool).cloned();
-    let fresh: Vec<PoolState> = peers.iter().filter_map(|p| if let Standing::Fresh(s) = p { pool_of(s) } else { None }).collect();
-    let lost: Vec<Option<PoolState>> =
-        peers.iter().filter_map(|p| if let Standing::Lost(s) = p { Some(s.as_deref().and_then(pool_of)) } else { None }).collect();
+/// local view; `own`: its demand; `id`: its fleet id), given its peers'
+/// standings (their states' pool of this name). Each replica's free slots
+/// are divided among the heard instances by [`shares`], rounded so that the
+/// parts add up to the slots (largest remainders first; every instance
+/// ranks the same way, by id, rotating over the replicas).
+pub(crate) fn split(id: &str, own: Demand, replicas: &[(&str, Local)], peers: &[Standing], pool: &str) -> Vec<Part> {
+    let pool_of = |s: &State| s.pools.iter().find(|p| p.name == pool).cloned().map(|p| (s.id.clone(), p));
+    let fresh: Vec<(String, PoolState)> = peers.iter().filter_map(|p| if let Standing::Fresh(s) = p { pool_of(s) } else { None }).collect();
+    let lost: Vec<Option<PoolState>> = peers
+        .iter()
+        .filter_map(|p| if let Standing::Lost(s) = p { Some(s.as_deref().and_then(pool_of).map(|x| x.1)) } else { None })
+        .collect();
     let unheard = peers.iter().any(|p| !matches!(p, Standing::Fresh(_)));
     let members = 1 + fresh.len() + lost.len();
     let on = |p: &PoolState, url: &str| p.replicas.iter().find(|r| r.url == url).cloned();
@@ -230,8 +247,8 @@ pub(crate) fn split(own: Demand, replicas: &[(&str, Local)], peers: &[Standing],
             free.push((0usize, 0usize));
             continue;
         }
-        let limit = fresh.iter().filter_map(|p| on(p, url)).filter(|x| x.healthy).map(|x| x.limit).fold(r.limit, usize::min);
-        let heard: usize = fresh.iter().filter_map(|p| on(p, url)).map(|x| x.inflight).sum();
+        let limit = fresh.iter().filter_map(|(_, p)| on(p, url)).filter(|x| x.healthy).map(|x| x.limit).fold(r.limit, usize::min);
+        let heard: usize = fresh.iter().filter_map(|(_, p)| on(p, url)).map(|x| x.inflight).sum();
         let equal = limit.div_ceil(members);
         let claimed: usize =
             lost.iter().map(|p| p.as_ref().and_then(|p| on(p, url)).map_or(equal, |x| x.slots.min(limit).max(x.inflight).max(equal))).sum();
@@ -243,15 +260,34 @@ pub(crate) fn split(own: Demand, replicas: &[(&str, Local)], peers: &[Standing],
     }
     let capacity: usize = free.iter().map(|(f, _)| f).sum();
     let mut demands = vec![own];
-    demands.extend(fresh.iter().map(|p| Demand { interactive: p.interactive, batch: p.batch, waiting: p.waiting }));
+    demands.extend(fresh.iter().map(|(_, p)| Demand {
+        interactive: p.interactive,
+        interactive_now: p.interactive_now,
+        batch: p.batch,
+        waiting: p.waiting,
+    }));
     let part = shares(capacity as f64, &demands);
-    let fraction = if capacity == 0 { 1.0 / demands.len() as f64 } else { part[0] / capacity as f64 };
+    let n = demands.len();
+    let fractions: Vec<f64> = if capacity == 0 { vec![1.0 / n as f64; n] } else { part.iter().map(|p| p / capacity as f64).collect() };
+    // Members in id order (this instance is member 0).
+    let mut by_id: Vec<(&str, usize)> = std::iter::once(id).chain(fresh.iter().map(|(i, _)| i.as_str())).zip(0..n).collect();
+    by_id.sort();
     replicas
         .iter()
         .zip(free)
-        .map(|((_, r), (f, others))| Part {
-            slots: if r.healthy { ((f as f64 * fraction + 1e-9).floor() as usize).max(1) } else { 0 },
-            others,
+        .enumerate()
+        .map(|(k, ((_, r), (f, others)))| {
+            if !r.healthy {
+                return Part { slots: 0, others };
+            }
+            let exact: Vec<f64> = fractions.iter().map(|x| f as f64 * x).collect();
+            let floors: Vec<usize> = exact.iter().map(|e| (e + 1e-9).floor() as usize).collect();
+            let left = f.saturating_sub(floors.iter().sum());
+            // Rank members by remainder, then by id rotated by the replica's position.
+            let mut rank: Vec<(usize, usize)> = by_id.iter().enumerate().map(|(pos, &(_, m))| ((pos + n - k % n) % n, m)).collect();
+            rank.sort_by(|a, b| (exact[b.1] - floors[b.1] as f64).total_cmp(&(exact[a.1] - floors[a.1] as f64)).then(a.0.cmp(&b.0)));
+            let extra = rank.iter().take(left).any(|&(_, m)| m == 0);
+            Part { slots: (floors[0] + extra as usize).max(1), others }
         })
         .collect()
 }
@@ -261,7 +297,7 @@ impl Fleet {
         // A random id (the standard library's hasher seeds are random per process).
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u32(std::process::id());
-        Fleet { id: format!("{:016x}", h.finish()), peers: Mutex::new(HashMap::new()) }
+        Fleet { id: format!("{:016x}", h.finish()), peers: Mutex::new(HashMap::new()), interactive: Mutex::default() }
     }
 
     pub(crate) fn id(&self) -> &str {
@@ -278,6 +314,7 @@ impl Fleet {
                 PoolState {
                     name: pool.config.name.clone(),
                     interactive: d.interactive,
+                    interactive_now: d.interactive_now,
                     batch: d.batch,
                     waiting: d.waiting,
                     replicas: pool
@@ -376,18 +413,39 @@ impl Fleet {
                     (r.url.as_str(), local)
                 })
                 .collect();
-            let parts = split(a.demand(), &locals, &standings, &pool.config.name);
+            let fresh: Vec<&PoolState> = standings
+                .iter()
+                .filter_map(|s| if let Standing::Fresh(s) = s { s.pools.iter().find(|p| p.name == pool.config.name) } else { None })
+                .collect();
+            let mut own = a.demand();
+            // Peaks of separate instances rarely coincide: each reserves its
+            // own peak scaled by the fleet's peak over the sum of the peaks.
+            let now_total = own.interactive_now + fresh.iter().map(|p| p.interactive_now).sum::<usize>();
+            let peaks = own.interactive + fresh.iter().map(|p| p.interactive).sum::<usize>();
+            let fleet_peak = self.fleet_peak(&pool.config.name, now_total, now);
+            let scale = if peaks == 0 { 1.0 } else { ((fleet_peak as f64 * DEMAND_MARGIN).ceil() / peaks as f64).min(1.0) };
+            a.set_reservation_scale(scale);
+            own.interactive = scaled(own.interactive, own.interactive_now, scale);
+            let peers: Vec<Standing> = standings
+                .iter()
+                .map(|s| match s {
+                    Standing::Fresh(st) => {
+                        let mut st = (**st).clone();
+                        for p in st.pools.iter_mut().filter(|p| p.name == pool.config.name) {
+                            p.interactive = scaled(p.interactive, p.interactive_now, scale);
+                        }
+                        Standing::Fresh(Arc::new(st))
+                    }
+                    other => other.clone(),
+                })
+                .collect();
+            let parts = split(&self.id, own, &locals, &peers, &pool.config.name);
             for (r, part) in pool.replicas.iter().zip(parts) {
                 r.set_fleet_share(Some((part.slots, part.others)));
                 let labels = ReplicaLabels { pool: pool.config.name.clone(), replica: r.label().to_string() };
                 metrics.replica_slots.get_or_create(&labels).set(part.slots as i64);
             }
-            let waiting: usize = standings
-                .iter()
-                .filter_map(|s| if let Standing::Fresh(s) = s { s.pools.iter().find(|p| p.name == pool.config.name) } else { None })
-                .map(|p| p.waiting)
-                .sum();
-            pool.set_others_waiting(waiting);
+            pool.set_others_waiting(fresh.iter().map(|p| p.waiting).sum());
         }
         // Slots may have appeared: hand them out.
         for a in &view.pools {
@@ -395,10 +453,25 @@ impl Fleet {
         }
     }
 
+    /// The fleet's interactive peak for `pool` over [`DEMAND_WINDOW`], with `total` now.
+    fn fleet_peak(&self, pool: &str, total: usize, now: Instant) -> usize {
+        let mut all = self.interactive.lock().unwrap_or_else(|e| e.into_inner());
+        let w = all.entry(pool.to_string()).or_default();
+        w.push_back((now, total));
+        while w.front().is_some_and(|(t, _)| now.saturating_duration_since(*t) > DEMAND_WINDOW) {
+            w.pop_front();
+        }
+        w.iter().map(|(_, n)| *n).max().unwrap_or(total)
+    }
+
     /// Alone again (the fleet was configured away): every replica's slots are its limit.
     fn leave(&self, view: &View, metrics: &Metrics) {
         self.set_peers_empty();
+        if let Ok(mut w) = self.interactive.lock() {
+            w.clear();
+        }
         for a in &view.pools {
+            a.set_reservation_scale(1.0);
             let pool = a.pool();
             for r in &pool.replicas {
                 r.set_fleet_share(None);
@@ -536,7 +609,7 @@ mod tests {
     use crate::config::Dur;
 
     fn demand(interactive: usize, batch: usize) -> Demand {
-        Demand { interactive, batch, waiting: 0 }
+        Demand { interactive, interactive_now: 0, batch, waiting: 0 }
     }
 
     fn local(limit: usize, inflight: usize, scraped: Option<u64>) -> Local {
@@ -550,6 +623,7 @@ mod tests {
             pools: vec![PoolState {
                 name: "p".into(),
                 interactive: d.interactive,
+                interactive_now: d.interactive_now,
                 batch: d.batch,
                 waiting: d.waiting,
                 replicas: replicas
@@ -576,17 +650,40 @@ mod tests {
     fn heard_peers_split_each_replica_by_demand_under_the_smallest_limit() {
         // The peer learned 12 for r1 (this instance 16): the fleet uses 12.
         let peers = [Standing::Fresh(peer("b", demand(4, 0), &[("r1", 3, 12, 6), ("r2", 1, 16, 6)]))];
-        let parts = split(demand(0, 100), &[("r1", local(16, 9, None)), ("r2", local(16, 9, None))], &peers, "p");
+        let parts = split("a", demand(0, 100), &[("r1", local(16, 9, None)), ("r2", local(16, 9, None))], &peers, "p");
         // 28 slots: the peer's interactive 4 first, 24 to this instance's batch.
-        assert_eq!(parts, vec![Part { slots: 10, others: 3 }, Part { slots: 13, others: 1 }]);
+        assert_eq!(parts, vec![Part { slots: 10, others: 3 }, Part { slots: 14, others: 1 }], "24 slots in all, rounded by remainder");
         // Alone with its peer idle: half each, at least one.
         let peers = [Standing::Fresh(peer("b", demand(0, 0), &[("r1", 0, 16, 8)]))];
-        assert_eq!(split(demand(0, 0), &[("r1", local(16, 0, None))], &peers, "p"), vec![Part { slots: 8, others: 0 }]);
+        assert_eq!(split("a", demand(0, 0), &[("r1", local(16, 0, None))], &peers, "p"), vec![Part { slots: 8, others: 0 }]);
         let peers = [Standing::Fresh(peer("b", demand(0, 500), &[("r1", 16, 16, 16)]))];
-        assert_eq!(split(demand(0, 0), &[("r1", local(16, 0, None))], &peers, "p")[0].slots, 1, "never below one slot");
+        assert_eq!(split("a", demand(0, 0), &[("r1", local(16, 0, None))], &peers, "p")[0].slots, 1, "never below one slot");
         // A peer serving other pools only changes nothing here but the member count.
-        let parts = split(demand(0, 5), &[("r1", local(16, 0, None))], &[Standing::Fresh(peer("b", demand(0, 0), &[]))], "q");
+        let parts = split("a", demand(0, 5), &[("r1", local(16, 0, None))], &[Standing::Fresh(peer("b", demand(0, 0), &[]))], "q");
         assert_eq!(parts[0].slots, 16);
+    }
+
+    #[test]
+    fn the_parts_add_up_to_each_replicas_slots_and_remainders_rotate() {
+        let urls = ["r1", "r2", "r3"];
+        let replicas: Vec<(&str, Local)> = urls.iter().map(|u| (*u, local(16, 0, None))).collect();
+        let state = |id: &str| peer(id, demand(0, 100), &[("r1", 0, 16, 5), ("r2", 0, 16, 5), ("r3", 0, 16, 5)]);
+        let ids = ["a", "b", "c"];
+        let parts: Vec<Vec<Part>> = ids
+            .iter()
+            .map(|me| {
+                let peers: Vec<Standing> = ids.iter().filter(|i| *i != me).map(|i| Standing::Fresh(state(i))).collect();
+                split(me, demand(0, 100), &replicas, &peers, "p")
+            })
+            .collect();
+        for k in 0..urls.len() {
+            let sum: usize = parts.iter().map(|p| p[k].slots).sum();
+            assert_eq!(sum, 16, "replica {k}: the three parts add up to its 16 slots: {parts:?}");
+        }
+        for (me, p) in ids.iter().zip(&parts) {
+            let total: usize = p.iter().map(|x| x.slots).sum();
+            assert_eq!(total, 16, "{me}: one extra slot each, on different replicas: {parts:?}");
+        }
     }
 
     #[test]
@@ -595,23 +692,23 @@ mod tests {
         let r = [("r1", local(16, 2, Some(12)))];
         let quiet = [("r1", local(16, 2, Some(4)))];
         // Never heard: an equal share (8 of 16) is kept for it, or what the replica runs beyond.
-        assert_eq!(split(demand(0, 100), &quiet, &[Standing::Lost(None)], "p"), vec![Part { slots: 8, others: 8 }]);
-        assert_eq!(split(demand(0, 100), &r, &[Standing::Lost(None)], "p"), vec![Part { slots: 6, others: 10 }]);
+        assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(None)], "p"), vec![Part { slots: 8, others: 8 }]);
+        assert_eq!(split("a", demand(0, 100), &r, &[Standing::Lost(None)], "p"), vec![Part { slots: 6, others: 10 }]);
         // Heard before holding 12 slots: those are kept, whatever the replica says.
         let last = peer("b", demand(0, 50), &[("r1", 11, 16, 12)]);
-        assert_eq!(split(demand(0, 100), &quiet, &[Standing::Lost(Some(last))], "p")[0].slots, 4);
+        assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(Some(last))], "p")[0].slots, 4);
         // It held one: at least an equal share is kept.
         let small = peer("b", demand(0, 1), &[("r1", 1, 16, 1)]);
-        assert_eq!(split(demand(0, 100), &quiet, &[Standing::Lost(Some(small))], "p")[0].slots, 8);
+        assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(Some(small))], "p")[0].slots, 8);
         // Gone: only what the replica still runs for others counts (10 of 16), then nothing.
-        assert_eq!(split(demand(0, 100), &r, &[Standing::Gone], "p")[0].slots, 6);
+        assert_eq!(split("a", demand(0, 100), &r, &[Standing::Gone], "p")[0].slots, 6);
         let emptied = [("r1", local(16, 2, Some(2)))];
-        assert_eq!(split(demand(0, 100), &emptied, &[Standing::Gone], "p")[0].slots, 16);
+        assert_eq!(split("a", demand(0, 100), &emptied, &[Standing::Gone], "p")[0].slots, 16);
         // Gone without a scrape: its share goes to the survivors.
-        assert_eq!(split(demand(0, 100), &[("r1", local(16, 2, None))], &[Standing::Gone], "p")[0].slots, 16);
+        assert_eq!(split("a", demand(0, 100), &[("r1", local(16, 2, None))], &[Standing::Gone], "p")[0].slots, 16);
         // An unhealthy replica gives no slots.
         let down = [("r1", Local { healthy: false, ..local(16, 0, None) })];
-        assert_eq!(split(demand(0, 1), &down, &[], "p")[0].slots, 0);
+        assert_eq!(split("a", demand(0, 1), &down, &[], "p")[0].slots, 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -106,7 +106,7 @@ impl FakePeer {
     fn says(&self, replica: &str, inflight: u64, slots: u64, interactive: u64) {
         *self.state.lock().expect("lock") = serde_json::json!({
             "id": "fake-peer",
-            "pools": [{"name": "p", "interactive": interactive, "batch": 0, "waiting": 0,
+            "pools": [{"name": "p", "interactive": interactive, "interactive_now": inflight, "batch": 0, "waiting": 0,
                        "replicas": [{"url": replica, "healthy": true, "inflight": inflight, "limit": 8, "slots": slots}]}]
         });
     }

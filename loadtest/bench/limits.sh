@@ -14,8 +14,13 @@
 #             replica runs, and the learned limits must follow
 #   batch     batch alone at 2 C for 60 s, then chat at 0.4 C joins after
 #             that quiet spell, through `auto`
+#   fleet     three gateways in front of the same replicas, 2 C spread over
+#             them: `alone` (each with the one-gateway limit 64, no fleet),
+#             `fixed` (fleet, 64 shared), `even` and `skewed` (fleet, auto;
+#             load 1/3 each, then 70/20/10), `kill` (fleet, auto, even; the
+#             third gateway is killed halfway and its load moves to the others)
 #
-#   loadtest/bench/limits.sh [overload] [shift] [batch]   (default: all)
+#   loadtest/bench/limits.sh [overload] [shift] [batch] [fleet]   (default: all)
 #
 # Everything runs on 127.0.0.1 with free ports, bounded in time.
 set -euo pipefail
@@ -29,19 +34,23 @@ MACHINE=$(machine_line)
 
 loadgen() { run_on "${LG_CPUS:-}" "$BIN/loadgen" "$@"; }
 
-# gateway_yaml FILE LIMIT : slogate over SIM_URLS with max_inflight_per_replica LIMIT.
+# gateway_yaml FILE LIMIT [ADMIN_PORT PEER...] : slogate over SIM_URLS with
+# max_inflight_per_replica LIMIT; with peers, in a fleet with them.
 gateway_yaml() {
-  { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
+  local file=$1 limit=$2 admin=${3:-0}
+  shift 2; [ $# -gt 0 ] && shift
+  { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:$admin, shutdown_grace: 5s }"
     echo "pools:"
     echo "  - name: default"
     echo "    models: [auto]"
     echo "    replicas: [$(IFS=,; echo "${SIM_URLS[*]}" | sed 's/,/, /g')]"
-    echo "    max_inflight_per_replica: $2"
+    echo "    max_inflight_per_replica: $limit"
     echo "    upstream_priority: true"
     echo "tiers:"
     echo "  interactive: { reserved_share: 0.5 }"
     echo "  batch: { queue_timeout: 2s }"
-  } >"$1"
+    if [ $# -gt 0 ]; then echo "fleet: { peers: [$(IFS=,; echo "$*" | sed 's/,/, /g')] }"; fi
+  } >"$file"
 }
 
 OUTPUT="{ dist: uniform, min: 64, max: 256 }"
@@ -141,7 +150,72 @@ batch() {
   publish "$d" "$OUT/batch"
 }
 
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(overload shift batch)
+# fleet_mix FILE SHARE [KILL_AT [GROWN_SHARE]] : gateway's part of 2 C (chat
+# 0.4 C, batch 1.6 C); with KILL_AT, the load stops then (GROWN_SHARE empty:
+# the killed gateway's) or grows to GROWN_SHARE (a survivor's).
+fleet_mix() {
+  local file=$1 share=$2 kill_at=${3:-} grown=${4:-} chat batch
+  chat=$(python3 -c "print(round(0.4*$C*$share, 3))"); batch=$(python3 -c "print(round(1.6*$C*$share, 3))")
+  { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 5s"; echo "request_timeout: 60s"; echo "streams:"
+    if [ -z "$kill_at" ]; then
+      chat_stream chat chat "{ kind: poisson, rate: $chat }" "{ dist: fixed, value: 512 }" "$OUTPUT"
+      chat_stream batch batch "{ kind: batch, rate: $(python3 -c "print(round($batch/8, 3))"), size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: 512 }" "$OUTPUT"
+    elif [ -z "$grown" ]; then
+      chat_stream chat chat "$(window "$chat" 0 "$kill_at")" "{ dist: fixed, value: 512 }" "$OUTPUT"
+      chat_stream batch batch "$(window "$batch" 0 "$kill_at")" "{ dist: fixed, value: 512 }" "$OUTPUT"
+    else
+      local chat2 batch2 rest=$((DURATION - kill_at))
+      chat2=$(python3 -c "print(round(0.4*$C*$grown, 3))"); batch2=$(python3 -c "print(round(1.6*$C*$grown, 3))")
+      chat_stream chat chat "{ kind: stages, stages: [{ duration: ${kill_at}s, rate: $chat }, { duration: ${rest}s, rate: $chat2 }] }" "{ dist: fixed, value: 512 }" "$OUTPUT"
+      chat_stream batch batch "{ kind: stages, stages: [{ duration: ${kill_at}s, rate: $batch }, { duration: ${rest}s, rate: $batch2 }] }" "{ dist: fixed, value: 512 }" "$OUTPUT"
+    fi
+  } >"$file"
+}
+
+# fleet_run DIR LABEL LIMIT JOIN SHARES [KILL_AT] : three gateways (in a fleet
+# when JOIN is yes) on fresh replicas, the load split by SHARES (a,b,c); with
+# KILL_AT, the third is killed (SIGKILL) then and its share goes to the others.
+fleet_run() {
+  local d=$1 label=$2 limit=$3 join=$4 kill_at=${6:-} i
+  local shares; IFS=, read -r -a shares <<<"$5"
+  sim_up --replicas 2
+  local ports=() peers=() urls=() pids=() tls=() lgs=()
+  for i in 0 1 2; do ports+=("$(free_port)"); peers+=("http://127.0.0.1:${ports[$i]}"); done
+  for i in 0 1 2; do
+    if [ "$join" = yes ]; then gateway_yaml "$WORK/gw-$label-$i.yaml" "$limit" "${ports[$i]}" "${peers[@]}"
+    else gateway_yaml "$WORK/gw-$label-$i.yaml" "$limit" "${ports[$i]}"; fi
+    start_gateway "$WORK/gw-$label-$i.yaml" "gw-$label-$i"
+    urls+=("$GW_URL"); pids+=("$GW_PID")
+    python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration "$((DURATION + 5))" --out "$d/$label-$i-timeline.csv" 2>/dev/null &
+    tls+=($!)
+  done
+  for i in 0 1 2; do
+    if [ -z "$kill_at" ]; then fleet_mix "$d/$label-$i.yaml" "${shares[$i]}"
+    elif [ "$i" = 2 ]; then fleet_mix "$d/$label-$i.yaml" "${shares[$i]}" "$kill_at"
+    else fleet_mix "$d/$label-$i.yaml" "${shares[$i]}" "$kill_at" "$(python3 -c "print(${shares[$i]} + ${shares[2]} / 2)")"; fi
+    loadgen run "$d/$label-$i.yaml" --target "${urls[$i]}" --label "$label-$i" --out "$d/$label-$i.json" --report "$d/$label-$i.md" --no-progress &
+    lgs+=($!)
+  done
+  if [ -n "$kill_at" ]; then sleep "$kill_at"; kill -9 "${pids[2]}"; echo "$label: gateway 3 killed at ${kill_at} s" >&2; fi
+  for i in "${lgs[@]}"; do wait "$i" || true; done
+  for i in "${tls[@]}" "${pids[@]}"; do kill "$i" 2>/dev/null || true; wait "$i" 2>/dev/null || true; done
+  sim_down
+}
+
+fleet() {
+  local d="$WORK/fleet" third; mkdir -p "$d"
+  capacity
+  third=$(python3 -c "print(1/3)")
+  fleet_run "$d" alone 64 no "$third,$third,$third"
+  fleet_run "$d" fixed 64 yes "$third,$third,$third"
+  fleet_run "$d" even auto yes "$third,$third,$third"
+  fleet_run "$d" skewed auto yes "0.7,0.2,0.1"
+  fleet_run "$d" kill auto yes "$third,$third,$third" "$((DURATION / 2))"
+  python3 "$HERE/limits_report.py" fleet "$d" "$C" "$MACHINE" "$((DURATION / 2))"
+  publish "$d" "$OUT/fleet"
+}
+
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(overload shift batch fleet)
 for s in "${want[@]}"; do
-  case $s in overload) overload ;; shift) shift_ ;; batch) batch ;; *) echo "unknown scenario $s" >&2; exit 2 ;; esac
+  case $s in overload) overload ;; shift) shift_ ;; batch) batch ;; fleet) fleet ;; *) echo "unknown scenario $s" >&2; exit 2 ;; esac
 done

@@ -4,6 +4,7 @@
     limits_report.py overload DIR C MACHINE
     limits_report.py shift DIR C MACHINE HALF C2
     limits_report.py batch DIR C MACHINE QUIET
+    limits_report.py fleet DIR C MACHINE KILL_AT
 """
 import os
 import sys
@@ -143,6 +144,72 @@ def cmd_batch(d, C, machine, quiet):
     print(open(os.path.join(d, "README.md")).read())
 
 
+FLEET_RUNS = [
+    ("alone", "three gateways, each with the one-gateway limit (64), no fleet"),
+    ("fixed", "fleet, the hand-tuned 64 per replica shared"),
+    ("even", "fleet, auto, load 1/3 each"),
+    ("skewed", "fleet, auto, load 70/20/10"),
+    ("kill", "fleet, auto, load 1/3 each; the third gateway killed halfway, its load moved to the others"),
+]
+
+
+def gateways(d, run, only=(0, 1, 2)):
+    """The records of a run's gateways (one loadgen each, started together)."""
+    recs = []
+    for i in only:
+        path = os.path.join(d, f"{run}-{i}.json")
+        if os.path.exists(path):
+            recs += [dict(x, gateway=i) for x in load(path)["records"]]
+    return recs
+
+
+def cmd_fleet(d, C, machine, kill_at):
+    C, kill_at = float(C), float(kill_at)
+    _, dur = window(load(os.path.join(d, "even-0.json")))
+    runs = {run: rows_of([x for x in gateways(d, run) if 5 <= x["start_s"] < dur], dur - 5) for run, _ in FLEET_RUNS}
+    after = rows_of([x for x in gateways(d, "kill", (0, 1)) if kill_at + 5 <= x["start_s"] < dur], dur - kill_at - 5)
+    # Each gateway's slots over the kill run (their part of the replicas), and the fleet's limit.
+    series = [timeline(os.path.join(d, f"kill-{i}-timeline.csv")) for i in range(3)]
+    path = os.path.join(d, "kill-slots.csv")
+    with open(path, "w") as f:
+        f.write("time (s),gateway 1 slots,gateway 2 slots,gateway 3 slots (killed),replica limits (gateway 1's view)\n")
+        for row in series[0]:
+            t = row["t"]
+            near = [min(s, key=lambda r: abs(r["t"] - t)) if s else None for s in series]
+            # A gateway not answering (killed) holds nothing.
+            vals = [n["replica_slots"] if n and abs(n["t"] - t) < 0.5 and n["replica_slots"] == n["replica_slots"] else 0 for n in near]
+            f.write(f"{t:.2f}," + ",".join(f"{v:.0f}" for v in vals) + f",{row['replica_limits']:.0f}\n")
+    chart(path, d, "kill-slots", f"each gateway's part of the replicas; gateway 3 killed at {kill_at:.0f} s", "slots", [])
+    def good(x):
+        return x["chat"]["goodput"] + x["batch"]["goodput"]
+    checks = []
+    for run in ("even", "skewed"):
+        x = runs[run]
+        checks += [
+            (f"{run}: chat TTFT P99 <= 300 ms", x["chat"]["p99"] <= 300, f"{x['chat']['p99']:.0f} ms"),
+            (f"{run}: >= 99 % of chat within SLO", x["chat"]["within"] >= 0.99, f"{100 * x['chat']['within']:.2f} %"),
+            (f"{run}: goodput >= 85 % of C", good(x) >= 0.85 * C, f"{good(x):.2f} req/s = {100 * good(x) / C:.0f} % of C"),
+        ]
+    checks += [
+        ("kill: from 5 s after, chat TTFT P99 <= 300 ms", after["chat"]["p99"] <= 300, f"{after['chat']['p99']:.0f} ms"),
+        ("kill: from 5 s after, >= 99 % of chat within SLO", after["chat"]["within"] >= 0.99, f"{100 * after['chat']['within']:.2f} %"),
+    ]
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# Three gateways in front of the same replicas\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/limits.sh fleet`.\n\n")
+        f.write(f"**Fleet:** {FLEET} Three slogate instances, each listing all three admin listeners in `fleet.peers` "
+                "(default period 100 ms, peer_timeout 1 s, takeover_after 3 s), one load generator per gateway.\n\n")
+        f.write(f"**Capacity C = {C:.2f} req/s.** Offered 2 C in all (chat 0.4 C Poisson, batch 1.6 C in bursts of 8; in `kill`, "
+                "Poisson stages), 512-token prompts, split over the gateways as named. Measured from 5 s after start; "
+                f"`kill` after: from {kill_at + 5:.0f} s (5 s after the kill), the two survivors' requests. Each run on fresh replicas.\n\n")
+        f.write("Runs: " + "; ".join(f"`{r}`: {t}" for r, t in FLEET_RUNS) + ".\n\n")
+        write_checks(f, checks)
+        f.write("\n## Side by side\n\n")
+        table(f, [(run, runs[run], C) for run, _ in FLEET_RUNS] + [("kill, after", after, C)])
+        f.write("\nChart: `kill-slots.svg` (each gateway's `slogate_replica_slots`, summed over the replicas, and the replicas' limit).\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    {"overload": cmd_overload, "shift": cmd_shift, "batch": cmd_batch}[cmd](*rest)
+    {"overload": cmd_overload, "shift": cmd_shift, "batch": cmd_batch, "fleet": cmd_fleet}[cmd](*rest)

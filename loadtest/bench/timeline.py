@@ -8,7 +8,8 @@ simulator faults at given offsets, for the admission scenarios.
 Every 250 ms it reads the admin /metrics and writes one CSV row:
 t (s since start), ttft_p99_ms, breaker_state (0 closed, 1 half-open, 2
 open), reduction_active, queue_interactive, queue_batch, replica_limits (the
-sum of slogate_replica_limit over the replicas). Fault switches are
+sum of slogate_replica_limit over the replicas), replica_slots (the sum of
+slogate_replica_slots: this instance's part in a fleet; nan alone). Fault switches are
 POSTed to the simulator's /admin/faults at their offsets and logged to
 stderr as `fault T URL JSON`. Loopback only; stops by itself.
 """
@@ -54,7 +55,7 @@ def main():
     t0 = time.monotonic()
     step = 0.25
     with open(a.out, "w") as out:
-        out.write("t,ttft_p99_ms,breaker_state,reduction_active,queue_interactive,queue_batch,replica_limits\n")
+        out.write("t,ttft_p99_ms,breaker_state,reduction_active,queue_interactive,queue_batch,replica_limits,replica_slots\n")
         n = 0
         while True:
             now = time.monotonic() - t0
@@ -77,6 +78,7 @@ def main():
                     metric(text, "slogate_queue_depth", {"tier": "interactive"}),
                     metric(text, "slogate_queue_depth", {"tier": "batch"}),
                     metric_sum(text, "slogate_replica_limit"),
+                    metric_sum(text, "slogate_replica_slots") if "slogate_replica_slots{" in text else float("nan"),
                 ]
                 out.write(",".join(f"{v:.3f}" for v in row) + "\n")
                 out.flush()

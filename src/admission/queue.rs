@@ -44,7 +44,7 @@ pub(crate) const DEMAND_WINDOW: Duration = Duration::from_secs(30);
 /// share of the pool's slots (at least one).
 const HEADROOM_SHARE: f64 = 0.05;
 /// The reservation covers the interactive demand's recent peak and this much more.
-const DEMAND_MARGIN: f64 = 1.25;
+pub(crate) const DEMAND_MARGIN: f64 = 1.25;
 
 /// A request's hold on one replica slot, counted against its tier's share.
 /// It travels inside the response body and is released exactly once, by
@@ -164,6 +164,8 @@ impl Queues {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Demand {
     pub(crate) interactive: usize,
+    /// Interactive requests holding or waiting for a slot now.
+    pub(crate) interactive_now: usize,
     pub(crate) batch: usize,
     pub(crate) waiting: usize,
 }
@@ -201,6 +203,10 @@ pub(crate) struct PoolAdmission {
     batch_rate: AtomicU64,
     /// Published by the publisher: some interactive class is over its TTFT target.
     interactive_at_risk: AtomicBool,
+    /// The part of its own interactive peak this instance reserves for, as
+    /// f64 bits: 1 alone; in a fleet, the fleet's peak over the sum of the
+    /// instances' peaks (peaks of separate instances rarely coincide).
+    reservation_scale: AtomicU64,
 }
 
 impl PoolAdmission {
@@ -224,6 +230,7 @@ impl PoolAdmission {
             released_batch: AtomicU64::new(0),
             batch_rate: AtomicU64::new(0),
             interactive_at_risk: AtomicBool::new(false),
+            reservation_scale: AtomicU64::new(1f64.to_bits()),
         }
     }
 
@@ -265,7 +272,7 @@ impl PoolAdmission {
         }
         let most = cap - (cap as f64 * (1.0 - share)).floor() as usize;
         let headroom = ((cap as f64 * HEADROOM_SHARE).ceil() as usize).max(1);
-        let demand = self.interactive_demand.load(Ordering::Relaxed) as f64;
+        let demand = self.interactive_demand.load(Ordering::Relaxed) as f64 * self.reservation_scale();
         // An interactive class over its TTFT target takes the whole share back.
         let reserved = if self.interactive_at_risk.load(Ordering::Relaxed) {
             most
@@ -279,6 +286,15 @@ impl PoolAdmission {
         }
     }
 
+    /// The fleet's word on how much of its interactive peak this instance reserves for (0 to 1).
+    pub(crate) fn set_reservation_scale(&self, scale: f64) {
+        self.reservation_scale.store(scale.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
+    }
+
+    fn reservation_scale(&self) -> f64 {
+        f64::from_bits(self.reservation_scale.load(Ordering::Relaxed))
+    }
+
     /// This instance's demand on the pool, for the fleet's split of the
     /// replicas' slots: interactive (what its reservation follows: the recent
     /// peak and a quarter more, or what holds and waits now if that is more),
@@ -290,6 +306,7 @@ impl PoolAdmission {
         let peak = (self.interactive_demand.load(Ordering::Relaxed) as f64 * DEMAND_MARGIN).ceil() as usize;
         Demand {
             interactive: now.max(peak),
+            interactive_now: now,
             batch: self.batch_inflight.load(Ordering::Relaxed) + waiting_b,
             waiting: waiting_i + waiting_b,
         }
