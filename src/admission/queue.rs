@@ -76,7 +76,7 @@ impl crate::upstream::Attempts for Lease {
     /// the slot left behind goes to the next waiter.
     fn move_to_another(&mut self) -> bool {
         let pool = self.admission.pool.load();
-        match pool.pick(Some(self.slot.replica())) {
+        match pool.pick(Some(self.slot.replica()), 0) {
             Ok(other) => {
                 self.slot = other;
                 self.admission.dispatch();
@@ -330,7 +330,17 @@ impl PoolAdmission {
                 return Err(if pool.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
             }
         }
-        match pool.pick(None) {
+        // Batch requests held above the batch limit (it shrank: interactive
+        // demand grew, or its share went to other instances of the fleet)
+        // hold slots that are interactive's now: an interactive request may
+        // go that far above the slot count instead of waiting for them to
+        // end. With `upstream_priority`, a replica already full queues it
+        // first, ahead of all batch.
+        let over = match tier {
+            Tier::Interactive => self.batch_inflight.load(Ordering::SeqCst).saturating_sub(self.batch_limit()),
+            Tier::Batch => 0,
+        };
+        match pool.pick(None, over) {
             Ok(slot) => {
                 if tier == Tier::Interactive {
                     self.interactive_inflight.fetch_add(1, Ordering::SeqCst);
@@ -784,6 +794,12 @@ mod tests {
         drop(batch.pop());
         assert_eq!(pool.batch_inflight(), 17);
         assert!(pool.try_lease(Tier::Batch).is_err(), "batch takes no slot above its new limit");
+        // 19 of 20 slots held, batch one above its limit: that one is
+        // interactive's, so interactive may go one above the slot count.
+        let i3 = take(&pool, Tier::Interactive).await;
+        let i4 = pool.try_lease(Tier::Interactive).expect("one above the slots: the slot batch holds over its limit");
+        assert!(pool.try_lease(Tier::Interactive).is_err(), "no further");
+        drop((i3, i4));
         drop((i1, i2));
         for _ in 0..(DEMAND_WINDOW.as_millis() / 250 + 2) {
             tokio::time::advance(Duration::from_millis(250)).await;

@@ -151,10 +151,10 @@ impl Replica {
         self.healthy_gauge.set(self.is_healthy() as i64);
     }
 
-    /// Take a slot if one is free.
-    fn try_take(&self) -> bool {
+    /// Take a slot if one is free (`over`: that many above the slot count).
+    fn try_take(&self, over: usize) -> bool {
         let mut cur = self.inflight.load(Ordering::SeqCst);
-        let max = self.slots();
+        let max = self.slots() + over;
         loop {
             if cur >= max {
                 return false;
@@ -504,8 +504,11 @@ impl Pool {
         self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.slots()).sum()
     }
 
-    /// Pick a healthy replica with a free slot, skipping `exclude`, and take the slot.
-    pub(crate) fn pick(&self, exclude: Option<&Arc<Replica>>) -> Result<ReplicaSlot, PickError> {
+    /// Pick a healthy replica with a free slot, skipping `exclude`, and take
+    /// the slot; `over`: a request may go that many above the pool's slots
+    /// (spread over its healthy replicas).
+    pub(crate) fn pick(&self, exclude: Option<&Arc<Replica>>, over: usize) -> Result<ReplicaSlot, PickError> {
+        let over = if over == 0 { 0 } else { over.div_ceil(self.healthy_count().max(1)) };
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
         let mut any_healthy = false;
@@ -517,7 +520,7 @@ impl Pool {
         match self.config.balance {
             Balance::RoundRobin => {
                 for r in candidates {
-                    if r.try_take() {
+                    if r.try_take(over) {
                         return Ok(ReplicaSlot { replica: r.clone(), held: true });
                     }
                 }
@@ -527,7 +530,7 @@ impl Pool {
                 // Stable sort keeps the rotating start as the tie-breaker.
                 ranked.sort_by_key(|r| r.load_score());
                 for r in ranked {
-                    if r.try_take() {
+                    if r.try_take(over) {
                         return Ok(ReplicaSlot { replica: r.clone(), held: true });
                     }
                 }
