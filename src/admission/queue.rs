@@ -312,6 +312,30 @@ impl PoolAdmission {
         }
     }
 
+    /// How far above the slot count an interactive request may go now.
+    ///
+    /// Batch requests held above the batch limit (it shrank: interactive
+    /// demand grew, or this instance's part of the fleet went to another)
+    /// hold slots that are interactive's now: an interactive request may go
+    /// that far above the slot count instead of waiting for them to end.
+    /// With `upstream_priority` the replicas order their own queues by tier,
+    /// so the whole reserved share is interactive's whatever batch holds:
+    /// while interactive requests hold fewer than the share, one more goes
+    /// to a replica at once, and a replica already full runs it next, ahead
+    /// of every batch request it holds (from any instance of a fleet).
+    fn interactive_over(&self, pool: &Pool) -> usize {
+        let excess = self.batch_inflight.load(Ordering::SeqCst).saturating_sub(self.batch_limit());
+        if !pool.config.upstream_priority {
+            return excess;
+        }
+        let cap = pool.capacity();
+        let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
+        let most = cap - (cap as f64 * (1.0 - share)).floor() as usize;
+        // Above the slots already (the room is counted from the slots).
+        let above = pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.inflight()).sum::<usize>().saturating_sub(cap);
+        excess.max(most.saturating_sub(self.interactive_inflight.load(Ordering::SeqCst)) + above)
+    }
+
     /// Interactive requests holding or waiting for a slot now; raises the tick's high mark.
     fn note_interactive(&self) {
         let now = self.interactive_inflight.load(Ordering::Relaxed) + self.waiting_interactive.load(Ordering::Relaxed);
@@ -330,14 +354,8 @@ impl PoolAdmission {
                 return Err(if pool.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
             }
         }
-        // Batch requests held above the batch limit (it shrank: interactive
-        // demand grew, or its share went to other instances of the fleet)
-        // hold slots that are interactive's now: an interactive request may
-        // go that far above the slot count instead of waiting for them to
-        // end. With `upstream_priority`, a replica already full queues it
-        // first, ahead of all batch.
         let over = match tier {
-            Tier::Interactive => self.batch_inflight.load(Ordering::SeqCst).saturating_sub(self.batch_limit()),
+            Tier::Interactive => self.interactive_over(&pool),
             Tier::Batch => 0,
         };
         match pool.pick(None, over) {
@@ -687,9 +705,14 @@ mod tests {
     /// A pool of one healthy replica with `slots` slots (nothing listens: the
     /// queue never connects).
     fn pool(slots: u32, tiers: TiersConfig) -> Arc<PoolAdmission> {
+        pool_with(slots, tiers, false)
+    }
+
+    fn pool_with(slots: u32, tiers: TiersConfig, upstream_priority: bool) -> Arc<PoolAdmission> {
         let cfg = PoolConfig {
             replicas: vec!["http://127.0.0.1:9".into()],
             max_inflight_per_replica: crate::config::InflightLimit::Fixed(slots),
+            upstream_priority,
             ..PoolConfig::default()
         };
         let metrics = Metrics::new(&Config::default());
@@ -811,6 +834,25 @@ mod tests {
         pool.set_interactive_at_risk(false);
         // A share of 0 reserves nothing, not even the headroom.
         assert_eq!(self::pool(20, tiers(0.0, 10, 10)).batch_limit(), 20);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_upstream_priority_the_reserved_share_is_interactives_whatever_batch_holds() {
+        for priority in [false, true] {
+            let pool = pool_with(20, tiers(0.25, 100, 100), priority);
+            let mut held = Vec::new();
+            for _ in 0..19 {
+                held.push(take(&pool, Tier::Batch).await);
+            }
+            held.push(take(&pool, Tier::Interactive).await);
+            // The share is 5 slots of 20; batch holds 19 (its limit).
+            let mut more = 0;
+            while let Ok(l) = pool.try_lease(Tier::Interactive) {
+                held.push(l);
+                more += 1;
+            }
+            assert_eq!(more, if priority { 4 } else { 0 }, "priority {priority}: interactive up to its share of 5, above the slots");
+        }
     }
 
     #[tokio::test(start_paused = true)]
