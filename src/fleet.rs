@@ -425,6 +425,8 @@ impl Fleet {
             let fleet_peak = self.fleet_peak(&pool.config.name, now_total, now);
             let scale = if peaks == 0 { 1.0 } else { ((fleet_peak as f64 * DEMAND_MARGIN).ceil() / peaks as f64).min(1.0) };
             a.set_reservation_scale(scale);
+            let fleet_slots: usize = pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight()).sum();
+            a.set_fleet_interactive(fleet_slots, fresh.iter().map(|p| p.interactive_now).sum());
             own.interactive = scaled(own.interactive, own.interactive_now, scale);
             let peers: Vec<Standing> = standings
                 .iter()
@@ -472,6 +474,7 @@ impl Fleet {
         }
         for a in &view.pools {
             a.set_reservation_scale(1.0);
+            a.set_fleet_interactive(0, 0);
             let pool = a.pool();
             for r in &pool.replicas {
                 r.set_fleet_share(None);

@@ -207,6 +207,11 @@ pub(crate) struct PoolAdmission {
     /// f64 bits: 1 alone; in a fleet, the fleet's peak over the sum of the
     /// instances' peaks (peaks of separate instances rarely coincide).
     reservation_scale: AtomicU64,
+    /// In a fleet: the replicas' slots for all instances (0 alone), and the
+    /// interactive requests the other instances hold or queue, as the fleet
+    /// last heard.
+    fleet_slots: AtomicUsize,
+    others_interactive: AtomicUsize,
 }
 
 impl PoolAdmission {
@@ -231,6 +236,8 @@ impl PoolAdmission {
             batch_rate: AtomicU64::new(0),
             interactive_at_risk: AtomicBool::new(false),
             reservation_scale: AtomicU64::new(1f64.to_bits()),
+            fleet_slots: AtomicUsize::new(0),
+            others_interactive: AtomicUsize::new(0),
         }
     }
 
@@ -286,6 +293,13 @@ impl PoolAdmission {
         }
     }
 
+    /// The fleet's word: the replicas have `slots` for all instances, and the
+    /// others hold or queue `interactive` interactive requests (`slots` 0: alone).
+    pub(crate) fn set_fleet_interactive(&self, slots: usize, interactive: usize) {
+        self.fleet_slots.store(slots, Ordering::Relaxed);
+        self.others_interactive.store(interactive, Ordering::Relaxed);
+    }
+
     /// The fleet's word on how much of its interactive peak this instance reserves for (0 to 1).
     pub(crate) fn set_reservation_scale(&self, scale: f64) {
         self.reservation_scale.store(scale.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
@@ -322,18 +336,22 @@ impl PoolAdmission {
     /// so the whole reserved share is interactive's whatever batch holds:
     /// while interactive requests hold fewer than the share, one more goes
     /// to a replica at once, and a replica already full runs it next, ahead
-    /// of every batch request it holds (from any instance of a fleet).
+    /// of every batch request it holds (from any instance of a fleet). In a
+    /// fleet the share is the fleet's: of all the replicas' slots, less what
+    /// the other instances' interactive requests hold or wait for.
     fn interactive_over(&self, pool: &Pool) -> usize {
         let excess = self.batch_inflight.load(Ordering::SeqCst).saturating_sub(self.batch_limit());
         if !pool.config.upstream_priority {
             return excess;
         }
         let cap = pool.capacity();
+        let fleet = self.fleet_slots.load(Ordering::Relaxed);
+        let (slots, others) = if fleet > 0 { (fleet, self.others_interactive.load(Ordering::Relaxed)) } else { (cap, 0) };
         let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
-        let most = cap - (cap as f64 * (1.0 - share)).floor() as usize;
+        let most = slots - (slots as f64 * (1.0 - share)).floor() as usize;
         // Above the slots already (the room is counted from the slots).
         let above = pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.inflight()).sum::<usize>().saturating_sub(cap);
-        excess.max(most.saturating_sub(self.interactive_inflight.load(Ordering::SeqCst)) + above)
+        excess.max(most.saturating_sub(self.interactive_inflight.load(Ordering::SeqCst) + others) + above)
     }
 
     /// Interactive requests holding or waiting for a slot now; raises the tick's high mark.
@@ -852,6 +870,19 @@ mod tests {
                 more += 1;
             }
             assert_eq!(more, if priority { 4 } else { 0 }, "priority {priority}: interactive up to its share of 5, above the slots");
+            if priority {
+                // In a fleet of 100 slots the share is 25: the others' 10
+                // interactive requests and these 5 leave room for 10 more.
+                pool.set_fleet_interactive(100, 10);
+                let mut fleet_more = 0;
+                while let Ok(l) = pool.try_lease(Tier::Interactive) {
+                    held.push(l);
+                    fleet_more += 1;
+                }
+                assert_eq!(fleet_more, 10, "the fleet's share, less what the others hold");
+                pool.set_fleet_interactive(100, 40);
+                assert!(pool.try_lease(Tier::Interactive).is_err(), "the others hold more than the share: none");
+            }
         }
     }
 

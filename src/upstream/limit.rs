@@ -23,6 +23,12 @@
 //!   replica leave more of each step to the prefills interactive requests
 //!   wait for.
 //!
+//! A queue in a single sample counts too: the most the replica ran while
+//! anything waited, over the last 30 s or more, caps the limit at one
+//! above it (a queue that shows only now and then, the engine's steps and
+//! the scrapes out of phase, would otherwise let it creep past the
+//! capacity); the replica running more than that clears the cap.
+//!
 //! The limit grows only while it binds (the gateway has that many requests
 //! on the replica): without demand there is no evidence that more would be
 //! fine. It grows by the square root of itself far from the last point
@@ -89,16 +95,43 @@ pub(crate) struct Controller {
     /// The lowest first-token share seen lately (it creeps up 1 % a period,
     /// so it follows prompts that stay longer).
     best_first_token: Option<f64>,
+    /// The most the replica ran for us in a sample where anything waited,
+    /// over this and the previous [`CEILING_SAMPLES`]: what it runs at most
+    /// now. The limit goes at most one above it (a probe); the replica
+    /// running more than it clears it.
+    ceiling: [Option<f64>; 2],
+    samples: u32,
 }
+
+/// How long a ceiling seen with a queue is remembered (30 s at 250 ms), at least.
+const CEILING_SAMPLES: u32 = 120;
 
 impl Controller {
     pub(crate) fn new(params: LimitParams) -> Controller {
         let limit = params.initial.clamp(params.min, params.max) as f64;
-        Controller { params, limit, knee: None, hold: 0, probe_hold: HOLD_AFTER_DECREASE, waiting: 0.0, best_first_token: None }
+        Controller {
+            params,
+            limit,
+            knee: None,
+            hold: 0,
+            probe_hold: HOLD_AFTER_DECREASE,
+            waiting: 0.0,
+            best_first_token: None,
+            ceiling: [None, None],
+            samples: 0,
+        }
     }
 
     pub(crate) fn limit(&self) -> usize {
         (self.limit.floor() as usize).clamp(self.params.min, self.params.max)
+    }
+
+    /// The most the replica ran for us lately while anything waited.
+    fn ceiling(&self) -> Option<f64> {
+        match self.ceiling {
+            [Some(a), Some(b)] => Some(a.max(b)),
+            [a, b] => a.or(b),
+        }
     }
 
     pub(crate) fn set_params(&mut self, params: LimitParams) {
@@ -120,6 +153,25 @@ impl Controller {
             (Some(b), Some(t)) => Some(b.min(t)),
             (b, t) => b.or(t),
         };
+        // A queue, even one sample's, says what the replica runs at most now
+        // (a request caught between its arrival and the engine's next step
+        // shows as one waiting with one fewer running: that sample says less,
+        // and the window keeps the largest). Running more than that: capacity grew.
+        self.samples += 1;
+        if self.samples % CEILING_SAMPLES == 0 {
+            self.ceiling = [None, self.ceiling[1]];
+            self.ceiling.swap(0, 1);
+        }
+        if let Some(running) = s.running {
+            let ours = if running + waiting > 0.0 { (s.inflight_now as f64 / (running + waiting)).min(1.0) } else { 1.0 };
+            let mine = (running * ours).floor();
+            if self.ceiling().is_some_and(|c| mine > c) {
+                self.ceiling = [None, None];
+            }
+            if waiting >= 1.0 {
+                self.ceiling[1] = Some(self.ceiling[1].map_or(mine, |c| c.max(mine)));
+            }
+        }
         // Interactive targets are P99s: one first token over its target in a
         // period is already a sign.
         let slow = s.first_token_max.or(s.first_token).is_some_and(|t| t > 1.0);
@@ -147,6 +199,12 @@ impl Controller {
             };
             self.limit = target.max(self.limit * 0.5).max(min);
             self.hold = self.probe_hold;
+        } else if let Some(c) = self.ceiling().filter(|c| waiting >= backlog + 1.0 && self.limit > c + 1.0) {
+            // A queue now, and more than one above what the replica ran while
+            // something waited: back to one above that.
+            self.knee = Some(self.limit);
+            self.limit = (c + 1.0).max(self.limit * 0.5).max(min);
+            self.hold = self.probe_hold;
         } else if loaded && self.hold == 0 {
             // Interactive first tokens late because of load: make room.
             self.knee = Some(self.limit);
@@ -166,6 +224,9 @@ impl Controller {
             if binds && waiting == 0.0 && prev == 0.0 && !slow {
                 let near_knee = self.knee.is_some_and(|k| self.limit + self.limit.sqrt() >= k);
                 self.limit += if near_knee { 1.0 } else { self.limit.sqrt().max(1.0) };
+                if let Some(c) = self.ceiling() {
+                    self.limit = self.limit.min(c + 1.0);
+                }
                 // Well past the old knee without a queue: capacity grew; forget it.
                 if self.knee.is_some_and(|k| self.limit > k * 1.25 + 2.0) {
                     self.knee = None;
@@ -272,6 +333,46 @@ mod tests {
         r.capacity = 128;
         let up = run(&mut c, &mut r, 120);
         assert!(up[60..].iter().all(|&l| (127..=129).contains(&l)), "{up:?}");
+    }
+
+    #[test]
+    fn a_queue_seen_now_and_then_caps_it_one_above_what_the_replica_ran() {
+        // A replica that runs 64 and whose queue shows only in every other
+        // scrape (its steps and the scrapes out of phase): never two samples
+        // in a row, so the queue alone never cuts the limit.
+        let mut c = Controller::new(LimitParams { initial: 60, ..params() });
+        let mut limits = Vec::new();
+        for i in 0..400 {
+            let l = c.limit();
+            let over = l.saturating_sub(64) as f64;
+            let shown = if i % 2 == 0 { over } else { 0.0 };
+            let s = Sample {
+                waiting: Some(shown),
+                running: Some(l.min(64) as f64),
+                inflight_peak: l,
+                inflight_now: l,
+                demand: true,
+                ..Sample::default()
+            };
+            limits.push(c.update(s));
+        }
+        assert!(limits[100..].iter().all(|&l| l <= 65), "at most one above the 64 the replica ran: {:?}", &limits[..100]);
+        assert!(limits[100..].iter().all(|&l| l >= 63), "{:?}", &limits[100..]);
+        // The replica runs more (shorter prompts): the ceiling goes and the limit follows.
+        let mut c2 = c.clone();
+        for _ in 0..200 {
+            let l = c2.limit();
+            let s = Sample {
+                waiting: Some(l.saturating_sub(100) as f64),
+                running: Some(l.min(100) as f64),
+                inflight_peak: l,
+                inflight_now: l,
+                demand: true,
+                ..Sample::default()
+            };
+            c2.update(s);
+        }
+        assert!(c2.limit() >= 99, "{}", c2.limit());
     }
 
     #[test]
