@@ -23,8 +23,10 @@
 //!   replica leave more of each step to the prefills interactive requests
 //!   wait for.
 //!
-//! A queue in a single sample counts too: the most the replica ran while
-//! anything waited, over the last 30 s or more, caps the limit at one
+//! A queue in a single sample counts too, once the next sample shows the
+//! replica took no more on (a burst in transit, or a ramp, shows a queue
+//! that the replica then takes): the most it ran then,
+//! over the last 30 s or more, caps the limit at one
 //! above it (a queue that shows only now and then, the engine's steps and
 //! the scrapes out of phase, would otherwise let it creep past the
 //! capacity); the replica running more than that clears the cap.
@@ -101,6 +103,8 @@ pub(crate) struct Controller {
     /// running more than it clears it.
     ceiling: [Option<f64>; 2],
     samples: u32,
+    /// The running count (our part) of the previous sample, when something waited in it.
+    pending: Option<f64>,
 }
 
 /// How long a ceiling seen with a queue is remembered (30 s at 250 ms), at least.
@@ -119,6 +123,7 @@ impl Controller {
             best_first_token: None,
             ceiling: [None, None],
             samples: 0,
+            pending: None,
         }
     }
 
@@ -168,8 +173,16 @@ impl Controller {
             if self.ceiling().is_some_and(|c| mine > c) {
                 self.ceiling = [None, None];
             }
-            if waiting >= 1.0 {
-                self.ceiling[1] = Some(self.ceiling[1].map_or(mine, |c| c.max(mine)));
+            // A queue counts once the next sample shows the replica took no
+            // more on: one it then took (a burst in transit, a ramp) says
+            // nothing of its capacity.
+            if let Some(p) = self.pending.take() {
+                if mine <= p {
+                    self.ceiling[1] = Some(self.ceiling[1].map_or(p, |c| c.max(p)));
+                }
+            }
+            if waiting >= 1.0 && mine > 0.0 {
+                self.pending = Some(mine);
             }
         }
         // Interactive targets are P99s: one first token over its target in a
@@ -373,6 +386,25 @@ mod tests {
             c2.update(s);
         }
         assert!(c2.limit() >= 99, "{}", c2.limit());
+        // A replica of 96 held full by bursts of 8: every other sample
+        // catches a burst in transit (8 waiting, 8 fewer running), which the
+        // next sample shows taken on. That is no queue: the limit stays.
+        let mut c3 = Controller::new(LimitParams { initial: 96, ..params() });
+        let mut lows = Vec::new();
+        for i in 0..200 {
+            let l = c3.limit();
+            let transit = i % 2 == 0;
+            let s = Sample {
+                waiting: Some(if transit { 8.0 } else { 0.0 }),
+                running: Some(l.min(96).saturating_sub(if transit { 8 } else { 0 }) as f64),
+                inflight_peak: l,
+                inflight_now: l,
+                demand: true,
+                ..Sample::default()
+            };
+            lows.push(c3.update(s));
+        }
+        assert!(lows.iter().all(|&l| l >= 95), "bursts in transit do not cap it: {lows:?}");
     }
 
     #[test]
