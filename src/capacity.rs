@@ -178,13 +178,21 @@ pub(crate) fn measure(app: &crate::state::App) -> Vec<Measured> {
 }
 
 /// Estimates from a running gateway's admin listener (`GET /capacity`),
-/// fetched with the same client code that talks to replicas.
-pub async fn from_gateway(admin_url: &str, rates: &[(String, f64)]) -> Result<Vec<Estimate>, String> {
+/// fetched with the same client code that talks to replicas; `token`: the
+/// admin token, when the gateway requires one.
+pub async fn from_gateway(admin_url: &str, rates: &[(String, f64)], token: Option<&str>) -> Result<Vec<Estimate>, String> {
+    let authorization = match token {
+        None => None,
+        Some(t) => Some(
+            http::HeaderValue::from_str(&format!("Bearer {}", t.trim()))
+                .map_err(|_| "the admin token holds characters a header cannot carry".to_string())?,
+        ),
+    };
     let base: http::Uri = admin_url.parse().map_err(|e| format!("{admin_url}: {e}"))?;
     let query: Vec<String> = rates.iter().map(|(c, r)| format!("rate={c}={r}")).collect();
     let path = format!("/capacity?{}", query.join("&"));
     let url = format!("{}{path}", admin_url.trim_end_matches('/'));
-    let (status, body) = crate::upstream::conn::get_once(&base, &path, None, std::time::Duration::from_secs(10))
+    let (status, body) = crate::upstream::conn::get_once(&base, &path, authorization.as_ref(), std::time::Duration::from_secs(10))
         .await
         .map_err(|e| format!("{admin_url}: {e}"))?;
     if !status.is_success() {

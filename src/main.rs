@@ -85,6 +85,9 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// The environment variable holding the gateway's admin token (its `server.admin_token_env`).
+        #[arg(long)]
+        admin_token_env: Option<String>,
     },
     /// Validate a config: exit 0, or exit 2 with one line per problem naming the field.
     Check {
@@ -109,8 +112,8 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Capacity { from, rates, config, json } => match runtime(false) {
-            Ok(rt) => match rt.block_on(capacity(&from, &rates, config.as_deref(), json)) {
+        Command::Capacity { from, rates, config, json, admin_token_env } => match runtime(false) {
+            Ok(rt) => match rt.block_on(capacity(&from, &rates, config.as_deref(), json, admin_token_env.as_deref())) {
                 Ok(out) => {
                     print!("{out}");
                     ExitCode::SUCCESS
@@ -343,11 +346,26 @@ fn demo_scenario(
 }
 
 /// `slogate capacity`: estimates from a gateway's `/capacity` or a loadgen result.
-async fn capacity(from: &str, rates: &[String], config: Option<&std::path::Path>, json: bool) -> Result<String, String> {
+async fn capacity(
+    from: &str,
+    rates: &[String],
+    config: Option<&std::path::Path>,
+    json: bool,
+    token_env: Option<&str>,
+) -> Result<String, String> {
     use slogate::capacity;
     let targets = capacity::parse_rates(rates.iter().map(String::as_str))?;
+    let token = match token_env {
+        None => None,
+        Some(var) => Some(
+            std::env::var(var)
+                .ok()
+                .filter(|t| !t.trim().is_empty())
+                .ok_or_else(|| format!("--admin-token-env: {var} is not set or empty"))?,
+        ),
+    };
     let estimates: Vec<capacity::Estimate> = if from.starts_with("http://") {
-        capacity::from_gateway(from, &targets).await?
+        capacity::from_gateway(from, &targets, token.as_deref()).await?
     } else {
         let text = std::fs::read_to_string(from).map_err(|e| format!("{from}: {e}"))?;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{from}: {e}"))?;

@@ -169,6 +169,33 @@ async fn capacity_endpoint_and_command_answer_per_class() {
     assert_quiescent(&gw).await;
 }
 
+#[tokio::test]
+async fn capacity_command_sends_the_admin_token_when_told_where_it_is() {
+    std::env::set_var("SLOGATE_TEST_CAPACITY_TOKEN", "capacity-token");
+    let mock = Mock::start(standard(2, Duration::from_millis(1))).await;
+    let gw = gateway_config(&[mock.url()]).server("admin_token_env: SLOGATE_TEST_CAPACITY_TOKEN").start().await;
+    let admin = format!("http://{}", gw.admin_addr);
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_slogate")).args(&args).env("MY_TOKEN", "capacity-token").output().expect("run")
+        })
+    };
+    let base = vec!["capacity".to_string(), "--from".into(), admin.clone(), "--rate".into(), "chat=10".into()];
+    let without = run(base.clone()).await.expect("join");
+    assert!(!without.status.success(), "no token: refused");
+    assert!(String::from_utf8_lossy(&without.stderr).contains("401"), "{}", String::from_utf8_lossy(&without.stderr));
+    let mut with = base.clone();
+    with.extend(["--admin-token-env".to_string(), "MY_TOKEN".into()]);
+    let with = run(with).await.expect("join");
+    assert!(with.status.success(), "{}", String::from_utf8_lossy(&with.stderr));
+    assert!(String::from_utf8_lossy(&with.stdout).lines().any(|l| l.starts_with("chat ")));
+    let mut unset = base;
+    unset.extend(["--admin-token-env".to_string(), "SLOGATE_TEST_UNSET_VARIABLE".into()]);
+    let unset = run(unset).await.expect("join");
+    assert!(String::from_utf8_lossy(&unset.stderr).contains("SLOGATE_TEST_UNSET_VARIABLE is not set"));
+    gw.shutdown().await;
+}
+
 #[test]
 fn capacity_command_reads_a_loadgen_result() {
     let tmp = tempfile::tempdir().expect("temp dir");
