@@ -335,6 +335,11 @@ impl Fleet {
         State { id: self.id.clone(), pools, peers }
     }
 
+    /// The peers as they stand now (for the status page).
+    pub(crate) fn peers(&self, config: &FleetConfig) -> Vec<PeerView> {
+        self.peer_views(config, Instant::now())
+    }
+
     fn peer_views(&self, config: &FleetConfig, now: Instant) -> Vec<PeerView> {
         let mut out: Vec<PeerView> = self
             .all_peers()

@@ -26,6 +26,15 @@ pub(crate) struct Status {
     pub(crate) classes: Vec<ClassStatus>,
     pub(crate) queues: Queues,
     pub(crate) pools: Vec<PoolStatus>,
+    /// With `fleet` peers: this instance's id and its peers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) fleet: Option<FleetStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct FleetStatus {
+    pub(crate) id: String,
+    pub(crate) peers: Vec<crate::fleet::PeerView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -95,6 +104,9 @@ pub(crate) struct ReplicaStatus {
     /// Its slots: learned (`max_inflight_per_replica: auto`) or fixed.
     pub(crate) max_inflight: usize,
     pub(crate) limit_learned: bool,
+    /// In a fleet: the slots this instance may hold (its part of the limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) fleet_slots: Option<usize>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -179,6 +191,7 @@ pub(crate) fn collect(app: &App) -> Status {
                     inflight: r.inflight(),
                     max_inflight: r.max_inflight(),
                     limit_learned: p.learns_limits(),
+                    fleet_slots: cfg.fleet.enabled().then(|| r.slots()),
                 })
                 .collect(),
         })
@@ -195,6 +208,7 @@ pub(crate) fn collect(app: &App) -> Status {
         classes,
         queues,
         pools,
+        fleet: cfg.fleet.enabled().then(|| FleetStatus { id: app.fleet.id().to_string(), peers: app.fleet.peers(&cfg.fleet) }),
     }
 }
 
@@ -322,10 +336,35 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
                 if r.healthy { "healthy" } else { "unhealthy" },
                 esc(r.reason.as_deref().unwrap_or("")),
                 r.inflight,
-                if r.limit_learned { format!("{} (learned)", r.max_inflight) } else { r.max_inflight.to_string() }
+                {
+                    let limit = if r.limit_learned { format!("{} (learned)", r.max_inflight) } else { r.max_inflight.to_string() };
+                    match r.fleet_slots {
+                        Some(n) => format!("{n} of {limit}"),
+                        None => limit,
+                    }
+                }
             ));
         }
     }
-    h.push_str("</table></body></html>\n");
+    h.push_str("</table>");
+    if let Some(f) = &s.fleet {
+        h.push_str(&format!(
+            "<h2>Fleet</h2><p>This instance: {}. Slots above: this instance's part of each replica's limit.</p><table><tr><th class=\"l\">peer</th><th class=\"l\">id</th><th class=\"l\">standing</th><th>last heard</th><th class=\"l\">why not heard</th></tr>",
+            esc(&f.id)
+        ));
+        for p in &f.peers {
+            h.push_str(&format!(
+                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span></td><td>{}</td><td class=\"l\">{}</td></tr>",
+                esc(&p.address),
+                esc(p.id.as_deref().unwrap_or("")),
+                if matches!(p.status.as_str(), "fresh" | "self") { "ok" } else { "bad" },
+                esc(&p.status),
+                p.last_heard_ms.map(|ms| format!("{ms} ms ago")).unwrap_or_else(|| "never".into()),
+                esc(p.error.as_deref().unwrap_or("")),
+            ));
+        }
+        h.push_str("</table>");
+    }
+    h.push_str("</body></html>\n");
     h
 }

@@ -215,6 +215,13 @@ async fn two_gateways_split_the_slots_by_demand_and_the_survivor_takes_over() {
     })
     .await;
     until("b hears a", b.admin_addr, Some(TOKEN), |s| peer_status(s, &url_a) == "fresh" && slots(s) == 4).await;
+    // The status shows the fleet: this instance's part and its peers.
+    let status: serde_json::Value = serde_json::from_slice(&admin_get(a.admin_addr, "/slo.json", Some(TOKEN)).await).expect("JSON");
+    assert_eq!(status["pools"][0]["replicas"][0]["fleet_slots"].as_u64(), Some(4), "{status}");
+    let peers = status["fleet"]["peers"].as_array().expect("fleet peers");
+    assert!(peers.iter().any(|p| p["address"] == url_b.as_str() && p["status"] == "fresh"), "{status}");
+    let page = String::from_utf8_lossy(&admin_get(a.admin_addr, "/slo", Some(TOKEN)).await).into_owned();
+    assert!(page.contains("<h2>Fleet</h2>") && page.contains("4 of 8") && page.contains(&url_b), "the page shows the fleet");
     // Both protocols read the state the peers exchange.
     for (name, c) in clients() {
         let req = hyper::Request::get(format!("http://{}/fleet.json", a.admin_addr)).body(Full::new(Bytes::new())).expect("req");
