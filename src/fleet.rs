@@ -229,8 +229,9 @@ pub(crate) fn shares(capacity: f64, demands: &[Demand]) -> Vec<f64> {
 /// standings (their states' pool of this name). Each replica's free slots
 /// are divided among the heard instances by [`shares`], rounded so that the
 /// parts add up to the slots (largest remainders first; every instance
-/// ranks the same way, by id, rotating over the replicas).
-pub(crate) fn split(id: &str, own: Demand, replicas: &[(&str, Local)], peers: &[Standing], pool: &str) -> Vec<Part> {
+/// ranks the same way, by id, rotating over the replicas). Every instance's
+/// interactive reservation counts `scale` of itself (see [`scaled`]).
+pub(crate) fn split(id: &str, own: Demand, replicas: &[(&str, Local)], peers: &[Standing], pool: &str, scale: f64) -> Vec<Part> {
     let pool_of = |s: &State| s.pools.iter().find(|p| p.name == pool).cloned().map(|p| (s.id.clone(), p));
     let fresh: Vec<(String, PoolState)> = peers.iter().filter_map(|p| if let Standing::Fresh(s) = p { pool_of(s) } else { None }).collect();
     let lost: Vec<Option<PoolState>> = peers
@@ -266,6 +267,9 @@ pub(crate) fn split(id: &str, own: Demand, replicas: &[(&str, Local)], peers: &[
         batch: p.batch,
         waiting: p.waiting,
     }));
+    for d in &mut demands {
+        d.interactive = scaled(d.interactive, d.interactive_now, scale);
+    }
     let part = shares(capacity as f64, &demands);
     let n = demands.len();
     let fractions: Vec<f64> = if capacity == 0 { vec![1.0 / n as f64; n] } else { part.iter().map(|p| p / capacity as f64).collect() };
@@ -422,7 +426,7 @@ impl Fleet {
                 .iter()
                 .filter_map(|s| if let Standing::Fresh(s) = s { s.pools.iter().find(|p| p.name == pool.config.name) } else { None })
                 .collect();
-            let mut own = a.demand();
+            let own = a.demand();
             // Peaks of separate instances rarely coincide: each reserves its
             // own peak scaled by the fleet's peak over the sum of the peaks.
             let now_total = own.interactive_now + fresh.iter().map(|p| p.interactive_now).sum::<usize>();
@@ -432,21 +436,7 @@ impl Fleet {
             a.set_reservation_scale(scale);
             let fleet_slots: usize = pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight()).sum();
             a.set_fleet_interactive(fleet_slots, fresh.iter().map(|p| p.interactive_now).sum());
-            own.interactive = scaled(own.interactive, own.interactive_now, scale);
-            let peers: Vec<Standing> = standings
-                .iter()
-                .map(|s| match s {
-                    Standing::Fresh(st) => {
-                        let mut st = (**st).clone();
-                        for p in st.pools.iter_mut().filter(|p| p.name == pool.config.name) {
-                            p.interactive = scaled(p.interactive, p.interactive_now, scale);
-                        }
-                        Standing::Fresh(Arc::new(st))
-                    }
-                    other => other.clone(),
-                })
-                .collect();
-            let parts = split(&self.id, own, &locals, &peers, &pool.config.name);
+            let parts = split(&self.id, own, &locals, &standings, &pool.config.name, scale);
             for (r, part) in pool.replicas.iter().zip(parts) {
                 r.set_fleet_share(Some((part.slots, part.others)));
                 let labels = ReplicaLabels { pool: pool.config.name.clone(), replica: r.label().to_string() };
@@ -658,16 +648,16 @@ mod tests {
     fn heard_peers_split_each_replica_by_demand_under_the_smallest_limit() {
         // The peer learned 12 for r1 (this instance 16): the fleet uses 12.
         let peers = [Standing::Fresh(peer("b", demand(4, 0), &[("r1", 3, 12, 6), ("r2", 1, 16, 6)]))];
-        let parts = split("a", demand(0, 100), &[("r1", local(16, 9, None)), ("r2", local(16, 9, None))], &peers, "p");
+        let parts = split("a", demand(0, 100), &[("r1", local(16, 9, None)), ("r2", local(16, 9, None))], &peers, "p", 1.0);
         // 28 slots: the peer's interactive 4 first, 24 to this instance's batch.
         assert_eq!(parts, vec![Part { slots: 10, others: 3 }, Part { slots: 14, others: 1 }], "24 slots in all, rounded by remainder");
         // Alone with its peer idle: half each, at least one.
         let peers = [Standing::Fresh(peer("b", demand(0, 0), &[("r1", 0, 16, 8)]))];
-        assert_eq!(split("a", demand(0, 0), &[("r1", local(16, 0, None))], &peers, "p"), vec![Part { slots: 8, others: 0 }]);
+        assert_eq!(split("a", demand(0, 0), &[("r1", local(16, 0, None))], &peers, "p", 1.0), vec![Part { slots: 8, others: 0 }]);
         let peers = [Standing::Fresh(peer("b", demand(0, 500), &[("r1", 16, 16, 16)]))];
-        assert_eq!(split("a", demand(0, 0), &[("r1", local(16, 0, None))], &peers, "p")[0].slots, 1, "never below one slot");
+        assert_eq!(split("a", demand(0, 0), &[("r1", local(16, 0, None))], &peers, "p", 1.0)[0].slots, 1, "never below one slot");
         // A peer serving other pools only changes nothing here but the member count.
-        let parts = split("a", demand(0, 5), &[("r1", local(16, 0, None))], &[Standing::Fresh(peer("b", demand(0, 0), &[]))], "q");
+        let parts = split("a", demand(0, 5), &[("r1", local(16, 0, None))], &[Standing::Fresh(peer("b", demand(0, 0), &[]))], "q", 1.0);
         assert_eq!(parts[0].slots, 16);
     }
 
@@ -681,7 +671,7 @@ mod tests {
             .iter()
             .map(|me| {
                 let peers: Vec<Standing> = ids.iter().filter(|i| *i != me).map(|i| Standing::Fresh(state(i))).collect();
-                split(me, demand(0, 100), &replicas, &peers, "p")
+                split(me, demand(0, 100), &replicas, &peers, "p", 1.0)
             })
             .collect();
         for k in 0..urls.len() {
@@ -700,23 +690,23 @@ mod tests {
         let r = [("r1", local(16, 2, Some(12)))];
         let quiet = [("r1", local(16, 2, Some(4)))];
         // Never heard: an equal share (8 of 16) is kept for it, or what the replica runs beyond.
-        assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(None)], "p"), vec![Part { slots: 8, others: 8 }]);
-        assert_eq!(split("a", demand(0, 100), &r, &[Standing::Lost(None)], "p"), vec![Part { slots: 6, others: 10 }]);
+        assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(None)], "p", 1.0), vec![Part { slots: 8, others: 8 }]);
+        assert_eq!(split("a", demand(0, 100), &r, &[Standing::Lost(None)], "p", 1.0), vec![Part { slots: 6, others: 10 }]);
         // Heard before holding 12 slots: those are kept, whatever the replica says.
         let last = peer("b", demand(0, 50), &[("r1", 11, 16, 12)]);
-        assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(Some(last))], "p")[0].slots, 4);
+        assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(Some(last))], "p", 1.0)[0].slots, 4);
         // It held one: at least an equal share is kept.
         let small = peer("b", demand(0, 1), &[("r1", 1, 16, 1)]);
-        assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(Some(small))], "p")[0].slots, 8);
+        assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(Some(small))], "p", 1.0)[0].slots, 8);
         // Gone: only what the replica still runs for others counts (10 of 16), then nothing.
-        assert_eq!(split("a", demand(0, 100), &r, &[Standing::Gone], "p")[0].slots, 6);
+        assert_eq!(split("a", demand(0, 100), &r, &[Standing::Gone], "p", 1.0)[0].slots, 6);
         let emptied = [("r1", local(16, 2, Some(2)))];
-        assert_eq!(split("a", demand(0, 100), &emptied, &[Standing::Gone], "p")[0].slots, 16);
+        assert_eq!(split("a", demand(0, 100), &emptied, &[Standing::Gone], "p", 1.0)[0].slots, 16);
         // Gone without a scrape: its share goes to the survivors.
-        assert_eq!(split("a", demand(0, 100), &[("r1", local(16, 2, None))], &[Standing::Gone], "p")[0].slots, 16);
+        assert_eq!(split("a", demand(0, 100), &[("r1", local(16, 2, None))], &[Standing::Gone], "p", 1.0)[0].slots, 16);
         // An unhealthy replica gives no slots.
         let down = [("r1", Local { healthy: false, ..local(16, 0, None) })];
-        assert_eq!(split("a", demand(0, 1), &down, &[], "p")[0].slots, 0);
+        assert_eq!(split("a", demand(0, 1), &down, &[], "p", 1.0)[0].slots, 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -164,8 +164,7 @@ impl Controller {
         // and the window keeps the largest). Running more than that: capacity grew.
         self.samples += 1;
         if self.samples % CEILING_SAMPLES == 0 {
-            self.ceiling = [None, self.ceiling[1]];
-            self.ceiling.swap(0, 1);
+            self.ceiling = [self.ceiling[1], None];
         }
         if let Some(running) = s.running {
             let ours = if running + waiting > 0.0 { (s.inflight_now as f64 / (running + waiting)).min(1.0) } else { 1.0 };
