@@ -101,6 +101,8 @@ pub(crate) struct ReplicaStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) reason: Option<String>,
     pub(crate) inflight: usize,
+    /// Of those, the ones without a first token yet (prefilling or queued in the replica).
+    pub(crate) prefilling: usize,
     /// Its slots: learned (`max_inflight_per_replica: auto`) or fixed.
     pub(crate) max_inflight: usize,
     pub(crate) limit_learned: bool,
@@ -189,6 +191,7 @@ pub(crate) fn collect(app: &App) -> Status {
                     healthy: r.is_healthy(),
                     reason: r.health_error(),
                     inflight: r.inflight(),
+                    prefilling: r.prefilling(Tier::Interactive) + r.prefilling(Tier::Batch),
                     max_inflight: r.max_inflight(),
                     limit_learned: p.learns_limits(),
                     fleet_slots: cfg.fleet.enabled().then(|| r.slots()),
@@ -324,11 +327,11 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
         s.queues.interactive, s.queues.batch
     ));
 
-    h.push_str("<h2>Replicas</h2><table><tr><th class=\"l\">pool</th><th class=\"l\">replica</th><th class=\"l\">URL</th><th class=\"l\">health</th><th>in flight</th><th>slots</th></tr>");
+    h.push_str("<h2>Replicas</h2><table><tr><th class=\"l\">pool</th><th class=\"l\">replica</th><th class=\"l\">URL</th><th class=\"l\">health</th><th>in flight</th><th>before first token</th><th>slots</th></tr>");
     for p in &s.pools {
         for r in &p.replicas {
             h.push_str(&format!(
-                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span> {}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span> {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&p.name),
                 esc(&r.name),
                 esc(&r.url),
@@ -336,6 +339,7 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
                 if r.healthy { "healthy" } else { "unhealthy" },
                 esc(r.reason.as_deref().unwrap_or("")),
                 r.inflight,
+                r.prefilling,
                 {
                     let limit = if r.limit_learned { format!("{} (learned)", r.max_inflight) } else { r.max_inflight.to_string() };
                     match r.fleet_slots {

@@ -442,3 +442,88 @@ async fn a_replica_that_closes_idle_connections_costs_no_request() {
     assert_eq!(requests_with_outcome(&gw, "ok").await, 3.0);
     assert_quiescent(&gw).await;
 }
+
+/// One request's place in the prefill-aware routing test: which replica it
+/// reached (its mock's call count grew) and its open body.
+async fn open_stream(c: &TestClient, gw: &slogate::Gateway, a: &Mock, b: &Mock) -> (bool, hyper::body::Incoming) {
+    let before = a.calls();
+    let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let on_a = a.calls() > before;
+    assert!(on_a || b.calls() > 0, "reached one of the replicas");
+    let mut body = resp.into_body();
+    if on_a {
+        // Replica A sends a first token at once: read until it is through the gateway.
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("tok") {
+            let frame = body.frame().await.expect("frame").expect("ok frame");
+            if let Ok(d) = frame.into_data() {
+                seen.extend_from_slice(&d);
+            }
+        }
+    }
+    (on_a, body)
+}
+
+#[tokio::test]
+async fn least_loaded_sends_a_request_where_fewer_prefills_wait_not_where_fewer_stream() {
+    for (proto, c) in clients() {
+        // A: first token at once, then the stream stays open. B: no first token until released.
+        let (gate_a, gate_b) = (Gate::default(), Gate::default());
+        let a = Mock::start(
+            Script::sse(vec![
+                Step::Send(role_chunk()),
+                Step::Send(content_chunk("tok")),
+                Step::Until(gate_a.clone()),
+                Step::Send(finish_chunk("stop")),
+                Step::Send(done()),
+            ])
+            .always(),
+        )
+        .await;
+        let b = Mock::start(
+            Script::sse(vec![
+                Step::Send(role_chunk()),
+                Step::Until(gate_b.clone()),
+                Step::Send(content_chunk("late")),
+                Step::Send(finish_chunk("stop")),
+                Step::Send(done()),
+            ])
+            .always(),
+        )
+        .await;
+        let gw = start_gateway(&config_yaml(&[a.url(), b.url()], "    balance: least_loaded\n")).await;
+        let healthy = |url: String| {
+            let admin = gw.admin_addr;
+            async move { metric(&get(admin, "/metrics").await.1, "slogate_upstream_healthy", &[("replica", &url)]) }
+        };
+        wait_until("both healthy", || async { healthy(a.url()).await == Some(1.0) && healthy(b.url()).await == Some(1.0) }).await;
+        let (a0, b0) = (a.calls(), b.calls());
+        let mut open = Vec::new();
+        for _ in 0..4 {
+            open.push(open_stream(&c, &gw, &a, &b).await);
+        }
+        // One request each first; then B has one waiting for its first token
+        // and A only streams: A takes the rest, though it streams more.
+        assert_eq!((a.calls() - a0, b.calls() - b0), (3, 1), "{proto}: three on A, one on B");
+        let (_, slo) = get(gw.admin_addr, "/slo.json").await;
+        let slo: serde_json::Value = serde_json::from_str(&slo).expect("JSON");
+        let replica = |url: &str| {
+            slo["pools"][0]["replicas"].as_array().expect("replicas").iter().find(|r| r["url"] == url).cloned().expect("listed")
+        };
+        let (ra, rb) = (replica(&a.url()), replica(&b.url()));
+        assert_eq!((ra["inflight"].as_u64(), ra["prefilling"].as_u64()), (Some(3), Some(0)), "{proto}: {ra}");
+        assert_eq!((rb["inflight"].as_u64(), rb["prefilling"].as_u64()), (Some(1), Some(1)), "{proto}: {rb}");
+        gate_a.open();
+        gate_b.open();
+        for (_, body) in open {
+            body.collect().await.expect("stream completes");
+        }
+        wait_until("every slot and prefill count back to zero", || async {
+            let slo: serde_json::Value = serde_json::from_str(&get(gw.admin_addr, "/slo.json").await.1).expect("JSON");
+            slo["pools"][0]["replicas"].as_array().expect("replicas").iter().all(|r| r["inflight"] == 0 && r["prefilling"] == 0)
+        })
+        .await;
+        assert_quiescent(&gw).await;
+    }
+}

@@ -150,13 +150,16 @@ batch() {
   publish "$d" "$OUT/batch"
 }
 
-# fleet_mix FILE SHARE [KILL_AT [GROWN_SHARE]] : gateway's part of 2 C (chat
-# 0.4 C, batch 1.6 C); with KILL_AT, the load stops then (GROWN_SHARE empty:
-# the killed gateway's) or grows to GROWN_SHARE (a survivor's).
+# fleet_mix FILE SEED SHARE [KILL_AT [GROWN_SHARE]] : gateway's part of 2 C
+# (chat 0.4 C, batch 1.6 C); with KILL_AT, the load stops then (GROWN_SHARE
+# empty: the killed gateway's) or grows to GROWN_SHARE (a survivor's). Each
+# gateway's load generator has its own SEED: the parts are independent, as a
+# load balancer splitting one Poisson stream makes them (one seed for all
+# would send three requests, and three bursts of batch, at the same instants).
 fleet_mix() {
-  local file=$1 share=$2 kill_at=${3:-} grown=${4:-} chat batch
+  local file=$1 seed=$2 share=$3 kill_at=${4:-} grown=${5:-} chat batch
   chat=$(python3 -c "print(round(0.4*$C*$share, 3))"); batch=$(python3 -c "print(round(1.6*$C*$share, 3))")
-  { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 5s"; echo "request_timeout: 60s"; echo "streams:"
+  { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 5s"; echo "request_timeout: 60s"; echo "seed: $seed"; echo "streams:"
     if [ -z "$kill_at" ]; then
       chat_stream chat chat "{ kind: poisson, rate: $chat }" "{ dist: fixed, value: 512 }" "$OUTPUT"
       chat_stream batch batch "{ kind: batch, rate: $(python3 -c "print(round($batch/8, 3))"), size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: 512 }" "$OUTPUT"
@@ -190,9 +193,9 @@ fleet_run() {
     tls+=($!)
   done
   for i in 0 1 2; do
-    if [ -z "$kill_at" ]; then fleet_mix "$d/$label-$i.yaml" "${shares[$i]}"
-    elif [ "$i" = 2 ]; then fleet_mix "$d/$label-$i.yaml" "${shares[$i]}" "$kill_at"
-    else fleet_mix "$d/$label-$i.yaml" "${shares[$i]}" "$kill_at" "$(python3 -c "print(${shares[$i]} + ${shares[2]} / 2)")"; fi
+    if [ -z "$kill_at" ]; then fleet_mix "$d/$label-$i.yaml" "$((i + 1))" "${shares[$i]}"
+    elif [ "$i" = 2 ]; then fleet_mix "$d/$label-$i.yaml" "$((i + 1))" "${shares[$i]}" "$kill_at"
+    else fleet_mix "$d/$label-$i.yaml" "$((i + 1))" "${shares[$i]}" "$kill_at" "$(python3 -c "print(${shares[$i]} + ${shares[2]} / 2)")"; fi
     loadgen run "$d/$label-$i.yaml" --target "${urls[$i]}" --label "$label-$i" --out "$d/$label-$i.json" --report "$d/$label-$i.md" --no-progress &
     lgs+=($!)
   done

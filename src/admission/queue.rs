@@ -61,6 +61,12 @@ impl Lease {
         self.slot.replica()
     }
 
+    /// The request's first token arrived: the replica no longer counts it
+    /// among the prefills a new request would wait behind.
+    pub(crate) fn first_token(&mut self) {
+        self.slot.prefilled();
+    }
+
     #[cfg(test)]
     pub(crate) fn tier(&self) -> Tier {
         self.tier
@@ -76,7 +82,7 @@ impl crate::upstream::Attempts for Lease {
     /// the slot left behind goes to the next waiter.
     fn move_to_another(&mut self) -> bool {
         let pool = self.admission.pool.load();
-        match pool.pick(Some(self.slot.replica()), 0) {
+        match pool.pick(Some(self.slot.replica()), 0, self.tier) {
             Ok(other) => {
                 self.slot = other;
                 self.admission.dispatch();
@@ -376,7 +382,7 @@ impl PoolAdmission {
             Tier::Interactive => self.interactive_over(&pool),
             Tier::Batch => 0,
         };
-        match pool.pick(None, over) {
+        match pool.pick(None, over, tier) {
             Ok(slot) => {
                 if tier == Tier::Interactive {
                     self.interactive_inflight.fetch_add(1, Ordering::SeqCst);

@@ -151,8 +151,11 @@ impl Tracker {
                 // window must see a slow first token while the stream runs.
                 let ttft = now - self.start;
                 series(&mut self.series, &self.class).ttft(&self.metrics).observe(ttft.as_secs_f64());
-                if let Some(l) = self.lease.as_ref().filter(|_| self.class.control.tier == crate::config::Tier::Interactive) {
-                    l.replica().record_first_token(ttft.saturating_sub(self.queued), self.class.control.ttft_target());
+                if let Some(l) = self.lease.as_mut() {
+                    l.first_token();
+                    if self.class.control.tier == crate::config::Tier::Interactive {
+                        l.replica().record_first_token(ttft.saturating_sub(self.queued), self.class.control.ttft_target());
+                    }
                 }
                 self.class.control.ttft.record(ttft);
                 if let Some(probe) = self.probe.take() {

@@ -19,7 +19,7 @@ use arc_swap::ArcSwap;
 use http::HeaderValue;
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::config::{Balance, InflightLimit, PoolConfig};
+use crate::config::{Balance, InflightLimit, PoolConfig, Tier};
 use crate::error::GatewayError;
 use crate::telemetry::metrics::{Metrics, ReplicaLabels};
 
@@ -36,6 +36,10 @@ pub(crate) struct Replica {
     pub(crate) base: http::Uri,
     /// Requests holding a slot here. Invariant: only changed through [`ReplicaSlot`].
     inflight: AtomicUsize,
+    /// Of those, the ones without a first token yet, by tier (interactive,
+    /// batch): the prefills a request sent here now would wait behind.
+    /// Only changed through [`ReplicaSlot`].
+    prefilling: [AtomicUsize; 2],
     /// Slots; set when a config goes live (a reload resizes it in place:
     /// slots above a lowered limit drain, and no new one is taken until the
     /// count is under it).
@@ -105,6 +109,20 @@ impl Replica {
 
     pub(crate) fn inflight(&self) -> usize {
         self.inflight.load(Ordering::Relaxed)
+    }
+    /// Requests of `tier` held here that have no first token yet.
+    pub(crate) fn prefilling(&self, tier: Tier) -> usize {
+        self.prefilling[tier as usize].load(Ordering::Relaxed)
+    }
+    /// What a request of `tier` sent here now would wait behind before its
+    /// own prefill: with `upstream_priority` an interactive request waits
+    /// only for the interactive prefills (vLLM runs them before any batch
+    /// one it has not started), otherwise for all of them.
+    fn prefills_ahead(&self, tier: Tier, upstream_priority: bool) -> usize {
+        match tier {
+            Tier::Interactive if upstream_priority => self.prefilling(Tier::Interactive),
+            _ => self.prefilling(Tier::Interactive) + self.prefilling(Tier::Batch),
+        }
     }
     /// The replica's limit: learned, or fixed (for the whole fleet when
     /// several instances share it).
@@ -236,6 +254,9 @@ pub(crate) struct Load {
 pub(crate) struct ReplicaSlot {
     replica: Arc<Replica>,
     held: bool,
+    /// Counted in the replica's `prefilling` of this tier until the first
+    /// token arrives or the slot is given back.
+    prefill: Option<Tier>,
 }
 
 impl ReplicaSlot {
@@ -243,8 +264,21 @@ impl ReplicaSlot {
         &self.replica
     }
 
+    fn new(replica: &Arc<Replica>, tier: Tier) -> ReplicaSlot {
+        replica.prefilling[tier as usize].fetch_add(1, Ordering::Relaxed);
+        ReplicaSlot { replica: replica.clone(), held: true, prefill: Some(tier) }
+    }
+
+    /// The request's first token arrived: its prefill is done (a no-op after the first call).
+    pub(crate) fn prefilled(&mut self) {
+        if let Some(tier) = self.prefill.take() {
+            self.replica.prefilling[tier as usize].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// Give the slot back now (a no-op the second time).
     pub(crate) fn release(&mut self) {
+        self.prefilled();
         if std::mem::take(&mut self.held) {
             self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
             self.replica.inflight_gauge.dec();
@@ -404,6 +438,7 @@ impl Pool {
                 public: ArcSwap::from_pointee(public),
                 base,
                 inflight: AtomicUsize::new(0),
+                prefilling: [AtomicUsize::new(0), AtomicUsize::new(0)],
                 max_inflight: AtomicUsize::new(initial),
                 healthy: AtomicBool::new(false),
                 allowance: AtomicUsize::new(usize::MAX),
@@ -504,10 +539,18 @@ impl Pool {
         self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.slots()).sum()
     }
 
-    /// Pick a healthy replica with a free slot, skipping `exclude`, and take
-    /// the slot; `over`: a request may go that many above the pool's slots
-    /// (spread over its healthy replicas).
-    pub(crate) fn pick(&self, exclude: Option<&Arc<Replica>>, over: usize) -> Result<ReplicaSlot, PickError> {
+    /// Pick a healthy replica with a free slot for a request of `tier`,
+    /// skipping `exclude`, and take the slot; `over`: a request may go that
+    /// many above the pool's slots (spread over its healthy replicas).
+    ///
+    /// `least_loaded` ranks replicas first by the prefills the request would
+    /// wait behind (requests sent there without a first token yet; see
+    /// [`Replica::prefills_ahead`]), then by in-flight plus vLLM's waiting
+    /// queue. Time to first token is mostly the prefill work ahead of a
+    /// request, not how many streams decode beside it: two replicas with the
+    /// same in-flight count differ by whole steps in what a new request
+    /// waits if one is in the middle of a burst of prefills.
+    pub(crate) fn pick(&self, exclude: Option<&Arc<Replica>>, over: usize, tier: Tier) -> Result<ReplicaSlot, PickError> {
         let over = if over == 0 { 0 } else { over.div_ceil(self.healthy_count().max(1)) };
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
@@ -521,17 +564,18 @@ impl Pool {
             Balance::RoundRobin => {
                 for r in candidates {
                     if r.try_take(over) {
-                        return Ok(ReplicaSlot { replica: r.clone(), held: true });
+                        return Ok(ReplicaSlot::new(r, tier));
                     }
                 }
             }
             Balance::LeastLoaded => {
                 let mut ranked: Vec<&Arc<Replica>> = candidates.collect();
                 // Stable sort keeps the rotating start as the tie-breaker.
-                ranked.sort_by_key(|r| r.load_score());
+                let priority = self.config.upstream_priority;
+                ranked.sort_by_key(|r| (r.prefills_ahead(tier, priority), r.load_score()));
                 for r in ranked {
                     if r.try_take(over) {
-                        return Ok(ReplicaSlot { replica: r.clone(), held: true });
+                        return Ok(ReplicaSlot::new(r, tier));
                     }
                 }
             }
@@ -595,5 +639,97 @@ pub(crate) async fn send_with_retry<A: Attempts>(
         }
         tracing::info!(error = %failure.for_log(), "retrying on another replica");
         retried = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// Two healthy replicas (nothing listens) with `slots` each, least loaded.
+    fn two(slots: u32, upstream_priority: bool) -> Pool {
+        let cfg = PoolConfig {
+            replicas: vec!["http://127.0.0.1:9".into(), "http://127.0.0.1:10".into()],
+            max_inflight_per_replica: InflightLimit::Fixed(slots),
+            balance: Balance::LeastLoaded,
+            upstream_priority,
+            ..PoolConfig::default()
+        };
+        let metrics = Metrics::new(&Config::default());
+        let access = Access::new(&cfg).expect("access");
+        let pool = Pool::new(cfg, access, &metrics, None);
+        for r in &pool.replicas {
+            r.set_healthy(true);
+        }
+        pool
+    }
+
+    fn on(slot: &ReplicaSlot) -> &str {
+        &slot.replica().url
+    }
+
+    #[test]
+    fn a_new_request_goes_where_fewer_prefills_are_ahead_of_it_even_with_more_streams() {
+        let pool = two(8, false);
+        // Three streams decoding on one replica, one request still prefilling on the other.
+        let mut decoding: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, 0, Tier::Batch).expect("slot")).collect();
+        let prefilling = decoding.pop().expect("four");
+        let busy = on(&prefilling).to_string();
+        decoding.retain(|s| on(s) != busy);
+        for s in &mut decoding {
+            s.prefilled();
+        }
+        let quiet = on(&decoding[0]).to_string();
+        assert!(decoding.len() > prefilling.replica().inflight(), "more streams on {quiet} than on {busy}");
+        for tier in [Tier::Interactive, Tier::Batch] {
+            let next = pool.pick(None, 0, tier).expect("slot");
+            assert_eq!(on(&next), quiet, "{tier:?}: the replica with no prefill in progress");
+        }
+        // Once the prefill is done, streams count again.
+        let mut prefilling = prefilling;
+        prefilling.prefilled();
+        let mut counts = HashSet::new();
+        for _ in 0..2 {
+            counts.insert(on(&pool.pick(None, 0, Tier::Batch).expect("slot")).to_string());
+        }
+        assert_eq!(counts, HashSet::from([busy]), "fewest streams now");
+    }
+
+    #[test]
+    fn with_upstream_priority_an_interactive_request_waits_only_behind_interactive_prefills() {
+        for priority in [true, false] {
+            let pool = two(8, priority);
+            let (ra, rb) = (pool.replicas[0].clone(), pool.replicas[1].clone());
+            // Two batch prefills on one replica, one interactive prefill on the other.
+            let _batch: Vec<ReplicaSlot> = (0..2).map(|_| pool.pick(Some(&ra), 0, Tier::Batch).expect("slot")).collect();
+            let _chat = pool.pick(Some(&rb), 0, Tier::Interactive).expect("slot");
+            let next = pool.pick(None, 0, Tier::Interactive).expect("slot");
+            // vLLM with priority scheduling runs the interactive request
+            // before both batch prefills; first come, first served, it waits for both.
+            let want = if priority { &rb } else { &ra };
+            assert_eq!(on(&next), want.url, "upstream_priority {priority}");
+        }
+    }
+
+    #[test]
+    fn the_prefill_count_falls_once_at_the_first_token_or_at_release() {
+        let pool = two(8, false);
+        let mut s = pool.pick(None, 0, Tier::Interactive).expect("slot");
+        let r = s.replica().clone();
+        assert_eq!((r.prefilling(Tier::Interactive), r.inflight()), (1, 1));
+        s.prefilled();
+        s.prefilled();
+        assert_eq!((r.prefilling(Tier::Interactive), r.inflight()), (0, 1));
+        drop(s);
+        assert_eq!((r.prefilling(Tier::Interactive), r.inflight()), (0, 0));
+        // Given back before any token (a refusal, a client gone): counted off once.
+        let mut s = pool.pick(None, 0, Tier::Batch).expect("slot");
+        let r = s.replica().clone();
+        assert_eq!(r.prefilling(Tier::Batch), 1);
+        s.release();
+        s.release();
+        drop(s);
+        assert_eq!((r.prefilling(Tier::Batch), r.inflight()), (0, 0));
     }
 }
