@@ -41,6 +41,10 @@ pub(crate) enum GatewayError {
     UnknownClass(String),
     #[error("{message}")]
     Rejected { message: String, code: &'static str, retry_after: u64 },
+    /// The caller's key is over one of its own limits (`auth.keys[].limits`):
+    /// 429 like OpenAI's, but the caller's doing, not the gateway's failure.
+    #[error("{message}")]
+    KeyLimited { message: String, limit: &'static str, retry_after: u64 },
     #[error("no healthy replica in pool `{pool}`")]
     NoHealthyReplica { pool: String },
     /// `replica` is the name clients are shown, `detail` what they may be
@@ -90,7 +94,7 @@ impl GatewayError {
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Unauthorized => StatusCode::UNAUTHORIZED,
             ClassForbidden(_) => StatusCode::FORBIDDEN,
-            Rejected { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Rejected { .. } | KeyLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             NoHealthyReplica { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Upstream { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -127,6 +131,7 @@ impl GatewayError {
             ClassForbidden(_) => ("permission_error", Some("x-slo-class"), "class_not_allowed"),
             UnknownClass(_) => ("invalid_request_error", Some("x-slo-class"), "unknown_class"),
             Rejected { code, .. } => ("rate_limit_error", None, code),
+            KeyLimited { limit, .. } => (limit, None, "rate_limit_exceeded"),
             NoHealthyReplica { .. } => ("service_unavailable", None, "no_healthy_replica"),
             Upstream { .. } => ("upstream_error", None, "upstream_unreachable"),
             UpstreamTimeout { .. } => ("timeout", None, "upstream_timeout"),
@@ -136,7 +141,7 @@ impl GatewayError {
 
     fn retry_after(&self) -> Option<u64> {
         match self {
-            GatewayError::Rejected { retry_after, .. } => Some(*retry_after),
+            GatewayError::Rejected { retry_after, .. } | GatewayError::KeyLimited { retry_after, .. } => Some(*retry_after),
             GatewayError::NoHealthyReplica { .. } => Some(1),
             _ => None,
         }

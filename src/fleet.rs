@@ -113,6 +113,8 @@ pub(crate) struct View {
     pub(crate) pools: Vec<Arc<PoolAdmission>>,
     /// `Authorization` for the peers' admin listeners (`server.admin_token_env`).
     pub(crate) bearer: Option<http::HeaderValue>,
+    /// Where the keys' limits are split among the live instances.
+    pub(crate) controls: Option<Arc<crate::admission::Controls>>,
 }
 
 pub(crate) type Current = dyn Fn() -> View + Send + Sync;
@@ -408,6 +410,12 @@ impl Fleet {
             *counts.entry(s.name()).or_default() += 1;
             standings.push(s);
         }
+        // Keys' limits are split among this instance and the peers not
+        // taken for gone (a lost one may still serve its part).
+        let live = 1 + standings.iter().filter(|s| !matches!(s, Standing::Gone)).count();
+        if let Some(c) = &view.controls {
+            c.tenants.set_instances(live);
+        }
         for (state, n) in counts {
             metrics.fleet_peers.get_or_create(&FleetPeerLabels { state: state.to_string() }).set(n);
         }
@@ -464,6 +472,9 @@ impl Fleet {
     /// Alone again (the fleet was configured away): every replica's slots are its limit.
     fn leave(&self, view: &View, metrics: &Metrics) {
         self.set_peers_empty();
+        if let Some(c) = &view.controls {
+            c.tenants.set_instances(1);
+        }
         if let Ok(mut w) = self.interactive.lock() {
             w.clear();
         }

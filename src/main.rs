@@ -95,11 +95,37 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// API keys for `auth.keys`.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Read a key from standard input (one line; surrounding whitespace is
+    /// not part of it) and print its `key_sha256`, so the config never holds the key itself.
+    Hash,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Keys { command: KeysCommand::Hash } => {
+            let mut key = String::new();
+            if let Err(e) = std::io::stdin().read_line(&mut key) {
+                eprintln!("slogate keys hash: cannot read standard input: {e}");
+                return ExitCode::from(2);
+            }
+            let key = key.trim();
+            if key.is_empty() {
+                eprintln!("slogate keys hash: no key on standard input (e.g. `printf %s \"$KEY\" | slogate keys hash`)");
+                return ExitCode::from(2);
+            }
+            println!("{}", slogate::config::key_sha256(key));
+            ExitCode::SUCCESS
+        }
         Command::Check { config } => match Config::load(&config) {
             Ok(_) => {
                 println!("{}: ok", config.display());

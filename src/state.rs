@@ -94,6 +94,7 @@ impl Snapshot {
 /// admissions (the pool they hand slots from, the tier limits), gauges.
 fn activate(controls: &Controls, snapshot: &Snapshot) {
     controls.install(snapshot.classifier.classes().iter().map(|c| &c.control), &snapshot.config);
+    controls.tenants.install(snapshot.classifier.tenants().iter().map(|(t, c)| (t, *c)));
     for r in &snapshot.pools {
         r.admission.install(r.pool.clone(), snapshot.config.tiers.clone());
         r.pool.activate();
@@ -230,9 +231,10 @@ impl App {
                     config: snap.config.clone(),
                     pools: snap.pools.iter().map(|r| r.admission.clone()).collect(),
                     bearer: snap.admin_token.as_ref().and_then(|t| t.bearer().cloned()),
+                    controls: Some(app.controls.clone()),
                 }
             }
-            None => crate::fleet::View { config: Arc::new(Config::default()), pools: Vec::new(), bearer: None },
+            None => crate::fleet::View { config: Arc::new(Config::default()), pools: Vec::new(), bearer: None, controls: None },
         })
     }
 
@@ -371,6 +373,8 @@ mod tests {
             key_env: Some("SLOGATE_TEST_KEY_THAT_IS_NEVER_SET".into()),
             key_sha256: None,
             classes: vec!["chat".into()],
+            weight: 1.0,
+            limits: None,
         }];
         let old = app.snapshot();
         let failed = Snapshot::prepare(next.clone(), &metrics, &controls, Some(&old));

@@ -26,9 +26,50 @@ pub(crate) struct Status {
     pub(crate) classes: Vec<ClassStatus>,
     pub(crate) queues: Queues,
     pub(crate) pools: Vec<PoolStatus>,
+    /// Every tenant (API key, or `anonymous`) over the last minute.
+    pub(crate) tenants: Vec<TenantStatus>,
     /// With `fleet` peers: this instance's id and its peers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) fleet: Option<FleetStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct TenantStatus {
+    pub(crate) name: String,
+    pub(crate) weight: f64,
+    /// Its share of the tokens served to all tenants over the last minute.
+    pub(crate) share: f64,
+    pub(crate) tokens_last_minute: u64,
+    /// Requests within their class's SLO over those judged, last minute (1 with none).
+    pub(crate) attainment: f64,
+    pub(crate) judged_last_minute: u64,
+    /// Refused by one of its own limits within the last minute.
+    pub(crate) limited: bool,
+    /// Its limits as configured; in a fleet each instance enforces its part.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) limits: Option<TenantLimits>,
+    pub(crate) concurrent: u64,
+    /// Requests refused so far, by limit.
+    pub(crate) refused: TenantRefused,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct TenantLimits {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) requests_per_minute: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tokens_per_minute: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) max_concurrent: Option<u64>,
+    /// The instances sharing them (1 alone).
+    pub(crate) instances: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct TenantRefused {
+    pub(crate) requests: u64,
+    pub(crate) tokens: u64,
+    pub(crate) concurrent: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -211,8 +252,39 @@ pub(crate) fn collect(app: &App) -> Status {
         classes,
         queues,
         pools,
+        tenants: tenants(app, now),
         fleet: cfg.fleet.enabled().then(|| FleetStatus { id: app.fleet.id().to_string(), peers: app.fleet.peers(&cfg.fleet) }),
     }
+}
+
+fn tenants(app: &App, now: Instant) -> Vec<TenantStatus> {
+    let snap = app.snapshot();
+    let seen: Vec<_> = snap.classifier.tenants().iter().map(|(t, _)| (t.clone(), t.last_minute(now))).collect();
+    let total: f64 = seen.iter().map(|(_, (tokens, _, _))| tokens).sum();
+    let instances = app.controls.tenants.instances();
+    seen.into_iter()
+        .map(|(t, (tokens, judged, met))| {
+            let l = t.configured_limits();
+            let [requests, tok, concurrent] = t.limited_counts();
+            TenantStatus {
+                name: t.name.to_string(),
+                weight: t.weight(),
+                share: if total > 0.0 { tokens / total } else { 0.0 },
+                tokens_last_minute: tokens.round() as u64,
+                attainment: if judged > 0.0 { met / judged } else { 1.0 },
+                judged_last_minute: judged.round() as u64,
+                limited: t.limited_lately(now),
+                limits: t.has_limits().then_some(TenantLimits {
+                    requests_per_minute: l.requests_per_minute,
+                    tokens_per_minute: l.tokens_per_minute,
+                    max_concurrent: l.max_concurrent,
+                    instances,
+                }),
+                concurrent: t.concurrent(),
+                refused: TenantRefused { requests, tokens: tok, concurrent },
+            }
+        })
+        .collect()
 }
 
 fn esc(s: &str) -> String {
@@ -326,6 +398,40 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
         "<h2>Queues</h2><table><tr><th class=\"l\">tier</th><th>waiting</th></tr><tr><td class=\"l\">interactive</td><td>{}</td></tr><tr><td class=\"l\">batch</td><td>{}</td></tr></table>",
         s.queues.interactive, s.queues.batch
     ));
+
+    if !s.tenants.is_empty() {
+        h.push_str("<h2>Tenants (last minute)</h2><table><tr><th class=\"l\">tenant</th><th>weight</th><th>share of tokens</th><th>tokens</th><th>within SLO</th><th class=\"l\">limits</th><th>running</th><th>refused</th></tr>");
+        for t in &s.tenants {
+            let limits = t.limits.as_ref().map_or_else(String::new, |l| {
+                let mut parts = Vec::new();
+                if let Some(v) = l.requests_per_minute {
+                    parts.push(format!("{v} req/min"));
+                }
+                if let Some(v) = l.tokens_per_minute {
+                    parts.push(format!("{v} tok/min"));
+                }
+                if let Some(v) = l.max_concurrent {
+                    parts.push(format!("{v} at once"));
+                }
+                let shared = if l.instances > 1 { format!(" (1/{} here)", l.instances) } else { String::new() };
+                format!("{}{shared}", parts.join(", "))
+            });
+            let limited = if t.limited { " <span class=\"pill warn\">limited</span>" } else { "" };
+            h.push_str(&format!(
+                "<tr><td class=\"l\">{}{limited}</td><td>{}</td><td>{:.1} %</td><td>{}</td><td><span class=\"pill {}\">{}</span></td><td class=\"l\">{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&t.name),
+                t.weight,
+                t.share * 100.0,
+                t.tokens_last_minute,
+                if t.judged_last_minute == 0 || t.attainment >= s.slo.latency_objective { "ok" } else { "bad" },
+                if t.judged_last_minute == 0 { "-".to_string() } else { pct(t.attainment) },
+                esc(&limits),
+                t.concurrent,
+                t.refused.requests + t.refused.tokens + t.refused.concurrent,
+            ));
+        }
+        h.push_str("</table>");
+    }
 
     h.push_str("<h2>Replicas</h2><table><tr><th class=\"l\">pool</th><th class=\"l\">replica</th><th class=\"l\">URL</th><th class=\"l\">health</th><th>in flight</th><th>before first token</th><th>slots</th></tr>");
     for p in &s.pools {

@@ -14,9 +14,12 @@
 //! and their slots.
 
 pub(crate) mod breaker;
+pub(crate) mod fair;
 pub(crate) mod queue;
+pub(crate) mod tenants;
 
-pub(crate) use queue::{Lease, PoolAdmission, Refusal};
+pub(crate) use queue::{Claim, Lease, PoolAdmission, Refusal};
+pub(crate) use tenants::{Permit, RateState, Tenant, Tenants};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -179,11 +182,13 @@ fn trigger_params(class: &ClassConfig, config: &Config) -> TriggerParams {
 pub(crate) struct Controls {
     classes: Mutex<IndexMap<String, Arc<ClassControl>>>,
     metrics: Arc<Metrics>,
+    /// Every tenant known, kept across reloads.
+    pub(crate) tenants: Tenants,
 }
 
 impl Controls {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Controls {
-        Controls { classes: Mutex::new(IndexMap::new()), metrics }
+        Controls { classes: Mutex::new(IndexMap::new()), metrics, tenants: Tenants::default() }
     }
 
     /// The control class `name` will have under `config` (a reload's prepare
@@ -275,15 +280,55 @@ pub(crate) struct Admitted {
     pub(crate) probe: Option<Probe>,
 }
 
+/// The key's own limits, before anything else of admission: a permit for
+/// the request and the key's quotas after it, or the 429 (with the quotas,
+/// for its headers). `reserve`: the tokens the request may use.
+pub(crate) fn limit(tenant: &Arc<Tenant>, reserve: u64, metrics: &Metrics) -> Result<(Permit, RateState), Box<(GatewayError, RateState)>> {
+    tenant.admit(Instant::now(), reserve).map_err(|l| {
+        let label = crate::telemetry::metrics::TenantKindLabels { tenant: tenant.name.to_string(), kind: l.limit.as_str() };
+        metrics.tenant_limited.get_or_create(&label).inc();
+        let limits = tenant.limits();
+        let message = match l.limit {
+            tenants::Limit::Requests => format!(
+                "Rate limit reached for key `{}` on requests per minute: limit {}; retry in {} s",
+                tenant.name,
+                limits.requests_per_minute.unwrap_or(0),
+                l.retry_after
+            ),
+            tenants::Limit::Tokens if l.too_large => format!(
+                "Request too large for key `{}` on tokens per minute: limit {}, requested {} (prompt estimate plus max_tokens); lower max_tokens or the prompt",
+                tenant.name,
+                limits.tokens_per_minute.unwrap_or(0),
+                l.reserve
+            ),
+            tenants::Limit::Tokens => format!(
+                "Rate limit reached for key `{}` on tokens per minute: limit {}, requested {}; retry in {} s",
+                tenant.name,
+                limits.tokens_per_minute.unwrap_or(0),
+                l.reserve,
+                l.retry_after
+            ),
+            tenants::Limit::Concurrent => format!(
+                "Key `{}` has {} requests running, its max_concurrent; retry when one ends",
+                tenant.name,
+                limits.max_concurrent.unwrap_or(0)
+            ),
+        };
+        Box::new((GatewayError::KeyLimited { message, limit: l.limit.as_str(), retry_after: l.retry_after }, l.state))
+    })
+}
+
 /// The admission stage: the class's breaker gate, then a slot on `pool`
-/// (maybe after a wait in its tier's queue). A refusal is the error the
-/// client gets (429 with Retry-After, or 503). A probe of a request that
-/// does not stream is judged when it ends, not at a first token.
+/// (maybe after a wait in its tier's queue, served fairly among tenants by
+/// `claim`). A refusal is the error the client gets (429 with Retry-After,
+/// or 503). A probe of a request that does not stream is judged when it
+/// ends, not at a first token.
 pub(crate) async fn admit(
     control: &Arc<ClassControl>,
     pool: &Arc<PoolAdmission>,
     streaming: bool,
     body_bytes: u64,
+    claim: Claim,
 ) -> Result<Admitted, GatewayError> {
     let probe = match control.breaker.admit() {
         Gate::Pass => None,
@@ -307,7 +352,7 @@ pub(crate) async fn admit(
         }
     };
     let tier = control.tier;
-    match pool.admit(tier, body_bytes).await {
+    match pool.admit(tier, body_bytes, claim).await {
         Ok(granted) => {
             control.observe_queue_time(granted.waited);
             Ok(Admitted { lease: granted.lease, waited: granted.waited, probe })

@@ -27,6 +27,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::fair::{FairQueue, Queued, Share};
 use crate::config::{Tier, TiersConfig};
 use crate::telemetry::metrics::{Metrics, TierLabel, TierOnlyLabels};
 use crate::upstream::{PickError, Pool, Replica, ReplicaSlot};
@@ -54,6 +55,11 @@ pub(crate) struct Lease {
     slot: ReplicaSlot,
     tier: Tier,
     admission: Arc<PoolAdmission>,
+    /// Whose service it is, and the tokens charged to it when it was granted.
+    share: Share,
+    charged: u64,
+    /// The tokens it used, once the replica said (settled against `charged` at the end).
+    used: Option<u64>,
 }
 
 impl Lease {
@@ -65,6 +71,12 @@ impl Lease {
     /// among the prefills a new request would wait behind.
     pub(crate) fn first_token(&mut self) {
         self.slot.prefilled();
+    }
+
+    /// The replica said the request used `tokens` (prompt plus completion):
+    /// its tenant's service is settled to that when the lease goes.
+    pub(crate) fn settle(&mut self, tokens: u64) {
+        self.used = Some(tokens);
     }
 
     #[cfg(test)]
@@ -97,6 +109,13 @@ impl Drop for Lease {
     fn drop(&mut self) {
         // The slot first, so the waiter handed it below can take it.
         self.slot.release();
+        if let Some(used) = self.used {
+            if used != self.charged {
+                if let Ok(mut q) = self.admission.inner.lock() {
+                    q.of(self.tier).charge(self.share, used as f64 - self.charged as f64);
+                }
+            }
+        }
         match self.tier {
             Tier::Batch => self.admission.batch_inflight.fetch_sub(1, Ordering::SeqCst),
             Tier::Interactive => self.admission.interactive_inflight.fetch_sub(1, Ordering::SeqCst),
@@ -142,13 +161,31 @@ struct Waiter {
     bytes: u64,
     enqueued: Instant,
     deadline: Instant,
+    claim: Claim,
     tx: oneshot::Sender<Result<Lease, Refusal>>,
+}
+
+impl Queued for Waiter {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn share(&self) -> Share {
+        self.claim.share
+    }
+}
+
+/// Who a request is for (its tenant's share of the tier) and the tokens it
+/// is charged when it gets a slot (its estimate; settled at its end).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Claim {
+    pub(crate) share: Share,
+    pub(crate) tokens: u64,
 }
 
 #[derive(Default)]
 struct Queues {
-    interactive: VecDeque<Waiter>,
-    batch: VecDeque<Waiter>,
+    interactive: FairQueue<Waiter>,
+    batch: FairQueue<Waiter>,
     next_id: u64,
     last_batch_grant: Option<Instant>,
     /// (instant, batch releases so far) samples for the service rate.
@@ -158,7 +195,7 @@ struct Queues {
 }
 
 impl Queues {
-    fn of(&mut self, tier: Tier) -> &mut VecDeque<Waiter> {
+    fn of(&mut self, tier: Tier) -> &mut FairQueue<Waiter> {
         match tier {
             Tier::Interactive => &mut self.interactive,
             Tier::Batch => &mut self.batch,
@@ -387,7 +424,7 @@ impl PoolAdmission {
                 if tier == Tier::Interactive {
                     self.interactive_inflight.fetch_add(1, Ordering::SeqCst);
                 }
-                Ok(Lease { slot, tier, admission: self.clone() })
+                Ok(Lease { slot, tier, admission: self.clone(), share: Share::default(), charged: 0, used: None })
             }
             Err(e) => {
                 if tier == Tier::Batch {
@@ -483,7 +520,7 @@ impl PoolAdmission {
     /// Get a slot for a request of `tier` whose body is `bytes` long,
     /// waiting in the queue if needed. Dropping the future (the client went
     /// away) leaves the queue at once.
-    pub(crate) async fn admit(self: &Arc<Self>, tier: Tier, bytes: u64) -> Result<Granted, Refusal> {
+    pub(crate) async fn admit(self: &Arc<Self>, tier: Tier, bytes: u64, claim: Claim) -> Result<Granted, Refusal> {
         let start = Instant::now();
         let ahead = |q: &Self| match tier {
             Tier::Interactive => q.waiting_interactive.load(Ordering::SeqCst),
@@ -495,7 +532,7 @@ impl PoolAdmission {
                     if tier == Tier::Interactive {
                         self.note_interactive();
                     }
-                    return Ok(Granted { lease, waited: Duration::ZERO });
+                    return Ok(Granted { lease: self.charge(tier, lease, claim), waited: Duration::ZERO });
                 }
                 Err(PickError::NoHealthy) => return Err(Refusal::NoHealthy),
                 Err(PickError::Saturated) => {}
@@ -527,11 +564,13 @@ impl PoolAdmission {
                 // Registered first, then retry: a concurrent release either
                 // sees us waiting or we see its freed slot.
                 match self.try_lease(tier) {
-                    Ok(lease) => {
+                    Ok(mut lease) => {
                         self.dec(tier, bytes);
                         if tier == Tier::Interactive {
                             self.note_interactive();
                         }
+                        q.of(tier).charge(claim.share, claim.tokens as f64);
+                        (lease.share, lease.charged) = (claim.share, claim.tokens);
                         return Ok(Granted { lease, waited: start.elapsed() });
                     }
                     Err(PickError::NoHealthy) => {
@@ -544,13 +583,13 @@ impl PoolAdmission {
             let (tx, rx) = oneshot::channel();
             q.next_id += 1;
             let id = q.next_id;
-            q.of(tier).push_back(Waiter { id, bytes, enqueued: start, deadline, tx });
+            q.of(tier).push(Waiter { id, bytes, enqueued: start, deadline, claim, tx });
             if tier == Tier::Interactive {
                 self.note_interactive();
             }
             (id, rx)
         };
-        let guard = WaitGuard { queue: self, tier, id };
+        let guard = WaitGuard { queue: self, tier, tenant: claim.share.tenant, id };
         let result = tokio::time::timeout_at(deadline, rx).await;
         drop(guard);
         match result {
@@ -562,12 +601,20 @@ impl PoolAdmission {
         }
     }
 
-    /// Remove waiter `id` if it is still queued.
-    fn remove(&self, tier: Tier, id: u64) {
+    /// Charge a lease granted at once (nobody waiting) to its tenant.
+    fn charge(&self, tier: Tier, mut lease: Lease, claim: Claim) -> Lease {
+        if let Ok(mut q) = self.inner.lock() {
+            q.of(tier).charge(claim.share, claim.tokens as f64);
+            (lease.share, lease.charged) = (claim.share, claim.tokens);
+        }
+        lease
+    }
+
+    /// Remove waiter `id` of `tenant` if it is still queued.
+    fn remove(&self, tier: Tier, tenant: u32, id: u64) {
         let removed = {
             let Ok(mut q) = self.inner.lock() else { return };
-            let queue = q.of(tier);
-            queue.iter().position(|w| w.id == id).and_then(|i| queue.remove(i))
+            q.of(tier).remove(tenant, id)
         };
         if let Some(w) = removed {
             self.dec(tier, w.bytes);
@@ -588,7 +635,7 @@ impl PoolAdmission {
                 let has_b = !q.batch.is_empty();
                 // Batch has waited a guard interval, and got nothing for as long.
                 let guard_due = !self.interactive_at_risk.load(Ordering::Relaxed)
-                    && q.batch.front().is_some_and(|w| now.saturating_duration_since(w.enqueued) >= STARVATION_GUARD_INTERVAL)
+                    && q.batch.oldest().is_some_and(|w| now.saturating_duration_since(w.enqueued) >= STARVATION_GUARD_INTERVAL)
                     && q.last_batch_grant.is_none_or(|t| now.saturating_duration_since(t) >= STARVATION_GUARD_INTERVAL);
                 let order: &[Tier] = match (has_i, has_b) {
                     (false, false) => break,
@@ -601,7 +648,7 @@ impl PoolAdmission {
                 for &tier in order {
                     let Ok(mut lease) = self.try_lease(tier) else { continue };
                     loop {
-                        let Some(w) = q.of(tier).pop_front() else {
+                        let Some(w) = q.of(tier).pop() else {
                             spare.push(lease);
                             break;
                         };
@@ -609,16 +656,21 @@ impl PoolAdmission {
                         if tier == Tier::Interactive {
                             self.note_interactive();
                         }
+                        (lease.share, lease.charged) = (w.claim.share, w.claim.tokens);
                         match w.tx.send(Ok(lease)) {
                             Ok(()) => {
                                 served = true;
+                                q.of(tier).charge(w.claim.share, w.claim.tokens as f64);
                                 if tier == Tier::Batch {
                                     q.last_batch_grant = Some(now);
                                 }
                                 break;
                             }
                             // Its client went away in the meantime: next one.
-                            Err(Ok(l)) => lease = l,
+                            Err(Ok(mut l)) => {
+                                (l.share, l.charged) = (Share::default(), 0);
+                                lease = l;
+                            }
                             Err(Err(_)) => break,
                         }
                     }
@@ -666,18 +718,20 @@ impl PoolAdmission {
                 }
             }
             if let Some(rate) = self.batch_rate() {
-                let mut i = 0usize;
-                let mut pos = 0usize;
-                while i < q.batch.len() {
-                    let eta = now + Duration::from_secs_f64((pos as f64 + 1.0) / rate);
-                    if eta > q.batch[i].deadline {
-                        if let Some(w) = q.batch.remove(i) {
-                            hopeless.push(w);
-                        }
-                    } else {
-                        i += 1;
+                // Served in about their order of arrival (tenants take turns,
+                // but the n-th oldest is served about n-th).
+                let mut waiting: Vec<(u64, u32, Instant)> = q.batch.iter().map(|w| (w.id, w.claim.share.tenant, w.deadline)).collect();
+                waiting.sort_unstable_by_key(|w| w.0);
+                let late: Vec<(u64, u32)> = waiting
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(pos, (_, _, deadline))| now + Duration::from_secs_f64((*pos as f64 + 1.0) / rate) > *deadline)
+                    .map(|(_, (id, t, _))| (id, t))
+                    .collect();
+                for (id, t) in late {
+                    if let Some(w) = q.batch.remove(t, id) {
+                        hopeless.push(w);
                     }
-                    pos += 1;
                 }
             }
         }
@@ -694,12 +748,13 @@ impl PoolAdmission {
 struct WaitGuard<'a> {
     queue: &'a PoolAdmission,
     tier: Tier,
+    tenant: u32,
     id: u64,
 }
 
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
-        self.queue.remove(self.tier, self.id);
+        self.queue.remove(self.tier, self.tenant, self.id);
     }
 }
 
@@ -749,14 +804,14 @@ mod tests {
     }
 
     async fn take(pool: &Arc<PoolAdmission>, tier: Tier) -> Lease {
-        pool.admit(tier, 0).await.expect("a free slot").lease
+        pool.admit(tier, 0, Claim::default()).await.expect("a free slot").lease
     }
 
     /// Start a queued admission; the task runs until it is queued.
     async fn queued(pool: &Arc<PoolAdmission>, tier: Tier) -> tokio::task::JoinHandle<Result<Granted, Refusal>> {
         let p = pool.clone();
         let before = pool.depth(tier);
-        let h = tokio::spawn(async move { p.admit(tier, 0).await });
+        let h = tokio::spawn(async move { p.admit(tier, 0, Claim::default()).await });
         while pool.depth(tier) == before && !h.is_finished() {
             tokio::task::yield_now().await;
         }
@@ -932,9 +987,9 @@ mod tests {
         let held = take(&pool, Tier::Interactive).await;
         let waiting = queued(&pool, Tier::Interactive).await;
         // Interactive queue holds 1: the next is refused at once.
-        assert!(matches!(pool.admit(Tier::Interactive, 0).await, Err(Refusal::QueueFull { retry_after: 1 })));
+        assert!(matches!(pool.admit(Tier::Interactive, 0, Claim::default()).await, Err(Refusal::QueueFull { retry_after: 1 })));
         // Batch arriving while interactive waits is shed, not queued.
-        assert!(matches!(pool.admit(Tier::Batch, 0).await, Err(Refusal::Shed { .. })));
+        assert!(matches!(pool.admit(Tier::Batch, 0, Claim::default()).await, Err(Refusal::Shed { .. })));
         assert_eq!(pool.depth(Tier::Batch), 0);
         // The waiting one times out after queue_timeout (2 s) and leaves the queue.
         let t0 = Instant::now();
@@ -956,7 +1011,7 @@ mod tests {
         let held = take(&pool, Tier::Interactive).await;
         let spawn = |bytes: u64| {
             let p = pool.clone();
-            tokio::spawn(async move { p.admit(Tier::Interactive, bytes).await })
+            tokio::spawn(async move { p.admit(Tier::Interactive, bytes, Claim::default()).await })
         };
         let first = spawn(4 << 20);
         settle().await;
@@ -964,7 +1019,7 @@ mod tests {
         settle().await;
         assert_eq!(pool.waiting_bytes(Tier::Interactive), 8 << 20);
         // 8 MiB waiting + 4 MiB > 10 MiB: refused though the queue has room for 98 more.
-        assert!(matches!(pool.admit(Tier::Interactive, 4 << 20).await, Err(Refusal::QueueBytesFull { retry_after: 1 })));
+        assert!(matches!(pool.admit(Tier::Interactive, 4 << 20, Claim::default()).await, Err(Refusal::QueueBytesFull { retry_after: 1 })));
         // A small one still fits.
         let small = spawn(1 << 20);
         settle().await;
@@ -983,7 +1038,7 @@ mod tests {
         assert_eq!(pool.depth(Tier::Interactive), 0);
         drop(lease);
         // With a free slot nothing waits: a body larger than the budget is served.
-        assert!(pool.admit(Tier::Interactive, 64 << 20).await.is_ok());
+        assert!(pool.admit(Tier::Interactive, 64 << 20, Claim::default()).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,7 +1,8 @@
-//! Classification: who is calling (API key) and which SLO class the request
-//! runs under (`x-slo-class`, else the key's first class, else
-//! `default_class`). Keys are compared as SHA-256 digests in constant time
-//! and never logged.
+//! Classification: who is calling (API key, hence tenant) and which SLO
+//! class the request runs under (`x-slo-class`, else the key's first class,
+//! else `default_class`). Keys are compared as SHA-256 digests in constant
+//! time and never logged. Without keys every caller is one tenant,
+//! `anonymous`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,8 +10,9 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::admission::{ClassControl, Controls};
-use crate::config::{Config, Tier};
+use crate::admission::tenants::ANONYMOUS;
+use crate::admission::{ClassControl, Controls, Tenant};
+use crate::config::{Config, TenantConfig, Tier};
 use crate::error::GatewayError;
 
 /// A class as the request path needs it.
@@ -35,6 +37,7 @@ pub(crate) struct ApiKey {
     digest: [u8; 32],
     /// Allowed classes, in the configured order (the first is the default).
     pub(crate) classes: Vec<Arc<Class>>,
+    pub(crate) tenant: Arc<Tenant>,
 }
 
 /// Why a config's keys or classes cannot be used (the config parsed, but
@@ -110,6 +113,10 @@ pub(crate) struct Classifier {
     classes: Vec<Arc<Class>>,
     default_class: Arc<Class>,
     keys: Vec<ApiKey>,
+    /// Every caller's tenant when there are no keys.
+    anonymous: Arc<Tenant>,
+    /// The tenants of this config with their settings (installed with it).
+    tenants: Vec<(Arc<Tenant>, TenantConfig)>,
 }
 
 impl Classifier {
@@ -155,14 +162,29 @@ impl Classifier {
         let Some(default_class) = find(&config.default_class) else {
             return Err(KeyError::DefaultClass(config.default_class.clone()));
         };
-        let keys = config
+        let keys: Vec<ApiKey> = config
             .auth
             .keys
             .iter()
             .zip(digests)
-            .map(|(k, digest)| ApiKey { digest, classes: k.classes.iter().filter_map(|c| find(c)).collect() })
+            .map(|(k, digest)| ApiKey {
+                digest,
+                classes: k.classes.iter().filter_map(|c| find(c)).collect(),
+                tenant: controls.tenants.prepare(&k.name, &k.tenant()),
+            })
             .collect();
-        Ok(Classifier { classes, default_class, keys })
+        let anonymous = controls.tenants.prepare(ANONYMOUS, &TenantConfig::default());
+        let tenants = if keys.is_empty() {
+            vec![(anonymous.clone(), TenantConfig::default())]
+        } else {
+            keys.iter().zip(&config.auth.keys).map(|(k, c)| (k.tenant.clone(), c.tenant())).collect()
+        };
+        Ok(Classifier { classes, default_class, keys, anonymous, tenants })
+    }
+
+    /// The tenants callers can be, with their weights and limits.
+    pub(crate) fn tenants(&self) -> &[(Arc<Tenant>, TenantConfig)] {
+        &self.tenants
     }
 
     /// Are callers authenticated by slogate's own keys?
@@ -201,24 +223,26 @@ impl Classifier {
         found.ok_or(GatewayError::Unauthorized)
     }
 
-    /// Decide the class of a request from its headers.
-    pub(crate) fn classify(&self, headers: &http::HeaderMap) -> Result<Arc<Class>, GatewayError> {
+    /// Decide the class and the tenant of a request from its headers.
+    pub(crate) fn classify(&self, headers: &http::HeaderMap) -> Result<(Arc<Class>, Arc<Tenant>), GatewayError> {
         let wanted = headers.get("x-slo-class").map(|v| v.to_str().map(str::trim).unwrap_or(""));
         if self.keys.is_empty() {
-            return match wanted {
-                None => Ok(self.default_class.clone()),
-                Some(n) => self.class(n).cloned().ok_or_else(|| GatewayError::UnknownClass(n.to_string())),
+            let class = match wanted {
+                None => self.default_class.clone(),
+                Some(n) => self.class(n).cloned().ok_or_else(|| GatewayError::UnknownClass(n.to_string()))?,
             };
+            return Ok((class, self.anonymous.clone()));
         }
         let key = self.key_of(headers)?;
-        match wanted {
-            None => key.classes.first().cloned().ok_or(GatewayError::Unauthorized),
+        let class = match wanted {
+            None => key.classes.first().cloned().ok_or(GatewayError::Unauthorized)?,
             Some(n) => {
                 if self.class(n).is_none() {
                     return Err(GatewayError::UnknownClass(n.to_string()));
                 }
-                key.classes.iter().find(|c| &*c.name == n).cloned().ok_or_else(|| GatewayError::ClassForbidden(n.to_string()))
+                key.classes.iter().find(|c| &*c.name == n).cloned().ok_or_else(|| GatewayError::ClassForbidden(n.to_string()))?
             }
-        }
+        };
+        Ok((class, key.tenant.clone()))
     }
 }

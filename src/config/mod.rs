@@ -39,15 +39,22 @@ const SECTIONS: &[&str] =
     &["server", "pools", "classes", "default_class", "tiers", "slo", "breaker", "context_reduction", "auth", "telemetry", "fleet"];
 
 impl Config {
-    /// Read and check a config file.
+    /// Read and check a config file (and its `auth.keys_file`, beside it
+    /// when the path is relative).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(vec![Problem { field: String::new(), message: format!("cannot read {}: {e}", path.display()) }]))?;
-        Config::parse(&text)
+        Config::parse_in(&text, path.parent())
     }
 
-    /// Parse and check config text.
+    /// Parse and check config text (an `auth.keys_file` is read relative to
+    /// the working directory).
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse_in(text, None)
+    }
+
+    /// Parse and check config text whose relative paths start at `dir`.
+    fn parse_in(text: &str, dir: Option<&Path>) -> Result<Config, ConfigError> {
         let mut problems = Vec::new();
         let value: serde_norway::Value = match serde_norway::from_str(text) {
             Ok(v) => v,
@@ -118,6 +125,16 @@ impl Config {
                 },
                 other => problems
                     .push(Problem { field: other.into(), message: format!("unknown section, expected one of: {}", SECTIONS.join(", ")) }),
+            }
+        }
+        if let Some(file) = cfg.auth.keys_file.clone() {
+            let path = match dir {
+                Some(d) if file.is_relative() => d.join(&file),
+                _ => file,
+            };
+            if let Some(keys) = read_keys_file(&path, &mut problems) {
+                cfg.auth.from_file = keys.len();
+                cfg.auth.keys.extend(keys);
             }
         }
         cfg.validate(&seen, &mut problems);
@@ -386,14 +403,29 @@ impl Config {
         }
         let mut key_names = std::collections::HashSet::new();
         for (i, k) in self.auth.keys.iter().enumerate() {
-            let f = |s: &str| format!("auth.keys[{i}].{s}");
+            let at = self.auth.key_field(i);
+            let f = |s: &str| format!("{at}.{s}");
             if k.name.is_empty() {
                 bad(f("name"), "must not be empty".into());
             } else if !key_names.insert(k.name.as_str()) {
                 bad(f("name"), format!("key name `{}` is used twice", k.name));
             }
+            if !(k.weight.is_finite() && k.weight > 0.0) {
+                bad(f("weight"), format!("must be a number above 0, not {}", k.weight));
+            }
+            if let Some(l) = &k.limits {
+                for (name, v) in [
+                    ("requests_per_minute", l.requests_per_minute),
+                    ("tokens_per_minute", l.tokens_per_minute),
+                    ("max_concurrent", l.max_concurrent),
+                ] {
+                    if v == Some(0) {
+                        bad(f(&format!("limits.{name}")), "must be at least 1 (leave it out for no limit)".into());
+                    }
+                }
+            }
             match (&k.key_env, &k.key_sha256) {
-                (Some(_), Some(_)) | (None, None) => bad(format!("auth.keys[{i}]"), "give exactly one of key_env and key_sha256".into()),
+                (Some(_), Some(_)) | (None, None) => bad(at.clone(), "give exactly one of key_env and key_sha256".into()),
                 (Some(env), None) => {
                     if std::env::var(env).map(|v| v.is_empty()).unwrap_or(true) {
                         bad(f("key_env"), format!("environment variable {env} is not set"));
@@ -410,9 +442,12 @@ impl Config {
             }
             for (j, c) in k.classes.iter().enumerate() {
                 if !class_known(c) {
-                    bad(format!("auth.keys[{i}].classes[{j}]"), format!("`{c}` is not one of the classes"));
+                    bad(f(&format!("classes[{j}]")), format!("`{c}` is not one of the classes"));
                 }
             }
+        }
+        if self.auth.default_max_tokens == 0 {
+            bad("auth.default_max_tokens".into(), "must be at least 1".into());
         }
         if let Some(ep) = &self.telemetry.otlp_endpoint {
             if parse_replica_url(ep).is_err() || !ep.starts_with("http://") {
@@ -449,6 +484,40 @@ struct Parsed {
 /// with an optional path prefix.
 /// A replica's name: what clients see in a header, so short and plain.
 /// A peer's admin listener: `http://host:port` (no path).
+/// The `key_sha256` of an API key: what `auth.keys[].key_sha256` holds, and
+/// what slogate compares a caller's key against.
+pub fn key_sha256(key: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(key.trim().as_bytes()))
+}
+
+/// The keys of `auth.keys_file`: a YAML list of keys as in `auth.keys`.
+/// Problems are named `auth.keys_file...`; `None` when the file is not usable at all.
+fn read_keys_file(path: &Path, problems: &mut Vec<Problem>) -> Option<Vec<KeyConfig>> {
+    let field = "auth.keys_file";
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            problems.push(Problem { field: field.into(), message: format!("cannot read {}: {e}", path.display()) });
+            return None;
+        }
+    };
+    let items = match serde_norway::from_str::<serde_norway::Value>(&text) {
+        Ok(serde_norway::Value::Sequence(items)) => items,
+        Ok(serde_norway::Value::Null) => Vec::new(),
+        Ok(_) => {
+            problems
+                .push(Problem { field: field.into(), message: format!("{}: must be a list of keys, as under auth.keys", path.display()) });
+            return None;
+        }
+        Err(e) => {
+            problems.push(Problem { field: field.into(), message: format!("{}: not valid YAML: {e}", path.display()) });
+            return None;
+        }
+    };
+    Some(items.into_iter().enumerate().filter_map(|(i, item)| parse_part(&format!("{field}[{i}]"), item, problems)).collect())
+}
+
 pub fn parse_peer_url(url: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = url.trim().trim_end_matches('/').parse().map_err(|e| format!("`{url}` is not a URL: {e}"))?;
     if uri.scheme_str() != Some("http") {
@@ -596,6 +665,50 @@ mod tests {
         let err =
             Config::parse("pools:\n  - name: a\n    models: [m]\n    replicas: [http://127.0.0.1:1, 'ftp://x']\n").expect_err("bad").0;
         assert_eq!(err[0].field, "pools[0].replicas[1]");
+    }
+
+    #[test]
+    fn key_weights_and_limits_are_checked_and_keys_file_problems_are_named_there() {
+        let h = "a".repeat(64);
+        let err = Config::parse(&format!(
+            "auth:\n  keys:\n    - {{ name: a, key_sha256: {h}, classes: [chat], weight: 0 }}\n    - {{ name: b, key_sha256: {h}, classes: [chat], limits: {{ tokens_per_minute: 0 }} }}\n"
+        ))
+        .expect_err("bad")
+        .0;
+        let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(fields, vec!["auth.keys[0].weight", "auth.keys[1].limits.tokens_per_minute"], "{err:?}");
+        let err = Config::parse(&format!("auth:\n  keys:\n    - {{ name: b, key_sha256: {h}, classes: [chat], limits: {{ rpm: 3 }} }}\n"))
+            .expect_err("bad")
+            .0;
+        assert_eq!(err[0].field, "auth.keys[0].limits.rpm", "{err:?}");
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(
+            dir.path().join("keys.yaml"),
+            format!("- {{ name: f, key_sha256: {h}, classes: [nope] }}\n- {{ name: g, classes: [chat] }}\n"),
+        )
+        .expect("write");
+        let cfg = dir.path().join("slogate.yaml");
+        std::fs::write(&cfg, format!("auth:\n  keys_file: keys.yaml\n  keys:\n    - {{ name: a, key_sha256: {h}, classes: [chat] }}\n"))
+            .expect("write");
+        let err = Config::load(&cfg).expect_err("bad keys file").0;
+        let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
+        assert!(fields.contains(&"auth.keys_file[0].classes[0]"), "{err:?}");
+        assert!(fields.contains(&"auth.keys_file[1]"), "{err:?}");
+        std::fs::write(
+            dir.path().join("keys.yaml"),
+            format!("- {{ name: a, key_sha256: {h}, classes: [chat], limits: {{ max_concurrent: 2 }} }}\n"),
+        )
+        .expect("write");
+        let err = Config::load(&cfg).expect_err("a name twice").0;
+        assert_eq!(err[0].field, "auth.keys_file[0].name", "{err:?}");
+        std::fs::write(dir.path().join("keys.yaml"), format!("- {{ name: f, key_sha256: {h}, classes: [chat], weight: 2.5 }}\n"))
+            .expect("write");
+        let ok = Config::load(&cfg).expect("valid");
+        assert_eq!(ok.auth.keys.len(), 2);
+        assert_eq!((ok.auth.keys[1].name.as_str(), ok.auth.keys[1].weight), ("f", 2.5));
+        std::fs::remove_file(dir.path().join("keys.yaml")).expect("rm");
+        let err = Config::load(&cfg).expect_err("missing file").0;
+        assert_eq!(err[0].field, "auth.keys_file", "{err:?}");
     }
 
     #[test]

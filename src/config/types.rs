@@ -628,10 +628,37 @@ impl FleetConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     pub keys: Vec<KeyConfig>,
+    /// More keys, in the same format (a list), read with the config and
+    /// re-read at every reload; a relative path is the config file's sibling.
+    pub keys_file: Option<std::path::PathBuf>,
+    /// Output tokens reserved against a key's `tokens_per_minute` for a
+    /// request that names no `max_tokens` or `max_completion_tokens`.
+    pub default_max_tokens: u64,
+    /// How many of `keys` came from `keys_file` (the last ones).
+    #[serde(skip)]
+    pub from_file: usize,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig { keys: Vec::new(), keys_file: None, default_max_tokens: 1024, from_file: 0 }
+    }
+}
+
+impl AuthConfig {
+    /// Where key `i` was configured, for messages: `auth.keys[i]` or `auth.keys_file[j]`.
+    pub fn key_field(&self, i: usize) -> String {
+        let own = self.keys.len() - self.from_file.min(self.keys.len());
+        if i < own {
+            format!("auth.keys[{i}]")
+        } else {
+            format!("auth.keys_file[{}]", i - own)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -643,6 +670,44 @@ pub struct KeyConfig {
     #[serde(default)]
     pub key_sha256: Option<String>,
     pub classes: Vec<String>,
+    /// Its share of a tier against the other keys' when slots are short.
+    #[serde(default = "one")]
+    pub weight: f64,
+    #[serde(default)]
+    pub limits: Option<KeyLimitsConfig>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl KeyConfig {
+    /// What the tenant behind this key is.
+    pub fn tenant(&self) -> TenantConfig {
+        TenantConfig { weight: self.weight, limits: self.limits }
+    }
+}
+
+/// A key's own limits (`auth.keys[].limits`); each is optional.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeyLimitsConfig {
+    pub requests_per_minute: Option<u64>,
+    pub tokens_per_minute: Option<u64>,
+    pub max_concurrent: Option<u64>,
+}
+
+/// A tenant's weight and limits: a key's, or the anonymous caller's (weight 1, no limits).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TenantConfig {
+    pub weight: f64,
+    pub limits: Option<KeyLimitsConfig>,
+}
+
+impl Default for TenantConfig {
+    fn default() -> Self {
+        TenantConfig { weight: 1.0, limits: None }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]

@@ -39,6 +39,8 @@ pub(super) struct Head {
     has_stream_options: bool,
     /// A `priority` member of any value is present.
     has_priority: bool,
+    /// The most tokens it may generate: `max_completion_tokens`, else `max_tokens`.
+    pub(crate) max_output: Option<u64>,
 }
 
 /// A request body, parsed only as far as needed.
@@ -61,6 +63,15 @@ struct Wire<'a> {
     stream_options: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     priority: bool,
+    #[serde(default, deserialize_with = "count")]
+    max_tokens: Option<u64>,
+    #[serde(default, deserialize_with = "count")]
+    max_completion_tokens: Option<u64>,
+}
+
+/// A token count; anything else (the replica judges it) as absent.
+fn count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Value::deserialize(d).map(|v| v.as_u64())
 }
 
 /// `Some` for any value, `null` included (unlike `Option`'s own rule).
@@ -107,6 +118,7 @@ impl RequestBody {
             include_usage: usage_asked(w.stream_options.as_ref()),
             has_stream_options: w.stream_options.is_some(),
             has_priority: w.priority,
+            max_output: w.max_completion_tokens.or(w.max_tokens),
         })
     }
 
@@ -187,6 +199,7 @@ fn head_of(o: &Map<String, Value>) -> Head {
         include_usage: usage_asked(o.get("stream_options")),
         has_stream_options: o.contains_key("stream_options"),
         has_priority: o.contains_key("priority"),
+        max_output: o.get("max_completion_tokens").and_then(Value::as_u64).or_else(|| o.get("max_tokens").and_then(Value::as_u64)),
     }
 }
 
@@ -267,7 +280,14 @@ mod tests {
         assert!(b.object.is_none(), "the quick path took it");
         assert_eq!(
             b.head(),
-            &Head { model: Model::Name("mé".into()), stream: true, include_usage: true, has_stream_options: true, has_priority: false }
+            &Head {
+                model: Model::Name("mé".into()),
+                stream: true,
+                include_usage: true,
+                has_stream_options: true,
+                has_priority: false,
+                max_output: None
+            }
         );
     }
 

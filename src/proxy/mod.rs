@@ -83,12 +83,13 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
         (&Method::POST, p) if p.starts_with("/v1/") && route_method(p).is_none() => Endpoint::Other,
         (m, p) => return GatewayError::no_route(m, p, route_method(p)).into_response(),
     };
-    let class = match snap.classifier.classify(req.headers()) {
+    let (class, tenant) = match snap.classifier.classify(req.headers()) {
         Ok(c) => c,
         // No class yet: counted under the default class so 401s are visible.
         Err(e) => return fail(Tracker::new(app.metrics.clone(), snap.default_class(), start), e),
     };
     let mut tracker = Tracker::new(app.metrics.clone(), class.clone(), start);
+    tracker.set_tenant(tenant);
     // One trace span per request, only when OTLP export is on.
     let span = if snap.config.telemetry.otlp_endpoint.is_some() {
         let span = crate::telemetry::otel::request_span(req.headers(), endpoint.operation());
@@ -120,7 +121,26 @@ async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, mu
     t.set_streaming(routed.stream);
     let class = t.class().clone();
 
-    let admitted = admission::admit(&class.control, &routed.route.admission, routed.stream, routed.request.len() as u64).await;
+    // Its prompt, estimated from the body (four bytes a token): what its
+    // tenant's fair share is charged when it gets a slot (the rest, at its
+    // end, from the replica's usage). Reserved against the key's tokens per
+    // minute: that and the most it may generate.
+    let prompt = routed.request.len() as u64 / 4;
+    let max_output = routed.request.head().max_output.unwrap_or(snap.config.auth.default_max_tokens);
+    let tokens = prompt + if endpoint.generates() { max_output } else { 0 };
+    let tenant = t.tenant().cloned();
+    if let Some(tenant) = tenant.as_ref().filter(|t| t.has_limits()) {
+        match admission::limit(tenant, tokens, t.metrics()) {
+            Ok((permit, state)) => t.set_permit(permit, state),
+            Err(refused) => {
+                let (e, state) = *refused;
+                t.set_rate(state);
+                return fail(t, e);
+            }
+        }
+    }
+    let claim = admission::Claim { share: tenant.map(|t| t.share()).unwrap_or_default(), tokens: prompt };
+    let admitted = admission::admit(&class.control, &routed.route.admission, routed.stream, routed.request.len() as u64, claim).await;
     let admitted = stage!(t, admitted);
     t.set_probe(admitted.probe);
     t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
@@ -169,7 +189,30 @@ fn fail(mut t: Tracker, e: GatewayError) -> Response<ProxyBody> {
     if e.status().is_server_error() {
         tracing::warn!(error = %e.for_log(), "request failed");
     }
-    e.into_response()
+    let mut resp = e.into_response();
+    if let Some(state) = t.rate() {
+        rate_headers(resp.headers_mut(), &state);
+    }
+    resp
+}
+
+/// OpenAI's rate-limit headers, for every response to a key with limits.
+fn rate_headers(h: &mut HeaderMap, state: &admission::RateState) {
+    let mut put = |name: &'static str, v: String| {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(HeaderName::from_static(name), v);
+        }
+    };
+    if let Some(q) = state.requests {
+        put("x-ratelimit-limit-requests", q.limit.to_string());
+        put("x-ratelimit-remaining-requests", q.remaining.to_string());
+        put("x-ratelimit-reset-requests", admission::tenants::reset_text(q.reset));
+    }
+    if let Some(q) = state.tokens {
+        put("x-ratelimit-limit-tokens", q.limit.to_string());
+        put("x-ratelimit-remaining-tokens", q.remaining.to_string());
+        put("x-ratelimit-reset-tokens", admission::tenants::reset_text(q.reset));
+    }
 }
 
 /// What routing found: the parsed body, its model and the pool serving it.
@@ -268,6 +311,7 @@ fn observe(
     let status = resp.status();
     let replica = lease.replica().public_name();
     let class_name = tracker.class().name.clone();
+    let rate = tracker.rate();
     tracker.span().record("http.response.status_code", status.as_u16());
     tracker.attach_lease(lease, waited);
     let (mut rparts, rbody) = resp.into_parts();
@@ -294,6 +338,9 @@ fn observe(
     h.insert(HeaderName::from_static("x-slogate-queue-ms"), HeaderValue::from(waited.as_millis() as u64));
     if let Some(v) = reduced.and_then(|r| HeaderValue::from_str(&r).ok()) {
         h.insert(HeaderName::from_static("x-slogate-context-reduced"), v);
+    }
+    if let Some(state) = rate {
+        rate_headers(h, &state);
     }
     Response::from_parts(rparts, body)
 }

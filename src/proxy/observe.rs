@@ -24,7 +24,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use crate::admission::{Lease, Probe};
+use crate::admission::{Lease, Permit, Probe, RateState, Tenant};
 use crate::classify::Class;
 use crate::config::{PoolConfig, ServerConfig};
 use crate::error::BoxError;
@@ -62,6 +62,11 @@ pub(crate) struct Tracker {
     span: tracing::Span,
     /// Accounted for already (see [`Tracker::close`]).
     recorded: bool,
+    /// Who it is for, its hold on the key's limits, and the key's quotas
+    /// for the response headers (keys with limits only).
+    tenant: Option<Arc<Tenant>>,
+    permit: Option<Permit>,
+    rate: Option<RateState>,
 }
 
 impl Tracker {
@@ -85,7 +90,33 @@ impl Tracker {
             finish_reason: None,
             span: tracing::Span::none(),
             recorded: false,
+            tenant: None,
+            permit: None,
+            rate: None,
         }
+    }
+
+    pub(crate) fn set_tenant(&mut self, tenant: Arc<Tenant>) {
+        self.tenant = Some(tenant);
+    }
+
+    pub(crate) fn tenant(&self) -> Option<&Arc<Tenant>> {
+        self.tenant.as_ref()
+    }
+
+    /// The key's limits let the request through: hold `permit` until it ends.
+    pub(crate) fn set_permit(&mut self, permit: Permit, state: RateState) {
+        self.permit = Some(permit);
+        self.rate = Some(state);
+    }
+
+    /// The key's quotas, for the headers of the response.
+    pub(crate) fn set_rate(&mut self, state: RateState) {
+        self.rate = Some(state);
+    }
+
+    pub(crate) fn rate(&self) -> Option<RateState> {
+        self.rate
     }
 
     pub(crate) fn metrics(&self) -> &Metrics {
@@ -220,6 +251,7 @@ impl Tracker {
                 probe.ended(outcome);
             }
         }
+        self.account_tenant(&f);
         let control = &self.class.control;
         let series = series(&mut self.series, &self.class);
         let class = control.series.load();
@@ -227,6 +259,42 @@ impl Tracker {
             &f,
             &Sinks { metrics: &self.metrics, series, class: &class, budget: &control.budget, ttft_window: &control.ttft },
         );
+    }
+
+    /// Settle the tenant's service and limits to what the replica reported,
+    /// and count the request under its tenant.
+    fn account_tenant(&mut self, f: &Finished) {
+        let used = f.usage.map(|u| u.prompt_tokens + u.completion_tokens);
+        if let Some(p) = self.permit.as_mut() {
+            match (self.lease.is_some(), used) {
+                // Refused by the gateway after the key's limits let it through.
+                (false, _) => p.refund(),
+                (true, Some(n)) => p.settle(n),
+                // No usage reported: the reservation stands.
+                (true, None) => {}
+            }
+        }
+        if let (Some(l), Some(n)) = (self.lease.as_mut(), used) {
+            l.settle(n);
+        }
+        let Some(tenant) = &self.tenant else { return };
+        let m = &self.metrics;
+        let name = tenant.name.to_string();
+        use crate::telemetry::metrics::{TenantKindLabels, TenantLabels, TenantOutcomeLabels};
+        m.tenant_requests.get_or_create(&TenantOutcomeLabels { tenant: name.clone(), outcome: f.outcome }).inc();
+        if let Some(u) = f.usage {
+            m.tenant_tokens.get_or_create(&TenantKindLabels { tenant: name.clone(), kind: "prompt" }).inc_by(u.prompt_tokens);
+            m.tenant_tokens.get_or_create(&TenantKindLabels { tenant: name.clone(), kind: "completion" }).inc_by(u.completion_tokens);
+        }
+        let good = f.latency_good();
+        if good {
+            m.tenant_goodput.get_or_create(&TenantLabels { tenant: name.clone() }).inc();
+        }
+        if self.lease.is_some() {
+            m.tenant_queue_time.get_or_create(&TenantLabels { tenant: name }).observe(self.queued.as_secs_f64());
+        }
+        let judged = (f.outcome.sli() != SliClass::Excluded).then_some(good);
+        tenant.served(f.end, used.unwrap_or(0), judged);
     }
 }
 

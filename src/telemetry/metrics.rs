@@ -102,6 +102,25 @@ pub(crate) struct FleetPeerLabels {
     pub(crate) state: String,
 }
 
+/// A tenant: its API key's name (`anonymous` without keys); bounded by the config.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct TenantLabels {
+    pub(crate) tenant: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct TenantOutcomeLabels {
+    pub(crate) tenant: String,
+    pub(crate) outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct TenantKindLabels {
+    pub(crate) tenant: String,
+    /// `prompt` or `completion` for tokens; `requests`, `tokens` or `concurrent` for limits.
+    pub(crate) kind: &'static str,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct ReplicaLabels {
     pub(crate) pool: String,
@@ -329,6 +348,11 @@ pub struct Metrics {
     pub(crate) open_connections: Gauge,
     /// Connections that waited to be accepted because `server.max_connections` were open.
     pub(crate) connections_waited: Counter,
+    pub(crate) tenant_requests: Family<TenantOutcomeLabels, Counter>,
+    pub(crate) tenant_tokens: Family<TenantKindLabels, Counter>,
+    pub(crate) tenant_goodput: Family<TenantLabels, Counter>,
+    pub(crate) tenant_queue_time: Family<TenantLabels, AtomicHistogram, Buckets>,
+    pub(crate) tenant_limited: Family<TenantKindLabels, Counter>,
 }
 
 impl Metrics {
@@ -365,6 +389,11 @@ impl Metrics {
             reloads: Counter::default(),
             open_connections: Gauge::default(),
             connections_waited: Counter::default(),
+            tenant_requests: Family::default(),
+            tenant_tokens: Family::default(),
+            tenant_goodput: Family::default(),
+            tenant_queue_time: Family::new_with_constructor(Buckets(Arc::new(LATENCY_BASE.to_vec()))),
+            tenant_limited: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -423,6 +452,23 @@ impl Metrics {
             m.budget_remaining.clone(),
         );
         registry.register("error_budget_burn_rate", "Bad share over the allowed bad share, per burn-alert window", m.burn_rate.clone());
+        registry.register("tenant_requests", "Requests by tenant (API key name) and outcome", m.tenant_requests.clone());
+        registry.register(
+            "tenant_tokens",
+            "Tokens by tenant, as the replicas reported them (kind: prompt, completion)",
+            m.tenant_tokens.clone(),
+        );
+        registry.register(
+            "tenant_goodput_requests",
+            "A tenant's requests that met both their class's TTFT and ITL target",
+            m.tenant_goodput.clone(),
+        );
+        registry.register("tenant_queue_time_seconds", "Time a tenant's requests waited in the gateway queue", m.tenant_queue_time.clone());
+        registry.register(
+            "tenant_limited_requests",
+            "A tenant's requests refused by its key's own limits (kind: requests, tokens, concurrent)",
+            m.tenant_limited.clone(),
+        );
         registry.register("config_reloads", "Config reloads applied", m.reloads.clone());
         registry.register("config_reload_failures", "Config reloads rejected (the old config was kept)", m.reload_failures.clone());
         for class in config.classes.keys() {

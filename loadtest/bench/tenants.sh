@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Tenants: fair sharing of a tier among API keys, weights, and a key's own
+# tokens-per-minute limit driven by the OpenAI Python SDK. Each scenario's
+# result (README.md with its SVG charts, stamped with commit and machine)
+# replaces loadtest/results/tenants/SCENARIO/:
+#
+#   fair     three tenants in `chat` at 1.5 C in all (the fleet of
+#            bench/limits.sh, capacity C measured first): A sends 80 %, B and
+#            C 10 % each. `fifo`: no keys (one tenant, first come first
+#            served, as before tenants); `fair`: a key each, weights equal
+#   weights  two tenants in `chat`, weights 3 and 1, each offering 1.5 C:
+#            the service each gets (tokens) over 60 s
+#   tpm      one key with tokens_per_minute, driven for 5 minutes by the
+#            OpenAI Python SDK (default retries) from 8 threads, against a
+#            fast simulated replica
+#
+#   loadtest/bench/tenants.sh [fair] [weights] [tpm]   (default: all)
+#
+# Everything runs on 127.0.0.1 with free ports, bounded in time.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+WORK=$(mktemp -d); export WORK
+source "$HERE/../lib.sh"
+OUT="$ROOT/loadtest/results/tenants"
+DURATION=${DURATION:-90}
+build_release
+MACHINE=$(machine_line)
+bash "$ROOT/scripts/setup-test-deps" >&2   # the OpenAI SDK (.venv) for tpm
+
+loadgen() { run_on "${LG_CPUS:-}" "$BIN/loadgen" "$@"; }
+hash_key() { printf %s "$1" | "$BIN/slogate" keys hash; }
+
+OUTPUT="{ dist: uniform, min: 64, max: 256 }"
+
+# gateway_yaml FILE KEYS_YAML : slogate over SIM_URLS, learned limits, upstream priority; KEYS_YAML under auth.keys.
+gateway_yaml() {
+  { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
+    echo "pools:"
+    echo "  - name: default"
+    echo "    models: [auto]"
+    echo "    replicas: [$(IFS=,; echo "${SIM_URLS[*]}" | sed 's/,/, /g')]"
+    echo "    upstream_priority: true"
+    if [ -n "$2" ]; then echo "auth:"; echo "  keys:"; echo "$2"; fi
+  } >"$1"
+}
+
+# tenant_stream NAME KEY RATE : a chat stream of one tenant (Poisson), 512-token prompts.
+tenant_stream() {
+  cat <<EOF
+  - name: $1
+    class: chat
+    model: $MODEL
+    api_key: $2
+    arrival: { kind: poisson, rate: $3 }
+    prompt_tokens: { dist: fixed, value: 512 }
+    output_tokens: $OUTPUT
+EOF
+}
+
+capacity() {
+  [ -n "${C:-}" ] && return 0
+  sim_up --replicas 2
+  { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
+    chat_stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: 512 }" "$OUTPUT"
+  } >"$WORK/capacity.yaml"
+  loadgen run "$WORK/capacity.yaml" --label capacity --out "$WORK/capacity.json" --report "$WORK/capacity.md" --no-progress >&2
+  sim_down
+  C=$(python3 "$HERE/admission_report.py" capacity "$WORK/capacity.json")
+  echo "capacity C = $C req/s" >&2
+}
+
+# run DIR LABEL KEYS_YAML SCENARIO : fresh replicas, a gateway with KEYS_YAML, the scenario through it.
+run() {
+  local d=$1 label=$2
+  sim_up --replicas 2
+  gateway_yaml "$WORK/gw-$label.yaml" "$3"
+  start_gateway "$WORK/gw-$label.yaml" "gw-$label"
+  loadgen run "$4" --target "$GW_URL" --label "$label" --out "$d/$label.json" --report "$d/$label.md" --no-progress
+  curl -sf "$ADMIN_URL/metrics" >"$d/$label-metrics.txt" || true
+  gw_down; sim_down
+}
+
+keys_of() { # NAME:WEIGHT... : auth.keys entries, key "sk-NAME"
+  local spec name weight
+  for spec in "$@"; do
+    name=${spec%%:*}; weight=${spec#*:}
+    echo "    - { name: $name, key_sha256: $(hash_key "sk-$name"), classes: [chat], weight: $weight }"
+  done
+}
+
+fair() {
+  local d="$WORK/fair"; mkdir -p "$d"
+  capacity
+  local a b
+  a=$(python3 -c "print(round(1.5*$C*0.8, 3))"); b=$(python3 -c "print(round(1.5*$C*0.1, 3))")
+  { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
+    tenant_stream A sk-A "$a"; tenant_stream B sk-B "$b"; tenant_stream C sk-C "$b"
+  } >"$d/scenario.yaml"
+  run "$d" fifo "" "$d/scenario.yaml"
+  run "$d" fair "$(keys_of A:1 B:1 C:1)" "$d/scenario.yaml"
+  python3 "$HERE/tenants_report.py" fair "$d" "$C" "$MACHINE"
+  publish "$d" "$OUT/fair"
+}
+
+weights() {
+  local d="$WORK/weights"; mkdir -p "$d"
+  capacity
+  local r; r=$(python3 -c "print(round(1.5*$C, 3))")
+  { echo "target: http://127.0.0.1:1"; echo "duration: 70s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
+    tenant_stream heavy sk-heavy "$r"; tenant_stream light sk-light "$r"
+  } >"$d/scenario.yaml"
+  run "$d" weights "$(keys_of heavy:3 light:1)" "$d/scenario.yaml"
+  python3 "$HERE/tenants_report.py" weights "$d" "$C" "$MACHINE"
+  publish "$d" "$OUT/weights"
+}
+
+tpm() {
+  local d="$WORK/tpm"; mkdir -p "$d"
+  local limit=${TPM_LIMIT:-30000} minutes=${TPM_MINUTES:-5}
+  # One fast replica (8B on an H100): the key's limit, not the replica, is what binds.
+  start_sim sim --replicas 1 --profile llama8b-h100; SIM_PID=${PIDS[-1]}
+  { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
+    echo "pools:"
+    echo "  - name: default"
+    echo "    models: [auto]"
+    echo "    replicas: [${SIM_URLS[0]}]"
+    echo "auth:"
+    echo "  keys:"
+    echo "    - { name: sdk, key_sha256: $(hash_key sk-sdk), classes: [chat], limits: { tokens_per_minute: $limit } }"
+    echo "    - { name: other, key_sha256: $(hash_key sk-other), classes: [chat] }"
+  } >"$WORK/gw-tpm.yaml"
+  start_gateway "$WORK/gw-tpm.yaml" gw-tpm
+  "$ROOT/.venv/bin/python" "$HERE/tpm_sdk.py" "$GW_URL/v1" "$ADMIN_URL" "$limit" "$minutes" "$d/tpm.json"
+  gw_down; sim_down
+  python3 "$HERE/tenants_report.py" tpm "$d" "$limit" "$MACHINE"
+  publish "$d" "$OUT/tpm"
+}
+
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(fair weights tpm)
+for s in "${want[@]}"; do
+  case $s in fair) fair ;; weights) weights ;; tpm) tpm ;; *) echo "unknown scenario $s" >&2; exit 2 ;; esac
+done

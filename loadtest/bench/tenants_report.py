@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Reports of loadtest/bench/tenants.sh (fair sharing, weights, per-key token limits).
+
+    tenants_report.py fair DIR C MACHINE
+    tenants_report.py weights DIR C MACHINE
+    tenants_report.py tpm DIR LIMIT MACHINE
+"""
+import os
+import sys
+
+from admission_report import chart, load, pct, window, within, write_checks  # beside this script
+
+FLEET = ("two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each), "
+         "`--max-num-batched-tokens 512`, `--scheduling-policy priority`; 512-token prompts, 64-256 output tokens "
+         "(uniform). slogate: learned limits (`auto`), `upstream_priority: true`, class `chat` (interactive, "
+         "TTFT 300 ms, ITL 50 ms), default tiers.")
+
+
+def tenant_row(recs, name, dur):
+    rs = [x for x in recs if x["stream"] == name]
+    done = [x for x in rs if x["outcome"] in ("ok", "length")]
+    rej = [x for x in rs if x["outcome"] == "rejected" or x.get("status") == 429]
+    ttft = [x["ttft_ms"] for x in done if x["ttft_ms"] is not None]
+    good = [x for x in rs if within(x)]
+    return {
+        "requests": len(rs), "done": len(done), "rejected": len(rej), "failed": len(rs) - len(done) - len(rej),
+        "p50": pct(ttft, 0.5), "p99": pct(ttft, 0.99), "within": len(good) / len(rs) if rs else float("nan"),
+        "goodput": len(good) / dur,
+    }
+
+
+def measured(r):
+    w, d = window(r)
+    return [x for x in r["records"] if w <= x["start_s"] < d], d - w
+
+
+def ttft_chart(d, runs, names, stem, title):
+    """Each tenant's TTFT P99 per 5 s, one series per run and tenant."""
+    path = os.path.join(d, stem + ".csv")
+    series = {}
+    end = 0
+    for lab, r in runs.items():
+        for n in names:
+            by = {}
+            for x in r["records"]:
+                if x["stream"] == n and x["ttft_ms"] is not None:
+                    by.setdefault(int(x["start_s"] // 5), []).append(x["ttft_ms"])
+            series[f"{lab}: {n} TTFT P99 ms"] = by
+            end = max(end, max(by) if by else 0)
+    with open(path, "w") as f:
+        f.write("time (s)," + ",".join(series) + "\n")
+        for b in range(end + 1):
+            f.write(f"{b * 5 + 2.5}," + ",".join(f"{pct(v.get(b, []), 0.99):.0f}" if v.get(b) else "" for v in series.values()) + "\n")
+    chart(path, d, stem, title, "ms", ["chat TTFT target 300 ms=300"])
+
+
+def cmd_fair(d, C, machine):
+    C = float(C)
+    runs = {lab: load(os.path.join(d, f"{lab}.json")) for lab in ("fifo", "fair")}
+    rows = {}
+    for lab, r in runs.items():
+        recs, dur = measured(r)
+        rows[lab] = {n: tenant_row(recs, n, dur) for n in ("A", "B", "C")}
+    f_rows = rows["fair"]
+    total = sum(x["goodput"] for x in f_rows.values())
+    checks = []
+    for n in ("B", "C"):
+        checks.append((f"fair: tenant {n} >= 99 % within SLO", f_rows[n]["within"] >= 0.99, f"{100 * f_rows[n]['within']:.2f} %"))
+        checks.append((f"fair: tenant {n} TTFT P99 <= 300 ms", f_rows[n]["p99"] <= 300, f"{f_rows[n]['p99']:.0f} ms"))
+    checks.append(("fair: goodput >= 90 % of C in total", total >= 0.9 * C, f"{total:.2f} req/s = {100 * total / C:.0f} % of C"))
+    ttft_chart(d, runs, ("A", "B", "C"), "ttft", "Each tenant's TTFT P99 per 5 s: first come first served vs fair")
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# Three tenants in one class: a heavy one does not take the others' SLO\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/tenants.sh fair`.\n\n")
+        f.write(f"**Fleet:** {FLEET}\n\n")
+        f.write(f"**Capacity C = {C:.2f} req/s.** Offered 1.5 C in all, all in `chat` (Poisson): tenant A 80 %, "
+                "B and C 10 % each. `fifo`: no keys configured, so every caller is one tenant and the class's queue is "
+                "first come, first served (slogate before tenants); `fair`: a key per tenant, equal weights. "
+                "Measured from 10 s after start. Each run on fresh replicas.\n\n")
+        write_checks(f, checks)
+        f.write("\n## Side by side\n\n| run | tenant | requests | completed | 429 | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n")
+        f.write("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+        for lab in ("fifo", "fair"):
+            for n in ("A", "B", "C"):
+                x = rows[lab][n]
+                f.write(f"| {lab} | {n} | {x['requests']} | {x['done']} | {x['rejected']} | {x['failed']} | "
+                        f"{x['p50']:.0f} / {x['p99']:.0f} | {100 * x['within']:.1f} % | {x['goodput']:.2f} |\n")
+            g = sum(x["goodput"] for x in rows[lab].values())
+            f.write(f"| {lab} | **all** | | | | | | | **{g:.2f}** ({100 * g / C:.0f} % of C) |\n")
+        f.write("\nChart: `ttft.svg`.\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
+def cmd_weights(d, C, machine):
+    C = float(C)
+    r = load(os.path.join(d, "weights.json"))
+    w, end = window(r)
+    served = {"heavy": [], "light": []}
+    for x in r["records"]:
+        if x["outcome"] in ("ok", "length") and x["stream"] in served:
+            done_at = x["start_s"] + x["e2e_ms"] / 1000
+            if w <= done_at < end:
+                served[x["stream"]].append((done_at, (x.get("prompt_tokens") or 0) + (x.get("tokens") or 0)))
+    tokens = {k: sum(t for _, t in v) for k, v in served.items()}
+    ratio = tokens["heavy"] / tokens["light"] if tokens["light"] else float("inf")
+    checks = [(f"service received within 10 % of 3:1 over {end - w:.0f} s", abs(ratio / 3 - 1) <= 0.10, f"{ratio:.2f} : 1")]
+    path = os.path.join(d, "served.csv")
+    with open(path, "w") as f:
+        f.write("time (s),heavy (weight 3): tokens served,light (weight 1): tokens served,light x 3\n")
+        acc = {"heavy": 0, "light": 0}
+        events = sorted((t, k, n) for k, v in served.items() for t, n in v)
+        for t, k, n in events:
+            acc[k] += n
+            f.write(f"{t:.2f},{acc['heavy']},{acc['light']},{3 * acc['light']}\n")
+    chart(path, d, "served", "Tokens served, weights 3 and 1, both saturating", "tokens", [])
+    recs, dur = measured(r)
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# Weights 3:1 between two saturating tenants\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/tenants.sh weights`.\n\n")
+        f.write(f"**Fleet:** {FLEET}\n\n")
+        f.write(f"**Capacity C = {C:.2f} req/s.** Two tenants in `chat`, keys with weights 3 (`heavy`) and 1 (`light`), "
+                "each offering 1.5 C (Poisson, same lengths). Service = prompt plus generated tokens of the requests "
+                f"that completed between {w:.0f} s and {end:.0f} s.\n\n")
+        write_checks(f, checks)
+        f.write("\n| tenant | weight | tokens served | requests | completed | 429 | TTFT p50 / p99 ms |\n|---|---:|---:|---:|---:|---:|---:|\n")
+        for n, wt in (("heavy", 3), ("light", 1)):
+            x = tenant_row(recs, n, dur)
+            f.write(f"| {n} | {wt} | {tokens[n]} | {x['requests']} | {x['done']} | {x['rejected']} | {x['p50']:.0f} / {x['p99']:.0f} |\n")
+        f.write("\nChart: `served.svg`.\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
+def cmd_tpm(d, limit, machine):
+    limit = float(limit)
+    r = load(os.path.join(d, "tpm.json"))
+    minutes = r["elapsed_s"] / 60
+    used = r["gateway_tokens"]
+    per_min = used / minutes
+    answered = len(r["answers"])
+    all_headers = all(x["headers"] for x in r["refusals"])
+    per_minute = [sum(a["tokens"] for a in r["answers"] if m * 60 <= a["t"] < (m + 1) * 60) for m in range(int(r["minutes"]))]
+    checks = [
+        ("the limit holds within 5 % over the run", per_min <= 1.05 * limit, f"{per_min:.0f} tokens/min for a limit of {limit:.0f} ({100 * per_min / limit:.1f} %)"),
+        ("every 429 carries Retry-After and the x-ratelimit-* headers", all_headers and bool(r["refusals"]),
+         f"{len(r['refusals'])} RateLimitError, {'all' if all_headers else 'not all'} with the headers"),
+        ("the SDK's backoff makes progress (answers every minute)", all(m > 0 for m in per_minute), ", ".join(f"{m}" for m in per_minute) + " tokens answered per minute"),
+        ("nothing else is refused", not r["errors"] and r["other"]["refused"] == 0 and r["other"]["error"] == 0,
+         f"{len(r['errors'])} other errors for the limited key; key without limits: {r['other']['ok']} answered, {r['other']['refused']} refused"),
+    ]
+    path = os.path.join(d, "tokens.csv")
+    with open(path, "w") as f:
+        f.write("time (s),tokens answered over the last 60 s,limit\n")
+        ts = sorted((a["t"], a["tokens"]) for a in r["answers"])
+        for t, _ in ts:
+            f.write(f"{t:.1f},{sum(n for u, n in ts if t - 60 < u <= t)},{limit:.0f}\n")
+    chart(path, d, "tokens", "A key's tokens over any 60 s, driven by the OpenAI SDK", "tokens", [])
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# A key's tokens_per_minute, driven by the OpenAI Python SDK\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/tenants.sh tpm`.\n\n")
+        f.write(f"One simulated replica (`llama8b-h100`: the key's limit binds, not the replica). Key `sdk`: "
+                f"`limits: {{ tokens_per_minute: {limit:.0f} }}`; eight threads call `chat.completions.create` "
+                "(~200-token prompt, `max_tokens: 100`) with the SDK's default retries for "
+                f"{r['minutes']:.0f} minutes; a key without limits sends one request a second beside them. "
+                "Tokens are the replica's usage as the gateway counted it (`slogate_tenant_tokens_total`).\n\n")
+        write_checks(f, checks)
+        f.write(f"\n{answered} requests answered, {used:.0f} tokens in {r['elapsed_s']:.0f} s.\n\nChart: `tokens.svg`.\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
+if __name__ == "__main__":
+    cmd, rest = sys.argv[1], sys.argv[2:]
+    {"fair": cmd_fair, "weights": cmd_weights, "tpm": cmd_tpm}[cmd](*rest)

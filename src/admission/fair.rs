@@ -1,0 +1,341 @@
+//! Fair sharing of a tier's slots among tenants (API keys).
+//!
+//! Inside a tier, a freed slot goes to the waiting tenant that has received
+//! the least service in proportion to its weight, counted in tokens (prompt
+//! plus generated), as the Virtual Token Counter scheduler does ("Fairness
+//! in Serving Large Language Models", OSDI 2024): counting requests would let
+//! a tenant of long prompts take many times the GPU time of one of short
+//! prompts. A request is charged its prompt (estimated) when it gets a slot,
+//! and what it generated (with the prompt corrected to the replica's count)
+//! when it ends. Charging the output it might generate up front instead
+//! would let a settlement take back more than was ever served, and a tenant
+//! lifted to such an inflated counter would wait behind one that in fact
+//! used little.
+//!
+//! A tenant that was away does not come back with credit: when it starts
+//! waiting, its counter is lifted to the smallest counter of those already
+//! waiting (or, with nobody waiting, to the counter of the last request
+//! served), so it gets its share from then on, not a burst for the past.
+//!
+//! Every decision is O(log tenants): the waiting tenants are kept ordered by
+//! counter; a tenant's own requests are first come, first served.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+/// A tenant as the queues see it: a stable id and its weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Share {
+    pub(crate) tenant: u32,
+    pub(crate) weight: f64,
+}
+
+impl Default for Share {
+    fn default() -> Self {
+        Share { tenant: 0, weight: 1.0 }
+    }
+}
+
+/// A counter value, totally ordered.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Virtual(f64);
+
+impl Eq for Virtual {}
+impl PartialOrd for Virtual {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Virtual {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// Something queued for a tenant (a waiter), with an id unique in the queue
+/// and increasing with arrival.
+pub(crate) trait Queued {
+    fn id(&self) -> u64;
+    fn share(&self) -> Share;
+}
+
+/// One tier's waiters, served fairly among tenants.
+pub(crate) struct FairQueue<W> {
+    /// Each waiting tenant's requests, first come first served.
+    backlogs: HashMap<u32, VecDeque<W>>,
+    /// Waiting tenants by counter (then id, for a stable order).
+    order: BTreeSet<(Virtual, u32)>,
+    /// Every tenant's counter: tokens served over its weight.
+    counters: HashMap<u32, f64>,
+    /// Waiter id -> tenant, in arrival order (the oldest waiter, deadlines).
+    arrivals: BTreeMap<u64, u32>,
+    /// The counter of the last tenant served: where a tenant coming back
+    /// with nobody waiting starts.
+    floor: f64,
+}
+
+impl<W> Default for FairQueue<W> {
+    fn default() -> Self {
+        FairQueue { backlogs: HashMap::new(), order: BTreeSet::new(), counters: HashMap::new(), arrivals: BTreeMap::new(), floor: 0.0 }
+    }
+}
+
+impl<W: Queued> FairQueue<W> {
+    pub(crate) fn len(&self) -> usize {
+        self.arrivals.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.arrivals.is_empty()
+    }
+
+    /// The tenant's counter (0 for one never served).
+    pub(crate) fn counter(&self, tenant: u32) -> f64 {
+        self.counters.get(&tenant).copied().unwrap_or(0.0)
+    }
+
+    /// Queue `w` behind its tenant's earlier requests. A tenant that starts
+    /// waiting is lifted to the least counter among those waiting (or to the
+    /// last served one's): no credit for the time it was away.
+    pub(crate) fn push(&mut self, w: W) {
+        let tenant = w.share().tenant;
+        self.arrivals.insert(w.id(), tenant);
+        if let Some(b) = self.backlogs.get_mut(&tenant) {
+            b.push_back(w);
+            return;
+        }
+        let least = self.order.first().map_or(self.floor, |(v, _)| v.0);
+        let c = self.counters.entry(tenant).or_insert(0.0);
+        *c = c.max(least);
+        self.order.insert((Virtual(*c), tenant));
+        self.backlogs.insert(tenant, VecDeque::from([w]));
+    }
+
+    /// The waiter that would be served next.
+    #[cfg(test)]
+    fn front(&self) -> Option<&W> {
+        let (_, tenant) = self.order.first()?;
+        self.backlogs.get(tenant)?.front()
+    }
+
+    /// The waiter that has waited longest, whatever its tenant.
+    pub(crate) fn oldest(&self) -> Option<&W> {
+        let (&id, tenant) = self.arrivals.first_key_value()?;
+        self.backlogs.get(tenant)?.iter().find(|w| w.id() == id)
+    }
+
+    /// Take the next waiter: the oldest of the tenant with the least counter.
+    /// Not charged yet (see [`FairQueue::charge`]): it may have gone away.
+    pub(crate) fn pop(&mut self) -> Option<W> {
+        let &(v, tenant) = self.order.first()?;
+        let backlog = self.backlogs.get_mut(&tenant)?;
+        let w = backlog.pop_front()?;
+        if backlog.is_empty() {
+            self.backlogs.remove(&tenant);
+            self.order.remove(&(v, tenant));
+        }
+        self.arrivals.remove(&w.id());
+        Some(w)
+    }
+
+    /// Remove waiter `id` of `tenant` (its request went away, or it will not
+    /// be served in time).
+    pub(crate) fn remove(&mut self, tenant: u32, id: u64) -> Option<W> {
+        let backlog = self.backlogs.get_mut(&tenant)?;
+        let i = backlog.iter().position(|w| w.id() == id)?;
+        let w = backlog.remove(i)?;
+        if backlog.is_empty() {
+            self.backlogs.remove(&tenant);
+            let c = self.counter(tenant);
+            self.order.remove(&(Virtual(c), tenant));
+        }
+        self.arrivals.remove(&id);
+        Some(w)
+    }
+
+    /// Waiter ids with their tenants, oldest first.
+    #[cfg(test)]
+    fn by_arrival(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.arrivals.iter().map(|(&id, &t)| (id, t))
+    }
+
+    /// Every waiter, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &W> {
+        self.backlogs.values().flatten()
+    }
+
+    /// `share`'s tenant received `tokens` of service (negative: a
+    /// settlement gave some back).
+    pub(crate) fn charge(&mut self, share: Share, tokens: f64) {
+        let weight = if share.weight > 0.0 { share.weight } else { 1.0 };
+        let waiting = self.backlogs.contains_key(&share.tenant);
+        let c = self.counters.entry(share.tenant).or_insert(0.0);
+        let before = *c;
+        if tokens > 0.0 {
+            // Served now: a tenant that was away starts from where the others are.
+            *c = c.max(self.floor);
+            self.floor = *c;
+        }
+        *c += tokens / weight;
+        let after = *c;
+        if waiting && before != after {
+            self.order.remove(&(Virtual(before), share.tenant));
+            self.order.insert((Virtual(after), share.tenant));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct W {
+        id: u64,
+        share: Share,
+    }
+    impl Queued for W {
+        fn id(&self) -> u64 {
+            self.id
+        }
+        fn share(&self) -> Share {
+            self.share
+        }
+    }
+
+    struct Q {
+        q: FairQueue<W>,
+        next: u64,
+    }
+
+    impl Q {
+        fn new() -> Q {
+            Q { q: FairQueue::default(), next: 0 }
+        }
+        fn push(&mut self, tenant: u32, weight: f64) {
+            self.next += 1;
+            self.q.push(W { id: self.next, share: Share { tenant, weight } });
+        }
+        /// Serve the next waiter, charging it `tokens`; its tenant.
+        fn serve(&mut self, tokens: f64) -> u32 {
+            let w = self.q.pop().expect("a waiter");
+            self.q.charge(w.share, tokens);
+            w.share.tenant
+        }
+    }
+
+    #[test]
+    fn equal_tenants_alternate_whatever_order_they_queued_in() {
+        let mut q = Q::new();
+        for _ in 0..6 {
+            q.push(1, 1.0);
+        }
+        for _ in 0..6 {
+            q.push(2, 1.0);
+        }
+        let served: Vec<u32> = (0..12).map(|_| q.serve(100.0)).collect();
+        // Ties go to the lower id; after that each takes its turn.
+        assert_eq!(served, vec![1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2]);
+        assert!(q.q.is_empty());
+    }
+
+    #[test]
+    fn service_is_counted_in_tokens_not_requests() {
+        // Tenant 1's requests cost 4x tenant 2's: 2 gets four for each of 1's.
+        let mut q = Q::new();
+        for _ in 0..10 {
+            q.push(1, 1.0);
+            q.push(2, 1.0);
+        }
+        let mut count = [0usize; 3];
+        let mut tokens = [0.0f64; 3];
+        for _ in 0..10 {
+            let t = q.q.front().expect("front").share.tenant;
+            let cost = if t == 1 { 400.0 } else { 100.0 };
+            assert_eq!(q.serve(cost), t);
+            count[t as usize] += 1;
+            tokens[t as usize] += cost;
+        }
+        assert_eq!((count[1], count[2]), (2, 8), "tokens served: {tokens:?}");
+        assert!((tokens[1] - tokens[2]).abs() <= 400.0, "within one request of equal tokens: {tokens:?}");
+    }
+
+    #[test]
+    fn weights_split_service_in_proportion() {
+        let mut q = Q::new();
+        for _ in 0..200 {
+            q.push(1, 3.0);
+            q.push(2, 1.0);
+        }
+        let served: Vec<u32> = (0..200).map(|_| q.serve(50.0)).collect();
+        let ones = served.iter().filter(|&&t| t == 1).count();
+        assert_eq!((ones, 200 - ones), (150, 50), "3:1");
+    }
+
+    #[test]
+    fn a_settlement_moves_a_waiting_tenant_in_the_order() {
+        let mut q = Q::new();
+        q.push(1, 1.0);
+        q.push(2, 1.0);
+        q.q.charge(Share { tenant: 1, weight: 1.0 }, 1000.0);
+        assert_eq!(q.q.front().expect("front").share.tenant, 2, "tenant 1 was served more");
+        // Its request ended far shorter than reserved: most comes back.
+        q.q.charge(Share { tenant: 1, weight: 1.0 }, -990.0);
+        q.q.charge(Share { tenant: 2, weight: 1.0 }, 100.0);
+        assert_eq!(q.q.front().expect("front").share.tenant, 1);
+    }
+
+    #[test]
+    fn a_tenant_that_leaves_and_returns_gets_no_burst_of_credit() {
+        let mut q = Q::new();
+        // Tenant 1 alone for a long time: served a lot.
+        for _ in 0..100 {
+            q.push(1, 1.0);
+            q.serve(100.0);
+        }
+        // Tenant 2 was away all along; it comes back next to tenant 1.
+        for _ in 0..10 {
+            q.push(1, 1.0);
+        }
+        for _ in 0..10 {
+            q.push(2, 1.0);
+        }
+        let served: Vec<u32> = (0..10).map(|_| q.serve(100.0)).collect();
+        let twos = served.iter().filter(|&&t| t == 2).count();
+        assert!((4..=6).contains(&twos), "an even split from its return, not ten in a row: {served:?}");
+        // The same when it comes back to an empty queue, tenant 1 arriving right after.
+        let mut q = Q::new();
+        for _ in 0..100 {
+            q.push(1, 1.0);
+            q.serve(100.0);
+        }
+        q.push(2, 1.0);
+        for _ in 0..10 {
+            q.push(1, 1.0);
+        }
+        for _ in 0..9 {
+            q.push(2, 1.0);
+        }
+        let served: Vec<u32> = (0..10).map(|_| q.serve(100.0)).collect();
+        let twos = served.iter().filter(|&&t| t == 2).count();
+        assert!((4..=6).contains(&twos), "{served:?}");
+    }
+
+    #[test]
+    fn removal_and_arrival_order_hold_across_tenants() {
+        let mut q = Q::new();
+        q.push(1, 1.0); // id 1
+        q.push(2, 1.0); // id 2
+        q.push(1, 1.0); // id 3
+        assert_eq!(q.q.oldest().map(|w| w.id), Some(1));
+        assert_eq!(q.q.by_arrival().collect::<Vec<_>>(), vec![(1, 1), (2, 2), (3, 1)]);
+        assert_eq!(q.q.remove(1, 1).map(|w| w.id), Some(1));
+        assert_eq!(q.q.remove(1, 1).map(|w| w.id), None, "once");
+        assert_eq!(q.q.oldest().map(|w| w.id), Some(2));
+        assert_eq!(q.q.remove(2, 2).map(|w| w.id), Some(2));
+        assert_eq!(q.q.len(), 1);
+        assert_eq!(q.q.front().map(|w| w.id), Some(3));
+        q.serve(1.0);
+        assert!(q.q.is_empty() && q.q.front().is_none() && q.q.oldest().is_none());
+    }
+}

@@ -1,0 +1,586 @@
+//! Tenants: the API keys callers come with (or one anonymous tenant when no
+//! keys are configured). Each has a weight, its share of a tier when slots
+//! are short (see [`super::fair`]), and may set its own limits
+//! (`auth.keys[].limits`): requests and tokens per minute and requests at
+//! once.
+//!
+//! A minute is a sliding window of sixty one-second slots: at no moment has
+//! a key used more than its limit over the last sixty seconds, so over five
+//! minutes it gets five minutes' worth, not a bucket's burst on top. Tokens
+//! are reserved when a request is admitted (its prompt estimate plus the
+//! output it may generate: `max_tokens`, `max_completion_tokens`, or
+//! `auth.default_max_tokens`) and settled to the replica's usage when it
+//! ends, in the slot they were reserved in; a key therefore cannot overrun
+//! its limit by starting many streams at once.
+//!
+//! In a fleet each instance enforces its part of a key's limits: the limit
+//! over the number of live instances (the fleet sets it).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::time::Instant;
+
+use super::fair::Share;
+use crate::config::{KeyLimitsConfig, TenantConfig};
+
+/// The name of the one tenant of a gateway without keys.
+pub(crate) const ANONYMOUS: &str = "anonymous";
+
+const SLOTS: usize = 60;
+
+/// Usage over the last minute, in one-second slots.
+#[derive(Debug, Clone)]
+struct Window {
+    /// (second, amount) per slot; a slot holds the second it was last written for.
+    slots: [(u64, f64); SLOTS],
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Window { slots: [(0, 0.0); SLOTS] }
+    }
+}
+
+impl Window {
+    fn live(sec: u64, now: u64) -> bool {
+        sec + SLOTS as u64 > now
+    }
+
+    /// Used within the last minute as of second `now`.
+    fn used(&self, now: u64) -> f64 {
+        self.slots.iter().filter(|(s, _)| Self::live(*s, now)).map(|(_, a)| *a).sum::<f64>().max(0.0)
+    }
+
+    fn add(&mut self, now: u64, amount: f64) {
+        let slot = &mut self.slots[(now % SLOTS as u64) as usize];
+        if slot.0 != now {
+            *slot = (now, 0.0);
+        }
+        slot.1 += amount;
+    }
+
+    /// Change what second `sec` used, if it is still in the window.
+    fn adjust(&mut self, sec: u64, now: u64, delta: f64) {
+        let slot = &mut self.slots[(sec % SLOTS as u64) as usize];
+        if slot.0 == sec && Self::live(sec, now) {
+            slot.1 += delta;
+        }
+    }
+
+    /// Seconds from `now` until at least `need` fits under `limit`.
+    fn wait_for(&self, now: u64, need: f64, limit: f64) -> u64 {
+        let mut used = self.used(now);
+        let mut live: Vec<(u64, f64)> = self.slots.iter().copied().filter(|(s, a)| Self::live(*s, now) && *a > 0.0).collect();
+        live.sort_by_key(|(s, _)| *s);
+        for (s, a) in live {
+            if used + need <= limit {
+                break;
+            }
+            used -= a;
+            if used + need <= limit {
+                return s + SLOTS as u64 - now;
+            }
+        }
+        if used + need <= limit {
+            0
+        } else {
+            SLOTS as u64
+        }
+    }
+
+    /// Seconds from `now` until nothing used now is in the window.
+    fn clear_in(&self, now: u64) -> u64 {
+        self.slots.iter().filter(|(s, a)| Self::live(*s, now) && *a > 0.0).map(|(s, _)| s + SLOTS as u64 - now).max().unwrap_or(0)
+    }
+}
+
+/// A key's limits in force (its part, in a fleet).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Limits {
+    pub(crate) requests_per_minute: Option<u64>,
+    pub(crate) tokens_per_minute: Option<u64>,
+    pub(crate) max_concurrent: Option<u64>,
+}
+
+impl Limits {
+    fn of(c: &KeyLimitsConfig) -> Limits {
+        Limits { requests_per_minute: c.requests_per_minute, tokens_per_minute: c.tokens_per_minute, max_concurrent: c.max_concurrent }
+    }
+
+    fn any(&self) -> bool {
+        self.requests_per_minute.is_some() || self.tokens_per_minute.is_some() || self.max_concurrent.is_some()
+    }
+
+    /// This instance's part of the limits when `instances` share them.
+    fn split(self, instances: usize) -> Limits {
+        let part = |v: Option<u64>| v.map(|v| (v / instances.max(1) as u64).max(1));
+        Limits {
+            requests_per_minute: part(self.requests_per_minute),
+            tokens_per_minute: part(self.tokens_per_minute),
+            max_concurrent: part(self.max_concurrent),
+        }
+    }
+}
+
+/// Which of a key's limits refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limit {
+    Requests,
+    Tokens,
+    Concurrent,
+}
+
+impl Limit {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Limit::Requests => "requests",
+            Limit::Tokens => "tokens",
+            Limit::Concurrent => "concurrent",
+        }
+    }
+}
+
+/// One limit's state as OpenAI's `x-ratelimit-*` headers show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Quota {
+    pub(crate) limit: u64,
+    pub(crate) remaining: u64,
+    /// Until the window holds nothing used so far.
+    pub(crate) reset: Duration,
+}
+
+/// A limited key's quotas, for the headers of every response it gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RateState {
+    pub(crate) requests: Option<Quota>,
+    pub(crate) tokens: Option<Quota>,
+}
+
+/// Why a key's request was refused before it queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limited {
+    pub(crate) limit: Limit,
+    /// Whole seconds until it would pass (at least 1).
+    pub(crate) retry_after: u64,
+    /// The request alone needs more tokens than a minute allows: retrying cannot help.
+    pub(crate) too_large: bool,
+    pub(crate) reserve: u64,
+    pub(crate) state: RateState,
+}
+
+/// What a tenant is, as configured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Settings {
+    weight: f64,
+    limits: Limits,
+}
+
+impl Settings {
+    fn of(c: &TenantConfig) -> Settings {
+        Settings { weight: c.weight, limits: c.limits.as_ref().map(Limits::of).unwrap_or_default() }
+    }
+}
+
+/// One tenant; kept across reloads by name (its windows and counters carry over).
+pub(crate) struct Tenant {
+    pub(crate) name: Arc<str>,
+    id: u32,
+    settings: ArcSwap<Settings>,
+    /// The fleet's live instances (shared by all tenants of the gateway).
+    instances: Arc<AtomicUsize>,
+    base: Instant,
+    inner: Mutex<Usage>,
+    concurrent: AtomicU64,
+    limited: [AtomicU64; 3],
+}
+
+#[derive(Debug, Default)]
+struct Usage {
+    requests: Window,
+    tokens: Window,
+    /// Every tenant: tokens served, and requests judged against their SLO (all, met).
+    served: Window,
+    judged: Window,
+    met: Window,
+    /// The last second a request was refused by a limit.
+    limited_at: Option<u64>,
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant").field("name", &self.name).field("id", &self.id).finish()
+    }
+}
+
+/// A request's hold on its key's limits: one of its concurrent requests,
+/// and the tokens reserved for it until it is settled. It travels with the
+/// response body and is given back exactly once, when the request ends.
+#[derive(Debug)]
+pub(crate) struct Permit {
+    tenant: Arc<Tenant>,
+    second: u64,
+    reserved: u64,
+    concurrent: bool,
+    /// The replica's usage (prompt plus completion), once known.
+    used: Option<u64>,
+    /// The request never reached a replica: it takes nothing from the key.
+    refunded: bool,
+}
+
+impl Permit {
+    /// The replica said the request used `tokens` in all.
+    pub(crate) fn settle(&mut self, tokens: u64) {
+        self.used = Some(tokens);
+    }
+
+    /// The gateway refused the request after the key's limits let it
+    /// through (its queue, its breaker): it counts for nothing.
+    pub(crate) fn refund(&mut self) {
+        self.used = Some(0);
+        self.refunded = true;
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if self.concurrent {
+            self.tenant.concurrent.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(used) = self.used {
+            let now = self.tenant.second(Instant::now());
+            let delta = used as f64 - self.reserved as f64;
+            if let Ok(mut u) = self.tenant.inner.lock() {
+                u.tokens.adjust(self.second, now, delta);
+                if self.refunded {
+                    u.requests.adjust(self.second, now, -1.0);
+                }
+            }
+        }
+    }
+}
+
+impl Tenant {
+    fn second(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.base).as_secs()
+    }
+
+    /// Its share of a tier, for the fair queues.
+    pub(crate) fn share(&self) -> Share {
+        Share { tenant: self.id, weight: self.settings.load().weight }
+    }
+
+    pub(crate) fn weight(&self) -> f64 {
+        self.settings.load().weight
+    }
+
+    /// Its limits in force now: its own, or its part of them in a fleet.
+    pub(crate) fn limits(&self) -> Limits {
+        self.settings.load().limits.split(self.instances.load(Ordering::Relaxed))
+    }
+
+    /// The limits as configured (for the whole fleet).
+    pub(crate) fn configured_limits(&self) -> Limits {
+        self.settings.load().limits
+    }
+
+    pub(crate) fn has_limits(&self) -> bool {
+        self.settings.load().limits.any()
+    }
+
+    pub(crate) fn concurrent(&self) -> u64 {
+        self.concurrent.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused by each limit so far (requests, tokens, concurrent).
+    pub(crate) fn limited_counts(&self) -> [u64; 3] {
+        [0, 1, 2].map(|i| self.limited[i].load(Ordering::Relaxed))
+    }
+
+    /// Was a request refused by a limit in the last minute?
+    pub(crate) fn limited_lately(&self, now: Instant) -> bool {
+        let s = self.second(now);
+        self.inner.lock().ok().and_then(|u| u.limited_at).is_some_and(|at| Window::live(at, s))
+    }
+
+    /// A request of this tenant ended: `tokens` served, and whether it met its class's SLO.
+    pub(crate) fn served(&self, now: Instant, tokens: u64, met: Option<bool>) {
+        let s = self.second(now);
+        if let Ok(mut u) = self.inner.lock() {
+            u.served.add(s, tokens as f64);
+            if let Some(met) = met {
+                u.judged.add(s, 1.0);
+                u.met.add(s, met as u64 as f64);
+            }
+        }
+    }
+
+    /// Over the last minute: tokens served, requests judged, requests within their SLO.
+    pub(crate) fn last_minute(&self, now: Instant) -> (f64, f64, f64) {
+        let s = self.second(now);
+        self.inner.lock().map(|u| (u.served.used(s), u.judged.used(s), u.met.used(s))).unwrap_or_default()
+    }
+
+    fn quotas(&self, u: &Usage, limits: &Limits, s: u64) -> RateState {
+        let quota = |w: &Window, limit: Option<u64>| {
+            limit.map(|l| Quota {
+                limit: l,
+                remaining: (l as f64 - w.used(s)).max(0.0).floor() as u64,
+                reset: Duration::from_secs(w.clear_in(s)),
+            })
+        };
+        RateState { requests: quota(&u.requests, limits.requests_per_minute), tokens: quota(&u.tokens, limits.tokens_per_minute) }
+    }
+
+    /// The key's quotas now.
+    #[cfg(test)]
+    fn state(&self, now: Instant) -> RateState {
+        let limits = self.limits();
+        let s = self.second(now);
+        self.inner.lock().map(|u| self.quotas(&u, &limits, s)).unwrap_or_default()
+    }
+
+    /// Take one request and `reserve` tokens from the key's limits, or say
+    /// which limit refuses and for how long.
+    pub(crate) fn admit(self: &Arc<Self>, now: Instant, reserve: u64) -> Result<(Permit, RateState), Limited> {
+        let limits = self.limits();
+        let s = self.second(now);
+        let Ok(mut u) = self.inner.lock() else {
+            // A poisoned lock: a panic elsewhere; do not hold the key's traffic for it.
+            return Ok((
+                Permit { tenant: self.clone(), second: s, reserved: 0, concurrent: false, used: None, refunded: false },
+                RateState::default(),
+            ));
+        };
+        let refuse = |u: &mut Usage, limit: Limit, retry_after: u64, too_large: bool| {
+            u.limited_at = Some(s);
+            self.limited[limit as usize].fetch_add(1, Ordering::Relaxed);
+            Limited { limit, retry_after: retry_after.max(1), too_large, reserve, state: self.quotas(u, &limits, s) }
+        };
+        if let Some(max) = limits.max_concurrent {
+            if self.concurrent.load(Ordering::Relaxed) >= max {
+                return Err(refuse(&mut u, Limit::Concurrent, 1, false));
+            }
+        }
+        if let Some(rpm) = limits.requests_per_minute {
+            if u.requests.used(s) + 1.0 > rpm as f64 {
+                let wait = u.requests.wait_for(s, 1.0, rpm as f64);
+                return Err(refuse(&mut u, Limit::Requests, wait, false));
+            }
+        }
+        if let Some(tpm) = limits.tokens_per_minute {
+            if reserve > tpm {
+                return Err(refuse(&mut u, Limit::Tokens, SLOTS as u64, true));
+            }
+            if u.tokens.used(s) + reserve as f64 > tpm as f64 {
+                let wait = u.tokens.wait_for(s, reserve as f64, tpm as f64);
+                return Err(refuse(&mut u, Limit::Tokens, wait, false));
+            }
+        }
+        u.requests.add(s, 1.0);
+        u.tokens.add(s, reserve as f64);
+        let concurrent = limits.max_concurrent.is_some();
+        if concurrent {
+            self.concurrent.fetch_add(1, Ordering::Relaxed);
+        }
+        let state = self.quotas(&u, &limits, s);
+        Ok((Permit { tenant: self.clone(), second: s, reserved: reserve, concurrent, used: None, refunded: false }, state))
+    }
+}
+
+/// Every tenant the gateway has known, by name; kept across reloads.
+pub(crate) struct Tenants {
+    known: Mutex<Vec<Arc<Tenant>>>,
+    next_id: std::sync::atomic::AtomicU32,
+    instances: Arc<AtomicUsize>,
+    base: Instant,
+}
+
+impl Default for Tenants {
+    fn default() -> Self {
+        Tenants {
+            known: Mutex::new(Vec::new()),
+            next_id: std::sync::atomic::AtomicU32::new(0),
+            instances: Arc::new(AtomicUsize::new(1)),
+            base: Instant::now(),
+        }
+    }
+}
+
+impl Tenants {
+    /// The tenant `name` will be under `config` (a reload's prepare step,
+    /// which changes nothing live): the one already known (its windows,
+    /// counters and limits carry over; the new settings arrive at
+    /// [`Tenants::install`]), else a new one.
+    pub(crate) fn prepare(&self, name: &str, config: &TenantConfig) -> Arc<Tenant> {
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = known.iter().find(|t| &*t.name == name) {
+            return t.clone();
+        }
+        Arc::new(Tenant {
+            name: name.into(),
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            settings: ArcSwap::from_pointee(Settings::of(config)),
+            instances: self.instances.clone(),
+            base: self.base,
+            inner: Mutex::new(Usage::default()),
+            concurrent: AtomicU64::new(0),
+            limited: Default::default(),
+        })
+    }
+
+    /// The swap step of a reload (cannot fail): each tenant takes its new
+    /// weight and limits, and is known from now on.
+    pub(crate) fn install<'a>(&self, tenants: impl IntoIterator<Item = (&'a Arc<Tenant>, TenantConfig)>) {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        for (t, c) in tenants {
+            t.settings.store(Arc::new(Settings::of(&c)));
+            if !known.iter().any(|k| Arc::ptr_eq(k, t)) {
+                known.push(t.clone());
+            }
+        }
+    }
+
+    /// The fleet's word: `n` instances are live and share every key's limits.
+    pub(crate) fn set_instances(&self, n: usize) {
+        self.instances.store(n.max(1), Ordering::Relaxed);
+    }
+
+    pub(crate) fn instances(&self) -> usize {
+        self.instances.load(Ordering::Relaxed)
+    }
+}
+
+/// `d` as OpenAI's reset headers write it (`1s`, `6m0s`, `250ms`).
+pub(crate) fn reset_text(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let s = d.as_secs();
+    if s < 60 {
+        format!("{s}s")
+    } else {
+        format!("{}m{}s", s / 60, s % 60)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(limits: KeyLimitsConfig) -> (Tenants, Arc<Tenant>) {
+        let tenants = Tenants::default();
+        let c = TenantConfig { weight: 1.0, limits: Some(limits) };
+        let t = tenants.prepare("team-a", &c);
+        tenants.install([(&t, c)]);
+        (tenants, t)
+    }
+
+    fn rpm(n: u64) -> KeyLimitsConfig {
+        KeyLimitsConfig { requests_per_minute: Some(n), ..KeyLimitsConfig::default() }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_per_minute_is_a_sliding_minute_with_its_headers() {
+        let (_t, a) = tenant(rpm(3));
+        let mut held = Vec::new();
+        for left in [2, 1, 0] {
+            let (p, state) = a.admit(Instant::now(), 0).expect("under the limit");
+            assert_eq!(state.requests.map(|q| (q.limit, q.remaining)), Some((3, left)));
+            held.push(p);
+            tokio::time::advance(Duration::from_secs(10)).await;
+        }
+        // 30 s in: the first request leaves the window at 60 s.
+        let no = a.admit(Instant::now(), 0).expect_err("a fourth within the minute");
+        assert_eq!((no.limit, no.retry_after, no.too_large), (Limit::Requests, 30, false));
+        assert_eq!(no.state.requests.map(|q| (q.remaining, q.reset)), Some((0, Duration::from_secs(50))));
+        drop(held);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert!(a.admit(Instant::now(), 0).is_ok(), "the first one left the window");
+        assert!(a.admit(Instant::now(), 0).is_err(), "but only that one");
+        assert!(a.limited_lately(Instant::now()));
+        assert_eq!(a.limited_counts(), [2, 0, 0]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokens_are_reserved_at_admission_and_settled_to_usage() {
+        let (_t, a) = tenant(KeyLimitsConfig { tokens_per_minute: Some(1000), ..KeyLimitsConfig::default() });
+        let (mut p1, s1) = a.admit(Instant::now(), 600).expect("600 of 1000");
+        assert_eq!(s1.tokens.map(|q| q.remaining), Some(400));
+        // Reserved, not yet used: a second 600 does not fit while the first streams.
+        let no = a.admit(Instant::now(), 600).expect_err("1200 > 1000");
+        assert_eq!(no.limit, Limit::Tokens);
+        // The first ends having used 150: the rest comes back.
+        p1.settle(150);
+        drop(p1);
+        let (_p2, s2) = a.admit(Instant::now(), 600).expect("150 + 600 fits");
+        assert_eq!(s2.tokens.map(|q| q.remaining), Some(250));
+        // A request bigger than the whole minute can never pass.
+        let big = a.admit(Instant::now(), 1001).expect_err("too large");
+        assert!(big.too_large);
+        // Used more than reserved: charged in full.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let (mut p3, _) = a.admit(Instant::now(), 100).expect("a fresh minute");
+        p3.settle(900);
+        drop(p3);
+        assert_eq!(a.state(Instant::now()).tokens.map(|q| q.remaining), Some(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_concurrent_counts_requests_until_their_permit_goes() {
+        let (_t, a) = tenant(KeyLimitsConfig { max_concurrent: Some(2), ..KeyLimitsConfig::default() });
+        let p1 = a.admit(Instant::now(), 10).expect("1");
+        let _p2 = a.admit(Instant::now(), 10).expect("2");
+        assert_eq!(a.admit(Instant::now(), 10).expect_err("3").limit, Limit::Concurrent);
+        drop(p1);
+        let _p3 = a.admit(Instant::now(), 10).expect("one ended: room again");
+        assert_eq!(a.concurrent(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fleet_splits_a_keys_limits_among_its_live_instances() {
+        let (tenants, a) =
+            tenant(KeyLimitsConfig { requests_per_minute: Some(10), tokens_per_minute: Some(3000), max_concurrent: Some(4) });
+        tenants.set_instances(3);
+        assert_eq!(
+            a.limits(),
+            Limits { requests_per_minute: Some(3), tokens_per_minute: Some(1000), max_concurrent: Some(1) },
+            "each instance its third, at least one"
+        );
+        for _ in 0..3 {
+            a.admit(Instant::now(), 0).map(drop).expect("3 of 10/3");
+        }
+        assert_eq!(a.admit(Instant::now(), 0).expect_err("a fourth").limit, Limit::Requests);
+        tenants.set_instances(1);
+        assert!(a.admit(Instant::now(), 0).is_ok(), "alone again: the whole limit");
+    }
+
+    #[test]
+    fn a_reload_keeps_a_tenants_state_and_changes_its_settings_only_at_install() {
+        let tenants = Tenants::default();
+        let one = TenantConfig { weight: 1.0, limits: None };
+        let two = TenantConfig { weight: 2.0, limits: Some(rpm(5)) };
+        let a = tenants.prepare("a", &one);
+        let unused = tenants.prepare("a", &one);
+        assert!(!Arc::ptr_eq(&a, &unused), "not known before its config is installed");
+        tenants.install([(&a, one)]);
+        let again = tenants.prepare("a", &two);
+        assert!(Arc::ptr_eq(&a, &again), "same tenant across configs");
+        assert_eq!((a.weight(), a.has_limits()), (1.0, false), "prepare changes nothing live");
+        tenants.install([(&again, two)]);
+        assert_eq!((a.weight(), a.has_limits()), (2.0, true));
+        let b = tenants.prepare("b", &one);
+        assert_ne!(a.share().tenant, b.share().tenant);
+    }
+
+    #[test]
+    fn reset_headers_read_like_openais() {
+        assert_eq!(reset_text(Duration::from_millis(250)), "250ms");
+        assert_eq!(reset_text(Duration::from_secs(1)), "1s");
+        assert_eq!(reset_text(Duration::from_secs(360)), "6m0s");
+        assert_eq!(reset_text(Duration::from_secs(59)), "59s");
+    }
+}
