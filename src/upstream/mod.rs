@@ -170,9 +170,17 @@ impl Replica {
     }
 
     /// Take a slot if one is free (`over`: that many above the slot count).
-    fn try_take(&self, over: usize) -> bool {
+    /// An interactive request (`borrow`) may also take a seat of the
+    /// replica's limit that no instance of the fleet holds, beyond this
+    /// instance's part: parts follow demand a period late, and an
+    /// interactive request should not wait while a seat on the replica
+    /// stands free because it was another instance's part.
+    fn try_take(&self, over: usize, borrow: bool) -> bool {
         let mut cur = self.inflight.load(Ordering::SeqCst);
-        let max = self.slots() + over;
+        let mut max = self.slots() + over;
+        if borrow {
+            max = max.max(self.max_inflight().saturating_sub(self.others_inflight.load(Ordering::Relaxed)));
+        }
         loop {
             if cur >= max {
                 return false;
@@ -563,7 +571,7 @@ impl Pool {
         match self.config.balance {
             Balance::RoundRobin => {
                 for r in candidates {
-                    if r.try_take(over) {
+                    if r.try_take(over, tier == Tier::Interactive) {
                         return Ok(ReplicaSlot::new(r, tier));
                     }
                 }
@@ -574,7 +582,7 @@ impl Pool {
                 let priority = self.config.upstream_priority;
                 ranked.sort_by_key(|r| (r.prefills_ahead(tier, priority), r.load_score()));
                 for r in ranked {
-                    if r.try_take(over) {
+                    if r.try_take(over, tier == Tier::Interactive) {
                         return Ok(ReplicaSlot::new(r, tier));
                     }
                 }
@@ -710,6 +718,23 @@ mod tests {
             let want = if priority { &rb } else { &ra };
             assert_eq!(on(&next), want.url, "upstream_priority {priority}");
         }
+    }
+
+    #[test]
+    fn in_a_fleet_an_interactive_request_may_take_a_seat_no_instance_holds() {
+        let pool = two(8, false);
+        let (ra, rb) = (pool.replicas[0].clone(), pool.replicas[1].clone());
+        // This instance's part: 2 of each replica's 8; the others hold 5 on each.
+        for r in [&ra, &rb] {
+            r.set_fleet_share(Some((2, 5)));
+        }
+        let _mine: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, 0, Tier::Batch).expect("within the part")).collect();
+        assert_eq!(pool.pick(None, 0, Tier::Batch).err(), Some(PickError::Saturated), "batch keeps to its part");
+        // One seat on each replica is nobody's: interactive takes them, then no more.
+        let _i1 = pool.pick(None, 0, Tier::Interactive).expect("a free seat");
+        let _i2 = pool.pick(None, 0, Tier::Interactive).expect("the other free seat");
+        assert_eq!(pool.pick(None, 0, Tier::Interactive).err(), Some(PickError::Saturated), "2 + 5 + 1 = 8: full");
+        assert_eq!((ra.inflight(), rb.inflight()), (3, 3));
     }
 
     #[test]
