@@ -240,3 +240,42 @@ async fn two_gateways_split_the_slots_by_demand_and_the_survivor_takes_over() {
     until("b's share is taken over", a.admin_addr, Some(TOKEN), |s| peer_status(s, &url_b) == "gone" && slots(s) == 8).await;
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_limits_are_split_among_the_live_instances_and_whole_again_when_alone() {
+    const TOKEN: &str = "fleet-test-token-4";
+    std::env::set_var("SLOGATE_TEST_FLEET_TOKEN_4", TOKEN);
+    let mock = Mock::start(standard(2, std::time::Duration::from_millis(1))).await;
+    let peer = FakePeer::start(TOKEN).await;
+    peer.says(&mock.url(), 0, 4, 0);
+    let key = format!(
+        "auth:\n  keys:\n    - {{ name: k, key_sha256: {}, classes: [chat], limits: {{ requests_per_minute: 4 }} }}\n",
+        slogate::config::key_sha256("sk-k")
+    );
+    let gw = start_gateway(&format!("{}{key}", fleet_gateway(&mock, &[peer.url()], "SLOGATE_TEST_FLEET_TOKEN_4").yaml())).await;
+    let instances = |s: &serde_json::Value| s["tenants"][0]["limits"]["instances"].as_u64();
+    let slo = |admin| async move {
+        serde_json::from_slice::<serde_json::Value>(&admin_get(admin, "/slo.json", Some(TOKEN)).await).expect("JSON")
+    };
+    wait_until("the peer heard: two instances share the key's limit", || async { instances(&slo(gw.admin_addr).await) == Some(2) }).await;
+    let body = chat_body(false, false);
+    let ask = || post(gw.data_addr, "/v1/chat/completions", &body, &[("authorization", "Bearer sk-k")]);
+    for left in ["1", "0"] {
+        let (s, h, _) = ask().await;
+        assert_eq!(s, 200);
+        assert_eq!(h.get("x-ratelimit-limit-requests").and_then(|v| v.to_str().ok()), Some("2"), "this instance's half of 4");
+        assert_eq!(h.get("x-ratelimit-remaining-requests").and_then(|v| v.to_str().ok()), Some(left));
+    }
+    assert_eq!(ask().await.0, 429, "a third within the minute: over this instance's part");
+    // The peer dies: once it is taken for dead, the whole limit is this instance's.
+    peer.up.store(false, Ordering::SeqCst);
+    wait_until("alone again", || async { instances(&slo(gw.admin_addr).await) == Some(1) }).await;
+    let (s, h, _) = ask().await;
+    assert_eq!(s, 200);
+    assert_eq!(h.get("x-ratelimit-limit-requests").and_then(|v| v.to_str().ok()), Some("4"));
+    assert_eq!(h.get("x-ratelimit-remaining-requests").and_then(|v| v.to_str().ok()), Some("1"), "two used before, this one, of four");
+    // Every request counted once (the metrics need the admin token here).
+    let m = String::from_utf8_lossy(&admin_get(gw.admin_addr, "/metrics", Some(TOKEN)).await).into_owned();
+    assert_eq!(metric(&m, "slogate_requests_total", &[]), Some(sent_to(gw.data_addr) as f64), "{m}");
+    assert_eq!(metric(&m, "slogate_tenant_limited_requests_total", &[("tenant", "k"), ("kind", "requests")]), Some(1.0));
+}

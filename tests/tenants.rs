@@ -407,3 +407,33 @@ async fn the_openai_sdk_reads_the_headers_backs_off_on_429_and_gets_through() {
     );
     assert_quiescent(&gw).await;
 }
+
+#[tokio::test]
+async fn the_status_page_lists_fifty_tenants_one_row_each() {
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let mut keys = String::new();
+    for i in 0..50 {
+        let limits = if i % 5 == 0 { ", limits: { requests_per_minute: 600, tokens_per_minute: 100000 }" } else { "" };
+        keys.push_str(&key(&format!("team-{i:02}"), &format!("sk-{i}"), limits));
+    }
+    let gw = start_gateway(&format!("{}auth:\n  keys:\n{keys}", gateway_config(&[mock.url()]).yaml())).await;
+    for i in [0, 7, 49] {
+        assert_eq!(chat_as(&client(), &gw, &format!("sk-{i}"), &chat_body(false, false)).await.0, 200);
+    }
+    let (s, html) = get(gw.admin_addr, "/slo").await;
+    assert_eq!(s, 200);
+    let table = html.split("<h2>Tenants").nth(1).and_then(|t| t.split("</table>").next()).expect("a tenants table");
+    assert_eq!(table.matches("<tr>").count(), 51, "a header and one row per tenant");
+    for i in 0..50 {
+        assert_eq!(table.matches(&format!(">team-{i:02}<")).count(), 1, "team-{i:02} once");
+    }
+    assert!(table.contains("600 req/min, 100000 tok/min"), "limits shown");
+    assert!(html.len() < 64 * 1024, "the page stays small: {} bytes", html.len());
+    let slo: serde_json::Value = serde_json::from_str(&get(gw.admin_addr, "/slo.json").await.1).expect("JSON");
+    let tenants = slo["tenants"].as_array().expect("tenants");
+    assert_eq!(tenants.len(), 50);
+    let served: f64 = tenants.iter().map(|t| t["share"].as_f64().unwrap_or(0.0)).sum();
+    assert!((served - 1.0).abs() < 1e-9, "shares of the tokens served add up to one: {served}");
+    assert_eq!(tenants.iter().filter(|t| t["tokens_last_minute"].as_u64() > Some(0)).count(), 3);
+    assert_quiescent(&gw).await;
+}

@@ -188,7 +188,7 @@ pub(crate) struct Controls {
 
 impl Controls {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Controls {
-        Controls { classes: Mutex::new(IndexMap::new()), metrics, tenants: Tenants::default() }
+        Controls { classes: Mutex::new(IndexMap::new()), tenants: Tenants::new(metrics.clone()), metrics }
     }
 
     /// The control class `name` will have under `config` (a reload's prepare
@@ -283,10 +283,8 @@ pub(crate) struct Admitted {
 /// The key's own limits, before anything else of admission: a permit for
 /// the request and the key's quotas after it, or the 429 (with the quotas,
 /// for its headers). `reserve`: the tokens the request may use.
-pub(crate) fn limit(tenant: &Arc<Tenant>, reserve: u64, metrics: &Metrics) -> Result<(Permit, RateState), Box<(GatewayError, RateState)>> {
+pub(crate) fn limit(tenant: &Arc<Tenant>, reserve: u64) -> Result<(Permit, RateState), Box<(GatewayError, RateState)>> {
     tenant.admit(Instant::now(), reserve).map_err(|l| {
-        let label = crate::telemetry::metrics::TenantKindLabels { tenant: tenant.name.to_string(), kind: l.limit.as_str() };
-        metrics.tenant_limited.get_or_create(&label).inc();
         let limits = tenant.limits();
         let message = match l.limit {
             tenants::Limit::Requests => format!(

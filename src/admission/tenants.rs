@@ -23,8 +23,13 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
+use prometheus_client::metrics::counter::Counter;
+
 use super::fair::Share;
 use crate::config::{KeyLimitsConfig, TenantConfig};
+use crate::telemetry::histogram::AtomicHistogram;
+use crate::telemetry::metrics::{Metrics, TenantKindLabels, TenantLabels, TenantOutcomeLabels};
+use crate::telemetry::Outcome;
 
 /// The name of the one tenant of a gateway without keys.
 pub(crate) const ANONYMOUS: &str = "anonymous";
@@ -184,10 +189,49 @@ impl Settings {
     }
 }
 
+/// A tenant's metric series, looked up once (not per request).
+pub(crate) struct TenantSeries {
+    metrics: Arc<Metrics>,
+    name: String,
+    outcomes: [std::sync::OnceLock<Counter>; Outcome::ALL.len()],
+    pub(crate) prompt_tokens: Counter,
+    pub(crate) completion_tokens: Counter,
+    pub(crate) goodput: Counter,
+    pub(crate) queue_time: AtomicHistogram,
+    limited: [Counter; 3],
+}
+
+impl TenantSeries {
+    fn new(metrics: &Arc<Metrics>, name: &str) -> TenantSeries {
+        let tenant = name.to_string();
+        let kind = |kind| metrics.tenant_tokens.get_or_create(&TenantKindLabels { tenant: tenant.clone(), kind }).clone();
+        let limited =
+            |l: Limit| metrics.tenant_limited.get_or_create(&TenantKindLabels { tenant: tenant.clone(), kind: l.as_str() }).clone();
+        TenantSeries {
+            metrics: metrics.clone(),
+            outcomes: Default::default(),
+            prompt_tokens: kind("prompt"),
+            completion_tokens: kind("completion"),
+            goodput: metrics.tenant_goodput.get_or_create(&TenantLabels { tenant: tenant.clone() }).clone(),
+            queue_time: metrics.tenant_queue_time.get_or_create(&TenantLabels { tenant: tenant.clone() }).clone(),
+            limited: [limited(Limit::Requests), limited(Limit::Tokens), limited(Limit::Concurrent)],
+            name: tenant,
+        }
+    }
+
+    /// The counter of the tenant's requests that ended with `outcome` (made at its first use).
+    pub(crate) fn outcome(&self, outcome: Outcome) -> &Counter {
+        let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
+        self.outcomes[i]
+            .get_or_init(|| self.metrics.tenant_requests.get_or_create(&TenantOutcomeLabels { tenant: self.name.clone(), outcome }).clone())
+    }
+}
+
 /// One tenant; kept across reloads by name (its windows and counters carry over).
 pub(crate) struct Tenant {
     pub(crate) name: Arc<str>,
     id: u32,
+    pub(crate) series: TenantSeries,
     settings: ArcSwap<Settings>,
     /// The fleet's live instances (shared by all tenants of the gateway).
     instances: Arc<AtomicUsize>,
@@ -357,6 +401,7 @@ impl Tenant {
         let refuse = |u: &mut Usage, limit: Limit, retry_after: u64, too_large: bool| {
             u.limited_at = Some(s);
             self.limited[limit as usize].fetch_add(1, Ordering::Relaxed);
+            self.series.limited[limit as usize].inc();
             Limited { limit, retry_after: retry_after.max(1), too_large, reserve, state: self.quotas(u, &limits, s) }
         };
         if let Some(max) = limits.max_concurrent {
@@ -396,20 +441,20 @@ pub(crate) struct Tenants {
     next_id: std::sync::atomic::AtomicU32,
     instances: Arc<AtomicUsize>,
     base: Instant,
+    metrics: Arc<Metrics>,
 }
 
-impl Default for Tenants {
-    fn default() -> Self {
+impl Tenants {
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Tenants {
         Tenants {
             known: Mutex::new(Vec::new()),
             next_id: std::sync::atomic::AtomicU32::new(0),
             instances: Arc::new(AtomicUsize::new(1)),
             base: Instant::now(),
+            metrics,
         }
     }
-}
 
-impl Tenants {
     /// The tenant `name` will be under `config` (a reload's prepare step,
     /// which changes nothing live): the one already known (its windows,
     /// counters and limits carry over; the new settings arrive at
@@ -422,6 +467,7 @@ impl Tenants {
         Arc::new(Tenant {
             name: name.into(),
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            series: TenantSeries::new(&self.metrics, name),
             settings: ArcSwap::from_pointee(Settings::of(config)),
             instances: self.instances.clone(),
             base: self.base,
@@ -472,7 +518,7 @@ mod tests {
     use super::*;
 
     fn tenant(limits: KeyLimitsConfig) -> (Tenants, Arc<Tenant>) {
-        let tenants = Tenants::default();
+        let tenants = Tenants::new(Arc::new(Metrics::new(&crate::config::Config::default())));
         let c = TenantConfig { weight: 1.0, limits: Some(limits) };
         let t = tenants.prepare("team-a", &c);
         tenants.install([(&t, c)]);
@@ -560,7 +606,7 @@ mod tests {
 
     #[test]
     fn a_reload_keeps_a_tenants_state_and_changes_its_settings_only_at_install() {
-        let tenants = Tenants::default();
+        let tenants = Tenants::new(Arc::new(Metrics::new(&crate::config::Config::default())));
         let one = TenantConfig { weight: 1.0, limits: None };
         let two = TenantConfig { weight: 2.0, limits: Some(rpm(5)) };
         let a = tenants.prepare("a", &one);

@@ -278,20 +278,18 @@ impl Tracker {
             l.settle(n);
         }
         let Some(tenant) = &self.tenant else { return };
-        let m = &self.metrics;
-        let name = tenant.name.to_string();
-        use crate::telemetry::metrics::{TenantKindLabels, TenantLabels, TenantOutcomeLabels};
-        m.tenant_requests.get_or_create(&TenantOutcomeLabels { tenant: name.clone(), outcome: f.outcome }).inc();
+        let m = &tenant.series;
+        m.outcome(f.outcome).inc();
         if let Some(u) = f.usage {
-            m.tenant_tokens.get_or_create(&TenantKindLabels { tenant: name.clone(), kind: "prompt" }).inc_by(u.prompt_tokens);
-            m.tenant_tokens.get_or_create(&TenantKindLabels { tenant: name.clone(), kind: "completion" }).inc_by(u.completion_tokens);
+            m.prompt_tokens.inc_by(u.prompt_tokens);
+            m.completion_tokens.inc_by(u.completion_tokens);
         }
         let good = f.latency_good();
         if good {
-            m.tenant_goodput.get_or_create(&TenantLabels { tenant: name.clone() }).inc();
+            m.goodput.inc();
         }
         if self.lease.is_some() {
-            m.tenant_queue_time.get_or_create(&TenantLabels { tenant: name }).observe(self.queued.as_secs_f64());
+            m.queue_time.observe(self.queued.as_secs_f64());
         }
         let judged = (f.outcome.sli() != SliClass::Excluded).then_some(good);
         tenant.served(f.end, used.unwrap_or(0), judged);
