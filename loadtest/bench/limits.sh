@@ -11,7 +11,8 @@
 #             the hand-tuned value) and `none` (4096: no limit to speak of)
 #   shift     the same 2 C, through `auto`; halfway through, prompts double
 #             (512 -> 1024 tokens): KV, not max_num_seqs, now caps what a
-#             replica runs, and the learned limits must follow
+#             replica runs, and the learned limits must follow; then, for
+#             reference, the chat alone with 1024-token prompts
 #   batch     batch alone at 2 C for 60 s, then chat at 0.4 C joins after
 #             that quiet spell, through `auto`
 #   fleet     three gateways in front of the same replicas, 2 C spread over
@@ -131,6 +132,12 @@ shift_() {
   local C2; C2=$(capacity_of 1024)
   mix "$d/scenario.yaml" 512 1024
   through "$d" auto auto "$d/scenario.yaml"
+  # The reference: the same chat with 1024-token prompts and no batch at all,
+  # what this fleet can give chat at best once prompts have doubled.
+  { echo "target: http://127.0.0.1:1"; echo "duration: 60s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
+    chat_stream chat chat "{ kind: poisson, rate: $(python3 -c "print(round(0.4*$C, 3))") }" "{ dist: fixed, value: 1024 }" "$OUTPUT"
+  } >"$d/chat-alone.yaml"
+  DURATION=60 through "$d" chat-alone auto "$d/chat-alone.yaml"
   python3 "$HERE/limits_report.py" shift "$d" "$C" "$MACHINE" "$((DURATION / 2))" "$C2"
   publish "$d" "$OUT/shift"
 }

@@ -98,6 +98,12 @@ def cmd_shift(d, C, machine, half, C2):
     # The first moment after the change within a tenth of the level it settles at.
     follow = next((row["t"] - half for row in series["auto"] if row["t"] >= half and row["replica_limits"] <= 1.1 * pct(post, 0.5)), float("nan"))
     good = after["chat"]["goodput"] + after["batch"]["goodput"]
+    ref_path = os.path.join(d, "chat-alone.json")
+    ref = None
+    if os.path.exists(ref_path):
+        rr = load(ref_path)
+        w, e = window(rr)
+        ref = class_row([x for x in rr["records"] if w <= x["start_s"] < e], "chat", e - w)
     checks = [
         ("learned limits follow within 10 s", follow <= 10, f"{follow:.1f} s to the new level"),
         (">= 97 % of chat within SLO after that", after["chat"]["within"] >= 0.97, f"{100 * after['chat']['within']:.2f} %"),
@@ -114,6 +120,12 @@ def cmd_shift(d, C, machine, half, C2):
         f.write(f"\nLearned slots (sum over both replicas): {pct(pre, 0.5):.0f} (median of the 20 s before the change), "
                 f"{pct(post, 0.5):.0f} (median after).\n\n## Before and after\n\n")
         table(f, [("before (512)", before, C), ("after (1024)", after, C2)])
+        if ref:
+            f.write(f"\n**Reference: the same chat (0.4 C, 1024-token prompts) with no batch at all**, through `auto` on fresh "
+                    f"replicas: {ref['done']} requests, TTFT p50 / p99 {ref['p50']:.0f} / {ref['p99']:.0f} ms, "
+                    f"{100 * ref['within']:.2f} % within SLO. With 1024-token prompts a prefill takes three 512-token steps "
+                    "(less the decodes' share of each step), and chat alone fills a good part of the replicas' prefill "
+                    "budget: this is the most chat can get on this fleet after the change, whatever admits the batch.\n")
         f.write("\nChart: `limits.svg`.\n")
     print(open(os.path.join(d, "README.md")).read())
 

@@ -392,9 +392,17 @@ impl PoolAdmission {
         let (slots, others) = if fleet > 0 { (fleet, self.others_interactive.load(Ordering::Relaxed)) } else { (cap, 0) };
         let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
         let most = slots - (slots as f64 * (1.0 - share)).floor() as usize;
+        let room = most.saturating_sub(self.interactive_inflight.load(Ordering::SeqCst) + others);
+        if room == 0 {
+            // The share is taken: within the slots (and what batch holds above its limit) only.
+            // Counting what is already above the slots here would let every
+            // cut of one replica's limit raise what the others may hold, a
+            // ratchet: in-flight climbing while the limits fall.
+            return excess;
+        }
         // Above the slots already (the room is counted from the slots).
         let above = pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.inflight()).sum::<usize>().saturating_sub(cap);
-        excess.max(most.saturating_sub(self.interactive_inflight.load(Ordering::SeqCst) + others) + above)
+        excess.max(room + above)
     }
 
     /// Interactive requests holding or waiting for a slot now; raises the tick's high mark.
@@ -945,6 +953,40 @@ mod tests {
                 assert!(pool.try_lease(Tier::Interactive).is_err(), "the others hold more than the share: none");
             }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn interactive_beyond_its_share_stays_within_the_slots_when_one_replicas_limit_falls() {
+        let cfg = PoolConfig {
+            replicas: vec!["http://127.0.0.1:9".into(), "http://127.0.0.1:10".into()],
+            max_inflight_per_replica: crate::config::InflightLimit::Fixed(8),
+            upstream_priority: true,
+            ..PoolConfig::default()
+        };
+        let metrics = Metrics::new(&Config::default());
+        let access = crate::upstream::Access::new(&cfg).expect("access");
+        let pool = Arc::new(Pool::new(cfg, access, &metrics, None));
+        for r in &pool.replicas {
+            r.set_healthy(true);
+        }
+        let adm = Arc::new(PoolAdmission::new(pool.clone(), tiers(0.25, 10, 10), &metrics));
+        // Interactive only, every slot held: far past its reserved quarter.
+        let mut held = Vec::new();
+        for _ in 0..16 {
+            held.push(adm.try_lease(Tier::Interactive).expect("a slot"));
+        }
+        assert!(adm.try_lease(Tier::Interactive).is_err(), "full");
+        // One replica's limit falls to 2 (as a learned limit is cut), then the other's.
+        for r in &pool.replicas {
+            r.set_limit(2);
+            assert!(adm.try_lease(Tier::Interactive).is_err(), "no replica takes more while the limits fall");
+        }
+        assert_eq!(pool.replicas.iter().map(|r| r.inflight()).sum::<usize>(), 16);
+        // As streams end, the replicas come down to their new limits.
+        held.truncate(4);
+        assert!(adm.try_lease(Tier::Interactive).is_err(), "4 held on 2 x 2 slots");
+        held.truncate(3);
+        assert!(adm.try_lease(Tier::Interactive).is_ok(), "a slot free again");
     }
 
     #[tokio::test(start_paused = true)]

@@ -210,6 +210,12 @@ impl Replica {
         self.refused.store(true, Ordering::Relaxed);
     }
 
+    /// As if the controller had moved the limit to `n`.
+    #[cfg(test)]
+    pub(crate) fn set_limit(&self, n: usize) {
+        self.set_max_inflight(n);
+    }
+
     /// Set the slot count (a fixed limit, or the controller's).
     fn set_max_inflight(&self, n: usize) {
         self.max_inflight.store(n, Ordering::Relaxed);
