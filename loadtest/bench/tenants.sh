@@ -32,7 +32,11 @@ hash_key() { printf %s "$1" | "$BIN/slogate" keys hash; }
 
 OUTPUT="{ dist: uniform, min: 64, max: 256 }"
 
-# gateway_yaml FILE KEYS_YAML : slogate over SIM_URLS, learned limits, upstream priority; KEYS_YAML under auth.keys.
+# gateway_yaml FILE KEYS_YAML : slogate over SIM_URLS, learned limits, upstream
+# priority; KEYS_YAML under auth.keys. The interactive queue holds a request
+# at most 300 ms, chat's TTFT target: past it the request has missed its SLO
+# whatever follows, and at 1.5 C holding it longer only makes every request
+# late (and the class's breaker open for all tenants).
 gateway_yaml() {
   { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
     echo "pools:"
@@ -40,6 +44,7 @@ gateway_yaml() {
     echo "    models: [auto]"
     echo "    replicas: [$(IFS=,; echo "${SIM_URLS[*]}" | sed 's/,/, /g')]"
     echo "    upstream_priority: true"
+    echo "tiers: { interactive: { queue_timeout: 300ms } }"
     if [ -n "$2" ]; then echo "auth:"; echo "  keys:"; echo "$2"; fi
   } >"$1"
 }

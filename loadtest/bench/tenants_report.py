@@ -13,7 +13,8 @@ from admission_report import chart, load, pct, window, within, write_checks  # b
 FLEET = ("two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each), "
          "`--max-num-batched-tokens 512`, `--scheduling-policy priority`; 512-token prompts, 64-256 output tokens "
          "(uniform). slogate: learned limits (`auto`), `upstream_priority: true`, class `chat` (interactive, "
-         "TTFT 300 ms, ITL 50 ms), default tiers.")
+         "TTFT 300 ms, ITL 50 ms), `tiers.interactive.queue_timeout: 300ms` (chat's TTFT target: a request held "
+         "longer has missed it whatever follows).")
 
 
 def tenant_row(recs, name, dur):

@@ -15,7 +15,12 @@
 //! A tenant that was away does not come back with credit: when it starts
 //! waiting, its counter is lifted to the smallest counter of those already
 //! waiting (or, with nobody waiting, to the counter of the last request
-//! served), so it gets its share from then on, not a burst for the past.
+//! served) less the cost of the request it brings, so it gets its share from
+//! then on, not a burst for the past. That one request's worth puts a tenant
+//! that sends a request now and then (whose queue empties after each) ahead
+//! of a heavy tenant's next request instead of level with it: served at the
+//! next free slot, as a tenant under its share should be, and a tenant whose
+//! queue empties between requests keeps the lead its weight gave it.
 //!
 //! Every decision is O(log tenants): the waiting tenants are kept ordered by
 //! counter; a tenant's own requests are first come, first served.
@@ -57,6 +62,8 @@ impl Ord for Virtual {
 pub(crate) trait Queued {
     fn id(&self) -> u64;
     fn share(&self) -> Share;
+    /// What serving it costs its tenant (tokens, before the weight).
+    fn cost(&self) -> f64;
 }
 
 /// One tier's waiters, served fairly among tenants.
@@ -96,17 +103,20 @@ impl<W: Queued> FairQueue<W> {
 
     /// Queue `w` behind its tenant's earlier requests. A tenant that starts
     /// waiting is lifted to the least counter among those waiting (or to the
-    /// last served one's): no credit for the time it was away.
+    /// last served one's), less its request's cost: no more credit for the
+    /// time it was away than that one request.
     pub(crate) fn push(&mut self, w: W) {
-        let tenant = w.share().tenant;
+        let share = w.share();
+        let tenant = share.tenant;
         self.arrivals.insert(w.id(), tenant);
         if let Some(b) = self.backlogs.get_mut(&tenant) {
             b.push_back(w);
             return;
         }
         let least = self.order.first().map_or(self.floor, |(v, _)| v.0);
+        let quantum = w.cost() / if share.weight > 0.0 { share.weight } else { 1.0 };
         let c = self.counters.entry(tenant).or_insert(0.0);
-        *c = c.max(least);
+        *c = c.max(least - quantum);
         self.order.insert((Virtual(*c), tenant));
         self.backlogs.insert(tenant, VecDeque::from([w]));
     }
@@ -200,6 +210,9 @@ mod tests {
         }
         fn share(&self) -> Share {
             self.share
+        }
+        fn cost(&self) -> f64 {
+            100.0
         }
     }
 
@@ -319,6 +332,21 @@ mod tests {
         let served: Vec<u32> = (0..10).map(|_| q.serve(100.0)).collect();
         let twos = served.iter().filter(|&&t| t == 2).count();
         assert!((4..=6).contains(&twos), "{served:?}");
+    }
+
+    #[test]
+    fn a_tenant_sending_now_and_then_is_served_at_the_next_free_slot() {
+        let mut q = Q::new();
+        // Tenant 1 keeps a backlog; tenant 2 sends one request at a time.
+        for _ in 0..20 {
+            q.push(1, 1.0);
+        }
+        for round in 0..5 {
+            q.serve(100.0);
+            q.push(2, 1.0);
+            assert_eq!(q.serve(100.0), 2, "round {round}: ahead of tenant 1's next request");
+            q.push(1, 1.0);
+        }
     }
 
     #[test]

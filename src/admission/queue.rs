@@ -172,6 +172,9 @@ impl Queued for Waiter {
     fn share(&self) -> Share {
         self.claim.share
     }
+    fn cost(&self) -> f64 {
+        self.claim.tokens as f64
+    }
 }
 
 /// Who a request is for (its tenant's share of the tier) and the tokens it
