@@ -174,15 +174,27 @@ impl<W: Queued> FairQueue<W> {
         self.backlogs.values().flatten()
     }
 
-    /// `share`'s tenant received `tokens` of service (negative: a
-    /// settlement gave some back).
+    /// `share`'s tenant was granted a slot for a request of `tokens`.
     pub(crate) fn charge(&mut self, share: Share, tokens: f64) {
+        self.account(share, tokens, true);
+    }
+
+    /// `share`'s tenant's request ended having cost `tokens` more than it
+    /// was charged (negative: less).
+    pub(crate) fn settle(&mut self, share: Share, tokens: f64) {
+        self.account(share, tokens, false);
+    }
+
+    fn account(&mut self, share: Share, tokens: f64, grant: bool) {
         let weight = if share.weight > 0.0 { share.weight } else { 1.0 };
         let waiting = self.backlogs.contains_key(&share.tenant);
         let c = self.counters.entry(share.tenant).or_insert(0.0);
         let before = *c;
-        if tokens > 0.0 {
-            // Served now: a tenant that was away starts from where the others are.
+        if grant {
+            // Served now: a tenant that was away starts from where the
+            // others are. (Not at a settlement: a tenant whose weight put it
+            // behind would be lifted to the last one served each time one
+            // of its requests ended, and lose the lead its weight gave it.)
             *c = c.max(self.floor);
             self.floor = *c;
         }
@@ -286,6 +298,30 @@ mod tests {
     }
 
     #[test]
+    fn settlements_keep_the_weights_proportion() {
+        // Both backlogged; each request is charged 50 at its grant and 20
+        // more when it ends, eight grants later.
+        let mut q = Q::new();
+        for _ in 0..400 {
+            q.push(1, 3.0);
+            q.push(2, 1.0);
+        }
+        let mut ending: std::collections::VecDeque<Share> = Default::default();
+        let mut served = [0usize; 3];
+        for _ in 0..400 {
+            let w = q.q.pop().expect("a waiter");
+            q.q.charge(w.share, 50.0);
+            served[w.share.tenant as usize] += 1;
+            ending.push_back(w.share);
+            if ending.len() > 8 {
+                let s = ending.pop_front().expect("one");
+                q.q.settle(s, 20.0);
+            }
+        }
+        assert!((295..=305).contains(&served[1]), "3:1 of 400: {served:?}");
+    }
+
+    #[test]
     fn a_settlement_moves_a_waiting_tenant_in_the_order() {
         let mut q = Q::new();
         q.push(1, 1.0);
@@ -293,7 +329,7 @@ mod tests {
         q.q.charge(Share { tenant: 1, weight: 1.0 }, 1000.0);
         assert_eq!(q.q.front().expect("front").share.tenant, 2, "tenant 1 was served more");
         // Its request ended far shorter than reserved: most comes back.
-        q.q.charge(Share { tenant: 1, weight: 1.0 }, -990.0);
+        q.q.settle(Share { tenant: 1, weight: 1.0 }, -990.0);
         q.q.charge(Share { tenant: 2, weight: 1.0 }, 100.0);
         assert_eq!(q.q.front().expect("front").share.tenant, 1);
     }

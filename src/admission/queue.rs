@@ -112,7 +112,7 @@ impl Drop for Lease {
         if let Some(used) = self.used {
             if used != self.charged {
                 if let Ok(mut q) = self.admission.inner.lock() {
-                    q.of(self.tier).charge(self.share, used as f64 - self.charged as f64);
+                    q.of(self.tier).settle(self.share, used as f64 - self.charged as f64);
                 }
             }
         }
