@@ -799,8 +799,13 @@ mod tests {
     }
 
     fn pool_with(slots: u32, tiers: TiersConfig, upstream_priority: bool) -> Arc<PoolAdmission> {
+        replicas_with(1, slots, tiers, upstream_priority)
+    }
+
+    /// A pool of `n` healthy replicas with `slots` slots each (nothing listens).
+    fn replicas_with(n: u16, slots: u32, tiers: TiersConfig, upstream_priority: bool) -> Arc<PoolAdmission> {
         let cfg = PoolConfig {
-            replicas: vec!["http://127.0.0.1:9".into()],
+            replicas: (0..n).map(|i| format!("http://127.0.0.1:{}", 9 + i).into()).collect(),
             max_inflight_per_replica: crate::config::InflightLimit::Fixed(slots),
             upstream_priority,
             ..PoolConfig::default()
@@ -960,19 +965,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn interactive_beyond_its_share_stays_within_the_slots_when_one_replicas_limit_falls() {
-        let cfg = PoolConfig {
-            replicas: vec!["http://127.0.0.1:9".into(), "http://127.0.0.1:10".into()],
-            max_inflight_per_replica: crate::config::InflightLimit::Fixed(8),
-            upstream_priority: true,
-            ..PoolConfig::default()
-        };
-        let metrics = Metrics::new(&Config::default());
-        let access = crate::upstream::Access::new(&cfg).expect("access");
-        let pool = Arc::new(Pool::new(cfg, access, &metrics, None));
-        for r in &pool.replicas {
-            r.set_healthy(true);
-        }
-        let adm = Arc::new(PoolAdmission::new(pool.clone(), tiers(0.25, 10, 10), &metrics));
+        let adm = replicas_with(2, 8, tiers(0.25, 10, 10), true);
+        let pool = adm.pool();
         // Interactive only, every slot held: far past its reserved quarter.
         let mut held = Vec::new();
         for _ in 0..16 {
