@@ -58,6 +58,8 @@ pub(crate) struct Lease {
     /// Whose service it is, and the tokens charged to it when it was granted.
     share: Share,
     charged: u64,
+    /// Its tenant's service is accounted for (see [`Claim::fair`]).
+    fair: bool,
     /// The tokens it used, once the replica said (settled against `charged` at the end).
     used: Option<u64>,
 }
@@ -71,6 +73,11 @@ impl Lease {
     /// among the prefills a new request would wait behind.
     pub(crate) fn first_token(&mut self) {
         self.slot.prefilled();
+    }
+
+    /// Granted for `claim`: whose service it is and what it was charged.
+    fn claimed(&mut self, claim: Claim) {
+        (self.share, self.charged, self.fair) = (claim.share, claim.tokens, claim.fair);
     }
 
     /// The replica said the request used `tokens` (prompt plus completion):
@@ -109,7 +116,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         // The slot first, so the waiter handed it below can take it.
         self.slot.release();
-        if let Some(used) = self.used {
+        if let Some(used) = self.used.filter(|_| self.fair) {
             if used != self.charged {
                 if let Ok(mut q) = self.admission.inner.lock() {
                     q.of(self.tier).settle(self.share, used as f64 - self.charged as f64);
@@ -183,6 +190,10 @@ impl Queued for Waiter {
 pub(crate) struct Claim {
     pub(crate) share: Share,
     pub(crate) tokens: u64,
+    /// Several tenants share the tier (keys are configured): account for
+    /// service. With one tenant the order is first come, first served
+    /// whatever the counters say, and a grant takes no lock.
+    pub(crate) fair: bool,
 }
 
 #[derive(Default)]
@@ -435,7 +446,7 @@ impl PoolAdmission {
                 if tier == Tier::Interactive {
                     self.interactive_inflight.fetch_add(1, Ordering::SeqCst);
                 }
-                Ok(Lease { slot, tier, admission: self.clone(), share: Share::default(), charged: 0, used: None })
+                Ok(Lease { slot, tier, admission: self.clone(), share: Share::default(), charged: 0, fair: false, used: None })
             }
             Err(e) => {
                 if tier == Tier::Batch {
@@ -580,8 +591,10 @@ impl PoolAdmission {
                         if tier == Tier::Interactive {
                             self.note_interactive();
                         }
-                        q.of(tier).charge(claim.share, claim.tokens as f64);
-                        (lease.share, lease.charged) = (claim.share, claim.tokens);
+                        if claim.fair {
+                            q.of(tier).charge(claim.share, claim.tokens as f64);
+                        }
+                        lease.claimed(claim);
                         return Ok(Granted { lease, waited: start.elapsed() });
                     }
                     Err(PickError::NoHealthy) => {
@@ -614,9 +627,12 @@ impl PoolAdmission {
 
     /// Charge a lease granted at once (nobody waiting) to its tenant.
     fn charge(&self, tier: Tier, mut lease: Lease, claim: Claim) -> Lease {
+        if !claim.fair {
+            return lease;
+        }
         if let Ok(mut q) = self.inner.lock() {
             q.of(tier).charge(claim.share, claim.tokens as f64);
-            (lease.share, lease.charged) = (claim.share, claim.tokens);
+            lease.claimed(claim);
         }
         lease
     }
@@ -667,11 +683,13 @@ impl PoolAdmission {
                         if tier == Tier::Interactive {
                             self.note_interactive();
                         }
-                        (lease.share, lease.charged) = (w.claim.share, w.claim.tokens);
+                        lease.claimed(w.claim);
                         match w.tx.send(Ok(lease)) {
                             Ok(()) => {
                                 served = true;
-                                q.of(tier).charge(w.claim.share, w.claim.tokens as f64);
+                                if w.claim.fair {
+                                    q.of(tier).charge(w.claim.share, w.claim.tokens as f64);
+                                }
                                 if tier == Tier::Batch {
                                     q.last_batch_grant = Some(now);
                                 }
@@ -679,7 +697,7 @@ impl PoolAdmission {
                             }
                             // Its client went away in the meantime: next one.
                             Err(Ok(mut l)) => {
-                                (l.share, l.charged) = (Share::default(), 0);
+                                l.claimed(Claim::default());
                                 lease = l;
                             }
                             Err(Err(_)) => break,

@@ -139,7 +139,7 @@ async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, mu
             }
         }
     }
-    let claim = admission::Claim { share: tenant.map(|t| t.share()).unwrap_or_default(), tokens: prompt };
+    let claim = admission::Claim { share: tenant.map(|t| t.share()).unwrap_or_default(), tokens: prompt, fair: snap.classifier.has_keys() };
     let admitted = admission::admit(&class.control, &routed.route.admission, routed.stream, routed.request.len() as u64, claim).await;
     let admitted = stage!(t, admitted);
     t.set_probe(admitted.probe);
