@@ -36,6 +36,8 @@ pub(crate) struct Snapshot {
     pub(crate) classifier: Classifier,
     /// What the admin listener requires (`server.admin_token_env`).
     pub(crate) admin_token: Option<AdminToken>,
+    /// Where keys' limits are kept (`limits.redis`), if anywhere but here.
+    pub(crate) store: Option<Arc<crate::admission::store::Store>>,
 }
 
 impl Snapshot {
@@ -61,6 +63,7 @@ impl Snapshot {
             .enumerate()
             .map(|(i, p)| Access::new(p).map_err(|source| PrepareError::Pool { pool: i, source }))
             .collect::<Result<Vec<_>, _>>()?;
+        let store = controls.tenants.store_for(&config.limits)?;
         let mut pools = Vec::with_capacity(config.pools.len());
         for (p, access) in config.pools.iter().zip(access) {
             let before = previous.and_then(|s| s.pools.iter().find(|o| o.pool.config.name == p.name));
@@ -72,7 +75,7 @@ impl Snapshot {
             };
             pools.push(Route { pool, admission });
         }
-        Ok(Snapshot { config: Arc::new(config), pools, classifier, admin_token })
+        Ok(Snapshot { config: Arc::new(config), pools, classifier, admin_token, store })
     }
 
     /// The pool serving `model`: static names first, then discovered ones.
@@ -95,6 +98,7 @@ impl Snapshot {
 fn activate(controls: &Controls, snapshot: &Snapshot) {
     controls.install(snapshot.classifier.classes().iter().map(|c| &c.control), &snapshot.config);
     controls.tenants.install(snapshot.classifier.tenants().iter().map(|(t, c)| (t, *c)));
+    controls.tenants.set_store(snapshot.store.clone());
     for r in &snapshot.pools {
         r.admission.install(r.pool.clone(), snapshot.config.tiers.clone());
         r.pool.activate();
@@ -111,6 +115,8 @@ pub enum PrepareError {
     Pool { pool: usize, source: crate::upstream::PoolError },
     #[error("server.admin_token_env: environment variable {var} is not set or empty")]
     AdminToken { var: String },
+    #[error(transparent)]
+    Store(#[from] crate::admission::store::StoreError),
 }
 
 /// Why a reload was refused (the running config stays).

@@ -63,6 +63,10 @@ pub(crate) struct TenantLimits {
     pub(crate) max_concurrent: Option<u64>,
     /// The instances sharing them (1 alone).
     pub(crate) instances: usize,
+    /// Where they are counted: `store` (the limit store, for every
+    /// instance), `store_down` (it is configured but does not answer: this
+    /// instance enforces its part) or `instance`.
+    pub(crate) kept: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -262,6 +266,11 @@ fn tenants(app: &App, now: Instant) -> Vec<TenantStatus> {
     let seen: Vec<_> = snap.classifier.tenants().iter().map(|(t, _)| (t.clone(), t.last_minute(now))).collect();
     let total: f64 = seen.iter().map(|(_, (tokens, _, _))| tokens).sum();
     let instances = app.controls.tenants.instances();
+    let kept = match app.controls.tenants.store() {
+        Some(s) if s.is_up() => "store",
+        Some(_) => "store_down",
+        None => "instance",
+    };
     seen.into_iter()
         .map(|(t, (tokens, judged, met))| {
             let l = t.configured_limits();
@@ -279,6 +288,7 @@ fn tenants(app: &App, now: Instant) -> Vec<TenantStatus> {
                     tokens_per_minute: l.tokens_per_minute,
                     max_concurrent: l.max_concurrent,
                     instances,
+                    kept,
                 }),
                 concurrent: t.concurrent(),
                 refused: TenantRefused { requests, tokens: tok, concurrent },
@@ -413,7 +423,12 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
                 if let Some(v) = l.max_concurrent {
                     parts.push(format!("{v} at once"));
                 }
-                let shared = if l.instances > 1 { format!(" (1/{} here)", l.instances) } else { String::new() };
+                let shared = match l.kept {
+                    "store" => " (shared in the limit store)".to_string(),
+                    "store_down" => format!(" (limit store down: 1/{} here)", l.instances),
+                    _ if l.instances > 1 => format!(" (1/{} here)", l.instances),
+                    _ => String::new(),
+                };
                 format!("{}{shared}", parts.join(", "))
             });
             let limited = if t.limited { " <span class=\"pill warn\">limited</span>" } else { "" };

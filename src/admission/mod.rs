@@ -16,6 +16,7 @@
 pub(crate) mod breaker;
 pub(crate) mod fair;
 pub(crate) mod queue;
+pub(crate) mod store;
 pub(crate) mod tenants;
 
 pub(crate) use queue::{Claim, Lease, PoolAdmission, Refusal};
@@ -283,9 +284,18 @@ pub(crate) struct Admitted {
 /// The key's own limits, before anything else of admission: a permit for
 /// the request and the key's quotas after it, or the 429 (with the quotas,
 /// for its headers). `reserve`: the tokens the request may use.
-pub(crate) fn limit(tenant: &Arc<Tenant>, reserve: u64) -> Result<(Permit, RateState), Box<(GatewayError, RateState)>> {
-    tenant.admit(Instant::now(), reserve).map_err(|l| {
-        let limits = tenant.limits();
+///
+/// With a limit store that answers, the key's whole limits are checked there
+/// (every instance counts against them); otherwise this instance's part.
+pub(crate) async fn limit(tenant: &Arc<Tenant>, reserve: u64) -> Result<(Permit, RateState), Box<(GatewayError, RateState)>> {
+    let now = Instant::now();
+    let verdict = match tenant.admit_shared(now, reserve).await {
+        Some(v) => v,
+        None => tenant.admit(now, reserve),
+    };
+    let shared = tenant.store().is_some_and(|s| s.is_up());
+    verdict.map_err(|l| {
+        let limits = if shared { tenant.configured_limits() } else { tenant.limits() };
         let message = match l.limit {
             tenants::Limit::Requests => format!(
                 "Rate limit reached for key `{}` on requests per minute: limit {}; retry in {} s",

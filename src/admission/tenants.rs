@@ -14,18 +14,22 @@
 //! its limit by starting many streams at once.
 //!
 //! In a fleet each instance enforces its part of a key's limits: the limit
-//! over the number of live instances (the fleet sets it).
+//! over the number of live instances (the fleet sets it). With a limit store
+//! (`limits.redis`, see [`super::store`]) every instance counts against the
+//! key's whole limit there instead, and falls back to its part while the
+//! store does not answer.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::time::Instant;
 
 use prometheus_client::metrics::counter::Counter;
 
 use super::fair::Share;
+use super::store::{Store, Verdict};
 use crate::config::{KeyLimitsConfig, TenantConfig};
 use crate::telemetry::histogram::AtomicHistogram;
 use crate::telemetry::metrics::{Metrics, TenantKindLabels, TenantLabels, TenantOutcomeLabels};
@@ -235,6 +239,8 @@ pub(crate) struct Tenant {
     settings: ArcSwap<Settings>,
     /// The fleet's live instances (shared by all tenants of the gateway).
     instances: Arc<AtomicUsize>,
+    /// The limit store, when one is configured (shared by all tenants).
+    store: Arc<ArcSwapOption<Store>>,
     base: Instant,
     inner: Mutex<Usage>,
     concurrent: AtomicU64,
@@ -272,6 +278,8 @@ pub(crate) struct Permit {
     used: Option<u64>,
     /// The request never reached a replica: it takes nothing from the key.
     refunded: bool,
+    /// Taken from the limit store (settled there), not this instance's windows.
+    shared: Option<Arc<Store>>,
 }
 
 impl Permit {
@@ -292,6 +300,11 @@ impl Drop for Permit {
     fn drop(&mut self) {
         if self.concurrent {
             self.tenant.concurrent.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(store) = &self.shared {
+            let delta = self.used.map_or(0, |used| used as i64 - self.reserved as i64);
+            store.settle(&self.tenant.name, self.second, delta, self.refunded, self.concurrent);
+            return;
         }
         if let Some(used) = self.used {
             let now = self.tenant.second(Instant::now());
@@ -328,6 +341,11 @@ impl Tenant {
     /// The limits as configured (for the whole fleet).
     pub(crate) fn configured_limits(&self) -> Limits {
         self.settings.load().limits
+    }
+
+    /// The limit store in use, if any.
+    pub(crate) fn store(&self) -> Option<Arc<Store>> {
+        self.store.load_full()
     }
 
     pub(crate) fn has_limits(&self) -> bool {
@@ -394,14 +412,13 @@ impl Tenant {
         let Ok(mut u) = self.inner.lock() else {
             // A poisoned lock: a panic elsewhere; do not hold the key's traffic for it.
             return Ok((
-                Permit { tenant: self.clone(), second: s, reserved: 0, concurrent: false, used: None, refunded: false },
+                Permit { tenant: self.clone(), second: s, reserved: 0, concurrent: false, used: None, refunded: false, shared: None },
                 RateState::default(),
             ));
         };
         let refuse = |u: &mut Usage, limit: Limit, retry_after: u64, too_large: bool| {
             u.limited_at = Some(s);
-            self.limited[limit as usize].fetch_add(1, Ordering::Relaxed);
-            self.series.limited[limit as usize].inc();
+            self.count_refusal(limit);
             Limited { limit, retry_after: retry_after.max(1), too_large, reserve, state: self.quotas(u, &limits, s) }
         };
         if let Some(max) = limits.max_concurrent {
@@ -431,25 +448,90 @@ impl Tenant {
             self.concurrent.fetch_add(1, Ordering::Relaxed);
         }
         let state = self.quotas(&u, &limits, s);
-        Ok((Permit { tenant: self.clone(), second: s, reserved: reserve, concurrent, used: None, refunded: false }, state))
+        Ok((Permit { tenant: self.clone(), second: s, reserved: reserve, concurrent, used: None, refunded: false, shared: None }, state))
+    }
+
+    /// [`Tenant::admit`] against the key's whole limits in the limit store,
+    /// when there is one and it answers; `None`: it is not configured, down,
+    /// or did not answer within `limits.timeout` (enforce this instance's part).
+    pub(crate) async fn admit_shared(self: &Arc<Self>, now: Instant, reserve: u64) -> Option<Result<(Permit, RateState), Limited>> {
+        let store = self.store.load_full().filter(|s| s.is_up())?;
+        let limits = self.configured_limits();
+        let s = self.second(now);
+        if limits.tokens_per_minute.is_some_and(|tpm| reserve > tpm) {
+            // Too large whatever the store holds: no need to ask it.
+            let state = RateState {
+                tokens: limits.tokens_per_minute.map(|l| Quota { limit: l, remaining: l, reset: Duration::ZERO }),
+                ..RateState::default()
+            };
+            return Some(Err(self.refused(s, Limit::Tokens, SLOTS as u64, true, reserve, state)));
+        }
+        let concurrent = limits.max_concurrent.is_some();
+        if concurrent {
+            // Counted before the call: the heartbeat reports it meanwhile.
+            self.concurrent.fetch_add(1, Ordering::Relaxed);
+        }
+        let verdict = store.admit(&self.name, &limits, reserve).await;
+        let undo = || {
+            if concurrent {
+                self.concurrent.fetch_sub(1, Ordering::Relaxed);
+            }
+        };
+        match verdict {
+            None => {
+                undo();
+                None
+            }
+            Some(Verdict::Refused { limit, retry_after, state }) => {
+                undo();
+                Some(Err(self.refused(s, limit, retry_after, false, reserve, state)))
+            }
+            Some(Verdict::Granted { second, state }) => Some(Ok((
+                Permit { tenant: self.clone(), second, reserved: reserve, concurrent, used: None, refunded: false, shared: Some(store) },
+                state,
+            ))),
+        }
+    }
+
+    fn count_refusal(&self, limit: Limit) {
+        self.limited[limit as usize].fetch_add(1, Ordering::Relaxed);
+        self.series.limited[limit as usize].inc();
+    }
+
+    /// Record a refusal by `limit` in second `s`.
+    fn refused(&self, s: u64, limit: Limit, retry_after: u64, too_large: bool, reserve: u64, state: RateState) -> Limited {
+        if let Ok(mut u) = self.inner.lock() {
+            u.limited_at = Some(s);
+        }
+        self.count_refusal(limit);
+        Limited { limit, retry_after: retry_after.max(1), too_large, reserve, state }
     }
 }
 
 /// Every tenant the gateway has known, by name; kept across reloads.
 pub(crate) struct Tenants {
-    known: Mutex<Vec<Arc<Tenant>>>,
+    known: Arc<Mutex<Vec<Arc<Tenant>>>>,
     next_id: std::sync::atomic::AtomicU32,
     instances: Arc<AtomicUsize>,
+    store: Arc<ArcSwapOption<Store>>,
+    /// This process among the limit store's instances.
+    instance: String,
     base: Instant,
     metrics: Arc<Metrics>,
 }
 
 impl Tenants {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Tenants {
+        use std::hash::{BuildHasher, Hasher};
+        // A random id (the standard library's hasher seeds are random per process).
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
         Tenants {
-            known: Mutex::new(Vec::new()),
+            known: Arc::default(),
             next_id: std::sync::atomic::AtomicU32::new(0),
             instances: Arc::new(AtomicUsize::new(1)),
+            store: Arc::default(),
+            instance: format!("{:016x}", h.finish()),
             base: Instant::now(),
             metrics,
         }
@@ -470,6 +552,7 @@ impl Tenants {
             series: TenantSeries::new(&self.metrics, name),
             settings: ArcSwap::from_pointee(Settings::of(config)),
             instances: self.instances.clone(),
+            store: self.store.clone(),
             base: self.base,
             inner: Mutex::new(Usage::default()),
             concurrent: AtomicU64::new(0),
@@ -487,6 +570,41 @@ impl Tenants {
                 known.push(t.clone());
             }
         }
+    }
+
+    /// The limit store `config` names: the one in use when it is the same
+    /// (a reload keeps its connection), else a new one (a reload's prepare
+    /// step: nothing live changes until [`Tenants::set_store`]).
+    pub(crate) fn store_for(&self, config: &crate::config::LimitsConfig) -> Result<Option<Arc<Store>>, super::store::StoreError> {
+        if let Some(current) = self.store.load_full().filter(|s| s.serves(config)) {
+            return Ok(Some(current));
+        }
+        let known = Arc::downgrade(&self.known);
+        let running = move || -> Vec<(Arc<str>, u64)> {
+            let Some(known) = known.upgrade() else { return Vec::new() };
+            let known = known.lock().unwrap_or_else(|p| p.into_inner());
+            known.iter().filter(|t| t.configured_limits().max_concurrent.is_some()).map(|t| (t.name.clone(), t.concurrent())).collect()
+        };
+        Store::open(
+            config,
+            &self.instance,
+            self.metrics.limits_store_up.clone(),
+            self.metrics.limits_store_errors.clone(),
+            Box::new(running),
+        )
+    }
+
+    /// The swap step: keys' limits are kept in `store` from now on (`None`: by each instance).
+    pub(crate) fn set_store(&self, store: Option<Arc<Store>>) {
+        if store.is_none() {
+            self.metrics.limits_store_up.set(0);
+        }
+        self.store.store(store);
+    }
+
+    /// The limit store in use, if any.
+    pub(crate) fn store(&self) -> Option<Arc<Store>> {
+        self.store.load_full()
     }
 
     /// The fleet's word: `n` instances are live and share every key's limits.

@@ -35,8 +35,20 @@ impl std::fmt::Display for Problem {
 #[error("{}", self.0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n"))]
 pub struct ConfigError(pub Vec<Problem>);
 
-const SECTIONS: &[&str] =
-    &["server", "pools", "classes", "default_class", "tiers", "slo", "breaker", "context_reduction", "auth", "telemetry", "fleet"];
+const SECTIONS: &[&str] = &[
+    "server",
+    "pools",
+    "classes",
+    "default_class",
+    "tiers",
+    "slo",
+    "breaker",
+    "context_reduction",
+    "auth",
+    "telemetry",
+    "fleet",
+    "limits",
+];
 
 impl Config {
     /// Read and check a config file (and its `auth.keys_file`, beside it
@@ -91,6 +103,7 @@ impl Config {
                 "auth" => section(key, v, &mut cfg.auth, &mut problems),
                 "telemetry" => section(key, v, &mut cfg.telemetry, &mut problems),
                 "fleet" => section(key, v, &mut cfg.fleet, &mut problems),
+                "limits" => section(key, v, &mut cfg.limits, &mut problems),
                 "pools" => match v {
                     serde_norway::Value::Sequence(items) => {
                         seen.pool_index.clear();
@@ -314,6 +327,21 @@ impl Config {
         if fl.takeover_after.get() < fl.peer_timeout.get() {
             bad("fleet.takeover_after".into(), "must be at least fleet.peer_timeout".into());
         }
+        let li = &self.limits;
+        if let Some(url) = &li.redis {
+            if let Err(e) = check_redis_url(url) {
+                bad("limits.redis".into(), e);
+            }
+        }
+        if let Some(problem) = li.password_env.as_deref().and_then(env_problem) {
+            bad("limits.password_env".into(), problem);
+        }
+        if li.timeout.get().is_zero() {
+            bad("limits.timeout".into(), "must be greater than 0".into());
+        }
+        if li.key_prefix.is_empty() || li.key_prefix.contains(char::is_whitespace) {
+            bad("limits.key_prefix".into(), "must be a non-empty word without spaces".into());
+        }
         if self.classes.is_empty() && seen.failed_classes.is_empty() {
             bad("classes".into(), "at least one class is required".into());
         }
@@ -533,6 +561,19 @@ pub fn parse_peer_url(url: &str) -> Result<http::Uri, String> {
     Ok(uri)
 }
 
+/// The limit store's address: `redis://host:port[/db]` (or `valkey://`,
+/// `redis+unix:///path`); TLS is not built in.
+pub fn check_redis_url(url: &str) -> Result<(), String> {
+    let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+    if matches!(scheme, "rediss" | "valkeys") {
+        return Err(format!("`{url}`: TLS to the limit store is not supported; reach it over a private network or a local TLS tunnel"));
+    }
+    if !matches!(scheme, "redis" | "valkey" | "redis+unix" | "unix") {
+        return Err(format!("`{url}`: must start with redis:// (or valkey://, redis+unix://), e.g. redis://10.0.0.9:6379/0"));
+    }
+    redis::Client::open(url).map(drop).map_err(|e| format!("`{url}`: {e}"))
+}
+
 /// `host:port` (a DNS name or an IP address, and a port).
 pub fn parse_host_port(s: &str) -> Result<(String, u16), String> {
     let (host, port) =
@@ -606,6 +647,22 @@ mod tests {
         assert_eq!(c.server.max_request_body, Size(4 * 1024 * 1024));
         assert_eq!(c.slo.window, Dur::secs(28 * 86_400));
         assert_eq!(c.default_class, "chat");
+    }
+
+    #[test]
+    fn the_limit_store_is_checked() {
+        let ok = Config::parse("limits:\n  redis: redis://127.0.0.1:6379/2\n  timeout: 20ms\n").expect("valid");
+        assert_eq!(ok.limits.redis.as_deref(), Some("redis://127.0.0.1:6379/2"));
+        assert_eq!(ok.limits.timeout, Dur::millis(20));
+        assert_eq!(Config::parse("").expect("valid").limits, LimitsConfig::default(), "no store by default");
+        let text =
+            "limits:\n  redis: rediss://cache:6380\n  timeout: 0s\n  key_prefix: ''\n  password_env: SLOGATE_UNIT_TEST_NOBODY_SETS_THIS\n";
+        let err = Config::parse(text).expect_err("four problems").0;
+        let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(fields, ["limits.redis", "limits.password_env", "limits.timeout", "limits.key_prefix"]);
+        assert!(err[0].message.contains("TLS"), "{}", err[0].message);
+        let err = Config::parse("limits: { redis: 'http://cache:6379' }\n").expect_err("not redis").0;
+        assert!(err[0].message.contains("redis://"), "{}", err[0].message);
     }
 
     #[test]

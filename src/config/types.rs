@@ -91,6 +91,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub telemetry: TelemetryConfig,
     pub fleet: FleetConfig,
+    pub limits: LimitsConfig,
 }
 
 impl Default for Config {
@@ -107,6 +108,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             telemetry: TelemetryConfig::default(),
             fleet: FleetConfig::default(),
+            limits: LimitsConfig::default(),
         }
     }
 }
@@ -685,6 +687,29 @@ impl KeyConfig {
     /// What the tenant behind this key is.
     pub fn tenant(&self) -> TenantConfig {
         TenantConfig { weight: self.weight, limits: self.limits }
+    }
+}
+
+/// Where keys' limits are kept. Without `redis` each instance enforces its
+/// part of a key's limits (the limit over the live instances of the fleet);
+/// with it every gateway naming the same server counts against one total.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// `redis://[user:password@]host:port[/db]` (Redis or Valkey; no TLS, no cluster).
+    pub redis: Option<String>,
+    /// An environment variable holding the server's password (AUTH).
+    pub password_env: Option<String>,
+    /// A request's limit check waits at most this for the server; past it
+    /// (or while the server is down) the instance's own part is enforced.
+    pub timeout: Dur,
+    /// The server's keys start with this (`PREFIX:key:NAME:requests`, ...).
+    pub key_prefix: String,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig { redis: None, password_env: None, timeout: Dur::millis(50), key_prefix: "slogate".into() }
     }
 }
 

@@ -130,7 +130,7 @@ async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, mu
     let tokens = prompt + if endpoint.generates() { max_output } else { 0 };
     let tenant = t.tenant().cloned();
     if let Some(tenant) = tenant.as_ref().filter(|t| t.has_limits()) {
-        match admission::limit(tenant, tokens) {
+        match admission::limit(tenant, tokens).await {
             Ok((permit, state)) => t.set_permit(permit, state),
             Err(refused) => {
                 let (e, state) = *refused;

@@ -353,6 +353,10 @@ pub struct Metrics {
     pub(crate) tenant_goodput: Family<TenantLabels, Counter>,
     pub(crate) tenant_queue_time: Family<TenantLabels, AtomicHistogram, Buckets>,
     pub(crate) tenant_limited: Family<TenantKindLabels, Counter>,
+    /// The limit store (`limits.redis`) answered its last call (1) or not (0).
+    pub(crate) limits_store_up: Gauge,
+    /// Limit checks the store did not answer in time (the instance's own part was enforced).
+    pub(crate) limits_store_errors: Counter,
 }
 
 impl Metrics {
@@ -394,6 +398,8 @@ impl Metrics {
             tenant_goodput: Family::default(),
             tenant_queue_time: Family::new_with_constructor(Buckets(Arc::new(LATENCY_BASE.to_vec()))),
             tenant_limited: Family::default(),
+            limits_store_up: Gauge::default(),
+            limits_store_errors: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -468,6 +474,16 @@ impl Metrics {
             "tenant_limited_requests",
             "A tenant's requests refused by its key's own limits (kind: requests, tokens, concurrent)",
             m.tenant_limited.clone(),
+        );
+        registry.register(
+            "limits_store_up",
+            "1 while the limit store (limits.redis) answers; 0: each instance enforces its part of every key's limits",
+            m.limits_store_up.clone(),
+        );
+        registry.register(
+            "limits_store_errors",
+            "Key limit checks the limit store did not answer within limits.timeout (the instance's part was enforced)",
+            m.limits_store_errors.clone(),
         );
         registry.register("config_reloads", "Config reloads applied", m.reloads.clone());
         registry.register("config_reload_failures", "Config reloads rejected (the old config was kept)", m.reload_failures.clone());

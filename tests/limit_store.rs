@@ -1,0 +1,143 @@
+//! Keys' limits kept in a real Redis (`limits.redis`): two gateways count
+//! against one total, running requests included, tokens settled to usage;
+//! a store that goes down costs precision, never a request.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use http_body_util::BodyExt;
+use slogate::config::key_sha256;
+
+fn gateway_yaml(mock: &Mock, redis: &str, prefix: &str, limits: &str) -> String {
+    format!(
+        "{}auth:\n  keys:\n    - {{ name: shared, key_sha256: {}, classes: [chat], limits: {limits} }}\nlimits:\n  redis: {redis}\n  key_prefix: {prefix}\n  timeout: 500ms\n",
+        gateway_config(&[mock.url()]).yaml(),
+        key_sha256("sk-shared")
+    )
+}
+
+async fn ask(c: &TestClient, gw: &slogate::Gateway, body: &str) -> (u16, http::HeaderMap, String) {
+    let resp =
+        c.request(post_req(gw.data_addr, "/v1/chat/completions", body, &[("authorization", "Bearer sk-shared")])).await.expect("response");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn slo(gw: &slogate::Gateway) -> serde_json::Value {
+    serde_json::from_str(&get(gw.admin_addr, "/slo.json").await.1).expect("JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_count_a_keys_requests_against_one_total_in_redis() {
+    let redis = Redis::start().await;
+    for (proto, c) in clients() {
+        let mock = Mock::start(standard(2, Duration::ZERO)).await;
+        // A prefix per protocol: each run starts from an empty minute.
+        let yaml = gateway_yaml(&mock, &redis.url(), &format!("t1{proto}"), "{ requests_per_minute: 5 }");
+        let (a, b) = (start_gateway(&yaml).await, start_gateway(&yaml).await);
+        let body = chat_body(false, false);
+        // Alternating gateways: five in all, not five each.
+        for (i, left) in ["4", "3", "2", "1", "0"].into_iter().enumerate() {
+            let gw = if i % 2 == 0 { &a } else { &b };
+            let (s, h, body) = ask(&c, gw, &body).await;
+            assert_eq!(s, 200, "{proto}: request {i}: {body}");
+            assert_eq!(header(&h, "x-ratelimit-limit-requests"), Some("5"), "{proto}: the key's whole limit, not a part");
+            assert_eq!(header(&h, "x-ratelimit-remaining-requests"), Some(left), "{proto}: request {i}");
+        }
+        for gw in [&a, &b] {
+            let (s, h, body) = ask(&c, gw, &body).await;
+            assert_eq!(s, 429, "{proto}: {body}");
+            assert_eq!(header(&h, "x-ratelimit-remaining-requests"), Some("0"), "{proto}");
+            let retry: u64 = header(&h, "retry-after").and_then(|v| v.parse().ok()).expect("Retry-After");
+            assert!((1..=60).contains(&retry), "{proto}: {retry}");
+            assert_eq!(error_code(body.as_bytes()), "rate_limit_exceeded", "{proto}");
+        }
+        let s = slo(&a).await;
+        assert_eq!(s["tenants"][0]["limits"]["kept"], "store", "{proto}: {s}");
+        let m = metrics_text(&a).await;
+        assert_eq!(metric(&m, "slogate_limits_store_up", &[]), Some(1.0), "{proto}");
+        assert_eq!(metric(&m, "slogate_limits_store_errors_total", &[]), Some(0.0), "{proto}");
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_on_one_gateway_holds_the_keys_max_concurrent_on_the_other() {
+    let redis = Redis::start().await;
+    for (proto, c) in clients() {
+        let mock = Mock::start(standard(2, Duration::ZERO)).await;
+        let yaml = gateway_yaml(&mock, &redis.url(), &format!("t2{proto}"), "{ max_concurrent: 1 }");
+        let (a, b) = (start_gateway(&yaml).await, start_gateway(&yaml).await);
+        let held = mock.hold_slot_as(a.data_addr, &[("authorization", "Bearer sk-shared")]).await;
+        let (s, h, body) = ask(&c, &b, &chat_body(true, false)).await;
+        assert_eq!(s, 429, "{proto}: the key's one running request is on the other gateway: {body}");
+        assert_eq!(header(&h, "retry-after"), Some("1"), "{proto}");
+        assert!(body.contains("max_concurrent"), "{proto}: {body}");
+        held.release().await;
+        // The stream's end reaches the store (queued, never waited on by the request path).
+        wait_until("the held stream's end counted in the store", || async { ask(&c, &b, &chat_body(false, false)).await.0 == 200 }).await;
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_reserved_at_admission_are_settled_to_the_replicas_usage_in_the_store() {
+    let redis = Redis::start().await;
+    for (proto, c) in clients() {
+        // The mock reports 10 tokens used in all.
+        let mock = Mock::start(standard(2, Duration::ZERO)).await;
+        let yaml = gateway_yaml(&mock, &redis.url(), &format!("t3{proto}"), "{ tokens_per_minute: 1000 }");
+        let (a, b) = (start_gateway(&yaml).await, start_gateway(&yaml).await);
+        let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}],"max_tokens":600}"#;
+        let (s, h, _) = ask(&c, &a, body).await;
+        assert_eq!(s, 200, "{proto}");
+        let reserved = 1000 - header(&h, "x-ratelimit-remaining-tokens").and_then(|v| v.parse::<u64>().ok()).expect("remaining");
+        assert!(reserved > 600, "{proto}: the prompt estimate plus max_tokens is reserved: {reserved}");
+        // While reserved, a second 600 does not fit; once the first is
+        // settled to the 10 tokens it used, it does, on the other gateway.
+        let second = std::sync::Mutex::new(None);
+        wait_until("the first request settled to its usage", || async {
+            let (s, h, _) = ask(&c, &b, body).await;
+            *second.lock().expect("lock") = header(&h, "x-ratelimit-remaining-tokens").and_then(|v| v.parse::<u64>().ok());
+            s == 200
+        })
+        .await;
+        let second = *second.lock().expect("lock");
+        assert_eq!(second, Some(1000 - 10 - reserved), "{proto}: 10 used by the first, the second's reservation");
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_goes_down_costs_no_request_and_each_instance_enforces_its_part() {
+    let mut redis = Redis::start().await;
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let gw = start_gateway(&gateway_yaml(&mock, &redis.url(), "t4", "{ requests_per_minute: 3 }")).await;
+    let c = client();
+    let body = chat_body(false, false);
+    let (s, h, _) = ask(&c, &gw, &body).await;
+    assert_eq!((s, header(&h, "x-ratelimit-remaining-requests")), (200, Some("2")), "through the store");
+    redis.kill();
+    // No request fails for the outage: the first ones find it down, and this
+    // instance's own windows (empty: the store held the count) take over.
+    for left in ["2", "1", "0"] {
+        let (s, h, body) = ask(&c, &gw, &body).await;
+        assert_eq!(s, 200, "{body}");
+        assert_eq!(header(&h, "x-ratelimit-remaining-requests"), Some(left));
+    }
+    let (s, _, body) = ask(&c, &gw, &body).await;
+    assert_eq!(s, 429, "the instance's part still holds: {body}");
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_limits_store_up", &[]), Some(0.0));
+    assert!(metric(&m, "slogate_limits_store_errors_total", &[]).is_some_and(|n| n >= 1.0), "{m}");
+    assert_eq!(slo(&gw).await["tenants"][0]["limits"]["kept"], "store_down");
+    assert_eq!(metric(&m, "slogate_requests_total", &[]), Some(sent_to(gw.data_addr) as f64), "every request counted once");
+    gw.shutdown().await;
+}
