@@ -437,3 +437,33 @@ async fn the_status_page_lists_fifty_tenants_one_row_each() {
     assert_eq!(tenants.iter().filter(|t| t["tokens_last_minute"].as_u64() > Some(0)).count(), 3);
     assert_quiescent(&gw).await;
 }
+
+#[tokio::test]
+async fn a_tenant_under_its_fair_part_goes_first_in_the_replicas_own_queue() {
+    for (proto, c) in clients() {
+        let mock = Mock::start(standard(2, Duration::ZERO)).await;
+        let yaml = format!(
+            "{}auth:\n  keys:\n{}{}",
+            gateway_config(&[mock.url()]).pool("upstream_priority: true\n    max_inflight_per_replica: 4").yaml(),
+            key("heavy", "sk-heavy", ""),
+            key("light", "sk-light", "")
+        );
+        let gw = start_gateway(&yaml).await;
+        let (k, v) = bearer("sk-heavy");
+        let held = [mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await, mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await];
+        let before = mock.state.bodies.lock().expect("bodies").len();
+        // Light holds nothing of the 4 slots, its part is 2: ahead of heavy's requests at the replica.
+        let (s, _, b) = chat_as(&c, &gw, "sk-light", &chat_body(false, false)).await;
+        assert_eq!(s, 200, "{proto}: {b}");
+        // Heavy, alone again with 2 running, is under nobody's share: the interactive priority.
+        let (s, _, b) = chat_as(&c, &gw, "sk-heavy", &chat_body(false, false)).await;
+        assert_eq!(s, 200, "{proto}: {b}");
+        let bodies = mock.state.bodies.lock().expect("bodies").clone();
+        let sent: Vec<i64> = bodies[before..].iter().filter_map(|b| b["priority"].as_i64()).collect();
+        assert_eq!(sent, [-1, 0], "{proto}");
+        for h in held {
+            h.release().await;
+        }
+        assert_quiescent(&gw).await;
+    }
+}

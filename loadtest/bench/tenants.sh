@@ -7,7 +7,8 @@
 #   fair     three tenants in `chat` at 1.5 C in all (the fleet of
 #            bench/limits.sh, capacity C measured first): A sends 80 %, B and
 #            C 10 % each. `fifo`: no keys (one tenant, first come first
-#            served, as before tenants); `fair`: a key each, weights equal
+#            served, as before tenants); `fair`: a key each, weights equal;
+#            `alone`: B and C with A absent (the reference)
 #   weights  two tenants in `chat`, weights 3 and 1, each offering 1.5 C:
 #            the service each gets (tokens) over 60 s
 #   tpm      one key with tokens_per_minute, driven for 5 minutes by the
@@ -33,10 +34,10 @@ hash_key() { printf %s "$1" | "$BIN/slogate" keys hash; }
 OUTPUT="{ dist: uniform, min: 64, max: 256 }"
 
 # gateway_yaml FILE KEYS_YAML : slogate over SIM_URLS, learned limits, upstream
-# priority; KEYS_YAML under auth.keys. The interactive queue holds a request
-# at most 300 ms, chat's TTFT target: past it the request has missed its SLO
-# whatever follows, and at 1.5 C holding it longer only makes every request
-# late (and the class's breaker open for all tenants).
+# priority; KEYS_YAML under auth.keys. The interactive queue sheds what can no
+# longer make chat's TTFT target (shed_late): at 1.5 C, holding a request past
+# that only makes every request late (and the class's breaker open for all
+# tenants).
 gateway_yaml() {
   { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
     echo "pools:"
@@ -44,7 +45,7 @@ gateway_yaml() {
     echo "    models: [auto]"
     echo "    replicas: [$(IFS=,; echo "${SIM_URLS[*]}" | sed 's/,/, /g')]"
     echo "    upstream_priority: true"
-    echo "tiers: { interactive: { queue_timeout: 300ms } }"
+    echo "tiers: { interactive: { shed_late: true } }"
     if [ -n "$2" ]; then echo "auth:"; echo "  keys:"; echo "$2"; fi
   } >"$1"
 }
@@ -101,8 +102,13 @@ fair() {
   { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
     tenant_stream A sk-A "$a"; tenant_stream B sk-B "$b"; tenant_stream C sk-C "$b"
   } >"$d/scenario.yaml"
+  # The reference: B and C at the same rates with A absent.
+  { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
+    tenant_stream B sk-B "$b"; tenant_stream C sk-C "$b"
+  } >"$d/alone.yaml"
   run "$d" fifo "" "$d/scenario.yaml"
   run "$d" fair "$(keys_of A:1 B:1 C:1)" "$d/scenario.yaml"
+  run "$d" alone "$(keys_of A:1 B:1 C:1)" "$d/alone.yaml"
   python3 "$HERE/tenants_report.py" fair "$d" "$C" "$MACHINE"
   publish "$d" "$OUT/fair"
 }

@@ -13,8 +13,8 @@ from admission_report import chart, load, pct, window, within, write_checks  # b
 FLEET = ("two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each), "
          "`--max-num-batched-tokens 512`, `--scheduling-policy priority`; 512-token prompts, 64-256 output tokens "
          "(uniform). slogate: learned limits (`auto`), `upstream_priority: true`, class `chat` (interactive, "
-         "TTFT 300 ms, ITL 50 ms), `tiers.interactive.queue_timeout: 300ms` (chat's TTFT target: a request held "
-         "longer has missed it whatever follows).")
+         "TTFT 300 ms, ITL 50 ms), `tiers.interactive.shed_late: true` (a queued request is refused as soon as "
+         "it can no longer make chat's TTFT target: its wait plus the replicas' recent time to first token).")
 
 
 def tenant_row(recs, name, dur):
@@ -59,11 +59,12 @@ def ttft_chart(d, runs, names, stem, title):
 
 def cmd_fair(d, C, machine):
     C = float(C)
-    runs = {lab: load(os.path.join(d, f"{lab}.json")) for lab in ("fifo", "fair")}
+    labels = [lab for lab in ("fifo", "fair", "alone") if os.path.exists(os.path.join(d, f"{lab}.json"))]
+    runs = {lab: load(os.path.join(d, f"{lab}.json")) for lab in labels}
     rows = {}
     for lab, r in runs.items():
         recs, dur = measured(r)
-        rows[lab] = {n: tenant_row(recs, n, dur) for n in ("A", "B", "C")}
+        rows[lab] = {n: tenant_row(recs, n, dur) for n in ("A", "B", "C") if lab != "alone" or n != "A"}
     f_rows = rows["fair"]
     total = sum(x["goodput"] for x in f_rows.values())
     checks = []
@@ -71,25 +72,34 @@ def cmd_fair(d, C, machine):
         checks.append((f"fair: tenant {n} >= 99 % within SLO", f_rows[n]["within"] >= 0.99, f"{100 * f_rows[n]['within']:.2f} %"))
         checks.append((f"fair: tenant {n} TTFT P99 <= 300 ms", f_rows[n]["p99"] <= 300, f"{f_rows[n]['p99']:.0f} ms"))
     checks.append(("fair: goodput >= 90 % of C in total", total >= 0.9 * C, f"{total:.2f} req/s = {100 * total / C:.0f} % of C"))
-    ttft_chart(d, runs, ("A", "B", "C"), "ttft", "Each tenant's TTFT P99 per 5 s: first come first served vs fair")
+    ttft_chart(d, {k: v for k, v in runs.items() if k != "alone"}, ("A", "B", "C"), "ttft",
+               "Each tenant's TTFT P99 per 5 s: first come first served vs fair")
     with open(os.path.join(d, "README.md"), "w") as f:
         f.write("# Three tenants in one class: a heavy one does not take the others' SLO\n\n")
         f.write(f"Machine: {machine}. Produced by `loadtest/bench/tenants.sh fair`.\n\n")
         f.write(f"**Fleet:** {FLEET}\n\n")
         f.write(f"**Capacity C = {C:.2f} req/s.** Offered 1.5 C in all, all in `chat` (Poisson): tenant A 80 %, "
                 "B and C 10 % each. `fifo`: no keys configured, so every caller is one tenant and the class's queue is "
-                "first come, first served (slogate before tenants); `fair`: a key per tenant, equal weights. "
-                "Measured from 10 s after start. Each run on fresh replicas.\n\n")
+                "first come, first served (slogate before tenants); `fair`: a key per tenant, equal weights; `alone`: "
+                "B and C at the same rates with A absent, the reference: what this fleet and machine give them at "
+                "best. Measured from 10 s after start. Each run on fresh replicas.\n\n")
         write_checks(f, checks)
+        if "alone" in rows:
+            a = rows["alone"]
+            f.write(f"\nReference, A absent (`alone`): B {100 * a['B']['within']:.1f} % and C {100 * a['C']['within']:.1f} % "
+                    f"within SLO, TTFT P99 {a['B']['p99']:.0f} / {a['C']['p99']:.0f} ms: what this fleet and machine give "
+                    "them at best; with A at 1.2 C beside them (`fair`) they keep "
+                    f"{100 * f_rows['B']['within'] / max(a['B']['within'], 1e-9):.0f} % and "
+                    f"{100 * f_rows['C']['within'] / max(a['C']['within'], 1e-9):.0f} % of that.\n")
         f.write("\n## Side by side\n\n| run | tenant | requests | completed | 429 | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n")
         f.write("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
-        for lab in ("fifo", "fair"):
-            for n in ("A", "B", "C"):
-                x = rows[lab][n]
+        for lab in labels:
+            for n, x in rows[lab].items():
                 f.write(f"| {lab} | {n} | {x['requests']} | {x['done']} | {x['rejected']} | {x['failed']} | "
                         f"{x['p50']:.0f} / {x['p99']:.0f} | {100 * x['within']:.1f} % | {x['goodput']:.2f} |\n")
             g = sum(x["goodput"] for x in rows[lab].values())
-            f.write(f"| {lab} | **all** | | | | | | | **{g:.2f}** ({100 * g / C:.0f} % of C) |\n")
+            if lab != "alone":
+                f.write(f"| {lab} | **all** | | | | | | | **{g:.2f}** ({100 * g / C:.0f} % of C) |\n")
         f.write("\nChart: `ttft.svg`.\n")
     print(open(os.path.join(d, "README.md")).read())
 

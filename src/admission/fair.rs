@@ -79,11 +79,39 @@ pub(crate) struct FairQueue<W> {
     /// The counter of the last tenant served: where a tenant coming back
     /// with nobody waiting starts.
     floor: f64,
+    /// Tenants with requests holding slots or waiting, and their weights' sum.
+    activity: HashMap<u32, Activity>,
+    active_weight: f64,
+}
+
+/// A tenant's requests in the tier now.
+#[derive(Debug, Clone, Copy, Default)]
+struct Activity {
+    running: usize,
+    waiting: usize,
+    /// Its weight when it became active (what `active_weight` counts).
+    weight: f64,
+}
+
+fn weight(share: Share) -> f64 {
+    if share.weight > 0.0 {
+        share.weight
+    } else {
+        1.0
+    }
 }
 
 impl<W> Default for FairQueue<W> {
     fn default() -> Self {
-        FairQueue { backlogs: HashMap::new(), order: BTreeSet::new(), counters: HashMap::new(), arrivals: BTreeMap::new(), floor: 0.0 }
+        FairQueue {
+            backlogs: HashMap::new(),
+            order: BTreeSet::new(),
+            counters: HashMap::new(),
+            arrivals: BTreeMap::new(),
+            floor: 0.0,
+            activity: HashMap::new(),
+            active_weight: 0.0,
+        }
     }
 }
 
@@ -94,6 +122,55 @@ impl<W: Queued> FairQueue<W> {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.arrivals.is_empty()
+    }
+
+    /// Change what `share`'s tenant has running or waiting (O(1)).
+    fn active(&mut self, share: Share, change: impl FnOnce(&mut Activity)) {
+        let a = self.activity.entry(share.tenant).or_default();
+        let was = a.running + a.waiting > 0;
+        change(a);
+        let is = a.running + a.waiting > 0;
+        match (was, is) {
+            (false, true) => {
+                a.weight = weight(share);
+                self.active_weight += a.weight;
+            }
+            (true, false) => {
+                self.active_weight -= a.weight;
+                self.activity.remove(&share.tenant);
+                if self.activity.is_empty() {
+                    self.active_weight = 0.0; // no drift left behind
+                }
+            }
+            (false, false) => {
+                self.activity.remove(&share.tenant);
+            }
+            (true, true) => {}
+        }
+    }
+
+    /// A request of `share`'s tenant that held a slot ended.
+    pub(crate) fn ended(&mut self, share: Share) {
+        self.active(share, |a| a.running = a.running.saturating_sub(1));
+    }
+
+    /// Does `share`'s tenant hold fewer of the tier's `slots` than its fair
+    /// part (its weight over the weights of the tenants running or waiting,
+    /// itself included)? Never while it is the only one. O(1).
+    pub(crate) fn under_share(&self, share: Share, slots: usize) -> bool {
+        let own = self.activity.get(&share.tenant).filter(|a| a.running + a.waiting > 0);
+        let w = own.map_or(weight(share), |a| a.weight);
+        let total = self.active_weight + if own.is_none() { w } else { 0.0 };
+        if total <= w * (1.0 + 1e-9) {
+            return false;
+        }
+        (own.map_or(0, |a| a.running) as f64) < slots as f64 * w / total
+    }
+
+    /// Are tenants other than `share`'s running or waiting? O(1).
+    pub(crate) fn others_active(&self, share: Share) -> bool {
+        let own = self.activity.get(&share.tenant).map_or(0.0, |a| a.weight);
+        self.active_weight - own > 1e-9
     }
 
     /// The tenant's counter (0 for one never served).
@@ -108,6 +185,7 @@ impl<W: Queued> FairQueue<W> {
     pub(crate) fn push(&mut self, w: W) {
         let share = w.share();
         let tenant = share.tenant;
+        self.active(share, |a| a.waiting += 1);
         self.arrivals.insert(w.id(), tenant);
         if let Some(b) = self.backlogs.get_mut(&tenant) {
             b.push_back(w);
@@ -137,7 +215,19 @@ impl<W: Queued> FairQueue<W> {
     /// Take the next waiter: the oldest of the tenant with the least counter.
     /// Not charged yet (see [`FairQueue::charge`]): it may have gone away.
     pub(crate) fn pop(&mut self) -> Option<W> {
-        let &(v, tenant) = self.order.first()?;
+        let &(_, tenant) = self.order.first()?;
+        self.pop_tenant(tenant)
+    }
+
+    /// The first waiting tenant in the fair order whose next request `may`
+    /// go now (O(waiting tenants) at worst).
+    pub(crate) fn first_tenant_where(&self, may: impl Fn(&W) -> bool) -> Option<u32> {
+        self.order.iter().find(|(_, t)| self.backlogs.get(t).and_then(|b| b.front()).is_some_and(&may)).map(|(_, t)| *t)
+    }
+
+    /// Take `tenant`'s oldest waiter (not charged yet).
+    pub(crate) fn pop_tenant(&mut self, tenant: u32) -> Option<W> {
+        let v = Virtual(self.counter(tenant));
         let backlog = self.backlogs.get_mut(&tenant)?;
         let w = backlog.pop_front()?;
         if backlog.is_empty() {
@@ -145,6 +235,7 @@ impl<W: Queued> FairQueue<W> {
             self.order.remove(&(v, tenant));
         }
         self.arrivals.remove(&w.id());
+        self.active(w.share(), |a| a.waiting = a.waiting.saturating_sub(1));
         Some(w)
     }
 
@@ -160,6 +251,7 @@ impl<W: Queued> FairQueue<W> {
             self.order.remove(&(Virtual(c), tenant));
         }
         self.arrivals.remove(&id);
+        self.active(w.share(), |a| a.waiting = a.waiting.saturating_sub(1));
         Some(w)
     }
 
@@ -174,8 +266,10 @@ impl<W: Queued> FairQueue<W> {
         self.backlogs.values().flatten()
     }
 
-    /// `share`'s tenant was granted a slot for a request of `tokens`.
+    /// `share`'s tenant was granted a slot for a request of `tokens` (it
+    /// runs until [`FairQueue::ended`]).
     pub(crate) fn charge(&mut self, share: Share, tokens: f64) {
+        self.active(share, |a| a.running += 1);
         self.account(share, tokens, true);
     }
 
@@ -186,7 +280,7 @@ impl<W: Queued> FairQueue<W> {
     }
 
     fn account(&mut self, share: Share, tokens: f64, grant: bool) {
-        let weight = if share.weight > 0.0 { share.weight } else { 1.0 };
+        let weight = weight(share);
         let waiting = self.backlogs.contains_key(&share.tenant);
         let c = self.counters.entry(share.tenant).or_insert(0.0);
         let before = *c;
@@ -383,6 +477,41 @@ mod tests {
             assert_eq!(q.serve(100.0), 2, "round {round}: ahead of tenant 1's next request");
             q.push(1, 1.0);
         }
+    }
+
+    #[test]
+    fn a_tenant_under_its_share_of_the_slots_is_known_in_constant_time() {
+        let mut q = Q::new();
+        let (a, b) = (Share { tenant: 1, weight: 1.0 }, Share { tenant: 2, weight: 3.0 });
+        // Alone, a tenant is never under its share: there is nobody to yield.
+        assert!(!q.q.under_share(a, 8));
+        for _ in 0..6 {
+            q.q.charge(a, 10.0);
+        }
+        assert!(!q.q.under_share(a, 8), "alone with 6 of 8");
+        // B arrives (weight 3 of 4: 6 of 8 slots are its part) with nothing running.
+        assert!(q.q.under_share(b, 8));
+        for _ in 0..5 {
+            q.q.charge(b, 10.0);
+        }
+        assert!(q.q.under_share(b, 8), "5 < 6");
+        q.q.charge(b, 10.0);
+        assert!(!q.q.under_share(b, 8), "6 = its part");
+        assert!(!q.q.under_share(a, 8), "A holds 6, its part is 2");
+        // A tenant that only waits counts as active too.
+        q.push(3, 1.0);
+        assert!(q.q.under_share(Share { tenant: 3, weight: 1.0 }, 8), "nothing running, 8/5 its part");
+        // Ends take tenants out again: B alone is not under its share.
+        for _ in 0..6 {
+            q.q.ended(a);
+        }
+        q.q.remove(3, q.next).expect("queued");
+        assert!(!q.q.under_share(b, 8), "alone again");
+        for _ in 0..6 {
+            q.q.ended(b);
+        }
+        assert_eq!(q.q.active_weight, 0.0);
+        assert!(q.q.activity.is_empty());
     }
 
     #[test]

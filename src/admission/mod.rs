@@ -366,13 +366,20 @@ pub(crate) async fn admit(
             Ok(Admitted { lease: granted.lease, waited: granted.waited, probe })
         }
         Err(refusal) => {
-            if let Refusal::Timeout { .. } = refusal {
-                // The caller waited this long without a first token: a TTFT
-                // sample for the breaker's window (an overloaded pool shows
-                // up here first), and its queue time.
-                let waited = pool.timeout(tier);
-                control.ttft.record(waited);
-                control.observe_queue_time(waited);
+            match refusal {
+                Refusal::Timeout { .. } => {
+                    // The caller waited this long without a first token: a TTFT
+                    // sample for the breaker's window (an overloaded pool shows
+                    // up here first), and its queue time.
+                    let waited = pool.timeout(tier);
+                    control.ttft.record(waited);
+                    control.observe_queue_time(waited);
+                }
+                Refusal::Late { .. } => {
+                    // It would have had its first token at its target at best.
+                    control.ttft.record(control.ttft_target());
+                }
+                _ => {}
             }
             if let Some(p) = probe {
                 p.ended(Outcome::rejected);
@@ -397,6 +404,14 @@ fn refusal_error(r: Refusal, admission: &PoolAdmission, tier: Tier) -> GatewayEr
         }
         Refusal::Timeout { retry_after } => (
             format!("no slot on pool `{name}` within the {t} queue timeout of {}", Dur(admission.timeout(tier))),
+            "queue_timeout",
+            retry_after,
+        ),
+        Refusal::Late { retry_after, expected } => (
+            format!(
+                "no slot on pool `{name}` in time for this request's TTFT target: its replicas take {} ms to a first token now; retry shortly",
+                expected.as_millis()
+            ),
             "queue_timeout",
             retry_after,
         ),

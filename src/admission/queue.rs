@@ -44,6 +44,13 @@ pub(crate) const DEMAND_WINDOW: Duration = Duration::from_secs(30);
 /// Slots kept free for interactive requests even after a quiet spell, as a
 /// share of the pool's slots (at least one).
 const HEADROOM_SHARE: f64 = 0.05;
+/// Seats above a pool's slots that interactive requests of tenants under
+/// their fair part may take instead of waiting, as a share of the slots (at
+/// least one). Each is given back at the next slot freed (not handed on).
+const FAIR_HEADROOM: f64 = 0.1;
+/// Slots a tenant at or over its fair part leaves free while other tenants
+/// are active, as a share of the pool's slots (at least one).
+const FAIR_RESERVE: f64 = 0.05;
 /// The reservation covers the interactive demand's recent peak and this much more.
 pub(crate) const DEMAND_MARGIN: f64 = 1.25;
 
@@ -62,6 +69,8 @@ pub(crate) struct Lease {
     fair: bool,
     /// The tokens it used, once the replica said (settled against `charged` at the end).
     used: Option<u64>,
+    /// Its tenant held less than its fair part of the tier when it was granted.
+    under_share: bool,
 }
 
 impl Lease {
@@ -75,9 +84,16 @@ impl Lease {
         self.slot.prefilled();
     }
 
-    /// Granted for `claim`: whose service it is and what it was charged.
-    fn claimed(&mut self, claim: Claim) {
-        (self.share, self.charged, self.fair) = (claim.share, claim.tokens, claim.fair);
+    /// Granted for `claim`: whose service it is and what it was charged;
+    /// `under_share`: its tenant held less than its fair part of the tier.
+    fn claimed(&mut self, claim: Claim, under_share: bool) {
+        (self.share, self.charged, self.fair, self.under_share) = (claim.share, claim.tokens, claim.fair, under_share);
+    }
+
+    /// Was its tenant under its fair part of the tier when it got the slot?
+    /// (Its request may then go before others' in the replica's own queue.)
+    pub(crate) fn under_share(&self) -> bool {
+        self.under_share
     }
 
     /// The replica said the request used `tokens` (prompt plus completion):
@@ -116,11 +132,13 @@ impl Drop for Lease {
     fn drop(&mut self) {
         // The slot first, so the waiter handed it below can take it.
         self.slot.release();
-        if let Some(used) = self.used.filter(|_| self.fair) {
-            if used != self.charged {
-                if let Ok(mut q) = self.admission.inner.lock() {
-                    q.of(self.tier).settle(self.share, used as f64 - self.charged as f64);
+        if self.fair {
+            if let Ok(mut q) = self.admission.inner.lock() {
+                let q = q.of(self.tier);
+                if let Some(used) = self.used.filter(|u| *u != self.charged) {
+                    q.settle(self.share, used as f64 - self.charged as f64);
                 }
+                q.ended(self.share);
             }
         }
         match self.tier {
@@ -153,6 +171,10 @@ pub(crate) enum Refusal {
     Timeout { retry_after: u64 },
     /// Batch: cannot be served before its deadline at the current rate (429).
     Hopeless { retry_after: u64 },
+    /// Interactive with `shed_late`: can no longer make its class's TTFT
+    /// target (its wait plus the replicas' recent dispatch-to-first-token
+    /// time, `expected`), so it does not wait for a slot it could not use (429).
+    Late { retry_after: u64, expected: Duration },
 }
 
 /// A slot, and how long the request waited for it.
@@ -194,6 +216,8 @@ pub(crate) struct Claim {
     /// service. With one tenant the order is first come, first served
     /// whatever the counters say, and a grant takes no lock.
     pub(crate) fair: bool,
+    /// Its class's TTFT target (interactive classes; see `shed_late`).
+    pub(crate) ttft: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -429,6 +453,12 @@ impl PoolAdmission {
     /// replica with a free slot and, for batch, room under the batch limit.
     /// Does not queue.
     pub(crate) fn try_lease(self: &Arc<Self>, tier: Tier) -> Result<Lease, PickError> {
+        self.try_lease_over(tier, 0)
+    }
+
+    /// [`PoolAdmission::try_lease`], an interactive request allowed `extra`
+    /// more above the slots.
+    fn try_lease_over(self: &Arc<Self>, tier: Tier, extra: usize) -> Result<Lease, PickError> {
         let pool = self.pool.load();
         if tier == Tier::Batch {
             let limit = self.batch_limit();
@@ -438,7 +468,7 @@ impl PoolAdmission {
             }
         }
         let over = match tier {
-            Tier::Interactive => self.interactive_over(&pool),
+            Tier::Interactive => self.interactive_over(&pool) + extra,
             Tier::Batch => 0,
         };
         match pool.pick(None, over, tier) {
@@ -446,7 +476,16 @@ impl PoolAdmission {
                 if tier == Tier::Interactive {
                     self.interactive_inflight.fetch_add(1, Ordering::SeqCst);
                 }
-                Ok(Lease { slot, tier, admission: self.clone(), share: Share::default(), charged: 0, fair: false, used: None })
+                Ok(Lease {
+                    slot,
+                    tier,
+                    admission: self.clone(),
+                    share: Share::default(),
+                    charged: 0,
+                    fair: false,
+                    used: None,
+                    under_share: false,
+                })
             }
             Err(e) => {
                 if tier == Tier::Batch {
@@ -548,7 +587,10 @@ impl PoolAdmission {
             Tier::Interactive => q.waiting_interactive.load(Ordering::SeqCst),
             Tier::Batch => q.waiting_interactive.load(Ordering::SeqCst) + q.waiting_batch.load(Ordering::SeqCst),
         };
-        if ahead(self) == 0 {
+        // Several tenants in the interactive tier: the decision needs their
+        // shares (under the lock below).
+        let shared = claim.fair && tier == Tier::Interactive;
+        if ahead(self) == 0 && !shared {
             match self.try_lease(tier) {
                 Ok(lease) => {
                     if tier == Tier::Interactive {
@@ -560,7 +602,18 @@ impl PoolAdmission {
                 Err(PickError::Saturated) => {}
             }
         }
-        let deadline = start + self.timeout(tier);
+        let timeout_at = start + self.timeout(tier);
+        // With shed_late, an interactive request waits only while its
+        // class's TTFT target can still be met: the target less the time the
+        // replicas take to a first token now (their recent 90th percentile).
+        let late = match (tier, claim.ttft) {
+            (Tier::Interactive, Some(target)) if self.tiers.load().interactive.shed_late => {
+                let expected = target.mul_f64(self.pool.load().first_token_p90().min(1.0));
+                Some((start + target.saturating_sub(expected), expected))
+            }
+            _ => None,
+        };
+        let deadline = late.map_or(timeout_at, |(at, _)| at.min(timeout_at));
         let (id, rx) = {
             let Ok(mut q) = self.inner.lock() else { return Err(Refusal::NoHealthy) };
             let len = q.of(tier).len();
@@ -580,7 +633,29 @@ impl PoolAdmission {
                     }
                 }
             }
-            let first = ahead(self) == 0;
+            if claim.fair && tier == Tier::Interactive {
+                // A tenant under its fair part of the slots does not wait
+                // behind one over it: it takes a seat above the slots (a
+                // few, see [`FAIR_HEADROOM`]), and the next slot freed is
+                // not handed on, so the tenant over its part gives the seat
+                // back by waiting, not this one.
+                let pool = self.pool.load();
+                if q.interactive.under_share(claim.share, pool.capacity()) {
+                    let headroom = ((pool.capacity() as f64 * FAIR_HEADROOM).ceil() as usize).max(1);
+                    if let Ok(mut lease) = self.try_lease_over(tier, headroom) {
+                        self.note_interactive();
+                        q.interactive.charge(claim.share, claim.tokens as f64);
+                        lease.claimed(claim, true);
+                        return Ok(Granted { lease, waited: start.elapsed() });
+                    }
+                }
+            }
+            if let Some((at, expected)) = late {
+                if at <= Instant::now() {
+                    return Err(Refusal::Late { retry_after: 1, expected });
+                }
+            }
+            let first = ahead(self) == 0 && self.leaves_room(&q, tier, claim);
             self.inc(tier, bytes);
             if first {
                 // Registered first, then retry: a concurrent release either
@@ -591,10 +666,11 @@ impl PoolAdmission {
                         if tier == Tier::Interactive {
                             self.note_interactive();
                         }
+                        let under = self.under(&q, tier, claim);
                         if claim.fair {
                             q.of(tier).charge(claim.share, claim.tokens as f64);
                         }
-                        lease.claimed(claim);
+                        lease.claimed(claim, under);
                         return Ok(Granted { lease, waited: start.elapsed() });
                     }
                     Err(PickError::NoHealthy) => {
@@ -621,7 +697,10 @@ impl PoolAdmission {
             Ok(Ok(Err(refusal))) => Err(refusal),
             // The queue went away (its pool was replaced); nothing will come.
             Ok(Err(_)) => Err(Refusal::NoHealthy),
-            Err(_) => Err(Refusal::Timeout { retry_after: self.retry_after(tier, self.depth(tier)) }),
+            Err(_) => match late {
+                Some((at, expected)) if at <= timeout_at => Err(Refusal::Late { retry_after: 1, expected }),
+                _ => Err(Refusal::Timeout { retry_after: self.retry_after(tier, self.depth(tier)) }),
+            },
         }
     }
 
@@ -631,10 +710,36 @@ impl PoolAdmission {
             return lease;
         }
         if let Ok(mut q) = self.inner.lock() {
+            let under = self.under(&q, tier, claim);
             q.of(tier).charge(claim.share, claim.tokens as f64);
-            lease.claimed(claim);
+            lease.claimed(claim, under);
         }
         lease
+    }
+
+    /// May `claim` take a slot now? Yes, except for an interactive request of
+    /// a tenant holding its fair part or more while other tenants are
+    /// active: it leaves the last [`FAIR_RESERVE`] of the slots free, so
+    /// another tenant's request starts at once on a real seat instead of
+    /// waiting for one of its streams to end (a replica full to its
+    /// `max_num_seqs` queues a request sent above it, whatever its priority).
+    fn leaves_room(&self, q: &Queues, tier: Tier, claim: Claim) -> bool {
+        if !(claim.fair && tier == Tier::Interactive && q.interactive.others_active(claim.share)) {
+            return true;
+        }
+        if q.interactive.under_share(claim.share, self.pool.load().capacity()) {
+            return true;
+        }
+        let cap = self.pool.load().capacity();
+        let reserve = ((cap as f64 * FAIR_RESERVE).ceil() as usize).max(1);
+        let held = self.interactive_inflight.load(Ordering::SeqCst) + self.batch_inflight.load(Ordering::SeqCst);
+        held + reserve < cap
+    }
+
+    /// Is `claim`'s tenant under its fair part of the interactive slots
+    /// (several tenants share the tier, this request not counted yet)?
+    fn under(&self, q: &Queues, tier: Tier, claim: Claim) -> bool {
+        claim.fair && tier == Tier::Interactive && q.interactive.under_share(claim.share, self.pool.load().capacity())
     }
 
     /// Remove waiter `id` of `tenant` if it is still queued.
@@ -673,9 +778,22 @@ impl PoolAdmission {
                 };
                 let mut served = false;
                 for &tier in order {
+                    // Interactive: the first tenant in the fair order that may take a
+                    // slot now (one at its share leaves the reserve to the others).
+                    let tenant = match tier {
+                        Tier::Interactive => match q.interactive.first_tenant_where(|w| self.leaves_room(&q, tier, w.claim)) {
+                            Some(t) => Some(t),
+                            None => continue,
+                        },
+                        Tier::Batch => None,
+                    };
                     let Ok(mut lease) = self.try_lease(tier) else { continue };
                     loop {
-                        let Some(w) = q.of(tier).pop() else {
+                        let next = match tenant {
+                            Some(t) => q.interactive.pop_tenant(t),
+                            None => q.of(tier).pop(),
+                        };
+                        let Some(w) = next else {
                             spare.push(lease);
                             break;
                         };
@@ -683,7 +801,8 @@ impl PoolAdmission {
                         if tier == Tier::Interactive {
                             self.note_interactive();
                         }
-                        lease.claimed(w.claim);
+                        let under = self.under(&q, tier, w.claim);
+                        lease.claimed(w.claim, under);
                         match w.tx.send(Ok(lease)) {
                             Ok(()) => {
                                 served = true;
@@ -697,7 +816,7 @@ impl PoolAdmission {
                             }
                             // Its client went away in the meantime: next one.
                             Err(Ok(mut l)) => {
-                                l.claimed(Claim::default());
+                                l.claimed(Claim::default(), false);
                                 lease = l;
                             }
                             Err(Err(_)) => break,
@@ -800,12 +919,14 @@ mod tests {
                 queue_timeout: Dur::secs(2),
                 reserved_share: reserved,
                 queue_max_bytes: crate::config::Size(1 << 30),
+                shed_late: false,
             },
             batch: TierConfig {
                 queue_capacity: b_cap,
                 queue_timeout: Dur::secs(10),
                 reserved_share: 0.0,
                 queue_max_bytes: crate::config::Size(1 << 30),
+                shed_late: false,
             },
         }
     }
@@ -1150,5 +1271,121 @@ mod tests {
         let early = waiting.iter().filter(|h| h.is_finished()).count();
         assert!(early > 0, "no queued batch request was refused before its deadline");
         drop(held);
+    }
+
+    fn claim(tenant: u32) -> Claim {
+        Claim { share: Share { tenant, weight: 1.0 }, tokens: 100, fair: true, ttft: None }
+    }
+
+    async fn queued_as(pool: &Arc<PoolAdmission>, claim: Claim) -> tokio::task::JoinHandle<Result<Granted, Refusal>> {
+        let p = pool.clone();
+        let before = pool.depth(Tier::Interactive);
+        let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, claim).await });
+        while pool.depth(Tier::Interactive) == before && !h.is_finished() {
+            tokio::task::yield_now().await;
+        }
+        h
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tenant_under_its_share_takes_a_seat_above_the_slots_and_the_heavy_one_gives_it_back() {
+        // 10 slots, all held by tenant 1, which has one more waiting.
+        let plain = pool(1, tiers(0.0, 10, 10));
+        let pool = pool(10, tiers(0.0, 10, 10));
+        let mut heavy = Vec::new();
+        for _ in 0..10 {
+            heavy.push(pool.admit(Tier::Interactive, 0, claim(1)).await.expect("a free slot").lease);
+        }
+        let waiting = queued_as(&pool, claim(1)).await;
+        // Tenant 2 holds nothing: its part is 5 of 10. It does not queue.
+        let light = pool.admit(Tier::Interactive, 0, claim(2)).await.expect("a seat above the slots");
+        assert_eq!(light.waited, Duration::ZERO);
+        assert_eq!(pool.depth(Tier::Interactive), 1, "only tenant 1's request waits");
+        // The headroom is a tenth of the slots: one seat. A second light request waits.
+        let light2 = queued_as(&pool, claim(2)).await;
+        assert_eq!(pool.depth(Tier::Interactive), 2);
+        // One of tenant 1's ends: the pool is back at its slots, nothing is handed on.
+        drop(heavy.pop());
+        settle().await;
+        assert!(!waiting.is_finished() && !light2.is_finished(), "the freed slot paid back the seat above");
+        // The next one freed goes to tenant 2: tenant 1, at its share, leaves
+        // the last seat (the reserve) to the other tenant.
+        drop(heavy.pop());
+        settle().await;
+        assert!(light2.is_finished(), "tenant 2 served");
+        assert!(!waiting.is_finished(), "tenant 1 leaves the reserve");
+        // Without keys (no fair accounting) nobody goes above the slots.
+        let _held = take(&plain, Tier::Interactive).await;
+        let p = plain.clone();
+        let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, Claim { fair: false, ..claim(2) }).await });
+        settle().await;
+        assert!(!h.is_finished(), "first come, first served: it waits");
+        drop((light, heavy, waiting, light2, h));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_shed_late_an_interactive_request_waits_only_while_it_can_make_its_target() {
+        let mut t = tiers(0.0, 10, 10);
+        t.interactive.shed_late = true;
+        let pool = pool(1, t);
+        let target = Duration::from_millis(300);
+        // The replica takes half the target to a first token, 90 % of the time.
+        let replica = pool.pool().replicas[0].clone();
+        for _ in 0..500 {
+            replica.record_first_token(Duration::from_millis(150), target);
+        }
+        assert!((pool.pool().first_token_p90() - 0.5).abs() < 0.03, "{}", pool.pool().first_token_p90());
+        let held = take(&pool, Tier::Interactive).await;
+        let claim = Claim { ttft: Some(target), ..Claim::default() };
+        let start = Instant::now();
+        let p = pool.clone();
+        let r = tokio::spawn(async move { p.admit(Tier::Interactive, 0, claim).await }).await.expect("task");
+        assert!(matches!(r, Err(Refusal::Late { .. })), "{r:?}");
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(140) && waited <= Duration::from_millis(160),
+            "refused at its slack, not the 2 s timeout: {waited:?}"
+        );
+        // Replicas over the target already: a request that would have to wait is refused at once.
+        for _ in 0..500 {
+            replica.record_first_token(Duration::from_millis(400), target);
+        }
+        let start = Instant::now();
+        let r = pool.admit(Tier::Interactive, 0, claim).await;
+        assert!(matches!(r, Err(Refusal::Late { .. })), "{r:?}");
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        // A free slot is taken whatever the estimate: nothing to wait for.
+        drop(held);
+        assert!(pool.admit(Tier::Interactive, 0, claim).await.is_ok());
+        // A request without a target (batch, or a class the proxy did not mark) is untouched.
+        let held2 = take(&pool, Tier::Interactive).await;
+        let p = pool.clone();
+        let start = Instant::now();
+        let r = tokio::spawn(async move { p.admit(Tier::Interactive, 0, Claim::default()).await }).await.expect("task");
+        assert!(matches!(r, Err(Refusal::Timeout { .. })), "{r:?}");
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        drop(held2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tenant_at_its_share_leaves_the_last_seats_to_the_others_while_they_are_active() {
+        // 20 slots: the reserve is one.
+        let pool = pool(20, tiers(0.0, 10, 10));
+        let light = pool.admit(Tier::Interactive, 0, claim(2)).await.expect("a free slot").lease;
+        let mut heavy = Vec::new();
+        for _ in 0..18 {
+            heavy.push(pool.admit(Tier::Interactive, 0, claim(1)).await.expect("a free slot").lease);
+        }
+        // 19 held, one free: it is the reserve, not the heavy tenant's.
+        let waiting = queued_as(&pool, claim(1)).await;
+        assert_eq!(pool.depth(Tier::Interactive), 1);
+        let second = pool.admit(Tier::Interactive, 0, claim(2)).await.expect("the reserved seat");
+        assert_eq!(second.waited, Duration::ZERO);
+        // The light tenant goes away: the heavy one may take every slot again.
+        drop((light, second));
+        settle().await;
+        assert!(waiting.is_finished(), "alone, the heavy tenant is served");
+        assert!(pool.admit(Tier::Interactive, 0, claim(1)).await.is_ok(), "and takes the last one too");
+        drop(heavy);
     }
 }

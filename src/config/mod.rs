@@ -366,6 +366,12 @@ impl Config {
             if t.queue_timeout.get().is_zero() {
                 bad(format!("tiers.{tier}.queue_timeout"), "must be greater than 0".into());
             }
+            if tier == "batch" && t.shed_late {
+                bad(
+                    "tiers.batch.shed_late".into(),
+                    "interactive only (batch requests that cannot be served before their queue timeout are refused early already)".into(),
+                );
+            }
             if !(0.0..1.0).contains(&t.reserved_share) {
                 bad(format!("tiers.{tier}.reserved_share"), "must be at least 0 and below 1".into());
             }

@@ -446,12 +446,14 @@ impl Default for TiersConfig {
                 queue_timeout: Dur::secs(2),
                 reserved_share: 0.25,
                 queue_max_bytes: Size(256 << 20),
+                shed_late: false,
             },
             batch: TierConfig {
                 queue_capacity: 10_000,
                 queue_timeout: Dur::secs(120),
                 reserved_share: 0.0,
                 queue_max_bytes: Size(1 << 30),
+                shed_late: false,
             },
         }
     }
@@ -465,6 +467,10 @@ pub struct TierConfig {
     /// Request bodies waiting in the queue may hold this many bytes in all;
     /// a request that would wait past it gets 429.
     pub queue_max_bytes: Size,
+    /// Interactive only: a queued request is refused (429) as soon as it can
+    /// no longer make its class's TTFT target (its wait plus the replicas'
+    /// recent time to first token from dispatch), instead of at `queue_timeout`.
+    pub shed_late: bool,
 }
 
 impl<'de> Deserialize<'de> for TiersConfig {
@@ -476,6 +482,7 @@ impl<'de> Deserialize<'de> for TiersConfig {
             queue_timeout: Option<Dur>,
             reserved_share: Option<f64>,
             queue_max_bytes: Option<Size>,
+            shed_late: Option<bool>,
         }
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
@@ -490,6 +497,7 @@ impl<'de> Deserialize<'de> for TiersConfig {
                 queue_timeout: p.queue_timeout.unwrap_or(d.queue_timeout),
                 reserved_share: p.reserved_share.unwrap_or(d.reserved_share),
                 queue_max_bytes: p.queue_max_bytes.unwrap_or(d.queue_max_bytes),
+                shed_late: p.shed_late.unwrap_or(d.shed_late),
             }
         }
         let t = Tiers::deserialize(d)?;

@@ -139,15 +139,23 @@ async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, mu
             }
         }
     }
-    let claim = admission::Claim { share: tenant.map(|t| t.share()).unwrap_or_default(), tokens: prompt, fair: snap.classifier.has_keys() };
+    let claim = admission::Claim {
+        share: tenant.map(|t| t.share()).unwrap_or_default(),
+        tokens: prompt,
+        fair: snap.classifier.has_keys(),
+        ttft: (class.tier == Tier::Interactive).then(|| class.control.ttft_target()),
+    };
     let admitted = admission::admit(&class.control, &routed.route.admission, routed.stream, routed.request.len() as u64, claim).await;
     let admitted = stage!(t, admitted);
     t.set_probe(admitted.probe);
     t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
 
     let Routed { mut request, route, stream, strip_usage, .. } = routed;
-    // vLLM serves lower values first.
+    // vLLM serves lower values first: interactive before batch, and among
+    // interactive requests a tenant under its fair part before the others
+    // (its prefill does not wait behind a heavy tenant's in the replica).
     let priority = (route.pool.config.upstream_priority && endpoint.generates()).then_some(match class.tier {
+        Tier::Interactive if admitted.lease.under_share() => -1,
         Tier::Interactive => 0,
         Tier::Batch => 1,
     });

@@ -81,11 +81,17 @@ pub(crate) struct Replica {
     first_token_n: AtomicU64,
     /// The largest share since the controller last looked (thousandths).
     first_token_max: AtomicU64,
+    /// The 90th percentile of that share, tracked (f64 bits; see [`Replica::first_token_p90`]).
+    first_token_p90: AtomicU64,
     /// `slogate_replica_limit{pool,replica}`.
     limit_gauge: Gauge,
     /// The limit last logged (a move by a quarter or more is logged).
     logged_limit: AtomicUsize,
 }
+
+/// How far the tracked 90th percentile of a replica's first-token share
+/// moves per sample (in shares of the class target).
+const P90_STEP: f64 = 0.02;
 
 impl Replica {
     /// How metrics, traces and the status page label it: its name, else its URL.
@@ -203,6 +209,22 @@ impl Replica {
         self.first_token_share.fetch_add(permille, Ordering::Relaxed);
         self.first_token_n.fetch_add(1, Ordering::Relaxed);
         self.first_token_max.fetch_max(permille, Ordering::Relaxed);
+        // A streaming quantile: up by 0.9 of a step when a sample is above
+        // the estimate, down by 0.1 of one when not, so it rests where one
+        // sample in ten is above. O(1), no history; follows a change within
+        // tens of samples.
+        let x = after.as_secs_f64() / target.as_secs_f64().max(1e-6);
+        let _ = self.first_token_p90.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+            let q = f64::from_bits(bits);
+            let next = if x > q { q + P90_STEP * 0.9 } else { (q - P90_STEP * 0.1).max(0.0) };
+            Some(next.to_bits())
+        });
+    }
+
+    /// Interactive requests' time from dispatch to first token over their
+    /// class's target: its recent 90th percentile (0 before any).
+    pub(crate) fn first_token_p90(&self) -> f64 {
+        f64::from_bits(self.first_token_p90.load(Ordering::Relaxed))
     }
 
     /// The replica refused a request (429 or 503).
@@ -472,6 +494,7 @@ impl Pool {
                 first_token_share: AtomicU64::new(0),
                 first_token_n: AtomicU64::new(0),
                 first_token_max: AtomicU64::new(0),
+                first_token_p90: AtomicU64::new(0f64.to_bits()),
                 limit_gauge,
                 logged_limit: AtomicUsize::new(initial),
             }));
@@ -542,6 +565,17 @@ impl Pool {
     /// Are this pool's limits learned?
     pub(crate) fn learns_limits(&self) -> bool {
         self.config.max_inflight_per_replica == InflightLimit::Auto
+    }
+
+    /// The recent 90th percentile of interactive requests' dispatch-to-first-token
+    /// time over their class's target, across the healthy replicas (their mean).
+    pub(crate) fn first_token_p90(&self) -> f64 {
+        let (sum, n) = self.replicas.iter().filter(|r| r.is_healthy()).fold((0.0, 0usize), |(s, n), r| (s + r.first_token_p90(), n + 1));
+        if n == 0 {
+            0.0
+        } else {
+            sum / n as f64
+        }
     }
 
     pub(crate) fn healthy_count(&self) -> usize {
