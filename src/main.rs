@@ -341,8 +341,9 @@ fn demo_scenario(
         endpoint: Endpoint::Chat,
         stream: true,
         arrival,
-        prompt_tokens: prompt,
-        output_tokens: output,
+        prompt_tokens: Some(prompt),
+        output_tokens: Some(output),
+        dataset: None,
         turns: 1,
         target: None,
     };
@@ -354,6 +355,7 @@ fn demo_scenario(
         warmup: std::time::Duration::ZERO,
         request_timeout: std::time::Duration::from_secs(120),
         classes,
+        ttft: Default::default(),
         streams: vec![
             stream(
                 "chat",

@@ -290,3 +290,128 @@ async fn upstream_priority_passes_the_tier_to_vllm() {
     assert_eq!(bodies[1]["priority"], 1);
     assert_quiescent(&gw).await;
 }
+
+/// A gateway that keeps queued streams alive every 15 s, one slot (held
+/// for minutes of paused time: the replica's timeouts are longer), the
+/// interactive queue holding a request up to `queue_timeout`.
+async fn keepalive_gateway(mock: &Mock, queue_timeout: &str) -> slogate::Gateway {
+    gateway_config(&[mock.url()])
+        .server("queued_keepalive: 15s")
+        .pool("max_inflight_per_replica: 1")
+        .pool("timeouts: { first_token: 10m, idle: 10m }")
+        .section(&format!("tiers:\n  interactive: {{ queue_timeout: {queue_timeout} }}"))
+        .start()
+        .await
+}
+
+/// The next data frame of a response body, as text.
+async fn next_text(body: &mut hyper::body::Incoming) -> String {
+    loop {
+        let frame = body.frame().await.expect("a frame").expect("ok frame");
+        if let Ok(d) = frame.into_data() {
+            return String::from_utf8_lossy(&d).into_owned();
+        }
+    }
+}
+
+/// With `queued_keepalive`, a stream that waits in the queue gets its 200
+/// headers and a comment once it has waited 15 s, another every 15 s, then
+/// its events when it gets a slot; the comments do not stop the TTFT clock.
+/// (Paused time runs ahead while a request crosses a socket, by seconds for
+/// an HTTP/2 body: the times are bounded from below, the interval between
+/// comments exactly.)
+#[tokio::test(start_paused = true)]
+async fn keepalive_comments_a_queued_stream_until_its_tokens_and_its_ttft_counts_the_wait() {
+    for (proto, client) in clients() {
+        let mock = Mock::start(standard(3, Duration::ZERO)).await;
+        let gw = keepalive_gateway(&mock, "100s").await;
+        let held = mock.hold_slot(gw.data_addr).await;
+        let start = tokio::time::Instant::now();
+        let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+        let headers_at = start.elapsed();
+        assert_eq!(resp.status(), 200, "{proto}");
+        assert!(headers_at >= Duration::from_secs(15), "{proto}: headers after {headers_at:?}, before the interval");
+        assert_eq!(header(resp.headers(), "content-type"), Some("text/event-stream"), "{proto}");
+        assert_eq!(header(resp.headers(), "x-slogate-keepalive"), Some("queued"), "{proto}");
+        assert_eq!(queued(&gw, "interactive").await, 1.0, "{proto}: still queued");
+        let mut body = resp.into_body();
+        assert_eq!(next_text(&mut body).await, ": queued\n\n", "{proto}");
+        assert_eq!(next_text(&mut body).await, ": queued\n\n", "{proto}");
+        let second = start.elapsed() - headers_at;
+        assert!(
+            second >= Duration::from_secs(15) && second < Duration::from_secs(16),
+            "{proto}: second comment {second:?} after the first"
+        );
+        let waited = start.elapsed().as_secs_f64();
+        held.release().await;
+        let rest = body.collect().await.expect("the stream completes").to_bytes();
+        let rest = String::from_utf8_lossy(&rest);
+        assert!(rest.contains("\"content\"") && rest.ends_with("data: [DONE]\n\n"), "{proto}: {rest}");
+        assert!(!rest.contains(": queued"), "{proto}: no comment once events flow: {rest}");
+        let m = metrics_text(&gw).await;
+        let ttft = |what: &str| metric(&m, &format!("slogate_time_to_first_token_seconds_{what}"), &[("class", "chat")]).unwrap_or(0.0);
+        assert_eq!(ttft("count"), 2.0, "{proto}: the holder's TTFT and the queued stream's");
+        // Both first contents came after the queued stream had waited
+        // (the holder's at its release, at the same moment).
+        assert!(ttft("sum") >= 2.0 * waited, "{proto}: the comments stopped a TTFT clock: sum {} after {waited} s", ttft("sum"));
+        assert_eq!(requests_with_outcome(&gw, "ok").await, 2.0, "{proto}");
+        assert_quiescent(&gw).await;
+    }
+}
+
+/// A stream refused after its headers went out ends with the error event
+/// the 429 would have carried (same code), counted as rejected; a
+/// non-streaming request is never answered early.
+#[tokio::test(start_paused = true)]
+async fn keepalive_stream_refused_after_its_headers_ends_with_the_429s_error_event() {
+    for (proto, client) in clients() {
+        let mock = Mock::start(standard(3, Duration::ZERO)).await;
+        let gw = keepalive_gateway(&mock, "40s").await;
+        let held = mock.hold_slot(gw.data_addr).await;
+        let start = tokio::time::Instant::now();
+        let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+        assert_eq!(resp.status(), 200, "{proto}");
+        let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
+        let ended = start.elapsed();
+        assert!(ended >= Duration::from_secs(40), "{proto}: refused at {ended:?}, before the queue timeout");
+        assert!(text.matches(": queued\n\n").count() >= 2, "{proto}: a comment every 15 s of the 40 s: {text}");
+        let (comments, last) = text.split_at(text.rfind(": queued\n\n").expect("comments") + ": queued\n\n".len());
+        assert!(comments.replace(": queued\n\n", "").is_empty(), "{proto}: only comments before the end: {text}");
+        let data =
+            last.strip_prefix("data: ").and_then(|r| r.strip_suffix("\n\ndata: [DONE]\n\n")).unwrap_or_else(|| panic!("{proto}: {last}"));
+        assert_eq!(error_code(data.as_bytes()), "queue_timeout", "{proto}");
+        assert_eq!(requests_with_outcome(&gw, "rejected").await, 1.0, "{proto}");
+
+        // Not a stream: the 429 itself, after the queue timeout.
+        let start = tokio::time::Instant::now();
+        let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+        assert_eq!((s, error_code(&b).as_str()), (429, "queue_timeout"), "{proto}");
+        assert!(start.elapsed() >= Duration::from_secs(40), "{proto}");
+        assert!(header(&h, "retry-after").is_some() && header(&h, "x-slogate-keepalive").is_none(), "{proto}");
+        held.release().await;
+        assert_eq!(requests_with_outcome(&gw, "rejected").await, 2.0, "{proto}");
+        assert_quiescent(&gw).await;
+    }
+}
+
+/// A client that hangs up while its queued stream gets comments leaves
+/// the queue at once, counted as cancelled.
+#[tokio::test(start_paused = true)]
+async fn keepalive_client_gone_while_queued_leaves_the_queue() {
+    for (proto, client) in clients() {
+        let mock = Mock::start(standard(3, Duration::ZERO)).await;
+        let gw = keepalive_gateway(&mock, "100s").await;
+        let held = mock.hold_slot(gw.data_addr).await;
+        let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+        let mut body = resp.into_body();
+        assert_eq!(next_text(&mut body).await, ": queued\n\n", "{proto}");
+        assert_eq!(queued(&gw, "interactive").await, 1.0, "{proto}");
+        drop(body);
+        drop(client);
+        wait_until("the hung-up stream leaves the queue", || async { queued(&gw, "interactive").await == 0.0 }).await;
+        held.release().await;
+        assert_eq!(requests_with_outcome(&gw, "cancelled").await, 1.0, "{proto}");
+        assert_eq!(mock.calls(), 1, "{proto}: only the holder reached the replica");
+        assert_quiescent(&gw).await;
+    }
+}

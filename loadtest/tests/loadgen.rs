@@ -19,6 +19,7 @@ fn scenario(target: &str, duration: Duration, arrival: Arrival, prompt: u32, out
         warmup: Duration::ZERO,
         request_timeout: Duration::from_secs(30),
         classes: loadtest::loadgen::scenario::default_targets(),
+        ttft: Default::default(),
         streams: vec![StreamSpec {
             name: "s".into(),
             class: Some("chat".into()),
@@ -27,8 +28,9 @@ fn scenario(target: &str, duration: Duration, arrival: Arrival, prompt: u32, out
             endpoint: Endpoint::Chat,
             stream: true,
             arrival,
-            prompt_tokens: LenDist::Fixed { value: prompt },
-            output_tokens: LenDist::Fixed { value: output },
+            prompt_tokens: Some(LenDist::Fixed { value: prompt }),
+            output_tokens: Some(LenDist::Fixed { value: output }),
+            dataset: None,
             turns: 1,
             target: None,
         }],
@@ -218,4 +220,166 @@ fn a_mix_draws_each_part_in_proportion_to_its_weight() {
         let d: LenDist = serde_norway::from_str(bad).expect("parses");
         assert!(d.sampler().is_err(), "{bad} is refused");
     }
+}
+
+/// The keys `vllm bench serve --save-result` writes for a generation run
+/// (with `--percentile-metrics ttft,tpot,itl,e2el`), as in vLLM's
+/// `benchmarks/serve.py`.
+const VLLM_KEYS: &[&str] = &[
+    "date",
+    "backend",
+    "label",
+    "model_id",
+    "num_prompts",
+    "request_rate",
+    "burstiness",
+    "max_concurrency",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "std_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "std_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "std_itl_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+    "median_e2el_ms",
+    "std_e2el_ms",
+    "p99_e2el_ms",
+];
+
+/// `loadgen run` with a ShareGPT dataset writes vllm bench's summary and
+/// per-request lines beside its own result; `loadgen compare` reads them,
+/// and a summary vllm bench itself wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_bench_results_are_written_and_compared() {
+    let sim = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sharegpt = dir.path().join("sharegpt.json");
+    // Two usable conversations (prompts of 40 and 8 characters: 10 and 2
+    // tokens; replies of 4 and 12 tokens) and one of a single turn, skipped.
+    let conv =
+        |q: &str, a: &str| serde_json::json!({"id": "x", "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]});
+    let data = serde_json::json!([conv(&"abcd".repeat(10), &"wxyz".repeat(4)), {"id": "y", "conversations": [{"from": "human", "value": "alone"}]}, conv("abcdefgh", &"wxyz".repeat(12))]);
+    std::fs::write(&sharegpt, data.to_string()).expect("write");
+    let loadgen = env!("CARGO_BIN_EXE_loadgen");
+    let run_cli = |ttft: &'static str, prefix: std::path::PathBuf, out: std::path::PathBuf| {
+        let scenario = dir.path().join(format!("{ttft}.yaml"));
+        let yaml = format!(
+            "target: {}\nduration: 20s\nmax_requests: 6\nstreams:\n  - name: s\n    class: chat\n    model: sim-llama-8b\n    arrival: {{ kind: closed, concurrency: 2 }}\n    dataset: {{ name: sharegpt, path: {} }}\n",
+            sim.url(),
+            sharegpt.display()
+        );
+        std::fs::write(&scenario, yaml).expect("write");
+        let mut cmd = std::process::Command::new(loadgen);
+        cmd.args(["run", "--no-progress", "--ttft", ttft, "--label", ttft])
+            .arg(&scenario)
+            .arg("--out")
+            .arg(&out)
+            .arg("--vllm-bench")
+            .arg(&prefix);
+        async move { tokio::task::spawn_blocking(move || cmd.output().expect("loadgen runs")).await.expect("join") }
+    };
+    let (content, choices) = (dir.path().join("content"), dir.path().join("choices"));
+    let out = run_cli("first_content", content.clone(), dir.path().join("content-result.json")).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_cli("first_choices", choices.clone(), dir.path().join("choices-result.json")).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    for (prefix, definition) in [(&content, "first_content"), (&choices, "first_choices")] {
+        let summary: serde_json::Value = serde_json::from_str(&read(prefix.with_extension("json"))).expect("summary JSON");
+        for k in VLLM_KEYS {
+            assert!(summary.get(*k).is_some(), "{definition}: vllm bench's key `{k}` missing: {summary}");
+        }
+        assert_eq!(summary["completed"], 6, "{summary}");
+        assert_eq!(summary["failed"], 0);
+        assert_eq!(summary["ttft_definition"], definition);
+        assert_eq!(summary["max_concurrency"], 2);
+        // Prompts taken in turn: three of each, 10 and 2 tokens.
+        assert_eq!(summary["total_input_tokens"], 36, "{summary}");
+        assert_eq!(summary["total_output_tokens"], 48, "replies of 4 and 12 tokens, three each: {summary}");
+        let mean_ttft = summary["mean_ttft_ms"].as_f64().expect("number");
+        assert!(mean_ttft > 0.0 && summary["p99_ttft_ms"].as_f64().expect("number") >= summary["median_ttft_ms"].as_f64().expect("number"));
+        let lines: Vec<serde_json::Value> =
+            read(prefix.with_extension("jsonl")).lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+        assert_eq!(lines.len(), 6);
+        for l in &lines {
+            let (tokens, gaps) = (l["output_tokens"].as_u64().expect("tokens"), l["itl"].as_array().expect("itl list").len() as u64);
+            assert!(
+                l["success"] == true && l["ttft"].as_f64().is_some_and(|t| t > 0.0) && l["latency"].as_f64() >= l["ttft"].as_f64(),
+                "{l}"
+            );
+            assert!([2, 10].contains(&l["prompt_len"].as_u64().expect("prompt_len")), "{l}");
+            if definition == "first_content" {
+                assert_eq!(gaps, tokens - 1, "a gap between each two content events: {l}");
+            } else {
+                assert!(gaps >= tokens, "the role chunk is the first token, every content event a gap: {l}");
+            }
+        }
+    }
+
+    // compare reads vllm bench summaries, loadgen results, and a mix.
+    let compare = |a: &std::path::Path, b: &std::path::Path| {
+        let out = std::process::Command::new(loadgen).arg("compare").arg(a).arg(b).output().expect("compare runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let both = compare(&content.with_extension("json"), &choices.with_extension("json"));
+    assert!(both.contains("first_content (A) vs first_choices (B)") && both.contains("| all | TTFT p50 ms |"), "{both}");
+    assert!(!both.contains("within SLO"), "a vllm summary has no SLO figures: {both}");
+    let mixed = compare(&dir.path().join("content-result.json"), &choices.with_extension("json"));
+    assert!(mixed.contains("| all | ITL p99 ms |") && !mixed.contains("| chat |"), "only what both have: {mixed}");
+    // A summary as vllm bench writes it (its own keys only, p99 only).
+    let theirs = dir.path().join("vllm-bench.json");
+    let mut v = serde_json::json!({"backend": "vllm", "label": null, "request_throughput": 4.0, "completed": 100, "failed": 0});
+    for m in ["ttft", "tpot", "itl", "e2el"] {
+        for s in ["mean", "median", "std", "p99"] {
+            v[format!("{s}_{m}_ms")] = 100.0.into();
+        }
+    }
+    std::fs::write(&theirs, v.to_string()).expect("write");
+    let vs = compare(&theirs, &content.with_extension("json"));
+    assert!(vs.contains("| all | TTFT p50 ms | 100.00 |") && vs.contains("| all | completed req/s | 4.00 |"), "{vs}");
+    // Neither form: a clear error.
+    std::fs::write(dir.path().join("other.json"), "{\"x\": 1}").expect("write");
+    let out = std::process::Command::new(loadgen).arg("compare").arg(dir.path().join("other.json")).arg(&theirs).output().expect("runs");
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("neither a loadgen result nor a vllm bench summary"));
+}
+
+/// vllm bench's `random` dataset: lengths uniform in len * [1 - r, 1 + r];
+/// a stream names either a dataset or both lengths.
+#[test]
+fn the_random_dataset_draws_within_its_range_ratio() {
+    use loadtest::loadgen::scenario::Dataset;
+    let mut s = scenario("http://127.0.0.1:1", Duration::from_secs(1), Arrival::Constant { rate: 1.0 }, 1, 1);
+    let spec = &mut s.streams[0];
+    assert!(spec.sampler(1).is_ok());
+    spec.dataset = Some(Dataset::Random { input_len: 1000, output_len: 100, range_ratio: 0.5 });
+    let e = spec.sampler(1).err().expect("both lengths and a dataset");
+    assert!(e.contains("leave out prompt_tokens and output_tokens"), "{e}");
+    (spec.prompt_tokens, spec.output_tokens) = (None, None);
+    let mut sampler = spec.sampler(1).expect("random");
+    let mut rng = StdRng::seed_from_u64(3);
+    let drawn: Vec<_> = (0..2000).map(|_| sampler.sample(&mut rng)).collect();
+    assert!(drawn.iter().all(|p| (500..=1500).contains(&p.prompt_tokens) && (50..=150).contains(&p.output_tokens) && p.text.is_none()));
+    let (lo, hi) = (drawn.iter().map(|p| p.prompt_tokens).min(), drawn.iter().map(|p| p.prompt_tokens).max());
+    assert!(lo < Some(550) && hi > Some(1450), "the whole range is drawn: {lo:?}..{hi:?}");
+    spec.dataset = Some(Dataset::Random { input_len: 1000, output_len: 100, range_ratio: 1.0 });
+    assert!(spec.sampler(1).is_err(), "a range ratio of 1 would draw empty prompts");
+    spec.dataset = None;
+    assert!(spec.sampler(1).err().is_some_and(|e| e.contains("prompt_tokens and output_tokens are required")));
 }

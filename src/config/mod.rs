@@ -186,6 +186,9 @@ impl Config {
                 bad(name.into(), "must be greater than 0".into());
             }
         }
+        if self.server.queued_keepalive.is_some_and(|d| d.get() < std::time::Duration::from_secs(1)) {
+            bad("server.queued_keepalive".into(), "must be at least 1s (a comment a second already keeps any proxy awake)".into());
+        }
         if let Some(problem) = self.server.admin_token_env.as_deref().and_then(env_problem) {
             bad("server.admin_token_env".into(), problem);
         }
@@ -786,6 +789,16 @@ mod tests {
         assert!(err[0].field.starts_with("tiers"), "{err:?}");
         let err = Config::parse("tiers:\n  interactive: { queue_max_bytes: 1MiB }\n").expect_err("below the body limit").0;
         assert_eq!(err[0].field, "tiers.interactive.queue_max_bytes");
+    }
+
+    #[test]
+    fn a_queued_keepalive_is_off_by_default_and_at_least_a_second() {
+        assert_eq!(Config::default().server.queued_keepalive.map(Dur::get), None);
+        let c = Config::parse("server:\n  queued_keepalive: 15s\n").expect("valid");
+        assert_eq!(c.server.queued_keepalive.map(Dur::get), Some(std::time::Duration::from_secs(15)));
+        let err = Config::parse("server:\n  queued_keepalive: 500ms\n").expect_err("too short").0;
+        assert_eq!(err[0].field, "server.queued_keepalive");
+        assert!(err[0].message.contains("at least 1s"), "{err:?}");
     }
 
     #[test]

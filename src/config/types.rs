@@ -159,6 +159,12 @@ pub struct ServerConfig {
     /// (`Authorization: Bearer <token>`) on everything but `/healthz` and
     /// `/readyz`. None: the admin listener is open (keep it on loopback).
     pub admin_token_env: Option<String>,
+    /// A streaming request still waiting for its response this long (in the
+    /// queue, usually) gets 200 headers and an SSE comment line every
+    /// interval until its first event, so a load balancer that cuts idle
+    /// connections does not lose it; a refusal then ends the stream with an
+    /// error event instead of a 429. None: off.
+    pub queued_keepalive: Option<Dur>,
 }
 
 impl Default for ServerConfig {
@@ -176,6 +182,7 @@ impl Default for ServerConfig {
             body_read_timeout: Dur::secs(30),
             max_connections: 10_000,
             admin_token_env: None,
+            queued_keepalive: None,
         }
     }
 }

@@ -18,6 +18,7 @@
 //! [`fail`], which counts the outcome once and answers in OpenAI's form.
 
 pub(crate) mod body;
+pub(crate) mod keepalive;
 pub(crate) mod observe;
 
 use std::sync::Arc;
@@ -100,7 +101,18 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
         tracing::Span::none()
     };
     tracker.set_span(span.clone());
-    forward(req, &snap, endpoint, tracker).instrument(span).await
+    match snap.config.server.queued_keepalive {
+        None => forward(req, &snap, endpoint, tracker, None).instrument(span).await,
+        // The rest of the path owns what it borrows, so its future can move
+        // into a body that outlives this handler.
+        Some(every) => {
+            let streams = keepalive::Streams::default();
+            let marks = streams.clone();
+            let class = class.name.clone();
+            let pending = Box::pin(async move { forward(req, &snap, endpoint, tracker, Some(&marks)).await }.instrument(span));
+            keepalive::respond(pending, every.get(), streams, &class).await
+        }
+    }
 }
 
 /// A stage's result, or the answer to the client when it failed.
@@ -114,11 +126,22 @@ macro_rules! stage {
 }
 
 /// The request path after classification: route, admit, reduce, send, observe.
-async fn forward(req: Request<Incoming>, snap: &Snapshot, endpoint: Endpoint, mut t: Tracker) -> Response<ProxyBody> {
+async fn forward(
+    req: Request<Incoming>,
+    snap: &Snapshot,
+    endpoint: Endpoint,
+    mut t: Tracker,
+    streams: Option<&keepalive::Streams>,
+) -> Response<ProxyBody> {
     let (parts, body) = req.into_parts();
     let routed = stage!(t, route(body, &parts.headers, &parts.method, parts.uri.path(), snap, endpoint).await);
     t.set_model(&routed.model);
     t.set_streaming(routed.stream);
+    if routed.stream {
+        if let Some(s) = streams {
+            s.mark();
+        }
+    }
     let class = t.class().clone();
 
     // Its prompt, estimated from the body (four bytes a token): what its

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use loadtest::loadgen::{report, run, RunResult, Scenario};
+use loadtest::loadgen::run::{run_with, Options};
+use loadtest::loadgen::scenario::TtftDefinition;
+use loadtest::loadgen::{report, vllm, RunResult, Scenario};
 
 #[derive(Parser)]
 #[command(name = "loadgen", about = "Open-loop load generator that measures TTFT and ITL like a client")]
@@ -35,8 +37,18 @@ enum Cmd {
         label: String,
         #[arg(long)]
         no_progress: bool,
+        /// Which event is the first token (overrides the scenario's `ttft`):
+        /// first_content (slogate's) or first_choices (vllm bench's).
+        #[arg(long, value_enum)]
+        ttft: Option<TtftDefinition>,
+        /// Also write the run in `vllm bench serve`'s form: PREFIX.json (the
+        /// summary, with its keys) and PREFIX.jsonl (one line per request).
+        #[arg(long, value_name = "PREFIX")]
+        vllm_bench: Option<PathBuf>,
     },
-    /// Compare two JSON results side by side.
+    /// Compare two results side by side: loadgen JSON results, or summaries
+    /// in `vllm bench serve`'s form (its --save-result file, or loadgen's
+    /// --vllm-bench one).
     Compare { a: PathBuf, b: PathBuf },
     /// Chart a CSV file (x column, then one column per series) as SVG and PNG.
     Chart {
@@ -66,16 +78,42 @@ fn read(p: &PathBuf) -> Result<RunResult, String> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
 }
 
+/// A result to compare: loadgen's own, or a vllm bench summary.
+fn read_either(p: &PathBuf) -> Result<report::Compared, String> {
+    let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+    if vllm::is_summary(&v) {
+        let label =
+            v.get("label").and_then(|l| l.as_str()).filter(|l| !l.is_empty()).map_or_else(|| p.display().to_string(), str::to_string);
+        return Ok(report::Compared::vllm(label, &v));
+    }
+    let r: RunResult =
+        serde_json::from_value(v).map_err(|e| format!("{}: neither a loadgen result nor a vllm bench summary: {e}", p.display()))?;
+    Ok(report::Compared::run(&r))
+}
+
+fn write(p: &PathBuf, bytes: &[u8]) -> Result<(), String> {
+    std::fs::write(p, bytes).map_err(|e| format!("{}: {e}", p.display()))
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let result = match Args::parse().cmd {
-        Cmd::Run { scenario, target, out, report: rpath, plots, label, no_progress } => {
+        Cmd::Run { scenario, target, out, report: rpath, plots, label, no_progress, ttft, vllm_bench } => {
             async {
                 let mut s = Scenario::load(&scenario)?;
                 if let Some(t) = target {
                     s.target = t;
                 }
-                let r = run(&s, &label, !no_progress).await?;
+                if let Some(t) = ttft {
+                    s.ttft = t;
+                }
+                let r = run_with(&s, &label, Options { progress: !no_progress, details: vllm_bench.is_some() }).await?;
+                if let Some(prefix) = &vllm_bench {
+                    let summary = serde_json::to_vec_pretty(&vllm::summary(&r)).map_err(|e| e.to_string())?;
+                    write(&prefix.with_extension("json"), &summary)?;
+                    write(&prefix.with_extension("jsonl"), vllm::requests_jsonl(&r).as_bytes())?;
+                }
                 if let Some(out) = out {
                     std::fs::write(&out, serde_json::to_vec(&r).map_err(|e| e.to_string())?)
                         .map_err(|e| format!("{}: {e}", out.display()))?;
@@ -93,7 +131,7 @@ async fn main() -> ExitCode {
             }
             .await
         }
-        Cmd::Compare { a, b } => read(&a).and_then(|a| read(&b).map(|b| print!("{}", report::compare(&a, &b)))),
+        Cmd::Compare { a, b } => read_either(&a).and_then(|a| read_either(&b).map(|b| print!("{}", report::compare_summaries(&a, &b)))),
         Cmd::Chart { csv, dir, stem, title, y_label, lines } => lines
             .iter()
             .map(|l| {

@@ -6,6 +6,7 @@ pub mod plots;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod vllm;
 
 pub use run::{run, Record, RunResult};
 pub use scenario::Scenario;

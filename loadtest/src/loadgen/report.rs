@@ -155,27 +155,52 @@ pub fn markdown(r: &RunResult) -> String {
     m
 }
 
+/// A result to compare: its label and summaries per class (a vllm bench
+/// summary has only `all`, and no SLO figures).
+pub struct Compared {
+    pub label: String,
+    pub classes: BTreeMap<String, ClassSummary>,
+    /// Has SLO attainment and goodput (a loadgen run).
+    pub slo: bool,
+}
+
+impl Compared {
+    pub fn run(r: &RunResult) -> Compared {
+        Compared { label: r.label.clone(), classes: summarize(r), slo: true }
+    }
+
+    pub fn vllm(label: String, v: &serde_json::Value) -> Compared {
+        Compared { label, classes: [("all".to_string(), super::vllm::as_class_summary(v))].into(), slo: false }
+    }
+}
+
 /// Two runs side by side, per class: A, B and B/A.
 pub fn compare(a: &RunResult, b: &RunResult) -> String {
-    let (sa, sb) = (summarize(a), summarize(b));
+    compare_summaries(&Compared::run(a), &Compared::run(b))
+}
+
+/// Two results side by side, per class both have: A, B and B/A. Figures
+/// one side lacks (SLO attainment of a vllm bench summary) are left out.
+pub fn compare_summaries(a: &Compared, b: &Compared) -> String {
     let mut m = String::new();
     let _ = writeln!(m, "## {} (A) vs {} (B)\n", a.label, b.label);
     let _ = writeln!(m, "| class | metric | A | B | B/A |");
     let _ = writeln!(m, "|---|---|---:|---:|---:|");
-    for (c, x) in &sa {
-        let Some(y) = sb.get(c) else { continue };
-        let rows: [(&str, f64, f64); 9] = [
-            ("TTFT p50 ms", x.ttft_p50_ms, y.ttft_p50_ms),
-            ("TTFT p99 ms", x.ttft_p99_ms, y.ttft_p99_ms),
-            ("ITL p50 ms", x.itl_p50_ms, y.itl_p50_ms),
-            ("ITL p99 ms", x.itl_p99_ms, y.itl_p99_ms),
-            ("within SLO %", x.slo_attainment * 100.0, y.slo_attainment * 100.0),
-            ("goodput req/s", x.goodput_rps, y.goodput_rps),
-            ("completed req/s", x.throughput_rps, y.throughput_rps),
-            ("429s", x.rejected as f64, y.rejected as f64),
-            ("errors", x.errors as f64, y.errors as f64),
+    let slo = a.slo && b.slo;
+    for (c, x) in &a.classes {
+        let Some(y) = b.classes.get(c) else { continue };
+        let rows: [(&str, f64, f64, bool); 9] = [
+            ("TTFT p50 ms", x.ttft_p50_ms, y.ttft_p50_ms, true),
+            ("TTFT p99 ms", x.ttft_p99_ms, y.ttft_p99_ms, true),
+            ("ITL p50 ms", x.itl_p50_ms, y.itl_p50_ms, true),
+            ("ITL p99 ms", x.itl_p99_ms, y.itl_p99_ms, true),
+            ("within SLO %", x.slo_attainment * 100.0, y.slo_attainment * 100.0, slo),
+            ("goodput req/s", x.goodput_rps, y.goodput_rps, slo),
+            ("completed req/s", x.throughput_rps, y.throughput_rps, true),
+            ("429s", x.rejected as f64, y.rejected as f64, slo),
+            ("errors", x.errors as f64, y.errors as f64, true),
         ];
-        for (name, va, vb) in rows {
+        for (name, va, vb, _) in rows.into_iter().filter(|r| r.3) {
             let ratio = if va.abs() > 1e-12 { format!("{:.3}", vb / va) } else { "-".into() };
             let _ = writeln!(m, "| {c} | {name} | {va:.2} | {vb:.2} | {ratio} |");
         }

@@ -16,7 +16,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::scenario::{Arrival, Endpoint, Scenario, StreamSpec, Targets};
+use super::scenario::{Arrival, Endpoint, Prompt, Scenario, StreamSpec, Targets, TtftDefinition};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -89,6 +89,28 @@ pub struct RunResult {
     /// by target index ("0", "1", ... in the order listed), classes together.
     #[serde(default, skip_serializing_if = "TargetGaps::is_empty")]
     pub itl_by_target: TargetGaps,
+    /// Every request's own gaps, in the order of `records` (only when asked
+    /// for: see [`Options::details`]); not part of the JSON result.
+    #[serde(skip)]
+    pub details: Vec<Detail>,
+}
+
+/// One request's inter-token gaps, in seconds, and its output length.
+#[derive(Debug, Clone, Default)]
+pub struct Detail {
+    pub itl_s: Vec<f64>,
+    /// The replica's `usage.completion_tokens` when it sent usage, else the
+    /// events counted.
+    pub output_tokens: u32,
+}
+
+/// How a run measures and what it keeps.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    pub progress: bool,
+    /// Keep each request's gaps ([`RunResult::details`]), for a per-request
+    /// export; memory grows with every token of the run.
+    pub details: bool,
 }
 
 /// Gaps per target index, as (value, count) pairs in microseconds.
@@ -172,6 +194,8 @@ fn stamp(data: &[u8], name: &[u8]) -> Option<u64> {
 
 struct Shared {
     records: Mutex<Vec<Record>>,
+    /// With [`Options::details`]: each record's details, pushed with it.
+    details: Option<Mutex<Vec<Detail>>>,
     itl: Mutex<AllGaps>,
     ttft_recent: Mutex<Histogram<u64>>,
     sent: AtomicU64,
@@ -183,12 +207,19 @@ const MAX_INFLIGHT: usize = 20_000;
 
 /// Run a scenario to the end (its duration, or `max_requests`).
 pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult, String> {
+    run_with(s, label, Options { progress, details: false }).await
+}
+
+/// [`run`], with options.
+pub async fn run_with(s: &Scenario, label: &str, opts: Options) -> Result<RunResult, String> {
+    let progress = opts.progress;
     s.check()?;
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     let client: HttpClient = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(4096).build(http);
     let shared = Arc::new(Shared {
         records: Mutex::new(Vec::new()),
+        details: opts.details.then(|| Mutex::new(Vec::new())),
         itl: Mutex::new(AllGaps::default()),
         ttft_recent: Mutex::new(new_hist()),
         sent: AtomicU64::new(0),
@@ -213,35 +244,35 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
             shared: shared.clone(),
             t0,
             timeout: s.request_timeout,
+            ttft: s.ttft,
         };
         match &spec.arrival {
             Arrival::Closed { concurrency } => {
+                let shared_sampler = spec.sampler(s.seed.wrapping_add(i as u64 * 7919))?;
                 for w in 0..*concurrency {
                     let ctx = ctx.clone();
-                    let mut prompt = spec.prompt_tokens.sampler()?;
-                    let mut output = spec.output_tokens.sampler()?;
+                    let mut sampler = shared_sampler.clone();
                     let mut wrng = StdRng::seed_from_u64(s.seed.wrapping_add((i * 100_003 + w) as u64));
                     let max = s.max_requests;
                     dispatchers.push(tokio::spawn(async move {
                         while Instant::now() < end && ctx.shared.sent.fetch_add(1, Ordering::Relaxed) < max {
-                            let (p, o) = (prompt.sample(&mut wrng), output.sample(&mut wrng));
-                            ctx.clone().one(p, o).await;
+                            ctx.clone().one(sampler.sample(&mut wrng)).await;
                         }
                     }));
                 }
             }
             arrival => {
-                let mut prompt = spec.prompt_tokens.sampler()?;
-                let mut output = spec.output_tokens.sampler()?;
-                let mut srng = StdRng::seed_from_u64(s.seed.wrapping_add(i as u64 * 7919));
+                let sseed = s.seed.wrapping_add(i as u64 * 7919);
+                let mut sampler = spec.sampler(sseed)?;
+                let mut srng = StdRng::seed_from_u64(sseed);
                 let schedule = arrival.schedule(s.duration, s.max_requests, &mut rng)?;
                 expected += schedule.len() as u64;
-                let lens: Vec<(u32, u32)> = schedule.iter().map(|_| (prompt.sample(&mut srng), output.sample(&mut srng))).collect();
+                let lens: Vec<Prompt> = schedule.iter().map(|_| sampler.sample(&mut srng)).collect();
                 let limit = limit.clone();
                 let max = s.max_requests;
                 dispatchers.push(tokio::spawn(async move {
                     let mut inflight = tokio::task::JoinSet::new();
-                    for (off, (p, o)) in schedule.into_iter().zip(lens) {
+                    for (off, p) in schedule.into_iter().zip(lens) {
                         tokio::time::sleep_until(t0 + off).await;
                         if ctx.shared.sent.fetch_add(1, Ordering::Relaxed) >= max {
                             break;
@@ -250,7 +281,7 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
                             Ok(permit) => {
                                 let c = ctx.clone();
                                 inflight.spawn(async move {
-                                    c.one(p, o).await;
+                                    c.one(p).await;
                                     drop(permit);
                                 });
                             }
@@ -300,13 +331,32 @@ pub async fn run(s: &Scenario, label: &str, progress: bool) -> Result<RunResult,
     }
     let elapsed_s = t0.elapsed().as_secs_f64();
     let mut records = std::mem::take(&mut *shared.records.lock().unwrap_or_else(|e| e.into_inner()));
-    records.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+    let mut details =
+        shared.details.as_ref().map(|d| std::mem::take(&mut *d.lock().unwrap_or_else(|e| e.into_inner()))).unwrap_or_default();
+    if details.len() == records.len() {
+        let mut both: Vec<(Record, Detail)> = records.into_iter().zip(details).collect();
+        both.sort_by(|a, b| a.0.start_s.total_cmp(&b.0.start_s));
+        (records, details) = both.into_iter().unzip();
+    } else {
+        records.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+        details = Vec::new();
+    }
     let gaps = shared.itl.lock().unwrap_or_else(|e| e.into_inner());
     let c = &gaps.by_class;
     let (itl_us, engine_itl_us, itl_path_us) = (pairs(&c.client), pairs(&c.engine), pairs(&c.path));
     let t = &gaps.by_target;
     let itl_by_target = TargetGaps { client_us: pairs(&t.client), engine_us: pairs(&t.engine), path_us: pairs(&t.path) };
-    Ok(RunResult { scenario: s.clone(), label: label.to_string(), elapsed_s, records, itl_us, engine_itl_us, itl_path_us, itl_by_target })
+    Ok(RunResult {
+        scenario: s.clone(),
+        label: label.to_string(),
+        elapsed_s,
+        records,
+        itl_us,
+        engine_itl_us,
+        itl_path_us,
+        itl_by_target,
+        details,
+    })
 }
 
 async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
@@ -328,16 +378,30 @@ struct Ctx {
     shared: Arc<Shared>,
     t0: Instant,
     timeout: Duration,
+    ttft: TtftDefinition,
+}
+
+/// An event with a non-empty `choices` list (`vllm bench serve`'s first token).
+fn has_choices(data: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Event {
+        #[serde(default)]
+        choices: Vec<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Event>(data).is_ok_and(|e| !e.choices.is_empty())
 }
 
 /// Prompts of this many tokens (about 256 KiB) and more are written on a blocking thread.
 const LARGE_PROMPT: u32 = 65_536;
 
 /// The JSON body of one request of `spec`.
-fn request_body(spec: &StreamSpec, prompt: u32, output: u32) -> String {
-    let mut body = match spec.endpoint {
-        Endpoint::Chat => serde_json::json!({"model": spec.model, "messages": conversation(prompt, spec.turns)}),
-        Endpoint::Completions => serde_json::json!({"model": spec.model, "prompt": prompt_text(prompt)}),
+fn request_body(spec: &StreamSpec, p: &Prompt) -> String {
+    let (prompt, output) = (p.prompt_tokens, p.output_tokens);
+    let mut body = match (spec.endpoint, &p.text) {
+        (Endpoint::Chat, Some(text)) => serde_json::json!({"model": spec.model, "messages": [{"role": "user", "content": &**text}]}),
+        (Endpoint::Chat, None) => serde_json::json!({"model": spec.model, "messages": conversation(prompt, spec.turns)}),
+        (Endpoint::Completions, Some(text)) => serde_json::json!({"model": spec.model, "prompt": &**text}),
+        (Endpoint::Completions, None) => serde_json::json!({"model": spec.model, "prompt": prompt_text(prompt)}),
     };
     body["max_tokens"] = output.into();
     body["ignore_eos"] = true.into();
@@ -374,7 +438,7 @@ impl Ctx {
     }
 
     fn record_overload(&self) {
-        self.push(Record { outcome: "client_overload".into(), ..self.blank(self.t0.elapsed().as_secs_f64(), 0) }, &Gaps::default());
+        self.push(Record { outcome: "client_overload".into(), ..self.blank(self.t0.elapsed().as_secs_f64(), 0) }, &Gaps::default(), None);
     }
 
     fn blank(&self, start_s: f64, prompt_tokens: u32) -> Record {
@@ -400,7 +464,7 @@ impl Ctx {
         }
     }
 
-    fn push(&self, r: Record, gaps: &Gaps) {
+    fn push(&self, r: Record, gaps: &Gaps, usage_tokens: Option<u32>) {
         if !r.completed() {
             self.shared.errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -415,34 +479,41 @@ impl Ctx {
             }
         }
         self.shared.done.fetch_add(1, Ordering::Relaxed);
-        self.shared.records.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+        // Both pushed under the records lock: their orders agree.
+        let mut records = self.shared.records.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = &self.shared.details {
+            let itl_s = gaps.client.iter().map(|g| *g as f64 / 1e6).collect();
+            d.lock().unwrap_or_else(|e| e.into_inner()).push(Detail { itl_s, output_tokens: usage_tokens.unwrap_or(r.tokens) });
+        }
+        records.push(r);
     }
 
-    async fn one(self, prompt: u32, output: u32) {
+    async fn one(self, p: Prompt) {
         let start = Instant::now();
-        let mut rec = self.blank((start - self.t0).as_secs_f64(), prompt);
+        let mut rec = self.blank((start - self.t0).as_secs_f64(), p.prompt_tokens);
         let mut gaps = Gaps::default();
-        let outcome = tokio::time::timeout(self.timeout, self.exchange(prompt, output, start, &mut rec, &mut gaps)).await;
+        let mut usage = None;
+        let outcome = tokio::time::timeout(self.timeout, self.exchange(p, start, &mut rec, &mut gaps, &mut usage)).await;
         rec.outcome = match outcome {
             Ok(o) => o,
             Err(_) => "timeout".into(),
         };
         rec.e2e_ms = start.elapsed().as_secs_f64() * 1000.0;
-        self.push(rec, &gaps);
+        self.push(rec, &gaps, usage);
     }
 
-    async fn exchange(&self, prompt: u32, output: u32, start: Instant, rec: &mut Record, gaps: &mut Gaps) -> String {
+    async fn exchange(&self, p: Prompt, start: Instant, rec: &mut Record, gaps: &mut Gaps, usage: &mut Option<u32>) -> String {
         let spec = &self.spec;
         // Writing a body of megabytes takes milliseconds: not on the threads
         // that read the other streams' tokens (their gaps would grow).
-        let body = if prompt >= LARGE_PROMPT {
+        let body = if p.prompt_tokens >= LARGE_PROMPT {
             let spec = spec.clone();
-            match tokio::task::spawn_blocking(move || request_body(&spec, prompt, output)).await {
+            match tokio::task::spawn_blocking(move || request_body(&spec, &p)).await {
                 Ok(b) => b,
                 Err(_) => return "client_error".into(),
             }
         } else {
-            request_body(spec, prompt, output)
+            request_body(spec, &p)
         };
         let path = match spec.endpoint {
             Endpoint::Chat => "/v1/chat/completions",
@@ -481,6 +552,7 @@ impl Ctx {
             let Ok(bytes) = body.collect().await.map(|c| c.to_bytes()) else { return "cut".into() };
             let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             rec.tokens = v.pointer("/usage/completion_tokens").and_then(|t| t.as_u64()).unwrap_or(0) as u32;
+            *usage = Some(rec.tokens);
             let length = v.pointer("/choices/0/finish_reason").and_then(|f| f.as_str()) == Some("length");
             return if length { "length" } else { "ok" }.into();
         }
@@ -500,8 +572,17 @@ impl Ctx {
             parser.feed(&data, |d, _| {
                 let Some(d) = d else { return };
                 let info = sse::analyze(d);
+                if let Some(u) = &info.usage {
+                    *usage = Some(u.completion_tokens as u32);
+                }
                 if info.content {
                     rec.tokens += 1;
+                }
+                let token_event = match self.ttft {
+                    TtftDefinition::FirstContent => info.content,
+                    TtftDefinition::FirstChoices => has_choices(d),
+                };
+                if token_event {
                     let sent_ns = stamp(d, b"\"sim_t_ns\":");
                     match last {
                         None => {

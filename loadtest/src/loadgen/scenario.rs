@@ -43,7 +43,35 @@ pub struct Scenario {
     /// Class targets for SLO attainment; defaults to the default SLO table.
     #[serde(default = "default_targets")]
     pub classes: BTreeMap<String, Targets>,
+    /// Which event of a stream is its first token (see [`TtftDefinition`]).
+    #[serde(default)]
+    pub ttft: TtftDefinition,
     pub streams: Vec<StreamSpec>,
+}
+
+/// When a stream's first token came: the clock TTFT stops and ITL starts.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum TtftDefinition {
+    /// The first event carrying generated text (or a tool call): what a user
+    /// sees; vLLM's empty role chunk does not count. ITL: gaps between
+    /// content events.
+    #[default]
+    FirstContent,
+    /// The first event with a non-empty `choices` list, the role chunk
+    /// included, as `vllm bench serve` counts it. ITL: gaps between all
+    /// events with choices.
+    FirstChoices,
+}
+
+impl TtftDefinition {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TtftDefinition::FirstContent => "first_content",
+            TtftDefinition::FirstChoices => "first_choices",
+        }
+    }
 }
 
 fn default_max() -> u64 {
@@ -99,8 +127,14 @@ pub struct StreamSpec {
     #[serde(default = "default_true")]
     pub stream: bool,
     pub arrival: Arrival,
-    pub prompt_tokens: LenDist,
-    pub output_tokens: LenDist,
+    /// Prompt and output lengths, unless a `dataset` gives them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<LenDist>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<LenDist>,
+    /// Prompts from one of `vllm bench serve`'s datasets instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<Dataset>,
     /// Chat: spread the prompt over a conversation of this many messages (a
     /// system prompt, then alternating user/assistant turns ending with the
     /// user), as a multi-turn chat history looks. 1 = one user message.
@@ -111,6 +145,126 @@ pub struct StreamSpec {
     /// a gateway, so both see the same engine steps at the same moments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+}
+
+/// The datasets of `vllm bench serve` that fit a load generator without a
+/// tokenizer (token counts are estimated at four characters a token, as
+/// the simulator and slogate count them).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Dataset {
+    /// `--dataset-name sharegpt`: a JSON array of `{"conversations": [{"from",
+    /// "value"}, ...]}`; each conversation's first turn is the prompt, its
+    /// second turn's length the output length (or `output_len` for all).
+    /// Conversations of fewer than two turns are skipped, as vllm bench does;
+    /// the rest are taken in an order shuffled by the scenario's seed.
+    Sharegpt {
+        path: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output_len: Option<u32>,
+    },
+    /// `--dataset-name random`: lengths drawn uniformly from
+    /// `len * [1 - range_ratio, 1 + range_ratio]`.
+    Random {
+        input_len: u32,
+        output_len: u32,
+        #[serde(default)]
+        range_ratio: f64,
+    },
+}
+
+/// One request's prompt: its text when a dataset gave one, else only a
+/// length (the text is then made up to that length).
+#[derive(Debug, Clone)]
+pub struct Prompt {
+    pub text: Option<std::sync::Arc<str>>,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+}
+
+/// Draws a stream's requests: lengths from distributions, or a dataset.
+/// A clone shares a dataset's place (each prompt is taken once, in turn,
+/// by all of a stream's clients).
+#[derive(Clone)]
+pub enum PromptSampler {
+    Lengths { prompt: Sampler, output: Sampler },
+    Texts { prompts: std::sync::Arc<Vec<Prompt>>, next: std::sync::Arc<std::sync::atomic::AtomicUsize> },
+}
+
+impl PromptSampler {
+    pub fn sample(&mut self, rng: &mut StdRng) -> Prompt {
+        match self {
+            PromptSampler::Lengths { prompt, output } => {
+                Prompt { text: None, prompt_tokens: prompt.sample(rng), output_tokens: output.sample(rng) }
+            }
+            PromptSampler::Texts { prompts, next } => {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                prompts[i % prompts.len()].clone()
+            }
+        }
+    }
+}
+
+/// Tokens in `text`, at four characters a token (at least one).
+pub fn estimate_tokens(text: &str) -> u32 {
+    (text.chars().count() as u32).div_ceil(4).max(1)
+}
+
+/// A ShareGPT file's prompts, shuffled by `seed`.
+pub fn sharegpt(path: &std::path::Path, output_len: Option<u32>, seed: u64) -> Result<Vec<Prompt>, String> {
+    #[derive(Deserialize)]
+    struct Conversation {
+        #[serde(default)]
+        conversations: Vec<Turn>,
+    }
+    #[derive(Deserialize)]
+    struct Turn {
+        value: String,
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let all: Vec<Conversation> =
+        serde_json::from_str(&text).map_err(|e| format!("{}: not a ShareGPT JSON array of conversations: {e}", path.display()))?;
+    let mut out: Vec<Prompt> = all
+        .into_iter()
+        .filter(|c| c.conversations.len() >= 2)
+        .map(|c| Prompt {
+            prompt_tokens: estimate_tokens(&c.conversations[0].value),
+            output_tokens: output_len.unwrap_or_else(|| estimate_tokens(&c.conversations[1].value)),
+            text: Some(c.conversations[0].value.as_str().into()),
+        })
+        .collect();
+    if out.is_empty() {
+        return Err(format!("{}: no conversation with at least two turns", path.display()));
+    }
+    use rand::seq::SliceRandom;
+    out.shuffle(&mut <StdRng as rand::SeedableRng>::seed_from_u64(seed));
+    Ok(out)
+}
+
+impl StreamSpec {
+    /// What draws this stream's requests (a dataset file is read here).
+    pub fn sampler(&self, seed: u64) -> Result<PromptSampler, String> {
+        let ctx = |e: String| format!("stream {}: {e}", self.name);
+        match (&self.dataset, &self.prompt_tokens, &self.output_tokens) {
+            (Some(Dataset::Sharegpt { path, output_len }), None, None) => {
+                let prompts = sharegpt(path, *output_len, seed).map_err(ctx)?;
+                Ok(PromptSampler::Texts { prompts: std::sync::Arc::new(prompts), next: Default::default() })
+            }
+            (Some(Dataset::Random { input_len, output_len, range_ratio }), None, None) => {
+                if !(0.0..1.0).contains(range_ratio) {
+                    return Err(ctx(format!("random: range_ratio {range_ratio} must be in [0, 1)")));
+                }
+                let range = |len: u32| {
+                    let (lo, hi) = (len as f64 * (1.0 - range_ratio), len as f64 * (1.0 + range_ratio));
+                    LenDist::Uniform { min: (lo.floor() as u32).max(1), max: (hi.floor() as u32).max(1) }
+                };
+                Ok(PromptSampler::Lengths { prompt: range(*input_len).sampler()?, output: range(*output_len).sampler()? })
+            }
+            (None, Some(p), Some(o)) => Ok(PromptSampler::Lengths { prompt: p.sampler()?, output: o.sampler()? }),
+            (Some(_), _, _) => Err(ctx("a dataset gives the lengths: leave out prompt_tokens and output_tokens".into())),
+            (None, _, _) => Err(ctx("prompt_tokens and output_tokens are required (or a dataset)".into())),
+        }
+    }
 }
 
 fn default_turns() -> u32 {
@@ -231,6 +385,7 @@ impl LenDist {
     }
 }
 
+#[derive(Clone)]
 pub enum Sampler {
     Fixed(u32),
     Uniform(u32, u32),
