@@ -194,6 +194,30 @@ pub struct TlsConfig {
     pub key: std::path::PathBuf,
 }
 
+/// The OpenAI-compatible engine behind a pool. Streams are measured the
+/// same way for all (the first content event, whatever came before it;
+/// tokens from usage, or counted when none is sent); what differs is the
+/// queue each one's `/metrics` reports, which `least_loaded` and learned
+/// limits read.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// Read whichever of the engines' metrics a replica's `/metrics` has.
+    Auto,
+    /// `vllm:num_requests_waiting` / `vllm:num_requests_running`.
+    Vllm,
+    /// `sglang:num_queue_reqs` / `sglang:num_running_reqs`.
+    Sglang,
+    /// llama.cpp's server (`--metrics`): `llamacpp:requests_deferred` /
+    /// `llamacpp:requests_processing`.
+    Llamacpp,
+    /// Text Generation Inference: `tgi_queue_size` / `tgi_batch_current_size`.
+    Tgi,
+    /// Ollama: no metrics endpoint, nothing scraped (learned limits then
+    /// learn from latency alone).
+    Ollama,
+}
+
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Balance {
@@ -217,6 +241,9 @@ pub struct PoolConfig {
     /// How often each replica's `/metrics` is read (its waiting queue, for
     /// `least_loaded` and learned limits); also the learned limits' period.
     pub scrape_metrics: Dur,
+    /// Which engine serves the pool: where its `/metrics` reports its queue
+    /// (or that it has none to read). `auto` reads whichever it finds.
+    pub engine: Engine,
     pub timeouts: TimeoutsConfig,
     /// Pass the tier to vLLM's `priority` field (replicas run `--scheduling-policy priority`).
     pub upstream_priority: bool,
@@ -373,6 +400,7 @@ impl Default for PoolConfig {
             balance: Balance::LeastLoaded,
             health: HealthConfig::default(),
             scrape_metrics: Dur::millis(250),
+            engine: Engine::Auto,
             timeouts: TimeoutsConfig::default(),
             upstream_priority: false,
             tls: None,

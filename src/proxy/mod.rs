@@ -149,6 +149,7 @@ async fn forward(
     // end, from the replica's usage). Reserved against the key's tokens per
     // minute: that and the most it may generate.
     let prompt = routed.request.len() as u64 / 4;
+    t.set_prompt_estimate(prompt);
     let max_output = routed.request.head().max_output.unwrap_or(snap.config.auth.default_max_tokens);
     let tokens = prompt + if endpoint.generates() { max_output } else { 0 };
     let tenant = t.tenant().cloned();

@@ -47,6 +47,11 @@ pub(crate) struct Tracker {
     gaps: u64,
     gaps_over: u64,
     usage: Option<Usage>,
+    /// When the replica reports no usage (llama.cpp's server, among
+    /// others): the prompt's tokens estimated from the request body, and
+    /// the answer's from a non-streaming body's text.
+    prompt_estimate: u64,
+    answer_estimate: Option<u64>,
     streaming: bool,
     outcome: Option<Outcome>,
     /// The stream ended before `[DONE]` (an incomplete response).
@@ -81,6 +86,8 @@ impl Tracker {
             gaps: 0,
             gaps_over: 0,
             usage: None,
+            prompt_estimate: 0,
+            answer_estimate: None,
             streaming: false,
             outcome: None,
             cut: false,
@@ -152,6 +159,24 @@ impl Tracker {
         self.streaming = streaming;
     }
 
+    /// The prompt's tokens as estimated from the request body, used only
+    /// if the replica reports no usage.
+    pub(crate) fn set_prompt_estimate(&mut self, tokens: u64) {
+        self.prompt_estimate = tokens;
+    }
+
+    /// The usage to account: the replica's, or (for a completed request
+    /// whose replica reported none) an estimate, flagged as one. A stream's
+    /// completion tokens are its content events: one token each, as most
+    /// engines send them.
+    fn usage_or_estimate(&self, outcome: Outcome) -> (Option<Usage>, bool) {
+        if self.usage.is_some() || !outcome.completed() {
+            return (self.usage, false);
+        }
+        let completion = if self.streaming { self.first_token.map_or(0, |_| self.gaps + 1) } else { self.answer_estimate.unwrap_or(0) };
+        (Some(Usage { prompt_tokens: self.prompt_estimate, completion_tokens: completion }), true)
+    }
+
     /// The request holds `lease` from now until it ends; it waited
     /// `queued` for it (the replica's first-token time starts after).
     pub(crate) fn attach_lease(&mut self, lease: Lease, queued: std::time::Duration) {
@@ -208,6 +233,8 @@ impl Tracker {
 
     fn record(&mut self) {
         let outcome = self.outcome.unwrap_or(Outcome::cancelled);
+        let (usage, usage_estimated) = self.usage_or_estimate(outcome);
+        self.usage = usage;
         let f = Finished {
             outcome,
             streaming: self.streaming,
@@ -218,6 +245,7 @@ impl Tracker {
             gaps: self.gaps,
             gaps_over: self.gaps_over,
             usage: self.usage,
+            usage_estimated,
             ttft_target: self.class.ttft,
             itl_target: self.class.itl,
         };
@@ -629,10 +657,27 @@ fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
     struct AnswerChoice {
         #[serde(default)]
         finish_reason: Option<String>,
+        #[serde(default)]
+        message: Option<Message>,
+        #[serde(default)]
+        text: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Message {
+        #[serde(default)]
+        content: Option<String>,
     }
     match serde_json::from_slice::<Answer>(body) {
         Ok(a) => {
             tracker.usage = a.usage;
+            if a.usage.is_none() {
+                let chars: usize = a
+                    .choices
+                    .iter()
+                    .map(|c| c.message.as_ref().and_then(|m| m.content.as_deref()).or(c.text.as_deref()).map_or(0, |t| t.chars().count()))
+                    .sum();
+                tracker.answer_estimate = Some(chars.div_ceil(4) as u64);
+            }
             tracker.finish_reason = a.choices.iter().find_map(|c| c.finish_reason.clone());
             if a.choices.iter().any(|c| c.finish_reason.as_deref() == Some("length")) {
                 Outcome::length

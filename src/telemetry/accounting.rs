@@ -31,6 +31,8 @@ pub(crate) struct Finished {
     pub(crate) gaps: u64,
     pub(crate) gaps_over: u64,
     pub(crate) usage: Option<Usage>,
+    /// `usage` is slogate's estimate: the replica reported none.
+    pub(crate) usage_estimated: bool,
     /// The class's targets.
     pub(crate) ttft_target: Duration,
     pub(crate) itl_target: Duration,
@@ -103,6 +105,9 @@ pub(crate) fn account(f: &Finished, to: &Sinks<'_>) {
     if let Some(u) = f.usage {
         to.series.prompt_tokens(m).inc_by(u.prompt_tokens);
         to.series.generation_tokens(m).inc_by(u.completion_tokens);
+        if f.usage_estimated {
+            to.series.usage_estimated(m).inc();
+        }
     }
     let out_tokens = f.output_tokens();
     if let (Some(ttft), true) = (ttft, completed && out_tokens > 1) {
@@ -140,6 +145,7 @@ mod tests {
             gaps: 99,
             gaps_over: 0,
             usage: Some(Usage { prompt_tokens: 10, completion_tokens: 100 }),
+            usage_estimated: false,
             ttft_target: Duration::from_millis(300),
             itl_target: Duration::from_millis(50),
         }

@@ -161,6 +161,7 @@ pub(crate) struct RequestSeries {
     outcomes: [OnceLock<Counter>; OUTCOMES],
     prompt_tokens: OnceLock<Counter>,
     generation_tokens: OnceLock<Counter>,
+    usage_estimated: OnceLock<Counter>,
 }
 
 const OUTCOMES: usize = Outcome::stream_error as usize + 1;
@@ -199,6 +200,7 @@ impl ClassSeries {
                     outcomes: Default::default(),
                     prompt_tokens: OnceLock::new(),
                     generation_tokens: OnceLock::new(),
+                    usage_estimated: OnceLock::new(),
                 })
             })
             .clone()
@@ -263,6 +265,10 @@ impl RequestSeries {
     pub(crate) fn generation_tokens(&self, m: &Metrics) -> &Counter {
         self.generation_tokens.get_or_init(|| m.generation_tokens.get_or_create(&self.model_class()).clone())
     }
+
+    pub(crate) fn usage_estimated(&self, m: &Metrics) -> &Counter {
+        self.usage_estimated.get_or_init(|| m.usage_estimated.get_or_create(&self.model_class()).clone())
+    }
 }
 
 /// Builds histograms with a fixed bucket list.
@@ -326,6 +332,7 @@ pub struct Metrics {
     pub(crate) slo_breaches: Family<BreachLabels, Counter>,
     pub(crate) prompt_tokens: Family<ModelClassLabels, Counter>,
     pub(crate) generation_tokens: Family<ModelClassLabels, Counter>,
+    pub(crate) usage_estimated: Family<ModelClassLabels, Counter>,
     pub(crate) goodput: Family<ClassLabels, Counter>,
     pub(crate) queue_depth: Family<TierOnlyLabels, Gauge>,
     pub(crate) inflight: Family<ReplicaLabels, Gauge>,
@@ -376,6 +383,7 @@ impl Metrics {
             slo_breaches: Family::default(),
             prompt_tokens: Family::default(),
             generation_tokens: Family::default(),
+            usage_estimated: Family::default(),
             goodput: Family::default(),
             queue_depth: Family::default(),
             inflight: Family::default(),
@@ -419,6 +427,12 @@ impl Metrics {
         registry.register("slo_breaches", "Requests that breached their class SLO, by kind", m.slo_breaches.clone());
         registry.register("prompt_tokens", "Prompt tokens reported by the replicas", m.prompt_tokens.clone());
         registry.register("generation_tokens", "Generated tokens reported by the replicas", m.generation_tokens.clone());
+        registry.register(
+            "usage_estimated_requests",
+            "Requests whose replica reported no usage; their tokens (in prompt_tokens and generation_tokens) are estimated: \
+             completion from the content events (or the answer's text, four characters a token), prompt from the body (four bytes a token)",
+            m.usage_estimated.clone(),
+        );
         registry.register("goodput_requests", "Requests that met both their TTFT and ITL target", m.goodput.clone());
         registry.register("queue_depth", "Requests waiting in the gateway queue", m.queue_depth.clone());
         registry.register("open_connections", "Client connections open on the data listener", m.open_connections.clone());

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 
 use super::conn::get;
 use super::{Load, Pool, Replica};
+use crate::config::Engine;
 
 /// Run health checks (and, for `auto` pools, model discovery; with
 /// `scrape_metrics`, vLLM load scraping) for every replica of `pool` until
@@ -42,7 +43,7 @@ async fn load_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::Rece
         if !replica.is_healthy() {
             continue;
         }
-        let load = scrape_load(&replica, timeout).await;
+        let load = scrape_load(&replica, pool.config.engine, timeout).await;
         if pool.learns_limits() {
             replica.control(&pool.config.name, load, pool.fleet_waiting() > 0);
         }
@@ -141,10 +142,32 @@ fn store_models(replica: &Replica, body: &[u8]) {
     }
 }
 
-/// Read `vllm:num_requests_waiting` and `vllm:num_requests_running` (each
-/// summed over its series) so least-loaded sees the replica's own queue;
-/// `None` for one the replica does not export (or when it did not answer).
-async fn scrape_load(replica: &Arc<Replica>, timeout: Duration) -> Load {
+/// The metric names an engine reports its queue under: (waiting, running).
+fn queue_metrics(engine: Engine) -> &'static [(&'static str, &'static str)] {
+    const VLLM: (&str, &str) = ("vllm:num_requests_waiting", "vllm:num_requests_running");
+    const SGLANG: (&str, &str) = ("sglang:num_queue_reqs", "sglang:num_running_reqs");
+    const LLAMACPP: (&str, &str) = ("llamacpp:requests_deferred", "llamacpp:requests_processing");
+    const TGI: (&str, &str) = ("tgi_queue_size", "tgi_batch_current_size");
+    match engine {
+        Engine::Auto => &[VLLM, SGLANG, LLAMACPP, TGI],
+        Engine::Vllm => &[VLLM],
+        Engine::Sglang => &[SGLANG],
+        Engine::Llamacpp => &[LLAMACPP],
+        Engine::Tgi => &[TGI],
+        Engine::Ollama => &[],
+    }
+}
+
+/// Read the replica's waiting and running requests from its `/metrics`
+/// (each summed over its series, under its engine's names: the first of
+/// them it exports) so least-loaded sees the replica's own queue; `None`
+/// for one the replica does not export (or when it did not answer).
+/// Ollama has no metrics endpoint: not asked.
+async fn scrape_load(replica: &Arc<Replica>, engine: Engine, timeout: Duration) -> Load {
+    let names = queue_metrics(engine);
+    if names.is_empty() {
+        return Load::default();
+    }
     let Ok((status, body)) = get(replica, "/metrics", timeout).await else {
         replica.set_scraped_total(None);
         return Load::default();
@@ -153,7 +176,17 @@ async fn scrape_load(replica: &Arc<Replica>, timeout: Duration) -> Load {
         replica.set_scraped_total(None);
         return Load::default();
     }
-    let text = String::from_utf8_lossy(&body);
+    let load = read_load(&String::from_utf8_lossy(&body), names);
+    if let Some(w) = load.waiting {
+        replica.scraped_waiting.store(w as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+    replica.set_scraped_total(load.waiting.zip(load.running).map(|(w, r)| w + r));
+    load
+}
+
+/// The load in a metrics text: the first pair of `names` whose waiting
+/// metric it has.
+fn read_load(text: &str, names: &[(&str, &str)]) -> Load {
     let sum = |name: &str| {
         text.lines()
             .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
@@ -161,12 +194,7 @@ async fn scrape_load(replica: &Arc<Replica>, timeout: Duration) -> Load {
             .fold(None, |acc: Option<f64>, v| Some(acc.unwrap_or(0.0) + v))
             .map(|v| v.max(0.0))
     };
-    let load = Load { waiting: sum("vllm:num_requests_waiting"), running: sum("vllm:num_requests_running") };
-    if let Some(w) = load.waiting {
-        replica.scraped_waiting.store(w as u64, std::sync::atomic::Ordering::Relaxed);
-    }
-    replica.set_scraped_total(load.waiting.zip(load.running).map(|(w, r)| w + r));
-    load
+    names.iter().find_map(|(waiting, running)| sum(waiting).map(|w| Load { waiting: Some(w), running: sum(running) })).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -184,6 +212,29 @@ mod tests {
         let access = Access::new(&cfg).expect("access");
         let pool = Pool::new(cfg, access, &Metrics::new(&Config::default()), None);
         pool.replicas[0].clone()
+    }
+
+    /// Each engine's queue, under its own names; `auto` finds whichever a
+    /// replica exports; Ollama is never asked.
+    #[test]
+    fn each_engines_queue_is_read_under_its_own_names() {
+        let texts = [
+            (Engine::Vllm, "vllm:num_requests_waiting{model_name=\"m\"} 3.0\nvllm:num_requests_running{model_name=\"m\"} 5.0\n"),
+            (Engine::Sglang, "# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{model_name=\"m\"} 3.0\nsglang:num_running_reqs{model_name=\"m\"} 5.0\n"),
+            (Engine::Llamacpp, "# HELP llamacpp:requests_processing Number of requests processing.\nllamacpp:requests_processing 5\nllamacpp:requests_deferred 3\n"),
+            (Engine::Tgi, "tgi_queue_size 3\ntgi_batch_current_size 5\n"),
+        ];
+        for (engine, text) in texts {
+            let want = (Some(3.0), Some(5.0));
+            let got = read_load(text, queue_metrics(engine));
+            assert_eq!((got.waiting, got.running), want, "{engine:?}");
+            let got = read_load(text, queue_metrics(Engine::Auto));
+            assert_eq!((got.waiting, got.running), want, "auto on {engine:?}");
+            // Another engine's names find nothing in it.
+            let other = if engine == Engine::Vllm { Engine::Tgi } else { Engine::Vllm };
+            assert_eq!(read_load(text, queue_metrics(other)).waiting, None, "{other:?} names in {engine:?}'s text");
+        }
+        assert!(queue_metrics(Engine::Ollama).is_empty());
     }
 
     /// A failed check says why, for the log line that takes the replica out.
