@@ -157,6 +157,7 @@ impl Gateway {
         let mut background = vec![
             admission::publisher(controls, metrics.clone(), app.publisher_view(), stop_rx.clone()),
             fleet::run(app.fleet.clone(), metrics, app.fleet_view(), stop_rx.clone()),
+            status::sampler(app.clone(), stop_rx.clone()),
         ];
         background.extend(tuning.start(stop_rx.clone()));
         let grace = cfg.server.shutdown_grace.get();

@@ -150,6 +150,8 @@ pub(crate) struct App {
     reload_budget: Mutex<ReloadBudget>,
     /// This instance among the others in front of the same replicas (`fleet`).
     pub(crate) fleet: Arc<crate::fleet::Fleet>,
+    /// The status page's last hour, sampled by [`crate::status::sampler`].
+    pub(crate) history: crate::telemetry::history::History,
 }
 
 /// Reloads that may run back to back; after them, one per [`RELOAD_EVERY`].
@@ -203,6 +205,7 @@ impl App {
             reloading: tokio::sync::Mutex::new(()),
             reload_budget: Mutex::new(ReloadBudget { tokens: RELOAD_BURST, since: tokio::time::Instant::now() }),
             fleet: Arc::new(crate::fleet::Fleet::new()),
+            history: Default::default(),
         }
     }
 

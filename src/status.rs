@@ -4,9 +4,10 @@
 //! Per class: TTFT and ITL P50/P99 over the rolling window against the
 //! targets, SLO attainment, budget left and burn rates (latency and
 //! availability), breaker and context-reduction state; the queue depths;
-//! each replica's health and in-flight count. Built from the same views
-//! the request path and the metrics use; the page never touches the
-//! request path.
+//! each replica's health and in-flight count; and the last hour at a
+//! glance, per class, drawn as inline SVG from points the [`sampler`] keeps
+//! in constant memory. Built from the same views the request path and the
+//! metrics use; the page never touches the request path.
 
 use std::time::{Duration, SystemTime};
 
@@ -16,6 +17,7 @@ use tokio::time::Instant;
 use crate::config::Tier;
 use crate::state::App;
 use crate::telemetry::budget::{self, Sli};
+use crate::telemetry::history::{self, Point, Sample};
 
 #[derive(Debug, Serialize)]
 pub(crate) struct Status {
@@ -31,6 +33,15 @@ pub(crate) struct Status {
     /// With `fleet` peers: this instance's id and its peers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) fleet: Option<FleetStatus>,
+    pub(crate) history: HistoryStatus,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct HistoryStatus {
+    /// Seconds between two points.
+    pub(crate) step_s: f64,
+    /// Per class, oldest first (at most 360).
+    pub(crate) classes: std::collections::BTreeMap<String, Vec<Point>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -257,8 +268,46 @@ pub(crate) fn collect(app: &App) -> Status {
         queues,
         pools,
         tenants: tenants(app, now),
+        history: HistoryStatus { step_s: cfg.slo.history_step.get().as_secs_f64(), classes: app.history.points() },
         fleet: cfg.fleet.enabled().then(|| FleetStatus { id: app.fleet.id().to_string(), peers: app.fleet.peers(&cfg.fleet) }),
     }
+}
+
+/// Sample every class into the history every `slo.history_step` (read at
+/// each step, so a reload takes effect), until `stop` changes.
+pub(crate) fn sampler(app: std::sync::Arc<App>, mut stop: tokio::sync::watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            sample(&app);
+            let step = app.snapshot().config.slo.history_step.get();
+            tokio::select! {
+                _ = tokio::time::sleep(step) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    })
+}
+
+/// One point per class now.
+fn sample(app: &App) {
+    let snap = app.snapshot();
+    let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let depth = |tier: Tier| snap.pools.iter().map(|p| p.admission.depth(tier)).sum::<usize>() as u64;
+    let samples: Vec<Sample<'_>> = snap
+        .classifier
+        .classes()
+        .iter()
+        .map(|c| Sample {
+            class: &c.name,
+            t,
+            tally: c.control.budget.tally(),
+            ttft_p99_ms: ms(c.control.view().ttft.p99),
+            ttft_target_ms: ms(c.ttft),
+            queued: depth(c.tier),
+            latency_objective: snap.config.slo.latency_objective,
+        })
+        .collect();
+    app.history.sample(&samples);
 }
 
 fn tenants(app: &App, now: Instant) -> Vec<TenantStatus> {
@@ -297,6 +346,165 @@ fn tenants(app: &App, now: Instant) -> Vec<TenantStatus> {
         .collect()
 }
 
+/// One chart of a class's history: series of `(value or none)` per point,
+/// each a polyline, and horizontal reference lines, in a 240 x 84 box that
+/// scales with the page. The `<title>` says the latest values in words (a
+/// screen reader's, and the test's, way in).
+struct Chart<'a> {
+    class: &'a str,
+    id: &'a str,
+    title: String,
+    series: Vec<(&'a str, Vec<Option<f64>>)>,
+    lines: Vec<(&'a str, f64)>,
+    /// The value axis starts here (0 for counts; attainment starts lower).
+    floor: Option<f64>,
+    unit: &'a str,
+}
+
+const CHART_W: f64 = 240.0;
+const CHART_H: f64 = 84.0;
+const CHART_PAD: f64 = 14.0;
+
+fn chart(c: &Chart<'_>, span: &str) -> String {
+    let n = c.series.iter().map(|(_, v)| v.len()).max().unwrap_or(0).max(2);
+    let values = c.series.iter().flat_map(|(_, v)| v.iter().flatten().copied()).chain(c.lines.iter().map(|(_, y)| *y));
+    let (mut lo, mut hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if !lo.is_finite() {
+        (lo, hi) = (0.0, 1.0);
+    }
+    if let Some(f) = c.floor {
+        lo = lo.min(f);
+    }
+    if hi - lo < 1e-9 {
+        hi = lo + 1.0;
+    }
+    let x = |i: usize| CHART_PAD + (CHART_W - 2.0 * CHART_PAD) * i as f64 / (n - 1) as f64;
+    let y = |v: f64| CHART_H - CHART_PAD - (CHART_H - 2.0 * CHART_PAD) * (v - lo) / (hi - lo);
+    let mut svg = format!(
+        "<figure class=\"hc\"><svg class=\"hist\" data-class=\"{}\" data-series=\"{}\" viewBox=\"0 0 {CHART_W} {CHART_H}\" role=\"img\"><title>{}</title>\
+<rect x=\"0\" y=\"0\" width=\"{CHART_W}\" height=\"{CHART_H}\" class=\"bg\"/>",
+        esc(c.class),
+        c.id,
+        esc(&c.title)
+    );
+    for (i, (name, yv)) in c.lines.iter().enumerate() {
+        svg.push_str(&format!(
+            "<line x1=\"{CHART_PAD}\" x2=\"{}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" class=\"ref r{i}\"/><text x=\"{}\" y=\"{:.1}\" class=\"lbl end\">{}</text>",
+            CHART_W - CHART_PAD,
+            CHART_W - CHART_PAD,
+            y(*yv) - 2.0,
+            esc(name),
+            yy = y(*yv)
+        ));
+    }
+    for (i, (name, vals)) in c.series.iter().enumerate() {
+        // A gap (no value) breaks the line.
+        let mut runs: Vec<Vec<String>> = vec![Vec::new()];
+        for (k, v) in vals.iter().enumerate() {
+            match v {
+                Some(v) => runs.last_mut().map(|r| r.push(format!("{:.1},{:.1}", x(k + n - vals.len()), y(*v)))).unwrap_or(()),
+                None => runs.push(Vec::new()),
+            }
+        }
+        for r in runs.iter().filter(|r| !r.is_empty()) {
+            let pts = if r.len() == 1 { format!("{0} {0}", r[0]) } else { r.join(" ") };
+            svg.push_str(&format!("<polyline class=\"s{i}\" data-name=\"{}\" points=\"{pts}\"/>", esc(name)));
+        }
+    }
+    svg.push_str(&format!(
+        "<text x=\"{CHART_PAD}\" y=\"10\" class=\"lbl\">{}{u}</text><text x=\"{CHART_PAD}\" y=\"{:.0}\" class=\"lbl\">{}{u}</text>\
+<text x=\"{}\" y=\"{:.0}\" class=\"lbl end\">{}</text></svg>",
+        num(hi),
+        CHART_H - 2.0,
+        num(lo),
+        CHART_W - CHART_PAD,
+        CHART_H - 2.0,
+        esc(span),
+        u = c.unit
+    ));
+    svg.push_str(&format!("<figcaption>{}</figcaption></figure>", esc(&c.title)));
+    svg
+}
+
+/// A value for an axis label: few digits.
+fn num(v: f64) -> String {
+    if v == 0.0 {
+        "0".to_string()
+    } else if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// The charts of one class's history.
+fn class_charts<'a>(class: &'a str, tier: &str, points: &[Point], objective: f64) -> Vec<Chart<'a>> {
+    let last = points.last();
+    let latest = |f: &dyn Fn(&Point) -> Option<f64>| points.iter().rev().find_map(f);
+    let target = last.map_or(0.0, |p| p.ttft_target_ms);
+    let fmt = |v: Option<f64>, unit: &str| v.map_or_else(|| "none".to_string(), |v| format!("{}{unit}", num(v)));
+    vec![
+        Chart {
+            class,
+            id: "ttft_p99",
+            title: format!("{class} TTFT P99: {} (target {} ms)", fmt(last.map(|p| p.ttft_p99_ms), " ms"), num(target)),
+            series: vec![("TTFT P99", points.iter().map(|p| Some(p.ttft_p99_ms)).collect())],
+            lines: vec![("target", target)],
+            floor: Some(0.0),
+            unit: " ms",
+        },
+        Chart {
+            class,
+            id: "attainment",
+            title: format!(
+                "{class} within target: {} (objective {})",
+                fmt(latest(&|p| p.attainment).map(|a| a * 100.0), " %"),
+                pct(objective)
+            ),
+            series: vec![("within target", points.iter().map(|p| p.attainment.map(|a| a * 100.0)).collect())],
+            lines: vec![("objective", objective * 100.0)],
+            floor: None,
+            unit: " %",
+        },
+        Chart {
+            class,
+            id: "requests",
+            title: format!(
+                "{class} requests per step: {} admitted, {} refused",
+                last.map_or(0, |p| p.admitted),
+                last.map_or(0, |p| p.refused)
+            ),
+            series: vec![
+                ("admitted", points.iter().map(|p| Some(p.admitted as f64)).collect()),
+                ("refused", points.iter().map(|p| Some(p.refused as f64)).collect()),
+            ],
+            lines: vec![],
+            floor: Some(0.0),
+            unit: "",
+        },
+        Chart {
+            class,
+            id: "queued",
+            title: format!("{class} queue ({tier} tier) now: {}", last.map_or(0, |p| p.queued)),
+            series: vec![("queued", points.iter().map(|p| Some(p.queued as f64)).collect())],
+            lines: vec![],
+            floor: Some(0.0),
+            unit: "",
+        },
+        Chart {
+            class,
+            id: "burn",
+            title: format!("{class} latency budget burn: {}", fmt(latest(&|p| p.burn), "x")),
+            series: vec![("burn", points.iter().map(|p| p.burn).collect())],
+            lines: vec![("1x", 1.0)],
+            floor: Some(0.0),
+            unit: "x",
+        },
+    ]
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
@@ -316,6 +524,47 @@ fn level(value: f64, target: f64) -> &'static str {
     }
 }
 
+/// The history charts, per class: the first thing on the page, since the
+/// first question is "since when, and is it getting better?".
+fn history_section(s: &Status) -> String {
+    let step = s.history.step_s;
+    let span = |n: usize| {
+        let secs = step * n as f64;
+        if secs >= 120.0 {
+            format!("last {:.0} min", secs / 60.0)
+        } else {
+            format!("last {secs:.0} s")
+        }
+    };
+    let mut h = format!(
+        "<h2>Last hour</h2><p class=\"meta\">A point every {} per class, {} kept: TTFT P99 (rolling window) against its target, share of completed requests within target over each step against the objective, requests admitted and refused, queue depth, latency budget burn.</p>",
+        humantime::format_duration(Duration::from_millis((step * 1000.0).round() as u64)),
+        history::POINTS
+    );
+    if s.history.classes.values().all(|p| p.is_empty()) {
+        h.push_str("<p class=\"meta\">No points yet: the first comes one step after start.</p>");
+        return h;
+    }
+    // Classes without a request in the whole history take one line, not a row of flat charts.
+    let mut idle = Vec::new();
+    for c in &s.classes {
+        let Some(points) = s.history.classes.get(&c.name).filter(|p| !p.is_empty()) else { continue };
+        if points.iter().all(|p| p.admitted == 0 && p.refused == 0) {
+            idle.push(esc(&c.name));
+            continue;
+        }
+        h.push_str(&format!("<h3>{}</h3><div class=\"hrow\">", esc(&c.name)));
+        for ch in class_charts(&c.name, c.tier, points, s.slo.latency_objective) {
+            h.push_str(&chart(&ch, &span(points.len())));
+        }
+        h.push_str("</div>");
+    }
+    if !idle.is_empty() {
+        h.push_str(&format!("<p class=\"meta\">No requests in this time: {}.</p>", idle.join(", ")));
+    }
+    h
+}
+
 /// The page: one table per concern, inline CSS, no scripts, no external assets.
 pub(crate) fn html(s: &Status) -> String {
     let mut h = String::with_capacity(16 * 1024);
@@ -328,6 +577,12 @@ table{border-collapse:collapse;background:#fff;font-size:13px;box-shadow:0 1px 2
 th,td{padding:6px 10px;border-bottom:1px solid #e6e9ee;text-align:right;white-space:nowrap}th{background:#f0f2f5;font-weight:600}\
 td.l,th.l{text-align:left}.ok{color:#13795b}.warn{color:#a15c00}.bad{color:#b42318;font-weight:600}\
 .pill{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px}.pill.ok{background:#e3f6ee}.pill.warn{background:#fff1dc}.pill.bad{background:#fde7e5}\
+.hrow{display:grid;grid-template-columns:repeat(auto-fit,minmax(170px,1fr));gap:8px;margin:0 0 12px}\
+figure.hc{margin:0;background:#fff;box-shadow:0 1px 2px rgba(0,0,0,.08);padding:4px}figcaption{font-size:12px;color:#5b6574;padding:2px 4px}\
+svg.hist{width:100%;height:auto;display:block}svg.hist .bg{fill:#fff}svg.hist polyline{fill:none;stroke-width:1.5}\
+svg.hist .s0{stroke:#2563eb}svg.hist .s1{stroke:#b42318}svg.hist .ref{stroke:#a15c00;stroke-dasharray:4 3;stroke-width:1}\
+svg.hist .lbl{font-size:9px;fill:#5b6574}svg.hist .end{text-anchor:end}h3{font-size:14px;margin:12px 0 6px}\
+@media (max-width:700px){body{margin:10px}table{display:block;overflow-x:auto}}\
 </style></head><body>",
     );
     h.push_str("<h1>slogate SLO status</h1>");
@@ -342,6 +597,8 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
         esc(&s.slo.window),
         esc(&s.slo.rolling_window)
     ));
+
+    h.push_str(&history_section(s));
 
     h.push_str("<h2>Latency against targets</h2><table><tr><th class=\"l\">class</th><th class=\"l\">tier</th><th>TTFT P50 ms</th><th>TTFT P99 ms</th><th>TTFT target ms</th><th>ITL P50 ms</th><th>ITL P99 ms</th><th>ITL target ms</th><th>samples</th><th class=\"l\">breaker</th><th class=\"l\">context reduction</th></tr>");
     for c in &s.classes {

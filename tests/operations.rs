@@ -115,6 +115,84 @@ async fn slo_page_renders_in_headless_chromium_with_every_section() {
     assert_quiescent(&gw).await;
 }
 
+/// The last hour on /slo: per class, inline SVG charts of TTFT P99
+/// against its target, attainment, admitted and refused, queue depth and
+/// budget burn, drawn from the gateway's own history (a point every 200 ms
+/// here), rendered by headless Chromium at desktop and phone widths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slo_history_charts_render_from_a_loaded_gateway() {
+    let mock = Mock::start(standard(3, Duration::from_millis(5))).await;
+    let gw = gateway_config(&[mock.url()])
+        .pool("max_inflight_per_replica: 1")
+        .section("tiers:\n  interactive: { queue_timeout: 300ms }")
+        .section("slo:\n  history_step: 200ms")
+        .start()
+        .await;
+    // Load: streams one after another for a while, then one refused (the
+    // slot held, the queue times out).
+    let until = tokio::time::Instant::now() + Duration::from_millis(1500);
+    let mut sent = 0;
+    while tokio::time::Instant::now() < until {
+        let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+        assert_eq!(s, 200);
+        sent += 1;
+    }
+    let held = mock.hold_slot(gw.data_addr).await;
+    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(s, 429);
+    held.release().await;
+    let history = |v: &serde_json::Value| v["history"]["classes"]["chat"].as_array().cloned().unwrap_or_default();
+    let sum = |points: &[serde_json::Value], k: &str| points.iter().map(|p| p[k].as_u64().unwrap_or(0)).sum::<u64>();
+    wait_until("the history holds the load", || async {
+        let v: serde_json::Value = serde_json::from_str(&get(gw.admin_addr, "/slo.json").await.1).unwrap_or_default();
+        let p = history(&v);
+        sum(&p, "admitted") == sent + 1 && sum(&p, "refused") == 1 && p.len() >= 5
+    })
+    .await;
+    let v: serde_json::Value = serde_json::from_str(&get(gw.admin_addr, "/slo.json").await.1).expect("JSON");
+    assert_eq!(v["history"]["step_s"], 0.2);
+    let points = history(&v);
+    let last = points.last().expect("points");
+    assert_eq!(last["ttft_target_ms"], 300.0);
+    assert!(points.iter().any(|p| p["ttft_p99_ms"].as_f64().is_some_and(|t| t > 0.0)), "TTFT P99 recorded");
+    assert!(points.iter().any(|p| p["attainment"] == 1.0), "steps with completed requests within target");
+    let max_admitted = points.iter().map(|p| p["admitted"].as_u64().unwrap_or(0)).max().unwrap_or(0);
+
+    let dir = repo().join("target").join("slo-page");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let profile = dir.join(format!("profile-history-{}", std::process::id()));
+    let url = format!("http://{}/slo", gw.admin_addr);
+    let out = chromium_run(&["--dump-dom", &url], &profile);
+    assert!(out.status.success(), "chromium --dump-dom failed: {}", String::from_utf8_lossy(&out.stderr));
+    let dom = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(dom.contains("Last hour"), "no history section");
+    for series in ["ttft_p99", "attainment", "requests", "queued", "burn"] {
+        let tag = format!("<svg class=\"hist\" data-class=\"chat\" data-series=\"{series}\"");
+        assert!(dom.contains(&tag), "no {series} chart for chat");
+    }
+    // The data is the gateway's: the requests chart's top is the most
+    // admitted in one step, the TTFT chart names the class's target.
+    let requests = dom.split("data-series=\"requests\"").nth(1).and_then(|r| r.split("</svg>").next()).expect("requests chart");
+    assert!(requests.contains("<polyline") && requests.contains("data-name=\"refused\""), "both series drawn");
+    let top = requests.split("class=\"lbl\">").nth(1).and_then(|t| t.split('<').next()).expect("axis label");
+    assert_eq!(
+        top.parse::<f64>().ok(),
+        Some(max_admitted as f64),
+        "top of the requests chart: {top}, most admitted in a step {max_admitted}"
+    );
+    assert!(dom.contains("chat TTFT P99: ") && dom.contains("(target 300 ms)"));
+    for (name, size) in [("slo-1400.png", "1400,1400"), ("slo-phone.png", "390,2400")] {
+        let shot = dir.join(name);
+        let _ = std::fs::remove_file(&shot);
+        let out = chromium_run(&[&format!("--screenshot={}", shot.display()), &format!("--window-size={size}"), &url], &profile);
+        assert!(out.status.success(), "chromium --screenshot failed: {}", String::from_utf8_lossy(&out.stderr));
+        let png = std::fs::read(&shot).expect("screenshot written");
+        assert!(png.len() > 10_000 && png.starts_with(b"\x89PNG"), "not a real screenshot ({} bytes)", png.len());
+    }
+    let _ = std::fs::remove_dir_all(&profile);
+    assert_quiescent(&gw).await;
+}
+
 #[tokio::test]
 async fn page_is_self_contained_and_refreshes_itself() {
     let mock = Mock::start(standard(1, Duration::ZERO)).await;

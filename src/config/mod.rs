@@ -189,6 +189,9 @@ impl Config {
         if self.server.queued_keepalive.is_some_and(|d| d.get() < std::time::Duration::from_secs(1)) {
             bad("server.queued_keepalive".into(), "must be at least 1s (a comment a second already keeps any proxy awake)".into());
         }
+        if self.slo.history_step.get() < std::time::Duration::from_millis(100) {
+            bad("slo.history_step".into(), "must be at least 100ms".into());
+        }
         if let Some(problem) = self.server.admin_token_env.as_deref().and_then(env_problem) {
             bad("server.admin_token_env".into(), problem);
         }

@@ -548,6 +548,9 @@ pub struct SloConfig {
     pub availability_objective: f64,
     pub window: Dur,
     pub burn_alerts: Vec<BurnAlert>,
+    /// One point of the status page's history per class this often; it
+    /// keeps 360 (an hour at the default 10 s).
+    pub history_step: Dur,
 }
 
 impl Default for SloConfig {
@@ -562,6 +565,7 @@ impl Default for SloConfig {
                 a(6 * 3_600, 1_800, 6.0, Severity::Page),
                 a(3 * 86_400, 6 * 3_600, 1.0, Severity::Ticket),
             ],
+            history_step: Dur::secs(10),
         }
     }
 }

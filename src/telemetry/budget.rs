@@ -72,9 +72,23 @@ struct Buckets {
     keep_hours: u64,
 }
 
+/// Totals since start, for the status page's history (each point is the
+/// difference of two).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Tally {
+    pub(crate) latency_good: u64,
+    pub(crate) latency_valid: u64,
+    /// Requests the gateway took (all but refusals and client errors).
+    pub(crate) admitted: u64,
+    /// Refused: 429 (breaker, queue, shed, key limits) and 503 (no replica).
+    pub(crate) refused: u64,
+}
+
 /// One class's budget counters.
 pub(crate) struct Budget {
     cur: [AtomicU64; 4],
+    /// [`Tally`]'s fields, never reset.
+    totals: [AtomicU64; 4],
     buckets: Mutex<Buckets>,
     started: Instant,
     since: SystemTime,
@@ -86,6 +100,7 @@ impl Budget {
     pub(crate) fn new(longest_burn_window: Duration, budget_window: Duration) -> Budget {
         Budget {
             cur: Default::default(),
+            totals: Default::default(),
             buckets: Mutex::new(Buckets {
                 minutes: VecDeque::new(),
                 hours: VecDeque::new(),
@@ -107,20 +122,33 @@ impl Budget {
         self.since
     }
 
-    /// Count one finished request. Four relaxed atomic adds at most.
+    /// Count one finished request. Seven relaxed atomic adds at most.
     pub(crate) fn record(&self, outcome: Outcome, latency_ok: bool) {
         if outcome.completed() {
             self.cur[1].fetch_add(1, Ordering::Relaxed);
+            self.totals[1].fetch_add(1, Ordering::Relaxed);
             if latency_ok {
                 self.cur[0].fetch_add(1, Ordering::Relaxed);
+                self.totals[0].fetch_add(1, Ordering::Relaxed);
             }
         }
+        match outcome {
+            Outcome::rejected | Outcome::unavailable => self.totals[3].fetch_add(1, Ordering::Relaxed),
+            Outcome::client_error => 0,
+            _ => self.totals[2].fetch_add(1, Ordering::Relaxed),
+        };
         if outcome.sli() != SliClass::Excluded {
             self.cur[3].fetch_add(1, Ordering::Relaxed);
             if outcome.sli() == SliClass::Good {
                 self.cur[2].fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// The totals since start.
+    pub(crate) fn tally(&self) -> Tally {
+        let t = |i: usize| self.totals[i].load(Ordering::Relaxed);
+        Tally { latency_good: t(0), latency_valid: t(1), admitted: t(2), refused: t(3) }
     }
 
     /// Fold the current counts into the buckets of `now` (the publisher).
