@@ -114,7 +114,16 @@ async fn https_replicas_behind_a_private_ca_serve_and_reuse_their_connections_an
     let opts = MockOptions { tls: Some(pki.server_config(false)), ..MockOptions::default() };
     let mock = Mock::start_with(standard(3, Duration::ZERO), opts).await;
     assert!(mock.url().starts_with("https://127.0.0.1:"));
-    let gw = gateway_config(&[mock.url()]).pool(&format!("tls: {{ ca: {}, server_name: replica.test }}", pki.path("ca.pem"))).start().await;
+    // Health checks and scrapes share the replica's connections: one in
+    // flight when the next request goes would open a second. Here only the
+    // first check runs, and nothing is scraped.
+    let gw = gateway_config(&[mock.url()])
+        .pool(&format!("tls: {{ ca: {}, server_name: replica.test }}", pki.path("ca.pem")))
+        .pool("health: { interval: 1h, timeout: 1s }")
+        .pool("max_inflight_per_replica: 8")
+        .pool("scrape_metrics: 0s")
+        .start()
+        .await;
 
     for (proto, c) in clients() {
         for _ in 0..3 {

@@ -572,7 +572,9 @@ impl ConfigBuilder {
         for r in &self.replicas {
             y.push_str(&format!("      - {r}\n"));
         }
-        y.push_str("    health: { interval: 100ms, timeout: 1s, unhealthy_after: 2, healthy_after: 2 }\n");
+        if !self.pool.iter().any(|f| f.starts_with("health:")) {
+            y.push_str("    health: { interval: 100ms, timeout: 1s, unhealthy_after: 2, healthy_after: 2 }\n");
+        }
         for f in &self.pool {
             y.push_str(&format!("    {f}\n"));
         }
