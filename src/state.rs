@@ -150,7 +150,7 @@ pub(crate) struct App {
     reload_budget: Mutex<ReloadBudget>,
     /// This instance among the others in front of the same replicas (`fleet`).
     pub(crate) fleet: Arc<crate::fleet::Fleet>,
-    /// The status page's last hour, sampled by [`crate::status::sampler`].
+    /// The status page's last hour, sampled by its own task (see `status`).
     pub(crate) history: crate::telemetry::history::History,
 }
 
