@@ -356,6 +356,7 @@ fn demo_scenario(
         request_timeout: std::time::Duration::from_secs(120),
         classes,
         ttft: Default::default(),
+        http2: false,
         streams: vec![
             stream(
                 "chat",

@@ -20,6 +20,7 @@ fn scenario(target: &str, duration: Duration, arrival: Arrival, prompt: u32, out
         request_timeout: Duration::from_secs(30),
         classes: loadtest::loadgen::scenario::default_targets(),
         ttft: Default::default(),
+        http2: false,
         streams: vec![StreamSpec {
             name: "s".into(),
             class: Some("chat".into()),

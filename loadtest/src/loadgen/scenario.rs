@@ -46,6 +46,10 @@ pub struct Scenario {
     /// Which event of a stream is its first token (see [`TtftDefinition`]).
     #[serde(default)]
     pub ttft: TtftDefinition,
+    /// Speak HTTP/2 (cleartext, prior knowledge): every request to a target
+    /// is a stream on one connection, as a client that multiplexes does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub http2: bool,
     pub streams: Vec<StreamSpec>,
 }
 
