@@ -345,6 +345,7 @@ fn demo_scenario(
         output_tokens: Some(output),
         dataset: None,
         turns: 1,
+        http2: false,
         target: None,
     };
     loadtest::loadgen::Scenario {
@@ -356,7 +357,6 @@ fn demo_scenario(
         request_timeout: std::time::Duration::from_secs(120),
         classes,
         ttft: Default::default(),
-        http2: false,
         streams: vec![
             stream(
                 "chat",

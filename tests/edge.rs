@@ -591,3 +591,47 @@ async fn large_bodies_are_parsed_and_forwarded_whole_beside_open_streams() {
         .all(|b| b["stream_options"]["include_usage"] == true));
     assert_quiescent(&gw).await;
 }
+
+/// `server.http2_max_streams` is the SETTINGS_MAX_CONCURRENT_STREAMS a
+/// client's HTTP/2 connection gets: with 2, a client multiplexing three
+/// streams has two at the replica and the third waits for one to end.
+#[tokio::test]
+async fn an_http2_connection_has_at_most_http2_max_streams_open() {
+    let gate = Gate::default();
+    let held_gate = std::sync::Arc::new(std::sync::Mutex::new(gate.clone()));
+    let g = held_gate.clone();
+    let mock = Mock::start(script(move |req| {
+        let mut s = vllm_stream(req, 2, Duration::ZERO, "stop");
+        s.steps.insert(1, Step::Until(g.lock().expect("lock").clone()));
+        s
+    }))
+    .await;
+    let gw = gateway_config(&[mock.url()]).server("http2_max_streams: 2").start().await;
+    let c = client_h2();
+    let send = || {
+        let c = c.clone();
+        let addr = gw.data_addr;
+        tokio::spawn(async move {
+            let resp = c.request(post_req(addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+            resp.into_body().collect().await.expect("body").to_bytes()
+        })
+    };
+    // One request first: the connection is up and the client knows the
+    // server's SETTINGS (before them, a client may open more, and the
+    // server refuses the extra ones with REFUSED_STREAM, which a client may retry).
+    gate.open();
+    assert!(String::from_utf8_lossy(&send().await.expect("task")).ends_with("data: [DONE]\n\n"));
+    let gate = Gate::default();
+    *held_gate.lock().expect("lock") = gate.clone();
+    let streams: Vec<_> = (0..3).map(|_| send()).collect();
+    wait_until("two streams at the replica", || async { mock.calls() == 3 }).await;
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_inflight_requests", &[]), Some(2.0), "the third is held by the client, not the gateway");
+    assert_eq!(mock.calls(), 3, "the third stream waits for a free one");
+    gate.open();
+    for s in streams {
+        assert!(String::from_utf8_lossy(&s.await.expect("task")).ends_with("data: [DONE]\n\n"));
+    }
+    assert_eq!(mock.calls(), 4);
+    assert_quiescent(&gw).await;
+}

@@ -20,7 +20,6 @@ fn scenario(target: &str, duration: Duration, arrival: Arrival, prompt: u32, out
         request_timeout: Duration::from_secs(30),
         classes: loadtest::loadgen::scenario::default_targets(),
         ttft: Default::default(),
-        http2: false,
         streams: vec![StreamSpec {
             name: "s".into(),
             class: Some("chat".into()),
@@ -33,6 +32,7 @@ fn scenario(target: &str, duration: Duration, arrival: Arrival, prompt: u32, out
             output_tokens: Some(LenDist::Fixed { value: output }),
             dataset: None,
             turns: 1,
+            http2: false,
             target: None,
         }],
     }

@@ -195,6 +195,9 @@ impl Config {
         if let Some(problem) = self.server.admin_token_env.as_deref().and_then(env_problem) {
             bad("server.admin_token_env".into(), problem);
         }
+        if self.server.http2_max_streams == 0 {
+            bad("server.http2_max_streams".into(), "must be at least 1".into());
+        }
         if self.server.max_connections == 0 {
             bad("server.max_connections".into(), "must be at least 1".into());
         }

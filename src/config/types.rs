@@ -155,6 +155,10 @@ pub struct ServerConfig {
     pub body_read_timeout: Dur,
     /// Open connections per listener; more wait to be accepted.
     pub max_connections: u32,
+    /// Streams one HTTP/2 client connection may have open at once (its
+    /// SETTINGS_MAX_CONCURRENT_STREAMS); a client multiplexing more waits
+    /// for one to end.
+    pub http2_max_streams: u32,
     /// The environment variable holding a token the admin listener requires
     /// (`Authorization: Bearer <token>`) on everything but `/healthz` and
     /// `/readyz`. None: the admin listener is open (keep it on loopback).
@@ -181,6 +185,7 @@ impl Default for ServerConfig {
             header_read_timeout: Dur::secs(10),
             body_read_timeout: Dur::secs(30),
             max_connections: 10_000,
+            http2_max_streams: 1024,
             admin_token_env: None,
             queued_keepalive: None,
         }

@@ -92,8 +92,6 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response<ProxyB
 /// the answer to one before it closes the connection (a peer gone silent).
 const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
-/// Streams one HTTP/2 connection may have open at once.
-const H2_MAX_STREAMS: u32 = 256;
 
 /// The address a request's connection came from, in its extensions.
 #[derive(Debug, Clone, Copy)]
@@ -105,6 +103,8 @@ pub struct ClientAddr(pub SocketAddr);
 pub struct Limits {
     pub header_read_timeout: Duration,
     pub max_connections: usize,
+    /// Streams one HTTP/2 connection may have open at once.
+    pub http2_max_streams: u32,
     /// Open connections and connections that waited (the data listener's).
     pub open: Option<prometheus_client::metrics::gauge::Gauge>,
     pub waited: Option<prometheus_client::metrics::counter::Counter>,
@@ -115,6 +115,7 @@ impl Limits {
         Limits {
             header_read_timeout: cfg.header_read_timeout.get(),
             max_connections: cfg.max_connections as usize,
+            http2_max_streams: cfg.http2_max_streams,
             open: None,
             waited: None,
         }
@@ -183,7 +184,7 @@ pub async fn serve<H, F>(
         .timer(TokioTimer::new())
         .keep_alive_interval(H2_PING_INTERVAL)
         .keep_alive_timeout(H2_PING_TIMEOUT)
-        .max_concurrent_streams(H2_MAX_STREAMS);
+        .max_concurrent_streams(limits.http2_max_streams);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {

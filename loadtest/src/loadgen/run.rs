@@ -216,14 +216,14 @@ pub async fn run_with(s: &Scenario, label: &str, opts: Options) -> Result<RunRes
     s.check()?;
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
-    let mut builder = Client::builder(TokioExecutor::new());
-    builder.pool_max_idle_per_host(4096);
-    if s.http2 {
-        // Windows as a browser's or a gRPC client's: a stream the reader is
-        // slow on cannot take the whole connection's window.
-        builder.http2_only(true).http2_initial_stream_window_size(1 << 20).http2_initial_connection_window_size(16 << 20);
-    }
-    let client: HttpClient = builder.build(http);
+    let client: HttpClient = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(4096).build(http.clone());
+    // Windows as a browser's or a gRPC client's: a stream the reader is
+    // slow on cannot take the whole connection's window.
+    let client_h2: HttpClient = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .http2_initial_stream_window_size(1 << 20)
+        .http2_initial_connection_window_size(16 << 20)
+        .build(http);
     let shared = Arc::new(Shared {
         records: Mutex::new(Vec::new()),
         details: opts.details.then(|| Mutex::new(Vec::new())),
@@ -243,7 +243,7 @@ pub async fn run_with(s: &Scenario, label: &str, opts: Options) -> Result<RunRes
         let spec = Arc::new(spec.clone());
         let target = s.classes.get(spec.class.as_deref().unwrap_or("")).copied();
         let ctx = Ctx {
-            client: client.clone(),
+            client: if spec.http2 { client_h2.clone() } else { client.clone() },
             bases: Arc::new(s.targets_of(&spec)),
             turn: Arc::new(AtomicU64::new(0)),
             spec: spec.clone(),

@@ -46,10 +46,6 @@ pub struct Scenario {
     /// Which event of a stream is its first token (see [`TtftDefinition`]).
     #[serde(default)]
     pub ttft: TtftDefinition,
-    /// Speak HTTP/2 (cleartext, prior knowledge): every request to a target
-    /// is a stream on one connection, as a client that multiplexes does.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub http2: bool,
     pub streams: Vec<StreamSpec>,
 }
 
@@ -144,6 +140,11 @@ pub struct StreamSpec {
     /// user), as a multi-turn chat history looks. 1 = one user message.
     #[serde(default = "default_turns")]
     pub turns: u32,
+    /// Speak HTTP/2 (cleartext, prior knowledge): every request of the
+    /// stream to a target is a stream on one connection, as a client that
+    /// multiplexes does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub http2: bool,
     /// This stream's own target(s), instead of the scenario's: one run can
     /// then send part of its traffic straight to a replica and part through
     /// a gateway, so both see the same engine steps at the same moments.
