@@ -624,7 +624,7 @@ async fn an_http2_connection_has_at_most_http2_max_streams_open() {
     let gate = Gate::default();
     *held_gate.lock().expect("lock") = gate.clone();
     let streams: Vec<_> = (0..3).map(|_| send()).collect();
-    wait_until("two streams at the replica", || async { mock.calls() == 3 }).await;
+    wait_until("the first request and two streams at the replica", || async { mock.calls() >= 3 }).await;
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_inflight_requests", &[]), Some(2.0), "the third is held by the client, not the gateway");
     assert_eq!(mock.calls(), 3, "the third stream waits for a free one");

@@ -19,7 +19,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d); export WORK
 source "$HERE/../lib.sh"
-OUT="$ROOT/loadtest/results/scale"
+OUT=${OUT:-"$ROOT/loadtest/results/scale"}
 H1=${H1:-"1000 5000"}
 H2=${H2:-"1000 5000 10000"}
 HOLD=${HOLD:-40}        # seconds each stream lasts (tokens, one a second)
@@ -32,7 +32,7 @@ start_sim sim --profile llama8b-h100 --step-base-ms 1000 --decode-per-seq-ms 0 -
 SIM=${SIM_URLS[0]}
 # Each run on a gateway of its own: memory an allocator keeps after a run
 # would count as the next run's idle.
-{ echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s, max_connections: 20000, http2_max_streams: 10000 }"
+{ echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s, max_connections: 20000, http2_max_streams: 16384 }"
   echo "pools:"
   echo "  - name: default"
   echo "    models: [auto]"

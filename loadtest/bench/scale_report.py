@@ -55,7 +55,7 @@ print("One simulated replica whose every step takes 1 s with all sequences decod
       "so streams stay open and idle between tokens); N chat streams through slogate at once (closed loop: each "
       "ends after its tokens and the next starts), and 100 more straight to the replica in the same run (the direct "
       "path: the same engine steps). HTTP/1.1 clients hold a connection each; HTTP/2 clients multiplex every stream "
-      "over one connection (the gateway allows it: `server.http2_max_streams: 10000` here; the default is 1,024). RSS sampled every 0.5 s; bytes per stream = (peak RSS - idle RSS) / peak open streams.\n")
+      "over one connection (the gateway allows it: `server.http2_max_streams: 16384` here; the default is 1,024). RSS sampled every 0.5 s; bytes per stream = (peak RSS - idle RSS) / peak open streams.\n")
 print("| run | streams asked | open at peak | completed / sent | RSS idle MB | RSS peak MB | bytes per open stream | ITL p99 through / direct ms | added ITL p99 ms | CPU per event us | tokens/s through |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:

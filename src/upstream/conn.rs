@@ -299,8 +299,14 @@ async fn connect(base: &http::Uri, tls: Option<&ReplicaTls>, timeout: Duration) 
         Ok(s) => s?,
         Err(_) => return Err(SendError::ConnectTimeout { addr: addr(), after: timeout }),
     };
-    Builder::new().handshake(TokioIo::new(stream)).await.map_err(SendError::NotSent)
+    // Reads of 4 KiB: a replica's head and its SSE events are small, and
+    // a stream holds its connection for minutes; hyper's default buffer
+    // (8 KiB and growing) would stay that large for every open stream.
+    Builder::new().read_buf_exact_size(Some(UPSTREAM_READ_BUF)).handshake(TokioIo::new(stream)).await.map_err(SendError::NotSent)
 }
+
+/// The read buffer of a replica connection.
+const UPSTREAM_READ_BUF: usize = 4096;
 
 /// A replica's response body, carrying the connection it arrives on.
 pub(crate) struct UpstreamBody {
