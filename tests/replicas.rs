@@ -289,3 +289,67 @@ fn slogate_check_names_a_missing_ca_file_an_unset_key_variable_and_half_an_mtls_
         assert!(err.lines().any(|l| l.starts_with(&line)), "missing `{line}` in:\n{err}");
     }
 }
+
+/// A replica whose completions carry an `x-pad` header of `pad` bytes
+/// (a proxy in front of it adding large headers): raw HTTP/1.1 on a free port.
+async fn padded_replica(pad: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = s.read(&mut chunk).await else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                    let len: usize =
+                        head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+                    if buf.len() < end + 4 + len {
+                        continue;
+                    }
+                    buf.drain(..end + 4 + len);
+                    let body = r#"{"id":"c","object":"chat.completion","created":1,"model":"m1","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+                    // Health checks get a plain answer; only completions are padded.
+                    let pad = if head.starts_with("post") { pad } else { 1 };
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-pad: {}\r\ncontent-length: {}\r\n\r\n{body}",
+                        "p".repeat(pad),
+                        body.len()
+                    );
+                    if s.write_all(resp.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// Replica connections read 4 KiB at a time: a response head that fits
+/// passes whole; a larger one is a 502 with an OpenAI error body, never a
+/// hang or a cut answer.
+#[tokio::test]
+async fn a_replica_response_head_must_fit_in_four_kib() {
+    let fits = padded_replica(3000).await;
+    let gw = gateway_config(&[fits]).start().await;
+    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(header(&h, "x-pad").map(str::len), Some(3000), "the replica's header passes");
+    assert!(String::from_utf8_lossy(&b).contains("\"hi\""));
+    assert_quiescent(&gw).await;
+
+    let too_large = padded_replica(5000).await;
+    let gw = gateway_config(&[too_large]).start().await;
+    let (s, _, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    assert_eq!(s, 502, "{}", String::from_utf8_lossy(&b));
+    assert!(!error_code(&b).is_empty(), "an OpenAI error body: {}", String::from_utf8_lossy(&b));
+    assert_quiescent(&gw).await;
+}
