@@ -401,9 +401,9 @@ fn chart(c: &Chart<'_>, span: &str) -> String {
         // A gap (no value) breaks the line.
         let mut runs: Vec<Vec<String>> = vec![Vec::new()];
         for (k, v) in vals.iter().enumerate() {
-            match v {
-                Some(v) => runs.last_mut().map(|r| r.push(format!("{:.1},{:.1}", x(k + n - vals.len()), y(*v)))).unwrap_or(()),
-                None => runs.push(Vec::new()),
+            match (v, runs.last_mut()) {
+                (Some(v), Some(run)) => run.push(format!("{:.1},{:.1}", x(k + n - vals.len()), y(*v))),
+                _ => runs.push(Vec::new()),
             }
         }
         for r in runs.iter().filter(|r| !r.is_empty()) {

@@ -644,6 +644,46 @@ fn error_event(message: &str, kind: &str, code: u16) -> Bytes {
     ev.freeze()
 }
 
+/// A string, read for its length in characters (not copied); anything
+/// else (content given as parts, say) counts nothing and is skipped.
+struct Chars(usize);
+
+impl<'de> serde::Deserialize<'de> for Chars {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Chars;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Chars, E> {
+                Ok(Chars(v.chars().count()))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Chars, E> {
+                Ok(Chars(0))
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Chars, E> {
+                Ok(Chars(0))
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Chars, E> {
+                Ok(Chars(0))
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Chars, E> {
+                Ok(Chars(0))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Chars, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Chars(0))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Chars, A::Error> {
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Chars(0))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// Read usage and finish reason from a complete non-streaming JSON answer.
 fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
     #[derive(serde::Deserialize)]
@@ -660,12 +700,12 @@ fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
         #[serde(default)]
         message: Option<Message>,
         #[serde(default)]
-        text: Option<String>,
+        text: Option<Chars>,
     }
     #[derive(serde::Deserialize)]
     struct Message {
         #[serde(default)]
-        content: Option<String>,
+        content: Option<Chars>,
     }
     match serde_json::from_slice::<Answer>(body) {
         Ok(a) => {
@@ -674,7 +714,7 @@ fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
                 let chars: usize = a
                     .choices
                     .iter()
-                    .map(|c| c.message.as_ref().and_then(|m| m.content.as_deref()).or(c.text.as_deref()).map_or(0, |t| t.chars().count()))
+                    .map(|c| c.message.as_ref().and_then(|m| m.content.as_ref()).or(c.text.as_ref()).map_or(0, |t| t.0))
                     .sum();
                 tracker.answer_estimate = Some(chars.div_ceil(4) as u64);
             }
@@ -1062,6 +1102,19 @@ mod tests {
         let text = metrics.encode();
         assert!(text.contains("outcome=\"cancelled\"} 1"), "{text}");
         assert_eq!(text.matches("slogate_requests_total{").count(), 1);
+    }
+
+    /// A JSON answer without usage has its completion estimated from its
+    /// text, four characters a token; content that is not a string counts
+    /// nothing and does not make the answer unreadable.
+    #[test]
+    fn a_json_answer_without_usage_is_estimated_from_its_text() {
+        let (metrics, class) = fixture();
+        let mut t = Tracker::new(metrics, class, Instant::now());
+        let body = br#"{"choices":[{"message":{"role":"assistant","content":"h\u00e9llo there"},"finish_reason":"stop"},{"message":{"content":[{"type":"text","text":"x"}]}},{"text":"abcd"}]}"#;
+        assert_eq!(read_json_outcome(body, &mut t), Outcome::ok);
+        // "héllo there" is 11 characters, "abcd" 4: 15, so 4 tokens.
+        assert_eq!(t.answer_estimate, Some(4));
     }
 
     #[tokio::test(start_paused = true)]

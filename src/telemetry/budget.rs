@@ -70,6 +70,8 @@ struct Buckets {
     hours: VecDeque<(u64, Counts)>,
     keep_minutes: u64,
     keep_hours: u64,
+    /// The totals as of the last fold: a fold adds what came since.
+    folded: Counts,
 }
 
 /// Totals since start, for the status page's history (each point is the
@@ -86,9 +88,10 @@ pub(crate) struct Tally {
 
 /// One class's budget counters.
 pub(crate) struct Budget {
-    cur: [AtomicU64; 4],
-    /// [`Tally`]'s fields, never reset.
-    totals: [AtomicU64; 4],
+    /// Counts since start, never reset: latency good, latency valid,
+    /// availability good, availability valid, admitted, refused. The
+    /// buckets hold their differences between folds; [`Tally`] reads them.
+    totals: [AtomicU64; 6],
     buckets: Mutex<Buckets>,
     started: Instant,
     since: SystemTime,
@@ -99,13 +102,13 @@ impl Budget {
     /// `budget_window`: `slo.window`.
     pub(crate) fn new(longest_burn_window: Duration, budget_window: Duration) -> Budget {
         Budget {
-            cur: Default::default(),
             totals: Default::default(),
             buckets: Mutex::new(Buckets {
                 minutes: VecDeque::new(),
                 hours: VecDeque::new(),
                 keep_minutes: longest_burn_window.as_secs().div_ceil(60) + 1,
                 keep_hours: budget_window.as_secs().div_ceil(3600) + 1,
+                folded: Counts::default(),
             }),
             started: Instant::now(),
             since: SystemTime::now(),
@@ -122,41 +125,48 @@ impl Budget {
         self.since
     }
 
-    /// Count one finished request. Seven relaxed atomic adds at most.
+    /// Count one finished request. Five relaxed atomic adds at most.
     pub(crate) fn record(&self, outcome: Outcome, latency_ok: bool) {
+        let add = |i: usize| self.totals[i].fetch_add(1, Ordering::Relaxed);
         if outcome.completed() {
-            self.cur[1].fetch_add(1, Ordering::Relaxed);
-            self.totals[1].fetch_add(1, Ordering::Relaxed);
+            add(1);
             if latency_ok {
-                self.cur[0].fetch_add(1, Ordering::Relaxed);
-                self.totals[0].fetch_add(1, Ordering::Relaxed);
+                add(0);
+            }
+        }
+        if outcome.sli() != SliClass::Excluded {
+            add(3);
+            if outcome.sli() == SliClass::Good {
+                add(2);
             }
         }
         match outcome {
-            Outcome::rejected | Outcome::unavailable => self.totals[3].fetch_add(1, Ordering::Relaxed),
+            Outcome::rejected | Outcome::unavailable => add(5),
             Outcome::client_error => 0,
-            _ => self.totals[2].fetch_add(1, Ordering::Relaxed),
+            _ => add(4),
         };
-        if outcome.sli() != SliClass::Excluded {
-            self.cur[3].fetch_add(1, Ordering::Relaxed);
-            if outcome.sli() == SliClass::Good {
-                self.cur[2].fetch_add(1, Ordering::Relaxed);
-            }
-        }
     }
 
     /// The totals since start.
     pub(crate) fn tally(&self) -> Tally {
         let t = |i: usize| self.totals[i].load(Ordering::Relaxed);
-        Tally { latency_good: t(0), latency_valid: t(1), admitted: t(2), refused: t(3) }
+        Tally { latency_good: t(0), latency_valid: t(1), admitted: t(4), refused: t(5) }
     }
 
-    /// Fold the current counts into the buckets of `now` (the publisher).
+    /// Fold what was counted since the last fold into the buckets of `now` (the publisher).
     pub(crate) fn fold(&self, now: Instant) {
-        let take = |i: usize| self.cur[i].swap(0, Ordering::Relaxed);
-        let c = Counts { latency_good: take(0), latency_valid: take(1), avail_good: take(2), avail_valid: take(3) };
         let Ok(mut guard) = self.buckets.lock() else { return };
         let b = &mut *guard;
+        // Read under the lock: two folds never count the same requests.
+        let t = |i: usize| self.totals[i].load(Ordering::Relaxed);
+        let total = Counts { latency_good: t(0), latency_valid: t(1), avail_good: t(2), avail_valid: t(3) };
+        let f = std::mem::replace(&mut b.folded, total);
+        let c = Counts {
+            latency_good: total.latency_good - f.latency_good,
+            latency_valid: total.latency_valid - f.latency_valid,
+            avail_good: total.avail_good - f.avail_good,
+            avail_valid: total.avail_valid - f.avail_valid,
+        };
         let age = now.saturating_duration_since(self.started);
         let minute = age.as_secs() / MINUTE.as_secs();
         let hour = age.as_secs() / HOUR.as_secs();
