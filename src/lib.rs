@@ -84,7 +84,6 @@ pub use upstream::PoolError;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -144,7 +143,8 @@ impl Gateway {
             Some(t) => Some(server::tls_acceptor(&t.cert, &t.key).map_err(StartError::Tls)?),
             None => None,
         };
-        let bind = |addr: SocketAddr| async move { TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source }) };
+        let backlog = cfg.server.listen_backlog;
+        let bind = |addr: SocketAddr| async move { server::bind(addr, backlog).map_err(|source| StartError::Bind { addr, source }) };
         let data = bind(cfg.server.listen).await?;
         let admin = bind(cfg.server.admin_listen).await?;
         let data_addr = data.local_addr().map_err(StartError::LocalAddr)?;

@@ -109,7 +109,15 @@ enum KeysCommand {
     Hash,
 }
 
+#[cfg(feature = "heap-profile")]
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 fn main() -> ExitCode {
+    // Written when main returns (after a SIGTERM's graceful shutdown).
+    #[cfg(feature = "heap-profile")]
+    let _heap =
+        std::env::var_os("SLOGATE_HEAP_PROFILE").map(|path| dhat::Profiler::builder().file_name(path).trim_backtraces(Some(60)).build());
     let cli = Cli::parse();
     match cli.command {
         Command::Keys { command: KeysCommand::Hash } => {
@@ -414,7 +422,7 @@ async fn capacity(
     }
 }
 
-async fn serve(_validated: Config, path: PathBuf) -> ExitCode {
+async fn serve(validated: Config, path: PathBuf) -> ExitCode {
     // The signal handlers are in place before the gateway starts: a SIGHUP or
     // SIGTERM that arrives as soon as it listens must not meet the default
     // action (which ends the process).
@@ -426,6 +434,17 @@ async fn serve(_validated: Config, path: PathBuf) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    match slogate::server::raise_file_limit() {
+        // Two files an HTTP/1.1 stream, and some for replicas' health checks and the admin listener.
+        Ok(files) if files < 2 * u64::from(validated.server.max_connections) + 256 => tracing::warn!(
+            files,
+            max_connections = validated.server.max_connections,
+            "the open-file limit is below two per server.max_connections: about {} HTTP/1.1 streams fit (raise it with ulimit -n or LimitNOFILE=)",
+            files.saturating_sub(256) / 2
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-file limit"),
+    }
     let gw = match Gateway::start_file(&path).await {
         Ok(g) => g,
         Err(e) => {

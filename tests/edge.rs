@@ -635,3 +635,58 @@ async fn an_http2_connection_has_at_most_http2_max_streams_open() {
     assert_eq!(mock.calls(), 4);
     assert_quiescent(&gw).await;
 }
+
+/// A request body a client sends in pieces: each piece its own DATA frame.
+struct Pieces(std::collections::VecDeque<bytes::Bytes>);
+
+impl http_body::Body for Pieces {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(http_body::Frame::data(b))))
+    }
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Many streams opened at once on one HTTP/2 connection, each request body
+/// sent in small pieces (as clients that write a body as they build it
+/// do): every one gets its answer, none is refused or reset.
+#[tokio::test]
+async fn thousands_of_small_http2_streams_opened_at_once_all_get_answers() {
+    let mock = Mock::start(script(|req| vllm_stream(req, 1, Duration::ZERO, "stop"))).await;
+    let gw = gateway_config(&[mock.url()]).server("http2_max_streams: 8192").start().await;
+    let c: hyper_util::client::legacy::Client<_, Pieces> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).http2_only(true).build_http();
+    // Unknown model: the gateway reads each body, then answers 404 itself.
+    let body = chat_body(true, false).replace("\"m1\"", "\"no-such-model\"");
+    let send = || {
+        let (c, addr) = (c.clone(), gw.data_addr);
+        let pieces = body.as_bytes().chunks(16).map(bytes::Bytes::copy_from_slice).collect();
+        count_sent(addr, 1);
+        let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(Pieces(pieces))
+            .expect("request");
+        tokio::spawn(async move { c.request(req).await.map(|r| r.status()) })
+    };
+    let streams: Vec<_> = (0..6000).map(|_| send()).collect();
+    let mut answered = 0;
+    let mut failed = Vec::new();
+    for s in streams {
+        match s.await.expect("task") {
+            Ok(status) => {
+                assert_eq!(status, 404);
+                answered += 1;
+            }
+            Err(e) => failed.push(format!("{e:?}")),
+        }
+    }
+    failed.dedup();
+    assert_eq!(answered, 6000, "streams failed: {:?}", &failed[..failed.len().min(3)]);
+    assert_eq!(mock.calls(), 0);
+}

@@ -198,6 +198,9 @@ impl Config {
         if self.server.http2_max_streams == 0 {
             bad("server.http2_max_streams".into(), "must be at least 1".into());
         }
+        if !(1..=65535).contains(&self.server.listen_backlog) {
+            bad("server.listen_backlog".into(), "must be between 1 and 65535".into());
+        }
         if self.server.max_connections == 0 {
             bad("server.max_connections".into(), "must be at least 1".into());
         }
@@ -722,6 +725,22 @@ mod tests {
         ] {
             assert!(fields.contains(&want), "missing {want} in {fields:?}");
         }
+    }
+
+    #[test]
+    fn server_limits_out_of_range_are_named() {
+        let pool = "pools:\n  - name: p\n    models: [m]\n    replicas: [http://127.0.0.1:1]\n";
+        for (server, field) in [
+            ("listen_backlog: 0", "server.listen_backlog"),
+            ("listen_backlog: 70000", "server.listen_backlog"),
+            ("max_connections: 0", "server.max_connections"),
+            ("http2_max_streams: 0", "server.http2_max_streams"),
+        ] {
+            let err = Config::parse(&format!("server: {{ {server} }}\n{pool}")).expect_err(server).0;
+            assert_eq!(err.iter().map(|p| p.field.as_str()).collect::<Vec<_>>(), [field], "{server}");
+        }
+        let c = Config::parse(&format!("server: {{ listen_backlog: 128 }}\n{pool}")).expect("valid");
+        assert_eq!((c.server.listen_backlog, Config::parse(pool).expect("valid").server.listen_backlog), (128, 4096));
     }
 
     #[test]

@@ -155,6 +155,11 @@ pub struct ServerConfig {
     pub body_read_timeout: Dur,
     /// Open connections per listener; more wait to be accepted.
     pub max_connections: u32,
+    /// The kernel's accept queue of each listener: connections that arrived
+    /// and wait for slogate to accept them (it accepts as fast as they
+    /// come, below `max_connections`). Linux caps it at
+    /// `net.core.somaxconn` (4096 on current kernels).
+    pub listen_backlog: u32,
     /// Streams one HTTP/2 client connection may have open at once (its
     /// SETTINGS_MAX_CONCURRENT_STREAMS); a client multiplexing more waits
     /// for one to end.
@@ -185,6 +190,7 @@ impl Default for ServerConfig {
             header_read_timeout: Dur::secs(10),
             body_read_timeout: Dur::secs(30),
             max_connections: 10_000,
+            listen_backlog: 4096,
             http2_max_streams: 1024,
             admin_token_env: None,
             queued_keepalive: None,

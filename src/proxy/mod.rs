@@ -195,7 +195,9 @@ async fn forward(
     let mut lease = admitted.lease;
     let strip_auth = snap.classifier.has_keys();
     let forwarded = Forwarded::of(&parts);
-    let sent = upstream::send_with_retry(
+    // Boxed: the sending stage's state is the largest of this path, and
+    // inline it would be held by every request waiting in a queue above.
+    let sent = Box::pin(upstream::send_with_retry(
         &route.pool,
         &mut lease,
         |replica| {
@@ -207,7 +209,7 @@ async fn forward(
         },
         t.start(),
         header_deadline,
-    )
+    ))
     .await;
     let resp = stage!(t, sent);
     observe(resp, t, lease, endpoint, timeouts, strip_usage, admitted.waited, reduced)

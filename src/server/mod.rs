@@ -149,6 +149,53 @@ async fn first_bytes(stream: &TcpStream, deadline: tokio::time::Instant) -> bool
     }
 }
 
+/// A listener on `addr` whose accept queue holds `backlog` connections
+/// (the kernel caps it at `net.core.somaxconn`).
+pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    // A restart binds the port again while the old connections drain.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
+/// Raise this process's soft limit on open files to its hard limit (what a
+/// process may do for itself), and return the limit now in force. Each
+/// open HTTP/1.1 stream holds two files (the client's connection and the
+/// replica's), an HTTP/2 stream one (the replica's); the usual soft limit
+/// of 1,024 would stop slogate near 500 streams.
+pub fn raise_file_limit() -> std::io::Result<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read and write the struct we pass, nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        lim.rlim_cur = lim.rlim_max;
+    }
+    Ok(lim.rlim_cur)
+}
+
+/// What one HTTP/2 stream may send before the gateway reads it: a prompt
+/// of up to 1 MiB arrives in one round trip.
+const H2_STREAM_WINDOW: u32 = 1 << 20;
+
+/// What all of a connection's streams together may send before the gateway
+/// reads it: 1 KiB per stream allowed, at least 8 MiB. Bodies are read as
+/// they arrive, so this is rarely held; but it also sets the HTTP/2
+/// library's guard against floods of small DATA frames (half the window),
+/// and a client that opens thousands of streams at once sends thousands of
+/// small frames: at 1 MiB (the library's default), 10,000 streams opened
+/// together ended the connection with ENHANCE_YOUR_CALM.
+fn h2_connection_window(max_streams: u32) -> u32 {
+    max_streams.saturating_mul(1024).clamp(8 << 20, 1 << 30)
+}
+
 /// Serve `handler` on `listener` until `shutdown` turns true, then drain.
 /// With busy polling on (`tuning`), each request counts as in flight from
 /// its arrival until its response body ends.
@@ -167,9 +214,13 @@ pub async fn serve<H, F>(
     let svc: Svc = tower::util::BoxCloneService::new(
         tower::ServiceBuilder::new().layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response)).service_fn(move |req| {
             let active = tuning.busy.as_ref().map(|b| b.enter());
-            let fut = handler(req);
+            // The handler's future is made inside the block: a future made
+            // outside and awaited inside would be stored twice in it (once
+            // captured, once awaited), doubling what each request in flight
+            // holds until its response head.
+            let handler = handler.clone();
             async move {
-                let resp = fut.await;
+                let resp = handler(req).await;
                 Ok::<_, Infallible>(match active {
                     Some(a) => resp.map(|b| http_body_util::BodyExt::boxed_unsync(busy::Held::new(b, a))),
                     None => resp,
@@ -184,7 +235,9 @@ pub async fn serve<H, F>(
         .timer(TokioTimer::new())
         .keep_alive_interval(H2_PING_INTERVAL)
         .keep_alive_timeout(H2_PING_TIMEOUT)
-        .max_concurrent_streams(limits.http2_max_streams);
+        .max_concurrent_streams(limits.http2_max_streams)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(h2_connection_window(limits.http2_max_streams));
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
@@ -297,5 +350,42 @@ async fn serve_conn(
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The listener's accept queue is `server.listen_backlog` long (what
+    /// the kernel reports for it: `ss`'s Send-Q of a listening socket).
+    #[tokio::test]
+    async fn a_listener_gets_the_backlog_asked_for() {
+        for backlog in [17, 300] {
+            let l = bind(SocketAddr::from(([127, 0, 0, 1], 0)), backlog).expect("bind");
+            let port = l.local_addr().expect("addr").port();
+            let out = std::process::Command::new("ss")
+                .args(["-Hltn", &format!("sport = :{port}")])
+                .output()
+                .expect("ss (iproute2; scripts/setup-test-deps installs it)");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let send_q = text.split_whitespace().nth(2).map(str::to_string);
+            assert_eq!(send_q.as_deref(), Some(backlog.to_string().as_str()), "{text}");
+        }
+    }
+
+    /// A soft open-file limit below the hard one is raised to it.
+    #[test]
+    fn the_file_limit_is_raised_to_the_hard_limit() {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit/setrlimit read and write the struct we pass.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        let lowered = libc::rlimit { rlim_cur: lim.rlim_max.min(4096) - 1, rlim_max: lim.rlim_max };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
+        let files = raise_file_limit().expect("rlimit");
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!((files, lim.rlim_cur), (lim.rlim_max, lim.rlim_max));
     }
 }
