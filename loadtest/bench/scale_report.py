@@ -51,11 +51,14 @@ for proto, pts in curves.items():
 
 print("# Scale: what an open stream costs slogate\n")
 print(f"Machine: {machine}. Produced by `loadtest/bench/scale.sh`.\n")
-print("One simulated replica whose every step takes 1 s with all sequences decoding (a token a second per stream, "
-      "so streams stay open and idle between tokens); N chat streams through slogate at once (closed loop: each "
-      "ends after its tokens and the next starts), and 100 more straight to the replica in the same run (the direct "
-      "path: the same engine steps). HTTP/1.1 clients hold a connection each; HTTP/2 clients multiplex every stream "
-      "over one connection (the gateway allows it: `server.http2_max_streams: 16384` here; the default is 1,024). RSS sampled every 0.5 s; bytes per stream = (peak RSS - idle RSS) / peak open streams.\n")
+print("A fleet of simulated replicas (`REPLICAS`, each stepping once a second at its own instant, every sequence "
+      "decoding: a token a second per stream, so streams stay open and idle between tokens, and tokens reach the gateway "
+      "spread over the second, as from a real fleet); N chat streams through slogate (closed loop: N clients arriving "
+      "over the first seconds, each starting its next stream when the last ends), and 100 more straight to the replicas "
+      "in the same run (the direct path: the same engine steps). HTTP/1.1 clients hold a connection each; HTTP/2 "
+      "clients multiplex every stream over one connection (the gateway allows it: `server.http2_max_streams: 16384` "
+      "here; the default is 1,024). RSS sampled every 0.5 s; bytes per stream = (peak RSS - idle RSS) / peak open "
+      "streams.\n")
 print("| run | streams asked | open at peak | completed / sent | RSS idle MB | RSS peak MB | bytes per open stream | ITL p99 through / direct ms | added ITL p99 ms | CPU per event us | tokens/s through |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
@@ -79,3 +82,13 @@ for n in sorted({r["n"] for r in rows}):
         ratio = h2[0]["tok"] / max(1e-9, h1[0]["tok"])
         print(f"| HTTP/2 throughput >= 0.9x HTTP/1.1 at {n} streams | {'met' if ratio >= 0.9 else '**not met**'} | {ratio:.2f}x |")
 print("\nCharts: `rss-h1.svg`, `rss-h2.svg` (RSS against open streams, every sample of every run).")
+try:
+    heap = open(f"{work}/heap.md").read()
+except FileNotFoundError:
+    heap = None
+if heap:
+    print("\n## Where an open stream's memory goes\n")
+    print("The live heap of a gateway built with `--features heap-profile` (dhat records every allocation with its call "
+          "stack), at its peak with the streams open, by what allocated it, divided by the open streams. Heap bytes "
+          "asked for, not pages touched: RSS per stream is lower where a buffer is allocated whole and written in part.\n")
+    print(heap)

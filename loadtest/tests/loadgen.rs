@@ -172,11 +172,27 @@ async fn a_stream_with_two_targets_takes_them_in_turn_and_says_which() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_loop_keeps_its_concurrency() {
     let sim = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
-    let s = scenario(&sim.url(), Duration::from_secs(1), Arrival::Closed { concurrency: 3 }, 16, 8);
+    let s = scenario(&sim.url(), Duration::from_secs(1), Arrival::Closed { concurrency: 3, ramp: Duration::ZERO }, 16, 8);
     let r = run(&s, "closed", false).await.expect("run");
     assert!(r.records.len() >= 6, "{}", r.records.len());
     assert!(r.records.iter().all(|x| x.outcome == "length"));
     assert!(sim.engine.stats.max_running_seen.load(std::sync::atomic::Ordering::Relaxed) <= 3);
+}
+
+/// With a ramp, client i of N sends its first request i/N of the ramp after
+/// the start. (Each request outlasts the run, so each client sends one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_loop_with_a_ramp_starts_its_clients_over_it() {
+    let sim = SimServer::start(Profile::Llama8bH100.config(), SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
+    let s = scenario(&sim.url(), Duration::from_millis(500), Arrival::Closed { concurrency: 4, ramp: Duration::from_millis(400) }, 16, 200);
+    let r = run(&s, "ramp", false).await.expect("run");
+    let mut starts: Vec<f64> = r.records.iter().map(|x| x.start_s).collect();
+    starts.sort_by(f64::total_cmp);
+    assert_eq!(starts.len(), 4, "{starts:?}");
+    for (k, t) in starts.iter().enumerate() {
+        assert!(*t >= k as f64 * 0.1, "the first request of client {k} at {t} s: {starts:?}");
+    }
+    assert!(r.records.iter().all(|x| x.outcome == "length"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,6 +59,11 @@ struct Args {
     /// lets loadgen separate the path's latency from the engine's).
     #[arg(long)]
     stamp_events: bool,
+    /// Benchmarks: replica i of N ends its steps i/N of a step after the
+    /// others (each on a grid of --step-base-ms), as a fleet's replicas step
+    /// at different instants.
+    #[arg(long)]
+    stagger: bool,
     /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -155,6 +160,10 @@ async fn main() -> std::process::ExitCode {
         let mut addr = args.listen;
         if addr.port() != 0 {
             addr.set_port(addr.port() + i);
+        }
+        let mut cfg = cfg.clone();
+        if args.stagger {
+            cfg.step_phase = Some(f64::from(i) / f64::from(args.replicas));
         }
         match SimServer::start_with_tls(cfg.clone(), addr, tls.clone()).await {
             Ok(s) => {

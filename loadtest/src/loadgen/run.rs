@@ -254,14 +254,16 @@ pub async fn run_with(s: &Scenario, label: &str, opts: Options) -> Result<RunRes
             ttft: s.ttft,
         };
         match &spec.arrival {
-            Arrival::Closed { concurrency } => {
+            Arrival::Closed { concurrency, ramp } => {
                 let shared_sampler = spec.sampler(s.seed.wrapping_add(i as u64 * 7919))?;
                 for w in 0..*concurrency {
+                    let begin = t0 + ramp.mul_f64(w as f64 / *concurrency as f64);
                     let ctx = ctx.clone();
                     let mut sampler = shared_sampler.clone();
                     let mut wrng = StdRng::seed_from_u64(s.seed.wrapping_add((i * 100_003 + w) as u64));
                     let max = s.max_requests;
                     dispatchers.push(tokio::spawn(async move {
+                        tokio::time::sleep_until(begin).await;
                         while Instant::now() < end && ctx.shared.sent.fetch_add(1, Ordering::Relaxed) < max {
                             ctx.clone().one(sampler.sample(&mut wrng)).await;
                         }

@@ -295,8 +295,15 @@ pub enum Arrival {
     Batch { rate: f64, size: LenDist },
     /// Poisson arrivals whose rate moves linearly to each stage's `rate` over its duration (ramp, spike, soak).
     Stages { stages: Vec<Stage> },
-    /// `concurrency` clients, each sending its next request when the last ends (closed loop).
-    Closed { concurrency: usize },
+    /// `concurrency` clients, each sending its next request when the last ends
+    /// (closed loop). With `ramp`, client i of N starts i/N of it after the
+    /// run's start (N clients arriving over the ramp, as users do), not all
+    /// at the same instant.
+    Closed {
+        concurrency: usize,
+        #[serde(default, deserialize_with = "dur", serialize_with = "ser_dur", skip_serializing_if = "Duration::is_zero")]
+        ramp: Duration,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -103,7 +103,7 @@ pub fn summary(r: &RunResult) -> Value {
     }
     let s = &r.scenario;
     let (rate, concurrency) = match s.streams.first().map(|x| &x.arrival) {
-        Some(Arrival::Closed { concurrency }) => (json!("inf"), json!(concurrency)),
+        Some(Arrival::Closed { concurrency, .. }) => (json!("inf"), json!(concurrency)),
         Some(Arrival::Poisson { rate } | Arrival::Constant { rate }) if s.streams.len() == 1 => (json!(rate), Value::Null),
         _ => (Value::Null, Value::Null),
     };

@@ -41,6 +41,12 @@ pub struct SimConfig {
     /// connection), Unix-epoch nanoseconds, so a client on the same machine
     /// can tell the path's share of TTFT and ITL from the engine's.
     pub stamp_events: bool,
+    /// Benchmarks only: steps end on a grid of `step_base_ms` (shared by the
+    /// replicas of one process), this share of a step into it, `[0, 1)`.
+    /// Replicas with different phases step at different instants, as the
+    /// replicas of a fleet do, so a gateway in front of many of them sees
+    /// tokens spread over time rather than all at once.
+    pub step_phase: Option<f64>,
     pub faults: FaultConfig,
 }
 
@@ -99,6 +105,7 @@ impl Profile {
                 natural_stop: None,
                 embedding_dim: 16,
                 stamp_events: false,
+                step_phase: None,
                 faults: FaultConfig::default(),
             },
             Profile::Llama70bFp8H100 => SimConfig {

@@ -192,6 +192,19 @@ impl Engine {
     }
 }
 
+/// The instant of the step grid nearest to `t`: the grid has a point every
+/// `period_ms`, `phase` of a period after an epoch shared by the process's
+/// replicas.
+fn on_grid(t: Instant, period_ms: f64, phase: f64) -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let period = std::time::Duration::from_secs_f64(period_ms.max(0.001) / 1000.0);
+    let offset = period.mul_f64(phase.clamp(0.0, 1.0));
+    let since = t.saturating_duration_since(epoch + offset).as_secs_f64();
+    let k = (since / period.as_secs_f64()).round();
+    (epoch + offset + period.mul_f64(k)).max(Instant::now())
+}
+
 struct Core {
     cfg: Arc<SimConfig>,
     rx: mpsc::UnboundedReceiver<(SeqRequest, mpsc::UnboundedSender<Event>, Instant)>,
@@ -353,7 +366,10 @@ impl Core {
         // 3. The step takes its modelled time.
         let slowdown = self.faults.get().slowdown;
         let dt = self.cfg.step_time(decodes.len(), prefill_tokens, slowdown);
-        tokio::time::sleep(dt).await;
+        match self.cfg.step_phase {
+            None => tokio::time::sleep(dt).await,
+            Some(phase) => tokio::time::sleep_until(on_grid(Instant::now() + dt, self.cfg.step_base_ms, phase)).await,
+        }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
 
         // 4. Emit tokens.
@@ -408,5 +424,24 @@ impl Core {
         self.metrics.running.set(running as i64);
         self.metrics.waiting.set(self.waiting.len() as i64);
         self.metrics.kv_usage.set(used as f64 / self.cfg.kv_blocks.max(1) as f64);
+    }
+}
+
+#[cfg(test)]
+mod grid_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn steps_end_on_their_replicas_phase_of_the_grid() {
+        let ms = Duration::from_millis;
+        let t = Instant::now() + ms(10_000);
+        let a = on_grid(t, 1000.0, 0.25);
+        // A step that overran by a few ms still ends on the next grid point.
+        assert_eq!(on_grid(a + ms(1003), 1000.0, 0.25) - a, ms(1000));
+        assert_eq!(on_grid(a + ms(997), 1000.0, 0.25) - a, ms(1000));
+        // Another phase: half a step apart.
+        let b = on_grid(a + ms(1000), 1000.0, 0.75);
+        assert!(b - a == ms(500) || b - a == ms(1500), "{:?}", b - a);
     }
 }
