@@ -690,3 +690,50 @@ async fn thousands_of_small_http2_streams_opened_at_once_all_get_answers() {
     assert_eq!(answered, 6000, "streams failed: {:?}", &failed[..failed.len().min(3)]);
     assert_eq!(mock.calls(), 0);
 }
+
+/// One HTTP/2 stream whose reader stops does not hold up the others on its
+/// connection: its data waits within its own flow-control window (the
+/// client's, 64 KiB here) and the gateway stops pulling it from its
+/// replica, while another stream on the same connection runs to its end.
+#[tokio::test]
+async fn a_stalled_http2_stream_does_not_hold_up_the_others_on_its_connection() {
+    let mock = Mock::start(script(|req| {
+        let n = req["max_tokens"].as_u64().unwrap_or(16) as usize;
+        vllm_stream(req, n, Duration::ZERO, "length")
+    }))
+    .await;
+    let gw = gateway_config(&[mock.url()]).start().await;
+    let c: TestClient = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .http2_initial_stream_window_size(64 * 1024)
+        .http2_initial_connection_window_size(4 << 20)
+        .build_http();
+    // A: 4,000 events (about 600 KB), its body left unread for now.
+    let big = chat_body(true, false).replace("\"max_tokens\":16", "\"max_tokens\":4000");
+    let a = c.request(post_req(gw.data_addr, "/v1/chat/completions", &big, &[])).await.expect("A's head");
+    // The gateway has forwarded A as far as the client's window lets it
+    // (about 400 events of 150 bytes fill 64 KiB); A cannot end before it is read.
+    let gaps = || async { metric(&metrics_text(&gw).await, "slogate_inter_token_latency_seconds_count", &[]).unwrap_or(0.0) };
+    wait_until("A at its window", || async { gaps().await >= 300.0 }).await;
+    let before = gaps().await;
+    // B, on the same connection, runs to its end meanwhile.
+    let small = chat_body(true, false);
+    let b = tokio::time::timeout(Duration::from_secs(60), async {
+        let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &small, &[])).await.expect("B's head");
+        resp.into_body().collect().await.expect("B's body").to_bytes()
+    })
+    .await
+    .expect("B held up behind the stalled stream");
+    assert!(String::from_utf8_lossy(&b).ends_with("data: [DONE]\n\n"));
+    // A was still held at its window while B ran: no more of it was pulled
+    // from its replica than 64 KiB holds (each event is over 100 bytes; B
+    // adds 15 gaps).
+    let held = gaps().await;
+    assert!(held <= 65536.0 / 100.0 + 15.0, "A went on past its window while unread: {before} then {held} gaps");
+    // A, read now, arrives whole.
+    let a = a.into_body().collect().await.expect("A's body").to_bytes();
+    let text = String::from_utf8_lossy(&a);
+    assert_eq!(text.matches("\"content\":\"t").count(), 4000);
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert_quiescent(&gw).await;
+}

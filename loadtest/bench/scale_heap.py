@@ -10,19 +10,21 @@ import sys
 
 # (item, frames that must all appear in the allocation's call stack)
 RULES = [
+    ("a panic's backtrace being printed (debug info; not per stream)", ["std::backtrace_rs"]),
     ("replica connection: hyper's request channel (a block of 32 request slots)", ["hyper::client::dispatch::channel", "tokio::sync::mpsc::block"]),
     ("replica connection: hyper's write buffer (8 KiB, fixed in hyper)", ["hyper::proto::h1::io::WriteBuf::new", "hyper::client::conn"]),
     ("replica connection: read buffer (4 KiB, `read_buf_exact_size`)", ["hyper::proto::h1::io::Buffered::poll_read_from_io", "hyper::client::conn"]),
-    ("replica connection: other (channels, socket registration, request queued)", ["slogate::upstream::conn"]),
     ("client HTTP/1.1 connection: write buffer (8 KiB, fixed in hyper)", ["hyper::proto::h1::io::WriteBuf::new"]),
     ("client HTTP/1.1 connection: read buffer", ["hyper::proto::h1::io::Buffered::poll_read_from_io"]),
-    ("client HTTP/1.1 connection: other", ["hyper::server::conn::http1"]),
-    ("client HTTP/2 connection: stream state (h2: streams, frames queued, headers)", ["h2::"]),
     ("the request's future until its response head (routing, admission, connect)", ["tower::util::boxed_clone::BoxCloneService"]),
     ("stream observer (SSE parser, timings, outcome)", ["slogate::proxy::observe"]),
     ("request sent to the replica (its head and body)", ["slogate::proxy::build_upstream_request"]),
     ("request sent to the replica (its head and body)", ["slogate::proxy::body"]),
-    ("tasks (tokio: a stream's and a connection's)", ["tokio::runtime::task::core::Cell"]),
+    ("replica connection: other (channels, socket registration, request queued)", ["slogate::upstream::conn"]),
+    ("client HTTP/1.1 connection: other", ["hyper::server::conn::http1"]),
+    ("client HTTP/2 connection: stream state (h2: streams, frames queued, headers)", [": h2::"]),
+    ("client connection's task (hyper's connection and its state)", ["tokio::runtime::task::core::Cell", "slogate::server::serve::{{closure}} "]),
+    ("other tasks (tokio: a stream's watchdog, a replica connection's)", ["tokio::runtime::task::core::Cell"]),
     ("socket registrations (tokio)", ["tokio::runtime::io::registration_set"]),
     ("request head as parsed (headers, extensions)", ["http::header::map"]),
     ("request head as parsed (headers, extensions)", ["http::extensions"]),
@@ -31,9 +33,22 @@ RULES = [
 OTHER = "other"
 
 
+def plain(frame):
+    """A frame without generic arguments (`Foo<T>::new` -> `Foo::new`), as the rules name it."""
+    out, depth = [], 0
+    for i, ch in enumerate(frame):
+        if ch == "<" and (depth > 0 or (i > 0 and (frame[i - 1].isalnum() or frame[i - 1] == "_"))):
+            depth += 1
+        elif ch == ">" and depth > 0:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
 def breakdown(path):
     d = json.load(open(path))
-    ftbl = d["ftbl"]
+    ftbl = [plain(f) for f in d["ftbl"]]
     out = {}
     for pp in d["pps"]:
         if pp["gb"] == 0:

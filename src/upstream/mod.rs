@@ -617,11 +617,14 @@ impl Pool {
                 }
             }
             Balance::LeastLoaded => {
-                let mut ranked: Vec<&Arc<Replica>> = candidates.collect();
-                // Stable sort keeps the rotating start as the tie-breaker.
+                // Each replica's rank read once: other requests move the
+                // counts while this one sorts, and a key that changes
+                // between comparisons is not an order (the sort panics on
+                // that). Stable sort keeps the rotating start as the tie-breaker.
                 let priority = self.config.upstream_priority;
-                ranked.sort_by_key(|r| (r.prefills_ahead(tier, priority), r.load_score()));
-                for r in ranked {
+                let mut ranked: Vec<_> = candidates.map(|r| ((r.prefills_ahead(tier, priority), r.load_score()), r)).collect();
+                ranked.sort_by_key(|(rank, _)| *rank);
+                for (_, r) in ranked {
                     if r.try_take(over, tier == Tier::Interactive) {
                         return Ok(ReplicaSlot::new(r, tier));
                     }
