@@ -5,9 +5,11 @@
 # stream), N of them through slogate at once (clients arriving over RAMP
 # seconds), HTTP/1.1 clients (one connection each) and HTTP/2 clients
 # (multiplexed on one connection), with 100 more streams straight to the
-# replicas in the same run (the direct path, for the ITL slogate adds). Per
-# run: the gateway's RSS idle and at its peak, bytes per open stream, added
-# ITL p99, CPU per event forwarded; a chart of RSS against open streams;
+# replicas in the same run (the direct path, for the ITL slogate adds: the
+# simulator stamps each event, so what a gap gains on its way to the client
+# is measured to the microsecond). Per run: the gateway's RSS idle and at
+# its peak, bytes per open stream, added ITL p99, CPU per event forwarded;
+# a chart of RSS against open streams;
 # then where an open stream's memory goes (the live heap of a gateway built
 # with `--features heap-profile`, by what allocated it, at HEAP_N streams).
 # Writes loadtest/results/scale/README.md.
@@ -34,7 +36,7 @@ build_release
 MACHINE=$(machine_line)
 ulimit -n "$(ulimit -Hn)"
 
-start_sim sim --replicas "$REPLICAS" --stagger --profile llama8b-h100 --step-base-ms 1000 --decode-per-seq-ms 0 \
+start_sim sim --replicas "$REPLICAS" --stagger --stamp-events --profile llama8b-h100 --step-base-ms 1000 --decode-per-seq-ms 0 \
   --prefill-per-token-ms 0 --max-num-seqs 20000 --max-num-batched-tokens 10000000 --kv-blocks 10000000
 SIMS=$(IFS=,; echo "${SIM_URLS[*]}")
 # Each run on a gateway of its own: memory an allocator keeps after a run

@@ -30,13 +30,18 @@ for r in runs:
     done = sum(1 for x in through if x["outcome"] in ("ok", "length"))
     itl_gw = quantile(res["itl_us"].get("chat", []), 0.99)
     itl_direct = quantile(res["itl_us"].get("direct", []), 0.99)
+    # What each gap gained between the replica and the client (the simulator's
+    # stamps): exact to the microsecond, where a gap of a second is read from
+    # the histogram to half a millisecond.
+    path_gw = quantile(res.get("itl_path_us", {}).get("chat", []), 0.99)
+    path_direct = quantile(res.get("itl_path_us", {}).get("direct", []), 0.99)
     idle, peak, open_peak = int(r["idle_kb"]), int(r["peak_kb"]), max(1, int(float(r["open_peak"])))
     per_stream = (peak - idle) * 1024 / open_peak
     cpu_us = int(r["cpu_ticks"]) / hz * 1e6 / max(1, int(r["events"]))
     warm = res["scenario"].get("warmup", "0s")
     tokens_s = sum(x["tokens"] for x in through) / res["elapsed_s"]
     rows.append(dict(run=r["run"], proto=r["proto"], n=int(r["streams"]), open=open_peak, idle=idle, peak=peak,
-                     per=per_stream, itl_gw=itl_gw, itl_d=itl_direct, cpu=cpu_us, done=done, sent=len(through),
+                     per=per_stream, itl_gw=itl_gw, itl_d=itl_direct, path_gw=path_gw, path_d=path_direct, cpu=cpu_us, done=done, sent=len(through),
                      tok=tokens_s))
     for line in open(f"{work}/{r['run']}.samples"):
         parts = line.split()
@@ -58,12 +63,16 @@ print("A fleet of simulated replicas (`REPLICAS`, each stepping once a second at
       "in the same run (the direct path: the same engine steps). HTTP/1.1 clients hold a connection each; HTTP/2 "
       "clients multiplex every stream over one connection (the gateway allows it: `server.http2_max_streams: 16384` "
       "here; the default is 1,024). RSS sampled every 0.5 s; bytes per stream = (peak RSS - idle RSS) / peak open "
-      "streams.\n")
-print("| run | streams asked | open at peak | completed / sent | RSS idle MB | RSS peak MB | bytes per open stream | ITL p99 through / direct ms | added ITL p99 ms | CPU per event us | tokens/s through |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "streams. The simulator stamps each event as it leaves the replica (`--stamp-events`), so each gap's growth on its way "
+      "to the client (the path's share of ITL) is measured to the microsecond; a gap of a second read from the client's "
+      "histogram alone is known to half a millisecond. Added ITL p99 = the path's share p99 through slogate minus the "
+      "same for the direct streams.\n")
+print("| run | streams asked | open at peak | completed / sent | RSS idle MB | RSS peak MB | bytes per open stream | ITL p99 through / direct ms | path's share of a gap p99 through / direct ms | added ITL p99 ms | CPU per event us | tokens/s through |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     print(f"| {r['run']} | {r['n']} | {r['open']} | {r['done']} / {r['sent']} | {r['idle']/1024:.1f} | {r['peak']/1024:.1f} | "
-          f"{r['per']/1024:.1f} KB | {r['itl_gw']:.1f} / {r['itl_d']:.1f} | {r['itl_gw'] - r['itl_d']:+.2f} | {r['cpu']:.1f} | {r['tok']:.0f} |")
+          f"{r['per']/1024:.1f} KB | {r['itl_gw']:.1f} / {r['itl_d']:.1f} | {r['path_gw']:.3f} / {r['path_d']:.3f} | "
+          f"{r['path_gw'] - r['path_d']:+.3f} | {r['cpu']:.1f} | {r['tok']:.0f} |")
 
 print("\n## Checks\n")
 print("| check | result | measured |\n|---|---|---|")
@@ -71,8 +80,9 @@ big = max(rows, key=lambda r: r["n"]) if rows else None
 if big:
     ok = big["per"] <= 25 * 1024
     print(f"| at most 25 KB per open stream at {big['n']} ({big['proto']}) | {'met' if ok else '**not met**'} | {big['per']/1024:.1f} KB |")
-    ok = big["itl_gw"] - big["itl_d"] <= 1.0
-    print(f"| added ITL p99 <= 1 ms at {big['n']} | {'met' if ok else '**not met**'} | {big['itl_gw'] - big['itl_d']:+.2f} ms |")
+    added = big["path_gw"] - big["path_d"]
+    ok = added <= 1.0
+    print(f"| added ITL p99 <= 1 ms at {big['n']} | {'met' if ok else '**not met**'} | {added:+.3f} ms |")
     ok = big["done"] == big["sent"]
     print(f"| every stream completes at {big['n']} | {'met' if ok else '**not met**'} | {big['done']} of {big['sent']} |")
 for n in sorted({r["n"] for r in rows}):
