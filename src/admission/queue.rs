@@ -50,7 +50,7 @@ const HEADROOM_SHARE: f64 = 0.05;
 const FAIR_HEADROOM: f64 = 0.1;
 /// Slots a tenant at or over its fair part leaves free while other tenants
 /// are active, as a share of the pool's slots (at least one).
-const FAIR_RESERVE: f64 = 0.05;
+const FAIR_RESERVE: f64 = 0.1;
 /// The reservation covers the interactive demand's recent peak and this much more.
 pub(crate) const DEMAND_MARGIN: f64 = 1.25;
 
@@ -1369,20 +1369,23 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_tenant_at_its_share_leaves_the_last_seats_to_the_others_while_they_are_active() {
-        // 20 slots: the reserve is one.
+        // 20 slots: the reserve is two.
         let pool = pool(20, tiers(0.0, 10, 10));
         let light = pool.admit(Tier::Interactive, 0, claim(2)).await.expect("a free slot").lease;
         let mut heavy = Vec::new();
-        for _ in 0..18 {
+        for _ in 0..17 {
             heavy.push(pool.admit(Tier::Interactive, 0, claim(1)).await.expect("a free slot").lease);
         }
-        // 19 held, one free: it is the reserve, not the heavy tenant's.
+        // 18 held, two free: they are the reserve, not the heavy tenant's.
         let waiting = queued_as(&pool, claim(1)).await;
         assert_eq!(pool.depth(Tier::Interactive), 1);
-        let second = pool.admit(Tier::Interactive, 0, claim(2)).await.expect("the reserved seat");
+        let second = pool.admit(Tier::Interactive, 0, claim(2)).await.expect("a reserved seat");
         assert_eq!(second.waited, Duration::ZERO);
+        let third = pool.admit(Tier::Interactive, 0, claim(2)).await.expect("the other reserved seat");
+        assert_eq!(third.waited, Duration::ZERO);
+        assert_eq!(pool.depth(Tier::Interactive), 1, "the heavy tenant still waits");
         // The light tenant goes away: the heavy one may take every slot again.
-        drop((light, second));
+        drop((light, second, third));
         settle().await;
         assert!(waiting.is_finished(), "alone, the heavy tenant is served");
         assert!(pool.admit(Tier::Interactive, 0, claim(1)).await.is_ok(), "and takes the last one too");
