@@ -13,6 +13,9 @@
 #             (512 -> 1024 tokens): KV, not max_num_seqs, now caps what a
 #             replica runs, and the learned limits must follow; then, for
 #             reference, the chat alone with 1024-token prompts
+#   slow      the same 2 C, through `auto`; halfway through, one replica's
+#             engine steps take twice as long (a throttled GPU): the learned
+#             limits follow, chat moves to the replica that holds its ITL
 #   batch     batch alone at 2 C for 60 s, then chat at 0.4 C joins after
 #             that quiet spell, through `auto`
 #   fleet     three gateways in front of the same replicas, 2 C spread over
@@ -21,7 +24,7 @@
 #             load 1/3 each, then 70/20/10), `kill` (fleet, auto, even; the
 #             third gateway is killed halfway and its load moves to the others)
 #
-#   loadtest/bench/limits.sh [overload] [shift] [batch] [fleet]   (default: all)
+#   loadtest/bench/limits.sh [overload] [shift] [slow] [batch] [fleet]   (default: all)
 #
 # Everything runs on 127.0.0.1 with free ports, bounded in time.
 set -euo pipefail
@@ -67,9 +70,18 @@ window() {
   fi
 }
 
-# capacity_of PROMPT: the fleet's throughput saturated (closed loop at 128 = 2 x max_num_seqs).
+# slow_replica [SECONDS] : after SECONDS (in the background), the first
+# replica's engine steps take twice as long.
+slow_replica() {
+  local url=${SIM_URLS[0]}
+  ( sleep "${1:-0}"; curl -sf -X POST -H 'content-type: application/json' -d '{"slowdown": 2.0}' "$url/admin/faults" >/dev/null ) &
+}
+
+# capacity_of PROMPT [slow] : the fleet's throughput saturated (closed loop at
+# 128 = 2 x max_num_seqs); with `slow`, one replica at half speed.
 capacity_of() {
   sim_up --replicas 2
+  if [ "${2:-}" = slow ]; then slow_replica 0; wait $!; fi
   { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
     chat_stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: $1 }" "$OUTPUT"
   } >"$WORK/capacity-$1.yaml"
@@ -90,6 +102,7 @@ through() {
   sim_up --replicas 2
   gateway_yaml "$WORK/gw-$label.yaml" "$limit"
   start_gateway "$WORK/gw-$label.yaml" "gw-$label"
+  [ -n "${SLOW_AT:-}" ] && slow_replica "$SLOW_AT"
   python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration "$((DURATION + 5))" --out "$d/$label-timeline.csv" &
   local tl=$!
   loadgen run "$scenario" --target "$GW_URL" --label "$label" --out "$d/$label.json" --report "$d/$label.md" --no-progress
@@ -140,6 +153,16 @@ shift_() {
   DURATION=60 through "$d" chat-alone auto "$d/chat-alone.yaml"
   python3 "$HERE/limits_report.py" shift "$d" "$C" "$MACHINE" "$((DURATION / 2))" "$C2"
   publish "$d" "$OUT/shift"
+}
+
+slow() {
+  local d="$WORK/slow"; mkdir -p "$d"
+  capacity
+  local C2; C2=$(capacity_of 512 slow)
+  mix "$d/scenario.yaml" 512 512
+  SLOW_AT=$((DURATION / 2)) through "$d" auto auto "$d/scenario.yaml"
+  python3 "$HERE/limits_report.py" slow "$d" "$C" "$MACHINE" "$((DURATION / 2))" "$C2"
+  publish "$d" "$OUT/slow"
 }
 
 batch() {
@@ -225,7 +248,7 @@ fleet() {
   publish "$d" "$OUT/fleet"
 }
 
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(overload shift batch fleet)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(overload shift slow batch fleet)
 for s in "${want[@]}"; do
-  case $s in overload) overload ;; shift) shift_ ;; batch) batch ;; fleet) fleet ;; *) echo "unknown scenario $s" >&2; exit 2 ;; esac
+  case $s in overload) overload ;; shift) shift_ ;; slow) slow ;; batch) batch ;; fleet) fleet ;; *) echo "unknown scenario $s" >&2; exit 2 ;; esac
 done

@@ -3,6 +3,7 @@
 
     limits_report.py overload DIR C MACHINE
     limits_report.py shift DIR C MACHINE HALF C2
+    limits_report.py slow DIR C MACHINE HALF C2
     limits_report.py batch DIR C MACHINE QUIET
     limits_report.py fleet DIR C MACHINE KILL_AT
 """
@@ -86,17 +87,21 @@ def cmd_overload(d, C, machine):
     print(open(os.path.join(d, "README.md")).read())
 
 
-def cmd_shift(d, C, machine, half, C2):
+def capacity_change(d, C, machine, half, C2, what):
+    """A run whose capacity changes at HALF (`what`: shift or slow)."""
     C, half, C2 = float(C), float(half), float(C2)
     r = load(os.path.join(d, "auto.json"))
     _, dur = window(r)
     before = rows_of(between(r, 5, half), half - 5)
     after = rows_of(between(r, half + 10, dur), dur - half - 10)
-    series = limit_chart(d, ["auto"], "limits", f"prompts double at {half:.0f} s: learned slots and chat TTFT P99")
+    change = {"shift": "prompts double", "slow": "one replica slows 2x"}[what]
+    series = limit_chart(d, ["auto"], "limits", f"{change} at {half:.0f} s: learned slots and chat TTFT P99")
     lim = lambda a, b: [row["replica_limits"] for row in series["auto"] if a <= row["t"] < b]
     pre, post = lim(half - 20, half), lim(half + 10, dur)
     # The first moment after the change within a tenth of the level it settles at.
-    follow = next((row["t"] - half for row in series["auto"] if row["t"] >= half and row["replica_limits"] <= 1.1 * pct(post, 0.5)), float("nan"))
+    level = pct(post, 0.5)
+    follow = next((row["t"] - half for row in series["auto"] if row["t"] >= half and abs(row["replica_limits"] - level) <= 0.1 * level),
+                  float("nan"))
     good = after["chat"]["goodput"] + after["batch"]["goodput"]
     ref_path = os.path.join(d, "chat-alone.json")
     ref = None
@@ -109,17 +114,23 @@ def cmd_shift(d, C, machine, half, C2):
         (">= 97 % of chat within SLO after that", after["chat"]["within"] >= 0.97, f"{100 * after['chat']['within']:.2f} %"),
         ("goodput >= 85 % of the new capacity", good >= 0.85 * C2, f"{good:.2f} req/s = {100 * good / C2:.0f} % of C2"),
     ]
+    new_c2 = {"shift": f"with 1024-token prompts C2 = {C2:.2f} req/s (the KV cache, not max_num_seqs, now caps what a replica runs)",
+              "slow": f"with the first replica's engine steps twice as long C2 = {C2:.2f} req/s (measured the same way)"}[what]
+    at = {"shift": "every new request's prompt doubles",
+          "slow": "the first replica's engine steps start taking twice as long (`POST /admin/faults {\"slowdown\": 2}`: a throttled "
+                  "GPU); its decode gaps go to 2 x (22 ms + 0.3 ms/seq), past chat's 50 ms ITL target whatever it runs"}[what]
+    title = {"shift": "Capacity changes mid-run: prompts double, the learned limits follow",
+             "slow": "Capacity changes mid-run: one replica slows 2x, chat moves to the one that holds its ITL"}[what]
     with open(os.path.join(d, "README.md"), "w") as f:
-        f.write("# Capacity changes mid-run: prompts double, the learned limits follow\n\n")
-        f.write(f"Machine: {machine}. Produced by `loadtest/bench/limits.sh shift`.\n\n")
+        f.write(f"# {title}\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/limits.sh {what}`.\n\n")
         f.write(f"**Fleet:** {FLEET}\n\n")
-        f.write(f"Capacity with 512-token prompts C = {C:.2f} req/s; with 1024-token prompts C2 = {C2:.2f} req/s (the KV cache, "
-                f"not max_num_seqs, now caps what a replica runs). Offered 2 C (chat 0.4 C, batch 1.6 C) through `auto`; at "
-                f"{half:.0f} s every new request's prompt doubles. \"After\" is from {half + 10:.0f} s on.\n\n")
+        f.write(f"Capacity with 512-token prompts C = {C:.2f} req/s; {new_c2}. Offered 2 C (chat 0.4 C, batch 1.6 C) through "
+                f"`auto`; at {half:.0f} s {at}. \"After\" is from {half + 10:.0f} s on.\n\n")
         write_checks(f, checks)
         f.write(f"\nLearned slots (sum over both replicas): {pct(pre, 0.5):.0f} (median of the 20 s before the change), "
-                f"{pct(post, 0.5):.0f} (median after).\n\n## Before and after\n\n")
-        table(f, [("before (512)", before, C), ("after (1024)", after, C2)])
+                f"{level:.0f} (median after).\n\n## Before and after\n\n")
+        table(f, [("before", before, C), ("after", after, C2)])
         if ref:
             f.write(f"\n**Reference: the same chat (0.4 C, 1024-token prompts) with no batch at all**, through `auto` on fresh "
                     f"replicas: {ref['done']} requests, TTFT p50 / p99 {ref['p50']:.0f} / {ref['p99']:.0f} ms, "
@@ -128,6 +139,14 @@ def cmd_shift(d, C, machine, half, C2):
                     "budget: this is the most chat can get on this fleet after the change, whatever admits the batch.\n")
         f.write("\nChart: `limits.svg`.\n")
     print(open(os.path.join(d, "README.md")).read())
+
+
+def cmd_shift(d, C, machine, half, C2):
+    capacity_change(d, C, machine, half, C2, "shift")
+
+
+def cmd_slow(d, C, machine, half, C2):
+    capacity_change(d, C, machine, half, C2, "slow")
 
 
 def cmd_batch(d, C, machine, quiet):
@@ -224,4 +243,4 @@ def cmd_fleet(d, C, machine, kill_at):
 
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    {"overload": cmd_overload, "shift": cmd_shift, "batch": cmd_batch, "fleet": cmd_fleet}[cmd](*rest)
+    {"overload": cmd_overload, "shift": cmd_shift, "slow": cmd_slow, "batch": cmd_batch, "fleet": cmd_fleet}[cmd](*rest)

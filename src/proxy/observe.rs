@@ -280,6 +280,9 @@ impl Tracker {
             }
         }
         self.account_tenant(&f);
+        if let (Some(l), Some(first), Some(last)) = (&self.lease, self.first_token, self.last_token) {
+            l.replica().record_itl(last - first, self.gaps);
+        }
         let control = &self.class.control;
         let series = series(&mut self.series, &self.class);
         let class = control.series.load();

@@ -83,6 +83,9 @@ pub(crate) struct Replica {
     first_token_max: AtomicU64,
     /// The 90th percentile of that share, tracked (f64 bits; see [`Replica::first_token_p90`]).
     first_token_p90: AtomicU64,
+    /// The mean gap between tokens of the streams that ended here lately,
+    /// in microseconds (f64 bits, 0 before any; see [`Replica::record_itl`]).
+    itl_mean_us: AtomicU64,
     /// `slogate_replica_limit{pool,replica}`.
     limit_gauge: Gauge,
     /// The limit last logged (a move by a quarter or more is logged).
@@ -92,6 +95,11 @@ pub(crate) struct Replica {
 /// How far the tracked 90th percentile of a replica's first-token share
 /// moves per sample (in shares of the class target).
 const P90_STEP: f64 = 0.02;
+/// How far a replica's mean gap between tokens moves toward each stream's.
+const ITL_EWMA: f64 = 0.2;
+/// A replica whose streams' mean gap is more than this many times the
+/// fastest healthy replica's is slow: interactive requests wait for the others.
+const SLOW_GAPS: f64 = 1.5;
 
 impl Replica {
     /// How metrics, traces and the status page label it: its name, else its URL.
@@ -219,6 +227,29 @@ impl Replica {
             let next = if x > q { q + P90_STEP * 0.9 } else { (q - P90_STEP * 0.1).max(0.0) };
             Some(next.to_bits())
         });
+    }
+
+    /// A stream of any class that ended here had `gaps` gaps between its
+    /// tokens over `span` (first token to last). The replica's mean gap
+    /// moves a fifth of the way to this stream's: it follows a replica that
+    /// slows down (or recovers) within a few streams. Every class counts: a
+    /// replica's step time is the same for all its streams, so batch keeps
+    /// it measured while interactive requests go elsewhere.
+    pub(crate) fn record_itl(&self, span: std::time::Duration, gaps: u64) {
+        if gaps == 0 {
+            return;
+        }
+        let mean = span.as_secs_f64() * 1e6 / gaps as f64;
+        let _ = self.itl_mean_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+            let m = f64::from_bits(bits);
+            Some(if m == 0.0 { mean } else { m + (mean - m) * ITL_EWMA }.to_bits())
+        });
+    }
+
+    /// The mean gap between tokens of the streams that ended here lately
+    /// (zero before any).
+    pub(crate) fn itl_mean(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(f64::from_bits(self.itl_mean_us.load(Ordering::Relaxed)) / 1e6)
     }
 
     /// Interactive requests' time from dispatch to first token over their
@@ -495,6 +526,7 @@ impl Pool {
                 first_token_n: AtomicU64::new(0),
                 first_token_max: AtomicU64::new(0),
                 first_token_p90: AtomicU64::new(0f64.to_bits()),
+                itl_mean_us: AtomicU64::new(0f64.to_bits()),
                 limit_gauge,
                 logged_limit: AtomicUsize::new(initial),
             }));
@@ -622,9 +654,22 @@ impl Pool {
                 // between comparisons is not an order (the sort panics on
                 // that). Stable sort keeps the rotating start as the tie-breaker.
                 let priority = self.config.upstream_priority;
-                let mut ranked: Vec<_> = candidates.map(|r| ((r.prefills_ahead(tier, priority), r.load_score()), r)).collect();
+                let ranked: Vec<_> = candidates.map(|r| (r.itl_mean(), r)).collect();
+                // A replica is slow while its streams' mean gap is more than
+                // SLOW_GAPS times the fastest healthy one's. Interactive goes
+                // only to the others (on a slow one it would miss its ITL
+                // whatever it waited: better to wait for a slot where it
+                // will not); batch goes to a slow one first.
+                let fastest = ranked.iter().map(|(m, _)| *m).filter(|m| !m.is_zero()).min();
+                let slow = |m: std::time::Duration| fastest.is_some_and(|f| m > f.mul_f64(SLOW_GAPS));
+                let away = |m| slow(m) == (tier == Tier::Interactive);
+                let mut ranked: Vec<_> =
+                    ranked.into_iter().map(|(m, r)| ((away(m), r.prefills_ahead(tier, priority), r.load_score()), r)).collect();
                 ranked.sort_by_key(|(rank, _)| *rank);
-                for (_, r) in ranked {
+                for ((away, ..), r) in ranked {
+                    if away && tier == Tier::Interactive {
+                        break;
+                    }
                     if r.try_take(over, tier == Tier::Interactive) {
                         return Ok(ReplicaSlot::new(r, tier));
                     }
@@ -718,6 +763,51 @@ mod tests {
 
     fn on(slot: &ReplicaSlot) -> &str {
         &slot.replica().url
+    }
+
+    #[test]
+    fn interactive_waits_for_a_replica_whose_gaps_are_not_slow_and_batch_goes_to_the_slow_one() {
+        use std::time::Duration;
+        let pool = two(2, false);
+        let (slow, fast) = (&pool.replicas[0], &pool.replicas[1]);
+        // Before any stream ended, nothing changes the order.
+        let picks: Vec<String> = (0..4).map(|_| on(&pool.pick(None, 0, Tier::Interactive).expect("slot")).to_string()).collect();
+        assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "no gaps measured yet: {picks:?}");
+        // Streams of 100 gaps: 90 ms apart on one replica, 40 ms on the other (more than 1.5x).
+        slow.record_itl(Duration::from_millis(9000), 100);
+        fast.record_itl(Duration::from_millis(4000), 100);
+        assert!(slow.itl_mean().abs_diff(Duration::from_millis(90)) < Duration::from_micros(1), "{:?}", slow.itl_mean());
+        for _ in 0..4 {
+            // Whichever replica the rotation starts from.
+            let i = pool.pick(None, 0, Tier::Interactive).expect("slot");
+            assert_eq!(on(&i), fast.url, "interactive where the gaps are short");
+            let b = pool.pick(None, 0, Tier::Batch).expect("slot");
+            assert_eq!(on(&b), slow.url, "batch leaves that replica to interactive");
+        }
+        // The fast replica full: interactive waits for it (it would miss its
+        // ITL on the slow one); batch still takes the slow one.
+        let held: Vec<_> = (0..2).map(|_| pool.pick(None, 0, Tier::Interactive).expect("slot")).collect();
+        assert!(held.iter().all(|s| on(s) == fast.url));
+        assert!(matches!(pool.pick(None, 0, Tier::Interactive), Err(PickError::Saturated)));
+        assert_eq!(on(&pool.pick(None, 0, Tier::Batch).expect("slot")), slow.url);
+        // The fast replica gone: the slow one serves interactive too.
+        fast.set_healthy(false);
+        assert_eq!(on(&pool.pick(None, 0, Tier::Interactive).expect("slot")), slow.url);
+        fast.set_healthy(true);
+        drop(held);
+        // The slow replica recovers: its batch streams bring its mean back near the other's.
+        for _ in 0..10 {
+            slow.record_itl(Duration::from_millis(4000), 100);
+        }
+        assert!(slow.itl_mean() < Duration::from_millis(60), "{:?}", slow.itl_mean());
+        let picks: Vec<String> = (0..4).map(|_| on(&pool.pick(None, 0, Tier::Interactive).expect("slot")).to_string()).collect();
+        assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "both serve interactive again: {picks:?}");
+        // A little slower (1.4x) is not slow.
+        for _ in 0..20 {
+            slow.record_itl(Duration::from_millis(5600), 100);
+        }
+        let picks: Vec<String> = (0..4).map(|_| on(&pool.pick(None, 0, Tier::Interactive).expect("slot")).to_string()).collect();
+        assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "{picks:?}");
     }
 
     #[test]
