@@ -654,19 +654,20 @@ impl Pool {
                 // between comparisons is not an order (the sort panics on
                 // that). Stable sort keeps the rotating start as the tie-breaker.
                 let priority = self.config.upstream_priority;
-                let ranked: Vec<_> = candidates.map(|r| (r.itl_mean(), r)).collect();
+                let mut ranked: Vec<_> =
+                    candidates.map(|r| ((false, r.prefills_ahead(tier, priority), r.load_score()), r.itl_mean(), r)).collect();
                 // A replica is slow while its streams' mean gap is more than
                 // SLOW_GAPS times the fastest healthy one's. Interactive goes
                 // only to the others (on a slow one it would miss its ITL
                 // whatever it waited: better to wait for a slot where it
                 // will not); batch goes to a slow one first.
-                let fastest = ranked.iter().map(|(m, _)| *m).filter(|m| !m.is_zero()).min();
-                let slow = |m: std::time::Duration| fastest.is_some_and(|f| m > f.mul_f64(SLOW_GAPS));
-                let away = |m| slow(m) == (tier == Tier::Interactive);
-                let mut ranked: Vec<_> =
-                    ranked.into_iter().map(|(m, r)| ((away(m), r.prefills_ahead(tier, priority), r.load_score()), r)).collect();
-                ranked.sort_by_key(|(rank, _)| *rank);
-                for ((away, ..), r) in ranked {
+                let fastest = ranked.iter().map(|(_, m, _)| *m).filter(|m| !m.is_zero()).min();
+                for (rank, m, _) in &mut ranked {
+                    let slow = fastest.is_some_and(|f| *m > f.mul_f64(SLOW_GAPS));
+                    rank.0 = slow == (tier == Tier::Interactive);
+                }
+                ranked.sort_by_key(|(rank, ..)| *rank);
+                for ((away, ..), _, r) in ranked {
                     if away && tier == Tier::Interactive {
                         break;
                     }
