@@ -86,6 +86,9 @@ pub(crate) struct Replica {
     /// The mean gap between tokens of the streams that ended here lately,
     /// in microseconds (f64 bits, 0 before any; see [`Replica::record_itl`]).
     itl_mean_us: AtomicU64,
+    /// When a stream last ended here, in milliseconds after `born`.
+    itl_at_ms: AtomicU64,
+    born: tokio::time::Instant,
     /// `slogate_replica_limit{pool,replica}`.
     limit_gauge: Gauge,
     /// The limit last logged (a move by a quarter or more is logged).
@@ -100,6 +103,10 @@ const ITL_EWMA: f64 = 0.2;
 /// A replica whose streams' mean gap is more than this many times the
 /// fastest healthy replica's is slow: interactive requests wait for the others.
 const SLOW_GAPS: f64 = 1.5;
+/// A replica's mean gap counts for this long after its last stream ended.
+/// Past it the replica is as one never measured, so one marked slow that
+/// no batch stream has measured since gets interactive requests again.
+const GAPS_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Replica {
     /// How metrics, traces and the status page label it: its name, else its URL.
@@ -240,15 +247,22 @@ impl Replica {
             return;
         }
         let mean = span.as_secs_f64() * 1e6 / gaps as f64;
+        // A mean already forgotten starts again from this stream.
+        let fresh = self.itl_mean().is_zero();
         let _ = self.itl_mean_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
             let m = f64::from_bits(bits);
-            Some(if m == 0.0 { mean } else { m + (mean - m) * ITL_EWMA }.to_bits())
+            Some(if fresh || m == 0.0 { mean } else { m + (mean - m) * ITL_EWMA }.to_bits())
         });
+        self.itl_at_ms.store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     /// The mean gap between tokens of the streams that ended here lately
-    /// (zero before any).
+    /// (zero before any, and once none has ended for [`GAPS_FORGOTTEN_AFTER`]).
     pub(crate) fn itl_mean(&self) -> std::time::Duration {
+        let since = self.born.elapsed().saturating_sub(std::time::Duration::from_millis(self.itl_at_ms.load(Ordering::Relaxed)));
+        if since > GAPS_FORGOTTEN_AFTER {
+            return std::time::Duration::ZERO;
+        }
         std::time::Duration::from_secs_f64(f64::from_bits(self.itl_mean_us.load(Ordering::Relaxed)) / 1e6)
     }
 
@@ -527,6 +541,8 @@ impl Pool {
                 first_token_max: AtomicU64::new(0),
                 first_token_p90: AtomicU64::new(0f64.to_bits()),
                 itl_mean_us: AtomicU64::new(0f64.to_bits()),
+                itl_at_ms: AtomicU64::new(0),
+                born: tokio::time::Instant::now(),
                 limit_gauge,
                 logged_limit: AtomicUsize::new(initial),
             }));
@@ -766,8 +782,8 @@ mod tests {
         &slot.replica().url
     }
 
-    #[test]
-    fn interactive_waits_for_a_replica_whose_gaps_are_not_slow_and_batch_goes_to_the_slow_one() {
+    #[tokio::test(start_paused = true)]
+    async fn interactive_waits_for_a_replica_whose_gaps_are_not_slow_and_batch_goes_to_the_slow_one() {
         use std::time::Duration;
         let pool = two(2, false);
         let (slow, fast) = (&pool.replicas[0], &pool.replicas[1]);
@@ -803,6 +819,18 @@ mod tests {
         assert!(slow.itl_mean() < Duration::from_millis(60), "{:?}", slow.itl_mean());
         let picks: Vec<String> = (0..4).map(|_| on(&pool.pick(None, 0, Tier::Interactive).expect("slot")).to_string()).collect();
         assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "both serve interactive again: {picks:?}");
+        // Slow again, then nothing ends there for longer than the gaps are
+        // remembered (no batch to measure it): interactive tries it again.
+        slow.record_itl(Duration::from_millis(90_000), 100);
+        fast.record_itl(Duration::from_millis(4000), 100);
+        assert_eq!(on(&pool.pick(None, 0, Tier::Batch).expect("slot")), slow.url, "slow again");
+        tokio::time::advance(GAPS_FORGOTTEN_AFTER + Duration::from_secs(1)).await;
+        fast.record_itl(Duration::from_millis(4000), 100);
+        assert_eq!(slow.itl_mean(), Duration::ZERO, "forgotten");
+        let picks: Vec<String> = (0..4).map(|_| on(&pool.pick(None, 0, Tier::Interactive).expect("slot")).to_string()).collect();
+        assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "{picks:?}");
+        slow.record_itl(Duration::from_millis(4000), 100);
+        assert!(slow.itl_mean().abs_diff(Duration::from_millis(40)) < Duration::from_micros(1), "measured anew");
         // A little slower (1.4x) is not slow.
         for _ in 0..20 {
             slow.record_itl(Duration::from_millis(5600), 100);
