@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use super::fair::{FairQueue, Queued, Share};
 use crate::config::{Tier, TiersConfig};
 use crate::telemetry::metrics::{Metrics, TierLabel, TierOnlyLabels};
-use crate::upstream::{PickError, Pool, Replica, ReplicaSlot};
+use crate::upstream::{PickError, Pool, Replica, ReplicaSlot, Room};
 
 /// Batch gets at least one slot this often while interactive waits but is
 /// not at risk.
@@ -117,7 +117,11 @@ impl crate::upstream::Attempts for Lease {
     /// the slot left behind goes to the next waiter.
     fn move_to_another(&mut self) -> bool {
         let pool = self.admission.pool.load();
-        match pool.pick(Some(self.slot.replica()), 0, self.tier) {
+        let room = match self.tier {
+            Tier::Interactive => Room::Over(0),
+            Tier::Batch => Room::Leave(self.admission.reserved(pool.capacity())),
+        };
+        match pool.pick(Some(self.slot.replica()), room, self.tier) {
             Ok(other) => {
                 self.slot = other;
                 self.admission.dispatch();
@@ -354,23 +358,33 @@ impl PoolAdmission {
     /// over its target, the whole share is reserved.
     pub(crate) fn batch_limit(&self) -> usize {
         let cap = self.pool.load().capacity();
+        let reserved = self.reserved(cap);
+        if reserved == 0 {
+            return cap;
+        }
+        let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
+        if share < 1.0 {
+            (cap - reserved).max(1)
+        } else {
+            cap - reserved
+        }
+    }
+
+    /// The slots of `cap` reserved for interactive requests now (see
+    /// [`PoolAdmission::batch_limit`]).
+    fn reserved(&self, cap: usize) -> usize {
         let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
         if share == 0.0 || cap == 0 {
-            return cap;
+            return 0;
         }
         let most = cap - (cap as f64 * (1.0 - share)).floor() as usize;
         let headroom = ((cap as f64 * HEADROOM_SHARE).ceil() as usize).max(1);
         let demand = self.interactive_demand.load(Ordering::Relaxed) as f64 * self.reservation_scale();
         // An interactive class over its TTFT target takes the whole share back.
-        let reserved = if self.interactive_at_risk.load(Ordering::Relaxed) {
+        if self.interactive_at_risk.load(Ordering::Relaxed) {
             most
         } else {
             ((demand * DEMAND_MARGIN).ceil() as usize + headroom).min(most)
-        };
-        if share < 1.0 {
-            (cap - reserved).max(1)
-        } else {
-            cap - reserved
         }
     }
 
@@ -467,11 +481,11 @@ impl PoolAdmission {
                 return Err(if pool.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
             }
         }
-        let over = match tier {
-            Tier::Interactive => self.interactive_over(&pool) + extra,
-            Tier::Batch => 0,
+        let room = match tier {
+            Tier::Interactive => Room::Over(self.interactive_over(&pool) + extra),
+            Tier::Batch => Room::Leave(self.reserved(pool.capacity())),
         };
-        match pool.pick(None, over, tier) {
+        match pool.pick(None, room, tier) {
             Ok(slot) => {
                 if tier == Tier::Interactive {
                     self.interactive_inflight.fetch_add(1, Ordering::SeqCst);

@@ -33,6 +33,9 @@ use crate::telemetry::metrics::{Metrics, RequestSeries};
 use crate::telemetry::{Outcome, SliClass};
 use sse::{analyze, SseParser, Usage};
 
+/// A stream's gaps between tokens are reported to its replica every this many.
+const GAPS_REPORTED_EVERY: u64 = 16;
+
 /// Everything measured about one request; records itself once, on drop.
 /// It also carries the request's guards (the lease on its slot, its breaker
 /// probe, its span), which end with it.
@@ -46,6 +49,9 @@ pub(crate) struct Tracker {
     last_token: Option<Instant>,
     gaps: u64,
     gaps_over: u64,
+    /// The token and gap count up to which this stream's gaps were last
+    /// reported to its replica (see [`Replica::record_itl`]).
+    gaps_reported: Option<(Instant, u64)>,
     usage: Option<Usage>,
     /// When the replica reports no usage (llama.cpp's server, among
     /// others): the prompt's tokens estimated from the request body, and
@@ -85,6 +91,7 @@ impl Tracker {
             last_token: None,
             gaps: 0,
             gaps_over: 0,
+            gaps_reported: None,
             usage: None,
             prompt_estimate: 0,
             answer_estimate: None,
@@ -226,9 +233,26 @@ impl Tracker {
                 if gap > self.class.itl {
                     self.gaps_over += 1;
                 }
+                self.last_token = Some(now);
+                if self.gaps % GAPS_REPORTED_EVERY == 0 {
+                    self.report_gaps();
+                }
+                return;
             }
         }
         self.last_token = Some(now);
+    }
+
+    /// Tell the replica this stream's gaps since the last report: every
+    /// [`GAPS_REPORTED_EVERY`] gaps and at the end, so a replica that slows
+    /// down is seen within a second or so, not only as its streams end.
+    fn report_gaps(&mut self) {
+        let (Some(l), Some(first), Some(last)) = (&self.lease, self.first_token, self.last_token) else { return };
+        let (from, before) = self.gaps_reported.unwrap_or((first, 0));
+        if self.gaps > before {
+            l.replica().record_itl(last - from, self.gaps - before);
+            self.gaps_reported = Some((last, self.gaps));
+        }
     }
 
     fn record(&mut self) {
@@ -280,9 +304,7 @@ impl Tracker {
             }
         }
         self.account_tenant(&f);
-        if let (Some(l), Some(first), Some(last)) = (&self.lease, self.first_token, self.last_token) {
-            l.replica().record_itl(last - first, self.gaps);
-        }
+        self.report_gaps();
         let control = &self.class.control;
         let series = series(&mut self.series, &self.class);
         let class = control.series.load();
@@ -1265,6 +1287,47 @@ mod tests {
         assert_eq!(sample(&m, "slogate_e2e_request_latency_seconds_sum"), 0.9);
         // TPOT = (e2e - TTFT) / (3 tokens - 1) = 0.25 s.
         assert_eq!(sample(&m, "slogate_time_per_output_token_seconds_sum"), 0.25);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_reports_its_gaps_to_its_replica_while_it_runs_and_at_its_end() {
+        use crate::config::{InflightLimit, PoolConfig, Tier, TiersConfig};
+        use crate::upstream::{Access, Pool};
+        let (metrics, class) = fixture();
+        let cfg = PoolConfig {
+            replicas: vec!["http://127.0.0.1:9".into()],
+            max_inflight_per_replica: InflightLimit::Fixed(4),
+            ..PoolConfig::default()
+        };
+        let pool = Pool::new(cfg.clone(), Access::new(&cfg).expect("access"), &metrics, None);
+        let replica = pool.replicas[0].clone();
+        replica.set_healthy(true);
+        let admission = Arc::new(crate::admission::queue::PoolAdmission::new(Arc::new(pool), TiersConfig::default(), &metrics));
+        let mut tracker = Tracker::new(metrics.clone(), class, Instant::now());
+        tracker.attach_lease(admission.try_lease(Tier::Interactive).expect("a slot"), Duration::ZERO);
+        let tick = |t: &mut Tracker, ms: u64| {
+            let now = t.last_token.map_or(Instant::now(), |l| l + Duration::from_millis(ms));
+            t.content_event(now);
+        };
+        tick(&mut tracker, 0);
+        for _ in 0..GAPS_REPORTED_EVERY - 1 {
+            tick(&mut tracker, 40);
+        }
+        assert_eq!(replica.itl_mean(), Duration::ZERO, "nothing reported before the first {GAPS_REPORTED_EVERY} gaps");
+        tick(&mut tracker, 40);
+        assert_eq!(replica.itl_mean(), Duration::from_millis(40), "the stream still runs");
+        // The replica slows down: the next report moves its mean a fifth of the way to 90 ms.
+        for _ in 0..GAPS_REPORTED_EVERY {
+            tick(&mut tracker, 90);
+        }
+        assert_eq!(replica.itl_mean(), Duration::from_millis(50));
+        // The end reports what is left (4 gaps of 140 ms), once.
+        for _ in 0..4 {
+            tick(&mut tracker, 140);
+        }
+        drop(tracker);
+        assert_eq!(replica.itl_mean(), Duration::from_millis(68));
+        assert_eq!(replica.inflight(), 0, "the slot given back");
     }
 
     #[tokio::test(start_paused = true)]

@@ -73,6 +73,10 @@ pub(crate) struct Sample {
     pub(crate) first_token: Option<f64>,
     /// The same, the period's latest (largest share).
     pub(crate) first_token_max: Option<f64>,
+    /// The requests the gateway sends the replica in one of its engine
+    /// steps, on average (0 when not known): about that many are in its
+    /// waiting queue between their arrival and its next step, whatever its load.
+    pub(crate) in_transit: f64,
 }
 
 /// Samples the limit is held after it went down.
@@ -147,7 +151,11 @@ impl Controller {
     /// Take one period's sample; the limit after it.
     pub(crate) fn update(&mut self, s: Sample) -> usize {
         let (min, max) = (self.params.min as f64, self.params.max as f64);
-        let waiting = s.waiting.unwrap_or(0.0).max(0.0);
+        // Requests caught between their arrival and the engine's next step
+        // are no queue: a queue counts beyond what arrives in one step (a
+        // Poisson count; its mean and two standard deviations).
+        let transit = (s.in_transit + 2.0 * s.in_transit.sqrt()).floor();
+        let waiting = (s.waiting.unwrap_or(0.0) - transit).max(0.0);
         let prev = std::mem::replace(&mut self.waiting, waiting);
         let queued = waiting.min(prev);
         // Requests sent under a higher limit that have not ended yet: the
@@ -288,6 +296,7 @@ mod tests {
                 refused: false,
                 first_token: Some(0.3),
                 first_token_max: Some(0.5),
+                in_transit: 0.0,
             }
         }
     }
@@ -404,6 +413,44 @@ mod tests {
             lows.push(c3.update(s));
         }
         assert!(lows.iter().all(|&l| l >= 95), "bursts in transit do not cap it: {lows:?}");
+    }
+
+    #[test]
+    fn requests_in_transit_to_the_next_engine_step_are_no_queue() {
+        // A replica that runs 56 of a limit of 65 (it has room), sent a
+        // third of a request per engine step: most scrapes see none waiting,
+        // some one, now and then several in a row. Known to be in transit,
+        // that is no queue and the limit stays; taken for a queue, it is cut
+        // to what the replica ran.
+        for (in_transit, kept) in [(0.3, true), (0.0, false)] {
+            let mut c = Controller::new(LimitParams { initial: 65, ..params() });
+            let mut limits = Vec::new();
+            for i in 0..40 {
+                let s = Sample {
+                    waiting: Some(if i % 8 < 3 { 1.0 } else { 0.0 }),
+                    running: Some(55.0),
+                    inflight_peak: 56,
+                    inflight_now: 56,
+                    in_transit,
+                    ..Sample::default()
+                };
+                limits.push(c.update(s));
+            }
+            assert_eq!(limits.iter().all(|&l| l == 65), kept, "in transit {in_transit}: {limits:?}");
+        }
+        // A real queue beyond what is in transit still cuts it.
+        let mut c = Controller::new(LimitParams { initial: 65, ..params() });
+        for _ in 0..2 {
+            c.update(Sample {
+                waiting: Some(6.0),
+                running: Some(59.0),
+                inflight_peak: 65,
+                inflight_now: 65,
+                in_transit: 0.3,
+                ..Sample::default()
+            });
+        }
+        assert!(c.limit() <= 60, "{}", c.limit());
     }
 
     #[test]

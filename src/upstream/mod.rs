@@ -40,6 +40,8 @@ pub(crate) struct Replica {
     /// batch): the prefills a request sent here now would wait behind.
     /// Only changed through [`ReplicaSlot`].
     prefilling: [AtomicUsize; 2],
+    /// Batch requests holding a slot here. Only changed through [`ReplicaSlot`].
+    batch_held: AtomicUsize,
     /// Slots; set when a config goes live (a reload resizes it in place:
     /// slots above a lowered limit drain, and no new one is taken until the
     /// count is under it).
@@ -88,6 +90,11 @@ pub(crate) struct Replica {
     itl_mean_us: AtomicU64,
     /// When a stream last ended here, in milliseconds after `born`.
     itl_at_ms: AtomicU64,
+    /// Requests sent here since the start, and the count and time (ms
+    /// after `born`) the controller last looked at it.
+    dispatched: AtomicU64,
+    dispatched_seen: AtomicU64,
+    controlled_at_ms: AtomicU64,
     born: tokio::time::Instant,
     /// `slogate_replica_limit{pool,replica}`.
     limit_gauge: Gauge,
@@ -103,7 +110,7 @@ const ITL_EWMA: f64 = 0.2;
 /// A replica whose streams' mean gap is more than this many times the
 /// fastest healthy replica's is slow: interactive requests wait for the others.
 const SLOW_GAPS: f64 = 1.5;
-/// A replica's mean gap counts for this long after its last stream ended.
+/// A replica's mean gap counts for this long after a stream last reported its gaps.
 /// Past it the replica is as one never measured, so one marked slow that
 /// no batch stream has measured since gets interactive requests again.
 const GAPS_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
@@ -210,6 +217,7 @@ impl Replica {
                 Ok(_) => {
                     self.inflight_gauge.inc();
                     self.inflight_peak.fetch_max(cur + 1, Ordering::Relaxed);
+                    self.dispatched.fetch_add(1, Ordering::Relaxed);
                     return true;
                 }
                 Err(now) => cur = now,
@@ -236,10 +244,10 @@ impl Replica {
         });
     }
 
-    /// A stream of any class that ended here had `gaps` gaps between its
-    /// tokens over `span` (first token to last). The replica's mean gap
-    /// moves a fifth of the way to this stream's: it follows a replica that
-    /// slows down (or recovers) within a few streams. Every class counts: a
+    /// A stream of any class here had `gaps` gaps between its tokens over
+    /// `span` (reported every few gaps, and at its end). The replica's mean
+    /// gap moves a fifth of the way to this report's: it follows a replica
+    /// that slows down (or recovers) within a second or so. Every class counts: a
     /// replica's step time is the same for all its streams, so batch keeps
     /// it measured while interactive requests go elsewhere.
     pub(crate) fn record_itl(&self, span: std::time::Duration, gaps: u64) {
@@ -298,6 +306,14 @@ impl Replica {
         let latest = self.first_token_max.swap(0, Ordering::Relaxed);
         // In a fleet the limit is the replica's, for every instance's requests.
         let others = self.others_inflight.load(Ordering::Relaxed);
+        // Requests sent in the time of one engine step (the mean gap between
+        // tokens): about that many wait in the replica's queue between their
+        // arrival and its next step, at any load.
+        let now_ms = self.born.elapsed().as_millis() as u64;
+        let since = now_ms.saturating_sub(self.controlled_at_ms.swap(now_ms, Ordering::Relaxed));
+        let sent = self.dispatched.load(Ordering::Relaxed);
+        let sent = sent.saturating_sub(self.dispatched_seen.swap(sent, Ordering::Relaxed));
+        let in_transit = if since > 0 { sent as f64 * 1000.0 / since as f64 * self.itl_mean().as_secs_f64() } else { 0.0 };
         let sample = limit::Sample {
             waiting: load.waiting,
             running: load.running,
@@ -307,6 +323,7 @@ impl Replica {
             refused: self.refused.swap(false, Ordering::Relaxed),
             first_token: (n > 0).then(|| share as f64 / 1000.0 / n as f64),
             first_token_max: (n > 0).then(|| latest as f64 / 1000.0),
+            in_transit,
         };
         let limit = self.controller.lock().unwrap_or_else(|p| p.into_inner()).update(sample);
         self.set_max_inflight(limit);
@@ -335,6 +352,7 @@ pub(crate) struct Load {
 pub(crate) struct ReplicaSlot {
     replica: Arc<Replica>,
     held: bool,
+    tier: Tier,
     /// Counted in the replica's `prefilling` of this tier until the first
     /// token arrives or the slot is given back.
     prefill: Option<Tier>,
@@ -347,7 +365,10 @@ impl ReplicaSlot {
 
     fn new(replica: &Arc<Replica>, tier: Tier) -> ReplicaSlot {
         replica.prefilling[tier as usize].fetch_add(1, Ordering::Relaxed);
-        ReplicaSlot { replica: replica.clone(), held: true, prefill: Some(tier) }
+        if tier == Tier::Batch {
+            replica.batch_held.fetch_add(1, Ordering::Relaxed);
+        }
+        ReplicaSlot { replica: replica.clone(), held: true, tier, prefill: Some(tier) }
     }
 
     /// The request's first token arrived: its prefill is done (a no-op after the first call).
@@ -363,6 +384,9 @@ impl ReplicaSlot {
         if std::mem::take(&mut self.held) {
             self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
             self.replica.inflight_gauge.dec();
+            if self.tier == Tier::Batch {
+                self.replica.batch_held.fetch_sub(1, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -377,6 +401,18 @@ impl std::fmt::Debug for ReplicaSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplicaSlot").field("replica", &self.replica.url).field("held", &self.held).finish()
     }
+}
+
+/// What [`Pool::pick`] allows beyond a replica's free slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// An interactive request may go this many above the pool's slots
+    /// (spread over its healthy replicas).
+    Over(usize),
+    /// A batch request leaves this many slots to interactive requests on the
+    /// replicas they can use (applied while a replica is slow; otherwise the
+    /// batch limit does it).
+    Leave(usize),
 }
 
 /// Why no slot could be had.
@@ -520,6 +556,7 @@ impl Pool {
                 base,
                 inflight: AtomicUsize::new(0),
                 prefilling: [AtomicUsize::new(0), AtomicUsize::new(0)],
+                batch_held: AtomicUsize::new(0),
                 max_inflight: AtomicUsize::new(initial),
                 healthy: AtomicBool::new(false),
                 allowance: AtomicUsize::new(usize::MAX),
@@ -542,6 +579,9 @@ impl Pool {
                 first_token_p90: AtomicU64::new(0f64.to_bits()),
                 itl_mean_us: AtomicU64::new(0f64.to_bits()),
                 itl_at_ms: AtomicU64::new(0),
+                dispatched: AtomicU64::new(0),
+                dispatched_seen: AtomicU64::new(0),
+                controlled_at_ms: AtomicU64::new(0),
                 born: tokio::time::Instant::now(),
                 limit_gauge,
                 logged_limit: AtomicUsize::new(initial),
@@ -636,8 +676,8 @@ impl Pool {
     }
 
     /// Pick a healthy replica with a free slot for a request of `tier`,
-    /// skipping `exclude`, and take the slot; `over`: a request may go that
-    /// many above the pool's slots (spread over its healthy replicas).
+    /// skipping `exclude`, and take the slot; `room`: how far an interactive
+    /// request may go above the slots, or what a batch request leaves free.
     ///
     /// `least_loaded` ranks replicas first by the prefills the request would
     /// wait behind (requests sent there without a first token yet; see
@@ -646,8 +686,12 @@ impl Pool {
     /// request, not how many streams decode beside it: two replicas with the
     /// same in-flight count differ by whole steps in what a new request
     /// waits if one is in the middle of a burst of prefills.
-    pub(crate) fn pick(&self, exclude: Option<&Arc<Replica>>, over: usize, tier: Tier) -> Result<ReplicaSlot, PickError> {
-        let over = if over == 0 { 0 } else { over.div_ceil(self.healthy_count().max(1)) };
+    pub(crate) fn pick(&self, exclude: Option<&Arc<Replica>>, room: Room, tier: Tier) -> Result<ReplicaSlot, PickError> {
+        let (over, reserved) = match room {
+            Room::Over(0) => (0, 0),
+            Room::Over(over) => (over.div_ceil(self.healthy_count().max(1)), 0),
+            Room::Leave(reserved) => (0, reserved),
+        };
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
         let mut any_healthy = false;
@@ -678,13 +722,28 @@ impl Pool {
                 // whatever it waited: better to wait for a slot where it
                 // will not); batch goes to a slow one first.
                 let fastest = ranked.iter().map(|(_, m, _)| *m).filter(|m| !m.is_zero()).min();
-                for (rank, m, _) in &mut ranked {
+                let (mut any_slow, mut fast_slots, mut fast_batch) = (false, 0, 0);
+                for (rank, m, r) in &mut ranked {
                     let slow = fastest.is_some_and(|f| *m > f.mul_f64(SLOW_GAPS));
                     rank.0 = slow == (tier == Tier::Interactive);
+                    any_slow |= slow;
+                    if !slow {
+                        fast_slots += r.slots();
+                        fast_batch += r.batch_held.load(Ordering::Relaxed);
+                    }
                 }
+                // While a replica is slow, interactive requests can use only
+                // the others: the seats reserved for them must be there. Batch
+                // takes a seat on those only while it leaves `reserved` of
+                // their slots to interactive (the slow ones are its own).
+                let batch_may_take_fast = !any_slow || fast_batch + reserved < fast_slots;
                 ranked.sort_by_key(|(rank, ..)| *rank);
                 for ((away, ..), _, r) in ranked {
                     if away && tier == Tier::Interactive {
+                        break;
+                    }
+                    // (For batch the replicas ranked away are the fast ones.)
+                    if away && tier == Tier::Batch && !batch_may_take_fast {
                         break;
                     }
                     if r.try_take(over, tier == Tier::Interactive) {
@@ -788,7 +847,8 @@ mod tests {
         let pool = two(2, false);
         let (slow, fast) = (&pool.replicas[0], &pool.replicas[1]);
         // Before any stream ended, nothing changes the order.
-        let picks: Vec<String> = (0..4).map(|_| on(&pool.pick(None, 0, Tier::Interactive).expect("slot")).to_string()).collect();
+        let picks: Vec<String> =
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).to_string()).collect();
         assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "no gaps measured yet: {picks:?}");
         // Streams of 100 gaps: 90 ms apart on one replica, 40 ms on the other (more than 1.5x).
         slow.record_itl(Duration::from_millis(9000), 100);
@@ -796,20 +856,20 @@ mod tests {
         assert!(slow.itl_mean().abs_diff(Duration::from_millis(90)) < Duration::from_micros(1), "{:?}", slow.itl_mean());
         for _ in 0..4 {
             // Whichever replica the rotation starts from.
-            let i = pool.pick(None, 0, Tier::Interactive).expect("slot");
+            let i = pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot");
             assert_eq!(on(&i), fast.url, "interactive where the gaps are short");
-            let b = pool.pick(None, 0, Tier::Batch).expect("slot");
+            let b = pool.pick(None, Room::Over(0), Tier::Batch).expect("slot");
             assert_eq!(on(&b), slow.url, "batch leaves that replica to interactive");
         }
         // The fast replica full: interactive waits for it (it would miss its
         // ITL on the slow one); batch still takes the slow one.
-        let held: Vec<_> = (0..2).map(|_| pool.pick(None, 0, Tier::Interactive).expect("slot")).collect();
+        let held: Vec<_> = (0..2).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).collect();
         assert!(held.iter().all(|s| on(s) == fast.url));
-        assert!(matches!(pool.pick(None, 0, Tier::Interactive), Err(PickError::Saturated)));
-        assert_eq!(on(&pool.pick(None, 0, Tier::Batch).expect("slot")), slow.url);
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Interactive), Err(PickError::Saturated)));
+        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")), slow.url);
         // The fast replica gone: the slow one serves interactive too.
         fast.set_healthy(false);
-        assert_eq!(on(&pool.pick(None, 0, Tier::Interactive).expect("slot")), slow.url);
+        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")), slow.url);
         fast.set_healthy(true);
         drop(held);
         // The slow replica recovers: its batch streams bring its mean back near the other's.
@@ -817,17 +877,19 @@ mod tests {
             slow.record_itl(Duration::from_millis(4000), 100);
         }
         assert!(slow.itl_mean() < Duration::from_millis(60), "{:?}", slow.itl_mean());
-        let picks: Vec<String> = (0..4).map(|_| on(&pool.pick(None, 0, Tier::Interactive).expect("slot")).to_string()).collect();
+        let picks: Vec<String> =
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).to_string()).collect();
         assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "both serve interactive again: {picks:?}");
         // Slow again, then nothing ends there for longer than the gaps are
         // remembered (no batch to measure it): interactive tries it again.
         slow.record_itl(Duration::from_millis(90_000), 100);
         fast.record_itl(Duration::from_millis(4000), 100);
-        assert_eq!(on(&pool.pick(None, 0, Tier::Batch).expect("slot")), slow.url, "slow again");
+        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")), slow.url, "slow again");
         tokio::time::advance(GAPS_FORGOTTEN_AFTER + Duration::from_secs(1)).await;
         fast.record_itl(Duration::from_millis(4000), 100);
         assert_eq!(slow.itl_mean(), Duration::ZERO, "forgotten");
-        let picks: Vec<String> = (0..4).map(|_| on(&pool.pick(None, 0, Tier::Interactive).expect("slot")).to_string()).collect();
+        let picks: Vec<String> =
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).to_string()).collect();
         assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "{picks:?}");
         slow.record_itl(Duration::from_millis(4000), 100);
         assert!(slow.itl_mean().abs_diff(Duration::from_millis(40)) < Duration::from_micros(1), "measured anew");
@@ -835,15 +897,47 @@ mod tests {
         for _ in 0..20 {
             slow.record_itl(Duration::from_millis(5600), 100);
         }
-        let picks: Vec<String> = (0..4).map(|_| on(&pool.pick(None, 0, Tier::Interactive).expect("slot")).to_string()).collect();
+        let picks: Vec<String> =
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).to_string()).collect();
         assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "{picks:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_a_replica_is_slow_batch_leaves_the_reserved_seats_on_the_others() {
+        use std::time::Duration;
+        let pool = two(4, false);
+        let (slow, fast) = (&pool.replicas[0], &pool.replicas[1]);
+        // Nothing slow: `Leave` is the batch limit's business, not the pick's.
+        let all: Vec<_> = (0..8).map(|_| pool.pick(None, Room::Leave(3), Tier::Batch).expect("slot")).collect();
+        assert_eq!(all.iter().filter(|s| on(s) == fast.url).count(), 4);
+        drop(all);
+        slow.record_itl(Duration::from_millis(9000), 100);
+        fast.record_itl(Duration::from_millis(4000), 100);
+        // Three seats reserved: batch fills the slow replica, then takes
+        // one seat of the fast one's four and no more.
+        let batch: Vec<_> = (0..5).map(|_| pool.pick(None, Room::Leave(3), Tier::Batch).expect("slot")).collect();
+        assert_eq!(batch.iter().filter(|s| on(s) == slow.url).count(), 4);
+        assert_eq!(fast.batch_held.load(Ordering::Relaxed), 1);
+        assert!(matches!(pool.pick(None, Room::Leave(3), Tier::Batch), Err(PickError::Saturated)));
+        // The reserved seats are interactive's.
+        let chat: Vec<_> = (0..3).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).collect();
+        assert!(chat.iter().all(|s| on(s) == fast.url));
+        // Interactive's demand falls (less reserved): batch may take more of the fast replica.
+        drop(chat);
+        let more = pool.pick(None, Room::Leave(1), Tier::Batch).expect("slot");
+        assert_eq!(on(&more), fast.url);
+        assert_eq!(fast.batch_held.load(Ordering::Relaxed), 2);
+        // Each batch seat is counted off once, when given back.
+        drop(more);
+        drop(batch);
+        assert_eq!((fast.batch_held.load(Ordering::Relaxed), slow.batch_held.load(Ordering::Relaxed)), (0, 0));
     }
 
     #[test]
     fn a_new_request_goes_where_fewer_prefills_are_ahead_of_it_even_with_more_streams() {
         let pool = two(8, false);
         // Three streams decoding on one replica, one request still prefilling on the other.
-        let mut decoding: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, 0, Tier::Batch).expect("slot")).collect();
+        let mut decoding: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")).collect();
         let prefilling = decoding.pop().expect("four");
         let busy = on(&prefilling).to_string();
         decoding.retain(|s| on(s) != busy);
@@ -853,7 +947,7 @@ mod tests {
         let quiet = on(&decoding[0]).to_string();
         assert!(decoding.len() > prefilling.replica().inflight(), "more streams on {quiet} than on {busy}");
         for tier in [Tier::Interactive, Tier::Batch] {
-            let next = pool.pick(None, 0, tier).expect("slot");
+            let next = pool.pick(None, Room::Over(0), tier).expect("slot");
             assert_eq!(on(&next), quiet, "{tier:?}: the replica with no prefill in progress");
         }
         // Once the prefill is done, streams count again.
@@ -861,7 +955,7 @@ mod tests {
         prefilling.prefilled();
         let mut counts = HashSet::new();
         for _ in 0..2 {
-            counts.insert(on(&pool.pick(None, 0, Tier::Batch).expect("slot")).to_string());
+            counts.insert(on(&pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")).to_string());
         }
         assert_eq!(counts, HashSet::from([busy]), "fewest streams now");
     }
@@ -872,9 +966,9 @@ mod tests {
             let pool = two(8, priority);
             let (ra, rb) = (pool.replicas[0].clone(), pool.replicas[1].clone());
             // Two batch prefills on one replica, one interactive prefill on the other.
-            let _batch: Vec<ReplicaSlot> = (0..2).map(|_| pool.pick(Some(&ra), 0, Tier::Batch).expect("slot")).collect();
-            let _chat = pool.pick(Some(&rb), 0, Tier::Interactive).expect("slot");
-            let next = pool.pick(None, 0, Tier::Interactive).expect("slot");
+            let _batch: Vec<ReplicaSlot> = (0..2).map(|_| pool.pick(Some(&ra), Room::Over(0), Tier::Batch).expect("slot")).collect();
+            let _chat = pool.pick(Some(&rb), Room::Over(0), Tier::Interactive).expect("slot");
+            let next = pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot");
             // vLLM with priority scheduling runs the interactive request
             // before both batch prefills; first come, first served, it waits for both.
             let want = if priority { &rb } else { &ra };
@@ -890,19 +984,19 @@ mod tests {
         for r in [&ra, &rb] {
             r.set_fleet_share(Some((2, 5)));
         }
-        let _mine: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, 0, Tier::Batch).expect("within the part")).collect();
-        assert_eq!(pool.pick(None, 0, Tier::Batch).err(), Some(PickError::Saturated), "batch keeps to its part");
+        let _mine: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, Room::Over(0), Tier::Batch).expect("within the part")).collect();
+        assert_eq!(pool.pick(None, Room::Over(0), Tier::Batch).err(), Some(PickError::Saturated), "batch keeps to its part");
         // One seat on each replica is nobody's: interactive takes them, then no more.
-        let _i1 = pool.pick(None, 0, Tier::Interactive).expect("a free seat");
-        let _i2 = pool.pick(None, 0, Tier::Interactive).expect("the other free seat");
-        assert_eq!(pool.pick(None, 0, Tier::Interactive).err(), Some(PickError::Saturated), "2 + 5 + 1 = 8: full");
+        let _i1 = pool.pick(None, Room::Over(0), Tier::Interactive).expect("a free seat");
+        let _i2 = pool.pick(None, Room::Over(0), Tier::Interactive).expect("the other free seat");
+        assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive).err(), Some(PickError::Saturated), "2 + 5 + 1 = 8: full");
         assert_eq!((ra.inflight(), rb.inflight()), (3, 3));
     }
 
     #[test]
     fn the_prefill_count_falls_once_at_the_first_token_or_at_release() {
         let pool = two(8, false);
-        let mut s = pool.pick(None, 0, Tier::Interactive).expect("slot");
+        let mut s = pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot");
         let r = s.replica().clone();
         assert_eq!((r.prefilling(Tier::Interactive), r.inflight()), (1, 1));
         s.prefilled();
@@ -911,7 +1005,7 @@ mod tests {
         drop(s);
         assert_eq!((r.prefilling(Tier::Interactive), r.inflight()), (0, 0));
         // Given back before any token (a refusal, a client gone): counted off once.
-        let mut s = pool.pick(None, 0, Tier::Batch).expect("slot");
+        let mut s = pool.pick(None, Room::Over(0), Tier::Batch).expect("slot");
         let r = s.replica().clone();
         assert_eq!(r.prefilling(Tier::Batch), 1);
         s.release();
