@@ -23,6 +23,14 @@
 //!   replica leave more of each step to the prefills interactive requests
 //!   wait for.
 //!
+//! A request waits in the replica's queue from its arrival to the engine's
+//! next step whatever the load: the gateway sends about `in_transit` of them
+//! per step (its dispatch rate times the replica's mean gap between tokens),
+//! and a queue counts only beyond that Poisson count's mean plus two standard
+//! deviations. Without it, a replica sent many requests a second (the one
+//! left when another slows down) shows one waiting in two scrapes in a row
+//! every few seconds, and is cut to what it runs while it still has room.
+//!
 //! A queue in a single sample counts too, once the next sample shows the
 //! replica took no more on (a burst in transit, or a ramp, shows a queue
 //! that the replica then takes): the most it ran then,
