@@ -313,7 +313,12 @@ impl Replica {
         let since = now_ms.saturating_sub(self.controlled_at_ms.swap(now_ms, Ordering::Relaxed));
         let sent = self.dispatched.load(Ordering::Relaxed);
         let sent = sent.saturating_sub(self.dispatched_seen.swap(sent, Ordering::Relaxed));
-        let in_transit = if since > 0 { sent as f64 * 1000.0 / since as f64 * self.itl_mean().as_secs_f64() } else { 0.0 };
+        let mut in_transit = if since > 0 { sent as f64 * 1000.0 / since as f64 * self.itl_mean().as_secs_f64() } else { 0.0 };
+        // In a fleet the others send too, about in proportion to what they hold here.
+        let mine = self.inflight();
+        if mine > 0 {
+            in_transit *= (mine + others) as f64 / mine as f64;
+        }
         let sample = limit::Sample {
             waiting: load.waiting,
             running: load.running,
