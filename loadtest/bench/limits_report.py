@@ -29,13 +29,13 @@ def rows_of(recs, span):
 def table(f, runs):
     f.write("| run | class | requests | completed | 429 | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n")
     f.write("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
-    for name, rows, C in runs:
+    for name, rows, C, cname in runs:
         for c in ("chat", "batch"):
             x = rows[c]
             f.write(f"| {name} | {c} | {x['requests']} | {x['done']} | {x['rejected']} | {x['failed']} | "
                     f"{x['p50']:.0f} / {x['p99']:.0f} | {100 * x['within']:.1f} % | {x['goodput']:.2f} |\n")
         g = rows["chat"]["goodput"] + rows["batch"]["goodput"]
-        f.write(f"| {name} | **all** | | | | | | | **{g:.2f}** ({100 * g / C:.0f} % of C) |\n")
+        f.write(f"| {name} | **all** | | | | | | | **{g:.2f}** ({100 * g / C:.0f} % of {cname}) |\n")
 
 
 def limit_chart(d, labels, stem, title):
@@ -82,7 +82,7 @@ def cmd_overload(d, C, machine):
         write_checks(f, checks)
         f.write(f"\nLearned slots (sum over both replicas) from 5 s on: min {min(learned):.0f}, median {pct(learned, 0.5):.0f}, "
                 f"max {max(learned):.0f}.\n\n## Side by side\n\n")
-        table(f, [(lab, runs[lab], C) for lab in ("auto", "fixed", "none")])
+        table(f, [(lab, runs[lab], C, "C") for lab in ("auto", "fixed", "none")])
         f.write("\nChart: `limits.svg` (each run's slots and the gateway's rolling chat TTFT P99).\n")
     print(open(os.path.join(d, "README.md")).read())
 
@@ -130,7 +130,7 @@ def capacity_change(d, C, machine, half, C2, what):
         write_checks(f, checks)
         f.write(f"\nLearned slots (sum over both replicas): {pct(pre, 0.5):.0f} (median of the 20 s before the change), "
                 f"{level:.0f} (median after).\n\n## Before and after\n\n")
-        table(f, [("before", before, C), ("after", after, C2)])
+        table(f, [("before", before, C, "C"), ("after", after, C2, "C2")])
         if ref:
             f.write(f"\n**Reference: the same chat (0.4 C, 1024-token prompts) with no batch at all**, through `auto` on fresh "
                     f"replicas: {ref['done']} requests, TTFT p50 / p99 {ref['p50']:.0f} / {ref['p99']:.0f} ms, "
@@ -236,7 +236,7 @@ def cmd_fleet(d, C, machine, kill_at):
         f.write("Runs: " + "; ".join(f"`{r}`: {t}" for r, t in FLEET_RUNS) + ".\n\n")
         write_checks(f, checks)
         f.write("\n## Side by side\n\n")
-        table(f, [(run, runs[run], C) for run, _ in FLEET_RUNS] + [("kill, after", after, C)])
+        table(f, [(run, runs[run], C, "C") for run, _ in FLEET_RUNS] + [("kill, after", after, C, "C")])
         f.write("\nChart: `kill-slots.svg` (each gateway's `slogate_replica_slots`, summed over the replicas, and the replicas' limit).\n")
     print(open(os.path.join(d, "README.md")).read())
 
