@@ -134,9 +134,10 @@ def capacity_change(d, C, machine, half, C2, what):
         if ref:
             f.write(f"\n**Reference: the same chat (0.4 C, 1024-token prompts) with no batch at all**, through `auto` on fresh "
                     f"replicas: {ref['done']} requests, TTFT p50 / p99 {ref['p50']:.0f} / {ref['p99']:.0f} ms, "
-                    f"{100 * ref['within']:.2f} % within SLO. With 1024-token prompts a prefill takes three 512-token steps "
-                    "(less the decodes' share of each step), and chat alone fills a good part of the replicas' prefill "
-                    "budget: this is the most chat can get on this fleet after the change, whatever admits the batch.\n")
+                    f"{100 * ref['within']:.2f} % within SLO: what chat gets on this fleet after the change with "
+                    "nothing beside it. With 1024-token prompts a prefill takes three 512-token steps (less the "
+                    "decodes' share of each step), so every batch prefill the replicas run delays the chat "
+                    "prefills behind it by whole steps.\n")
         f.write("\nChart: `limits.svg`.\n")
     print(open(os.path.join(d, "README.md")).read())
 
