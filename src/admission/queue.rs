@@ -444,16 +444,7 @@ impl PoolAdmission {
         let (slots, others) = if fleet > 0 { (fleet, self.others_interactive.load(Ordering::Relaxed)) } else { (cap, 0) };
         let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
         let most = slots - (slots as f64 * (1.0 - share)).floor() as usize;
-        let mine = self.interactive_inflight.load(Ordering::SeqCst);
-        let mut room = most.saturating_sub(mine + others);
-        if fleet > 0 {
-            // Every instance sees the same room, a period late: each takes
-            // only its part (its part of the slots; the parts follow demand),
-            // or together they would send the replicas several times the
-            // room, to wait inside vLLM for seats.
-            let my_most = (most as f64 * cap as f64 / fleet.max(1) as f64).floor() as usize;
-            room = room.min(my_most.saturating_sub(mine));
-        }
+        let room = most.saturating_sub(self.interactive_inflight.load(Ordering::SeqCst) + others);
         if room == 0 {
             // The share is taken: within the slots (and what batch holds above its limit) only.
             // Counting what is already above the slots here would let every
@@ -1111,24 +1102,14 @@ mod tests {
             assert_eq!(more, if priority { 4 } else { 0 }, "priority {priority}: interactive up to its share of 5, above the slots");
             if priority {
                 // In a fleet of 100 slots the share is 25: the others' 10
-                // interactive requests and these 5 leave room for 10 more,
-                // but this instance has 20 of the 100 slots and takes only
-                // its part of the share (5), which it holds.
+                // interactive requests and these 5 leave room for 10 more.
                 pool.set_fleet_interactive(100, 10);
-                assert!(pool.try_lease(Tier::Interactive).is_err(), "its part of the share is taken");
-                // Three of its interactive streams end: three more.
-                held.truncate(held.len() - 3);
                 let mut fleet_more = 0;
                 while let Ok(l) = pool.try_lease(Tier::Interactive) {
                     held.push(l);
                     fleet_more += 1;
                 }
-                assert_eq!(fleet_more, 3, "its part of the fleet's share, less what it holds");
-                // The others hold 22: the fleet's room (25 - 22 - 2) is one.
-                held.truncate(held.len() - 3);
-                pool.set_fleet_interactive(100, 22);
-                assert!(pool.try_lease(Tier::Interactive).map(|l| held.push(l)).is_ok(), "the fleet's room");
-                assert!(pool.try_lease(Tier::Interactive).is_err(), "no more than the fleet's room");
+                assert_eq!(fleet_more, 10, "the fleet's share, less what the others hold");
                 pool.set_fleet_interactive(100, 40);
                 assert!(pool.try_lease(Tier::Interactive).is_err(), "the others hold more than the share: none");
             }
