@@ -21,8 +21,10 @@
 #   fleet     three gateways in front of the same replicas, 2 C spread over
 #             them: `alone` (each with the one-gateway limit 64, no fleet),
 #             `fixed` (fleet, 64 shared), `even` and `skewed` (fleet, auto;
-#             load 1/3 each, then 70/20/10), `kill` (fleet, auto, even; the
-#             third gateway is killed halfway and its load moves to the others)
+#             load 1/3 each, then 70/20/10), `one` (the even load, all of
+#             it through one gateway: the reference), `kill` (fleet, auto,
+#             even; the third gateway is killed halfway and its load moves to
+#             the others)
 #
 #   loadtest/bench/limits.sh [overload] [shift] [slow] [batch] [fleet]   (default: all)
 #
@@ -206,15 +208,17 @@ fleet_mix() {
 }
 
 # fleet_run DIR LABEL LIMIT JOIN SHARES [KILL_AT] : three gateways (in a fleet
-# when JOIN is yes) on fresh replicas, the load split by SHARES (a,b,c); with
-# KILL_AT, the third is killed (SIGKILL) then and its share goes to the others.
+# when JOIN is yes; JOIN one: a single gateway takes all three load
+# generators' requests) on fresh replicas, the load split by SHARES (a,b,c);
+# with KILL_AT, the third is killed (SIGKILL) then and its share goes to the others.
 fleet_run() {
-  local d=$1 label=$2 limit=$3 join=$4 kill_at=${6:-} i
+  local d=$1 label=$2 limit=$3 join=$4 kill_at=${6:-} i n=3
+  [ "$join" = one ] && n=1
   local shares; IFS=, read -r -a shares <<<"$5"
   sim_up --replicas 2
   local ports=() peers=() urls=() pids=() tls=() lgs=()
   for i in 0 1 2; do ports+=("$(free_port)"); peers+=("http://127.0.0.1:${ports[$i]}"); done
-  for i in 0 1 2; do
+  for ((i = 0; i < n; i++)); do
     if [ "$join" = yes ]; then gateway_yaml "$WORK/gw-$label-$i.yaml" "$limit" "${ports[$i]}" "${peers[@]}"
     else gateway_yaml "$WORK/gw-$label-$i.yaml" "$limit" "${ports[$i]}"; fi
     start_gateway "$WORK/gw-$label-$i.yaml" "gw-$label-$i"
@@ -226,7 +230,7 @@ fleet_run() {
     if [ -z "$kill_at" ]; then fleet_mix "$d/$label-$i.yaml" "$((i + 1))" "${shares[$i]}"
     elif [ "$i" = 2 ]; then fleet_mix "$d/$label-$i.yaml" "$((i + 1))" "${shares[$i]}" "$kill_at"
     else fleet_mix "$d/$label-$i.yaml" "$((i + 1))" "${shares[$i]}" "$kill_at" "$(python3 -c "print(${shares[$i]} + ${shares[2]} / 2)")"; fi
-    loadgen run "$d/$label-$i.yaml" --target "${urls[$i]}" --label "$label-$i" --out "$d/$label-$i.json" --report "$d/$label-$i.md" --no-progress &
+    loadgen run "$d/$label-$i.yaml" --target "${urls[$((i % n))]}" --label "$label-$i" --out "$d/$label-$i.json" --report "$d/$label-$i.md" --no-progress &
     lgs+=($!)
   done
   if [ -n "$kill_at" ]; then sleep "$kill_at"; kill -9 "${pids[2]}"; echo "$label: gateway 3 killed at ${kill_at} s" >&2; fi
@@ -242,6 +246,7 @@ fleet() {
   fleet_run "$d" alone 64 no "$third,$third,$third"
   fleet_run "$d" fixed 64 yes "$third,$third,$third"
   fleet_run "$d" even auto yes "$third,$third,$third"
+  fleet_run "$d" one auto one "$third,$third,$third"
   fleet_run "$d" skewed auto yes "0.7,0.2,0.1"
   fleet_run "$d" kill auto yes "$third,$third,$third" "$((DURATION / 2))"
   python3 "$HERE/limits_report.py" fleet "$d" "$C" "$MACHINE" "$((DURATION / 2))"

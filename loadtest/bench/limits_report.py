@@ -180,6 +180,8 @@ FLEET_RUNS = [
     ("alone", "three gateways, each with the one-gateway limit (64), no fleet"),
     ("fixed", "fleet, the hand-tuned 64 per replica shared"),
     ("even", "fleet, auto, load 1/3 each"),
+    ("one", "one gateway, auto, taking all three load generators' requests: `even`'s load exactly (the same seeds), "
+            "the reference for what one gateway gets on it"),
     ("skewed", "fleet, auto, load 70/20/10"),
     ("kill", "fleet, auto, load 1/3 each; the third gateway killed halfway, its load moved to the others"),
 ]
@@ -222,7 +224,12 @@ def cmd_fleet(d, C, machine, kill_at):
             (f"{run}: >= 99 % of chat within SLO", x["chat"]["within"] >= 0.99, f"{100 * x['chat']['within']:.2f} %"),
             (f"{run}: goodput >= 85 % of C", good(x) >= 0.85 * C, f"{good(x):.2f} req/s = {100 * good(x) / C:.0f} % of C"),
         ]
+    even, one = runs["even"]["chat"], runs["one"]["chat"]
     checks += [
+        ("even: chat within SLO at least one gateway's on the same load", even["within"] >= one["within"],
+         f"{100 * even['within']:.2f} % (one gateway: {100 * one['within']:.2f} %)"),
+        ("even: chat TTFT P99 at most one gateway's on the same load", even["p99"] <= one["p99"],
+         f"{even['p99']:.0f} ms (one gateway: {one['p99']:.0f} ms)"),
         ("kill: from 5 s after, chat TTFT P99 <= 300 ms", after["chat"]["p99"] <= 300, f"{after['chat']['p99']:.0f} ms"),
         ("kill: from 5 s after, >= 99 % of chat within SLO", after["chat"]["within"] >= 0.99, f"{100 * after['chat']['within']:.2f} %"),
     ]
