@@ -119,7 +119,7 @@ impl crate::upstream::Attempts for Lease {
         let pool = self.admission.pool.load();
         let room = match self.tier {
             Tier::Interactive => Room::Over(0),
-            Tier::Batch => Room::Leave(self.admission.reserved(pool.capacity())),
+            Tier::Batch => self.admission.batch_room(&pool),
         };
         match pool.pick(Some(self.slot.replica()), room, self.tier) {
             Ok(other) => {
@@ -370,6 +370,11 @@ impl PoolAdmission {
         }
     }
 
+    /// What a batch request leaves to interactive ones where it picks a replica.
+    fn batch_room(&self, pool: &Pool) -> Room {
+        Room::Leave(self.reserved(pool.capacity()))
+    }
+
     /// The slots of `cap` reserved for interactive requests now (see
     /// [`PoolAdmission::batch_limit`]).
     fn reserved(&self, cap: usize) -> usize {
@@ -483,7 +488,7 @@ impl PoolAdmission {
         }
         let room = match tier {
             Tier::Interactive => Room::Over(self.interactive_over(&pool) + extra),
-            Tier::Batch => Room::Leave(self.reserved(pool.capacity())),
+            Tier::Batch => self.batch_room(&pool),
         };
         match pool.pick(None, room, tier) {
             Ok(slot) => {

@@ -233,14 +233,13 @@ impl Tracker {
                 if gap > self.class.itl {
                     self.gaps_over += 1;
                 }
-                self.last_token = Some(now);
-                if self.gaps % GAPS_REPORTED_EVERY == 0 {
-                    self.report_gaps();
-                }
-                return;
             }
         }
         self.last_token = Some(now);
+        if self.gaps % GAPS_REPORTED_EVERY == 0 {
+            // (A no-op at the first token: no gap yet.)
+            self.report_gaps();
+        }
     }
 
     /// Tell the replica this stream's gaps since the last report: every

@@ -358,9 +358,9 @@ pub(crate) struct ReplicaSlot {
     replica: Arc<Replica>,
     held: bool,
     tier: Tier,
-    /// Counted in the replica's `prefilling` of this tier until the first
+    /// Counted in the replica's `prefilling` of its tier until the first
     /// token arrives or the slot is given back.
-    prefill: Option<Tier>,
+    prefilling: bool,
 }
 
 impl ReplicaSlot {
@@ -373,13 +373,13 @@ impl ReplicaSlot {
         if tier == Tier::Batch {
             replica.batch_held.fetch_add(1, Ordering::Relaxed);
         }
-        ReplicaSlot { replica: replica.clone(), held: true, tier, prefill: Some(tier) }
+        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true }
     }
 
     /// The request's first token arrived: its prefill is done (a no-op after the first call).
     pub(crate) fn prefilled(&mut self) {
-        if let Some(tier) = self.prefill.take() {
-            self.replica.prefilling[tier as usize].fetch_sub(1, Ordering::Relaxed);
+        if std::mem::take(&mut self.prefilling) {
+            self.replica.prefilling[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -693,7 +693,6 @@ impl Pool {
     /// waits if one is in the middle of a burst of prefills.
     pub(crate) fn pick(&self, exclude: Option<&Arc<Replica>>, room: Room, tier: Tier) -> Result<ReplicaSlot, PickError> {
         let (over, reserved) = match room {
-            Room::Over(0) => (0, 0),
             Room::Over(over) => (over.div_ceil(self.healthy_count().max(1)), 0),
             Room::Leave(reserved) => (0, reserved),
         };
