@@ -19,9 +19,15 @@
 //!   dispatch, without the gateway's queue time), as a share of each one's
 //!   class target: while one in a period is over its target the limit does
 //!   not grow, and when the period's mean is also over twice its own recent
-//!   best (so it is load, not long prompts) the limit is cut by a tenth: fewer requests on the
-//!   replica leave more of each step to the prefills interactive requests
-//!   wait for.
+//!   best (so it is load, not long prompts) batch makes room: it leaves a
+//!   tenth more of the limit to interactive requests there (up to half of
+//!   it; a seat back each period first tokens are on target). Fewer batch
+//!   streams on the replica leave more of each step to the prefills
+//!   interactive requests wait for, and the seats stay open to interactive
+//!   ones: cutting the limit itself took them from interactive requests
+//!   too, and in a burst of them, the moment the signal fires, every stream
+//!   that ended paid the cut down instead of seating one that waited.
+//!   With no batch held there, the limit itself is cut by a tenth.
 //!
 //! A request waits in the replica's queue from its arrival to the engine's
 //! next step whatever the load: the gateway sends about `in_transit` of them
@@ -85,6 +91,8 @@ pub(crate) struct Sample {
     /// steps, on average (0 when not known): about that many are in its
     /// waiting queue between their arrival and its next step, whatever its load.
     pub(crate) in_transit: f64,
+    /// Batch requests the gateway has on the replica now.
+    pub(crate) batch_now: usize,
 }
 
 /// Samples the limit is held after it went down.
@@ -117,6 +125,11 @@ pub(crate) struct Controller {
     samples: u32,
     /// The running count (our part) of the previous sample, when something waited in it.
     pending: Option<f64>,
+    /// Seats of the limit batch leaves to interactive requests, because
+    /// their first tokens came late under load (see [`Controller::batch_cut`]).
+    batch_cut: f64,
+    /// Samples before the batch cut may grow again.
+    batch_hold: u32,
 }
 
 /// How long a ceiling seen with a queue is remembered (30 s at 250 ms), at least.
@@ -136,7 +149,16 @@ impl Controller {
             ceiling: [None, None],
             samples: 0,
             pending: None,
+            batch_cut: 0.0,
+            batch_hold: 0,
         }
+    }
+
+    /// Seats of the limit batch requests leave to interactive ones (0 to
+    /// half the limit): a tenth more each time interactive first tokens come
+    /// late under load, one back each period they are on target.
+    pub(crate) fn batch_cut(&self) -> usize {
+        (self.batch_cut.ceil() as usize).min(self.limit() / 2)
     }
 
     pub(crate) fn limit(&self) -> usize {
@@ -204,6 +226,18 @@ impl Controller {
         // period is already a sign.
         let slow = s.first_token_max.or(s.first_token).is_some_and(|t| t > 1.0);
         let loaded = slow && s.first_token.zip(best).is_some_and(|(t, b)| t > 2.0 * b);
+        // Interactive first tokens late because of load: batch makes room
+        // while it holds seats here beyond what it already leaves.
+        let batch_makes_room = loaded && s.batch_now > 0 && !s.refused;
+        if batch_makes_room && self.batch_hold == 0 {
+            self.batch_cut = (self.batch_cut + (self.limit * 0.1).max(1.0)).min(self.limit * 0.5);
+            self.batch_hold = HOLD_AFTER_DECREASE;
+        } else {
+            self.batch_hold = self.batch_hold.saturating_sub(1);
+            if self.batch_hold == 0 && !slow {
+                self.batch_cut = (self.batch_cut - 1.0).max(0.0);
+            }
+        }
         if s.refused {
             self.knee = Some(self.limit);
             self.limit = (self.limit * 0.7).max(min);
@@ -233,8 +267,9 @@ impl Controller {
             self.knee = Some(self.limit);
             self.limit = (c + 1.0).max(self.limit * 0.5).max(min);
             self.hold = self.probe_hold;
-        } else if loaded && self.hold == 0 {
-            // Interactive first tokens late because of load: make room.
+        } else if loaded && !batch_makes_room && self.hold == 0 {
+            // Interactive first tokens late because of load, and only
+            // interactive requests here: fewer of them.
             self.knee = Some(self.limit);
             self.limit = (self.limit * 0.9).max(min);
             self.hold = HOLD_AFTER_DECREASE;
@@ -305,6 +340,7 @@ mod tests {
                 first_token: Some(0.3),
                 first_token_max: Some(0.5),
                 in_transit: 0.0,
+                batch_now: 0,
             }
         }
     }
@@ -459,6 +495,46 @@ mod tests {
             });
         }
         assert!(c.limit() <= 60, "{}", c.limit());
+    }
+
+    #[test]
+    fn late_first_tokens_under_load_make_batch_leave_seats_and_the_limit_holds() {
+        let mut c = Controller::new(LimitParams { initial: 60, ..params() });
+        let at = |share, batch_now| Sample {
+            waiting: Some(0.0),
+            // Not binding: the limit has no reason to grow either.
+            inflight_peak: 50,
+            inflight_now: 50,
+            first_token: Some(share),
+            batch_now,
+            ..Sample::default()
+        };
+        // The best first token so far sets what "late under load" is.
+        assert_eq!(c.update(at(0.4, 30)), 60);
+        assert_eq!(c.batch_cut(), 0);
+        // Over target and over twice the best, batch held here: batch leaves
+        // a tenth of the limit; the limit (interactive's seats) does not move.
+        assert_eq!(c.update(at(1.5, 30)), 60);
+        assert_eq!(c.batch_cut(), 6);
+        // Held for a few periods, then a tenth more while first tokens stay late.
+        for _ in 0..HOLD_AFTER_DECREASE {
+            assert_eq!(c.update(at(1.5, 30)), 60);
+            assert_eq!(c.batch_cut(), 6);
+        }
+        let mut cuts = Vec::new();
+        for _ in 0..40 {
+            assert_eq!(c.update(at(1.5, 30)), 60);
+            cuts.push(c.batch_cut());
+        }
+        assert_eq!(cuts[0], 12);
+        assert_eq!(cuts.last().copied(), Some(30), "at most half the limit: {cuts:?}");
+        // On target again: a seat back each period after the hold.
+        let back: Vec<_> = (0..HOLD_AFTER_DECREASE as usize + 40).map(|_| (c.update(at(0.5, 30)), c.batch_cut()).1).collect();
+        assert!(back.windows(2).all(|w| w[1] + 1 >= w[0] && w[1] <= w[0]), "{back:?}");
+        assert_eq!(back.last().copied(), Some(0));
+        // Late with no batch held here: only the limit itself can make room.
+        assert_eq!(c.update(at(1.5, 0)), 54);
+        assert_eq!(c.batch_cut(), 0);
     }
 
     #[test]

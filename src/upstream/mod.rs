@@ -42,6 +42,9 @@ pub(crate) struct Replica {
     prefilling: [AtomicUsize; 2],
     /// Batch requests holding a slot here. Only changed through [`ReplicaSlot`].
     batch_held: AtomicUsize,
+    /// Seats of the limit batch leaves to interactive requests here (the
+    /// learned limit's answer to their first tokens coming late under load).
+    batch_cut: AtomicUsize,
     /// Slots; set when a config goes live (a reload resizes it in place:
     /// slots above a lowered limit drain, and no new one is taken until the
     /// count is under it).
@@ -197,17 +200,25 @@ impl Replica {
         self.healthy_gauge.set(self.is_healthy() as i64);
     }
 
-    /// Take a slot if one is free (`over`: that many above the slot count).
-    /// An interactive request (`borrow`) may also take a seat of the
-    /// replica's limit that no instance of the fleet holds, beyond this
-    /// instance's part: parts follow demand a period late, and an
-    /// interactive request should not wait while a seat on the replica
-    /// stands free because it was another instance's part.
-    fn try_take(&self, over: usize, borrow: bool) -> bool {
+    /// Take a slot for a request of `tier` if one is free (`over`: that
+    /// many above the slot count). An interactive request may also take a
+    /// seat of the replica's limit that no instance of the fleet holds,
+    /// beyond this instance's part: parts follow demand a period late, and
+    /// an interactive request should not wait while a seat on the replica
+    /// stands free because it was another instance's part. A batch request
+    /// leaves the batch cut free (this instance's part of it in a fleet).
+    fn try_take(&self, over: usize, tier: Tier) -> bool {
         let mut cur = self.inflight.load(Ordering::SeqCst);
         let mut max = self.slots() + over;
-        if borrow {
-            max = max.max(self.max_inflight().saturating_sub(self.others_inflight.load(Ordering::Relaxed)));
+        match tier {
+            Tier::Interactive => max = max.max(self.max_inflight().saturating_sub(self.others_inflight.load(Ordering::Relaxed))),
+            Tier::Batch => {
+                let (slots, limit) = (self.slots(), self.max_inflight());
+                let cut = self.batch_cut.load(Ordering::Relaxed);
+                if cut > 0 && limit > 0 {
+                    max = max.min(slots.saturating_sub((cut * slots).div_ceil(limit)));
+                }
+            }
         }
         loop {
             if cur >= max {
@@ -329,8 +340,14 @@ impl Replica {
             first_token: (n > 0).then(|| share as f64 / 1000.0 / n as f64),
             first_token_max: (n > 0).then(|| latest as f64 / 1000.0),
             in_transit,
+            batch_now: self.batch_held.load(Ordering::Relaxed),
         };
-        let limit = self.controller.lock().unwrap_or_else(|p| p.into_inner()).update(sample);
+        let (limit, cut) = {
+            let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
+            let limit = c.update(sample);
+            (limit, c.batch_cut())
+        };
+        self.batch_cut.store(cut, Ordering::Relaxed);
         self.set_max_inflight(limit);
         let logged = self.logged_limit.load(Ordering::Relaxed);
         if limit * 4 >= logged * 5 || limit * 4 <= logged * 3 {
@@ -562,6 +579,7 @@ impl Pool {
                 inflight: AtomicUsize::new(0),
                 prefilling: [AtomicUsize::new(0), AtomicUsize::new(0)],
                 batch_held: AtomicUsize::new(0),
+                batch_cut: AtomicUsize::new(0),
                 max_inflight: AtomicUsize::new(initial),
                 healthy: AtomicBool::new(false),
                 allowance: AtomicUsize::new(usize::MAX),
@@ -707,7 +725,7 @@ impl Pool {
         match self.config.balance {
             Balance::RoundRobin => {
                 for r in candidates {
-                    if r.try_take(over, tier == Tier::Interactive) {
+                    if r.try_take(over, tier) {
                         return Ok(ReplicaSlot::new(r, tier));
                     }
                 }
@@ -750,7 +768,7 @@ impl Pool {
                     if away && tier == Tier::Batch && !batch_may_take_fast {
                         break;
                     }
-                    if r.try_take(over, tier == Tier::Interactive) {
+                    if r.try_take(over, tier) {
                         return Ok(ReplicaSlot::new(r, tier));
                     }
                 }
@@ -904,6 +922,33 @@ mod tests {
         let picks: Vec<String> =
             (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).to_string()).collect();
         assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "{picks:?}");
+    }
+
+    #[test]
+    fn batch_leaves_a_replicas_batch_cut_to_interactive_requests() {
+        let pool = two(10, false);
+        let (a, b) = (&pool.replicas[0], &pool.replicas[1]);
+        // Four of each replica's ten seats are left to interactive requests
+        // (in a fleet, this instance's part of them: 2 of its 5 slots).
+        a.batch_cut.store(4, Ordering::Relaxed);
+        b.batch_cut.store(4, Ordering::Relaxed);
+        let batch: Vec<_> = (0..12).map(|_| pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")).collect();
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Batch), Err(PickError::Saturated)));
+        assert_eq!((a.inflight(), b.inflight()), (6, 6));
+        let chat: Vec<_> = (0..8).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).collect();
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Interactive), Err(PickError::Saturated)));
+        drop(chat);
+        a.set_fleet_share(Some((5, 5)));
+        b.set_fleet_share(Some((5, 5)));
+        drop(batch);
+        let batch: Vec<_> = (0..6).map(|_| pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")).collect();
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Batch), Err(PickError::Saturated)));
+        assert_eq!((a.inflight(), b.inflight()), (3, 3));
+        drop(batch);
+        // The cut gone, batch takes every slot again.
+        a.batch_cut.store(0, Ordering::Relaxed);
+        let on_a: Vec<_> = (0..5).filter_map(|_| pool.pick(Some(b), Room::Over(0), Tier::Batch).ok()).collect();
+        assert_eq!(on_a.len(), 5);
     }
 
     #[tokio::test(start_paused = true)]
