@@ -370,9 +370,41 @@ impl PoolAdmission {
         }
     }
 
+    /// The most slots batch may hold after taking one more: the batch
+    /// limit, and never into what interactive requests hold or wait for now
+    /// plus the headroom, even past the reservation's share. A burst of
+    /// interactive requests beyond the share would otherwise see every seat
+    /// it frees itself, or that no interactive request waits for at that
+    /// instant, taken by batch, and the next interactive arrival wait for a
+    /// stream to end. Only batch admission reads it: the room interactive
+    /// requests may take above the slots counts from the batch limit, so
+    /// this cannot feed itself (more interactive above the slots, less for
+    /// batch, more room above them).
+    fn batch_admit_limit(&self) -> usize {
+        let cap = self.pool.load().capacity();
+        let limit = self.batch_limit();
+        match self.reserved_now(cap) {
+            0 => limit,
+            r => limit.min((cap.saturating_sub(r)).max(1)),
+        }
+    }
+
+    /// Interactive requests holding or waiting for a slot now, plus the
+    /// headroom (0 with no reserved share).
+    fn reserved_now(&self, cap: usize) -> usize {
+        let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
+        if share == 0.0 || cap == 0 {
+            return 0;
+        }
+        let headroom = ((cap as f64 * HEADROOM_SHARE).ceil() as usize).max(1);
+        let now = self.interactive_inflight.load(Ordering::Relaxed) + self.waiting_interactive.load(Ordering::Relaxed);
+        (now + headroom).min(cap)
+    }
+
     /// What a batch request leaves to interactive ones where it picks a replica.
     fn batch_room(&self, pool: &Pool) -> Room {
-        Room::Leave(self.reserved(pool.capacity()))
+        let cap = pool.capacity();
+        Room::Leave(self.reserved(cap).max(self.reserved_now(cap)))
     }
 
     /// The slots of `cap` reserved for interactive requests now (see
@@ -480,7 +512,7 @@ impl PoolAdmission {
     fn try_lease_over(self: &Arc<Self>, tier: Tier, extra: usize) -> Result<Lease, PickError> {
         let pool = self.pool.load();
         if tier == Tier::Batch {
-            let limit = self.batch_limit();
+            let limit = self.batch_admit_limit();
             let reserved = self.batch_inflight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1)).is_ok();
             if !reserved {
                 return Err(if pool.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
@@ -1051,6 +1083,40 @@ mod tests {
     /// interactive comes, the headroom serves it at once, a freed slot goes
     /// to it first, and the reservation grows with its demand; after a
     /// window of quiet it is back to the headroom.
+    #[tokio::test(start_paused = true)]
+    async fn batch_takes_no_seat_interactive_holds_or_needs_now_even_past_the_share() {
+        // 20 slots, at most a quarter (5) reserved, a headroom of 1.
+        let pool = pool(20, tiers(0.25, 100, 100));
+        // A burst of 8 interactive requests, past the share.
+        let mut chat = Vec::new();
+        for _ in 0..8 {
+            chat.push(take(&pool, Tier::Interactive).await);
+        }
+        pool.tick(Instant::now());
+        assert_eq!(pool.batch_limit(), 15, "the reservation stops at the share");
+        // Batch fills what the 8 and the headroom leave: 11, not 12 (the 8
+        // held leave 12 free, one of them the headroom) or 15.
+        let mut batch = Vec::new();
+        while let Ok(b) = pool.try_lease(Tier::Batch) {
+            batch.push(b);
+        }
+        assert_eq!(batch.len(), 11);
+        // The next interactive request takes the headroom at once.
+        chat.push(pool.try_lease(Tier::Interactive).expect("the headroom"));
+        // A seat an interactive stream frees is the headroom again while 8 hold.
+        drop(chat.pop());
+        assert_eq!(chat.len(), 8);
+        assert!(pool.try_lease(Tier::Batch).is_err(), "8 interactive, 11 batch: the free seat is the headroom");
+        // The burst over (4 left), batch may take seats again, up to the batch limit.
+        chat.truncate(4);
+        let mut more = 0;
+        while let Ok(b) = pool.try_lease(Tier::Batch) {
+            batch.push(b);
+            more += 1;
+        }
+        assert_eq!(more, 4, "batch back to 15, its limit");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_reservation_follows_interactive_demand() {
         let pool = pool(20, tiers(0.25, 100, 100));
