@@ -1079,10 +1079,6 @@ mod tests {
         assert!(matches!(r, Err(Refusal::Timeout { .. })), "{r:?}");
     }
 
-    /// With no interactive traffic batch may use all but the headroom; when
-    /// interactive comes, the headroom serves it at once, a freed slot goes
-    /// to it first, and the reservation grows with its demand; after a
-    /// window of quiet it is back to the headroom.
     #[tokio::test(start_paused = true)]
     async fn batch_takes_no_seat_interactive_holds_or_needs_now_even_past_the_share() {
         // 20 slots, at most a quarter (5) reserved, a headroom of 1.
@@ -1117,6 +1113,10 @@ mod tests {
         assert_eq!(more, 4, "batch back to 15, its limit");
     }
 
+    /// With no interactive traffic batch may use all but the headroom; when
+    /// interactive comes, the headroom serves it at once, a freed slot goes
+    /// to it first, and the reservation grows with its demand; after a
+    /// window of quiet it is back to the headroom.
     #[tokio::test(start_paused = true)]
     async fn the_reservation_follows_interactive_demand() {
         let pool = pool(20, tiers(0.25, 100, 100));
