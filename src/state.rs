@@ -326,6 +326,7 @@ impl App {
                     self.metrics.inflight.remove(&l);
                     self.metrics.upstream_healthy.remove(&l);
                     self.metrics.replica_limit.remove(&l);
+                    self.metrics.replica_batch_cut.remove(&l);
                 }
             }
         }

@@ -339,6 +339,7 @@ pub struct Metrics {
     pub(crate) upstream_healthy: Family<ReplicaLabels, Gauge>,
     /// Slots per replica: the learned limit, or the fixed one.
     pub(crate) replica_limit: Family<ReplicaLabels, Gauge>,
+    pub(crate) replica_batch_cut: Family<ReplicaLabels, Gauge>,
     /// In a fleet: this instance's part of a replica's limit.
     pub(crate) replica_slots: Family<ReplicaLabels, Gauge>,
     /// In a fleet: the other instances by standing.
@@ -389,6 +390,7 @@ impl Metrics {
             inflight: Family::default(),
             upstream_healthy: Family::default(),
             replica_limit: Family::default(),
+            replica_batch_cut: Family::default(),
             replica_slots: Family::default(),
             fleet_peers: Family::default(),
             breaker_state: Family::default(),
@@ -447,6 +449,11 @@ impl Metrics {
             "replica_limit",
             "Requests the gateway lets a replica hold at once: learned (max_inflight_per_replica: auto) or fixed",
             m.replica_limit.clone(),
+        );
+        registry.register(
+            "replica_batch_cut",
+            "Seats of a replica's learned limit batch requests leave to interactive ones, because interactive first tokens came late under load",
+            m.replica_batch_cut.clone(),
         );
         registry.register(
             "replica_slots",

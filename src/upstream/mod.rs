@@ -101,6 +101,8 @@ pub(crate) struct Replica {
     born: tokio::time::Instant,
     /// `slogate_replica_limit{pool,replica}`.
     limit_gauge: Gauge,
+    /// `slogate_replica_batch_cut{pool,replica}`.
+    batch_cut_gauge: Gauge,
     /// The limit last logged (a move by a quarter or more is logged).
     logged_limit: AtomicUsize,
 }
@@ -347,8 +349,12 @@ impl Replica {
             let limit = c.update(sample);
             (limit, c.batch_cut())
         };
-        self.batch_cut.store(cut, Ordering::Relaxed);
+        let was = self.batch_cut.swap(cut, Ordering::Relaxed);
+        self.batch_cut_gauge.set(cut as i64);
         self.set_max_inflight(limit);
+        if was == 0 && cut > 0 {
+            tracing::info!(pool, replica = %self.label(), limit, batch_cut = cut, "interactive first tokens late under load: batch leaves seats to interactive here");
+        }
         let logged = self.logged_limit.load(Ordering::Relaxed);
         if limit * 4 >= logged * 5 || limit * 4 <= logged * 3 {
             self.logged_limit.store(limit, Ordering::Relaxed);
@@ -571,6 +577,7 @@ impl Pool {
             let inflight_gauge = metrics.inflight.get_or_create(&labels).clone();
             let healthy_gauge = metrics.upstream_healthy.get_or_create(&labels).clone();
             let limit_gauge = metrics.replica_limit.get_or_create(&labels).clone();
+            let batch_cut_gauge = metrics.replica_batch_cut.get_or_create(&labels).clone();
             replicas.push(Arc::new(Replica {
                 url: url.to_string(),
                 name: rc.name.clone(),
@@ -607,6 +614,7 @@ impl Pool {
                 controlled_at_ms: AtomicU64::new(0),
                 born: tokio::time::Instant::now(),
                 limit_gauge,
+                batch_cut_gauge,
                 logged_limit: AtomicUsize::new(initial),
             }));
         }
@@ -922,6 +930,35 @@ mod tests {
         let picks: Vec<String> =
             (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).to_string()).collect();
         assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "{picks:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn late_first_tokens_under_load_set_the_replicas_batch_cut_and_its_gauge() {
+        use std::time::Duration;
+        let cfg = PoolConfig {
+            replicas: vec!["http://127.0.0.1:9".into()],
+            max_inflight_per_replica: InflightLimit::Auto,
+            upstream_priority: true,
+            ..PoolConfig::default()
+        };
+        let metrics = Metrics::new(&Config::default());
+        let access = Access::new(&cfg).expect("access");
+        let pool = Pool::new(cfg, access, &metrics, None);
+        let r = &pool.replicas[0];
+        r.set_healthy(true);
+        let (target, idle) = (Duration::from_millis(300), Load { waiting: Some(0.0), running: Some(1.0) });
+        let batch = pool.pick(None, Room::Over(0), Tier::Batch).expect("slot");
+        r.record_first_token(Duration::from_millis(100), target);
+        r.control("p", idle, false);
+        assert_eq!((r.batch_cut.load(Ordering::Relaxed), r.batch_cut_gauge.get()), (0, 0));
+        // Over the target and over twice the best so far, batch on the replica: load.
+        r.record_first_token(Duration::from_millis(450), target);
+        r.control("p", idle, false);
+        let cut = r.batch_cut.load(Ordering::Relaxed);
+        assert_eq!(cut, 2, "a tenth of the starting limit of 16, rounded up");
+        assert_eq!(r.batch_cut_gauge.get(), 2);
+        assert_eq!(r.max_inflight(), 16, "the limit itself holds");
+        drop(batch);
     }
 
     #[test]
