@@ -54,6 +54,11 @@ const FAIR_RESERVE: f64 = 0.1;
 /// The reservation covers the interactive demand's recent peak and this much more.
 pub(crate) const DEMAND_MARGIN: f64 = 1.25;
 
+/// The headroom of `cap` slots ([`HEADROOM_SHARE`], at least one).
+fn headroom(cap: usize) -> usize {
+    ((cap as f64 * HEADROOM_SHARE).ceil() as usize).max(1)
+}
+
 /// A request's hold on one replica slot, counted against its tier's share.
 /// It travels inside the response body and is released exactly once, by
 /// `Drop`, when the stream ends or the client goes away (never when the
@@ -358,7 +363,11 @@ impl PoolAdmission {
     /// over its target, the whole share is reserved.
     pub(crate) fn batch_limit(&self) -> usize {
         let cap = self.pool.load().capacity();
-        let reserved = self.reserved(cap);
+        self.batch_limit_of(cap, self.reserved(cap))
+    }
+
+    /// The batch limit on `cap` slots with `reserved` of them reserved.
+    fn batch_limit_of(&self, cap: usize, reserved: usize) -> usize {
         if reserved == 0 {
             return cap;
         }
@@ -370,35 +379,17 @@ impl PoolAdmission {
         }
     }
 
-    /// The most slots batch may hold after taking one more: the batch
-    /// limit, and never into what interactive requests hold or wait for now
-    /// plus the headroom, even past the reservation's share. A burst of
-    /// interactive requests beyond the share would otherwise see every seat
-    /// it frees itself, or that no interactive request waits for at that
-    /// instant, taken by batch, and the next interactive arrival wait for a
-    /// stream to end. Only batch admission reads it: the room interactive
-    /// requests may take above the slots counts from the batch limit, so
-    /// this cannot feed itself (more interactive above the slots, less for
-    /// batch, more room above them).
-    fn batch_admit_limit(&self) -> usize {
-        let cap = self.pool.load().capacity();
-        let limit = self.batch_limit();
-        match self.reserved_now(cap) {
-            0 => limit,
-            r => limit.min((cap.saturating_sub(r)).max(1)),
-        }
-    }
-
     /// Interactive requests holding or waiting for a slot now, plus the
-    /// headroom (0 with no reserved share).
+    /// headroom (0 with no reserved share). Batch admission leaves these
+    /// too, even past the reservation's share (see
+    /// [`PoolAdmission::try_lease_over`]).
     fn reserved_now(&self, cap: usize) -> usize {
         let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
         if share == 0.0 || cap == 0 {
             return 0;
         }
-        let headroom = ((cap as f64 * HEADROOM_SHARE).ceil() as usize).max(1);
         let now = self.interactive_inflight.load(Ordering::Relaxed) + self.waiting_interactive.load(Ordering::Relaxed);
-        (now + headroom).min(cap)
+        (now + headroom(cap)).min(cap)
     }
 
     /// What a batch request leaves to interactive ones where it picks a replica.
@@ -415,13 +406,12 @@ impl PoolAdmission {
             return 0;
         }
         let most = cap - (cap as f64 * (1.0 - share)).floor() as usize;
-        let headroom = ((cap as f64 * HEADROOM_SHARE).ceil() as usize).max(1);
         let demand = self.interactive_demand.load(Ordering::Relaxed) as f64 * self.reservation_scale();
         // An interactive class over its TTFT target takes the whole share back.
         if self.interactive_at_risk.load(Ordering::Relaxed) {
             most
         } else {
-            ((demand * DEMAND_MARGIN).ceil() as usize + headroom).min(most)
+            ((demand * DEMAND_MARGIN).ceil() as usize + headroom(cap)).min(most)
         }
     }
 
@@ -511,16 +501,28 @@ impl PoolAdmission {
     /// more above the slots.
     fn try_lease_over(self: &Arc<Self>, tier: Tier, extra: usize) -> Result<Lease, PickError> {
         let pool = self.pool.load();
-        if tier == Tier::Batch {
-            let limit = self.batch_admit_limit();
-            let reserved = self.batch_inflight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1)).is_ok();
-            if !reserved {
-                return Err(if pool.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
-            }
-        }
         let room = match tier {
             Tier::Interactive => Room::Over(self.interactive_over(&pool) + extra),
-            Tier::Batch => self.batch_room(&pool),
+            Tier::Batch => {
+                // Batch stays within its limit, and never takes a seat of
+                // what interactive requests hold or wait for now plus the
+                // headroom, even past the reservation's share: a burst of
+                // interactive requests beyond the share would otherwise see
+                // every seat it frees, or that no interactive request waits
+                // for at that instant, taken by batch, and the next
+                // interactive arrival wait for a stream to end. The room
+                // interactive requests may take above the slots counts from
+                // the batch limit alone, so this cannot feed itself (more
+                // interactive above the slots, less for batch, more room).
+                let cap = pool.capacity();
+                let (reserved, now) = (self.reserved(cap), self.reserved_now(cap));
+                let limit = self.batch_limit_of(cap, reserved).min(if now == 0 { cap } else { cap.saturating_sub(now).max(1) });
+                let taken = self.batch_inflight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1)).is_ok();
+                if !taken {
+                    return Err(if pool.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
+                }
+                Room::Leave(reserved.max(now))
+            }
         };
         match pool.pick(None, room, tier) {
             Ok(slot) => {

@@ -227,7 +227,7 @@ impl Controller {
         let slow = s.first_token_max.or(s.first_token).is_some_and(|t| t > 1.0);
         let loaded = slow && s.first_token.zip(best).is_some_and(|(t, b)| t > 2.0 * b);
         // Interactive first tokens late because of load: batch makes room
-        // while it holds seats here beyond what it already leaves.
+        // while batch holds seats here.
         let batch_makes_room = loaded && s.batch_now > 0 && !s.refused;
         if batch_makes_room && self.batch_hold == 0 {
             self.batch_cut = (self.batch_cut + (self.limit * 0.1).max(1.0)).min(self.limit * 0.5);
