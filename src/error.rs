@@ -29,7 +29,7 @@ pub(crate) enum GatewayError {
     InvalidRequest { message: String, param: Option<&'static str> },
     #[error("The model `{0}` does not exist")]
     ModelNotFound(String),
-    #[error("no route for {method} {path}")]
+    #[error("no route for {method} {path}: slogate forwards the inference endpoints only (an operator may open others per pool, for named keys, with pools[].extra_paths)")]
     NotFound { method: String, path: String },
     #[error("{path} does not take {method}; it takes {allow}")]
     MethodNotAllowed { method: String, path: String, allow: &'static str },
@@ -37,6 +37,12 @@ pub(crate) enum GatewayError {
     Unauthorized,
     #[error("this API key may not use SLO class `{0}`")]
     ClassForbidden(String),
+    #[error("this API key may not use model `{0}`")]
+    ModelNotAllowed(String),
+    #[error("this API key may not call {0} endpoints")]
+    EndpointNotAllowed(&'static str),
+    #[error("this API key may not call {0}")]
+    PathNotAllowed(String),
     #[error("unknown SLO class `{0}` in x-slo-class")]
     UnknownClass(String),
     #[error("{message}")]
@@ -44,7 +50,7 @@ pub(crate) enum GatewayError {
     /// The caller's key is over one of its own limits (`auth.keys[].limits`):
     /// 429 like OpenAI's, but the caller's doing, not the gateway's failure.
     #[error("{message}")]
-    KeyLimited { message: String, limit: &'static str, retry_after: u64 },
+    KeyLimited { message: String, limit: &'static str, code: &'static str, retry_after: u64 },
     #[error("no healthy replica in pool `{pool}`")]
     NoHealthyReplica { pool: String },
     /// `replica` is the name clients are shown, `detail` what they may be
@@ -93,7 +99,7 @@ impl GatewayError {
             ModelNotFound(_) | NotFound { .. } => StatusCode::NOT_FOUND,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Unauthorized => StatusCode::UNAUTHORIZED,
-            ClassForbidden(_) => StatusCode::FORBIDDEN,
+            ClassForbidden(_) | ModelNotAllowed(_) | EndpointNotAllowed(_) | PathNotAllowed(_) => StatusCode::FORBIDDEN,
             Rejected { .. } | KeyLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             NoHealthyReplica { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Upstream { .. } => StatusCode::BAD_GATEWAY,
@@ -131,7 +137,10 @@ impl GatewayError {
             ClassForbidden(_) => ("permission_error", Some("x-slo-class"), "class_not_allowed"),
             UnknownClass(_) => ("invalid_request_error", Some("x-slo-class"), "unknown_class"),
             Rejected { code, .. } => ("rate_limit_error", None, code),
-            KeyLimited { limit, .. } => (limit, None, "rate_limit_exceeded"),
+            KeyLimited { limit, code, .. } => (limit, None, code),
+            ModelNotAllowed(_) => ("permission_error", Some("model"), "model_not_allowed"),
+            EndpointNotAllowed(_) => ("permission_error", None, "endpoint_not_allowed"),
+            PathNotAllowed(_) => ("permission_error", None, "path_not_allowed"),
             NoHealthyReplica { .. } => ("service_unavailable", None, "no_healthy_replica"),
             Upstream { .. } => ("upstream_error", None, "upstream_unreachable"),
             UpstreamTimeout { .. } => ("timeout", None, "upstream_timeout"),
@@ -148,8 +157,19 @@ impl GatewayError {
     }
 
     pub(crate) fn into_response(self) -> Response<ProxyBody> {
+        self.respond(None)
+    }
+
+    /// The response to request `id`: its id in the error body and in `x-request-id`.
+    pub(crate) fn respond(self, id: Option<&HeaderValue>) -> Response<ProxyBody> {
         let (ty, param, code) = self.kind();
-        let mut resp = error_response(self.status(), &self.to_string(), ty, param, code);
+        let body = error_body(&self.to_string(), ty, param, code, id.and_then(|v| v.to_str().ok()));
+        let mut resp = Response::new(full(body));
+        *resp.status_mut() = self.status();
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(id) = id {
+            resp.headers_mut().insert(http::HeaderName::from_static("x-request-id"), id.clone());
+        }
         if let Some(secs) = self.retry_after() {
             resp.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
         }
@@ -162,7 +182,16 @@ impl GatewayError {
 
 /// The OpenAI error JSON for a message.
 pub(crate) fn error_json(message: &str, ty: &str, param: Option<&str>, code: impl serde::Serialize) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({"error": {"message": message, "type": ty, "param": param, "code": code}}))
+    error_body(message, ty, param, code, None)
+}
+
+/// The OpenAI error JSON, with the request's id (`request_id`) when it has one.
+pub(crate) fn error_body(message: &str, ty: &str, param: Option<&str>, code: impl serde::Serialize, id: Option<&str>) -> Vec<u8> {
+    let mut e = serde_json::json!({"message": message, "type": ty, "param": param, "code": code});
+    if let (Some(id), Some(o)) = (id, e.as_object_mut()) {
+        o.insert("request_id".into(), id.into());
+    }
+    serde_json::to_vec(&serde_json::json!({ "error": e }))
         .unwrap_or_else(|_| br#"{"error":{"message":"internal error","type":"internal_error","param":null,"code":null}}"#.to_vec())
 }
 

@@ -108,6 +108,8 @@ pub enum StartError {
     Invalid(#[from] state::PrepareError),
     #[error("cannot read the listener's address: {0}")]
     LocalAddr(#[source] std::io::Error),
+    #[error("telemetry.access_log: cannot open it: {0}")]
+    AccessLog(#[source] std::io::Error),
 }
 
 /// A running gateway: both listeners and the background tasks.
@@ -150,8 +152,12 @@ impl Gateway {
         let data_addr = data.local_addr().map_err(StartError::LocalAddr)?;
         let admin_addr = admin.local_addr().map_err(StartError::LocalAddr)?;
 
+        let dir = path.as_deref().and_then(std::path::Path::parent);
+        let access_log =
+            telemetry::access_log::AccessLogSlot::start(cfg.telemetry.access_log.as_ref(), dir, metrics.access_log_dropped.clone())
+                .map_err(StartError::AccessLog)?;
         let (stop, stop_rx) = watch::channel(false);
-        let app = Arc::new(App::new(snapshot, metrics.clone(), controls.clone(), path, stop_rx.clone()));
+        let app = Arc::new(App::new(snapshot, metrics.clone(), controls.clone(), path, stop_rx.clone(), access_log));
         app.start_health_checks();
         let tuning = server::Tuning::new(&cfg.server);
         let mut background = vec![

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use crate::admission::{Controls, PoolAdmission};
 use crate::classify::{AdminToken, Class, Classifier};
 use crate::config::Config;
+use crate::telemetry::access_log::AccessLogSlot;
 use crate::telemetry::metrics::ReplicaLabels;
 use crate::telemetry::Metrics;
 use crate::upstream::{Access, Pool};
@@ -152,6 +153,8 @@ pub(crate) struct App {
     pub(crate) fleet: Arc<crate::fleet::Fleet>,
     /// The status page's last hour, sampled by its own task (see `status`).
     pub(crate) history: crate::telemetry::history::History,
+    /// Where finished requests' lines go (`telemetry.access_log`).
+    pub(crate) access_log: AccessLogSlot,
 }
 
 /// Reloads that may run back to back; after them, one per [`RELOAD_EVERY`].
@@ -193,6 +196,7 @@ impl App {
         controls: Arc<Controls>,
         config_path: Option<PathBuf>,
         stop: watch::Receiver<bool>,
+        access_log: AccessLogSlot,
     ) -> App {
         activate(&controls, &snapshot);
         App {
@@ -206,6 +210,7 @@ impl App {
             reload_budget: Mutex::new(ReloadBudget { tokens: RELOAD_BURST, since: tokio::time::Instant::now() }),
             fleet: Arc::new(crate::fleet::Fleet::new()),
             history: Default::default(),
+            access_log,
         }
     }
 
@@ -318,6 +323,9 @@ impl App {
             new.pools.iter().flat_map(|r| r.pool.replicas.iter().map(|x| (r.pool.config.name.clone(), x.label().to_string()))).collect();
         self.install(new);
         self.start_health_checks();
+        // SIGHUP and reload reopen the access log's file (logrotate moved it).
+        let dir = path.parent();
+        self.access_log.configure(self.snapshot().config.telemetry.access_log.as_ref(), dir, &self.metrics.access_log_dropped);
         // Series of replicas that are gone.
         for p in old.pools.iter().map(|r| &r.pool) {
             for r in &p.replicas {
@@ -346,7 +354,7 @@ mod tests {
         let controls = Arc::new(Controls::new(metrics.clone()));
         let snap = Snapshot::prepare(config.clone(), &metrics, &controls, None).expect("prepare");
         let (_stop, rx) = watch::channel(false);
-        (App::new(snap, metrics.clone(), controls.clone(), None, rx), metrics, controls)
+        (App::new(snap, metrics.clone(), controls.clone(), None, rx, AccessLogSlot::default()), metrics, controls)
     }
 
     /// Everything a reload could change, as the running gateway has it.
@@ -385,6 +393,8 @@ mod tests {
             classes: vec!["chat".into()],
             weight: 1.0,
             limits: None,
+            models: None,
+            endpoints: None,
         }];
         let old = app.snapshot();
         let failed = Snapshot::prepare(next.clone(), &metrics, &controls, Some(&old));

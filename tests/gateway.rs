@@ -34,8 +34,9 @@ async fn gateway_errors_have_their_status_and_openai_shape() {
     let (status, body) = get(a, "/nope").await;
     assert_eq!(status, 404);
     error_body(&Bytes::from(body));
-    let (status, _, _) = post(a, "/v1/rerank", r#"{"query":"q"}"#, &[]).await;
-    assert_eq!(status, 404, "other /v1 paths without a model are 404");
+    let (status, _, b) = post(a, "/v1/rerank", r#"{"query":"q"}"#, &[]).await;
+    assert_eq!(status, 400, "an inference endpoint without a model");
+    assert_eq!(error_body(&b)["param"], "model");
     // A known path with the wrong method: 405 naming the method it takes (as vLLM answers).
     for (addr, method, path, allow) in [
         (a, "GET", "/v1/chat/completions", "POST"),
@@ -61,7 +62,7 @@ async fn gateway_errors_have_their_status_and_openai_shape() {
     assert_eq!(
         metric(&m, "slogate_requests_total", &[("outcome", "client_error")]),
         Some(7.0),
-        "5 bad bodies, 1 unknown class, 1 unroutable path"
+        "5 bad bodies, 1 unknown class, 1 rerank without a model"
     );
     assert!(!m.contains("model=\"nope\""), "client-chosen model names never become label values");
     assert_quiescent(&gw).await;

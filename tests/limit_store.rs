@@ -141,3 +141,49 @@ async fn a_store_that_goes_down_costs_no_request_and_each_instance_enforces_its_
     assert_eq!(metric(&m, "slogate_requests_total", &[]), Some(sent_to(gw.data_addr) as f64), "every request counted once");
     gw.shutdown().await;
 }
+
+/// What the store holds for the key's tokens today.
+async fn tokens_today(redis: &Redis, prefix: &str) -> Option<u64> {
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connection");
+    let day = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() / 86_400;
+    redis::cmd("GET").arg(format!("{prefix}:key:shared:tokens:day:{day}")).query_async::<Option<u64>>(&mut conn).await.expect("GET")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_quota_in_the_store_holds_across_two_gateways_and_a_restart() {
+    let redis = Redis::start().await;
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let yaml = gateway_yaml(&mock, &redis.url(), "q1", "{ tokens_per_day: 100 }");
+    // Each request reserves 60 (20 of prompt estimate, 40 of max_tokens); the replica reports 10.
+    let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}],"max_tokens":40}"#;
+    let (a, b) = (start_gateway(&yaml).await, start_gateway(&yaml).await);
+    let mut served = 0;
+    for (i, (proto, c)) in clients().into_iter().enumerate() {
+        let gw = if i == 0 { &a } else { &b };
+        loop {
+            let (s, h, text) = ask(&c, gw, body).await;
+            if s == 429 {
+                assert_eq!(error_code(text.as_bytes()), "quota_exceeded", "{proto}: {text}");
+                assert_eq!(header(&h, "x-ratelimit-remaining-tokens"), Some("50"), "{proto}");
+                break;
+            }
+            assert_eq!(s, 200, "{proto}: {text}");
+            served += 1;
+            // Settled in the store to the replica's usage.
+            wait_until("the store settled it", || async { tokens_today(&redis, "q1").await == Some(10 * served) }).await;
+            if i == 0 && served == 2 {
+                break;
+            }
+        }
+    }
+    assert_eq!(served, 5, "two on one gateway, three on the other: one quota of 100, 60 reserved and 10 used each");
+    a.shutdown().await;
+    b.shutdown().await;
+    // A restart: the day's use is still there.
+    let c = start_gateway(&yaml).await;
+    let (s, _, text) = ask(&client(), &c, body).await;
+    assert_eq!((s, error_code(text.as_bytes())), (429, "quota_exceeded".to_string()), "{text}");
+    assert_eq!(tokens_today(&redis, "q1").await, Some(50), "refusals take nothing");
+    c.shutdown().await;
+}

@@ -94,7 +94,13 @@ fn request_spans_reach_an_otlp_receiver_with_genai_attributes_and_traceparent() 
         let traceparent = format!("00-{TRACE_ID}-{PARENT}-01");
         let addr = gw.data_addr;
         let traced = tokio::spawn(async move {
-            post(addr, "/v1/chat/completions", &chat_body(true, false), &[("traceparent", traceparent.as_str())]).await
+            post(
+                addr,
+                "/v1/chat/completions",
+                &chat_body(true, false),
+                &[("traceparent", traceparent.as_str()), ("x-request-id", "trace-req-1")],
+            )
+            .await
         });
         wait_until("the traced request is queued", || async {
             metric(&metrics_text(&gw).await, "slogate_queue_depth", &[("tier", "interactive")]) == Some(1.0)
@@ -104,6 +110,7 @@ fn request_spans_reach_an_otlp_receiver_with_genai_attributes_and_traceparent() 
         let (s, h, body) = traced.await.expect("task");
         assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
         let queue_ms: u64 = h.get("x-slogate-queue-ms").and_then(|v| v.to_str().ok()?.parse().ok()).expect("queue ms header");
+        assert_eq!(header(&h, "x-request-id"), Some("trace-req-1"), "the caller's request id comes back");
         let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[("x-slo-class", "batch")]).await;
         assert_eq!(s, 200);
         // The spans end with the streams (the trackers drop after the bodies).
@@ -141,6 +148,9 @@ fn request_spans_reach_an_otlp_receiver_with_genai_attributes_and_traceparent() 
     assert_eq!(a["slogate.outcome"], "ok");
     assert_eq!(a["slogate.replica"], replica);
     assert_eq!(a["http.response.status_code"], "200");
+    // The request id: the caller's, on the span and sent to the replica.
+    assert_eq!(a["slogate.request_id"], "trace-req-1");
+    assert_eq!(headers.get("x-request-id").and_then(|v| v.to_str().ok()), Some("trace-req-1"));
     assert!(a["slogate.ttft_ms"].parse::<f64>().is_ok_and(|t| t > 0.0), "{a:?}");
     // The span's queue time is the one the response header reported (whole ms there).
     let q: f64 = a["slogate.queue_ms"].parse().expect("queue_ms");

@@ -16,6 +16,7 @@
 pub(crate) mod breaker;
 pub(crate) mod fair;
 pub(crate) mod queue;
+pub(crate) mod quota;
 pub(crate) mod store;
 pub(crate) mod tenants;
 
@@ -321,9 +322,37 @@ pub(crate) async fn limit(tenant: &Arc<Tenant>, reserve: u64) -> Result<(Permit,
                 tenant.name,
                 limits.max_concurrent.unwrap_or(0)
             ),
+            tenants::Limit::Quota => return Box::new((quota_error(&tenant.name, &l), l.state)),
         };
-        Box::new((GatewayError::KeyLimited { message, limit: l.limit.as_str(), retry_after: l.retry_after }, l.state))
+        Box::new((GatewayError::KeyLimited { message, limit: l.limit.as_str(), code: "rate_limit_exceeded", retry_after: l.retry_after }, l.state))
     })
+}
+
+/// The 429 of a key over its day's or month's quota (`quota_exceeded`),
+/// with Retry-After to the window's end.
+fn quota_error(key: &str, l: &tenants::Limited) -> GatewayError {
+    let Some(q) = l.quota else {
+        return GatewayError::KeyLimited {
+            message: format!("Key `{key}` is over a quota"),
+            limit: "tokens",
+            code: "quota_exceeded",
+            retry_after: l.retry_after,
+        };
+    };
+    let what = format!("{} per {}", q.kind.as_str(), q.period.as_str());
+    let message = if q.too_large {
+        format!(
+            "Request too large for key `{key}`'s quota of {what}: limit {}, requested {} (prompt estimate plus max_tokens)",
+            q.limit, l.reserve
+        )
+    } else {
+        let back = match q.period {
+            quota::Period::Day => "at 00:00 UTC",
+            quota::Period::Month => "on the first of the month, 00:00 UTC",
+        };
+        format!("Quota exceeded for key `{key}`: {what}, limit {}, used {}; it comes back {back}, in {} s", q.limit, q.used, q.retry_after)
+    };
+    GatewayError::KeyLimited { message, limit: q.kind.as_str(), code: "quota_exceeded", retry_after: q.retry_after }
 }
 
 /// The admission stage: the class's breaker gate, then a slot on `pool`

@@ -95,10 +95,16 @@ impl Lease {
         (self.share, self.charged, self.fair, self.under_share) = (claim.share, claim.tokens, claim.fair, under_share);
     }
 
-    /// Was its tenant under its fair part of the tier when it got the slot?
-    /// (Its request may then go before others' in the replica's own queue.)
-    pub(crate) fn under_share(&self) -> bool {
-        self.under_share
+    /// Its `priority` for vLLM's scheduler, which serves lower values first:
+    /// interactive before batch, and among interactive requests a tenant
+    /// under its fair part before the others (its prefill does not wait
+    /// behind a heavy tenant's in the replica).
+    pub(crate) fn upstream_priority(&self, tier: crate::config::Tier) -> i64 {
+        match tier {
+            crate::config::Tier::Interactive if self.under_share => -1,
+            crate::config::Tier::Interactive => 0,
+            crate::config::Tier::Batch => 1,
+        }
     }
 
     /// The replica said the request used `tokens` (prompt plus completion):
@@ -227,6 +233,15 @@ pub(crate) struct Claim {
     pub(crate) fair: bool,
     /// Its class's TTFT target (interactive classes; see `shed_late`).
     pub(crate) ttft: Option<Duration>,
+}
+
+impl Claim {
+    /// A request of `tenant` in the class of `control`, its prompt
+    /// estimated at `tokens`; `fair` when keys are configured.
+    pub(crate) fn of(tenant: &super::Tenant, control: &super::ClassControl, tokens: u64, fair: bool) -> Claim {
+        let ttft = (control.tier == crate::config::Tier::Interactive).then(|| control.ttft_target());
+        Claim { share: tenant.share(), tokens, fair, ttft }
+    }
 }
 
 #[derive(Default)]

@@ -28,6 +28,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 use tokio::sync::mpsc;
 
+use super::quota::{Exceeded, Standing, QUOTAS};
 use super::tenants::{Limit, Limits, Quota, RateState};
 use crate::config::LimitsConfig;
 
@@ -38,11 +39,14 @@ const STALE: u64 = 5;
 /// An instance unheard this long is forgotten.
 const FORGET: u64 = 3600;
 
-/// Check and take: `KEYS` requests, tokens, running (hashes), instances;
-/// `ARGV` rpm, tpm, max_concurrent (0: none), tokens to reserve, instance,
-/// stale seconds. Returns refused (0 none, 1 requests, 2 tokens, 3
-/// concurrent), retry seconds, the server's second, requests used, their
-/// reset seconds, tokens used, their reset seconds.
+/// Check and take: `KEYS` requests, tokens, running (hashes), instances,
+/// then the counters of the current day's requests and tokens and the
+/// month's (strings); `ARGV` rpm, tpm, max_concurrent (0: none), tokens to
+/// reserve, instance, stale seconds, then the four quotas (0: none) and
+/// their counters' lifetimes. Returns refused (0 none, 1 requests, 2
+/// tokens, 3 concurrent, 4 to 7 a quota), retry seconds, the server's
+/// second, requests used, their reset seconds, tokens used, their reset
+/// seconds, then the four quotas' use.
 const ADMIT: &str = r#"
 local now = tonumber(redis.call('TIME')[1])
 local rpm, tpm, maxc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -98,8 +102,27 @@ elseif rpm > 0 and ru + 1 > rpm then
 elseif tpm > 0 and tu + reserve > tpm then
   refused, retry = 2, wait_for(tu, tl, reserve, tpm)
 end
+local qused, qneed = {0, 0, 0, 0}, {1, reserve, 1, reserve}
+for i = 1, 4 do
+  if tonumber(ARGV[6 + i]) > 0 then qused[i] = tonumber(redis.call('GET', KEYS[4 + i]) or '0') end
+end
+if refused == 0 then
+  for i = 1, 4 do
+    local q = tonumber(ARGV[6 + i])
+    if q > 0 and qused[i] + qneed[i] > q then
+      refused = 3 + i
+      break
+    end
+  end
+end
 local rr, tr = clear_in(rl), clear_in(tl)
 if refused == 0 then
+  for i = 1, 4 do
+    if tonumber(ARGV[6 + i]) > 0 then
+      qused[i] = redis.call('INCRBY', KEYS[4 + i], qneed[i])
+      redis.call('EXPIRE', KEYS[4 + i], ARGV[10 + i])
+    end
+  end
   redis.call('HINCRBY', KEYS[1], now, 1)
   redis.call('EXPIRE', KEYS[1], 120)
   redis.call('HINCRBY', KEYS[2], now, reserve)
@@ -110,12 +133,13 @@ if refused == 0 then
   end
   ru, tu, rr, tr = ru + 1, tu + reserve, 60, 60
 end
-return {refused, retry, now, ru, rr, tu, tr}
+return {refused, retry, now, ru, rr, tu, tr, qused[1], qused[2], qused[3], qused[4]}
 "#;
 
-/// A request ended: `KEYS` requests, tokens, running; `ARGV` its second,
-/// tokens used less reserved, refunded (1: it never reached a replica),
-/// running (1: it was counted), instance.
+/// A request ended: `KEYS` requests, tokens, running, then the quota
+/// counters of the windows it was taken in; `ARGV` its second, tokens used
+/// less reserved, refunded (1: it never reached a replica), running (1: it
+/// was counted), instance, quotas (1: the key has some).
 const SETTLE: &str = r#"
 local now = tonumber(redis.call('TIME')[1])
 local s = ARGV[1]
@@ -129,6 +153,14 @@ if tonumber(s) + 60 > now then
 end
 if ARGV[4] == '1' then
   if redis.call('HINCRBY', KEYS[3], ARGV[5], -1) <= 0 then redis.call('HDEL', KEYS[3], ARGV[5]) end
+end
+if ARGV[6] == '1' then
+  for _, i in ipairs({5, 7}) do
+    if tonumber(ARGV[2]) ~= 0 and redis.call('EXISTS', KEYS[i]) == 1 then redis.call('INCRBY', KEYS[i], ARGV[2]) end
+  end
+  for _, i in ipairs({4, 6}) do
+    if ARGV[3] == '1' and redis.call('EXISTS', KEYS[i]) == 1 then redis.call('DECR', KEYS[i]) end
+  end
 end
 return 1
 "#;
@@ -157,17 +189,19 @@ return now
 "#;
 
 /// What the store said of a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Taken, in the store's `second`.
+    /// Taken, in the store's `second`; the key's quotas after it.
     Granted {
         second: u64,
         state: RateState,
+        standing: Vec<Standing>,
     },
     Refused {
         limit: Limit,
         retry_after: u64,
         state: RateState,
+        quota: Option<Exceeded>,
     },
 }
 
@@ -179,6 +213,8 @@ struct Settle {
     delta: i64,
     refund: bool,
     running: bool,
+    /// The wall second it was taken in, when the key has quotas.
+    quota_at: Option<u64>,
 }
 
 /// A connection to the limit store, shared by every request of the config
@@ -211,6 +247,12 @@ pub enum StoreError {
 
 fn key(prefix: &str, tenant: &str, kind: &str) -> String {
     format!("{prefix}:key:{tenant}:{kind}")
+}
+
+/// The counters of the quota windows holding wall second `unix`
+/// (`PREFIX:key:NAME:requests:day:N`, ...), in [`QUOTAS`] order.
+fn quota_keys(prefix: &str, tenant: &str, unix: u64) -> [String; 4] {
+    QUOTAS.map(|(period, kind)| format!("{prefix}:key:{tenant}:{}:{}:{}", kind.as_str(), period.as_str(), period.window(unix).0))
 }
 
 impl Store {
@@ -272,23 +314,34 @@ impl Store {
     /// Check `tenant`'s `limits` (the whole key's, not a part) and take one
     /// request and `reserve` tokens. `None`: the server did not answer in
     /// time; it is taken for down until its next heartbeat.
-    pub(crate) async fn admit(&self, tenant: &str, limits: &Limits, reserve: u64) -> Option<Verdict> {
+    /// `unix`: this instance's wall clock, which picks the quota windows.
+    pub(crate) async fn admit(&self, tenant: &str, limits: &Limits, reserve: u64, unix: u64) -> Option<Verdict> {
         let prefix = &self.config.key_prefix;
         let mut conn = self.conn.clone();
         let mut call = self.admit.prepare_invoke();
         call.key(key(prefix, tenant, "requests"))
             .key(key(prefix, tenant, "tokens"))
             .key(key(prefix, tenant, "running"))
-            .key(format!("{prefix}:instances"))
-            .arg(limits.requests_per_minute.unwrap_or(0))
+            .key(format!("{prefix}:instances"));
+        for k in quota_keys(prefix, tenant, unix) {
+            call.key(k);
+        }
+        call.arg(limits.requests_per_minute.unwrap_or(0))
             .arg(limits.tokens_per_minute.unwrap_or(0))
             .arg(limits.max_concurrent.unwrap_or(0))
             .arg(reserve)
             .arg(&*self.instance)
             .arg(STALE);
+        for q in limits.quotas {
+            call.arg(q.unwrap_or(0));
+        }
+        for (period, _) in QUOTAS {
+            // Kept a day past the window's end: a late request's settle still finds it.
+            call.arg(period.window(unix).1.saturating_sub(unix) + 86_400);
+        }
         let answer = tokio::time::timeout(self.config.timeout.get(), call.invoke_async::<Vec<i64>>(&mut conn)).await;
         let v = match answer {
-            Ok(Ok(v)) if v.len() == 7 => v,
+            Ok(Ok(v)) if v.len() == 11 => v,
             Ok(Ok(v)) => {
                 tracing::warn!(answer = ?v, "limit store: unexpected answer; enforcing this instance's part");
                 return self.failed();
@@ -307,11 +360,29 @@ impl Store {
         };
         let state =
             RateState { requests: quota(limits.requests_per_minute, n(3), n(4)), tokens: quota(limits.tokens_per_minute, n(5), n(6)) };
+        let standing: Vec<Standing> = QUOTAS
+            .iter()
+            .zip(limits.quotas)
+            .enumerate()
+            .filter_map(|(i, (&(period, kind), limit))| {
+                let reset = period.window(unix).1.saturating_sub(unix);
+                limit.map(|limit| Standing { period, kind, limit, used: n(7 + i), reset })
+            })
+            .collect();
+        let refused = |limit, quota| Verdict::Refused { limit, retry_after: n(1), state, quota };
         Some(match v[0] {
-            1 => Verdict::Refused { limit: Limit::Requests, retry_after: n(1), state },
-            2 => Verdict::Refused { limit: Limit::Tokens, retry_after: n(1), state },
-            3 => Verdict::Refused { limit: Limit::Concurrent, retry_after: n(1), state },
-            _ => Verdict::Granted { second: n(2), state },
+            1 => refused(Limit::Requests, None),
+            2 => refused(Limit::Tokens, None),
+            3 => refused(Limit::Concurrent, None),
+            q @ 4..=7 => {
+                let i = (q - 4) as usize;
+                let (period, kind) = QUOTAS[i];
+                let retry_after = period.window(unix).1.saturating_sub(unix).max(1);
+                let limit = limits.quotas[i].unwrap_or(0);
+                let e = Exceeded { period, kind, limit, used: n(7 + i), retry_after, too_large: false };
+                Verdict::Refused { limit: Limit::Quota, retry_after, state: super::tenants::tightest(state, &standing), quota: Some(e) }
+            }
+            _ => Verdict::Granted { second: n(2), state: super::tenants::tightest(state, &standing), standing },
         })
     }
 
@@ -326,11 +397,12 @@ impl Store {
     /// it reserved (less: negative); `refund`: it never reached a replica;
     /// `running`: it was counted among the key's running requests. Queued,
     /// never waited on.
-    pub(crate) fn settle(&self, tenant: &Arc<str>, second: u64, delta: i64, refund: bool, running: bool) {
+    /// `quota_at`: the wall second it was taken in, when the key has quotas.
+    pub(crate) fn settle(&self, tenant: &Arc<str>, second: u64, delta: i64, refund: bool, running: bool, quota_at: Option<u64>) {
         if delta == 0 && !refund && !running {
             return;
         }
-        let _ = self.settles.send(Settle { tenant: tenant.clone(), second, delta, refund, running });
+        let _ = self.settles.send(Settle { tenant: tenant.clone(), second, delta, refund, running, quota_at });
     }
 }
 
@@ -383,14 +455,15 @@ impl Worker {
 
     async fn settle(&mut self, script: &Script, s: Settle) {
         let mut call = script.prepare_invoke();
-        call.key(key(&self.prefix, &s.tenant, "requests"))
-            .key(key(&self.prefix, &s.tenant, "tokens"))
-            .key(key(&self.prefix, &s.tenant, "running"))
-            .arg(s.second)
-            .arg(s.delta)
-            .arg(s.refund as u8)
-            .arg(s.running as u8)
-            .arg(&*self.instance);
+        call.key(key(&self.prefix, &s.tenant, "requests")).key(key(&self.prefix, &s.tenant, "tokens")).key(key(
+            &self.prefix,
+            &s.tenant,
+            "running",
+        ));
+        for k in quota_keys(&self.prefix, &s.tenant, s.quota_at.unwrap_or(0)) {
+            call.key(k);
+        }
+        call.arg(s.second).arg(s.delta).arg(s.refund as u8).arg(s.running as u8).arg(&*self.instance).arg(s.quota_at.is_some() as u8);
         if let Err(e) = call.invoke_async::<i64>(&mut self.conn).await {
             tracing::debug!(error = %e, tenant = %s.tenant, "limit store: a request's end was not recorded");
         }

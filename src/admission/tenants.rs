@@ -29,10 +29,11 @@ use tokio::time::Instant;
 use prometheus_client::metrics::counter::Counter;
 
 use super::fair::Share;
+use super::quota::{Calendar, Exceeded, Kind, Standing};
 use super::store::{Store, Verdict};
 use crate::config::{KeyLimitsConfig, TenantConfig};
 use crate::telemetry::histogram::AtomicHistogram;
-use crate::telemetry::metrics::{Metrics, TenantKindLabels, TenantLabels, TenantOutcomeLabels};
+use crate::telemetry::metrics::{Metrics, QuotaLabels, TenantKindLabels, TenantLabels, TenantOutcomeLabels};
 use crate::telemetry::Outcome;
 
 /// The name of the one tenant of a gateway without keys.
@@ -112,15 +113,26 @@ pub(crate) struct Limits {
     pub(crate) requests_per_minute: Option<u64>,
     pub(crate) tokens_per_minute: Option<u64>,
     pub(crate) max_concurrent: Option<u64>,
+    /// Requests and tokens per day, then per month (see [`super::quota::QUOTAS`]).
+    pub(crate) quotas: [Option<u64>; 4],
 }
 
 impl Limits {
     fn of(c: &KeyLimitsConfig) -> Limits {
-        Limits { requests_per_minute: c.requests_per_minute, tokens_per_minute: c.tokens_per_minute, max_concurrent: c.max_concurrent }
+        Limits {
+            requests_per_minute: c.requests_per_minute,
+            tokens_per_minute: c.tokens_per_minute,
+            max_concurrent: c.max_concurrent,
+            quotas: [c.requests_per_day, c.tokens_per_day, c.requests_per_month, c.tokens_per_month],
+        }
     }
 
     fn any(&self) -> bool {
-        self.requests_per_minute.is_some() || self.tokens_per_minute.is_some() || self.max_concurrent.is_some()
+        self.requests_per_minute.is_some() || self.tokens_per_minute.is_some() || self.max_concurrent.is_some() || self.has_quotas()
+    }
+
+    pub(crate) fn has_quotas(&self) -> bool {
+        self.quotas.iter().any(Option::is_some)
     }
 
     /// This instance's part of the limits when `instances` share them.
@@ -130,6 +142,7 @@ impl Limits {
             requests_per_minute: part(self.requests_per_minute),
             tokens_per_minute: part(self.tokens_per_minute),
             max_concurrent: part(self.max_concurrent),
+            quotas: self.quotas.map(part),
         }
     }
 }
@@ -140,14 +153,19 @@ pub(crate) enum Limit {
     Requests,
     Tokens,
     Concurrent,
+    /// A day's or a month's quota (which one: [`Limited::quota`]).
+    Quota,
 }
 
 impl Limit {
+    pub(crate) const ALL: [Limit; 4] = [Limit::Requests, Limit::Tokens, Limit::Concurrent, Limit::Quota];
+
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Limit::Requests => "requests",
             Limit::Tokens => "tokens",
             Limit::Concurrent => "concurrent",
+            Limit::Quota => "quota",
         }
     }
 }
@@ -178,6 +196,8 @@ pub(crate) struct Limited {
     pub(crate) too_large: bool,
     pub(crate) reserve: u64,
     pub(crate) state: RateState,
+    /// The quota that refused (with [`Limit::Quota`]).
+    pub(crate) quota: Option<Exceeded>,
 }
 
 /// What a tenant is, as configured.
@@ -202,7 +222,9 @@ pub(crate) struct TenantSeries {
     pub(crate) completion_tokens: Counter,
     pub(crate) goodput: Counter,
     pub(crate) queue_time: AtomicHistogram,
-    limited: [Counter; 3],
+    limited: [Counter; 4],
+    /// Its quotas' use (`slogate_key_quota_used`), made at their first use.
+    quota_used: [std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge>; 4],
 }
 
 impl TenantSeries {
@@ -218,7 +240,8 @@ impl TenantSeries {
             completion_tokens: kind("completion"),
             goodput: metrics.tenant_goodput.get_or_create(&TenantLabels { tenant: tenant.clone() }).clone(),
             queue_time: metrics.tenant_queue_time.get_or_create(&TenantLabels { tenant: tenant.clone() }).clone(),
-            limited: [limited(Limit::Requests), limited(Limit::Tokens), limited(Limit::Concurrent)],
+            limited: Limit::ALL.map(limited),
+            quota_used: Default::default(),
             name: tenant,
         }
     }
@@ -228,6 +251,15 @@ impl TenantSeries {
         let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
         self.outcomes[i]
             .get_or_init(|| self.metrics.tenant_requests.get_or_create(&TenantOutcomeLabels { tenant: self.name.clone(), outcome }).clone())
+    }
+
+    /// Show quotas' use.
+    fn quotas(&self, standing: &[Standing]) {
+        for q in standing {
+            let i = super::quota::QUOTAS.iter().position(|p| *p == (q.period, q.kind)).unwrap_or(0);
+            let labels = QuotaLabels { tenant: self.name.clone(), window: q.period.as_str(), kind: q.kind.as_str() };
+            self.quota_used[i].get_or_init(|| self.metrics.quota_used.get_or_create(&labels).clone()).set(q.used as i64);
+        }
     }
 }
 
@@ -242,9 +274,11 @@ pub(crate) struct Tenant {
     /// The limit store, when one is configured (shared by all tenants).
     store: Arc<ArcSwapOption<Store>>,
     base: Instant,
+    /// The wall clock (seconds since 1970) at `base`: quotas' calendar windows.
+    base_unix: u64,
     inner: Mutex<Usage>,
     concurrent: AtomicU64,
-    limited: [AtomicU64; 3],
+    limited: [AtomicU64; 4],
 }
 
 #[derive(Debug, Default)]
@@ -257,6 +291,10 @@ struct Usage {
     met: Window,
     /// The last second a request was refused by a limit.
     limited_at: Option<u64>,
+    /// Its day and month quotas.
+    calendar: Calendar,
+    /// The quotas as the limit store last said (with a store).
+    shared_standing: Vec<Standing>,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -280,6 +318,8 @@ pub(crate) struct Permit {
     refunded: bool,
     /// Taken from the limit store (settled there), not this instance's windows.
     shared: Option<Arc<Store>>,
+    /// The wall second it was taken in (its quotas' windows), when the key has quotas.
+    quota_at: Option<u64>,
 }
 
 impl Permit {
@@ -303,16 +343,23 @@ impl Drop for Permit {
         }
         if let Some(store) = &self.shared {
             let delta = self.used.map_or(0, |used| used as i64 - self.reserved as i64);
-            store.settle(&self.tenant.name, self.second, delta, self.refunded, self.concurrent);
+            store.settle(&self.tenant.name, self.second, delta, self.refunded, self.concurrent, self.quota_at);
             return;
         }
         if let Some(used) = self.used {
-            let now = self.tenant.second(Instant::now());
+            let at = Instant::now();
+            let now = self.tenant.second(at);
             let delta = used as f64 - self.reserved as f64;
             if let Ok(mut u) = self.tenant.inner.lock() {
                 u.tokens.adjust(self.second, now, delta);
                 if self.refunded {
                     u.requests.adjust(self.second, now, -1.0);
+                }
+                if let Some(taken) = self.quota_at {
+                    let unix = self.tenant.unix(at);
+                    u.calendar.settle(taken, unix, delta, self.refunded);
+                    let limits = self.tenant.limits().quotas;
+                    self.tenant.series.quotas(&u.calendar.standing(unix, limits));
                 }
             }
         }
@@ -322,6 +369,11 @@ impl Drop for Permit {
 impl Tenant {
     fn second(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.base).as_secs()
+    }
+
+    /// The wall clock's second (since 1970, UTC) at `at`.
+    pub(crate) fn unix(&self, at: Instant) -> u64 {
+        self.base_unix + self.second(at)
     }
 
     /// Its share of a tier, for the fair queues.
@@ -356,9 +408,9 @@ impl Tenant {
         self.concurrent.load(Ordering::Relaxed)
     }
 
-    /// Requests refused by each limit so far (requests, tokens, concurrent).
-    pub(crate) fn limited_counts(&self) -> [u64; 3] {
-        [0, 1, 2].map(|i| self.limited[i].load(Ordering::Relaxed))
+    /// Requests refused by each limit so far (requests, tokens, concurrent, quota).
+    pub(crate) fn limited_counts(&self) -> [u64; 4] {
+        [0, 1, 2, 3].map(|i| self.limited[i].load(Ordering::Relaxed))
     }
 
     /// Was a request refused by a limit in the last minute?
@@ -412,14 +464,23 @@ impl Tenant {
         let Ok(mut u) = self.inner.lock() else {
             // A poisoned lock: a panic elsewhere; do not hold the key's traffic for it.
             return Ok((
-                Permit { tenant: self.clone(), second: s, reserved: 0, concurrent: false, used: None, refunded: false, shared: None },
+                Permit {
+                    tenant: self.clone(),
+                    second: s,
+                    reserved: 0,
+                    concurrent: false,
+                    used: None,
+                    refunded: false,
+                    shared: None,
+                    quota_at: None,
+                },
                 RateState::default(),
             ));
         };
         let refuse = |u: &mut Usage, limit: Limit, retry_after: u64, too_large: bool| {
             u.limited_at = Some(s);
             self.count_refusal(limit);
-            Limited { limit, retry_after: retry_after.max(1), too_large, reserve, state: self.quotas(u, &limits, s) }
+            Limited { limit, retry_after: retry_after.max(1), too_large, reserve, state: self.quotas(u, &limits, s), quota: None }
         };
         if let Some(max) = limits.max_concurrent {
             if self.concurrent.load(Ordering::Relaxed) >= max {
@@ -441,14 +502,45 @@ impl Tenant {
                 return Err(refuse(&mut u, Limit::Tokens, wait, false));
             }
         }
+        let unix = self.unix(now);
+        let standing = match limits.has_quotas().then(|| u.calendar.take(unix, limits.quotas, reserve)) {
+            Some(Err(q)) => {
+                let mut refused = refuse(&mut u, Limit::Quota, q.retry_after, q.too_large);
+                refused.state = tightest(refused.state, &u.calendar.standing(unix, limits.quotas));
+                refused.quota = Some(q);
+                return Err(refused);
+            }
+            Some(Ok(standing)) => standing,
+            None => Vec::new(),
+        };
         u.requests.add(s, 1.0);
         u.tokens.add(s, reserve as f64);
         let concurrent = limits.max_concurrent.is_some();
         if concurrent {
             self.concurrent.fetch_add(1, Ordering::Relaxed);
         }
-        let state = self.quotas(&u, &limits, s);
-        Ok((Permit { tenant: self.clone(), second: s, reserved: reserve, concurrent, used: None, refunded: false, shared: None }, state))
+        self.series.quotas(&standing);
+        let state = tightest(self.quotas(&u, &limits, s), &standing);
+        let quota_at = limits.has_quotas().then_some(unix);
+        Ok((
+            Permit { tenant: self.clone(), second: s, reserved: reserve, concurrent, used: None, refunded: false, shared: None, quota_at },
+            state,
+        ))
+    }
+
+    /// Its quotas as they stand now (for `/slo`): this instance's count.
+    /// With a limit store that answers, what it last said (whole quotas).
+    pub(crate) fn quota_standing(&self, now: Instant) -> Vec<Standing> {
+        let limits = self.limits();
+        if !limits.has_quotas() {
+            return Vec::new();
+        }
+        let unix = self.unix(now);
+        let shared = self.store().is_some_and(|s| s.is_up());
+        self.inner
+            .lock()
+            .map(|mut u| if shared { u.shared_standing.clone() } else { u.calendar.standing(unix, limits.quotas) })
+            .unwrap_or_default()
     }
 
     /// [`Tenant::admit`] against the key's whole limits in the limit store,
@@ -458,6 +550,7 @@ impl Tenant {
         let store = self.store.load_full().filter(|s| s.is_up())?;
         let limits = self.configured_limits();
         let s = self.second(now);
+        let unix = self.unix(now);
         if limits.tokens_per_minute.is_some_and(|tpm| reserve > tpm) {
             // Too large whatever the store holds: no need to ask it.
             let state = RateState {
@@ -466,12 +559,17 @@ impl Tenant {
             };
             return Some(Err(self.refused(s, Limit::Tokens, SLOTS as u64, true, reserve, state)));
         }
+        if let Some(e) = too_large_for_quota(&limits, reserve, unix) {
+            let mut refused = self.refused(s, Limit::Quota, e.retry_after, true, reserve, RateState::default());
+            refused.quota = Some(e);
+            return Some(Err(refused));
+        }
         let concurrent = limits.max_concurrent.is_some();
         if concurrent {
             // Counted before the call: the heartbeat reports it meanwhile.
             self.concurrent.fetch_add(1, Ordering::Relaxed);
         }
-        let verdict = store.admit(&self.name, &limits, reserve).await;
+        let verdict = store.admit(&self.name, &limits, reserve, unix).await;
         let undo = || {
             if concurrent {
                 self.concurrent.fetch_sub(1, Ordering::Relaxed);
@@ -482,14 +580,30 @@ impl Tenant {
                 undo();
                 None
             }
-            Some(Verdict::Refused { limit, retry_after, state }) => {
+            Some(Verdict::Refused { limit, retry_after, state, quota }) => {
                 undo();
-                Some(Err(self.refused(s, limit, retry_after, false, reserve, state)))
+                let mut refused = self.refused(s, limit, retry_after, false, reserve, state);
+                refused.quota = quota;
+                Some(Err(refused))
             }
-            Some(Verdict::Granted { second, state }) => Some(Ok((
-                Permit { tenant: self.clone(), second, reserved: reserve, concurrent, used: None, refunded: false, shared: Some(store) },
-                state,
-            ))),
+            Some(Verdict::Granted { second, state, standing }) => {
+                self.series.quotas(&standing);
+                if let Ok(mut u) = self.inner.lock() {
+                    u.shared_standing = standing;
+                }
+                let quota_at = limits.has_quotas().then_some(unix);
+                let permit = Permit {
+                    tenant: self.clone(),
+                    second,
+                    reserved: reserve,
+                    concurrent,
+                    used: None,
+                    refunded: false,
+                    shared: Some(store),
+                    quota_at,
+                };
+                Some(Ok((permit, state)))
+            }
         }
     }
 
@@ -504,7 +618,7 @@ impl Tenant {
             u.limited_at = Some(s);
         }
         self.count_refusal(limit);
-        Limited { limit, retry_after: retry_after.max(1), too_large, reserve, state }
+        Limited { limit, retry_after: retry_after.max(1), too_large, reserve, state, quota: None }
     }
 }
 
@@ -517,6 +631,7 @@ pub(crate) struct Tenants {
     /// This process among the limit store's instances.
     instance: String,
     base: Instant,
+    base_unix: u64,
     metrics: Arc<Metrics>,
 }
 
@@ -533,8 +648,15 @@ impl Tenants {
             store: Arc::default(),
             instance: format!("{:016x}", h.finish()),
             base: Instant::now(),
+            base_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             metrics,
         }
+    }
+
+    /// As [`Tenants::new`], its wall clock starting at `unix` (seconds since 1970).
+    #[cfg(test)]
+    pub(crate) fn at(metrics: Arc<Metrics>, unix: u64) -> Tenants {
+        Tenants { base_unix: unix, ..Tenants::new(metrics) }
     }
 
     /// The tenant `name` will be under `config` (a reload's prepare step,
@@ -554,6 +676,7 @@ impl Tenants {
             instances: self.instances.clone(),
             store: self.store.clone(),
             base: self.base,
+            base_unix: self.base_unix,
             inner: Mutex::new(Usage::default()),
             concurrent: AtomicU64::new(0),
             limited: Default::default(),
@@ -617,6 +740,38 @@ impl Tenants {
     }
 }
 
+/// A request that alone needs more tokens than a whole day's or month's
+/// quota: no wait can help.
+fn too_large_for_quota(limits: &Limits, reserve: u64, unix: u64) -> Option<Exceeded> {
+    super::quota::QUOTAS.iter().zip(limits.quotas).find_map(|(&(period, kind), limit)| {
+        let limit = limit?;
+        (kind == Kind::Tokens && reserve > limit).then(|| Exceeded {
+            period,
+            kind,
+            limit,
+            used: 0,
+            retry_after: period.window(unix).1.saturating_sub(unix).max(1),
+            too_large: true,
+        })
+    })
+}
+
+/// The rate-limit headers' view: for requests and for tokens, whichever
+/// limit (the minute's, or a day's or month's quota) has the least left.
+pub(crate) fn tightest(mut state: RateState, standing: &[Standing]) -> RateState {
+    for q in standing {
+        let quota = Quota { limit: q.limit, remaining: q.limit.saturating_sub(q.used), reset: Duration::from_secs(q.reset) };
+        let slot = match q.kind {
+            Kind::Requests => &mut state.requests,
+            Kind::Tokens => &mut state.tokens,
+        };
+        if slot.is_none_or(|s| quota.remaining < s.remaining) {
+            *slot = Some(quota);
+        }
+    }
+    state
+}
+
 /// `d` as OpenAI's reset headers write it (`1s`, `6m0s`, `250ms`).
 pub(crate) fn reset_text(d: Duration) -> String {
     let ms = d.as_millis();
@@ -666,7 +821,7 @@ mod tests {
         assert!(a.admit(Instant::now(), 0).is_ok(), "the first one left the window");
         assert!(a.admit(Instant::now(), 0).is_err(), "but only that one");
         assert!(a.limited_lately(Instant::now()));
-        assert_eq!(a.limited_counts(), [2, 0, 0]);
+        assert_eq!(a.limited_counts(), [2, 0, 0, 0]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -706,12 +861,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_fleet_splits_a_keys_limits_among_its_live_instances() {
-        let (tenants, a) =
-            tenant(KeyLimitsConfig { requests_per_minute: Some(10), tokens_per_minute: Some(3000), max_concurrent: Some(4) });
+        let (tenants, a) = tenant(KeyLimitsConfig {
+            requests_per_minute: Some(10),
+            tokens_per_minute: Some(3000),
+            max_concurrent: Some(4),
+            ..KeyLimitsConfig::default()
+        });
         tenants.set_instances(3);
         assert_eq!(
             a.limits(),
-            Limits { requests_per_minute: Some(3), tokens_per_minute: Some(1000), max_concurrent: Some(1) },
+            Limits { requests_per_minute: Some(3), tokens_per_minute: Some(1000), max_concurrent: Some(1), quotas: [None; 4] },
             "each instance its third, at least one"
         );
         for _ in 0..3 {
@@ -738,6 +897,28 @@ mod tests {
         assert_eq!((a.weight(), a.has_limits()), (2.0, true));
         let b = tenants.prepare("b", &one);
         assert_ne!(a.share().tenant, b.share().tenant);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_day_quota_settles_to_usage_comes_back_at_midnight_and_splits_in_a_fleet() {
+        // 400 s before a midnight (UTC).
+        let tenants = Tenants::at(Arc::new(Metrics::new(&crate::config::Config::default())), 86_400 * 20_000 - 400);
+        let c = TenantConfig { weight: 1.0, limits: Some(KeyLimitsConfig { tokens_per_day: Some(100), ..KeyLimitsConfig::default() }) };
+        let a = tenants.prepare("a", &c);
+        tenants.install([(&a, c)]);
+        let (mut p, state) = a.admit(Instant::now(), 80).expect("80 of 100");
+        assert_eq!(state.tokens.map(|q| (q.limit, q.remaining, q.reset)), Some((100, 20, Duration::from_secs(400))));
+        p.settle(90);
+        drop(p);
+        let no = a.admit(Instant::now(), 20).expect_err("90 used + 20 > 100");
+        assert_eq!((no.limit, no.retry_after, no.too_large), (Limit::Quota, 400, false));
+        assert_eq!(no.state.tokens.map(|q| q.remaining), Some(10));
+        assert!(a.admit(Instant::now(), 101).expect_err("more than a day's").too_large);
+        tokio::time::advance(Duration::from_secs(400)).await;
+        a.admit(Instant::now(), 100).map(drop).expect("a new day, the whole quota");
+        tenants.set_instances(2);
+        assert_eq!(a.limits().quotas, [None, Some(50), None, None], "each instance its half");
+        assert_eq!(a.limited_counts(), [0, 0, 0, 2]);
     }
 
     #[test]

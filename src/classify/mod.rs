@@ -4,6 +4,8 @@
 //! time and never logged. Without keys every caller is one tenant,
 //! `anonymous`.
 
+pub(crate) mod grant;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +16,7 @@ use crate::admission::tenants::ANONYMOUS;
 use crate::admission::{ClassControl, Controls, Tenant};
 use crate::config::{Config, TenantConfig, Tier};
 use crate::error::GatewayError;
+pub(crate) use grant::Grant;
 
 /// A class as the request path needs it.
 #[derive(Clone)]
@@ -38,6 +41,15 @@ pub(crate) struct ApiKey {
     /// Allowed classes, in the configured order (the first is the default).
     pub(crate) classes: Vec<Arc<Class>>,
     pub(crate) tenant: Arc<Tenant>,
+    pub(crate) grant: Arc<Grant>,
+}
+
+/// Who a request is for: its class, its tenant, and what its key may use.
+#[derive(Debug, Clone)]
+pub(crate) struct Caller {
+    pub(crate) class: Arc<Class>,
+    pub(crate) tenant: Arc<Tenant>,
+    pub(crate) grant: Arc<Grant>,
 }
 
 /// Why a config's keys or classes cannot be used (the config parsed, but
@@ -113,8 +125,9 @@ pub(crate) struct Classifier {
     classes: Vec<Arc<Class>>,
     default_class: Arc<Class>,
     keys: Vec<ApiKey>,
-    /// Every caller's tenant when there are no keys.
+    /// Every caller's tenant when there are no keys, and its grant (everything).
     anonymous: Arc<Tenant>,
+    anonymous_grant: Arc<Grant>,
     /// The tenants of this config with their settings (installed with it).
     tenants: Vec<(Arc<Tenant>, TenantConfig)>,
 }
@@ -171,6 +184,7 @@ impl Classifier {
                 digest,
                 classes: k.classes.iter().filter_map(|c| find(c)).collect(),
                 tenant: controls.tenants.prepare(&k.name, &k.tenant()),
+                grant: Arc::new(Grant::of(k)),
             })
             .collect();
         let anonymous = controls.tenants.prepare(ANONYMOUS, &TenantConfig::default());
@@ -179,7 +193,8 @@ impl Classifier {
         } else {
             keys.iter().zip(&config.auth.keys).map(|(k, c)| (k.tenant.clone(), c.tenant())).collect()
         };
-        Ok(Classifier { classes, default_class, keys, anonymous, tenants })
+        let anonymous_grant = Arc::new(Grant::all(ANONYMOUS));
+        Ok(Classifier { classes, default_class, keys, anonymous, anonymous_grant, tenants })
     }
 
     /// The tenants callers can be, with their weights and limits.
@@ -201,12 +216,13 @@ impl Classifier {
     }
 
     /// With `auth.keys`: the caller's key must be one of them (listing the
-    /// models needs a key like any other call). Without keys, anyone.
-    pub(crate) fn authenticate(&self, headers: &http::HeaderMap) -> Result<(), GatewayError> {
+    /// models needs a key like any other call); what it may use. Without
+    /// keys, anyone, with everything.
+    pub(crate) fn authenticate(&self, headers: &http::HeaderMap) -> Result<Arc<Grant>, GatewayError> {
         if self.keys.is_empty() {
-            return Ok(());
+            return Ok(self.anonymous_grant.clone());
         }
-        self.key_of(headers).map(|_| ())
+        self.key_of(headers).map(|k| k.grant.clone())
     }
 
     /// The configured key the request's `Authorization: Bearer` carries.
@@ -224,14 +240,14 @@ impl Classifier {
     }
 
     /// Decide the class and the tenant of a request from its headers.
-    pub(crate) fn classify(&self, headers: &http::HeaderMap) -> Result<(Arc<Class>, Arc<Tenant>), GatewayError> {
+    pub(crate) fn classify(&self, headers: &http::HeaderMap) -> Result<Caller, GatewayError> {
         let wanted = headers.get("x-slo-class").map(|v| v.to_str().map(str::trim).unwrap_or(""));
         if self.keys.is_empty() {
             let class = match wanted {
                 None => self.default_class.clone(),
                 Some(n) => self.class(n).cloned().ok_or_else(|| GatewayError::UnknownClass(n.to_string()))?,
             };
-            return Ok((class, self.anonymous.clone()));
+            return Ok(Caller { class, tenant: self.anonymous.clone(), grant: self.anonymous_grant.clone() });
         }
         let key = self.key_of(headers)?;
         let class = match wanted {
@@ -243,6 +259,6 @@ impl Classifier {
                 key.classes.iter().find(|c| &*c.name == n).cloned().ok_or_else(|| GatewayError::ClassForbidden(n.to_string()))?
             }
         };
-        Ok((class, key.tenant.clone()))
+        Ok(Caller { class, tenant: key.tenant.clone(), grant: key.grant.clone() })
     }
 }

@@ -5,6 +5,7 @@
 //! `serde_path_to_error`, so one bad field does not hide the others; semantic
 //! checks then run over whatever parsed.
 
+mod access;
 pub(crate) mod pem;
 mod types;
 
@@ -447,51 +448,6 @@ impl Config {
                 bad(format!("context_reduction.{name}"), "must be at least 1".into());
             }
         }
-        let mut key_names = std::collections::HashSet::new();
-        for (i, k) in self.auth.keys.iter().enumerate() {
-            let at = self.auth.key_field(i);
-            let f = |s: &str| format!("{at}.{s}");
-            if k.name.is_empty() {
-                bad(f("name"), "must not be empty".into());
-            } else if !key_names.insert(k.name.as_str()) {
-                bad(f("name"), format!("key name `{}` is used twice", k.name));
-            }
-            if !(k.weight.is_finite() && k.weight > 0.0) {
-                bad(f("weight"), format!("must be a number above 0, not {}", k.weight));
-            }
-            if let Some(l) = &k.limits {
-                for (name, v) in [
-                    ("requests_per_minute", l.requests_per_minute),
-                    ("tokens_per_minute", l.tokens_per_minute),
-                    ("max_concurrent", l.max_concurrent),
-                ] {
-                    if v == Some(0) {
-                        bad(f(&format!("limits.{name}")), "must be at least 1 (leave it out for no limit)".into());
-                    }
-                }
-            }
-            match (&k.key_env, &k.key_sha256) {
-                (Some(_), Some(_)) | (None, None) => bad(at.clone(), "give exactly one of key_env and key_sha256".into()),
-                (Some(env), None) => {
-                    if std::env::var(env).map(|v| v.is_empty()).unwrap_or(true) {
-                        bad(f("key_env"), format!("environment variable {env} is not set"));
-                    }
-                }
-                (None, Some(h)) => {
-                    if h.len() != 64 || !h.chars().all(|c| c.is_ascii_hexdigit()) {
-                        bad(f("key_sha256"), "must be 64 hex digits (the SHA-256 of the key)".into());
-                    }
-                }
-            }
-            if k.classes.is_empty() {
-                bad(f("classes"), "list at least one class".into());
-            }
-            for (j, c) in k.classes.iter().enumerate() {
-                if !class_known(c) {
-                    bad(f(&format!("classes[{j}]")), format!("`{c}` is not one of the classes"));
-                }
-            }
-        }
         if self.auth.default_max_tokens == 0 {
             bad("auth.default_max_tokens".into(), "must be at least 1".into());
         }
@@ -504,6 +460,7 @@ impl Config {
                 );
             }
         }
+        access::validate(self, &seen.pool_index, &class_known, p);
     }
 }
 
@@ -854,6 +811,39 @@ mod tests {
             let err = Config::parse(&format!("pools:\n  - name: a\n    models: [m]\n    replicas: [{bad}]\n")).expect_err(bad).0;
             assert!(err[0].field.starts_with("pools"), "{bad}: {err:?}");
         }
+    }
+
+    #[test]
+    fn extra_paths_models_endpoints_quotas_and_the_access_log_are_checked() {
+        let h = key_sha256("k");
+        let text = format!(
+            "pools:\n  - name: p\n    replicas: [http://127.0.0.1:1]\n    extra_paths:\n      - {{ path: /v1/load_lora_adapter, keys: [ops] }}\n      - {{ path: v1/x, keys: [] }}\n      - {{ path: /v1/chat/completions, keys: [nobody] }}\n      - {{ path: /v1/load_lora_adapter, keys: [ops] }}\nauth:\n  keys:\n    - {{ name: ops, key_sha256: {h}, classes: [chat], models: [], endpoints: [], limits: {{ tokens_per_day: 0 }} }}\ntelemetry:\n  access_log: {{ to: '', buffer: 0 }}\n"
+        );
+        let err = Config::parse(&text).expect_err("problems").0;
+        let fields: Vec<&str> = err.iter().map(|p| p.field.as_str()).collect();
+        for f in [
+            "pools[0].extra_paths[1].path",
+            "pools[0].extra_paths[1].keys",
+            "pools[0].extra_paths[2].path",
+            "pools[0].extra_paths[2].keys[0]",
+            "pools[0].extra_paths[3].path",
+            "auth.keys[0].models",
+            "auth.keys[0].endpoints",
+            "auth.keys[0].limits.tokens_per_day",
+            "telemetry.access_log.to",
+            "telemetry.access_log.buffer",
+        ] {
+            assert!(fields.contains(&f), "{f} not named: {err:?}");
+        }
+        let err = Config::parse("auth:\n  keys:\n    - { name: a, key_sha256: x, classes: [chat], endpoints: [chats] }\n")
+            .expect_err("unknown kind")
+            .0;
+        assert!(err.iter().any(|p| p.field.starts_with("auth.keys[0].endpoints") && p.message.contains("chats")), "{err:?}");
+        // Without keys, the one caller is `anonymous`.
+        let ok = Config::parse(
+            "pools:\n  - name: p\n    replicas: [http://127.0.0.1:1]\n    extra_paths: [{ path: /sleep, keys: [anonymous] }]\n",
+        );
+        assert!(ok.is_ok(), "{ok:?}");
     }
 
     #[test]

@@ -269,6 +269,21 @@ pub struct PoolConfig {
     /// The longest one SSE event from a replica may be; past it the stream
     /// ends with an error event (`stream_error`).
     pub max_event_bytes: Size,
+    /// Paths beyond the inference endpoints that this pool's replicas take
+    /// from the named keys only (an engine's management endpoints, such as
+    /// vLLM's `/v1/load_lora_adapter`). None by default: slogate forwards
+    /// nothing else.
+    pub extra_paths: Vec<ExtraPath>,
+}
+
+/// One path opened on a pool (`pools[].extra_paths`), for `keys` only.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ExtraPath {
+    /// The exact path, e.g. `/v1/load_lora_adapter` (POST).
+    pub path: String,
+    /// Names of `auth.keys` that may call it (`anonymous` when the gateway has no keys).
+    pub keys: Vec<String>,
 }
 
 /// `max_inflight_per_replica`: `auto` (learned per replica from its own
@@ -417,6 +432,7 @@ impl Default for PoolConfig {
             tls: None,
             api_key_env: None,
             max_event_bytes: Size(1 << 20),
+            extra_paths: Vec::new(),
         }
     }
 }
@@ -735,6 +751,85 @@ pub struct KeyConfig {
     pub weight: f64,
     #[serde(default)]
     pub limits: Option<KeyLimitsConfig>,
+    /// Models the key may use: names, or patterns where `*` stands for any
+    /// run of characters (`llama-3.1-8b*`). Left out: every model.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+    /// Endpoint kinds the key may call (`chat`, `completions`, `responses`,
+    /// `embeddings`, `rerank`, `transcription`, `speech`, `tokenize`,
+    /// `other`). Left out: every kind.
+    #[serde(default)]
+    pub endpoints: Option<Vec<Endpoint>>,
+}
+
+/// The kinds of work the data plane forwards: the `endpoint` of access log
+/// lines, and what `auth.keys[].endpoints` names. A closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Endpoint {
+    /// `/v1/chat/completions`
+    Chat,
+    /// `/v1/completions`
+    Completions,
+    /// `/v1/responses`
+    Responses,
+    /// `/v1/embeddings`
+    Embeddings,
+    /// `/rerank`, `/v1/rerank`, `/v2/rerank`, `/score`, `/v1/score`
+    Rerank,
+    /// `/v1/audio/transcriptions`, `/v1/audio/translations`
+    Transcription,
+    /// `/v1/audio/speech`
+    Speech,
+    /// `/tokenize`, `/detokenize`
+    Tokenize,
+    /// `/pooling`, `/classify`, and paths opened with `pools[].extra_paths`
+    Other,
+}
+
+impl Endpoint {
+    /// The kind of an inference path (POST, routed by the body's `model`);
+    /// `None`: not one slogate forwards on its own.
+    pub fn of_path(path: &str) -> Option<Endpoint> {
+        Some(match path {
+            "/v1/chat/completions" => Endpoint::Chat,
+            "/v1/completions" => Endpoint::Completions,
+            "/v1/responses" => Endpoint::Responses,
+            "/v1/embeddings" => Endpoint::Embeddings,
+            "/rerank" | "/v1/rerank" | "/v2/rerank" | "/score" | "/v1/score" => Endpoint::Rerank,
+            "/v1/audio/transcriptions" | "/v1/audio/translations" => Endpoint::Transcription,
+            "/v1/audio/speech" => Endpoint::Speech,
+            "/tokenize" | "/detokenize" => Endpoint::Tokenize,
+            "/pooling" | "/classify" => Endpoint::Other,
+            _ => return None,
+        })
+    }
+
+    pub const ALL: [Endpoint; 9] = [
+        Endpoint::Chat,
+        Endpoint::Completions,
+        Endpoint::Responses,
+        Endpoint::Embeddings,
+        Endpoint::Rerank,
+        Endpoint::Transcription,
+        Endpoint::Speech,
+        Endpoint::Tokenize,
+        Endpoint::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat",
+            Endpoint::Completions => "completions",
+            Endpoint::Responses => "responses",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Rerank => "rerank",
+            Endpoint::Transcription => "transcription",
+            Endpoint::Speech => "speech",
+            Endpoint::Tokenize => "tokenize",
+            Endpoint::Other => "other",
+        }
+    }
 }
 
 fn one() -> f64 {
@@ -778,6 +873,12 @@ pub struct KeyLimitsConfig {
     pub requests_per_minute: Option<u64>,
     pub tokens_per_minute: Option<u64>,
     pub max_concurrent: Option<u64>,
+    /// Quotas over a calendar day and month (UTC): reserved at admission,
+    /// settled to the replica's usage at the end, like the minute's.
+    pub requests_per_day: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+    pub requests_per_month: Option<u64>,
+    pub tokens_per_month: Option<u64>,
 }
 
 /// A tenant's weight and limits: a key's, or the anonymous caller's (weight 1, no limits).
@@ -806,4 +907,34 @@ pub enum LogFormat {
 pub struct TelemetryConfig {
     pub otlp_endpoint: Option<String>,
     pub log_format: LogFormat,
+    /// One line per finished request (`null`: none).
+    pub access_log: Option<AccessLogConfig>,
+}
+
+/// `telemetry.access_log`: where each finished request's line goes.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogConfig {
+    /// `stderr`, `stdout`, or a file path (appended to; reopened on SIGHUP
+    /// and reload, so logrotate can move it).
+    pub to: String,
+    #[serde(default)]
+    pub format: AccessLogFormat,
+    /// Lines waiting to be written at most; past it lines are dropped and
+    /// counted (`slogate_access_log_dropped_total`), never waited for.
+    #[serde(default = "access_log_buffer")]
+    pub buffer: u32,
+}
+
+fn access_log_buffer() -> u32 {
+    65536
+}
+
+/// How access log lines are written.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessLogFormat {
+    /// One JSON object per line.
+    #[default]
+    Json,
 }

@@ -99,6 +99,19 @@ impl RequestBody {
         Ok(Self { bytes, head, object: Some(object), dirty: false })
     }
 
+    /// An empty body (a management call that takes none): no model, sent as is.
+    pub(super) fn empty() -> Self {
+        let head = Head {
+            model: Model::Missing,
+            stream: false,
+            include_usage: false,
+            has_stream_options: false,
+            has_priority: false,
+            max_output: None,
+        };
+        Self { bytes: Bytes::new(), head, object: None, dirty: false }
+    }
+
     /// The members read by the small struct, or `None` when the body needs
     /// the general path (or is malformed, which that path reports).
     fn quick_head(bytes: &[u8]) -> Option<Head> {

@@ -67,19 +67,19 @@ impl Streams {
 /// Wait for `pending`; if it has waited `every` without its response and
 /// is a stream (or once it is known to be one), answer 200 now with a body
 /// that sends comments until the response comes.
-pub(crate) async fn respond(mut pending: Pending, every: Duration, streams: Streams, class: &str) -> Response<ProxyBody> {
+pub(crate) async fn respond(mut pending: Pending, every: Duration, streams: Streams, class: &str, id: &HeaderValue) -> Response<ProxyBody> {
     tokio::select! {
         resp = &mut pending => return resp,
         _ = tokio::time::sleep(every) => {}
     }
     tokio::select! {
         resp = &mut pending => resp,
-        _ = streams.marked() => committed(pending, every, class),
+        _ = streams.marked() => committed(pending, every, class, id),
     }
 }
 
 /// The 200 response of a stream whose headers go before its response.
-fn committed(pending: Pending, every: Duration, class: &str) -> Response<ProxyBody> {
+fn committed(pending: Pending, every: Duration, class: &str, id: &HeaderValue) -> Response<ProxyBody> {
     let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let body = KeepaliveBody { state: State::Waiting { pending, ticks, first: true } };
@@ -91,6 +91,7 @@ fn committed(pending: Pending, every: Duration, class: &str) -> Response<ProxyBo
         h.insert(HeaderName::from_static("x-slogate-class"), v);
     }
     h.insert(HeaderName::from_static("x-slogate-keepalive"), HeaderValue::from_static("queued"));
+    h.insert(HeaderName::from_static("x-request-id"), id.clone());
     resp
 }
 

@@ -365,6 +365,59 @@ pub struct Metrics {
     pub(crate) limits_store_up: Gauge,
     /// Limit checks the store did not answer in time (the instance's own part was enforced).
     pub(crate) limits_store_errors: Counter,
+    /// Access log lines dropped because the writer was behind (the buffer was full).
+    pub(crate) access_log_dropped: Counter,
+    /// A key's tokens or requests used in the current day or month (`window`, `kind`), where it has such a quota.
+    pub(crate) quota_used: Family<QuotaLabels, Gauge>,
+}
+
+/// A key's quota series: `window` day or month, `kind` tokens or requests.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct QuotaLabels {
+    pub(crate) tenant: String,
+    pub(crate) window: &'static str,
+    pub(crate) kind: &'static str,
+}
+
+/// The tenants' series, the limit store's and the access log's.
+fn register_tenants(registry: &mut Registry, m: &Metrics) {
+    registry.register("tenant_requests", "Requests by tenant (API key name) and outcome", m.tenant_requests.clone());
+    registry.register(
+        "tenant_tokens",
+        "Tokens by tenant, as the replicas reported them (kind: prompt, completion)",
+        m.tenant_tokens.clone(),
+    );
+    registry.register(
+        "tenant_goodput_requests",
+        "A tenant's requests that met both their class's TTFT and ITL target",
+        m.tenant_goodput.clone(),
+    );
+    registry.register("tenant_queue_time_seconds", "Time a tenant's requests waited in the gateway queue", m.tenant_queue_time.clone());
+    registry.register(
+        "tenant_limited_requests",
+        "A tenant's requests refused by its key's own limits (kind: requests, tokens, concurrent)",
+        m.tenant_limited.clone(),
+    );
+    registry.register(
+        "limits_store_up",
+        "1 while the limit store (limits.redis) answers; 0: each instance enforces its part of every key's limits",
+        m.limits_store_up.clone(),
+    );
+    registry.register(
+        "limits_store_errors",
+        "Key limit checks the limit store did not answer within limits.timeout (the instance's part was enforced)",
+        m.limits_store_errors.clone(),
+    );
+    registry.register(
+        "access_log_dropped",
+        "Access log lines dropped because the writer fell behind (telemetry.access_log.buffer was full)",
+        m.access_log_dropped.clone(),
+    );
+    registry.register(
+        "key_quota_used",
+        "A key's use of its day or month quota so far (this instance's count, or the limit store's when it answers)",
+        m.quota_used.clone(),
+    );
 }
 
 impl Metrics {
@@ -410,6 +463,8 @@ impl Metrics {
             tenant_limited: Family::default(),
             limits_store_up: Gauge::default(),
             limits_store_errors: Counter::default(),
+            access_log_dropped: Counter::default(),
+            quota_used: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -479,33 +534,7 @@ impl Metrics {
             m.budget_remaining.clone(),
         );
         registry.register("error_budget_burn_rate", "Bad share over the allowed bad share, per burn-alert window", m.burn_rate.clone());
-        registry.register("tenant_requests", "Requests by tenant (API key name) and outcome", m.tenant_requests.clone());
-        registry.register(
-            "tenant_tokens",
-            "Tokens by tenant, as the replicas reported them (kind: prompt, completion)",
-            m.tenant_tokens.clone(),
-        );
-        registry.register(
-            "tenant_goodput_requests",
-            "A tenant's requests that met both their class's TTFT and ITL target",
-            m.tenant_goodput.clone(),
-        );
-        registry.register("tenant_queue_time_seconds", "Time a tenant's requests waited in the gateway queue", m.tenant_queue_time.clone());
-        registry.register(
-            "tenant_limited_requests",
-            "A tenant's requests refused by its key's own limits (kind: requests, tokens, concurrent)",
-            m.tenant_limited.clone(),
-        );
-        registry.register(
-            "limits_store_up",
-            "1 while the limit store (limits.redis) answers; 0: each instance enforces its part of every key's limits",
-            m.limits_store_up.clone(),
-        );
-        registry.register(
-            "limits_store_errors",
-            "Key limit checks the limit store did not answer within limits.timeout (the instance's part was enforced)",
-            m.limits_store_errors.clone(),
-        );
+        register_tenants(&mut registry, &m);
         registry.register("config_reloads", "Config reloads applied", m.reloads.clone());
         registry.register("config_reload_failures", "Config reloads rejected (the old config was kept)", m.reload_failures.clone());
         for class in config.classes.keys() {

@@ -4,6 +4,7 @@
 //! The request path only calls cheap, non-blocking recorders here; nothing in
 //! this room waits on a scrape.
 
+pub(crate) mod access_log;
 pub(crate) mod accounting;
 pub(crate) mod budget;
 pub(crate) mod histogram;

@@ -7,7 +7,7 @@
 //! (`gen_ai.operation.name`, `gen_ai.request.model`,
 //! `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`,
 //! `gen_ai.response.finish_reasons`) plus slogate's own (`slogate.class`,
-//! `slogate.tier`, `slogate.queue_ms`, `slogate.ttft_ms`, `slogate.outcome`,
+//! `slogate.tier`, `slogate.request_id`, `slogate.queue_ms`, `slogate.ttft_ms`, `slogate.outcome`,
 //! `slogate.replica`). The W3C `traceparent` of an incoming request becomes
 //! the span's parent, and the span's context is sent on to the replica.
 
@@ -103,6 +103,7 @@ pub fn request_span(headers: &http::HeaderMap, operation: &'static str) -> traci
         slogate.ttft_ms = tracing::field::Empty,
         slogate.outcome = tracing::field::Empty,
         slogate.replica = tracing::field::Empty,
+        slogate.request_id = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
     );
     let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));

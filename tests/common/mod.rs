@@ -107,6 +107,8 @@ pub struct MockState {
     pub bodies: Mutex<Vec<serde_json::Value>>,
     /// Request headers of every POST, in order.
     pub headers: Mutex<Vec<http::HeaderMap>>,
+    /// The path of every POST, in order.
+    pub paths: Mutex<Vec<String>>,
     pub model: String,
     /// Connections that carried at least one POST (health checks and model
     /// discovery use connections of their own).
@@ -172,6 +174,7 @@ impl Mock {
             script: Mutex::new(script),
             bodies: Mutex::new(Vec::new()),
             headers: Mutex::new(Vec::new()),
+            paths: Mutex::new(Vec::new()),
             model: model.to_string(),
             post_connections: AtomicUsize::new(0),
             close_idle: tokio::sync::Notify::new(),
@@ -365,6 +368,7 @@ async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<Moc
     }
     st.calls.fetch_add(1, Ordering::SeqCst);
     st.headers.lock().expect("lock").push(req.headers().clone());
+    st.paths.lock().expect("lock").push(path.clone());
     let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     let script = if json.get("user").and_then(|u| u.as_str()) == Some(HOLD_SLOT) {

@@ -1,0 +1,107 @@
+//! What a key may use: its models (`auth.keys[].models`, names or `*`
+//! patterns) and its endpoint kinds (`auth.keys[].endpoints`). A gateway
+//! without keys grants everything to its one caller, `anonymous`.
+
+use std::sync::Arc;
+
+use crate::config::{Endpoint, KeyConfig};
+use crate::error::GatewayError;
+
+/// One caller's permissions, built once per config snapshot.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    /// The key's name (`anonymous` without keys): what `pools[].extra_paths` names.
+    pub(crate) key: Arc<str>,
+    /// `None`: every model.
+    models: Option<Vec<String>>,
+    /// `None`: every kind.
+    endpoints: Option<Vec<Endpoint>>,
+}
+
+impl Grant {
+    /// Everything, for `key`.
+    pub(crate) fn all(key: &str) -> Grant {
+        Grant { key: key.into(), models: None, endpoints: None }
+    }
+
+    pub(crate) fn of(k: &KeyConfig) -> Grant {
+        Grant { key: k.name.as_str().into(), models: k.models.clone(), endpoints: k.endpoints.clone() }
+    }
+
+    /// May the key use `model`?
+    pub(crate) fn allows_model(&self, model: &str) -> bool {
+        self.models.as_ref().is_none_or(|ms| ms.iter().any(|p| matches(p, model)))
+    }
+
+    /// The model check of the request path: 403 `model_not_allowed`, naming it.
+    pub(crate) fn model(&self, model: &str) -> Result<(), GatewayError> {
+        if self.allows_model(model) {
+            Ok(())
+        } else {
+            Err(GatewayError::ModelNotAllowed(model.to_string()))
+        }
+    }
+
+    /// The endpoint check: 403 `endpoint_not_allowed`.
+    pub(crate) fn endpoint(&self, e: Endpoint) -> Result<(), GatewayError> {
+        if self.endpoints.as_ref().is_none_or(|es| es.contains(&e)) {
+            Ok(())
+        } else {
+            Err(GatewayError::EndpointNotAllowed(e.as_str()))
+        }
+    }
+}
+
+/// Does `name` match `pattern`, where `*` stands for any run of characters
+/// (none included) and everything else for itself?
+pub(crate) fn matches(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else { return false };
+    let mut parts: Vec<&str> = parts.collect();
+    let Some(last) = parts.pop() else { return rest.is_empty() };
+    for p in parts {
+        match rest.find(p) {
+            Some(i) => rest = &rest[i + p.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_names_and_stars() {
+        let cases = [
+            ("llama-8b", "llama-8b", true),
+            ("llama-8b", "llama-8b-instruct", false),
+            ("llama-*", "llama-8b", true),
+            ("llama-*", "llama-", true),
+            ("llama-*", "mistral", false),
+            ("*", "anything", true),
+            ("*-instruct", "qwen-7b-instruct", true),
+            ("*-instruct", "qwen-7b", false),
+            ("a*b*c", "a-x-b-y-c", true),
+            ("a*b*c", "a-x-c-y-b", false),
+            ("a*a", "a", false),
+            ("a*a", "aa", true),
+        ];
+        for (p, n, want) in cases {
+            assert_eq!(matches(p, n), want, "{p} ~ {n}");
+        }
+    }
+
+    #[test]
+    fn a_grant_checks_models_and_endpoints() {
+        let g = Grant { key: "k".into(), models: Some(vec!["small-*".into()]), endpoints: Some(vec![Endpoint::Embeddings]) };
+        assert!(g.model("small-1").is_ok());
+        assert!(matches!(g.model("big"), Err(GatewayError::ModelNotAllowed(m)) if m == "big"));
+        assert!(g.endpoint(Endpoint::Embeddings).is_ok());
+        assert!(matches!(g.endpoint(Endpoint::Chat), Err(GatewayError::EndpointNotAllowed("chat"))));
+        let all = Grant::all("anonymous");
+        assert!(all.model("x").is_ok() && all.endpoint(Endpoint::Speech).is_ok());
+    }
+}

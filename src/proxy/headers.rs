@@ -1,0 +1,197 @@
+//! The headers of the hop to a replica and back: what the replica gets of
+//! the caller's (hop-by-hop headers and slogate's own key removed, the
+//! client's address appended to `X-Forwarded-For` and `Forwarded`, the
+//! request id set), and what slogate adds to the caller's response.
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Request};
+use http_body_util::Full;
+
+use super::request_id::X_REQUEST_ID;
+use crate::error::GatewayError;
+
+/// What slogate says of a request in its response's headers.
+pub(super) struct Said<'a> {
+    pub(super) class: &'a str,
+    pub(super) replica: Option<HeaderValue>,
+    pub(super) waited_ms: u64,
+    pub(super) reduced: Option<String>,
+    pub(super) rate: Option<crate::admission::RateState>,
+    pub(super) request_id: &'a HeaderValue,
+}
+
+/// Add slogate's headers to a response: class, replica, queue time, context
+/// reduction, the key's rate limits, the request id.
+pub(super) fn add_said(h: &mut HeaderMap, said: Said<'_>) {
+    if let Ok(v) = HeaderValue::from_str(said.class) {
+        h.insert(HeaderName::from_static("x-slogate-class"), v);
+    }
+    if let Some(replica) = said.replica {
+        h.insert(HeaderName::from_static("x-slogate-replica"), replica);
+    }
+    h.insert(HeaderName::from_static("x-slogate-queue-ms"), HeaderValue::from(said.waited_ms));
+    if let Some(v) = said.reduced.and_then(|r| HeaderValue::from_str(&r).ok()) {
+        h.insert(HeaderName::from_static("x-slogate-context-reduced"), v);
+    }
+    if let Some(state) = said.rate {
+        rate_headers(h, &state);
+    }
+    h.insert(X_REQUEST_ID, said.request_id.clone());
+}
+
+/// OpenAI's rate-limit headers, for every response to a key with limits.
+pub(super) fn rate_headers(h: &mut HeaderMap, state: &crate::admission::RateState) {
+    let mut put = |name: &'static str, v: String| {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(HeaderName::from_static(name), v);
+        }
+    };
+    if let Some(q) = state.requests {
+        put("x-ratelimit-limit-requests", q.limit.to_string());
+        put("x-ratelimit-remaining-requests", q.remaining.to_string());
+        put("x-ratelimit-reset-requests", crate::admission::tenants::reset_text(q.reset));
+    }
+    if let Some(q) = state.tokens {
+        put("x-ratelimit-limit-tokens", q.limit.to_string());
+        put("x-ratelimit-remaining-tokens", q.remaining.to_string());
+        put("x-ratelimit-reset-tokens", crate::admission::tenants::reset_text(q.reset));
+    }
+}
+
+/// The request to a replica: the caller's headers but for hop-by-hop ones,
+/// and but for `Authorization` when slogate checked it against its own keys
+/// (a slogate key is not the replica's to see). The URI is in origin form
+/// (`/v1/...`), with `Host` naming the replica.
+pub(super) fn build_upstream_request(
+    parts: &http::request::Parts,
+    base: &http::Uri,
+    body: Bytes,
+    strip_auth: bool,
+    forwarded: &Forwarded,
+    request_id: &HeaderValue,
+) -> Result<Request<Full<Bytes>>, GatewayError> {
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = parts.method.clone();
+    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    // A replica URL may carry a path prefix (`http://host/vllm`).
+    let prefix = base.path().trim_end_matches('/');
+    *req.uri_mut() = if prefix.is_empty() {
+        parts.uri.path_and_query().map(|p| http::Uri::from(p.clone())).unwrap_or_else(|| http::Uri::from_static("/"))
+    } else {
+        format!("{prefix}{pq}")
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| GatewayError::Internal(format!("cannot build the replica's URI: {e}")))?
+    };
+    let h = req.headers_mut();
+    if let Some(host) = base.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+        h.insert(header::HOST, host);
+    }
+    let named = connection_named(&parts.headers);
+    for (k, v) in parts.headers.iter() {
+        if k == header::HOST
+            || k == header::CONTENT_LENGTH
+            || is_hop_by_hop(k)
+            || (strip_auth && k == header::AUTHORIZATION)
+            || named.contains(k)
+            || (forwarded.replaces(k))
+            || k == X_REQUEST_ID
+        {
+            continue;
+        }
+        h.append(k.clone(), v.clone());
+    }
+    // The request's id, as vLLM takes it for its own (`X-Request-Id`).
+    h.insert(X_REQUEST_ID, request_id.clone());
+    if let Some(v) = &forwarded.x_forwarded_for {
+        h.insert(X_FORWARDED_FOR, v.clone());
+    }
+    if let Some(v) = &forwarded.forwarded {
+        h.insert(header::FORWARDED, v.clone());
+    }
+    Ok(req)
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// `X-Forwarded-For` and `Forwarded` (RFC 7239) as the replica gets them:
+/// what the client sent, with the client's address appended. Without a
+/// known client address (no [`ClientAddr`](crate::server::ClientAddr)),
+/// they pass through as sent.
+pub(super) struct Forwarded {
+    x_forwarded_for: Option<HeaderValue>,
+    forwarded: Option<HeaderValue>,
+}
+
+impl Forwarded {
+    pub(super) fn of(parts: &http::request::Parts) -> Forwarded {
+        let Some(crate::server::ClientAddr(peer)) = parts.extensions.get::<crate::server::ClientAddr>().copied() else {
+            return Forwarded { x_forwarded_for: None, forwarded: None };
+        };
+        let ip = peer.ip().to_canonical();
+        let node = if ip.is_ipv6() { format!("\"[{ip}]\"") } else { ip.to_string() };
+        Forwarded {
+            x_forwarded_for: appended(&parts.headers, &X_FORWARDED_FOR, &ip.to_string()),
+            forwarded: appended(&parts.headers, &header::FORWARDED, &format!("for={node}")),
+        }
+    }
+
+    /// Is `k` a header this replaces (one the client's value goes into)?
+    fn replaces(&self, k: &HeaderName) -> bool {
+        (self.x_forwarded_for.is_some() && k == X_FORWARDED_FOR) || (self.forwarded.is_some() && k == header::FORWARDED)
+    }
+}
+
+/// Every `name` header the client sent, joined by commas, then `element`.
+fn appended(h: &HeaderMap, name: &HeaderName, element: &str) -> Option<HeaderValue> {
+    let mut v = Vec::new();
+    for sent in h.get_all(name) {
+        let sent = sent.as_bytes().trim_ascii();
+        if !sent.is_empty() {
+            v.extend_from_slice(sent);
+            v.extend_from_slice(b", ");
+        }
+    }
+    v.extend_from_slice(element.as_bytes());
+    HeaderValue::from_bytes(&v).ok()
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "proxy-connection"
+    )
+}
+
+/// The headers a `Connection` header names: hop-by-hop for this hop only.
+/// `keep-alive` (hop-by-hop anyway) is left out, so the usual
+/// `Connection: keep-alive` costs no allocation.
+fn connection_named(h: &HeaderMap) -> Vec<HeaderName> {
+    h.get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|n| !n.eq_ignore_ascii_case("keep-alive"))
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+        .collect()
+}
+
+/// Remove hop-by-hop headers, including those named in `Connection`.
+pub(super) fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named = connection_named(h);
+    for n in named {
+        h.remove(n);
+    }
+    let hop: Vec<HeaderName> = h.keys().filter(|k| is_hop_by_hop(k)).cloned().collect();
+    for n in hop {
+        h.remove(n);
+    }
+}

@@ -1,0 +1,208 @@
+//! Routing: which paths the data plane serves, and which pool a request
+//! goes to.
+//!
+//! Only the inference endpoints reach a replica (chat, completions,
+//! responses, embeddings, audio, rerank and score, pooling, classify,
+//! tokenize): a path is looked up in [`Endpoint::of_path`], routed by the
+//! body's `model`. Everything else, an engine's management and debug
+//! endpoints included (vLLM's LoRA loading, sleep, cache reset, profiling,
+//! `collective_rpc`), is a 404 from slogate that the replica never sees,
+//! unless an operator opened that path on a pool for named keys
+//! (`pools[].extra_paths`).
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Response};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+use super::body::{Model, RequestBody};
+use crate::classify::Grant;
+use crate::config::Endpoint;
+use crate::error::{full, GatewayError, ProxyBody};
+use crate::state::{Route, Snapshot};
+
+/// What a data-plane request asks for.
+#[derive(Debug, Clone)]
+pub(super) enum Target {
+    /// An inference endpoint, routed by the body's `model`.
+    Inference(Endpoint),
+    /// A path opened on these pools (positions in the snapshot) for some keys.
+    Opened(Vec<usize>),
+}
+
+impl Target {
+    /// The target of a POST to `path`; `None`: slogate serves no such path.
+    pub(super) fn of(snap: &Snapshot, path: &str) -> Option<Target> {
+        if let Some(e) = Endpoint::of_path(path) {
+            return Some(Target::Inference(e));
+        }
+        let pools: Vec<usize> = snap
+            .pools
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.pool.config.extra_paths.iter().any(|x| x.path == path))
+            .map(|(i, _)| i)
+            .collect();
+        (!pools.is_empty()).then_some(Target::Opened(pools))
+    }
+
+    pub(super) fn endpoint(&self) -> Endpoint {
+        match self {
+            Target::Inference(e) => *e,
+            Target::Opened(_) => Endpoint::Other,
+        }
+    }
+
+    /// The caller may call this: its key's endpoint kinds, and for an opened
+    /// path its key among those named there (on at least one pool, which
+    /// narrows the target to those pools).
+    pub(super) fn permit(self, snap: &Snapshot, path: &str, grant: &Grant) -> Result<Target, GatewayError> {
+        grant.endpoint(self.endpoint())?;
+        let Target::Opened(pools) = self else { return Ok(self) };
+        let mine: Vec<usize> = pools
+            .into_iter()
+            .filter(|&i| snap.pools[i].pool.config.extra_paths.iter().any(|x| x.path == path && x.keys.iter().any(|k| **k == *grant.key)))
+            .collect();
+        if mine.is_empty() {
+            return Err(GatewayError::PathNotAllowed(path.to_string()));
+        }
+        Ok(Target::Opened(mine))
+    }
+}
+
+/// Does `endpoint` generate text token by token (may stream, may be
+/// reduced, takes a priority)?
+pub(super) fn generates(endpoint: Endpoint) -> bool {
+    matches!(endpoint, Endpoint::Chat | Endpoint::Completions)
+}
+
+/// What routing found: the parsed body, its model and the pool serving it.
+pub(super) struct Routed<'a> {
+    pub(super) request: RequestBody,
+    /// The model, when the body names one (an opened path may not).
+    pub(super) model: Option<String>,
+    pub(super) route: &'a Route,
+    pub(super) stream: bool,
+    /// The client streams without asking for usage: slogate asks the
+    /// replica for it and cuts it back out.
+    pub(super) strip_usage: bool,
+}
+
+/// Bodies from this size up are parsed and rewritten with the worker
+/// thread handed over (see [`cpu_bound`]). Parsing runs at roughly a
+/// gigabyte a second: below this, a body holds a worker for well under a
+/// millisecond.
+const LARGE_BODY: usize = 256 * 1024;
+
+/// Run `f`, CPU work on a request body of `len` bytes. A large body takes
+/// milliseconds to parse or rewrite; a worker busy with it would hold up
+/// every stream whose next token waits on that worker, so for those the
+/// worker's other tasks move to another thread first
+/// ([`tokio::task::block_in_place`]). Small bodies, and a current-thread
+/// runtime (tests), run inline.
+pub(super) fn cpu_bound<R>(len: usize, f: impl FnOnce() -> R) -> R {
+    // The size first: most bodies are small and need no runtime lookup.
+    let multi = || tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if len >= LARGE_BODY && multi() {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
+/// Read the body (only as far as routing needs), check the caller may use
+/// its model, and find the pool.
+pub(super) async fn route<'a>(
+    body: Incoming,
+    headers: &HeaderMap,
+    path: &str,
+    snap: &'a Snapshot,
+    target: &Target,
+    grant: &Grant,
+) -> Result<Routed<'a>, GatewayError> {
+    let server = &snap.config.server;
+    let read = read_body(body, headers, server.max_request_body.0);
+    let bytes = tokio::time::timeout(server.body_read_timeout.get(), read)
+        .await
+        .map_err(|_| GatewayError::BodyTimeout(server.body_read_timeout))??;
+    let request = match target {
+        Target::Opened(_) if bytes.iter().all(u8::is_ascii_whitespace) => RequestBody::empty(),
+        _ => cpu_bound(bytes.len(), || RequestBody::parse(bytes))?,
+    };
+    let head = request.head();
+    let model = match &head.model {
+        Model::Name(m) => Some(m.clone()),
+        Model::NotString => return Err(GatewayError::InvalidRequest { message: "`model` must be a string".into(), param: Some("model") }),
+        Model::Missing => None,
+    };
+    if let Some(m) = &model {
+        grant.model(m)?;
+    }
+    let route = match (target, &model) {
+        (Target::Inference(_), Some(m)) => snap.pool_for(m).ok_or_else(|| GatewayError::ModelNotFound(m.clone()))?,
+        (Target::Inference(_), None) => {
+            return Err(GatewayError::InvalidRequest { message: "`model` is required".into(), param: Some("model") })
+        }
+        (Target::Opened(pools), Some(m)) => {
+            let r = snap.pool_for(m).ok_or_else(|| GatewayError::ModelNotFound(m.clone()))?;
+            if !pools.iter().any(|&i| std::ptr::eq(&snap.pools[i], r)) {
+                return Err(GatewayError::PathNotAllowed(format!("{path} on the pool of model `{m}`")));
+            }
+            r
+        }
+        (Target::Opened(pools), None) => match pools.as_slice() {
+            [one] => &snap.pools[*one],
+            _ => {
+                return Err(GatewayError::InvalidRequest {
+                    message: format!("`model` is required: {path} is open on more than one pool"),
+                    param: Some("model"),
+                })
+            }
+        },
+    };
+    let stream = generates(target.endpoint()) && head.stream;
+    let strip_usage = stream && !head.include_usage;
+    Ok(Routed { request, model, route, stream, strip_usage })
+}
+
+/// The method a data-plane path takes, for a request that used another
+/// (405, as vLLM answers, rather than 404).
+pub(super) fn route_method(path: &str) -> Option<&'static str> {
+    match path {
+        "/v1/models" => Some("GET"),
+        p if Endpoint::of_path(p).is_some() => Some("POST"),
+        _ => None,
+    }
+}
+
+/// `GET /v1/models`: the models of every pool that the caller's key may use.
+pub(super) fn models(snap: &Snapshot, grant: &Grant) -> Response<ProxyBody> {
+    let mut data = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for r in &snap.pools {
+        for m in r.pool.model_objects() {
+            if let Some(id) = m.get("id").and_then(|v| v.as_str()) {
+                if grant.allows_model(id) && seen.insert(id.to_string()) {
+                    data.push(m);
+                }
+            }
+        }
+    }
+    let body = serde_json::json!({"object": "list", "data": data});
+    let mut resp = Response::new(full(serde_json::to_vec(&body).unwrap_or_default()));
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<Bytes, GatewayError> {
+    if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
+        if len > limit {
+            return Err(GatewayError::PayloadTooLarge { limit });
+        }
+    }
+    match Limited::new(body, limit as usize).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::PayloadTooLarge { limit }),
+        Err(e) => Err(GatewayError::BodyRead(e)),
+    }
+}

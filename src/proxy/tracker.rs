@@ -1,0 +1,418 @@
+//! The request's tracker: everything measured about one request, and the
+//! guards it holds (the lease on its slot, its breaker probe, its key's
+//! permit, its span). It records exactly one outcome, once, when it is
+//! dropped or closed: to the metrics, the class's windows and budget, the
+//! tenant, and the access log.
+
+use std::sync::Arc;
+
+use http::HeaderValue;
+use tokio::time::Instant;
+
+use crate::admission::{Lease, Permit, Probe, RateState, Tenant};
+use crate::classify::Class;
+use crate::config::Endpoint;
+use crate::telemetry::access_log::{AccessLog, AccessRecord};
+use crate::telemetry::accounting::{self, Finished, Sinks};
+use crate::telemetry::metrics::{Metrics, RequestSeries};
+use crate::telemetry::{Outcome, SliClass};
+use sse::Usage;
+
+/// A stream's gaps between tokens are reported to its replica every this many.
+pub(super) const GAPS_REPORTED_EVERY: u64 = 16;
+
+/// Everything measured about one request; records itself once, on drop.
+/// It also carries the request's guards (the lease on its slot, its breaker
+/// probe, its span), which end with it.
+pub(crate) struct Tracker {
+    metrics: Arc<Metrics>,
+    /// The series it writes (its model's; `unknown` until the model is known).
+    series: Option<Arc<RequestSeries>>,
+    class: Arc<Class>,
+    pub(super) start: Instant,
+    pub(super) first_token: Option<Instant>,
+    pub(super) last_token: Option<Instant>,
+    pub(super) gaps: u64,
+    gaps_over: u64,
+    /// The token and gap count up to which this stream's gaps were last
+    /// reported to its replica (see [`Replica::record_itl`]).
+    gaps_reported: Option<(Instant, u64)>,
+    pub(super) usage: Option<Usage>,
+    /// When the replica reports no usage (llama.cpp's server, among
+    /// others): the prompt's tokens estimated from the request body, and
+    /// the answer's from a non-streaming body's text.
+    prompt_estimate: u64,
+    pub(super) answer_estimate: Option<u64>,
+    pub(super) streaming: bool,
+    outcome: Option<Outcome>,
+    /// The stream ended before `[DONE]` (an incomplete response).
+    pub(super) cut: bool,
+    pub(super) lease: Option<Lease>,
+    /// Time it waited in the gateway's queue.
+    queued: std::time::Duration,
+    /// Admitted by a half-open breaker as a probe: report how it went.
+    probe: Option<Probe>,
+    pub(super) finish_reason: Option<String>,
+    /// The request's trace span (disabled unless OTLP export is on); it
+    /// ends when the tracker is dropped, with the stream.
+    span: tracing::Span,
+    /// Accounted for already (see [`Tracker::close`]).
+    recorded: bool,
+    /// Who it is for, its hold on the key's limits, and the key's quotas
+    /// for the response headers (keys with limits only).
+    tenant: Option<Arc<Tenant>>,
+    permit: Option<Permit>,
+    rate: Option<RateState>,
+    /// The request's id: its response, its replica, its span and its access
+    /// log line carry it.
+    pub(super) request_id: HeaderValue,
+    endpoint: Endpoint,
+    /// The status the client got; 0 until a response is made (a client
+    /// gone before one is logged as 499, as nginx does).
+    status: u16,
+    bytes_in: u64,
+    /// Body bytes sent to the client.
+    pub(super) bytes_out: u64,
+    access_log: Option<Arc<AccessLog>>,
+}
+
+impl Tracker {
+    pub(crate) fn new(metrics: Arc<Metrics>, class: Arc<Class>, start: Instant) -> Tracker {
+        Tracker {
+            metrics,
+            series: None,
+            class,
+            start,
+            first_token: None,
+            last_token: None,
+            gaps: 0,
+            gaps_over: 0,
+            gaps_reported: None,
+            usage: None,
+            prompt_estimate: 0,
+            answer_estimate: None,
+            streaming: false,
+            outcome: None,
+            cut: false,
+            lease: None,
+            queued: std::time::Duration::ZERO,
+            probe: None,
+            finish_reason: None,
+            span: tracing::Span::none(),
+            recorded: false,
+            tenant: None,
+            permit: None,
+            rate: None,
+            request_id: HeaderValue::from_static(""),
+            endpoint: Endpoint::Other,
+            status: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            access_log: None,
+        }
+    }
+
+    /// Which request this is: its id and endpoint, and the access log its line goes to.
+    pub(crate) fn set_request(&mut self, id: HeaderValue, endpoint: Endpoint, access_log: Option<Arc<AccessLog>>) {
+        self.request_id = id;
+        self.endpoint = endpoint;
+        self.access_log = access_log;
+    }
+
+    /// The status of the response to the client.
+    pub(crate) fn set_status(&mut self, status: u16) {
+        self.status = status;
+    }
+
+    /// The request body's size as the client sent it.
+    pub(crate) fn set_bytes_in(&mut self, n: u64) {
+        self.bytes_in = n;
+    }
+
+    pub(crate) fn set_tenant(&mut self, tenant: Arc<Tenant>) {
+        self.tenant = Some(tenant);
+    }
+
+    /// The key's limits let the request through: hold `permit` until it ends.
+    pub(crate) fn set_permit(&mut self, permit: Permit, state: RateState) {
+        self.permit = Some(permit);
+        self.rate = Some(state);
+    }
+
+    /// The key's quotas, for the headers of the response.
+    pub(crate) fn set_rate(&mut self, state: RateState) {
+        self.rate = Some(state);
+    }
+
+    pub(crate) fn rate(&self) -> Option<RateState> {
+        self.rate
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Attach the request's span; its fields are filled in as the request goes.
+    pub(crate) fn set_span(&mut self, span: tracing::Span) {
+        if !span.is_disabled() {
+            span.record("slogate.request_id", self.request_id.to_str().unwrap_or(""));
+        }
+        self.span = span;
+    }
+
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// This request is a half-open breaker's probe (or not).
+    pub(crate) fn set_probe(&mut self, probe: Option<Probe>) {
+        self.probe = probe;
+    }
+
+    /// Set the model label (a model a pool serves: bounded).
+    pub(crate) fn set_model(&mut self, model: &str) {
+        self.series = Some(self.class.control.series.load().for_model(model));
+        self.span.record("gen_ai.request.model", model);
+    }
+
+    /// The model label: the request's model once known, `unknown` before.
+    pub(crate) fn model(&self) -> &str {
+        self.series.as_deref().map_or("unknown", RequestSeries::model)
+    }
+
+    pub(crate) fn set_streaming(&mut self, streaming: bool) {
+        self.streaming = streaming;
+    }
+
+    /// The prompt's tokens as estimated from the request body, used only
+    /// if the replica reports no usage.
+    pub(crate) fn set_prompt_estimate(&mut self, tokens: u64) {
+        self.prompt_estimate = tokens;
+    }
+
+    /// The usage to account: the replica's, or (for a completed request
+    /// whose replica reported none) an estimate, flagged as one. A stream's
+    /// completion tokens are its content events: one token each, as most
+    /// engines send them.
+    fn usage_or_estimate(&self, outcome: Outcome) -> (Option<Usage>, bool) {
+        if self.usage.is_some() || !outcome.completed() {
+            return (self.usage, false);
+        }
+        let completion = if self.streaming { self.first_token.map_or(0, |_| self.gaps + 1) } else { self.answer_estimate.unwrap_or(0) };
+        (Some(Usage { prompt_tokens: self.prompt_estimate, completion_tokens: completion }), true)
+    }
+
+    /// The request holds `lease` from now until it ends; it waited
+    /// `queued` for it (the replica's first-token time starts after).
+    pub(crate) fn attach_lease(&mut self, lease: Lease, queued: std::time::Duration) {
+        self.lease = Some(lease);
+        self.queued = queued;
+    }
+
+    pub(crate) fn class(&self) -> &Arc<Class> {
+        &self.class
+    }
+
+    pub(crate) fn start(&self) -> Instant {
+        self.start
+    }
+
+    /// Set the outcome; the first call wins.
+    pub(crate) fn finish(&mut self, outcome: Outcome) {
+        if self.outcome.is_none() {
+            self.outcome = Some(outcome);
+        }
+    }
+
+    pub(super) fn content_event(&mut self, now: Instant) {
+        match self.last_token {
+            None => {
+                self.first_token = Some(now);
+                // Recorded now, not at the end of the stream: the rolling
+                // window must see a slow first token while the stream runs.
+                let ttft = now - self.start;
+                series(&mut self.series, &self.class).ttft(&self.metrics).observe(ttft.as_secs_f64());
+                if let Some(l) = self.lease.as_mut() {
+                    l.first_token();
+                    if self.class.control.tier == crate::config::Tier::Interactive {
+                        l.replica().record_first_token(ttft.saturating_sub(self.queued), self.class.control.ttft_target());
+                    }
+                }
+                self.class.control.ttft.record(ttft);
+                if let Some(probe) = self.probe.take() {
+                    probe.first_token(ttft);
+                }
+            }
+            Some(prev) => {
+                let gap = now - prev;
+                series(&mut self.series, &self.class).itl(&self.metrics).observe(gap.as_secs_f64());
+                self.class.control.itl.record(gap);
+                self.gaps += 1;
+                if gap > self.class.itl {
+                    self.gaps_over += 1;
+                }
+            }
+        }
+        self.last_token = Some(now);
+        if self.gaps % GAPS_REPORTED_EVERY == 0 {
+            // (A no-op at the first token: no gap yet.)
+            self.report_gaps();
+        }
+    }
+
+    /// Tell the replica this stream's gaps since the last report: every
+    /// [`GAPS_REPORTED_EVERY`] gaps and at the end, so a replica that slows
+    /// down is seen within a second or so, not only as its streams end.
+    fn report_gaps(&mut self) {
+        let (Some(l), Some(first), Some(last)) = (&self.lease, self.first_token, self.last_token) else { return };
+        let (from, before) = self.gaps_reported.unwrap_or((first, 0));
+        if self.gaps > before {
+            l.replica().record_itl(last - from, self.gaps - before);
+            self.gaps_reported = Some((last, self.gaps));
+        }
+    }
+
+    fn record(&mut self) {
+        let outcome = self.outcome.unwrap_or(Outcome::cancelled);
+        let (usage, usage_estimated) = self.usage_or_estimate(outcome);
+        self.usage = usage;
+        let f = Finished {
+            outcome,
+            streaming: self.streaming,
+            cut: self.cut,
+            start: self.start,
+            end: Instant::now(),
+            first_token: self.first_token,
+            gaps: self.gaps,
+            gaps_over: self.gaps_over,
+            usage: self.usage,
+            usage_estimated,
+            ttft_target: self.class.ttft,
+            itl_target: self.class.itl,
+        };
+        if !self.span.is_disabled() {
+            let s = &self.span;
+            s.record("slogate.outcome", outcome.as_str());
+            if let Some(t) = f.ttft() {
+                s.record("slogate.ttft_ms", t.as_secs_f64() * 1000.0);
+            }
+            if let Some(u) = self.usage {
+                s.record("gen_ai.usage.input_tokens", u.prompt_tokens);
+                s.record("gen_ai.usage.output_tokens", u.completion_tokens);
+            }
+            if let Some(f) = &self.finish_reason {
+                s.record("gen_ai.response.finish_reasons", f.as_str());
+            }
+            if let Some(l) = &self.lease {
+                s.record("slogate.replica", l.replica().label());
+            }
+            s.record("otel.status_code", if outcome.sli() == SliClass::Bad { "ERROR" } else { "OK" });
+        }
+        if let Some(probe) = self.probe.take() {
+            if !self.streaming && outcome.completed() {
+                // No first token to judge: the whole answer, against the
+                // class's TTFT target plus its ITL target per token generated.
+                let tokens = self.usage.map(|u| u.completion_tokens).unwrap_or(0);
+                let allowed = self.class.ttft + self.class.itl.saturating_mul(u32::try_from(tokens).unwrap_or(u32::MAX));
+                probe.judged(f.end - f.start <= allowed);
+            } else {
+                // A probe that ended before its first token (judged at the first token otherwise).
+                probe.ended(outcome);
+            }
+        }
+        self.account_tenant(&f);
+        self.log_access(&f, usage_estimated);
+        self.report_gaps();
+        let control = &self.class.control;
+        let series = series(&mut self.series, &self.class);
+        let class = control.series.load();
+        accounting::account(
+            &f,
+            &Sinks { metrics: &self.metrics, series, class: &class, budget: &control.budget, ttft_window: &control.ttft },
+        );
+    }
+
+    /// Settle the tenant's service and limits to what the replica reported,
+    /// and count the request under its tenant.
+    fn account_tenant(&mut self, f: &Finished) {
+        let used = f.usage.map(|u| u.prompt_tokens + u.completion_tokens);
+        if let Some(p) = self.permit.as_mut() {
+            match (self.lease.is_some(), used) {
+                // Refused by the gateway after the key's limits let it through.
+                (false, _) => p.refund(),
+                (true, Some(n)) => p.settle(n),
+                // No usage reported: the reservation stands.
+                (true, None) => {}
+            }
+        }
+        if let (Some(l), Some(n)) = (self.lease.as_mut(), used) {
+            l.settle(n);
+        }
+        let Some(tenant) = &self.tenant else { return };
+        let m = &tenant.series;
+        m.outcome(f.outcome).inc();
+        if let Some(u) = f.usage {
+            m.prompt_tokens.inc_by(u.prompt_tokens);
+            m.completion_tokens.inc_by(u.completion_tokens);
+        }
+        let good = f.latency_good();
+        if good {
+            m.goodput.inc();
+        }
+        if self.lease.is_some() {
+            m.queue_time.observe(self.queued.as_secs_f64());
+        }
+        let judged = (f.outcome.sli() != SliClass::Excluded).then_some(good);
+        tenant.served(f.end, used.unwrap_or(0), judged);
+    }
+}
+
+impl Tracker {
+    /// The request's access log line, when there is an access log.
+    fn log_access(&self, f: &Finished, usage_estimated: bool) {
+        let Some(log) = &self.access_log else { return };
+        let status = if self.status == 0 { 499 } else { self.status };
+        log.log(AccessRecord {
+            end: std::time::SystemTime::now(),
+            request_id: self.request_id.clone(),
+            tenant: self.tenant.as_ref().map(|t| t.name.clone()),
+            model: self.series.clone(),
+            class: self.class.name.clone(),
+            endpoint: self.endpoint,
+            replica: self.lease.as_ref().map(|l| l.replica().public_name()),
+            status,
+            outcome: f.outcome,
+            queued: if self.lease.is_some() { self.queued } else { std::time::Duration::ZERO },
+            ttft: f.ttft(),
+            e2e: f.e2e(),
+            prompt_tokens: f.usage.map(|u| u.prompt_tokens),
+            completion_tokens: f.usage.map(|u| u.completion_tokens),
+            usage_estimated,
+            bytes_in: self.bytes_in,
+            bytes_out: self.bytes_out,
+        });
+    }
+}
+
+/// A request's series: its model's, or `unknown` when it never got one.
+fn series<'a>(slot: &'a mut Option<Arc<RequestSeries>>, class: &Class) -> &'a RequestSeries {
+    slot.get_or_insert_with(|| class.control.series.load().for_model("unknown"))
+}
+
+impl Tracker {
+    /// The request is over: account for it (once) and give its slot back,
+    /// now, even if the response body lives on (a client that stopped
+    /// reading keeps it until its connection goes).
+    pub(super) fn close(&mut self) {
+        if !std::mem::replace(&mut self.recorded, true) {
+            self.record();
+        }
+        self.lease = None;
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
