@@ -59,8 +59,10 @@ const MANAGEMENT: [&str; 12] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn management_paths_with_a_valid_key_and_a_model_never_reach_the_replica() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
     let mock = Mock::start(standard(2, Duration::ZERO)).await;
-    let gw = start_gateway(&keyed(&mock, &[], "")).await;
+    let gw = start_gateway(&keyed(&mock, &[], &format!("telemetry:\n  access_log: {{ to: {} }}\n", log.display()))).await;
     let body = r#"{"model":"m1","lora_name":"evil","lora_path":"/tmp/evil"}"#;
     for (proto, c) in clients() {
         for path in MANAGEMENT {
@@ -73,6 +75,13 @@ async fn management_paths_with_a_valid_key_and_a_model_never_reach_the_replica()
         }
     }
     assert_eq!(mock.calls(), 0, "the replica saw none of them: {:?}", mock.state.paths.lock().expect("lock"));
+    // Each probe has its access log line, naming the key's tenant (an auditor's question: who tried?).
+    wait_until("a line per probe", || {
+        let log = log.clone();
+        async move { lines(&log).len() == 2 * MANAGEMENT.len() }
+    })
+    .await;
+    assert!(lines(&log).iter().all(|l| l["status"] == 404 && l["tenant"] == "ops" && l["endpoint"] == "other"), "{:?}", lines(&log));
     // The inference endpoints do reach it, routed by model.
     for path in ["/v1/chat/completions", "/v1/embeddings", "/tokenize", "/detokenize", "/v1/rerank", "/score", "/pooling", "/classify"] {
         let (s, _, text) =

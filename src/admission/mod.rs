@@ -15,6 +15,7 @@
 
 pub(crate) mod breaker;
 pub(crate) mod fair;
+pub(crate) mod keylimits;
 pub(crate) mod queue;
 pub(crate) mod quota;
 pub(crate) mod store;

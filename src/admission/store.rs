@@ -28,8 +28,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 use tokio::sync::mpsc;
 
+use super::keylimits::{tightest, Limit, Limits, Quota, RateState};
 use super::quota::{Exceeded, Standing, QUOTAS};
-use super::tenants::{Limit, Limits, Quota, RateState};
 use crate::config::LimitsConfig;
 
 /// How often an instance tells the store it is alive.
@@ -380,9 +380,9 @@ impl Store {
                 let retry_after = period.window(unix).1.saturating_sub(unix).max(1);
                 let limit = limits.quotas[i].unwrap_or(0);
                 let e = Exceeded { period, kind, limit, used: n(7 + i), retry_after, too_large: false };
-                Verdict::Refused { limit: Limit::Quota, retry_after, state: super::tenants::tightest(state, &standing), quota: Some(e) }
+                Verdict::Refused { limit: Limit::Quota, retry_after, state: tightest(state, &standing), quota: Some(e) }
             }
-            _ => Verdict::Granted { second: n(2), state: super::tenants::tightest(state, &standing), standing },
+            _ => Verdict::Granted { second: n(2), state: tightest(state, &standing), standing },
         })
     }
 

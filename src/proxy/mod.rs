@@ -45,6 +45,7 @@ use crate::config::Endpoint;
 use crate::error::{GatewayError, ProxyBody};
 use crate::reduce::Limits;
 use crate::state::{App, Snapshot};
+use crate::telemetry::access_log::AccessRecord;
 use crate::telemetry::metrics::ClassLabels;
 use crate::telemetry::Outcome;
 use crate::upstream::{self, conn::UpstreamBody};
@@ -81,7 +82,9 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
     };
     let Some(target) = target else {
         let (m, p) = (req.method(), req.uri().path());
-        return GatewayError::no_route(m, p, route::route_method(p)).respond(Some(&id));
+        let e = GatewayError::no_route(m, p, route::route_method(p));
+        log_unrouted(&app, &snap, req.headers(), &id, e.status().as_u16(), start);
+        return e.respond(Some(&id));
     };
     let caller = snap.classifier.classify(req.headers());
     let class = caller.as_ref().map_or_else(|_| snap.default_class(), |c| c.class.clone());
@@ -117,6 +120,34 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
             keepalive::respond(pending, every.get(), streams, &class, &id).await
         }
     }
+}
+
+/// A request for a path slogate does not serve (404, 405): nothing of it
+/// is routed or counted in the metrics, but it has its access log line, so
+/// an auditor sees who tried what (a tenant probing an engine's management
+/// endpoints, say).
+fn log_unrouted(app: &App, snap: &Snapshot, headers: &http::HeaderMap, id: &HeaderValue, status: u16, start: Instant) {
+    let Some(log) = app.access_log.current() else { return };
+    let tenant = snap.classifier.classify(headers).ok().map(|c| c.tenant.name.clone());
+    log.log(AccessRecord {
+        end: std::time::SystemTime::now(),
+        request_id: id.clone(),
+        tenant,
+        model: None,
+        class: snap.default_class().name.clone(),
+        endpoint: Endpoint::Other,
+        replica: None,
+        status,
+        outcome: Outcome::client_error,
+        queued: std::time::Duration::ZERO,
+        ttft: None,
+        e2e: start.elapsed(),
+        prompt_tokens: None,
+        completion_tokens: None,
+        usage_estimated: false,
+        bytes_in: 0,
+        bytes_out: 0,
+    });
 }
 
 /// A response slogate made, with the request's id.
