@@ -1,8 +1,9 @@
 //! The one place an error becomes an HTTP response.
 //!
 //! Every error slogate itself produces is OpenAI's
-//! `{"error": {"message", "type", "param", "code"}}` with the status from
-//! DESIGN.md; errors from replicas are passed through unchanged elsewhere.
+//! `{"error": {"message", "type", "param", "code"}}` (plus the request's
+//! `request_id`) with the status the README's "Status codes" lists; errors
+//! from replicas are passed through unchanged elsewhere.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};

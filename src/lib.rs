@@ -10,8 +10,9 @@
 //! The facade: [`Gateway`] builds the whole service (tests run it
 //! in-process), [`config`] is the configuration users write, [`rules`] and
 //! [`capacity`] are the `slogate rules` and `slogate capacity` commands,
-//! [`telemetry`] sets up logging and tracing, [`server::runtime`] builds the
-//! runtime. Everything else is the crate's own.
+//! [`telemetry`] sets up logging and tracing (and exposes `Metrics` and
+//! `Outcome`), [`server`] holds the runtime, listener and busy-poll pieces
+//! `main` wires. Every other room is `pub(crate)`: the crate's own.
 
 #![warn(unreachable_pub)]
 

@@ -15,7 +15,7 @@
 //! Per class and per burn alert: the latency (TTFT) and the availability
 //! alert, firing when the error ratio exceeds `factor x (1 - objective)` over
 //! both the long and the short window, with the alert's severity and a
-//! runbook annotation.
+//! runbook annotation (`runbook_url` from `slo.runbook_url` when set).
 
 use serde::Serialize;
 
@@ -133,7 +133,11 @@ pub fn alerts(config: &Config) -> Vec<Alert> {
                         budget_exhaustion(config.slo.window.get(), a.factor),
                     ),
                 );
-                ann.insert("runbook_url".to_string(), format!("docs/runbook.md#{}-budget-burn", kind.to_lowercase()));
+                let section = format!("{}-budget-burn", kind.to_lowercase());
+                match &config.slo.runbook_url {
+                    Some(base) => ann.insert("runbook_url".to_string(), format!("{}#{section}", base.trim_end_matches('#'))),
+                    None => ann.insert("runbook".to_string(), format!("docs/runbook.md#{section} (slogate's repository)")),
+                };
                 out.push(Alert { alert: format!("Slogate{kind}BudgetBurn"), expr, labels, annotations: ann });
             }
         }
@@ -224,6 +228,20 @@ pub fn render(config: &Config, format: Format) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alerts_link_the_runbook_where_it_is_published_and_name_its_section_otherwise() {
+        let mut c = Config::default();
+        let a = &alerts(&c)[0];
+        assert_eq!(a.annotations.get("runbook").map(String::as_str), Some("docs/runbook.md#latency-budget-burn (slogate's repository)"));
+        assert!(!a.annotations.contains_key("runbook_url"), "a relative path is no URL Alertmanager or Grafana can open");
+        c.slo.runbook_url = Some("https://wiki.example.com/slogate/runbook".into());
+        let a = &alerts(&c)[1];
+        assert_eq!(
+            a.annotations.get("runbook_url").map(String::as_str),
+            Some("https://wiki.example.com/slogate/runbook#availability-budget-burn")
+        );
+    }
 
     #[test]
     fn le_matchers() {

@@ -2,6 +2,11 @@
 //! never back up, so no two rooms import each other (directly or round a
 //! loop). This test reads every `crate::` path in `src/` and fails on an
 //! import that goes up or sideways, naming the file and the two rooms.
+//!
+//! Inside a room the files form a ladder too: no two files of a room import
+//! each other, directly or round a loop (`super::file` and
+//! `crate::room::file` paths, comments and tests left out). A room's
+//! `mod.rs` is its top, which wires its files, and is not counted.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -98,4 +103,113 @@ fn rooms_import_only_rooms_below_them() {
 fn the_scan_sees_grouped_and_nested_imports() {
     let found = imported_rooms("use crate::{admission::Lease, config::Tier};\nlet x = crate::upstream::conn::get(r);\n");
     assert_eq!(found.into_iter().collect::<Vec<_>>(), ["admission", "config", "upstream"]);
+}
+
+/// Code as the scans read it: comments and `#[cfg(test)]` modules left out.
+fn code_of(text: &str) -> String {
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+    text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+}
+
+/// The files of `files` (names within one room) that `code` imports, by
+/// `super::NAME` or `crate::ROOM::NAME`, grouped or not.
+fn imported_files(code: &str, room: &str, files: &[String]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for prefix in ["super::".to_string(), format!("crate::{room}::")] {
+        for (i, _) in code.match_indices(prefix.as_str()) {
+            let rest = &code[i + prefix.len()..];
+            let names: Vec<&str> = match rest.strip_prefix('{') {
+                Some(group) => group.split('}').next().unwrap_or("").split(',').collect(),
+                None => vec![rest],
+            };
+            for n in names {
+                let name: String = n.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                if files.contains(&name) {
+                    out.insert(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A loop in `edges` (file -> the files it imports), if there is one, as the path round it.
+fn find_circle(edges: &std::collections::BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        f: &str,
+        edges: &std::collections::BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == f) {
+            let mut circle = path[i..].to_vec();
+            circle.push(f.to_string());
+            return Some(circle);
+        }
+        if done.contains(f) {
+            return None;
+        }
+        path.push(f.to_string());
+        for next in edges.get(f).into_iter().flatten() {
+            if let Some(c) = visit(next, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(f.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    edges.keys().find_map(|f| visit(f, edges, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_two_files_of_a_room_import_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut circles = Vec::new();
+    let mut edges_seen = 0;
+    for entry in std::fs::read_dir(&src).expect("read src") {
+        let dir = entry.expect("entry").path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let room = dir.file_name().expect("name").to_string_lossy().to_string();
+        let mut paths = Vec::new();
+        rust_files(&dir, &mut paths);
+        let files: Vec<String> =
+            paths.iter().filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().to_string())).filter(|n| n != "mod").collect();
+        let mut edges = std::collections::BTreeMap::new();
+        for p in &paths {
+            let name = p.file_stem().expect("stem").to_string_lossy().to_string();
+            if name == "mod" {
+                continue;
+            }
+            let code = code_of(&std::fs::read_to_string(p).expect("read"));
+            let mut to = imported_files(&code, &room, &files);
+            to.remove(&name);
+            edges_seen += to.len();
+            edges.insert(name, to);
+        }
+        if let Some(c) = find_circle(&edges) {
+            circles.push(format!("src/{room}/: {}", c.join(" -> ")));
+        }
+    }
+    assert!(edges_seen > 5, "found only {edges_seen} imports between files of a room: the scan is broken");
+    assert!(circles.is_empty(), "files of a room that import each other (split out the value types they share):\n{}", circles.join("\n"));
+}
+
+#[test]
+fn a_circle_between_two_files_of_a_room_is_found() {
+    let files = vec!["store".to_string(), "tenants".to_string(), "quota".to_string()];
+    let store = code_of("use super::tenants::{Limit, Limits};\n// super::quota in a comment does not count\n");
+    let tenants = code_of("use crate::admission::{quota::Calendar, store::Store};\n#[cfg(test)]\nmod tests { use super::super::store; }\n");
+    assert_eq!(imported_files(&store, "admission", &files).into_iter().collect::<Vec<_>>(), ["tenants"]);
+    assert_eq!(imported_files(&tenants, "admission", &files).into_iter().collect::<Vec<_>>(), ["quota", "store"]);
+    let mut edges = std::collections::BTreeMap::new();
+    edges.insert("store".to_string(), imported_files(&store, "admission", &files));
+    edges.insert("tenants".to_string(), imported_files(&tenants, "admission", &files));
+    edges.insert("quota".to_string(), BTreeSet::new());
+    assert_eq!(find_circle(&edges), Some(vec!["store".to_string(), "tenants".to_string(), "store".to_string()]));
+    edges.get_mut("store").expect("store").clear();
+    assert_eq!(find_circle(&edges), None, "the value types moved out: no circle");
 }

@@ -2,9 +2,11 @@
 //!
 //! A request needs a slot ([`Lease`]); with none free it waits in its tier's
 //! queue. A freed slot (a lease dropped at the end of a stream) goes to the
-//! interactive queue first; batch never holds more than
-//! `1 - tiers.interactive.reserved_share` of the slots (enforced by
-//! [`PoolAdmission::try_lease`]); a starvation guard still hands batch one slot per
+//! interactive queue first. The interactive reservation is work-conserving:
+//! it follows interactive demand (at most `tiers.interactive.reserved_share`
+//! of the slots, at least a headroom), so batch alone may use nearly all of
+//! them, and past the share batch takes no seat interactive requests hold or
+//! wait for (enforced by [`PoolAdmission::try_lease`]); a starvation guard still hands batch one slot per
 //! [`STARVATION_GUARD_INTERVAL`] while interactive is not at risk. Queues are
 //! bounded (429 when full), timed (429 at `queue_timeout`), new batch work is
 //! shed while interactive requests wait, and queued batch requests that

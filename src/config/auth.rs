@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::types::Dur;
+use super::units::Dur;
 
 /// One path opened on a pool (`pools[].extra_paths`), for `keys` only.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]

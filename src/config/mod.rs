@@ -9,12 +9,14 @@ mod access;
 mod auth;
 pub(crate) mod pem;
 mod types;
+mod units;
 
 use std::collections::HashMap;
 use std::path::Path;
 
 pub use auth::*;
 pub use types::*;
+pub use units::*;
 
 /// One problem in a config file: the dotted field path and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -463,6 +465,7 @@ impl Config {
             }
         }
         access::validate(self, &seen.pool_index, &class_known, p);
+        runbook(self, p);
     }
 }
 
@@ -476,6 +479,17 @@ fn env_problem(var: &str) -> Option<String> {
             Some(format!("environment variable {var} holds characters a header cannot carry"))
         }
         Ok(_) => None,
+    }
+}
+
+fn runbook(cfg: &Config, p: &mut Vec<Problem>) {
+    if let Some(u) = &cfg.slo.runbook_url {
+        if !(u.starts_with("https://") || u.starts_with("http://")) || u.contains(char::is_whitespace) {
+            p.push(Problem {
+                field: "slo.runbook_url".into(),
+                message: format!("`{u}` must be an http(s) URL, e.g. https://wiki.example.com/slogate/runbook"),
+            });
+        }
     }
 }
 

@@ -4,80 +4,12 @@
 //! its `Default`, so a section given in part keeps the defaults of the rest.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use indexmap::IndexMap;
 
 use super::auth::{AuthConfig, ExtraPath, LimitsConfig};
+use super::units::{Dur, Size};
 use serde::{Deserialize, Deserializer, Serialize};
-
-/// A duration written as a string: `300ms`, `30s`, `28d`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Dur(pub Duration);
-
-impl Dur {
-    pub const fn secs(s: u64) -> Self {
-        Dur(Duration::from_secs(s))
-    }
-    pub const fn millis(ms: u64) -> Self {
-        Dur(Duration::from_millis(ms))
-    }
-    pub fn get(self) -> Duration {
-        self.0
-    }
-}
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(s.trim())
-            .map(Dur)
-            .map_err(|e| serde::de::Error::custom(format!("invalid duration `{s}`: {e} (write e.g. 300ms, 30s, 28d)")))
-    }
-}
-
-/// Written as it is read: `250ms`, `30s`, `28d`.
-impl Serialize for Dur {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-/// Written as a whole number of bytes.
-impl Serialize for Size {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(self.0)
-    }
-}
-
-impl std::fmt::Display for Dur {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", humantime::format_duration(self.0))
-    }
-}
-
-/// A size written as a string: `4MiB`, `512KiB`, or a plain byte count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Size(pub u64);
-
-impl<'de> Deserialize<'de> for Size {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            N(u64),
-            S(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::N(n) => Ok(Size(n)),
-            Raw::S(s) => s
-                .trim()
-                .parse::<bytesize::ByteSize>()
-                .map(|b| Size(b.as_u64()))
-                .map_err(|e| serde::de::Error::custom(format!("invalid size `{s}`: {e} (write e.g. 4MiB)"))),
-        }
-    }
-}
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -570,6 +502,11 @@ pub struct SloConfig {
     /// One point of the status page's history per class this often; it
     /// keeps 360 (an hour at the default 10 s).
     pub history_step: Dur,
+    /// Where the runbook is published (`https://...`): the generated
+    /// alerts' `runbook_url` is this plus the alert's section
+    /// (`#latency-budget-burn`). Without it they name the section of
+    /// docs/runbook.md in a `runbook` annotation (a path is no link).
+    pub runbook_url: Option<String>,
 }
 
 impl Default for SloConfig {
@@ -585,6 +522,7 @@ impl Default for SloConfig {
                 a(3 * 86_400, 6 * 3_600, 1.0, Severity::Ticket),
             ],
             history_step: Dur::secs(10),
+            runbook_url: None,
         }
     }
 }

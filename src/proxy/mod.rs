@@ -210,29 +210,40 @@ async fn forward(
     let (reduced, body) = stage!(t, prepared);
 
     let timeouts = StreamTimeouts::of(&route.pool.config, &snap.config.server);
-    // Until the response headers: the first-token budget for streams, the total otherwise.
-    let header_deadline = t.start() + if stream { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
     let mut lease = admitted.lease;
-    let strip_auth = snap.classifier.has_keys();
-    let forwarded = Forwarded::of(&parts);
     // Boxed: the sending stage's state is the largest of this path, and
     // inline it would be held by every request waiting in a queue above.
-    let sent = Box::pin(upstream::send_with_retry(
-        &route.pool,
-        &mut lease,
-        |replica| {
-            let mut req = build_upstream_request(&parts, &replica.base, body.clone(), strip_auth, &forwarded, &t.request_id)?;
-            if !t.span().is_disabled() {
-                crate::telemetry::otel::inject(t.span(), req.headers_mut());
-            }
-            Ok(req)
-        },
-        t.start(),
-        header_deadline,
-    ))
-    .await;
+    let sent = Box::pin(send(&parts, body, route, &mut lease, &t, snap, stream, &timeouts)).await;
     let resp = stage!(t, sent);
     observe(resp, t, lease, endpoint, Settings { timeouts, strip_usage, waited: admitted.waited, reduced })
+}
+
+/// The sending stage: the request to a replica of `route`'s pool, retried
+/// on another when it fails before any byte reached the client, until the
+/// response headers (by the first-token budget for streams, the total
+/// otherwise).
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    parts: &http::request::Parts,
+    body: bytes::Bytes,
+    route: &crate::state::Route,
+    lease: &mut Lease,
+    t: &Tracker,
+    snap: &Snapshot,
+    stream: bool,
+    timeouts: &StreamTimeouts,
+) -> Result<Response<UpstreamBody>, GatewayError> {
+    let header_deadline = t.start() + if stream { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
+    let strip_auth = snap.classifier.has_keys();
+    let forwarded = Forwarded::of(parts);
+    let build = |replica: &upstream::Replica| {
+        let mut req = build_upstream_request(parts, &replica.base, body.clone(), strip_auth, &forwarded, &t.request_id)?;
+        if !t.span().is_disabled() {
+            crate::telemetry::otel::inject(t.span(), req.headers_mut());
+        }
+        Ok(req)
+    };
+    upstream::send_with_retry(&route.pool, lease, build, t.start(), header_deadline).await
 }
 
 /// The key's own limits (`auth.keys[].limits`): the request's tokens (its

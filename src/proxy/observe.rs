@@ -267,7 +267,7 @@ impl<B> ObservedBody<B> {
     /// (on an event boundary: the partial event is dropped), `stream_error`.
     fn on_event_too_large(&mut self) {
         let what = format!("slogate: an event from the replica exceeded max_event_bytes ({} bytes)", self.timeouts.max_event);
-        tracing::warn!(class = %self.tracker.class().name, model = %self.tracker.model(), "{what}");
+        tracing::warn!(request_id = self.tracker.request_id.to_str().unwrap_or(""), class = %self.tracker.class().name, model = %self.tracker.model(), "{what}");
         self.tracker.cut = true;
         self.end_with_error(&what, "upstream_error", 502, Outcome::stream_error);
     }
@@ -305,7 +305,7 @@ impl<B> ObservedBody<B> {
         } else {
             format!("slogate: no data from the replica for {:?}", self.timeouts.idle)
         };
-        tracing::warn!(class = %self.tracker.class().name, model = %self.tracker.model(), "{what}");
+        tracing::warn!(request_id = self.tracker.request_id.to_str().unwrap_or(""), class = %self.tracker.class().name, model = %self.tracker.model(), "{what}");
         self.end_with_error(&what, "timeout", 504, Outcome::timeout);
     }
 
@@ -478,7 +478,7 @@ where
                 },
                 Poll::Ready(Some(Err(e))) => {
                     let e: BoxError = e.into();
-                    tracing::warn!(class = %this.tracker.class().name, model = %this.tracker.model(), error = %e, "replica stream failed");
+                    tracing::warn!(request_id = this.tracker.request_id.to_str().unwrap_or(""), class = %this.tracker.class().name, model = %this.tracker.model(), error = %e, "replica stream failed");
                     this.tracker.cut = true;
                     // A stream ends as OpenAI's do when they fail (an error
                     // event); any other body is cut, as the replica's was.
@@ -599,7 +599,7 @@ impl<B> ObservedBody<B> {
             self.on_timeout();
         } else if let Some(t) = self.handed_over.filter(|t| now >= *t + self.timeouts.send) {
             let what = format!("slogate: the client took no data for {:?} (server.send_timeout)", now - t);
-            tracing::warn!(class = %self.tracker.class().name, model = %self.tracker.model(), "{what}; cancelling the request");
+            tracing::warn!(request_id = self.tracker.request_id.to_str().unwrap_or(""), class = %self.tracker.class().name, model = %self.tracker.model(), "{what}; cancelling the request");
             self.inner = None;
             self.trailer = None;
             self.tracker.finish(Outcome::cancelled);
