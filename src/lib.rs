@@ -42,10 +42,10 @@ pub mod fuzzing {
     /// replica's stream was cut into reads (with and without usage stripping).
     pub fn sse_reads(stream: &[u8], cuts: &[u8]) {
         let whole = Bytes::copy_from_slice(stream);
-        let chunks = crate::proxy::observe::cut_into_reads(&whole, cuts.iter().map(|c| *c as usize * whole.len() / 255).collect());
+        let chunks = crate::proxy::fixtures::cut_into_reads(&whole, cuts.iter().map(|c| *c as usize * whole.len() / 255).collect());
         for strip in [false, true] {
-            let one = crate::proxy::observe::observe_sse(vec![whole.clone()], strip);
-            let many = crate::proxy::observe::observe_sse(chunks.clone(), strip);
+            let one = crate::proxy::fixtures::observe_sse(vec![whole.clone()], strip);
+            let many = crate::proxy::fixtures::observe_sse(chunks.clone(), strip);
             assert_eq!(one, many, "strip {strip}: the reads changed what the client gets");
         }
     }

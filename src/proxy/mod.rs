@@ -24,12 +24,16 @@
 //! [`fail`], which counts the outcome once and answers in OpenAI's form.
 
 pub(crate) mod body;
+#[doc(hidden)]
+pub(crate) mod fixtures;
 mod headers;
+mod json;
 pub(crate) mod keepalive;
 pub(crate) mod observe;
 pub(crate) mod request_id;
 mod route;
 pub(crate) mod tracker;
+pub(crate) mod watchdog;
 
 use std::sync::Arc;
 
@@ -51,9 +55,10 @@ use crate::telemetry::Outcome;
 use crate::upstream::{self, conn::UpstreamBody};
 use body::RequestBody;
 use headers::{build_upstream_request, Forwarded};
-use observe::{ObservedBody, StreamTimeouts, Watched};
+use observe::{ObservedBody, StreamTimeouts};
 use route::{generates, Routed, Target};
 use tracker::Tracker;
+use watchdog::Watched;
 
 /// The GenAI operation name of an endpoint's span.
 fn operation(e: Endpoint) -> &'static str {

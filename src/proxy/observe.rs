@@ -16,7 +16,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -24,13 +23,12 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::json::read_json_outcome;
 use super::tracker::Tracker;
-use crate::classify::Class;
 use crate::config::{PoolConfig, ServerConfig};
 use crate::error::BoxError;
-use crate::telemetry::metrics::Metrics;
 use crate::telemetry::Outcome;
-use sse::{analyze, SseParser, Usage};
+use sse::{analyze, SseParser};
 
 /// Timeouts applied to a response body.
 #[derive(Debug, Clone, Copy)]
@@ -81,23 +79,23 @@ const JSON_KEEP_LIMIT: usize = 16 << 20;
 
 /// A response body that measures as it forwards. See the module docs.
 pub(crate) struct ObservedBody<B> {
-    inner: Option<B>,
+    pub(super) inner: Option<B>,
     mode: Mode,
-    tracker: Tracker,
-    timeouts: StreamTimeouts,
+    pub(super) tracker: Tracker,
+    pub(super) timeouts: StreamTimeouts,
     /// Fires at or before the current deadline. It is not moved on every
     /// chunk (a timer operation per token); when it fires, the real deadline
     /// is computed from `last_event` and the timer re-armed if that is later.
     deadline: Pin<Box<Sleep>>,
-    last_event: Instant,
+    pub(super) last_event: Instant,
     /// A last frame to send before ending (held-back bytes, or a timeout event).
-    trailer: Option<Bytes>,
-    done: bool,
+    pub(super) trailer: Option<Bytes>,
+    pub(super) done: bool,
     /// When a frame was last handed over, while the client has not asked
     /// for the next one (`None` while the body waits for the replica).
-    handed_over: Option<Instant>,
+    pub(super) handed_over: Option<Instant>,
     /// The task to wake when the watchdog ends the stream.
-    waker: Option<std::task::Waker>,
+    pub(super) waker: Option<std::task::Waker>,
 }
 
 impl<B> ObservedBody<B> {
@@ -295,7 +293,7 @@ impl<B> ObservedBody<B> {
     }
 
     /// A timeout fired: stop reading upstream (cancelling it) and tell the client.
-    fn on_timeout(&mut self) {
+    pub(super) fn on_timeout(&mut self) {
         let waited_for_first = self.tracker.first_token.is_none();
         let elapsed = self.tracker.start.elapsed();
         let what = if elapsed >= self.timeouts.total {
@@ -310,7 +308,7 @@ impl<B> ObservedBody<B> {
     }
 
     /// The deadline given the last event at `last`.
-    fn next_deadline(&self, last: Instant) -> Instant {
+    pub(super) fn next_deadline(&self, last: Instant) -> Instant {
         let total = self.tracker.start + self.timeouts.total;
         let gap = match self.mode {
             Mode::Sse { .. } if self.tracker.first_token.is_none() => {
@@ -331,93 +329,6 @@ fn error_event(message: &str, kind: &str, code: u16, id: &http::HeaderValue) -> 
     ev.extend_from_slice(&json);
     ev.extend_from_slice(b"\n\ndata: [DONE]\n\n");
     ev.freeze()
-}
-
-/// A string, read for its length in characters (not copied); anything
-/// else (content given as parts, say) counts nothing and is skipped.
-struct Chars(usize);
-
-impl<'de> serde::Deserialize<'de> for Chars {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Chars;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Chars, E> {
-                Ok(Chars(v.chars().count()))
-            }
-            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Chars, E> {
-                Ok(Chars(0))
-            }
-            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Chars, E> {
-                Ok(Chars(0))
-            }
-            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Chars, E> {
-                Ok(Chars(0))
-            }
-            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Chars, E> {
-                Ok(Chars(0))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Chars, A::Error> {
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(Chars(0))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Chars, A::Error> {
-                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
-                Ok(Chars(0))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// Read usage and finish reason from a complete non-streaming JSON answer.
-fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
-    #[derive(serde::Deserialize)]
-    struct Answer {
-        #[serde(default)]
-        usage: Option<Usage>,
-        #[serde(default)]
-        choices: Vec<AnswerChoice>,
-    }
-    #[derive(serde::Deserialize)]
-    struct AnswerChoice {
-        #[serde(default)]
-        finish_reason: Option<String>,
-        #[serde(default)]
-        message: Option<Message>,
-        #[serde(default)]
-        text: Option<Chars>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Message {
-        #[serde(default)]
-        content: Option<Chars>,
-    }
-    match serde_json::from_slice::<Answer>(body) {
-        Ok(a) => {
-            tracker.usage = a.usage;
-            if a.usage.is_none() {
-                let chars: usize = a
-                    .choices
-                    .iter()
-                    .map(|c| c.message.as_ref().and_then(|m| m.content.as_ref()).or(c.text.as_ref()).map_or(0, |t| t.0))
-                    .sum();
-                tracker.answer_estimate = Some(chars.div_ceil(4) as u64);
-            }
-            tracker.finish_reason = a.choices.iter().find_map(|c| c.finish_reason.clone());
-            if a.choices.iter().any(|c| c.finish_reason.as_deref() == Some("length")) {
-                Outcome::length
-            } else {
-                Outcome::ok
-            }
-        }
-        // A 200 that is not the JSON answer asked for (garbage, a cut
-        // body): the caller got no usable answer.
-        Err(_) => Outcome::upstream_error,
-    }
 }
 
 impl<B> Body for ObservedBody<B>
@@ -516,193 +427,18 @@ where
     }
 }
 
-/// A metrics registry and a `chat` class with the default targets, for
-/// observing a body outside a gateway (tests, fuzzing).
-fn fixture() -> (Arc<Metrics>, Arc<Class>) {
-    let cfg = crate::config::Config::default();
-    let metrics = Arc::new(Metrics::new(&cfg));
-    let controls = crate::admission::Controls::new(metrics.clone());
-    let class = Arc::new(Class {
-        name: "chat".into(),
-        tier: crate::config::Tier::Interactive,
-        ttft: Duration::from_millis(300),
-        itl: Duration::from_millis(50),
-        control: controls.prepare("chat", &cfg.classes["chat"], &cfg),
-    });
-    (metrics, class)
-}
-
-/// `whole` cut into reads at the offsets `at` (in any order).
-#[doc(hidden)]
-pub(crate) fn cut_into_reads(whole: &Bytes, mut at: Vec<usize>) -> Vec<Bytes> {
-    at.sort_unstable();
-    let mut reads = Vec::new();
-    let mut start = 0;
-    for end in at.into_iter().map(|e| e.min(whole.len())).chain([whole.len()]) {
-        reads.push(whole.slice(start..end.max(start)));
-        start = end.max(start);
-    }
-    reads
-}
-
-/// The bytes a client gets when a replica's SSE stream arrives in
-/// `chunks` (with `strip`: usage stripped). For the fuzz targets: the
-/// result must not depend on how the stream was cut into reads.
-#[doc(hidden)]
-pub(crate) fn observe_sse(chunks: Vec<Bytes>, strip: bool) -> Result<Bytes, String> {
-    thread_local! {
-        // Built once per thread: a fuzzer calls this hundreds of thousands of times.
-        static HERE: Option<(tokio::runtime::Runtime, Arc<Metrics>, Arc<Class>)> =
-            tokio::runtime::Builder::new_current_thread().enable_time().build().ok().map(|rt| {
-                let (metrics, class) = fixture();
-                (rt, metrics, class)
-            });
-    }
-    HERE.with(|here| {
-        let (rt, metrics, class) = here.as_ref().ok_or("no runtime")?;
-        rt.block_on(observe_sse_on(chunks, strip, metrics.clone(), class.clone()))
-    })
-}
-
-async fn observe_sse_on(chunks: Vec<Bytes>, strip: bool, metrics: Arc<Metrics>, class: Arc<Class>) -> Result<Bytes, String> {
-    use http_body_util::BodyExt;
-    struct Reads(std::collections::VecDeque<Bytes>);
-    impl Body for Reads {
-        type Data = Bytes;
-        type Error = std::io::Error;
-        fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
-        }
-    }
-    let tracker = Tracker::new(metrics, class, Instant::now());
-    let timeouts = StreamTimeouts {
-        first_token: Duration::from_secs(60),
-        idle: Duration::from_secs(60),
-        total: Duration::from_secs(600),
-        max_event: 1 << 20,
-        send: Duration::from_secs(30),
-    };
-    let body = ObservedBody::sse(Reads(chunks.into()), tracker, timeouts, strip);
-    body.collect().await.map(|c| c.to_bytes()).map_err(|e| e.to_string())
-}
-
-impl<B> ObservedBody<B> {
-    /// The watchdog's check at `now`: end the request if a deadline passed
-    /// (a timeout, or a client that took nothing for the send timeout);
-    /// otherwise when to look again. `None`: nothing left to watch.
-    fn watch(&mut self, now: Instant) -> Option<Instant> {
-        if self.done {
-            return None;
-        }
-        let due = self.next_deadline(self.last_event);
-        if now >= due {
-            self.on_timeout();
-        } else if let Some(t) = self.handed_over.filter(|t| now >= *t + self.timeouts.send) {
-            let what = format!("slogate: the client took no data for {:?} (server.send_timeout)", now - t);
-            tracing::warn!(request_id = self.tracker.request_id.to_str().unwrap_or(""), class = %self.tracker.class().name, model = %self.tracker.model(), "{what}; cancelling the request");
-            self.inner = None;
-            self.trailer = None;
-            self.tracker.finish(Outcome::cancelled);
-            self.done = true;
-        } else {
-            return Some(self.handed_over.map_or(due, |t| due.min(t + self.timeouts.send)));
-        }
-        // Ended here, not in a poll: the replica's request is cancelled (its
-        // body dropped), the slot given back and the request accounted for
-        // now; a client still reading gets the trailer.
-        self.inner = None;
-        self.tracker.close();
-        if let Some(w) = self.waker.take() {
-            w.wake();
-        }
-        None
-    }
-}
-
-/// An observed body whose deadlines fire from a timer of their own,
-/// whether or not anyone polls it. A client that stops reading (a full
-/// TCP window, an HTTP/2 stream with no window) stops the server from
-/// polling the body; without this, its first-token, idle and total
-/// deadlines would never be checked and its replica slot never given back.
-/// The watchdog task holds the body weakly and is stopped with it.
-pub(crate) struct Watched<B> {
-    core: Arc<std::sync::Mutex<ObservedBody<B>>>,
-    watchdog: tokio::task::JoinHandle<()>,
-}
-
-impl<B> Watched<B>
-where
-    B: Send + 'static,
-{
-    pub(crate) fn new(body: ObservedBody<B>) -> Self {
-        let core = Arc::new(std::sync::Mutex::new(body));
-        let weak = Arc::downgrade(&core);
-        let watchdog = tokio::spawn(async move {
-            loop {
-                let due = {
-                    let Some(core) = weak.upgrade() else { return };
-                    let Ok(mut body) = core.lock() else { return };
-                    match body.watch(Instant::now()) {
-                        Some(due) => due,
-                        None => return,
-                    }
-                };
-                tokio::time::sleep_until(due).await;
-            }
-        });
-        Watched { core, watchdog }
-    }
-}
-
-impl<B> Drop for Watched<B> {
-    fn drop(&mut self) {
-        self.watchdog.abort();
-    }
-}
-
-impl<B> Body for Watched<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let Ok(mut body) = self.core.lock() else { return Poll::Ready(Some(Err("observed body poisoned".into()))) };
-        let polled = Pin::new(&mut *body).poll_frame(cx);
-        match &polled {
-            // A data frame's arrival was just stamped (`last_event`): no second clock read.
-            Poll::Ready(Some(Ok(f))) if f.is_data() => body.handed_over = Some(body.last_event),
-            Poll::Ready(Some(Ok(_))) => body.handed_over = Some(Instant::now()),
-            Poll::Pending => {
-                body.handed_over = None;
-                if !body.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                    body.waker = Some(cx.waker().clone());
-                }
-            }
-            _ => body.handed_over = None,
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.core.lock().map(|b| b.is_end_stream()).unwrap_or(true)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.core.lock().map(|b| b.size_hint()).unwrap_or_default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
 
     use http_body_util::BodyExt;
 
+    use std::sync::Arc;
+
     use super::*;
+    use crate::proxy::fixtures::{cut_into_reads, fixture};
     use crate::proxy::tracker::GAPS_REPORTED_EVERY;
+    use crate::proxy::watchdog::Watched;
 
     /// A body that yields the given chunks, then stays pending or ends.
     struct Chunks {
@@ -721,8 +457,6 @@ mod tests {
             }
         }
     }
-
-    use super::fixture;
 
     const TIMEOUTS: StreamTimeouts = StreamTimeouts {
         first_token: Duration::from_secs(5),
@@ -1054,7 +788,7 @@ mod tests {
             events.push(USAGE);
             events.push(DONE);
             let whole = Bytes::from(events.concat());
-            let chunks = super::cut_into_reads(&whole, cuts.iter().map(|c| c.index(whole.len() + 1)).collect());
+            let chunks = cut_into_reads(&whole, cuts.iter().map(|c| c.index(whole.len() + 1)).collect());
             let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
             let (out, _) = rt.block_on(run(chunks, true));
             proptest::prop_assert_eq!(String::from_utf8_lossy(&out), expected);

@@ -1,0 +1,94 @@
+//! Reading a complete non-streaming JSON answer: its usage and finish
+//! reason, or (when the replica reports no usage) an estimate of its tokens
+//! from the text, without building a JSON tree of the whole answer.
+
+use super::tracker::Tracker;
+use crate::telemetry::Outcome;
+use sse::Usage;
+
+/// A string, read for its length in characters (not copied); anything
+/// else (content given as parts, say) counts nothing and is skipped.
+struct Chars(usize);
+
+impl<'de> serde::Deserialize<'de> for Chars {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Chars;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Chars, E> {
+                Ok(Chars(v.chars().count()))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Chars, E> {
+                Ok(Chars(0))
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Chars, E> {
+                Ok(Chars(0))
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Chars, E> {
+                Ok(Chars(0))
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Chars, E> {
+                Ok(Chars(0))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Chars, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Chars(0))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Chars, A::Error> {
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Chars(0))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Read usage and finish reason from a complete non-streaming JSON answer.
+pub(super) fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        #[serde(default)]
+        usage: Option<Usage>,
+        #[serde(default)]
+        choices: Vec<AnswerChoice>,
+    }
+    #[derive(serde::Deserialize)]
+    struct AnswerChoice {
+        #[serde(default)]
+        finish_reason: Option<String>,
+        #[serde(default)]
+        message: Option<Message>,
+        #[serde(default)]
+        text: Option<Chars>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Message {
+        #[serde(default)]
+        content: Option<Chars>,
+    }
+    match serde_json::from_slice::<Answer>(body) {
+        Ok(a) => {
+            tracker.usage = a.usage;
+            if a.usage.is_none() {
+                let chars: usize = a
+                    .choices
+                    .iter()
+                    .map(|c| c.message.as_ref().and_then(|m| m.content.as_ref()).or(c.text.as_ref()).map_or(0, |t| t.0))
+                    .sum();
+                tracker.answer_estimate = Some(chars.div_ceil(4) as u64);
+            }
+            tracker.finish_reason = a.choices.iter().find_map(|c| c.finish_reason.clone());
+            if a.choices.iter().any(|c| c.finish_reason.as_deref() == Some("length")) {
+                Outcome::length
+            } else {
+                Outcome::ok
+            }
+        }
+        // A 200 that is not the JSON answer asked for (garbage, a cut
+        // body): the caller got no usable answer.
+        Err(_) => Outcome::upstream_error,
+    }
+}
