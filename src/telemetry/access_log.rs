@@ -60,30 +60,55 @@ fn text(v: &HeaderValue) -> &str {
     v.to_str().unwrap_or("-")
 }
 
+/// One line as written: borrowed from the record, serialised straight into
+/// the writer's buffer (no JSON tree).
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    time: String,
+    request_id: &'a str,
+    tenant: Option<&'a str>,
+    model: &'a str,
+    class: &'a str,
+    endpoint: &'static str,
+    replica: Option<&'a str>,
+    status: u16,
+    outcome: &'static str,
+    queue_ms: f64,
+    ttft_ms: Option<f64>,
+    e2e_ms: f64,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    usage_estimated: bool,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
 impl AccessRecord {
-    /// The record as one JSON object (no newline).
-    pub(crate) fn json(&self) -> String {
+    /// Append the record as one JSON object and a newline to `out`.
+    pub(crate) fn write_json(&self, out: &mut Vec<u8>) {
         let start = self.end.checked_sub(self.e2e).unwrap_or(self.end);
-        let line = serde_json::json!({
-            "time": humantime::format_rfc3339_millis(start).to_string(),
-            "request_id": text(&self.request_id),
-            "tenant": self.tenant.as_deref(),
-            "model": self.model.as_deref().map_or("unknown", RequestSeries::model),
-            "class": &*self.class,
-            "endpoint": self.endpoint.as_str(),
-            "replica": self.replica.as_ref().map(text),
-            "status": self.status,
-            "outcome": self.outcome.as_str(),
-            "queue_ms": ms(self.queued),
-            "ttft_ms": self.ttft.map(ms),
-            "e2e_ms": ms(self.e2e),
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "usage_estimated": self.usage_estimated,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-        });
-        line.to_string()
+        let line = Line {
+            time: humantime::format_rfc3339_millis(start).to_string(),
+            request_id: text(&self.request_id),
+            tenant: self.tenant.as_deref(),
+            model: self.model.as_deref().map_or("unknown", RequestSeries::model),
+            class: &self.class,
+            endpoint: self.endpoint.as_str(),
+            replica: self.replica.as_ref().map(text),
+            status: self.status,
+            outcome: self.outcome.as_str(),
+            queue_ms: ms(self.queued),
+            ttft_ms: self.ttft.map(ms),
+            e2e_ms: ms(self.e2e),
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            usage_estimated: self.usage_estimated,
+            bytes_in: self.bytes_in,
+            bytes_out: self.bytes_out,
+        };
+        if serde_json::to_writer(&mut *out, &line).is_ok() {
+            out.push(b'\n');
+        }
     }
 }
 
@@ -191,27 +216,56 @@ struct Writer {
     dropped: Counter,
 }
 
+/// How long the writer gathers lines before it writes them: one wake-up
+/// and one write per interval under load, not one per request.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl Writer {
-    /// Write lines until every sender is gone; flush whenever the buffer is
-    /// empty, so a line is out as soon as nothing else waits.
+    /// Write lines until every sender is gone: wait for a line, then gather
+    /// what arrives for [`GATHER`] and write it at once (a line is out within
+    /// that of its request's end).
     fn run(mut self, rx: Receiver<Msg>) {
+        let mut lines = Vec::with_capacity(BUFFER);
         while let Ok(first) = rx.recv() {
             let mut next = Some(first);
-            while let Some(msg) = next {
+            loop {
+                while let Some(msg) = next {
+                    match msg {
+                        Msg::Line(r) => r.write_json(&mut lines),
+                        // Lines before it go to the old file, lines after it to the new one.
+                        Msg::Wake if self.wanted.swap(false, Ordering::AcqRel) => {
+                            self.write(&mut lines);
+                            self.switch();
+                        }
+                        Msg::Wake => {}
+                    }
+                    next = rx.try_recv().ok();
+                }
+                // A reopen whose wake-up found the buffer full.
                 if self.wanted.swap(false, Ordering::AcqRel) {
+                    self.write(&mut lines);
                     self.switch();
                 }
-                if let Msg::Line(r) = msg {
-                    let mut line = r.json().into_bytes();
-                    line.push(b'\n');
-                    if self.out.write_all(&line).is_err() {
-                        self.dropped.inc();
-                    }
+                if lines.is_empty() {
+                    break;
                 }
+                self.write(&mut lines);
+                std::thread::sleep(GATHER);
                 next = rx.try_recv().ok();
             }
-            let _ = self.out.flush();
         }
+        self.write(&mut lines);
+    }
+
+    /// Write and flush what was gathered; a failed write counts its lines as dropped.
+    fn write(&mut self, lines: &mut Vec<u8>) {
+        if lines.is_empty() {
+            return;
+        }
+        if self.out.write_all(lines).and_then(|()| self.out.flush()).is_err() {
+            self.dropped.inc_by(lines.iter().filter(|b| **b == b'\n').count() as u64);
+        }
+        lines.clear();
     }
 
     fn switch(&mut self) {
@@ -257,5 +311,43 @@ impl AccessLogSlot {
                 Err(e) => tracing::warn!(error = %e, to = %c.to, "access log: cannot open; no access log until the next reload"),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_is_one_json_object_with_every_field_and_its_start_time() {
+        let end = std::time::UNIX_EPOCH + Duration::from_millis(1_764_201_600_250);
+        let r = AccessRecord {
+            end,
+            request_id: HeaderValue::from_static("req-1"),
+            tenant: Some("team-a".into()),
+            model: None,
+            class: "chat".into(),
+            endpoint: Endpoint::Chat,
+            replica: Some(HeaderValue::from_static("p-1")),
+            status: 200,
+            outcome: Outcome::ok,
+            queued: Duration::from_micros(1500),
+            ttft: Some(Duration::from_millis(42)),
+            e2e: Duration::from_millis(250),
+            prompt_tokens: Some(7),
+            completion_tokens: Some(3),
+            usage_estimated: false,
+            bytes_in: 80,
+            bytes_out: 400,
+        };
+        let mut out = Vec::new();
+        r.write_json(&mut out);
+        assert_eq!(out.last(), Some(&b'\n'));
+        assert_eq!(out.iter().filter(|b| **b == b'\n').count(), 1, "one line");
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("JSON");
+        assert_eq!(v["time"], "2025-11-27T00:00:00.000Z", "the request's start: its end less its e2e");
+        assert_eq!((v["queue_ms"].as_f64(), v["ttft_ms"].as_f64(), v["e2e_ms"].as_f64()), (Some(1.5), Some(42.0), Some(250.0)));
+        assert_eq!((v["tenant"].as_str(), v["model"].as_str(), v["endpoint"].as_str()), (Some("team-a"), Some("unknown"), Some("chat")));
+        assert_eq!(v.as_object().map(|o| o.len()), Some(17));
     }
 }

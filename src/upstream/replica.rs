@@ -1,0 +1,423 @@
+//! One replica: where it is, its health, its slots (held until a stream
+//! ends), what it reports and what its streams measure (first tokens,
+//! gaps), and its learned limit. A [`ReplicaSlot`] is a request's hold on
+//! one of its slots, given back when dropped.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use http::HeaderValue;
+use prometheus_client::metrics::gauge::Gauge;
+
+use super::{conn, limit, tls};
+use crate::config::Tier;
+use crate::error::GatewayError;
+
+/// One upstream vLLM server.
+pub(crate) struct Replica {
+    /// Base URL as configured, e.g. `http://127.0.0.1:8000`.
+    pub(crate) url: String,
+    /// `replicas[].name`, when the config gives one.
+    pub(super) name: Option<String>,
+    /// What clients are shown (`x-slogate-replica`, error bodies): the name,
+    /// else `<pool>-<position>`, set when a pool with it is built.
+    pub(super) public: ArcSwap<HeaderValue>,
+    /// Scheme + authority, used to build request URIs.
+    pub(crate) base: http::Uri,
+    /// Requests holding a slot here. Invariant: only changed through [`ReplicaSlot`].
+    pub(super) inflight: AtomicUsize,
+    /// Of those, the ones without a first token yet, by tier (interactive,
+    /// batch): the prefills a request sent here now would wait behind.
+    /// Only changed through [`ReplicaSlot`].
+    pub(super) prefilling: [AtomicUsize; 2],
+    /// Batch requests holding a slot here. Only changed through [`ReplicaSlot`].
+    pub(super) batch_held: AtomicUsize,
+    /// Seats of the limit batch leaves to interactive requests here (the
+    /// learned limit's answer to their first tokens coming late under load).
+    pub(super) batch_cut: AtomicUsize,
+    /// Slots; set when a config goes live (a reload resizes it in place:
+    /// slots above a lowered limit drain, and no new one is taken until the
+    /// count is under it).
+    pub(super) max_inflight: AtomicUsize,
+    pub(super) healthy: AtomicBool,
+    /// This instance's part of the slots when other instances share the
+    /// replica (`fleet`); `usize::MAX` when it is alone.
+    pub(super) allowance: AtomicUsize,
+    /// Requests other instances of the fleet hold here (or are assumed to,
+    /// for peers not heard lately), as the fleet last published it.
+    pub(super) others_inflight: AtomicUsize,
+    /// What the replica runs and queues, as last scraped (all its clients);
+    /// `u64::MAX` when the last scrape failed or none was made.
+    pub(super) scraped_total: AtomicU64,
+    /// Requests waiting inside vLLM, as last scraped from its `/metrics`
+    /// (includes other clients' requests); 0 when not scraped.
+    pub(crate) scraped_waiting: AtomicU64,
+    /// Models this replica's `/v1/models` listed (raw model objects).
+    pub(crate) models: ArcSwap<Vec<serde_json::Value>>,
+    pub(super) inflight_gauge: Gauge,
+    pub(super) healthy_gauge: Gauge,
+    /// Keep-alive connections not serving a request now.
+    pub(crate) idle: conn::IdleConns,
+    /// TLS for an `https://` replica.
+    pub(super) tls: Option<tls::ReplicaTls>,
+    /// `Authorization: Bearer <pools[].api_key_env>`, marked sensitive.
+    pub(super) api_key: Option<http::HeaderValue>,
+    /// Why the last health check failed (none after one passed).
+    pub(super) health_error: ArcSwap<Option<String>>,
+    /// The learned limit (`max_inflight_per_replica: auto`), kept across reloads.
+    pub(super) controller: std::sync::Mutex<limit::Controller>,
+    /// The most requests held here since the controller last looked.
+    pub(super) inflight_peak: AtomicUsize,
+    /// The replica answered 429 or 503 since the controller last looked.
+    pub(super) refused: AtomicBool,
+    /// Interactive requests' dispatch-to-first-token time over their class
+    /// target since the controller last looked: sum (in thousandths) and count.
+    pub(super) first_token_share: AtomicU64,
+    pub(super) first_token_n: AtomicU64,
+    /// The largest share since the controller last looked (thousandths).
+    pub(super) first_token_max: AtomicU64,
+    /// The 90th percentile of that share, tracked (f64 bits; see [`Replica::first_token_p90`]).
+    pub(super) first_token_p90: AtomicU64,
+    /// The mean gap between tokens of the streams that ended here lately,
+    /// in microseconds (f64 bits, 0 before any; see [`Replica::record_itl`]).
+    pub(super) itl_mean_us: AtomicU64,
+    /// When a stream last ended here, in milliseconds after `born`.
+    pub(super) itl_at_ms: AtomicU64,
+    /// Requests sent here since the start, and the count and time (ms
+    /// after `born`) the controller last looked at it.
+    pub(super) dispatched: AtomicU64,
+    pub(super) dispatched_seen: AtomicU64,
+    pub(super) controlled_at_ms: AtomicU64,
+    pub(super) born: tokio::time::Instant,
+    /// `slogate_replica_limit{pool,replica}`.
+    pub(super) limit_gauge: Gauge,
+    /// `slogate_replica_batch_cut{pool,replica}`.
+    pub(super) batch_cut_gauge: Gauge,
+    /// The limit last logged (a move by a quarter or more is logged).
+    pub(super) logged_limit: AtomicUsize,
+}
+
+/// How far the tracked 90th percentile of a replica's first-token share
+/// moves per sample (in shares of the class target).
+pub(super) const P90_STEP: f64 = 0.02;
+/// How far a replica's mean gap between tokens moves toward each stream's.
+pub(super) const ITL_EWMA: f64 = 0.2;
+/// A replica whose streams' mean gap is more than this many times the
+/// fastest healthy replica's is slow: interactive requests wait for the others.
+pub(super) const SLOW_GAPS: f64 = 1.5;
+/// A replica's mean gap counts for this long after a stream last reported its gaps.
+/// Past it the replica is as one never measured, so one marked slow that
+/// no batch stream has measured since gets interactive requests again.
+pub(super) const GAPS_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Replica {
+    /// How metrics, traces and the status page label it: its name, else its URL.
+    pub(crate) fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.url)
+    }
+
+    /// What clients are shown: its name, else `<pool>-<position>`; never the URL.
+    pub(crate) fn public_name(&self) -> HeaderValue {
+        (**self.public.load()).clone()
+    }
+
+    /// [`public_name`](Replica::public_name) as text.
+    pub(super) fn shown(&self) -> String {
+        String::from_utf8_lossy(self.public_name().as_bytes()).into_owned()
+    }
+
+    pub(super) fn failed(&self, e: conn::SendError) -> GatewayError {
+        GatewayError::Upstream { replica: self.shown(), detail: e.public_message(), url: self.url.clone(), source: Box::new(e) }
+    }
+
+    pub(crate) fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::Relaxed)
+    }
+    /// Requests of `tier` held here that have no first token yet.
+    pub(crate) fn prefilling(&self, tier: Tier) -> usize {
+        self.prefilling[tier as usize].load(Ordering::Relaxed)
+    }
+    /// What a request of `tier` sent here now would wait behind before its
+    /// own prefill: with `upstream_priority` an interactive request waits
+    /// only for the interactive prefills (vLLM runs them before any batch
+    /// one it has not started), otherwise for all of them.
+    pub(super) fn prefills_ahead(&self, tier: Tier, upstream_priority: bool) -> usize {
+        match tier {
+            Tier::Interactive if upstream_priority => self.prefilling(Tier::Interactive),
+            _ => self.prefilling(Tier::Interactive) + self.prefilling(Tier::Batch),
+        }
+    }
+    /// The replica's limit: learned, or fixed (for the whole fleet when
+    /// several instances share it).
+    pub(crate) fn max_inflight(&self) -> usize {
+        self.max_inflight.load(Ordering::Relaxed)
+    }
+    /// The slots this instance may hold: the limit, or its part of it in a fleet.
+    pub(crate) fn slots(&self) -> usize {
+        self.max_inflight().min(self.allowance.load(Ordering::Relaxed))
+    }
+    /// The fleet's word: this instance may hold `n` requests here, the
+    /// others hold `others` (`None`: the instance is alone again).
+    pub(crate) fn set_fleet_share(&self, share: Option<(usize, usize)>) {
+        let (n, others) = share.unwrap_or((usize::MAX, 0));
+        self.allowance.store(n, Ordering::Relaxed);
+        self.others_inflight.store(others, Ordering::Relaxed);
+    }
+    /// What the replica runs and queues for all its clients, as last scraped.
+    pub(crate) fn scraped_total(&self) -> Option<u64> {
+        Some(self.scraped_total.load(Ordering::Relaxed)).filter(|t| *t != u64::MAX)
+    }
+    pub(crate) fn set_scraped_total(&self, total: Option<f64>) {
+        self.scraped_total.store(total.map_or(u64::MAX, |t| t.round() as u64), Ordering::Relaxed);
+    }
+    pub(crate) fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+    pub(crate) fn set_healthy(&self, up: bool) {
+        self.healthy.store(up, Ordering::Relaxed);
+        self.healthy_gauge.set(up as i64);
+    }
+
+    /// Why the replica is not healthy, as its last failed check said.
+    pub(crate) fn health_error(&self) -> Option<String> {
+        (**self.health_error.load()).clone()
+    }
+    pub(crate) fn set_health_error(&self, reason: Option<String>) {
+        self.health_error.store(Arc::new(reason));
+    }
+
+    /// Show this replica's health on its gauge (a replica that just joined:
+    /// unhealthy until its first check passes).
+    pub(crate) fn publish_health(&self) {
+        self.healthy_gauge.set(self.is_healthy() as i64);
+    }
+
+    /// Take a slot for a request of `tier` if one is free (`over`: that
+    /// many above the slot count). An interactive request may also take a
+    /// seat of the replica's limit that no instance of the fleet holds,
+    /// beyond this instance's part: parts follow demand a period late, and
+    /// an interactive request should not wait while a seat on the replica
+    /// stands free because it was another instance's part. A batch request
+    /// leaves the batch cut free (this instance's part of it in a fleet).
+    pub(super) fn try_take(&self, over: usize, tier: Tier) -> bool {
+        let mut cur = self.inflight.load(Ordering::SeqCst);
+        let mut max = self.slots() + over;
+        match tier {
+            Tier::Interactive => max = max.max(self.max_inflight().saturating_sub(self.others_inflight.load(Ordering::Relaxed))),
+            Tier::Batch => {
+                let (slots, limit) = (self.slots(), self.max_inflight());
+                let cut = self.batch_cut.load(Ordering::Relaxed);
+                if cut > 0 && limit > 0 {
+                    max = max.min(slots.saturating_sub((cut * slots).div_ceil(limit)));
+                }
+            }
+        }
+        loop {
+            if cur >= max {
+                return false;
+            }
+            match self.inflight.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => {
+                    self.inflight_gauge.inc();
+                    self.inflight_peak.fetch_max(cur + 1, Ordering::Relaxed);
+                    self.dispatched.fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// An interactive request sent here got its first token `after` its
+    /// dispatch; its class's TTFT target is `target`.
+    pub(crate) fn record_first_token(&self, after: std::time::Duration, target: std::time::Duration) {
+        let permille = (after.as_secs_f64() / target.as_secs_f64().max(1e-6) * 1000.0) as u64;
+        self.first_token_share.fetch_add(permille, Ordering::Relaxed);
+        self.first_token_n.fetch_add(1, Ordering::Relaxed);
+        self.first_token_max.fetch_max(permille, Ordering::Relaxed);
+        // A streaming quantile: up by 0.9 of a step when a sample is above
+        // the estimate, down by 0.1 of one when not, so it rests where one
+        // sample in ten is above. O(1), no history; follows a change within
+        // tens of samples.
+        let x = after.as_secs_f64() / target.as_secs_f64().max(1e-6);
+        let _ = self.first_token_p90.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+            let q = f64::from_bits(bits);
+            let next = if x > q { q + P90_STEP * 0.9 } else { (q - P90_STEP * 0.1).max(0.0) };
+            Some(next.to_bits())
+        });
+    }
+
+    /// A stream of any class here had `gaps` gaps between its tokens over
+    /// `span` (reported every few gaps, and at its end). The replica's mean
+    /// gap moves a fifth of the way to this report's: it follows a replica
+    /// that slows down (or recovers) within a second or so. Every class counts: a
+    /// replica's step time is the same for all its streams, so batch keeps
+    /// it measured while interactive requests go elsewhere.
+    pub(crate) fn record_itl(&self, span: std::time::Duration, gaps: u64) {
+        if gaps == 0 {
+            return;
+        }
+        let mean = span.as_secs_f64() * 1e6 / gaps as f64;
+        // A mean already forgotten starts again from this stream.
+        let fresh = self.itl_mean().is_zero();
+        let _ = self.itl_mean_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+            let m = f64::from_bits(bits);
+            Some(if fresh || m == 0.0 { mean } else { m + (mean - m) * ITL_EWMA }.to_bits())
+        });
+        self.itl_at_ms.store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// The mean gap between tokens of the streams that ended here lately
+    /// (zero before any, and once none has ended for [`GAPS_FORGOTTEN_AFTER`]).
+    pub(crate) fn itl_mean(&self) -> std::time::Duration {
+        let since = self.born.elapsed().saturating_sub(std::time::Duration::from_millis(self.itl_at_ms.load(Ordering::Relaxed)));
+        if since > GAPS_FORGOTTEN_AFTER {
+            return std::time::Duration::ZERO;
+        }
+        std::time::Duration::from_secs_f64(f64::from_bits(self.itl_mean_us.load(Ordering::Relaxed)) / 1e6)
+    }
+
+    /// Interactive requests' time from dispatch to first token over their
+    /// class's target: its recent 90th percentile (0 before any).
+    pub(crate) fn first_token_p90(&self) -> f64 {
+        f64::from_bits(self.first_token_p90.load(Ordering::Relaxed))
+    }
+
+    /// The replica refused a request (429 or 503).
+    pub(crate) fn note_refused(&self) {
+        self.refused.store(true, Ordering::Relaxed);
+    }
+
+    /// As if the controller had moved the limit to `n`.
+    #[cfg(test)]
+    pub(crate) fn set_limit(&self, n: usize) {
+        self.set_max_inflight(n);
+    }
+
+    /// Set the slot count (a fixed limit, or the controller's).
+    pub(super) fn set_max_inflight(&self, n: usize) {
+        self.max_inflight.store(n, Ordering::Relaxed);
+        self.limit_gauge.set(n as i64);
+    }
+
+    /// One period of the learned limit: the replica's load as scraped, and
+    /// what the request path noted since the last period.
+    /// `demand`: requests wait in the gateway for the pool's slots.
+    pub(crate) fn control(&self, pool: &str, load: Load, demand: bool) {
+        let n = self.first_token_n.swap(0, Ordering::Relaxed);
+        let share = self.first_token_share.swap(0, Ordering::Relaxed);
+        let latest = self.first_token_max.swap(0, Ordering::Relaxed);
+        // In a fleet the limit is the replica's, for every instance's requests.
+        let others = self.others_inflight.load(Ordering::Relaxed);
+        // Requests sent in the time of one engine step (the mean gap between
+        // tokens): about that many wait in the replica's queue between their
+        // arrival and its next step, at any load.
+        let now_ms = self.born.elapsed().as_millis() as u64;
+        let since = now_ms.saturating_sub(self.controlled_at_ms.swap(now_ms, Ordering::Relaxed));
+        let sent = self.dispatched.load(Ordering::Relaxed);
+        let sent = sent.saturating_sub(self.dispatched_seen.swap(sent, Ordering::Relaxed));
+        let mut in_transit = if since > 0 { sent as f64 * 1000.0 / since as f64 * self.itl_mean().as_secs_f64() } else { 0.0 };
+        // In a fleet the others send too, about in proportion to what they hold here.
+        let mine = self.inflight();
+        if mine > 0 {
+            in_transit *= (mine + others) as f64 / mine as f64;
+        }
+        let sample = limit::Sample {
+            waiting: load.waiting,
+            running: load.running,
+            inflight_peak: self.inflight_peak.swap(self.inflight(), Ordering::Relaxed) + others,
+            inflight_now: self.inflight() + others,
+            demand,
+            refused: self.refused.swap(false, Ordering::Relaxed),
+            first_token: (n > 0).then(|| share as f64 / 1000.0 / n as f64),
+            first_token_max: (n > 0).then(|| latest as f64 / 1000.0),
+            in_transit,
+            batch_now: self.batch_held.load(Ordering::Relaxed),
+        };
+        let (limit, cut) = {
+            let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
+            let limit = c.update(sample);
+            (limit, c.batch_cut())
+        };
+        let was = self.batch_cut.swap(cut, Ordering::Relaxed);
+        self.batch_cut_gauge.set(cut as i64);
+        self.set_max_inflight(limit);
+        if was == 0 && cut > 0 {
+            tracing::info!(pool, replica = %self.label(), limit, batch_cut = cut, "interactive first tokens late under load: batch leaves seats to interactive here");
+        }
+        let logged = self.logged_limit.load(Ordering::Relaxed);
+        if limit * 4 >= logged * 5 || limit * 4 <= logged * 3 {
+            self.logged_limit.store(limit, Ordering::Relaxed);
+            tracing::info!(pool, replica = %self.label(), from = logged, to = limit, waiting = ?sample.waiting, refused = sample.refused, "learned in-flight limit moved");
+        }
+    }
+
+    pub(super) fn load_score(&self) -> u64 {
+        self.inflight() as u64 + self.scraped_waiting.load(Ordering::Relaxed)
+    }
+}
+
+/// What a replica said of its load (its `/metrics`); `None` where it did not say.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Load {
+    pub(crate) waiting: Option<f64>,
+    pub(crate) running: Option<f64>,
+}
+
+/// A held slot on one replica: taken by [`Pool::pick`], given back exactly
+/// once, when dropped or [released](ReplicaSlot::release) (whichever comes
+/// first).
+pub(crate) struct ReplicaSlot {
+    replica: Arc<Replica>,
+    held: bool,
+    tier: Tier,
+    /// Counted in the replica's `prefilling` of its tier until the first
+    /// token arrives or the slot is given back.
+    prefilling: bool,
+}
+
+impl ReplicaSlot {
+    pub(crate) fn replica(&self) -> &Arc<Replica> {
+        &self.replica
+    }
+
+    pub(super) fn new(replica: &Arc<Replica>, tier: Tier) -> ReplicaSlot {
+        replica.prefilling[tier as usize].fetch_add(1, Ordering::Relaxed);
+        if tier == Tier::Batch {
+            replica.batch_held.fetch_add(1, Ordering::Relaxed);
+        }
+        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true }
+    }
+
+    /// The request's first token arrived: its prefill is done (a no-op after the first call).
+    pub(crate) fn prefilled(&mut self) {
+        if std::mem::take(&mut self.prefilling) {
+            self.replica.prefilling[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Give the slot back now (a no-op the second time).
+    pub(crate) fn release(&mut self) {
+        self.prefilled();
+        if std::mem::take(&mut self.held) {
+            self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
+            self.replica.inflight_gauge.dec();
+            if self.tier == Tier::Batch {
+                self.replica.batch_held.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for ReplicaSlot {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl std::fmt::Debug for ReplicaSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaSlot").field("replica", &self.replica.url).field("held", &self.held).finish()
+    }
+}
