@@ -16,10 +16,8 @@
 pub(crate) mod breaker;
 pub(crate) mod fair;
 pub(crate) mod keylimits;
-pub(crate) mod lease;
 pub(crate) mod queue;
 pub(crate) mod quota;
-mod seats;
 pub(crate) mod store;
 pub(crate) mod tenants;
 

@@ -30,12 +30,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::fair::{FairQueue, Queued, Share};
-pub(crate) use super::lease::Lease;
-pub(crate) use super::seats::{DEMAND_MARGIN, DEMAND_WINDOW};
-use super::seats::{FAIR_HEADROOM, FAIR_RESERVE};
 use crate::config::{Tier, TiersConfig};
 use crate::telemetry::metrics::{Metrics, TierLabel, TierOnlyLabels};
-use crate::upstream::{PickError, Pool, Room};
+use crate::upstream::{PickError, Pool, Replica, ReplicaSlot, Room};
 
 /// Batch gets at least one slot this often while interactive waits but is
 /// not at risk.
@@ -43,6 +40,137 @@ pub(crate) const STARVATION_GUARD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How far back the service rate used for early rejection looks.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
+
+/// How far back the interactive demand the reservation follows looks.
+pub(crate) const DEMAND_WINDOW: Duration = Duration::from_secs(30);
+/// Slots kept free for interactive requests even after a quiet spell, as a
+/// share of the pool's slots (at least one).
+const HEADROOM_SHARE: f64 = 0.05;
+/// Seats above a pool's slots that interactive requests of tenants under
+/// their fair part may take instead of waiting, as a share of the slots (at
+/// least one). Each is given back at the next slot freed (not handed on).
+const FAIR_HEADROOM: f64 = 0.1;
+/// Slots a tenant at or over its fair part leaves free while other tenants
+/// are active, as a share of the pool's slots (at least one).
+const FAIR_RESERVE: f64 = 0.1;
+/// The reservation covers the interactive demand's recent peak and this much more.
+pub(crate) const DEMAND_MARGIN: f64 = 1.25;
+
+/// The headroom of `cap` slots ([`HEADROOM_SHARE`], at least one).
+fn headroom(cap: usize) -> usize {
+    ((cap as f64 * HEADROOM_SHARE).ceil() as usize).max(1)
+}
+
+/// A request's hold on one replica slot, counted against its tier's share.
+/// It travels inside the response body and is released exactly once, by
+/// `Drop`, when the stream ends or the client goes away (never when the
+/// response headers arrive); the freed slot goes to the next waiter.
+pub(crate) struct Lease {
+    slot: ReplicaSlot,
+    tier: Tier,
+    admission: Arc<PoolAdmission>,
+    /// Whose service it is, and the tokens charged to it when it was granted.
+    share: Share,
+    charged: u64,
+    /// Its tenant's service is accounted for (see [`Claim::fair`]).
+    fair: bool,
+    /// The tokens it used, once the replica said (settled against `charged` at the end).
+    used: Option<u64>,
+    /// Its tenant held less than its fair part of the tier when it was granted.
+    under_share: bool,
+}
+
+impl Lease {
+    pub(crate) fn replica(&self) -> &Arc<Replica> {
+        self.slot.replica()
+    }
+
+    /// The request's first token arrived: the replica no longer counts it
+    /// among the prefills a new request would wait behind.
+    pub(crate) fn first_token(&mut self) {
+        self.slot.prefilled();
+    }
+
+    /// Granted for `claim`: whose service it is and what it was charged;
+    /// `under_share`: its tenant held less than its fair part of the tier.
+    fn claimed(&mut self, claim: Claim, under_share: bool) {
+        (self.share, self.charged, self.fair, self.under_share) = (claim.share, claim.tokens, claim.fair, under_share);
+    }
+
+    /// Its `priority` for vLLM's scheduler, which serves lower values first:
+    /// interactive before batch, and among interactive requests a tenant
+    /// under its fair part before the others (its prefill does not wait
+    /// behind a heavy tenant's in the replica).
+    pub(crate) fn upstream_priority(&self, tier: crate::config::Tier) -> i64 {
+        match tier {
+            crate::config::Tier::Interactive if self.under_share => -1,
+            crate::config::Tier::Interactive => 0,
+            crate::config::Tier::Batch => 1,
+        }
+    }
+
+    /// The replica said the request used `tokens` (prompt plus completion):
+    /// its tenant's service is settled to that when the lease goes.
+    pub(crate) fn settle(&mut self, tokens: u64) {
+        self.used = Some(tokens);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn tier(&self) -> Tier {
+        self.tier
+    }
+}
+
+impl crate::upstream::Attempts for Lease {
+    fn replica(&self) -> &Arc<Replica> {
+        self.slot.replica()
+    }
+
+    /// Move to a slot on another healthy replica, keeping the tier's count;
+    /// the slot left behind goes to the next waiter.
+    fn move_to_another(&mut self) -> bool {
+        let pool = self.admission.pool.load();
+        let room = match self.tier {
+            Tier::Interactive => Room::Over(0),
+            Tier::Batch => self.admission.batch_room(&pool),
+        };
+        match pool.pick(Some(self.slot.replica()), room, self.tier) {
+            Ok(other) => {
+                self.slot = other;
+                self.admission.dispatch();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // The slot first, so the waiter handed it below can take it.
+        self.slot.release();
+        if self.fair {
+            if let Ok(mut q) = self.admission.inner.lock() {
+                let q = q.of(self.tier);
+                if let Some(used) = self.used.filter(|u| *u != self.charged) {
+                    q.settle(self.share, used as f64 - self.charged as f64);
+                }
+                q.ended(self.share);
+            }
+        }
+        match self.tier {
+            Tier::Batch => self.admission.batch_inflight.fetch_sub(1, Ordering::SeqCst),
+            Tier::Interactive => self.admission.interactive_inflight.fetch_sub(1, Ordering::SeqCst),
+        };
+        self.admission.released(self.tier);
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("replica", &self.slot.replica().url).field("tier", &self.tier).finish()
+    }
+}
 
 /// Why a request got no slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +201,7 @@ pub(crate) struct Granted {
     pub(crate) waited: Duration,
 }
 
-pub(super) struct Waiter {
+struct Waiter {
     id: u64,
     /// Its request body's size, counted against `queue_max_bytes` while it waits.
     bytes: u64,
@@ -119,19 +247,19 @@ impl Claim {
 }
 
 #[derive(Default)]
-pub(super) struct Queues {
-    pub(super) interactive: FairQueue<Waiter>,
-    pub(super) batch: FairQueue<Waiter>,
-    pub(super) next_id: u64,
-    pub(super) last_batch_grant: Option<Instant>,
+struct Queues {
+    interactive: FairQueue<Waiter>,
+    batch: FairQueue<Waiter>,
+    next_id: u64,
+    last_batch_grant: Option<Instant>,
     /// (instant, batch releases so far) samples for the service rate.
-    pub(super) samples: VecDeque<(Instant, u64)>,
+    samples: VecDeque<(Instant, u64)>,
     /// (instant, interactive demand's peak over the tick before) samples.
-    pub(super) demand: VecDeque<(Instant, usize)>,
+    demand: VecDeque<(Instant, usize)>,
 }
 
 impl Queues {
-    pub(super) fn of(&mut self, tier: Tier) -> &mut FairQueue<Waiter> {
+    fn of(&mut self, tier: Tier) -> &mut FairQueue<Waiter> {
         match tier {
             Tier::Interactive => &mut self.interactive,
             Tier::Batch => &mut self.batch,
@@ -155,42 +283,42 @@ pub(crate) struct Demand {
 /// and limits with [`PoolAdmission::install`].
 pub(crate) struct PoolAdmission {
     /// The upstream pool slots come from (the current snapshot's).
-    pub(super) pool: ArcSwap<Pool>,
-    pub(super) inner: Mutex<Queues>,
-    pub(super) waiting_interactive: AtomicUsize,
-    pub(super) waiting_batch: AtomicUsize,
+    pool: ArcSwap<Pool>,
+    inner: Mutex<Queues>,
+    waiting_interactive: AtomicUsize,
+    waiting_batch: AtomicUsize,
     /// Request body bytes waiting, per tier. Changed under the queue lock.
-    pub(super) bytes_interactive: AtomicU64,
-    pub(super) bytes_batch: AtomicU64,
+    bytes_interactive: AtomicU64,
+    bytes_batch: AtomicU64,
     /// The tiers' limits; replaced on reload.
-    pub(super) tiers: ArcSwap<TiersConfig>,
+    tiers: ArcSwap<TiersConfig>,
     /// Slots held by batch requests. Invariant: only changed by
     /// [`PoolAdmission::try_lease`] and [`Lease`]'s drop.
-    pub(super) batch_inflight: AtomicUsize,
+    batch_inflight: AtomicUsize,
     /// Slots held by interactive requests (same invariant).
-    pub(super) interactive_inflight: AtomicUsize,
+    interactive_inflight: AtomicUsize,
     /// Interactive requests holding or waiting for a slot: the most since the last tick.
-    pub(super) interactive_high: AtomicUsize,
+    interactive_high: AtomicUsize,
     /// Interactive demand's peak over [`DEMAND_WINDOW`], published each tick:
     /// what the reservation follows.
-    pub(super) interactive_demand: AtomicUsize,
-    pub(super) depth_interactive: Gauge,
-    pub(super) depth_batch: Gauge,
+    interactive_demand: AtomicUsize,
+    depth_interactive: Gauge,
+    depth_batch: Gauge,
     /// Batch leases released so far (for the batch service rate).
-    pub(super) released_batch: AtomicU64,
+    released_batch: AtomicU64,
     /// Batch slots per second, as f64 bits; 0 = not known yet.
-    pub(super) batch_rate: AtomicU64,
+    batch_rate: AtomicU64,
     /// Published by the publisher: some interactive class is over its TTFT target.
-    pub(super) interactive_at_risk: AtomicBool,
+    interactive_at_risk: AtomicBool,
     /// The part of its own interactive peak this instance reserves for, as
     /// f64 bits: 1 alone; in a fleet, the fleet's peak over the sum of the
     /// instances' peaks (peaks of separate instances rarely coincide).
-    pub(super) reservation_scale: AtomicU64,
+    reservation_scale: AtomicU64,
     /// In a fleet: the replicas' slots for all instances (0 alone), and the
     /// interactive requests the other instances hold or queue, as the fleet
     /// last heard.
-    pub(super) fleet_slots: AtomicUsize,
-    pub(super) others_interactive: AtomicUsize,
+    fleet_slots: AtomicUsize,
+    others_interactive: AtomicUsize,
 }
 
 impl PoolAdmission {
@@ -232,6 +360,153 @@ impl PoolAdmission {
         self.pool.load_full()
     }
 
+    /// Slots held by batch requests.
+    #[cfg(test)]
+    pub(crate) fn batch_inflight(&self) -> usize {
+        self.batch_inflight.load(Ordering::SeqCst)
+    }
+
+    /// The most slots batch may hold: all but those reserved for
+    /// interactive requests (at least one while any is free to share).
+    ///
+    /// The reservation is work-conserving: it follows interactive demand
+    /// (its peak over [`DEMAND_WINDOW`], plus a quarter) up to
+    /// `tiers.interactive.reserved_share` of the slots, and never goes below
+    /// a headroom of [`HEADROOM_SHARE`] of them (at least one) while the
+    /// share is not zero. With no interactive traffic batch may use all but
+    /// the headroom; when interactive comes back, the headroom serves it at
+    /// once, freed slots go to it first, and the reservation grows with its
+    /// demand at the next tick. While an interactive class's TTFT P99 is
+    /// over its target, the whole share is reserved.
+    pub(crate) fn batch_limit(&self) -> usize {
+        let cap = self.pool.load().capacity();
+        self.batch_limit_of(cap, self.reserved(cap))
+    }
+
+    /// The batch limit on `cap` slots with `reserved` of them reserved.
+    fn batch_limit_of(&self, cap: usize, reserved: usize) -> usize {
+        if reserved == 0 {
+            return cap;
+        }
+        let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
+        if share < 1.0 {
+            (cap - reserved).max(1)
+        } else {
+            cap - reserved
+        }
+    }
+
+    /// Interactive requests holding or waiting for a slot now, plus the
+    /// headroom (0 with no reserved share). Batch admission leaves these
+    /// too, even past the reservation's share (see
+    /// [`PoolAdmission::try_lease_over`]).
+    fn reserved_now(&self, cap: usize) -> usize {
+        let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
+        if share == 0.0 || cap == 0 {
+            return 0;
+        }
+        let now = self.interactive_inflight.load(Ordering::Relaxed) + self.waiting_interactive.load(Ordering::Relaxed);
+        (now + headroom(cap)).min(cap)
+    }
+
+    /// What a batch request leaves to interactive ones where it picks a replica.
+    fn batch_room(&self, pool: &Pool) -> Room {
+        let cap = pool.capacity();
+        Room::Leave(self.reserved(cap).max(self.reserved_now(cap)))
+    }
+
+    /// The slots of `cap` reserved for interactive requests now (see
+    /// [`PoolAdmission::batch_limit`]).
+    fn reserved(&self, cap: usize) -> usize {
+        let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
+        if share == 0.0 || cap == 0 {
+            return 0;
+        }
+        let most = cap - (cap as f64 * (1.0 - share)).floor() as usize;
+        let demand = self.interactive_demand.load(Ordering::Relaxed) as f64 * self.reservation_scale();
+        // An interactive class over its TTFT target takes the whole share back.
+        if self.interactive_at_risk.load(Ordering::Relaxed) {
+            most
+        } else {
+            ((demand * DEMAND_MARGIN).ceil() as usize + headroom(cap)).min(most)
+        }
+    }
+
+    /// The fleet's word: the replicas have `slots` for all instances, and the
+    /// others hold or queue `interactive` interactive requests (`slots` 0: alone).
+    pub(crate) fn set_fleet_interactive(&self, slots: usize, interactive: usize) {
+        self.fleet_slots.store(slots, Ordering::Relaxed);
+        self.others_interactive.store(interactive, Ordering::Relaxed);
+    }
+
+    /// The fleet's word on how much of its interactive peak this instance reserves for (0 to 1).
+    pub(crate) fn set_reservation_scale(&self, scale: f64) {
+        self.reservation_scale.store(scale.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
+    }
+
+    fn reservation_scale(&self) -> f64 {
+        f64::from_bits(self.reservation_scale.load(Ordering::Relaxed))
+    }
+
+    /// This instance's demand on the pool, for the fleet's split of the
+    /// replicas' slots: interactive (what its reservation follows: the recent
+    /// peak and a quarter more, or what holds and waits now if that is more),
+    /// batch (holding and waiting now), and how many of both wait.
+    pub(crate) fn demand(&self) -> Demand {
+        let waiting_i = self.waiting_interactive.load(Ordering::Relaxed);
+        let waiting_b = self.waiting_batch.load(Ordering::Relaxed);
+        let now = self.interactive_inflight.load(Ordering::Relaxed) + waiting_i;
+        let peak = (self.interactive_demand.load(Ordering::Relaxed) as f64 * DEMAND_MARGIN).ceil() as usize;
+        Demand {
+            interactive: now.max(peak),
+            interactive_now: now,
+            batch: self.batch_inflight.load(Ordering::Relaxed) + waiting_b,
+            waiting: waiting_i + waiting_b,
+        }
+    }
+
+    /// How far above the slot count an interactive request may go now.
+    ///
+    /// Batch requests held above the batch limit (it shrank: interactive
+    /// demand grew, or this instance's part of the fleet went to another)
+    /// hold slots that are interactive's now: an interactive request may go
+    /// that far above the slot count instead of waiting for them to end.
+    /// With `upstream_priority` the replicas order their own queues by tier,
+    /// so the whole reserved share is interactive's whatever batch holds:
+    /// while interactive requests hold fewer than the share, one more goes
+    /// to a replica at once, and a replica already full runs it next, ahead
+    /// of every batch request it holds (from any instance of a fleet). In a
+    /// fleet the share is the fleet's: of all the replicas' slots, less what
+    /// the other instances' interactive requests hold or wait for.
+    fn interactive_over(&self, pool: &Pool) -> usize {
+        let excess = self.batch_inflight.load(Ordering::SeqCst).saturating_sub(self.batch_limit());
+        if !pool.config.upstream_priority {
+            return excess;
+        }
+        let cap = pool.capacity();
+        let fleet = self.fleet_slots.load(Ordering::Relaxed);
+        let (slots, others) = if fleet > 0 { (fleet, self.others_interactive.load(Ordering::Relaxed)) } else { (cap, 0) };
+        let share = self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0);
+        let most = slots - (slots as f64 * (1.0 - share)).floor() as usize;
+        let room = most.saturating_sub(self.interactive_inflight.load(Ordering::SeqCst) + others);
+        if room == 0 {
+            // The share is taken: within the slots (and what batch holds above its limit) only.
+            // Counting what is already above the slots here would let every
+            // cut of one replica's limit raise what the others may hold, a
+            // ratchet: in-flight climbing while the limits fall.
+            return excess;
+        }
+        // Above the slots already (the room is counted from the slots).
+        let above = pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.inflight()).sum::<usize>().saturating_sub(cap);
+        excess.max(room + above)
+    }
+
+    /// Interactive requests holding or waiting for a slot now; raises the tick's high mark.
+    fn note_interactive(&self) {
+        let now = self.interactive_inflight.load(Ordering::Relaxed) + self.waiting_interactive.load(Ordering::Relaxed);
+        self.interactive_high.fetch_max(now, Ordering::Relaxed);
+    }
+
     /// Take a slot for a request of `tier` now, if one is free: a healthy
     /// replica with a free slot and, for batch, room under the batch limit.
     /// Does not queue.
@@ -241,7 +516,7 @@ impl PoolAdmission {
 
     /// [`PoolAdmission::try_lease`], an interactive request allowed `extra`
     /// more above the slots.
-    pub(super) fn try_lease_over(self: &Arc<Self>, tier: Tier, extra: usize) -> Result<Lease, PickError> {
+    fn try_lease_over(self: &Arc<Self>, tier: Tier, extra: usize) -> Result<Lease, PickError> {
         let pool = self.pool.load();
         let room = match tier {
             Tier::Interactive => Room::Over(self.interactive_over(&pool) + extra),
@@ -291,7 +566,7 @@ impl PoolAdmission {
         }
     }
 
-    pub(super) fn counter(&self, tier: Tier) -> (&AtomicUsize, &Gauge, &AtomicU64) {
+    fn counter(&self, tier: Tier) -> (&AtomicUsize, &Gauge, &AtomicU64) {
         match tier {
             Tier::Interactive => (&self.waiting_interactive, &self.depth_interactive, &self.bytes_interactive),
             Tier::Batch => (&self.waiting_batch, &self.depth_batch, &self.bytes_batch),
@@ -299,7 +574,7 @@ impl PoolAdmission {
     }
 
     /// A request with a body of `bytes` starts waiting in `tier`.
-    pub(super) fn inc(&self, tier: Tier, bytes: u64) {
+    fn inc(&self, tier: Tier, bytes: u64) {
         let (c, g, b) = self.counter(tier);
         b.fetch_add(bytes, Ordering::SeqCst);
         c.fetch_add(1, Ordering::SeqCst);
@@ -307,7 +582,7 @@ impl PoolAdmission {
     }
 
     /// A request with a body of `bytes` stops waiting in `tier`.
-    pub(super) fn dec(&self, tier: Tier, bytes: u64) {
+    fn dec(&self, tier: Tier, bytes: u64) {
         let (c, g, b) = self.counter(tier);
         c.fetch_sub(1, Ordering::SeqCst);
         b.fetch_sub(bytes, Ordering::SeqCst);
@@ -319,7 +594,7 @@ impl PoolAdmission {
         self.counter(tier).2.load(Ordering::SeqCst)
     }
 
-    pub(super) fn max_bytes(&self, tier: Tier) -> u64 {
+    fn max_bytes(&self, tier: Tier) -> u64 {
         match tier {
             Tier::Interactive => self.tiers.load().interactive.queue_max_bytes.0,
             Tier::Batch => self.tiers.load().batch.queue_max_bytes.0,
@@ -339,20 +614,20 @@ impl PoolAdmission {
         }
     }
 
-    pub(super) fn capacity(&self, tier: Tier) -> usize {
+    fn capacity(&self, tier: Tier) -> usize {
         match tier {
             Tier::Interactive => self.tiers.load().interactive.queue_capacity as usize,
             Tier::Batch => self.tiers.load().batch.queue_capacity as usize,
         }
     }
 
-    pub(super) fn batch_rate(&self) -> Option<f64> {
+    fn batch_rate(&self) -> Option<f64> {
         let r = f64::from_bits(self.batch_rate.load(Ordering::Relaxed));
         (r > 0.0).then_some(r)
     }
 
     /// Whole seconds a client should wait before retrying in `tier`.
-    pub(super) fn retry_after(&self, tier: Tier, position: usize) -> u64 {
+    fn retry_after(&self, tier: Tier, position: usize) -> u64 {
         match (tier, self.batch_rate()) {
             (Tier::Batch, Some(rate)) => ((position as f64 + 1.0) / rate).ceil().clamp(1.0, 60.0) as u64,
             _ => 1,
@@ -364,7 +639,7 @@ impl PoolAdmission {
     }
 
     /// A lease of `tier` was just released (its slot already freed).
-    pub(super) fn released(self: &Arc<Self>, tier: Tier) {
+    fn released(self: &Arc<Self>, tier: Tier) {
         if tier == Tier::Batch {
             self.released_batch.fetch_add(1, Ordering::Relaxed);
         }
@@ -500,7 +775,7 @@ impl PoolAdmission {
     }
 
     /// Charge a lease granted at once (nobody waiting) to its tenant.
-    pub(super) fn charge(&self, tier: Tier, mut lease: Lease, claim: Claim) -> Lease {
+    fn charge(&self, tier: Tier, mut lease: Lease, claim: Claim) -> Lease {
         if !claim.fair {
             return lease;
         }
@@ -518,7 +793,7 @@ impl PoolAdmission {
     /// another tenant's request starts at once on a real seat instead of
     /// waiting for one of its streams to end (a replica full to its
     /// `max_num_seqs` queues a request sent above it, whatever its priority).
-    pub(super) fn leaves_room(&self, q: &Queues, tier: Tier, claim: Claim) -> bool {
+    fn leaves_room(&self, q: &Queues, tier: Tier, claim: Claim) -> bool {
         if !(claim.fair && tier == Tier::Interactive && q.interactive.others_active(claim.share)) {
             return true;
         }
@@ -533,12 +808,12 @@ impl PoolAdmission {
 
     /// Is `claim`'s tenant under its fair part of the interactive slots
     /// (several tenants share the tier, this request not counted yet)?
-    pub(super) fn under(&self, q: &Queues, tier: Tier, claim: Claim) -> bool {
+    fn under(&self, q: &Queues, tier: Tier, claim: Claim) -> bool {
         claim.fair && tier == Tier::Interactive && q.interactive.under_share(claim.share, self.pool.load().capacity())
     }
 
     /// Remove waiter `id` of `tenant` if it is still queued.
-    pub(super) fn remove(&self, tier: Tier, tenant: u32, id: u64) {
+    fn remove(&self, tier: Tier, tenant: u32, id: u64) {
         let removed = {
             let Ok(mut q) = self.inner.lock() else { return };
             q.of(tier).remove(tenant, id)
@@ -707,7 +982,7 @@ mod tests {
     use crate::config::Dur;
     use crate::config::{Config, PoolConfig, TierConfig};
 
-    pub(super) fn tiers(reserved: f64, i_cap: u32, b_cap: u32) -> TiersConfig {
+    fn tiers(reserved: f64, i_cap: u32, b_cap: u32) -> TiersConfig {
         TiersConfig {
             interactive: TierConfig {
                 queue_capacity: i_cap,
@@ -728,16 +1003,16 @@ mod tests {
 
     /// A pool of one healthy replica with `slots` slots (nothing listens: the
     /// queue never connects).
-    pub(super) fn pool(slots: u32, tiers: TiersConfig) -> Arc<PoolAdmission> {
+    fn pool(slots: u32, tiers: TiersConfig) -> Arc<PoolAdmission> {
         pool_with(slots, tiers, false)
     }
 
-    pub(super) fn pool_with(slots: u32, tiers: TiersConfig, upstream_priority: bool) -> Arc<PoolAdmission> {
+    fn pool_with(slots: u32, tiers: TiersConfig, upstream_priority: bool) -> Arc<PoolAdmission> {
         replicas_with(1, slots, tiers, upstream_priority)
     }
 
     /// A pool of `n` healthy replicas with `slots` slots each (nothing listens).
-    pub(super) fn replicas_with(n: u16, slots: u32, tiers: TiersConfig, upstream_priority: bool) -> Arc<PoolAdmission> {
+    fn replicas_with(n: u16, slots: u32, tiers: TiersConfig, upstream_priority: bool) -> Arc<PoolAdmission> {
         let cfg = PoolConfig {
             replicas: (0..n).map(|i| format!("http://127.0.0.1:{}", 9 + i).into()).collect(),
             max_inflight_per_replica: crate::config::InflightLimit::Fixed(slots),
@@ -1102,7 +1377,7 @@ mod tests {
         drop(held);
     }
 
-    pub(super) fn claim(tenant: u32) -> Claim {
+    fn claim(tenant: u32) -> Claim {
         Claim { share: Share { tenant, weight: 1.0 }, tokens: 100, fair: true, ttft: None }
     }
 

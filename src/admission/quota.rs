@@ -156,16 +156,12 @@ impl Calendar {
                 return Err(Exceeded { period, kind, limit, used, retry_after, too_large: need(kind) > limit });
             }
         }
-        let mut out = Vec::new();
         for (i, limit) in limits.iter().enumerate() {
-            let Some(limit) = *limit else { continue };
-            let (period, kind) = QUOTAS[i];
-            let c = self.count(i, unix);
-            c.used += need(kind) as f64;
-            let (_, end) = period.window(unix);
-            out.push(Standing { period, kind, limit, used: c.used.max(0.0) as u64, reset: end.saturating_sub(unix) });
+            if limit.is_some() {
+                self.count(i, unix).used += need(QUOTAS[i].1) as f64;
+            }
         }
-        Ok(out)
+        Ok(self.standing(unix, limits))
     }
 
     /// A request taken at second `taken` ended at `unix`: its tokens were
