@@ -1,0 +1,381 @@
+//! A pool's configuration: its replicas, how slots are counted and picked,
+//! health checks, timeouts, TLS towards replicas, the engine it runs, and
+//! the paths it opens beyond the inference endpoints.
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::auth::ExtraPath;
+use super::units::{Dur, Size};
+use std::collections::HashMap;
+
+use super::{check_replica_name, env_problem, parse_replica_url, pem, Config, Parsed, Problem};
+
+/// The OpenAI-compatible engine behind a pool. Streams are measured the
+/// same way for all (the first content event, whatever came before it;
+/// tokens from usage, or counted when none is sent); what differs is the
+/// queue each one's `/metrics` reports, which `least_loaded` and learned
+/// limits read.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// Read whichever of the engines' metrics a replica's `/metrics` has.
+    Auto,
+    /// `vllm:num_requests_waiting` / `vllm:num_requests_running`.
+    Vllm,
+    /// `sglang:num_queue_reqs` / `sglang:num_running_reqs`.
+    Sglang,
+    /// llama.cpp's server (`--metrics`): `llamacpp:requests_deferred` /
+    /// `llamacpp:requests_processing`.
+    Llamacpp,
+    /// Text Generation Inference: `tgi_queue_size` / `tgi_batch_current_size`.
+    Tgi,
+    /// Ollama: no metrics endpoint, nothing scraped (learned limits then
+    /// learn from latency alone).
+    Ollama,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    RoundRobin,
+    LeastLoaded,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    pub name: String,
+    pub models: Vec<String>,
+    /// Each a URL, or `{ url, name }`.
+    pub replicas: Vec<ReplicaConfig>,
+    /// Slots per replica: learned (`auto`) or fixed.
+    pub max_inflight_per_replica: InflightLimit,
+    /// Start and bounds of a learned limit.
+    pub learned_limit: LearnedLimitConfig,
+    pub balance: Balance,
+    pub health: HealthConfig,
+    /// How often each replica's `/metrics` is read (its waiting queue, for
+    /// `least_loaded` and learned limits); also the learned limits' period.
+    pub scrape_metrics: Dur,
+    /// Which engine serves the pool: where its `/metrics` reports its queue
+    /// (or that it has none to read). `auto` reads whichever it finds.
+    pub engine: Engine,
+    pub timeouts: TimeoutsConfig,
+    /// Pass the tier to vLLM's `priority` field (replicas run `--scheduling-policy priority`).
+    pub upstream_priority: bool,
+    /// How `https://` replicas are verified and how slogate shows itself to
+    /// them (mTLS). Without it, `https://` replicas are verified against the
+    /// system's roots.
+    pub tls: Option<UpstreamTlsConfig>,
+    /// The environment variable holding the key the replicas were started
+    /// with (`vllm serve --api-key`): sent as `Authorization: Bearer` on
+    /// every request, health check and scrape, replacing the caller's.
+    pub api_key_env: Option<String>,
+    /// The longest one SSE event from a replica may be; past it the stream
+    /// ends with an error event (`stream_error`).
+    pub max_event_bytes: Size,
+    /// Paths beyond the inference endpoints that this pool's replicas take
+    /// from the named keys only (an engine's management endpoints, such as
+    /// vLLM's `/v1/load_lora_adapter`). None by default: slogate forwards
+    /// nothing else.
+    pub extra_paths: Vec<ExtraPath>,
+}
+
+/// `max_inflight_per_replica`: `auto` (learned per replica from its own
+/// waiting queue; see `upstream::limit`) or a fixed number of slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InflightLimit {
+    Auto,
+    Fixed(u32),
+}
+
+impl<'de> Deserialize<'de> for InflightLimit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u32),
+            S(String),
+        }
+        match Raw::deserialize(d) {
+            Ok(Raw::N(n)) => Ok(InflightLimit::Fixed(n)),
+            Ok(Raw::S(s)) if s.trim() == "auto" => Ok(InflightLimit::Auto),
+            _ => Err(serde::de::Error::custom("must be `auto` or a whole number of slots")),
+        }
+    }
+}
+
+impl Serialize for InflightLimit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            InflightLimit::Auto => s.serialize_str("auto"),
+            InflightLimit::Fixed(n) => s.serialize_u32(*n),
+        }
+    }
+}
+
+/// Where a learned limit starts and the bounds it stays in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LearnedLimitConfig {
+    pub initial: u32,
+    pub min: u32,
+    pub max: u32,
+}
+
+impl Default for LearnedLimitConfig {
+    fn default() -> Self {
+        LearnedLimitConfig { initial: 16, min: 1, max: 1024 }
+    }
+}
+
+/// One replica: written as its URL, or as `{ url, name }`.
+///
+/// The name is what clients see in `x-slogate-replica` and in 502/504
+/// bodies, and what metrics and traces label it with. A replica without a
+/// name shows as `<pool>-<position>` to clients (its URL stays internal)
+/// and by its URL in metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaConfig {
+    pub url: String,
+    pub name: Option<String>,
+}
+
+impl From<&str> for ReplicaConfig {
+    fn from(url: &str) -> Self {
+        ReplicaConfig { url: url.to_string(), name: None }
+    }
+}
+
+impl From<String> for ReplicaConfig {
+    fn from(url: String) -> Self {
+        ReplicaConfig { url, name: None }
+    }
+}
+
+impl<'de> Deserialize<'de> for ReplicaConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Named {
+            url: String,
+            name: Option<String>,
+        }
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = ReplicaConfig;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a URL, or { url, name }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ReplicaConfig, E> {
+                Ok(v.into())
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ReplicaConfig, A::Error> {
+                let n = Named::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(ReplicaConfig { url: n.url, name: n.name })
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// Written as it is read: the URL alone when there is no name.
+impl Serialize for ReplicaConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match &self.name {
+            None => s.serialize_str(&self.url),
+            Some(name) => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("url", &self.url)?;
+                m.serialize_entry("name", name)?;
+                m.end()
+            }
+        }
+    }
+}
+
+/// TLS towards a pool's `https://` replicas.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamTlsConfig {
+    /// PEM file of CA certificates trusted in addition to the system's roots.
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM certificate chain slogate presents (mTLS); needs `key`.
+    pub cert: Option<std::path::PathBuf>,
+    /// PEM private key of `cert`.
+    pub key: Option<std::path::PathBuf>,
+    /// The name the replicas' certificates are checked against, when not
+    /// the URL's host (a URL that names an IP, a certificate for a service name).
+    pub server_name: Option<String>,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            name: "default".into(),
+            models: vec!["auto".into()],
+            replicas: vec!["http://127.0.0.1:8000".into(), "http://127.0.0.1:8001".into()],
+            max_inflight_per_replica: InflightLimit::Auto,
+            learned_limit: LearnedLimitConfig::default(),
+            balance: Balance::LeastLoaded,
+            health: HealthConfig::default(),
+            scrape_metrics: Dur::millis(250),
+            engine: Engine::Auto,
+            timeouts: TimeoutsConfig::default(),
+            upstream_priority: false,
+            tls: None,
+            api_key_env: None,
+            max_event_bytes: Size(1 << 20),
+            extra_paths: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    pub path: String,
+    pub interval: Dur,
+    pub timeout: Dur,
+    pub unhealthy_after: u32,
+    pub healthy_after: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig { path: "/health".into(), interval: Dur::secs(2), timeout: Dur::secs(1), unhealthy_after: 2, healthy_after: 2 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeoutsConfig {
+    pub connect: Dur,
+    pub first_token: Dur,
+    pub idle: Dur,
+    pub total: Dur,
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        TimeoutsConfig { connect: Dur::secs(2), first_token: Dur::secs(60), idle: Dur::secs(60), total: Dur::secs(30 * 60) }
+    }
+}
+
+/// Every problem of the pools: names, models, replicas, limits, health and timeouts.
+pub(super) fn validate(cfg: &Config, seen: &Parsed, p: &mut Vec<Problem>) {
+    let mut bad = |field: String, message: String| p.push(Problem { field, message });
+    if cfg.pools.is_empty() && seen.pool_index.len() == seen.pools_given {
+        bad("pools".into(), "at least one pool is required".into());
+    }
+    let mut names = std::collections::HashSet::new();
+    let mut models: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (pool, &i) in cfg.pools.iter().zip(&seen.pool_index) {
+        let f = |s: &str| format!("pools[{i}].{s}");
+        if pool.name.is_empty() {
+            bad(f("name"), "must not be empty".into());
+        } else if !names.insert(pool.name.as_str()) {
+            bad(f("name"), format!("pool name `{}` is used twice", pool.name));
+        }
+        if pool.models.is_empty() {
+            bad(f("models"), "list at least one model, or [auto]".into());
+        }
+        for (j, m) in pool.models.iter().enumerate() {
+            if m.is_empty() {
+                bad(format!("pools[{i}].models[{j}]"), "must not be empty".into());
+            } else if m != "auto" {
+                if let Some(other) = models.insert(m.as_str(), i) {
+                    bad(format!("pools[{i}].models[{j}]"), format!("model `{m}` is already served by pools[{other}]"));
+                }
+            }
+        }
+        if pool.replicas.is_empty() {
+            bad(f("replicas"), "at least one replica is required".into());
+        }
+        let mut names = HashMap::new();
+        for (j, r) in pool.replicas.iter().enumerate() {
+            if let Err(e) = parse_replica_url(&r.url) {
+                bad(format!("pools[{i}].replicas[{j}]"), e);
+            }
+            if let Some(name) = &r.name {
+                if let Err(e) = check_replica_name(name) {
+                    bad(format!("pools[{i}].replicas[{j}].name"), e);
+                } else if let Some(other) = names.insert(name.as_str(), j) {
+                    bad(format!("pools[{i}].replicas[{j}].name"), format!("`{name}` is already the name of replicas[{other}]"));
+                }
+            }
+        }
+        let https = pool.replicas.iter().any(|r| r.url.trim_start().starts_with("https://"));
+        if let Some(tls) = &pool.tls {
+            if !https {
+                bad(f("tls"), "is set, but no replica URL starts with https://".into());
+            }
+            if let Some(ca) = &tls.ca {
+                if let Err(e) = pem::certs(ca) {
+                    bad(f("tls.ca"), e);
+                }
+            }
+            match (&tls.cert, &tls.key) {
+                (Some(cert), Some(key)) => {
+                    if let Err(e) = pem::certs(cert) {
+                        bad(f("tls.cert"), e);
+                    }
+                    if let Err(e) = pem::key(key) {
+                        bad(f("tls.key"), e);
+                    }
+                }
+                (Some(_), None) => bad(f("tls.key"), "is required with tls.cert (the client certificate's private key)".into()),
+                (None, Some(_)) => bad(f("tls.cert"), "is required with tls.key (the client certificate)".into()),
+                (None, None) => {}
+            }
+            if let Some(name) = &tls.server_name {
+                if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
+                    bad(f("tls.server_name"), format!("`{name}` is not a DNS name or an IP address"));
+                }
+            }
+        }
+        if let Some(problem) = pool.api_key_env.as_deref().and_then(env_problem) {
+            bad(f("api_key_env"), problem);
+        }
+        if pool.max_event_bytes.0 < 1024 {
+            bad(f("max_event_bytes"), "must be at least 1KiB (a chunk of vLLM's stream with usage is a few hundred bytes)".into());
+        }
+        match pool.max_inflight_per_replica {
+            InflightLimit::Fixed(0) => bad(f("max_inflight_per_replica"), "must be at least 1, or auto".into()),
+            InflightLimit::Auto if pool.scrape_metrics.get().is_zero() => bad(
+                f("scrape_metrics"),
+                "must be greater than 0 with max_inflight_per_replica: auto (the learned limit reads the replicas' queues)".into(),
+            ),
+            _ => {}
+        }
+        let l = &pool.learned_limit;
+        if l.min == 0 || l.min > l.max || !(l.min..=l.max).contains(&l.initial) {
+            bad(f("learned_limit"), "needs 1 <= min <= initial <= max".into());
+        }
+        if !pool.health.path.starts_with('/') {
+            bad(f("health.path"), "must start with /".into());
+        }
+        for (name, d) in [("health.interval", pool.health.interval), ("health.timeout", pool.health.timeout)] {
+            if d.get().is_zero() {
+                bad(f(name), "must be greater than 0".into());
+            }
+        }
+        for (name, n) in [("health.unhealthy_after", pool.health.unhealthy_after), ("health.healthy_after", pool.health.healthy_after)] {
+            if n == 0 {
+                bad(f(name), "must be at least 1".into());
+            }
+        }
+        let t = &pool.timeouts;
+        for (name, d) in [
+            ("timeouts.connect", t.connect),
+            ("timeouts.first_token", t.first_token),
+            ("timeouts.idle", t.idle),
+            ("timeouts.total", t.total),
+        ] {
+            if d.get().is_zero() {
+                bad(f(name), "must be greater than 0".into());
+            }
+        }
+    }
+}
