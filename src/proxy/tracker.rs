@@ -218,12 +218,17 @@ impl Tracker {
     }
 
     /// Set the outcome; the first call wins.
+    #[inline]
     pub(crate) fn finish(&mut self, outcome: Outcome) {
         if self.outcome.is_none() {
             self.outcome = Some(outcome);
         }
     }
 
+    // Inlined into the observed body's per-event path: in a module of its
+    // own it stopped being inlined, and ab.sh measured +43 to +76 us of CPU
+    // per streamed request (about 1 us per event); with the hint, -7 us.
+    #[inline]
     pub(super) fn content_event(&mut self, now: Instant) {
         match self.last_token {
             None => {
