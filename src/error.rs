@@ -165,9 +165,7 @@ impl GatewayError {
     pub(crate) fn respond(self, id: Option<&HeaderValue>) -> Response<ProxyBody> {
         let (ty, param, code) = self.kind();
         let body = error_body(&self.to_string(), ty, param, code, id.and_then(|v| v.to_str().ok()));
-        let mut resp = Response::new(full(body));
-        *resp.status_mut() = self.status();
-        resp.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let mut resp = json_response(self.status(), body);
         if let Some(id) = id {
             resp.headers_mut().insert(http::HeaderName::from_static("x-request-id"), id.clone());
         }
@@ -197,7 +195,12 @@ pub(crate) fn error_body(message: &str, ty: &str, param: Option<&str>, code: imp
 }
 
 pub(crate) fn error_response(status: StatusCode, message: &str, ty: &str, param: Option<&str>, code: &str) -> Response<ProxyBody> {
-    let mut resp = Response::new(full(error_json(message, ty, param, code)));
+    json_response(status, error_json(message, ty, param, code))
+}
+
+/// A JSON body with `status`.
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response<ProxyBody> {
+    let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp

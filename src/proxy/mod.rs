@@ -134,25 +134,7 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
 fn log_unrouted(app: &App, snap: &Snapshot, headers: &http::HeaderMap, id: &HeaderValue, status: u16, start: Instant) {
     let Some(log) = app.access_log.current() else { return };
     let tenant = snap.classifier.classify(headers).ok().map(|c| c.tenant.name.clone());
-    log.log(AccessRecord {
-        end: std::time::SystemTime::now(),
-        request_id: id.clone(),
-        tenant,
-        model: None,
-        class: snap.default_class().name.clone(),
-        endpoint: Endpoint::Other,
-        replica: None,
-        status,
-        outcome: Outcome::client_error,
-        queued: std::time::Duration::ZERO,
-        ttft: None,
-        e2e: start.elapsed(),
-        prompt_tokens: None,
-        completion_tokens: None,
-        usage_estimated: false,
-        bytes_in: 0,
-        bytes_out: 0,
-    });
+    log.log(AccessRecord::unrouted(id.clone(), tenant, snap.default_class().name.clone(), status, start.elapsed()));
 }
 
 /// A response slogate made, with the request's id.

@@ -15,7 +15,6 @@
 //!    logrotate can move it away.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -84,6 +83,30 @@ struct Line<'a> {
 }
 
 impl AccessRecord {
+    /// A request for a path slogate does not serve: no model, class, replica,
+    /// tokens or bytes, only who asked and what it got.
+    pub(crate) fn unrouted(request_id: HeaderValue, tenant: Option<Arc<str>>, class: Arc<str>, status: u16, e2e: Duration) -> Self {
+        AccessRecord {
+            end: SystemTime::now(),
+            request_id,
+            tenant,
+            model: None,
+            class,
+            endpoint: Endpoint::Other,
+            replica: None,
+            status,
+            outcome: Outcome::client_error,
+            queued: Duration::ZERO,
+            ttft: None,
+            e2e,
+            prompt_tokens: None,
+            completion_tokens: None,
+            usage_estimated: false,
+            bytes_in: 0,
+            bytes_out: 0,
+        }
+    }
+
     /// Append the record as one JSON object and a newline to `out`.
     pub(crate) fn write_json(&self, out: &mut Vec<u8>) {
         let start = self.end.checked_sub(self.e2e).unwrap_or(self.end);
@@ -154,9 +177,8 @@ impl Target {
 pub(crate) struct AccessLog {
     tx: SyncSender<Msg>,
     dropped: Counter,
-    /// The target to switch to (a reload named another) or reopen.
+    /// The target to switch to (a reload named another) or reopen; `Some`: a reopen is wanted.
     reopen: Arc<Mutex<Option<Target>>>,
-    wanted: Arc<AtomicBool>,
 }
 
 /// Bytes the writer gathers before a write (it writes sooner when no line waits).
@@ -177,15 +199,9 @@ impl AccessLog {
         let out = target.open()?;
         let (tx, rx) = mpsc::sync_channel(config.buffer.max(1) as usize);
         let reopen = Arc::new(Mutex::new(None));
-        let wanted = Arc::new(AtomicBool::new(false));
-        let writer = Writer {
-            out: std::io::BufWriter::with_capacity(BUFFER, out),
-            reopen: reopen.clone(),
-            wanted: wanted.clone(),
-            dropped: dropped.clone(),
-        };
+        let writer = Writer { out: std::io::BufWriter::with_capacity(BUFFER, out), reopen: reopen.clone(), dropped: dropped.clone() };
         std::thread::Builder::new().name("slogate-access-log".into()).spawn(move || writer.run(rx))?;
-        Ok(AccessLog { tx, dropped, reopen, wanted })
+        Ok(AccessLog { tx, dropped, reopen })
     }
 
     /// Hand a finished request's record to the writer; never waits. A full
@@ -204,7 +220,6 @@ impl AccessLog {
     pub(crate) fn reopen(&self, config: &AccessLogConfig, dir: Option<&std::path::Path>) {
         let target = Target::of(&config.to, dir);
         *self.reopen.lock().unwrap_or_else(|p| p.into_inner()) = Some(target);
-        self.wanted.store(true, Ordering::Release);
         let _ = self.tx.try_send(Msg::Wake);
     }
 }
@@ -212,7 +227,6 @@ impl AccessLog {
 struct Writer {
     out: std::io::BufWriter<Box<dyn Write + Send>>,
     reopen: Arc<Mutex<Option<Target>>>,
-    wanted: Arc<AtomicBool>,
     dropped: Counter,
 }
 
@@ -233,19 +247,12 @@ impl Writer {
                     match msg {
                         Msg::Line(r) => r.write_json(&mut lines),
                         // Lines before it go to the old file, lines after it to the new one.
-                        Msg::Wake if self.wanted.swap(false, Ordering::AcqRel) => {
-                            self.write(&mut lines);
-                            self.switch();
-                        }
-                        Msg::Wake => {}
+                        Msg::Wake => self.switch(&mut lines),
                     }
                     next = rx.try_recv().ok();
                 }
                 // A reopen whose wake-up found the buffer full.
-                if self.wanted.swap(false, Ordering::AcqRel) {
-                    self.write(&mut lines);
-                    self.switch();
-                }
+                self.switch(&mut lines);
                 if lines.is_empty() {
                     break;
                 }
@@ -268,9 +275,11 @@ impl Writer {
         lines.clear();
     }
 
-    fn switch(&mut self) {
+    /// Reopen (or switch target) if a reopen is wanted, after writing the
+    /// lines gathered so far to the old file.
+    fn switch(&mut self, lines: &mut Vec<u8>) {
         let Some(target) = self.reopen.lock().unwrap_or_else(|p| p.into_inner()).take() else { return };
-        let _ = self.out.flush();
+        self.write(lines);
         match target.open() {
             Ok(out) => self.out = std::io::BufWriter::with_capacity(BUFFER, out),
             Err(e) => tracing::warn!(error = %e, target = ?target, "access log: cannot reopen; still writing to the old file"),
