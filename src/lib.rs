@@ -29,6 +29,7 @@ pub mod rules;
 pub mod server;
 mod state;
 mod status;
+mod sync;
 pub mod telemetry;
 mod upstream;
 

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 /// Each room's rung, lowest first. A room may import rooms on lower rungs only.
 const LADDER: &[(&str, u32)] = &[
     ("config", 0),
+    ("sync", 0),
     ("telemetry", 1),
     ("reduce", 1),
     ("error", 2),

@@ -16,12 +16,17 @@
 pub(crate) mod breaker;
 pub(crate) mod fair;
 pub(crate) mod keylimits;
+pub(crate) mod lease;
 pub(crate) mod queue;
 pub(crate) mod quota;
+pub(crate) mod rates;
+pub(crate) mod seats;
 pub(crate) mod store;
 pub(crate) mod tenants;
+pub(crate) mod waiting;
 
-pub(crate) use queue::{Claim, Lease, PoolAdmission, Refusal};
+pub(crate) use lease::{Claim, Lease, Refusal};
+pub(crate) use queue::PoolAdmission;
 pub(crate) use tenants::{Permit, RateState, Tenant, Tenants};
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +42,7 @@ use tokio::time::Instant;
 
 use crate::config::{ClassConfig, Config, Dur, Tier};
 use crate::error::GatewayError;
+use crate::sync::AtomicF64;
 use crate::telemetry::budget::{self, Budget, Sli};
 use crate::telemetry::metrics::{ClassLabels, ClassSeries, Metrics, SloLabels, SloWindowLabels};
 use crate::telemetry::window::{RollingHistogram, WindowStats};
@@ -58,8 +64,8 @@ pub(crate) struct ClassControl {
     pub(crate) name: Arc<str>,
     pub(crate) tier: Tier,
     target_ttft_us: AtomicU64,
-    /// `breaker.trip_ratio`, as f64 bits (for the 429's message).
-    trip_ratio: AtomicU64,
+    /// `breaker.trip_ratio` (for the 429's message).
+    trip_ratio: AtomicF64,
     pub(crate) ttft: RollingHistogram,
     pub(crate) itl: RollingHistogram,
     pub(crate) breaker: Breaker,
@@ -87,7 +93,7 @@ impl ClassControl {
             name: name.into(),
             tier: class.tier,
             target_ttft_us: AtomicU64::new(class.ttft.get().as_micros() as u64),
-            trip_ratio: AtomicU64::new(config.breaker.trip_ratio.to_bits()),
+            trip_ratio: AtomicF64::new(config.breaker.trip_ratio),
             ttft: RollingHistogram::new(window),
             itl: RollingHistogram::new(window),
             breaker: Breaker::new(BreakerParams::new(&config.breaker, class.ttft.get())),
@@ -111,7 +117,7 @@ impl ClassControl {
             self.series.store(Arc::new(ClassSeries::new(&self.name, self.tier, class.ttft.get(), class.itl.get())));
         }
         self.target_ttft_us.store(class.ttft.get().as_micros() as u64, Ordering::Relaxed);
-        self.trip_ratio.store(config.breaker.trip_ratio.to_bits(), Ordering::Relaxed);
+        self.trip_ratio.store(config.breaker.trip_ratio);
         self.breaker.set_params(BreakerParams::new(&config.breaker, class.ttft.get()));
         self.reduction.set_params(trigger_params(class, config));
     }
@@ -381,7 +387,7 @@ pub(crate) async fn admit(
                 message: format!(
                     "SLO class `{}` is shedding load: its TTFT P99 has stayed above {} x its {} ms target; retry in {retry_after_secs} s",
                     control.name,
-                    f64::from_bits(control.trip_ratio.load(Ordering::Relaxed)),
+                    control.trip_ratio.load(),
                     control.ttft_target().as_millis()
                 ),
                 code: "breaker_open",

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::config::{Balance, InflightLimit, PoolConfig, Tier};
+use crate::sync::AtomicF64;
 use crate::telemetry::metrics::{Metrics, ReplicaLabels};
 
 /// What [`Pool::pick`] allows beyond a replica's free slots.
@@ -159,8 +160,8 @@ impl Pool {
                 first_token_share: AtomicU64::new(0),
                 first_token_n: AtomicU64::new(0),
                 first_token_max: AtomicU64::new(0),
-                first_token_p90: AtomicU64::new(0f64.to_bits()),
-                itl_mean_us: AtomicU64::new(0f64.to_bits()),
+                first_token_p90: AtomicF64::new(0.0),
+                itl_mean_us: AtomicF64::new(0.0),
                 itl_at_ms: AtomicU64::new(0),
                 dispatched: AtomicU64::new(0),
                 dispatched_seen: AtomicU64::new(0),

@@ -13,6 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use super::{conn, limit, tls};
 use crate::config::Tier;
 use crate::error::GatewayError;
+use crate::sync::AtomicF64;
 
 /// One upstream vLLM server.
 pub(crate) struct Replica {
@@ -77,11 +78,11 @@ pub(crate) struct Replica {
     pub(super) first_token_n: AtomicU64,
     /// The largest share since the controller last looked (thousandths).
     pub(super) first_token_max: AtomicU64,
-    /// The 90th percentile of that share, tracked (f64 bits; see [`Replica::first_token_p90`]).
-    pub(super) first_token_p90: AtomicU64,
+    /// The 90th percentile of that share, tracked (see [`Replica::first_token_p90`]).
+    pub(super) first_token_p90: AtomicF64,
     /// The mean gap between tokens of the streams that ended here lately,
     /// in microseconds (f64 bits, 0 before any; see [`Replica::record_itl`]).
-    pub(super) itl_mean_us: AtomicU64,
+    pub(super) itl_mean_us: AtomicF64,
     /// When a stream last ended here, in milliseconds after `born`.
     pub(super) itl_at_ms: AtomicU64,
     /// Requests sent here since the start, and the count and time (ms
@@ -241,11 +242,7 @@ impl Replica {
         // sample in ten is above. O(1), no history; follows a change within
         // tens of samples.
         let x = after.as_secs_f64() / target.as_secs_f64().max(1e-6);
-        let _ = self.first_token_p90.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-            let q = f64::from_bits(bits);
-            let next = if x > q { q + P90_STEP * 0.9 } else { (q - P90_STEP * 0.1).max(0.0) };
-            Some(next.to_bits())
-        });
+        self.first_token_p90.update(|q| Some(if x > q { q + P90_STEP * 0.9 } else { (q - P90_STEP * 0.1).max(0.0) }));
     }
 
     /// A stream of any class here had `gaps` gaps between its tokens over
@@ -261,10 +258,7 @@ impl Replica {
         let mean = span.as_secs_f64() * 1e6 / gaps as f64;
         // A mean already forgotten starts again from this stream.
         let fresh = self.itl_mean().is_zero();
-        let _ = self.itl_mean_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-            let m = f64::from_bits(bits);
-            Some(if fresh || m == 0.0 { mean } else { m + (mean - m) * ITL_EWMA }.to_bits())
-        });
+        self.itl_mean_us.update(|m| Some(if fresh || m == 0.0 { mean } else { m + (mean - m) * ITL_EWMA }));
         self.itl_at_ms.store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
@@ -275,13 +269,13 @@ impl Replica {
         if since > GAPS_FORGOTTEN_AFTER {
             return std::time::Duration::ZERO;
         }
-        std::time::Duration::from_secs_f64(f64::from_bits(self.itl_mean_us.load(Ordering::Relaxed)) / 1e6)
+        std::time::Duration::from_secs_f64(self.itl_mean_us.load() / 1e6)
     }
 
     /// Interactive requests' time from dispatch to first token over their
     /// class's target: its recent 90th percentile (0 before any).
     pub(crate) fn first_token_p90(&self) -> f64 {
-        f64::from_bits(self.first_token_p90.load(Ordering::Relaxed))
+        self.first_token_p90.load()
     }
 
     /// The replica refused a request (429 or 503).

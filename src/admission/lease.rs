@@ -1,0 +1,176 @@
+//! A request's hold on a replica slot ([`Lease`]), what it claims of its
+//! tenant's share ([`Claim`]), and why a request got none ([`Refusal`]).
+//!
+//! A lease gives its slot back through [`Seating`], which the pool's
+//! admission implements: the lease knows what it holds, the admission
+//! knows who waits for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::fair::Share;
+use crate::config::Tier;
+use crate::upstream::{Replica, ReplicaSlot};
+
+/// Where a lease's slot goes back to: its pool's admission.
+pub(crate) trait Seating: Send + Sync {
+    /// `lease` ended (its slot is already freed): count it out, settle its
+    /// tenant's service and hand the slot to the next waiter.
+    fn released(self: Arc<Self>, lease: &Lease);
+    /// Another healthy replica's slot for a request of `tier` now on
+    /// `from`'s, if there is one.
+    fn another(&self, from: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot>;
+    /// A slot was freed while its lease goes on (it moved): hand it on.
+    fn freed(self: Arc<Self>);
+}
+
+/// A request's hold on one replica slot, counted against its tier's share.
+/// It travels inside the response body and is released exactly once, by
+/// `Drop`, when the stream ends or the client goes away (never when the
+/// response headers arrive); the freed slot goes to the next waiter.
+pub(crate) struct Lease {
+    pub(super) slot: ReplicaSlot,
+    pub(super) tier: Tier,
+    seating: Arc<dyn Seating>,
+    /// Whose service it is, and the tokens charged to it when it was granted.
+    pub(super) share: Share,
+    pub(super) charged: u64,
+    /// Its tenant's service is accounted for (see [`Claim::fair`]).
+    pub(super) fair: bool,
+    /// The tokens it used, once the replica said (settled against `charged` at the end).
+    pub(super) used: Option<u64>,
+    /// Its tenant held less than its fair part of the tier when it was granted.
+    pub(super) under_share: bool,
+}
+
+impl Lease {
+    /// A lease on `slot` for a request of `tier`, given back to `seating`.
+    pub(super) fn new(slot: ReplicaSlot, tier: Tier, seating: Arc<dyn Seating>) -> Lease {
+        Lease { slot, tier, seating, share: Share::default(), charged: 0, fair: false, used: None, under_share: false }
+    }
+
+    pub(crate) fn replica(&self) -> &Arc<Replica> {
+        self.slot.replica()
+    }
+
+    /// The request's first token arrived: the replica no longer counts it
+    /// among the prefills a new request would wait behind.
+    pub(crate) fn first_token(&mut self) {
+        self.slot.prefilled();
+    }
+
+    /// Granted for `claim`: whose service it is and what it was charged;
+    /// `under_share`: its tenant held less than its fair part of the tier.
+    pub(super) fn claimed(&mut self, claim: Claim, under_share: bool) {
+        (self.share, self.charged, self.fair, self.under_share) = (claim.share, claim.tokens, claim.fair, under_share);
+    }
+
+    /// Its `priority` for vLLM's scheduler, which serves lower values first:
+    /// interactive before batch, and among interactive requests a tenant
+    /// under its fair part before the others (its prefill does not wait
+    /// behind a heavy tenant's in the replica).
+    pub(crate) fn upstream_priority(&self, tier: Tier) -> i64 {
+        match tier {
+            Tier::Interactive if self.under_share => -1,
+            Tier::Interactive => 0,
+            Tier::Batch => 1,
+        }
+    }
+
+    /// The replica said the request used `tokens` (prompt plus completion):
+    /// its tenant's service is settled to that when the lease goes.
+    pub(crate) fn settle(&mut self, tokens: u64) {
+        self.used = Some(tokens);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn tier(&self) -> Tier {
+        self.tier
+    }
+}
+
+impl crate::upstream::Attempts for Lease {
+    fn replica(&self) -> &Arc<Replica> {
+        self.slot.replica()
+    }
+
+    /// Move to a slot on another healthy replica, keeping the tier's count;
+    /// the slot left behind goes to the next waiter.
+    fn move_to_another(&mut self) -> bool {
+        match self.seating.another(self.slot.replica(), self.tier) {
+            Some(other) => {
+                drop(std::mem::replace(&mut self.slot, other));
+                // The slot left behind goes to the next waiter.
+                Arc::clone(&self.seating).freed();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // The slot first, so the waiter handed it below can take it.
+        self.slot.release();
+        Arc::clone(&self.seating).released(self);
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("replica", &self.slot.replica().url).field("tier", &self.tier).finish()
+    }
+}
+
+/// Why a request got no slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// No replica of the pool is healthy (503).
+    NoHealthy,
+    /// The tier's queue is at `queue_capacity` (429).
+    QueueFull { retry_after: u64 },
+    /// Waiting, the request's body would take the tier's queue past
+    /// `queue_max_bytes` (429).
+    QueueBytesFull { retry_after: u64 },
+    /// A batch request arrived while interactive requests wait (429).
+    Shed { retry_after: u64 },
+    /// Waited `queue_timeout` (429).
+    Timeout { retry_after: u64 },
+    /// Batch: cannot be served before its deadline at the current rate (429).
+    Hopeless { retry_after: u64 },
+    /// Interactive with `shed_late`: can no longer make its class's TTFT
+    /// target (its wait plus the replicas' recent dispatch-to-first-token
+    /// time, `expected`), so it does not wait for a slot it could not use (429).
+    Late { retry_after: u64, expected: Duration },
+}
+
+/// A slot, and how long the request waited for it.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    pub(crate) lease: Lease,
+    pub(crate) waited: Duration,
+}
+
+/// Who a request is for (its tenant's share of the tier) and the tokens it
+/// is charged when it gets a slot (its estimate; settled at its end).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Claim {
+    pub(crate) share: Share,
+    pub(crate) tokens: u64,
+    /// Several tenants share the tier (keys are configured): account for
+    /// service. With one tenant the order is first come, first served
+    /// whatever the counters say, and a grant takes no lock.
+    pub(crate) fair: bool,
+    /// Its class's TTFT target (interactive classes; see `shed_late`).
+    pub(crate) ttft: Option<Duration>,
+}
+
+impl Claim {
+    /// A request of `tenant` in the class of `control`, its prompt
+    /// estimated at `tokens`; `fair` when keys are configured.
+    pub(crate) fn of(tenant: &super::Tenant, control: &super::ClassControl, tokens: u64, fair: bool) -> Claim {
+        let ttft = (control.tier == Tier::Interactive).then(|| control.ttft_target());
+        Claim { share: tenant.share(), tokens, fair, ttft }
+    }
+}

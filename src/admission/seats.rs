@@ -1,0 +1,228 @@
+//! The seat arithmetic of one pool, as a pure view: how many of the slots
+//! batch may hold, how many are kept for interactive requests, and how far
+//! above the slots an interactive request may go. [`PoolAdmission`] reads
+//! its counters into a [`Seats`] and asks it; nothing here touches a lock
+//! or an atomic, so every rule is a table test below.
+//!
+//! The rules are those of docs/seats.md.
+//!
+//! [`PoolAdmission`]: super::PoolAdmission
+
+/// How far back the interactive demand the reservation follows looks.
+pub(crate) const DEMAND_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+/// The reservation covers the interactive demand's recent peak and this
+/// much more (a quarter: arrivals are bursty, and the peak is a recent one).
+pub(crate) const DEMAND_MARGIN: f64 = 1.25;
+/// Slots kept free for interactive requests even after a quiet spell, as a
+/// share of the pool's slots (at least one).
+const HEADROOM_SHARE: f64 = 0.05;
+/// Seats above a pool's slots that interactive requests of tenants under
+/// their fair part may take instead of waiting, as a share of the slots (at
+/// least one). Each is given back at the next slot freed (not handed on).
+const FAIR_HEADROOM: f64 = 0.1;
+/// Slots a tenant at or over its fair part leaves free while other tenants
+/// are active, as a share of the pool's slots (at least one).
+const FAIR_RESERVE: f64 = 0.1;
+
+/// `share` of `cap` slots, rounded up, at least one.
+fn part(cap: usize, share: f64) -> usize {
+    ((cap as f64 * share).ceil() as usize).max(1)
+}
+
+/// An instance's demand on a pool's slots, in requests (see [`PoolAdmission::demand`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Demand {
+    pub(crate) interactive: usize,
+    /// Interactive requests holding or waiting for a slot now.
+    pub(crate) interactive_now: usize,
+    pub(crate) batch: usize,
+    pub(crate) waiting: usize,
+}
+
+/// A pool's seats at one instant: its slots, its counters, and the
+/// published estimates the reservation follows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Seats {
+    /// This instance's slots on healthy replicas.
+    pub(crate) cap: usize,
+    /// `tiers.interactive.reserved_share`, within 0 to 1.
+    pub(crate) share: f64,
+    /// Interactive requests holding a slot, and waiting for one.
+    pub(crate) interactive_held: usize,
+    pub(crate) interactive_waiting: usize,
+    /// Batch requests holding a slot.
+    pub(crate) batch_held: usize,
+    /// Interactive demand's peak over [`DEMAND_WINDOW`].
+    pub(crate) demand_peak: usize,
+    /// The part of its own peak this instance reserves for (1 alone; the
+    /// fleet's word otherwise).
+    pub(crate) scale: f64,
+    /// Some interactive class is over its TTFT target: the whole share is kept.
+    pub(crate) at_risk: bool,
+}
+
+impl Seats {
+    /// Slots kept for interactive requests after a quiet spell.
+    pub(crate) fn headroom(&self) -> usize {
+        part(self.cap, HEADROOM_SHARE)
+    }
+
+    /// The most the reservation may be: `share` of the slots, rounded up.
+    fn most(slots: usize, share: f64) -> usize {
+        slots - (slots as f64 * (1.0 - share)).floor() as usize
+    }
+
+    /// The slots reserved for interactive requests: the demand's recent
+    /// peak (scaled to this instance's part) and a quarter more, plus the
+    /// headroom, up to the share; the whole share while interactive is at risk.
+    pub(crate) fn reserved(&self) -> usize {
+        if self.share == 0.0 || self.cap == 0 {
+            return 0;
+        }
+        let most = Self::most(self.cap, self.share);
+        if self.at_risk {
+            return most;
+        }
+        let demand = self.demand_peak as f64 * self.scale;
+        ((demand * DEMAND_MARGIN).ceil() as usize + self.headroom()).min(most)
+    }
+
+    /// Interactive requests holding or waiting for a slot now, plus the
+    /// headroom (0 with no reserved share).
+    pub(crate) fn reserved_now(&self) -> usize {
+        if self.share == 0.0 || self.cap == 0 {
+            return 0;
+        }
+        (self.interactive_held + self.interactive_waiting + self.headroom()).min(self.cap)
+    }
+
+    /// The most slots batch may hold: all but the reserved ones, and at
+    /// least one while the share is not the whole pool.
+    pub(crate) fn batch_limit(&self) -> usize {
+        let reserved = self.reserved();
+        if reserved == 0 {
+            self.cap
+        } else if self.share < 1.0 {
+            (self.cap - reserved).max(1)
+        } else {
+            self.cap - reserved
+        }
+    }
+
+    /// What a new batch request may bring batch's holding up to: the batch
+    /// limit, and never a seat of what interactive requests hold or wait
+    /// for now plus the headroom, even past the share. (A burst beyond the
+    /// share would otherwise see every seat it frees taken by batch.)
+    pub(crate) fn batch_ceiling(&self) -> usize {
+        let now = self.reserved_now();
+        self.batch_limit().min(if now == 0 { self.cap } else { self.cap.saturating_sub(now).max(1) })
+    }
+
+    /// What a batch request leaves to interactive ones where it picks a replica.
+    pub(crate) fn batch_leaves(&self) -> usize {
+        self.reserved().max(self.reserved_now())
+    }
+
+    /// Batch requests held above the batch limit (it shrank): their slots
+    /// are interactive's now.
+    pub(crate) fn batch_excess(&self) -> usize {
+        self.batch_held.saturating_sub(self.batch_limit())
+    }
+
+    /// How far above the slots an interactive request may go when the
+    /// replicas order their own queues by tier (`upstream_priority`): the
+    /// whole reserved share is interactive's whatever batch holds. `fleet`:
+    /// the replicas' slots for all instances and the interactive requests
+    /// the others hold or queue (`None` alone); `above`: how many the
+    /// healthy replicas already hold above the slots (asked only when needed).
+    pub(crate) fn interactive_over_prioritised(&self, fleet: Option<(usize, usize)>, above: impl FnOnce() -> usize) -> usize {
+        let excess = self.batch_excess();
+        let (slots, others) = fleet.unwrap_or((self.cap, 0));
+        let room = Self::most(slots, self.share).saturating_sub(self.interactive_held + others);
+        if room == 0 {
+            // The share is taken: within the slots (and what batch holds
+            // above its limit) only. Counting what is already above the
+            // slots here would let every cut of one replica's limit raise
+            // what the others may hold: in-flight climbing while limits fall.
+            return excess;
+        }
+        excess.max(room + above())
+    }
+
+    /// Seats above the slots a tenant under its fair part may take.
+    pub(crate) fn fair_headroom(&self) -> usize {
+        part(self.cap, FAIR_HEADROOM)
+    }
+
+    /// May a tenant at or over its fair part take a slot now? Only while
+    /// the last [`FAIR_RESERVE`] of the slots stay free for the others.
+    pub(crate) fn leaves_fair_reserve(&self) -> bool {
+        self.interactive_held + self.batch_held + part(self.cap, FAIR_RESERVE) < self.cap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Seats;
+
+    fn seats(cap: usize, share: f64) -> Seats {
+        Seats { cap, share, interactive_held: 0, interactive_waiting: 0, batch_held: 0, demand_peak: 0, scale: 1.0, at_risk: false }
+    }
+
+    /// (what differs from an idle pool, reserved, reserved_now, batch_limit, batch_ceiling)
+    #[test]
+    fn the_seat_table() {
+        type Row = (&'static str, Seats, usize, usize, usize, usize);
+        let idle = seats(20, 0.5);
+        let rows: [Row; 9] = [
+            ("idle: the headroom only", idle, 1, 1, 19, 19),
+            ("no share: batch takes all", seats(20, 0.0), 0, 0, 20, 20),
+            ("demand 4: 5 reserved and the headroom", Seats { demand_peak: 4, ..idle }, 6, 1, 14, 14),
+            ("demand past the share: the share", Seats { demand_peak: 40, ..idle }, 10, 1, 10, 10),
+            ("at risk: the whole share", Seats { at_risk: true, ..idle }, 10, 1, 10, 10),
+            ("half the fleet's peak is ours", Seats { demand_peak: 8, scale: 0.5, ..idle }, 6, 1, 14, 14),
+            ("a burst past the share holds and waits", Seats { interactive_held: 12, interactive_waiting: 3, ..idle }, 1, 16, 19, 4),
+            ("all of the share: batch gets none", Seats { at_risk: true, ..seats(4, 1.0) }, 4, 1, 0, 0),
+            ("interactive fills the pool: batch keeps one", Seats { interactive_held: 20, ..idle }, 1, 20, 19, 1),
+        ];
+        for (name, s, reserved, now, limit, ceiling) in rows {
+            assert_eq!((s.reserved(), s.reserved_now(), s.batch_limit(), s.batch_ceiling()), (reserved, now, limit, ceiling), "{name}");
+        }
+    }
+
+    #[test]
+    fn headroom_and_fair_parts_are_at_least_one() {
+        for (cap, headroom, fair) in [(1, 1, 1), (10, 1, 1), (20, 1, 2), (100, 5, 10), (101, 6, 11)] {
+            let s = seats(cap, 0.5);
+            assert_eq!((s.headroom(), s.fair_headroom()), (headroom, fair), "cap {cap}");
+        }
+    }
+
+    #[test]
+    fn batch_leaves_the_larger_of_the_reservation_and_what_interactive_holds_now() {
+        let s = Seats { demand_peak: 4, ..seats(20, 0.5) };
+        assert_eq!(s.batch_leaves(), 6);
+        let s = Seats { interactive_held: 9, ..s };
+        assert_eq!(s.batch_leaves(), 10);
+    }
+
+    #[test]
+    fn interactive_over_the_slots_with_upstream_priority() {
+        let idle = seats(10, 0.5);
+        // Nobody holds interactive seats: the share (5) above what is already above the slots.
+        assert_eq!(idle.interactive_over_prioritised(None, || 2), 7);
+        // The share is taken: no more than what batch holds past its limit, and `above` is not asked.
+        let taken = Seats { interactive_held: 5, batch_held: 12, ..idle };
+        assert_eq!(taken.interactive_over_prioritised(None, || unreachable!("not asked")), 3);
+        // In a fleet the share is of all the replicas' slots, less the others' interactive requests.
+        assert_eq!(idle.interactive_over_prioritised(Some((40, 15)), || 0), 5);
+        assert_eq!(idle.interactive_over_prioritised(Some((40, 20)), || 9), 0);
+    }
+
+    #[test]
+    fn a_tenant_over_its_part_leaves_the_fair_reserve() {
+        let s = seats(20, 0.5);
+        assert!(Seats { interactive_held: 10, batch_held: 7, ..s }.leaves_fair_reserve());
+        assert!(!Seats { interactive_held: 10, batch_held: 8, ..s }.leaves_fair_reserve());
+    }
+}

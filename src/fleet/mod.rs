@@ -1,0 +1,385 @@
+//! Several instances in front of the same replicas (`fleet`): every
+//! instance reads the others' state from their admin listeners
+//! (`GET /fleet.json`) every `fleet.period` and takes its part of each
+//! replica's slots ([`split`]). A peer unheard keeps its part until it is
+//! taken for dead. No external store, and the split never blocks a request:
+//! it only moves the replicas' slot counts, which the request path reads as
+//! atomics. The rules are docs/design/fleet.md's.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::admission::seats::{DEMAND_MARGIN, DEMAND_WINDOW};
+use crate::admission::PoolAdmission;
+use crate::config::{Config, FleetConfig};
+use crate::telemetry::metrics::{FleetPeerLabels, Metrics, ReplicaLabels};
+
+mod split;
+mod wire;
+
+pub(crate) use split::{split, standing, Local, Standing};
+pub(crate) use wire::{PeerView, PoolState, ReplicaState, State};
+
+/// Where an instance's state is served on its admin listener.
+pub(crate) const STATE_PATH: &str = "/fleet.json";
+/// How often `fleet.peers_dns` is resolved again.
+const RESOLVE_EVERY: Duration = Duration::from_secs(1);
+
+/// What the fleet task reads at each tick.
+pub(crate) struct View {
+    pub(crate) config: Arc<Config>,
+    pub(crate) pools: Vec<Arc<PoolAdmission>>,
+    /// `Authorization` for the peers' admin listeners (`server.admin_token_env`).
+    pub(crate) bearer: Option<http::HeaderValue>,
+    /// Where the keys' limits are split among the live instances.
+    pub(crate) controls: Option<Arc<crate::admission::Controls>>,
+}
+
+pub(crate) type Current = dyn Fn() -> View + Send + Sync;
+
+/// This instance's membership: its id and its peers.
+pub(crate) struct Fleet {
+    id: String,
+    peers: Mutex<HashMap<String, Arc<Peer>>>,
+    /// Per pool: the fleet's interactive requests (holding or waiting, all
+    /// instances heard) at each tick of the last [`DEMAND_WINDOW`].
+    interactive: Mutex<HashMap<String, std::collections::VecDeque<(Instant, usize)>>>,
+}
+
+/// One other instance (or this one, reached by its address).
+struct Peer {
+    address: String,
+    /// When it became a peer (a never-heard peer is lost from here).
+    since: Instant,
+    heard: Mutex<Heard>,
+    poller: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Heard {
+    at: Option<Instant>,
+    state: Option<Arc<State>>,
+    /// It answered with this instance's id.
+    is_self: bool,
+    error: Option<String>,
+}
+
+impl Fleet {
+    pub(crate) fn new() -> Fleet {
+        // A random id (the standard library's hasher seeds are random per process).
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        Fleet { id: format!("{:016x}", h.finish()), peers: Mutex::new(HashMap::new()), interactive: Mutex::default() }
+    }
+
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// This instance's state now (with its peers, for people, when `with_peers`).
+    pub(crate) fn state(&self, pools: &[Arc<PoolAdmission>], config: &FleetConfig, with_peers: bool) -> State {
+        let pools = pools
+            .iter()
+            .map(|a| {
+                let pool = a.pool();
+                let d = a.demand();
+                PoolState {
+                    name: pool.config.name.clone(),
+                    interactive: d.interactive,
+                    interactive_now: d.interactive_now,
+                    batch: d.batch,
+                    waiting: d.waiting,
+                    replicas: pool
+                        .replicas
+                        .iter()
+                        .map(|r| ReplicaState {
+                            url: r.url.clone(),
+                            healthy: r.is_healthy(),
+                            inflight: r.inflight(),
+                            limit: r.max_inflight(),
+                            slots: r.slots(),
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        let peers = if with_peers { self.peer_views(config, Instant::now()) } else { Vec::new() };
+        State { id: self.id.clone(), pools, peers }
+    }
+
+    /// The peers as they stand now (for the status page).
+    pub(crate) fn peers(&self, config: &FleetConfig) -> Vec<PeerView> {
+        self.peer_views(config, Instant::now())
+    }
+
+    fn peer_views(&self, config: &FleetConfig, now: Instant) -> Vec<PeerView> {
+        let mut out: Vec<PeerView> = self
+            .all_peers()
+            .iter()
+            .map(|p| {
+                let h = p.heard.lock().unwrap_or_else(|e| e.into_inner());
+                let status = if h.is_self { "self" } else { standing(config, p.since, h.at.zip(h.state.as_ref()), now).name() };
+                PeerView {
+                    address: p.address.clone(),
+                    status: status.to_string(),
+                    id: h.state.as_ref().map(|s| s.id.clone()),
+                    last_heard_ms: h.at.map(|t| now.saturating_duration_since(t).as_millis() as u64),
+                    error: h.error.clone(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.address.cmp(&b.address));
+        out
+    }
+
+    fn all_peers(&self) -> Vec<Arc<Peer>> {
+        self.peers.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// Make the peers exactly `addresses` (admin base URLs): new ones get a
+    /// poller, ones no longer listed are forgotten.
+    fn set_peers(self: &Arc<Self>, addresses: &[String], current: &Arc<Current>, stop: &watch::Receiver<bool>) {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        peers.retain(|address, p| {
+            let keep = addresses.contains(address);
+            if !keep {
+                if let Some(t) = p.poller.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    t.abort();
+                }
+            }
+            keep
+        });
+        for address in addresses {
+            if peers.contains_key(address) {
+                continue;
+            }
+            let Ok(base) = crate::config::parse_peer_url(address) else { continue };
+            let peer =
+                Arc::new(Peer { address: address.clone(), since: Instant::now(), heard: Mutex::default(), poller: Mutex::new(None) });
+            let task = tokio::spawn(poll(self.id.clone(), peer.clone(), base, current.clone(), stop.clone()));
+            *peer.poller.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+            peers.insert(address.clone(), peer);
+        }
+    }
+
+    /// One tick: every pool's replicas take this instance's part of them.
+    pub(crate) fn allocate(&self, view: &View, now: Instant, metrics: &Metrics) {
+        let config = &view.config.fleet;
+        let mut standings = Vec::new();
+        let mut counts: HashMap<&'static str, i64> = [("fresh", 0), ("lost", 0), ("gone", 0)].into_iter().collect();
+        for p in self.all_peers() {
+            let h = p.heard.lock().unwrap_or_else(|e| e.into_inner());
+            if h.is_self {
+                continue;
+            }
+            let s = standing(config, p.since, h.at.zip(h.state.as_ref()), now);
+            *counts.entry(s.name()).or_default() += 1;
+            standings.push(s);
+        }
+        // Keys' limits are split among this instance and the peers not
+        // taken for gone (a lost one may still serve its part).
+        let live = 1 + standings.iter().filter(|s| !matches!(s, Standing::Gone)).count();
+        if let Some(c) = &view.controls {
+            c.tenants.set_instances(live);
+        }
+        for (state, n) in counts {
+            metrics.fleet_peers.get_or_create(&FleetPeerLabels { state: state.to_string() }).set(n);
+        }
+        for a in &view.pools {
+            let pool = a.pool();
+            let locals: Vec<(&str, Local)> = pool
+                .replicas
+                .iter()
+                .map(|r| {
+                    let local =
+                        Local { healthy: r.is_healthy(), inflight: r.inflight(), limit: r.max_inflight(), scraped: r.scraped_total() };
+                    (r.url.as_str(), local)
+                })
+                .collect();
+            let fresh: Vec<&PoolState> = standings
+                .iter()
+                .filter_map(|s| if let Standing::Fresh(s) = s { s.pools.iter().find(|p| p.name == pool.config.name) } else { None })
+                .collect();
+            let own = a.demand();
+            // Peaks of separate instances rarely coincide: each reserves its
+            // own peak scaled by the fleet's peak over the sum of the peaks.
+            let now_total = own.interactive_now + fresh.iter().map(|p| p.interactive_now).sum::<usize>();
+            let peaks = own.interactive + fresh.iter().map(|p| p.interactive).sum::<usize>();
+            let fleet_peak = self.fleet_peak(&pool.config.name, now_total, now);
+            let scale = if peaks == 0 { 1.0 } else { ((fleet_peak as f64 * DEMAND_MARGIN).ceil() / peaks as f64).min(1.0) };
+            a.set_reservation_scale(scale);
+            let fleet_slots: usize = pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight()).sum();
+            a.set_fleet_interactive(fleet_slots, fresh.iter().map(|p| p.interactive_now).sum());
+            let parts = split(&self.id, own, &locals, &standings, &pool.config.name, scale);
+            for (r, part) in pool.replicas.iter().zip(parts) {
+                r.set_fleet_share(Some((part.slots, part.others)));
+                let labels = ReplicaLabels { pool: pool.config.name.clone(), replica: r.label().to_string() };
+                metrics.replica_slots.get_or_create(&labels).set(part.slots as i64);
+            }
+            pool.set_others_waiting(fresh.iter().map(|p| p.waiting).sum());
+        }
+        // Slots may have appeared: hand them out.
+        for a in &view.pools {
+            a.dispatch();
+        }
+    }
+
+    /// The fleet's interactive peak for `pool` over [`DEMAND_WINDOW`], with `total` now.
+    fn fleet_peak(&self, pool: &str, total: usize, now: Instant) -> usize {
+        let mut all = self.interactive.lock().unwrap_or_else(|e| e.into_inner());
+        let w = all.entry(pool.to_string()).or_default();
+        w.push_back((now, total));
+        while w.front().is_some_and(|(t, _)| now.saturating_duration_since(*t) > DEMAND_WINDOW) {
+            w.pop_front();
+        }
+        w.iter().map(|(_, n)| *n).max().unwrap_or(total)
+    }
+
+    /// Alone again (the fleet was configured away): every replica's slots are its limit.
+    fn leave(&self, view: &View, metrics: &Metrics) {
+        self.set_peers_empty();
+        if let Some(c) = &view.controls {
+            c.tenants.set_instances(1);
+        }
+        if let Ok(mut w) = self.interactive.lock() {
+            w.clear();
+        }
+        for a in &view.pools {
+            a.set_reservation_scale(1.0);
+            a.set_fleet_interactive(0, 0);
+            let pool = a.pool();
+            for r in &pool.replicas {
+                r.set_fleet_share(None);
+                let labels = ReplicaLabels { pool: pool.config.name.clone(), replica: r.label().to_string() };
+                metrics.replica_slots.get_or_create(&labels).set(r.slots() as i64);
+            }
+            pool.set_others_waiting(0);
+        }
+    }
+
+    fn set_peers_empty(&self) {
+        for (_, p) in self.peers.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+            if let Some(t) = p.poller.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                t.abort();
+            }
+        }
+    }
+}
+
+/// Read one peer's state every `fleet.period` until it is forgotten or the
+/// gateway stops.
+async fn poll(own_id: String, peer: Arc<Peer>, base: http::Uri, current: Arc<Current>, mut stop: watch::Receiver<bool>) {
+    let mut next = Instant::now();
+    loop {
+        let view = current();
+        let config = view.config.fleet.clone();
+        drop(view.pools);
+        let timeout = config.peer_timeout.get() / 2;
+        let answer = crate::upstream::conn::get_once(&base, STATE_PATH, view.bearer.as_ref(), timeout).await;
+        let now = Instant::now();
+        {
+            let mut h = peer.heard.lock().unwrap_or_else(|e| e.into_inner());
+            match answer {
+                Ok((status, body)) if status.is_success() => match serde_json::from_slice::<State>(&body) {
+                    Ok(state) => {
+                        h.is_self = state.id == own_id;
+                        h.at = Some(now);
+                        h.state = Some(Arc::new(state));
+                        h.error = None;
+                    }
+                    Err(e) => h.error = Some(format!("GET {STATE_PATH}: not a fleet state: {e}")),
+                },
+                Ok((status, _)) => h.error = Some(format!("GET {STATE_PATH} answered {status}")),
+                Err(e) => h.error = Some(e),
+            }
+        }
+        next = (next + config.period.get()).max(now);
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// The peers' admin URLs from `fleet.peers` and the last resolution of `fleet.peers_dns`.
+fn addresses(config: &FleetConfig, resolved: &[std::net::SocketAddr]) -> Vec<String> {
+    let mut out: Vec<String> = config.peers.iter().map(|p| p.trim().trim_end_matches('/').to_string()).collect();
+    out.extend(resolved.iter().map(|a| format!("http://{a}")));
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The fleet task: keep the peers as configured (and as `peers_dns`
+/// resolves), and recompute this instance's part of the replicas every
+/// `fleet.period`. Does nothing while no fleet is configured.
+pub(crate) fn run(fleet: Arc<Fleet>, metrics: Arc<Metrics>, current: Box<Current>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    let current: Arc<Current> = Arc::from(current);
+    let resolved: Arc<Mutex<Vec<std::net::SocketAddr>>> = Arc::default();
+    let resolver = tokio::spawn(resolve(current.clone(), resolved.clone(), stop.clone()));
+    tokio::spawn(async move {
+        let mut joined = false;
+        loop {
+            let view = current();
+            let config = view.config.fleet.clone();
+            if !config.enabled() {
+                if joined {
+                    fleet.leave(&view, &metrics);
+                    joined = false;
+                    tracing::info!("fleet: no peers configured; this instance is alone");
+                }
+            } else {
+                if !joined {
+                    tracing::info!(id = fleet.id(), peers = ?config.peers, peers_dns = ?config.peers_dns, "fleet: joining");
+                }
+                joined = true;
+                let dns = if config.peers_dns.is_some() { resolved.lock().unwrap_or_else(|e| e.into_inner()).clone() } else { Vec::new() };
+                fleet.set_peers(&addresses(&config, &dns), &current, &stop);
+                fleet.allocate(&view, Instant::now(), &metrics);
+            }
+            drop(view);
+            tokio::select! {
+                _ = tokio::time::sleep(config.period.get()) => {}
+                _ = stop.changed() => {
+                    fleet.set_peers_empty();
+                    resolver.abort();
+                    return;
+                }
+            }
+        }
+    })
+}
+
+/// Resolve `fleet.peers_dns` every [`RESOLVE_EVERY`] into `into`. A failed
+/// lookup keeps the last answer: a DNS hiccup does not drop members.
+async fn resolve(current: Arc<Current>, into: Arc<Mutex<Vec<std::net::SocketAddr>>>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let name = current().config.fleet.peers_dns.clone();
+        if let Some(name) = name {
+            let lookup = async {
+                let (host, port) = crate::config::parse_host_port(&name).map_err(std::io::Error::other)?;
+                let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host.as_str(), port)).await?.collect();
+                Ok::<_, std::io::Error>(addrs)
+            };
+            match tokio::time::timeout(RESOLVE_EVERY * 5, lookup).await {
+                Ok(Ok(mut addrs)) => {
+                    addrs.sort();
+                    addrs.dedup();
+                    *into.lock().unwrap_or_else(|e| e.into_inner()) = addrs;
+                }
+                Ok(Err(e)) => tracing::warn!(name, error = %e, "fleet: cannot resolve fleet.peers_dns; keeping the last answer"),
+                Err(_) => tracing::warn!(name, "fleet: fleet.peers_dns did not resolve in time; keeping the last answer"),
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RESOLVE_EVERY) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}

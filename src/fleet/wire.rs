@@ -1,0 +1,55 @@
+//! What instances of a fleet tell each other (`GET /fleet.json`).
+
+use serde::{Deserialize, Serialize};
+
+/// What an instance tells its peers.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct State {
+    pub(crate) id: String,
+    pub(crate) pools: Vec<PoolState>,
+    /// Its peers as it sees them (for people; peers do not read it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) peers: Vec<PeerView>,
+}
+
+/// One pool of an instance's state.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct PoolState {
+    pub(crate) name: String,
+    /// Interactive requests it reserves for (its recent peak and more).
+    pub(crate) interactive: usize,
+    /// Interactive requests it has holding or waiting now.
+    #[serde(default)]
+    pub(crate) interactive_now: usize,
+    /// Batch requests holding or waiting for a slot.
+    pub(crate) batch: usize,
+    /// Requests waiting in its queues.
+    pub(crate) waiting: usize,
+    pub(crate) replicas: Vec<ReplicaState>,
+}
+
+/// One replica, as an instance sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct ReplicaState {
+    pub(crate) url: String,
+    pub(crate) healthy: bool,
+    /// Requests the instance has on it.
+    pub(crate) inflight: usize,
+    /// The replica's limit as the instance learned it (or the fixed one).
+    pub(crate) limit: usize,
+    /// The slots the instance may hold (its part of the limit).
+    pub(crate) slots: usize,
+}
+
+/// A peer, for the status (`/fleet.json`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct PeerView {
+    pub(crate) address: String,
+    pub(crate) status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) last_heard_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<String>,
+}
