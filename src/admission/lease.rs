@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::fair::Share;
 use crate::config::Tier;
+use crate::telemetry::accounting::Finished;
 use crate::upstream::{Replica, ReplicaSlot};
 
 /// Where a lease's slot goes back to: its pool's admission.
@@ -81,6 +82,14 @@ impl Lease {
     /// its tenant's service is settled to that when the lease goes.
     pub(crate) fn settle(&mut self, tokens: u64) {
         self.used = Some(tokens);
+    }
+
+    /// The request is over: its tenant's service is settled to the tokens
+    /// it used, when the replica said (the charge stands otherwise).
+    pub(crate) fn finished(&mut self, f: &Finished) {
+        if let Some(n) = f.used_tokens() {
+            self.settle(n);
+        }
     }
 
     #[cfg(test)]

@@ -43,6 +43,7 @@ use tokio::time::Instant;
 use crate::config::{ClassConfig, Config, Dur, Tier};
 use crate::error::GatewayError;
 use crate::sync::AtomicF64;
+use crate::telemetry::accounting::Finished;
 use crate::telemetry::budget::{self, Budget, Sli};
 use crate::telemetry::metrics::{ClassLabels, ClassSeries, Metrics, SloLabels, SloWindowLabels};
 use crate::telemetry::window::{RollingHistogram, WindowStats};
@@ -253,6 +254,17 @@ impl Probe {
     pub(crate) fn judged(mut self, in_time: bool) {
         if let Some(t) = self.ticket.take() {
             self.control.breaker.probe_done(t, Some(in_time));
+        }
+    }
+
+    /// The request is over, as `f` says: a whole answer is judged by its
+    /// time against the targets for what it generated; anything else ended
+    /// before its first token (a probe is judged at its first token otherwise).
+    pub(crate) fn finished(self, f: &Finished) {
+        if !f.streaming && f.outcome.completed() {
+            self.judged(f.answer_in_time());
+        } else {
+            self.ended(f.outcome);
         }
     }
 
@@ -578,6 +590,58 @@ mod tests {
         assert_eq!(controls.all().len(), 1);
         drop((prepared, new_class));
         assert_eq!(live.ttft_target(), Duration::from_millis(300));
+    }
+
+    /// The probe judges the finished request: a whole answer by its time
+    /// against the targets for what it generated; a stream that ended
+    /// without its first token as slow; a hang-up gives its place back.
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_judges_the_finished_request() {
+        let config = Config::default();
+        let controls = Controls::new(Arc::new(Metrics::new(&config)));
+        let chat = reload(&controls, "chat", &config.classes["chat"], &config);
+        let slow = WindowStats { count: 100, p50: Duration::from_millis(700), p99: Duration::from_millis(700) };
+        let tick = |secs: f64| {
+            let chat = chat.clone();
+            async move {
+                for _ in 0..(secs * 4.0) as u32 {
+                    tokio::time::advance(Duration::from_millis(250)).await;
+                    chat.breaker.tick(Instant::now(), &slow);
+                }
+            }
+        };
+        let probe = |non_streaming: bool| match chat.breaker.admit() {
+            Gate::Probe(t) => {
+                if non_streaming {
+                    chat.breaker.judge_at_end(t);
+                }
+                Probe { control: chat.clone(), ticket: Some(t) }
+            }
+            g => panic!("not half-open: {g:?}"),
+        };
+        tick(35.5).await;
+        assert_eq!(chat.breaker.state(), BreakerState::HalfOpen);
+        // A hang-up gives its place back: five places remain for the whole answers below.
+        probe(false).finished(&Finished::example(Outcome::cancelled, true));
+        // Whole answers of 100 tokens in 2 s, within 300 ms + 100 x 50 ms: in time; all five close it.
+        for _ in 0..breaker::HALF_OPEN_PROBES {
+            probe(true).finished(&Finished::example(Outcome::ok, false));
+        }
+        tick(0.25).await;
+        assert_eq!(chat.breaker.state(), BreakerState::Closed);
+        // Open it again; a whole answer past its allowance reopens at once.
+        tick(35.5).await;
+        assert_eq!(chat.breaker.state(), BreakerState::HalfOpen);
+        let late = Finished::example(Outcome::ok, false);
+        probe(true).finished(&Finished { end: late.start + Duration::from_millis(5301), ..late });
+        tick(0.25).await;
+        assert_eq!(chat.breaker.state(), BreakerState::Open);
+        // And a stream that ended in an error before its first token is slow.
+        tick(5.0).await;
+        assert_eq!(chat.breaker.state(), BreakerState::HalfOpen);
+        probe(false).finished(&Finished { first_token: None, ..Finished::example(Outcome::stream_error, true) });
+        tick(0.25).await;
+        assert_eq!(chat.breaker.state(), BreakerState::Open);
     }
 
     /// Drive chat's control with the default config on paused time: every

@@ -34,6 +34,7 @@ use super::keylimits::{too_large_for_quota, Window, SLOTS};
 use super::quota::{Calendar, Standing};
 use super::store::{Store, Verdict};
 use crate::config::TenantConfig;
+use crate::telemetry::accounting::Finished;
 use crate::telemetry::histogram::AtomicHistogram;
 use crate::telemetry::metrics::{Metrics, QuotaLabels, TenantKindLabels, TenantLabels, TenantOutcomeLabels};
 use crate::telemetry::Outcome;
@@ -175,6 +176,17 @@ impl Permit {
         self.used = Some(0);
         self.refunded = true;
     }
+
+    /// The request is over: refunded if the gateway refused it after the
+    /// key's limits let it through, settled to what the replica reported
+    /// otherwise (with no usage reported, the reservation stands).
+    pub(crate) fn finished(&mut self, f: &Finished) {
+        match (f.admitted, f.used_tokens()) {
+            (false, _) => self.refund(),
+            (true, Some(n)) => self.settle(n),
+            (true, None) => {}
+        }
+    }
 }
 
 impl Drop for Permit {
@@ -258,6 +270,24 @@ impl Tenant {
     pub(crate) fn limited_lately(&self, now: Instant) -> bool {
         let s = self.second(now);
         self.inner.lock().ok().and_then(|u| u.limited_at).is_some_and(|at| Window::live(at, s))
+    }
+
+    /// A request of this tenant is over: counted under its outcome and
+    /// tokens, its queue time if it got a slot, and served.
+    pub(crate) fn finished(&self, f: &Finished) {
+        let m = &self.series;
+        m.outcome(f.outcome).inc();
+        if let Some(u) = f.usage {
+            m.prompt_tokens.inc_by(u.prompt_tokens);
+            m.completion_tokens.inc_by(u.completion_tokens);
+        }
+        if f.latency_good() {
+            m.goodput.inc();
+        }
+        if f.admitted {
+            m.queue_time.observe(f.queued.as_secs_f64());
+        }
+        self.served(f.end, f.used_tokens().unwrap_or(0), f.judged());
     }
 
     /// A request of this tenant ended: `tokens` served, and whether it met its class's SLO.
@@ -642,6 +672,46 @@ mod tests {
         p3.settle(900);
         drop(p3);
         assert_eq!(a.state(Instant::now()).tokens.map(|q| q.remaining), Some(100));
+    }
+
+    /// The permit judges the finished request: refunded when the gateway
+    /// refused it after the key's limits, settled to the replica's usage
+    /// (prompt plus completion), the reservation standing without usage.
+    #[tokio::test(start_paused = true)]
+    async fn a_permit_judges_the_finished_request() {
+        let (_t, a) = tenant(KeyLimitsConfig { tokens_per_minute: Some(1000), ..KeyLimitsConfig::default() });
+        let left = |a: &Tenant| a.state(Instant::now()).tokens.map(|q| q.remaining);
+        let refused = Finished { admitted: false, ..Finished::example(Outcome::rejected, true) };
+        let (mut p, _) = a.admit(Instant::now(), 600).expect("600 of 1000");
+        p.finished(&refused);
+        drop(p);
+        assert_eq!(left(&a), Some(1000), "refused after the limits: counts for nothing");
+        let (mut p, _) = a.admit(Instant::now(), 600).expect("600 of 1000");
+        p.finished(&Finished::example(Outcome::ok, true));
+        drop(p);
+        assert_eq!(left(&a), Some(890), "settled to 10 prompt + 100 completion tokens");
+        let (mut p, _) = a.admit(Instant::now(), 300).expect("300 more");
+        p.finished(&Finished { usage: None, ..Finished::example(Outcome::ok, true) });
+        drop(p);
+        assert_eq!(left(&a), Some(590), "no usage reported: the 300 reserved stand");
+    }
+
+    /// The tenant judges the finished request: its outcome, tokens and
+    /// goodput counted, its queue time observed only when it got a slot,
+    /// and its minute's SLO tally (excluded outcomes not judged).
+    #[tokio::test(start_paused = true)]
+    async fn a_tenant_judges_the_finished_request() {
+        let (_t, a) = tenant(rpm(100));
+        a.finished(&Finished::example(Outcome::ok, true));
+        let slow = Finished::example(Outcome::ok, true);
+        a.finished(&Finished { first_token: Some(slow.start + Duration::from_secs(1)), ..slow });
+        a.finished(&Finished { admitted: false, usage: None, ..Finished::example(Outcome::cancelled, true) });
+        let m = &a.series;
+        assert_eq!((m.outcome(Outcome::ok).get(), m.outcome(Outcome::cancelled).get()), (2, 1));
+        assert_eq!((m.prompt_tokens.get(), m.completion_tokens.get(), m.goodput.get()), (20, 200, 1));
+        assert_eq!(m.queue_time.count(), 2, "the one that never got a slot has no queue time");
+        let (served, judged, met) = a.last_minute(Instant::now());
+        assert_eq!((served, judged, met), (220.0, 2.0, 1.0), "the hang-up is not judged");
     }
 
     #[tokio::test(start_paused = true)]

@@ -15,7 +15,8 @@ use crate::config::Endpoint;
 use crate::telemetry::access_log::{AccessLog, AccessRecord};
 use crate::telemetry::accounting::{self, Finished, Sinks};
 use crate::telemetry::metrics::{Metrics, RequestSeries};
-use crate::telemetry::{Outcome, SliClass};
+use crate::telemetry::otel::span_finished;
+use crate::telemetry::Outcome;
 use sse::Usage;
 
 /// A stream's gaps between tokens are reported to its replica every this many.
@@ -290,43 +291,28 @@ impl Tracker {
             first_token: self.first_token,
             gaps: self.gaps,
             gaps_over: self.gaps_over,
-            usage: self.usage,
+            usage,
             usage_estimated,
             ttft_target: self.class.ttft,
             itl_target: self.class.itl,
+            admitted: self.lease.is_some(),
+            queued: if self.lease.is_some() { self.queued } else { std::time::Duration::ZERO },
         };
-        if !self.span.is_disabled() {
-            let s = &self.span;
-            s.record("slogate.outcome", outcome.as_str());
-            if let Some(t) = f.ttft() {
-                s.record("slogate.ttft_ms", t.as_secs_f64() * 1000.0);
-            }
-            if let Some(u) = self.usage {
-                s.record("gen_ai.usage.input_tokens", u.prompt_tokens);
-                s.record("gen_ai.usage.output_tokens", u.completion_tokens);
-            }
-            if let Some(f) = &self.finish_reason {
-                s.record("gen_ai.response.finish_reasons", f.as_str());
-            }
-            if let Some(l) = &self.lease {
-                s.record("slogate.replica", l.replica().label());
-            }
-            s.record("otel.status_code", if outcome.sli() == SliClass::Bad { "ERROR" } else { "OK" });
-        }
+        // Each guard judges the finished request by its own rules.
+        span_finished(&self.span, &f, self.finish_reason.as_deref(), self.lease.as_ref().map(|l| l.replica().label()));
         if let Some(probe) = self.probe.take() {
-            if !self.streaming && outcome.completed() {
-                // No first token to judge: the whole answer, against the
-                // class's TTFT target plus its ITL target per token generated.
-                let tokens = self.usage.map(|u| u.completion_tokens).unwrap_or(0);
-                let allowed = self.class.ttft + self.class.itl.saturating_mul(u32::try_from(tokens).unwrap_or(u32::MAX));
-                probe.judged(f.end - f.start <= allowed);
-            } else {
-                // A probe that ended before its first token (judged at the first token otherwise).
-                probe.ended(outcome);
-            }
+            probe.finished(&f);
         }
-        self.account_tenant(&f);
-        self.log_access(&f, usage_estimated);
+        if let Some(p) = self.permit.as_mut() {
+            p.finished(&f);
+        }
+        if let Some(l) = self.lease.as_mut() {
+            l.finished(&f);
+        }
+        if let Some(t) = &self.tenant {
+            t.finished(&f);
+        }
+        self.log_access(&f);
         self.report_gaps();
         let control = &self.class.control;
         let series = series(&mut self.series, &self.class);
@@ -336,45 +322,11 @@ impl Tracker {
             &Sinks { metrics: &self.metrics, series, class: &class, budget: &control.budget, ttft_window: &control.ttft },
         );
     }
-
-    /// Settle the tenant's service and limits to what the replica reported,
-    /// and count the request under its tenant.
-    fn account_tenant(&mut self, f: &Finished) {
-        let used = f.usage.map(|u| u.prompt_tokens + u.completion_tokens);
-        if let Some(p) = self.permit.as_mut() {
-            match (self.lease.is_some(), used) {
-                // Refused by the gateway after the key's limits let it through.
-                (false, _) => p.refund(),
-                (true, Some(n)) => p.settle(n),
-                // No usage reported: the reservation stands.
-                (true, None) => {}
-            }
-        }
-        if let (Some(l), Some(n)) = (self.lease.as_mut(), used) {
-            l.settle(n);
-        }
-        let Some(tenant) = &self.tenant else { return };
-        let m = &tenant.series;
-        m.outcome(f.outcome).inc();
-        if let Some(u) = f.usage {
-            m.prompt_tokens.inc_by(u.prompt_tokens);
-            m.completion_tokens.inc_by(u.completion_tokens);
-        }
-        let good = f.latency_good();
-        if good {
-            m.goodput.inc();
-        }
-        if self.lease.is_some() {
-            m.queue_time.observe(self.queued.as_secs_f64());
-        }
-        let judged = (f.outcome.sli() != SliClass::Excluded).then_some(good);
-        tenant.served(f.end, used.unwrap_or(0), judged);
-    }
 }
 
 impl Tracker {
     /// The request's access log line, when there is an access log.
-    fn log_access(&self, f: &Finished, usage_estimated: bool) {
+    fn log_access(&self, f: &Finished) {
         let Some(log) = &self.access_log else { return };
         let status = if self.status == 0 { 499 } else { self.status };
         log.log(AccessRecord {
@@ -387,12 +339,12 @@ impl Tracker {
             replica: self.lease.as_ref().map(|l| l.replica().public_name()),
             status,
             outcome: f.outcome,
-            queued: if self.lease.is_some() { self.queued } else { std::time::Duration::ZERO },
+            queued: f.queued,
             ttft: f.ttft(),
             e2e: f.e2e(),
             prompt_tokens: f.usage.map(|u| u.prompt_tokens),
             completion_tokens: f.usage.map(|u| u.completion_tokens),
-            usage_estimated,
+            usage_estimated: f.usage_estimated,
             bytes_in: self.bytes_in,
             bytes_out: self.bytes_out,
         });

@@ -36,6 +36,10 @@ pub(crate) struct Finished {
     /// The class's targets.
     pub(crate) ttft_target: Duration,
     pub(crate) itl_target: Duration,
+    /// It held a replica slot (admitted past the gateway's queue), after
+    /// waiting `queued` for it.
+    pub(crate) admitted: bool,
+    pub(crate) queued: Duration,
 }
 
 impl Finished {
@@ -45,6 +49,24 @@ impl Finished {
 
     pub(crate) fn e2e(&self) -> Duration {
         self.end - self.start
+    }
+
+    /// Prompt and completion tokens, when known.
+    pub(crate) fn used_tokens(&self) -> Option<u64> {
+        self.usage.map(|u| u.prompt_tokens + u.completion_tokens)
+    }
+
+    /// A whole answer (no first token to judge) came as fast as a stream at
+    /// the class's targets would have: TTFT target plus ITL target per token.
+    pub(crate) fn answer_in_time(&self) -> bool {
+        let tokens = u32::try_from(self.output_tokens()).unwrap_or(u32::MAX);
+        self.e2e() <= self.ttft_target + self.itl_target.saturating_mul(tokens)
+    }
+
+    /// Its verdict for an SLI of requests: `None` when its outcome is
+    /// excluded (a client's error, a hang-up), else [`Finished::latency_good`].
+    pub(crate) fn judged(&self) -> Option<bool> {
+        (self.outcome.sli() != super::SliClass::Excluded).then(|| self.latency_good())
     }
 
     fn output_tokens(&self) -> u64 {
@@ -130,10 +152,11 @@ pub(crate) fn account(f: &Finished, to: &Sinks<'_>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn finished(outcome: Outcome, streaming: bool) -> Finished {
+impl Finished {
+    /// A request that took 2 s, its first token at 200 ms, 100 tokens in 99
+    /// gaps within target, against 300 ms TTFT and 50 ms ITL; admitted after
+    /// no wait.
+    pub(crate) fn example(outcome: Outcome, streaming: bool) -> Finished {
         let start = Instant::now();
         Finished {
             outcome,
@@ -148,7 +171,18 @@ mod tests {
             usage_estimated: false,
             ttft_target: Duration::from_millis(300),
             itl_target: Duration::from_millis(50),
+            admitted: true,
+            queued: Duration::ZERO,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished(outcome: Outcome, streaming: bool) -> Finished {
+        Finished::example(outcome, streaming)
     }
 
     #[tokio::test(start_paused = true)]

@@ -68,6 +68,12 @@ impl AtomicHistogram {
         self.0.counts[i.min(self.0.counts.len() - 1)].fetch_add(1, Ordering::Relaxed);
         self.0.sum_nanos.fetch_add((v * 1e9).round().max(0.0) as u64, Ordering::Relaxed);
     }
+
+    /// Values recorded here (not in the histogram it grew from).
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> u64 {
+        self.0.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
 }
 
 impl TypedMetric for AtomicHistogram {

@@ -17,6 +17,9 @@ use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::accounting::Finished;
+use super::SliClass;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -136,6 +139,29 @@ impl Injector for HeaderInjector<'_> {
             self.0.insert(k, v);
         }
     }
+}
+
+/// Close a request's span with how it went: its outcome, TTFT, tokens,
+/// finish reason and replica (a no-op when tracing is off).
+pub(crate) fn span_finished(span: &tracing::Span, f: &Finished, finish_reason: Option<&str>, replica: Option<&str>) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record("slogate.outcome", f.outcome.as_str());
+    if let Some(t) = f.ttft() {
+        span.record("slogate.ttft_ms", t.as_secs_f64() * 1000.0);
+    }
+    if let Some(u) = f.usage {
+        span.record("gen_ai.usage.input_tokens", u.prompt_tokens);
+        span.record("gen_ai.usage.output_tokens", u.completion_tokens);
+    }
+    if let Some(r) = finish_reason {
+        span.record("gen_ai.response.finish_reasons", r);
+    }
+    if let Some(r) = replica {
+        span.record("slogate.replica", r);
+    }
+    span.record("otel.status_code", if f.outcome.sli() == SliClass::Bad { "ERROR" } else { "OK" });
 }
 
 #[cfg(test)]

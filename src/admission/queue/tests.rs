@@ -519,3 +519,17 @@ async fn a_tenant_at_its_share_leaves_the_last_seats_to_the_others_while_they_ar
     assert!(pool.admit(Tier::Interactive, 0, claim(1)).await.is_ok(), "and takes the last one too");
     drop(heavy);
 }
+
+/// The lease judges the finished request: its tenant's service is settled
+/// to the tokens the replica reported, and the charge stands without them.
+#[tokio::test(start_paused = true)]
+async fn a_lease_judges_the_finished_request() {
+    use crate::telemetry::{accounting::Finished, Outcome};
+    let q = pool(2, tiers(0.0, 4, 4));
+    let mut reported = q.try_lease(Tier::Interactive).expect("a slot");
+    reported.finished(&Finished::example(Outcome::ok, true));
+    assert_eq!(reported.used, Some(110), "10 prompt + 100 completion tokens");
+    let mut silent = q.try_lease(Tier::Interactive).expect("a slot");
+    silent.finished(&Finished { usage: None, ..Finished::example(Outcome::ok, true) });
+    assert_eq!(silent.used, None);
+}
