@@ -1,12 +1,22 @@
 //! The one swappable snapshot of everything built from a config.
 //!
-//! A snapshot is built by a fallible [`Snapshot::prepare`] step, which reads
-//! the running state but changes none of it (a failed or discarded prepare
-//! leaves no trace), and installed by an infallible swap ([`App::install`]):
-//! the new parameters reach the long-lived parts (class controls, pool
-//! admissions, gauges), then one `ArcSwap` store. Each request loads the
-//! snapshot once and keeps that `Arc` until it ends, so a reload never
-//! changes a request midway.
+//! 1. [`Snapshot::prepare`] builds the whole new snapshot and touches
+//!    nothing live: it renames no replica, makes no metric series, starts
+//!    no store worker. It may fail; a failed or discarded prepare leaves no
+//!    trace.
+//! 2. [`App::install`] cannot fail. It hands the long-lived parts their new
+//!    parameters, makes the new series, renames moved replicas, starts a new
+//!    limit store's worker, then swaps the snapshot in with one `ArcSwap`
+//!    store.
+//! 3. Shared across reloads on purpose, and reached from both snapshots
+//!    while the swap runs: replicas of the same URL and access (health,
+//!    in-flight, learned limit, connections), pool admissions (waiters and
+//!    counts), class controls (windows, breaker, budget) and tenants (usage,
+//!    quotas). What they measure is about the replicas and the callers, not
+//!    about a config; a reload that reset it would reopen a breaker's
+//!    question or forget a key's use.
+//! 4. Each request loads the snapshot once and keeps that `Arc` until it
+//!    ends, so a reload never changes a request midway.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -68,7 +78,7 @@ impl Snapshot {
         let mut pools = Vec::with_capacity(config.pools.len());
         for (p, access) in config.pools.iter().zip(access) {
             let before = previous.and_then(|s| s.pools.iter().find(|o| o.pool.config.name == p.name));
-            let pool = Pool::new(p.clone(), access, metrics, before.map(|b| &*b.pool));
+            let pool = Pool::new(p.clone(), access, before.map(|b| &*b.pool));
             let pool = Arc::new(pool);
             let admission = match before {
                 Some(b) => b.admission.clone(),
@@ -96,13 +106,13 @@ impl Snapshot {
 
 /// Give the long-lived parts a snapshot's parameters: class controls, pool
 /// admissions (the pool they hand slots from, the tier limits), gauges.
-fn activate(controls: &Controls, snapshot: &Snapshot) {
+fn activate(controls: &Controls, metrics: &Metrics, snapshot: &Snapshot) {
     controls.install(snapshot.classifier.classes().iter().map(|c| &c.control), &snapshot.config);
     controls.tenants.install(snapshot.classifier.tenants().iter().map(|(t, c)| (t, *c)));
     controls.tenants.set_store(snapshot.store.clone());
     for r in &snapshot.pools {
         r.admission.install(r.pool.clone(), snapshot.config.tiers.clone());
-        r.pool.activate();
+        r.pool.activate(metrics);
     }
 }
 
@@ -198,7 +208,7 @@ impl App {
         stop: watch::Receiver<bool>,
         access_log: AccessLogSlot,
     ) -> App {
-        activate(&controls, &snapshot);
+        activate(&controls, &metrics, &snapshot);
         App {
             state: ArcSwap::from_pointee(snapshot),
             metrics,
@@ -217,7 +227,7 @@ impl App {
     /// The swap step (cannot fail): the long-lived parts take the new
     /// snapshot's parameters, then the snapshot is stored.
     fn install(&self, snapshot: Snapshot) {
-        activate(&self.controls, &snapshot);
+        activate(&self.controls, &self.metrics, &snapshot);
         self.state.store(Arc::new(snapshot));
     }
 
@@ -421,6 +431,41 @@ mod tests {
         let (ttft, interactive, batch, _, classes) = live(&app, &controls);
         assert_eq!((ttft, interactive, batch), (Duration::from_millis(120), Duration::from_secs(7), Duration::from_secs(9)));
         assert!(classes.contains(&"search".to_string()));
+    }
+
+    /// Prepare builds the whole snapshot and touches nothing live: a kept
+    /// replica whose position moved is not renamed, a new replica, a new
+    /// class and a changed limit store make no series, and the store starts
+    /// no worker. Install does all of it.
+    #[tokio::test]
+    async fn prepare_renames_nothing_makes_no_series_and_starts_no_store_until_install() {
+        let mut config = Config::default();
+        config.pools[0].replicas = vec!["http://127.0.0.1:9/kept".into()];
+        let (app, metrics, controls) = running(&config);
+        let old = app.snapshot();
+        let kept = old.pools[0].pool.replicas[0].clone();
+        let pool = config.pools[0].name.clone();
+        assert_eq!(kept.public_name(), format!("{pool}-1").as_str());
+        let exposition = metrics.encode();
+        assert!(exposition.contains("slogate_limits_store_up 0"), "{exposition}");
+
+        let mut next = config.clone();
+        next.pools[0].replicas = vec!["http://127.0.0.1:9/new".into(), "http://127.0.0.1:9/kept".into()];
+        next.classes.insert("search".into(), config.classes["chat"].clone());
+        next.limits.redis = Some("redis://127.0.0.1:1".into());
+        let prepared = Snapshot::prepare(next.clone(), &metrics, &controls, Some(&old)).expect("prepare");
+        assert!(Arc::ptr_eq(&prepared.pools[0].pool.replicas[1], &kept), "the replica is kept, not rebuilt");
+        assert_eq!(kept.public_name(), format!("{pool}-1").as_str(), "renamed before the swap");
+        assert_eq!(metrics.encode(), exposition, "prepare made series or started the store");
+        drop(prepared);
+        assert_eq!(metrics.encode(), exposition);
+
+        app.install(Snapshot::prepare(next, &metrics, &controls, Some(&old)).expect("prepare"));
+        assert_eq!(kept.public_name(), format!("{pool}-2").as_str(), "renamed at the swap");
+        let after = metrics.encode();
+        assert!(after.contains("replica=\"http://127.0.0.1:9/new\""), "the new replica's series at the swap: {after}");
+        assert!(after.contains("class=\"search\""), "the new class's series at the swap");
+        assert!(after.contains("slogate_limits_store_up 1"), "the store's worker started at the swap");
     }
 
     /// Ten reloads back to back, then one per 200 ms; a quiet spell refills

@@ -81,14 +81,20 @@ pub(crate) struct ClassControl {
     metrics: Arc<Metrics>,
     /// The breaker was armed (P99 above threshold, counting) at the last tick.
     was_armed: std::sync::atomic::AtomicBool,
-    ttft_p99_gauge: Gauge<f64, AtomicU64>,
-    breaker_gauge: Gauge,
-    reduction_gauge: Gauge,
+    /// Its series, made when it is installed (a prepared class never
+    /// installed shows nothing).
+    gauges: std::sync::OnceLock<ClassGauges>,
+}
+
+/// A class's own gauges.
+struct ClassGauges {
+    ttft_p99: Gauge<f64, AtomicU64>,
+    breaker: Gauge,
+    reduction: Gauge,
 }
 
 impl ClassControl {
     fn new(name: &str, class: &ClassConfig, config: &Config, metrics: &Arc<Metrics>) -> ClassControl {
-        let labels = ClassLabels { class: name.to_string() };
         let window = config.breaker.window.get();
         ClassControl {
             name: name.into(),
@@ -107,9 +113,7 @@ impl ClassControl {
             series: ArcSwap::from_pointee(ClassSeries::new(name, class.tier, class.ttft.get(), class.itl.get())),
             metrics: metrics.clone(),
             was_armed: false.into(),
-            ttft_p99_gauge: metrics.ttft_p99.get_or_create(&labels).clone(),
-            breaker_gauge: metrics.breaker_state.get_or_create(&labels).clone(),
-            reduction_gauge: metrics.context_reduction_active.get_or_create(&labels).clone(),
+            gauges: std::sync::OnceLock::new(),
         }
     }
 
@@ -121,6 +125,21 @@ impl ClassControl {
         self.trip_ratio.store(config.breaker.trip_ratio);
         self.breaker.set_params(BreakerParams::new(&config.breaker, class.ttft.get()));
         self.reduction.set_params(trigger_params(class, config));
+    }
+
+    /// Installed: its series exist from now on, showing its state.
+    fn go_live(&self) -> &ClassGauges {
+        self.gauges.get_or_init(|| {
+            let labels = ClassLabels { class: self.name.to_string() };
+            let g = ClassGauges {
+                ttft_p99: self.metrics.ttft_p99.get_or_create(&labels).clone(),
+                breaker: self.metrics.breaker_state.get_or_create(&labels).clone(),
+                reduction: self.metrics.context_reduction_active.get_or_create(&labels).clone(),
+            };
+            g.breaker.set(self.breaker.state() as i64);
+            g.reduction.set(self.reduction.active() as i64);
+            g
+        })
     }
 
     fn observe_queue_time(&self, waited: Duration) {
@@ -143,9 +162,10 @@ impl ClassControl {
         if let Ok(mut v) = self.view.lock() {
             *v = ClassView { ttft, itl };
         }
-        self.ttft_p99_gauge.set(ttft.p99.as_secs_f64());
+        let gauges = self.go_live();
+        gauges.ttft_p99.set(ttft.p99.as_secs_f64());
         if let Some(t) = self.breaker.tick(now, &ttft) {
-            self.breaker_gauge.set(t.to as i64);
+            gauges.breaker.set(t.to as i64);
             match t.to {
                 BreakerState::Open => tracing::warn!(
                     class = %self.name, from = t.from.as_str(), to = t.to.as_str(),
@@ -172,7 +192,7 @@ impl ClassControl {
             }
         }
         if let Some(on) = self.reduction.tick(now, &ttft) {
-            self.reduction_gauge.set(on as i64);
+            gauges.reduction.set(on as i64);
             tracing::info!(class = %self.name, active = on, ttft_p99_ms = ttft.p99.as_millis() as u64, "context reduction {}", if on { "on" } else { "off" });
         }
         ttft
@@ -224,6 +244,7 @@ impl Controls {
             if let Some(cc) = config.classes.get(&*c.name) {
                 c.update(cc, config);
             }
+            c.go_live();
             map.insert(c.name.to_string(), c.clone());
         }
     }

@@ -228,6 +228,8 @@ pub(crate) struct Store {
     gauge: Gauge,
     errors: Counter,
     settles: mpsc::UnboundedSender<Settle>,
+    /// The worker, until [`Store::start`] spawns it.
+    worker: std::sync::Mutex<Option<(Worker, mpsc::UnboundedReceiver<Settle>)>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -285,7 +287,14 @@ impl Store {
         let conn = ConnectionManager::new_lazy_with_config(client, manager).map_err(|e| StoreError::Url(e.to_string()))?;
         let (tx, rx) = mpsc::unbounded_channel();
         let flag = Arc::new(AtomicBool::new(true));
-        up.set(1);
+        let worker = Worker {
+            conn: conn.clone(),
+            prefix: config.key_prefix.clone(),
+            instance: instance.into(),
+            up: flag.clone(),
+            gauge: up.clone(),
+            running,
+        };
         let store = Arc::new(Store {
             config: config.clone(),
             conn: conn.clone(),
@@ -295,10 +304,20 @@ impl Store {
             gauge: up.clone(),
             errors,
             settles: tx,
+            worker: std::sync::Mutex::new(Some((worker, rx))),
         });
-        let task = Worker { conn, prefix: config.key_prefix.clone(), instance: instance.into(), up: flag, gauge: up, running };
-        tokio::spawn(task.run(rx));
         Ok(Some(store))
+    }
+
+    /// Go live (the swap step of a reload; a no-op the second time): its
+    /// worker starts settling and sending heartbeats. Opening a store
+    /// touches nothing: a reload that fails or is discarded leaves no worker.
+    pub(crate) fn start(&self) {
+        let worker = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((worker, rx)) = worker {
+            self.gauge.set(1);
+            tokio::spawn(worker.run(rx));
+        }
     }
 
     /// Is this the store `config` names?

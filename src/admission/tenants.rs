@@ -109,7 +109,9 @@ impl TenantSeries {
 pub(crate) struct Tenant {
     pub(crate) name: Arc<str>,
     id: u32,
-    pub(crate) series: TenantSeries,
+    /// Its series, made when it is installed (a prepared tenant never
+    /// installed shows nothing).
+    series: std::sync::OnceLock<TenantSeries>,
     settings: ArcSwap<Settings>,
     /// The fleet's live instances (shared by all tenants of the gateway).
     instances: Arc<AtomicUsize>,
@@ -137,6 +139,13 @@ struct Usage {
     calendar: Calendar,
     /// The quotas as the limit store last said (with a store).
     shared_standing: Vec<Standing>,
+}
+
+impl Tenant {
+    /// Its series (`None` until it is installed).
+    pub(crate) fn series(&self) -> Option<&TenantSeries> {
+        self.series.get()
+    }
 }
 
 impl std::fmt::Debug for Tenant {
@@ -212,7 +221,9 @@ impl Drop for Permit {
                     let unix = self.tenant.unix(at);
                     u.calendar.settle(taken, unix, delta, self.refunded);
                     let limits = self.tenant.limits().quotas;
-                    self.tenant.series.quotas(&u.calendar.standing(unix, limits));
+                    if let Some(s) = self.tenant.series() {
+                        s.quotas(&u.calendar.standing(unix, limits));
+                    }
                 }
             }
         }
@@ -275,17 +286,18 @@ impl Tenant {
     /// A request of this tenant is over: counted under its outcome and
     /// tokens, its queue time if it got a slot, and served.
     pub(crate) fn finished(&self, f: &Finished) {
-        let m = &self.series;
-        m.outcome(f.outcome).inc();
-        if let Some(u) = f.usage {
-            m.prompt_tokens.inc_by(u.prompt_tokens);
-            m.completion_tokens.inc_by(u.completion_tokens);
-        }
-        if f.latency_good() {
-            m.goodput.inc();
-        }
-        if f.admitted {
-            m.queue_time.observe(f.queued.as_secs_f64());
+        if let Some(m) = self.series() {
+            m.outcome(f.outcome).inc();
+            if let Some(u) = f.usage {
+                m.prompt_tokens.inc_by(u.prompt_tokens);
+                m.completion_tokens.inc_by(u.completion_tokens);
+            }
+            if f.latency_good() {
+                m.goodput.inc();
+            }
+            if f.admitted {
+                m.queue_time.observe(f.queued.as_secs_f64());
+            }
         }
         self.served(f.end, f.used_tokens().unwrap_or(0), f.judged());
     }
@@ -390,7 +402,9 @@ impl Tenant {
         if concurrent {
             self.concurrent.fetch_add(1, Ordering::Relaxed);
         }
-        self.series.quotas(&standing);
+        if let Some(s) = self.series() {
+            s.quotas(&standing);
+        }
         let state = tightest(self.quotas(&u, &limits, s), &standing);
         let quota_at = limits.has_quotas().then_some(unix);
         Ok((
@@ -458,7 +472,9 @@ impl Tenant {
                 Some(Err(refused))
             }
             Some(Verdict::Granted { second, state, standing }) => {
-                self.series.quotas(&standing);
+                if let Some(s) = self.series() {
+                    s.quotas(&standing);
+                }
                 if let Ok(mut u) = self.inner.lock() {
                     u.shared_standing = standing;
                 }
@@ -480,7 +496,9 @@ impl Tenant {
 
     fn count_refusal(&self, limit: Limit) {
         self.limited[limit as usize].fetch_add(1, Ordering::Relaxed);
-        self.series.limited[limit as usize].inc();
+        if let Some(s) = self.series() {
+            s.limited[limit as usize].inc();
+        }
     }
 
     /// Record a refusal by `limit` in second `s`.
@@ -542,7 +560,7 @@ impl Tenants {
         Arc::new(Tenant {
             name: name.into(),
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            series: TenantSeries::new(&self.metrics, name),
+            series: std::sync::OnceLock::new(),
             settings: ArcSwap::from_pointee(Settings::of(config)),
             instances: self.instances.clone(),
             store: self.store.clone(),
@@ -559,6 +577,7 @@ impl Tenants {
     pub(crate) fn install<'a>(&self, tenants: impl IntoIterator<Item = (&'a Arc<Tenant>, TenantConfig)>) {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         for (t, c) in tenants {
+            t.series.get_or_init(|| TenantSeries::new(&self.metrics, &t.name));
             t.settings.store(Arc::new(Settings::of(&c)));
             if !known.iter().any(|k| Arc::ptr_eq(k, t)) {
                 known.push(t.clone());
@@ -590,8 +609,12 @@ impl Tenants {
 
     /// The swap step: keys' limits are kept in `store` from now on (`None`: by each instance).
     pub(crate) fn set_store(&self, store: Option<Arc<Store>>) {
-        if store.is_none() {
-            self.metrics.limits_store_up.set(0);
+        match &store {
+            None => {
+                self.metrics.limits_store_up.set(0);
+            }
+            // Its worker (settlements, heartbeats) starts now, not when it was opened.
+            Some(s) => s.start(),
         }
         self.store.store(store);
     }
@@ -706,7 +729,7 @@ mod tests {
         let slow = Finished::example(Outcome::ok, true);
         a.finished(&Finished { first_token: Some(slow.start + Duration::from_secs(1)), ..slow });
         a.finished(&Finished { admitted: false, usage: None, ..Finished::example(Outcome::cancelled, true) });
-        let m = &a.series;
+        let m = a.series().expect("installed");
         assert_eq!((m.outcome(Outcome::ok).get(), m.outcome(Outcome::cancelled).get()), (2, 1));
         assert_eq!((m.prompt_tokens.get(), m.completion_tokens.get(), m.goodput.get()), (20, 200, 1));
         assert_eq!(m.queue_time.count(), 2, "the one that never got a slot has no queue time");

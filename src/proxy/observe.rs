@@ -699,7 +699,7 @@ mod tests {
             max_inflight_per_replica: InflightLimit::Fixed(4),
             ..PoolConfig::default()
         };
-        let pool = Pool::new(cfg.clone(), Access::new(&cfg).expect("access"), &metrics, None);
+        let pool = Pool::new(cfg.clone(), Access::new(&cfg).expect("access"), None);
         let replica = pool.replicas[0].clone();
         replica.set_healthy(true);
         let admission = Arc::new(crate::admission::queue::PoolAdmission::new(Arc::new(pool), TiersConfig::default(), &metrics));

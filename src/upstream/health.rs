@@ -200,8 +200,7 @@ fn read_load(text: &str, names: &[(&str, &str)]) -> Load {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, PoolConfig};
-    use crate::telemetry::Metrics;
+    use crate::config::PoolConfig;
     use crate::upstream::Access;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
@@ -210,7 +209,7 @@ mod tests {
     fn replica(url: &str) -> Arc<Replica> {
         let cfg = PoolConfig { replicas: vec![url.into()], ..PoolConfig::default() };
         let access = Access::new(&cfg).expect("access");
-        let pool = Pool::new(cfg, access, &Metrics::new(&Config::default()), None);
+        let pool = Pool::new(cfg, access, None);
         pool.replicas[0].clone()
     }
 

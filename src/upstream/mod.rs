@@ -28,7 +28,7 @@ use arc_swap::ArcSwap;
 
 use crate::config::{Balance, InflightLimit, PoolConfig, Tier};
 use crate::sync::AtomicF64;
-use crate::telemetry::metrics::{Metrics, ReplicaLabels};
+use crate::telemetry::metrics::Metrics;
 
 /// What [`Pool::pick`] allows beyond a replica's free slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,9 @@ pub(crate) struct Pool {
     /// The learned limits' parameters (used with `max_inflight_per_replica: auto`).
     limit_params: limit::LimitParams,
     pub(crate) replicas: Vec<Arc<Replica>>,
+    /// The replicas' public names in this config (a kept replica whose
+    /// position moved takes its new one when the pool goes live).
+    publics: Vec<http::HeaderValue>,
     /// Models named in the config (without `auto`).
     pub(crate) static_models: HashSet<String>,
     pub(crate) auto: bool,
@@ -106,7 +109,7 @@ impl Pool {
     /// discovered models, open connections), wherever they are in the list;
     /// a new slot count reaches them when the pool goes live
     /// ([`Pool::activate`]), not before.
-    pub(crate) fn new(config: PoolConfig, access: Access, metrics: &Metrics, previous: Option<&Pool>) -> Pool {
+    pub(crate) fn new(config: PoolConfig, access: Access, previous: Option<&Pool>) -> Pool {
         let Access { bases, tls: replica_tls, api_key } = access;
         let l = config.learned_limit;
         let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize };
@@ -116,6 +119,7 @@ impl Pool {
         };
         let same_access = previous.is_some_and(|p| p.config.tls == config.tls && p.config.api_key_env == config.api_key_env);
         let mut replicas = Vec::with_capacity(config.replicas.len());
+        let mut publics = Vec::with_capacity(config.replicas.len());
         for (i, ((rc, base), tls)) in config.replicas.iter().zip(bases).zip(replica_tls).enumerate() {
             let url = rc.url.trim().trim_end_matches('/');
             let public = public_name(&config.name, i, rc.name.as_deref());
@@ -123,15 +127,12 @@ impl Pool {
                 .filter(|_| same_access)
                 .and_then(|p| p.replicas.iter().find(|r| r.url == url && r.name.as_deref() == rc.name.as_deref()));
             if let Some(r) = kept {
-                r.public.store(Arc::new(public));
+                // Renamed (its position moved) only when the pool goes live.
+                publics.push(public);
                 replicas.push(r.clone());
                 continue;
             }
-            let labels = ReplicaLabels { pool: config.name.clone(), replica: rc.name.as_deref().unwrap_or(url).to_string() };
-            let inflight_gauge = metrics.inflight.get_or_create(&labels).clone();
-            let healthy_gauge = metrics.upstream_healthy.get_or_create(&labels).clone();
-            let limit_gauge = metrics.replica_limit.get_or_create(&labels).clone();
-            let batch_cut_gauge = metrics.replica_batch_cut.get_or_create(&labels).clone();
+            publics.push(public.clone());
             replicas.push(Arc::new(Replica {
                 url: url.to_string(),
                 name: rc.name.clone(),
@@ -148,8 +149,7 @@ impl Pool {
                 scraped_total: AtomicU64::new(u64::MAX),
                 scraped_waiting: AtomicU64::new(0),
                 models: ArcSwap::from_pointee(Vec::new()),
-                inflight_gauge,
-                healthy_gauge,
+                gauges: std::sync::OnceLock::new(),
                 idle: conn::IdleConns::default(),
                 tls,
                 api_key: api_key.clone(),
@@ -167,8 +167,6 @@ impl Pool {
                 dispatched_seen: AtomicU64::new(0),
                 controlled_at_ms: AtomicU64::new(0),
                 born: tokio::time::Instant::now(),
-                limit_gauge,
-                batch_cut_gauge,
                 logged_limit: AtomicUsize::new(initial),
             }));
         }
@@ -176,6 +174,7 @@ impl Pool {
         let auto = config.models.iter().any(|m| m == "auto");
         Pool {
             replicas,
+            publics,
             static_models,
             auto,
             config,
@@ -220,8 +219,10 @@ impl Pool {
     /// This pool went live (a start or a reload's swap): its replicas take
     /// its slot count (a fixed one, or their learned one under this pool's
     /// bounds), and their gauges say what they are.
-    pub(crate) fn activate(&self) {
-        for r in &self.replicas {
+    pub(crate) fn activate(&self, metrics: &Metrics) {
+        for (r, public) in self.replicas.iter().zip(&self.publics) {
+            r.go_live(metrics, &self.config.name);
+            r.public.store(Arc::new(public.clone()));
             let n = match self.config.max_inflight_per_replica {
                 InflightLimit::Fixed(n) => n as usize,
                 InflightLimit::Auto => {
@@ -355,9 +356,8 @@ mod tests {
             upstream_priority,
             ..PoolConfig::default()
         };
-        let metrics = Metrics::new(&Config::default());
         let access = Access::new(&cfg).expect("access");
-        let pool = Pool::new(cfg, access, &metrics, None);
+        let pool = Pool::new(cfg, access, None);
         for r in &pool.replicas {
             r.set_healthy(true);
         }
@@ -440,20 +440,21 @@ mod tests {
         };
         let metrics = Metrics::new(&Config::default());
         let access = Access::new(&cfg).expect("access");
-        let pool = Pool::new(cfg, access, &metrics, None);
+        let pool = Pool::new(cfg, access, None);
+        pool.activate(&metrics);
         let r = &pool.replicas[0];
         r.set_healthy(true);
         let (target, idle) = (Duration::from_millis(300), Load { waiting: Some(0.0), running: Some(1.0) });
         let batch = pool.pick(None, Room::Over(0), Tier::Batch).expect("slot");
         r.record_first_token(Duration::from_millis(100), target);
         r.control("p", idle, false);
-        assert_eq!((r.batch_cut.load(Ordering::Relaxed), r.batch_cut_gauge.get()), (0, 0));
+        assert_eq!((r.batch_cut.load(Ordering::Relaxed), r.gauges.get().expect("live").batch_cut.get()), (0, 0));
         // Over the target and over twice the best so far, batch on the replica: load.
         r.record_first_token(Duration::from_millis(450), target);
         r.control("p", idle, false);
         let cut = r.batch_cut.load(Ordering::Relaxed);
         assert_eq!(cut, 2, "a tenth of the starting limit of 16, rounded up");
-        assert_eq!(r.batch_cut_gauge.get(), 2);
+        assert_eq!(r.gauges.get().expect("live").batch_cut.get(), 2);
         assert_eq!(r.max_inflight(), 16, "the limit itself holds");
         drop(batch);
     }

@@ -14,6 +14,7 @@ use super::{conn, limit, tls};
 use crate::config::Tier;
 use crate::error::GatewayError;
 use crate::sync::AtomicF64;
+use crate::telemetry::metrics::{Metrics, ReplicaLabels};
 
 /// One upstream vLLM server.
 pub(crate) struct Replica {
@@ -56,8 +57,9 @@ pub(crate) struct Replica {
     pub(crate) scraped_waiting: AtomicU64,
     /// Models this replica's `/v1/models` listed (raw model objects).
     pub(crate) models: ArcSwap<Vec<serde_json::Value>>,
-    pub(super) inflight_gauge: Gauge,
-    pub(super) healthy_gauge: Gauge,
+    /// Its series, made when its pool goes live ([`Replica::go_live`]): a
+    /// prepared pool that is never installed shows nothing.
+    pub(super) gauges: std::sync::OnceLock<ReplicaGauges>,
     /// Keep-alive connections not serving a request now.
     pub(crate) idle: conn::IdleConns,
     /// TLS for an `https://` replica.
@@ -91,10 +93,6 @@ pub(crate) struct Replica {
     pub(super) dispatched_seen: AtomicU64,
     pub(super) controlled_at_ms: AtomicU64,
     pub(super) born: tokio::time::Instant,
-    /// `slogate_replica_limit{pool,replica}`.
-    pub(super) limit_gauge: Gauge,
-    /// `slogate_replica_batch_cut{pool,replica}`.
-    pub(super) batch_cut_gauge: Gauge,
     /// The limit last logged (a move by a quarter or more is logged).
     pub(super) logged_limit: AtomicUsize,
 }
@@ -177,7 +175,9 @@ impl Replica {
     }
     pub(crate) fn set_healthy(&self, up: bool) {
         self.healthy.store(up, Ordering::Relaxed);
-        self.healthy_gauge.set(up as i64);
+        if let Some(g) = self.gauges.get() {
+            g.healthy.set(up as i64);
+        }
     }
 
     /// Why the replica is not healthy, as its last failed check said.
@@ -191,7 +191,25 @@ impl Replica {
     /// Show this replica's health on its gauge (a replica that just joined:
     /// unhealthy until its first check passes).
     pub(crate) fn publish_health(&self) {
-        self.healthy_gauge.set(self.is_healthy() as i64);
+        if let Some(g) = self.gauges.get() {
+            g.healthy.set(self.is_healthy() as i64);
+        }
+    }
+
+    /// Its pool `pool` goes live: its series exist from now on, showing
+    /// what it holds now.
+    pub(super) fn go_live(&self, metrics: &Metrics, pool: &str) {
+        let g = self.gauges.get_or_init(|| {
+            let labels = ReplicaLabels { pool: pool.to_string(), replica: self.label().to_string() };
+            ReplicaGauges {
+                inflight: metrics.inflight.get_or_create(&labels).clone(),
+                healthy: metrics.upstream_healthy.get_or_create(&labels).clone(),
+                limit: metrics.replica_limit.get_or_create(&labels).clone(),
+                batch_cut: metrics.replica_batch_cut.get_or_create(&labels).clone(),
+            }
+        });
+        g.inflight.set(self.inflight() as i64);
+        g.batch_cut.set(self.batch_cut.load(Ordering::Relaxed) as i64);
     }
 
     /// Take a slot for a request of `tier` if one is free (`over`: that
@@ -220,7 +238,9 @@ impl Replica {
             }
             match self.inflight.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => {
-                    self.inflight_gauge.inc();
+                    if let Some(g) = self.gauges.get() {
+                        g.inflight.inc();
+                    }
                     self.inflight_peak.fetch_max(cur + 1, Ordering::Relaxed);
                     self.dispatched.fetch_add(1, Ordering::Relaxed);
                     return true;
@@ -292,7 +312,9 @@ impl Replica {
     /// Set the slot count (a fixed limit, or the controller's).
     pub(super) fn set_max_inflight(&self, n: usize) {
         self.max_inflight.store(n, Ordering::Relaxed);
-        self.limit_gauge.set(n as i64);
+        if let Some(g) = self.gauges.get() {
+            g.limit.set(n as i64);
+        }
     }
 
     /// One period of the learned limit: the replica's load as scraped, and
@@ -335,7 +357,9 @@ impl Replica {
             (limit, c.batch_cut())
         };
         let was = self.batch_cut.swap(cut, Ordering::Relaxed);
-        self.batch_cut_gauge.set(cut as i64);
+        if let Some(g) = self.gauges.get() {
+            g.batch_cut.set(cut as i64);
+        }
         self.set_max_inflight(limit);
         if was == 0 && cut > 0 {
             tracing::info!(pool, replica = %self.label(), limit, batch_cut = cut, "interactive first tokens late under load: batch leaves seats to interactive here");
@@ -357,6 +381,16 @@ impl Replica {
 pub(crate) struct Load {
     pub(crate) waiting: Option<f64>,
     pub(crate) running: Option<f64>,
+}
+
+/// A replica's own series.
+pub(super) struct ReplicaGauges {
+    pub(super) inflight: Gauge,
+    pub(super) healthy: Gauge,
+    /// `slogate_replica_limit{pool,replica}`.
+    pub(super) limit: Gauge,
+    /// `slogate_replica_batch_cut{pool,replica}`.
+    pub(super) batch_cut: Gauge,
 }
 
 /// A held slot on one replica: taken by [`Pool::pick`], given back exactly
@@ -396,7 +430,9 @@ impl ReplicaSlot {
         self.prefilled();
         if std::mem::take(&mut self.held) {
             self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
-            self.replica.inflight_gauge.dec();
+            if let Some(g) = self.replica.gauges.get() {
+                g.inflight.dec();
+            }
             if self.tier == Tier::Batch {
                 self.replica.batch_held.fetch_sub(1, Ordering::Relaxed);
             }

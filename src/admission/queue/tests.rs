@@ -45,7 +45,7 @@ fn replicas_with(n: u16, slots: u32, tiers: TiersConfig, upstream_priority: bool
     };
     let metrics = Metrics::new(&Config::default());
     let access = crate::upstream::Access::new(&cfg).expect("access");
-    let pool = Arc::new(Pool::new(cfg, access, &metrics, None));
+    let pool = Arc::new(Pool::new(cfg, access, None));
     for r in &pool.replicas {
         r.set_healthy(true);
     }
