@@ -15,6 +15,7 @@
 //! `main` wires. Every other room is `pub(crate)`: the crate's own.
 
 #![warn(unreachable_pub)]
+#![warn(clippy::too_many_lines)]
 
 mod admin;
 mod admission;

@@ -1,5 +1,7 @@
 //! The `slogate` command line: serve | check | rules | demo.
 
+#![warn(clippy::too_many_lines)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -120,20 +122,7 @@ fn main() -> ExitCode {
         std::env::var_os("SLOGATE_HEAP_PROFILE").map(|path| dhat::Profiler::builder().file_name(path).trim_backtraces(Some(60)).build());
     let cli = Cli::parse();
     match cli.command {
-        Command::Keys { command: KeysCommand::Hash } => {
-            let mut key = String::new();
-            if let Err(e) = std::io::stdin().read_line(&mut key) {
-                eprintln!("slogate keys hash: cannot read standard input: {e}");
-                return ExitCode::from(2);
-            }
-            let key = key.trim();
-            if key.is_empty() {
-                eprintln!("slogate keys hash: no key on standard input (e.g. `printf %s \"$KEY\" | slogate keys hash`)");
-                return ExitCode::from(2);
-            }
-            println!("{}", slogate::config::key_sha256(key));
-            ExitCode::SUCCESS
-        }
+        Command::Keys { command: KeysCommand::Hash } => keys_hash(),
         Command::Check { config } => match Config::load(&config) {
             Ok(_) => {
                 println!("{}: ok", config.display());
@@ -147,16 +136,9 @@ fn main() -> ExitCode {
             }
         },
         Command::Capacity { from, rates, config, json, admin_token_env } => match runtime(false) {
-            Ok(rt) => match rt.block_on(capacity(&from, &rates, config.as_deref(), json, admin_token_env.as_deref())) {
-                Ok(out) => {
-                    print!("{out}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("slogate capacity: {e}");
-                    ExitCode::from(2)
-                }
-            },
+            Ok(rt) => {
+                printed("slogate capacity: ", rt.block_on(capacity(&from, &rates, config.as_deref(), json, admin_token_env.as_deref())))
+            }
             Err(code) => code,
         },
         Command::Rules { config, format } => {
@@ -164,16 +146,7 @@ fn main() -> ExitCode {
                 RulesFormat::Prometheus => slogate::rules::Format::Prometheus,
                 RulesFormat::PrometheusOperator => slogate::rules::Format::PrometheusOperator,
             };
-            match Config::load(&config).map_err(|e| e.to_string()).and_then(|c| slogate::rules::render(&c, format)) {
-                Ok(y) => {
-                    print!("{y}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("{e}");
-                    ExitCode::from(2)
-                }
-            }
+            printed("", Config::load(&config).map_err(|e| e.to_string()).and_then(|c| slogate::rules::render(&c, format)))
         }
         #[cfg(feature = "demo")]
         Command::Demo { listen, admin_listen, replicas, load } => {
@@ -183,41 +156,74 @@ fn main() -> ExitCode {
                 Err(code) => code,
             }
         }
-        Command::Serve { config } => {
-            let cfg = match Config::load(&config) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("{}: invalid config", config.display());
-                    for p in &e.0 {
-                        eprintln!("{p}");
-                    }
-                    return ExitCode::from(2);
-                }
-            };
-            let json = match cli.log_format {
-                Some(LogFmt::Json) => true,
-                Some(LogFmt::Text) => false,
-                None => cfg.telemetry.log_format == LogFormat::Json,
-            };
-            // With an OTLP endpoint, spans are exported too; the guard flushes them at exit.
-            let _otel = match &cfg.telemetry.otlp_endpoint {
-                Some(endpoint) => match slogate::telemetry::otel::init(endpoint, json) {
-                    Ok(g) => Some(g),
-                    Err(e) => {
-                        eprintln!("{e}");
-                        return ExitCode::from(2);
-                    }
-                },
-                None => {
-                    slogate::telemetry::init_logging(json);
-                    None
-                }
-            };
-            match runtime(cfg.server.short_sched_slice) {
-                Ok(rt) => rt.block_on(serve(cfg, config)),
-                Err(code) => code,
-            }
+        Command::Serve { config } => serve_command(config, cli.log_format),
+    }
+}
+
+/// Print a command's output, or its error after `prefix` (exit 2).
+fn printed(prefix: &str, out: Result<String, String>) -> ExitCode {
+    match out {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
         }
+        Err(e) => {
+            eprintln!("{prefix}{e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `slogate keys hash`: the SHA-256 of the key on standard input.
+fn keys_hash() -> ExitCode {
+    let mut key = String::new();
+    if let Err(e) = std::io::stdin().read_line(&mut key) {
+        eprintln!("slogate keys hash: cannot read standard input: {e}");
+        return ExitCode::from(2);
+    }
+    let key = key.trim();
+    if key.is_empty() {
+        eprintln!("slogate keys hash: no key on standard input (e.g. `printf %s \"$KEY\" | slogate keys hash`)");
+        return ExitCode::from(2);
+    }
+    println!("{}", slogate::config::key_sha256(key));
+    ExitCode::SUCCESS
+}
+
+/// `slogate serve`: load the config, set up logging (and tracing), run.
+fn serve_command(config: PathBuf, log_format: Option<LogFmt>) -> ExitCode {
+    let cfg = match Config::load(&config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{}: invalid config", config.display());
+            for p in &e.0 {
+                eprintln!("{p}");
+            }
+            return ExitCode::from(2);
+        }
+    };
+    let json = match log_format {
+        Some(LogFmt::Json) => true,
+        Some(LogFmt::Text) => false,
+        None => cfg.telemetry.log_format == LogFormat::Json,
+    };
+    // With an OTLP endpoint, spans are exported too; the guard flushes them at exit.
+    let _otel = match &cfg.telemetry.otlp_endpoint {
+        Some(endpoint) => match slogate::telemetry::otel::init(endpoint, json) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => {
+            slogate::telemetry::init_logging(json);
+            None
+        }
+    };
+    match runtime(cfg.server.short_sched_slice) {
+        Ok(rt) => rt.block_on(serve(cfg, config)),
+        Err(code) => code,
     }
 }
 
@@ -255,21 +261,13 @@ async fn demo(
             return ExitCode::FAILURE;
         }
     };
-    // An 8B model on an H100, its prefill chunks capped at 1,024 tokens as a
-    // team serving interactive traffic would (a 2,048-token chunk makes a
-    // step long enough to break chat's 50 ms ITL target).
-    let mut sim_cfg = loadtest::sim::Profile::Llama8bH100.config();
-    sim_cfg.max_num_batched_tokens = 1024;
-    let mut sims = Vec::new();
-    for _ in 0..replicas.max(1) {
-        match loadtest::sim::SimServer::start(sim_cfg.clone(), std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await {
-            Ok(s) => sims.push(s),
-            Err(e) => {
-                eprintln!("cannot start a simulated replica: {e}");
-                return ExitCode::FAILURE;
-            }
+    let (sims, sim_cfg) = match demo_replicas(replicas).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cannot start a simulated replica: {e}");
+            return ExitCode::FAILURE;
         }
-    }
+    };
     cfg.pools[0].replicas = sims
         .iter()
         .enumerate()
@@ -299,6 +297,63 @@ async fn demo(
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let (data, admin, model) = (gw.data_addr, gw.admin_addr, &sim_cfg.model);
+    demo_banner(&gw, &sims, model);
+    if let Some(duration) = load {
+        let code = demo_load(&format!("http://{data}"), admin, model, duration, targets).await;
+        gw.shutdown().await;
+        return code;
+    }
+    println!("Ctrl-C stops.");
+    signals.terminated().await;
+    gw.shutdown().await;
+    drop(sims);
+    ExitCode::SUCCESS
+}
+
+/// `demo --load`: drive `duration` of mixed load at the gateway on `base`
+/// and print the report.
+#[cfg(feature = "demo")]
+async fn demo_load(
+    base: &str,
+    admin: std::net::SocketAddr,
+    model: &str,
+    duration: std::time::Duration,
+    targets: std::collections::BTreeMap<String, loadtest::loadgen::scenario::Targets>,
+) -> ExitCode {
+    let scenario = demo_scenario(base, model, duration, targets);
+    println!("driving {duration:?} of mixed load: chat (Poisson, 8 req/s) and batch (bursts of 8, every 2 s on average)");
+    match loadtest::loadgen::run(&scenario, "slogate demo", true).await {
+        Ok(r) => {
+            print!("{}", loadtest::loadgen::report::markdown(&r));
+            println!("\ngateway's own view: curl -s http://{admin}/metrics | grep slogate_");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("slogate demo: load failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `n` simulated replicas (at least one) of an 8B model on an H100, its
+/// prefill chunks capped at 1,024 tokens as a team serving interactive
+/// traffic would (a 2,048-token chunk makes a step long enough to break
+/// chat's 50 ms ITL target).
+#[cfg(feature = "demo")]
+async fn demo_replicas(n: u16) -> std::io::Result<(Vec<loadtest::sim::SimServer>, loadtest::sim::SimConfig)> {
+    let mut sim_cfg = loadtest::sim::Profile::Llama8bH100.config();
+    sim_cfg.max_num_batched_tokens = 1024;
+    let mut sims = Vec::new();
+    for _ in 0..n.max(1) {
+        sims.push(loadtest::sim::SimServer::start(sim_cfg.clone(), std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await?);
+    }
+    Ok((sims, sim_cfg))
+}
+
+/// What the demo runs, and what to try.
+#[cfg(feature = "demo")]
+fn demo_banner(gw: &Gateway, sims: &[loadtest::sim::SimServer], model: &str) {
+    let (data, admin) = (gw.data_addr, gw.admin_addr);
     let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
     println!("slogate demo: gateway http://{data} in front of {} simulated vLLM replicas of {model} ({})", sims.len(), urls.join(", "));
     println!("admin: http://{admin}/metrics (Prometheus), http://{admin}/readyz");
@@ -308,28 +363,6 @@ async fn demo(
     );
     println!("  OpenAI SDK: OpenAI(base_url=\"http://{data}/v1\", api_key=\"unused\")");
     println!("  curl -s http://{admin}/metrics | grep slogate_time_to_first_token");
-    if let Some(duration) = load {
-        let scenario = demo_scenario(&format!("http://{data}"), model, duration, targets);
-        println!("driving {duration:?} of mixed load: chat (Poisson, 8 req/s) and batch (bursts of 8, every 2 s on average)");
-        let code = match loadtest::loadgen::run(&scenario, "slogate demo", true).await {
-            Ok(r) => {
-                print!("{}", loadtest::loadgen::report::markdown(&r));
-                println!("\ngateway's own view: curl -s http://{admin}/metrics | grep slogate_");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("slogate demo: load failed: {e}");
-                ExitCode::FAILURE
-            }
-        };
-        gw.shutdown().await;
-        return code;
-    }
-    println!("Ctrl-C stops.");
-    signals.terminated().await;
-    gw.shutdown().await;
-    drop(sims);
-    ExitCode::SUCCESS
 }
 
 /// The `demo --load` traffic: interactive chat plus bursty batch.

@@ -7,6 +7,12 @@
 //! each other, directly or round a loop (`super::file` and
 //! `crate::room::file` paths, comments and tests left out). A room's
 //! `mod.rs` is its top, which wires its files, and is not counted.
+//!
+//! And size is a rule, or a split regrows: no file of `src/` over 600
+//! lines of code (its tests left out: unit tests of a large file go to a
+//! sibling `tests.rs`), no function over 80 lines except the few named in
+//! `LONG_FUNCTIONS` with their reasons. Clippy's `too_many_lines` holds
+//! the same line (`clippy.toml`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -177,6 +183,7 @@ fn no_two_files_of_a_room_import_each_other() {
         let room = dir.file_name().expect("name").to_string_lossy().to_string();
         let mut paths = Vec::new();
         rust_files(&dir, &mut paths);
+        paths.retain(|p| p.file_name().is_some_and(|n| n != "tests.rs"));
         let files: Vec<String> =
             paths.iter().filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().to_string())).filter(|n| n != "mod").collect();
         let mut edges = std::collections::BTreeMap::new();
@@ -213,4 +220,166 @@ fn a_circle_between_two_files_of_a_room_is_found() {
     assert_eq!(find_circle(&edges), Some(vec!["store".to_string(), "tenants".to_string(), "store".to_string()]));
     edges.get_mut("store").expect("store").clear();
     assert_eq!(find_circle(&edges), None, "the value types moved out: no circle");
+}
+
+/// The most lines of code (tests left out) a file of `src/` may have.
+const MAX_FILE_LINES: usize = 600;
+/// The most lines a function may have.
+const MAX_FN_LINES: usize = 80;
+/// Functions allowed to be longer: (file under `src/`, function, why).
+/// None today; a function that must stay whole (a table, a template) is
+/// named here with its reason rather than cut at an arbitrary line.
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[];
+
+/// `text` without its `#[cfg(test)] mod tests { ... }` module (the rest of
+/// a file after that line is its tests, by this project's layout).
+fn without_tests(text: &str) -> &str {
+    text.split("#[cfg(test)]\nmod tests").next().unwrap_or("")
+}
+
+/// `code` with string, raw string and char literals and comments blanked
+/// (their braces do not count), lines kept.
+fn blank_literals(code: &str) -> String {
+    let b = code.as_bytes();
+    let mut out = String::with_capacity(code.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let rest = &code[i..];
+        if rest.starts_with("//") {
+            let end = rest.find('\n').unwrap_or(rest.len());
+            out.push_str(&" ".repeat(end));
+            i += end;
+        } else if c == b'r'
+            && (rest.starts_with("r\"") || rest.starts_with("r#"))
+            && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_'))
+        {
+            let hashes = rest[1..].chars().take_while(|h| *h == '#').count();
+            if rest.as_bytes().get(1 + hashes) != Some(&b'"') {
+                out.push(c as char);
+                i += 1;
+                continue;
+            }
+            let close = format!("\"{}", "#".repeat(hashes));
+            let body = 2 + hashes;
+            let end = rest[body..].find(&close).map_or(rest.len(), |e| body + e + close.len());
+            out.extend(rest[..end].chars().map(|ch| if ch == '\n' { '\n' } else { ' ' }));
+            i += end;
+        } else if c == b'"' {
+            let mut j = i + 1;
+            while j < b.len() && b[j] != b'"' {
+                j += if b[j] == b'\\' { 2 } else { 1 };
+            }
+            let end = (j + 1).min(b.len());
+            out.extend(code[i..end].chars().map(|ch| if ch == '\n' { '\n' } else { ' ' }));
+            i = end;
+        } else if c == b'\''
+            && (rest.get(2..3) == Some("'") || (rest.get(1..2) == Some("\\") && rest[2..].find('\'').is_some_and(|e| e < 10)))
+        {
+            // A char literal ('{', '\n', '\u{7b}'); a lifetime has no closing quote.
+            let end = if rest.get(2..3) == Some("'") { 3 } else { 3 + rest[2..].find('\'').unwrap_or(0) };
+            out.push_str(&" ".repeat(end));
+            i += end;
+        } else {
+            let ch = rest.chars().next().unwrap_or(' ');
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+/// Each function in `code` (literals blanked): its name and its length in
+/// lines, from its `fn` line to its closing brace.
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let Some(at) = line.find("fn ") else { continue };
+        let before = line[..at].trim();
+        let words_ok =
+            before.split_whitespace().all(|w| w.starts_with("pub") || ["async", "const", "unsafe", "extern", "default"].contains(&w));
+        if !words_ok || (at > 0 && !line.as_bytes()[at - 1].is_ascii_whitespace()) {
+            continue;
+        }
+        let name: String = line[at + 3..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let mut depth = 0i64;
+        let mut opened = false;
+        for (k, l) in lines[start..].iter().enumerate() {
+            if !opened && l.trim_end().ends_with(';') && !l.contains('{') {
+                break; // a declaration without a body
+            }
+            for ch in l.chars() {
+                match ch {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            if opened && depth <= 0 {
+                out.push((name.clone(), k + 1));
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The `src/` files the size rules judge: all but the split-out tests.
+fn judged_files() -> Vec<(String, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .filter(|f| f.file_name().is_some_and(|n| n != "tests.rs"))
+        .map(|f| {
+            let rel = f.strip_prefix(&src).expect("under src").display().to_string();
+            (rel, std::fs::read_to_string(&f).expect("read"))
+        })
+        .collect()
+}
+
+#[test]
+fn no_file_is_over_600_lines_of_code() {
+    let over: Vec<String> = judged_files()
+        .iter()
+        .map(|(rel, text)| (rel, without_tests(text).lines().count()))
+        .filter(|(_, n)| *n > MAX_FILE_LINES)
+        .map(|(rel, n)| format!("src/{rel}: {n} lines (split it along a seam; unit tests may move to a sibling tests.rs)"))
+        .collect();
+    assert!(over.is_empty(), "files over {MAX_FILE_LINES} lines of code:\n{}", over.join("\n"));
+}
+
+#[test]
+fn no_function_is_over_80_lines_except_the_named_ones() {
+    let mut over = Vec::new();
+    let mut seen = 0;
+    for (rel, text) in judged_files() {
+        for (name, n) in function_lengths(&blank_literals(without_tests(&text))) {
+            seen += 1;
+            let excepted = LONG_FUNCTIONS.iter().any(|(f, func, _)| *f == rel && *func == name);
+            if n > MAX_FN_LINES && !excepted {
+                over.push(format!("src/{rel}: fn {name}: {n} lines"));
+            }
+        }
+    }
+    assert!(seen > 500, "found only {seen} functions: the scan is broken");
+    assert!(
+        over.is_empty(),
+        "functions over {MAX_FN_LINES} lines (split them, or name one in LONG_FUNCTIONS with its reason):\n{}",
+        over.join("\n")
+    );
+}
+
+#[test]
+fn the_size_scans_count_what_they_should() {
+    let code = "pub(crate) async fn a(x: u8) -> u8 {\n    let s = \"}}}\";\n    let c = '{';\n    let r = r#\"{ \"# ;\n    // }\n    x\n}\n\nfn b<'a>(v: &'a str) -> &'a str { v }\n\ntrait T {\n    fn decl(&self);\n}\n";
+    let found = function_lengths(&blank_literals(code));
+    assert_eq!(found, vec![("a".to_string(), 7), ("b".to_string(), 1)]);
+    assert_eq!(without_tests("fn a() {}\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\n").lines().count(), 1);
 }

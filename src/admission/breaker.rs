@@ -1,11 +1,9 @@
-//! The TTFT-P99 circuit breaker of one class (P99 > 2x SLO for
-//! 30 s -> 429 + Retry-After: 5), and the trigger of context reduction,
-//! which follows the same pattern with its own thresholds.
-//!
-//! The request path only reads: [`Breaker::admit`] is an atomic load (and,
-//! half-open, one atomic decrement for a probe permit). Transitions are made
-//! by the publisher in [`Breaker::tick`] from the published window stats,
-//! and by the outcome of probe requests.
+//! The TTFT-P99 circuit breaker of one class, and the trigger of context
+//! reduction, which follows the same pattern with its own thresholds. The
+//! request path only reads ([`Breaker::admit`] is an atomic load, and
+//! half-open one lock for a probe permit); transitions are made by the
+//! publisher in [`Breaker::tick`] and by the probes' verdicts. The rules are
+//! docs/design/breaker.md's.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;

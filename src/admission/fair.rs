@@ -1,29 +1,8 @@
-//! Fair sharing of a tier's slots among tenants (API keys).
-//!
-//! Inside a tier, a freed slot goes to the waiting tenant that has received
-//! the least service in proportion to its weight, counted in tokens (prompt
-//! plus generated), as the Virtual Token Counter scheduler does ("Fairness
-//! in Serving Large Language Models", OSDI 2024): counting requests would let
-//! a tenant of long prompts take many times the GPU time of one of short
-//! prompts. A request is charged its prompt (estimated) when it gets a slot,
-//! and what it generated (with the prompt corrected to the replica's count)
-//! when it ends. Charging the output it might generate up front instead
-//! would let a settlement take back more than was ever served, and a tenant
-//! lifted to such an inflated counter would wait behind one that in fact
-//! used little.
-//!
-//! A tenant that was away does not come back with credit: when it starts
-//! waiting, its counter is lifted to the smallest counter of those already
-//! waiting (or, with nobody waiting, to the counter of the last request
-//! served) less the cost of the request it brings, so it gets its share from
-//! then on, not a burst for the past. That one request's worth puts a tenant
-//! that sends a request now and then (whose queue empties after each) ahead
-//! of a heavy tenant's next request instead of level with it: served at the
-//! next free slot, as a tenant under its share should be, and a tenant whose
-//! queue empties between requests keeps the lead its weight gave it.
-//!
-//! Every decision is O(log tenants): the waiting tenants are kept ordered by
-//! counter; a tenant's own requests are first come, first served.
+//! Fair sharing of a tier's slots among tenants (API keys): a freed slot
+//! goes to the waiting tenant with the least service for its weight,
+//! counted in tokens; a tenant back from a pause comes back without credit.
+//! Every decision is O(log tenants). The rules are
+//! docs/design/fair-share.md's (rules 1 to 5).
 
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};

@@ -22,6 +22,7 @@ pub(crate) mod quota;
 pub(crate) mod rates;
 pub(crate) mod seats;
 pub(crate) mod store;
+pub(crate) mod tenant_series;
 pub(crate) mod tenants;
 pub(crate) mod waiting;
 

@@ -4,7 +4,7 @@
 //! its counters into a [`Seats`] and asks it; nothing here touches a lock
 //! or an atomic, so every rule is a table test below.
 //!
-//! The rules are those of docs/seats.md.
+//! The rules are docs/design/seats.md's.
 //!
 //! [`PoolAdmission`]: super::PoolAdmission
 

@@ -1,22 +1,9 @@
-//! Keys' limits kept in Redis or Valkey (`limits.redis`): every gateway that
-//! names the same server counts a key's requests, tokens and running
-//! requests against one total, exactly, whatever instance a request reaches.
-//!
-//! Each check is one Lua script, atomic on the server, on the server's clock
-//! (`TIME`), so instances need no shared clock: it drops what left the
-//! sliding minute, decides, and takes the request's share. A key's minute is
-//! the same sixty one-second slots as the local windows (a hash per key and
-//! kind, field = second). Running requests are counted per instance (a hash
-//! per key, field = instance), and an instance heard from by its heartbeat
-//! within [`STALE`] counts: a killed instance's requests stop counting within
-//! seconds instead of holding the key's `max_concurrent` forever.
-//!
-//! The request path waits on the server at most `limits.timeout`; past it, or
-//! while the heartbeat says the server is down, the instance enforces its own
-//! part of the key's limits instead (see [`super::tenants`]), so an outage of
-//! the store costs precision, never availability. Settling a request (tokens
-//! used against those reserved, a running request ended) never waits: it is
-//! queued to a background task.
+//! Keys' limits kept in Redis or Valkey (`limits.redis`): one Lua script per
+//! check, atomic on the server and on its clock; running requests counted
+//! per instance and rewritten by each instance's heartbeat; settling queued
+//! to a background task. The request path waits at most `limits.timeout`,
+//! then enforces the instance's own part: an outage costs precision, never
+//! a request. The rules are docs/design/fair-share.md's (rules 13 to 16).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -1,23 +1,10 @@
 //! Tenants: the API keys callers come with (or one anonymous tenant when no
-//! keys are configured). Each has a weight, its share of a tier when slots
-//! are short (see [`super::fair`]), and may set its own limits
-//! (`auth.keys[].limits`): requests and tokens per minute and requests at
-//! once.
-//!
-//! A minute is a sliding window of sixty one-second slots: at no moment has
-//! a key used more than its limit over the last sixty seconds, so over five
-//! minutes it gets five minutes' worth, not a bucket's burst on top. Tokens
-//! are reserved when a request is admitted (its prompt estimate plus the
-//! output it may generate: `max_tokens`, `max_completion_tokens`, or
-//! `auth.default_max_tokens`) and settled to the replica's usage when it
-//! ends, in the slot they were reserved in; a key therefore cannot overrun
-//! its limit by starting many streams at once.
-//!
-//! In a fleet each instance enforces its part of a key's limits: the limit
-//! over the number of live instances (the fleet sets it). With a limit store
-//! (`limits.redis`, see [`super::store`]) every instance counts against the
-//! key's whole limit there instead, and falls back to its part while the
-//! store does not answer.
+//! keys are configured), each with a weight and its own limits: a sliding
+//! minute of requests and tokens (tokens reserved at admission, settled to
+//! usage at the end), requests at once, day and month quotas. In a fleet
+//! each instance enforces its part, or the whole limit in the limit store
+//! ([`super::store`]) while it answers. The rules are
+//! docs/design/fair-share.md's (rules 9 to 12) and docs/access.md's.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,18 +13,15 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::time::Instant;
 
-use prometheus_client::metrics::counter::Counter;
-
 use super::fair::Share;
 pub(crate) use super::keylimits::{reset_text, tightest, Limit, Limited, Limits, Quota, RateState};
 use super::keylimits::{too_large_for_quota, Window, SLOTS};
 use super::quota::{Calendar, Standing};
 use super::store::{Store, Verdict};
+use super::tenant_series::TenantSeries;
 use crate::config::TenantConfig;
 use crate::telemetry::accounting::Finished;
-use crate::telemetry::histogram::AtomicHistogram;
-use crate::telemetry::metrics::{Metrics, QuotaLabels, TenantKindLabels, TenantLabels, TenantOutcomeLabels};
-use crate::telemetry::Outcome;
+use crate::telemetry::metrics::Metrics;
 
 /// The name of the one tenant of a gateway without keys.
 pub(crate) const ANONYMOUS: &str = "anonymous";
@@ -52,56 +36,6 @@ struct Settings {
 impl Settings {
     fn of(c: &TenantConfig) -> Settings {
         Settings { weight: c.weight, limits: c.limits.as_ref().map(Limits::of).unwrap_or_default() }
-    }
-}
-
-/// A tenant's metric series, looked up once (not per request).
-pub(crate) struct TenantSeries {
-    metrics: Arc<Metrics>,
-    name: String,
-    outcomes: [std::sync::OnceLock<Counter>; Outcome::ALL.len()],
-    pub(crate) prompt_tokens: Counter,
-    pub(crate) completion_tokens: Counter,
-    pub(crate) goodput: Counter,
-    pub(crate) queue_time: AtomicHistogram,
-    limited: [Counter; 4],
-    /// Its quotas' use (`slogate_key_quota_used`), made at their first use.
-    quota_used: [std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge>; 4],
-}
-
-impl TenantSeries {
-    fn new(metrics: &Arc<Metrics>, name: &str) -> TenantSeries {
-        let tenant = name.to_string();
-        let kind = |kind| metrics.tenant_tokens.get_or_create(&TenantKindLabels { tenant: tenant.clone(), kind }).clone();
-        let limited =
-            |l: Limit| metrics.tenant_limited.get_or_create(&TenantKindLabels { tenant: tenant.clone(), kind: l.as_str() }).clone();
-        TenantSeries {
-            metrics: metrics.clone(),
-            outcomes: Default::default(),
-            prompt_tokens: kind("prompt"),
-            completion_tokens: kind("completion"),
-            goodput: metrics.tenant_goodput.get_or_create(&TenantLabels { tenant: tenant.clone() }).clone(),
-            queue_time: metrics.tenant_queue_time.get_or_create(&TenantLabels { tenant: tenant.clone() }).clone(),
-            limited: Limit::ALL.map(limited),
-            quota_used: Default::default(),
-            name: tenant,
-        }
-    }
-
-    /// The counter of the tenant's requests that ended with `outcome` (made at its first use).
-    pub(crate) fn outcome(&self, outcome: Outcome) -> &Counter {
-        let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
-        self.outcomes[i]
-            .get_or_init(|| self.metrics.tenant_requests.get_or_create(&TenantOutcomeLabels { tenant: self.name.clone(), outcome }).clone())
-    }
-
-    /// Show quotas' use.
-    fn quotas(&self, standing: &[Standing]) {
-        for q in standing {
-            let i = super::quota::QUOTAS.iter().position(|p| *p == (q.period, q.kind)).unwrap_or(0);
-            let labels = QuotaLabels { tenant: self.name.clone(), window: q.period.as_str(), kind: q.kind.as_str() };
-            self.quota_used[i].get_or_init(|| self.metrics.quota_used.get_or_create(&labels).clone()).set(q.used as i64);
-        }
     }
 }
 
@@ -638,6 +572,7 @@ impl Tenants {
 mod tests {
     use super::*;
     use crate::config::KeyLimitsConfig;
+    use crate::telemetry::Outcome;
 
     fn tenant(limits: KeyLimitsConfig) -> (Tenants, Arc<Tenant>) {
         let tenants = Tenants::new(Arc::new(Metrics::new(&crate::config::Config::default())));

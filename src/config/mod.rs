@@ -11,6 +11,7 @@ pub(crate) mod pem;
 mod pool;
 mod types;
 mod units;
+mod validate;
 
 use std::path::Path;
 
@@ -110,38 +111,8 @@ impl Config {
                 "telemetry" => section(key, v, &mut cfg.telemetry, &mut problems),
                 "fleet" => section(key, v, &mut cfg.fleet, &mut problems),
                 "limits" => section(key, v, &mut cfg.limits, &mut problems),
-                "pools" => match v {
-                    serde_norway::Value::Sequence(items) => {
-                        seen.pool_index.clear();
-                        seen.pools_given = items.len();
-                        cfg.pools = items
-                            .into_iter()
-                            .enumerate()
-                            .filter_map(|(i, item)| {
-                                let p = parse_part(&format!("pools[{i}]"), item, &mut problems)?;
-                                seen.pool_index.push(i);
-                                Some(p)
-                            })
-                            .collect();
-                    }
-                    _ => problems.push(Problem { field: "pools".into(), message: "must be a list of pools".into() }),
-                },
-                "classes" => match v {
-                    serde_norway::Value::Mapping(items) => {
-                        cfg.classes = items
-                            .into_iter()
-                            .filter_map(|(name, item)| {
-                                let name = name.as_str().map(str::to_owned).unwrap_or_else(|| format!("{name:?}"));
-                                let parsed = parse_part(&format!("classes.{name}"), item, &mut problems);
-                                if parsed.is_none() {
-                                    seen.failed_classes.push(name.clone());
-                                }
-                                parsed.map(|c| (name, c))
-                            })
-                            .collect();
-                    }
-                    _ => problems.push(Problem { field: "classes".into(), message: "must be a mapping of class name to class".into() }),
-                },
+                "pools" => parse_pools(v, &mut cfg, &mut seen, &mut problems),
+                "classes" => parse_classes(v, &mut cfg, &mut seen, &mut problems),
                 other => problems
                     .push(Problem { field: other.into(), message: format!("unknown section, expected one of: {}", SECTIONS.join(", ")) }),
             }
@@ -171,187 +142,15 @@ impl Config {
 
     fn validate(&self, seen: &Parsed, p: &mut Vec<Problem>) {
         let class_known = |c: &str| self.classes.contains_key(c) || seen.failed_classes.iter().any(|f| f == c);
-        let mut bad = |field: String, message: String| p.push(Problem { field, message });
-        if self.server.listen == self.server.admin_listen && self.server.listen.port() != 0 {
-            bad("server.admin_listen".into(), "must differ from server.listen".into());
-        }
-        if let Some(tls) = &self.server.tls {
-            if let Err(e) = pem::certs(&tls.cert) {
-                bad("server.tls.cert".into(), e);
-            }
-            if let Err(e) = pem::key(&tls.key) {
-                bad("server.tls.key".into(), e);
-            }
-        }
-        for (name, d) in [
-            ("server.send_timeout", self.server.send_timeout),
-            ("server.header_read_timeout", self.server.header_read_timeout),
-            ("server.body_read_timeout", self.server.body_read_timeout),
-        ] {
-            if d.get().is_zero() {
-                bad(name.into(), "must be greater than 0".into());
-            }
-        }
-        if self.server.queued_keepalive.is_some_and(|d| d.get() < std::time::Duration::from_secs(1)) {
-            bad("server.queued_keepalive".into(), "must be at least 1s (a comment a second already keeps any proxy awake)".into());
-        }
-        if self.slo.history_step.get() < std::time::Duration::from_millis(100) {
-            bad("slo.history_step".into(), "must be at least 100ms".into());
-        }
-        if let Some(problem) = self.server.admin_token_env.as_deref().and_then(env_problem) {
-            bad("server.admin_token_env".into(), problem);
-        }
-        if self.server.http2_max_streams == 0 {
-            bad("server.http2_max_streams".into(), "must be at least 1".into());
-        }
-        if !(1..=65535).contains(&self.server.listen_backlog) {
-            bad("server.listen_backlog".into(), "must be between 1 and 65535".into());
-        }
-        if self.server.max_connections == 0 {
-            bad("server.max_connections".into(), "must be at least 1".into());
-        }
-        if self.server.max_request_body.0 == 0 {
-            bad("server.max_request_body".into(), "must be greater than 0".into());
-        }
-        let fl = &self.fleet;
-        for (i, peer) in fl.peers.iter().enumerate() {
-            if let Err(e) = parse_peer_url(peer) {
-                bad(format!("fleet.peers[{i}]"), e);
-            }
-        }
-        if let Some(name) = &fl.peers_dns {
-            if let Err(e) = parse_host_port(name) {
-                bad("fleet.peers_dns".into(), e);
-            }
-        }
-        if fl.period.get().is_zero() {
-            bad("fleet.period".into(), "must be greater than 0".into());
-        } else if fl.peer_timeout.get() < fl.period.get() * 2 {
-            bad("fleet.peer_timeout".into(), "must be at least twice fleet.period (one slow answer is not a lost peer)".into());
-        }
-        if fl.takeover_after.get() < fl.peer_timeout.get() {
-            bad("fleet.takeover_after".into(), "must be at least fleet.peer_timeout".into());
-        }
-        let li = &self.limits;
-        if let Some(url) = &li.redis {
-            if let Err(e) = check_redis_url(url) {
-                bad("limits.redis".into(), e);
-            }
-        }
-        if let Some(problem) = li.password_env.as_deref().and_then(env_problem) {
-            bad("limits.password_env".into(), problem);
-        }
-        if li.timeout.get().is_zero() {
-            bad("limits.timeout".into(), "must be greater than 0".into());
-        }
-        if li.key_prefix.is_empty() || li.key_prefix.contains(char::is_whitespace) {
-            bad("limits.key_prefix".into(), "must be a non-empty word without spaces".into());
-        }
-        if self.classes.is_empty() && seen.failed_classes.is_empty() {
-            bad("classes".into(), "at least one class is required".into());
-        }
-        for (name, c) in &self.classes {
-            if name.is_empty() || !name.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_') {
-                bad(format!("classes.{name}"), "class names use letters, digits, - and _ only".into());
-            }
-            if c.ttft.get().is_zero() {
-                bad(format!("classes.{name}.ttft"), "must be greater than 0".into());
-            }
-            if c.itl.get().is_zero() {
-                bad(format!("classes.{name}.itl"), "must be greater than 0".into());
-            }
-        }
-        if !class_known(&self.default_class) {
-            bad("default_class".into(), format!("`{}` is not one of the classes", self.default_class));
-        }
-        for (tier, t) in [("interactive", &self.tiers.interactive), ("batch", &self.tiers.batch)] {
-            if t.queue_capacity == 0 {
-                bad(format!("tiers.{tier}.queue_capacity"), "must be at least 1".into());
-            }
-            if t.queue_timeout.get().is_zero() {
-                bad(format!("tiers.{tier}.queue_timeout"), "must be greater than 0".into());
-            }
-            if tier == "batch" && t.shed_late {
-                bad(
-                    "tiers.batch.shed_late".into(),
-                    "interactive only (batch requests that cannot be served before their queue timeout are refused early already)".into(),
-                );
-            }
-            if !(0.0..1.0).contains(&t.reserved_share) {
-                bad(format!("tiers.{tier}.reserved_share"), "must be at least 0 and below 1".into());
-            }
-            if t.queue_max_bytes.0 < self.server.max_request_body.0 {
-                bad(
-                    format!("tiers.{tier}.queue_max_bytes"),
-                    format!(
-                        "must be at least server.max_request_body ({} bytes): a body the server takes must be able to wait",
-                        self.server.max_request_body.0
-                    ),
-                );
-            }
-        }
-        if self.tiers.batch.reserved_share != 0.0 {
-            bad("tiers.batch.reserved_share".into(), "only the interactive tier reserves slots".into());
-        }
-        for (name, v) in
-            [("slo.latency_objective", self.slo.latency_objective), ("slo.availability_objective", self.slo.availability_objective)]
-        {
-            if !(v > 0.0 && v < 1.0) {
-                bad(name.into(), "must be between 0 and 1, e.g. 0.99".into());
-            }
-        }
-        if self.slo.window.get().is_zero() {
-            bad("slo.window".into(), "must be greater than 0".into());
-        }
-        for (i, a) in self.slo.burn_alerts.iter().enumerate() {
-            if a.short >= a.long {
-                bad(format!("slo.burn_alerts[{i}].short"), format!("must be shorter than long ({})", a.long));
-            }
-            if a.long > self.slo.window {
-                bad(format!("slo.burn_alerts[{i}].long"), "must not exceed slo.window".into());
-            }
-            if a.short.get().is_zero() {
-                bad(format!("slo.burn_alerts[{i}].short"), "must be greater than 0".into());
-            }
-            if !(a.factor.is_finite() && a.factor > 0.0) {
-                bad(format!("slo.burn_alerts[{i}].factor"), "must be greater than 0".into());
-            }
-        }
-        let b = &self.breaker;
-        if !(b.trip_ratio.is_finite() && b.trip_ratio >= 1.0) {
-            bad("breaker.trip_ratio".into(), "must be at least 1.0".into());
-        }
-        for (name, d) in [("breaker.trip_after", b.trip_after), ("breaker.window", b.window), ("breaker.retry_after", b.retry_after)] {
-            if d.get().is_zero() {
-                bad(name.into(), "must be greater than 0".into());
-            }
-        }
-        if b.min_samples == 0 {
-            bad("breaker.min_samples".into(), "must be at least 1".into());
-        }
-        let r = &self.context_reduction;
-        if !(r.trigger_ratio.is_finite() && r.trigger_ratio >= 1.0) {
-            bad("context_reduction.trigger_ratio".into(), "must be at least 1.0".into());
-        }
-        for (name, v) in
-            [("max_tokens_cap", r.max_tokens_cap), ("max_documents", r.max_documents), ("max_prompt_tokens", r.max_prompt_tokens)]
-        {
-            if v == 0 {
-                bad(format!("context_reduction.{name}"), "must be at least 1".into());
-            }
-        }
-        if self.auth.default_max_tokens == 0 {
-            bad("auth.default_max_tokens".into(), "must be at least 1".into());
-        }
-        if let Some(ep) = &self.telemetry.otlp_endpoint {
-            if parse_replica_url(ep).is_err() || !ep.starts_with("http://") {
-                bad(
-                    "telemetry.otlp_endpoint".into(),
-                    "must be an http://host:port URL (OTLP over HTTP, e.g. http://127.0.0.1:4318; for TLS, run a collector beside slogate)"
-                        .into(),
-                );
-            }
-        }
+        validate::server(self, p);
+        validate::fleet(self, p);
+        validate::limits(self, p);
+        validate::classes(self, seen, p);
+        validate::tiers(self, p);
+        validate::slo(self, p);
+        validate::breaker(self, p);
+        validate::reduction(self, p);
+        validate::telemetry(self, p);
         pool::validate(self, seen, p);
         access::validate(self, &seen.pool_index, &class_known, p);
         runbook(self, p);
@@ -380,6 +179,45 @@ fn runbook(cfg: &Config, p: &mut Vec<Problem>) {
             });
         }
     }
+}
+
+/// The `pools` section: each pool that parses, with its index in the file.
+fn parse_pools(v: serde_norway::Value, cfg: &mut Config, seen: &mut Parsed, problems: &mut Vec<Problem>) {
+    let serde_norway::Value::Sequence(items) = v else {
+        problems.push(Problem { field: "pools".into(), message: "must be a list of pools".into() });
+        return;
+    };
+    seen.pool_index.clear();
+    seen.pools_given = items.len();
+    cfg.pools = items
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, item)| {
+            let p = parse_part(&format!("pools[{i}]"), item, problems)?;
+            seen.pool_index.push(i);
+            Some(p)
+        })
+        .collect();
+}
+
+/// The `classes` section: each class that parses; the names of those that
+/// do not are noted, so a check naming one does not say it is unknown.
+fn parse_classes(v: serde_norway::Value, cfg: &mut Config, seen: &mut Parsed, problems: &mut Vec<Problem>) {
+    let serde_norway::Value::Mapping(items) = v else {
+        problems.push(Problem { field: "classes".into(), message: "must be a mapping of class name to class".into() });
+        return;
+    };
+    cfg.classes = items
+        .into_iter()
+        .filter_map(|(name, item)| {
+            let name = name.as_str().map(str::to_owned).unwrap_or_else(|| format!("{name:?}"));
+            let parsed = parse_part(&format!("classes.{name}"), item, problems);
+            if parsed.is_none() {
+                seen.failed_classes.push(name.clone());
+            }
+            parsed.map(|c| (name, c))
+        })
+        .collect();
 }
 
 struct Parsed {

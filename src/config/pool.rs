@@ -265,13 +265,13 @@ impl Default for TimeoutsConfig {
 
 /// Every problem of the pools: names, models, replicas, limits, health and timeouts.
 pub(super) fn validate(cfg: &Config, seen: &Parsed, p: &mut Vec<Problem>) {
-    let mut bad = |field: String, message: String| p.push(Problem { field, message });
     if cfg.pools.is_empty() && seen.pool_index.len() == seen.pools_given {
-        bad("pools".into(), "at least one pool is required".into());
+        p.push(Problem { field: "pools".into(), message: "at least one pool is required".into() });
     }
     let mut names = std::collections::HashSet::new();
     let mut models: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for (pool, &i) in cfg.pools.iter().zip(&seen.pool_index) {
+        let mut bad = |field: String, message: String| p.push(Problem { field, message });
         let f = |s: &str| format!("pools[{i}].{s}");
         if pool.name.is_empty() {
             bad(f("name"), "must not be empty".into());
@@ -290,92 +290,109 @@ pub(super) fn validate(cfg: &Config, seen: &Parsed, p: &mut Vec<Problem>) {
                 }
             }
         }
-        if pool.replicas.is_empty() {
-            bad(f("replicas"), "at least one replica is required".into());
+        replicas(pool, i, p);
+        tls(pool, i, p);
+        limits_and_timeouts(pool, i, p);
+    }
+}
+
+/// A pool's replicas: at least one, URLs, names unique in the pool.
+fn replicas(pool: &PoolConfig, i: usize, p: &mut Vec<Problem>) {
+    let mut bad = |field: String, message: String| p.push(Problem { field, message });
+    if pool.replicas.is_empty() {
+        bad(format!("pools[{i}].replicas"), "at least one replica is required".into());
+    }
+    let mut names = HashMap::new();
+    for (j, r) in pool.replicas.iter().enumerate() {
+        if let Err(e) = parse_replica_url(&r.url) {
+            bad(format!("pools[{i}].replicas[{j}]"), e);
         }
-        let mut names = HashMap::new();
-        for (j, r) in pool.replicas.iter().enumerate() {
-            if let Err(e) = parse_replica_url(&r.url) {
-                bad(format!("pools[{i}].replicas[{j}]"), e);
+        if let Some(name) = &r.name {
+            if let Err(e) = check_replica_name(name) {
+                bad(format!("pools[{i}].replicas[{j}].name"), e);
+            } else if let Some(other) = names.insert(name.as_str(), j) {
+                bad(format!("pools[{i}].replicas[{j}].name"), format!("`{name}` is already the name of replicas[{other}]"));
             }
-            if let Some(name) = &r.name {
-                if let Err(e) = check_replica_name(name) {
-                    bad(format!("pools[{i}].replicas[{j}].name"), e);
-                } else if let Some(other) = names.insert(name.as_str(), j) {
-                    bad(format!("pools[{i}].replicas[{j}].name"), format!("`{name}` is already the name of replicas[{other}]"));
+        }
+    }
+}
+
+/// A pool's TLS to its replicas.
+fn tls(pool: &PoolConfig, i: usize, p: &mut Vec<Problem>) {
+    let mut bad = |field: String, message: String| p.push(Problem { field, message });
+    let f = |s: &str| format!("pools[{i}].{s}");
+    let https = pool.replicas.iter().any(|r| r.url.trim_start().starts_with("https://"));
+    if let Some(tls) = &pool.tls {
+        if !https {
+            bad(f("tls"), "is set, but no replica URL starts with https://".into());
+        }
+        if let Some(ca) = &tls.ca {
+            if let Err(e) = pem::certs(ca) {
+                bad(f("tls.ca"), e);
+            }
+        }
+        match (&tls.cert, &tls.key) {
+            (Some(cert), Some(key)) => {
+                if let Err(e) = pem::certs(cert) {
+                    bad(f("tls.cert"), e);
+                }
+                if let Err(e) = pem::key(key) {
+                    bad(f("tls.key"), e);
                 }
             }
+            (Some(_), None) => bad(f("tls.key"), "is required with tls.cert (the client certificate's private key)".into()),
+            (None, Some(_)) => bad(f("tls.cert"), "is required with tls.key (the client certificate)".into()),
+            (None, None) => {}
         }
-        let https = pool.replicas.iter().any(|r| r.url.trim_start().starts_with("https://"));
-        if let Some(tls) = &pool.tls {
-            if !https {
-                bad(f("tls"), "is set, but no replica URL starts with https://".into());
-            }
-            if let Some(ca) = &tls.ca {
-                if let Err(e) = pem::certs(ca) {
-                    bad(f("tls.ca"), e);
-                }
-            }
-            match (&tls.cert, &tls.key) {
-                (Some(cert), Some(key)) => {
-                    if let Err(e) = pem::certs(cert) {
-                        bad(f("tls.cert"), e);
-                    }
-                    if let Err(e) = pem::key(key) {
-                        bad(f("tls.key"), e);
-                    }
-                }
-                (Some(_), None) => bad(f("tls.key"), "is required with tls.cert (the client certificate's private key)".into()),
-                (None, Some(_)) => bad(f("tls.cert"), "is required with tls.key (the client certificate)".into()),
-                (None, None) => {}
-            }
-            if let Some(name) = &tls.server_name {
-                if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
-                    bad(f("tls.server_name"), format!("`{name}` is not a DNS name or an IP address"));
-                }
+        if let Some(name) = &tls.server_name {
+            if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
+                bad(f("tls.server_name"), format!("`{name}` is not a DNS name or an IP address"));
             }
         }
-        if let Some(problem) = pool.api_key_env.as_deref().and_then(env_problem) {
-            bad(f("api_key_env"), problem);
+    }
+}
+
+/// A pool's API key, event size, slot limits, health checks and timeouts.
+fn limits_and_timeouts(pool: &PoolConfig, i: usize, p: &mut Vec<Problem>) {
+    let mut bad = |field: String, message: String| p.push(Problem { field, message });
+    let f = |s: &str| format!("pools[{i}].{s}");
+    if let Some(problem) = pool.api_key_env.as_deref().and_then(env_problem) {
+        bad(f("api_key_env"), problem);
+    }
+    if pool.max_event_bytes.0 < 1024 {
+        bad(f("max_event_bytes"), "must be at least 1KiB (a chunk of vLLM's stream with usage is a few hundred bytes)".into());
+    }
+    match pool.max_inflight_per_replica {
+        InflightLimit::Fixed(0) => bad(f("max_inflight_per_replica"), "must be at least 1, or auto".into()),
+        InflightLimit::Auto if pool.scrape_metrics.get().is_zero() => bad(
+            f("scrape_metrics"),
+            "must be greater than 0 with max_inflight_per_replica: auto (the learned limit reads the replicas' queues)".into(),
+        ),
+        _ => {}
+    }
+    let l = &pool.learned_limit;
+    if l.min == 0 || l.min > l.max || !(l.min..=l.max).contains(&l.initial) {
+        bad(f("learned_limit"), "needs 1 <= min <= initial <= max".into());
+    }
+    if !pool.health.path.starts_with('/') {
+        bad(f("health.path"), "must start with /".into());
+    }
+    for (name, d) in [("health.interval", pool.health.interval), ("health.timeout", pool.health.timeout)] {
+        if d.get().is_zero() {
+            bad(f(name), "must be greater than 0".into());
         }
-        if pool.max_event_bytes.0 < 1024 {
-            bad(f("max_event_bytes"), "must be at least 1KiB (a chunk of vLLM's stream with usage is a few hundred bytes)".into());
+    }
+    for (name, n) in [("health.unhealthy_after", pool.health.unhealthy_after), ("health.healthy_after", pool.health.healthy_after)] {
+        if n == 0 {
+            bad(f(name), "must be at least 1".into());
         }
-        match pool.max_inflight_per_replica {
-            InflightLimit::Fixed(0) => bad(f("max_inflight_per_replica"), "must be at least 1, or auto".into()),
-            InflightLimit::Auto if pool.scrape_metrics.get().is_zero() => bad(
-                f("scrape_metrics"),
-                "must be greater than 0 with max_inflight_per_replica: auto (the learned limit reads the replicas' queues)".into(),
-            ),
-            _ => {}
-        }
-        let l = &pool.learned_limit;
-        if l.min == 0 || l.min > l.max || !(l.min..=l.max).contains(&l.initial) {
-            bad(f("learned_limit"), "needs 1 <= min <= initial <= max".into());
-        }
-        if !pool.health.path.starts_with('/') {
-            bad(f("health.path"), "must start with /".into());
-        }
-        for (name, d) in [("health.interval", pool.health.interval), ("health.timeout", pool.health.timeout)] {
-            if d.get().is_zero() {
-                bad(f(name), "must be greater than 0".into());
-            }
-        }
-        for (name, n) in [("health.unhealthy_after", pool.health.unhealthy_after), ("health.healthy_after", pool.health.healthy_after)] {
-            if n == 0 {
-                bad(f(name), "must be at least 1".into());
-            }
-        }
-        let t = &pool.timeouts;
-        for (name, d) in [
-            ("timeouts.connect", t.connect),
-            ("timeouts.first_token", t.first_token),
-            ("timeouts.idle", t.idle),
-            ("timeouts.total", t.total),
-        ] {
-            if d.get().is_zero() {
-                bad(f(name), "must be greater than 0".into());
-            }
+    }
+    let t = &pool.timeouts;
+    for (name, d) in
+        [("timeouts.connect", t.connect), ("timeouts.first_token", t.first_token), ("timeouts.idle", t.idle), ("timeouts.total", t.total)]
+    {
+        if d.get().is_zero() {
+            bad(f(name), "must be greater than 0".into());
         }
     }
 }

@@ -22,6 +22,7 @@
 //!
 //! The tracker travels by value; a stage that fails hands its error to
 //! [`fail`], which counts the outcome once and answers in OpenAI's form.
+//! The path and its rooms are drawn in docs/architecture.md.
 
 pub(crate) mod body;
 #[doc(hidden)]

@@ -1,8 +1,9 @@
 //! The request's tracker: everything measured about one request, and the
 //! guards it holds (the lease on its slot, its breaker probe, its key's
-//! permit, its span). It records exactly one outcome, once, when it is
-//! dropped or closed: to the metrics, the class's windows and budget, the
-//! tenant, and the access log.
+//! permit, its span). When it is dropped or closed it builds one finished
+//! record, hands it to each guard to judge by its own rules, and records
+//! exactly one outcome to the metrics, the class's windows and budget and
+//! the access log. The rules are docs/design/measurement.md's.
 
 use std::sync::Arc;
 

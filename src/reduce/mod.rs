@@ -1,14 +1,9 @@
 //! Context reduction: pure functions that rewrite a chat or completion
-//! request to cost less, used while a class's TTFT P99 is over its trigger
-//! (P99 > 200 % of SLO for > 10 s -> reduce context).
-//!
-//! In order: cap `max_tokens` / `max_completion_tokens` (added when absent),
-//! keep only the first `max_documents` RAG `documents`, then drop the oldest
-//! non-system messages until the estimated prompt fits `max_prompt_tokens`.
-//! Never dropped: system (and developer) messages, the last user message,
-//! and never one half of a tool call / tool result pair: an assistant
-//! message with `tool_calls` and the `tool` messages answering it go
-//! together. Every field this code does not touch survives as it was.
+//! request to cost less while a class's TTFT P99 is over its trigger: cap
+//! the output, cut RAG documents, drop the oldest turns (never system
+//! messages, the last user message, or half of a tool call and its result).
+//! Every field this code does not touch survives as it was. The rules are
+//! docs/design/reduction.md's.
 
 use serde_json::{Map, Value};
 

@@ -211,53 +211,12 @@ pub async fn serve<H, F>(
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
-    let svc: Svc = tower::util::BoxCloneService::new(
-        tower::ServiceBuilder::new().layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response)).service_fn(move |req| {
-            let active = tuning.busy.as_ref().map(|b| b.enter());
-            // The handler's future is made inside the block: a future made
-            // outside and awaited inside would be stored twice in it (once
-            // captured, once awaited), doubling what each request in flight
-            // holds until its response head.
-            let handler = handler.clone();
-            async move {
-                let resp = handler(req).await;
-                Ok::<_, Infallible>(match active {
-                    Some(a) => resp.map(|b| http_body_util::BodyExt::boxed_unsync(busy::Held::new(b, a))),
-                    None => resp,
-                })
-            }
-        }),
-    );
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(H2_PING_INTERVAL)
-        .keep_alive_timeout(H2_PING_TIMEOUT)
-        .max_concurrent_streams(limits.http2_max_streams)
-        .initial_stream_window_size(H2_STREAM_WINDOW)
-        .initial_connection_window_size(h2_connection_window(limits.http2_max_streams));
+    let svc = service(handler, tuning);
+    let builder = connection_builder(&limits);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
-        // At max_connections, stop accepting until one closes: new
-        // connections wait in the kernel's accept queue.
-        let permit = match slots.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                if let Some(w) = &limits.waited {
-                    w.inc();
-                }
-                tokio::select! {
-                    p = slots.clone().acquire_owned() => match p {
-                        Ok(p) => p,
-                        Err(_) => break,
-                    },
-                    _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => break,
-                }
-            }
-        };
+        let Some(permit) = connection_slot(&slots, &limits, &mut shutdown).await else { break };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
@@ -291,6 +250,68 @@ pub async fn serve<H, F>(
     drop(listener);
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
         tracing::warn!(grace = ?grace, "shutdown grace expired with connections still open");
+    }
+}
+
+/// The request handler as a service: panics become 500s, and a request
+/// counts as in flight for busy polling until its body ends.
+fn service<H, F>(handler: H, tuning: Tuning) -> Svc
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    tower::util::BoxCloneService::new(
+        tower::ServiceBuilder::new().layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response)).service_fn(move |req| {
+            let active = tuning.busy.as_ref().map(|b| b.enter());
+            // The handler's future is made inside the block: a future made
+            // outside and awaited inside would be stored twice in it (once
+            // captured, once awaited), doubling what each request in flight
+            // holds until its response head.
+            let handler = handler.clone();
+            async move {
+                let resp = handler(req).await;
+                Ok::<_, Infallible>(match active {
+                    Some(a) => resp.map(|b| http_body_util::BodyExt::boxed_unsync(busy::Held::new(b, a))),
+                    None => resp,
+                })
+            }
+        }),
+    )
+}
+
+/// HTTP/1.1 and HTTP/2 on one listener, with the header timeout and the
+/// HTTP/2 pings, streams and windows.
+fn connection_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(H2_PING_INTERVAL)
+        .keep_alive_timeout(H2_PING_TIMEOUT)
+        .max_concurrent_streams(limits.http2_max_streams)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(h2_connection_window(limits.http2_max_streams));
+    builder
+}
+
+/// A place for one more connection. At max_connections, wait until one
+/// closes (new connections wait in the kernel's accept queue); `None` at
+/// shutdown.
+async fn connection_slot(
+    slots: &Arc<tokio::sync::Semaphore>,
+    limits: &Limits,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if let Ok(p) = slots.clone().try_acquire_owned() {
+        return Some(p);
+    }
+    if let Some(w) = &limits.waited {
+        w.inc();
+    }
+    tokio::select! {
+        p = slots.clone().acquire_owned() => p.ok(),
+        _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => None,
     }
 }
 

@@ -228,8 +228,37 @@ fn history_section(s: &Status) -> String {
 /// The page: one table per concern, inline CSS, no scripts, no external assets.
 pub(crate) fn html(s: &Status) -> String {
     let mut h = String::with_capacity(16 * 1024);
-    h.push_str(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"5\">\
+    h.push_str(HEAD);
+    h.push_str("<h1>slogate SLO status</h1>");
+    h.push_str(&format!(
+        "<p class=\"meta\">Generated {} &middot; error budgets counted since {} (process start; Prometheus holds the history) &middot; \
+latency objective {} &middot; availability objective {} over {} &middot; percentiles over the last {} &middot; refreshes every 5 s &middot; \
+<a href=\"/slo.json\">JSON</a></p>",
+        esc(&s.generated_at),
+        esc(&s.budgets_since),
+        pct(s.slo.latency_objective),
+        pct(s.slo.availability_objective),
+        esc(&s.slo.window),
+        esc(&s.slo.rolling_window)
+    ));
+    h.push_str(&history_section(s));
+    h.push_str(&latency_table(s));
+    h.push_str(&budgets_table(s));
+    h.push_str(&format!(
+        "<h2>Queues</h2><table><tr><th class=\"l\">tier</th><th>waiting</th></tr><tr><td class=\"l\">interactive</td><td>{}</td></tr><tr><td class=\"l\">batch</td><td>{}</td></tr></table>",
+        s.queues.interactive, s.queues.batch
+    ));
+    h.push_str(&tenants_table(s));
+    h.push_str(&replicas_table(s));
+    if let Some(f) = &s.fleet {
+        h.push_str(&fleet_table(f));
+    }
+    h.push_str("</body></html>\n");
+    h
+}
+
+/// The page's head: its style, and a refresh every 5 s.
+const HEAD: &str = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"5\">\
 <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>slogate SLO status</title><style>\
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#1d2430;background:#fafbfc}\
 h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}p.meta{color:#5b6574;margin:0 0 12px;font-size:13px}\
@@ -243,23 +272,11 @@ svg.hist{width:100%;height:auto;display:block}svg.hist .bg{fill:#fff}svg.hist po
 svg.hist .s0{stroke:#2563eb}svg.hist .s1{stroke:#b42318}svg.hist .ref{stroke:#a15c00;stroke-dasharray:4 3;stroke-width:1}\
 svg.hist .lbl{font-size:9px;fill:#5b6574}svg.hist .end{text-anchor:end}h3{font-size:14px;margin:12px 0 6px}\
 @media (max-width:700px){body{margin:10px}table{display:block;overflow-x:auto}}\
-</style></head><body>",
-    );
-    h.push_str("<h1>slogate SLO status</h1>");
-    h.push_str(&format!(
-        "<p class=\"meta\">Generated {} &middot; error budgets counted since {} (process start; Prometheus holds the history) &middot; \
-latency objective {} &middot; availability objective {} over {} &middot; percentiles over the last {} &middot; refreshes every 5 s &middot; \
-<a href=\"/slo.json\">JSON</a></p>",
-        esc(&s.generated_at),
-        esc(&s.budgets_since),
-        pct(s.slo.latency_objective),
-        pct(s.slo.availability_objective),
-        esc(&s.slo.window),
-        esc(&s.slo.rolling_window)
-    ));
+</style></head><body>";
 
-    h.push_str(&history_section(s));
-
+/// Each class's percentiles against its targets, breaker and reduction.
+fn latency_table(s: &Status) -> String {
+    let mut h = String::new();
     h.push_str("<h2>Latency against targets</h2><table><tr><th class=\"l\">class</th><th class=\"l\">tier</th><th>TTFT P50 ms</th><th>TTFT P99 ms</th><th>TTFT target ms</th><th>ITL P50 ms</th><th>ITL P99 ms</th><th>ITL target ms</th><th>samples</th><th class=\"l\">breaker</th><th class=\"l\">context reduction</th></tr>");
     for c in &s.classes {
         let breaker = match c.breaker {
@@ -286,7 +303,12 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
         ));
     }
     h.push_str("</table>");
+    h
+}
 
+/// Each class's two SLIs: attainment, budget left, burn rates.
+fn budgets_table(s: &Status) -> String {
+    let mut h = String::new();
     h.push_str("<h2>Error budgets</h2><table><tr><th class=\"l\">SLO</th><th>objective</th><th>attainment</th><th>good / valid</th><th>budget remaining</th>");
     let windows: Vec<String> =
         s.classes.first().map(|c| c.latency.burn_rates.iter().map(|b| b.window.clone()).collect()).unwrap_or_default();
@@ -320,14 +342,12 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
         }
     }
     h.push_str("</table>");
+    h
+}
 
-    h.push_str(&format!(
-        "<h2>Queues</h2><table><tr><th class=\"l\">tier</th><th>waiting</th></tr><tr><td class=\"l\">interactive</td><td>{}</td></tr><tr><td class=\"l\">batch</td><td>{}</td></tr></table>",
-        s.queues.interactive, s.queues.batch
-    ));
-
-    h.push_str(&tenants_table(s));
-
+/// Each replica: health and why not, load, slots.
+fn replicas_table(s: &Status) -> String {
+    let mut h = String::new();
     h.push_str("<h2>Replicas</h2><table><tr><th class=\"l\">pool</th><th class=\"l\">replica</th><th class=\"l\">URL</th><th class=\"l\">health</th><th>in flight</th><th>before first token</th><th>slots</th></tr>");
     for p in &s.pools {
         for r in &p.replicas {
@@ -352,25 +372,28 @@ latency objective {} &middot; availability objective {} over {} &middot; percent
         }
     }
     h.push_str("</table>");
-    if let Some(f) = &s.fleet {
+    h
+}
+
+/// The fleet's peers as this instance hears them.
+fn fleet_table(f: &super::FleetStatus) -> String {
+    let mut h = String::new();
+    h.push_str(&format!(
+        "<h2>Fleet</h2><p>This instance: {}. Slots above: this instance's part of each replica's limit.</p><table><tr><th class=\"l\">peer</th><th class=\"l\">id</th><th class=\"l\">standing</th><th>last heard</th><th class=\"l\">why not heard</th></tr>",
+        esc(&f.id)
+    ));
+    for p in &f.peers {
         h.push_str(&format!(
-            "<h2>Fleet</h2><p>This instance: {}. Slots above: this instance's part of each replica's limit.</p><table><tr><th class=\"l\">peer</th><th class=\"l\">id</th><th class=\"l\">standing</th><th>last heard</th><th class=\"l\">why not heard</th></tr>",
-            esc(&f.id)
+            "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span></td><td>{}</td><td class=\"l\">{}</td></tr>",
+            esc(&p.address),
+            esc(p.id.as_deref().unwrap_or("")),
+            if matches!(p.status.as_str(), "fresh" | "self") { "ok" } else { "bad" },
+            esc(&p.status),
+            p.last_heard_ms.map(|ms| format!("{ms} ms ago")).unwrap_or_else(|| "never".into()),
+            esc(p.error.as_deref().unwrap_or("")),
         ));
-        for p in &f.peers {
-            h.push_str(&format!(
-                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span></td><td>{}</td><td class=\"l\">{}</td></tr>",
-                esc(&p.address),
-                esc(p.id.as_deref().unwrap_or("")),
-                if matches!(p.status.as_str(), "fresh" | "self") { "ok" } else { "bad" },
-                esc(&p.status),
-                p.last_heard_ms.map(|ms| format!("{ms} ms ago")).unwrap_or_else(|| "never".into()),
-                esc(p.error.as_deref().unwrap_or("")),
-            ));
-        }
-        h.push_str("</table>");
     }
-    h.push_str("</body></html>\n");
+    h.push_str("</table>");
     h
 }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::config::Config;
 use crate::config::Tier;
 use crate::state::App;
 use crate::telemetry::budget::{self, Sli};
@@ -197,81 +198,12 @@ pub(crate) fn collect(app: &App) -> Status {
     let snap = app.snapshot();
     let cfg = &snap.config;
     let now = Instant::now();
-    let windows = budget::burn_windows(&cfg.slo);
-    let mut since = SystemTime::now();
-    let classes = snap
-        .classifier
-        .classes()
-        .iter()
-        .map(|c| {
-            let ctl = &c.control;
-            since = since.min(ctl.budget.since());
-            let v = ctl.view();
-            let total = ctl.budget.counts(now, cfg.slo.window.get());
-            let sli = |sli: Sli, objective: f64| {
-                let (good, valid) = match sli {
-                    Sli::Latency => (total.latency_good, total.latency_valid),
-                    Sli::Availability => (total.avail_good, total.avail_valid),
-                };
-                SliStatus {
-                    objective,
-                    attainment: budget::ratio(sli, &total),
-                    good,
-                    valid,
-                    budget_remaining: budget::remaining(sli, &total, objective),
-                    burn_rates: windows
-                        .iter()
-                        .map(|w| BurnRate {
-                            window: budget::window_label(*w),
-                            rate: budget::burn_rate(sli, &ctl.budget.counts(now, *w), objective),
-                        })
-                        .collect(),
-                }
-            };
-            ClassStatus {
-                name: c.name.to_string(),
-                tier: c.tier.as_str(),
-                ttft_target_ms: ms(c.ttft),
-                itl_target_ms: ms(c.itl),
-                ttft_p50_ms: ms(v.ttft.p50),
-                ttft_p99_ms: ms(v.ttft.p99),
-                itl_p50_ms: ms(v.itl.p50),
-                itl_p99_ms: ms(v.itl.p99),
-                samples: v.ttft.count,
-                breaker: ctl.breaker.state().as_str(),
-                context_reduction: ctl.reduction.active(),
-                latency: sli(Sli::Latency, cfg.slo.latency_objective),
-                availability: sli(Sli::Availability, cfg.slo.availability_objective),
-            }
-        })
-        .collect();
+    let classes: Vec<ClassStatus> = snap.classifier.classes().iter().map(|c| class_status(c, cfg, now)).collect();
+    let since = snap.classifier.classes().iter().map(|c| c.control.budget.since()).fold(SystemTime::now(), SystemTime::min);
     let queues = Queues {
         interactive: snap.pools.iter().map(|p| p.admission.depth(Tier::Interactive)).sum(),
         batch: snap.pools.iter().map(|p| p.admission.depth(Tier::Batch)).sum(),
     };
-    let pools = snap
-        .pools
-        .iter()
-        .map(|r| &r.pool)
-        .map(|p| PoolStatus {
-            name: p.config.name.clone(),
-            replicas: p
-                .replicas
-                .iter()
-                .map(|r| ReplicaStatus {
-                    name: String::from_utf8_lossy(r.public_name().as_bytes()).into_owned(),
-                    url: r.url.clone(),
-                    healthy: r.is_healthy(),
-                    reason: r.health_error(),
-                    inflight: r.inflight(),
-                    prefilling: r.prefilling(Tier::Interactive) + r.prefilling(Tier::Batch),
-                    max_inflight: r.max_inflight(),
-                    limit_learned: p.learns_limits(),
-                    fleet_slots: cfg.fleet.enabled().then(|| r.slots()),
-                })
-                .collect(),
-        })
-        .collect();
     Status {
         generated_at: rfc3339(SystemTime::now()),
         budgets_since: rfc3339(since),
@@ -283,10 +215,76 @@ pub(crate) fn collect(app: &App) -> Status {
         },
         classes,
         queues,
-        pools,
+        pools: snap.pools.iter().map(|r| pool_status(&r.pool, cfg)).collect(),
         tenants: tenants(app, now),
         history: HistoryStatus { step_s: cfg.slo.history_step.get().as_secs_f64(), classes: app.history.points() },
         fleet: cfg.fleet.enabled().then(|| FleetStatus { id: app.fleet.id().to_string(), peers: app.fleet.peers(&cfg.fleet) }),
+    }
+}
+
+/// One class: its targets, its rolling percentiles, breaker and
+/// reduction, and its two SLIs against their objectives.
+fn class_status(c: &crate::classify::Class, cfg: &Config, now: Instant) -> ClassStatus {
+    let ctl = &c.control;
+    let windows = budget::burn_windows(&cfg.slo);
+    let v = ctl.view();
+    let total = ctl.budget.counts(now, cfg.slo.window.get());
+    let sli = |sli: Sli, objective: f64| {
+        let (good, valid) = match sli {
+            Sli::Latency => (total.latency_good, total.latency_valid),
+            Sli::Availability => (total.avail_good, total.avail_valid),
+        };
+        SliStatus {
+            objective,
+            attainment: budget::ratio(sli, &total),
+            good,
+            valid,
+            budget_remaining: budget::remaining(sli, &total, objective),
+            burn_rates: windows
+                .iter()
+                .map(|w| BurnRate {
+                    window: budget::window_label(*w),
+                    rate: budget::burn_rate(sli, &ctl.budget.counts(now, *w), objective),
+                })
+                .collect(),
+        }
+    };
+    ClassStatus {
+        name: c.name.to_string(),
+        tier: c.tier.as_str(),
+        ttft_target_ms: ms(c.ttft),
+        itl_target_ms: ms(c.itl),
+        ttft_p50_ms: ms(v.ttft.p50),
+        ttft_p99_ms: ms(v.ttft.p99),
+        itl_p50_ms: ms(v.itl.p50),
+        itl_p99_ms: ms(v.itl.p99),
+        samples: v.ttft.count,
+        breaker: ctl.breaker.state().as_str(),
+        context_reduction: ctl.reduction.active(),
+        latency: sli(Sli::Latency, cfg.slo.latency_objective),
+        availability: sli(Sli::Availability, cfg.slo.availability_objective),
+    }
+}
+
+/// One pool's replicas: health and why not, load, slots.
+fn pool_status(p: &crate::upstream::Pool, cfg: &Config) -> PoolStatus {
+    PoolStatus {
+        name: p.config.name.clone(),
+        replicas: p
+            .replicas
+            .iter()
+            .map(|r| ReplicaStatus {
+                name: String::from_utf8_lossy(r.public_name().as_bytes()).into_owned(),
+                url: r.url.clone(),
+                healthy: r.is_healthy(),
+                reason: r.health_error(),
+                inflight: r.inflight(),
+                prefilling: r.prefilling(Tier::Interactive) + r.prefilling(Tier::Batch),
+                max_inflight: r.max_inflight(),
+                limit_learned: p.learns_limits(),
+                fleet_slots: cfg.fleet.enabled().then(|| r.slots()),
+            })
+            .collect(),
     }
 }
 

@@ -1,8 +1,6 @@
-//! Prometheus metrics, named exactly as CONTRACT.md says (prefix `slogate_`).
-//!
-//! Label sets are typed structs. Label values are bounded: `model` is one of
-//! the models a pool serves (or `unknown`), `class` one of the configured
-//! classes, so random client input cannot create series.
+//! Prometheus metrics (prefix `slogate_`): their names are part of the
+//! interface users' dashboards and alert rules depend on (the list is in
+//! docs/operations.md); their label sets are in [`super::labels`].
 //!
 //! A class's latency histograms have buckets at its TTFT and ITL targets and
 //! twice each (plus common ones), so `le="0.3"` SLIs work for any config; a
@@ -12,125 +10,15 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock, RwLock};
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::histogram::{AtomicHistogram, HistogramFamily};
+pub(crate) use super::labels::*;
 use super::Outcome;
 use crate::config::{Config, Tier};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub(crate) enum TierLabel {
-    interactive,
-    batch,
-}
-
-impl From<Tier> for TierLabel {
-    fn from(t: Tier) -> Self {
-        match t {
-            Tier::Interactive => TierLabel::interactive,
-            Tier::Batch => TierLabel::batch,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct RequestLabels {
-    pub(crate) model: String,
-    pub(crate) class: String,
-    pub(crate) tier: TierLabel,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct OutcomeLabels {
-    pub(crate) model: String,
-    pub(crate) class: String,
-    pub(crate) tier: TierLabel,
-    pub(crate) outcome: Outcome,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct ClassTierLabels {
-    pub(crate) class: String,
-    pub(crate) tier: TierLabel,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct ModelClassLabels {
-    pub(crate) model: String,
-    pub(crate) class: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct SloLabels {
-    pub(crate) slo: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct SloWindowLabels {
-    pub(crate) slo: String,
-    pub(crate) window: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct ClassLabels {
-    pub(crate) class: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum BreachKind {
-    ttft,
-    itl,
-    incomplete,
-    timeout,
-    error,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct BreachLabels {
-    pub(crate) class: String,
-    pub(crate) kind: BreachKind,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct FleetPeerLabels {
-    pub(crate) state: String,
-}
-
-/// A tenant: its API key's name (`anonymous` without keys); bounded by the config.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct TenantLabels {
-    pub(crate) tenant: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct TenantOutcomeLabels {
-    pub(crate) tenant: String,
-    pub(crate) outcome: Outcome,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct TenantKindLabels {
-    pub(crate) tenant: String,
-    /// `prompt` or `completion` for tokens; `requests`, `tokens` or `concurrent` for limits.
-    pub(crate) kind: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct ReplicaLabels {
-    pub(crate) pool: String,
-    pub(crate) replica: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct TierOnlyLabels {
-    pub(crate) tier: TierLabel,
-}
 
 /// The series of one class that its requests write: `goodput` and
 /// `slo_breaches` by kind, and per model the [`RequestSeries`].
@@ -371,12 +259,83 @@ pub struct Metrics {
     pub(crate) quota_used: Family<QuotaLabels, Gauge>,
 }
 
-/// A key's quota series: `window` day or month, `kind` tokens or requests.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct QuotaLabels {
-    pub(crate) tenant: String,
-    pub(crate) window: &'static str,
-    pub(crate) kind: &'static str,
+/// The request series: latencies, outcomes, tokens, goodput.
+fn register_requests(registry: &mut Registry, m: &Metrics) {
+    registry.register(
+        "time_to_first_token_seconds",
+        "Time from request received to the first content-bearing event sent to the client",
+        m.ttft.clone(),
+    );
+    registry.register(
+        "inter_token_latency_seconds",
+        "Gap between consecutive content-bearing events as delivered to the client",
+        m.itl.clone(),
+    );
+    registry.register("time_per_output_token_seconds", "(e2e - TTFT) / (output_tokens - 1) per request", m.tpot.clone());
+    registry.register("e2e_request_latency_seconds", "Time from request received to the end of the response", m.e2e.clone());
+    registry.register("queue_time_seconds", "Time spent waiting in the gateway queue", m.queue_time.clone());
+    registry.register("requests", "Requests by outcome", m.requests.clone());
+    registry.register("slo_breaches", "Requests that breached their class SLO, by kind", m.slo_breaches.clone());
+    registry.register("prompt_tokens", "Prompt tokens reported by the replicas", m.prompt_tokens.clone());
+    registry.register("generation_tokens", "Generated tokens reported by the replicas", m.generation_tokens.clone());
+    registry.register(
+        "usage_estimated_requests",
+        "Requests whose replica reported no usage; their tokens (in prompt_tokens and generation_tokens) are estimated: \
+         completion from the content events (or the answer's text, four characters a token), prompt from the body (four bytes a token)",
+        m.usage_estimated.clone(),
+    );
+    registry.register("goodput_requests", "Requests that met both their TTFT and ITL target", m.goodput.clone());
+}
+
+/// The queue, connection and replica series, and the fleet's.
+fn register_replicas(registry: &mut Registry, m: &Metrics) {
+    registry.register("queue_depth", "Requests waiting in the gateway queue", m.queue_depth.clone());
+    registry.register("open_connections", "Client connections open on the data listener", m.open_connections.clone());
+    registry.register(
+        "connections_waited",
+        "Client connections that waited to be accepted because server.max_connections were open",
+        m.connections_waited.clone(),
+    );
+    registry.register("inflight_requests", "Requests holding a slot on a replica (until their stream ends)", m.inflight.clone());
+    registry.register("upstream_healthy", "1 when the replica passes its health checks", m.upstream_healthy.clone());
+    registry.register(
+        "replica_limit",
+        "Requests the gateway lets a replica hold at once: learned (max_inflight_per_replica: auto) or fixed",
+        m.replica_limit.clone(),
+    );
+    registry.register(
+        "replica_batch_cut",
+        "Seats of a replica's learned limit batch requests leave to interactive ones, because interactive first tokens came late under load",
+        m.replica_batch_cut.clone(),
+    );
+    registry.register(
+        "replica_slots",
+        "With fleet peers: the requests this instance may hold on a replica, its part of the replica's limit",
+        m.replica_slots.clone(),
+    );
+    registry.register(
+        "fleet_peers",
+        "Other instances of the fleet: fresh (heard within peer_timeout), lost, gone (past takeover_after)",
+        m.fleet_peers.clone(),
+    );
+}
+
+/// The class controls' series: breaker, reduction, budgets.
+fn register_controls(registry: &mut Registry, m: &Metrics) {
+    registry.register("breaker_state", "TTFT circuit breaker state: 0 closed, 1 half-open, 2 open", m.breaker_state.clone());
+    registry.register(
+        "context_reduction_active",
+        "1 while requests of the class are rewritten to shed context",
+        m.context_reduction_active.clone(),
+    );
+    registry.register("ttft_p99_seconds", "TTFT P99 over the breaker's rolling window", m.ttft_p99.clone());
+    registry.register("context_reduced_requests", "Requests rewritten by context reduction", m.context_reduced.clone());
+    registry.register(
+        "error_budget_remaining_ratio",
+        "Share of the error budget left over slo.window (since the process started; negative when overspent)",
+        m.budget_remaining.clone(),
+    );
+    registry.register("error_budget_burn_rate", "Bad share over the allowed bad share, per burn-alert window", m.burn_rate.clone());
 }
 
 /// The tenants' series, the limit store's and the access log's.
@@ -467,73 +426,9 @@ impl Metrics {
             quota_used: Family::default(),
             registry: Registry::default(),
         };
-        registry.register(
-            "time_to_first_token_seconds",
-            "Time from request received to the first content-bearing event sent to the client",
-            m.ttft.clone(),
-        );
-        registry.register(
-            "inter_token_latency_seconds",
-            "Gap between consecutive content-bearing events as delivered to the client",
-            m.itl.clone(),
-        );
-        registry.register("time_per_output_token_seconds", "(e2e - TTFT) / (output_tokens - 1) per request", m.tpot.clone());
-        registry.register("e2e_request_latency_seconds", "Time from request received to the end of the response", m.e2e.clone());
-        registry.register("queue_time_seconds", "Time spent waiting in the gateway queue", m.queue_time.clone());
-        registry.register("requests", "Requests by outcome", m.requests.clone());
-        registry.register("slo_breaches", "Requests that breached their class SLO, by kind", m.slo_breaches.clone());
-        registry.register("prompt_tokens", "Prompt tokens reported by the replicas", m.prompt_tokens.clone());
-        registry.register("generation_tokens", "Generated tokens reported by the replicas", m.generation_tokens.clone());
-        registry.register(
-            "usage_estimated_requests",
-            "Requests whose replica reported no usage; their tokens (in prompt_tokens and generation_tokens) are estimated: \
-             completion from the content events (or the answer's text, four characters a token), prompt from the body (four bytes a token)",
-            m.usage_estimated.clone(),
-        );
-        registry.register("goodput_requests", "Requests that met both their TTFT and ITL target", m.goodput.clone());
-        registry.register("queue_depth", "Requests waiting in the gateway queue", m.queue_depth.clone());
-        registry.register("open_connections", "Client connections open on the data listener", m.open_connections.clone());
-        registry.register(
-            "connections_waited",
-            "Client connections that waited to be accepted because server.max_connections were open",
-            m.connections_waited.clone(),
-        );
-        registry.register("inflight_requests", "Requests holding a slot on a replica (until their stream ends)", m.inflight.clone());
-        registry.register("upstream_healthy", "1 when the replica passes its health checks", m.upstream_healthy.clone());
-        registry.register(
-            "replica_limit",
-            "Requests the gateway lets a replica hold at once: learned (max_inflight_per_replica: auto) or fixed",
-            m.replica_limit.clone(),
-        );
-        registry.register(
-            "replica_batch_cut",
-            "Seats of a replica's learned limit batch requests leave to interactive ones, because interactive first tokens came late under load",
-            m.replica_batch_cut.clone(),
-        );
-        registry.register(
-            "replica_slots",
-            "With fleet peers: the requests this instance may hold on a replica, its part of the replica's limit",
-            m.replica_slots.clone(),
-        );
-        registry.register(
-            "fleet_peers",
-            "Other instances of the fleet: fresh (heard within peer_timeout), lost, gone (past takeover_after)",
-            m.fleet_peers.clone(),
-        );
-        registry.register("breaker_state", "TTFT circuit breaker state: 0 closed, 1 half-open, 2 open", m.breaker_state.clone());
-        registry.register(
-            "context_reduction_active",
-            "1 while requests of the class are rewritten to shed context",
-            m.context_reduction_active.clone(),
-        );
-        registry.register("ttft_p99_seconds", "TTFT P99 over the breaker's rolling window", m.ttft_p99.clone());
-        registry.register("context_reduced_requests", "Requests rewritten by context reduction", m.context_reduced.clone());
-        registry.register(
-            "error_budget_remaining_ratio",
-            "Share of the error budget left over slo.window (since the process started; negative when overspent)",
-            m.budget_remaining.clone(),
-        );
-        registry.register("error_budget_burn_rate", "Bad share over the allowed bad share, per burn-alert window", m.burn_rate.clone());
+        register_requests(&mut registry, &m);
+        register_replicas(&mut registry, &m);
+        register_controls(&mut registry, &m);
         register_tenants(&mut registry, &m);
         registry.register("config_reloads", "Config reloads applied", m.reloads.clone());
         registry.register("config_reload_failures", "Config reloads rejected (the old config was kept)", m.reload_failures.clone());

@@ -1,63 +1,9 @@
-//! Learned in-flight limits (`max_inflight_per_replica: auto`).
-//!
-//! A replica's capacity is the number of requests it runs at once without
-//! queueing any itself: past it, vLLM holds the rest in its own waiting
-//! queue, first come first served, where the gateway's priorities no longer
-//! apply. That number depends on the model, the GPU, `max_num_seqs`, and
-//! how much KV cache the current prompts and outputs take, so it moves
-//! during the day. The controller looks for it from what the replica says
-//! of itself, every `scrape_metrics`:
-//!
-//! - the replica's own waiting queue (`vllm:num_requests_waiting`), the
-//!   signal that says "past capacity" directly; with a queue, what it runs
-//!   (`vllm:num_requests_running`) is its capacity at that moment. End-to-end latency, the
-//!   signal of Envoy's adaptive concurrency filter and Netflix's Gradient2,
-//!   mostly measures how many tokens a request asked for; a queue measures
-//!   load whatever the lengths;
-//! - the replica refusing work (429 or 503): back off hard;
-//! - the replica's time to first token for interactive requests (from
-//!   dispatch, without the gateway's queue time), as a share of each one's
-//!   class target: while one in a period is over its target the limit does
-//!   not grow, and when the period's mean is also over twice its own recent
-//!   best (so it is load, not long prompts) batch makes room: it leaves a
-//!   tenth more of the limit to interactive requests there (up to half of
-//!   it; a seat back each period first tokens are on target). Fewer batch
-//!   streams on the replica leave more of each step to the prefills
-//!   interactive requests wait for, and the seats stay open to interactive
-//!   ones: cutting the limit itself took them from interactive requests
-//!   too, and in a burst of them, the moment the signal fires, every stream
-//!   that ended paid the cut down instead of seating one that waited.
-//!   With no batch held there, the limit itself is cut by a tenth.
-//!
-//! A request waits in the replica's queue from its arrival to the engine's
-//! next step whatever the load: the gateway sends about `in_transit` of them
-//! per step (its dispatch rate times the replica's mean gap between tokens),
-//! and a queue counts only beyond that Poisson count's mean plus two standard
-//! deviations. Without it, a replica sent many requests a second (the one
-//! left when another slows down) shows one waiting in two scrapes in a row
-//! every few seconds, and is cut to what it runs while it still has room.
-//!
-//! A queue in a single sample counts too, once the next sample shows the
-//! replica took no more on (a burst in transit, or a ramp, shows a queue
-//! that the replica then takes): the most it ran then,
-//! over the last 30 s or more, caps the limit at one
-//! above it (a queue that shows only now and then, the engine's steps and
-//! the scrapes out of phase, would otherwise let it creep past the
-//! capacity); the replica running more than that clears the cap.
-//!
-//! The limit grows only while it binds (the gateway has that many requests
-//! on the replica): without demand there is no evidence that more would be
-//! fine. It grows by the square root of itself far from the last point
-//! where a queue appeared (fast from a cold start), by one near it. A queue
-//! seen in two samples in a row takes it down by the smaller of the two
-//! (at most a quarter at once); one sample alone is a request caught
-//! between its arrival and the engine's next step. After a decrease the
-//! replica still queues what was sent before, until its streams end
-//! (seconds, for long answers): while the gateway holds more than the
-//! limit, a queue is that backlog and takes nothing further off. On a
-//! steady load it settles at the capacity, probing one above it now and
-//! then; each probe that finds the same capacity again doubles the wait
-//! before the next (up to 8 s at the default period).
+//! Learned in-flight limits (`max_inflight_per_replica: auto`): per replica,
+//! the largest in-flight count that keeps the replica's own waiting queue
+//! empty. Each period the controller reads a sample, classifies the period
+//! (refused, queued, over the ceiling, loaded, hold, free) and acts; its
+//! numbers are the named constants below, each with its reason. The rules
+//! are docs/design/learned-limits.md's.
 
 /// Bounds and start of a learned limit (`pools[].learned_limit`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -97,9 +43,71 @@ pub(crate) struct Sample {
 
 /// Samples the limit is held after it went down.
 const HOLD_AFTER_DECREASE: u32 = 4;
+/// Samples it is held after the replica refused work: longer, it said so itself.
 const HOLD_AFTER_REFUSAL: u32 = 8;
 /// The longest wait between probes above a known capacity (8 s at 250 ms).
 const MAX_PROBE_HOLD: u32 = 32;
+/// A refusal (429, 503) takes the limit to this part of itself: back off hard.
+const REFUSAL_CUT: f64 = 0.7;
+/// A queue takes the limit down by at most a quarter at once...
+const QUEUE_CUT_FLOOR: f64 = 0.75;
+/// ...and no decrease takes it below half of itself, whatever the replica runs.
+const DECREASE_FLOOR: f64 = 0.5;
+/// Late first tokens with only interactive requests here: a tenth fewer of them.
+const LOAD_CUT: f64 = 0.9;
+/// First tokens are late because of load when the period's mean share is
+/// over this many times its own recent best (long prompts alone are not).
+const LOADED_OVER_BEST: f64 = 2.0;
+/// The best first-token share creeps up this much a period, so it follows
+/// prompts that stay longer.
+const BEST_CREEP: f64 = 1.01;
+/// Batch leaves this part of the limit more to interactive at each late period...
+const BATCH_CUT_STEP: f64 = 0.1;
+/// ...up to this part of it.
+const BATCH_CUT_MAX: f64 = 0.5;
+/// With requests waiting for slots, the limit binds at this part of it
+/// (the interactive headroom keeps batch alone a little under it).
+const BINDS_WITH_DEMAND: f64 = 0.9;
+/// A queue again within this many of the last knee is the same capacity found again.
+const SAME_KNEE: f64 = 2.0;
+/// Past the knee by this factor (and two more), capacity grew: forget the knee.
+const KNEE_FORGOTTEN: f64 = 1.25;
+/// Requests in transit count as queued beyond their mean plus this many
+/// standard deviations (a Poisson count).
+const TRANSIT_SIGMAS: f64 = 2.0;
+
+/// What one period says, once its sample is read.
+#[derive(Debug, Clone, Copy)]
+struct Period {
+    /// Waiting beyond requests in transit, now and the sample before.
+    waiting: f64,
+    prev: f64,
+    /// A queue in both: one that stayed.
+    queued: f64,
+    /// Requests sent under a higher limit that have not ended yet.
+    backlog: f64,
+    /// An interactive first token over its target in the period.
+    slow: bool,
+    /// ...and the period's mean over twice its recent best: load.
+    loaded: bool,
+}
+
+/// What the controller does about a period.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Verdict {
+    /// The replica refused work.
+    Refused,
+    /// A queue that stayed, beyond any backlog: past capacity.
+    Queued,
+    /// A queue now, and the limit more than one above the ceiling `c`.
+    OverCeiling(f64),
+    /// First tokens late because of load, only interactive here.
+    Loaded,
+    /// Draining a backlog, or holding after a cut.
+    Hold,
+    /// Nothing against it: grow if the limit binds.
+    Free,
+}
 
 /// One replica's learned limit.
 #[derive(Debug, Clone)]
@@ -178,126 +186,162 @@ impl Controller {
         self.limit = self.limit.clamp(params.min as f64, params.max as f64);
     }
 
-    /// Take one period's sample; the limit after it.
+    /// Take one period's sample; the limit after it: read the sample,
+    /// classify the period, act on it.
     pub(crate) fn update(&mut self, s: Sample) -> usize {
-        let (min, max) = (self.params.min as f64, self.params.max as f64);
+        let p = self.read(&s);
+        let batch_makes_room = self.move_batch_cut(&p, &s);
+        let verdict = self.classify(&p, &s, batch_makes_room);
+        self.act(verdict, &p, &s);
+        self.limit = self.limit.clamp(self.params.min as f64, self.params.max as f64);
+        self.limit()
+    }
+
+    /// Read a sample: the queue beyond requests in transit, the backlog,
+    /// the best first-token share, and the ceiling a queue shows.
+    fn read(&mut self, s: &Sample) -> Period {
         // Requests caught between their arrival and the engine's next step
-        // are no queue: a queue counts beyond what arrives in one step (a
-        // Poisson count; its mean and two standard deviations).
-        let transit = (s.in_transit + 2.0 * s.in_transit.sqrt()).floor();
+        // are no queue: a queue counts beyond what arrives in one step.
+        let transit = (s.in_transit + TRANSIT_SIGMAS * s.in_transit.sqrt()).floor();
         let waiting = (s.waiting.unwrap_or(0.0) - transit).max(0.0);
         let prev = std::mem::replace(&mut self.waiting, waiting);
-        let queued = waiting.min(prev);
-        // Requests sent under a higher limit that have not ended yet: the
-        // replica may queue that many without the limit being too high.
         let backlog = s.inflight_now.saturating_sub(self.limit()) as f64;
-        let best = self.best_first_token.map(|b| b * 1.01);
+        let best = self.best_first_token.map(|b| b * BEST_CREEP);
         self.best_first_token = match (best, s.first_token) {
             (Some(b), Some(t)) => Some(b.min(t)),
             (b, t) => b.or(t),
         };
-        // A queue, even one sample's, says what the replica runs at most now
-        // (a request caught between its arrival and the engine's next step
-        // shows as one waiting with one fewer running: that sample says less,
-        // and the window keeps the largest). Running more than that: capacity grew.
+        self.read_ceiling(s, waiting);
+        // Interactive targets are P99s: one first token over its target in a
+        // period is already a sign.
+        let slow = s.first_token_max.or(s.first_token).is_some_and(|t| t > 1.0);
+        let loaded = slow && s.first_token.zip(best).is_some_and(|(t, b)| t > LOADED_OVER_BEST * b);
+        Period { waiting, prev, queued: waiting.min(prev), backlog, slow, loaded }
+    }
+
+    /// A queue, even one sample's, says what the replica runs at most now
+    /// (a request caught between its arrival and the engine's next step
+    /// shows as one waiting with one fewer running: that sample says less,
+    /// and the window keeps the largest). Running more than that: capacity grew.
+    fn read_ceiling(&mut self, s: &Sample, waiting: f64) {
         self.samples += 1;
         if self.samples % CEILING_SAMPLES == 0 {
             self.ceiling = [self.ceiling[1], None];
         }
-        if let Some(running) = s.running {
-            let ours = if running + waiting > 0.0 { (s.inflight_now as f64 / (running + waiting)).min(1.0) } else { 1.0 };
-            let mine = (running * ours).floor();
-            if self.ceiling().is_some_and(|c| mine > c) {
-                self.ceiling = [None, None];
-            }
-            // A queue counts once the next sample shows the replica took no
-            // more on: one it then took (a burst in transit, a ramp) says
-            // nothing of its capacity.
-            if let Some(p) = self.pending.take() {
-                if mine <= p {
-                    self.ceiling[1] = Some(self.ceiling[1].map_or(p, |c| c.max(p)));
-                }
-            }
-            if waiting >= 1.0 && mine > 0.0 {
-                self.pending = Some(mine);
+        let Some(running) = s.running else { return };
+        let ours = if running + waiting > 0.0 { (s.inflight_now as f64 / (running + waiting)).min(1.0) } else { 1.0 };
+        let mine = (running * ours).floor();
+        if self.ceiling().is_some_and(|c| mine > c) {
+            self.ceiling = [None, None];
+        }
+        // A queue counts once the next sample shows the replica took no more
+        // on: one it then took (a burst in transit, a ramp) says nothing of
+        // its capacity.
+        if let Some(p) = self.pending.take() {
+            if mine <= p {
+                self.ceiling[1] = Some(self.ceiling[1].map_or(p, |c| c.max(p)));
             }
         }
-        // Interactive targets are P99s: one first token over its target in a
-        // period is already a sign.
-        let slow = s.first_token_max.or(s.first_token).is_some_and(|t| t > 1.0);
-        let loaded = slow && s.first_token.zip(best).is_some_and(|(t, b)| t > 2.0 * b);
-        // Interactive first tokens late because of load: batch makes room
-        // while batch holds seats here.
-        let batch_makes_room = loaded && s.batch_now > 0 && !s.refused;
-        if batch_makes_room && self.batch_hold == 0 {
-            self.batch_cut = (self.batch_cut + (self.limit * 0.1).max(1.0)).min(self.limit * 0.5);
+        if waiting >= 1.0 && mine > 0.0 {
+            self.pending = Some(mine);
+        }
+    }
+
+    /// Interactive first tokens late because of load, batch held here:
+    /// batch leaves a tenth more of the limit to interactive (once per
+    /// hold); a seat back each period they are on target. Returns whether
+    /// batch made room this period.
+    fn move_batch_cut(&mut self, p: &Period, s: &Sample) -> bool {
+        let makes_room = p.loaded && s.batch_now > 0 && !s.refused;
+        if makes_room && self.batch_hold == 0 {
+            self.batch_cut = (self.batch_cut + (self.limit * BATCH_CUT_STEP).max(1.0)).min(self.limit * BATCH_CUT_MAX);
             self.batch_hold = HOLD_AFTER_DECREASE;
         } else {
             self.batch_hold = self.batch_hold.saturating_sub(1);
-            if self.batch_hold == 0 && !slow {
+            if self.batch_hold == 0 && !p.slow {
                 self.batch_cut = (self.batch_cut - 1.0).max(0.0);
             }
         }
+        makes_room
+    }
+
+    fn classify(&self, p: &Period, s: &Sample, batch_makes_room: bool) -> Verdict {
         if s.refused {
-            self.knee = Some(self.limit);
-            self.limit = (self.limit * 0.7).max(min);
-            self.hold = HOLD_AFTER_REFUSAL;
-        } else if queued >= backlog + 1.0 {
-            // A queue that stayed, beyond any backlog: past capacity.
-            let again = self.knee.is_some_and(|k| (k - self.limit).abs() <= 2.0);
-            self.probe_hold = if again { (self.probe_hold * 2).min(MAX_PROBE_HOLD) } else { HOLD_AFTER_DECREASE };
-            self.knee = Some(self.limit);
-            // With a queue, what the replica runs is its capacity now; our
-            // part of it is our share of its requests (all of it when the
-            // gateway is its only client). Without that figure, the queue's
-            // size beyond the backlog says how far over it the limit is.
-            let by_queue = (self.limit - (queued - backlog).floor()).max(self.limit * 0.75);
-            let target = match s.running {
-                Some(r) if r + waiting > 0.0 => {
-                    let ours = (s.inflight_now as f64 / (r + waiting)).min(1.0);
-                    (r * ours).floor().min(by_queue)
-                }
-                _ => by_queue,
-            };
-            self.limit = target.max(self.limit * 0.5).max(min);
-            self.hold = self.probe_hold;
-        } else if let Some(c) = self.ceiling().filter(|c| waiting >= backlog + 1.0 && self.limit > c + 1.0) {
-            // A queue now, and more than one above what the replica ran while
-            // something waited: back to one above that.
-            self.knee = Some(self.limit);
-            self.limit = (c + 1.0).max(self.limit * 0.5).max(min);
-            self.hold = self.probe_hold;
-        } else if loaded && !batch_makes_room && self.hold == 0 {
-            // Interactive first tokens late because of load, and only
-            // interactive requests here: fewer of them.
-            self.knee = Some(self.limit);
-            self.limit = (self.limit * 0.9).max(min);
-            self.hold = HOLD_AFTER_DECREASE;
-        } else if queued >= 1.0 || self.hold > 0 {
-            // Draining a backlog sent under a higher limit, or holding after a cut.
-            self.hold = self.hold.saturating_sub(1);
+            Verdict::Refused
+        } else if p.queued >= p.backlog + 1.0 {
+            Verdict::Queued
+        } else if let Some(c) = self.ceiling().filter(|c| p.waiting >= p.backlog + 1.0 && self.limit > c + 1.0) {
+            Verdict::OverCeiling(c)
+        } else if p.loaded && !batch_makes_room && self.hold == 0 {
+            Verdict::Loaded
+        } else if p.queued >= 1.0 || self.hold > 0 {
+            Verdict::Hold
         } else {
-            // The limit binds: the gateway had that many requests on it, or
-            // requests wait for slots and it had nearly that many (the
-            // interactive headroom keeps batch alone a little under it).
-            // Not "nearly" alone: the limit would creep a tenth above use.
-            let peak = s.inflight_peak as f64 + 1.0;
-            let binds = peak >= self.limit || (s.demand && peak >= self.limit * 0.9);
-            // Nothing queued in this sample or the one before.
-            if binds && waiting == 0.0 && prev == 0.0 && !slow {
-                let near_knee = self.knee.is_some_and(|k| self.limit + self.limit.sqrt() >= k);
-                self.limit += if near_knee { 1.0 } else { self.limit.sqrt().max(1.0) };
-                if let Some(c) = self.ceiling() {
-                    self.limit = self.limit.min(c + 1.0);
-                }
-                // Well past the old knee without a queue: capacity grew; forget it.
-                if self.knee.is_some_and(|k| self.limit > k * 1.25 + 2.0) {
-                    self.knee = None;
-                }
-            }
+            Verdict::Free
         }
-        self.limit = self.limit.clamp(min, max);
-        self.limit()
+    }
+
+    fn act(&mut self, v: Verdict, p: &Period, s: &Sample) {
+        let min = self.params.min as f64;
+        match v {
+            Verdict::Refused => {
+                self.knee = Some(self.limit);
+                self.limit = (self.limit * REFUSAL_CUT).max(min);
+                self.hold = HOLD_AFTER_REFUSAL;
+            }
+            Verdict::Queued => {
+                let again = self.knee.is_some_and(|k| (k - self.limit).abs() <= SAME_KNEE);
+                self.probe_hold = if again { (self.probe_hold * 2).min(MAX_PROBE_HOLD) } else { HOLD_AFTER_DECREASE };
+                self.knee = Some(self.limit);
+                // With a queue, what the replica runs is its capacity now; our
+                // part of it is our share of its requests (all of it when the
+                // gateway is its only client). Without that figure, the queue's
+                // size beyond the backlog says how far over it the limit is.
+                let by_queue = (self.limit - (p.queued - p.backlog).floor()).max(self.limit * QUEUE_CUT_FLOOR);
+                let target = match s.running {
+                    Some(r) if r + p.waiting > 0.0 => {
+                        let ours = (s.inflight_now as f64 / (r + p.waiting)).min(1.0);
+                        (r * ours).floor().min(by_queue)
+                    }
+                    _ => by_queue,
+                };
+                self.limit = target.max(self.limit * DECREASE_FLOOR).max(min);
+                self.hold = self.probe_hold;
+            }
+            Verdict::OverCeiling(c) => {
+                // Back to one above what the replica ran while something waited.
+                self.knee = Some(self.limit);
+                self.limit = (c + 1.0).max(self.limit * DECREASE_FLOOR).max(min);
+                self.hold = self.probe_hold;
+            }
+            Verdict::Loaded => {
+                self.knee = Some(self.limit);
+                self.limit = (self.limit * LOAD_CUT).max(min);
+                self.hold = HOLD_AFTER_DECREASE;
+            }
+            Verdict::Hold => self.hold = self.hold.saturating_sub(1),
+            Verdict::Free => self.grow(p, s),
+        }
+    }
+
+    /// The limit binds (the gateway had that many requests on the replica,
+    /// or requests wait for slots and it had nearly that many) and nothing
+    /// queued now or the sample before: one more near the knee, the square
+    /// root of the limit far from it, never past one above the ceiling.
+    fn grow(&mut self, p: &Period, s: &Sample) {
+        let peak = s.inflight_peak as f64 + 1.0;
+        let binds = peak >= self.limit || (s.demand && peak >= self.limit * BINDS_WITH_DEMAND);
+        if !(binds && p.waiting == 0.0 && p.prev == 0.0 && !p.slow) {
+            return;
+        }
+        let near_knee = self.knee.is_some_and(|k| self.limit + self.limit.sqrt() >= k);
+        self.limit += if near_knee { 1.0 } else { self.limit.sqrt().max(1.0) };
+        if let Some(c) = self.ceiling() {
+            self.limit = self.limit.min(c + 1.0);
+        }
+        if self.knee.is_some_and(|k| self.limit > k * KNEE_FORGOTTEN + 2.0) {
+            self.knee = None;
+        }
     }
 }
 

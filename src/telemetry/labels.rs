@@ -1,0 +1,126 @@
+//! The label sets of slogate's series, as typed structs. Label values are
+//! bounded: `model` is one of the models a pool serves (or `unknown`),
+//! `class` one of the configured classes, so client input cannot create series.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+
+use crate::config::Tier;
+use crate::telemetry::Outcome;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub(crate) enum TierLabel {
+    interactive,
+    batch,
+}
+
+impl From<Tier> for TierLabel {
+    fn from(t: Tier) -> Self {
+        match t {
+            Tier::Interactive => TierLabel::interactive,
+            Tier::Batch => TierLabel::batch,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct RequestLabels {
+    pub(crate) model: String,
+    pub(crate) class: String,
+    pub(crate) tier: TierLabel,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct OutcomeLabels {
+    pub(crate) model: String,
+    pub(crate) class: String,
+    pub(crate) tier: TierLabel,
+    pub(crate) outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ClassTierLabels {
+    pub(crate) class: String,
+    pub(crate) tier: TierLabel,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ModelClassLabels {
+    pub(crate) model: String,
+    pub(crate) class: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct SloLabels {
+    pub(crate) slo: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct SloWindowLabels {
+    pub(crate) slo: String,
+    pub(crate) window: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ClassLabels {
+    pub(crate) class: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum BreachKind {
+    ttft,
+    itl,
+    incomplete,
+    timeout,
+    error,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct BreachLabels {
+    pub(crate) class: String,
+    pub(crate) kind: BreachKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct FleetPeerLabels {
+    pub(crate) state: String,
+}
+
+/// A tenant: its API key's name (`anonymous` without keys); bounded by the config.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct TenantLabels {
+    pub(crate) tenant: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct TenantOutcomeLabels {
+    pub(crate) tenant: String,
+    pub(crate) outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct TenantKindLabels {
+    pub(crate) tenant: String,
+    /// `prompt` or `completion` for tokens; `requests`, `tokens` or `concurrent` for limits.
+    pub(crate) kind: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ReplicaLabels {
+    pub(crate) pool: String,
+    pub(crate) replica: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct TierOnlyLabels {
+    pub(crate) tier: TierLabel,
+}
+
+/// A key's quota series: `window` day or month, `kind` tokens or requests.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct QuotaLabels {
+    pub(crate) tenant: String,
+    pub(crate) window: &'static str,
+    pub(crate) kind: &'static str,
+}
