@@ -503,7 +503,7 @@ mod tests {
         assert_eq!(run(vec![whole.clone()], false).await.0, whole);
     }
 
-    /// Found by the SSE property (`tests/fuzz_properties.rs`): a blank line
+    /// Found by the SSE property (`tests/it/fuzz_properties.rs`): a blank line
     /// ended by CRLF that the reads split between CR and LF, followed by the
     /// usage event, lost its LF when the usage event was cut.
     #[tokio::test]

@@ -3,12 +3,10 @@
 //! ends, the client learns what happened, and each is counted exactly once
 //! with the outcome the client saw.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 
 /// How one request ended, as the client saw it.

@@ -3,15 +3,13 @@
 //! keep a lost peer's share until it is taken for dead, count a peer that
 //! answers again, and take over a dead one's share.
 
-mod common;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 

@@ -2,11 +2,9 @@
 //! against one total, running requests included, tokens settled to usage;
 //! a store that goes down costs precision, never a request.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 use slogate::config::key_sha256;
 

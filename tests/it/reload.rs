@@ -4,14 +4,12 @@
 //! and get no new requests, and an invalid file is rejected with the
 //! running config kept.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 
 fn config(replicas: &[String]) -> String {

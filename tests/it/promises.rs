@@ -3,14 +3,12 @@
 //! reserved share, shutdown's grace with requests still queued, and SIGHUP.
 //! Every gateway test ends with the gateway at rest and its books balanced.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::BodyExt;
 
 fn calls(mocks: &[&Mock]) -> usize {
@@ -139,7 +137,10 @@ async fn shutdown_returns_when_the_grace_expires_with_requests_still_queued() {
     let start = tokio::time::Instant::now();
     tokio::time::timeout(Duration::from_secs(20), gw.shutdown()).await.expect("shutdown returns once the grace has expired");
     let took = start.elapsed();
-    assert!(took >= Duration::from_millis(500), "returned after {took:?}, before the 500 ms grace");
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_secs(10),
+        "returned after {took:?}: not when the 500 ms grace expired"
+    );
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "no longer accepting");
     // Nothing was counted twice or lost on the way down.
     held.hang_up();

@@ -1,11 +1,9 @@
 //! The gateway at the edge: clients and replicas that behave as real ones
 //! do, including the ones that misbehave. Driven over HTTP/1.1 and HTTP/2.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 
 /// vLLM answers a non-streaming request with one body and `Content-Length`.

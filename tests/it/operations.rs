@@ -4,13 +4,11 @@
 //! `promtool check config`, and the Grafana dashboard and KEDA example
 //! referring only to metrics the gateway exports.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn chromium() -> PathBuf {
     which("chromium")

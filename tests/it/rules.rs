@@ -5,11 +5,9 @@
 //! minutes, a slow degradation firing only the ticket, an availability
 //! burn paging, and healthy traffic firing nothing.
 
-mod common;
-
 use std::path::Path;
 
-use common::{repo, which};
+use crate::common::{repo, which};
 use std::process::Command;
 
 use slogate::config::Config;

@@ -1,13 +1,11 @@
 //! Streaming through the gateway: bytes, TTFT/ITL stamping, usage handling,
 //! and every way a stream can end.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::BodyExt;
 
 #[tokio::test]
@@ -92,7 +90,7 @@ async fn events_split_into_single_bytes_are_forwarded_and_measured() {
                 steps.extend((0..b.len()).map(|i| Step::Send(b.slice(i..i + 1))));
             }
         }
-        common::Script { steps, ..whole }
+        crate::common::Script { steps, ..whole }
     }))
     .await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;

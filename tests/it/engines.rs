@@ -6,12 +6,10 @@
 //! events, the outcome, and the tokens (the replica's usage, or counted and
 //! marked as estimated when it sends none).
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::BodyExt;
 
 const EVENT_GAP: Duration = Duration::from_millis(10);

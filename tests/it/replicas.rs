@@ -2,13 +2,11 @@
 //! certificate for a name the URL does not carry) and started with an API
 //! key. Every certificate is made here, by a throwaway CA.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use slogate::config::Config;

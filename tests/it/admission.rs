@@ -3,11 +3,9 @@
 //! Retry-After, half-open, closed again), context reduction (the rewrite
 //! reaches the replica and the header says so), upstream priority.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 use serde_json::json;
 
@@ -318,8 +316,8 @@ async fn next_text(body: &mut hyper::body::Incoming) -> String {
 /// headers and a comment once it has waited 15 s, another every 15 s, then
 /// its events when it gets a slot; the comments do not stop the TTFT clock.
 /// (Paused time runs ahead while a request crosses a socket, by seconds for
-/// an HTTP/2 body: the times are bounded from below, the interval between
-/// comments exactly.)
+/// an HTTP/2 body: the times are bounded from below and, generously, from
+/// above; the interval between comments to within a second.)
 #[tokio::test(start_paused = true)]
 async fn keepalive_comments_a_queued_stream_until_its_tokens_and_its_ttft_counts_the_wait() {
     for (proto, client) in clients() {
@@ -330,7 +328,10 @@ async fn keepalive_comments_a_queued_stream_until_its_tokens_and_its_ttft_counts
         let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
         let headers_at = start.elapsed();
         assert_eq!(resp.status(), 200, "{proto}");
-        assert!(headers_at >= Duration::from_secs(15), "{proto}: headers after {headers_at:?}, before the interval");
+        assert!(
+            headers_at >= Duration::from_secs(15) && headers_at < Duration::from_secs(30),
+            "{proto}: headers after {headers_at:?}: not at the first interval"
+        );
         assert_eq!(header(resp.headers(), "content-type"), Some("text/event-stream"), "{proto}");
         assert_eq!(header(resp.headers(), "x-slogate-keepalive"), Some("queued"), "{proto}");
         assert_eq!(queued(&gw, "interactive").await, 1.0, "{proto}: still queued");
@@ -373,7 +374,10 @@ async fn keepalive_stream_refused_after_its_headers_ends_with_the_429s_error_eve
         assert_eq!(resp.status(), 200, "{proto}");
         let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
         let ended = start.elapsed();
-        assert!(ended >= Duration::from_secs(40), "{proto}: refused at {ended:?}, before the queue timeout");
+        assert!(
+            ended >= Duration::from_secs(40) && ended < Duration::from_secs(55),
+            "{proto}: refused at {ended:?}, not at the 40 s queue timeout"
+        );
         assert!(text.matches(": queued\n\n").count() >= 2, "{proto}: a comment every 15 s of the 40 s: {text}");
         let (comments, last) = text.split_at(text.rfind(": queued\n\n").expect("comments") + ": queued\n\n".len());
         assert!(comments.replace(": queued\n\n", "").is_empty(), "{proto}: only comments before the end: {text}");
@@ -386,7 +390,8 @@ async fn keepalive_stream_refused_after_its_headers_ends_with_the_429s_error_eve
         let start = tokio::time::Instant::now();
         let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
         assert_eq!((s, error_code(&b).as_str()), (429, "queue_timeout"), "{proto}");
-        assert!(start.elapsed() >= Duration::from_secs(40), "{proto}");
+        let refused = start.elapsed();
+        assert!(refused >= Duration::from_secs(40) && refused < Duration::from_secs(55), "{proto}: 429 at {refused:?}");
         assert!(header(&h, "retry-after").is_some() && header(&h, "x-slogate-keepalive").is_none(), "{proto}");
         held.release().await;
         assert_eq!(requests_with_outcome(&gw, "rejected").await, 2.0, "{proto}");

@@ -1,14 +1,12 @@
 //! The gateway around the stream: errors, routing, health, retry, metrics
 //! exposition, shutdown and TLS.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::BodyExt;
 
 #[tokio::test]

@@ -4,11 +4,9 @@
 //! endpoints, quotas over a day hold, every request has one id everywhere,
 //! and the access log has one line per request, never a key or a body.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 use slogate::config::key_sha256;
 

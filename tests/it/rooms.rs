@@ -86,7 +86,7 @@ fn rooms_import_only_rooms_below_them() {
             continue; // the top: wires every room
         }
         let Some(own) = rung(&room) else {
-            wrong.push(format!("{}: room `{room}` is not on the ladder (add it to LADDER in tests/rooms.rs)", rel.display()));
+            wrong.push(format!("{}: room `{room}` is not on the ladder (add it to LADDER in tests/it/rooms.rs)", rel.display()));
             continue;
         };
         let text = std::fs::read_to_string(f).expect("read");

@@ -3,13 +3,11 @@
 //! tier's slots among keys, keys kept in a separate file and reloaded, and
 //! `slogate keys hash`.
 
-mod common;
-
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 use slogate::config::key_sha256;
 

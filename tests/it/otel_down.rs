@@ -6,13 +6,11 @@
 //!
 //! Its own test binary: it installs the process-wide tracing subscriber.
 
-mod common;
-
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// A collector that accepts and never answers; it keeps every connection.
 fn black_hole() -> (std::net::SocketAddr, Arc<Mutex<Vec<TcpStream>>>) {

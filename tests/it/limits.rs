@@ -2,12 +2,10 @@
 //! fixed number of sequences at once and queues the rest, as vLLM does):
 //! the limit finds the replica's capacity and the replica stops queueing.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use loadtest::sim::{SimConfig, SimServer};
 
 /// A replica that runs 6 sequences at once, in 5 ms steps.

@@ -1,0 +1,32 @@
+//! Small shared helpers: the repository, programs on PATH, OpenAI error
+//! bodies, headers.
+
+/// The repository's root.
+pub fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A program on PATH.
+pub fn which(bin: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(bin)).find(|f| f.is_file()))
+}
+
+/// The `error` object of an OpenAI error body; fails unless it has all four
+/// members (`message`, `type`, `param`, `code`).
+pub fn error_body(body: &[u8]) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(body)));
+    for k in ["message", "type", "param", "code"] {
+        assert!(v["error"].get(k).is_some(), "OpenAI error body lacks `{k}`: {v}");
+    }
+    v["error"].clone()
+}
+
+/// The `error.code` of an OpenAI error body.
+pub fn error_code(body: &[u8]) -> String {
+    error_body(body)["code"].as_str().unwrap_or_default().to_string()
+}
+
+/// A response header as text.
+pub fn header<'a>(h: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}

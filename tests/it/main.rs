@@ -1,0 +1,30 @@
+//! The integration tests, one binary: each module drives the real gateway
+//! (in-process on 127.0.0.1:0, or the built binary) against mock or
+//! simulated replicas and real tools, as a user would. `common` is the
+//! harness they share.
+
+mod common;
+
+mod admission;
+mod demo;
+mod deploy;
+mod edge;
+mod engines;
+mod faults;
+mod fleet;
+mod fuzz_properties;
+mod gateway;
+mod limit_store;
+mod limits;
+mod operations;
+mod otel;
+mod otel_down;
+mod privilege;
+mod promises;
+mod reference_config;
+mod reload;
+mod replicas;
+mod rooms;
+mod rules;
+mod streaming;
+mod tenants;
