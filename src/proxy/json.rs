@@ -54,6 +54,9 @@ pub(super) fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
         usage: Option<Usage>,
         #[serde(default)]
         choices: Vec<AnswerChoice>,
+        /// A Responses API answer's `status`: `completed`, `incomplete`, `failed`.
+        #[serde(default)]
+        status: Option<String>,
     }
     #[derive(serde::Deserialize)]
     struct AnswerChoice {
@@ -81,6 +84,15 @@ pub(super) fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
                 tracker.answer_estimate = Some(chars.div_ceil(4) as u64);
             }
             tracker.finish_reason = a.choices.iter().find_map(|c| c.finish_reason.clone());
+            match a.status.as_deref() {
+                // A Responses answer that failed: no usable answer.
+                Some("failed") => return Outcome::upstream_error,
+                Some("incomplete") => {
+                    tracker.finish_reason = Some("length".into());
+                    return Outcome::length;
+                }
+                _ => {}
+            }
             if a.choices.iter().any(|c| c.finish_reason.as_deref() == Some("length")) {
                 Outcome::length
             } else {

@@ -77,6 +77,7 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
     let snap = app.snapshot();
     let id = request_id::of(req.headers());
     let target = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/health") => return with_id(route::health(&snap), &id),
         (&Method::GET, "/v1/models") => {
             return match snap.classifier.authenticate(req.headers()) {
                 Ok(grant) => with_id(route::models(&snap, &grant), &id),
@@ -322,7 +323,7 @@ fn observe(resp: Response<UpstreamBody>, mut tracker: Tracker, lease: Lease, end
         Watched::new(ObservedBody::passthrough(rbody, tracker, t)).boxed_unsync()
     } else if is_sse {
         Watched::new(ObservedBody::sse(rbody, tracker, t, s.strip_usage)).boxed_unsync()
-    } else if matches!(endpoint, Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings) {
+    } else if matches!(endpoint, Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings | Endpoint::Responses | Endpoint::Rerank) {
         Watched::new(ObservedBody::json(rbody, tracker, t)).boxed_unsync()
     } else {
         Watched::new(ObservedBody::passthrough(rbody, tracker, t)).boxed_unsync()

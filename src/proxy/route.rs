@@ -76,6 +76,13 @@ pub(super) fn generates(endpoint: Endpoint) -> bool {
     matches!(endpoint, Endpoint::Chat | Endpoint::Completions)
 }
 
+/// May `endpoint` answer with a stream of events when asked (`stream:
+/// true`)? Chat and completions, and the Responses API and transcription,
+/// whose streams carry their own usage (slogate asks nothing more of them).
+pub(super) fn may_stream(endpoint: Endpoint) -> bool {
+    generates(endpoint) || matches!(endpoint, Endpoint::Responses | Endpoint::Transcription)
+}
+
 /// What routing found: the parsed body, its model and the pool serving it.
 pub(super) struct Routed<'a> {
     pub(super) request: RequestBody,
@@ -160,8 +167,8 @@ pub(super) async fn route<'a>(
             }
         },
     };
-    let stream = generates(target.endpoint()) && head.stream;
-    let strip_usage = stream && !head.include_usage;
+    let stream = may_stream(target.endpoint()) && head.stream;
+    let strip_usage = stream && generates(target.endpoint()) && !head.include_usage;
     Ok(Routed { request, model, route, stream, strip_usage })
 }
 
@@ -169,10 +176,31 @@ pub(super) async fn route<'a>(
 /// (405, as vLLM answers, rather than 404).
 pub(super) fn route_method(path: &str) -> Option<&'static str> {
     match path {
-        "/v1/models" => Some("GET"),
+        "/v1/models" | "/health" => Some("GET"),
         p if Endpoint::of_path(p).is_some() => Some("POST"),
         _ => None,
     }
+}
+
+/// `GET /health` on the data port (load balancers and load generators such
+/// as guidellm probe it, as they would vLLM): 200 while every pool has a
+/// healthy replica, 503 with Retry-After otherwise. No key is needed.
+pub(super) fn health(snap: &Snapshot) -> Response<ProxyBody> {
+    if snap.ready() {
+        let mut resp = Response::new(full(Vec::new()));
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return resp;
+    }
+    let down: Vec<&str> = snap.pools.iter().filter(|r| r.pool.healthy_count() == 0).map(|r| r.pool.config.name.as_str()).collect();
+    let mut resp = crate::error::error_response(
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        &format!("no healthy replica in pool(s) {}", down.join(", ")),
+        "service_unavailable",
+        None,
+        "no_healthy_replica",
+    );
+    resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
 }
 
 /// `GET /v1/models`: the models of every pool that the caller's key may use.

@@ -9,6 +9,7 @@ mod admission;
 mod demo;
 mod deploy;
 mod edge;
+mod endpoints;
 mod engines;
 mod faults;
 mod fleet;

@@ -124,11 +124,14 @@ pub struct EventInfo {
     pub finish_reason: Option<String>,
 }
 
+/// Tokens a replica reported: chat's `prompt_tokens` / `completion_tokens`,
+/// or the Responses API's and transcription's `input_tokens` /
+/// `output_tokens`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 pub struct Usage {
-    #[serde(default)]
+    #[serde(default, alias = "input_tokens")]
     pub prompt_tokens: u64,
-    #[serde(default)]
+    #[serde(default, alias = "output_tokens")]
     pub completion_tokens: u64,
 }
 
@@ -146,6 +149,86 @@ struct Chunk {
     error: Option<IgnoredAny>,
     #[serde(default)]
     object: Option<IsError>,
+    /// A typed event (the Responses API, OpenAI's transcription stream):
+    /// `response.output_text.delta`, `response.completed`, ...
+    #[serde(default, rename = "type")]
+    kind: Option<TypeName>,
+    /// A typed delta event's text (any other value counts as none).
+    #[serde(default)]
+    delta: Option<Chars>,
+    /// The response a `response.completed` / `incomplete` / `failed` event carries.
+    #[serde(default)]
+    response: Option<ResponseObject>,
+}
+
+/// What a typed event's `type` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `*.delta`: generated text, reasoning, a tool call's arguments, audio.
+    Delta,
+    /// `response.completed`, `transcript.text.done`: the whole answer.
+    Completed,
+    /// `response.incomplete`: ended early (a token limit, a filter).
+    Incomplete,
+    /// `response.failed`, `error`.
+    Failed,
+    Other,
+}
+
+#[derive(Deserialize)]
+struct ResponseObject {
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    incomplete_details: Option<IncompleteDetails>,
+}
+
+#[derive(Deserialize)]
+struct IncompleteDetails {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// Any JSON value, read for whether it is a non-empty string.
+struct Chars(bool);
+
+impl<'de> Deserialize<'de> for Chars {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Chars;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Chars, E> {
+                Ok(Chars(!v.is_empty()))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Chars, E> {
+                Ok(Chars(false))
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Chars, E> {
+                Ok(Chars(false))
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Chars, E> {
+                Ok(Chars(false))
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Chars, E> {
+                Ok(Chars(false))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Chars, E> {
+                Ok(Chars(false))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Chars, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Chars(false))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Chars, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Chars(false))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -204,6 +287,16 @@ macro_rules! str_visitor {
 }
 
 str_visitor!(NonEmpty, "a string", |v| !v.is_empty());
+str_visitor!(TypeName, "an event type", |v| match v {
+    "response.completed" | "transcript.text.done" => Kind::Completed,
+    "response.incomplete" => Kind::Incomplete,
+    "response.failed" | "error" => Kind::Failed,
+    _ if v.ends_with(".delta") => Kind::Delta,
+    _ => Kind::Other,
+});
+
+/// A `type` string, read for its [`Kind`].
+struct TypeName(Kind);
 str_visitor!(IsError, "a string", |v| v == "error");
 
 impl<'de> Deserialize<'de> for NonEmptySeq {
@@ -286,12 +379,83 @@ pub fn analyze(data: &[u8]) -> EventInfo {
         info.content = choices.content;
         info.finish_reason = choices.finish_reason;
     }
+    if let Some(TypeName(kind)) = chunk.kind {
+        typed(kind, &chunk.delta, chunk.response, &mut info);
+    }
     info
+}
+
+/// A typed event (the Responses API, OpenAI's transcription stream): a
+/// delta with text is content; `response.completed` (or
+/// `transcript.text.done`) ends the answer, `response.incomplete` ends it
+/// early (`length` when a token limit cut it), `response.failed` and
+/// `error` are errors. These streams have no `[DONE]`: the ending event is it.
+fn typed(kind: Kind, delta: &Option<Chars>, response: Option<ResponseObject>, info: &mut EventInfo) {
+    match kind {
+        Kind::Delta => info.content |= delta.as_ref().is_some_and(|d| d.0),
+        Kind::Completed => {
+            info.done = true;
+            info.finish_reason = Some("stop".into());
+        }
+        Kind::Incomplete => {
+            info.done = true;
+            let reason = response.as_ref().and_then(|r| r.incomplete_details.as_ref()).and_then(|d| d.reason.as_deref());
+            info.finish_reason = Some(match reason {
+                Some("max_output_tokens") | Some("max_tokens") | None => "length".into(),
+                Some(other) => other.into(),
+            });
+        }
+        Kind::Failed => info.error = true,
+        Kind::Other => {}
+    }
+    if let Some(u) = response.and_then(|r| r.usage) {
+        info.usage = Some(u);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Responses API's stream, as vLLM sends it: typed events, deltas
+    /// of text, reasoning and tool-call arguments are content, the
+    /// completion carries usage, and it ends without `[DONE]`.
+    #[test]
+    fn responses_events_are_read_by_their_type() {
+        let created = br#"{"type":"response.created","response":{"id":"resp_1","status":"in_progress","usage":null}}"#;
+        assert_eq!(analyze(created), EventInfo::default());
+        for t in ["response.output_text.delta", "response.reasoning_text.delta", "response.function_call_arguments.delta"] {
+            let e = format!(r#"{{"type":"{t}","item_id":"msg_1","output_index":0,"delta":"Hel"}}"#);
+            assert!(analyze(e.as_bytes()).content, "{t}");
+            let empty = format!(r#"{{"type":"{t}","delta":""}}"#);
+            assert!(!analyze(empty.as_bytes()).content, "{t} with an empty delta");
+        }
+        assert!(
+            !analyze(br#"{"type":"response.output_text.done","text":"Hello"}"#).content,
+            "a done event repeats the text: not new content"
+        );
+        let completed = br#"{"type":"response.completed","response":{"id":"resp_1","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"Hello"}]}],"usage":{"input_tokens":12,"output_tokens":5,"total_tokens":17}}}"#;
+        let info = analyze(completed);
+        assert!(info.done && !info.error && !info.content);
+        assert_eq!(info.usage, Some(Usage { prompt_tokens: 12, completion_tokens: 5 }));
+        assert_eq!(info.finish_reason.as_deref(), Some("stop"));
+        let cut = br#"{"type":"response.incomplete","response":{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"usage":{"input_tokens":3,"output_tokens":16}}}"#;
+        let info = analyze(cut);
+        assert!(info.done && !info.error);
+        assert_eq!(info.finish_reason.as_deref(), Some("length"));
+        assert!(analyze(br#"{"type":"response.failed","response":{"status":"failed","error":{"code":"server_error"}}}"#).error);
+        assert!(analyze(br#"{"type":"error","code":"server_error","message":"boom"}"#).error);
+    }
+
+    /// OpenAI's transcription stream: `transcript.text.delta` events, then
+    /// `transcript.text.done` with usage.
+    #[test]
+    fn transcription_events_are_read_by_their_type() {
+        assert!(analyze(br#"{"type":"transcript.text.delta","delta":"The"}"#).content);
+        let done = analyze(br#"{"type":"transcript.text.done","text":"The end","usage":{"input_tokens":40,"output_tokens":3}}"#);
+        assert!(done.done);
+        assert_eq!(done.usage, Some(Usage { prompt_tokens: 40, completion_tokens: 3 }));
+    }
 
     fn parse_all(chunks: &[&[u8]]) -> Vec<Option<String>> {
         let mut p = SseParser::new();

@@ -150,6 +150,11 @@ pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// A GET request (never counted: the gateway counts inference requests).
+pub fn get_req(addr: SocketAddr, path: &str) -> Request<Full<Bytes>> {
+    Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new())).expect("request")
+}
+
 pub fn post_req(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
     // The paths the gateway routes (others are 404/405 and never counted).
     if path.starts_with("/v1/") && path != "/v1/models" {

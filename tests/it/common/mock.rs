@@ -523,3 +523,91 @@ pub fn standard(n: usize, gap: Duration) -> ScriptFn {
         }
     })
 }
+
+/// One typed SSE event as vLLM's Responses API sends it: an `event:` line
+/// naming its type, and the same `type` in its data.
+pub fn typed_event(kind: &str, fields: &str) -> Bytes {
+    let sep = if fields.is_empty() { "" } else { "," };
+    Bytes::from(format!("event: {kind}\ndata: {{\"type\":\"{kind}\"{sep}{fields}}}\n\n"))
+}
+
+/// How a scripted Responses stream ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponsesEnd {
+    /// `response.completed` with usage (12 input tokens, one output token a word).
+    Completed,
+    /// `response.incomplete`: the output token limit cut it.
+    Incomplete,
+    /// Nothing after the last delta: the stream is cut.
+    Cut,
+    /// `response.failed`.
+    Failed,
+}
+
+/// A Responses API answer as vLLM streams it (`stream: true`): created, in
+/// progress, the message item and its part, one `response.output_text.delta`
+/// per word with `gap` between them, the done events, then `end`. No `[DONE]`.
+pub fn responses_stream(words: &[&str], gap: Duration, end: ResponsesEnd) -> Script {
+    let text: String = words.concat();
+    let usage = format!(r#""usage":{{"input_tokens":12,"output_tokens":{},"total_tokens":{}}}"#, words.len(), 12 + words.len());
+    let resp =
+        |status: &str, extra: &str| format!(r#""response":{{"id":"resp_1","object":"response","status":"{status}","model":"m1"{extra}}}"#);
+    let mut steps = vec![
+        Step::Send(typed_event("response.created", &format!(r#""sequence_number":0,{}"#, resp("in_progress", "")))),
+        Step::Send(typed_event("response.in_progress", &format!(r#""sequence_number":1,{}"#, resp("in_progress", "")))),
+        Step::Send(typed_event(
+            "response.output_item.added",
+            r#""output_index":0,"item":{"id":"msg_1","type":"message","role":"assistant","status":"in_progress","content":[]}"#,
+        )),
+        Step::Send(typed_event(
+            "response.content_part.added",
+            r#""item_id":"msg_1","output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}"#,
+        )),
+    ];
+    for (i, w) in words.iter().enumerate() {
+        if i > 0 && !gap.is_zero() {
+            steps.push(Step::Wait(gap));
+        }
+        let delta = serde_json::to_string(w).expect("a word");
+        steps.push(Step::Send(typed_event(
+            "response.output_text.delta",
+            &format!(r#""item_id":"msg_1","output_index":0,"content_index":0,"delta":{delta},"logprobs":[]"#),
+        )));
+    }
+    let text_json = serde_json::to_string(&text).expect("text");
+    let output = format!(
+        r#","output":[{{"id":"msg_1","type":"message","role":"assistant","status":"completed","content":[{{"type":"output_text","text":{text_json},"annotations":[]}}]}}],{usage}"#
+    );
+    match end {
+        ResponsesEnd::Cut => return Script::sse(steps),
+        ResponsesEnd::Completed => {
+            steps.push(Step::Send(typed_event(
+                "response.output_text.done",
+                &format!(r#""item_id":"msg_1","output_index":0,"content_index":0,"text":{text_json},"logprobs":[]"#),
+            )));
+            steps.push(Step::Send(typed_event("response.completed", &resp("completed", &output))));
+        }
+        ResponsesEnd::Incomplete => {
+            let extra = format!(r#","incomplete_details":{{"reason":"max_output_tokens"}}{output}"#);
+            steps.push(Step::Send(typed_event("response.incomplete", &resp("incomplete", &extra))));
+        }
+        ResponsesEnd::Failed => {
+            steps.push(Step::Send(typed_event(
+                "response.failed",
+                &resp("failed", r#","error":{"code":"server_error","message":"the engine failed"}"#),
+            )));
+        }
+    }
+    Script::sse(steps)
+}
+
+/// A whole (non-streaming) Responses API answer, as vLLM sends it.
+pub fn responses_json(text: &str, status: &str) -> Script {
+    let text_json = serde_json::to_string(text).expect("text");
+    Script::json(
+        200,
+        &format!(
+            r#"{{"id":"resp_1","object":"response","created_at":1700000000,"model":"m1","status":"{status}","output":[{{"id":"msg_1","type":"message","role":"assistant","status":"completed","content":[{{"type":"output_text","text":{text_json},"annotations":[]}}]}}],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":{{"input_tokens":12,"output_tokens":3,"total_tokens":15,"input_tokens_details":{{"cached_tokens":0}},"output_tokens_details":{{"reasoning_tokens":0}}}}}}"#
+        ),
+    )
+}

@@ -1,0 +1,187 @@
+//! Endpoints beyond chat, through the gateway as a user sends them: the
+//! Responses API (streamed and whole) measured by its typed events, and
+//! `GET /health` on the data port. Driven over HTTP/1.1 and HTTP/2, and with
+//! the OpenAI SDK's `responses.create`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
+use crate::common::*;
+
+const RESPONSES_STREAM: &str = r#"{"model":"m1","input":"Say hello","stream":true}"#;
+const RESPONSES_WHOLE: &str = r#"{"model":"m1","input":"Say hello"}"#;
+
+/// The bytes a script sends, joined.
+fn sent_bytes(s: &Script) -> Vec<u8> {
+    s.steps.iter().filter_map(|st| if let Step::Send(b) = st { Some(b.to_vec()) } else { None }).flatten().collect()
+}
+
+/// A whole Responses stream arrives byte for byte and counts `ok`, with its
+/// TTFT at the first text delta (not at `response.created`), one gap per
+/// delta after it, and the tokens `response.completed` reports; a stream
+/// cut after its deltas is `stream_error`, one the token limit ended is
+/// `length`, a failed one `stream_error`.
+#[tokio::test]
+async fn a_responses_stream_is_measured_by_its_typed_events() {
+    let words = ["Hel", "lo", " there"];
+    for (end, outcome) in [
+        (ResponsesEnd::Completed, "ok"),
+        (ResponsesEnd::Incomplete, "length"),
+        (ResponsesEnd::Cut, "stream_error"),
+        (ResponsesEnd::Failed, "stream_error"),
+    ] {
+        let script = responses_stream(&words, Duration::from_millis(5), end);
+        let expected = sent_bytes(&script);
+        let mock = Mock::start(script.always()).await;
+        let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+        for (proto, client) in clients() {
+            let resp = client.request(post_req(gw.data_addr, "/v1/responses", RESPONSES_STREAM, &[])).await.expect("response");
+            assert_eq!(resp.status(), 200, "{proto} {end:?}");
+            assert_eq!(header(resp.headers(), "content-type"), Some("text/event-stream"), "{proto}");
+            let got = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+            assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&expected), "{proto} {end:?}: the bytes changed");
+        }
+        let sent = mock.state.bodies.lock().expect("lock").clone();
+        assert!(sent.iter().all(|b| b.get("stream_options").is_none()), "nothing added to a Responses request: {sent:?}");
+        let m = metrics_text(&gw).await;
+        let labels = [("class", "chat"), ("outcome", outcome)];
+        assert_eq!(metric(&m, "slogate_requests_total", &labels), Some(2.0), "{end:?}: {m}");
+        assert_eq!(
+            metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "chat")]),
+            Some(2.0),
+            "{end:?}: TTFT at the first delta of each stream"
+        );
+        assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[("class", "chat")]), Some(4.0), "{end:?}: two gaps each");
+        if end == ResponsesEnd::Completed || end == ResponsesEnd::Incomplete {
+            assert_eq!(metric(&m, "slogate_prompt_tokens_total", &[("class", "chat")]), Some(24.0), "{end:?}: input_tokens, reported");
+            assert_eq!(metric(&m, "slogate_generation_tokens_total", &[("class", "chat")]), Some(6.0), "{end:?}: output_tokens");
+            assert_eq!(metric(&m, "slogate_usage_estimated_requests_total", &[("class", "chat")]).unwrap_or(0.0), 0.0, "{end:?}");
+        }
+        assert_quiescent(&gw).await;
+    }
+}
+
+/// The first token of a Responses stream is its first text delta: events
+/// before it (created, in progress, the item and part added) do not stop the
+/// clock, so a delta that comes late is a late TTFT.
+#[tokio::test]
+async fn a_responses_streams_ttft_waits_for_its_first_delta() {
+    let mut script = responses_stream(&["late"], Duration::ZERO, ResponsesEnd::Completed);
+    // Everything before the first delta goes out at once; the delta comes 300 ms later.
+    let first_delta = script
+        .steps
+        .iter()
+        .position(|s| matches!(s, Step::Send(b) if b.starts_with(b"event: response.output_text.delta")))
+        .expect("a delta");
+    script.steps.insert(first_delta, Step::Wait(Duration::from_millis(300)));
+    let mock = Mock::start(script.always()).await;
+    let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+    let (status, _, _) = post(gw.data_addr, "/v1/responses", RESPONSES_STREAM, &[]).await;
+    assert_eq!(status, 200);
+    let m = metrics_text(&gw).await;
+    let ttft = metric(&m, "slogate_time_to_first_token_seconds_sum", &[("class", "chat")]).expect("a TTFT");
+    assert!((0.3..5.0).contains(&ttft), "TTFT {ttft} s: stamped before the first delta");
+    assert_quiescent(&gw).await;
+}
+
+/// A whole Responses answer: passed on as sent (with its Content-Length),
+/// `ok`, its tokens from `usage`; `incomplete` is `length`.
+#[tokio::test]
+async fn a_whole_responses_answer_is_counted_with_its_usage() {
+    for (status, outcome) in [("completed", "ok"), ("incomplete", "length")] {
+        let script = responses_json("Hello there", status);
+        let expected = sent_bytes(&script);
+        let mock = Mock::start(script.always()).await;
+        let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+        for (proto, client) in clients() {
+            let resp = client.request(post_req(gw.data_addr, "/v1/responses", RESPONSES_WHOLE, &[])).await.expect("response");
+            assert_eq!(resp.status(), 200, "{proto}");
+            assert_eq!(header(resp.headers(), "content-length"), Some(expected.len().to_string().as_str()), "{proto}");
+            let got: Bytes = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+            assert_eq!(got.as_ref(), expected.as_slice(), "{proto}");
+        }
+        let m = metrics_text(&gw).await;
+        assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", outcome)]), Some(2.0), "{status}: {m}");
+        assert_eq!(metric(&m, "slogate_prompt_tokens_total", &[("class", "chat")]), Some(24.0), "{status}");
+        assert_eq!(metric(&m, "slogate_generation_tokens_total", &[("class", "chat")]), Some(6.0), "{status}");
+        assert_eq!(metric(&m, "slogate_usage_estimated_requests_total", &[("class", "chat")]).unwrap_or(0.0), 0.0);
+        assert_quiescent(&gw).await;
+    }
+}
+
+/// The OpenAI Python SDK's `responses.create`, whole and streamed, through
+/// the gateway: it gets the text, and the gateway counts both `ok`.
+#[tokio::test]
+async fn the_openai_sdk_uses_the_responses_api_through_the_gateway() {
+    let mock = Mock::start(script(|req| {
+        if req.get("stream").and_then(|s| s.as_bool()) == Some(true) {
+            responses_stream(&["Hel", "lo"], Duration::ZERO, ResponsesEnd::Completed)
+        } else {
+            responses_json("Hello", "completed")
+        }
+    }))
+    .await;
+    let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(py.is_file(), "{} missing: run scripts/setup-test-deps", py.display());
+    let code = r#"
+import sys
+from openai import OpenAI
+c = OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+whole = c.responses.create(model="m1", input="Say hello")
+print("whole:", whole.output_text, whole.usage.input_tokens, whole.usage.output_tokens)
+text, kinds = "", []
+with c.responses.create(model="m1", input="Say hello", stream=True) as stream:
+    for event in stream:
+        kinds.append(event.type)
+        if event.type == "response.output_text.delta":
+            text += event.delta
+print("streamed:", text, kinds[-1])
+"#;
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(py).arg("-c").arg(code).arg(format!("http://{}/v1", gw.data_addr)).kill_on_drop(true).output(),
+    )
+    .await
+    .expect("the SDK script ends")
+    .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("whole: Hello 12 3"), "{stdout}");
+    assert!(stdout.contains("streamed: Hello response.completed"), "{stdout}");
+    count_sent(gw.data_addr, 2);
+    assert_eq!(requests_with_outcome(&gw, "ok").await, 2.0);
+    assert_quiescent(&gw).await;
+}
+
+/// `GET /health` on the data port answers as vLLM's does (200) while every
+/// pool has a healthy replica, and 503 with Retry-After when one has none;
+/// it needs no key, and any other method is 405.
+#[tokio::test]
+async fn health_on_the_data_port_follows_the_replicas() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let yaml = format!(
+        "{}auth:\n  keys:\n    - {{ name: k, key_sha256: {}, classes: [chat] }}\n",
+        gateway_config(&[mock.url()]).yaml(),
+        slogate::config::key_sha256("sk-k")
+    );
+    let gw = start_gateway(&yaml).await;
+    for (proto, client) in clients() {
+        let resp = client.request(get_req(gw.data_addr, "/health")).await.expect("response");
+        assert_eq!(resp.status(), 200, "{proto}: no key needed");
+        assert!(header(resp.headers(), "x-request-id").is_some(), "{proto}");
+    }
+    let (status, headers, _) = post(gw.data_addr, "/health", "{}", &[]).await;
+    assert_eq!((status, header(&headers, "allow")), (405, Some("GET")));
+    mock.state.healthy.store(false, std::sync::atomic::Ordering::SeqCst);
+    let data = gw.data_addr;
+    wait_until("the replica taken out", || async move { get(data, "/health").await.0 == 503 }).await;
+    let resp = client().request(get_req(gw.data_addr, "/health")).await.expect("response");
+    assert_eq!(header(resp.headers(), "retry-after"), Some("1"));
+    let body = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    assert_eq!(error_code(&body), "no_healthy_replica");
+    assert_quiescent(&gw).await;
+}
