@@ -71,6 +71,9 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     pub tls: Option<TlsConfig>,
     pub max_request_body: Size,
+    /// The largest multipart form (an audio upload: OpenAI takes files of up
+    /// to 25 MB); larger ones get 413.
+    pub max_upload_body: Size,
     pub shutdown_grace: Dur,
     /// Poll for I/O without sleeping while requests are in flight (see
     /// `server::busy`): lower latency on VMs, a core's worth of CPU.
@@ -118,6 +121,7 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             tls: None,
             max_request_body: Size(4 << 20),
+            max_upload_body: Size(32 << 20),
             shutdown_grace: Dur::secs(30),
             busy_poll: false,
             short_sched_slice: false,

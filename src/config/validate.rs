@@ -48,6 +48,9 @@ pub(super) fn server(cfg: &Config, p: &mut Vec<Problem>) {
     if cfg.server.max_request_body.0 == 0 {
         bad("server.max_request_body".into(), "must be greater than 0".into());
     }
+    if cfg.server.max_upload_body.0 == 0 {
+        bad("server.max_upload_body".into(), "must be greater than 0".into());
+    }
 }
 
 /// `fleet`: peers and the exchange's timing.
@@ -136,12 +139,12 @@ pub(super) fn tiers(cfg: &Config, p: &mut Vec<Problem>) {
         if !(0.0..1.0).contains(&t.reserved_share) {
             bad(format!("tiers.{tier}.reserved_share"), "must be at least 0 and below 1".into());
         }
-        if t.queue_max_bytes.0 < cfg.server.max_request_body.0 {
+        let largest = cfg.server.max_request_body.0.max(cfg.server.max_upload_body.0);
+        if t.queue_max_bytes.0 < largest {
             bad(
                 format!("tiers.{tier}.queue_max_bytes"),
                 format!(
-                    "must be at least server.max_request_body ({} bytes): a body the server takes must be able to wait",
-                    cfg.server.max_request_body.0
+                    "must be at least server.max_request_body and server.max_upload_body ({largest} bytes): a body the server takes must be able to wait"
                 ),
             );
         }

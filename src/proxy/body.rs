@@ -51,6 +51,8 @@ pub(super) struct RequestBody {
     object: Option<Map<String, Value>>,
     /// The object was changed and must be written again.
     dirty: bool,
+    /// A multipart form, sent as it came.
+    form: bool,
 }
 
 /// Only the routed-on members; the rest is checked and skipped.
@@ -87,16 +89,38 @@ fn usage_asked(opts: Option<&Value>) -> bool {
     opts.and_then(|o| o.get("include_usage")).and_then(Value::as_bool) == Some(true)
 }
 
+impl Head {
+    /// The head of a multipart form: its `model` and `stream` fields.
+    pub(super) fn form(model: Model, stream: bool) -> Head {
+        Head { model, stream, include_usage: false, has_stream_options: false, has_priority: false, max_output: None }
+    }
+}
+
 impl RequestBody {
+    /// A multipart form, read as far as `head` (see `form.rs`); sent as is.
+    pub(super) fn form(bytes: Bytes, head: Head) -> Self {
+        Self { bytes, head, object: None, dirty: false, form: true }
+    }
+
+    /// Its prompt, estimated at four bytes a token for text; a form (an
+    /// audio upload) is no text: 0, and what the replica reports counts.
+    pub(super) fn prompt_estimate(&self) -> u64 {
+        if self.form {
+            0
+        } else {
+            self.bytes.len() as u64 / 4
+        }
+    }
+
     /// Parse a body; 400 (`MalformedJson` or `InvalidRequest`) when it is
     /// not a JSON object.
     pub(super) fn parse(bytes: Bytes) -> Result<Self, GatewayError> {
         if let Some(head) = Self::quick_head(&bytes) {
-            return Ok(Self { bytes, head, object: None, dirty: false });
+            return Ok(Self { bytes, head, object: None, dirty: false, form: false });
         }
         let object = parse_object(&bytes)?;
         let head = head_of(&object);
-        Ok(Self { bytes, head, object: Some(object), dirty: false })
+        Ok(Self { bytes, head, object: Some(object), dirty: false, form: false })
     }
 
     /// An empty body (a management call that takes none): no model, sent as is.
@@ -109,7 +133,7 @@ impl RequestBody {
             has_priority: false,
             max_output: None,
         };
-        Self { bytes: Bytes::new(), head, object: None, dirty: false }
+        Self { bytes: Bytes::new(), head, object: None, dirty: false, form: false }
     }
 
     /// The members read by the small struct, or `None` when the body needs

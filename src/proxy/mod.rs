@@ -27,6 +27,7 @@
 pub(crate) mod body;
 #[doc(hidden)]
 pub(crate) mod fixtures;
+mod form;
 mod headers;
 mod json;
 pub(crate) mod keepalive;
@@ -176,10 +177,10 @@ async fn forward(
     if let (true, Some(s)) = (routed.stream, streams) {
         s.mark();
     }
-    // Its prompt, estimated from the body (four bytes a token): what its
-    // tenant's fair share is charged when it gets a slot (the rest, at its
-    // end, from the replica's usage).
-    let prompt = routed.request.len() as u64 / 4;
+    // Its prompt, estimated from the body (four bytes a token; a form,
+    // nothing): what its tenant's fair share is charged when it gets a slot
+    // (the rest, at its end, from the replica's usage).
+    let prompt = routed.request.prompt_estimate();
     t.set_prompt_estimate(prompt);
     stage!(t, key_limits(&mut t, &caller, &routed, endpoint, snap).await);
     let claim = admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys());
@@ -249,7 +250,7 @@ async fn key_limits(
         return Ok(());
     }
     let max_output = routed.request.head().max_output.unwrap_or(snap.config.auth.default_max_tokens);
-    let tokens = routed.request.len() as u64 / 4 + if generates(endpoint) { max_output } else { 0 };
+    let tokens = routed.request.prompt_estimate() + if generates(endpoint) { max_output } else { 0 };
     match admission::limit(&caller.tenant, tokens).await {
         Ok((permit, state)) => {
             t.set_permit(permit, state);

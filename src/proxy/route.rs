@@ -128,13 +128,19 @@ pub(super) async fn route<'a>(
     grant: &Grant,
 ) -> Result<Routed<'a>, GatewayError> {
     let server = &snap.config.server;
-    let read = read_body(body, headers, server.max_request_body.0);
+    let form = super::form::boundary(headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok())).transpose()?;
+    let limit = if form.is_some() { server.max_upload_body.0 } else { server.max_request_body.0 };
+    let read = read_body(body, headers, limit);
     let bytes = tokio::time::timeout(server.body_read_timeout.get(), read)
         .await
         .map_err(|_| GatewayError::BodyTimeout(server.body_read_timeout))??;
-    let request = match target {
-        Target::Opened(_) if bytes.iter().all(u8::is_ascii_whitespace) => RequestBody::empty(),
-        _ => cpu_bound(bytes.len(), || RequestBody::parse(bytes))?,
+    let request = match (target, form) {
+        (Target::Opened(_), None) if bytes.iter().all(u8::is_ascii_whitespace) => RequestBody::empty(),
+        (_, Some(boundary)) => {
+            let head = cpu_bound(bytes.len(), || super::form::head(bytes.clone(), &boundary))?;
+            RequestBody::form(bytes, head)
+        }
+        (_, None) => cpu_bound(bytes.len(), || RequestBody::parse(bytes))?,
     };
     let head = request.head();
     let model = match &head.model {

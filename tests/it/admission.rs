@@ -68,6 +68,7 @@ async fn waiting_bodies_past_queue_max_bytes_are_429() {
     let mock = Mock::start(standard(2, Duration::ZERO)).await;
     let gw = gateway_config(&[mock.url()])
         .server("max_request_body: 1MiB")
+        .server("max_upload_body: 1MiB")
         .pool("max_inflight_per_replica: 1")
         .section("tiers:\n  interactive: { queue_capacity: 100, queue_max_bytes: 1MiB }")
         .start()

@@ -185,3 +185,165 @@ async fn health_on_the_data_port_follows_the_replicas() {
     assert_eq!(error_code(&body), "no_healthy_replica");
     assert_quiescent(&gw).await;
 }
+
+/// A multipart request to `path` with `content_type` and `body`, counted
+/// as sent when `counted` (a request the gateway routes).
+fn form_req(
+    addr: std::net::SocketAddr,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    counted: bool,
+) -> http::Request<http_body_util::Full<Bytes>> {
+    if counted {
+        count_sent(addr, 1);
+    }
+    http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", content_type)
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .expect("request")
+}
+
+/// Audio-like bytes: every byte value, with CR LF and dashes among them, so
+/// a parser that copied or cut the file would show it.
+fn audio(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            if i % 97 == 0 {
+                b'-'
+            } else if i % 89 == 0 {
+                b'\r'
+            } else {
+                (i * 31 % 251) as u8
+            }
+        })
+        .collect()
+}
+
+/// A transcription upload is routed by its form's `model` field and reaches
+/// the replica byte for byte, content type and all; streamed (`stream=true`
+/// in the form) it is measured as chat is: TTFT at the first text delta, one
+/// gap per delta after it, `ok` at `[DONE]`; a whole answer is `ok` too.
+#[tokio::test]
+async fn a_transcription_upload_is_routed_by_its_model_field_and_passed_on_as_sent() {
+    let mock = Mock::start(script(|req| {
+        // A form is no JSON: the mock sees `null` for it.
+        if req.is_null() {
+            transcription_stream(&["The", " quick", " fox"])
+        } else {
+            json_answer("unused", "stop", 1, 1)
+        }
+    }))
+    .await;
+    let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+    for (proto, client) in clients() {
+        let (ct, body) = transcription_form(Some("m1"), true, &audio(300 * 1024));
+        let resp = client.request(form_req(gw.data_addr, "/v1/audio/transcriptions", &ct, body.clone(), true)).await.expect("response");
+        assert_eq!(resp.status(), 200, "{proto}");
+        let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
+        assert!(text.contains(r#""content":" fox""#) && text.ends_with("data: [DONE]\n\n"), "{proto}: {text}");
+        let raw = mock.state.raw_bodies.lock().expect("lock").last().cloned().expect("the replica got it");
+        assert!(raw.as_ref() == body.as_slice(), "{proto}: the form changed on the way ({} bytes, {} sent)", raw.len(), body.len());
+        let headers = mock.state.headers.lock().expect("lock").last().cloned().expect("headers");
+        assert_eq!(header(&headers, "content-type"), Some(ct.as_str()), "{proto}: the boundary must reach the replica");
+    }
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0), "{m}");
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "chat")]), Some(2.0));
+    assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[("class", "chat")]), Some(4.0));
+    assert_quiescent(&gw).await;
+}
+
+/// A form without `model` is a 400 naming it, a malformed form a 400, a
+/// form over `server.max_upload_body` a 413; none reaches the replica.
+#[tokio::test]
+async fn a_bad_or_oversized_form_is_refused_before_the_replica() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()]).server("max_upload_body: 64KiB").start().await;
+    let path = "/v1/audio/transcriptions";
+    for (proto, client) in clients() {
+        let (ct, body) = transcription_form(None, false, &audio(1000));
+        let resp = client.request(form_req(gw.data_addr, path, &ct, body, true)).await.expect("response");
+        assert_eq!(resp.status(), 400, "{proto}: no model");
+        let b = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(error_body(&b)["param"], "model", "{proto}");
+
+        let (ct, mut body) = transcription_form(Some("m1"), false, &audio(1000));
+        body.truncate(body.len() - 20);
+        let resp = client.request(form_req(gw.data_addr, path, &ct, body, true)).await.expect("response");
+        assert_eq!(resp.status(), 400, "{proto}: a form cut short");
+        let b = resp.into_body().collect().await.expect("body").to_bytes();
+        assert!(error_body(&b)["message"].as_str().is_some_and(|m| m.contains("multipart")), "{proto}");
+
+        let (ct, body) = transcription_form(Some("m1"), false, &audio(100 * 1024));
+        let resp = client.request(form_req(gw.data_addr, path, &ct, body, true)).await.expect("response");
+        assert_eq!(resp.status(), 413, "{proto}: over max_upload_body");
+    }
+    assert_eq!(mock.calls(), 0, "nothing reached the replica");
+    assert_quiescent(&gw).await;
+}
+
+/// The OpenAI Python SDK's `audio.transcriptions.create`, whole and
+/// streamed (OpenAI's typed events), through the gateway.
+#[tokio::test]
+async fn the_openai_sdk_transcribes_through_the_gateway() {
+    let mock = Mock::start(script(|_| Script::json(200, r#"{"text":"Hello world"}"#))).await;
+    let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+    let streamed = Script::sse(vec![
+        Step::Send(Bytes::from_static(b"data: {\"type\":\"transcript.text.delta\",\"delta\":\"Hello\"}\n\n")),
+        Step::Send(Bytes::from_static(b"data: {\"type\":\"transcript.text.delta\",\"delta\":\" world\"}\n\n")),
+        Step::Send(Bytes::from_static(
+            b"data: {\"type\":\"transcript.text.done\",\"text\":\"Hello world\",\"usage\":{\"type\":\"tokens\",\"input_tokens\":40,\"output_tokens\":2,\"total_tokens\":42}}\n\n",
+        )),
+    ]);
+    let streamed2 = streamed.clone();
+    mock.set_script(script(move |_| streamed2.clone()));
+    let wav = std::env::temp_dir().join(format!("slogate-test-{}.wav", std::process::id()));
+    std::fs::write(&wav, audio(50 * 1024)).expect("write the audio");
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(py.is_file(), "{} missing: run scripts/setup-test-deps", py.display());
+    let code = r#"
+import sys
+from openai import OpenAI
+c = OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+text = ""
+for event in c.audio.transcriptions.create(model="m1", file=open(sys.argv[2], "rb"), stream=True):
+    if event.type == "transcript.text.delta":
+        text += event.delta
+print("streamed:", text)
+"#;
+    let run = |code: &'static str| {
+        tokio::process::Command::new(&py)
+            .arg("-c")
+            .arg(code)
+            .arg(format!("http://{}/v1", gw.data_addr))
+            .arg(&wav)
+            .kill_on_drop(true)
+            .output()
+    };
+    let out = tokio::time::timeout(Duration::from_secs(60), run(code)).await.expect("the SDK script ends").expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("streamed: Hello world"), "{stdout}");
+    mock.set_script(script(|_| Script::json(200, r#"{"text":"Hello world"}"#)));
+    let whole = r#"
+import sys
+from openai import OpenAI
+c = OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+print("whole:", c.audio.transcriptions.create(model="m1", file=open(sys.argv[2], "rb")).text)
+"#;
+    let out = tokio::time::timeout(Duration::from_secs(60), run(whole)).await.expect("the SDK script ends").expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("whole: Hello world"), "{stdout}");
+    let _ = std::fs::remove_file(&wav);
+    count_sent(gw.data_addr, 2);
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0), "{m}");
+    assert_eq!(
+        metric(&m, "slogate_prompt_tokens_total", &[("class", "chat")]),
+        Some(40.0),
+        "the stream's usage; an upload is no text, so the whole answer's prompt is not estimated from its bytes"
+    );
+    assert_quiescent(&gw).await;
+}

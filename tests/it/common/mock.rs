@@ -101,6 +101,8 @@ pub struct MockState {
     pub healthy: AtomicBool,
     pub script: Mutex<ScriptFn>,
     pub bodies: Mutex<Vec<serde_json::Value>>,
+    /// Every POST's body as received (a multipart form is no JSON).
+    pub raw_bodies: Mutex<Vec<Bytes>>,
     /// Request headers of every POST, in order.
     pub headers: Mutex<Vec<http::HeaderMap>>,
     /// The path of every POST, in order.
@@ -169,6 +171,7 @@ impl Mock {
             healthy: AtomicBool::new(true),
             script: Mutex::new(script),
             bodies: Mutex::new(Vec::new()),
+            raw_bodies: Mutex::new(Vec::new()),
             headers: Mutex::new(Vec::new()),
             paths: Mutex::new(Vec::new()),
             model: model.to_string(),
@@ -366,6 +369,7 @@ async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<Moc
     st.headers.lock().expect("lock").push(req.headers().clone());
     st.paths.lock().expect("lock").push(path.clone());
     let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    st.raw_bodies.lock().expect("lock").push(body.clone());
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     let script = if json.get("user").and_then(|u| u.as_str()) == Some(HOLD_SLOT) {
         let gate = st.hold.lock().expect("lock").clone();
@@ -610,4 +614,46 @@ pub fn responses_json(text: &str, status: &str) -> Script {
             r#"{{"id":"resp_1","object":"response","created_at":1700000000,"model":"m1","status":"{status}","output":[{{"id":"msg_1","type":"message","role":"assistant","status":"completed","content":[{{"type":"output_text","text":{text_json},"annotations":[]}}]}}],"parallel_tool_calls":true,"tool_choice":"auto","tools":[],"usage":{{"input_tokens":12,"output_tokens":3,"total_tokens":15,"input_tokens_details":{{"cached_tokens":0}},"output_tokens_details":{{"reasoning_tokens":0}}}}}}"#
         ),
     )
+}
+
+/// A transcription stream as vLLM sends it (`stream=true` in the form):
+/// `transcription.chunk` objects with a content delta per word, then the
+/// finish, the usage when asked, and `[DONE]`.
+pub fn transcription_stream(words: &[&str]) -> Script {
+    let chunk = |delta: &str, finish: &str| {
+        Bytes::from(
+            format!(
+                r#"data: {{"id":"trsc-1","object":"transcription.chunk","created":1700000000,"model":"whisper","choices":[{{"delta":{{"content":{delta}}},"finish_reason":{finish},"stop_reason":null}}]}}"#
+            ) + "\n\n",
+        )
+    };
+    let mut steps: Vec<Step> = words.iter().map(|w| Step::Send(chunk(&serde_json::to_string(w).expect("word"), "null"))).collect();
+    steps.push(Step::Send(chunk(r#""""#, r#""stop""#)));
+    steps.push(Step::Send(done()));
+    Script::sse(steps)
+}
+
+/// A multipart form as the OpenAI SDK sends a transcription (`model`, maybe
+/// `stream`, then the file), with its content type.
+pub fn transcription_form(model: Option<&str>, stream: bool, audio: &[u8]) -> (String, Vec<u8>) {
+    let boundary = "slogate-test-boundary-7MA4YWxkTrZu0gW";
+    let mut b = Vec::new();
+    let mut field = |name: &str, value: &str| {
+        b.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n").as_bytes())
+    };
+    if let Some(m) = model {
+        field("model", m);
+    }
+    if stream {
+        field("stream", "true");
+    }
+    b.extend_from_slice(
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"speech.wav\"\r\nContent-Type: audio/wav\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    b.extend_from_slice(audio);
+    b.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), b)
 }
