@@ -324,6 +324,8 @@ fn observe(resp: Response<UpstreamBody>, mut tracker: Tracker, lease: Lease, end
         Watched::new(ObservedBody::passthrough(rbody, tracker, t)).boxed_unsync()
     } else if is_sse {
         Watched::new(ObservedBody::sse(rbody, tracker, t, s.strip_usage)).boxed_unsync()
+    } else if endpoint == Endpoint::Speech {
+        Watched::new(ObservedBody::audio(rbody, tracker, t)).boxed_unsync()
     } else if matches!(endpoint, Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings | Endpoint::Responses | Endpoint::Rerank) {
         Watched::new(ObservedBody::json(rbody, tracker, t)).boxed_unsync()
     } else {

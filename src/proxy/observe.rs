@@ -73,6 +73,9 @@ enum Mode {
     Json { chunks: Vec<Bytes>, size: usize },
     /// Forward as is; the outcome was decided from the status.
     Passthrough,
+    /// A binary answer sent as it is made (speech): its first byte is its
+    /// first token; forwarded as is.
+    Audio,
 }
 
 const JSON_KEEP_LIMIT: usize = 16 << 20;
@@ -117,6 +120,13 @@ impl<B> ObservedBody<B> {
         Self::new(inner, Mode::Json { chunks: Vec::new(), size: 0 }, tracker, timeouts)
     }
 
+    /// Observe a binary answer made as it is sent (speech audio): TTFT at its
+    /// first byte, then e2e and bytes.
+    pub(crate) fn audio(inner: B, mut tracker: Tracker, timeouts: StreamTimeouts) -> Self {
+        tracker.set_streaming(true);
+        Self::new(inner, Mode::Audio, tracker, timeouts)
+    }
+
     /// Forward a body whose outcome is already set (error statuses, other paths).
     pub(crate) fn passthrough(inner: B, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
         Self::new(inner, Mode::Passthrough, tracker, timeouts)
@@ -144,6 +154,12 @@ impl<B> ObservedBody<B> {
         let now = self.last_event;
         match &mut self.mode {
             Mode::Passthrough => Some(data),
+            Mode::Audio => {
+                if self.tracker.first_token.is_none() && !data.is_empty() {
+                    self.tracker.content_event(now);
+                }
+                Some(data)
+            }
             Mode::Json { chunks, size } => {
                 if size.saturating_add(data.len()) <= JSON_KEEP_LIMIT {
                     *size += data.len();
@@ -224,7 +240,7 @@ impl<B> ObservedBody<B> {
     /// The upstream body ended cleanly: decide the outcome.
     fn on_end(&mut self) {
         match &mut self.mode {
-            Mode::Passthrough => self.tracker.finish(crate::telemetry::Outcome::ok),
+            Mode::Passthrough | Mode::Audio => self.tracker.finish(crate::telemetry::Outcome::ok),
             Mode::Json { size, .. } if *size == usize::MAX => self.tracker.finish(Outcome::ok),
             Mode::Json { chunks, .. } => {
                 let mut whole = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum());

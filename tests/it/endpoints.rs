@@ -347,3 +347,52 @@ print("whole:", c.audio.transcriptions.create(model="m1", file=open(sys.argv[2],
     );
     assert_quiescent(&gw).await;
 }
+
+/// Speech out: `/v1/audio/speech` answers with audio as it is made; its
+/// first byte is its TTFT (a late first byte is a late TTFT), the bytes
+/// arrive as sent, and the OpenAI SDK's `audio.speech.create` gets them.
+#[tokio::test]
+async fn speech_is_measured_at_its_first_audio_byte() {
+    let chunk = |n: u8| Bytes::from(vec![n; 4096]);
+    let speech = Script {
+        status: 200,
+        content_type: "audio/mpeg",
+        header_delay: Duration::ZERO,
+        steps: vec![Step::Wait(Duration::from_millis(250)), Step::Send(chunk(1)), Step::Send(chunk(2)), Step::Send(chunk(3))],
+    };
+    let mock = Mock::start(speech.always()).await;
+    let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+    let body = r#"{"model":"m1","voice":"alloy","input":"Hello there"}"#;
+    for (proto, client) in clients() {
+        let resp = client.request(post_req(gw.data_addr, "/v1/audio/speech", body, &[])).await.expect("response");
+        assert_eq!(resp.status(), 200, "{proto}");
+        assert_eq!(header(resp.headers(), "content-type"), Some("audio/mpeg"), "{proto}");
+        let got = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(got.len(), 3 * 4096, "{proto}");
+        assert!(got[..4096].iter().all(|b| *b == 1) && got[8192..].iter().all(|b| *b == 3), "{proto}: the audio changed");
+    }
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    let code = r#"
+import sys
+from openai import OpenAI
+c = OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+print("speech bytes:", len(c.audio.speech.create(model="m1", voice="alloy", input="Hello there").content))
+"#;
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(py).arg("-c").arg(code).arg(format!("http://{}/v1", gw.data_addr)).kill_on_drop(true).output(),
+    )
+    .await
+    .expect("the SDK script ends")
+    .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("speech bytes: 12288"), "{stdout}");
+    count_sent(gw.data_addr, 1);
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(3.0), "{m}");
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "chat")]), Some(3.0), "a TTFT for each");
+    let ttft = metric(&m, "slogate_time_to_first_token_seconds_sum", &[("class", "chat")]).expect("TTFTs");
+    assert!((0.75..15.0).contains(&ttft), "each first byte came after 250 ms: sum {ttft} s");
+    assert_quiescent(&gw).await;
+}

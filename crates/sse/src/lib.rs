@@ -166,7 +166,7 @@ struct Chunk {
 enum Kind {
     /// `*.delta`: generated text, reasoning, a tool call's arguments, audio.
     Delta,
-    /// `response.completed`, `transcript.text.done`: the whole answer.
+    /// `response.completed`, `transcript.text.done`, `speech.audio.done`: the whole answer.
     Completed,
     /// `response.incomplete`: ended early (a token limit, a filter).
     Incomplete,
@@ -288,7 +288,7 @@ macro_rules! str_visitor {
 
 str_visitor!(NonEmpty, "a string", |v| !v.is_empty());
 str_visitor!(TypeName, "an event type", |v| match v {
-    "response.completed" | "transcript.text.done" => Kind::Completed,
+    "response.completed" | "transcript.text.done" | "speech.audio.done" => Kind::Completed,
     "response.incomplete" => Kind::Incomplete,
     "response.failed" | "error" => Kind::Failed,
     _ if v.ends_with(".delta") => Kind::Delta,
