@@ -120,7 +120,8 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
             }
         }
         known = true;
-        if now && pool.auto && pool.config.api_key_env.is_none() && (tick % 15 == 0 || replica.models.load().is_empty()) {
+        // The list routes `auto` pools, and describes named models in `/v1/models`.
+        if now && pool.config.api_key_env.is_none() && (tick % 15 == 0 || replica.models.load().is_empty()) {
             discover_models(&replica, h.timeout.get()).await;
         }
         tick += 1;

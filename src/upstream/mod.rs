@@ -195,20 +195,23 @@ impl Pool {
     /// Model objects for `/v1/models`: discovered ones as the replicas gave
     /// them, static ones synthesised.
     pub(crate) fn model_objects(&self) -> Vec<serde_json::Value> {
+        let discovered: Vec<serde_json::Value> = self.replicas.iter().flat_map(|r| r.models.load().iter().cloned().collect::<Vec<_>>()).collect();
+        let id_of = |m: &serde_json::Value| m.get("id").and_then(|v| v.as_str()).map(str::to_string);
         let mut seen = HashSet::new();
         let mut out = Vec::new();
         for m in &self.config.models {
             if m != "auto" && seen.insert(m.clone()) {
-                out.push(serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "slogate"}));
+                // A named model as its replicas describe it (max_model_len,
+                // owned_by, root) once one has answered; until then, slogate's.
+                let known = discovered.iter().find(|d| id_of(d).as_deref() == Some(m.as_str())).cloned();
+                out.push(known.unwrap_or_else(|| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "slogate"})));
             }
         }
         if self.auto {
-            for r in &self.replicas {
-                for m in r.models.load().iter() {
-                    if let Some(id) = m.get("id").and_then(|v| v.as_str()) {
-                        if seen.insert(id.to_string()) {
-                            out.push(m.clone());
-                        }
+            for m in discovered {
+                if let Some(id) = id_of(&m) {
+                    if seen.insert(id) {
+                        out.push(m);
                     }
                 }
             }

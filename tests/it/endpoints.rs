@@ -396,3 +396,20 @@ print("speech bytes:", len(c.audio.speech.create(model="m1", voice="alloy", inpu
     assert!((0.75..15.0).contains(&ttft), "each first byte came after 250 ms: sum {ttft} s");
     assert_quiescent(&gw).await;
 }
+
+/// `GET /v1/models` with a configured model list: each named model as its
+/// replicas describe it (`max_model_len`, `owned_by`) once one has answered.
+#[tokio::test]
+async fn models_named_in_the_config_carry_what_the_replicas_report() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+    let data = gw.data_addr;
+    wait_until("the replica's description", || async move { get(data, "/v1/models").await.1.contains("max_model_len") }).await;
+    let (status, body) = get(gw.data_addr, "/v1/models").await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let m1 = v["data"].as_array().and_then(|d| d.iter().find(|m| m["id"] == "m1")).cloned().expect("m1 listed");
+    assert_eq!((m1["owned_by"].as_str(), m1["max_model_len"].as_u64()), (Some("vllm"), Some(4096)), "{m1}");
+    assert_eq!(v["data"].as_array().map(Vec::len), Some(1), "only the named model: {v}");
+    assert_quiescent(&gw).await;
+}
