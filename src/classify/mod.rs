@@ -14,7 +14,7 @@ use subtle::ConstantTimeEq;
 
 use crate::admission::tenants::ANONYMOUS;
 use crate::admission::{ClassControl, Controls, Tenant};
-use crate::config::{Config, TenantConfig, Tier};
+use crate::config::{Config, Endpoint, TenantConfig, Tier};
 use crate::error::GatewayError;
 pub(crate) use grant::Grant;
 
@@ -124,6 +124,8 @@ fn bearer(headers: &http::HeaderMap) -> Option<&str> {
 pub(crate) struct Classifier {
     classes: Vec<Arc<Class>>,
     default_class: Arc<Class>,
+    /// The class of a request that names none, by endpoint kind.
+    endpoint_classes: Vec<(Endpoint, Arc<Class>)>,
     keys: Vec<ApiKey>,
     /// Every caller's tenant when there are no keys, and its grant (everything).
     anonymous: Arc<Tenant>,
@@ -175,6 +177,8 @@ impl Classifier {
         let Some(default_class) = find(&config.default_class) else {
             return Err(KeyError::DefaultClass(config.default_class.clone()));
         };
+        let endpoint_classes =
+            Endpoint::ALL.iter().filter_map(|e| config.endpoint_class(*e).and_then(|c| find(&c)).map(|c| (*e, c))).collect();
         let keys: Vec<ApiKey> = config
             .auth
             .keys
@@ -194,7 +198,7 @@ impl Classifier {
             keys.iter().zip(&config.auth.keys).map(|(k, c)| (k.tenant.clone(), c.tenant())).collect()
         };
         let anonymous_grant = Arc::new(Grant::all(ANONYMOUS));
-        Ok(Classifier { classes, default_class, keys, anonymous, anonymous_grant, tenants })
+        Ok(Classifier { classes, default_class, endpoint_classes, keys, anonymous, anonymous_grant, tenants })
     }
 
     /// The tenants callers can be, with their weights and limits.
@@ -240,18 +244,24 @@ impl Classifier {
     }
 
     /// Decide the class and the tenant of a request from its headers.
-    pub(crate) fn classify(&self, headers: &http::HeaderMap) -> Result<Caller, GatewayError> {
+    pub(crate) fn classify(&self, headers: &http::HeaderMap, endpoint: Endpoint) -> Result<Caller, GatewayError> {
         let wanted = headers.get("x-slo-class").map(|v| v.to_str().map(str::trim).unwrap_or(""));
+        let by_endpoint = self.endpoint_classes.iter().find(|(e, _)| *e == endpoint).map(|(_, c)| c);
         if self.keys.is_empty() {
             let class = match wanted {
-                None => self.default_class.clone(),
+                None => by_endpoint.unwrap_or(&self.default_class).clone(),
                 Some(n) => self.class(n).cloned().ok_or_else(|| GatewayError::UnknownClass(n.to_string()))?,
             };
             return Ok(Caller { class, tenant: self.anonymous.clone(), grant: self.anonymous_grant.clone() });
         }
         let key = self.key_of(headers)?;
         let class = match wanted {
-            None => key.classes.first().cloned().ok_or(GatewayError::Unauthorized)?,
+            // The endpoint's class if the key may use it, else the key's first.
+            None => by_endpoint
+                .filter(|c| key.classes.iter().any(|k| Arc::ptr_eq(k, c)))
+                .or(key.classes.first())
+                .cloned()
+                .ok_or(GatewayError::Unauthorized)?,
             Some(n) => {
                 if self.class(n).is_none() {
                     return Err(GatewayError::UnknownClass(n.to_string()));

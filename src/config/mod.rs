@@ -47,6 +47,7 @@ const SECTIONS: &[&str] = &[
     "pools",
     "classes",
     "default_class",
+    "endpoint_classes",
     "tiers",
     "slo",
     "breaker",
@@ -103,6 +104,7 @@ impl Config {
             match key {
                 "server" => section(key, v, &mut cfg.server, &mut problems),
                 "default_class" => section(key, v, &mut cfg.default_class, &mut problems),
+                "endpoint_classes" => section(key, v, &mut cfg.endpoint_classes, &mut problems),
                 "tiers" => section(key, v, &mut cfg.tiers, &mut problems),
                 "slo" => section(key, v, &mut cfg.slo, &mut problems),
                 "breaker" => section(key, v, &mut cfg.breaker, &mut problems),

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use indexmap::IndexMap;
 
-use super::auth::{AuthConfig, LimitsConfig};
+use super::auth::{AuthConfig, Endpoint, LimitsConfig};
 use super::pool::PoolConfig;
 use super::units::{Dur, Size};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -19,6 +19,10 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     pub classes: IndexMap<String, ClassConfig>,
     pub default_class: String,
+    /// The class of a request that names none, by endpoint kind (before
+    /// `default_class`). Unset: [`default_endpoint_classes`], where those
+    /// classes exist.
+    pub endpoint_classes: Option<IndexMap<Endpoint, String>>,
     pub tiers: TiersConfig,
     pub slo: SloConfig,
     pub breaker: BreakerConfig,
@@ -36,6 +40,7 @@ impl Default for Config {
             pools: vec![PoolConfig::default()],
             classes: default_classes(),
             default_class: "chat".into(),
+            endpoint_classes: None,
             tiers: TiersConfig::default(),
             slo: SloConfig::default(),
             breaker: BreakerConfig::default(),
@@ -44,6 +49,27 @@ impl Default for Config {
             telemetry: TelemetryConfig::default(),
             fleet: FleetConfig::default(),
             limits: LimitsConfig::default(),
+        }
+    }
+}
+
+/// The classes kinds of work go to when a request names none and the
+/// config says nothing: retrieval to `rag`, audio to `voice`, so chat's
+/// SLIs hold chat (each applies only where that class is configured).
+pub fn default_endpoint_classes() -> IndexMap<Endpoint, String> {
+    [(Endpoint::Embeddings, "rag"), (Endpoint::Rerank, "rag"), (Endpoint::Transcription, "voice"), (Endpoint::Speech, "voice")]
+        .into_iter()
+        .map(|(e, c)| (e, c.to_string()))
+        .collect()
+}
+
+impl Config {
+    /// Each endpoint kind's class when a request names none: the configured
+    /// map, or the defaults that name a configured class.
+    pub fn endpoint_class(&self, endpoint: Endpoint) -> Option<String> {
+        match &self.endpoint_classes {
+            Some(map) => map.get(&endpoint).cloned(),
+            None => default_endpoint_classes().shift_remove(&endpoint).filter(|c| self.classes.contains_key(c)),
         }
     }
 }

@@ -118,6 +118,11 @@ pub(super) fn classes(cfg: &Config, seen: &Parsed, p: &mut Vec<Problem>) {
     if !class_known(&cfg.default_class) {
         bad("default_class".into(), format!("`{}` is not one of the classes", cfg.default_class));
     }
+    for (endpoint, class) in cfg.endpoint_classes.iter().flatten() {
+        if !class_known(class) {
+            bad(format!("endpoint_classes.{}", endpoint.as_str()), format!("`{class}` is not one of the classes"));
+        }
+    }
 }
 
 /// `tiers`.

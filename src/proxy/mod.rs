@@ -94,7 +94,7 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
         log_unrouted(&app, &snap, req.headers(), &id, e.status().as_u16(), start);
         return e.respond(Some(&id));
     };
-    let caller = snap.classifier.classify(req.headers());
+    let caller = snap.classifier.classify(req.headers(), target.endpoint());
     let class = caller.as_ref().map_or_else(|_| snap.default_class(), |c| c.class.clone());
     // Without a class yet (a bad key) the request counts under the default class, so 401s are visible.
     let mut tracker = Tracker::new(app.metrics.clone(), class.clone(), start);
@@ -136,7 +136,7 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
 /// endpoints, say).
 fn log_unrouted(app: &App, snap: &Snapshot, headers: &http::HeaderMap, id: &HeaderValue, status: u16, start: Instant) {
     let Some(log) = app.access_log.current() else { return };
-    let tenant = snap.classifier.classify(headers).ok().map(|c| c.tenant.name.clone());
+    let tenant = snap.classifier.classify(headers, Endpoint::Other).ok().map(|c| c.tenant.name.clone());
     log.log(AccessRecord::unrouted(id.clone(), tenant, snap.default_class().name.clone(), status, start.elapsed()));
 }
 

@@ -80,6 +80,18 @@ enum Mode {
 
 const JSON_KEEP_LIMIT: usize = 16 << 20;
 
+/// Keep a JSON body's chunk (a cheap clone) to read at its end; past
+/// [`JSON_KEEP_LIMIT`] the body is passed on unread (`usize::MAX` marks it).
+fn keep_json(chunks: &mut Vec<Bytes>, size: &mut usize, data: &Bytes) {
+    if size.saturating_add(data.len()) <= JSON_KEEP_LIMIT {
+        *size += data.len();
+        chunks.push(data.clone());
+    } else {
+        *size = usize::MAX;
+        chunks.clear();
+    }
+}
+
 /// A response body that measures as it forwards. See the module docs.
 pub(crate) struct ObservedBody<B> {
     pub(super) inner: Option<B>,
@@ -161,14 +173,7 @@ impl<B> ObservedBody<B> {
                 Some(data)
             }
             Mode::Json { chunks, size } => {
-                if size.saturating_add(data.len()) <= JSON_KEEP_LIMIT {
-                    *size += data.len();
-                    chunks.push(data.clone());
-                } else {
-                    // Too large to keep: passed on, not read (usize::MAX marks it).
-                    *size = usize::MAX;
-                    chunks.clear();
-                }
+                keep_json(chunks, size, &data);
                 Some(data)
             }
             Mode::Sse { parser, strip_usage, pending, saw_done, saw_error, finish_reason } => {

@@ -195,7 +195,8 @@ impl Pool {
     /// Model objects for `/v1/models`: discovered ones as the replicas gave
     /// them, static ones synthesised.
     pub(crate) fn model_objects(&self) -> Vec<serde_json::Value> {
-        let discovered: Vec<serde_json::Value> = self.replicas.iter().flat_map(|r| r.models.load().iter().cloned().collect::<Vec<_>>()).collect();
+        let discovered: Vec<serde_json::Value> =
+            self.replicas.iter().flat_map(|r| r.models.load().iter().cloned().collect::<Vec<_>>()).collect();
         let id_of = |m: &serde_json::Value| m.get("id").and_then(|v| v.as_str()).map(str::to_string);
         let mut seen = HashSet::new();
         let mut out = Vec::new();

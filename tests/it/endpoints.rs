@@ -221,8 +221,9 @@ fn audio(len: usize) -> Vec<u8> {
 }
 
 /// A transcription upload is routed by its form's `model` field and reaches
-/// the replica byte for byte, content type and all; streamed (`stream=true`
-/// in the form) it is measured as chat is: TTFT at the first text delta, one
+/// the replica byte for byte, content type and all, in the `voice` class
+/// (an audio request that names no class); streamed (`stream=true` in the
+/// form) it is measured as chat is: TTFT at the first text delta, one
 /// gap per delta after it, `ok` at `[DONE]`; a whole answer is `ok` too.
 #[tokio::test]
 async fn a_transcription_upload_is_routed_by_its_model_field_and_passed_on_as_sent() {
@@ -249,8 +250,8 @@ async fn a_transcription_upload_is_routed_by_its_model_field_and_passed_on_as_se
     }
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0), "{m}");
-    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "chat")]), Some(2.0));
-    assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[("class", "chat")]), Some(4.0));
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "voice")]), Some(2.0));
+    assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[("class", "voice")]), Some(4.0));
     assert_quiescent(&gw).await;
 }
 
@@ -341,7 +342,7 @@ print("whole:", c.audio.transcriptions.create(model="m1", file=open(sys.argv[2],
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0), "{m}");
     assert_eq!(
-        metric(&m, "slogate_prompt_tokens_total", &[("class", "chat")]),
+        metric(&m, "slogate_prompt_tokens_total", &[("class", "voice")]),
         Some(40.0),
         "the stream's usage; an upload is no text, so the whole answer's prompt is not estimated from its bytes"
     );
@@ -391,8 +392,8 @@ print("speech bytes:", len(c.audio.speech.create(model="m1", voice="alloy", inpu
     count_sent(gw.data_addr, 1);
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(3.0), "{m}");
-    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "chat")]), Some(3.0), "a TTFT for each");
-    let ttft = metric(&m, "slogate_time_to_first_token_seconds_sum", &[("class", "chat")]).expect("TTFTs");
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "voice")]), Some(3.0), "a TTFT for each");
+    let ttft = metric(&m, "slogate_time_to_first_token_seconds_sum", &[("class", "voice")]).expect("TTFTs");
     assert!((0.75..15.0).contains(&ttft), "each first byte came after 250 ms: sum {ttft} s");
     assert_quiescent(&gw).await;
 }
@@ -412,4 +413,43 @@ async fn models_named_in_the_config_carry_what_the_replicas_report() {
     assert_eq!((m1["owned_by"].as_str(), m1["max_model_len"].as_u64()), (Some("vllm"), Some(4096)), "{m1}");
     assert_eq!(v["data"].as_array().map(Vec::len), Some(1), "only the named model: {v}");
     assert_quiescent(&gw).await;
+}
+
+/// A request that names no class goes to its endpoint's class: by default
+/// embeddings and rerank to `rag`, audio to `voice` (chat's SLIs hold chat);
+/// `endpoint_classes` changes the map; `x-slo-class` still decides; a key
+/// keeps to its classes (the endpoint's class only if the key may use it).
+#[tokio::test]
+async fn a_request_that_names_no_class_goes_to_its_endpoints_class() {
+    let mock =
+        Mock::start(script(|_| Script::json(200, r#"{"object":"list","data":[],"usage":{"prompt_tokens":3,"total_tokens":3}}"#))).await;
+    let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+    let emb = r#"{"model":"m1","input":"hello"}"#;
+    post(gw.data_addr, "/v1/embeddings", emb, &[]).await;
+    post(gw.data_addr, "/v1/rerank", r#"{"model":"m1","query":"q","documents":["a"]}"#, &[]).await;
+    post(gw.data_addr, "/v1/embeddings", emb, &[("x-slo-class", "batch")]).await;
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("class", "rag")]), Some(2.0), "{m}");
+    assert_eq!(metric(&m, "slogate_requests_total", &[("class", "batch")]), Some(1.0), "the header decides");
+    assert_eq!(metric(&m, "slogate_requests_total", &[("class", "chat")]), None, "chat holds chat only");
+    assert_quiescent(&gw).await;
+
+    let yaml = format!(
+        "{}endpoint_classes: {{ embeddings: batch }}\nauth:\n  keys:\n    - {{ name: k, key_sha256: {}, classes: [chat, batch] }}\n    - {{ name: c, key_sha256: {}, classes: [chat] }}\n",
+        gateway_config(&[mock.url()]).yaml(),
+        slogate::config::key_sha256("sk-k"),
+        slogate::config::key_sha256("sk-c")
+    );
+    let gw = start_gateway(&yaml).await;
+    post(gw.data_addr, "/v1/embeddings", emb, &[("authorization", "Bearer sk-k")]).await;
+    post(gw.data_addr, "/v1/embeddings", emb, &[("authorization", "Bearer sk-c")]).await;
+    post(gw.data_addr, "/v1/rerank", r#"{"model":"m1","query":"q","documents":["a"]}"#, &[("authorization", "Bearer sk-k")]).await;
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("class", "batch")]), Some(1.0), "the configured map: {m}");
+    assert_eq!(metric(&m, "slogate_requests_total", &[("class", "chat")]), Some(2.0), "a key without batch, and rerank unmapped");
+    assert_quiescent(&gw).await;
+
+    let bad = format!("{}endpoint_classes: {{ embeddings: nope }}\n", gateway_config(&[mock.url()]).yaml());
+    let err = slogate::config::Config::parse(&bad).expect_err("an unknown class").0;
+    assert_eq!(err[0].field, "endpoint_classes.embeddings", "{err:?}");
 }

@@ -1,7 +1,9 @@
 //! The integration tests, one binary: each module drives the real gateway
 //! (in-process on 127.0.0.1:0, or the built binary) against mock or
 //! simulated replicas and real tools, as a user would. `common` is the
-//! harness they share.
+//! harness they share. Two tests install the process-wide tracing
+//! subscriber and so run as binaries of their own: tests/otel.rs and
+//! tests/otel_down.rs.
 
 mod common;
 
@@ -18,8 +20,6 @@ mod gateway;
 mod limit_store;
 mod limits;
 mod operations;
-mod otel;
-mod otel_down;
 mod privilege;
 mod promises;
 mod reference_config;

@@ -3,8 +3,12 @@
 //! own timeout (5 s). First the test waits until an export is stuck there;
 //! then a second wave of requests must complete while that same export is
 //! still hanging: had the request path waited on exporting, it could not.
-//!
-//! Its own test binary: it installs the process-wide tracing subscriber.
+
+// A binary of its own (it installs the process-wide tracing subscriber,
+// which a process can do once), with the same harness as tests/it.
+#[allow(dead_code, unused_imports)]
+#[path = "it/common/mod.rs"]
+mod common;
 
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};

@@ -2,8 +2,12 @@
 //! reaches an OTLP/HTTP receiver (in-process, decoding the real protobuf)
 //! with the GenAI attributes and slogate's own, parented on the caller's
 //! `traceparent`, and the replica receives the span's `traceparent`.
-//!
-//! Its own test binary: it installs the process-wide tracing subscriber.
+
+// A binary of its own (it installs the process-wide tracing subscriber,
+// which a process can do once), with the same harness as tests/it.
+#[allow(dead_code, unused_imports)]
+#[path = "it/common/mod.rs"]
+mod common;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
