@@ -513,7 +513,7 @@ mod tests {
                 assert_eq!(String::from_utf8_lossy(&out), expected, "split at {a},{b}");
                 assert!(metrics.contains("slogate_generation_tokens_total{model=\"unknown\",class=\"chat\"} 3"), "usage read at {a},{b}");
                 assert!(
-                    metrics.contains("slogate_inter_token_latency_seconds_count{model=\"unknown\",class=\"chat\",tier=\"interactive\"} 2"),
+                    metrics.contains("slogate_inter_token_latency_seconds_count{model=\"unknown\",class=\"chat\",tier=\"interactive\",endpoint=\"other\"} 2"),
                     "{a},{b}"
                 );
             }

@@ -173,7 +173,7 @@ impl Tracker {
 
     /// Set the model label (a model a pool serves: bounded).
     pub(crate) fn set_model(&mut self, model: &str) {
-        self.series = Some(self.class.control.series.load().for_model(model));
+        self.series = Some(self.class.control.series.load().for_request(model, self.endpoint));
         self.span.record("gen_ai.request.model", model);
     }
 
@@ -238,7 +238,7 @@ impl Tracker {
                 // Recorded now, not at the end of the stream: the rolling
                 // window must see a slow first token while the stream runs.
                 let ttft = now - self.start;
-                series(&mut self.series, &self.class).ttft(&self.metrics).observe(ttft.as_secs_f64());
+                series(&mut self.series, &self.class, self.endpoint).ttft(&self.metrics).observe(ttft.as_secs_f64());
                 if let Some(l) = self.lease.as_mut() {
                     l.first_token();
                     if self.class.control.tier == crate::config::Tier::Interactive {
@@ -252,7 +252,7 @@ impl Tracker {
             }
             Some(prev) => {
                 let gap = now - prev;
-                series(&mut self.series, &self.class).itl(&self.metrics).observe(gap.as_secs_f64());
+                series(&mut self.series, &self.class, self.endpoint).itl(&self.metrics).observe(gap.as_secs_f64());
                 self.class.control.itl.record(gap);
                 self.gaps += 1;
                 if gap > self.class.itl {
@@ -316,7 +316,7 @@ impl Tracker {
         self.log_access(&f);
         self.report_gaps();
         let control = &self.class.control;
-        let series = series(&mut self.series, &self.class);
+        let series = series(&mut self.series, &self.class, self.endpoint);
         let class = control.series.load();
         accounting::account(
             &f,
@@ -353,8 +353,8 @@ impl Tracker {
 }
 
 /// A request's series: its model's, or `unknown` when it never got one.
-fn series<'a>(slot: &'a mut Option<Arc<RequestSeries>>, class: &Class) -> &'a RequestSeries {
-    slot.get_or_insert_with(|| class.control.series.load().for_model("unknown"))
+fn series<'a>(slot: &'a mut Option<Arc<RequestSeries>>, class: &Class, endpoint: Endpoint) -> &'a RequestSeries {
+    slot.get_or_insert_with(|| class.control.series.load().for_request("unknown", endpoint))
 }
 
 impl Tracker {

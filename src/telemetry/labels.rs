@@ -28,6 +28,8 @@ pub(crate) struct RequestLabels {
     pub(crate) model: String,
     pub(crate) class: String,
     pub(crate) tier: TierLabel,
+    /// The kind of work (`chat`, `embeddings`, `transcription`, ...): a closed set.
+    pub(crate) endpoint: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -35,6 +37,7 @@ pub(crate) struct OutcomeLabels {
     pub(crate) model: String,
     pub(crate) class: String,
     pub(crate) tier: TierLabel,
+    pub(crate) endpoint: &'static str,
     pub(crate) outcome: Outcome,
 }
 

@@ -18,7 +18,10 @@ use prometheus_client::registry::Registry;
 use super::histogram::{AtomicHistogram, HistogramFamily};
 pub(crate) use super::labels::*;
 use super::Outcome;
-use crate::config::{Config, Tier};
+use crate::config::{Config, Endpoint, Tier};
+
+/// A class's request series, per model, per endpoint kind.
+type ByModel = HashMap<String, Vec<(Endpoint, Arc<RequestSeries>)>>;
 
 /// The series of one class that its requests write: `goodput` and
 /// `slo_breaches` by kind, and per model the [`RequestSeries`].
@@ -35,7 +38,8 @@ pub(crate) struct ClassSeries {
     queue_time: OnceLock<AtomicHistogram>,
     goodput: OnceLock<Counter>,
     breaches: [OnceLock<Counter>; BREACH_KINDS],
-    by_model: RwLock<HashMap<String, Arc<RequestSeries>>>,
+    /// Per model, per endpoint kind.
+    by_model: RwLock<ByModel>,
 }
 
 /// One (model, class, tier)'s request series. See [`ClassSeries`].
@@ -70,28 +74,31 @@ impl ClassSeries {
         }
     }
 
-    /// The series of this class's requests for `model` (a model a pool serves, or `unknown`).
-    pub(crate) fn for_model(&self, model: &str) -> Arc<RequestSeries> {
-        if let Some(s) = self.by_model.read().unwrap_or_else(|p| p.into_inner()).get(model) {
-            return s.clone();
+    /// The series of this class's requests for `model` (a model a pool
+    /// serves, or `unknown`) at `endpoint`.
+    pub(crate) fn for_request(&self, model: &str, endpoint: Endpoint) -> Arc<RequestSeries> {
+        let found = |m: &ByModel| m.get(model).and_then(|v| v.iter().find(|(e, _)| *e == endpoint).map(|(_, s)| s.clone()));
+        if let Some(s) = found(&self.by_model.read().unwrap_or_else(|p| p.into_inner())) {
+            return s;
         }
         let mut map = self.by_model.write().unwrap_or_else(|p| p.into_inner());
-        map.entry(model.to_string())
-            .or_insert_with(|| {
-                Arc::new(RequestSeries {
-                    labels: RequestLabels { model: model.to_string(), class: self.class.clone(), tier: self.tier },
-                    layout: self.layout.clone(),
-                    ttft: OnceLock::new(),
-                    itl: OnceLock::new(),
-                    tpot: OnceLock::new(),
-                    e2e: OnceLock::new(),
-                    outcomes: Default::default(),
-                    prompt_tokens: OnceLock::new(),
-                    generation_tokens: OnceLock::new(),
-                    usage_estimated: OnceLock::new(),
-                })
-            })
-            .clone()
+        if let Some(s) = found(&map) {
+            return s;
+        }
+        let series = Arc::new(RequestSeries {
+            labels: RequestLabels { model: model.to_string(), class: self.class.clone(), tier: self.tier, endpoint: endpoint.as_str() },
+            layout: self.layout.clone(),
+            ttft: OnceLock::new(),
+            itl: OnceLock::new(),
+            tpot: OnceLock::new(),
+            e2e: OnceLock::new(),
+            outcomes: Default::default(),
+            prompt_tokens: OnceLock::new(),
+            generation_tokens: OnceLock::new(),
+            usage_estimated: OnceLock::new(),
+        });
+        map.entry(model.to_string()).or_default().push((endpoint, series.clone()));
+        series
     }
 
     /// Were these series made for these targets?
@@ -138,7 +145,15 @@ impl RequestSeries {
     pub(crate) fn outcome(&self, m: &Metrics, outcome: Outcome) -> &Counter {
         self.outcomes[outcome as usize].get_or_init(|| {
             let l = &self.labels;
-            m.requests.get_or_create(&OutcomeLabels { model: l.model.clone(), class: l.class.clone(), tier: l.tier, outcome }).clone()
+            m.requests
+                .get_or_create(&OutcomeLabels {
+                    model: l.model.clone(),
+                    class: l.class.clone(),
+                    tier: l.tier,
+                    endpoint: l.endpoint,
+                    outcome,
+                })
+                .clone()
         })
     }
 
@@ -514,7 +529,7 @@ mod tests {
         let m = Metrics::new(&cfg);
         for (class, tier, ttft, itl) in [("chat", Tier::Interactive, 300, 50), ("odd", Tier::Batch, 1234, 77)] {
             let c = ClassSeries::new(class, tier, Duration::from_millis(ttft), Duration::from_millis(itl));
-            let s = c.for_model("m");
+            let s = c.for_request("m", Endpoint::Chat);
             s.ttft(&m).observe(0.1);
             s.itl(&m).observe(0.01);
             c.queue_time(&m).observe(0.01);
@@ -550,19 +565,20 @@ mod tests {
     fn a_changed_target_adds_its_buckets_and_keeps_the_old_ones_and_their_counts() {
         let m = Metrics::new(&Config::default());
         let before = ClassSeries::new("chat", Tier::Interactive, Duration::from_millis(300), Duration::from_millis(50));
-        let running = before.for_model("m");
+        let running = before.for_request("m", Endpoint::Chat);
         for v in [0.1, 0.26, 0.29, 0.9] {
             running.ttft(&m).observe(v);
         }
         let text = m.encode();
-        let p =
-            |le: &str| format!("slogate_time_to_first_token_seconds_bucket{{le=\"{le}\",model=\"m\",class=\"chat\",tier=\"interactive\"}}");
+        let p = |le: &str| {
+            format!("slogate_time_to_first_token_seconds_bucket{{le=\"{le}\",model=\"m\",class=\"chat\",tier=\"interactive\",endpoint=\"chat\"}}")
+        };
         assert_eq!(sample(&text, &p("0.3")), Some(3.0));
         assert_eq!(sample(&text, &p("0.25")), None, "not a bucket yet");
 
         let after = ClassSeries::new("chat", Tier::Interactive, Duration::from_millis(250), Duration::from_millis(50));
         assert!(!after.has_targets(Duration::from_millis(300), Duration::from_millis(50)));
-        let new = after.for_model("m");
+        let new = after.for_request("m", Endpoint::Chat);
         for v in [0.24, 0.27] {
             new.ttft(&m).observe(v);
         }
@@ -574,15 +590,15 @@ mod tests {
         for (le, want) in [("0.2", 2.0), ("0.25", 3.0), ("0.3", 6.0), ("0.5", 6.0), ("0.6", 6.0), ("+Inf", 7.0)] {
             assert_eq!(sample(&text, &p(le)), Some(want), "le={le} in\n{text}");
         }
-        let count = "slogate_time_to_first_token_seconds_count{model=\"m\",class=\"chat\",tier=\"interactive\"}";
+        let count = "slogate_time_to_first_token_seconds_count{model=\"m\",class=\"chat\",tier=\"interactive\",endpoint=\"chat\"}";
         assert_eq!(sample(&text, count), Some(7.0));
-        let sum = "slogate_time_to_first_token_seconds_sum{model=\"m\",class=\"chat\",tier=\"interactive\"}";
+        let sum = "slogate_time_to_first_token_seconds_sum{model=\"m\",class=\"chat\",tier=\"interactive\",endpoint=\"chat\"}";
         let want_sum = 0.1 + 0.26 + 0.29 + 0.9 + 0.24 + 0.27 + 0.2;
         assert!((sample(&text, sum).unwrap_or(0.0) - want_sum).abs() < 1e-6);
         // The same targets again: the same series, not another layer.
         let again = ClassSeries::new("chat", Tier::Interactive, Duration::from_millis(300), Duration::from_millis(50));
         assert_eq!(sample(&m.encode(), &p("0.25")), Some(3.0));
-        again.for_model("m").ttft(&m).observe(0.01);
+        again.for_request("m", Endpoint::Chat).ttft(&m).observe(0.01);
         assert_eq!(sample(&m.encode(), &p("0.25")), Some(4.0), "a layout the series covers reuses it");
     }
 
@@ -591,8 +607,8 @@ mod tests {
         let cfg = Config::parse("classes:\n  chat: { tier: interactive, ttft: 300ms, itl: 50ms }\ndefault_class: chat\n").expect("valid");
         let m = Metrics::new(&cfg);
         let c = ClassSeries::new("chat", Tier::Interactive, Duration::from_millis(300), Duration::from_millis(50));
-        let s = c.for_model("m");
-        assert!(Arc::ptr_eq(&s, &c.for_model("m")), "one series set per model");
+        let s = c.for_request("m", Endpoint::Chat);
+        assert!(Arc::ptr_eq(&s, &c.for_request("m", Endpoint::Chat)), "one series set per model");
         assert_eq!(s.model(), "m");
         // Nothing written yet: no request series in the exposition.
         let before = m.encode();
@@ -605,13 +621,13 @@ mod tests {
         s.prompt_tokens(&m).inc_by(7);
         c.breach(&m, BreachKind::itl).inc();
         c.goodput(&m).inc();
-        c.for_model("unknown").outcome(&m, Outcome::client_error).inc();
+        c.for_request("unknown", Endpoint::Chat).outcome(&m, Outcome::client_error).inc();
         let text = m.encode();
         for line in [
-            r#"slogate_requests_total{model="m",class="chat",tier="interactive",outcome="ok"} 2"#,
-            r#"slogate_requests_total{model="m",class="chat",tier="interactive",outcome="stream_error"} 1"#,
-            r#"slogate_requests_total{model="unknown",class="chat",tier="interactive",outcome="client_error"} 1"#,
-            r#"slogate_time_to_first_token_seconds_count{model="m",class="chat",tier="interactive"} 1"#,
+            r#"slogate_requests_total{model="m",class="chat",tier="interactive",endpoint="chat",outcome="ok"} 2"#,
+            r#"slogate_requests_total{model="m",class="chat",tier="interactive",endpoint="chat",outcome="stream_error"} 1"#,
+            r#"slogate_requests_total{model="unknown",class="chat",tier="interactive",endpoint="chat",outcome="client_error"} 1"#,
+            r#"slogate_time_to_first_token_seconds_count{model="m",class="chat",tier="interactive",endpoint="chat"} 1"#,
             r#"slogate_prompt_tokens_total{model="m",class="chat"} 7"#,
             r#"slogate_slo_breaches_total{class="chat",kind="itl"} 1"#,
             r#"slogate_goodput_requests_total{class="chat"} 1"#,

@@ -50,10 +50,8 @@ async fn demo_serves_the_openai_sdk_through_the_gateway_and_stops_on_sigterm() {
         .build_http::<http_body_util::Full<bytes::Bytes>>();
     let resp = client.get(admin.parse().expect("uri")).await.expect("metrics");
     let text = String::from_utf8_lossy(&http_body_util::BodyExt::collect(resp.into_body()).await.expect("body").to_bytes()).into_owned();
-    assert!(
-        text.contains("slogate_time_to_first_token_seconds_count{model=\"sim-llama-8b\",class=\"chat\",tier=\"interactive\"} 3"),
-        "{text}"
-    );
+    let ttfts = crate::common::metric(&text, "slogate_time_to_first_token_seconds_count", &[("model", "sim-llama-8b"), ("class", "chat")]);
+    assert_eq!(ttfts, Some(3.0), "{text}");
 
     let pid = child.id().expect("pid") as i32;
     let status = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill");

@@ -432,6 +432,12 @@ async fn a_request_that_names_no_class_goes_to_its_endpoints_class() {
     assert_eq!(metric(&m, "slogate_requests_total", &[("class", "rag")]), Some(2.0), "{m}");
     assert_eq!(metric(&m, "slogate_requests_total", &[("class", "batch")]), Some(1.0), "the header decides");
     assert_eq!(metric(&m, "slogate_requests_total", &[("class", "chat")]), None, "chat holds chat only");
+    assert_eq!(metric(&m, "slogate_requests_total", &[("endpoint", "embeddings")]), Some(2.0), "the endpoint label");
+    assert_eq!(metric(&m, "slogate_requests_total", &[("endpoint", "rerank")]), Some(1.0));
+    assert!(
+        m.lines().filter(|l| l.starts_with("slogate_requests_total{")).all(|l| l.contains("endpoint=\"")),
+        "every request series names its endpoint: {m}"
+    );
     assert_quiescent(&gw).await;
 
     let yaml = format!(
