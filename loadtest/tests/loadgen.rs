@@ -244,6 +244,10 @@ fn a_mix_draws_each_part_in_proportion_to_its_weight() {
 /// `benchmarks/serve.py`.
 const VLLM_KEYS: &[&str] = &[
     "date",
+    "endpoint_type",
+    "tokenizer_id",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
     "backend",
     "label",
     "model_id",
@@ -308,6 +312,9 @@ async fn vllm_bench_results_are_written_and_compared() {
             .arg(&out)
             .arg("--vllm-bench")
             .arg(&prefix);
+        if ttft == "first_content" {
+            cmd.arg("--save-detailed");
+        }
         async move { tokio::task::spawn_blocking(move || cmd.output().expect("loadgen runs")).await.expect("join") }
     };
     let (content, choices) = (dir.path().join("content"), dir.path().join("choices"));
@@ -326,6 +333,26 @@ async fn vllm_bench_results_are_written_and_compared() {
         assert_eq!(summary["failed"], 0);
         assert_eq!(summary["ttft_definition"], definition);
         assert_eq!(summary["max_concurrency"], 2);
+        let date = summary["date"].as_str().expect("date");
+        assert!(
+            date.len() == 15 && date.as_bytes()[8] == b'-' && date.chars().filter(char::is_ascii_digit).count() == 14,
+            "%Y%m%d-%H%M%S: {date}"
+        );
+        assert_eq!(summary["max_concurrent_requests"], 2, "a closed loop of 2: {summary}");
+        let peak = summary["max_output_tokens_per_s"].as_f64().expect("number");
+        // Counted as vllm bench counts them: the first token and one per gap
+        // (with first_choices the role chunks are six more).
+        assert!((1.0..=54.0).contains(&peak), "at most every token in one second: {summary}");
+        let detailed = ["input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors"];
+        if definition == "first_content" {
+            for k in detailed {
+                assert_eq!(summary[k].as_array().map(Vec::len), Some(6), "--save-detailed writes `{k}` per request: {summary}");
+            }
+            let outs: u64 = summary["output_lens"].as_array().expect("lens").iter().filter_map(|v| v.as_u64()).sum();
+            assert_eq!(outs, 48);
+        } else {
+            assert!(detailed.iter().all(|k| summary.get(*k).is_none()), "without --save-detailed, no per-request arrays: {summary}");
+        }
         // Prompts taken in turn: three of each, 10 and 2 tokens.
         assert_eq!(summary["total_input_tokens"], 36, "{summary}");
         assert_eq!(summary["total_output_tokens"], 48, "replies of 4 and 12 tokens, three each: {summary}");

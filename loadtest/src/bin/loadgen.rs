@@ -45,6 +45,11 @@ enum Cmd {
         /// summary, with its keys) and PREFIX.jsonl (one line per request).
         #[arg(long, value_name = "PREFIX")]
         vllm_bench: Option<PathBuf>,
+        /// With --vllm-bench: the summary also holds the per-request arrays
+        /// (input_lens, output_lens, ttfts, itls, generated_texts, errors),
+        /// as `vllm bench serve --save-detailed` writes them.
+        #[arg(long, requires = "vllm_bench")]
+        save_detailed: bool,
     },
     /// Compare two results side by side: loadgen JSON results, or summaries
     /// in `vllm bench serve`'s form (its --save-result file, or loadgen's
@@ -99,7 +104,7 @@ fn write(p: &PathBuf, bytes: &[u8]) -> Result<(), String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let result = match Args::parse().cmd {
-        Cmd::Run { scenario, target, out, report: rpath, plots, label, no_progress, ttft, vllm_bench } => {
+        Cmd::Run { scenario, target, out, report: rpath, plots, label, no_progress, ttft, vllm_bench, save_detailed } => {
             async {
                 let mut s = Scenario::load(&scenario)?;
                 if let Some(t) = target {
@@ -110,7 +115,11 @@ async fn main() -> ExitCode {
                 }
                 let r = run_with(&s, &label, Options { progress: !no_progress, details: vllm_bench.is_some() }).await?;
                 if let Some(prefix) = &vllm_bench {
-                    let summary = serde_json::to_vec_pretty(&vllm::summary(&r)).map_err(|e| e.to_string())?;
+                    let mut summary = vllm::summary(&r);
+                    if save_detailed {
+                        vllm::add_detailed(&mut summary, &r);
+                    }
+                    let summary = serde_json::to_vec_pretty(&summary).map_err(|e| e.to_string())?;
                     write(&prefix.with_extension("json"), &summary)?;
                     write(&prefix.with_extension("jsonl"), vllm::requests_jsonl(&r).as_bytes())?;
                 }

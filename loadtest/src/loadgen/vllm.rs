@@ -75,6 +75,74 @@ fn output_tokens(r: &RunResult, i: usize) -> u32 {
     r.details.get(i).map_or(r.records[i].tokens, |d| d.output_tokens)
 }
 
+/// `YYYYMMDD-HHMMSS` (UTC) of `unix` seconds: vllm bench's `date` form.
+fn bench_date(unix: u64) -> String {
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let days = (unix / 86_400) as i64;
+    let secs = unix % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+/// The most output tokens completed in any one second of the run (each
+/// token at its arrival: the first at TTFT, the rest after each gap), and
+/// the most requests in flight at once: vllm bench's
+/// `max_output_tokens_per_s` and `max_concurrent_requests`.
+fn peaks(r: &RunResult) -> (f64, u64) {
+    let mut per_second: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+    let mut edges: Vec<(f64, i64)> = Vec::new();
+    for (i, x) in counted(r) {
+        edges.push((x.start_s, 1));
+        edges.push((x.start_s + x.e2e_ms / 1000.0, -1));
+        let (Some(ttft), true) = (x.ttft_ms, x.completed()) else { continue };
+        let mut at = x.start_s + ttft / 1000.0;
+        *per_second.entry(at as u64).or_default() += 1;
+        for gap in r.details.get(i).map(|d| d.itl_s.as_slice()).unwrap_or_default() {
+            at += gap;
+            *per_second.entry(at as u64).or_default() += 1;
+        }
+    }
+    // Ends before starts at the same instant: a request that ends as another starts is not two at once.
+    edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut now, mut most) = (0i64, 0i64);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    (per_second.values().copied().max().unwrap_or(0) as f64, most.max(0) as u64)
+}
+
+/// vllm bench's per-request arrays (`--save-detailed`): input and output
+/// lengths, TTFTs and ITLs in seconds, texts (loadgen keeps none: empty)
+/// and errors.
+pub fn add_detailed(summary: &mut Value, r: &RunResult) {
+    let Value::Object(m) = summary else { return };
+    let rows: Vec<(usize, &super::Record)> = counted(r).collect();
+    m.insert("input_lens".into(), json!(rows.iter().map(|(_, x)| x.prompt_tokens).collect::<Vec<_>>()));
+    m.insert("output_lens".into(), json!(rows.iter().map(|(i, _)| output_tokens(r, *i)).collect::<Vec<_>>()));
+    m.insert("ttfts".into(), json!(rows.iter().map(|(_, x)| x.ttft_ms.map_or(0.0, |t| t / 1000.0)).collect::<Vec<_>>()));
+    m.insert(
+        "itls".into(),
+        json!(rows.iter().map(|(i, _)| r.details.get(*i).map(|d| d.itl_s.clone()).unwrap_or_default()).collect::<Vec<_>>()),
+    );
+    m.insert("generated_texts".into(), json!(rows.iter().map(|_| "").collect::<Vec<_>>()));
+    m.insert(
+        "errors".into(),
+        json!(rows
+            .iter()
+            .map(|(_, x)| if x.completed() { String::new() } else { format!("{} (HTTP {})", x.outcome, x.status) })
+            .collect::<Vec<_>>()),
+    );
+}
+
 /// The run as `vllm bench serve`'s summary JSON.
 pub fn summary(r: &RunResult) -> Value {
     let warm = r.scenario.warmup.as_secs_f64();
@@ -112,11 +180,16 @@ pub fn summary(r: &RunResult) -> Value {
         _ => ("openai-chat", "/v1/chat/completions"),
     };
     let mut m = Map::new();
-    m.insert("date".into(), json!(humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()));
+    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let model = s.streams.first().map(|x| x.model.as_str()).unwrap_or_default();
+    m.insert("date".into(), json!(bench_date(unix)));
+    m.insert("endpoint_type".into(), json!(endpoint.0));
     m.insert("backend".into(), json!(endpoint.0));
     m.insert("endpoint".into(), json!(endpoint.1));
     m.insert("label".into(), json!(r.label));
-    m.insert("model_id".into(), json!(s.streams.first().map(|x| x.model.as_str()).unwrap_or_default()));
+    m.insert("model_id".into(), json!(model));
+    // loadgen counts tokens without a tokenizer: the model names it.
+    m.insert("tokenizer_id".into(), json!(model));
     m.insert("num_prompts".into(), json!(completed + failed));
     m.insert("request_rate".into(), rate);
     m.insert("burstiness".into(), json!(1.0));
@@ -131,6 +204,9 @@ pub fn summary(r: &RunResult) -> Value {
     m.insert("request_goodput".into(), Value::Null);
     m.insert("output_throughput".into(), json!(output as f64 / duration));
     m.insert("total_token_throughput".into(), json!((input + output) as f64 / duration));
+    let (max_tokens_per_s, max_concurrent) = peaks(r);
+    m.insert("max_output_tokens_per_s".into(), json!(max_tokens_per_s));
+    m.insert("max_concurrent_requests".into(), json!(max_concurrent));
     stats(&mut m, "ttft", ttft);
     stats(&mut m, "tpot", tpot);
     stats(&mut m, "itl", itl);
@@ -210,5 +286,16 @@ mod tests {
         assert_eq!(percentile(&[], 99.0), 0.0);
         // numpy.std([1, 2, 3, 4]) = 1.118033988749895
         assert!((std_dev(&v) - 1.118033988749895).abs() < 1e-12);
+    }
+}
+
+#[cfg(test)]
+mod date_tests {
+    #[test]
+    fn the_date_is_vllm_benchs_form() {
+        assert_eq!(super::bench_date(0), "19700101-000000");
+        // 2026-11-27 03:34:18 UTC.
+        assert_eq!(super::bench_date(1_795_750_458), "20261127-033418");
+        assert_eq!(super::bench_date(951_782_400), "20000229-000000", "a leap day");
     }
 }
