@@ -4,47 +4,7 @@
 
 use super::tracker::Tracker;
 use crate::telemetry::Outcome;
-use sse::Usage;
-
-/// A string, read for its length in characters (not copied); anything
-/// else (content given as parts, say) counts nothing and is skipped.
-struct Chars(usize);
-
-impl<'de> serde::Deserialize<'de> for Chars {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Chars;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Chars, E> {
-                Ok(Chars(v.chars().count()))
-            }
-            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Chars, E> {
-                Ok(Chars(0))
-            }
-            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Chars, E> {
-                Ok(Chars(0))
-            }
-            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Chars, E> {
-                Ok(Chars(0))
-            }
-            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Chars, E> {
-                Ok(Chars(0))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Chars, A::Error> {
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(Chars(0))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Chars, A::Error> {
-                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
-                Ok(Chars(0))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
+use sse::{TextLen as Chars, Usage};
 
 /// Read usage and finish reason from a complete non-streaming JSON answer.
 pub(super) fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {

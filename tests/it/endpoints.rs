@@ -14,6 +14,22 @@ use crate::common::*;
 const RESPONSES_STREAM: &str = r#"{"model":"m1","input":"Say hello","stream":true}"#;
 const RESPONSES_WHOLE: &str = r#"{"model":"m1","input":"Say hello"}"#;
 
+/// Run `code` with the OpenAI Python SDK installed by scripts/setup-test-deps,
+/// the gateway's `/v1` base URL and `args` as its arguments; its output, once
+/// it succeeded.
+async fn openai_sdk(gw: &slogate::Gateway, code: &str, args: &[&std::path::Path]) -> String {
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(py.is_file(), "{} missing: run scripts/setup-test-deps", py.display());
+    let mut cmd = tokio::process::Command::new(py);
+    cmd.arg("-c")
+        .arg(format!("import sys\nfrom openai import OpenAI\nc = OpenAI(base_url=sys.argv[1], api_key=\"unused\", max_retries=0)\n{code}"));
+    cmd.arg(format!("http://{}/v1", gw.data_addr)).args(args).kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await.expect("the SDK script ends").expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
 /// The bytes a script sends, joined.
 fn sent_bytes(s: &Script) -> Vec<u8> {
     s.steps.iter().filter_map(|st| if let Step::Send(b) = st { Some(b.to_vec()) } else { None }).flatten().collect()
@@ -125,12 +141,7 @@ async fn the_openai_sdk_uses_the_responses_api_through_the_gateway() {
     }))
     .await;
     let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(py.is_file(), "{} missing: run scripts/setup-test-deps", py.display());
     let code = r#"
-import sys
-from openai import OpenAI
-c = OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
 whole = c.responses.create(model="m1", input="Say hello")
 print("whole:", whole.output_text, whole.usage.input_tokens, whole.usage.output_tokens)
 text, kinds = "", []
@@ -141,15 +152,7 @@ with c.responses.create(model="m1", input="Say hello", stream=True) as stream:
             text += event.delta
 print("streamed:", text, kinds[-1])
 "#;
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(py).arg("-c").arg(code).arg(format!("http://{}/v1", gw.data_addr)).kill_on_drop(true).output(),
-    )
-    .await
-    .expect("the SDK script ends")
-    .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = openai_sdk(&gw, code, &[]).await;
     assert!(stdout.contains("whole: Hello 12 3"), "{stdout}");
     assert!(stdout.contains("streamed: Hello response.completed"), "{stdout}");
     count_sent(gw.data_addr, 2);
@@ -301,41 +304,18 @@ async fn the_openai_sdk_transcribes_through_the_gateway() {
     mock.set_script(script(move |_| streamed2.clone()));
     let wav = std::env::temp_dir().join(format!("slogate-test-{}.wav", std::process::id()));
     std::fs::write(&wav, audio(50 * 1024)).expect("write the audio");
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(py.is_file(), "{} missing: run scripts/setup-test-deps", py.display());
     let code = r#"
-import sys
-from openai import OpenAI
-c = OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
 text = ""
 for event in c.audio.transcriptions.create(model="m1", file=open(sys.argv[2], "rb"), stream=True):
     if event.type == "transcript.text.delta":
         text += event.delta
 print("streamed:", text)
 "#;
-    let run = |code: &'static str| {
-        tokio::process::Command::new(&py)
-            .arg("-c")
-            .arg(code)
-            .arg(format!("http://{}/v1", gw.data_addr))
-            .arg(&wav)
-            .kill_on_drop(true)
-            .output()
-    };
-    let out = tokio::time::timeout(Duration::from_secs(60), run(code)).await.expect("the SDK script ends").expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = openai_sdk(&gw, code, &[&wav]).await;
     assert!(stdout.contains("streamed: Hello world"), "{stdout}");
     mock.set_script(script(|_| Script::json(200, r#"{"text":"Hello world"}"#)));
-    let whole = r#"
-import sys
-from openai import OpenAI
-c = OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
-print("whole:", c.audio.transcriptions.create(model="m1", file=open(sys.argv[2], "rb")).text)
-"#;
-    let out = tokio::time::timeout(Duration::from_secs(60), run(whole)).await.expect("the SDK script ends").expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let whole = r#"print("whole:", c.audio.transcriptions.create(model="m1", file=open(sys.argv[2], "rb")).text)"#;
+    let stdout = openai_sdk(&gw, whole, &[&wav]).await;
     assert!(stdout.contains("whole: Hello world"), "{stdout}");
     let _ = std::fs::remove_file(&wav);
     count_sent(gw.data_addr, 2);
@@ -372,22 +352,8 @@ async fn speech_is_measured_at_its_first_audio_byte() {
         assert_eq!(got.len(), 3 * 4096, "{proto}");
         assert!(got[..4096].iter().all(|b| *b == 1) && got[8192..].iter().all(|b| *b == 3), "{proto}: the audio changed");
     }
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    let code = r#"
-import sys
-from openai import OpenAI
-c = OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
-print("speech bytes:", len(c.audio.speech.create(model="m1", voice="alloy", input="Hello there").content))
-"#;
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(py).arg("-c").arg(code).arg(format!("http://{}/v1", gw.data_addr)).kill_on_drop(true).output(),
-    )
-    .await
-    .expect("the SDK script ends")
-    .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let code = r#"print("speech bytes:", len(c.audio.speech.create(model="m1", voice="alloy", input="Hello there").content))"#;
+    let stdout = openai_sdk(&gw, code, &[]).await;
     assert!(stdout.contains("speech bytes: 12288"), "{stdout}");
     count_sent(gw.data_addr, 1);
     let m = metrics_text(&gw).await;

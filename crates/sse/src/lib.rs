@@ -155,7 +155,7 @@ struct Chunk {
     kind: Option<TypeName>,
     /// A typed delta event's text (any other value counts as none).
     #[serde(default)]
-    delta: Option<Chars>,
+    delta: Option<TextLen>,
     /// The response a `response.completed` / `incomplete` / `failed` event carries.
     #[serde(default)]
     response: Option<ResponseObject>,
@@ -189,42 +189,44 @@ struct IncompleteDetails {
     reason: Option<String>,
 }
 
-/// Any JSON value, read for whether it is a non-empty string.
-struct Chars(bool);
+/// Any JSON value, read for the length in characters of a string (not
+/// copied); anything else (content given as parts, a number) counts 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TextLen(pub usize);
 
-impl<'de> Deserialize<'de> for Chars {
+impl<'de> Deserialize<'de> for TextLen {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Chars;
+            type Value = TextLen;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("any JSON value")
             }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Chars, E> {
-                Ok(Chars(!v.is_empty()))
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TextLen, E> {
+                Ok(TextLen(v.chars().count()))
             }
-            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Chars, E> {
-                Ok(Chars(false))
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<TextLen, E> {
+                Ok(TextLen(0))
             }
-            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Chars, E> {
-                Ok(Chars(false))
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<TextLen, E> {
+                Ok(TextLen(0))
             }
-            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Chars, E> {
-                Ok(Chars(false))
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<TextLen, E> {
+                Ok(TextLen(0))
             }
-            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Chars, E> {
-                Ok(Chars(false))
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<TextLen, E> {
+                Ok(TextLen(0))
             }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<Chars, E> {
-                Ok(Chars(false))
+            fn visit_unit<E: serde::de::Error>(self) -> Result<TextLen, E> {
+                Ok(TextLen(0))
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Chars, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<TextLen, A::Error> {
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Chars(false))
+                Ok(TextLen(0))
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Chars, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TextLen, A::Error> {
                 while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Chars(false))
+                Ok(TextLen(0))
             }
         }
         d.deserialize_any(V)
@@ -390,9 +392,9 @@ pub fn analyze(data: &[u8]) -> EventInfo {
 /// `transcript.text.done`) ends the answer, `response.incomplete` ends it
 /// early (`length` when a token limit cut it), `response.failed` and
 /// `error` are errors. These streams have no `[DONE]`: the ending event is it.
-fn typed(kind: Kind, delta: &Option<Chars>, response: Option<ResponseObject>, info: &mut EventInfo) {
+fn typed(kind: Kind, delta: &Option<TextLen>, response: Option<ResponseObject>, info: &mut EventInfo) {
     match kind {
-        Kind::Delta => info.content |= delta.as_ref().is_some_and(|d| d.0),
+        Kind::Delta => info.content |= delta.as_ref().is_some_and(|d| d.0 > 0),
         Kind::Completed => {
             info.done = true;
             info.finish_reason = Some("stop".into());
