@@ -173,13 +173,17 @@ pub(crate) struct Claim {
     pub(crate) fair: bool,
     /// Its class's TTFT target (interactive classes; see `shed_late`).
     pub(crate) ttft: Option<Duration>,
+    /// It holds a slot for milliseconds (embeddings, rerank, tokenize): it
+    /// does not wait behind streams for one.
+    pub(crate) short: bool,
 }
 
 impl Claim {
     /// A request of `tenant` in the class of `control`, its prompt
-    /// estimated at `tokens`; `fair` when keys are configured.
-    pub(crate) fn of(tenant: &super::Tenant, control: &super::ClassControl, tokens: u64, fair: bool) -> Claim {
+    /// estimated at `tokens`; `fair` when keys are configured; `short` when
+    /// it holds a slot for milliseconds.
+    pub(crate) fn of(tenant: &super::Tenant, control: &super::ClassControl, tokens: u64, fair: bool, short: bool) -> Claim {
         let ttft = (control.tier == Tier::Interactive).then(|| control.ttft_target());
-        Claim { share: tenant.share(), tokens, fair, ttft }
+        Claim { share: tenant.share(), tokens, fair, ttft, short }
     }
 }

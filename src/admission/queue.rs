@@ -229,13 +229,6 @@ impl PoolAdmission {
         self.waiting.bytes(tier)
     }
 
-    fn max_bytes(&self, tier: Tier) -> u64 {
-        match tier {
-            Tier::Interactive => self.tiers.load().interactive.queue_max_bytes.0,
-            Tier::Batch => self.tiers.load().batch.queue_max_bytes.0,
-        }
-    }
-
     /// Requests waiting in `tier`'s queue.
     pub(crate) fn depth(&self, tier: Tier) -> usize {
         self.waiting.depth(tier)
@@ -243,17 +236,7 @@ impl PoolAdmission {
 
     /// How long a request of `tier` may wait for a slot.
     pub(crate) fn timeout(&self, tier: Tier) -> Duration {
-        match tier {
-            Tier::Interactive => self.tiers.load().interactive.queue_timeout.get(),
-            Tier::Batch => self.tiers.load().batch.queue_timeout.get(),
-        }
-    }
-
-    fn capacity(&self, tier: Tier) -> usize {
-        match tier {
-            Tier::Interactive => self.tiers.load().interactive.queue_capacity as usize,
-            Tier::Batch => self.tiers.load().batch.queue_capacity as usize,
-        }
+        self.tiers.load().of(tier).queue_timeout.get()
     }
 
     fn batch_rate(&self) -> Option<f64> {
@@ -335,10 +318,10 @@ impl PoolAdmission {
         if tier == Tier::Batch && !q.interactive.is_empty() {
             return Some(Refusal::Shed { retry_after });
         }
-        if len >= self.capacity(tier) {
+        if len >= self.tiers.load().of(tier).queue_capacity as usize {
             return Some(Refusal::QueueFull { retry_after });
         }
-        if self.waiting_bytes(tier).saturating_add(bytes) > self.max_bytes(tier) {
+        if self.waiting_bytes(tier).saturating_add(bytes) > self.tiers.load().of(tier).queue_max_bytes.0 {
             return Some(Refusal::QueueBytesFull { retry_after });
         }
         let hopeless = |rate| Duration::from_secs_f64((len as f64 + 1.0) / rate) > self.timeout(tier);
@@ -352,21 +335,8 @@ impl PoolAdmission {
             return Err(refusal);
         }
         let claim = w.claim;
-        if claim.fair && tier == Tier::Interactive {
-            // A tenant under its fair part of the slots does not wait behind
-            // one over it: it takes a seat above the slots (a few, see
-            // [`Seats::fair_headroom`]), and the next slot freed is not
-            // handed on, so the tenant over its part gives the seat back by
-            // waiting, not this one.
-            let seats = self.seats(&self.pool.load());
-            if q.interactive.under_share(claim.share, seats.cap) {
-                if let Ok(mut lease) = self.try_lease_over(tier, seats.fair_headroom()) {
-                    self.note_interactive();
-                    q.interactive.charge(claim.share, claim.tokens as f64);
-                    lease.claimed(claim, true);
-                    return Ok(Enqueued::Granted(lease));
-                }
-            }
+        if let Some(lease) = self.seat_above(&mut q, tier, claim) {
+            return Ok(Enqueued::Granted(lease));
         }
         if let Some((_, expected)) = late.filter(|(at, _)| *at <= Instant::now()) {
             return Err(Refusal::Late { retry_after: 1, expected });
@@ -404,6 +374,33 @@ impl PoolAdmission {
             self.note_interactive();
         }
         Ok(Enqueued::Waiting(q.next_id, rx))
+    }
+
+    /// A seat above the slots for an interactive request that should not wait
+    /// behind the streams holding them: a short one (embeddings, rerank,
+    /// tokenize: it holds a slot for milliseconds, they for seconds; see
+    /// [`Seats::short_headroom`]), or one of a tenant under its fair part of
+    /// the slots, which does not wait behind a tenant over it (see
+    /// [`Seats::fair_headroom`]). The next slot freed is not handed on, so
+    /// the seat is given back by those that wait, not by this request.
+    fn seat_above(self: &Arc<Self>, q: &mut Queues, tier: Tier, claim: Claim) -> Option<Lease> {
+        if tier != Tier::Interactive {
+            return None;
+        }
+        let seats = self.seats(&self.pool.load());
+        let under = claim.fair && q.interactive.under_share(claim.share, seats.cap);
+        let extra = match (claim.short, under) {
+            (true, _) => seats.short_headroom(),
+            (false, true) => seats.fair_headroom(),
+            (false, false) => return None,
+        };
+        let mut lease = self.try_lease_over(tier, extra).ok()?;
+        self.note_interactive();
+        if claim.fair {
+            q.interactive.charge(claim.share, claim.tokens as f64);
+        }
+        lease.claimed(claim, under);
+        Some(lease)
     }
 
     /// Charge a lease granted at once (nobody waiting) to its tenant.

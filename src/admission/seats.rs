@@ -20,6 +20,11 @@ const HEADROOM_SHARE: f64 = 0.05;
 /// their fair part may take instead of waiting, as a share of the slots (at
 /// least one). Each is given back at the next slot freed (not handed on).
 const FAIR_HEADROOM: f64 = 0.1;
+/// Seats above a pool's slots that short interactive requests (embeddings,
+/// rerank, tokenize) may take instead of waiting behind streams, as a share
+/// of the slots (at least one): they hold a seat for milliseconds, a stream
+/// for seconds, and a replica runs them beside its streams.
+const SHORT_HEADROOM: f64 = 0.1;
 /// Slots a tenant at or over its fair part leaves free while other tenants
 /// are active, as a share of the pool's slots (at least one).
 const FAIR_RESERVE: f64 = 0.1;
@@ -154,6 +159,11 @@ impl Seats {
         part(self.cap, FAIR_HEADROOM)
     }
 
+    /// Seats above the slots a short request may take.
+    pub(crate) fn short_headroom(&self) -> usize {
+        part(self.cap, SHORT_HEADROOM)
+    }
+
     /// May a tenant at or over its fair part take a slot now? Only while
     /// the last [`FAIR_RESERVE`] of the slots stay free for the others.
     pub(crate) fn leaves_fair_reserve(&self) -> bool {
@@ -194,7 +204,7 @@ mod tests {
     fn headroom_and_fair_parts_are_at_least_one() {
         for (cap, headroom, fair) in [(1, 1, 1), (10, 1, 1), (20, 1, 2), (100, 5, 10), (101, 6, 11)] {
             let s = seats(cap, 0.5);
-            assert_eq!((s.headroom(), s.fair_headroom()), (headroom, fair), "cap {cap}");
+            assert_eq!((s.headroom(), s.fair_headroom(), s.short_headroom()), (headroom, fair, fair), "cap {cap}");
         }
     }
 

@@ -129,6 +129,12 @@ impl Endpoint {
         Endpoint::Other,
     ];
 
+    /// Work a replica does in milliseconds, beside its streams: embeddings,
+    /// rerank and score, tokenize. It does not wait behind streams for a slot.
+    pub fn is_short(self) -> bool {
+        matches!(self, Endpoint::Embeddings | Endpoint::Rerank | Endpoint::Tokenize)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Endpoint::Chat => "chat",

@@ -202,6 +202,16 @@ pub struct TiersConfig {
     pub batch: TierConfig,
 }
 
+impl TiersConfig {
+    /// The settings of `tier`.
+    pub fn of(&self, tier: Tier) -> &TierConfig {
+        match tier {
+            Tier::Interactive => &self.interactive,
+            Tier::Batch => &self.batch,
+        }
+    }
+}
+
 impl Default for TiersConfig {
     fn default() -> Self {
         TiersConfig {

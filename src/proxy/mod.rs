@@ -177,13 +177,11 @@ async fn forward(
     if let (true, Some(s)) = (routed.stream, streams) {
         s.mark();
     }
-    // Its prompt, estimated from the body (four bytes a token; a form,
-    // nothing): what its tenant's fair share is charged when it gets a slot
-    // (the rest, at its end, from the replica's usage).
+    // What its tenant's fair share is charged at once (the rest from the replica's usage).
     let prompt = routed.request.prompt_estimate();
     t.set_prompt_estimate(prompt);
     stage!(t, key_limits(&mut t, &caller, &routed, endpoint, snap).await);
-    let claim = admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys());
+    let claim = admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys(), endpoint.is_short());
     let admitted =
         admission::admit(&caller.class.control, &routed.route.admission, routed.stream, routed.request.len() as u64, claim).await;
     let admitted = stage!(t, admitted);

@@ -425,3 +425,44 @@ async fn a_request_that_names_no_class_goes_to_its_endpoints_class() {
     let err = slogate::config::Config::parse(&bad).expect_err("an unknown class").0;
     assert_eq!(err[0].field, "endpoint_classes.embeddings", "{err:?}");
 }
+
+/// Short work does not wait behind streams: with the pool's one slot held
+/// by a stream, an embeddings, rerank or tokenize request takes a seat above
+/// the slots and is answered while the stream goes on; a chat request waits
+/// in the queue for the slot as before.
+#[tokio::test]
+async fn short_requests_do_not_wait_behind_a_stream_for_a_slot() {
+    let mock = Mock::start(script(|req| {
+        if req.get("messages").is_some() {
+            vllm_stream(req, 1, Duration::ZERO, "stop")
+        } else {
+            Script::json(200, r#"{"object":"list","data":[],"usage":{"prompt_tokens":2,"total_tokens":2}}"#)
+        }
+    }))
+    .await;
+    let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").start().await;
+    let held = mock.hold_slot(gw.data_addr).await;
+    for (path, body) in [
+        ("/v1/embeddings", r#"{"model":"m1","input":"hello"}"#),
+        ("/v1/rerank", r#"{"model":"m1","query":"q","documents":["a","b"]}"#),
+        ("/tokenize", r#"{"model":"m1","prompt":"hello"}"#),
+    ] {
+        if path == "/tokenize" {
+            count_sent(gw.data_addr, 1);
+        }
+        let answered = tokio::time::timeout(Duration::from_secs(10), post(gw.data_addr, path, body, &[])).await;
+        let (status, _, _) = answered.unwrap_or_else(|_| panic!("{path} waited behind the stream"));
+        assert_eq!(status, 200, "{path}");
+    }
+    // A chat request waits for the slot.
+    let addr = gw.data_addr;
+    let chat = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(true, false), &[]).await.0 });
+    wait_until("chat queued", || async {
+        metric(&metrics_text(&gw).await, "slogate_queue_depth", &[("tier", "interactive")]) == Some(1.0)
+    })
+    .await;
+    assert!(!chat.is_finished(), "chat does not jump the queue");
+    held.release().await;
+    assert_eq!(chat.await.expect("task"), 200);
+    assert_quiescent(&gw).await;
+}
