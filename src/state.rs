@@ -114,6 +114,27 @@ fn activate(controls: &Controls, metrics: &Metrics, snapshot: &Snapshot) {
         r.admission.install(r.pool.clone(), snapshot.config.tiers.clone());
         r.pool.activate(metrics);
     }
+    known_series(metrics, snapshot);
+}
+
+/// Every configured class's request series exist from the start, at zero
+/// (for each model a pool names, else `unknown`): a class without traffic
+/// shows its TTFT buckets and its `ok` count, so its SLI rules give a
+/// ratio over zero requests rather than nothing, and `rate()` sees its
+/// first requests.
+fn known_series(metrics: &Metrics, snapshot: &Snapshot) {
+    let mut models: Vec<&str> = snapshot.pools.iter().flat_map(|r| r.pool.static_models.iter().map(String::as_str)).collect();
+    if models.is_empty() {
+        models.push("unknown");
+    }
+    for class in snapshot.classifier.classes() {
+        let series = class.control.series.load();
+        for m in &models {
+            let s = series.for_request(m, crate::config::Endpoint::Chat);
+            s.ttft(metrics);
+            s.outcome(metrics, crate::telemetry::Outcome::ok);
+        }
+    }
 }
 
 /// Why a config that parsed cannot be served.

@@ -397,7 +397,7 @@ async fn a_request_that_names_no_class_goes_to_its_endpoints_class() {
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("class", "rag")]), Some(2.0), "{m}");
     assert_eq!(metric(&m, "slogate_requests_total", &[("class", "batch")]), Some(1.0), "the header decides");
-    assert_eq!(metric(&m, "slogate_requests_total", &[("class", "chat")]), None, "chat holds chat only");
+    assert_eq!(metric(&m, "slogate_requests_total", &[("class", "chat")]), Some(0.0), "chat holds chat only (its series at zero)");
     assert_eq!(metric(&m, "slogate_requests_total", &[("endpoint", "embeddings")]), Some(2.0), "the endpoint label");
     assert_eq!(metric(&m, "slogate_requests_total", &[("endpoint", "rerank")]), Some(1.0));
     assert!(
@@ -464,5 +464,22 @@ async fn short_requests_do_not_wait_behind_a_stream_for_a_slot() {
     assert!(!chat.is_finished(), "chat does not jump the queue");
     held.release().await;
     assert_eq!(chat.await.expect("task"), 200);
+    assert_quiescent(&gw).await;
+}
+
+/// Every configured class's series exist from the start, at zero, with
+/// their buckets: a class without traffic still has a ratio for its SLI
+/// rules to compute.
+#[tokio::test]
+async fn a_class_without_traffic_exposes_its_series_at_zero() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+    let m = metrics_text(&gw).await;
+    for class in ["chat", "voice", "code-inline", "code-panel", "rag", "batch"] {
+        assert_eq!(metric(&m, "slogate_requests_total", &[("class", class), ("outcome", "ok")]), Some(0.0), "{class}: {m}");
+        assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", class)]), Some(0.0), "{class}");
+    }
+    // voice's TTFT target (150 ms) is a bucket of its histogram from the start.
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_bucket", &[("class", "voice"), ("le", "0.15")]), Some(0.0));
     assert_quiescent(&gw).await;
 }
