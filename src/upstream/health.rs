@@ -66,28 +66,16 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
         replica.idle.sweep();
         // Why a check failed, for the log line that takes the replica out
         // and for the status page.
-        let mut failure = match get(&replica, &h.path, h.timeout.get()).await {
-            Ok((status, _)) if status.is_success() => None,
-            Ok((status, _)) => Some(format!("{} answered {status}", h.path)),
-            Err(e) => Some(e),
-        };
-        // vLLM checks its API key on /v1 only (its /health is open): with a
-        // key, the check also lists the models, so a wrong key shows here
-        // rather than as 401s to callers. The list doubles as discovery.
-        if failure.is_none() {
-            if let Some(var) = &pool.config.api_key_env {
-                match get(&replica, "/v1/models", h.timeout.get()).await {
-                    Ok((status, _)) if status == http::StatusCode::UNAUTHORIZED || status == http::StatusCode::FORBIDDEN => {
-                        failure = Some(format!("/v1/models answered {status}: the replica refused the key in {var}"));
-                    }
-                    Ok((status, body)) if status.is_success() => store_models(&replica, &body),
-                    // Anything else is the health path's to judge.
-                    _ => {}
-                }
-            }
+        let mut failure = check(&pool, &replica, &h).await;
+        // A replica delivering tokens is alive: a health check that fails
+        // under its load (a slow /health) does not take it out; one idle
+        // and failing does.
+        let streaming = failure.is_some() && replica.is_healthy() && replica.delivered_within(h.interval.get() * (h.unhealthy_after + 1));
+        if streaming {
+            failure = failure.map(|f| format!("{f}; kept in: it delivers tokens"));
         }
         replica.set_health_error(failure.clone());
-        let ok = failure.is_none();
+        let ok = failure.is_none() || streaming;
         if ok {
             streak_ok += 1;
             streak_bad = 0;
@@ -126,6 +114,30 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
         }
         tick += 1;
     }
+}
+
+/// One health check: why it failed, if it did. With an API key, the check
+/// also lists the models (vLLM checks its key on /v1 only), so a wrong key
+/// shows here rather than as 401s to callers; the list doubles as discovery.
+async fn check(pool: &Pool, replica: &Arc<Replica>, h: &crate::config::HealthConfig) -> Option<String> {
+    let mut failure = match get(replica, &h.path, h.timeout.get()).await {
+        Ok((status, _)) if status.is_success() => None,
+        Ok((status, _)) => Some(format!("{} answered {status}", h.path)),
+        Err(e) => Some(e),
+    };
+    if failure.is_none() {
+        if let Some(var) = &pool.config.api_key_env {
+            match get(replica, "/v1/models", h.timeout.get()).await {
+                Ok((status, _)) if status == http::StatusCode::UNAUTHORIZED || status == http::StatusCode::FORBIDDEN => {
+                    failure = Some(format!("/v1/models answered {status}: the replica refused the key in {var}"));
+                }
+                Ok((status, body)) if status.is_success() => store_models(replica, &body),
+                // Anything else is the health path's to judge.
+                _ => {}
+            }
+        }
+    }
+    failure
 }
 
 async fn discover_models(replica: &Arc<Replica>, timeout: Duration) {

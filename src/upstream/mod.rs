@@ -163,6 +163,7 @@ impl Pool {
                 first_token_p90: AtomicF64::new(0.0),
                 itl_mean_us: AtomicF64::new(0.0),
                 itl_at_ms: AtomicU64::new(0),
+                delivered_at_ms: AtomicU64::new(0),
                 dispatched: AtomicU64::new(0),
                 dispatched_seen: AtomicU64::new(0),
                 controlled_at_ms: AtomicU64::new(0),

@@ -87,6 +87,9 @@ pub(crate) struct Replica {
     pub(super) itl_mean_us: AtomicF64,
     /// When a stream last ended here, in milliseconds after `born`.
     pub(super) itl_at_ms: AtomicU64,
+    /// When this replica last delivered tokens (a first token, or a report
+    /// of gaps), in milliseconds after `born`; 0: never.
+    pub(super) delivered_at_ms: AtomicU64,
     /// Requests sent here since the start, and the count and time (ms
     /// after `born`) the controller last looked at it.
     pub(super) dispatched: AtomicU64,
@@ -280,6 +283,19 @@ impl Replica {
         let fresh = self.itl_mean().is_zero();
         self.itl_mean_us.update(|m| Some(if fresh || m == 0.0 { mean } else { m + (mean - m) * ITL_EWMA }));
         self.itl_at_ms.store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.delivered();
+    }
+
+    /// Tokens came from this replica just now.
+    pub(crate) fn delivered(&self) {
+        self.delivered_at_ms.store((self.born.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
+    }
+
+    /// Has it delivered tokens within `window`? A replica streaming tokens is
+    /// alive, whatever its health endpoint says under that load.
+    pub(crate) fn delivered_within(&self, window: std::time::Duration) -> bool {
+        let at = self.delivered_at_ms.load(Ordering::Relaxed);
+        at > 0 && self.born.elapsed().saturating_sub(std::time::Duration::from_millis(at)) <= window
     }
 
     /// The mean gap between tokens of the streams that ended here lately
@@ -421,6 +437,7 @@ impl ReplicaSlot {
     /// The request's first token arrived: its prefill is done (a no-op after the first call).
     pub(crate) fn prefilled(&mut self) {
         if std::mem::take(&mut self.prefilling) {
+            self.replica.delivered();
             self.replica.prefilling[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
         }
     }

@@ -135,3 +135,56 @@ async fn a_replica_answering_200_with_garbage_is_not_counted_ok() {
     assert_eq!(requests_with_outcome(&gw, "stream_error").await, 2.0);
     assert_quiescent(&gw).await;
 }
+
+/// A replica delivering tokens is alive: while it streams, health checks
+/// that time out under its load do not take it out (the status page says
+/// why it is kept in); idle and still failing, it is taken out.
+#[tokio::test]
+async fn a_replica_streaming_tokens_is_not_taken_out_by_a_slow_health_check() {
+    let gate = Gate::default();
+    let g = gate.clone();
+    let mock = Mock::start(script(move |req| {
+        // A long stream: a token every 20 ms until the test opens the gate.
+        let mut steps = vec![Step::Send(role_chunk())];
+        for _ in 0..400 {
+            steps.push(Step::Send(content_chunk("tok")));
+            steps.push(Step::Wait(Duration::from_millis(20)));
+        }
+        steps.push(Step::Until(g.clone()));
+        steps.push(Step::Send(finish_chunk("stop")));
+        if wants_usage(req) {
+            steps.push(Step::Send(usage_chunk(5, 400)));
+        }
+        steps.push(Step::Send(done()));
+        Script::sse(steps)
+    }))
+    .await;
+    let gw = gateway_config(&[mock.url()])
+        .pool("health: { interval: 100ms, timeout: 50ms, unhealthy_after: 2, healthy_after: 2 }")
+        .start()
+        .await;
+    let addr = gw.data_addr;
+    let stream = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(true, false), &[]).await.0 });
+    *mock.state.health_delay.lock().expect("lock") = Duration::from_secs(2);
+    let admin = gw.admin_addr;
+    let reason = || async move {
+        let (_, slo) = get(admin, "/slo.json").await;
+        let v: serde_json::Value = serde_json::from_str(&slo).expect("JSON");
+        (v["pools"][0]["replicas"][0]["healthy"].as_bool(), v["pools"][0]["replicas"][0]["reason"].as_str().map(str::to_string))
+    };
+    // The checks fail (time out) while tokens flow: it is kept in, and says why.
+    wait_until("failed checks while streaming", || async { reason().await.1.is_some_and(|r| r.contains("kept in")) }).await;
+    // Six more checks time out (two would take an idle replica out): still in.
+    let checks = || mock.state.health_checks.load(std::sync::atomic::Ordering::SeqCst);
+    let from = checks();
+    wait_until("six more failed checks", || async { checks() >= from + 6 }).await;
+    assert_eq!(reason().await.0, Some(true), "taken out while it streams");
+    assert!(!stream.is_finished(), "the stream still runs");
+    // The stream ends; idle, the failing checks take it out.
+    gate.open();
+    assert_eq!(stream.await.expect("task"), 200);
+    wait_until("taken out once idle", || async { reason().await.0 == Some(false) }).await;
+    *mock.state.health_delay.lock().expect("lock") = Duration::ZERO;
+    wait_until("back", || async { reason().await.0 == Some(true) }).await;
+    assert_quiescent(&gw).await;
+}

@@ -99,6 +99,10 @@ pub struct MockState {
     pub cancelled: AtomicUsize,
     pub completed: AtomicUsize,
     pub healthy: AtomicBool,
+    /// How long `/health` takes to answer (a replica slow under load), and
+    /// how many health checks came.
+    pub health_delay: Mutex<Duration>,
+    pub health_checks: AtomicUsize,
     pub script: Mutex<ScriptFn>,
     pub bodies: Mutex<Vec<serde_json::Value>>,
     /// Every POST's body as received (a multipart form is no JSON).
@@ -169,6 +173,8 @@ impl Mock {
             cancelled: AtomicUsize::new(0),
             completed: AtomicUsize::new(0),
             healthy: AtomicBool::new(true),
+            health_delay: Mutex::new(Duration::ZERO),
+            health_checks: AtomicUsize::new(0),
             script: Mutex::new(script),
             bodies: Mutex::new(Vec::new()),
             raw_bodies: Mutex::new(Vec::new()),
@@ -347,6 +353,11 @@ async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<Moc
     if req.method() == http::Method::GET {
         return match path.as_str() {
             "/health" => {
+                st.health_checks.fetch_add(1, Ordering::SeqCst);
+                let delay = *st.health_delay.lock().expect("lock");
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
                 let code = if st.healthy.load(Ordering::SeqCst) { 200 } else { 503 };
                 simple(code, "application/json", "{}")
             }
