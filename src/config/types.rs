@@ -69,7 +69,7 @@ impl Config {
     pub fn endpoint_class(&self, endpoint: Endpoint) -> Option<String> {
         match &self.endpoint_classes {
             Some(map) => map.get(&endpoint).cloned(),
-            None => default_endpoint_classes().shift_remove(&endpoint).filter(|c| self.classes.contains_key(c)),
+            None => default_endpoint_classes().get(&endpoint).filter(|c| self.classes.contains_key(*c)).cloned(),
         }
     }
 }

@@ -20,7 +20,8 @@ const FIELD_LIMIT: u64 = 1024;
 /// Is `content_type` a multipart form? Its boundary, if so.
 pub(super) fn boundary(content_type: Option<&str>) -> Option<Result<String, GatewayError>> {
     let ct = content_type?;
-    if !ct.trim_start().to_ascii_lowercase().starts_with("multipart/form-data") {
+    const FORM: &str = "multipart/form-data";
+    if !ct.trim_start().get(..FORM.len()).is_some_and(|p| p.eq_ignore_ascii_case(FORM)) {
         return None;
     }
     Some(multer::parse_boundary(ct).map_err(|e| malformed(&e.to_string())))
