@@ -29,7 +29,7 @@ fn start(c: SimConfig) -> Engine {
 }
 
 fn req(prompt: u32, out: u32) -> SeqRequest {
-    SeqRequest { prompt_tokens: prompt, max_tokens: out, natural_len: None, priority: 0, fault: None }
+    SeqRequest::new(prompt, out)
 }
 
 /// Times (since `t0`) of each token of one sequence, and its finish.
@@ -231,4 +231,66 @@ fn long_prompts_make_the_ttft_tail_grow_with_concurrency() {
     // Equal short prompts alone: a much flatter tail, still growing.
     let (low, high) = (ratio(8, 0.0), ratio(64, 0.0));
     assert!(low < high && high < 3.0, "512 only: {low:.2} at 8, {high:.2} at 64");
+}
+
+/// A prompt of `tokens` simulator tokens (4 characters each): `shared`
+/// characters of a common prefix, then `own`'s.
+fn prompt_hashes(shared: usize, own: u8, tokens: usize, block_size: u32) -> Vec<u64> {
+    let mut text = vec![b's'; shared];
+    text.resize(tokens * 4, own);
+    loadtest::sim::cache::block_hashes(&text, block_size as usize * 4, tokens / block_size as usize)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cached_prefix_skips_its_prefill_and_is_reported() {
+    let c = cfg();
+    let m = Arc::new(SimMetrics::new(&c.model));
+    let e = Engine::start(Arc::new(c.clone()), m.clone(), Arc::new(Faults::new(c.faults.clone()))).0;
+    // 480 tokens: 400 shared (25 blocks of 16), 80 each its own.
+    let first = SeqRequest { block_hashes: prompt_hashes(1600, b'a', 480, 16), ..req(480, 2) };
+    let t0 = Instant::now();
+    let (times, _) = drain(e.submit(first).expect("accepted"), t0).await;
+    // 480 x 0.1 ms: compute-bound.
+    assert_eq!(times[0], Duration::from_millis(48));
+    let second = SeqRequest { block_hashes: prompt_hashes(1600, b'b', 480, 16), ..req(480, 2) };
+    let cached = second.cached.clone();
+    let t1 = Instant::now();
+    let (times, _) = drain(e.submit(second).expect("accepted"), t1).await;
+    // 400 tokens found: 80 prefilled, under the 10 ms memory-bound floor.
+    assert_eq!(cached.load(Ordering::Relaxed), 400);
+    assert_eq!(times[0], Duration::from_millis(10));
+    assert_eq!(e.stats.prefix_queries.load(Ordering::Relaxed), 960);
+    assert_eq!(e.stats.prefix_hits.load(Ordering::Relaxed), 400);
+    let text = m.encode();
+    assert!(text.contains(r#"vllm:prefix_cache_queries_total{model_name="sim-llama-8b"} 960"#), "{text}");
+    assert!(text.contains(r#"vllm:prefix_cache_hits_total{model_name="sim-llama-8b"} 400"#), "{text}");
+    // A prompt that is all cache still computes its last block.
+    let again = SeqRequest { block_hashes: prompt_hashes(1600, b'b', 480, 16), ..req(480, 1) };
+    let cached = again.cached.clone();
+    drain(e.submit(again).expect("accepted"), Instant::now()).await;
+    assert_eq!(cached.load(Ordering::Relaxed), 464);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cached_prefixes_are_evicted_when_memory_is_needed() {
+    // 64 blocks of 16 tokens. A 480-token prompt takes 31 blocks and leaves
+    // 30 named (cached) when it ends; `a` leaves 34 free, `b` takes 31 of
+    // them, and `c` takes the 4 left and evicts 27 of `a`'s, tail first.
+    let e = start(SimConfig { kv_blocks: 64, ..cfg() });
+    let a = || SeqRequest { block_hashes: prompt_hashes(0, b'a', 480, 16), ..req(480, 1) };
+    let b = || SeqRequest { block_hashes: prompt_hashes(0, b'b', 480, 16), ..req(480, 1) };
+    let c = || SeqRequest { block_hashes: prompt_hashes(0, b'c', 480, 16), ..req(480, 1) };
+    for r in [a(), b(), c()] {
+        drain(e.submit(r).expect("accepted"), Instant::now()).await;
+    }
+    // Of `a`, freed first, only the head is left: 3 blocks.
+    let again_a = a();
+    let cached_a = again_a.cached.clone();
+    drain(e.submit(again_a).expect("accepted"), Instant::now()).await;
+    assert_eq!(cached_a.load(Ordering::Relaxed), 48, "a's tail was evicted");
+    // `c` is cached whole (`a` took `b`'s blocks) (less the last block, always computed).
+    let again_c = c();
+    let cached_c = again_c.cached.clone();
+    drain(e.submit(again_c).expect("accepted"), Instant::now()).await;
+    assert_eq!(cached_c.load(Ordering::Relaxed), 464);
 }

@@ -8,7 +8,10 @@
 //! part (`alpha x` tokens processed), times the slowdown fault. `max_num_seqs` caps the running batch; the KV cache is
 //! counted in blocks, and when a decode needs a block and none is free, the
 //! most recently admitted sequence is preempted and recomputed later (its
-//! prompt and generated tokens are prefilled again).
+//! prompt and generated tokens are prefilled again). Blocks of computed
+//! prompt tokens are named and reused by later prompts with the same prefix
+//! (vLLM's automatic prefix caching; see [`super::cache`]): a sequence
+//! skips the prefill of the leading blocks the cache holds.
 //!
 //! Time is `tokio::time`, so the scheduler runs on paused time in tests.
 
@@ -19,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::cache::PrefixCache;
 use super::config::{FaultConfig, SimConfig};
 use super::metrics::SimMetrics;
 
@@ -68,6 +72,26 @@ pub struct SeqRequest {
     /// Lower is served first under priority scheduling.
     pub priority: i64,
     pub fault: Option<StreamFault>,
+    /// The chained hashes of the prompt's full blocks (see
+    /// [`super::cache::block_hashes`]); empty: nothing to reuse.
+    pub block_hashes: Vec<u64>,
+    /// Set when the sequence is first scheduled: its prompt tokens found in the prefix cache.
+    pub cached: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl SeqRequest {
+    /// A request of `prompt_tokens` that shares no prefix with any other.
+    pub fn new(prompt_tokens: u32, max_tokens: u32) -> SeqRequest {
+        SeqRequest {
+            prompt_tokens,
+            max_tokens,
+            natural_len: None,
+            priority: 0,
+            fault: None,
+            block_hashes: Vec::new(),
+            cached: Arc::default(),
+        }
+    }
 }
 
 /// Counters the server and tests read.
@@ -77,6 +101,9 @@ pub struct EngineStats {
     pub waiting: AtomicUsize,
     pub max_running_seen: AtomicUsize,
     pub kv_used_blocks: AtomicUsize,
+    /// Prompt tokens scheduled, and those of them found in the prefix cache.
+    pub prefix_queries: AtomicU64,
+    pub prefix_hits: AtomicU64,
     pub preemptions: AtomicU64,
     pub steps: AtomicU64,
 }
@@ -119,7 +146,14 @@ struct Seq {
     /// Tokens to prefill before decoding: the prompt, or prompt + generated after preemption.
     prefill_target: u32,
     prefilled: u32,
+    /// Blocks it holds as its own (not named in the prefix cache).
     blocks: u32,
+    /// Named blocks it holds a reference on.
+    named: Vec<u64>,
+    /// Its prompt's full blocks up to here are named (or tried).
+    named_upto: usize,
+    /// It was scheduled before (its cache hits are counted once).
+    scheduled: bool,
     last_token: Option<Instant>,
     tx: mpsc::UnboundedSender<Event>,
 }
@@ -130,6 +164,9 @@ impl Seq {
     }
     fn decoding(&self) -> bool {
         self.prefilled >= self.prefill_target
+    }
+    fn held(&self) -> u32 {
+        self.blocks + self.named.len() as u32
     }
 }
 
@@ -160,7 +197,7 @@ impl Engine {
             rx,
             running: Vec::new(),
             waiting: VecDeque::new(),
-            free_blocks: cfg.kv_blocks,
+            cache: PrefixCache::new(cfg.kv_blocks),
             order: 0,
             stats: stats.clone(),
             metrics,
@@ -210,7 +247,7 @@ struct Core {
     rx: mpsc::UnboundedReceiver<(SeqRequest, mpsc::UnboundedSender<Event>, Instant)>,
     running: Vec<Seq>,
     waiting: VecDeque<Seq>,
-    free_blocks: u32,
+    cache: PrefixCache,
     order: u64,
     stats: Arc<EngineStats>,
     metrics: Arc<SimMetrics>,
@@ -253,6 +290,9 @@ impl Core {
             generated: 0,
             prefilled: 0,
             blocks: 0,
+            named: Vec::new(),
+            named_upto: 0,
+            scheduled: false,
             last_token: None,
             tx,
         };
@@ -280,23 +320,24 @@ impl Core {
         let before = self.waiting.len();
         self.waiting.retain(|s| !s.tx.is_closed());
         self.stats.waiting.fetch_sub(before - self.waiting.len(), Ordering::Relaxed);
-        let mut freed = 0;
-        self.running.retain(|s| {
-            let keep = !s.tx.is_closed();
-            if !keep {
-                freed += s.blocks;
-            }
-            keep
-        });
-        self.free_blocks += freed;
+        let (gone, kept): (Vec<Seq>, Vec<Seq>) = std::mem::take(&mut self.running).into_iter().partition(|s| s.tx.is_closed());
+        self.running = kept;
+        for mut s in gone {
+            self.release(&mut s);
+        }
+    }
+
+    /// Give a sequence's blocks back: its own free, its named ones cached.
+    fn release(&mut self, s: &mut Seq) {
+        self.cache.release(std::mem::take(&mut s.blocks), &std::mem::take(&mut s.named));
+        s.named_upto = 0;
     }
 
     /// Preempt the most recently admitted running sequence (recompute later).
     fn preempt_latest(&mut self) -> Option<u64> {
         let idx = self.running.iter().enumerate().max_by_key(|(_, s)| (s.req.priority, s.order)).map(|(i, _)| i)?;
         let mut seq = self.running.swap_remove(idx);
-        self.free_blocks += seq.blocks;
-        seq.blocks = 0;
+        self.release(&mut seq);
         seq.prefilled = 0;
         seq.prefill_target = seq.req.prompt_tokens.max(1) + seq.generated;
         let order = seq.order;
@@ -305,6 +346,52 @@ impl Core {
         self.stats.waiting.fetch_add(1, Ordering::Relaxed);
         self.insert_waiting(seq, true);
         Some(order)
+    }
+
+    /// Schedule the waiting queue's front if its blocks fit: the leading
+    /// prompt blocks the prefix cache holds are reused (their prefill
+    /// skipped; at least one token is always computed, as vLLM does), the
+    /// rest allocated. `None` when it does not fit.
+    fn schedule_front(&mut self) -> Option<Seq> {
+        let front = self.waiting.front()?;
+        let bs = self.cfg.block_size.max(1);
+        let hashes = &front.req.block_hashes;
+        let hit = self.cache.hits(hashes).min(((front.prefill_target - 1) / bs) as usize);
+        let need = self.blocks_for(front.prefill_target + 1).saturating_sub(hit as u32);
+        if !self.cache.fits(&hashes[..hit], need) {
+            return None;
+        }
+        let mut s = self.waiting.pop_front()?;
+        self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+        let reused = s.req.block_hashes[..hit].to_vec();
+        self.cache.acquire(&reused);
+        self.cache.allocate(need);
+        s.blocks = need;
+        s.named = reused;
+        s.named_upto = hit;
+        s.prefilled = hit as u32 * bs;
+        if !std::mem::replace(&mut s.scheduled, true) {
+            let cached = hit as u64 * bs as u64;
+            s.req.cached.store(cached as u32, Ordering::Relaxed);
+            self.stats.prefix_queries.fetch_add(s.req.prompt_tokens as u64, Ordering::Relaxed);
+            self.stats.prefix_hits.fetch_add(cached, Ordering::Relaxed);
+            self.metrics.prefix_cache_queries.inc_by(s.req.prompt_tokens as u64);
+            self.metrics.prefix_cache_hits.inc_by(cached);
+        }
+        Some(s)
+    }
+
+    /// Name the prompt blocks `s` has computed in full, so later prompts reuse them.
+    fn name_computed(cache: &mut PrefixCache, s: &mut Seq, block_size: u32) {
+        let full = ((s.prefilled.min(s.req.prompt_tokens) / block_size.max(1)) as usize).min(s.req.block_hashes.len());
+        while s.named_upto < full {
+            let h = s.req.block_hashes[s.named_upto];
+            if s.blocks > 0 && cache.name(h) {
+                s.blocks -= 1;
+                s.named.push(h);
+            }
+            s.named_upto += 1;
+        }
     }
 
     async fn step(&mut self) {
@@ -316,9 +403,8 @@ impl Core {
                 i += 1;
                 continue;
             }
-            let need = self.blocks_for(s.req.prompt_tokens + s.generated + 1).saturating_sub(s.blocks);
-            if need <= self.free_blocks {
-                self.free_blocks -= need;
+            let need = self.blocks_for(s.req.prompt_tokens + s.generated + 1).saturating_sub(s.held());
+            if self.cache.allocate(need) {
                 self.running[i].blocks += need;
                 i += 1;
                 continue;
@@ -344,20 +430,16 @@ impl Core {
             prefill_tokens += chunk;
         }
         while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some(front) = self.waiting.front() else { break };
-            let need = self.blocks_for(front.prefill_target + 1);
-            if need > self.free_blocks {
-                break;
-            }
-            let Some(mut s) = self.waiting.pop_front() else { break };
-            self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
-            self.free_blocks -= need;
-            s.blocks = need;
-            let chunk = s.prefill_target.min(budget);
-            s.prefilled = chunk;
+            let Some(mut s) = self.schedule_front() else { break };
+            let chunk = (s.prefill_target - s.prefilled).min(budget);
+            s.prefilled += chunk;
             budget -= chunk;
             prefill_tokens += chunk;
             self.running.push(s);
+        }
+        let bs = self.cfg.block_size;
+        for s in self.running.iter_mut() {
+            Self::name_computed(&mut self.cache, s, bs);
         }
         // Prefills that complete in this step produce their first token at its end.
         let completing: Vec<u64> = self.running.iter().filter(|s| s.decoding() && !decodes.contains(&s.order)).map(|s| s.order).collect();
@@ -374,12 +456,14 @@ impl Core {
 
         // 4. Emit tokens.
         let now = Instant::now();
-        let mut finished_blocks = 0;
+        let mut finished = Vec::new();
         let metrics = self.metrics.clone();
-        self.running.retain_mut(|s| {
+        let running = std::mem::take(&mut self.running);
+        for mut s in running {
             let emits = decodes.contains(&s.order) || (completing.contains(&s.order) && s.generated == 0);
             if !emits {
-                return true;
+                self.running.push(s);
+                continue;
             }
             let index = s.generated;
             s.generated += 1;
@@ -398,20 +482,22 @@ impl Core {
             let sent = s.tx.send(Event::Token { index, finish }).is_ok();
             if let Some(f) = fault.filter(|_| !done) {
                 let _ = s.tx.send(f);
-                finished_blocks += s.blocks;
-                return false;
+                finished.push(s);
+                continue;
             }
             if done {
                 let reason = finish.unwrap_or(Finish::Stop);
                 metrics.finished(reason, (now - s.arrival).as_secs_f64(), s.req.prompt_tokens, s.generated);
             }
             if done || !sent {
-                finished_blocks += s.blocks;
-                return false;
+                finished.push(s);
+                continue;
             }
-            true
-        });
-        self.free_blocks += finished_blocks;
+            self.running.push(s);
+        }
+        for mut s in finished {
+            self.release(&mut s);
+        }
         self.publish();
     }
 
@@ -419,7 +505,7 @@ impl Core {
         let running = self.running.len();
         self.stats.running.store(running, Ordering::Relaxed);
         self.stats.max_running_seen.fetch_max(running, Ordering::Relaxed);
-        let used = self.cfg.kv_blocks - self.free_blocks;
+        let used = self.cache.used();
         self.stats.kv_used_blocks.store(used as usize, Ordering::Relaxed);
         self.metrics.running.set(running as i64);
         self.metrics.waiting.set(self.waiting.len() as i64);

@@ -32,6 +32,8 @@ pub struct SimMetrics {
     success: Family<Reason, Counter>,
     pub prompt_tokens: Counter,
     pub generation_tokens: Counter,
+    pub prefix_cache_queries: Counter,
+    pub prefix_cache_hits: Counter,
 }
 
 impl SimMetrics {
@@ -50,6 +52,8 @@ impl SimMetrics {
             success: Family::default(),
             prompt_tokens: Counter::default(),
             generation_tokens: Counter::default(),
+            prefix_cache_queries: Counter::default(),
+            prefix_cache_hits: Counter::default(),
         };
         registry.register("vllm:num_requests_running", "Number of requests in model execution batches", m.running.clone());
         registry.register("vllm:num_requests_waiting", "Number of requests waiting to be processed", m.waiting.clone());
@@ -61,6 +65,12 @@ impl SimMetrics {
         registry.register("vllm:request_success", "Count of successfully processed requests", m.success.clone());
         registry.register("vllm:prompt_tokens", "Number of prefill tokens processed", m.prompt_tokens.clone());
         registry.register("vllm:generation_tokens", "Number of generation tokens processed", m.generation_tokens.clone());
+        registry.register(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens",
+            m.prefix_cache_queries.clone(),
+        );
+        registry.register("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens", m.prefix_cache_hits.clone());
         SimMetrics { registry, ..m }
     }
 

@@ -3,6 +3,7 @@
 //! metrics and switchable faults. Runs in-process (tests, `slogate demo`)
 //! or as the `vllm-sim` binary.
 
+pub mod cache;
 pub mod config;
 pub mod engine;
 pub mod metrics;

@@ -206,6 +206,34 @@ fn error(status: StatusCode, message: &str, ty: &str) -> Response<SimBody> {
     json_resp(status, &json!({"object": "error", "message": message, "type": ty, "param": null, "code": status.as_u16()}))
 }
 
+/// The prompt as the engine reads it, for its prefix cache: each message's
+/// role and text in order (a separator after each), or the prompt's text.
+fn rendered(v: &Value, out: &mut Vec<u8>) {
+    match v {
+        Value::String(s) => out.extend_from_slice(s.as_bytes()),
+        Value::Array(a) => a.iter().for_each(|x| rendered(x, out)),
+        Value::Object(o) => {
+            if let Some(Value::String(role)) = o.get("role") {
+                out.extend_from_slice(role.as_bytes());
+                out.push(b'\n');
+            }
+            if let Some(c) = o.get("content").or_else(|| o.get("text")) {
+                rendered(c, out);
+            }
+            out.push(0);
+        }
+        _ => {}
+    }
+}
+
+/// The chained hashes of the prompt's full blocks of `block_size` tokens
+/// (the simulator's tokens are four characters).
+fn prompt_blocks(v: &Value, prompt_tokens: u32, block_size: u32) -> Vec<u64> {
+    let mut text = Vec::new();
+    rendered(v, &mut text);
+    crate::sim::cache::block_hashes(&text, block_size as usize * 4, (prompt_tokens / block_size.max(1)) as usize)
+}
+
 /// Prompt tokens as the simulator counts them: one token per 4 characters of text.
 pub fn estimate_tokens(v: &Value) -> u32 {
     fn chars(v: &Value) -> usize {
@@ -303,7 +331,10 @@ async fn completion(req: Request<Incoming>, ctx: Arc<Ctx>, chat: bool) -> Respon
             error(StatusCode::SERVICE_UNAVAILABLE, "simulated overload", "ServiceUnavailableError")
         };
     }
-    let rx = match ctx.engine.submit(SeqRequest { prompt_tokens, max_tokens, natural_len, priority, fault }) {
+    let block_hashes = prompt_blocks(prompt_v, prompt_tokens, ctx.cfg.block_size);
+    let cached = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seq = SeqRequest { prompt_tokens, max_tokens, natural_len, priority, fault, block_hashes, cached: cached.clone() };
+    let rx = match ctx.engine.submit(seq) {
         Ok(rx) => rx,
         Err(Rejected::QueueFull) => return error(StatusCode::SERVICE_UNAVAILABLE, "waiting queue is full", "ServiceUnavailableError"),
         Err(Rejected::TooLong(m)) => return error(StatusCode::BAD_REQUEST, &m, "BadRequestError"),
@@ -316,6 +347,7 @@ async fn completion(req: Request<Incoming>, ctx: Arc<Ctx>, chat: bool) -> Respon
         created: now_secs(),
         model: ctx.cfg.model.clone(),
         prompt_tokens,
+        cached,
         rx_ns,
     };
     if stream {
@@ -333,13 +365,17 @@ struct Shape {
     created: u64,
     model: String,
     prompt_tokens: u32,
+    /// The prompt tokens found in the prefix cache (known once scheduled).
+    cached: Arc<std::sync::atomic::AtomicU32>,
     /// With `stamp_events`: when the request arrived.
     rx_ns: Option<u64>,
 }
 
 impl Shape {
     fn usage(&self, completion: u32) -> Value {
-        json!({"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + completion, "completion_tokens": completion})
+        let cached = self.cached.load(Ordering::Relaxed);
+        json!({"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + completion, "completion_tokens": completion,
+               "prompt_tokens_details": {"cached_tokens": cached}})
     }
 
     fn chunk(&self, choice: Value, usage: Option<Value>) -> Value {

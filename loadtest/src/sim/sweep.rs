@@ -66,7 +66,7 @@ pub async fn closed_loop(cfg: SimConfig, spec: &ClosedLoop) -> Result<Ttft, Stri
                 let prompt = if long { spec.long_prompt_tokens } else { spec.prompt_tokens };
                 let max_tokens = output.sample(&mut rng);
                 let sent = Instant::now();
-                let req = SeqRequest { prompt_tokens: prompt, max_tokens, natural_len: None, priority: 0, fault: None };
+                let req = SeqRequest::new(prompt, max_tokens);
                 let mut rx = engine.submit(req).map_err(|e| format!("engine refused a request: {e:?}"))?;
                 let mut first = true;
                 while let Some(ev) = rx.recv().await {
