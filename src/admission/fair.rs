@@ -179,10 +179,14 @@ impl<W: Queued> FairQueue<W> {
     }
 
     /// The waiter that would be served next.
-    #[cfg(test)]
-    fn front(&self) -> Option<&W> {
+    pub(crate) fn front(&self) -> Option<&W> {
         let (_, tenant) = self.order.first()?;
-        self.backlogs.get(tenant)?.front()
+        self.front_of(*tenant)
+    }
+
+    /// `tenant`'s waiter that would be served next.
+    pub(crate) fn front_of(&self, tenant: u32) -> Option<&W> {
+        self.backlogs.get(&tenant)?.front()
     }
 
     /// The waiter that has waited longest, whatever its tenant.

@@ -85,10 +85,15 @@ impl Lease {
     }
 
     /// The request is over: its tenant's service is settled to the tokens
-    /// it used, when the replica said (the charge stands otherwise).
+    /// it used, when the replica said (the charge stands otherwise), and
+    /// the replica counts the prompt tokens its cache held.
     pub(crate) fn finished(&mut self, f: &Finished) {
         if let Some(n) = f.used_tokens() {
             self.settle(n);
+        }
+        // What the replica's engine said of its prefix cache (not slogate's estimate).
+        if let (Some(u), false) = (f.usage, f.usage_estimated) {
+            self.slot.replica().served_prompt(u.prompt_tokens, u.cached_tokens);
         }
     }
 

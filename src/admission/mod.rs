@@ -407,6 +407,7 @@ pub(crate) async fn admit(
     streaming: bool,
     body_bytes: u64,
     claim: Claim,
+    key: Option<Arc<crate::upstream::prefix::RouteKey>>,
 ) -> Result<Admitted, GatewayError> {
     let probe = match control.breaker.admit() {
         Gate::Pass => None,
@@ -430,7 +431,7 @@ pub(crate) async fn admit(
         }
     };
     let tier = control.tier;
-    match pool.admit(tier, body_bytes, claim).await {
+    match pool.admit(tier, body_bytes, claim, key).await {
         Ok(granted) => {
             control.observe_queue_time(granted.waited);
             Ok(Admitted { lease: granted.lease, waited: granted.waited, probe })

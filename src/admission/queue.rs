@@ -17,14 +17,15 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::lease::{Claim, Granted, Lease, Refusal, Seating};
+use super::lease::{Claim, Granted, Lease, Refusal};
 use super::rates;
 use super::seats::{Demand, Seats, DEMAND_MARGIN};
 use super::waiting::{Queues, WaitGuard, Waiter, Waiting};
 use crate::config::{Tier, TiersConfig};
 use crate::sync::AtomicF64;
 use crate::telemetry::metrics::Metrics;
-use crate::upstream::{PickError, Pool, Replica, ReplicaSlot, Room};
+use crate::upstream::prefix::RouteKey;
+use crate::upstream::{PickError, Pool, Room};
 
 /// Batch gets at least one slot this often while interactive waits but is
 /// not at risk.
@@ -187,13 +188,15 @@ impl PoolAdmission {
     /// Take a slot for a request of `tier` now, if one is free: a healthy
     /// replica with a free slot and, for batch, room under the batch limit.
     /// Does not queue.
+    #[cfg(test)]
     pub(crate) fn try_lease(self: &Arc<Self>, tier: Tier) -> Result<Lease, PickError> {
-        self.try_lease_over(tier, 0)
+        self.try_lease_over(tier, 0, None)
     }
 
     /// [`PoolAdmission::try_lease`], an interactive request allowed `extra`
     /// more above the slots.
-    fn try_lease_over(self: &Arc<Self>, tier: Tier, extra: usize) -> Result<Lease, PickError> {
+    /// `key`: the request's prompt, for prefix-aware routing.
+    fn try_lease_over(self: &Arc<Self>, tier: Tier, extra: usize, key: Option<&RouteKey>) -> Result<Lease, PickError> {
         let pool = self.pool.load();
         let room = match tier {
             Tier::Interactive => Room::Over(self.interactive_over(&pool) + extra),
@@ -208,7 +211,7 @@ impl PoolAdmission {
                 Room::Leave(seats.batch_leaves())
             }
         };
-        match pool.pick(None, room, tier) {
+        match pool.pick(None, room, tier, key) {
             Ok(slot) => {
                 if tier == Tier::Interactive {
                     self.interactive_inflight.fetch_add(1, Ordering::SeqCst);
@@ -256,13 +259,20 @@ impl PoolAdmission {
     /// Get a slot for a request of `tier` whose body is `bytes` long,
     /// waiting in the queue if needed. Dropping the future (the client went
     /// away) leaves the queue at once.
-    pub(crate) async fn admit(self: &Arc<Self>, tier: Tier, bytes: u64, claim: Claim) -> Result<Granted, Refusal> {
+    /// `key`: its prompt, for prefix-aware routing.
+    pub(crate) async fn admit(
+        self: &Arc<Self>,
+        tier: Tier,
+        bytes: u64,
+        claim: Claim,
+        key: Option<Arc<RouteKey>>,
+    ) -> Result<Granted, Refusal> {
         let start = Instant::now();
         // Several tenants in the interactive tier: the decision needs their
         // shares (under the lock, in `enqueue`).
         let shared = claim.fair && tier == Tier::Interactive;
         if self.waiting.ahead_of(tier) == 0 && !shared {
-            match self.try_lease(tier) {
+            match self.try_lease_over(tier, 0, key.as_deref()) {
                 Ok(lease) => {
                     if tier == Tier::Interactive {
                         self.note_interactive();
@@ -276,7 +286,7 @@ impl PoolAdmission {
         let timeout_at = start + self.timeout(tier);
         let late = self.late_at(tier, claim, start);
         let deadline = late.map_or(timeout_at, |(at, _)| at.min(timeout_at));
-        let waiter = Waiter { id: 0, bytes, enqueued: start, deadline, claim, tx: oneshot::channel().0 };
+        let waiter = Waiter { id: 0, bytes, enqueued: start, deadline, claim, key, tx: oneshot::channel().0 };
         let (id, rx) = match self.enqueue(tier, waiter, late)? {
             Enqueued::Granted(lease) => return Ok(Granted { lease, waited: start.elapsed() }),
             Enqueued::Waiting(id, rx) => (id, rx),
@@ -335,7 +345,7 @@ impl PoolAdmission {
             return Err(refusal);
         }
         let claim = w.claim;
-        if let Some(lease) = self.seat_above(&mut q, tier, claim) {
+        if let Some(lease) = self.seat_above(&mut q, tier, claim, w.key.as_deref()) {
             return Ok(Enqueued::Granted(lease));
         }
         if let Some((_, expected)) = late.filter(|(at, _)| *at <= Instant::now()) {
@@ -346,7 +356,7 @@ impl PoolAdmission {
         if first {
             // Registered first, then retry: a concurrent release either
             // sees us waiting or we see its freed slot.
-            match self.try_lease(tier) {
+            match self.try_lease_over(tier, 0, w.key.as_deref()) {
                 Ok(mut lease) => {
                     self.waiting.dec(tier, w.bytes);
                     if tier == Tier::Interactive {
@@ -383,7 +393,7 @@ impl PoolAdmission {
     /// the slots, which does not wait behind a tenant over it (see
     /// [`Seats::fair_headroom`]). The next slot freed is not handed on, so
     /// the seat is given back by those that wait, not by this request.
-    fn seat_above(self: &Arc<Self>, q: &mut Queues, tier: Tier, claim: Claim) -> Option<Lease> {
+    fn seat_above(self: &Arc<Self>, q: &mut Queues, tier: Tier, claim: Claim, key: Option<&RouteKey>) -> Option<Lease> {
         if tier != Tier::Interactive {
             return None;
         }
@@ -394,7 +404,7 @@ impl PoolAdmission {
             (false, true) => seats.fair_headroom(),
             (false, false) => return None,
         };
-        let mut lease = self.try_lease_over(tier, extra).ok()?;
+        let mut lease = self.try_lease_over(tier, extra, key).ok()?;
         self.note_interactive();
         if claim.fair {
             q.interactive.charge(claim.share, claim.tokens as f64);
@@ -470,7 +480,7 @@ impl PoolAdmission {
                         },
                         Tier::Batch => None,
                     };
-                    let Ok(mut lease) = self.try_lease(tier) else { continue };
+                    let Ok(mut lease) = self.lease_for_next(&mut q, tier, tenant) else { continue };
                     loop {
                         let next = match tenant {
                             Some(t) => q.interactive.pop_tenant(t),
@@ -517,6 +527,17 @@ impl PoolAdmission {
         drop(spare);
     }
 
+    /// A slot for the waiter of `tier` (of `tenant`) served next, picked
+    /// for its prompt (prefix-aware routing).
+    fn lease_for_next(self: &Arc<Self>, q: &mut Queues, tier: Tier, tenant: Option<u32>) -> Result<Lease, PickError> {
+        let next = match tenant {
+            Some(t) => q.interactive.front_of(t),
+            None => q.of(tier).front(),
+        };
+        let key = next.and_then(|w| w.key.clone());
+        self.try_lease_over(tier, 0, key.as_deref())
+    }
+
     /// Periodic work (the publisher): measure the batch service rate, reject
     /// queued batch requests that cannot make their deadline, hand out slots
     /// that appeared without a release (a replica came back).
@@ -551,45 +572,7 @@ impl PoolAdmission {
     }
 }
 
-impl Seating for PoolAdmission {
-    fn released(self: Arc<Self>, lease: &Lease) {
-        if lease.fair {
-            if let Some(mut q) = self.waiting.lock() {
-                let q = q.of(lease.tier);
-                if let Some(used) = lease.used.filter(|u| *u != lease.charged) {
-                    q.settle(lease.share, used as f64 - lease.charged as f64);
-                }
-                q.ended(lease.share);
-            }
-        }
-        match lease.tier {
-            Tier::Batch => {
-                self.batch_inflight.fetch_sub(1, Ordering::SeqCst);
-                self.released_batch.fetch_add(1, Ordering::Relaxed);
-            }
-            Tier::Interactive => {
-                self.interactive_inflight.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        if self.waiting.depth(Tier::Interactive) + self.waiting.depth(Tier::Batch) > 0 {
-            self.dispatch();
-        }
-    }
-
-    /// Keeps the tier's count: the lease moves, it does not end.
-    fn another(&self, from: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot> {
-        let pool = self.pool.load();
-        let room = match tier {
-            Tier::Interactive => Room::Over(0),
-            Tier::Batch => Room::Leave(self.seats(&pool).batch_leaves()),
-        };
-        pool.pick(Some(from), room, tier).ok()
-    }
-
-    fn freed(self: Arc<Self>) {
-        self.dispatch();
-    }
-}
+mod seating;
 
 #[cfg(test)]
 mod tests;

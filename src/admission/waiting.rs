@@ -24,6 +24,8 @@ pub(crate) struct Waiter {
     pub(super) enqueued: Instant,
     pub(super) deadline: Instant,
     pub(super) claim: Claim,
+    /// Its prompt, for prefix-aware routing.
+    pub(super) key: Option<std::sync::Arc<crate::upstream::prefix::RouteKey>>,
     pub(super) tx: oneshot::Sender<Result<Lease, Refusal>>,
 }
 

@@ -34,11 +34,41 @@ pub enum Engine {
     Ollama,
 }
 
+/// How a pool picks a replica for a request (see docs/design/prefix-routing.md).
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Balance {
+    /// Each replica in turn.
     RoundRobin,
+    /// The fewest prefills ahead, then the fewest in flight.
     LeastLoaded,
+    /// Where the prompt's prefix was sent before (its KV cache likely holds
+    /// it), weighed against the prefill work queued there and its load.
+    PrefixAware,
+}
+
+/// How `prefix_aware` indexes prompts.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrefixConfig {
+    /// Prompt bytes per indexed block (about four bytes a token: `256B` is
+    /// some 64 tokens, four of vLLM's default blocks).
+    pub block: Size,
+    /// Blocks named per request at most: the prompt's first `block x
+    /// max_blocks` bytes are routed on (the rest still counts as work).
+    pub max_blocks: u32,
+    /// Names (blocks and session hints) the pool's index keeps; the least
+    /// recently used go first.
+    pub index_blocks: u32,
+    /// What a request in flight on a replica weighs, in blocks of prefill,
+    /// against the blocks its cache holds: higher spreads a hot prefix sooner.
+    pub load_weight: f64,
+}
+
+impl Default for PrefixConfig {
+    fn default() -> Self {
+        PrefixConfig { block: Size(256), max_blocks: 512, index_blocks: 65_536, load_weight: 1.0 }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -53,6 +83,8 @@ pub struct PoolConfig {
     /// Start and bounds of a learned limit.
     pub learned_limit: LearnedLimitConfig,
     pub balance: Balance,
+    /// The prefix index of `balance: prefix_aware`.
+    pub prefix: PrefixConfig,
     pub health: HealthConfig,
     /// How often each replica's `/metrics` is read (its waiting queue, for
     /// `least_loaded` and learned limits); also the learned limits' period.
@@ -218,7 +250,8 @@ impl Default for PoolConfig {
             replicas: vec!["http://127.0.0.1:8000".into(), "http://127.0.0.1:8001".into()],
             max_inflight_per_replica: InflightLimit::Auto,
             learned_limit: LearnedLimitConfig::default(),
-            balance: Balance::LeastLoaded,
+            balance: Balance::PrefixAware,
+            prefix: PrefixConfig::default(),
             health: HealthConfig::default(),
             scrape_metrics: Dur::millis(250),
             engine: Engine::Auto,
@@ -373,6 +406,19 @@ fn limits_and_timeouts(pool: &PoolConfig, i: usize, p: &mut Vec<Problem>) {
     let l = &pool.learned_limit;
     if l.min == 0 || l.min > l.max || !(l.min..=l.max).contains(&l.initial) {
         bad(f("learned_limit"), "needs 1 <= min <= initial <= max".into());
+    }
+    let x = &pool.prefix;
+    if !(16..=65_536).contains(&x.block.0) {
+        bad(f("prefix.block"), "must be between 16B and 64KiB".into());
+    }
+    if !(1..=65_536).contains(&x.max_blocks) {
+        bad(f("prefix.max_blocks"), "must be between 1 and 65536".into());
+    }
+    if x.index_blocks < x.max_blocks {
+        bad(f("prefix.index_blocks"), format!("must be at least prefix.max_blocks ({}): one prompt must fit", x.max_blocks));
+    }
+    if !(x.load_weight.is_finite() && x.load_weight >= 0.0) {
+        bad(f("prefix.load_weight"), "must be a number >= 0".into());
     }
     if !pool.health.path.starts_with('/') {
         bad(f("health.path"), "must start with /".into());

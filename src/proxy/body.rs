@@ -15,9 +15,11 @@ use std::borrow::Cow;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::error::GatewayError;
+use crate::upstream::prefix::RouteKey;
 
 /// What the request's `model` member holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +55,22 @@ pub(super) struct RequestBody {
     dirty: bool,
     /// A multipart form, sent as it came.
     form: bool,
+    /// Where the prompt is in `bytes` (read by the quick path), for prefix-aware routing.
+    spans: Spans,
+}
+
+/// A prompt member's bytes: borrowed from the body, or written out again.
+type Text<'a> = Cow<'a, [u8]>;
+
+/// Byte ranges of a body's prompt members, as the client wrote them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Spans {
+    /// The Responses API's `instructions`.
+    instructions: Option<(usize, usize)>,
+    /// `messages`, else `prompt`, else `input`.
+    prompt: Option<(usize, usize)>,
+    /// `prompt_cache_key`.
+    cache_key: Option<(usize, usize)>,
 }
 
 /// Only the routed-on members; the rest is checked and skipped.
@@ -69,6 +87,17 @@ struct Wire<'a> {
     max_tokens: Option<u64>,
     #[serde(default, deserialize_with = "count")]
     max_completion_tokens: Option<u64>,
+    // The prompt, borrowed as written (checked, not built into values).
+    #[serde(default, borrow)]
+    messages: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    prompt: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    input: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    instructions: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    prompt_cache_key: Option<&'a RawValue>,
 }
 
 /// A token count; anything else (the replica judges it) as absent.
@@ -99,7 +128,7 @@ impl Head {
 impl RequestBody {
     /// A multipart form, read as far as `head` (see `form.rs`); sent as is.
     pub(super) fn form(bytes: Bytes, head: Head) -> Self {
-        Self { bytes, head, object: None, dirty: false, form: true }
+        Self { bytes, head, object: None, dirty: false, form: true, spans: Spans::default() }
     }
 
     /// Its prompt, estimated at four bytes a token for text; a form (an
@@ -115,12 +144,12 @@ impl RequestBody {
     /// Parse a body; 400 (`MalformedJson` or `InvalidRequest`) when it is
     /// not a JSON object.
     pub(super) fn parse(bytes: Bytes) -> Result<Self, GatewayError> {
-        if let Some(head) = Self::quick_head(&bytes) {
-            return Ok(Self { bytes, head, object: None, dirty: false, form: false });
+        if let Some((head, spans)) = Self::quick_head(&bytes) {
+            return Ok(Self { bytes, head, object: None, dirty: false, form: false, spans });
         }
         let object = parse_object(&bytes)?;
         let head = head_of(&object);
-        Ok(Self { bytes, head, object: Some(object), dirty: false, form: false })
+        Ok(Self { bytes, head, object: Some(object), dirty: false, form: false, spans: Spans::default() })
     }
 
     /// An empty body (a management call that takes none): no model, sent as is.
@@ -133,12 +162,12 @@ impl RequestBody {
             has_priority: false,
             max_output: None,
         };
-        Self { bytes: Bytes::new(), head, object: None, dirty: false, form: false }
+        Self { bytes: Bytes::new(), head, object: None, dirty: false, form: false, spans: Spans::default() }
     }
 
     /// The members read by the small struct, or `None` when the body needs
     /// the general path (or is malformed, which that path reports).
-    fn quick_head(bytes: &[u8]) -> Option<Head> {
+    fn quick_head(bytes: &[u8]) -> Option<(Head, Spans)> {
         // A struct also reads from a JSON array; only an object will do.
         if first_non_ws(bytes, 0).map(|i| bytes[i]) != Some(b'{') {
             return None;
@@ -149,14 +178,50 @@ impl RequestBody {
         // Fails on duplicate keys and on a `model` or `stream` of another
         // type; the general path then decides as it always did.
         let w: Wire<'_> = serde_json::from_str(text).ok()?;
-        Some(Head {
+        // A borrowed member's place in the body.
+        let at = |r: Option<&RawValue>| r.map(|r| r.get().as_ptr() as usize - text.as_ptr() as usize).zip(r.map(|r| r.get().len()));
+        let spans =
+            Spans { instructions: at(w.instructions), prompt: at(w.messages.or(w.prompt).or(w.input)), cache_key: at(w.prompt_cache_key) };
+        let head = Head {
             model: Model::Name(w.model?.into_owned()),
             stream: w.stream == Some(true),
             include_usage: usage_asked(w.stream_options.as_ref()),
             has_stream_options: w.stream_options.is_some(),
             has_priority: w.priority,
             max_output: w.max_completion_tokens.or(w.max_tokens),
-        })
+        };
+        Some((head, spans))
+    }
+
+    /// What prefix-aware routing knows of the prompt: its members as the
+    /// client wrote them (the Responses API's `instructions`, then
+    /// `messages`, `prompt` or `input`), cut into blocks of `block` bytes,
+    /// at most `max_blocks`; its `prompt_cache_key`, else `session` (the
+    /// `x-session-id` header), as the session hint. `None` for a form, or a
+    /// body with neither a prompt nor a hint. A body the quick path could
+    /// not read has its members written out again first (compact JSON).
+    pub(super) fn route_key(&self, block: usize, max_blocks: usize, session: Option<&[u8]>) -> Option<RouteKey> {
+        if self.form {
+            return None;
+        }
+        let (parts, key): (Vec<Text<'_>>, Option<Text<'_>>) = match &self.object {
+            None => {
+                let slice = |s: Option<(usize, usize)>| s.and_then(|(at, len)| self.bytes.get(at..at + len)).map(Cow::Borrowed);
+                let parts = [slice(self.spans.instructions), slice(self.spans.prompt)].into_iter().flatten().collect();
+                (parts, slice(self.spans.cache_key))
+            }
+            Some(o) => {
+                let json = |v: Option<&Value>| v.and_then(|v| serde_json::to_vec(v).ok()).map(Cow::Owned);
+                let prompt = o.get("messages").or_else(|| o.get("prompt")).or_else(|| o.get("input"));
+                (vec![json(o.get("instructions")), json(prompt)].into_iter().flatten().collect(), json(o.get("prompt_cache_key")))
+            }
+        };
+        let session = key.as_deref().or(session);
+        if parts.is_empty() && session.is_none() {
+            return None;
+        }
+        let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_ref()).collect();
+        Some(RouteKey::of(&parts, block, max_blocks, session))
     }
 
     /// The size of the body as the client sent it.
@@ -295,6 +360,41 @@ mod tests {
 
     fn body(s: &str) -> RequestBody {
         RequestBody::parse(Bytes::from(s.to_string())).expect("parses")
+    }
+
+    #[test]
+    fn the_route_key_is_the_prompt_as_written_and_its_cache_hint() {
+        let system = "s".repeat(64);
+        let chat =
+            |q: &str| format!(r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{q}"}}]}}"#);
+        let a = body(&chat("first question")).route_key(16, 100, None).expect("a prompt");
+        let b = body(&chat("second")).route_key(16, 100, None).expect("a prompt");
+        // The messages as written: `[{"role":"system","content":"` then the 64 s.
+        // They differ from the question on: byte 122, in block 7.
+        let question = (r#"[{"role":"system","content":""#.len() + 64 + r#""},{"role":"user","content":""#.len()) / 16;
+        assert_eq!(a.blocks[..question], b.blocks[..question]);
+        assert_ne!(a.blocks[question], b.blocks[question]);
+        let messages = format!(r#"[{{"role":"system","content":"{system}"}},{{"role":"user","content":"second"}}]"#);
+        assert_eq!(b.bytes, messages.len() as u64);
+        assert_eq!(b.session, None);
+        // The general path (duplicate keys) writes the members out compactly: the same here.
+        let dup = chat("second").replacen(r#""model":"m","#, r#""model":"m","model":"m","#, 1);
+        let general = RequestBody::parse(Bytes::from(dup)).expect("parses");
+        assert!(general.object.is_some());
+        assert_eq!(general.route_key(16, 100, None).expect("a prompt").blocks, b.blocks);
+        // Completions' prompt; the Responses API's instructions, then input.
+        let p = body(r#"{"model":"m","prompt":"aaaaaaaaaaaaaaaaaaaa"}"#).route_key(16, 100, None).expect("a prompt");
+        assert_eq!((p.bytes, p.blocks.len()), (22, 1));
+        let r = body(r#"{"model":"m","instructions":"iiii","input":"xxxx"}"#).route_key(4, 100, None).expect("a prompt");
+        assert_eq!(r.bytes, 12, "both members, quotes included");
+        // A cache hint in the body wins over the header's.
+        let hinted = |b: &str| body(b).route_key(16, 100, Some(b"header-session")).expect("a key").session;
+        let with_key = hinted(r#"{"model":"m","prompt":"x","prompt_cache_key":"conv-1"}"#);
+        let without = hinted(r#"{"model":"m","prompt":"x"}"#);
+        assert!(with_key.is_some() && without.is_some() && with_key != without);
+        // Nothing to route on.
+        assert_eq!(body(r#"{"model":"m"}"#).route_key(16, 100, None), None);
+        assert_eq!(RequestBody::form(Bytes::from_static(b"--x"), Head::form(Model::Missing, false)).route_key(16, 100, None), None);
     }
 
     fn sent(s: &str, usage: bool, prio: Option<i64>) -> Value {

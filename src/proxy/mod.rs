@@ -182,8 +182,8 @@ async fn forward(
     t.set_prompt_estimate(prompt);
     stage!(t, key_limits(&mut t, &caller, &routed, endpoint, snap).await);
     let claim = admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys(), endpoint.is_short());
-    let admitted =
-        admission::admit(&caller.class.control, &routed.route.admission, routed.stream, routed.request.len() as u64, claim).await;
+    let (bytes, key) = (routed.request.len() as u64, routed.key.clone());
+    let admitted = admission::admit(&caller.class.control, &routed.route.admission, routed.stream, bytes, claim, key).await;
     let admitted = stage!(t, admitted);
     t.set_probe(admitted.probe);
     t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);

@@ -17,9 +17,11 @@ use hyper::body::Incoming;
 
 use super::body::{Model, RequestBody};
 use crate::classify::Grant;
-use crate::config::Endpoint;
+use crate::config::{Balance, Endpoint, PoolConfig};
 use crate::error::{full, GatewayError, ProxyBody};
 use crate::state::{Route, Snapshot};
+use crate::upstream::prefix::RouteKey;
+use std::sync::Arc;
 
 /// What a data-plane request asks for.
 #[derive(Debug, Clone)]
@@ -93,7 +95,23 @@ pub(super) struct Routed<'a> {
     /// The client streams without asking for usage: slogate asks the
     /// replica for it and cuts it back out.
     pub(super) strip_usage: bool,
+    /// Its prompt, for prefix-aware routing.
+    pub(super) key: Option<Arc<RouteKey>>,
 }
+
+/// The prompt's key for prefix-aware routing, on a pool that routes so:
+/// for the endpoints whose prompts an engine caches (chat, completions,
+/// the Responses API).
+fn prefix_key(request: &RequestBody, headers: &HeaderMap, endpoint: Endpoint, pool: &PoolConfig) -> Option<Arc<RouteKey>> {
+    if pool.balance != Balance::PrefixAware || !(generates(endpoint) || endpoint == Endpoint::Responses) {
+        return None;
+    }
+    let session = headers.get(X_SESSION_ID).map(HeaderValue::as_bytes);
+    request.route_key(pool.prefix.block.0 as usize, pool.prefix.max_blocks as usize, session).map(Arc::new)
+}
+
+/// A client's session id: its requests go where its conversation's cache is.
+const X_SESSION_ID: &str = "x-session-id";
 
 /// Bodies from this size up are parsed and rewritten with the worker
 /// thread handed over (see [`cpu_bound`]). Parsing runs at roughly a
@@ -175,7 +193,8 @@ pub(super) async fn route<'a>(
     };
     let stream = may_stream(target.endpoint()) && head.stream;
     let strip_usage = stream && generates(target.endpoint()) && !head.include_usage;
-    Ok(Routed { request, model, route, stream, strip_usage })
+    let key = cpu_bound(request.len(), || prefix_key(&request, headers, target.endpoint(), &route.pool.config));
+    Ok(Routed { request, model, route, stream, strip_usage, key })
 }
 
 /// The method a data-plane path takes, for a request that used another

@@ -201,7 +201,7 @@ impl Tracker {
             return (self.usage, false);
         }
         let completion = if self.streaming { self.first_token.map_or(0, |_| self.gaps + 1) } else { self.answer_estimate.unwrap_or(0) };
-        (Some(Usage { prompt_tokens: self.prompt_estimate, completion_tokens: completion }), true)
+        (Some(Usage::new(self.prompt_estimate, completion)), true)
     }
 
     /// The request holds `lease` from now until it ends; it waited

@@ -348,11 +348,11 @@ fn budgets_table(s: &Status) -> String {
 /// Each replica: health and why not, load, slots.
 fn replicas_table(s: &Status) -> String {
     let mut h = String::new();
-    h.push_str("<h2>Replicas</h2><table><tr><th class=\"l\">pool</th><th class=\"l\">replica</th><th class=\"l\">URL</th><th class=\"l\">health</th><th>in flight</th><th>before first token</th><th>slots</th></tr>");
+    h.push_str("<h2>Replicas</h2><table><tr><th class=\"l\">pool</th><th class=\"l\">replica</th><th class=\"l\">URL</th><th class=\"l\">health</th><th>in flight</th><th>before first token</th><th>slots</th><th>prefix cache hits (expected / reported)</th></tr>");
     for p in &s.pools {
         for r in &p.replicas {
             h.push_str(&format!(
-                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span> {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><span class=\"pill {}\">{}</span> {}</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td></tr>",
                 esc(&p.name),
                 esc(&r.name),
                 esc(&r.url),
@@ -367,12 +367,19 @@ fn replicas_table(s: &Status) -> String {
                         Some(n) => format!("{n} of {limit}"),
                         None => limit,
                     }
-                }
+                },
+                percent(r.estimated_hit_ratio),
+                percent(r.reported_hit_ratio),
             ));
         }
     }
     h.push_str("</table>");
     h
+}
+
+/// A share as a whole percentage, or a dash before any.
+fn percent(x: Option<f64>) -> String {
+    x.map_or_else(|| "–".to_string(), |x| format!("{:.0} %", x * 100.0))
 }
 
 /// The fleet's peers as this instance hears them.

@@ -162,6 +162,10 @@ pub(crate) struct Queues {
 #[derive(Debug, Serialize)]
 pub(crate) struct PoolStatus {
     pub(crate) name: String,
+    /// `round_robin`, `least_loaded` or `prefix_aware`.
+    pub(crate) balance: crate::config::Balance,
+    /// Names (blocks and session hints) in the prefix index, and its bound.
+    pub(crate) prefix_index: (usize, usize),
     pub(crate) replicas: Vec<ReplicaStatus>,
 }
 
@@ -183,6 +187,12 @@ pub(crate) struct ReplicaStatus {
     /// In a fleet: the slots this instance may hold (its part of the limit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) fleet_slots: Option<usize>,
+    /// Of the prompt bytes prefix-aware routing sent here, the share it
+    /// expected cached (none before any).
+    pub(crate) estimated_hit_ratio: Option<f64>,
+    /// Of the prompt tokens the replica reported, the share its prefix
+    /// cache held (none before any report).
+    pub(crate) reported_hit_ratio: Option<f64>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -270,6 +280,8 @@ fn class_status(c: &crate::classify::Class, cfg: &Config, now: Instant) -> Class
 fn pool_status(p: &crate::upstream::Pool, cfg: &Config) -> PoolStatus {
     PoolStatus {
         name: p.config.name.clone(),
+        balance: p.config.balance,
+        prefix_index: (p.prefix.len(), p.prefix.capacity()),
         replicas: p
             .replicas
             .iter()
@@ -283,6 +295,8 @@ fn pool_status(p: &crate::upstream::Pool, cfg: &Config) -> PoolStatus {
                 max_inflight: r.max_inflight(),
                 limit_learned: p.learns_limits(),
                 fleet_slots: cfg.fleet.enabled().then(|| r.slots()),
+                estimated_hit_ratio: r.hit_ratios().0,
+                reported_hit_ratio: r.hit_ratios().1,
             })
             .collect(),
     }

@@ -126,6 +126,10 @@ pub(crate) fn account(f: &Finished, to: &Sinks<'_>) {
     }
     if let Some(u) = f.usage {
         to.series.prompt_tokens(m).inc_by(u.prompt_tokens);
+        // Beside prompt_tokens even at 0 (an engine that does not report
+        // them, vLLM without --enable-prompt-tokens-details), so a ratio of
+        // the two is defined.
+        to.series.cached_prompt_tokens(m).inc_by(u.cached_tokens);
         to.series.generation_tokens(m).inc_by(u.completion_tokens);
         if f.usage_estimated {
             to.series.usage_estimated(m).inc();
@@ -167,7 +171,7 @@ impl Finished {
             first_token: Some(start + Duration::from_millis(200)),
             gaps: 99,
             gaps_over: 0,
-            usage: Some(Usage { prompt_tokens: 10, completion_tokens: 100 }),
+            usage: Some(Usage::new(10, 100)),
             usage_estimated: false,
             ttft_target: Duration::from_millis(300),
             itl_target: Duration::from_millis(50),

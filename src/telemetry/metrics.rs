@@ -52,6 +52,7 @@ pub(crate) struct RequestSeries {
     e2e: OnceLock<AtomicHistogram>,
     outcomes: [OnceLock<Counter>; OUTCOMES],
     prompt_tokens: OnceLock<Counter>,
+    cached_prompt_tokens: OnceLock<Counter>,
     generation_tokens: OnceLock<Counter>,
     usage_estimated: OnceLock<Counter>,
 }
@@ -94,6 +95,7 @@ impl ClassSeries {
             e2e: OnceLock::new(),
             outcomes: Default::default(),
             prompt_tokens: OnceLock::new(),
+            cached_prompt_tokens: OnceLock::new(),
             generation_tokens: OnceLock::new(),
             usage_estimated: OnceLock::new(),
         });
@@ -165,6 +167,10 @@ impl RequestSeries {
         self.prompt_tokens.get_or_init(|| m.prompt_tokens.get_or_create(&self.model_class()).clone())
     }
 
+    pub(crate) fn cached_prompt_tokens(&self, m: &Metrics) -> &Counter {
+        self.cached_prompt_tokens.get_or_init(|| m.cached_prompt_tokens.get_or_create(&self.model_class()).clone())
+    }
+
     pub(crate) fn generation_tokens(&self, m: &Metrics) -> &Counter {
         self.generation_tokens.get_or_init(|| m.generation_tokens.get_or_create(&self.model_class()).clone())
     }
@@ -234,6 +240,8 @@ pub struct Metrics {
     pub(crate) requests: Family<OutcomeLabels, Counter>,
     pub(crate) slo_breaches: Family<BreachLabels, Counter>,
     pub(crate) prompt_tokens: Family<ModelClassLabels, Counter>,
+    /// Of the prompt tokens, those the engines' prefix caches held (their usage's `cached_tokens`).
+    pub(crate) cached_prompt_tokens: Family<ModelClassLabels, Counter>,
     pub(crate) generation_tokens: Family<ModelClassLabels, Counter>,
     pub(crate) usage_estimated: Family<ModelClassLabels, Counter>,
     pub(crate) goodput: Family<ClassLabels, Counter>,
@@ -243,6 +251,12 @@ pub struct Metrics {
     /// Slots per replica: the learned limit, or the fixed one.
     pub(crate) replica_limit: Family<ReplicaLabels, Gauge>,
     pub(crate) replica_batch_cut: Family<ReplicaLabels, Gauge>,
+    /// Prefix-aware routing: prompt bytes sent to a replica, and those it expected cached there.
+    pub(crate) replica_prefix_routed_bytes: Family<ReplicaLabels, Counter>,
+    pub(crate) replica_prefix_matched_bytes: Family<ReplicaLabels, Counter>,
+    /// What a replica's engine reported: prompt tokens, and those its prefix cache held.
+    pub(crate) replica_prompt_tokens: Family<ReplicaLabels, Counter>,
+    pub(crate) replica_cached_prompt_tokens: Family<ReplicaLabels, Counter>,
     /// In a fleet: this instance's part of a replica's limit.
     pub(crate) replica_slots: Family<ReplicaLabels, Gauge>,
     /// In a fleet: the other instances by standing.
@@ -292,6 +306,11 @@ fn register_requests(registry: &mut Registry, m: &Metrics) {
     registry.register("requests", "Requests by outcome", m.requests.clone());
     registry.register("slo_breaches", "Requests that breached their class SLO, by kind", m.slo_breaches.clone());
     registry.register("prompt_tokens", "Prompt tokens reported by the replicas", m.prompt_tokens.clone());
+    registry.register(
+        "cached_prompt_tokens",
+        "Of the prompt tokens the replicas reported, those their prefix cache held (usage.prompt_tokens_details.cached_tokens)",
+        m.cached_prompt_tokens.clone(),
+    );
     registry.register("generation_tokens", "Generated tokens reported by the replicas", m.generation_tokens.clone());
     registry.register(
         "usage_estimated_requests",
@@ -322,6 +341,22 @@ fn register_replicas(registry: &mut Registry, m: &Metrics) {
         "replica_batch_cut",
         "Seats of a replica's learned limit batch requests leave to interactive ones, because interactive first tokens came late under load",
         m.replica_batch_cut.clone(),
+    );
+    registry.register(
+        "replica_prefix_routed_bytes",
+        "Prefix-aware routing: prompt bytes sent to the replica",
+        m.replica_prefix_routed_bytes.clone(),
+    );
+    registry.register(
+        "replica_prefix_matched_bytes",
+        "Prefix-aware routing: of the prompt bytes sent to the replica, those it expected the replica's prefix cache to hold",
+        m.replica_prefix_matched_bytes.clone(),
+    );
+    registry.register("replica_prompt_tokens", "Prompt tokens the replica reported", m.replica_prompt_tokens.clone());
+    registry.register(
+        "replica_cached_prompt_tokens",
+        "Of the prompt tokens the replica reported, those its prefix cache held",
+        m.replica_cached_prompt_tokens.clone(),
     );
     registry.register(
         "replica_slots",
@@ -410,6 +445,7 @@ impl Metrics {
             requests: Family::default(),
             slo_breaches: Family::default(),
             prompt_tokens: Family::default(),
+            cached_prompt_tokens: Family::default(),
             generation_tokens: Family::default(),
             usage_estimated: Family::default(),
             goodput: Family::default(),
@@ -418,6 +454,10 @@ impl Metrics {
             upstream_healthy: Family::default(),
             replica_limit: Family::default(),
             replica_batch_cut: Family::default(),
+            replica_prefix_routed_bytes: Family::default(),
+            replica_prefix_matched_bytes: Family::default(),
+            replica_prompt_tokens: Family::default(),
+            replica_cached_prompt_tokens: Family::default(),
             replica_slots: Family::default(),
             fleet_peers: Family::default(),
             breaker_state: Family::default(),

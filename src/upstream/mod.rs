@@ -10,24 +10,22 @@ mod access;
 pub(crate) mod conn;
 pub(crate) mod health;
 pub(crate) mod limit;
+mod pick;
+pub(crate) mod prefix;
 mod replica;
 mod send;
 pub(crate) mod tls;
 
 use access::public_name;
 pub(crate) use access::Access;
-use replica::SLOW_GAPS;
 pub(crate) use replica::{Load, Replica, ReplicaSlot};
 pub(crate) use send::{send_with_retry, Attempts};
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-
-use crate::config::{Balance, InflightLimit, PoolConfig, Tier};
-use crate::sync::AtomicF64;
+use crate::config::{InflightLimit, PoolConfig};
 use crate::telemetry::metrics::Metrics;
 
 /// What [`Pool::pick`] allows beyond a replica's free slots.
@@ -75,6 +73,12 @@ pub(crate) struct Pool {
     pub(crate) static_models: HashSet<String>,
     pub(crate) auto: bool,
     rr: AtomicUsize,
+    /// Where prompts' prefixes were sent (`balance: prefix_aware`), kept
+    /// across a reload that keeps the replicas in their places.
+    pub(crate) prefix: Arc<prefix::PrefixIndex>,
+    /// Each replica's URL hashed: what a prompt's home is chosen by, the
+    /// same on every instance.
+    url_keys: Vec<u64>,
     /// Requests waiting in the gateway for this pool's slots, as admission
     /// last published it (its ticks).
     waiting: AtomicUsize,
@@ -133,44 +137,14 @@ impl Pool {
                 continue;
             }
             publics.push(public.clone());
-            replicas.push(Arc::new(Replica {
-                url: url.to_string(),
-                name: rc.name.clone(),
-                public: ArcSwap::from_pointee(public),
-                base,
-                inflight: AtomicUsize::new(0),
-                prefilling: [AtomicUsize::new(0), AtomicUsize::new(0)],
-                batch_held: AtomicUsize::new(0),
-                batch_cut: AtomicUsize::new(0),
-                max_inflight: AtomicUsize::new(initial),
-                healthy: AtomicBool::new(false),
-                allowance: AtomicUsize::new(usize::MAX),
-                others_inflight: AtomicUsize::new(0),
-                scraped_total: AtomicU64::new(u64::MAX),
-                scraped_waiting: AtomicU64::new(0),
-                models: ArcSwap::from_pointee(Vec::new()),
-                gauges: std::sync::OnceLock::new(),
-                idle: conn::IdleConns::default(),
-                tls,
-                api_key: api_key.clone(),
-                health_error: ArcSwap::from_pointee(None),
-                controller: std::sync::Mutex::new(limit::Controller::new(limit_params)),
-                inflight_peak: AtomicUsize::new(0),
-                refused: AtomicBool::new(false),
-                first_token_share: AtomicU64::new(0),
-                first_token_n: AtomicU64::new(0),
-                first_token_max: AtomicU64::new(0),
-                first_token_p90: AtomicF64::new(0.0),
-                itl_mean_us: AtomicF64::new(0.0),
-                itl_at_ms: AtomicU64::new(0),
-                delivered_at_ms: AtomicU64::new(0),
-                dispatched: AtomicU64::new(0),
-                dispatched_seen: AtomicU64::new(0),
-                controlled_at_ms: AtomicU64::new(0),
-                born: tokio::time::Instant::now(),
-                logged_limit: AtomicUsize::new(initial),
-            }));
+            replicas.push(Arc::new(Replica::new(url, rc.name.clone(), public, base, tls, api_key.clone(), initial, limit_params)));
         }
+        let url_keys: Vec<u64> = replicas.iter().map(|r| xxhash_rust::xxh3::xxh3_64(r.url.as_bytes())).collect();
+        let index_size = config.prefix.index_blocks as usize;
+        let prefix = previous
+            .filter(|p| p.url_keys == url_keys && p.prefix.capacity() == index_size && p.config.prefix.block == config.prefix.block)
+            .map(|p| p.prefix.clone())
+            .unwrap_or_else(|| Arc::new(prefix::PrefixIndex::new(index_size)));
         let static_models = config.models.iter().filter(|m| *m != "auto").cloned().collect();
         let auto = config.models.iter().any(|m| m == "auto");
         Pool {
@@ -181,6 +155,8 @@ impl Pool {
             config,
             limit_params,
             rr: AtomicUsize::new(0),
+            prefix,
+            url_keys,
             waiting: AtomicUsize::new(0),
             others_waiting: AtomicUsize::new(0),
         }
@@ -265,92 +241,13 @@ impl Pool {
     pub(crate) fn capacity(&self) -> usize {
         self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.slots()).sum()
     }
-
-    /// Pick a healthy replica with a free slot for a request of `tier`,
-    /// skipping `exclude`, and take the slot; `room`: how far an interactive
-    /// request may go above the slots, or what a batch request leaves free.
-    ///
-    /// `least_loaded` ranks replicas first by the prefills the request would
-    /// wait behind (requests sent there without a first token yet; see
-    /// [`Replica::prefills_ahead`]), then by in-flight plus vLLM's waiting
-    /// queue. Time to first token is mostly the prefill work ahead of a
-    /// request, not how many streams decode beside it: two replicas with the
-    /// same in-flight count differ by whole steps in what a new request
-    /// waits if one is in the middle of a burst of prefills.
-    pub(crate) fn pick(&self, exclude: Option<&Arc<Replica>>, room: Room, tier: Tier) -> Result<ReplicaSlot, PickError> {
-        let (over, reserved) = match room {
-            Room::Over(over) => (over.div_ceil(self.healthy_count().max(1)), 0),
-            Room::Leave(reserved) => (0, reserved),
-        };
-        let n = self.replicas.len();
-        let start = self.rr.fetch_add(1, Ordering::Relaxed);
-        let mut any_healthy = false;
-        let candidates = (0..n).map(|i| &self.replicas[(start + i) % n]).filter(|r| {
-            let ok = r.is_healthy() && exclude.is_none_or(|e| !Arc::ptr_eq(e, r));
-            any_healthy |= ok;
-            ok
-        });
-        match self.config.balance {
-            Balance::RoundRobin => {
-                for r in candidates {
-                    if r.try_take(over, tier) {
-                        return Ok(ReplicaSlot::new(r, tier));
-                    }
-                }
-            }
-            Balance::LeastLoaded => {
-                // Each replica's rank read once: other requests move the
-                // counts while this one sorts, and a key that changes
-                // between comparisons is not an order (the sort panics on
-                // that). Stable sort keeps the rotating start as the tie-breaker.
-                let priority = self.config.upstream_priority;
-                let mut ranked: Vec<_> =
-                    candidates.map(|r| ((false, r.prefills_ahead(tier, priority), r.load_score()), r.itl_mean(), r)).collect();
-                // A replica is slow while its streams' mean gap is more than
-                // SLOW_GAPS times the fastest healthy one's. Interactive goes
-                // only to the others (on a slow one it would miss its ITL
-                // whatever it waited: better to wait for a slot where it
-                // will not); batch goes to a slow one first.
-                let fastest = ranked.iter().map(|(_, m, _)| *m).filter(|m| !m.is_zero()).min();
-                let (mut any_slow, mut fast_slots, mut fast_batch) = (false, 0, 0);
-                for (rank, m, r) in &mut ranked {
-                    let slow = fastest.is_some_and(|f| *m > f.mul_f64(SLOW_GAPS));
-                    rank.0 = slow == (tier == Tier::Interactive);
-                    any_slow |= slow;
-                    if !slow {
-                        fast_slots += r.slots();
-                        fast_batch += r.batch_held.load(Ordering::Relaxed);
-                    }
-                }
-                // While a replica is slow, interactive requests can use only
-                // the others: the seats reserved for them must be there. Batch
-                // takes a seat on those only while it leaves `reserved` of
-                // their slots to interactive (the slow ones are its own).
-                let batch_may_take_fast = !any_slow || fast_batch + reserved < fast_slots;
-                ranked.sort_by_key(|(rank, ..)| *rank);
-                for ((away, ..), _, r) in ranked {
-                    if away && tier == Tier::Interactive {
-                        break;
-                    }
-                    // (For batch the replicas ranked away are the fast ones.)
-                    if away && tier == Tier::Batch && !batch_may_take_fast {
-                        break;
-                    }
-                    if r.try_take(over, tier) {
-                        return Ok(ReplicaSlot::new(r, tier));
-                    }
-                }
-            }
-        }
-        Err(if any_healthy { PickError::Saturated } else { PickError::NoHealthy })
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::replica::GAPS_FORGOTTEN_AFTER;
     use super::*;
-    use crate::config::Config;
+    use crate::config::{Balance, Config, Tier};
 
     /// Two healthy replicas (nothing listens) with `slots` each, least loaded.
     fn two(slots: u32, upstream_priority: bool) -> Pool {
@@ -380,7 +277,7 @@ mod tests {
         let (slow, fast) = (&pool.replicas[0], &pool.replicas[1]);
         // Before any stream ended, nothing changes the order.
         let picks: Vec<String> =
-            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).to_string()).collect();
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).to_string()).collect();
         assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "no gaps measured yet: {picks:?}");
         // Streams of 100 gaps: 90 ms apart on one replica, 40 ms on the other (more than 1.5x).
         slow.record_itl(Duration::from_millis(9000), 100);
@@ -388,20 +285,20 @@ mod tests {
         assert!(slow.itl_mean().abs_diff(Duration::from_millis(90)) < Duration::from_micros(1), "{:?}", slow.itl_mean());
         for _ in 0..4 {
             // Whichever replica the rotation starts from.
-            let i = pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot");
+            let i = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
             assert_eq!(on(&i), fast.url, "interactive where the gaps are short");
-            let b = pool.pick(None, Room::Over(0), Tier::Batch).expect("slot");
+            let b = pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot");
             assert_eq!(on(&b), slow.url, "batch leaves that replica to interactive");
         }
         // The fast replica full: interactive waits for it (it would miss its
         // ITL on the slow one); batch still takes the slow one.
-        let held: Vec<_> = (0..2).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).collect();
+        let held: Vec<_> = (0..2).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).collect();
         assert!(held.iter().all(|s| on(s) == fast.url));
-        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Interactive), Err(PickError::Saturated)));
-        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")), slow.url);
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Interactive, None), Err(PickError::Saturated)));
+        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")), slow.url);
         // The fast replica gone: the slow one serves interactive too.
         fast.set_healthy(false);
-        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")), slow.url);
+        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")), slow.url);
         fast.set_healthy(true);
         drop(held);
         // The slow replica recovers: its batch streams bring its mean back near the other's.
@@ -410,18 +307,18 @@ mod tests {
         }
         assert!(slow.itl_mean() < Duration::from_millis(60), "{:?}", slow.itl_mean());
         let picks: Vec<String> =
-            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).to_string()).collect();
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).to_string()).collect();
         assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "both serve interactive again: {picks:?}");
         // Slow again, then nothing ends there for longer than the gaps are
         // remembered (no batch to measure it): interactive tries it again.
         slow.record_itl(Duration::from_millis(90_000), 100);
         fast.record_itl(Duration::from_millis(4000), 100);
-        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")), slow.url, "slow again");
+        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")), slow.url, "slow again");
         tokio::time::advance(GAPS_FORGOTTEN_AFTER + Duration::from_secs(1)).await;
         fast.record_itl(Duration::from_millis(4000), 100);
         assert_eq!(slow.itl_mean(), Duration::ZERO, "forgotten");
         let picks: Vec<String> =
-            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).to_string()).collect();
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).to_string()).collect();
         assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "{picks:?}");
         slow.record_itl(Duration::from_millis(4000), 100);
         assert!(slow.itl_mean().abs_diff(Duration::from_millis(40)) < Duration::from_micros(1), "measured anew");
@@ -430,7 +327,7 @@ mod tests {
             slow.record_itl(Duration::from_millis(5600), 100);
         }
         let picks: Vec<String> =
-            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).to_string()).collect();
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).to_string()).collect();
         assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "{picks:?}");
     }
 
@@ -450,7 +347,7 @@ mod tests {
         let r = &pool.replicas[0];
         r.set_healthy(true);
         let (target, idle) = (Duration::from_millis(300), Load { waiting: Some(0.0), running: Some(1.0) });
-        let batch = pool.pick(None, Room::Over(0), Tier::Batch).expect("slot");
+        let batch = pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot");
         r.record_first_token(Duration::from_millis(100), target);
         r.control("p", idle, false);
         assert_eq!((r.batch_cut.load(Ordering::Relaxed), r.gauges.get().expect("live").batch_cut.get()), (0, 0));
@@ -472,22 +369,22 @@ mod tests {
         // (in a fleet, this instance's part of them: 2 of its 5 slots).
         a.batch_cut.store(4, Ordering::Relaxed);
         b.batch_cut.store(4, Ordering::Relaxed);
-        let batch: Vec<_> = (0..12).map(|_| pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")).collect();
-        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Batch), Err(PickError::Saturated)));
+        let batch: Vec<_> = (0..12).map(|_| pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")).collect();
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Batch, None), Err(PickError::Saturated)));
         assert_eq!((a.inflight(), b.inflight()), (6, 6));
-        let chat: Vec<_> = (0..8).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).collect();
-        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Interactive), Err(PickError::Saturated)));
+        let chat: Vec<_> = (0..8).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).collect();
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Interactive, None), Err(PickError::Saturated)));
         drop(chat);
         a.set_fleet_share(Some((5, 5)));
         b.set_fleet_share(Some((5, 5)));
         drop(batch);
-        let batch: Vec<_> = (0..6).map(|_| pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")).collect();
-        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Batch), Err(PickError::Saturated)));
+        let batch: Vec<_> = (0..6).map(|_| pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")).collect();
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Batch, None), Err(PickError::Saturated)));
         assert_eq!((a.inflight(), b.inflight()), (3, 3));
         drop(batch);
         // The cut gone, batch takes every slot again.
         a.batch_cut.store(0, Ordering::Relaxed);
-        let on_a: Vec<_> = (0..5).filter_map(|_| pool.pick(Some(b), Room::Over(0), Tier::Batch).ok()).collect();
+        let on_a: Vec<_> = (0..5).filter_map(|_| pool.pick(Some(b), Room::Over(0), Tier::Batch, None).ok()).collect();
         assert_eq!(on_a.len(), 5);
     }
 
@@ -497,23 +394,23 @@ mod tests {
         let pool = two(4, false);
         let (slow, fast) = (&pool.replicas[0], &pool.replicas[1]);
         // Nothing slow: `Leave` is the batch limit's business, not the pick's.
-        let all: Vec<_> = (0..8).map(|_| pool.pick(None, Room::Leave(3), Tier::Batch).expect("slot")).collect();
+        let all: Vec<_> = (0..8).map(|_| pool.pick(None, Room::Leave(3), Tier::Batch, None).expect("slot")).collect();
         assert_eq!(all.iter().filter(|s| on(s) == fast.url).count(), 4);
         drop(all);
         slow.record_itl(Duration::from_millis(9000), 100);
         fast.record_itl(Duration::from_millis(4000), 100);
         // Three seats reserved: batch fills the slow replica, then takes
         // one seat of the fast one's four and no more.
-        let batch: Vec<_> = (0..5).map(|_| pool.pick(None, Room::Leave(3), Tier::Batch).expect("slot")).collect();
+        let batch: Vec<_> = (0..5).map(|_| pool.pick(None, Room::Leave(3), Tier::Batch, None).expect("slot")).collect();
         assert_eq!(batch.iter().filter(|s| on(s) == slow.url).count(), 4);
         assert_eq!(fast.batch_held.load(Ordering::Relaxed), 1);
-        assert!(matches!(pool.pick(None, Room::Leave(3), Tier::Batch), Err(PickError::Saturated)));
+        assert!(matches!(pool.pick(None, Room::Leave(3), Tier::Batch, None), Err(PickError::Saturated)));
         // The reserved seats are interactive's.
-        let chat: Vec<_> = (0..3).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot")).collect();
+        let chat: Vec<_> = (0..3).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).collect();
         assert!(chat.iter().all(|s| on(s) == fast.url));
         // Interactive's demand falls (less reserved): batch may take more of the fast replica.
         drop(chat);
-        let more = pool.pick(None, Room::Leave(1), Tier::Batch).expect("slot");
+        let more = pool.pick(None, Room::Leave(1), Tier::Batch, None).expect("slot");
         assert_eq!(on(&more), fast.url);
         assert_eq!(fast.batch_held.load(Ordering::Relaxed), 2);
         // Each batch seat is counted off once, when given back.
@@ -526,7 +423,7 @@ mod tests {
     fn a_new_request_goes_where_fewer_prefills_are_ahead_of_it_even_with_more_streams() {
         let pool = two(8, false);
         // Three streams decoding on one replica, one request still prefilling on the other.
-        let mut decoding: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")).collect();
+        let mut decoding: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")).collect();
         let prefilling = decoding.pop().expect("four");
         let busy = on(&prefilling).to_string();
         decoding.retain(|s| on(s) != busy);
@@ -536,7 +433,7 @@ mod tests {
         let quiet = on(&decoding[0]).to_string();
         assert!(decoding.len() > prefilling.replica().inflight(), "more streams on {quiet} than on {busy}");
         for tier in [Tier::Interactive, Tier::Batch] {
-            let next = pool.pick(None, Room::Over(0), tier).expect("slot");
+            let next = pool.pick(None, Room::Over(0), tier, None).expect("slot");
             assert_eq!(on(&next), quiet, "{tier:?}: the replica with no prefill in progress");
         }
         // Once the prefill is done, streams count again.
@@ -544,7 +441,7 @@ mod tests {
         prefilling.prefilled();
         let mut counts = HashSet::new();
         for _ in 0..2 {
-            counts.insert(on(&pool.pick(None, Room::Over(0), Tier::Batch).expect("slot")).to_string());
+            counts.insert(on(&pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")).to_string());
         }
         assert_eq!(counts, HashSet::from([busy]), "fewest streams now");
     }
@@ -555,9 +452,9 @@ mod tests {
             let pool = two(8, priority);
             let (ra, rb) = (pool.replicas[0].clone(), pool.replicas[1].clone());
             // Two batch prefills on one replica, one interactive prefill on the other.
-            let _batch: Vec<ReplicaSlot> = (0..2).map(|_| pool.pick(Some(&ra), Room::Over(0), Tier::Batch).expect("slot")).collect();
-            let _chat = pool.pick(Some(&rb), Room::Over(0), Tier::Interactive).expect("slot");
-            let next = pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot");
+            let _batch: Vec<ReplicaSlot> = (0..2).map(|_| pool.pick(Some(&ra), Room::Over(0), Tier::Batch, None).expect("slot")).collect();
+            let _chat = pool.pick(Some(&rb), Room::Over(0), Tier::Interactive, None).expect("slot");
+            let next = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
             // vLLM with priority scheduling runs the interactive request
             // before both batch prefills; first come, first served, it waits for both.
             let want = if priority { &rb } else { &ra };
@@ -573,19 +470,19 @@ mod tests {
         for r in [&ra, &rb] {
             r.set_fleet_share(Some((2, 5)));
         }
-        let _mine: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, Room::Over(0), Tier::Batch).expect("within the part")).collect();
-        assert_eq!(pool.pick(None, Room::Over(0), Tier::Batch).err(), Some(PickError::Saturated), "batch keeps to its part");
+        let _mine: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, Room::Over(0), Tier::Batch, None).expect("within the part")).collect();
+        assert_eq!(pool.pick(None, Room::Over(0), Tier::Batch, None).err(), Some(PickError::Saturated), "batch keeps to its part");
         // One seat on each replica is nobody's: interactive takes them, then no more.
-        let _i1 = pool.pick(None, Room::Over(0), Tier::Interactive).expect("a free seat");
-        let _i2 = pool.pick(None, Room::Over(0), Tier::Interactive).expect("the other free seat");
-        assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive).err(), Some(PickError::Saturated), "2 + 5 + 1 = 8: full");
+        let _i1 = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("a free seat");
+        let _i2 = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("the other free seat");
+        assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "2 + 5 + 1 = 8: full");
         assert_eq!((ra.inflight(), rb.inflight()), (3, 3));
     }
 
     #[test]
     fn the_prefill_count_falls_once_at_the_first_token_or_at_release() {
         let pool = two(8, false);
-        let mut s = pool.pick(None, Room::Over(0), Tier::Interactive).expect("slot");
+        let mut s = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
         let r = s.replica().clone();
         assert_eq!((r.prefilling(Tier::Interactive), r.inflight()), (1, 1));
         s.prefilled();
@@ -594,7 +491,7 @@ mod tests {
         drop(s);
         assert_eq!((r.prefilling(Tier::Interactive), r.inflight()), (0, 0));
         // Given back before any token (a refusal, a client gone): counted off once.
-        let mut s = pool.pick(None, Room::Over(0), Tier::Batch).expect("slot");
+        let mut s = pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot");
         let r = s.replica().clone();
         assert_eq!(r.prefilling(Tier::Batch), 1);
         s.release();

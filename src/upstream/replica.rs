@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
 use super::{conn, limit, tls};
@@ -33,6 +34,18 @@ pub(crate) struct Replica {
     /// batch): the prefills a request sent here now would wait behind.
     /// Only changed through [`ReplicaSlot`].
     pub(super) prefilling: [AtomicUsize; 2],
+    /// Of those, the prompt bytes prefix-aware routing expected the cache
+    /// not to hold, by tier: the prefill work a request sent here now would
+    /// wait behind. Only changed through [`ReplicaSlot`].
+    pub(super) prefill_bytes: [AtomicU64; 2],
+    /// Prefix-aware routing's estimate: prompt bytes sent here, and of them
+    /// those it expected the replica's cache to hold.
+    pub(super) routed_bytes: AtomicU64,
+    pub(super) matched_bytes: AtomicU64,
+    /// What the engine reported of the requests served here: prompt tokens,
+    /// and of them those its prefix cache held.
+    pub(super) prompt_tokens: AtomicU64,
+    pub(super) cached_tokens: AtomicU64,
     /// Batch requests holding a slot here. Only changed through [`ReplicaSlot`].
     pub(super) batch_held: AtomicUsize,
     /// Seats of the limit batch leaves to interactive requests here (the
@@ -114,6 +127,62 @@ pub(super) const SLOW_GAPS: f64 = 1.5;
 pub(super) const GAPS_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Replica {
+    /// A replica at `url` (its base `base`), `initial` slots, not yet healthy.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        url: &str,
+        name: Option<String>,
+        public: HeaderValue,
+        base: http::Uri,
+        tls: Option<tls::ReplicaTls>,
+        api_key: Option<HeaderValue>,
+        initial: usize,
+        limit_params: limit::LimitParams,
+    ) -> Replica {
+        Replica {
+            url: url.to_string(),
+            name,
+            public: ArcSwap::from_pointee(public),
+            base,
+            inflight: AtomicUsize::new(0),
+            prefilling: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            prefill_bytes: [AtomicU64::new(0), AtomicU64::new(0)],
+            routed_bytes: AtomicU64::new(0),
+            matched_bytes: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
+            batch_held: AtomicUsize::new(0),
+            batch_cut: AtomicUsize::new(0),
+            max_inflight: AtomicUsize::new(initial),
+            healthy: AtomicBool::new(false),
+            allowance: AtomicUsize::new(usize::MAX),
+            others_inflight: AtomicUsize::new(0),
+            scraped_total: AtomicU64::new(u64::MAX),
+            scraped_waiting: AtomicU64::new(0),
+            models: ArcSwap::from_pointee(Vec::new()),
+            gauges: std::sync::OnceLock::new(),
+            idle: conn::IdleConns::default(),
+            tls,
+            api_key,
+            health_error: ArcSwap::from_pointee(None),
+            controller: std::sync::Mutex::new(limit::Controller::new(limit_params)),
+            inflight_peak: AtomicUsize::new(0),
+            refused: AtomicBool::new(false),
+            first_token_share: AtomicU64::new(0),
+            first_token_n: AtomicU64::new(0),
+            first_token_max: AtomicU64::new(0),
+            first_token_p90: AtomicF64::new(0.0),
+            itl_mean_us: AtomicF64::new(0.0),
+            itl_at_ms: AtomicU64::new(0),
+            delivered_at_ms: AtomicU64::new(0),
+            dispatched: AtomicU64::new(0),
+            dispatched_seen: AtomicU64::new(0),
+            controlled_at_ms: AtomicU64::new(0),
+            born: tokio::time::Instant::now(),
+            logged_limit: AtomicUsize::new(initial),
+        }
+    }
+
     /// How metrics, traces and the status page label it: its name, else its URL.
     pub(crate) fn label(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.url)
@@ -149,6 +218,42 @@ impl Replica {
             Tier::Interactive if upstream_priority => self.prefilling(Tier::Interactive),
             _ => self.prefilling(Tier::Interactive) + self.prefilling(Tier::Batch),
         }
+    }
+    /// [`Replica::prefills_ahead`] in prompt bytes not expected cached.
+    pub(super) fn prefill_bytes_ahead(&self, tier: Tier, upstream_priority: bool) -> u64 {
+        let of = |t: Tier| self.prefill_bytes[t as usize].load(Ordering::Relaxed);
+        match tier {
+            Tier::Interactive if upstream_priority => of(Tier::Interactive),
+            _ => of(Tier::Interactive) + of(Tier::Batch),
+        }
+    }
+    /// Prefix-aware routing sent a prompt of `bytes` here, expecting `matched` of them cached.
+    pub(super) fn routed(&self, bytes: u64, matched: u64) {
+        self.routed_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.matched_bytes.fetch_add(matched, Ordering::Relaxed);
+        if let Some(g) = self.gauges.get() {
+            g.routed_bytes.inc_by(bytes);
+            g.matched_bytes.inc_by(matched);
+        }
+    }
+    /// The engine reported `prompt` tokens for a request served here, `cached` of them from its prefix cache.
+    pub(crate) fn served_prompt(&self, prompt: u64, cached: u64) {
+        self.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
+        self.cached_tokens.fetch_add(cached, Ordering::Relaxed);
+        if let Some(g) = self.gauges.get() {
+            g.prompt_tokens.inc_by(prompt);
+            g.cached_tokens.inc_by(cached);
+        }
+    }
+    /// Since the start: the share of the prompt bytes sent here that
+    /// prefix-aware routing expected cached, and the share of prompt tokens
+    /// the engine reported cached (`None` before any).
+    pub(crate) fn hit_ratios(&self) -> (Option<f64>, Option<f64>) {
+        let ratio = |a: &AtomicU64, b: &AtomicU64| {
+            let d = b.load(Ordering::Relaxed);
+            (d > 0).then(|| a.load(Ordering::Relaxed) as f64 / d as f64)
+        };
+        (ratio(&self.matched_bytes, &self.routed_bytes), ratio(&self.cached_tokens, &self.prompt_tokens))
     }
     /// The replica's limit: learned, or fixed (for the whole fleet when
     /// several instances share it).
@@ -209,6 +314,10 @@ impl Replica {
                 healthy: metrics.upstream_healthy.get_or_create(&labels).clone(),
                 limit: metrics.replica_limit.get_or_create(&labels).clone(),
                 batch_cut: metrics.replica_batch_cut.get_or_create(&labels).clone(),
+                routed_bytes: metrics.replica_prefix_routed_bytes.get_or_create(&labels).clone(),
+                matched_bytes: metrics.replica_prefix_matched_bytes.get_or_create(&labels).clone(),
+                prompt_tokens: metrics.replica_prompt_tokens.get_or_create(&labels).clone(),
+                cached_tokens: metrics.replica_cached_prompt_tokens.get_or_create(&labels).clone(),
             }
         });
         g.inflight.set(self.inflight() as i64);
@@ -407,6 +516,12 @@ pub(super) struct ReplicaGauges {
     pub(super) limit: Gauge,
     /// `slogate_replica_batch_cut{pool,replica}`.
     pub(super) batch_cut: Gauge,
+    /// `slogate_replica_prefix_routed_bytes_total`, `..._matched_bytes_total`.
+    pub(super) routed_bytes: Counter,
+    pub(super) matched_bytes: Counter,
+    /// `slogate_replica_prompt_tokens_total`, `slogate_replica_cached_prompt_tokens_total`.
+    pub(super) prompt_tokens: Counter,
+    pub(super) cached_tokens: Counter,
 }
 
 /// A held slot on one replica: taken by [`Pool::pick`], given back exactly
@@ -419,6 +534,8 @@ pub(crate) struct ReplicaSlot {
     /// Counted in the replica's `prefilling` of its tier until the first
     /// token arrives or the slot is given back.
     prefilling: bool,
+    /// Counted in the replica's `prefill_bytes` of its tier as long.
+    prefill_bytes: u64,
 }
 
 impl ReplicaSlot {
@@ -431,7 +548,16 @@ impl ReplicaSlot {
         if tier == Tier::Batch {
             replica.batch_held.fetch_add(1, Ordering::Relaxed);
         }
-        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true }
+        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true, prefill_bytes: 0 }
+    }
+
+    /// Its request's prompt has `bytes` not expected in the replica's cache:
+    /// prefill work ahead of the next request there until its first token.
+    pub(super) fn prefill(&mut self, bytes: u64) {
+        if self.prefilling {
+            self.replica.prefill_bytes[self.tier as usize].fetch_add(bytes, Ordering::Relaxed);
+            self.prefill_bytes += bytes;
+        }
     }
 
     /// The request's first token arrived: its prefill is done (a no-op after the first call).
@@ -439,6 +565,7 @@ impl ReplicaSlot {
         if std::mem::take(&mut self.prefilling) {
             self.replica.delivered();
             self.replica.prefilling[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
+            self.replica.prefill_bytes[self.tier as usize].fetch_sub(std::mem::take(&mut self.prefill_bytes), Ordering::Relaxed);
         }
     }
 

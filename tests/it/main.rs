@@ -20,6 +20,7 @@ mod gateway;
 mod limit_store;
 mod limits;
 mod operations;
+mod prefix;
 mod privilege;
 mod promises;
 mod reference_config;

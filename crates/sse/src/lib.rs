@@ -126,13 +126,31 @@ pub struct EventInfo {
 
 /// Tokens a replica reported: chat's `prompt_tokens` / `completion_tokens`,
 /// or the Responses API's and transcription's `input_tokens` /
-/// `output_tokens`.
+/// `output_tokens`; and of the prompt, the tokens its prefix cache held
+/// (`prompt_tokens_details.cached_tokens`, the Responses API's
+/// `input_tokens_details.cached_tokens`; 0 when not reported).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 pub struct Usage {
     #[serde(default, alias = "input_tokens")]
     pub prompt_tokens: u64,
     #[serde(default, alias = "output_tokens")]
     pub completion_tokens: u64,
+    #[serde(default, rename = "prompt_tokens_details", alias = "input_tokens_details", deserialize_with = "cached_tokens")]
+    pub cached_tokens: u64,
+}
+
+impl Usage {
+    /// Prompt and completion tokens, none reported cached.
+    pub fn new(prompt_tokens: u64, completion_tokens: u64) -> Usage {
+        Usage { prompt_tokens, completion_tokens, cached_tokens: 0 }
+    }
+}
+
+/// `{"cached_tokens": n}`, or `null` (vLLM without
+/// `--enable-prompt-tokens-details`), or anything else: 0.
+fn cached_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(v.get("cached_tokens").and_then(serde_json::Value::as_u64).unwrap_or(0))
 }
 
 // Strings are read without allocating: serde's `borrow` does not reach a
@@ -439,7 +457,7 @@ mod tests {
         let completed = br#"{"type":"response.completed","response":{"id":"resp_1","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"Hello"}]}],"usage":{"input_tokens":12,"output_tokens":5,"total_tokens":17}}}"#;
         let info = analyze(completed);
         assert!(info.done && !info.error && !info.content);
-        assert_eq!(info.usage, Some(Usage { prompt_tokens: 12, completion_tokens: 5 }));
+        assert_eq!(info.usage, Some(Usage::new(12, 5)));
         assert_eq!(info.finish_reason.as_deref(), Some("stop"));
         let cut = br#"{"type":"response.incomplete","response":{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"usage":{"input_tokens":3,"output_tokens":16}}}"#;
         let info = analyze(cut);
@@ -456,7 +474,7 @@ mod tests {
         assert!(analyze(br#"{"type":"transcript.text.delta","delta":"The"}"#).content);
         let done = analyze(br#"{"type":"transcript.text.done","text":"The end","usage":{"input_tokens":40,"output_tokens":3}}"#);
         assert!(done.done);
-        assert_eq!(done.usage, Some(Usage { prompt_tokens: 40, completion_tokens: 3 }));
+        assert_eq!(done.usage, Some(Usage::new(40, 3)));
     }
 
     fn parse_all(chunks: &[&[u8]]) -> Vec<Option<String>> {
@@ -531,13 +549,26 @@ mod tests {
         let usage = br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
         let u = analyze(usage);
         assert!(u.usage_only && !u.content);
-        assert_eq!(u.usage, Some(Usage { prompt_tokens: 5, completion_tokens: 7 }));
+        assert_eq!(u.usage, Some(Usage::new(5, 7)));
         assert!(analyze(br#"{"error":{"message":"boom","code":500}}"#).error);
         assert!(analyze(br#"{"object":"error","message":"boom"}"#).error);
         let fin = analyze(br#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#);
         assert_eq!(fin.finish_reason.as_deref(), Some("length"));
         assert!(analyze(b"[DONE]").done);
         assert_eq!(analyze(b"not json"), EventInfo::default());
+    }
+
+    #[test]
+    fn cached_prompt_tokens_are_read_where_the_engines_report_them() {
+        let chat = br#"{"choices":[],"usage":{"prompt_tokens":500,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":448}}}"#;
+        assert_eq!(analyze(chat).usage.map(|u| u.cached_tokens), Some(448));
+        let responses = br#"{"type":"response.completed","response":{"usage":{"input_tokens":50,"output_tokens":2,"input_tokens_details":{"cached_tokens":32}}}}"#;
+        assert_eq!(analyze(responses).usage.map(|u| u.cached_tokens), Some(32));
+        // vLLM without --enable-prompt-tokens-details sends null; odd values count as none.
+        for details in ["null", "[1,2]", r#""x""#, r#"{"cached_tokens":"many"}"#] {
+            let e = format!(r#"{{"choices":[],"usage":{{"prompt_tokens":5,"completion_tokens":7,"prompt_tokens_details":{details}}}}}"#);
+            assert_eq!(analyze(e.as_bytes()).usage, Some(Usage::new(5, 7)), "{details}");
+        }
     }
 
     /// A reference parser over a whole stream, written for clarity: split

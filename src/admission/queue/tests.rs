@@ -53,14 +53,14 @@ fn replicas_with(n: u16, slots: u32, tiers: TiersConfig, upstream_priority: bool
 }
 
 async fn take(pool: &Arc<PoolAdmission>, tier: Tier) -> Lease {
-    pool.admit(tier, 0, Claim::default()).await.expect("a free slot").lease
+    pool.admit(tier, 0, Claim::default(), None).await.expect("a free slot").lease
 }
 
 /// Start a queued admission; the task runs until it is queued.
 async fn queued(pool: &Arc<PoolAdmission>, tier: Tier) -> tokio::task::JoinHandle<Result<Granted, Refusal>> {
     let p = pool.clone();
     let before = pool.depth(tier);
-    let h = tokio::spawn(async move { p.admit(tier, 0, Claim::default()).await });
+    let h = tokio::spawn(async move { p.admit(tier, 0, Claim::default(), None).await });
     while pool.depth(tier) == before && !h.is_finished() {
         tokio::task::yield_now().await;
     }
@@ -293,9 +293,9 @@ async fn full_queue_shed_and_timeout_are_refusals() {
     let held = take(&pool, Tier::Interactive).await;
     let waiting = queued(&pool, Tier::Interactive).await;
     // Interactive queue holds 1: the next is refused at once.
-    assert!(matches!(pool.admit(Tier::Interactive, 0, Claim::default()).await, Err(Refusal::QueueFull { retry_after: 1 })));
+    assert!(matches!(pool.admit(Tier::Interactive, 0, Claim::default(), None).await, Err(Refusal::QueueFull { retry_after: 1 })));
     // Batch arriving while interactive waits is shed, not queued.
-    assert!(matches!(pool.admit(Tier::Batch, 0, Claim::default()).await, Err(Refusal::Shed { .. })));
+    assert!(matches!(pool.admit(Tier::Batch, 0, Claim::default(), None).await, Err(Refusal::Shed { .. })));
     assert_eq!(pool.depth(Tier::Batch), 0);
     // The waiting one times out after queue_timeout (2 s) and leaves the queue.
     let t0 = Instant::now();
@@ -317,7 +317,7 @@ async fn waiting_bodies_count_against_the_queue_byte_budget() {
     let held = take(&pool, Tier::Interactive).await;
     let spawn = |bytes: u64| {
         let p = pool.clone();
-        tokio::spawn(async move { p.admit(Tier::Interactive, bytes, Claim::default()).await })
+        tokio::spawn(async move { p.admit(Tier::Interactive, bytes, Claim::default(), None).await })
     };
     let first = spawn(4 << 20);
     settle().await;
@@ -325,7 +325,10 @@ async fn waiting_bodies_count_against_the_queue_byte_budget() {
     settle().await;
     assert_eq!(pool.waiting_bytes(Tier::Interactive), 8 << 20);
     // 8 MiB waiting + 4 MiB > 10 MiB: refused though the queue has room for 98 more.
-    assert!(matches!(pool.admit(Tier::Interactive, 4 << 20, Claim::default()).await, Err(Refusal::QueueBytesFull { retry_after: 1 })));
+    assert!(matches!(
+        pool.admit(Tier::Interactive, 4 << 20, Claim::default(), None).await,
+        Err(Refusal::QueueBytesFull { retry_after: 1 })
+    ));
     // A small one still fits.
     let small = spawn(1 << 20);
     settle().await;
@@ -344,7 +347,7 @@ async fn waiting_bodies_count_against_the_queue_byte_budget() {
     assert_eq!(pool.depth(Tier::Interactive), 0);
     drop(lease);
     // With a free slot nothing waits: a body larger than the budget is served.
-    assert!(pool.admit(Tier::Interactive, 64 << 20, Claim::default()).await.is_ok());
+    assert!(pool.admit(Tier::Interactive, 64 << 20, Claim::default(), None).await.is_ok());
 }
 
 #[tokio::test(start_paused = true)]
@@ -408,7 +411,7 @@ fn claim(tenant: u32) -> Claim {
 async fn queued_as(pool: &Arc<PoolAdmission>, claim: Claim) -> tokio::task::JoinHandle<Result<Granted, Refusal>> {
     let p = pool.clone();
     let before = pool.depth(Tier::Interactive);
-    let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, claim).await });
+    let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, claim, None).await });
     while pool.depth(Tier::Interactive) == before && !h.is_finished() {
         tokio::task::yield_now().await;
     }
@@ -422,11 +425,11 @@ async fn a_tenant_under_its_share_takes_a_seat_above_the_slots_and_the_heavy_one
     let pool = pool(10, tiers(0.0, 10, 10));
     let mut heavy = Vec::new();
     for _ in 0..10 {
-        heavy.push(pool.admit(Tier::Interactive, 0, claim(1)).await.expect("a free slot").lease);
+        heavy.push(pool.admit(Tier::Interactive, 0, claim(1), None).await.expect("a free slot").lease);
     }
     let waiting = queued_as(&pool, claim(1)).await;
     // Tenant 2 holds nothing: its part is 5 of 10. It does not queue.
-    let light = pool.admit(Tier::Interactive, 0, claim(2)).await.expect("a seat above the slots");
+    let light = pool.admit(Tier::Interactive, 0, claim(2), None).await.expect("a seat above the slots");
     assert_eq!(light.waited, Duration::ZERO);
     assert_eq!(pool.depth(Tier::Interactive), 1, "only tenant 1's request waits");
     // The headroom is a tenth of the slots: one seat. A second light request waits.
@@ -445,7 +448,7 @@ async fn a_tenant_under_its_share_takes_a_seat_above_the_slots_and_the_heavy_one
     // Without keys (no fair accounting) nobody goes above the slots.
     let _held = take(&plain, Tier::Interactive).await;
     let p = plain.clone();
-    let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, Claim { fair: false, ..claim(2) }).await });
+    let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, Claim { fair: false, ..claim(2) }, None).await });
     settle().await;
     assert!(!h.is_finished(), "first come, first served: it waits");
     drop((light, heavy, waiting, light2, h));
@@ -467,7 +470,7 @@ async fn with_shed_late_an_interactive_request_waits_only_while_it_can_make_its_
     let claim = Claim { ttft: Some(target), ..Claim::default() };
     let start = Instant::now();
     let p = pool.clone();
-    let r = tokio::spawn(async move { p.admit(Tier::Interactive, 0, claim).await }).await.expect("task");
+    let r = tokio::spawn(async move { p.admit(Tier::Interactive, 0, claim, None).await }).await.expect("task");
     assert!(matches!(r, Err(Refusal::Late { .. })), "{r:?}");
     let waited = start.elapsed();
     assert!(
@@ -479,17 +482,17 @@ async fn with_shed_late_an_interactive_request_waits_only_while_it_can_make_its_
         replica.record_first_token(Duration::from_millis(400), target);
     }
     let start = Instant::now();
-    let r = pool.admit(Tier::Interactive, 0, claim).await;
+    let r = pool.admit(Tier::Interactive, 0, claim, None).await;
     assert!(matches!(r, Err(Refusal::Late { .. })), "{r:?}");
     assert_eq!(start.elapsed(), Duration::ZERO);
     // A free slot is taken whatever the estimate: nothing to wait for.
     drop(held);
-    assert!(pool.admit(Tier::Interactive, 0, claim).await.is_ok());
+    assert!(pool.admit(Tier::Interactive, 0, claim, None).await.is_ok());
     // A request without a target (batch, or a class the proxy did not mark) is untouched.
     let held2 = take(&pool, Tier::Interactive).await;
     let p = pool.clone();
     let start = Instant::now();
-    let r = tokio::spawn(async move { p.admit(Tier::Interactive, 0, Claim::default()).await }).await.expect("task");
+    let r = tokio::spawn(async move { p.admit(Tier::Interactive, 0, Claim::default(), None).await }).await.expect("task");
     assert!(matches!(r, Err(Refusal::Timeout { .. })), "{r:?}");
     assert_eq!(start.elapsed(), Duration::from_secs(2));
     drop(held2);
@@ -499,24 +502,24 @@ async fn with_shed_late_an_interactive_request_waits_only_while_it_can_make_its_
 async fn a_tenant_at_its_share_leaves_the_last_seats_to_the_others_while_they_are_active() {
     // 20 slots: the reserve is two.
     let pool = pool(20, tiers(0.0, 10, 10));
-    let light = pool.admit(Tier::Interactive, 0, claim(2)).await.expect("a free slot").lease;
+    let light = pool.admit(Tier::Interactive, 0, claim(2), None).await.expect("a free slot").lease;
     let mut heavy = Vec::new();
     for _ in 0..17 {
-        heavy.push(pool.admit(Tier::Interactive, 0, claim(1)).await.expect("a free slot").lease);
+        heavy.push(pool.admit(Tier::Interactive, 0, claim(1), None).await.expect("a free slot").lease);
     }
     // 18 held, two free: they are the reserve, not the heavy tenant's.
     let waiting = queued_as(&pool, claim(1)).await;
     assert_eq!(pool.depth(Tier::Interactive), 1);
-    let second = pool.admit(Tier::Interactive, 0, claim(2)).await.expect("a reserved seat");
+    let second = pool.admit(Tier::Interactive, 0, claim(2), None).await.expect("a reserved seat");
     assert_eq!(second.waited, Duration::ZERO);
-    let third = pool.admit(Tier::Interactive, 0, claim(2)).await.expect("the other reserved seat");
+    let third = pool.admit(Tier::Interactive, 0, claim(2), None).await.expect("the other reserved seat");
     assert_eq!(third.waited, Duration::ZERO);
     assert_eq!(pool.depth(Tier::Interactive), 1, "the heavy tenant still waits");
     // The light tenant goes away: the heavy one may take every slot again.
     drop((light, second, third));
     settle().await;
     assert!(waiting.is_finished(), "alone, the heavy tenant is served");
-    assert!(pool.admit(Tier::Interactive, 0, claim(1)).await.is_ok(), "and takes the last one too");
+    assert!(pool.admit(Tier::Interactive, 0, claim(1), None).await.is_ok(), "and takes the last one too");
     drop(heavy);
 }
 

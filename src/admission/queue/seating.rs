@@ -1,0 +1,51 @@
+//! How a pool's leases give their slots back: [`Seating`] for
+//! [`PoolAdmission`] (the lease does not know the queue; the queue hands the
+//! freed slot to the next waiter).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::PoolAdmission;
+use crate::admission::lease::{Lease, Seating};
+use crate::config::Tier;
+use crate::upstream::{Replica, ReplicaSlot, Room};
+
+impl Seating for PoolAdmission {
+    fn released(self: Arc<Self>, lease: &Lease) {
+        if lease.fair {
+            if let Some(mut q) = self.waiting.lock() {
+                let q = q.of(lease.tier);
+                if let Some(used) = lease.used.filter(|u| *u != lease.charged) {
+                    q.settle(lease.share, used as f64 - lease.charged as f64);
+                }
+                q.ended(lease.share);
+            }
+        }
+        match lease.tier {
+            Tier::Batch => {
+                self.batch_inflight.fetch_sub(1, Ordering::SeqCst);
+                self.released_batch.fetch_add(1, Ordering::Relaxed);
+            }
+            Tier::Interactive => {
+                self.interactive_inflight.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        if self.waiting.depth(Tier::Interactive) + self.waiting.depth(Tier::Batch) > 0 {
+            self.dispatch();
+        }
+    }
+
+    /// Keeps the tier's count: the lease moves, it does not end.
+    fn another(&self, from: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot> {
+        let pool = self.pool.load();
+        let room = match tier {
+            Tier::Interactive => Room::Over(0),
+            Tier::Batch => Room::Leave(self.seats(&pool).batch_leaves()),
+        };
+        pool.pick(Some(from), room, tier, None).ok()
+    }
+
+    fn freed(self: Arc<Self>) {
+        self.dispatch();
+    }
+}

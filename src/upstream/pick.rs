@@ -1,0 +1,316 @@
+//! Which replica serves a request: `round_robin`, `least_loaded`, or
+//! `prefix_aware`. The rules, and why, are in docs/design/prefix-routing.md.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::prefix::{home, RouteKey};
+use super::replica::SLOW_GAPS;
+use super::{PickError, Pool, Replica, ReplicaSlot, Room};
+use crate::config::{Balance, Tier};
+
+/// A healthy candidate with its rank, read once: other requests move the
+/// counts while this one sorts, and a key that changes between comparisons
+/// is not an order (the sort panics on that).
+struct Ranked<'a> {
+    /// Interactive on a slow replica, or batch on a fast one: tried last.
+    away: bool,
+    /// What a request sent there now waits for: prefills ahead
+    /// (`least_loaded`), or prefill bytes ahead plus its own not cached
+    /// plus its load (`prefix_aware`).
+    cost: u64,
+    load: u64,
+    itl: Duration,
+    i: usize,
+    r: &'a Arc<Replica>,
+    /// Prompt bytes expected not cached there, and expected cached.
+    uncached: u64,
+    matched: u64,
+}
+
+impl Pool {
+    /// Pick a healthy replica with a free slot for a request of `tier`,
+    /// skipping `exclude`, and take the slot; `room`: how far an interactive
+    /// request may go above the slots, or what a batch request leaves free.
+    /// `key`: the request's prompt, for `prefix_aware`.
+    ///
+    /// `least_loaded` ranks replicas first by the prefills the request would
+    /// wait behind (requests sent there without a first token yet; see
+    /// [`Replica::prefills_ahead`]), then by in-flight plus vLLM's waiting
+    /// queue. Time to first token is mostly the prefill work ahead of a
+    /// request, not how many streams decode beside it: two replicas with the
+    /// same in-flight count differ by whole steps in what a new request
+    /// waits if one is in the middle of a burst of prefills. `prefix_aware`
+    /// counts that work in prompt bytes, less what each replica's cache is
+    /// expected to hold of this prompt (see [`Pool::ranked`]).
+    pub(crate) fn pick(
+        &self,
+        exclude: Option<&Arc<Replica>>,
+        room: Room,
+        tier: Tier,
+        key: Option<&RouteKey>,
+    ) -> Result<ReplicaSlot, PickError> {
+        let (over, reserved) = match room {
+            Room::Over(over) => (over.div_ceil(self.healthy_count().max(1)), 0),
+            Room::Leave(reserved) => (0, reserved),
+        };
+        let n = self.replicas.len();
+        let start = self.rr.fetch_add(1, Ordering::Relaxed);
+        let mut any_healthy = false;
+        let candidates = (0..n).map(|k| (start + k) % n).filter(|&i| {
+            let r = &self.replicas[i];
+            let ok = r.is_healthy() && exclude.is_none_or(|e| !Arc::ptr_eq(e, r));
+            any_healthy |= ok;
+            ok
+        });
+        if self.config.balance == Balance::RoundRobin {
+            for i in candidates {
+                let r = &self.replicas[i];
+                if r.try_take(over, tier) {
+                    return Ok(ReplicaSlot::new(r, tier));
+                }
+            }
+        } else {
+            let key = key.filter(|_| self.config.balance == Balance::PrefixAware);
+            let ranked = self.ranked(candidates, tier, key);
+            if let Some(slot) = self.take_ranked(ranked, over, reserved, tier, key) {
+                return Ok(slot);
+            }
+        }
+        Err(if any_healthy { PickError::Saturated } else { PickError::NoHealthy })
+    }
+
+    /// The candidates' ranks. With a prompt (`prefix_aware`), a replica's
+    /// cost is the expected prefill work a request sent there waits for and
+    /// does, in prompt bytes: the bytes other requests still prefill there,
+    /// plus this prompt's bytes its cache is not expected to hold, plus
+    /// `load_weight` blocks per request it holds or queues. A replica the
+    /// index saw the prompt's leading blocks go to is expected to hold
+    /// them; the one its session hint went to, all of it; the prompt's
+    /// home (the same on every instance of a fleet), half of what is named.
+    fn ranked<'a>(&'a self, candidates: impl Iterator<Item = usize>, tier: Tier, key: Option<&RouteKey>) -> Vec<Ranked<'a>> {
+        let priority = self.config.upstream_priority;
+        let expected = key.map(|k| self.expected_cached(k));
+        candidates
+            .map(|i| {
+                let r = &self.replicas[i];
+                let load = r.load_score();
+                let itl = r.itl_mean();
+                match (key, &expected) {
+                    (Some(k), Some((by_index, guess))) => {
+                        let uncached = k.bytes.saturating_sub(by_index[i].max(guess[i]));
+                        let weight = (self.config.prefix.load_weight * k.block as f64 * load as f64) as u64;
+                        let cost = r.prefill_bytes_ahead(tier, priority) + uncached + weight;
+                        Ranked { away: false, cost, load, itl, i, r, uncached, matched: by_index[i] }
+                    }
+                    _ => {
+                        let cost = r.prefills_ahead(tier, priority) as u64;
+                        Ranked { away: false, cost, load, itl, i, r, uncached: 0, matched: 0 }
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// For each replica, the bytes of `key`'s prompt its cache is expected
+    /// to hold: by the index (the leading blocks sent there), and by a
+    /// guess (the session's replica: all; the prompt's home: half of the
+    /// named blocks).
+    fn expected_cached(&self, key: &RouteKey) -> (Vec<u64>, Vec<u64>) {
+        let n = self.replicas.len();
+        let by_index: Vec<u64> = self.prefix.matched(key, n).into_iter().map(|b| (b as u64 * key.block).min(key.bytes)).collect();
+        let mut guess = vec![0u64; n];
+        if let Some(s) = self.prefix.session(key).filter(|&s| s < n) {
+            guess[s] = key.bytes;
+        }
+        let healthy = self.url_keys.iter().copied().enumerate().filter(|(i, _)| self.replicas[*i].is_healthy());
+        if let Some(h) = key.anchor().and_then(|a| home(a, healthy)) {
+            guess[h] = guess[h].max(key.blocks.len() as u64 * key.block / 2);
+        }
+        (by_index, guess)
+    }
+
+    /// Take a slot on the best-ranked replica that has one. A replica is
+    /// slow while its streams' mean gap is more than SLOW_GAPS times the
+    /// fastest healthy one's. Interactive goes only to the others (on a
+    /// slow one it would miss its ITL whatever it waited: better to wait
+    /// for a slot where it will not); batch goes to a slow one first.
+    fn take_ranked(
+        &self,
+        mut ranked: Vec<Ranked<'_>>,
+        over: usize,
+        reserved: usize,
+        tier: Tier,
+        key: Option<&RouteKey>,
+    ) -> Option<ReplicaSlot> {
+        let fastest = ranked.iter().map(|x| x.itl).filter(|m| !m.is_zero()).min();
+        let (mut any_slow, mut fast_slots, mut fast_batch) = (false, 0, 0);
+        for x in &mut ranked {
+            let slow = fastest.is_some_and(|f| x.itl > f.mul_f64(SLOW_GAPS));
+            x.away = slow == (tier == Tier::Interactive);
+            any_slow |= slow;
+            if !slow {
+                fast_slots += x.r.slots();
+                fast_batch += x.r.batch_held.load(Ordering::Relaxed);
+            }
+        }
+        // While a replica is slow, interactive requests can use only the
+        // others: the seats reserved for them must be there. Batch takes a
+        // seat on those only while it leaves `reserved` of their slots to
+        // interactive (the slow ones are its own).
+        let batch_may_take_fast = !any_slow || fast_batch + reserved < fast_slots;
+        // Stable: the rotating start breaks ties.
+        ranked.sort_by_key(|x| (x.away, x.cost, x.load));
+        for x in ranked {
+            // (For batch the replicas ranked away are the fast ones.)
+            if x.away && (tier == Tier::Interactive || !batch_may_take_fast) {
+                return None;
+            }
+            if x.r.try_take(over, tier) {
+                let mut slot = ReplicaSlot::new(x.r, tier);
+                if let Some(k) = key {
+                    self.prefix.record(k, x.i);
+                    slot.prefill(x.uncached);
+                    x.r.routed(k.bytes, x.matched);
+                }
+                return Some(slot);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{InflightLimit, PoolConfig};
+    use crate::upstream::Access;
+
+    /// `n` healthy replicas (nothing listens) with `slots` each, prefix-aware,
+    /// blocks of 16 bytes.
+    fn pool(n: usize, slots: u32, load_weight: f64) -> Pool {
+        let mut cfg = PoolConfig {
+            replicas: (0..n).map(|i| format!("http://127.0.0.1:{}", 9 + i).into()).collect(),
+            max_inflight_per_replica: InflightLimit::Fixed(slots),
+            ..PoolConfig::default()
+        };
+        cfg.prefix.block = crate::config::Size(16);
+        cfg.prefix.load_weight = load_weight;
+        let access = Access::new(&cfg).expect("access");
+        let pool = Pool::new(cfg, access, None);
+        for r in &pool.replicas {
+            r.set_healthy(true);
+        }
+        pool
+    }
+
+    fn key(text: &str) -> RouteKey {
+        RouteKey::of(&[text.as_bytes()], 16, 512, None)
+    }
+
+    fn at(pool: &Pool, slot: &ReplicaSlot) -> usize {
+        pool.replicas.iter().position(|r| Arc::ptr_eq(r, slot.replica())).expect("one of the pool's")
+    }
+
+    /// A prompt of a long shared part (`system`) and a question of its own.
+    fn prompt(system: char, question: usize) -> String {
+        let mut s: String = std::iter::repeat_n(system, 1600).collect();
+        s.push_str(&format!("question {question:06}"));
+        s
+    }
+
+    #[test]
+    fn a_prompt_goes_where_its_prefix_went_and_cold_ones_go_to_their_home() {
+        let pool = pool(4, 100, 1.0);
+        let mut held = Vec::new();
+        for system in ['a', 'b', 'c', 'd', 'e', 'f'] {
+            // The first of each group goes to the group's home: the same
+            // replica whichever instance picks, whatever the rotation.
+            let k = key(&prompt(system, 0));
+            let first = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&k)).expect("slot");
+            let home = home(k.anchor().expect("named"), pool.url_keys.iter().copied().enumerate()).expect("a home");
+            assert_eq!(at(&pool, &first), home, "group {system}");
+            // Its first token came: no prefill ahead there now.
+            let mut first = first;
+            first.prefilled();
+            held.push(first);
+            for q in 1..5 {
+                let mut s = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&key(&prompt(system, q)))).expect("slot");
+                assert_eq!(at(&pool, &s), home, "group {system}, question {q}: where its system prompt is");
+                s.prefilled();
+                held.push(s);
+            }
+        }
+        // The estimate is counted where it went.
+        let (expected, _) = pool.replicas[at(&pool, &held[1])].hit_ratios();
+        assert!(expected.is_some_and(|x| x > 0.5), "{expected:?}");
+    }
+
+    #[test]
+    fn a_hot_prefix_spills_to_another_replica_when_the_prefill_queued_there_outweighs_its_cache() {
+        let pool = pool(2, 1000, 0.0);
+        let hot = |q| key(&prompt('h', q));
+        let first = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&hot(0))).expect("slot");
+        let home = at(&pool, &first);
+        // Requests without a first token pile up there, each adding its own
+        // question (15 bytes past the 100 cached blocks) to the prefill ahead.
+        // The first was expected half cached at its home (815 bytes ahead).
+        // The other replica, cold, costs a whole prompt: 1615 bytes. The
+        // home costs 815 + 15 per request ahead + 15: more after 53.
+        let mut held = vec![first];
+        let mut spilled_at = None;
+        for q in 1..200 {
+            let s = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&hot(q))).expect("slot");
+            if at(&pool, &s) != home {
+                spilled_at = Some(q);
+                break;
+            }
+            held.push(s);
+        }
+        assert_eq!(spilled_at, Some(54));
+        // Once both hold it, it alternates by the work ahead.
+        let next = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&hot(500))).expect("slot");
+        assert_ne!(at(&pool, &next), home, "the other holds it now and has less queued");
+        drop(held);
+    }
+
+    #[test]
+    fn load_weighs_against_the_cache_and_a_full_replica_is_passed_over() {
+        let pool = pool(2, 3, 1.0);
+        let k = key(&prompt('x', 0));
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let mut s = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&k)).expect("slot");
+            s.prefilled();
+            held.push(s);
+        }
+        let home = at(&pool, &held[0]);
+        assert!(held.iter().all(|s| at(&pool, s) == home), "cached, and 3 streams weigh less than the prefix");
+        // Its three slots are full: the next goes to the other replica.
+        let s = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&k)).expect("slot");
+        assert_ne!(at(&pool, &s), home);
+    }
+
+    #[test]
+    fn a_session_hint_keeps_a_conversation_on_its_replica() {
+        let pool = pool(4, 100, 1.0);
+        let turn = |text: &str| RouteKey::of(&[text.as_bytes()], 16, 512, Some(b"conversation-7"));
+        let first = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&turn("hi"))).expect("slot");
+        let home = at(&pool, &first);
+        drop(first);
+        // Later turns, short or with other text first, stay there.
+        for text in ["and then?", "a completely different opening that is longer than a block or two"] {
+            let s = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&turn(text))).expect("slot");
+            assert_eq!(at(&pool, &s), home, "{text}");
+        }
+    }
+
+    #[test]
+    fn without_a_prompt_prefix_aware_ranks_as_least_loaded() {
+        let pool = pool(2, 10, 1.0);
+        let a = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
+        let b = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
+        assert_ne!(at(&pool, &a), at(&pool, &b), "the one prefilling is passed over");
+    }
+}
