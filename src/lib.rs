@@ -34,6 +34,22 @@ mod sync;
 pub mod telemetry;
 mod upstream;
 
+/// Measurements for the benchmarks (`examples/`). Not an API.
+#[doc(hidden)]
+pub mod benching {
+    use std::time::Duration;
+
+    /// See `upstream::pick::decisions`.
+    pub fn prefix_decisions(replicas: usize, prefixes: usize, blocks: usize, samples: usize) -> Vec<Duration> {
+        crate::upstream::pick::decisions(replicas, prefixes, blocks, samples)
+    }
+
+    /// Name a prompt's blocks as prefix-aware routing does; how many.
+    pub fn prompt_blocks(text: &[u8], block: usize, max_blocks: usize) -> usize {
+        crate::upstream::prefix::RouteKey::of(&[text], block, max_blocks, None).blocks.len()
+    }
+}
+
 /// Entry points for the fuzz targets (`fuzz/`): each checks one promise on
 /// arbitrary input and panics when it is broken. Not an API.
 #[doc(hidden)]

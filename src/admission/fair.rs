@@ -179,14 +179,19 @@ impl<W: Queued> FairQueue<W> {
     }
 
     /// The waiter that would be served next.
-    pub(crate) fn front(&self) -> Option<&W> {
-        let (_, tenant) = self.order.first()?;
-        self.front_of(*tenant)
+    #[cfg(test)]
+    fn front(&self) -> Option<&W> {
+        self.first_of(self.first_tenant()?, 1).next()
     }
 
-    /// `tenant`'s waiter that would be served next.
-    pub(crate) fn front_of(&self, tenant: u32) -> Option<&W> {
-        self.backlogs.get(&tenant)?.front()
+    /// The tenant served next.
+    pub(crate) fn first_tenant(&self) -> Option<u32> {
+        self.order.first().map(|(_, t)| *t)
+    }
+
+    /// `tenant`'s first `n` waiters, in the order they will be served.
+    pub(crate) fn first_of(&self, tenant: u32, n: usize) -> impl Iterator<Item = &W> {
+        self.backlogs.get(&tenant).into_iter().flat_map(move |b| b.iter().take(n))
     }
 
     /// The waiter that has waited longest, whatever its tenant.
@@ -197,6 +202,7 @@ impl<W: Queued> FairQueue<W> {
 
     /// Take the next waiter: the oldest of the tenant with the least counter.
     /// Not charged yet (see [`FairQueue::charge`]): it may have gone away.
+    #[cfg(test)]
     pub(crate) fn pop(&mut self) -> Option<W> {
         let &(_, tenant) = self.order.first()?;
         self.pop_tenant(tenant)

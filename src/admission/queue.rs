@@ -197,6 +197,12 @@ impl PoolAdmission {
     /// more above the slots.
     /// `key`: the request's prompt, for prefix-aware routing.
     fn try_lease_over(self: &Arc<Self>, tier: Tier, extra: usize, key: Option<&RouteKey>) -> Result<Lease, PickError> {
+        self.try_lease_on(tier, extra, key, false)
+    }
+
+    /// [`PoolAdmission::try_lease_over`]; `holding`: only on a replica
+    /// holding the most of `key`'s prompt ([`Pool::pick_holding`]).
+    fn try_lease_on(self: &Arc<Self>, tier: Tier, extra: usize, key: Option<&RouteKey>, holding: bool) -> Result<Lease, PickError> {
         let pool = self.pool.load();
         let room = match tier {
             Tier::Interactive => Room::Over(self.interactive_over(&pool) + extra),
@@ -211,7 +217,11 @@ impl PoolAdmission {
                 Room::Leave(seats.batch_leaves())
             }
         };
-        match pool.pick(None, room, tier, key) {
+        let picked = match (key, holding) {
+            (Some(k), true) => pool.pick_holding(room, tier, k),
+            _ => pool.pick(None, room, tier, key),
+        };
+        match picked {
             Ok(slot) => {
                 if tier == Tier::Interactive {
                     self.interactive_inflight.fetch_add(1, Ordering::SeqCst);
@@ -446,98 +456,6 @@ impl PoolAdmission {
         claim.fair && tier == Tier::Interactive && q.interactive.under_share(claim.share, self.pool.load().capacity())
     }
 
-    /// Hand free slots to waiters: interactive first, batch within its share,
-    /// batch first once per guard interval when interactive is not at risk.
-    pub(crate) fn dispatch(self: &Arc<Self>) {
-        // Leases nobody took are dropped after the lock is released (dropping
-        // one re-enters `released`).
-        let mut spare: Vec<Lease> = Vec::new();
-        {
-            let Some(mut q) = self.waiting.lock() else { return };
-            let now = Instant::now();
-            loop {
-                let has_i = !q.interactive.is_empty();
-                let has_b = !q.batch.is_empty();
-                // Batch has waited a guard interval, and got nothing for as long.
-                let guard_due = !self.interactive_at_risk.load(Ordering::Relaxed)
-                    && q.batch.oldest().is_some_and(|w| now.saturating_duration_since(w.enqueued) >= STARVATION_GUARD_INTERVAL)
-                    && q.last_batch_grant.is_none_or(|t| now.saturating_duration_since(t) >= STARVATION_GUARD_INTERVAL);
-                let order: &[Tier] = match (has_i, has_b) {
-                    (false, false) => break,
-                    (true, false) => &[Tier::Interactive],
-                    (false, true) => &[Tier::Batch],
-                    (true, true) if guard_due => &[Tier::Batch, Tier::Interactive],
-                    (true, true) => &[Tier::Interactive, Tier::Batch],
-                };
-                let mut served = false;
-                for &tier in order {
-                    // Interactive: the first tenant in the fair order that may take a
-                    // slot now (one at its share leaves the reserve to the others).
-                    let tenant = match tier {
-                        Tier::Interactive => match q.interactive.first_tenant_where(|w| self.leaves_room(&q, tier, w.claim)) {
-                            Some(t) => Some(t),
-                            None => continue,
-                        },
-                        Tier::Batch => None,
-                    };
-                    let Ok(mut lease) = self.lease_for_next(&mut q, tier, tenant) else { continue };
-                    loop {
-                        let next = match tenant {
-                            Some(t) => q.interactive.pop_tenant(t),
-                            None => q.of(tier).pop(),
-                        };
-                        let Some(w) = next else {
-                            spare.push(lease);
-                            break;
-                        };
-                        self.waiting.dec(tier, w.bytes);
-                        if tier == Tier::Interactive {
-                            self.note_interactive();
-                        }
-                        let under = self.under(&q, tier, w.claim);
-                        lease.claimed(w.claim, under);
-                        match w.tx.send(Ok(lease)) {
-                            Ok(()) => {
-                                served = true;
-                                if w.claim.fair {
-                                    q.of(tier).charge(w.claim.share, w.claim.tokens as f64);
-                                }
-                                if tier == Tier::Batch {
-                                    q.last_batch_grant = Some(now);
-                                }
-                                break;
-                            }
-                            // Its client went away in the meantime: next one.
-                            Err(Ok(mut l)) => {
-                                l.claimed(Claim::default(), false);
-                                lease = l;
-                            }
-                            Err(Err(_)) => break,
-                        }
-                    }
-                    if served {
-                        break;
-                    }
-                }
-                if !served {
-                    break;
-                }
-            }
-        }
-        drop(spare);
-    }
-
-    /// A slot for the waiter of `tier` (of `tenant`) served next, picked
-    /// for its prompt (prefix-aware routing).
-    fn lease_for_next(self: &Arc<Self>, q: &mut Queues, tier: Tier, tenant: Option<u32>) -> Result<Lease, PickError> {
-        let next = match tenant {
-            Some(t) => q.interactive.front_of(t),
-            None => q.of(tier).front(),
-        };
-        let key = next.and_then(|w| w.key.clone());
-        self.try_lease_over(tier, 0, key.as_deref())
-    }
-
     /// Periodic work (the publisher): measure the batch service rate, reject
     /// queued batch requests that cannot make their deadline, hand out slots
     /// that appeared without a release (a replica came back).
@@ -572,6 +490,7 @@ impl PoolAdmission {
     }
 }
 
+mod dispatch;
 mod seating;
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ mod access;
 pub(crate) mod conn;
 pub(crate) mod health;
 pub(crate) mod limit;
-mod pick;
+pub(crate) mod pick;
 pub(crate) mod prefix;
 mod replica;
 mod send;

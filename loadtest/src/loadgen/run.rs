@@ -418,9 +418,16 @@ fn request_body(spec: &StreamSpec, p: &Prompt) -> String {
     body.to_string()
 }
 
-/// Text of about `n` tokens as the simulator counts them (4 characters each).
+/// Text of about `n` tokens as the simulator counts them (4 characters
+/// each), starting with a number no other prompt of this process has: made
+/// up prompts share no prefix, as random prompts do not (an engine's
+/// prefix cache finds nothing in them).
 fn prompt_text(n: u32) -> String {
-    "abc ".repeat(n as usize)
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut s = format!("{id:07x} ");
+    s.push_str(&"abc ".repeat((n as usize).saturating_sub(2)));
+    s
 }
 
 /// A chat history of `turns` messages holding about `n` prompt tokens: a

@@ -176,6 +176,25 @@ pub enum Dataset {
         #[serde(default)]
         range_ratio: f64,
     },
+    /// inference-perf's `shared_prefix`: `groups` system prompts of
+    /// `system_prompt_len` tokens, each followed by `prompts_per_group`
+    /// questions of `question_len`; the requests take them in an order
+    /// shuffled by the scenario's seed (see [`super::datasets`]).
+    SharedPrefix { groups: u32, prompts_per_group: u32, system_prompt_len: u32, question_len: u32, output_len: u32 },
+    /// Conversations growing turn by turn: each of `conversations` resends
+    /// its history (a system prompt of `system_prompt_len`, shared by all
+    /// when `shared_system`, then `turn_len` tokens per turn) with every
+    /// new turn; the requests take every conversation's first turn, then
+    /// every second turn, and so on, up to `turns`.
+    Conversations {
+        conversations: u32,
+        turns: u32,
+        system_prompt_len: u32,
+        turn_len: u32,
+        output_len: u32,
+        #[serde(default)]
+        shared_system: bool,
+    },
 }
 
 /// One request's prompt: its text when a dataset gave one, else only a
@@ -197,6 +216,11 @@ pub enum PromptSampler {
 }
 
 impl PromptSampler {
+    /// Prompts taken in turn by all of a stream's clients.
+    pub fn texts(prompts: Vec<Prompt>) -> PromptSampler {
+        PromptSampler::Texts { prompts: std::sync::Arc::new(prompts), next: Default::default() }
+    }
+
     pub fn sample(&mut self, rng: &mut StdRng) -> Prompt {
         match self {
             PromptSampler::Lengths { prompt, output } => {
@@ -264,6 +288,29 @@ impl StreamSpec {
                     LenDist::Uniform { min: (lo.floor() as u32).max(1), max: (hi.floor() as u32).max(1) }
                 };
                 Ok(PromptSampler::Lengths { prompt: range(*input_len).sampler()?, output: range(*output_len).sampler()? })
+            }
+            (Some(Dataset::SharedPrefix { groups, prompts_per_group, system_prompt_len, question_len, output_len }), None, None) => {
+                let shape = super::datasets::SharedPrefix {
+                    tag: &self.name,
+                    groups: *groups,
+                    prompts_per_group: *prompts_per_group,
+                    system_len: *system_prompt_len,
+                    question_len: *question_len,
+                    output_len: *output_len,
+                };
+                Ok(PromptSampler::texts(shape.prompts(seed).map_err(ctx)?))
+            }
+            (Some(Dataset::Conversations { conversations, turns, system_prompt_len, turn_len, output_len, shared_system }), None, None) => {
+                let shape = super::datasets::Conversations {
+                    tag: &self.name,
+                    conversations: *conversations,
+                    turns: *turns,
+                    system_len: *system_prompt_len,
+                    turn_len: *turn_len,
+                    output_len: *output_len,
+                    shared_system: *shared_system,
+                };
+                Ok(PromptSampler::texts(shape.prompts().map_err(ctx)?))
             }
             (None, Some(p), Some(o)) => Ok(PromptSampler::Lengths { prompt: p.sampler()?, output: o.sampler()? }),
             (Some(_), _, _) => Err(ctx("a dataset gives the lengths: leave out prompt_tokens and output_tokens".into())),

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Report of loadtest/bench/prefix.sh: prefix-aware routing against
+least_loaded and round_robin, from the load generator's records and the
+simulated replicas' own prefix cache counters.
+
+    prefix_report.py WORK MACHINE SECS SIM_ARGS RUN...
+
+Writes the Markdown to stdout, and WORK/{throughput,ttft}.{csv,title} for
+the charts of the shared-prefix sweep.
+"""
+import json
+import sys
+
+work, machine, secs, sim_args, *runs = sys.argv[1:]
+secs = float(secs)
+DONE = ("ok", "length")
+
+
+def pct(xs, q):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def load(name):
+    r = json.load(open(f"{work}/{name}.json"))
+    recs = r["records"]
+    done = [x for x in recs if x["outcome"] in DONE]
+    before = [json.loads(l) for l in open(f"{work}/{name}.sim0") if l.strip()]
+    after = [json.loads(l) for l in open(f"{work}/{name}.sim1") if l.strip()]
+    # This run's share of the replicas' counters.
+    sims = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before)]
+    waiting = [[float(v) for v in l.split()] for l in open(f"{work}/{name}.waiting") if l.strip()]
+    q, h = sum(s["queries"] for s in sims), sum(s["hits"] for s in sims)
+    return {
+        "sent": len(recs),
+        "done": len(done),
+        "rejected": sum(1 for x in recs if x["outcome"] == "rejected"),
+        "failed": sum(1 for x in recs if x["outcome"] not in DONE and x["outcome"] != "rejected"),
+        "tok_s": sum(x["tokens"] for x in done) / secs,
+        "p90": pct([x["ttft_ms"] for x in done if x["ttft_ms"] is not None], 0.9),
+        "p99": pct([x["ttft_ms"] for x in done if x["ttft_ms"] is not None], 0.99),
+        "hit": h / q if q else float("nan"),
+        "per_replica": [int(s["requests"]) for s in sims],
+        "max_waiting": [max((w[i] for w in waiting if len(w) > i), default=0) for i in range(len(sims))],
+        "end_waiting": waiting[-1] if waiting else [],
+    }
+
+
+R = {n: load(n) for n in runs}
+
+
+def row(label, x):
+    return (f"| {label} | {x['sent']} | {x['done']} | {x['rejected']} | {x['failed']} | {x['tok_s']:.0f} | "
+            f"{x['p90']:.0f} | {x['p99']:.0f} | {100 * x['hit']:.1f} % |")
+
+
+HEAD = ("| | sent | done | 429 | failed | output tokens/s | TTFT p90 ms | TTFT p99 ms | engine cache hits |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+verdicts = []
+print("# Prefix-cache-aware routing\n")
+print(f"{machine}. Every figure below is from that run (`loadtest/bench/prefix.sh`; {secs:.0f} s per run).\n")
+print(f"""Four simulated vLLM replicas (`vllm-sim {sim_args}`: an 8B model on an H100, prefill 0.03 ms a token in
+chunks of 2,048, a 6 ms step, KV for 464,000 tokens a replica) that keep a prefix cache as vLLM does: computed
+prompt blocks are named by chained hashes, a prompt skips the prefill of the leading blocks its replica holds,
+freed blocks stay cached until memory is needed, least recently freed first (tail before head).
+One gateway (three in the fleet scenario) on its defaults, learned limits included; only `balance` changes.
+Each scenario starts fresh replicas, every cache empty, then runs its rates in turn, lowest first, the
+caches carrying over (a load that rises, as in llm-d's runs). "Engine cache hits" is the replicas' own
+`vllm:prefix_cache_hits / vllm:prefix_cache_queries` over the run, not the gateway's estimate. Streams of the
+`chat` class (TTFT target 300 ms); "failed" counts errors and timeouts, "429" requests the gateway refused.
+""")
+
+shared = sorted({int(n.rsplit("-", 1)[1]) for n in runs if n.startswith("shared-")})
+fleet = sorted({int(n.rsplit("-", 1)[1]) for n in runs if n.startswith("fleet-")})
+policies = [p for p in ("prefix_aware", "least_loaded", "round_robin") if any(n.startswith(f"shared-{p}-") for n in runs)]
+if shared:
+    print("## Shared prefixes\n")
+    print("""inference-perf's `shared_prefix` shape at half llm-d's lengths: 150 groups x 5 questions, a 3,000-token system
+prompt and a 600-token question, 100 tokens out, Poisson arrivals at each rate. The 750 prompts are taken in a
+shuffled order, again from the start once all were sent: the first of each group finds its system prompt nowhere
+(a first pass is at most 4/5 x 3,000/3,600 = 67 % cached), a prompt sent before is cached whole but its last block.
+""")
+    for r in shared:
+        print(f"\n**{r} requests/s**\n\n{HEAD}")
+        for p in policies:
+            x = R.get(f"shared-{p}-{r}")
+            if x:
+                print(row(p, x))
+    with open(f"{work}/throughput.csv", "w") as f:
+        f.write("offered requests/s," + ",".join(policies) + "\n")
+        for r in shared:
+            f.write(f"{r}," + ",".join(f"{R[f'shared-{p}-{r}']['tok_s']:.1f}" for p in policies) + "\n")
+    with open(f"{work}/ttft.csv", "w") as f:
+        f.write("offered requests/s," + ",".join(policies) + "\n")
+        for r in shared:
+            f.write(f"{r}," + ",".join(f"{R[f'shared-{p}-{r}']['p90']:.1f}" for p in policies) + "\n")
+    open(f"{work}/throughput.title", "w").write("Shared prefixes: output tokens/s\noutput tokens/s\n")
+    open(f"{work}/ttft.title", "w").write("Shared prefixes: TTFT p90\nms\n")
+    print("\nCharts: `throughput.svg` (output tokens/s against offered rate), `ttft.svg` (TTFT p90, the target drawn).\n")
+    if "least_loaded" in policies and "prefix_aware" in policies:
+        ll = [R[f"shared-least_loaded-{r}"] for r in shared]
+        # Where least_loaded saturates: its first rate with TTFT p90 over the target, else its best throughput.
+        sat = next((r for r, x in zip(shared, ll) if x["p90"] > 300), shared[max(range(len(ll)), key=lambda i: ll[i]["tok_s"])])
+        a, b = R[f"shared-prefix_aware-{sat}"], R[f"shared-least_loaded-{sat}"]
+        ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("inf")
+        verdicts.append(("shared: output tokens/s at least 1.8x least_loaded's where it saturates", ratio >= 1.8,
+                         f"at {sat} req/s: {a['tok_s']:.0f} vs {b['tok_s']:.0f} ({ratio:.2f}x)"))
+        verdicts.append(("shared: TTFT p90 within 300 ms where least_loaded's is not", a["p90"] <= 300 < b["p90"],
+                         f"{a['p90']:.0f} ms vs {b['p90']:.0f} ms"))
+        verdicts.append(("shared: engine-reported cache hits at least 80 %", a["hit"] >= 0.8, f"{100 * a['hit']:.1f} %"))
+
+if any(n.startswith("multiturn-") for n in runs):
+    print("## Multi-turn chat\n")
+    print("""64 conversations of 10 turns at 20 requests/s, each turn resending the history: the application's 1,000-token
+system prompt (the same for all), then 100 tokens a turn (the assistant's earlier answers stand in the history as
+text the engine never generated, so only prompt blocks are reused, as with a client that edits its history).
+""")
+    print(HEAD)
+    for p in ("prefix_aware", "least_loaded"):
+        if f"multiturn-{p}-20" in R:
+            print(row(p, R[f"multiturn-{p}-20"]))
+    if "multiturn-prefix_aware-20" in R:
+        h = R["multiturn-prefix_aware-20"]["hit"]
+        verdicts.append(("multi-turn: at least 90 % of prompt tokens cached", h >= 0.9, f"{100 * h:.1f} %"))
+    print()
+
+rand = sorted({int(n.rsplit("-", 1)[1]) for n in runs if n.startswith("random-")})
+if rand:
+    print("## No shared prefixes\n")
+    print("Prompts of 3,600 tokens that share nothing, 100 out: what routing by prefix costs where nothing is cached.\n")
+    worst_t, worst_p = 0.0, 0.0
+    for r in rand:
+        print(f"\n**{r} requests/s**\n\n{HEAD}")
+        for p in ("prefix_aware", "least_loaded"):
+            print(row(p, R[f"random-{p}-{r}"]))
+        a, b = R[f"random-prefix_aware-{r}"], R[f"random-least_loaded-{r}"]
+        worst_t = max(worst_t, (b["tok_s"] - a["tok_s"]) / b["tok_s"] if b["tok_s"] else 0)
+        worst_p = max(worst_p, (a["p99"] - b["p99"]) / b["p99"] if b["p99"] else 0)
+    verdicts.append(("random: within 3 % of least_loaded on throughput and TTFT p99", worst_t <= 0.03 and worst_p <= 0.03,
+                     f"worst: throughput {100 * worst_t:+.1f} % lower, TTFT p99 {100 * worst_p:+.1f} % higher"))
+    print()
+
+if any(n.startswith("hot-") for n in runs):
+    print("## One hot prefix\n")
+    print("""40 requests/s: half share one system prompt (2,000 questions on it), half are the 150 groups above. Requests
+finished per replica (all of them, hot and not), and each replica's waiting queue (sampled every second):
+""")
+    print("| | output tokens/s | TTFT p90 ms | engine cache hits | requests per replica | most waiting, per replica | waiting at the end |")
+    print("|---|---:|---:|---:|---|---|---|")
+    for p in ("prefix_aware", "least_loaded"):
+        x = R.get(f"hot-{p}-40")
+        if x:
+            print(f"| {p} | {x['tok_s']:.0f} | {x['p90']:.0f} | {100 * x['hit']:.1f} % | {x['per_replica']} | "
+                  f"{[int(v) for v in x['max_waiting']]} | {[int(v) for v in x['end_waiting']]} |")
+    if "hot-prefix_aware-40" in R:
+        x = R["hot-prefix_aware-40"]
+        spread = min(x["per_replica"]) / max(x["per_replica"]) if max(x["per_replica"]) else 0
+        bounded = max(x["end_waiting"] or [0]) <= 20
+        verdicts.append(("hot: the load spreads over the replicas and no waiting queue grows", spread >= 0.5 and bounded,
+                         f"fewest/most requests per replica {spread:.2f}; waiting at the end {[int(v) for v in x['end_waiting']]}"))
+    print()
+
+if fleet:
+    print("## Three gateways\n")
+    print("The shared-prefix load through three gateways, requests taking them in turn; each indexes only what it sent,"
+          " and all send a prompt none has seen to its home replica (the same rendezvous hash of its first block).\n")
+    for r in fleet:
+        print(f"\n**{r} requests/s**\n\n{HEAD}")
+        for p in ("prefix_aware", "least_loaded"):
+            if f"fleet-{p}-{r}" in R:
+                print(row(p, R[f"fleet-{p}-{r}"]))
+    if all(f"fleet-{p}-{r}" in R for p in ("prefix_aware", "least_loaded") for r in fleet):
+        ll = [R[f"fleet-least_loaded-{r}"] for r in fleet]
+        sat = next((r for r, x in zip(fleet, ll) if x["p90"] > 300), fleet[-1])
+        a, b = R[f"fleet-prefix_aware-{sat}"], R[f"fleet-least_loaded-{sat}"]
+        ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("inf")
+        verdicts.append(("fleet: the same targets through three gateways",
+                         ratio >= 1.8 and a["p90"] <= 300 < b["p90"] and a["hit"] >= 0.8,
+                         f"at {sat} req/s: {ratio:.2f}x least_loaded's tokens/s, TTFT p90 {a['p90']:.0f} vs {b['p90']:.0f} ms, "
+                         f"hits {100 * a['hit']:.1f} %"))
+    print()
+
+import os
+if os.path.exists(f"{work}/cost.md"):
+    cost = open(f"{work}/cost.md").read().strip()
+    print("## Decision cost\n")
+    print("""`cargo run --release --example prefix_cost`, alone on the machine after the runs: 10,000 prompts of 10 blocks
+indexed over four replicas, then 100,000 routing decisions for prompts drawn from them (the index lookup, the
+ranking, the slot taken); hashing a prompt once is beside it, and the resident memory the index added per name.
+""")
+    print(cost + "\n")
+    try:
+        cells = [c.strip() for c in cost.splitlines()[2].strip("|").split("|")]
+        p99 = float(cells[5])
+        verdicts.append(("decision p99 at most 50 µs with 10,000 indexed prompts", p99 <= 50, f"{p99:.1f} µs"))
+    except (IndexError, ValueError):
+        verdicts.append(("decision p99 at most 50 µs with 10,000 indexed prompts", False, "not measured"))
+
+print("## Verdict\n")
+print("| target | met | measured |\n|---|---|---|")
+for what, ok, measured in verdicts:
+    print(f"| {what} | {'yes' if ok else '**no**'} | {measured} |")

@@ -1,0 +1,141 @@
+//! Prompts with shared prefixes, for benchmarks of prefix-cache-aware
+//! routing. Text is made at four characters a token (the simulator's and
+//! slogate's count); what is shared is shared byte for byte, and what is a
+//! request's own starts with a tag no other request has, so two prompts
+//! share exactly the prefix the shape says.
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use super::scenario::Prompt;
+
+/// `n` tokens of text starting with `tag` (at least the tag).
+fn text(tag: &str, n: u32) -> String {
+    let mut s = format!("{tag} ");
+    let want = n as usize * 4;
+    while s.len() + 4 <= want {
+        s.push_str("abc ");
+    }
+    s
+}
+
+fn prompt(text: String, output_len: u32) -> Prompt {
+    Prompt { prompt_tokens: super::scenario::estimate_tokens(&text), output_tokens: output_len, text: Some(text.into()) }
+}
+
+/// inference-perf's `shared_prefix` shape.
+pub struct SharedPrefix<'a> {
+    /// Makes this stream's system prompts its own (another stream's group 0 differs).
+    pub tag: &'a str,
+    pub groups: u32,
+    pub prompts_per_group: u32,
+    pub system_len: u32,
+    pub question_len: u32,
+    pub output_len: u32,
+}
+
+impl SharedPrefix<'_> {
+    /// Every group's questions, in an order shuffled by `seed`.
+    pub fn prompts(&self, seed: u64) -> Result<Vec<Prompt>, String> {
+        if self.groups == 0 || self.prompts_per_group == 0 {
+            return Err("shared_prefix: groups and prompts_per_group must be at least 1".into());
+        }
+        let mut out = Vec::with_capacity((self.groups * self.prompts_per_group) as usize);
+        for g in 0..self.groups {
+            let system = text(&format!("[{} system prompt {g}]", self.tag), self.system_len);
+            for q in 0..self.prompts_per_group {
+                let question = text(&format!("[question {g}.{q}]"), self.question_len);
+                out.push(prompt(format!("{system}{question}"), self.output_len));
+            }
+        }
+        out.shuffle(&mut StdRng::seed_from_u64(seed));
+        Ok(out)
+    }
+}
+
+/// Conversations that resend their history with every turn.
+pub struct Conversations<'a> {
+    pub tag: &'a str,
+    pub conversations: u32,
+    pub turns: u32,
+    pub system_len: u32,
+    pub turn_len: u32,
+    pub output_len: u32,
+    /// One system prompt for all (an application's), or one each.
+    pub shared_system: bool,
+}
+
+impl Conversations<'_> {
+    /// Turn 1 of every conversation, then turn 2 of every one, ...: a
+    /// conversation's next turn comes `conversations` requests later.
+    pub fn prompts(&self) -> Result<Vec<Prompt>, String> {
+        if self.conversations == 0 || self.turns == 0 {
+            return Err("conversations: conversations and turns must be at least 1".into());
+        }
+        let mut history: Vec<String> = (0..self.conversations)
+            .map(|c| {
+                let who = if self.shared_system { String::new() } else { format!(" {c}") };
+                text(&format!("[{} system prompt{who}]", self.tag), self.system_len)
+            })
+            .collect();
+        let mut out = Vec::with_capacity((self.conversations * self.turns) as usize);
+        for t in 0..self.turns {
+            for (c, h) in history.iter_mut().enumerate() {
+                h.push_str(&text(&format!("[conversation {c} turn {t}]"), self.turn_len));
+                out.push(prompt(h.clone(), self.output_len));
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(a: &str, b: &str) -> usize {
+        a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count()
+    }
+
+    #[test]
+    fn groups_share_their_system_prompt_and_nothing_else() {
+        use super::text;
+        let shape = SharedPrefix { tag: "s", groups: 3, prompts_per_group: 4, system_len: 100, question_len: 20, output_len: 5 };
+        let p = shape.prompts(1).expect("prompts");
+        assert_eq!(p.len(), 12);
+        assert!(p.iter().all(|x| x.prompt_tokens == 120 && x.output_tokens == 5));
+        let of = |x: &Prompt| x.text.as_deref().unwrap_or("").to_string();
+        let group = |t: &str| t.split(']').next().unwrap_or("").to_string();
+        for a in &p {
+            for b in &p {
+                let (ta, tb) = (of(a), of(b));
+                if ta == tb {
+                    continue;
+                }
+                let n = shared(&ta, &tb);
+                if group(&ta) == group(&tb) {
+                    // The system prompt, then "[question g." and their own numbers.
+                    let system = text(&format!("{}]", group(&ta)), 100).len();
+                    assert_eq!(n, system + "[question 0.".len(), "same group: the system prompt, then their own questions");
+                } else {
+                    assert!(n < 20, "other groups share only the tag's start");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn each_turn_resends_the_conversation_so_far() {
+        let shape =
+            Conversations { tag: "c", conversations: 2, turns: 3, system_len: 50, turn_len: 10, output_len: 5, shared_system: true };
+        let p = shape.prompts().expect("prompts");
+        let t: Vec<String> = p.iter().map(|x| x.text.as_deref().unwrap_or("").to_string()).collect();
+        assert_eq!(t.len(), 6);
+        // Conversation 0's turns are requests 0, 2, 4: each extends the last.
+        assert!(t[2].starts_with(&t[0]) && t[4].starts_with(&t[2]));
+        assert_eq!(p[4].prompt_tokens, 80);
+        // The two conversations share the system prompt only.
+        assert_eq!(shared(&t[0], &t[1]), text("[c system prompt]", 50).len() + "[conversation ".len());
+    }
+}

@@ -1,0 +1,142 @@
+//! Handing free slots to waiters: which tier, which tenant, which of its
+//! waiters, on which replica.
+//!
+//! With prefix-aware routing a queued request is placed where its prompt's
+//! prefix is cached. Taking the waiters strictly in order would give each
+//! freed slot to the next waiter wherever the slot is: in a queue that
+//! stays long (overload), a request would find its cache one time in as
+//! many replicas as there are. So the slot goes to the first of the next
+//! [`WINDOW`] waiters (in their order) that a replica holding its prefix
+//! has a free slot for, and only when none of them has one, to the first
+//! waiter wherever (a slot is never left idle while someone waits).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::{PoolAdmission, STARVATION_GUARD_INTERVAL};
+use crate::admission::lease::{Claim, Lease};
+use crate::admission::waiting::Queues;
+use crate::config::Tier;
+use crate::upstream::PickError;
+
+/// How many waiters, from the front, a freed slot is matched against.
+pub(super) const WINDOW: usize = 16;
+
+/// What handing a lease to a tier's waiters came to.
+enum Handed {
+    /// A waiter took it.
+    Served,
+    /// Every waiter tried had gone away: the lease is left over.
+    Spare(Lease),
+    Nobody,
+}
+
+impl PoolAdmission {
+    /// Hand free slots to waiters: interactive first, batch within its share,
+    /// batch first once per guard interval when interactive is not at risk.
+    pub(crate) fn dispatch(self: &Arc<Self>) {
+        // Leases nobody took are dropped after the lock is released (dropping
+        // one re-enters `released`).
+        let mut spare: Vec<Lease> = Vec::new();
+        {
+            let Some(mut q) = self.waiting.lock() else { return };
+            let now = Instant::now();
+            loop {
+                let has_i = !q.interactive.is_empty();
+                let has_b = !q.batch.is_empty();
+                // Batch has waited a guard interval, and got nothing for as long.
+                let guard_due = !self.interactive_at_risk.load(Ordering::Relaxed)
+                    && q.batch.oldest().is_some_and(|w| now.saturating_duration_since(w.enqueued) >= STARVATION_GUARD_INTERVAL)
+                    && q.last_batch_grant.is_none_or(|t| now.saturating_duration_since(t) >= STARVATION_GUARD_INTERVAL);
+                let order: &[Tier] = match (has_i, has_b) {
+                    (false, false) => break,
+                    (true, false) => &[Tier::Interactive],
+                    (false, true) => &[Tier::Batch],
+                    (true, true) if guard_due => &[Tier::Batch, Tier::Interactive],
+                    (true, true) => &[Tier::Interactive, Tier::Batch],
+                };
+                let mut served = false;
+                for &tier in order {
+                    // Interactive: the first tenant in the fair order that may take a
+                    // slot now (one at its share leaves the reserve to the others).
+                    let tenant = match tier {
+                        Tier::Interactive => q.interactive.first_tenant_where(|w| self.leaves_room(&q, tier, w.claim)),
+                        Tier::Batch => q.batch.first_tenant(),
+                    };
+                    let Some(tenant) = tenant else { continue };
+                    let Ok((lease, chosen)) = self.lease_for_next(&q, tier, tenant) else { continue };
+                    match self.hand(&mut q, tier, tenant, chosen, lease, now) {
+                        Handed::Served => {
+                            served = true;
+                            break;
+                        }
+                        Handed::Spare(l) => spare.push(l),
+                        Handed::Nobody => {}
+                    }
+                }
+                if !served {
+                    break;
+                }
+            }
+        }
+        drop(spare);
+    }
+
+    /// A slot for one of `tenant`'s next waiters in `tier`: the first of
+    /// them (up to [`WINDOW`]) that a replica holding its prompt's prefix
+    /// has a free slot for (with its id), else one for the first waiter.
+    fn lease_for_next(self: &Arc<Self>, q: &Queues, tier: Tier, tenant: u32) -> Result<(Lease, Option<u64>), PickError> {
+        let queue = match tier {
+            Tier::Interactive => &q.interactive,
+            Tier::Batch => &q.batch,
+        };
+        let next: Vec<_> = queue.first_of(tenant, WINDOW).map(|w| (w.id, w.key.clone())).collect();
+        if next.len() > 1 {
+            for (id, key) in &next {
+                if let Some(lease) = key.as_deref().and_then(|k| self.try_lease_on(tier, 0, Some(k), true).ok()) {
+                    return Ok((lease, Some(*id)));
+                }
+            }
+        }
+        let first = next.first().and_then(|(_, k)| k.clone());
+        self.try_lease_over(tier, 0, first.as_deref()).map(|l| (l, None))
+    }
+
+    /// Give `lease` to `chosen` (a waiter's id), else to `tenant`'s first
+    /// waiter; to the next one if that one's client went away.
+    fn hand(self: &Arc<Self>, q: &mut Queues, tier: Tier, tenant: u32, chosen: Option<u64>, mut lease: Lease, now: Instant) -> Handed {
+        let mut chosen = chosen;
+        loop {
+            let next = match chosen.take() {
+                Some(id) => q.of(tier).remove(tenant, id),
+                None => q.of(tier).pop_tenant(tenant),
+            };
+            let Some(w) = next else { return Handed::Spare(lease) };
+            self.waiting.dec(tier, w.bytes);
+            if tier == Tier::Interactive {
+                self.note_interactive();
+            }
+            let under = self.under(q, tier, w.claim);
+            lease.claimed(w.claim, under);
+            match w.tx.send(Ok(lease)) {
+                Ok(()) => {
+                    if w.claim.fair {
+                        q.of(tier).charge(w.claim.share, w.claim.tokens as f64);
+                    }
+                    if tier == Tier::Batch {
+                        q.last_batch_grant = Some(now);
+                    }
+                    return Handed::Served;
+                }
+                // Its client went away in the meantime: next one.
+                Err(Ok(mut l)) => {
+                    l.claimed(Claim::default(), false);
+                    lease = l;
+                }
+                Err(Err(_)) => return Handed::Nobody,
+            }
+        }
+    }
+}
