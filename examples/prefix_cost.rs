@@ -33,7 +33,7 @@ fn main() -> Result<(), String> {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     // Hashing a prompt of this size, for comparison (the request path does it once).
     let text = vec![b'x'; blocks * 256];
-    let t = std::time::Instant::now();
+    let t = tokio::time::Instant::now();
     for _ in 0..10_000 {
         std::hint::black_box(slogate::benching::prompt_blocks(std::hint::black_box(&text), 256, blocks));
     }

@@ -245,7 +245,7 @@ pub(crate) fn decisions(replicas: usize, prefixes: usize, blocks: usize, samples
     let mut out = Vec::with_capacity(samples);
     for s in 0..samples {
         let key = prompt((s * 7919) % prefixes.max(1));
-        let t = std::time::Instant::now();
+        let t = tokio::time::Instant::now();
         let slot = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&key));
         out.push(t.elapsed());
         drop(slot);
