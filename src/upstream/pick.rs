@@ -10,13 +10,6 @@ use super::replica::SLOW_GAPS;
 use super::{PickError, Pool, Replica, ReplicaSlot, Room};
 use crate::config::{Balance, Tier};
 
-/// A prompt's home is guessed to hold half its named blocks, at most this
-/// many: enough to win a tie (the first request of a prefix new to every
-/// gateway goes to the same replica from each), not enough to outweigh a
-/// queue (a prompt that shares nothing is not held back from a less loaded
-/// replica by a guess).
-const HOME_BLOCKS: u64 = 8;
-
 /// A healthy candidate with its rank, read once: other requests move the
 /// counts while this one sorts, and a key that changes between comparisons
 /// is not an order (the sort panics on that).
@@ -28,6 +21,8 @@ struct Ranked<'a> {
     /// plus its load (`prefix_aware`).
     cost: u64,
     load: u64,
+    /// Not the prompt's home (false sorts first): the last tie-breaker.
+    away_from_home: bool,
     itl: Duration,
     i: usize,
     r: &'a Arc<Replica>,
@@ -118,51 +113,53 @@ impl Pool {
     /// plus this prompt's bytes its cache is not expected to hold, plus
     /// `load_weight` blocks per request it holds or queues. A replica the
     /// index saw the prompt's leading blocks go to is expected to hold
-    /// them; the one its session hint went to, all of it; the prompt's
-    /// home (the same on every instance of a fleet), half of what is named
-    /// (at most [`HOME_BLOCKS`]).
+    /// them; the one its session hint went to, all of it. Where cost and
+    /// load tie, the prompt's home (the same on every instance of a fleet)
+    /// goes first.
     fn ranked<'a>(&'a self, candidates: impl Iterator<Item = usize>, tier: Tier, key: Option<&RouteKey>) -> Vec<Ranked<'a>> {
         let priority = self.config.upstream_priority;
-        let expected = key.map(|k| self.expected_cached(k));
+        let known = key.map(|k| self.known_cached(k));
+        let home = key.and_then(|k| self.home_of(k));
         candidates
             .map(|i| {
                 let r = &self.replicas[i];
                 let load = r.load_score();
                 let itl = r.itl_mean();
-                match (key, &expected) {
-                    (Some(k), Some((known, guess))) => {
-                        let uncached = k.bytes.saturating_sub(known[i].max(guess[i]));
+                let away_from_home = home != Some(i);
+                match (key, &known) {
+                    (Some(k), Some(known)) => {
+                        let uncached = k.bytes.saturating_sub(known[i]);
                         let weight = (self.config.prefix.load_weight * k.block as f64 * load as f64) as u64;
-
                         let cost = r.prefill_bytes_ahead(tier, priority) + uncached + weight;
-                        Ranked { away: false, cost, load, itl, i, r, uncached, matched: known[i] }
+                        Ranked { away: false, cost, load, away_from_home, itl, i, r, uncached, matched: known[i] }
                     }
                     _ => {
                         let cost = r.prefills_ahead(tier, priority) as u64;
-                        Ranked { away: false, cost, load, itl, i, r, uncached: 0, matched: 0 }
+                        Ranked { away: false, cost, load, away_from_home, itl, i, r, uncached: 0, matched: 0 }
                     }
                 }
             })
             .collect()
     }
 
-    /// For each replica, the bytes of `key`'s prompt its cache is expected
-    /// to hold: known (the leading blocks the index saw go there; all of it
-    /// where its session went), and guessed (the prompt's home: half of the
-    /// named blocks, at most [`HOME_BLOCKS`]).
-    fn expected_cached(&self, key: &RouteKey) -> (Vec<u64>, Vec<u64>) {
+    /// For each replica, the bytes of `key`'s prompt its cache is known to
+    /// hold: the leading blocks the index saw go there; all of it where its
+    /// session went.
+    fn known_cached(&self, key: &RouteKey) -> Vec<u64> {
         let n = self.replicas.len();
         let mut known: Vec<u64> = self.prefix.matched(key, n).into_iter().map(|b| (b as u64 * key.block).min(key.bytes)).collect();
         if let Some(s) = self.prefix.session(key).filter(|&s| s < n) {
             known[s] = key.bytes;
         }
-        let mut guess = vec![0u64; n];
+        known
+    }
+
+    /// The prompt's home among the healthy replicas: the same on every
+    /// instance, so the first request of a prefix new to all of them goes
+    /// to the same replica from each (when the replicas tie).
+    fn home_of(&self, key: &RouteKey) -> Option<usize> {
         let healthy = self.url_keys.iter().copied().enumerate().filter(|(i, _)| self.replicas[*i].is_healthy());
-        if let Some(h) = key.anchor().and_then(|a| home(a, healthy)) {
-            let named = key.blocks.len() as u64;
-            guess[h] = guess[h].max((named / 2).min(HOME_BLOCKS) * key.block);
-        }
-        (known, guess)
+        key.anchor().and_then(|a| home(a, healthy))
     }
 
     /// Take a slot on the best-ranked replica that has one. A replica is
@@ -195,7 +192,7 @@ impl Pool {
         // interactive (the slow ones are its own).
         let batch_may_take_fast = !any_slow || fast_batch + reserved < fast_slots;
         // Stable: the rotating start breaks ties.
-        ranked.sort_by_key(|x| (x.away, x.cost, x.load));
+        ranked.sort_by_key(|x| (x.away, x.cost, x.load, x.away_from_home));
         for x in ranked {
             // (For batch the replicas ranked away are the fast ones.)
             if x.away && (tier == Tier::Interactive || !batch_may_take_fast) {

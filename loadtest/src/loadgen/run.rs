@@ -419,14 +419,16 @@ fn request_body(spec: &StreamSpec, p: &Prompt) -> String {
 }
 
 /// Text of about `n` tokens as the simulator counts them (4 characters
-/// each), starting with a number no other prompt of this process has: made
+/// each), starting with a number no other prompt has: made
 /// up prompts share no prefix, as random prompts do not (an engine's
 /// prefix cache finds nothing in them).
 fn prompt_text(n: u32) -> String {
+    // Numbered from a random start: unique across runs against the same replicas too.
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut s = format!("{id:07x} ");
-    s.push_str(&"abc ".repeat((n as usize).saturating_sub(2)));
+    let id = START.get_or_init(rand::random::<u64>).wrapping_add(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let mut s = format!("{:015x} ", id >> 4);
+    s.push_str(&"abc ".repeat((n as usize).saturating_sub(4)));
     s
 }
 
