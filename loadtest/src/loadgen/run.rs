@@ -427,7 +427,7 @@ fn prompt_text(n: u32) -> String {
     static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let id = START.get_or_init(rand::random::<u64>).wrapping_add(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    let mut s = format!("{:015x} ", id >> 4);
+    let mut s = format!("{:015x} ", id & 0x0fff_ffff_ffff_ffff);
     s.push_str(&"abc ".repeat((n as usize).saturating_sub(4)));
     s
 }
