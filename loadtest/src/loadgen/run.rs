@@ -647,3 +647,15 @@ impl Ctx {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::prompt_text;
+
+    #[test]
+    fn made_up_prompts_share_no_prefix_and_have_their_length() {
+        let (a, b) = (prompt_text(100), prompt_text(100));
+        assert_eq!((a.len(), b.len()), (400, 400));
+        assert_ne!(a[..16], b[..16], "each starts with its own number: {a:.20} / {b:.20}");
+    }
+}
