@@ -40,12 +40,10 @@ pub(crate) struct Replica {
     pub(super) prefill_bytes: [AtomicU64; 2],
     /// Prefix-aware routing's estimate: prompt bytes sent here, and of them
     /// those it expected the replica's cache to hold.
-    pub(super) routed_bytes: AtomicU64,
-    pub(super) matched_bytes: AtomicU64,
+    pub(super) expected_hits: Share,
     /// What the engine reported of the requests served here: prompt tokens,
     /// and of them those its prefix cache held.
-    pub(super) prompt_tokens: AtomicU64,
-    pub(super) cached_tokens: AtomicU64,
+    pub(super) reported_hits: Share,
     /// Batch requests holding a slot here. Only changed through [`ReplicaSlot`].
     pub(super) batch_held: AtomicUsize,
     /// Seats of the limit batch leaves to interactive requests here (the
@@ -147,10 +145,8 @@ impl Replica {
             inflight: AtomicUsize::new(0),
             prefilling: [AtomicUsize::new(0), AtomicUsize::new(0)],
             prefill_bytes: [AtomicU64::new(0), AtomicU64::new(0)],
-            routed_bytes: AtomicU64::new(0),
-            matched_bytes: AtomicU64::new(0),
-            prompt_tokens: AtomicU64::new(0),
-            cached_tokens: AtomicU64::new(0),
+            expected_hits: Share::default(),
+            reported_hits: Share::default(),
             batch_held: AtomicUsize::new(0),
             batch_cut: AtomicUsize::new(0),
             max_inflight: AtomicUsize::new(initial),
@@ -229,31 +225,17 @@ impl Replica {
     }
     /// Prefix-aware routing sent a prompt of `bytes` here, expecting `matched` of them cached.
     pub(super) fn routed(&self, bytes: u64, matched: u64) {
-        self.routed_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.matched_bytes.fetch_add(matched, Ordering::Relaxed);
-        if let Some(g) = self.gauges.get() {
-            g.routed_bytes.inc_by(bytes);
-            g.matched_bytes.inc_by(matched);
-        }
+        self.expected_hits.add(bytes, matched, self.gauges.get().map(|g| (&g.routed_bytes, &g.matched_bytes)));
     }
     /// The engine reported `prompt` tokens for a request served here, `cached` of them from its prefix cache.
     pub(crate) fn served_prompt(&self, prompt: u64, cached: u64) {
-        self.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
-        self.cached_tokens.fetch_add(cached, Ordering::Relaxed);
-        if let Some(g) = self.gauges.get() {
-            g.prompt_tokens.inc_by(prompt);
-            g.cached_tokens.inc_by(cached);
-        }
+        self.reported_hits.add(prompt, cached, self.gauges.get().map(|g| (&g.prompt_tokens, &g.cached_tokens)));
     }
     /// Since the start: the share of the prompt bytes sent here that
     /// prefix-aware routing expected cached, and the share of prompt tokens
     /// the engine reported cached (`None` before any).
     pub(crate) fn hit_ratios(&self) -> (Option<f64>, Option<f64>) {
-        let ratio = |a: &AtomicU64, b: &AtomicU64| {
-            let d = b.load(Ordering::Relaxed);
-            (d > 0).then(|| a.load(Ordering::Relaxed) as f64 / d as f64)
-        };
-        (ratio(&self.matched_bytes, &self.routed_bytes), ratio(&self.cached_tokens, &self.prompt_tokens))
+        (self.expected_hits.ratio(), self.reported_hits.ratio())
     }
     /// The replica's limit: learned, or fixed (for the whole fleet when
     /// several instances share it).
@@ -498,6 +480,31 @@ impl Replica {
 
     pub(super) fn load_score(&self) -> u64 {
         self.inflight() as u64 + self.scraped_waiting.load(Ordering::Relaxed)
+    }
+}
+
+/// A part of a whole, both counted since the start (and in a pair of
+/// counters, once the replica's series exist).
+#[derive(Debug, Default)]
+pub(super) struct Share {
+    whole: AtomicU64,
+    part: AtomicU64,
+}
+
+impl Share {
+    fn add(&self, whole: u64, part: u64, counters: Option<(&Counter, &Counter)>) {
+        self.whole.fetch_add(whole, Ordering::Relaxed);
+        self.part.fetch_add(part, Ordering::Relaxed);
+        if let Some((w, p)) = counters {
+            w.inc_by(whole);
+            p.inc_by(part);
+        }
+    }
+
+    /// The part over the whole; `None` before any.
+    fn ratio(&self) -> Option<f64> {
+        let whole = self.whole.load(Ordering::Relaxed);
+        (whole > 0).then(|| self.part.load(Ordering::Relaxed) as f64 / whole as f64)
     }
 }
 
