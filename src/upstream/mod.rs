@@ -14,6 +14,7 @@ pub(crate) mod pick;
 pub(crate) mod prefix;
 mod replica;
 mod send;
+mod share;
 pub(crate) mod tls;
 
 use access::public_name;

@@ -11,6 +11,7 @@ use http::HeaderValue;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
+use super::share::Share;
 use super::{conn, limit, tls};
 use crate::config::Tier;
 use crate::error::GatewayError;
@@ -480,31 +481,6 @@ impl Replica {
 
     pub(super) fn load_score(&self) -> u64 {
         self.inflight() as u64 + self.scraped_waiting.load(Ordering::Relaxed)
-    }
-}
-
-/// A part of a whole, both counted since the start (and in a pair of
-/// counters, once the replica's series exist).
-#[derive(Debug, Default)]
-pub(super) struct Share {
-    whole: AtomicU64,
-    part: AtomicU64,
-}
-
-impl Share {
-    fn add(&self, whole: u64, part: u64, counters: Option<(&Counter, &Counter)>) {
-        self.whole.fetch_add(whole, Ordering::Relaxed);
-        self.part.fetch_add(part, Ordering::Relaxed);
-        if let Some((w, p)) = counters {
-            w.inc_by(whole);
-            p.inc_by(part);
-        }
-    }
-
-    /// The part over the whole; `None` before any.
-    fn ratio(&self) -> Option<f64> {
-        let whole = self.whole.load(Ordering::Relaxed);
-        (whole > 0).then(|| self.part.load(Ordering::Relaxed) as f64 / whole as f64)
     }
 }
 
