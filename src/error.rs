@@ -5,6 +5,8 @@
 //! `request_id`) with the status the README's "Status codes" lists; errors
 //! from replicas are passed through unchanged elsewhere.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -47,7 +49,9 @@ pub(crate) enum GatewayError {
     #[error("unknown SLO class `{0}` in x-slo-class")]
     UnknownClass(String),
     #[error("{message}")]
-    Rejected { message: String, code: &'static str, retry_after: u64 },
+    /// The gateway refused it for load: `retry_after` is already bounded
+    /// and spread ([`retry_after`]).
+    Rejected { message: String, code: &'static str, retry_after: Duration },
     /// The caller's key is over one of its own limits (`auth.keys[].limits`):
     /// 429 like OpenAI's, but the caller's doing, not the gateway's failure.
     #[error("{message}")]
@@ -149,10 +153,11 @@ impl GatewayError {
         }
     }
 
-    fn retry_after(&self) -> Option<u64> {
+    fn retry_after(&self) -> Option<Duration> {
         match self {
-            GatewayError::Rejected { retry_after, .. } | GatewayError::KeyLimited { retry_after, .. } => Some(*retry_after),
-            GatewayError::NoHealthyReplica { .. } => Some(1),
+            GatewayError::Rejected { retry_after, .. } => Some(*retry_after),
+            GatewayError::KeyLimited { retry_after, .. } => Some(Duration::from_secs(*retry_after)),
+            GatewayError::NoHealthyReplica { .. } => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
@@ -169,14 +174,42 @@ impl GatewayError {
         if let Some(id) = id {
             resp.headers_mut().insert(http::HeaderName::from_static("x-request-id"), id.clone());
         }
-        if let Some(secs) = self.retry_after() {
+        if let Some(d) = self.retry_after() {
+            // Whole seconds for every client; milliseconds for those that read
+            // them (the OpenAI SDKs prefer `retry-after-ms`).
+            let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
             resp.headers_mut().insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+            resp.headers_mut().insert(http::HeaderName::from_static("retry-after-ms"), HeaderValue::from(d.as_millis() as u64));
         }
         if let GatewayError::MethodNotAllowed { allow, .. } = self {
             resp.headers_mut().insert(http::header::ALLOW, HeaderValue::from_static(allow));
         }
         resp
     }
+}
+
+/// The least Retry-After a refusal says: a client told less would be back
+/// before anything changed.
+pub(crate) const RETRY_AFTER_MIN: Duration = Duration::from_secs(1);
+/// The most: past it, a client is better served by its own backoff.
+pub(crate) const RETRY_AFTER_MAX: Duration = Duration::from_secs(30);
+/// Each client is told up to this part more than the estimate, at random.
+pub(crate) const RETRY_AFTER_SPREAD: f64 = 0.25;
+
+/// What a refusal for load tells its client to wait, from the `estimate`
+/// of when capacity returns: bounded to [`RETRY_AFTER_MIN`] and
+/// [`RETRY_AFTER_MAX`], and spread over up to [`RETRY_AFTER_SPREAD`] more
+/// (`unit`: a uniform draw in 0..1) so a refused crowd does not come back
+/// in one wave. (docs/design/seats.md, rule 20.)
+pub(crate) fn retry_after_with(estimate: Duration, unit: f64) -> Duration {
+    let base = estimate.clamp(RETRY_AFTER_MIN, RETRY_AFTER_MAX);
+    let spread = base.mul_f64(1.0 + RETRY_AFTER_SPREAD * unit.clamp(0.0, 1.0));
+    Duration::from_millis(spread.as_millis() as u64).min(RETRY_AFTER_MAX)
+}
+
+/// [`retry_after_with`] a fresh draw.
+pub(crate) fn retry_after(estimate: Duration) -> Duration {
+    retry_after_with(estimate, fastrand::f64())
 }
 
 /// The OpenAI error JSON for a message.
@@ -209,4 +242,32 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response<ProxyBody> {
 /// A complete body.
 pub(crate) fn full(b: impl Into<Bytes>) -> ProxyBody {
     Full::new(b.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_bounded_and_spread() {
+        let s = Duration::from_secs_f64;
+        assert_eq!(retry_after_with(s(0.2), 0.0), s(1.0), "at least a second");
+        assert_eq!(retry_after_with(s(0.2), 1.0), s(1.25), "spread above the floor too");
+        assert_eq!(retry_after_with(s(8.0), 0.5), s(9.0));
+        assert_eq!(retry_after_with(s(500.0), 0.0), s(30.0), "at most 30 s");
+        assert_eq!(retry_after_with(s(29.0), 1.0), s(30.0));
+        // A crowd refused at once is told different times, within the spread.
+        let told: std::collections::BTreeSet<_> = (0..200).map(|_| retry_after(s(4.0)).as_millis()).collect();
+        assert!(told.len() > 50, "{} distinct values", told.len());
+        assert!(told.iter().all(|ms| (4000..=5000).contains(ms)), "{told:?}");
+    }
+
+    #[test]
+    fn a_refusal_says_retry_after_in_seconds_and_milliseconds() {
+        let e = GatewayError::Rejected { message: "busy".into(), code: "queue_full", retry_after: Duration::from_millis(2300) };
+        let resp = e.into_response();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(resp.headers()["retry-after"], "3");
+        assert_eq!(resp.headers()["retry-after-ms"], "2300");
+    }
 }

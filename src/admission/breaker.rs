@@ -51,8 +51,9 @@ pub(crate) enum Gate {
     Pass,
     /// Half-open: go on as a probe; report its TTFT with [`Breaker::probe_done`].
     Probe(ProbeTicket),
-    /// Open (or half-open with every probe permit taken): 429 with this Retry-After.
-    Reject { retry_after_secs: u64 },
+    /// Open (or half-open with every probe permit taken): 429; it half-opens
+    /// in `retry_after` (zero: half-open now, with every probe out).
+    Reject { retry_after: Duration },
 }
 
 /// Identifies one half-open probe.
@@ -98,10 +99,6 @@ impl BreakerParams {
             retry_after: cfg.retry_after.get(),
         }
     }
-    pub(crate) fn retry_after_secs(&self) -> u64 {
-        let d = self.retry_after;
-        (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
-    }
 }
 
 struct Machine {
@@ -116,7 +113,9 @@ struct Machine {
 pub(crate) struct Breaker {
     state: AtomicU8,
     probes: Mutex<Probes>,
-    retry_after_secs: std::sync::atomic::AtomicU64,
+    /// When it half-opens, in microseconds after `born` (while open).
+    half_opens_at_us: std::sync::atomic::AtomicU64,
+    born: Instant,
     machine: Mutex<Machine>,
 }
 
@@ -132,14 +131,14 @@ impl Breaker {
         Breaker {
             state: AtomicU8::new(BreakerState::Closed as u8),
             probes: Mutex::new(Probes::default()),
-            retry_after_secs: std::sync::atomic::AtomicU64::new(params.retry_after_secs()),
+            half_opens_at_us: std::sync::atomic::AtomicU64::new(0),
+            born: Instant::now(),
             machine: Mutex::new(Machine { params, above_since: None, opened_at: None }),
         }
     }
 
     /// New parameters (a reload); the state is kept.
     pub(crate) fn set_params(&self, params: BreakerParams) {
-        self.retry_after_secs.store(params.retry_after_secs(), Ordering::Relaxed);
         if let Ok(mut m) = self.machine.lock() {
             m.params = params;
         }
@@ -158,9 +157,9 @@ impl Breaker {
     pub(crate) fn admit(&self) -> Gate {
         match self.state() {
             BreakerState::Closed => Gate::Pass,
-            BreakerState::Open => Gate::Reject { retry_after_secs: self.retry_after_secs.load(Ordering::Relaxed) },
+            BreakerState::Open => Gate::Reject { retry_after: self.until_half_open(Instant::now()) },
             BreakerState::HalfOpen => {
-                let reject = Gate::Reject { retry_after_secs: self.retry_after_secs.load(Ordering::Relaxed) };
+                let reject = Gate::Reject { retry_after: Duration::ZERO };
                 let Ok(mut p) = self.probes.lock() else { return reject };
                 if p.admitted >= HALF_OPEN_PROBES {
                     return reject;
@@ -172,6 +171,20 @@ impl Breaker {
                 Gate::Probe(ProbeTicket { epoch: p.epoch, id })
             }
         }
+    }
+
+    /// How long from `now` until an open breaker half-opens (the
+    /// publisher's next tick after that).
+    fn until_half_open(&self, now: Instant) -> Duration {
+        let at = self.born + Duration::from_micros(self.half_opens_at_us.load(Ordering::Relaxed));
+        at.saturating_duration_since(now)
+    }
+
+    /// It opened at `now`: it half-opens `retry_after` later.
+    fn opened(&self, m: &mut Machine, now: Instant) {
+        m.opened_at = Some(now);
+        let at = (now + m.params.retry_after).saturating_duration_since(self.born);
+        self.half_opens_at_us.store(at.as_micros() as u64, Ordering::Relaxed);
     }
 
     /// This probe has no first token to wait for (a non-streaming request):
@@ -216,7 +229,7 @@ impl Breaker {
                 if stats.count >= m.params.min_samples && stats.p99 > threshold {
                     let since = *m.above_since.get_or_insert(now);
                     if now.saturating_duration_since(since) >= m.params.trip_after {
-                        m.opened_at = Some(now);
+                        self.opened(&mut m, now);
                         BreakerState::Open
                     } else {
                         from
@@ -250,7 +263,7 @@ impl Breaker {
                     Err(_) => (0, 0),
                 };
                 if bad > 0 {
-                    m.opened_at = Some(now);
+                    self.opened(&mut m, now);
                     BreakerState::Open
                 } else if good >= HALF_OPEN_PROBES {
                     m.above_since = None;
@@ -389,7 +402,7 @@ mod tests {
         assert_eq!(tr.len(), 1, "{tr:?}");
         assert_eq!(tr[0].1, Transition { from: BreakerState::Closed, to: BreakerState::Open });
         assert!(tr[0].0 >= 30.0 && tr[0].0 <= 30.5, "{tr:?}");
-        assert_eq!(b.admit(), Gate::Reject { retry_after_secs: 5 });
+        assert!(matches!(b.admit(), Gate::Reject { .. }));
     }
 
     #[tokio::test(start_paused = true)]
@@ -423,7 +436,7 @@ mod tests {
         let gates: Vec<Gate> = (0..HALF_OPEN_PROBES + 2).map(|_| b.admit()).collect();
         let tickets: Vec<ProbeTicket> = gates.iter().filter_map(|g| if let Gate::Probe(t) = g { Some(*t) } else { None }).collect();
         assert_eq!(tickets.len(), HALF_OPEN_PROBES as usize);
-        assert_eq!(gates[HALF_OPEN_PROBES as usize], Gate::Reject { retry_after_secs: 5 });
+        assert_eq!(gates[HALF_OPEN_PROBES as usize], Gate::Reject { retry_after: Duration::ZERO }, "half-open: the verdict is near");
         // One probe's client hangs up: its place comes back.
         b.probe_done(tickets[0], None);
         let Gate::Probe(again) = b.admit() else { panic!("a probe place came back") };
@@ -489,13 +502,29 @@ mod tests {
         assert_eq!(tr[0].1, Transition { from: BreakerState::HalfOpen, to: BreakerState::Open });
     }
 
-    #[test]
-    fn retry_after_is_whole_seconds_rounded_up() {
-        let mut p = params();
-        p.retry_after = Duration::from_millis(1500);
-        assert_eq!(p.retry_after_secs(), 2);
-        p.retry_after = Duration::from_millis(10);
-        assert_eq!(p.retry_after_secs(), 1);
+    /// An open breaker's refusals say how long until it half-opens, not
+    /// its whole `retry_after` each time.
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_is_the_time_until_it_half_opens() {
+        let b = Breaker::new(params());
+        let t0 = Instant::now();
+        run(&b, 30.25, stats(700, 100), t0).await;
+        assert_eq!(b.state(), BreakerState::Open);
+        let wait = |b: &Breaker| match b.admit() {
+            Gate::Reject { retry_after } => retry_after,
+            g => panic!("{g:?}"),
+        };
+        assert_eq!(wait(&b), Duration::from_secs(5), "just opened");
+        tokio::time::advance(Duration::from_millis(3500)).await;
+        assert_eq!(wait(&b), Duration::from_millis(1500));
+        // Half-open at the next tick past it; one slow probe opens it again, for the whole retry_after.
+        let tr = run(&b, 2.0, stats(700, 100), t0).await;
+        assert_eq!(tr[0].1.to, BreakerState::HalfOpen);
+        let Gate::Probe(p) = b.admit() else { panic!("half-open") };
+        b.probe_done(p, Some(false));
+        run(&b, 0.25, stats(700, 100), t0).await;
+        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(wait(&b), Duration::from_secs(5));
     }
 
     #[tokio::test(start_paused = true)]

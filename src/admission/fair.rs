@@ -20,6 +20,34 @@ impl Default for Share {
     }
 }
 
+/// Where a tenant stands against its fair part of a tier's slots
+/// (docs/design/fair-share.md, rules 6 and 21).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) enum Standing {
+    /// The only tenant running or waiting (or tenants are not accounted
+    /// for): the tier is its own.
+    #[default]
+    Alone,
+    /// Holds fewer slots than its part.
+    Under,
+    /// Holds its part or more while other tenants run or wait.
+    Over(OverShare),
+}
+
+/// A tenant over its fair part: what it holds, what its part is, and why.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct OverShare {
+    pub(crate) held: usize,
+    /// Its fair part of the slots (`slots` x `weight` / `total_weight`).
+    pub(crate) part: f64,
+    pub(crate) slots: usize,
+    /// Its requests waiting.
+    pub(crate) waiting: usize,
+    pub(crate) weight: f64,
+    /// The weights of the tenants running or waiting, its own included.
+    pub(crate) total_weight: f64,
+}
+
 /// A counter value, totally ordered.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Virtual(f64);
@@ -137,13 +165,51 @@ impl<W: Queued> FairQueue<W> {
     /// part (its weight over the weights of the tenants running or waiting,
     /// itself included)? Never while it is the only one. O(1).
     pub(crate) fn under_share(&self, share: Share, slots: usize) -> bool {
+        self.standing(share, slots) == Standing::Under
+    }
+
+    /// Where `share`'s tenant stands against its fair part of the tier's
+    /// `slots` (its weight over the weights of the tenants running or
+    /// waiting, itself included). O(1).
+    pub(crate) fn standing(&self, share: Share, slots: usize) -> Standing {
         let own = self.activity.get(&share.tenant).filter(|a| a.running + a.waiting > 0);
         let w = own.map_or(weight(share), |a| a.weight);
         let total = self.active_weight + if own.is_none() { w } else { 0.0 };
         if total <= w * (1.0 + 1e-9) {
-            return false;
+            return Standing::Alone;
         }
-        (own.map_or(0, |a| a.running) as f64) < slots as f64 * w / total
+        let held = own.map_or(0, |a| a.running);
+        let part = slots as f64 * w / total;
+        if (held as f64) < part {
+            Standing::Under
+        } else {
+            Standing::Over(OverShare { held, part, slots, waiting: own.map_or(0, |a| a.waiting), weight: w, total_weight: total })
+        }
+    }
+
+    /// The waiting tenant furthest over its fair part of `slots` (most slots
+    /// held for its part), with its newest waiter: the one to refuse first
+    /// when the queue is full. O(waiting tenants).
+    pub(crate) fn most_over(&self, slots: usize) -> Option<(u32, u64)> {
+        let mut best: Option<(f64, u32)> = None;
+        for (&tenant, b) in &self.backlogs {
+            let Some(a) = self.activity.get(&tenant) else { continue };
+            let part = slots as f64 * a.weight / self.active_weight.max(1e-9);
+            if (a.running as f64) < part || self.active_weight <= a.weight * (1.0 + 1e-9) || b.is_empty() {
+                continue;
+            }
+            let ratio = a.running as f64 / part.max(1e-9);
+            if best.is_none_or(|(r, t)| ratio > r || (ratio == r && tenant < t)) {
+                best = Some((ratio, tenant));
+            }
+        }
+        let (_, tenant) = best?;
+        Some((tenant, self.backlogs.get(&tenant)?.back()?.id()))
+    }
+
+    /// `tenant`'s requests waiting. O(1).
+    pub(crate) fn waiting_of(&self, tenant: u32) -> usize {
+        self.activity.get(&tenant).map_or(0, |a| a.waiting)
     }
 
     /// Are tenants other than `share`'s running or waiting? O(1).

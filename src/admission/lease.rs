@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::fair::Share;
+use super::fair::{OverShare, Share, Standing};
 use crate::config::Tier;
 use crate::telemetry::accounting::Finished;
 use crate::upstream::{Replica, ReplicaSlot};
@@ -40,14 +40,14 @@ pub(crate) struct Lease {
     pub(super) fair: bool,
     /// The tokens it used, once the replica said (settled against `charged` at the end).
     pub(super) used: Option<u64>,
-    /// Its tenant held less than its fair part of the tier when it was granted.
-    pub(super) under_share: bool,
+    /// Where its tenant stood against its fair part of the tier when it was granted.
+    pub(super) standing: Standing,
 }
 
 impl Lease {
     /// A lease on `slot` for a request of `tier`, given back to `seating`.
     pub(super) fn new(slot: ReplicaSlot, tier: Tier, seating: Arc<dyn Seating>) -> Lease {
-        Lease { slot, tier, seating, share: Share::default(), charged: 0, fair: false, used: None, under_share: false }
+        Lease { slot, tier, seating, share: Share::default(), charged: 0, fair: false, used: None, standing: Standing::Alone }
     }
 
     pub(crate) fn replica(&self) -> &Arc<Replica> {
@@ -61,9 +61,27 @@ impl Lease {
     }
 
     /// Granted for `claim`: whose service it is and what it was charged;
-    /// `under_share`: its tenant held less than its fair part of the tier.
-    pub(super) fn claimed(&mut self, claim: Claim, under_share: bool) {
-        (self.share, self.charged, self.fair, self.under_share) = (claim.share, claim.tokens, claim.fair, under_share);
+    /// `standing`: where its tenant stood against its fair part of the tier.
+    pub(super) fn claimed(&mut self, claim: Claim, standing: Standing) {
+        (self.share, self.charged, self.fair, self.standing) = (claim.share, claim.tokens, claim.fair, standing);
+    }
+
+    /// Its tenant held its fair part of the tier or more when it was granted,
+    /// while other tenants ran or waited: its wait for the slot was its
+    /// tenant's doing, not the class's (docs/design/fair-share.md, rule 19).
+    pub(crate) fn over_share(&self) -> bool {
+        matches!(self.standing, Standing::Over(_))
+    }
+
+    /// The sample its class's breaker window takes of a first token after
+    /// `ttft`, `queued` of it in the gateway's queue: the whole of it, but
+    /// for a tenant over its share only the time after its wait.
+    pub(crate) fn breaker_sample(&self, ttft: Duration, queued: Duration) -> Duration {
+        if self.over_share() {
+            ttft.saturating_sub(queued)
+        } else {
+            ttft
+        }
     }
 
     /// Its `priority` for vLLM's scheduler, which serves lower values first:
@@ -72,7 +90,7 @@ impl Lease {
     /// behind a heavy tenant's in the replica).
     pub(crate) fn upstream_priority(&self, tier: Tier) -> i64 {
         match tier {
-            Tier::Interactive if self.under_share => -1,
+            Tier::Interactive if self.standing == Standing::Under => -1,
             Tier::Interactive => 0,
             Tier::Batch => 1,
         }
@@ -137,26 +155,65 @@ impl std::fmt::Debug for Lease {
     }
 }
 
-/// Why a request got no slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a request got no slot. `retry_after`: when a slot is likely free
+/// again for it (bounded and spread when said, see `crate::error::RetryAfter`).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Refusal {
     /// No replica of the pool is healthy (503).
     NoHealthy,
     /// The tier's queue is at `queue_capacity` (429).
-    QueueFull { retry_after: u64 },
+    QueueFull { retry_after: Duration },
     /// Waiting, the request's body would take the tier's queue past
     /// `queue_max_bytes` (429).
-    QueueBytesFull { retry_after: u64 },
+    QueueBytesFull { retry_after: Duration },
     /// A batch request arrived while interactive requests wait (429).
-    Shed { retry_after: u64 },
+    Shed { retry_after: Duration },
     /// Waited `queue_timeout` (429).
-    Timeout { retry_after: u64 },
+    Timeout { retry_after: Duration },
     /// Batch: cannot be served before its deadline at the current rate (429).
-    Hopeless { retry_after: u64 },
+    Hopeless { retry_after: Duration },
     /// Interactive with `shed_late`: can no longer make its class's TTFT
     /// target (its wait plus the replicas' recent dispatch-to-first-token
     /// time, `expected`), so it does not wait for a slot it could not use (429).
-    Late { retry_after: u64, expected: Duration },
+    Late { retry_after: Duration, expected: Duration },
+    /// The caller's own deadline (`x-slogate-deadline-ms`, or the OpenAI
+    /// SDK's read timeout) passes before a slot is free (429).
+    Deadline { retry_after: Duration, deadline: Duration },
+    /// Interactive, several tenants: its tenant holds its fair part of the
+    /// tier or more, and the request could not be seated (`why`) before
+    /// those within their parts (429 `tenant_over_share`).
+    OverShare { retry_after: Duration, over: OverShare, why: OverWhy },
+}
+
+/// What an over-share tenant's request ran into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OverWhy {
+    /// The queue was full.
+    Full,
+    /// It gave its place in a full queue to a tenant within its part.
+    Displaced,
+    /// It could no longer make its class's TTFT target.
+    Late,
+    /// It waited the queue timeout.
+    Timeout,
+}
+
+impl Refusal {
+    /// When a slot is likely free again (none for an unhealthy pool).
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
+        use Refusal::*;
+        match *self {
+            NoHealthy => None,
+            QueueFull { retry_after }
+            | QueueBytesFull { retry_after }
+            | Shed { retry_after }
+            | Timeout { retry_after }
+            | Hopeless { retry_after }
+            | Late { retry_after, .. }
+            | Deadline { retry_after, .. }
+            | OverShare { retry_after, .. } => Some(retry_after),
+        }
+    }
 }
 
 /// A slot, and how long the request waited for it.
@@ -181,6 +238,9 @@ pub(crate) struct Claim {
     /// It holds a slot for milliseconds (embeddings, rerank, tokenize): it
     /// does not wait behind streams for one.
     pub(crate) short: bool,
+    /// The caller's deadline: a request that cannot get a slot before it
+    /// is refused (see [`Refusal::Deadline`]).
+    pub(crate) deadline: Option<tokio::time::Instant>,
 }
 
 impl Claim {
@@ -189,6 +249,6 @@ impl Claim {
     /// it holds a slot for milliseconds.
     pub(crate) fn of(tenant: &super::Tenant, control: &super::ClassControl, tokens: u64, fair: bool, short: bool) -> Claim {
         let ttft = (control.tier == Tier::Interactive).then(|| control.ttft_target());
-        Claim { share: tenant.share(), tokens, fair, ttft, short }
+        Claim { share: tenant.share(), tokens, fair, ttft, short, deadline: None }
     }
 }

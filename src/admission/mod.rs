@@ -398,12 +398,13 @@ fn quota_error(key: &str, l: &tenants::Limited) -> GatewayError {
 
 /// The admission stage: the class's breaker gate, then a slot on `pool`
 /// (maybe after a wait in its tier's queue, served fairly among tenants by
-/// `claim`). A refusal is the error the client gets (429 with Retry-After,
-/// or 503). A probe of a request that does not stream is judged when it
-/// ends, not at a first token.
+/// `claim`; `tenant` names them in refusals). A refusal is the error the
+/// client gets (429 with Retry-After, or 503). A probe of a request that
+/// does not stream is judged when it ends, not at a first token.
 pub(crate) async fn admit(
     control: &Arc<ClassControl>,
     pool: &Arc<PoolAdmission>,
+    tenant: &str,
     streaming: bool,
     body_bytes: u64,
     claim: Claim,
@@ -417,17 +418,19 @@ pub(crate) async fn admit(
             }
             Some(Probe { control: control.clone(), ticket: Some(ticket) })
         }
-        Gate::Reject { retry_after_secs } => {
+        Gate::Reject { retry_after } => {
+            let retry_after = crate::error::retry_after(retry_after);
             return Err(GatewayError::Rejected {
                 message: format!(
-                    "SLO class `{}` is shedding load: its TTFT P99 has stayed above {} x its {} ms target; retry in {retry_after_secs} s",
+                    "SLO class `{}` is shedding load: the TTFT P99 of its requests within their tenants' shares has stayed above {} x its {} ms target; retry in {:.1} s",
                     control.name,
                     control.trip_ratio.load(),
-                    control.ttft_target().as_millis()
+                    control.ttft_target().as_millis(),
+                    retry_after.as_secs_f64()
                 ),
                 code: "breaker_open",
-                retry_after: retry_after_secs,
-            })
+                retry_after,
+            });
         }
     };
     let tier = control.tier;
@@ -450,49 +453,68 @@ pub(crate) async fn admit(
                     // It would have had its first token at its target at best.
                     control.ttft.record(control.ttft_target());
                 }
+                // A tenant over its share waited for its own excess: its
+                // signal, not the class's (docs/design/fair-share.md, rule 19).
                 _ => {}
             }
             if let Some(p) = probe {
                 p.ended(Outcome::rejected);
             }
-            Err(refusal_error(refusal, pool, tier))
+            Err(refusal_error(refusal, pool, tier, tenant))
         }
     }
 }
 
-fn refusal_error(r: Refusal, admission: &PoolAdmission, tier: Tier) -> GatewayError {
+fn refusal_error(r: Refusal, admission: &PoolAdmission, tier: Tier, tenant: &str) -> GatewayError {
     let pool = admission.pool();
     let name = &pool.config.name;
     let t = tier.as_str();
-    let (message, code, retry_after) = match r {
+    let Some(retry_after) = r.retry_after().map(crate::error::retry_after) else {
+        return GatewayError::NoHealthyReplica { pool: name.clone() };
+    };
+    let (message, code) = match r {
         Refusal::NoHealthy => return GatewayError::NoHealthyReplica { pool: name.clone() },
-        Refusal::QueueFull { retry_after } => (format!("the {t} queue of pool `{name}` is full"), "queue_full", retry_after),
-        Refusal::QueueBytesFull { retry_after } => {
-            (format!("the {t} queue of pool `{name}` holds its tiers.{t}.queue_max_bytes of request bodies"), "queue_full", retry_after)
+        Refusal::QueueFull { .. } => (format!("the {t} queue of pool `{name}` is full"), "queue_full"),
+        Refusal::QueueBytesFull { .. } => {
+            (format!("the {t} queue of pool `{name}` holds its tiers.{t}.queue_max_bytes of request bodies"), "queue_full")
         }
-        Refusal::Shed { retry_after } => {
-            (format!("batch work is shed while interactive requests wait for pool `{name}`"), "shed", retry_after)
+        Refusal::Shed { .. } => (format!("batch work is shed while interactive requests wait for pool `{name}`"), "shed"),
+        Refusal::Timeout { .. } => {
+            (format!("no slot on pool `{name}` within the {t} queue timeout of {}", Dur(admission.timeout(tier))), "queue_timeout")
         }
-        Refusal::Timeout { retry_after } => (
-            format!("no slot on pool `{name}` within the {t} queue timeout of {}", Dur(admission.timeout(tier))),
-            "queue_timeout",
-            retry_after,
-        ),
-        Refusal::Late { retry_after, expected } => (
+        Refusal::Late { expected, .. } => (
             format!(
-                "no slot on pool `{name}` in time for this request's TTFT target: its replicas take {} ms to a first token now; retry shortly",
+                "no slot on pool `{name}` in time for this request's TTFT target: its replicas take {} ms to a first token now",
                 expected.as_millis()
             ),
             "queue_timeout",
-            retry_after,
         ),
-        Refusal::Hopeless { retry_after } => (
-            format!("pool `{name}` cannot serve this {t} request before its queue timeout at the current rate"),
-            "queue_timeout",
-            retry_after,
+        Refusal::Hopeless { .. } => {
+            (format!("pool `{name}` cannot serve this {t} request before its queue timeout at the current rate"), "queue_timeout")
+        }
+        Refusal::Deadline { deadline, .. } => (
+            format!("no slot on pool `{name}` before this request's deadline of {} ms at the current rate", deadline.as_millis()),
+            "deadline_exceeded",
         ),
+        Refusal::OverShare { over, why, .. } => (over_share_message(tenant, name, t, &over, why), "tenant_over_share"),
     };
+    let message = format!("{message}; retry in {:.1} s", retry_after.as_secs_f64());
     GatewayError::Rejected { message, code, retry_after }
+}
+
+/// Why a tenant over its share was refused, naming the share.
+fn over_share_message(tenant: &str, pool: &str, tier: &str, over: &fair::OverShare, why: lease::OverWhy) -> String {
+    let what = match why {
+        lease::OverWhy::Full => "the queue is full",
+        lease::OverWhy::Displaced => "its place in the full queue went to a tenant within its share",
+        lease::OverWhy::Late => "it could not start in time for its class's TTFT target",
+        lease::OverWhy::Timeout => "it waited the queue timeout",
+    };
+    format!(
+        "key `{tenant}` holds {} of pool `{pool}`'s {} {tier} slots, at or over its fair share of {:.1} (weight {} of {} among the keys active); \
+         requests beyond a key's share are refused first when slots are short, and {what}",
+        over.held, over.slots, over.part, over.weight, over.total_weight
+    )
 }
 
 /// Per class and SLI: budget left over `slo.window` and burn rate over each

@@ -17,7 +17,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::lease::{Claim, Granted, Lease, Refusal};
+use super::fair::{OverShare, Standing};
+use super::lease::{Claim, Granted, Lease, OverWhy, Refusal};
 use super::rates;
 use super::seats::{Demand, Seats, DEMAND_MARGIN};
 use super::waiting::{Queues, WaitGuard, Waiter, Waiting};
@@ -26,6 +27,7 @@ use crate::sync::AtomicF64;
 use crate::telemetry::metrics::Metrics;
 use crate::upstream::prefix::RouteKey;
 use crate::upstream::{PickError, Pool, Room};
+use deadlines::Deadlines;
 
 /// Batch gets at least one slot this often while interactive waits but is
 /// not at risk.
@@ -60,10 +62,10 @@ pub(crate) struct PoolAdmission {
     /// Interactive demand's peak over [`DEMAND_WINDOW`], published each tick:
     /// what the reservation follows.
     interactive_demand: AtomicUsize,
-    /// Batch leases released so far (for the batch service rate).
-    released_batch: AtomicU64,
-    /// Batch slots per second; 0 = not known yet.
-    batch_rate: AtomicF64,
+    /// Leases released so far, per tier (for the service rates).
+    released: [AtomicU64; 2],
+    /// Slots freed per second, per tier; 0 = not known yet.
+    rates: [AtomicF64; 2],
     /// Published by the publisher: some interactive class is over its TTFT target.
     interactive_at_risk: AtomicBool,
     /// The part of its own interactive peak this instance reserves for: 1 alone; in a fleet, the fleet's peak over the sum of the
@@ -87,8 +89,8 @@ impl PoolAdmission {
             interactive_inflight: AtomicUsize::new(0),
             interactive_high: AtomicUsize::new(0),
             interactive_demand: AtomicUsize::new(0),
-            released_batch: AtomicU64::new(0),
-            batch_rate: AtomicF64::new(0.0),
+            released: [AtomicU64::new(0), AtomicU64::new(0)],
+            rates: [AtomicF64::new(0.0), AtomicF64::new(0.0)],
             interactive_at_risk: AtomicBool::new(false),
             reservation_scale: AtomicF64::new(1.0),
             fleet_slots: AtomicUsize::new(0),
@@ -252,14 +254,33 @@ impl PoolAdmission {
         self.tiers.load().of(tier).queue_timeout.get()
     }
 
-    fn batch_rate(&self) -> Option<f64> {
-        let r = self.batch_rate.load();
+    /// Slots of `tier` freed per second, once measured.
+    fn rate(&self, tier: Tier) -> Option<f64> {
+        let r = self.rates[tier as usize].load();
         (r > 0.0).then_some(r)
     }
 
-    /// Whole seconds a client should wait before retrying in `tier`.
-    fn retry_after(&self, tier: Tier, position: usize) -> u64 {
-        rates::queue_retry_after(position, if tier == Tier::Batch { self.batch_rate() } else { None })
+    fn batch_rate(&self) -> Option<f64> {
+        self.rate(Tier::Batch)
+    }
+
+    /// How long until a request at `position` in `tier`'s queue gets a slot.
+    fn retry_after(&self, tier: Tier, position: usize) -> Duration {
+        rates::queue_wait(position, self.rate(tier))
+    }
+
+    /// Where `claim`'s tenant stands in `tier` now (always `Alone` for
+    /// batch, or without keys).
+    fn standing(&self, q: &Queues, tier: Tier, claim: Claim) -> Standing {
+        if !(claim.fair && tier == Tier::Interactive) {
+            return Standing::Alone;
+        }
+        q.interactive.standing(claim.share, self.pool.load().capacity())
+    }
+
+    /// The refusal of an over-share tenant's request that ran into `why`.
+    fn over_share(&self, over: OverShare, why: OverWhy) -> Refusal {
+        Refusal::OverShare { retry_after: rates::share_wait(&over, self.rate(Tier::Interactive)), over, why }
     }
 
     pub(crate) fn set_interactive_at_risk(&self, at_risk: bool) {
@@ -293,73 +314,68 @@ impl PoolAdmission {
                 Err(PickError::Saturated) => {}
             }
         }
-        let timeout_at = start + self.timeout(tier);
-        let late = self.late_at(tier, claim, start);
-        let deadline = late.map_or(timeout_at, |(at, _)| at.min(timeout_at));
-        let waiter = Waiter { id: 0, bytes, enqueued: start, deadline, claim, key, tx: oneshot::channel().0 };
-        let (id, rx) = match self.enqueue(tier, waiter, late)? {
+        let deadlines = self.deadlines(tier, claim, start);
+        let waiter = Waiter { id: 0, bytes, enqueued: start, deadline: deadlines.last(), claim, key, tx: oneshot::channel().0 };
+        let (id, rx) = match self.enqueue(tier, waiter, &deadlines)? {
             Enqueued::Granted(lease) => return Ok(Granted { lease, waited: start.elapsed() }),
             Enqueued::Waiting(id, rx) => (id, rx),
         };
         let guard = WaitGuard { waiting: &self.waiting, tier, tenant: claim.share.tenant, id };
-        let result = tokio::time::timeout_at(deadline, rx).await;
+        let result = self.wait(rx, &deadlines, tier, claim).await;
         drop(guard);
-        match result {
-            Ok(Ok(Ok(lease))) => Ok(Granted { lease, waited: start.elapsed() }),
-            Ok(Ok(Err(refusal))) => Err(refusal),
-            // The queue went away (its pool was replaced); nothing will come.
-            Ok(Err(_)) => Err(Refusal::NoHealthy),
-            Err(_) => match late {
-                Some((at, expected)) if at <= timeout_at => Err(Refusal::Late { retry_after: 1, expected }),
-                _ => Err(Refusal::Timeout { retry_after: self.retry_after(tier, self.depth(tier)) }),
-            },
-        }
+        result.map(|lease| Granted { lease, waited: start.elapsed() })
     }
 
-    /// With `shed_late`, an interactive request waits only while its class's
-    /// TTFT target can still be met: until the target less the time the
-    /// replicas take to a first token now (their recent 90th percentile),
-    /// returned with that time.
-    fn late_at(&self, tier: Tier, claim: Claim, start: Instant) -> Option<(Instant, Duration)> {
-        match (tier, claim.ttft) {
-            (Tier::Interactive, Some(target)) if self.tiers.load().interactive.shed_late => {
-                let expected = target.mul_f64(self.pool.load().first_token_p90().min(1.0));
-                Some((start + target.saturating_sub(expected), expected))
-            }
-            _ => None,
-        }
-    }
-
-    /// Why a request of `tier` with a body of `bytes` may not join the
-    /// queue `q` now, if it may not.
-    fn refused_entry(&self, q: &mut Queues, tier: Tier, bytes: u64) -> Option<Refusal> {
+    /// Why a request of `claim` with a body of `bytes` may not join `tier`'s
+    /// queue `q` now, if it may not. A full interactive queue takes a request
+    /// of a tenant within its part in place of the newest waiter of the
+    /// tenant furthest over its part, which is refused.
+    fn refused_entry(&self, q: &mut Queues, tier: Tier, claim: Claim, bytes: u64) -> Option<Refusal> {
         let len = q.of(tier).len();
         let retry_after = self.retry_after(tier, len);
         if tier == Tier::Batch && !q.interactive.is_empty() {
             return Some(Refusal::Shed { retry_after });
         }
-        if len >= self.tiers.load().of(tier).queue_capacity as usize {
-            return Some(Refusal::QueueFull { retry_after });
-        }
-        if self.waiting_bytes(tier).saturating_add(bytes) > self.tiers.load().of(tier).queue_max_bytes.0 {
-            return Some(Refusal::QueueBytesFull { retry_after });
+        let standing = self.standing(q, tier, claim);
+        let full = len >= self.tiers.load().of(tier).queue_capacity as usize;
+        let bytes_full = self.waiting_bytes(tier).saturating_add(bytes) > self.tiers.load().of(tier).queue_max_bytes.0;
+        match standing {
+            Standing::Over(over) if full || bytes_full => return Some(self.over_share(over, OverWhy::Full)),
+            _ if full && !(claim.fair && tier == Tier::Interactive && self.displace(q)) => return Some(Refusal::QueueFull { retry_after }),
+            _ if bytes_full => return Some(Refusal::QueueBytesFull { retry_after }),
+            _ => {}
         }
         let hopeless = |rate| Duration::from_secs_f64((len as f64 + 1.0) / rate) > self.timeout(tier);
         (tier == Tier::Batch && self.batch_rate().is_some_and(hopeless)).then_some(Refusal::Hopeless { retry_after })
     }
 
+    /// Refuse the newest interactive waiter of the tenant furthest over its
+    /// part, if one is over it: its place goes to a tenant within its part.
+    fn displace(&self, q: &mut Queues) -> bool {
+        let cap = self.pool.load().capacity();
+        let Some((tenant, id)) = q.interactive.most_over(cap) else { return false };
+        let Some(w) = q.interactive.remove(tenant, id) else { return false };
+        self.waiting.dec(Tier::Interactive, w.bytes);
+        let refusal = match q.interactive.standing(w.claim.share, cap) {
+            Standing::Over(over) => self.over_share(over, OverWhy::Displaced),
+            _ => Refusal::QueueFull { retry_after: self.retry_after(Tier::Interactive, q.interactive.len()) },
+        };
+        let _ = w.tx.send(Err(refusal));
+        true
+    }
+
     /// Under the queue lock: refuse `w`, grant it a slot after all, or queue it.
-    fn enqueue(self: &Arc<Self>, tier: Tier, mut w: Waiter, late: Option<(Instant, Duration)>) -> Result<Enqueued, Refusal> {
+    fn enqueue(self: &Arc<Self>, tier: Tier, mut w: Waiter, deadlines: &Deadlines) -> Result<Enqueued, Refusal> {
         let Some(mut q) = self.waiting.lock() else { return Err(Refusal::NoHealthy) };
-        if let Some(refusal) = self.refused_entry(&mut q, tier, w.bytes) {
-            return Err(refusal);
-        }
         let claim = w.claim;
         if let Some(lease) = self.seat_above(&mut q, tier, claim, w.key.as_deref()) {
             return Ok(Enqueued::Granted(lease));
         }
-        if let Some((_, expected)) = late.filter(|(at, _)| *at <= Instant::now()) {
-            return Err(Refusal::Late { retry_after: 1, expected });
+        if let Some(refusal) = self.refused_now(&q, tier, claim, deadlines, Instant::now()) {
+            return Err(refusal);
+        }
+        if let Some(refusal) = self.refused_entry(&mut q, tier, claim, w.bytes) {
+            return Err(refusal);
         }
         let first = self.waiting.ahead_of(tier) == 0 && self.leaves_room(&q, tier, claim);
         self.waiting.inc(tier, w.bytes);
@@ -372,11 +388,11 @@ impl PoolAdmission {
                     if tier == Tier::Interactive {
                         self.note_interactive();
                     }
-                    let under = self.under(&q, tier, claim);
+                    let standing = self.standing(&q, tier, claim);
                     if claim.fair {
                         q.of(tier).charge(claim.share, claim.tokens as f64);
                     }
-                    lease.claimed(claim, under);
+                    lease.claimed(claim, standing);
                     return Ok(Enqueued::Granted(lease));
                 }
                 Err(PickError::NoHealthy) => {
@@ -408,7 +424,8 @@ impl PoolAdmission {
             return None;
         }
         let seats = self.seats(&self.pool.load());
-        let under = claim.fair && q.interactive.under_share(claim.share, seats.cap);
+        let standing = self.standing(q, tier, claim);
+        let under = standing == Standing::Under;
         let extra = match (claim.short, under) {
             (true, _) => seats.short_headroom(),
             (false, true) => seats.fair_headroom(),
@@ -419,7 +436,7 @@ impl PoolAdmission {
         if claim.fair {
             q.interactive.charge(claim.share, claim.tokens as f64);
         }
-        lease.claimed(claim, under);
+        lease.claimed(claim, standing);
         Some(lease)
     }
 
@@ -429,9 +446,9 @@ impl PoolAdmission {
             return lease;
         }
         if let Some(mut q) = self.waiting.lock() {
-            let under = self.under(&q, tier, claim);
+            let standing = self.standing(&q, tier, claim);
             q.of(tier).charge(claim.share, claim.tokens as f64);
-            lease.claimed(claim, under);
+            lease.claimed(claim, standing);
         }
         lease
     }
@@ -450,12 +467,6 @@ impl PoolAdmission {
         q.interactive.under_share(claim.share, seats.cap) || seats.leaves_fair_reserve()
     }
 
-    /// Is `claim`'s tenant under its fair part of the interactive slots
-    /// (several tenants share the tier, this request not counted yet)?
-    fn under(&self, q: &Queues, tier: Tier, claim: Claim) -> bool {
-        claim.fair && tier == Tier::Interactive && q.interactive.under_share(claim.share, self.pool.load().capacity())
-    }
-
     /// Periodic work (the publisher): measure the batch service rate, reject
     /// queued batch requests that cannot make their deadline, hand out slots
     /// that appeared without a release (a replica came back).
@@ -469,8 +480,10 @@ impl PoolAdmission {
             self.interactive_demand.store(q.rates.demand_peak(now, high), Ordering::Relaxed);
             // For the learned limits: is there demand beyond the slots?
             self.pool.load().set_waiting(q.interactive.len() + q.batch.len());
-            if let Some(rate) = q.rates.batch_rate(now, self.released_batch.load(Ordering::Relaxed)) {
-                self.batch_rate.store(rate);
+            for tier in [Tier::Interactive, Tier::Batch] {
+                if let Some(rate) = q.rates.rate(tier, now, self.released[tier as usize].load(Ordering::Relaxed)) {
+                    self.rates[tier as usize].store(rate);
+                }
             }
             if let Some(rate) = self.batch_rate() {
                 let waiting = q.batch.iter().map(|w| (w.id, w.claim.share.tenant, w.deadline)).collect();
@@ -490,6 +503,7 @@ impl PoolAdmission {
     }
 }
 
+mod deadlines;
 mod dispatch;
 mod seating;
 

@@ -1,6 +1,7 @@
 //! What a pool's queue measures of itself each tick: the interactive
-//! demand's recent peak (what the reservation follows) and the batch
-//! service rate (what early rejection and Retry-After use). Plain values
+//! demand's recent peak (what the reservation follows) and each tier's
+//! service rate (what early rejection and Retry-After use), and the waits
+//! Retry-After says (docs/design/seats.md, rules 19 and 20). Plain values
 //! over samples, tested without a clock.
 
 use std::collections::VecDeque;
@@ -8,20 +9,20 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::fair::OverShare;
 use super::seats::DEMAND_WINDOW;
+use crate::config::Tier;
 
-/// How far back the batch service rate looks.
+/// How far back a service rate looks.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
 /// A rate is claimed only once its samples span this part of the window.
 const RATE_WINDOW_FILLED: f64 = 0.8;
-/// Retry-After for a queue is kept within this many seconds.
-const RETRY_AFTER_MAX_SECS: f64 = 60.0;
 
-/// The samples behind a pool's demand peak and batch rate.
+/// The samples behind a pool's demand peak and service rates.
 #[derive(Debug, Default)]
 pub(crate) struct Rates {
-    /// (instant, batch releases so far).
-    released: VecDeque<(Instant, u64)>,
+    /// Per tier (interactive, batch): (instant, releases so far).
+    released: [VecDeque<(Instant, u64)>; 2],
     /// (instant, interactive demand's peak over the tick before).
     demand: VecDeque<(Instant, usize)>,
 }
@@ -37,26 +38,40 @@ impl Rates {
         self.demand.iter().map(|(_, d)| *d).max().unwrap_or(0)
     }
 
-    /// `released` batch leases so far: the batch slots freed per second over
-    /// [`RATE_WINDOW`], once the samples span most of it (`None` before).
-    pub(crate) fn batch_rate(&mut self, now: Instant, released: u64) -> Option<f64> {
-        self.released.push_back((now, released));
-        while self.released.len() > 2 && self.released.front().is_some_and(|(t, _)| now.saturating_duration_since(*t) > RATE_WINDOW) {
-            self.released.pop_front();
+    /// `released` leases of `tier` so far: the tier's slots freed per
+    /// second over [`RATE_WINDOW`], once the samples span most of it
+    /// (`None` before).
+    pub(crate) fn rate(&mut self, tier: Tier, now: Instant, released: u64) -> Option<f64> {
+        let samples = &mut self.released[tier as usize];
+        samples.push_back((now, released));
+        while samples.len() > 2 && samples.front().is_some_and(|(t, _)| now.saturating_duration_since(*t) > RATE_WINDOW) {
+            samples.pop_front();
         }
-        let (&(t0, c0), &(t1, c1)) = (self.released.front()?, self.released.back()?);
+        let (&(t0, c0), &(t1, c1)) = (samples.front()?, samples.back()?);
         let dt = t1.saturating_duration_since(t0).as_secs_f64();
         (dt >= RATE_WINDOW.as_secs_f64() * RATE_WINDOW_FILLED).then(|| (c1 - c0) as f64 / dt)
     }
 }
 
-/// Whole seconds until the request at `position` in a queue served at
-/// `rate` per second gets a slot (1 with no rate known).
-pub(crate) fn queue_retry_after(position: usize, rate: Option<f64>) -> u64 {
-    match rate {
-        Some(rate) => ((position as f64 + 1.0) / rate).ceil().clamp(1.0, RETRY_AFTER_MAX_SECS) as u64,
-        None => 1,
+/// The wait said when no rate is known yet.
+const UNKNOWN_WAIT: Duration = Duration::from_secs(1);
+
+/// How long until the request at `position` in a queue served at `rate`
+/// per second gets a slot (a second with no rate known). Retry-After says
+/// this, bounded and spread (see `crate::error::RetryAfter`).
+pub(crate) fn queue_wait(position: usize, rate: Option<f64>) -> Duration {
+    match rate.filter(|r| *r > 0.0) {
+        Some(rate) => Duration::from_secs_f64(((position as f64 + 1.0) / rate).min(3600.0)),
+        None => UNKNOWN_WAIT,
     }
+}
+
+/// How long until a tenant over its fair part (`over`) is served again
+/// when the tier frees `rate` slots per second: its waiters, and one more,
+/// at the part of the slots it holds.
+pub(crate) fn share_wait(over: &OverShare, rate: Option<f64>) -> Duration {
+    let part = over.held.max(1) as f64 / over.slots.max(1) as f64;
+    queue_wait(over.waiting, rate.map(|r| r * part.min(1.0)))
 }
 
 /// Of the waiters `(id, tenant, deadline)`, those that at `rate` per second
@@ -91,19 +106,34 @@ mod tests {
     fn a_batch_rate_rests_on_a_filled_window() {
         let t0 = Instant::now();
         let mut r = Rates::default();
-        assert_eq!(r.batch_rate(t0, 0), None);
-        assert_eq!(r.batch_rate(t0 + Duration::from_secs(2), 10), None, "two seconds of five");
-        assert_eq!(r.batch_rate(t0 + Duration::from_secs(4), 20), Some(5.0));
+        assert_eq!(r.rate(Tier::Batch, t0, 0), None);
+        assert_eq!(r.rate(Tier::Batch, t0 + Duration::from_secs(2), 10), None, "two seconds of five");
+        assert_eq!(r.rate(Tier::Batch, t0 + Duration::from_secs(4), 20), Some(5.0));
         // Old samples leave the window: the rate follows the recent ones.
-        assert_eq!(r.batch_rate(t0 + Duration::from_secs(10), 80), Some(10.0));
+        assert_eq!(r.rate(Tier::Batch, t0 + Duration::from_secs(10), 80), Some(10.0));
+        // Each tier has its own.
+        assert_eq!(r.rate(Tier::Interactive, t0 + Duration::from_secs(10), 80), None);
     }
 
     #[test]
-    fn retry_after_counts_the_queue_ahead_at_the_rate() {
-        assert_eq!(queue_retry_after(9, None), 1);
-        assert_eq!(queue_retry_after(9, Some(2.0)), 5);
-        assert_eq!(queue_retry_after(0, Some(100.0)), 1);
-        assert_eq!(queue_retry_after(10_000, Some(1.0)), 60);
+    fn the_wait_is_the_queue_ahead_at_the_drain_rate() {
+        let ms = Duration::from_millis;
+        assert_eq!(queue_wait(9, None), ms(1000), "no rate yet");
+        assert_eq!(queue_wait(9, Some(2.0)), ms(5000));
+        assert_eq!(queue_wait(0, Some(100.0)), ms(10));
+        assert_eq!(queue_wait(10_000_000, Some(1.0)), ms(3_600_000));
+    }
+
+    #[test]
+    fn a_tenant_over_its_share_waits_for_its_own_part_of_the_drain() {
+        // It holds 12 of 16 slots and has 5 waiting: at 20 slots a second
+        // it gets about 15 a second, so its sixth request starts in 0.4 s.
+        let over = OverShare { held: 12, part: 5.3, slots: 16, waiting: 5, weight: 1.0, total_weight: 3.0 };
+        assert_eq!(share_wait(&over, Some(20.0)), Duration::from_millis(400));
+        assert_eq!(share_wait(&over, None), Duration::from_secs(1));
+        // Holding nothing yet, it counts as one slot's part.
+        let none = OverShare { held: 0, waiting: 0, ..over };
+        assert_eq!(share_wait(&none, Some(16.0)), Duration::from_secs(1));
     }
 
     #[test]

@@ -39,6 +39,37 @@ pub(super) fn add_said(h: &mut HeaderMap, said: Said<'_>) {
     h.insert(X_REQUEST_ID, said.request_id.clone());
 }
 
+/// The caller's deadline header: milliseconds from the request's arrival.
+pub(crate) const DEADLINE_MS: &str = "x-slogate-deadline-ms";
+/// The OpenAI SDKs' read timeout (seconds), sent with every request: a
+/// request that cannot start before it will be abandoned by its client.
+const SDK_READ_TIMEOUT: &str = "x-stainless-read-timeout";
+
+/// How long the caller gives the request, from its arrival: the sooner of
+/// `x-slogate-deadline-ms` and the OpenAI SDK's `x-stainless-read-timeout`.
+/// A deadline header that is not a whole number of milliseconds is a 400;
+/// an SDK header that does not parse is ignored (it is not ours).
+pub(crate) fn deadline(h: &HeaderMap) -> Result<Option<std::time::Duration>, GatewayError> {
+    let ours = match h.get(DEADLINE_MS) {
+        None => None,
+        Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
+            Some(ms) if ms > 0 => Some(std::time::Duration::from_millis(ms)),
+            _ => {
+                return Err(GatewayError::InvalidRequest {
+                    message: format!("{DEADLINE_MS} must be a whole number of milliseconds above 0"),
+                    param: Some(DEADLINE_MS),
+                })
+            }
+        },
+    };
+    let sdk = h
+        .get(SDK_READ_TIMEOUT)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e7)
+        .map(std::time::Duration::from_secs_f64);
+    Ok([ours, sdk].into_iter().flatten().min())
+}
+
 /// OpenAI's rate-limit headers, for every response to a key with limits.
 pub(super) fn rate_headers(h: &mut HeaderMap, state: &crate::admission::RateState) {
     let mut put = |name: &'static str, v: String| {
@@ -193,5 +224,32 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap) {
     let hop: Vec<HeaderName> = h.keys().filter(|k| is_hop_by_hop(k)).cloned().collect();
     for n in hop {
         h.remove(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_is_the_sooner_of_ours_and_the_sdks_read_timeout() {
+        let ms = std::time::Duration::from_millis;
+        let of = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
+            }
+            deadline(&h).ok()
+        };
+        assert_eq!(of(&[]), Some(None));
+        assert_eq!(of(&[(DEADLINE_MS, "1500")]), Some(Some(ms(1500))));
+        assert_eq!(of(&[(SDK_READ_TIMEOUT, "600.0")]), Some(Some(ms(600_000))));
+        assert_eq!(of(&[(DEADLINE_MS, "1500"), (SDK_READ_TIMEOUT, "0.5")]), Some(Some(ms(500))));
+        assert_eq!(of(&[(SDK_READ_TIMEOUT, "soon")]), Some(None), "not ours: ignored");
+        for bad in ["0", "-3", "1.5s", ""] {
+            let mut h = HeaderMap::new();
+            h.insert(DEADLINE_MS, HeaderValue::from_static(bad));
+            assert!(matches!(deadline(&h), Err(GatewayError::InvalidRequest { .. })), "{bad:?}");
+        }
     }
 }

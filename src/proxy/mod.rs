@@ -181,9 +181,10 @@ async fn forward(
     let prompt = routed.request.prompt_estimate();
     t.set_prompt_estimate(prompt);
     stage!(t, key_limits(&mut t, &caller, &routed, endpoint, snap).await);
-    let claim = admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys(), endpoint.is_short());
-    let (bytes, key) = (routed.request.len() as u64, routed.key.clone());
-    let admitted = admission::admit(&caller.class.control, &routed.route.admission, routed.stream, bytes, claim, key).await;
+    let mut claim = admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys(), endpoint.is_short());
+    claim.deadline = stage!(t, headers::deadline(&parts.headers)).map(|d| t.start() + d);
+    let (bytes, key, admission) = (routed.request.len() as u64, routed.key.clone(), &routed.route.admission);
+    let admitted = admission::admit(&caller.class.control, admission, &caller.tenant.name, routed.stream, bytes, claim, key).await;
     let admitted = stage!(t, admitted);
     t.set_probe(admitted.probe);
     t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);

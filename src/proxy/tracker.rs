@@ -245,7 +245,11 @@ impl Tracker {
                         l.replica().record_first_token(ttft.saturating_sub(self.queued), self.class.control.ttft_target());
                     }
                 }
-                self.class.control.ttft.record(ttft);
+                // The class's breaker judges the requests within their
+                // tenants' shares: a tenant over its share waited for its
+                // own excess, so its wait is left out of the class's sample.
+                let judged = self.lease.as_ref().map_or(ttft, |l| l.breaker_sample(ttft, self.queued));
+                self.class.control.ttft.record(judged);
                 if let Some(probe) = self.probe.take() {
                     probe.first_token(ttft);
                 }

@@ -207,9 +207,12 @@ async fn a_light_key_does_not_wait_behind_a_heavy_keys_queue() {
             json_answer("ok", "stop", 10, 5)
         }))
         .await;
+        // A TTFT target far above the test's waits: bulk, over its share while
+        // small runs, would be refused at it (another test shows that).
+        let classes = "classes:\n  chat: { tier: interactive, ttft: 60s, itl: 1s }\n  batch: { tier: batch, ttft: 60s, itl: 1s }";
         let yaml = format!(
             "{}auth:\n  keys:\n{}{}",
-            gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").yaml(),
+            gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").section(classes).yaml(),
             key("bulk", "sk-bulk", ""),
             key("small", "sk-small", "")
         );
@@ -453,6 +456,50 @@ async fn a_tenant_under_its_fair_part_goes_first_in_the_replicas_own_queue() {
         for h in held {
             h.release().await;
         }
+        assert_quiescent(&gw).await;
+    }
+}
+
+/// A key over its fair share while another key's request runs is refused
+/// first, with its own code, a message naming its share, and a Retry-After
+/// in seconds and milliseconds; it does not wait out the queue timeout.
+#[tokio::test]
+async fn a_key_over_its_share_is_refused_first_with_its_own_code() {
+    for (proto, c) in clients() {
+        let mock = Mock::start(script(|_| json_answer("ok", "stop", 10, 5))).await;
+        let yaml = format!(
+            "{}auth:\n  keys:\n{}{}",
+            gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").yaml(),
+            key("bulk", "sk-bulk", ""),
+            key("small", "sk-small", "")
+        );
+        let gw = start_gateway(&yaml).await;
+        let (k, v) = bearer("sk-bulk");
+        let bulk_stream = mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await;
+        // Small holds nothing, under its part: it takes the seat above the slot, and its stream runs.
+        let (k, v) = bearer("sk-small");
+        let small_stream = mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await;
+        // Bulk holds the one slot, its whole part and more, while small runs: its next request is refused
+        // once it can no longer make chat's 300 ms TTFT target, not after the 2 s queue timeout.
+        let started = tokio::time::Instant::now();
+        let body = r#"{"model":"m1","messages":[{"role":"user","content":"more"}],"max_tokens":10}"#;
+        let (status, headers, text) = chat_as(&c, &gw, "sk-bulk", body).await;
+        let waited = started.elapsed();
+        assert_eq!(status, 429, "{proto}: {text}");
+        let e: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(e["error"]["code"], "tenant_over_share", "{proto}: {text}");
+        let message = e["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("key `bulk` holds 1 of pool `p`'s 1 interactive slots"), "{proto}: {message}");
+        assert!(message.contains("fair share of 0.5"), "{proto}: {message}");
+        assert!(waited < Duration::from_millis(1500), "{proto}: refused at the target, not the queue timeout: {waited:?}");
+        let secs: u64 = header(&headers, "retry-after").and_then(|s| s.parse().ok()).expect("retry-after");
+        let ms: u64 = header(&headers, "retry-after-ms").and_then(|s| s.parse().ok()).expect("retry-after-ms");
+        assert!((1..=30).contains(&secs) && secs == ms.div_ceil(1000), "{proto}: {secs} s, {ms} ms");
+        // Small, its stream over, is under its part again: its request goes at once, bulk's stream still running.
+        small_stream.release().await;
+        assert_eq!(chat_as(&c, &gw, "sk-small", body).await.0, 200, "{proto}");
+        bulk_stream.release().await;
+        assert_eq!(requests_with_outcome(&gw, "rejected").await, 1.0, "{proto}");
         assert_quiescent(&gw).await;
     }
 }

@@ -118,8 +118,8 @@ impl PoolAdmission {
             if tier == Tier::Interactive {
                 self.note_interactive();
             }
-            let under = self.under(q, tier, w.claim);
-            lease.claimed(w.claim, under);
+            let standing = self.standing(q, tier, w.claim);
+            lease.claimed(w.claim, standing);
             match w.tx.send(Ok(lease)) {
                 Ok(()) => {
                     if w.claim.fair {
@@ -132,7 +132,7 @@ impl PoolAdmission {
                 }
                 // Its client went away in the meantime: next one.
                 Err(Ok(mut l)) => {
-                    l.claimed(Claim::default(), false);
+                    l.claimed(Claim::default(), Default::default());
                     lease = l;
                 }
                 Err(Err(_)) => return Handed::Nobody,

@@ -24,12 +24,12 @@ impl Seating for PoolAdmission {
         match lease.tier {
             Tier::Batch => {
                 self.batch_inflight.fetch_sub(1, Ordering::SeqCst);
-                self.released_batch.fetch_add(1, Ordering::Relaxed);
             }
             Tier::Interactive => {
                 self.interactive_inflight.fetch_sub(1, Ordering::SeqCst);
             }
         }
+        self.released[lease.tier as usize].fetch_add(1, Ordering::Relaxed);
         if self.waiting.depth(Tier::Interactive) + self.waiting.depth(Tier::Batch) > 0 {
             self.dispatch();
         }

@@ -1,0 +1,184 @@
+//! How long a queued request waits, and what it is told when it stops:
+//! the moments it is looked at again (its class's TTFT target, the
+//! caller's deadline, the queue timeout) and the refusal each one gives.
+//! The rules are docs/design/seats.md's (15 to 18) and
+//! docs/design/fair-share.md's (18 to 21).
+
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::PoolAdmission;
+use crate::admission::fair::Standing;
+use crate::admission::lease::{Claim, Lease, OverWhy, Refusal};
+use crate::admission::rates;
+use crate::admission::waiting::Queues;
+use crate::config::Tier;
+
+/// A queued request's moments of truth.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadlines {
+    start: Instant,
+    /// The queue timeout.
+    timeout: Instant,
+    /// Interactive: the last moment it can still make its class's TTFT
+    /// target, with the replicas' recent time to a first token.
+    late: Option<(Instant, Duration)>,
+    /// `tiers.interactive.shed_late`: refuse everyone past `late`, not only
+    /// tenants over their parts.
+    shed_late: bool,
+    /// The caller's own deadline.
+    caller: Option<Instant>,
+}
+
+/// What a moment checks.
+#[derive(Debug, Clone, Copy)]
+enum Check {
+    Late(Duration),
+    Caller,
+    Timeout,
+}
+
+impl Deadlines {
+    /// The moments in order, none after the queue timeout (the last).
+    fn checks(&self) -> Vec<(Instant, Check)> {
+        let mut at = vec![(self.timeout, Check::Timeout)];
+        if let Some((t, expected)) = self.late {
+            at.push((t, Check::Late(expected)));
+        }
+        if let Some(t) = self.caller {
+            at.push((t, Check::Caller));
+        }
+        at.retain(|(t, _)| *t <= self.timeout);
+        at.sort_by_key(|(t, _)| *t);
+        at
+    }
+
+    /// The moment it stops waiting whoever its tenant is: the earliest of
+    /// the queue timeout, the caller's deadline, and with `shed_late` its
+    /// class's TTFT target.
+    pub(super) fn last(&self) -> Instant {
+        let late = self.late.filter(|_| self.shed_late).map(|(t, _)| t);
+        [Some(self.timeout), self.caller, late].into_iter().flatten().min().unwrap_or(self.timeout)
+    }
+}
+
+impl PoolAdmission {
+    /// The moments a request of `claim` in `tier`, arrived at `start`, is
+    /// looked at while it waits.
+    pub(super) fn deadlines(&self, tier: Tier, claim: Claim, start: Instant) -> Deadlines {
+        let late = match (tier, claim.ttft) {
+            (Tier::Interactive, Some(target)) => {
+                let expected = target.mul_f64(self.pool.load().first_token_p90().min(1.0));
+                Some((start + target.saturating_sub(expected), expected))
+            }
+            _ => None,
+        };
+        Deadlines {
+            start,
+            timeout: start + self.timeout(tier),
+            late,
+            shed_late: tier == Tier::Interactive && self.tiers.load().interactive.shed_late,
+            caller: claim.deadline,
+        }
+    }
+
+    /// Under the queue lock, as the request joins it at `now`: a moment
+    /// already past, or a caller's deadline the queue cannot make at its
+    /// present rate, refuses it at once.
+    pub(super) fn refused_now(&self, q: &Queues, tier: Tier, claim: Claim, d: &Deadlines, now: Instant) -> Option<Refusal> {
+        for (at, check) in d.checks() {
+            if at <= now {
+                if let Some(r) = self.judge(q, tier, claim, d, check) {
+                    return Some(r);
+                }
+            }
+        }
+        let caller = d.caller?;
+        let rate = self.rate(tier)?;
+        // Tenants take turns: one within its part waits behind its own requests only.
+        let ahead = match self.standing(q, tier, claim) {
+            Standing::Under => q.interactive.waiting_of(claim.share.tenant),
+            _ => self.waiting.ahead_of(tier),
+        };
+        (now + rates::queue_wait(ahead, Some(rate)) > caller).then(|| self.judge(q, tier, claim, d, Check::Caller)).flatten()
+    }
+
+    /// Wait on `rx` for a slot, looking at the request again at each of
+    /// `d`'s moments.
+    pub(super) async fn wait(
+        &self,
+        mut rx: oneshot::Receiver<Result<Lease, Refusal>>,
+        d: &Deadlines,
+        tier: Tier,
+        claim: Claim,
+    ) -> Result<Lease, Refusal> {
+        for (at, check) in d.checks() {
+            match tokio::time::timeout_at(at, &mut rx).await {
+                Ok(Ok(result)) => return result,
+                // The queue went away (its pool was replaced); nothing will come.
+                Ok(Err(_)) => return Err(Refusal::NoHealthy),
+                Err(_) => {
+                    let Some(q) = self.waiting.lock() else { return Err(Refusal::NoHealthy) };
+                    if let Some(refusal) = self.judge(&q, tier, claim, d, check) {
+                        return Err(refusal);
+                    }
+                }
+            }
+        }
+        Err(Refusal::Timeout { retry_after: self.retry_after(tier, self.depth(tier)) })
+    }
+
+    /// A waiting request of `claim` reached `check`: its refusal, or `None`
+    /// to go on waiting. A tenant over its part is refused at its class's
+    /// TTFT target whatever `shed_late` says: its wait is its own doing.
+    fn judge(&self, q: &Queues, tier: Tier, claim: Claim, d: &Deadlines, check: Check) -> Option<Refusal> {
+        let standing = self.standing(q, tier, claim);
+        let retry_after = self.retry_after(tier, self.depth(tier));
+        match (check, standing) {
+            (Check::Late(_), Standing::Over(over)) => Some(self.over_share(over, OverWhy::Late)),
+            (Check::Late(expected), _) => d.shed_late.then_some(Refusal::Late { retry_after, expected }),
+            (Check::Caller, _) => Some(Refusal::Deadline { retry_after, deadline: d.caller.map_or(Duration::ZERO, |c| c - d.start) }),
+            (Check::Timeout, Standing::Over(over)) => Some(self.over_share(over, OverWhy::Timeout)),
+            (Check::Timeout, _) => Some(Refusal::Timeout { retry_after }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deadlines(late_ms: Option<u64>, caller_ms: Option<u64>, shed_late: bool) -> Deadlines {
+        let start = Instant::now();
+        let ms = Duration::from_millis;
+        Deadlines {
+            start,
+            timeout: start + ms(2000),
+            late: late_ms.map(|l| (start + ms(l), ms(100))),
+            shed_late,
+            caller: caller_ms.map(|c| start + ms(c)),
+        }
+    }
+
+    #[test]
+    fn the_moments_come_in_order_and_none_after_the_queue_timeout() {
+        let d = deadlines(Some(200), Some(900), false);
+        let order: Vec<_> = d.checks().iter().map(|(t, c)| ((*t - d.start).as_millis(), format!("{c:?}"))).collect();
+        assert_eq!(order, [(200, "Late(100ms)".to_string()), (900, "Caller".into()), (2000, "Timeout".into())]);
+        let d = deadlines(None, Some(5000), false);
+        assert_eq!(d.checks().len(), 1, "a caller's deadline after the queue timeout changes nothing");
+    }
+
+    #[test]
+    fn a_request_stops_waiting_for_everyone_at_the_earliest_binding_moment() {
+        let ms = Duration::from_millis;
+        let d = deadlines(Some(200), None, false);
+        assert_eq!(d.last() - d.start, ms(2000), "without shed_late the target binds over-share tenants only");
+        let d = deadlines(Some(200), None, true);
+        assert_eq!(d.last() - d.start, ms(200));
+        let d = deadlines(Some(200), Some(150), false);
+        assert_eq!(d.last() - d.start, ms(150));
+    }
+}

@@ -1,0 +1,167 @@
+//! Who is refused first under pressure, what they are told, and when: the
+//! tenant over its share before those within theirs, Retry-After from the
+//! measured drain, a caller's deadline.
+
+use super::*;
+use crate::admission::lease::OverWhy;
+
+const TARGET: Duration = Duration::from_millis(300);
+
+/// `claim(tenant)` of an interactive class with a 300 ms TTFT target.
+fn timed(tenant: u32) -> Claim {
+    Claim { ttft: Some(TARGET), ..claim(tenant) }
+}
+
+/// The pool's replicas take `ms` to a first token, 90 % of the time.
+fn first_token_in(pool: &Arc<PoolAdmission>, ms: u64) {
+    for r in &pool.pool().replicas {
+        for _ in 0..500 {
+            r.record_first_token(Duration::from_millis(ms), TARGET);
+        }
+    }
+}
+
+/// Tenant 1 holds `heavy` of the slots (taken while it was alone), tenant 2 `light`.
+async fn held(pool: &Arc<PoolAdmission>, heavy: usize, light: usize) -> Vec<Lease> {
+    let mut leases = Vec::new();
+    for (tenant, n) in [(1, heavy), (2, light)] {
+        for _ in 0..n {
+            leases.push(pool.admit(Tier::Interactive, 0, claim(tenant), None).await.expect("a free slot").lease);
+        }
+    }
+    leases
+}
+
+/// Tenant 1 over its share waits only until its request can no longer
+/// make the class's TTFT target, and is refused with its own reason; tenant
+/// 2, within its share, goes on waiting (shed_late is off) and gets the
+/// next slot.
+#[tokio::test(start_paused = true)]
+async fn a_tenant_over_its_share_is_refused_at_the_target_while_one_within_waits_on() {
+    let pool = pool(10, tiers(0.0, 10, 10));
+    first_token_in(&pool, 100);
+    let mut leases = held(&pool, 8, 2).await;
+    // Tenant 2 holds 2 of its 5: its first request takes the seat above the slots, its second waits.
+    let above = pool.admit(Tier::Interactive, 0, timed(2), None).await.expect("a seat above");
+    let light = queued_as(&pool, timed(2)).await;
+    let start = Instant::now();
+    let heavy = queued_as(&pool, timed(1)).await;
+    let r = heavy.await.expect("task");
+    let waited = start.elapsed();
+    let Err(Refusal::OverShare { over, why: OverWhy::Late, retry_after }) = r else { panic!("{r:?}") };
+    assert!(waited >= Duration::from_millis(190) && waited <= Duration::from_millis(210), "the target less 100 ms: {waited:?}");
+    assert_eq!((over.held, over.slots), (8, 10));
+    assert!((over.part - 5.0).abs() < 1e-9, "{over:?}");
+    assert_eq!(retry_after, Duration::from_secs(1), "no drain rate measured yet");
+    assert!(!light.is_finished(), "within its share, it waits on");
+    // Two slots free: the first pays back the seat above, the second is tenant 2's.
+    drop(leases.pop());
+    drop(leases.pop());
+    settle().await;
+    assert!(light.await.expect("task").is_ok());
+    drop((above, leases));
+}
+
+/// A full queue takes a request of a tenant within its share in place of
+/// the newest waiter of the tenant over its share; the tenant over its
+/// share is refused at once while the queue is full.
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_refuses_the_tenant_over_its_share_first() {
+    let pool = pool(10, tiers(0.0, 2, 10));
+    let leases = held(&pool, 9, 1).await;
+    let older = queued_as(&pool, claim(1)).await;
+    let newer = queued_as(&pool, claim(1)).await;
+    assert_eq!(pool.depth(Tier::Interactive), 2, "full");
+    let above = pool.admit(Tier::Interactive, 0, claim(2), None).await.expect("a seat above");
+    // (The queue's depth stays at 2: `light` in, `newer` out.)
+    let p = pool.clone();
+    let light = tokio::spawn(async move { p.admit(Tier::Interactive, 0, claim(2), None).await });
+    settle().await;
+    let r = newer.await.expect("task");
+    assert!(matches!(r, Err(Refusal::OverShare { why: OverWhy::Displaced, .. })), "{r:?}");
+    assert!(!older.is_finished() && !light.is_finished());
+    let r = pool.admit(Tier::Interactive, 0, claim(1), None).await;
+    assert!(matches!(r, Err(Refusal::OverShare { why: OverWhy::Full, .. })), "{r:?}");
+    // A third tenant takes the over-share tenant's last place.
+    let p = pool.clone();
+    let third = tokio::spawn(async move { p.admit(Tier::Interactive, 0, claim(3), None).await });
+    settle().await;
+    assert!(matches!(older.await.expect("task"), Err(Refusal::OverShare { why: OverWhy::Displaced, .. })));
+    // With no tenant over its share waiting, a full queue refuses as before.
+    let r = pool.admit(Tier::Interactive, 0, claim(4), None).await;
+    assert!(matches!(r, Err(Refusal::QueueFull { .. })), "{r:?}");
+    assert!(!light.is_finished() && !third.is_finished());
+    drop((leases, above, light, third));
+}
+
+/// The breaker's sample of an over-share tenant's first token leaves out
+/// its wait in the queue; within its share, the whole time counts.
+#[tokio::test(start_paused = true)]
+async fn the_breaker_is_not_shown_an_over_share_tenants_own_queueing() {
+    let pool = pool(10, tiers(0.0, 10, 10));
+    let leases = held(&pool, 7, 0).await;
+    let within = pool.admit(Tier::Interactive, 0, claim(2), None).await.expect("a slot").lease;
+    let over = pool.admit(Tier::Interactive, 0, claim(1), None).await.expect("a slot").lease;
+    let (ttft, queued) = (Duration::from_millis(900), Duration::from_millis(700));
+    assert!(over.over_share() && !within.over_share());
+    assert_eq!(over.breaker_sample(ttft, queued), Duration::from_millis(200));
+    assert_eq!(within.breaker_sample(ttft, queued), ttft);
+    // Without keys nobody is over a share.
+    let plain = pool.admit(Tier::Interactive, 0, Claim::default(), None).await;
+    drop((leases, over, within, plain));
+}
+
+/// Retry-After for a queue is the queue ahead at the measured drain rate;
+/// for a tenant over its share, its own waiters at its part of the drain.
+#[tokio::test(start_paused = true)]
+async fn retry_after_follows_the_measured_drain() {
+    let pool = pool(10, tiers(0.0, 10, 10));
+    // Two slots freed every 250 ms for five seconds: 8 a second.
+    for _ in 0..21 {
+        for _ in 0..2 {
+            drop(take(&pool, Tier::Interactive).await);
+        }
+        tokio::time::advance(Duration::from_millis(250)).await;
+        pool.tick(Instant::now());
+    }
+    let leases = held(&pool, 10, 0).await;
+    for _ in 0..4 {
+        drop(queued(&pool, Tier::Interactive).await);
+    }
+    let r = pool.admit(Tier::Interactive, 0, Claim { ttft: None, ..Claim::default() }, None);
+    let start = Instant::now();
+    let r = r.await;
+    assert_eq!(start.elapsed(), Duration::from_secs(2), "the queue timeout");
+    // Five waiting (it is still among them) at 8 slots a second: 0.75 s.
+    let Err(Refusal::Timeout { retry_after }) = r else { panic!("{r:?}") };
+    assert!(retry_after >= Duration::from_millis(600) && retry_after <= Duration::from_millis(900), "{retry_after:?}");
+    drop(leases);
+}
+
+/// A caller's deadline: the request waits no longer than it, and one the
+/// queue cannot make at its measured rate is refused at once.
+#[tokio::test(start_paused = true)]
+async fn a_callers_deadline_bounds_its_wait() {
+    let pool = pool(1, tiers(0.0, 10, 10));
+    let held = take(&pool, Tier::Interactive).await;
+    let start = Instant::now();
+    let c = Claim { deadline: Some(start + Duration::from_millis(500)), ..Claim::default() };
+    let r = pool.admit(Tier::Interactive, 0, c, None).await;
+    assert!(matches!(r, Err(Refusal::Deadline { .. })), "{r:?}");
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+    // A slot freed a second: with three waiting, a 2 s deadline cannot be made.
+    for i in 0..21 {
+        tokio::time::advance(Duration::from_millis(250)).await;
+        if i % 4 == 0 {
+            drop(pool.try_lease_over(Tier::Interactive, 1, None).expect("a seat above"));
+        }
+        pool.tick(Instant::now());
+    }
+    let _waiting: Vec<_> = futures_util::future::join_all((0..3).map(|_| queued(&pool, Tier::Interactive))).await;
+    let start = Instant::now();
+    let c = Claim { deadline: Some(start + Duration::from_secs(2)), ..Claim::default() };
+    let r = pool.admit(Tier::Interactive, 0, c, None).await;
+    assert!(matches!(r, Err(Refusal::Deadline { .. })), "{r:?}");
+    assert_eq!(start.elapsed(), Duration::ZERO, "refused at once");
+    drop(held);
+}
