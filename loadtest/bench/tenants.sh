@@ -5,17 +5,21 @@
 # replaces loadtest/results/tenants/SCENARIO/:
 #
 #   fair     three tenants in `chat` at 1.5 C in all (the fleet of
-#            bench/limits.sh, capacity C measured first): A sends 80 %, B and
-#            C 10 % each. `fifo`: no keys (one tenant, first come first
-#            served, as before tenants); `fair`: a key each, weights equal;
-#            `alone`: B and C with A absent (the reference)
+#            bench/limits.sh, capacity C measured first) for DURATION (90 s,
+#            three times the breaker's trip_after): A sends 80 %, B and C 10 %
+#            each. `fifo`: no keys (one tenant, first come first served, as
+#            before tenants); `fair`: a key each, weights equal, RUNS times
+#            (3; judged on the median, the worst stated); `alone`: B and C
+#            with A absent (the reference). Every gateway runs the defaults.
+#   flood    one key sends chat at 0.5 C, another floods `batch` at 2 C, for
+#            DURATION: chat must not be refused by a breaker
 #   weights  two tenants in `chat`, weights 3 and 1, each offering 1.5 C:
 #            the service each gets (tokens) over 60 s
 #   tpm      one key with tokens_per_minute, driven for 5 minutes by the
 #            OpenAI Python SDK (default retries) from 8 threads, against a
 #            fast simulated replica
 #
-#   loadtest/bench/tenants.sh [fair] [weights] [tpm]   (default: all)
+#   loadtest/bench/tenants.sh [fair] [flood] [weights] [tpm]   (default: all)
 #
 # Everything runs on 127.0.0.1 with free ports, bounded in time.
 set -euo pipefail
@@ -34,10 +38,7 @@ hash_key() { printf %s "$1" | "$BIN/slogate" keys hash; }
 OUTPUT="{ dist: uniform, min: 64, max: 256 }"
 
 # gateway_yaml FILE KEYS_YAML : slogate over SIM_URLS, learned limits, upstream
-# priority; KEYS_YAML under auth.keys. The interactive queue sheds what can no
-# longer make chat's TTFT target (shed_late): at 1.5 C, holding a request past
-# that only makes every request late (and the class's breaker open for all
-# tenants).
+# priority, everything else as a user gets it; KEYS_YAML under auth.keys.
 gateway_yaml() {
   { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
     echo "pools:"
@@ -45,16 +46,15 @@ gateway_yaml() {
     echo "    models: [auto]"
     echo "    replicas: [$(IFS=,; echo "${SIM_URLS[*]}" | sed 's/,/, /g')]"
     echo "    upstream_priority: true"
-    echo "tiers: { interactive: { shed_late: true } }"
     if [ -n "$2" ]; then echo "auth:"; echo "  keys:"; echo "$2"; fi
   } >"$1"
 }
 
-# tenant_stream NAME KEY RATE : a chat stream of one tenant (Poisson), 512-token prompts.
+# tenant_stream NAME KEY RATE [CLASS] : a stream of one tenant (Poisson, class chat unless named), 512-token prompts.
 tenant_stream() {
   cat <<EOF
   - name: $1
-    class: chat
+    class: ${4:-chat}
     model: $MODEL
     api_key: $2
     arrival: { kind: poisson, rate: $3 }
@@ -86,11 +86,12 @@ run() {
   gw_down; sim_down
 }
 
-keys_of() { # NAME:WEIGHT... : auth.keys entries, key "sk-NAME"
-  local spec name weight
+keys_of() { # NAME:WEIGHT[:CLASS]... : auth.keys entries, key "sk-NAME", class chat unless named
+  local spec name weight rest class
   for spec in "$@"; do
-    name=${spec%%:*}; weight=${spec#*:}
-    echo "    - { name: $name, key_sha256: $(hash_key "sk-$name"), classes: [chat], weight: $weight }"
+    name=${spec%%:*}; rest=${spec#*:}; weight=${rest%%:*}; class=chat
+    [ "$rest" != "$weight" ] && class=${rest#*:}
+    echo "    - { name: $name, key_sha256: $(hash_key "sk-$name"), classes: [$class], weight: $weight }"
   done
 }
 
@@ -107,10 +108,26 @@ fair() {
     tenant_stream B sk-B "$b"; tenant_stream C sk-C "$b"
   } >"$d/alone.yaml"
   run "$d" fifo "" "$d/scenario.yaml"
-  run "$d" fair "$(keys_of A:1 B:1 C:1)" "$d/scenario.yaml"
+  local i
+  for i in $(seq 1 "${RUNS:-3}"); do
+    run "$d" "fair-$i" "$(keys_of A:1 B:1 C:1)" "$d/scenario.yaml"
+  done
   run "$d" alone "$(keys_of A:1 B:1 C:1)" "$d/alone.yaml"
   python3 "$HERE/tenants_report.py" fair "$d" "$C" "$MACHINE"
   publish "$d" "$OUT/fair"
+}
+
+flood() {
+  local d="$WORK/flood"; mkdir -p "$d"
+  capacity
+  local chat batch
+  chat=$(python3 -c "print(round(0.5*$C, 3))"); batch=$(python3 -c "print(round(2*$C, 3))")
+  { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
+    tenant_stream web sk-web "$chat"; tenant_stream bulk sk-bulk "$batch" batch
+  } >"$d/scenario.yaml"
+  run "$d" flood "$(keys_of web:1 bulk:1:batch)" "$d/scenario.yaml"
+  python3 "$HERE/tenants_report.py" flood "$d" "$C" "$MACHINE"
+  publish "$d" "$OUT/flood"
 }
 
 weights() {
@@ -147,7 +164,7 @@ tpm() {
   publish "$d" "$OUT/tpm"
 }
 
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(fair weights tpm)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(fair flood weights tpm)
 for s in "${want[@]}"; do
-  case $s in fair) fair ;; weights) weights ;; tpm) tpm ;; *) echo "unknown scenario $s" >&2; exit 2 ;; esac
+  case $s in fair) fair ;; flood) flood ;; weights) weights ;; tpm) tpm ;; *) echo "unknown scenario $s" >&2; exit 2 ;; esac
 done

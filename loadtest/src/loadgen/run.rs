@@ -56,6 +56,12 @@ pub struct Record {
     /// listed) this request went to. Requests take the targets in turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<usize>,
+    /// A refusal's OpenAI error `code` (`breaker_open`, `tenant_over_share`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
+    /// A refusal's `retry-after-ms`, where it was sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 impl Record {
@@ -479,6 +485,8 @@ impl Ctx {
             engine_ttft_ms: None,
             path_in_ms: None,
             target: None,
+            error_code: None,
+            retry_after_ms: None,
         }
     }
 
@@ -558,12 +566,16 @@ impl Ctx {
         rec.status = resp.status().as_u16();
         let h = resp.headers();
         rec.retry_after = h.get("retry-after").and_then(|v| v.to_str().ok()?.parse().ok());
+        rec.retry_after_ms = h.get("retry-after-ms").and_then(|v| v.to_str().ok()?.parse().ok());
         rec.queue_ms = h.get("x-slogate-queue-ms").and_then(|v| v.to_str().ok()?.parse().ok());
         rec.context_reduced = h.get("x-slogate-context-reduced").and_then(|v| v.to_str().ok()).map(str::to_string);
         let status = resp.status();
         let mut body = resp.into_body();
         if !status.is_success() {
-            let _ = body.collect().await;
+            if let Ok(b) = body.collect().await {
+                let v: serde_json::Value = serde_json::from_slice(&b.to_bytes()).unwrap_or_default();
+                rec.error_code = v.pointer("/error/code").and_then(|c| c.as_str()).map(str::to_string);
+            }
             return if status.as_u16() == 429 { "rejected".into() } else { format!("http_{}", status.as_u16()) };
         }
         if !spec.stream {
