@@ -9,8 +9,11 @@
 #              breaker open, what do callers get, when does it close
 #   reduction  a moderate overload of long multi-turn chats, without and with
 #              context reduction
+#   shedlate   chat alone at 1.5 C and 3 C for 60 s, with
+#              tiers.interactive.shed_late off and on, defaults otherwise:
+#              goodput, chat within SLO, how long refused callers waited
 #
-#   loadtest/bench/admission.sh [overload] [breaker] [reduction]   (default: all)
+#   loadtest/bench/admission.sh [overload] [breaker] [reduction] [shedlate]   (default: all)
 #
 # Everything runs on 127.0.0.1 with free ports, bounded in time; it stops by itself.
 set -euo pipefail
@@ -80,6 +83,40 @@ tiers:
   publish "$d" "$OUT/overload"
 }
 
+# capacity DIR : C, chat alone in a closed loop at 128 on fresh replicas (once per run of this script).
+capacity() {
+  [ -n "${C:-}" ] && return 0
+  sim_up --replicas 2
+  { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
+    chat_stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
+  } >"$WORK/capacity.yaml"
+  loadgen run "$WORK/capacity.yaml" --label capacity --out "$1/capacity.json" --report "$1/capacity.md" --no-progress >&2
+  sim_down
+  C=$(python3 "$HERE/admission_report.py" capacity "$1/capacity.json")
+  echo "capacity C = $C req/s" >&2
+}
+
+shedlate() {
+  local d="$WORK/shedlate"; mkdir -p "$d"
+  capacity "$d"
+  local x rate shed
+  for x in 1.5 3; do
+    rate=$(python3 -c "print(round($x*$C, 3))")
+    { echo "target: http://127.0.0.1:1"; echo "duration: 70s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
+      chat_stream chat chat "{ kind: poisson, rate: $rate }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
+    } >"$d/load-$x.yaml"
+    for shed in false true; do
+      sim_up --replicas 2
+      write_config "$WORK/gw.yaml" "tiers: { interactive: { shed_late: $shed } }"
+      gw_up "$WORK/gw.yaml"
+      loadgen run "$d/load-$x.yaml" --target "$GW_URL" --label "x$x-$shed" --out "$d/x$x-$shed.json" --report "$d/x$x-$shed.md" --no-progress
+      gw_down; sim_down
+    done
+  done
+  python3 "$HERE/admission_report.py" shedlate "$d" "$C" "$MACHINE"
+  publish "$d" "$OUT/shedlate"
+}
+
 breaker() {
   local d="$WORK/breaker"; mkdir -p "$d"
   sim_up --replicas 1
@@ -133,5 +170,5 @@ context_reduction: { max_prompt_tokens: 512, max_tokens_cap: 256 }"
   publish "$d" "$OUT/reduction"
 }
 
-todo=("$@"); [ ${#todo[@]} -eq 0 ] && todo=(overload breaker reduction)
+todo=("$@"); [ ${#todo[@]} -eq 0 ] && todo=(overload breaker reduction shedlate)
 for t in "${todo[@]}"; do "$t"; done

@@ -339,6 +339,52 @@ def cmd_reduction(d, machine):
     print(open(os.path.join(d, "README.md")).read())
 
 
+def cmd_shedlate(d, C, machine):
+    """shed_late off and on at 1.5 C and 3 C: goodput, within SLO, how long refused callers waited."""
+    C = float(C)
+    rows = {}
+    for x in ("1.5", "3"):
+        for shed in ("false", "true"):
+            r = load(os.path.join(d, f"x{x}-{shed}.json"))
+            w, dur = window(r)
+            recs = [y for y in r["records"] if w <= y["start_s"] < dur]
+            row = class_row(recs, "chat", dur - w)
+            refused = [y["e2e_ms"] for y in recs if y["outcome"] == "rejected"]
+            row["refused_p50"], row["refused_p99"] = pct(refused, 0.5), pct(refused, 0.99)
+            codes = {}
+            for y in recs:
+                if y["outcome"] == "rejected":
+                    codes[y.get("error_code") or "?"] = codes.get(y.get("error_code") or "?", 0) + 1
+            row["codes"] = codes
+            rows[(x, shed)] = row
+    target = TARGETS["chat"][0]
+    checks = []
+    for x in ("1.5", "3"):
+        on, off = rows[(x, "true")], rows[(x, "false")]
+        checks.append((f"{x} C: shed_late on keeps goodput within 5 % of off or better", on["goodput"] >= 0.95 * off["goodput"],
+                       f"{on['goodput']:.2f} vs {off['goodput']:.2f} req/s"))
+        checks.append((f"{x} C: with shed_late on, a refused chat caller learns within about the TTFT target (p50 <= {target:.0f} ms)",
+                       on["refused_p50"] <= target, f"p50 {on['refused_p50']:.0f} ms, p99 {on['refused_p99']:.0f} ms (off: {off['refused_p50']:.0f} / {off['refused_p99']:.0f} ms)"))
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# shed_late: refuse a queued chat request once it cannot make its TTFT target, or let it wait?\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/admission.sh shedlate`.\n\n")
+        f.write(f"Two simulated vLLM replicas (`llama70b-fp8-h100`); capacity C = {C:.2f} req/s (chat alone, closed loop). "
+                "Chat alone (Poisson, 512-token prompts, 64-256 output tokens) at 1.5 C and 3 C for 70 s, measured from 10 s; "
+                "slogate's defaults (learned limits, `queue_timeout: 2s`, the breaker) with `tiers.interactive.shed_late` "
+                "off and on, each run on fresh replicas. Goodput: requests completed within chat's targets per second.\n\n")
+        write_checks(f, checks)
+        f.write("\n| load | shed_late | requests | completed | refused (by code) | goodput req/s | within SLO (all requests) | "
+                "within SLO (served) | TTFT p50 / p99 ms (served) | refused caller waited p50 / p99 ms |\n")
+        f.write("|---|---|---:|---:|---|---:|---:|---:|---:|---:|\n")
+        for (x, shed), r in rows.items():
+            codes = ", ".join(f"{k} {v}" for k, v in sorted(r["codes"].items())) or "0"
+            f.write(f"| {x} C | {'on' if shed == 'true' else 'off'} | {r['requests']} | {r['done']} | {codes} | {r['goodput']:.2f} "
+                    f"({100 * r['goodput'] / C:.0f} % of C) | {100 * r['within']:.1f} % | {100 * r['within_served']:.1f} % | "
+                    f"{r['p50']:.0f} / {r['p99']:.0f} | {r['refused_p50']:.0f} / {r['refused_p99']:.0f} |\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    {"capacity": cmd_capacity, "overload": cmd_overload, "breaker": cmd_breaker, "reduction": cmd_reduction}[cmd](*rest)
+    {"capacity": cmd_capacity, "overload": cmd_overload, "breaker": cmd_breaker, "reduction": cmd_reduction,
+     "shedlate": cmd_shedlate}[cmd](*rest)

@@ -26,7 +26,11 @@
 #             even; the third gateway is killed halfway and its load moves to
 #             the others)
 #
-#   loadtest/bench/limits.sh [overload] [shift] [slow] [batch] [fleet]   (default: all)
+#   coldstart a fresh gateway meets 32 concurrent streams (closed loop) on
+#             one replica for 10 s: `auto` (the learned limit, from its
+#             start) against `fixed` (256, more than enough), RUNS times (3)
+#
+#   loadtest/bench/limits.sh [overload] [shift] [slow] [batch] [fleet] [coldstart]   (default: all)
 #
 # Everything runs on 127.0.0.1 with free ports, bounded in time.
 set -euo pipefail
@@ -253,7 +257,32 @@ fleet() {
   publish "$d" "$OUT/fleet"
 }
 
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(overload shift slow batch fleet)
+coldstart() {
+  local d="$WORK/coldstart"; mkdir -p "$d"
+  { echo "target: http://127.0.0.1:1"; echo "duration: 10s"; echo "warmup: 0s"; echo "request_timeout: 60s"; echo "streams:"
+    chat_stream chat chat "{ kind: closed, concurrency: 32 }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
+  } >"$d/scenario.yaml"
+  local i v
+  for i in $(seq 1 "${RUNS:-3}"); do
+    for v in auto fixed; do
+      sim_up --replicas 1
+      { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
+        echo "pools:"
+        echo "  - name: default"
+        echo "    models: [auto]"
+        echo "    replicas: [${SIM_URLS[0]}]"
+        [ "$v" = fixed ] && echo "    max_inflight_per_replica: 256"
+      } >"$WORK/gw-cold-$v.yaml"
+      start_gateway "$WORK/gw-cold-$v.yaml" "gw-cold-$v-$i"
+      loadgen run "$d/scenario.yaml" --target "$GW_URL" --label "$v-$i" --out "$d/$v-$i.json" --report "$d/$v-$i.md" --no-progress
+      gw_down; sim_down
+    done
+  done
+  python3 "$HERE/limits_report.py" coldstart "$d" "$MACHINE"
+  publish "$d" "$OUT/coldstart"
+}
+
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(overload shift slow batch fleet coldstart)
 for s in "${want[@]}"; do
-  case $s in overload) overload ;; shift) shift_ ;; slow) slow ;; batch) batch ;; fleet) fleet ;; *) echo "unknown scenario $s" >&2; exit 2 ;; esac
+  case $s in overload) overload ;; shift) shift_ ;; slow) slow ;; batch) batch ;; fleet) fleet ;; coldstart) coldstart ;; *) echo "unknown scenario $s" >&2; exit 2 ;; esac
 done

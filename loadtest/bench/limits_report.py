@@ -249,6 +249,49 @@ def cmd_fleet(d, C, machine, kill_at):
     print(open(os.path.join(d, "README.md")).read())
 
 
+def cmd_coldstart(d, machine):
+    """A fresh gateway's first seconds: TTFT of the first round of 32 streams and of the whole run, auto vs fixed."""
+    runs = sorted({f.split("-")[1].split(".")[0] for f in os.listdir(d) if f.startswith("auto-") and f.endswith(".json")}, key=int)
+    rows = {}
+    for v in ("auto", "fixed"):
+        for i in runs:
+            recs = load(os.path.join(d, f"{v}-{i}.json"))["records"]
+            first = [x["ttft_ms"] for x in recs if x["start_s"] < 1.0 and x["ttft_ms"] is not None]
+            early = [x["ttft_ms"] for x in recs if x["start_s"] < 2.0 and x["ttft_ms"] is not None]
+            every = [x["ttft_ms"] for x in recs if x["ttft_ms"] is not None]
+            queued = [x.get("queue_ms") or 0 for x in recs if x["start_s"] < 2.0]
+            rows[(v, i)] = {"first_p99": pct(first, 0.99), "early_p99": pct(early, 0.99), "all_p99": pct(every, 0.99),
+                            "queue_max": max(queued, default=0), "n": len(recs),
+                            "failed": sum(1 for x in recs if x["outcome"] not in ("ok", "length"))}
+    med = lambda v, k: sorted(rows[(v, i)][k] for i in runs)[len(runs) // 2]
+    worst = lambda v, k: max(rows[(v, i)][k] for i in runs)
+    diff = [rows[("auto", i)]["early_p99"] - rows[("fixed", i)]["early_p99"] for i in runs]
+    d_med = sorted(diff)[len(diff) // 2]
+    checks = [
+        (f"first 2 s: auto's TTFT p99 within 5 ms of fixed's (median of {len(runs)} runs)", d_med <= 5.0,
+         f"{d_med:+.1f} ms (worst run {max(diff):+.1f} ms)"),
+        ("first 2 s: no request waits in the gateway's queue (every run)", max(rows[("auto", i)]["queue_max"] for i in runs) == 0,
+         f"longest wait {max(rows[('auto', i)]['queue_max'] for i in runs):.0f} ms"),
+    ]
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("# A fresh gateway's first seconds: the learned limit does not queue what the replica could take\n\n")
+        f.write(f"Machine: {machine}. Produced by `loadtest/bench/limits.sh coldstart`.\n\n")
+        f.write("One simulated vLLM replica (`llama70b-fp8-h100`, `max_num_seqs` 64); a gateway started fresh for each run, "
+                "then 32 concurrent streams at once (closed loop, 512-token prompts, 64-256 output tokens) for 10 s. `auto`: "
+                "slogate's default, a learned limit from `learned_limit.initial: 16`, in slow start until the replica shows "
+                f"a queue; `fixed`: `max_inflight_per_replica: 256`, more than enough. {len(runs)} runs of each, alternating.\n\n")
+        write_checks(f, checks)
+        f.write("\n| limit | run | requests | failed | TTFT p99 ms, first 1 s | first 2 s | whole run | longest queue wait in the first 2 s ms |\n")
+        f.write("|---|---:|---:|---:|---:|---:|---:|---:|\n")
+        for v in ("auto", "fixed"):
+            for i in runs:
+                r = rows[(v, i)]
+                f.write(f"| {v} | {i} | {r['n']} | {r['failed']} | {r['first_p99']:.0f} | {r['early_p99']:.0f} | {r['all_p99']:.0f} | {r['queue_max']:.0f} |\n")
+            f.write(f"| {v} | median | | | {med(v, 'first_p99'):.0f} | {med(v, 'early_p99'):.0f} | {med(v, 'all_p99'):.0f} | {med(v, 'queue_max'):.0f} |\n")
+    print(open(os.path.join(d, "README.md")).read())
+
+
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    {"overload": cmd_overload, "shift": cmd_shift, "slow": cmd_slow, "batch": cmd_batch, "fleet": cmd_fleet}[cmd](*rest)
+    {"overload": cmd_overload, "shift": cmd_shift, "slow": cmd_slow, "batch": cmd_batch, "fleet": cmd_fleet,
+     "coldstart": cmd_coldstart}[cmd](*rest)

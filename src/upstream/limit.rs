@@ -75,6 +75,10 @@ const KNEE_FORGOTTEN: f64 = 1.25;
 /// Requests in transit count as queued beyond their mean plus this many
 /// standard deviations (a Poisson count).
 const TRANSIT_SIGMAS: f64 = 2.0;
+/// In slow start (no sign of the replica's capacity seen yet) the replica
+/// takes this many times the limit, so a burst does not wait for the next
+/// period, and the limit grows by this factor each period it binds.
+const SLOW_START: f64 = 2.0;
 
 /// What one period says, once its sample is read.
 #[derive(Debug, Clone, Copy)]
@@ -138,6 +142,9 @@ pub(crate) struct Controller {
     batch_cut: f64,
     /// Samples before the batch cut may grow again.
     batch_hold: u32,
+    /// No sign of the replica's capacity yet (a queue, a refusal, late
+    /// first tokens under load): the limit grows fast (see [`SLOW_START`]).
+    slow_start: bool,
 }
 
 /// How long a ceiling seen with a queue is remembered (30 s at 250 ms), at least.
@@ -159,7 +166,21 @@ impl Controller {
             pending: None,
             batch_cut: 0.0,
             batch_hold: 0,
+            slow_start: true,
         }
+    }
+
+    /// The slots the replica offers now: the limit, or in slow start
+    /// [`SLOW_START`] times it (within the bounds).
+    pub(crate) fn allowed(&self) -> usize {
+        let n = if self.slow_start { (self.limit * SLOW_START).floor() as usize } else { self.limit() };
+        n.clamp(self.params.min, self.params.max)
+    }
+
+    /// Still in slow start?
+    #[cfg(test)]
+    pub(crate) fn slow_start(&self) -> bool {
+        self.slow_start
     }
 
     /// Seats of the limit batch requests leave to interactive ones (0 to
@@ -283,6 +304,11 @@ impl Controller {
 
     fn act(&mut self, v: Verdict, p: &Period, s: &Sample) {
         let min = self.params.min as f64;
+        if !matches!(v, Verdict::Free | Verdict::Hold) || p.waiting >= 1.0 {
+            // The replica showed where its capacity is: from here on the
+            // limit moves by the rules below, not by doubling.
+            self.slow_start = false;
+        }
         match v {
             Verdict::Refused => {
                 self.knee = Some(self.limit);
@@ -335,7 +361,13 @@ impl Controller {
             return;
         }
         let near_knee = self.knee.is_some_and(|k| self.limit + self.limit.sqrt() >= k);
-        self.limit += if near_knee { 1.0 } else { self.limit.sqrt().max(1.0) };
+        self.limit = if self.slow_start {
+            self.limit * SLOW_START
+        } else if near_knee {
+            self.limit + 1.0
+        } else {
+            self.limit + self.limit.sqrt().max(1.0)
+        };
         if let Some(c) = self.ceiling() {
             self.limit = self.limit.min(c + 1.0);
         }
@@ -390,7 +422,12 @@ mod tests {
     }
 
     fn run(c: &mut Controller, r: &mut Replica, periods: usize) -> Vec<usize> {
-        (0..periods).map(|_| c.update(r.period(c.limit()))).collect()
+        (0..periods)
+            .map(|_| {
+                c.update(r.period(c.allowed()));
+                c.allowed()
+            })
+            .collect()
     }
 
     fn replica(capacity: usize) -> Replica {
@@ -411,6 +448,28 @@ mod tests {
                 &limits[..60]
             );
         }
+    }
+
+    /// A fresh limit takes a burst at once and grows fast until the replica
+    /// first shows a queue, then settles by the usual rules.
+    #[test]
+    fn slow_start_takes_a_burst_at_once_then_settles_at_the_capacity() {
+        let c = Controller::new(LimitParams { initial: 16, ..params() });
+        assert_eq!(c.allowed(), 32, "32 streams on a fresh replica wait for nothing");
+        let mut c = Controller::new(LimitParams { initial: 16, ..params() });
+        let mut r = replica(200);
+        let limits = run(&mut c, &mut r, 200);
+        // 32, 64, 128, 256: past 200 within four periods (one second).
+        assert!(limits[..4].iter().any(|&l| l >= 200), "{:?}", &limits[..8]);
+        assert!(!c.slow_start(), "the queue past 200 ended it");
+        assert!(limits[60..].iter().all(|&l| (199..=201).contains(&l)), "{:?}", &limits[..60]);
+        // A limit that does not bind does not grow.
+        let mut idle = Controller::new(LimitParams { initial: 16, ..params() });
+        let quiet = Sample { waiting: Some(0.0), running: Some(2.0), inflight_peak: 2, inflight_now: 2, ..Sample::default() };
+        for _ in 0..20 {
+            idle.update(quiet);
+        }
+        assert_eq!(idle.allowed(), 32);
     }
 
     #[test]

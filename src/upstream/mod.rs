@@ -210,7 +210,7 @@ impl Pool {
                 InflightLimit::Auto => {
                     let mut c = r.controller.lock().unwrap_or_else(|p| p.into_inner());
                     c.set_params(self.limit_params);
-                    c.limit()
+                    c.allowed()
                 }
             };
             r.set_max_inflight(n);

@@ -461,8 +461,8 @@ impl Replica {
         };
         let (limit, cut) = {
             let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
-            let limit = c.update(sample);
-            (limit, c.batch_cut())
+            c.update(sample);
+            (c.allowed(), c.batch_cut())
         };
         let was = self.batch_cut.swap(cut, Ordering::Relaxed);
         if let Some(g) = self.gauges.get() {
