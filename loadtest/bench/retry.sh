@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Retry-After in a lasting overload, as clients that honour it see it:
 # OpenAI SDK clients (retry_sdk.py: AsyncOpenAI, max_retries 3, streaming
-# chat) arriving at RATE a second (about 2x this fleet's capacity) for
+# chat, not streamed) arriving at RATE a second (about 2x this fleet's capacity) for
 # SECONDS, through OLD_REV's slogate (every refusal said a constant: 1 s for
 # an interactive queue, the breaker's 5 s) and through the working tree's
 # (when capacity is likely back, bounded 1-30 s and spread). Same fleet and

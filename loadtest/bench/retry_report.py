@@ -72,7 +72,7 @@ with open(os.path.join(d, "README.md"), "w") as f:
     f.write(f"Machine: {machine}. Produced by `loadtest/bench/retry.sh {old_rev}`.\n\n")
     r0 = runs["measured"]
     f.write(f"Two simulated vLLM replicas (`llama70b-fp8-h100`, capacity about 19 req/s together); slogate's defaults. "
-            f"New streaming chat requests arrive at {r0['rate']:.0f} a second (Poisson, about 2x capacity) for "
+            f"New chat requests (not streamed) arrive at {r0['rate']:.0f} a second (Poisson, about 2x capacity) for "
             f"{r0['seconds']:.0f} s, each from the real OpenAI Python SDK (`AsyncOpenAI`, `max_retries=3`), which on a "
             "429 waits what `retry-after-ms` (else `Retry-After`) says and sends again. The same load, each run on fresh "
             f"replicas: `constant` is slogate at {old_rev}, whose interactive-queue refusals said 1 s and breaker refusals "

@@ -53,7 +53,9 @@ pub(crate) enum Gate {
     Probe(ProbeTicket),
     /// Open (or half-open with every probe permit taken): 429; it half-opens
     /// in `retry_after` (zero: half-open now, with every probe out).
-    Reject { retry_after: Duration },
+    /// `spread`: its open period, over which the refused should come back
+    /// (they arrived over as long).
+    Reject { retry_after: Duration, spread: Duration },
 }
 
 /// Identifies one half-open probe.
@@ -115,6 +117,8 @@ pub(crate) struct Breaker {
     probes: Mutex<Probes>,
     /// When it half-opens, in microseconds after `born` (while open).
     half_opens_at_us: std::sync::atomic::AtomicU64,
+    /// `retry_after`, in microseconds (for the request path).
+    open_for_us: std::sync::atomic::AtomicU64,
     born: Instant,
     machine: Mutex<Machine>,
 }
@@ -132,6 +136,7 @@ impl Breaker {
             state: AtomicU8::new(BreakerState::Closed as u8),
             probes: Mutex::new(Probes::default()),
             half_opens_at_us: std::sync::atomic::AtomicU64::new(0),
+            open_for_us: std::sync::atomic::AtomicU64::new(params.retry_after.as_micros() as u64),
             born: Instant::now(),
             machine: Mutex::new(Machine { params, above_since: None, opened_at: None }),
         }
@@ -139,6 +144,7 @@ impl Breaker {
 
     /// New parameters (a reload); the state is kept.
     pub(crate) fn set_params(&self, params: BreakerParams) {
+        self.open_for_us.store(params.retry_after.as_micros() as u64, Ordering::Relaxed);
         if let Ok(mut m) = self.machine.lock() {
             m.params = params;
         }
@@ -157,9 +163,9 @@ impl Breaker {
     pub(crate) fn admit(&self) -> Gate {
         match self.state() {
             BreakerState::Closed => Gate::Pass,
-            BreakerState::Open => Gate::Reject { retry_after: self.until_half_open(Instant::now()) },
+            BreakerState::Open => Gate::Reject { retry_after: self.until_half_open(Instant::now()), spread: self.open_for() },
             BreakerState::HalfOpen => {
-                let reject = Gate::Reject { retry_after: Duration::ZERO };
+                let reject = Gate::Reject { retry_after: Duration::ZERO, spread: self.open_for() };
                 let Ok(mut p) = self.probes.lock() else { return reject };
                 if p.admitted >= HALF_OPEN_PROBES {
                     return reject;
@@ -178,6 +184,10 @@ impl Breaker {
     fn until_half_open(&self, now: Instant) -> Duration {
         let at = self.born + Duration::from_micros(self.half_opens_at_us.load(Ordering::Relaxed));
         at.saturating_duration_since(now)
+    }
+
+    fn open_for(&self) -> Duration {
+        Duration::from_micros(self.open_for_us.load(Ordering::Relaxed))
     }
 
     /// It opened at `now`: it half-opens `retry_after` later.
@@ -436,7 +446,12 @@ mod tests {
         let gates: Vec<Gate> = (0..HALF_OPEN_PROBES + 2).map(|_| b.admit()).collect();
         let tickets: Vec<ProbeTicket> = gates.iter().filter_map(|g| if let Gate::Probe(t) = g { Some(*t) } else { None }).collect();
         assert_eq!(tickets.len(), HALF_OPEN_PROBES as usize);
-        assert_eq!(gates[HALF_OPEN_PROBES as usize], Gate::Reject { retry_after: Duration::ZERO }, "half-open: the verdict is near");
+        let five = Duration::from_secs(5);
+        assert_eq!(
+            gates[HALF_OPEN_PROBES as usize],
+            Gate::Reject { retry_after: Duration::ZERO, spread: five },
+            "half-open: the verdict is near"
+        );
         // One probe's client hangs up: its place comes back.
         b.probe_done(tickets[0], None);
         let Gate::Probe(again) = b.admit() else { panic!("a probe place came back") };
@@ -511,7 +526,10 @@ mod tests {
         run(&b, 30.25, stats(700, 100), t0).await;
         assert_eq!(b.state(), BreakerState::Open);
         let wait = |b: &Breaker| match b.admit() {
-            Gate::Reject { retry_after } => retry_after,
+            Gate::Reject { retry_after, spread } => {
+                assert_eq!(spread, Duration::from_secs(5), "over one more open period");
+                retry_after
+            }
             g => panic!("{g:?}"),
         };
         assert_eq!(wait(&b), Duration::from_secs(5), "just opened");

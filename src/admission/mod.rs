@@ -418,8 +418,11 @@ pub(crate) async fn admit(
             }
             Some(Probe { control: control.clone(), ticket: Some(ticket) })
         }
-        Gate::Reject { retry_after } => {
-            let retry_after = crate::error::retry_after(retry_after);
+        Gate::Reject { retry_after, spread } => {
+            // Everyone refused while it is open is told to come back after
+            // it half-opens, spread over one more open period: they return
+            // at about the rate they arrived, not in one wave at the probes.
+            let retry_after = crate::error::retry_after(retry_after + spread.mul_f64(fastrand::f64()));
             return Err(GatewayError::Rejected {
                 message: format!(
                     "SLO class `{}` is shedding load: the TTFT P99 of its requests within their tenants' shares has stayed above {} x its {} ms target; retry in {:.1} s",

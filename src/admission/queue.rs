@@ -481,7 +481,8 @@ impl PoolAdmission {
             // For the learned limits: is there demand beyond the slots?
             self.pool.load().set_waiting(q.interactive.len() + q.batch.len());
             for tier in [Tier::Interactive, Tier::Batch] {
-                if let Some(rate) = q.rates.rate(tier, now, self.released[tier as usize].load(Ordering::Relaxed)) {
+                let busy = !q.of(tier).is_empty();
+                if let Some(rate) = q.rates.rate(tier, now, self.released[tier as usize].load(Ordering::Relaxed), busy) {
                     self.rates[tier as usize].store(rate);
                 }
             }

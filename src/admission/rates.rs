@@ -40,9 +40,17 @@ impl Rates {
 
     /// `released` leases of `tier` so far: the tier's slots freed per
     /// second over [`RATE_WINDOW`], once the samples span most of it
-    /// (`None` before).
-    pub(crate) fn rate(&mut self, tier: Tier, now: Instant, released: u64) -> Option<f64> {
+    /// (`None` before). Only while requests wait (`busy`): with nobody
+    /// waiting, slots free as fast as work arrives, not as fast as the
+    /// replicas can serve, and a rate measured then would tell the next
+    /// crowd a wait many times too long. An idle tick restarts the
+    /// measurement; the caller keeps the last rate until a new one stands.
+    pub(crate) fn rate(&mut self, tier: Tier, now: Instant, released: u64, busy: bool) -> Option<f64> {
         let samples = &mut self.released[tier as usize];
+        if !busy {
+            samples.clear();
+            return None;
+        }
         samples.push_back((now, released));
         while samples.len() > 2 && samples.front().is_some_and(|(t, _)| now.saturating_duration_since(*t) > RATE_WINDOW) {
             samples.pop_front();
@@ -106,13 +114,18 @@ mod tests {
     fn a_batch_rate_rests_on_a_filled_window() {
         let t0 = Instant::now();
         let mut r = Rates::default();
-        assert_eq!(r.rate(Tier::Batch, t0, 0), None);
-        assert_eq!(r.rate(Tier::Batch, t0 + Duration::from_secs(2), 10), None, "two seconds of five");
-        assert_eq!(r.rate(Tier::Batch, t0 + Duration::from_secs(4), 20), Some(5.0));
+        let s = Duration::from_secs;
+        assert_eq!(r.rate(Tier::Batch, t0, 0, true), None);
+        assert_eq!(r.rate(Tier::Batch, t0 + s(2), 10, true), None, "two seconds of five");
+        assert_eq!(r.rate(Tier::Batch, t0 + s(4), 20, true), Some(5.0));
         // Old samples leave the window: the rate follows the recent ones.
-        assert_eq!(r.rate(Tier::Batch, t0 + Duration::from_secs(10), 80), Some(10.0));
+        assert_eq!(r.rate(Tier::Batch, t0 + s(10), 80, true), Some(10.0));
         // Each tier has its own.
-        assert_eq!(r.rate(Tier::Interactive, t0 + Duration::from_secs(10), 80), None);
+        assert_eq!(r.rate(Tier::Interactive, t0 + s(10), 80, true), None);
+        // Nobody waiting: no rate, and the measurement starts over when they wait again.
+        assert_eq!(r.rate(Tier::Batch, t0 + s(11), 81, false), None);
+        assert_eq!(r.rate(Tier::Batch, t0 + s(12), 81, true), None);
+        assert_eq!(r.rate(Tier::Batch, t0 + s(16), 121, true), Some(10.0));
     }
 
     #[test]

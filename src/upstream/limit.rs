@@ -304,7 +304,7 @@ impl Controller {
 
     fn act(&mut self, v: Verdict, p: &Period, s: &Sample) {
         let min = self.params.min as f64;
-        if !matches!(v, Verdict::Free | Verdict::Hold) || p.waiting >= 1.0 {
+        if !matches!(v, Verdict::Free | Verdict::Hold) || p.waiting >= 1.0 || p.loaded {
             // The replica showed where its capacity is: from here on the
             // limit moves by the rules below, not by doubling.
             self.slow_start = false;
