@@ -202,7 +202,9 @@ pub(crate) const RETRY_AFTER_SPREAD: f64 = 0.25;
 /// (`unit`: a uniform draw in 0..1) so a refused crowd does not come back
 /// in one wave. (docs/design/seats.md, rule 20.)
 pub(crate) fn retry_after_with(estimate: Duration, unit: f64) -> Duration {
-    let base = estimate.clamp(RETRY_AFTER_MIN, RETRY_AFTER_MAX);
+    // Near the cap the spread goes below it, not into it: a crowd all told
+    // exactly the cap would come back as one.
+    let base = estimate.clamp(RETRY_AFTER_MIN, RETRY_AFTER_MAX.div_f64(1.0 + RETRY_AFTER_SPREAD));
     let spread = base.mul_f64(1.0 + RETRY_AFTER_SPREAD * unit.clamp(0.0, 1.0));
     Duration::from_millis(spread.as_millis() as u64).min(RETRY_AFTER_MAX)
 }
@@ -254,8 +256,9 @@ mod tests {
         assert_eq!(retry_after_with(s(0.2), 0.0), s(1.0), "at least a second");
         assert_eq!(retry_after_with(s(0.2), 1.0), s(1.25), "spread above the floor too");
         assert_eq!(retry_after_with(s(8.0), 0.5), s(9.0));
-        assert_eq!(retry_after_with(s(500.0), 0.0), s(30.0), "at most 30 s");
-        assert_eq!(retry_after_with(s(29.0), 1.0), s(30.0));
+        assert_eq!(retry_after_with(s(500.0), 1.0), s(30.0), "at most 30 s");
+        assert_eq!(retry_after_with(s(500.0), 0.0), s(24.0), "spread below the cap, not piled on it");
+        assert_eq!(retry_after_with(s(29.0), 0.5), s(27.0));
         // A crowd refused at once is told different times, within the spread.
         let told: std::collections::BTreeSet<_> = (0..200).map(|_| retry_after(s(4.0)).as_millis()).collect();
         assert!(told.len() > 50, "{} distinct values", told.len());

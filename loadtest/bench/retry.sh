@@ -5,7 +5,8 @@
 # SECONDS, through OLD_REV's slogate (every refusal said a constant: 1 s for
 # an interactive queue, the breaker's 5 s) and through the working tree's
 # (when capacity is likely back, bounded 1-30 s and spread). Same fleet and
-# load for both, each on fresh replicas, slogate's defaults otherwise. The
+# load for both, each on fresh replicas, slogate's defaults otherwise, and
+# shed_late on for both (the default now; OLD_REV's default was off). The
 # result (README.md and retries.svg, stamped) replaces loadtest/results/retry/.
 #
 #   loadtest/bench/retry.sh [OLD_REV]   (default 69232b0)
@@ -32,6 +33,8 @@ variant() {
     echo "  - name: default"
     echo "    models: [auto]"
     echo "    replicas: [$(IFS=,; echo "${SIM_URLS[*]}" | sed 's/,/, /g')]"
+    # Both with today's default (OLD_REV's was off): only Retry-After differs.
+    echo "tiers: { interactive: { shed_late: true } }"
   } >"$WORK/gw-$1.yaml"
   GW_BIN=$2 start_gateway "$WORK/gw-$1.yaml" "gw-$1"
   "$ROOT/.venv/bin/python" "$HERE/retry_sdk.py" "$GW_URL/v1" "$MODEL" "$RATE" "$SECONDS_RUN" "$WORK/$1.json"

@@ -71,13 +71,16 @@ with open(os.path.join(d, "README.md"), "w") as f:
     f.write("# Retry-After that says when capacity returns\n\n")
     f.write(f"Machine: {machine}. Produced by `loadtest/bench/retry.sh {old_rev}`.\n\n")
     r0 = runs["measured"]
-    f.write(f"Two simulated vLLM replicas (`llama70b-fp8-h100`, capacity about 19 req/s together); slogate's defaults. "
+    f.write(f"Two simulated vLLM replicas (`llama70b-fp8-h100`, capacity about 19 req/s together); slogate's defaults, "
+            "with `tiers.interactive.shed_late: true` for both (today's default; it was off at the older commit), so only "
+            "Retry-After differs. "
             f"New chat requests (not streamed) arrive at {r0['rate']:.0f} a second (Poisson, about 2x capacity) for "
             f"{r0['seconds']:.0f} s, each from the real OpenAI Python SDK (`AsyncOpenAI`, `max_retries=3`), which on a "
             "429 waits what `retry-after-ms` (else `Retry-After`) says and sends again. The same load, each run on fresh "
             f"replicas: `constant` is slogate at {old_rev}, whose interactive-queue refusals said 1 s and breaker refusals "
             "5 s whatever the state; `measured` is this commit: the queue ahead over the measured drain rate, the time "
-            "until the breaker half-opens, bounded to 1-30 s and spread over up to a quarter more.\n\n")
+            "until the breaker half-opens spread over one more open period, bounded to 1-30 s and spread over up to a "
+            "quarter more.\n\n")
     f.write("## Checks\n\n| check | result | measured |\n|---|---|---|\n")
     for name, ok, val in checks:
         f.write(f"| {name} | {'met' if ok else '**not met**'} | {val} |\n")

@@ -220,7 +220,10 @@ impl Default for TiersConfig {
                 queue_timeout: Dur::secs(2),
                 reserved_share: 0.25,
                 queue_max_bytes: Size(256 << 20),
-                shed_late: false,
+                // On: measured at 1.5x and 3x overload, off gives 13 % and 4 %
+                // of capacity as goodput (every queued request waits out the
+                // queue timeout and is late), on 94 % and 92 %.
+                shed_late: true,
             },
             batch: TierConfig {
                 queue_capacity: 10_000,

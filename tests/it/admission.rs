@@ -43,7 +43,8 @@ async fn full_queue_is_429_with_retry_after() {
     let mock = Mock::start(standard(2, Duration::ZERO)).await;
     let gw = gateway_config(&[mock.url()])
         .pool("max_inflight_per_replica: 1")
-        .section("tiers:\n  interactive: { queue_capacity: 1 }")
+        // Queue semantics: a waiter waits for the held slot, past chat's TTFT target.
+        .section("tiers:\n  interactive: { queue_capacity: 1, shed_late: false }")
         .start()
         .await;
     let held = mock.hold_slot(gw.data_addr).await;
@@ -52,7 +53,10 @@ async fn full_queue_is_429_with_retry_after() {
     wait_until("one request is queued", || async { queued(&gw, "interactive").await == 1.0 }).await;
     let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     assert_eq!(s, 429);
-    assert_eq!(header(&h, "retry-after"), Some("1"));
+    // No drain measured yet: a second, spread over up to a quarter more.
+    let ms: u64 = header(&h, "retry-after-ms").and_then(|v| v.parse().ok()).expect("retry-after-ms");
+    assert!((1000..=1250).contains(&ms), "{ms}");
+    assert_eq!(header(&h, "retry-after"), Some(if ms > 1000 { "2" } else { "1" }));
     assert_eq!(error_code(&b), "queue_full");
     held.release().await;
     assert_eq!(waiter.await.expect("task").0, 200);
@@ -70,7 +74,7 @@ async fn waiting_bodies_past_queue_max_bytes_are_429() {
         .server("max_request_body: 1MiB")
         .server("max_upload_body: 1MiB")
         .pool("max_inflight_per_replica: 1")
-        .section("tiers:\n  interactive: { queue_capacity: 100, queue_max_bytes: 1MiB }")
+        .section("tiers:\n  interactive: { queue_capacity: 100, queue_max_bytes: 1MiB, shed_late: false }")
         .start()
         .await;
     let held = mock.hold_slot(gw.data_addr).await;
@@ -84,7 +88,7 @@ async fn waiting_bodies_past_queue_max_bytes_are_429() {
     for (proto, c) in [("HTTP/1.1", &h1), ("HTTP/2", &h2)] {
         let resp = send(c, &big).await.expect("response");
         assert_eq!(resp.status(), 429, "{proto}: 600 KiB waiting + 600 KiB > 1 MiB");
-        assert_eq!(header(resp.headers(), "retry-after"), Some("1"));
+        assert!(matches!(header(resp.headers(), "retry-after"), Some("1" | "2")), "{proto}");
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         assert_eq!(error_code(&body), "queue_full");
         assert!(error_body(&body)["message"].as_str().is_some_and(|m| m.contains("queue_max_bytes")), "{proto}");
@@ -197,7 +201,10 @@ async fn open_breaker_answers_429_with_retry_after_then_probes_close_it() {
     assert!(p99 >= 2.5, "ttft_p99_seconds {p99}");
     let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(s, 429);
-    assert_eq!(header(&h, "retry-after"), Some("5"), "Retry-After is the breaker's retry_after, in whole seconds");
+    // Until it half-opens (5 s at most), spread over one more open period and a quarter more.
+    let ms: u64 = header(&h, "retry-after-ms").and_then(|v| v.parse().ok()).expect("retry-after-ms");
+    assert!((1000..=12_500).contains(&ms), "{ms}");
+    assert_eq!(header(&h, "retry-after").and_then(|v| v.parse::<u64>().ok()), Some(ms.div_ceil(1000)));
     assert_eq!(error_code(&b), "breaker_open");
     let msg = String::from_utf8_lossy(&b).to_string();
     assert!(msg.contains("`chat`") && msg.contains("TTFT P99"), "{msg}");
@@ -298,7 +305,7 @@ async fn keepalive_gateway(mock: &Mock, queue_timeout: &str) -> slogate::Gateway
         .server("queued_keepalive: 15s")
         .pool("max_inflight_per_replica: 1")
         .pool("timeouts: { first_token: 10m, idle: 10m }")
-        .section(&format!("tiers:\n  interactive: {{ queue_timeout: {queue_timeout} }}"))
+        .section(&format!("tiers:\n  interactive: {{ queue_timeout: {queue_timeout}, shed_late: false }}"))
         .start()
         .await
 }
