@@ -472,7 +472,7 @@ fn refusal_error(r: Refusal, admission: &PoolAdmission, tier: Tier, tenant: &str
     let pool = admission.pool();
     let name = &pool.config.name;
     let t = tier.as_str();
-    let Some(retry_after) = r.retry_after().map(crate::error::retry_after) else {
+    let Some(retry_after) = r.retry_after().map(|d| crate::error::retry_after(admission.schedule(tier, d))) else {
         return GatewayError::NoHealthyReplica { pool: name.clone() };
     };
     let (message, code) = match r {

@@ -76,6 +76,10 @@ pub(crate) struct PoolAdmission {
     /// last heard.
     fleet_slots: AtomicUsize,
     others_interactive: AtomicUsize,
+    /// Per tier: the moment the last refused client was told to come back,
+    /// in microseconds after `born` (see [`PoolAdmission::schedule`]).
+    retry_cursor: [AtomicU64; 2],
+    born: Instant,
 }
 
 impl PoolAdmission {
@@ -95,6 +99,8 @@ impl PoolAdmission {
             reservation_scale: AtomicF64::new(1.0),
             fleet_slots: AtomicUsize::new(0),
             others_interactive: AtomicUsize::new(0),
+            retry_cursor: [AtomicU64::new(0), AtomicU64::new(0)],
+            born: Instant::now(),
         }
     }
 
@@ -267,6 +273,29 @@ impl PoolAdmission {
     /// How long until a request at `position` in `tier`'s queue gets a slot.
     fn retry_after(&self, tier: Tier, position: usize) -> Duration {
         rates::queue_wait(position, self.rate(tier))
+    }
+
+    /// When a client refused now in `tier` should come back, from the
+    /// `estimate` of when capacity returns: no sooner than that, and no
+    /// sooner than one drain interval after the client refused before it.
+    /// Refused clients are so told to return at the rate the tier frees
+    /// slots, not all at the moment the estimate names (which every client
+    /// refused while a queue drains would share). Without a measured rate,
+    /// the estimate. (docs/design/seats.md, rule 19.)
+    pub(crate) fn schedule(&self, tier: Tier, estimate: Duration) -> Duration {
+        let Some(rate) = self.rate(tier) else { return estimate };
+        let now = self.born.elapsed().as_micros() as u64;
+        let step = (1e6 / rate) as u64;
+        let horizon = now + crate::error::RETRY_AFTER_MAX.as_micros() as u64;
+        let cursor = &self.retry_cursor[tier as usize];
+        let mut cur = cursor.load(Ordering::Relaxed);
+        loop {
+            let at = cur.max(now + estimate.as_micros() as u64).min(horizon);
+            match cursor.compare_exchange_weak(cur, (at + step).min(horizon), Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Duration::from_micros(at - now),
+                Err(c) => cur = c,
+            }
+        }
     }
 
     /// Where `claim`'s tenant stands in `tier` now (always `Alone` for

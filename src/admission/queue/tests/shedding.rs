@@ -153,3 +153,28 @@ async fn a_callers_deadline_bounds_its_wait() {
     assert_eq!(start.elapsed(), Duration::ZERO, "refused at once");
     drop(held);
 }
+
+/// Clients refused one after another are told to come back one drain
+/// interval apart, not all at the moment the queue is estimated to drain.
+#[tokio::test(start_paused = true)]
+async fn refused_clients_are_told_to_return_at_the_drain_rate() {
+    let pool = pool(10, tiers(0.0, 10, 10));
+    let s = Duration::from_millis;
+    assert_eq!(pool.schedule(Tier::Interactive, s(700)), s(700), "no rate yet: the estimate");
+    pool.rates[Tier::Interactive as usize].store(10.0);
+    // Three refused at once, each estimated 500 ms: 500, 600, 700 ms.
+    let told: Vec<_> = (0..3).map(|_| pool.schedule(Tier::Interactive, s(500))).collect();
+    assert_eq!(told, [s(500), s(600), s(700)]);
+    // A later, longer estimate stands on its own; the next follows it.
+    tokio::time::advance(s(100)).await;
+    assert_eq!(pool.schedule(Tier::Interactive, s(2000)), s(2000));
+    assert_eq!(pool.schedule(Tier::Interactive, s(100)), s(2100));
+    // The calendar never runs past the 30 s bound.
+    for _ in 0..1000 {
+        pool.schedule(Tier::Interactive, s(0));
+    }
+    assert!(pool.schedule(Tier::Interactive, s(0)) <= Duration::from_secs(30));
+    // Batch keeps its own.
+    pool.rates[Tier::Batch as usize].store(10.0);
+    assert_eq!(pool.schedule(Tier::Batch, s(500)), s(500));
+}
