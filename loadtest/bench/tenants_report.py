@@ -123,7 +123,7 @@ def cmd_fair(d, C, machine):
                 "equal weights, the same load on fresh replicas each time (judged on the median run, the worst "
                 "stated); `alone`: B and C at the same rates with A absent, the reference: what this fleet and "
                 "machine give them at best. Measured from 10 s after start. Every gateway runs slogate's defaults "
-                "(`shed_late` off, `trip_after: 30s`).\n\n")
+                "(`trip_after: 30s`, `tiers.interactive.shed_late: true`).\n\n")
         write_checks(f, checks)
         if "alone" in rows and fair_labels:
             a = rows["alone"]
