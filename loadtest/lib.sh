@@ -148,6 +148,20 @@ SIM_ARGS=(--profile llama70b-fp8-h100 --max-num-batched-tokens 512 --scheduling-
 sim_up() { start_sim sim "$@" "${SIM_ARGS[@]}"; SIM_PID=${PIDS[-1]}; TARGETS=$(IFS=,; echo "${SIM_URLS[*]}"); }
 sim_down() { kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; }
 gw_down() { kill "$GW_PID" 2>/dev/null || true; wait "$GW_PID" 2>/dev/null || true; }
+# measure_capacity DIR : C (req/s, set once per script run), chat alone in a
+# closed loop at 128 (2 x max_num_seqs) on two fresh replicas of this fleet,
+# 512-token prompts, 64-256 output tokens; its result in DIR/capacity.json.
+measure_capacity() {
+  [ -n "${C:-}" ] && return 0
+  sim_up --replicas 2
+  { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
+    chat_stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
+  } >"$WORK/capacity.yaml"
+  run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$WORK/capacity.yaml" --label capacity --out "$1/capacity.json" --report "$1/capacity.md" --no-progress >&2
+  sim_down
+  C=$(python3 "$ROOT/loadtest/bench/admission_report.py" capacity "$1/capacity.json")
+  echo "capacity C = $C req/s" >&2
+}
 # chat_stream NAME CLASS ARRIVAL PROMPT OUTPUT [TURNS]: one loadgen stream of MODEL, as YAML.
 chat_stream() {
   cat <<EOF

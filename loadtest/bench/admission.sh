@@ -40,18 +40,10 @@ write_config() {
 
 loadgen() { run_on "${LG_CPUS:-}" "$BIN/loadgen" "$@"; }
 
-
 overload() {
   local d="$WORK/overload"; mkdir -p "$d"
   # 1. Capacity C: two replicas, closed loop at 128 (2 x max_num_seqs), round robin.
-  sim_up --replicas 2
-  { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
-    chat_stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
-  } >"$WORK/capacity.yaml"
-  loadgen run "$WORK/capacity.yaml" --label capacity --out "$d/capacity.json" --report "$d/capacity.md" --no-progress
-  sim_down
-  local C; C=$(python3 "$HERE/admission_report.py" capacity "$d/capacity.json")
-  echo "capacity C = $C req/s"
+  measure_capacity "$d"
   local chat_rate batch_rate
   chat_rate=$(python3 -c "print(round(0.4*$C, 3))")
   batch_rate=$(python3 -c "print(round(1.6*$C/8, 3))")   # M^X: batches of 8
@@ -83,22 +75,9 @@ tiers:
   publish "$d" "$OUT/overload"
 }
 
-# capacity DIR : C, chat alone in a closed loop at 128 on fresh replicas (once per run of this script).
-capacity() {
-  [ -n "${C:-}" ] && return 0
-  sim_up --replicas 2
-  { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
-    chat_stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
-  } >"$WORK/capacity.yaml"
-  loadgen run "$WORK/capacity.yaml" --label capacity --out "$1/capacity.json" --report "$1/capacity.md" --no-progress >&2
-  sim_down
-  C=$(python3 "$HERE/admission_report.py" capacity "$1/capacity.json")
-  echo "capacity C = $C req/s" >&2
-}
-
 shedlate() {
   local d="$WORK/shedlate"; mkdir -p "$d"
-  capacity "$d"
+  measure_capacity "$d"
   local x rate shed
   for x in 1.5 3; do
     rate=$(python3 -c "print(round($x*$C, 3))")

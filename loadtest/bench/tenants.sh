@@ -63,18 +63,6 @@ tenant_stream() {
 EOF
 }
 
-capacity() {
-  [ -n "${C:-}" ] && return 0
-  sim_up --replicas 2
-  { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
-    chat_stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: 512 }" "$OUTPUT"
-  } >"$WORK/capacity.yaml"
-  loadgen run "$WORK/capacity.yaml" --label capacity --out "$WORK/capacity.json" --report "$WORK/capacity.md" --no-progress >&2
-  sim_down
-  C=$(python3 "$HERE/admission_report.py" capacity "$WORK/capacity.json")
-  echo "capacity C = $C req/s" >&2
-}
-
 # run DIR LABEL KEYS_YAML SCENARIO : fresh replicas, a gateway with KEYS_YAML, the scenario through it.
 run() {
   local d=$1 label=$2
@@ -97,7 +85,7 @@ keys_of() { # NAME:WEIGHT[:CLASS]... : auth.keys entries, key "sk-NAME", class c
 
 fair() {
   local d="$WORK/fair"; mkdir -p "$d"
-  capacity
+  measure_capacity "$WORK"
   local a b
   a=$(python3 -c "print(round(1.5*$C*0.8, 3))"); b=$(python3 -c "print(round(1.5*$C*0.1, 3))")
   { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
@@ -119,7 +107,7 @@ fair() {
 
 flood() {
   local d="$WORK/flood"; mkdir -p "$d"
-  capacity
+  measure_capacity "$WORK"
   local chat batch
   chat=$(python3 -c "print(round(0.5*$C, 3))"); batch=$(python3 -c "print(round(2*$C, 3))")
   { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
@@ -132,7 +120,7 @@ flood() {
 
 weights() {
   local d="$WORK/weights"; mkdir -p "$d"
-  capacity
+  measure_capacity "$WORK"
   local r; r=$(python3 -c "print(round(1.5*$C, 3))")
   { echo "target: http://127.0.0.1:1"; echo "duration: 70s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
     tenant_stream heavy sk-heavy "$r"; tenant_stream light sk-light "$r"
