@@ -12,7 +12,7 @@
 #            (3; judged on the median, the worst stated); `alone`: B and C
 #            with A absent (the reference). Every gateway runs the defaults.
 #   flood    one key sends chat at 0.5 C, another floods `batch` at 2 C, for
-#            DURATION: chat must not be refused by a breaker
+#            DURATION, RUNS times: chat must not be refused by a breaker
 #   weights  two tenants in `chat`, weights 3 and 1, each offering 1.5 C:
 #            the service each gets (tokens) over 60 s
 #   tpm      one key with tokens_per_minute, driven for 5 minutes by the
@@ -113,7 +113,10 @@ flood() {
   { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
     tenant_stream web sk-web "$chat"; tenant_stream bulk sk-bulk "$batch" batch
   } >"$d/scenario.yaml"
-  run "$d" flood "$(keys_of web:1 bulk:1:batch)" "$d/scenario.yaml"
+  local i
+  for i in $(seq 1 "${RUNS:-3}"); do
+    run "$d" "flood-$i" "$(keys_of web:1 bulk:1:batch)" "$d/scenario.yaml"
+  done
   python3 "$HERE/tenants_report.py" flood "$d" "$C" "$MACHINE"
   publish "$d" "$OUT/flood"
 }

@@ -146,31 +146,39 @@ def cmd_fair(d, C, machine):
 
 def cmd_flood(d, C, machine):
     C = float(C)
-    r = load(os.path.join(d, "flood.json"))
-    recs, dur = measured(r)
-    rows = {n: tenant_row(recs, n, dur) for n in ("web", "bulk")}
-    refused = {n: codes(recs, n) for n in ("web", "bulk")}
-    web = rows["web"]
+    labels = sorted((f[:-5] for f in os.listdir(d) if f.startswith("flood-") and f.endswith(".json")), key=lambda s: int(s.split("-")[1]))
+    rows, refused = {}, {}
+    for lab in labels:
+        r = load(os.path.join(d, f"{lab}.json"))
+        recs, dur = measured(r)
+        rows[lab] = {n: tenant_row(recs, n, dur) for n in ("web", "bulk")}
+        refused[lab] = {n: codes(recs, n) for n in ("web", "bulk")}
+    n_runs = len(labels)
+    bo = [refused[lab]["web"].get("breaker_open", 0) for lab in labels]
+    w_med, w_worst = median_worst([rows[lab]["web"]["within"] for lab in labels], min)
+    p_med, p_worst = median_worst([rows[lab]["web"]["p99"] for lab in labels], max)
     checks = [
-        ("chat (web) never refused by a breaker", refused["web"].get("breaker_open", 0) == 0, f"{refused['web'].get('breaker_open', 0)} breaker_open"),
-        ("chat (web) >= 99 % within SLO", web["within"] >= 0.99, f"{100 * web['within']:.2f} %"),
-        ("chat (web) TTFT P99 <= 300 ms", web["p99"] <= 300, f"{web['p99']:.0f} ms"),
+        (f"chat (web) never refused by a breaker (every one of {n_runs} runs)", max(bo) == 0, f"{sum(bo)} breaker_open"),
+        ("chat (web) >= 99 % within SLO (median; worst run)", w_med >= 0.99, f"{100 * w_med:.2f} % (worst {100 * w_worst:.2f} %)"),
+        ("chat (web) TTFT P99 <= 300 ms (median; worst run)", p_med <= 300, f"{p_med:.0f} ms (worst {p_worst:.0f} ms)"),
     ]
+    dur = window(load(os.path.join(d, f"{labels[0]}.json")))[1]
     with open(os.path.join(d, "README.md"), "w") as f:
         f.write("# Batch floods while chat stays within its share: chat is not refused\n\n")
         f.write(f"Machine: {machine}. Produced by `loadtest/bench/tenants.sh flood`.\n\n")
         f.write(f"**Fleet:** {FLEET}\n\n")
         f.write(f"**Capacity C = {C:.2f} req/s.** Key `web` sends `chat` at 0.5 C, key `bulk` floods `batch` at 2 C "
-                f"(Poisson, 512-token prompts) for {dur + window(r)[0]:.0f} s, three times the breaker's `trip_after`. slogate's "
-                "defaults. Measured from 10 s after start.\n\n")
+                f"(Poisson, 512-token prompts) for {dur:.0f} s, three times the breaker's `trip_after`; {n_runs} runs on fresh "
+                "replicas (judged on the median, the worst stated). slogate's defaults. Measured from 10 s after start.\n\n")
         write_checks(f, checks)
-        f.write("\n| tenant | class | requests | completed | 429 (by code) | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n")
-        f.write("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
-        for n, cls in (("web", "chat"), ("bulk", "batch")):
-            x = rows[n]
-            by = ", ".join(f"{c} {k}" for c, k in sorted(refused[n].items())) or "0"
-            f.write(f"| {n} | {cls} | {x['requests']} | {x['done']} | {by} | {x['failed']} | {x['p50']:.0f} / {x['p99']:.0f} | "
-                    f"{100 * x['within']:.1f} % | {x['goodput']:.2f} |\n")
+        f.write("\n| run | tenant | class | requests | completed | 429 (by code) | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n")
+        f.write("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+        for lab in labels:
+            for n, cls in (("web", "chat"), ("bulk", "batch")):
+                x = rows[lab][n]
+                by = ", ".join(f"{c} {k}" for c, k in sorted(refused[lab][n].items())) or "0"
+                f.write(f"| {lab} | {n} | {cls} | {x['requests']} | {x['done']} | {by} | {x['failed']} | {x['p50']:.0f} / {x['p99']:.0f} | "
+                        f"{100 * x['within']:.1f} % | {x['goodput']:.2f} |\n")
     print(open(os.path.join(d, "README.md")).read())
 
 
