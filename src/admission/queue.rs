@@ -511,6 +511,11 @@ impl PoolAdmission {
             self.pool.load().set_waiting(q.interactive.len() + q.batch.len());
             for tier in [Tier::Interactive, Tier::Batch] {
                 let busy = !q.of(tier).is_empty();
+                if !busy {
+                    // Nobody waits: capacity is back, and what earlier
+                    // refusals were told no longer delays the next.
+                    self.retry_cursor[tier as usize].store(0, Ordering::Relaxed);
+                }
                 if let Some(rate) = q.rates.rate(tier, now, self.released[tier as usize].load(Ordering::Relaxed), busy) {
                     self.rates[tier as usize].store(rate);
                 }

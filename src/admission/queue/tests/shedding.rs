@@ -174,6 +174,9 @@ async fn refused_clients_are_told_to_return_at_the_drain_rate() {
         pool.schedule(Tier::Interactive, s(0));
     }
     assert!(pool.schedule(Tier::Interactive, s(0)) <= Duration::from_secs(30));
+    // Once nobody waits, the calendar starts over.
+    pool.tick(Instant::now());
+    assert_eq!(pool.schedule(Tier::Interactive, s(300)), s(300));
     // Batch keeps its own.
     pool.rates[Tier::Batch as usize].store(10.0);
     assert_eq!(pool.schedule(Tier::Batch, s(500)), s(500));
