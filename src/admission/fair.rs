@@ -192,13 +192,10 @@ impl<W: Queued> FairQueue<W> {
     /// when the queue is full. O(waiting tenants).
     pub(crate) fn most_over(&self, slots: usize) -> Option<(u32, u64)> {
         let mut best: Option<(f64, u32)> = None;
-        for (&tenant, b) in &self.backlogs {
-            let Some(a) = self.activity.get(&tenant) else { continue };
-            let part = slots as f64 * a.weight / self.active_weight.max(1e-9);
-            if (a.running as f64) < part || self.active_weight <= a.weight * (1.0 + 1e-9) || b.is_empty() {
-                continue;
-            }
-            let ratio = a.running as f64 / part.max(1e-9);
+        for (&tenant, _) in self.backlogs.iter().filter(|(_, b)| !b.is_empty()) {
+            let weight = self.activity.get(&tenant).map_or(1.0, |a| a.weight);
+            let Standing::Over(o) = self.standing(Share { tenant, weight }, slots) else { continue };
+            let ratio = o.held as f64 / o.part.max(1e-9);
             if best.is_none_or(|(r, t)| ratio > r || (ratio == r && tenant < t)) {
                 best = Some((ratio, tenant));
             }

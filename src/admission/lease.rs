@@ -156,7 +156,7 @@ impl std::fmt::Debug for Lease {
 }
 
 /// Why a request got no slot. `retry_after`: when a slot is likely free
-/// again for it (bounded and spread when said, see `crate::error::RetryAfter`).
+/// again for it (bounded and spread when said, see `crate::error::retry_after`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Refusal {
     /// No replica of the pool is healthy (503).

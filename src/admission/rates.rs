@@ -66,7 +66,7 @@ const UNKNOWN_WAIT: Duration = Duration::from_secs(1);
 
 /// How long until the request at `position` in a queue served at `rate`
 /// per second gets a slot (a second with no rate known). Retry-After says
-/// this, bounded and spread (see `crate::error::RetryAfter`).
+/// this, bounded and spread (see `crate::error::retry_after`).
 pub(crate) fn queue_wait(position: usize, rate: Option<f64>) -> Duration {
     match rate.filter(|r| *r > 0.0) {
         Some(rate) => Duration::from_secs_f64(((position as f64 + 1.0) / rate).min(3600.0)),
