@@ -14,8 +14,9 @@
 //!    slot, maybe after a wait in its tier's queue (429 + Retry-After, 503);
 //! 4. reduce ([`crate::reduce`]): under TTFT pressure, rewrite the request to
 //!    cost less;
-//! 5. send ([`upstream::send_with_retry`]): a connect failure or a 5xx before
-//!    any byte reached the client is retried once on another replica;
+//! 5. send ([`upstream::send_with_retry`]): a failure before any byte reached
+//!    the client (connect, a connection closed before the response head, a
+//!    5xx) is retried once on another replica;
 //! 6. observe: the response body becomes an [`observe::ObservedBody`], which
 //!    owns the lease and the request's [`tracker::Tracker`] until the stream
 //!    ends or the client goes away.

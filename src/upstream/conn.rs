@@ -21,8 +21,10 @@
 //! An idle connection is not polled. It is checked when taken: a replica that
 //! closed it (vLLM closes idle keep-alive connections after a few seconds)
 //! has left an end-of-file that a poll sees at once. If the request still
-//! could not be sent on it, it is sent again on a new connection (only a
-//! request that was never written is sent again).
+//! could not be sent on it, it is sent again on a new connection. A request
+//! written on it that the replica then closed unanswered (its close crossed
+//! the request on the wire) is reported as [`SendError::IdleClosed`], and
+//! [`super::send_with_retry`] sends it again on a new connection.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -136,6 +138,12 @@ pub(crate) enum SendError {
     Tls { addr: String, error: std::io::Error },
     #[error("the replica closed the connection before answering")]
     Closed,
+    /// The request went out on a kept-alive connection that the replica
+    /// then closed with nothing answered: it timed the idle connection out
+    /// as the request was on its way (uvicorn, which serves vLLM, and
+    /// llama.cpp's server close idle connections after 5 s) and never read it.
+    #[error("the replica closed a kept-alive connection as the request went out: {0}")]
+    IdleClosed(Box<SendError>),
 }
 
 /// A connection to a replica: plain TCP, or TLS over it (`https://`).
@@ -187,12 +195,13 @@ impl AsyncWrite for Stream {
 }
 
 /// Send `req` (origin-form URI, `Host` set) to `replica`, on an idle
-/// connection when one is left, else on a new one. With the pool's API key,
-/// `Authorization` is the key, whatever `req` carried.
+/// connection when one is left (not when `fresh`), else on a new one. With
+/// the pool's API key, `Authorization` is the key, whatever `req` carried.
 pub(crate) async fn send(
     replica: &Arc<Replica>,
     req: Request<Full<Bytes>>,
     connect_timeout: Duration,
+    fresh: bool,
 ) -> Result<Response<UpstreamBody>, SendError> {
     let mut req = req;
     if let Some(key) = &replica.api_key {
@@ -200,7 +209,7 @@ pub(crate) async fn send(
     }
     let mut tries = 0;
     loop {
-        let (tx, conn, reused) = match (tries < STALE_TRIES).then(|| replica.idle.take()).flatten() {
+        let (tx, conn, reused) = match (!fresh && tries < STALE_TRIES).then(|| replica.idle.take()).flatten() {
             Some((tx, conn)) => (tx, conn, true),
             None => {
                 let (tx, conn) = connect(&replica.base, replica.tls.as_ref(), connect_timeout).await?;
@@ -220,16 +229,36 @@ pub(crate) async fn send(
                 req = *back;
             }
             Err(Failed::NotSent(error, _)) => return Err(SendError::NotSent(error)),
+            Err(Failed::Sent(e)) if reused && e.closed_unanswered() => return Err(SendError::IdleClosed(Box::new(e))),
             Err(Failed::Sent(e)) => return Err(e),
         }
     }
 }
 
 impl SendError {
-    /// The replica may have the request (it was written): sending it to
-    /// another replica could generate it twice.
-    pub(crate) fn was_sent(&self) -> bool {
-        matches!(self, SendError::Http(_) | SendError::Closed)
+    /// The replica closed a kept-alive connection as the request went out
+    /// on it: sent again on a new connection, it is most likely served.
+    pub(crate) fn idle_closed(&self) -> bool {
+        matches!(self, SendError::IdleClosed(_))
+    }
+
+    /// The connection ended (closed, or reset) before any of the answer:
+    /// not an answer the replica got wrong.
+    fn closed_unanswered(&self) -> bool {
+        match self {
+            SendError::Closed => true,
+            SendError::Http(e) => {
+                e.is_incomplete_message()
+                    || e.is_closed()
+                    || io_kind(e).is_some_and(|k| {
+                        matches!(
+                            k,
+                            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionAborted
+                        )
+                    })
+            }
+            _ => false,
+        }
     }
 
     /// What a client may be told: the failure without the replica's address
@@ -241,8 +270,21 @@ impl SendError {
             SendError::NotSent(e) | SendError::Http(e) => e.to_string(),
             SendError::Tls { .. } => "the TLS handshake failed".into(),
             SendError::Closed => self.to_string(),
+            SendError::IdleClosed(e) => e.public_message(),
         }
     }
+}
+
+/// The kind of the I/O error under a hyper error, if one is.
+fn io_kind(e: &hyper::Error) -> Option<std::io::ErrorKind> {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        source = s.source();
+    }
+    None
 }
 
 enum Failed {
@@ -414,7 +456,7 @@ async fn read_whole(
 /// scrapes), on its pooled connections like any request.
 pub(crate) async fn get(replica: &Arc<Replica>, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
     let req = get_request(&replica.base, path)?;
-    read_whole(path, timeout, send(replica, req, timeout)).await
+    read_whole(path, timeout, send(replica, req, timeout, false)).await
 }
 
 /// GET `path` from any plain-HTTP server at `base` (a gateway's admin

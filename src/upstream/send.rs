@@ -15,14 +15,21 @@ pub(crate) trait Attempts {
     fn move_to_another(&mut self) -> bool;
 }
 
-/// Send a request to the replica `on` holds a slot on, retrying once on
-/// another healthy replica when the request never reached it (connecting,
-/// TLS or the HTTP handshake failed) or when it answered 5xx before any byte
-/// reached the client (it refused the work). A request written to a replica
-/// that then failed without answering is not sent again: the replica may be
-/// generating it, and a second one would generate it twice. `request` builds the
-/// request for a replica; the response headers must arrive by `deadline`
-/// (`start` is when the gateway got the request, for the error message).
+/// Send a request to the replica `on` holds a slot on, retrying when it
+/// failed before any byte reached the client:
+/// - a request that went out on a kept-alive connection the replica closed
+///   as it arrived (its idle timeout) is sent again to the same replica on
+///   a new connection;
+/// - otherwise once on another healthy replica: when the request never
+///   reached the replica (connecting, TLS or the HTTP handshake failed),
+///   when the replica closed the connection or reset it before its
+///   response head (it died, or dropped the request: it is not generating
+///   it, since nothing could read its answer), or when it answered 5xx (it
+///   refused the work).
+///
+/// A request whose head did not come by `deadline` is not sent again: that
+/// replica may still be generating it. `request` builds the request for a
+/// replica; `start` is when the gateway got the request, for the error message.
 pub(crate) async fn send_with_retry<A: Attempts>(
     pool: &Pool,
     on: &mut A,
@@ -31,11 +38,11 @@ pub(crate) async fn send_with_retry<A: Attempts>(
     deadline: tokio::time::Instant,
 ) -> Result<http::Response<conn::UpstreamBody>, GatewayError> {
     let connect_timeout = pool.config.timeouts.connect.get();
-    let mut retried = false;
+    let (mut retried, mut fresh) = (false, false);
     loop {
         let replica = on.replica().clone();
         let req = request(&replica)?;
-        let sent = tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout)).await;
+        let sent = tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout, fresh)).await;
         if let Ok(Ok(resp)) = &sent {
             if matches!(resp.status(), http::StatusCode::TOO_MANY_REQUESTS | http::StatusCode::SERVICE_UNAVAILABLE) {
                 // The learned limit backs off from a replica that refuses work.
@@ -49,17 +56,21 @@ pub(crate) async fn send_with_retry<A: Attempts>(
                     return Ok(resp);
                 }
                 tracing::info!(replica = %replica.url, status = %resp.status(), "replica answered 5xx before any byte was sent; retrying on another replica");
-                retried = true;
+                (retried, fresh) = (true, false);
                 continue;
             }
             Ok(Ok(resp)) => return Ok(resp),
-            Ok(Err(e)) if e.was_sent() => return Err(replica.failed(e)),
+            Ok(Err(e)) if e.idle_closed() && !fresh => {
+                tracing::debug!(replica = %replica.url, error = %e, "sending again on a new connection");
+                fresh = true;
+                continue;
+            }
             Ok(Err(e)) => replica.failed(e),
         };
         if retried || !on.move_to_another() {
             return Err(failure);
         }
         tracing::info!(error = %failure.for_log(), "retrying on another replica");
-        retried = true;
+        (retried, fresh) = (true, false);
     }
 }

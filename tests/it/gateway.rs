@@ -171,6 +171,146 @@ async fn retry_before_first_byte_lands_on_the_other_replica() {
     assert_quiescent(&gw).await;
 }
 
+/// A replica written on raw TCP, for what hyper's server never does: it
+/// reads a POST and closes the connection without a byte of answer when
+/// `close(n)` says so for the connection's `n`th POST (from 1); otherwise
+/// it answers a whole vLLM stream (with Content-Length) and keeps the
+/// connection alive. GETs (health) get 200. Counts POSTs and the
+/// connections that carried one.
+struct RawReplica {
+    addr: std::net::SocketAddr,
+    posts: Arc<std::sync::atomic::AtomicUsize>,
+    post_connections: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RawReplica {
+    async fn start(close: fn(usize) -> bool) -> RawReplica {
+        use std::sync::atomic::AtomicUsize;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (posts, post_connections) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (p, c) = (posts.clone(), post_connections.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(raw_connection(stream, close, p.clone(), c.clone()));
+            }
+        });
+        RawReplica { addr, posts, post_connections, task }
+    }
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+    fn posts(&self) -> usize {
+        self.posts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for RawReplica {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn raw_connection(
+    mut stream: tokio::net::TcpStream,
+    close: fn(usize) -> bool,
+    posts: Arc<std::sync::atomic::AtomicUsize>,
+    post_connections: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut buf, mut n) = (Vec::new(), 0);
+    loop {
+        // One request: the head, then Content-Length bytes of body.
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let len = head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
+        while buf.len() < head_end + len {
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            }
+        }
+        buf.drain(..head_end + len);
+        let answer = if head.starts_with("post") {
+            n += 1;
+            if n == 1 {
+                post_connections.fetch_add(1, Ordering::SeqCst);
+            }
+            posts.fetch_add(1, Ordering::SeqCst);
+            if close(n) {
+                return;
+            }
+            let body = [role_chunk(), content_chunk("a"), content_chunk("b"), finish_chunk("stop"), done()].concat();
+            let mut a =
+                format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes();
+            a.extend_from_slice(&body);
+            a
+        } else {
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec()
+        };
+        if stream.write_all(&answer).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_closed_as_the_request_arrives_is_sent_again_on_a_new_one() {
+    // One replica. Each protocol's client sends two requests in turn: the
+    // second goes out on the connection the first left idle, and the
+    // replica closes it unanswered (its keep-alive timeout crossing the
+    // request on the wire). With no other replica, the gateway sends it
+    // again on a new connection, and the caller never knows.
+    for (proto, client) in clients() {
+        let replica = RawReplica::start(|n| n == 2).await;
+        let gw = start_gateway(&config_yaml(&[replica.url()], "")).await;
+        for i in 0..2 {
+            let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+            assert_eq!(resp.status(), 200, "{proto}: request {i}");
+            let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
+            assert!(text.ends_with("data: [DONE]\n\n") && !text.contains("error"), "{proto}: a whole stream: {text}");
+        }
+        assert_eq!(replica.posts(), 3, "{proto}: the closed request was sent once more");
+        assert_eq!(replica.post_connections.load(Ordering::SeqCst), 2, "{proto}: on a new connection");
+        assert_eq!(requests_with_outcome(&gw, "ok").await, 2.0, "{proto}");
+        assert_eq!(requests_with_outcome(&gw, "upstream_error").await, 0.0, "{proto}");
+        assert_quiescent(&gw).await;
+    }
+}
+
+#[tokio::test]
+async fn a_replica_that_closes_before_its_response_head_is_retried_on_another() {
+    // The request reached the replica, which closed the connection without
+    // a byte of answer (it died, or dropped the request): the caller still
+    // has nothing, so the other replica serves it.
+    for (proto, client) in clients() {
+        let bad = RawReplica::start(|_| true).await;
+        let good = Mock::start(standard(2, Duration::ZERO)).await;
+        let gw = start_gateway(&config_yaml(&[bad.url(), good.url()], "    balance: round_robin\n")).await;
+        for i in 0..4 {
+            let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+            assert_eq!(resp.status(), 200, "{proto}: request {i}");
+            let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
+            assert!(text.ends_with("data: [DONE]\n\n") && !text.contains("error"), "{proto}: a whole stream: {text}");
+        }
+        assert!(bad.posts() >= 1, "{proto}: the failing replica was tried");
+        assert_eq!(good.calls(), 4, "{proto}: every request ended on the good replica");
+        assert_eq!(requests_with_outcome(&gw, "ok").await, 4.0, "{proto}");
+        assert_quiescent(&gw).await;
+    }
+}
+
 #[tokio::test]
 async fn streaming_first_token_timeout_before_headers_is_504() {
     let mock = Mock::start(script(|req| {
