@@ -112,6 +112,16 @@ def class_row(recs, cls, dur):
     }
 
 
+def median_worst(values, worse):
+    """(median, worst) of per-run values; `worse` picks the worse of two (min or max)."""
+    v = sorted(values)
+    med = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+    w = v[0]
+    for x in v:
+        w = worse(w, x)
+    return med, w
+
+
 def write_checks(f, checks):
     """The checks table: each of the issue's claims, met or not, with the number."""
     f.write("## Checks\n\n| check | result | measured |\n|---|---|---|\n")

@@ -32,6 +32,16 @@
 #
 #   loadtest/bench/limits.sh [overload] [shift] [slow] [batch] [fleet] [coldstart]   (default: all)
 #
+# RUNS (default 3) repeats overload, batch, fleet and coldstart, each run on fresh
+# replicas with other seeds; their checks are judged on the median run, the
+# worst stated. FLEET_VARIANTS picks fleet's runs (default: all six).
+#
+# ENGINE=llamacpp runs overload, batch, fleet and coldstart against replicas
+# with hard slots served first come first served, from an engine the project
+# did not write: llama.cpp's server (loadtest/llama.sh: 4 slots each, on the
+# last core; the gateways and load generators on the others), 128-token
+# prompts; results in loadtest/results/limits-llamacpp/SCENARIO/.
+#
 # Everything runs on 127.0.0.1 with free ports, bounded in time.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -39,7 +49,29 @@ WORK=$(mktemp -d); export WORK
 source "$HERE/../lib.sh"
 OUT="$ROOT/loadtest/results/limits"
 DURATION=${DURATION:-100}
+RUNS=${RUNS:-3}
+ENGINE=${ENGINE:-sim}; export LIMITS_ENGINE=$ENGINE
+PROMPT=512            # prompt tokens of every request
+FIXED=64              # the hand-tuned limit: the replica's max_num_seqs
+CAP_CONCURRENCY=128   # the capacity's closed loop: twice the replicas' slots
 build_release
+case $ENGINE in
+  sim) ;;
+  llamacpp)
+    source "$HERE/../llama.sh"
+    llama_build
+    # One engine per core: two on the one core left to them would stall
+    # each other's steps (the OS slices the core between them), and chat's
+    # ITL with them. The scenarios' fleets of two replicas become one with
+    # LLAMA_SLOTS slots.
+    sim_up() { llama_up 1; }
+    sim_down() { llama_down; }
+    PROMPT=128; CAP_CONCURRENCY=$((2 * LLAMA_SLOTS)); FIXED=$LLAMA_SLOTS
+    # The engines compute on the last core; gateways and load generators keep to the others.
+    others="0-$(($(nproc) - 2))"; export GW_CPUS=${GW_CPUS:-$others} LG_CPUS=${LG_CPUS:-$others}
+    OUT="$ROOT/loadtest/results/limits-llamacpp" ;;
+  *) echo "ENGINE is sim or llamacpp, not $ENGINE" >&2; exit 2 ;;
+esac
 MACHINE=$(machine_line)
 
 loadgen() { run_on "${LG_CPUS:-}" "$BIN/loadgen" "$@"; }
@@ -55,7 +87,8 @@ gateway_yaml() {
     echo "    models: [auto]"
     echo "    replicas: [$(IFS=,; echo "${SIM_URLS[*]}" | sed 's/,/, /g')]"
     echo "    max_inflight_per_replica: $limit"
-    echo "    upstream_priority: true"
+    # llama.cpp's server has no priority scheduling: its slots are served in arrival order.
+    if [ "$ENGINE" = llamacpp ]; then echo "    engine: llamacpp"; else echo "    upstream_priority: true"; fi
     echo "tiers:"
     echo "  interactive: { reserved_share: 0.5 }"
     echo "  batch: { queue_timeout: 2s }"
@@ -84,12 +117,12 @@ slow_replica() {
 }
 
 # capacity_of PROMPT [slow] : the fleet's throughput saturated (closed loop at
-# 128 = 2 x max_num_seqs); with `slow`, one replica at half speed.
+# CAP_CONCURRENCY, twice the replicas' slots); with `slow`, one replica at half speed.
 capacity_of() {
   sim_up --replicas 2
   if [ "${2:-}" = slow ]; then slow_replica 0; wait $!; fi
   { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
-    chat_stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: $1 }" "$OUTPUT"
+    chat_stream chat chat "{ kind: closed, concurrency: $CAP_CONCURRENCY }" "{ dist: fixed, value: $1 }" "$OUTPUT"
   } >"$WORK/capacity-$1.yaml"
   loadgen run "$WORK/capacity-$1.yaml" --label "capacity-$1" --out "$WORK/capacity-$1.json" --report "$WORK/capacity-$1.md" --no-progress >&2
   sim_down
@@ -97,7 +130,7 @@ capacity_of() {
 }
 capacity() {
   [ -n "${C:-}" ] && return 0
-  C=$(capacity_of 512)
+  C=$(capacity_of "$PROMPT")
   echo "capacity C = $C req/s" >&2
 }
 
@@ -137,10 +170,14 @@ mix() { # FILE PROMPT_BEFORE PROMPT_AFTER : 2 C (chat 0.4 C, batch 1.6 C in burs
 overload() {
   local d="$WORK/overload"; mkdir -p "$d"
   capacity
-  mix "$d/scenario.yaml" 512 512
-  through "$d" auto auto "$d/scenario.yaml"
-  through "$d" fixed 64 "$d/scenario.yaml"
-  through "$d" none 4096 "$d/scenario.yaml"
+  local i
+  for i in $(seq 1 "$RUNS"); do
+    mix "$d/scenario-$i.yaml" "$PROMPT" "$PROMPT"
+    echo "seed: $i" >>"$d/scenario-$i.yaml"
+    through "$d" "auto-$i" auto "$d/scenario-$i.yaml"
+    through "$d" "fixed-$i" "$FIXED" "$d/scenario-$i.yaml"
+    through "$d" "none-$i" 4096 "$d/scenario-$i.yaml"
+  done
   python3 "$HERE/limits_report.py" overload "$d" "$C" "$MACHINE"
   publish "$d" "$OUT/overload"
 }
@@ -174,14 +211,16 @@ slow() {
 batch() {
   local d="$WORK/batch"; mkdir -p "$d"
   capacity
-  local quiet=60 rest=$((DURATION - 60)) chat_rate batch_rate
+  local quiet=60 rest=$((DURATION - 60)) chat_rate batch_rate i
   [ "$rest" -ge 20 ] || rest=30
   chat_rate=$(python3 -c "print(round(0.4*$C, 3))"); batch_rate=$(python3 -c "print(round(2*$C/8, 3))")
-  { echo "target: http://127.0.0.1:1"; echo "duration: $((quiet + rest))s"; echo "warmup: 5s"; echo "request_timeout: 60s"; echo "streams:"
-    chat_stream batch batch "{ kind: batch, rate: $batch_rate, size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: 512 }" "$OUTPUT"
-    chat_stream chat chat "$(window "$chat_rate" "$quiet" "$((quiet + rest))")" "{ dist: fixed, value: 512 }" "$OUTPUT"
-  } >"$d/scenario.yaml"
-  DURATION=$((quiet + rest)) through "$d" auto auto "$d/scenario.yaml"
+  for i in $(seq 1 "$RUNS"); do
+    { echo "target: http://127.0.0.1:1"; echo "duration: $((quiet + rest))s"; echo "warmup: 5s"; echo "request_timeout: 60s"; echo "seed: $i"; echo "streams:"
+      chat_stream batch batch "{ kind: batch, rate: $batch_rate, size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: $PROMPT }" "$OUTPUT"
+      chat_stream chat chat "$(window "$chat_rate" "$quiet" "$((quiet + rest))")" "{ dist: fixed, value: $PROMPT }" "$OUTPUT"
+    } >"$d/scenario-$i.yaml"
+    DURATION=$((quiet + rest)) through "$d" "auto-$i" auto "$d/scenario-$i.yaml"
+  done
   python3 "$HERE/limits_report.py" batch "$d" "$C" "$MACHINE" "$quiet"
   publish "$d" "$OUT/batch"
 }
@@ -197,26 +236,26 @@ fleet_mix() {
   chat=$(python3 -c "print(round(0.4*$C*$share, 3))"); batch=$(python3 -c "print(round(1.6*$C*$share, 3))")
   { echo "target: http://127.0.0.1:1"; echo "duration: ${DURATION}s"; echo "warmup: 5s"; echo "request_timeout: 60s"; echo "seed: $seed"; echo "streams:"
     if [ -z "$kill_at" ]; then
-      chat_stream chat chat "{ kind: poisson, rate: $chat }" "{ dist: fixed, value: 512 }" "$OUTPUT"
-      chat_stream batch batch "{ kind: batch, rate: $(python3 -c "print(round($batch/8, 3))"), size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: 512 }" "$OUTPUT"
+      chat_stream chat chat "{ kind: poisson, rate: $chat }" "{ dist: fixed, value: $PROMPT }" "$OUTPUT"
+      chat_stream batch batch "{ kind: batch, rate: $(python3 -c "print(round($batch/8, 3))"), size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: $PROMPT }" "$OUTPUT"
     elif [ -z "$grown" ]; then
-      chat_stream chat chat "$(window "$chat" 0 "$kill_at")" "{ dist: fixed, value: 512 }" "$OUTPUT"
-      chat_stream batch batch "$(window "$batch" 0 "$kill_at")" "{ dist: fixed, value: 512 }" "$OUTPUT"
+      chat_stream chat chat "$(window "$chat" 0 "$kill_at")" "{ dist: fixed, value: $PROMPT }" "$OUTPUT"
+      chat_stream batch batch "$(window "$batch" 0 "$kill_at")" "{ dist: fixed, value: $PROMPT }" "$OUTPUT"
     else
       local chat2 batch2 rest=$((DURATION - kill_at))
       chat2=$(python3 -c "print(round(0.4*$C*$grown, 3))"); batch2=$(python3 -c "print(round(1.6*$C*$grown, 3))")
-      chat_stream chat chat "{ kind: stages, stages: [{ duration: ${kill_at}s, rate: $chat }, { duration: ${rest}s, rate: $chat2 }] }" "{ dist: fixed, value: 512 }" "$OUTPUT"
-      chat_stream batch batch "{ kind: stages, stages: [{ duration: ${kill_at}s, rate: $batch }, { duration: ${rest}s, rate: $batch2 }] }" "{ dist: fixed, value: 512 }" "$OUTPUT"
+      chat_stream chat chat "{ kind: stages, stages: [{ duration: ${kill_at}s, rate: $chat }, { duration: ${rest}s, rate: $chat2 }] }" "{ dist: fixed, value: $PROMPT }" "$OUTPUT"
+      chat_stream batch batch "{ kind: stages, stages: [{ duration: ${kill_at}s, rate: $batch }, { duration: ${rest}s, rate: $batch2 }] }" "{ dist: fixed, value: $PROMPT }" "$OUTPUT"
     fi
   } >"$file"
 }
 
-# fleet_run DIR LABEL LIMIT JOIN SHARES [KILL_AT] : three gateways (in a fleet
+# fleet_run DIR VARIANT.RUN LIMIT JOIN SHARES [KILL_AT] : three gateways (in a fleet
 # when JOIN is yes; JOIN one: a single gateway takes all three load
 # generators' requests) on fresh replicas, the load split by SHARES (a,b,c);
 # with KILL_AT, the third is killed (SIGKILL) then and its share goes to the others.
 fleet_run() {
-  local d=$1 label=$2 limit=$3 join=$4 kill_at=${6:-} i n=3
+  local d=$1 label=$2 limit=$3 join=$4 kill_at=${6:-} i n=3 run=${2##*.}
   [ "$join" = one ] && n=1
   local shares; IFS=, read -r -a shares <<<"$5"
   sim_up --replicas 2
@@ -231,9 +270,10 @@ fleet_run() {
     tls+=($!)
   done
   for i in 0 1 2; do
-    if [ -z "$kill_at" ]; then fleet_mix "$d/$label-$i.yaml" "$((i + 1))" "${shares[$i]}"
-    elif [ "$i" = 2 ]; then fleet_mix "$d/$label-$i.yaml" "$((i + 1))" "${shares[$i]}" "$kill_at"
-    else fleet_mix "$d/$label-$i.yaml" "$((i + 1))" "${shares[$i]}" "$kill_at" "$(python3 -c "print(${shares[$i]} + ${shares[2]} / 2)")"; fi
+    local seed=$((10 * run + i + 1))
+    if [ -z "$kill_at" ]; then fleet_mix "$d/$label-$i.yaml" "$seed" "${shares[$i]}"
+    elif [ "$i" = 2 ]; then fleet_mix "$d/$label-$i.yaml" "$seed" "${shares[$i]}" "$kill_at"
+    else fleet_mix "$d/$label-$i.yaml" "$seed" "${shares[$i]}" "$kill_at" "$(python3 -c "print(${shares[$i]} + ${shares[2]} / 2)")"; fi
     loadgen run "$d/$label-$i.yaml" --target "${urls[$((i % n))]}" --label "$label-$i" --out "$d/$label-$i.json" --report "$d/$label-$i.md" --no-progress &
     lgs+=($!)
   done
@@ -244,15 +284,22 @@ fleet_run() {
 }
 
 fleet() {
-  local d="$WORK/fleet" third; mkdir -p "$d"
+  local d="$WORK/fleet" third i v; mkdir -p "$d"
   capacity
   third=$(python3 -c "print(1/3)")
-  fleet_run "$d" alone 64 no "$third,$third,$third"
-  fleet_run "$d" fixed 64 yes "$third,$third,$third"
-  fleet_run "$d" even auto yes "$third,$third,$third"
-  fleet_run "$d" one auto one "$third,$third,$third"
-  fleet_run "$d" skewed auto yes "0.7,0.2,0.1"
-  fleet_run "$d" kill auto yes "$third,$third,$third" "$((DURATION / 2))"
+  for i in $(seq 1 "$RUNS"); do
+    for v in ${FLEET_VARIANTS:-alone fixed even one skewed kill}; do
+      case $v in
+        alone) fleet_run "$d" "alone.$i" "$FIXED" no "$third,$third,$third" ;;
+        fixed) fleet_run "$d" "fixed.$i" "$FIXED" yes "$third,$third,$third" ;;
+        even) fleet_run "$d" "even.$i" auto yes "$third,$third,$third" ;;
+        one) fleet_run "$d" "one.$i" auto one "$third,$third,$third" ;;
+        skewed) fleet_run "$d" "skewed.$i" auto yes "0.7,0.2,0.1" ;;
+        kill) fleet_run "$d" "kill.$i" auto yes "$third,$third,$third" "$((DURATION / 2))" ;;
+        *) echo "unknown fleet variant $v" >&2; exit 2 ;;
+      esac
+    done
+  done
   python3 "$HERE/limits_report.py" fleet "$d" "$C" "$MACHINE" "$((DURATION / 2))"
   publish "$d" "$OUT/fleet"
 }
@@ -263,7 +310,7 @@ coldstart() {
     chat_stream chat chat "{ kind: closed, concurrency: 32 }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
   } >"$d/scenario.yaml"
   local i v
-  for i in $(seq 1 "${RUNS:-3}"); do
+  for i in $(seq 1 "$RUNS"); do
     for v in auto fixed; do
       sim_up --replicas 1
       { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
@@ -282,7 +329,15 @@ coldstart() {
   publish "$d" "$OUT/coldstart"
 }
 
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(overload shift slow batch fleet coldstart)
+want=("$@")
+if [ ${#want[@]} -eq 0 ]; then
+  if [ "$ENGINE" = sim ]; then want=(overload shift slow batch fleet coldstart); else want=(overload batch fleet); fi
+fi
+for s in "${want[@]}"; do
+  case $ENGINE:$s in llamacpp:shift | llamacpp:slow | llamacpp:coldstart)
+    echo "$s needs the simulator (KV, slowdown faults, a replica far larger than its load); ENGINE=llamacpp runs overload, batch, fleet" >&2; exit 2 ;;
+  esac
+done
 for s in "${want[@]}"; do
   case $s in overload) overload ;; shift) shift_ ;; slow) slow ;; batch) batch ;; fleet) fleet ;; coldstart) coldstart ;; *) echo "unknown scenario $s" >&2; exit 2 ;; esac
 done

@@ -9,7 +9,7 @@
 import os
 import sys
 
-from admission_report import chart, load, pct, window, within, write_checks  # beside this script
+from admission_report import chart, load, median_worst, pct, window, within, write_checks  # beside this script
 
 FLEET = ("two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each), "
          "`--max-num-batched-tokens 512`, `--scheduling-policy priority`; 512-token prompts, 64-256 output tokens "
@@ -65,16 +65,6 @@ def codes(recs, name):
             c = x.get("error_code") or "?"
             out[c] = out.get(c, 0) + 1
     return out
-
-
-def median_worst(values, worse):
-    """(median, worst) of per-run values; `worse` picks the worse of two."""
-    v = sorted(values)
-    med = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-    w = v[0]
-    for x in v:
-        w = worse(w, x)
-    return med, w
 
 
 def cmd_fair(d, C, machine):

@@ -202,58 +202,6 @@ async fn a_breaker_closes_for_classes_that_send_only_non_streaming_requests_or_e
     assert_quiescent(&gw).await;
 }
 
-/// A replica that takes the request and then fails without answering may
-/// be generating it: the request is not sent to another replica (it would
-/// be generated twice); the client gets 502. A replica that refuses the
-/// connection never saw it: that one is retried.
-#[tokio::test]
-async fn a_request_written_to_a_replica_is_not_sent_to_another() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    // Answers health checks; takes every POST and closes without a word.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let taker = format!("http://{}", listener.local_addr().expect("addr"));
-    let posts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen = posts.clone();
-    let server = tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else { continue };
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                if buf.starts_with(b"POST") {
-                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    return; // closes the connection
-                }
-                let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}").await;
-            });
-        }
-    });
-    let good = Mock::start(standard(2, Duration::ZERO)).await;
-    let gw = gateway_config(&[taker, good.url()]).pool("balance: round_robin").start().await;
-    let mut statuses = Vec::new();
-    for (_, c) in clients() {
-        for _ in 0..2 {
-            let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
-            statuses.push(resp.status().as_u16());
-            resp.into_body().collect().await.expect("body");
-        }
-    }
-    let taken = posts.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(taken >= 1, "round robin reached the replica that takes requests");
-    assert_eq!(statuses.iter().filter(|s| **s == 502).count(), taken, "{statuses:?}");
-    assert_eq!(good.calls(), 4 - taken, "nothing the first replica took was sent again");
-    assert_eq!(requests_with_outcome(&gw, "upstream_error").await, taken as f64);
-    assert_quiescent(&gw).await;
-    server.abort();
-}
-
 /// A stream that floods: 3,000 events of 1 KB, as fast as they go.
 fn flood() -> ScriptFn {
     let big = "x".repeat(1000);
