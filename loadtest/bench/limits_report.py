@@ -14,15 +14,16 @@ from admission_report import chart, class_row, load, median_worst, pct, timeline
 
 ENGINE = os.environ.get("LIMITS_ENGINE", "sim")
 if ENGINE == "llamacpp":
-    FLEET = ("two replicas of llama.cpp's server (`llama-server` from llama-cpp-python 0.3.36's llama.cpp, built from source), "
-             "each with 4 hard slots (`--parallel 4`, continuous batching) served first come first served, one CPU thread, "
-             "a random-weight llama model 256 wide with 4 blocks; both replicas on the last core, the gateways and load "
-             "generators on the other. 128-token prompts, 64-256 output tokens (uniform, `ignore_eos`) per request. "
-             "slogate: `engine: llamacpp` (waiting and running read from `llamacpp:requests_deferred` / "
-             "`llamacpp:requests_processing`), `tiers.interactive.reserved_share: 0.5`, `tiers.batch.queue_timeout: 2s`, "
-             "and the `max_inflight_per_replica` named per run (`fixed`: 4, the slots).")
+    FLEET = ("one replica of llama.cpp's server (`llama-server` from llama-cpp-python 0.3.36's llama.cpp, built from source) "
+             "with 8 hard slots (`--parallel 8`, continuous batching, at most 32 tokens a step so prompts are prefilled in "
+             "chunks) served first come first served, one CPU thread on a core of its own (the gateways and load generators "
+             "on the other), a random-weight llama model 256 wide with 4 blocks. 128-token prompts, 64-256 output tokens "
+             "(uniform, `ignore_eos`) per request. slogate: `engine: llamacpp` (waiting and running read from "
+             "`llamacpp:requests_deferred` / `llamacpp:requests_processing`), no `upstream_priority` (the engine has none), "
+             "`tiers.interactive.reserved_share: 0.5`, `tiers.batch.queue_timeout: 2s`, and the `max_inflight_per_replica` "
+             "named per run.")
     SCRIPT = "ENGINE=llamacpp loadtest/bench/limits.sh"
-    FIXED, PROMPT, CAP, SLOTS = 4, 128, 16, "4 = the slots"
+    FIXED, PROMPT, CAP, SLOTS = 8, 128, 16, "8 = the slots"
 else:
     FLEET = ("two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each: 22 ms + 0.3 ms/seq decode "
              "steps, max_num_seqs 64, KV cache for ~65k tokens), `--max-num-batched-tokens 512`, `--scheduling-policy priority`; "
