@@ -346,7 +346,7 @@ def cmd_fleet(d, C, machine, kill_at):
 
 def cmd_coldstart(d, machine):
     """A fresh gateway's first seconds: TTFT of the first round of 32 streams and of the whole run, auto vs fixed."""
-    runs = sorted({f.split("-")[1].split(".")[0] for f in os.listdir(d) if f.startswith("auto-") and f.endswith(".json")}, key=int)
+    runs = runs_of(d, "auto-")
     rows = {}
     for v in ("auto", "fixed"):
         for i in runs:

@@ -218,30 +218,9 @@ async fn raw_connection(
     posts: Arc<std::sync::atomic::AtomicUsize>,
     post_connections: Arc<std::sync::atomic::AtomicUsize>,
 ) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let (mut buf, mut n) = (Vec::new(), 0);
-    loop {
-        // One request: the head, then Content-Length bytes of body.
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            let mut chunk = [0u8; 4096];
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(k) => buf.extend_from_slice(&chunk[..k]),
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-        let len = head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
-        while buf.len() < head_end + len {
-            let mut chunk = [0u8; 4096];
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(k) => buf.extend_from_slice(&chunk[..k]),
-            }
-        }
-        buf.drain(..head_end + len);
+    while let Some(head) = read_raw_request(&mut stream, &mut buf).await {
         let answer = if head.starts_with("post") {
             n += 1;
             if n == 1 {

@@ -291,28 +291,14 @@ fn slogate_check_names_a_missing_ca_file_an_unset_key_variable_and_half_an_mtls_
 /// A replica whose completions carry an `x-pad` header of `pad` bytes
 /// (a proxy in front of it adding large headers): raw HTTP/1.1 on a free port.
 async fn padded_replica(pad: usize) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    let Ok(n) = s.read(&mut chunk).await else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-                    let len: usize =
-                        head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
-                    if buf.len() < end + 4 + len {
-                        continue;
-                    }
-                    buf.drain(..end + 4 + len);
+                while let Some(head) = read_raw_request(&mut s, &mut buf).await {
                     let body = r#"{"id":"c","object":"chat.completion","created":1,"model":"m1","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
                     // Health checks get a plain answer; only completions are padded.
                     let pad = if head.starts_with("post") { pad } else { 1 };
