@@ -111,6 +111,25 @@ pub struct PoolConfig {
     /// vLLM's `/v1/load_lora_adapter`). None by default: slogate forwards
     /// nothing else.
     pub extra_paths: Vec<ExtraPath>,
+    /// Continuing a broken stream on another replica.
+    pub resume: ResumeConfig,
+}
+
+/// `pools[].resume`: a chat or completions stream that breaks after the
+/// client got some of it (the replica reset, ended early, sent an error
+/// event or stalled past the idle timeout) is continued on another replica
+/// of the pool, spliced into the client's stream.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResumeConfig {
+    /// Continuations one stream may get; 0 turns resuming off.
+    pub max_attempts: u32,
+}
+
+impl Default for ResumeConfig {
+    fn default() -> Self {
+        ResumeConfig { max_attempts: 1 }
+    }
 }
 
 /// `max_inflight_per_replica`: `auto` (learned per replica from its own
@@ -261,6 +280,7 @@ impl Default for PoolConfig {
             api_key_env: None,
             max_event_bytes: Size(1 << 20),
             extra_paths: Vec::new(),
+            resume: ResumeConfig::default(),
         }
     }
 }

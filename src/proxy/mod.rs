@@ -34,6 +34,7 @@ mod json;
 pub(crate) mod keepalive;
 pub(crate) mod observe;
 pub(crate) mod request_id;
+pub(crate) mod resume;
 mod route;
 pub(crate) mod tracker;
 pub(crate) mod watchdog;
@@ -203,9 +204,30 @@ async fn forward(
     let mut lease = admitted.lease;
     // Boxed: the sending stage's state is the largest of this path, and
     // inline it would be held by every request waiting in a queue above.
-    let sent = Box::pin(send(&parts, body, route, &mut lease, &t, snap, stream, &timeouts)).await;
+    let sent = Box::pin(send(&parts, body.clone(), route, &mut lease, &t, snap, stream, &timeouts)).await;
     let resp = stage!(t, sent);
-    observe(resp, t, lease, endpoint, Settings { timeouts, strip_usage, waited: admitted.waited, reduced })
+    let resume = (stream && route.pool.config.resume.max_attempts > 0 && route.pool.replicas.len() > 1)
+        .then(|| resumable(parts, body, route, endpoint, snap, &t))
+        .flatten();
+    observe(resp, t, lease, endpoint, Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume })
+}
+
+/// A chat or completions stream, continued on another replica of its pool
+/// if it breaks ([`resume`]).
+fn resumable(
+    parts: http::request::Parts,
+    body: bytes::Bytes,
+    route: &crate::state::Route,
+    endpoint: Endpoint,
+    snap: &Snapshot,
+    t: &Tracker,
+) -> Option<resume::Resume<UpstreamBody>> {
+    if !matches!(endpoint, Endpoint::Chat | Endpoint::Completions) {
+        return None;
+    }
+    let link =
+        resume::PoolLink { parts, pool: route.pool.clone(), strip_auth: snap.classifier.has_keys(), request_id: t.request_id.clone() };
+    Some(resume::Resume::new(Box::new(link), body, endpoint == Endpoint::Chat, route.pool.config.resume.max_attempts))
 }
 
 /// The sending stage: the request to a replica of `route`'s pool, retried
@@ -303,6 +325,7 @@ struct Settings {
     strip_usage: bool,
     waited: std::time::Duration,
     reduced: Option<String>,
+    resume: Option<resume::Resume<UpstreamBody>>,
 }
 
 /// The response to the client: the replica's, its body observed (the
@@ -323,7 +346,11 @@ fn observe(resp: Response<UpstreamBody>, mut tracker: Tracker, lease: Lease, end
         tracker.finish(if status.is_server_error() { Outcome::upstream_error } else { Outcome::client_error });
         Watched::new(ObservedBody::passthrough(rbody, tracker, t)).boxed_unsync()
     } else if is_sse {
-        Watched::new(ObservedBody::sse(rbody, tracker, t, s.strip_usage)).boxed_unsync()
+        let body = match s.resume {
+            Some(resume) => ObservedBody::resumable(rbody, tracker, t, s.strip_usage, resume),
+            None => ObservedBody::sse(rbody, tracker, t, s.strip_usage),
+        };
+        Watched::new(body).boxed_unsync()
     } else if endpoint == Endpoint::Speech {
         Watched::new(ObservedBody::audio(rbody, tracker, t)).boxed_unsync()
     } else if matches!(endpoint, Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings | Endpoint::Responses | Endpoint::Rerank) {

@@ -274,7 +274,7 @@ impl Tracker {
     /// Tell the replica this stream's gaps since the last report: every
     /// [`GAPS_REPORTED_EVERY`] gaps and at the end, so a replica that slows
     /// down is seen within a second or so, not only as its streams end.
-    fn report_gaps(&mut self) {
+    pub(super) fn report_gaps(&mut self) {
         let (Some(l), Some(first), Some(last)) = (&self.lease, self.first_token, self.last_token) else { return };
         let (from, before) = self.gaps_reported.unwrap_or((first, 0));
         if self.gaps > before {

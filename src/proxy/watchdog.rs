@@ -23,7 +23,13 @@ impl<B> ObservedBody<B> {
         }
         let due = self.next_deadline(self.last_event);
         if now >= due {
-            self.on_timeout();
+            if !self.on_timeout() {
+                // Continued on another replica: the poller picks it up.
+                if let Some(w) = self.waker.take() {
+                    w.wake();
+                }
+                return Some(self.next_deadline(self.last_event));
+            }
         } else if let Some(t) = self.handed_over.filter(|t| now >= *t + self.timeouts.send) {
             let what = format!("slogate: the client took no data for {:?} (server.send_timeout)", now - t);
             tracing::warn!(request_id = self.tracker.request_id.to_str().unwrap_or(""), class = %self.tracker.class().name, model = %self.tracker.model(), "{what}; cancelling the request");

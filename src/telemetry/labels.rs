@@ -115,6 +115,28 @@ pub(crate) struct ReplicaLabels {
     pub(crate) replica: String,
 }
 
+/// A stream that broke on `replica` of `pool`, and how it broke.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ResumeLabels {
+    pub(crate) pool: String,
+    pub(crate) replica: String,
+    /// `reset`, `eof`, `error_event`, `stall`.
+    pub(crate) reason: &'static str,
+}
+
+/// A broken stream that was not continued, and why not.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct UnresumedLabels {
+    pub(crate) pool: String,
+    /// How it broke: as [`ResumeLabels::reason`].
+    pub(crate) reason: &'static str,
+    /// `off`, `not_exact` (the request or the answer cannot be continued
+    /// exactly), `attempts` (it was continued `max_attempts` times),
+    /// `no_replica` (no other healthy replica had a slot), `failed` (the
+    /// continuation was refused or failed before its first byte).
+    pub(crate) why: &'static str,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct TierOnlyLabels {
     pub(crate) tier: TierLabel,

@@ -265,6 +265,9 @@ pub struct Metrics {
     pub(crate) context_reduction_active: Family<ClassLabels, Gauge>,
     pub(crate) ttft_p99: Family<ClassLabels, Gauge<f64, AtomicU64>>,
     pub(crate) context_reduced: Family<ClassLabels, Counter>,
+    /// Broken streams continued on another replica, and those that were not.
+    pub(crate) stream_resumes: Family<ResumeLabels, Counter>,
+    pub(crate) stream_unresumed: Family<UnresumedLabels, Counter>,
     pub(crate) budget_remaining: Family<SloLabels, Gauge<f64, AtomicU64>>,
     pub(crate) burn_rate: Family<SloWindowLabels, Gauge<f64, AtomicU64>>,
     pub(crate) reload_failures: Counter,
@@ -386,6 +389,16 @@ fn register_controls(registry: &mut Registry, m: &Metrics) {
         m.budget_remaining.clone(),
     );
     registry.register("error_budget_burn_rate", "Bad share over the allowed bad share, per burn-alert window", m.burn_rate.clone());
+    registry.register(
+        "stream_resumes",
+        "Streams that broke on a replica (reason: reset, eof, error_event, stall), continued on another replica",
+        m.stream_resumes.clone(),
+    );
+    registry.register(
+        "stream_unresumed",
+        "Streams that broke and were not continued on another replica (why: not_exact, attempts, no_replica, failed)",
+        m.stream_unresumed.clone(),
+    );
 }
 
 /// The tenants' series, the limit store's and the access log's.
@@ -464,6 +477,8 @@ impl Metrics {
             context_reduction_active: Family::default(),
             ttft_p99: Family::default(),
             context_reduced: Family::default(),
+            stream_resumes: Family::default(),
+            stream_unresumed: Family::default(),
             budget_remaining: Family::default(),
             burn_rate: Family::default(),
             reload_failures: Counter::default(),

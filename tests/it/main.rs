@@ -26,6 +26,7 @@ mod promises;
 mod reference_config;
 mod reload;
 mod replicas;
+mod resume;
 mod rooms;
 mod rules;
 mod streaming;

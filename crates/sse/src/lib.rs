@@ -12,6 +12,9 @@
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
+mod text;
+pub use text::{delta_text, Piece};
+
 /// Incremental SSE parser.
 ///
 /// Completed blocks (the bytes up to and including a blank line) are handed

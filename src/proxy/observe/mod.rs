@@ -23,7 +23,10 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+mod resuming;
+
 use super::json::read_json_outcome;
+use super::resume::{Break, Continuing, Resume};
 use super::tracker::Tracker;
 use crate::config::{PoolConfig, ServerConfig};
 use crate::error::BoxError;
@@ -68,6 +71,9 @@ enum Mode {
         saw_done: bool,
         saw_error: bool,
         finish_reason: Option<String>,
+        /// The replica sent an error event this read, hidden from the
+        /// client because the stream is continued elsewhere.
+        broke: bool,
     },
     /// A JSON body: keep the chunks (cheap clones) to read usage at the end.
     Json { chunks: Vec<Bytes>, size: usize },
@@ -111,20 +117,35 @@ pub(crate) struct ObservedBody<B> {
     pub(super) handed_over: Option<Instant>,
     /// The task to wake when the watchdog ends the stream.
     pub(super) waker: Option<std::task::Waker>,
+    /// How to continue the stream on another replica if it breaks.
+    resume: Option<Box<Resume<B>>>,
+    /// A continuation on its way, and how the stream broke.
+    continuing: Option<(Continuing<B>, Break)>,
 }
 
 impl<B> ObservedBody<B> {
     /// Observe a `text/event-stream` body.
     pub(crate) fn sse(inner: B, tracker: Tracker, timeouts: StreamTimeouts, strip_usage: bool) -> Self {
-        let mode = Mode::Sse {
+        Self::new(inner, Self::sse_mode(strip_usage), tracker, timeouts)
+    }
+
+    /// Observe a `text/event-stream` body that `resume` continues on another replica if it breaks.
+    pub(crate) fn resumable(inner: B, tracker: Tracker, timeouts: StreamTimeouts, strip_usage: bool, resume: Resume<B>) -> Self {
+        let mut body = Self::sse(inner, tracker, timeouts, strip_usage);
+        body.resume = Some(Box::new(resume));
+        body
+    }
+
+    fn sse_mode(strip_usage: bool) -> Mode {
+        Mode::Sse {
             parser: SseParser::new(),
             strip_usage,
             pending: BytesMut::new(),
             saw_done: false,
             saw_error: false,
             finish_reason: None,
-        };
-        Self::new(inner, mode, tracker, timeouts)
+            broke: false,
+        }
     }
 
     /// Observe a JSON body (non-streaming completion or embeddings).
@@ -158,6 +179,8 @@ impl<B> ObservedBody<B> {
             done: false,
             handed_over: None,
             waker: None,
+            resume: None,
+            continuing: None,
         }
     }
 
@@ -176,12 +199,14 @@ impl<B> ObservedBody<B> {
                 keep_json(chunks, size, &data);
                 Some(data)
             }
-            Mode::Sse { parser, strip_usage, pending, saw_done, saw_error, finish_reason } => {
-                // Offsets below are in `pending ++ data`: usage events to cut.
+            Mode::Sse { parser, strip_usage, pending, saw_done, saw_error, finish_reason, broke } => {
+                // Offsets below are in `pending ++ data`: events to cut, or
+                // to replace (a continuation's, rewritten).
                 let p = pending.len();
                 let strip = *strip_usage;
                 let tracker = &mut self.tracker;
-                let mut cuts: Vec<(usize, usize)> = Vec::new();
+                let mut splice = self.resume.as_deref_mut().map(|r| &mut r.splice);
+                let mut cuts: Vec<(usize, usize, Option<Bytes>)> = Vec::new();
                 // An LF that ends the CR of the previous read's last block
                 // belongs to that block (nothing is pending then): a usage
                 // event cut here starts after it.
@@ -189,27 +214,42 @@ impl<B> ObservedBody<B> {
                 let mut prev_end = lead;
                 let mut complete: Option<usize> = None;
                 parser.feed(&data, |d, end| {
-                    if let Some(d) = d {
-                        let info = analyze(d);
-                        if info.content {
-                            // Every content event in this read is delivered now.
-                            tracker.content_event(now);
-                        }
-                        if info.usage.is_some() {
-                            tracker.usage = info.usage;
-                        }
-                        if let Some(f) = info.finish_reason {
-                            *saw_error |= f == "error";
-                            *finish_reason = Some(f);
-                        }
-                        *saw_error |= info.error;
-                        *saw_done |= info.done;
-                        if strip && info.usage_only {
-                            cuts.push((prev_end, end + p));
-                        }
-                    }
+                    let at = (prev_end, end + p);
                     prev_end = end + p;
                     complete = Some(end);
+                    if *broke {
+                        // After an error event hidden for a continuation: nothing more of this replica's.
+                        cuts.push((at.0, at.1, None));
+                        return;
+                    }
+                    let Some(d) = d else { return };
+                    let info = analyze(d);
+                    if info.error && splice.as_ref().is_some_and(|s| s.may_resume()) {
+                        *broke = true;
+                        cuts.push((at.0, at.1, None));
+                        return;
+                    }
+                    if info.content {
+                        // Every content event in this read is delivered now.
+                        tracker.content_event(now);
+                    }
+                    if let Some(s) = splice.as_deref_mut() {
+                        s.observe(d, &info);
+                    }
+                    if let Some(u) = info.usage {
+                        tracker.usage = Some(splice.as_ref().map_or(u, |s| s.usage(u)));
+                    }
+                    if let Some(f) = &info.finish_reason {
+                        *saw_error |= f == "error";
+                        *finish_reason = Some(f.clone());
+                    }
+                    *saw_error |= info.error;
+                    *saw_done |= info.done;
+                    if strip && info.usage_only {
+                        cuts.push((at.0, at.1, None));
+                    } else if let Some(s) = splice.as_ref().filter(|s| s.spliced()) {
+                        cuts.push((at.0, at.1, s.rewrite(d, &info)));
+                    }
                 });
                 let Some(complete_end) = complete else {
                     // No event completed in this read: hold its bytes (but
@@ -217,27 +257,7 @@ impl<B> ObservedBody<B> {
                     pending.extend_from_slice(&data[lead..]);
                     return (lead == 1).then(|| data.slice(..1));
                 };
-                if cuts.is_empty() && p == 0 && complete_end == data.len() {
-                    return Some(data);
-                }
-                let mut buf = BytesMut::with_capacity(p + complete_end);
-                let mut append = |a: usize, b: usize| {
-                    if a < p {
-                        buf.extend_from_slice(&pending[a..b.min(p)]);
-                    }
-                    if b > p {
-                        buf.extend_from_slice(&data[a.max(p) - p..b - p]);
-                    }
-                };
-                let mut pos = 0;
-                for (s, e) in cuts {
-                    append(pos, s);
-                    pos = e;
-                }
-                append(pos, complete_end + p);
-                pending.clear();
-                pending.extend_from_slice(&data[complete_end..]);
-                Some(buf.freeze()).filter(|b| !b.is_empty())
+                splice_read(pending, data, cuts, complete_end)
             }
         }
     }
@@ -313,19 +333,58 @@ impl<B> ObservedBody<B> {
         self.done = true;
     }
 
-    /// A timeout fired: stop reading upstream (cancelling it) and tell the client.
-    pub(super) fn on_timeout(&mut self) {
+    /// A timeout fired: stop reading upstream (cancelling it) and tell the
+    /// client; or, for a stream that stalled after its first token,
+    /// continue it on another replica. False: it goes on (continued).
+    pub(super) fn on_timeout(&mut self) -> bool {
         let waited_for_first = self.tracker.first_token.is_none();
         let elapsed = self.tracker.start.elapsed();
+        let sse = matches!(self.mode, Mode::Sse { .. });
+        let stalled = !waited_for_first && elapsed < self.timeouts.total && self.continuing.is_none();
+        if sse && stalled && self.resume_stream(Break::Stall) {
+            return false;
+        }
+        self.continuing = None;
         let what = if elapsed >= self.timeouts.total {
             format!("slogate: request exceeded the total timeout of {:?}", self.timeouts.total)
-        } else if waited_for_first && matches!(self.mode, Mode::Sse { .. }) {
+        } else if waited_for_first && sse {
             format!("slogate: no first token within {:?}", self.timeouts.first_token)
         } else {
             format!("slogate: no data from the replica for {:?}", self.timeouts.idle)
         };
         tracing::warn!(request_id = self.tracker.request_id.to_str().unwrap_or(""), class = %self.tracker.class().name, model = %self.tracker.model(), "{what}");
         self.end_with_error(&what, "timeout", 504, Outcome::timeout);
+        true
+    }
+
+    /// One data frame from the replica (`ended`: its last): measured,
+    /// maybe ended; what to send the client.
+    fn on_frame(&mut self, data: Bytes, ended: bool) -> Option<Bytes> {
+        self.last_event = Instant::now();
+        let out = self.on_data(data);
+        self.tracker.bytes_out += out.as_ref().map_or(0, |o| o.len() as u64);
+        if self.event_too_large() {
+            self.on_event_too_large();
+        } else if self.broke_on_error_event() {
+            if !self.resume_stream(Break::ErrorEvent) {
+                self.tracker.cut = true;
+                let what = "slogate: the replica sent an error event and the stream could not be continued";
+                self.end_with_error(what, "upstream_error", 502, Outcome::stream_error);
+            }
+            return out;
+        } else if ended {
+            self.end();
+        }
+        if !self.done {
+            // Deadlines only move later as events arrive, except when the
+            // first token switches from the first-token to the idle budget:
+            // only then can the armed timer be too late.
+            let due = self.next_deadline(self.last_event);
+            if due < self.deadline.deadline() {
+                self.deadline.as_mut().reset(due);
+            }
+        }
+        out
     }
 
     /// The deadline given the last event at `last`.
@@ -339,6 +398,39 @@ impl<B> ObservedBody<B> {
         };
         (last + gap).min(total)
     }
+}
+
+/// What the client gets of a read (`data`, after the `pending` bytes
+/// held from earlier reads): the events that completed in it, up to
+/// `complete_end` of `data`, less those `cuts` remove (or with what they
+/// put instead); the rest of `data` is held.
+fn splice_read(pending: &mut BytesMut, data: Bytes, cuts: Vec<(usize, usize, Option<Bytes>)>, complete_end: usize) -> Option<Bytes> {
+    let p = pending.len();
+    if cuts.is_empty() && p == 0 && complete_end == data.len() {
+        return Some(data);
+    }
+    let mut buf = BytesMut::with_capacity(p + complete_end);
+    // Offsets are in `pending ++ data`.
+    let append = |buf: &mut BytesMut, a: usize, b: usize| {
+        if a < p {
+            buf.extend_from_slice(&pending[a..b.min(p)]);
+        }
+        if b > p {
+            buf.extend_from_slice(&data[a.max(p) - p..b - p]);
+        }
+    };
+    let mut pos = 0;
+    for (s, e, instead) in cuts {
+        append(&mut buf, pos, s);
+        if let Some(instead) = instead {
+            buf.extend_from_slice(&instead);
+        }
+        pos = e;
+    }
+    append(&mut buf, pos, complete_end + p);
+    pending.clear();
+    pending.extend_from_slice(&data[complete_end..]);
+    Some(buf.freeze()).filter(|b| !b.is_empty())
 }
 
 /// An SSE error event in OpenAI's error form (with the request's id), then `[DONE]`.
@@ -369,6 +461,7 @@ where
             if this.done {
                 return Poll::Ready(None);
             }
+            ready!(this.poll_continuing(cx));
             let Some(inner) = this.inner.as_mut() else {
                 this.done = true;
                 continue;
@@ -376,33 +469,12 @@ where
             match Pin::new(&mut *inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
-                        this.last_event = Instant::now();
                         // A body of known length (a JSON answer with
                         // Content-Length) ends with its last frame: the
                         // server may never poll again, so the end is
                         // accounted for now, not at a poll that returns None.
                         let ended = inner.is_end_stream();
-                        let out = this.on_data(data);
-                        this.tracker.bytes_out += out.as_ref().map_or(0, |o| o.len() as u64);
-                        if this.event_too_large() {
-                            this.on_event_too_large();
-                        } else if ended {
-                            this.end();
-                        }
-                        if this.done {
-                            if let Some(out) = out {
-                                return Poll::Ready(Some(Ok(Frame::data(out))));
-                            }
-                            continue;
-                        }
-                        // Deadlines only move later as events arrive, except when
-                        // the first token switches from the first-token to the idle
-                        // budget: only then can the armed timer be too late.
-                        let due = this.next_deadline(this.last_event);
-                        if due < this.deadline.deadline() {
-                            this.deadline.as_mut().reset(due);
-                        }
-                        if let Some(out) = out {
+                        if let Some(out) = this.on_frame(data, ended) {
                             return Poll::Ready(Some(Ok(Frame::data(out))));
                         }
                     }
@@ -411,10 +483,13 @@ where
                 Poll::Ready(Some(Err(e))) => {
                     let e: BoxError = e.into();
                     tracing::warn!(request_id = this.tracker.request_id.to_str().unwrap_or(""), class = %this.tracker.class().name, model = %this.tracker.model(), error = %e, "replica stream failed");
-                    this.tracker.cut = true;
                     // A stream ends as OpenAI's do when they fail (an error
                     // event); any other body is cut, as the replica's was.
                     let sse = matches!(this.mode, Mode::Sse { .. });
+                    if sse && this.resume_stream(Break::Reset) {
+                        continue;
+                    }
+                    this.tracker.cut = true;
                     let outcome = if sse { Outcome::stream_error } else { Outcome::upstream_error };
                     this.end_with_error(&format!("slogate: the replica's stream failed: {e}"), "upstream_error", 502, outcome);
                     if sse {
@@ -422,7 +497,11 @@ where
                     }
                     return Poll::Ready(Some(Err(e)));
                 }
-                Poll::Ready(None) => this.end(),
+                Poll::Ready(None) => {
+                    if !(this.unfinished() && this.resume_stream(Break::Eof)) {
+                        this.end();
+                    }
+                }
                 Poll::Pending => loop {
                     ready!(this.deadline.as_mut().poll(cx));
                     let due = this.next_deadline(this.last_event);

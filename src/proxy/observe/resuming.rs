@@ -1,0 +1,91 @@
+//! The observed body's half that continues a broken stream on another
+//! replica ([`crate::proxy::resume`]; docs/design/resume.md): starting a
+//! continuation where the stream broke, and taking up its body.
+
+use std::task::{ready, Context, Poll};
+
+use tokio::time::Instant;
+
+use super::{Mode, ObservedBody};
+use crate::proxy::resume::Break;
+use crate::telemetry::metrics::{ResumeLabels, UnresumedLabels};
+use crate::telemetry::Outcome;
+
+impl<B> ObservedBody<B> {
+    /// The stream broke (`why`): send its continuation to another replica
+    /// if it may be continued (the module docs of [`super::resume`]).
+    /// False: it was not, and ends as it broke.
+    pub(super) fn resume_stream(&mut self, why: Break) -> bool {
+        let Some(r) = self.resume.as_deref_mut() else { return false };
+        let t = &mut self.tracker;
+        let left = t.lease.as_ref().map(|l| l.replica().label().to_string()).unwrap_or_default();
+        t.report_gaps();
+        let sent = t.first_token.map_or(0, |_| t.gaps + 1);
+        let now = Instant::now();
+        let deadline = (now + self.timeouts.idle).min(t.start + self.timeouts.total);
+        let pool = r.link.pool().to_string();
+        match r.start(t.lease.as_mut(), sent, deadline) {
+            Ok(pending) => {
+                t.metrics().stream_resumes.get_or_create(&ResumeLabels { pool, replica: left.clone(), reason: why.as_str() }).inc();
+                let to = t.lease.as_ref().map(|l| l.replica().label().to_string()).unwrap_or_default();
+                t.span().in_scope(|| tracing::info!(request_id = t.request_id.to_str().unwrap_or(""), from = %left, to = %to, reason = why.as_str(), tokens = sent, "stream broke; continuing it on another replica"));
+                self.inner = None;
+                self.continuing = Some((pending, why));
+                // The continuation's head is due within the idle timeout.
+                self.last_event = now;
+                if let Mode::Sse { strip_usage, .. } = self.mode {
+                    self.mode = Self::sse_mode(strip_usage);
+                }
+                true
+            }
+            Err(not) => {
+                t.metrics().stream_unresumed.get_or_create(&UnresumedLabels { pool, reason: why.as_str(), why: not }).inc();
+                false
+            }
+        }
+    }
+
+    /// Wait for the continuation's response head: then read its body; if
+    /// it failed, end as the stream broke.
+    pub(super) fn poll_continuing(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some((pending, why)) = self.continuing.as_mut() else { return Poll::Ready(()) };
+        let got = ready!(pending.as_mut().poll(cx));
+        let why = *why;
+        self.continuing = None;
+        match got {
+            Ok(body) => {
+                self.inner = Some(body);
+                self.last_event = Instant::now();
+                let due = self.next_deadline(self.last_event);
+                self.deadline.as_mut().reset(due);
+            }
+            Err(e) => {
+                let pool = self.resume.as_ref().map(|r| r.link.pool().to_string()).unwrap_or_default();
+                let labels = UnresumedLabels { pool, reason: why.as_str(), why: "failed" };
+                self.tracker.metrics().stream_unresumed.get_or_create(&labels).inc();
+                let what = format!("slogate: the replica's stream broke ({}) and its continuation failed: {e}", why.as_str());
+                tracing::warn!(request_id = self.tracker.request_id.to_str().unwrap_or(""), class = %self.tracker.class().name, "{what}");
+                self.tracker.cut = true;
+                match why {
+                    Break::Stall => self.end_with_error(&what, "timeout", 504, Outcome::timeout),
+                    _ => self.end_with_error(&what, "upstream_error", 502, Outcome::stream_error),
+                }
+            }
+        }
+        Poll::Ready(())
+    }
+
+    /// A stream that ended before its `[DONE]` and without an error.
+    pub(super) fn unfinished(&self) -> bool {
+        matches!(self.mode, Mode::Sse { saw_done: false, saw_error: false, .. })
+    }
+
+    /// The replica sent an error event that was hidden to continue the
+    /// stream elsewhere (cleared by asking).
+    pub(super) fn broke_on_error_event(&mut self) -> bool {
+        match &mut self.mode {
+            Mode::Sse { broke, .. } => std::mem::take(broke),
+            _ => false,
+        }
+    }
+}
