@@ -293,11 +293,21 @@ pub struct HealthConfig {
     pub timeout: Dur,
     pub unhealthy_after: u32,
     pub healthy_after: u32,
+    /// When fewer than this share of the pool's replicas pass their checks,
+    /// all of them are routed to (0 = never).
+    pub panic_threshold: f64,
 }
 
 impl Default for HealthConfig {
     fn default() -> Self {
-        HealthConfig { path: "/health".into(), interval: Dur::secs(2), timeout: Dur::secs(1), unhealthy_after: 2, healthy_after: 2 }
+        HealthConfig {
+            path: "/health".into(),
+            interval: Dur::secs(2),
+            timeout: Dur::secs(1),
+            unhealthy_after: 2,
+            healthy_after: 2,
+            panic_threshold: 0.5,
+        }
     }
 }
 
@@ -442,6 +452,9 @@ fn limits_and_timeouts(pool: &PoolConfig, i: usize, p: &mut Vec<Problem>) {
     }
     if !pool.health.path.starts_with('/') {
         bad(f("health.path"), "must start with /".into());
+    }
+    if !(0.0..=1.0).contains(&pool.health.panic_threshold) {
+        bad(f("health.panic_threshold"), "must be between 0 and 1".into());
     }
     for (name, d) in [("health.interval", pool.health.interval), ("health.timeout", pool.health.timeout)] {
         if d.get().is_zero() {

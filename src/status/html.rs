@@ -357,8 +357,8 @@ fn replicas_table(s: &Status) -> String {
                 esc(&r.name),
                 esc(&r.url),
                 if r.healthy { "ok" } else { "bad" },
-                if r.healthy { "healthy" } else { "unhealthy" },
-                esc(r.reason.as_deref().unwrap_or("")),
+                if r.healthy { "healthy" } else if p.panic { "unhealthy, routed to (pool in panic)" } else { "unhealthy" },
+                esc(&[r.reason.as_deref(), r.last_change.as_deref()].into_iter().flatten().collect::<Vec<_>>().join("; ")),
                 r.inflight,
                 r.prefilling,
                 {

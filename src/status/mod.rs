@@ -166,6 +166,8 @@ pub(crate) struct PoolStatus {
     pub(crate) balance: crate::config::Balance,
     /// Names (blocks and session hints) in the prefix index, and its bound.
     pub(crate) prefix_index: (usize, usize),
+    /// Too few replicas pass their checks: all of them are routed to.
+    pub(crate) panic: bool,
     pub(crate) replicas: Vec<ReplicaStatus>,
 }
 
@@ -178,6 +180,9 @@ pub(crate) struct ReplicaStatus {
     /// Why its last health check failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) reason: Option<String>,
+    /// When and why it was last taken out or brought back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) last_change: Option<String>,
     pub(crate) inflight: usize,
     /// Of those, the ones without a first token yet (prefilling or queued in the replica).
     pub(crate) prefilling: usize,
@@ -282,14 +287,16 @@ fn pool_status(p: &crate::upstream::Pool, cfg: &Config) -> PoolStatus {
         name: p.config.name.clone(),
         balance: p.config.balance,
         prefix_index: (p.prefix.len(), p.prefix.capacity()),
+        panic: p.in_panic(),
         replicas: p
             .replicas
             .iter()
             .map(|r| ReplicaStatus {
                 name: String::from_utf8_lossy(r.public_name().as_bytes()).into_owned(),
                 url: r.url.clone(),
-                healthy: r.is_healthy(),
+                healthy: r.is_passing(),
                 reason: r.health_error(),
+                last_change: r.verdict.last_change(),
                 inflight: r.inflight(),
                 prefilling: r.prefilling(Tier::Interactive) + r.prefilling(Tier::Batch),
                 max_inflight: r.max_inflight(),

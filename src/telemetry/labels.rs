@@ -115,6 +115,11 @@ pub(crate) struct ReplicaLabels {
     pub(crate) replica: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct PoolLabels {
+    pub(crate) pool: String,
+}
+
 /// A stream that broke on `replica` of `pool`, and how it broke.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct ResumeLabels {

@@ -248,6 +248,8 @@ pub struct Metrics {
     pub(crate) queue_depth: Family<TierOnlyLabels, Gauge>,
     pub(crate) inflight: Family<ReplicaLabels, Gauge>,
     pub(crate) upstream_healthy: Family<ReplicaLabels, Gauge>,
+    /// 1 while a pool routes to all its replicas because too few pass their checks.
+    pub(crate) pool_panic: Family<PoolLabels, Gauge>,
     /// Slots per replica: the learned limit, or the fixed one.
     pub(crate) replica_limit: Family<ReplicaLabels, Gauge>,
     pub(crate) replica_batch_cut: Family<ReplicaLabels, Gauge>,
@@ -335,6 +337,11 @@ fn register_replicas(registry: &mut Registry, m: &Metrics) {
     );
     registry.register("inflight_requests", "Requests holding a slot on a replica (until their stream ends)", m.inflight.clone());
     registry.register("upstream_healthy", "1 when the replica passes its health checks", m.upstream_healthy.clone());
+    registry.register(
+        "pool_panic",
+        "1 while fewer than health.panic_threshold of the pool's replicas pass their checks and all of them are routed to",
+        m.pool_panic.clone(),
+    );
     registry.register(
         "replica_limit",
         "Requests the gateway lets a replica hold at once: learned (max_inflight_per_replica: auto) or fixed",
@@ -465,6 +472,7 @@ impl Metrics {
             queue_depth: Family::default(),
             inflight: Family::default(),
             upstream_healthy: Family::default(),
+            pool_panic: Family::default(),
             replica_limit: Family::default(),
             replica_batch_cut: Family::default(),
             replica_prefix_routed_bytes: Family::default(),

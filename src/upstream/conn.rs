@@ -242,6 +242,11 @@ impl SendError {
         matches!(self, SendError::IdleClosed(_))
     }
 
+    /// No connection could be made: nothing listens there, or nothing answers.
+    pub(crate) fn refused(&self) -> bool {
+        matches!(self, SendError::Connect { .. } | SendError::ConnectTimeout { .. })
+    }
+
     /// The connection ended (closed, or reset) before any of the answer:
     /// not an answer the replica got wrong.
     fn closed_unanswered(&self) -> bool {

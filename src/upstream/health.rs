@@ -40,7 +40,7 @@ async fn load_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::Rece
             _ = interval.tick() => {}
             _ = stop.changed() => return,
         }
-        if !replica.is_healthy() {
+        if !replica.is_passing() {
             continue;
         }
         let load = scrape_load(&replica, pool.config.engine, timeout).await;
@@ -57,6 +57,8 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
     let mut streak_ok = 0u32;
     let mut streak_bad = 0u32;
     let mut known = false;
+    // What this loop last decided (its traffic may have taken it out since).
+    let mut set = false;
     let mut tick = 0u64;
     loop {
         tokio::select! {
@@ -70,12 +72,18 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
         // A replica delivering tokens is alive: a health check that fails
         // under its load (a slow /health) does not take it out; one idle
         // and failing does.
-        let streaming = failure.is_some() && replica.is_healthy() && replica.delivered_within(h.interval.get() * (h.unhealthy_after + 1));
+        let streaming = failure.is_some() && replica.is_passing() && replica.delivered_within(h.interval.get() * (h.unhealthy_after + 1));
         if streaming {
             failure = failure.map(|f| format!("{f}; kept in: it delivers tokens"));
         }
         replica.set_health_error(failure.clone());
         let ok = failure.is_none() || streaming;
+        let was = replica.is_passing();
+        if known && was != set {
+            // Taken out by its traffic since the last check: the checks
+            // that bring it back start counting now.
+            (streak_ok, streak_bad) = (0, 0);
+        }
         if ok {
             streak_ok += 1;
             streak_bad = 0;
@@ -83,7 +91,6 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
             streak_bad += 1;
             streak_ok = 0;
         }
-        let was = replica.is_healthy();
         // The first check decides at once; after that the thresholds apply.
         let now = if !known {
             ok
@@ -94,26 +101,34 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
         };
         if !known || now != was {
             replica.set_healthy(now);
-            if known || !now {
-                if now {
-                    tracing::info!(pool = %pool.config.name, replica = %replica.url, "replica healthy again");
-                } else {
-                    let reason = failure.as_deref().unwrap_or("");
-                    if known {
-                        tracing::warn!(pool = %pool.config.name, replica = %replica.url, failures = streak_bad, reason, "replica taken out: failing health checks");
-                    } else {
-                        tracing::warn!(pool = %pool.config.name, replica = %replica.url, reason, "replica not healthy at its first check: not used until it passes");
-                    }
-                }
-            }
+            judged(&pool, &replica, known, now, streak_bad, failure.as_deref().unwrap_or(""));
         }
-        known = true;
+        (known, set) = (true, now);
         // The list routes `auto` pools, and describes named models in `/v1/models`.
         if now && pool.config.api_key_env.is_none() && (tick % 15 == 0 || replica.models.load().is_empty()) {
             discover_models(&replica, h.timeout.get()).await;
         }
         tick += 1;
     }
+}
+
+/// The checks changed `replica`'s verdict to `now` (`known`: it had one):
+/// say so, keep why for the status page, and route the pool by it.
+fn judged(pool: &Pool, replica: &Replica, known: bool, now: bool, failures: u32, reason: &str) {
+    let name = &pool.config.name;
+    if now {
+        if known {
+            tracing::info!(pool = %name, replica = %replica.url, "replica healthy again");
+        }
+        replica.verdict.changed(if known { "brought back" } else { "in" }, "its health checks pass");
+    } else if known {
+        tracing::warn!(pool = %name, replica = %replica.url, failures, reason, "replica taken out: failing health checks");
+        replica.verdict.changed("taken out", &format!("{failures} health checks failed: {reason}"));
+    } else {
+        tracing::warn!(pool = %name, replica = %replica.url, reason, "replica not healthy at its first check: not used until it passes");
+        replica.verdict.changed("not in", &format!("its first health check failed: {reason}"));
+    }
+    pool.judge();
 }
 
 /// One health check: why it failed, if it did. With an API key, the check

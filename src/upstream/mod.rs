@@ -16,6 +16,7 @@ mod replica;
 mod send;
 mod share;
 pub(crate) mod tls;
+pub(crate) mod verdict;
 
 use access::public_name;
 pub(crate) use access::Access;
@@ -85,6 +86,9 @@ pub(crate) struct Pool {
     waiting: AtomicUsize,
     /// Requests waiting in the fleet's other instances, as the fleet last published it.
     others_waiting: AtomicUsize,
+    /// Too few replicas pass their checks: all are routed to (see [`Pool::judge`]).
+    panic: std::sync::atomic::AtomicBool,
+    panic_gauge: std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl Pool {
@@ -160,6 +164,8 @@ impl Pool {
             url_keys,
             waiting: AtomicUsize::new(0),
             others_waiting: AtomicUsize::new(0),
+            panic: std::sync::atomic::AtomicBool::new(false),
+            panic_gauge: std::sync::OnceLock::new(),
         }
     }
 
@@ -216,6 +222,58 @@ impl Pool {
             r.set_max_inflight(n);
             r.publish_health();
         }
+        let gauge = metrics.pool_panic.get_or_create(&crate::telemetry::metrics::PoolLabels { pool: self.config.name.clone() }).clone();
+        let _ = self.panic_gauge.set(gauge);
+        self.judge();
+    }
+
+    /// Too few of the replicas pass their checks: all of them are routed to.
+    pub(crate) fn in_panic(&self) -> bool {
+        self.panic.load(Ordering::Relaxed)
+    }
+
+    /// Route by the replicas' verdicts: to those that pass, or, when fewer
+    /// than `health.panic_threshold` of them do (and every one has had its
+    /// first check), to all of them that ever passed one, as Envoy's panic
+    /// threshold does: a slowdown that fails the checks of most replicas
+    /// must not become an outage. A replica that never passed (a wrong key,
+    /// an untrusted certificate, not started) would fail every request: it
+    /// is not routed to. Called when a verdict changes.
+    pub(crate) fn judge(&self) {
+        let n = self.replicas.len();
+        let passing = self.replicas.iter().filter(|r| r.is_passing()).count();
+        let known = self.replicas.iter().all(|r| r.verdict.known());
+        let panic = known && n > 0 && (passing as f64) < self.config.health.panic_threshold * n as f64;
+        for r in &self.replicas {
+            r.set_routed(r.is_passing() || (panic && r.verdict.ever_passed()));
+        }
+        if let Some(g) = self.panic_gauge.get() {
+            g.set(panic as i64);
+        }
+        if self.panic.swap(panic, Ordering::Relaxed) != panic {
+            let threshold = self.config.health.panic_threshold;
+            if panic {
+                tracing::warn!(pool = %self.config.name, passing, replicas = n, threshold, "panic: too few replicas pass their health checks; routing to all of them");
+            } else {
+                tracing::info!(pool = %self.config.name, passing, replicas = n, "panic over: routing to the replicas that pass their health checks");
+            }
+        }
+    }
+
+    /// A request's connection to `replica` failed before its response head
+    /// (`refused`: nothing listens there): the second such failure in a
+    /// row, or a refused connect, takes it out until its checks pass again,
+    /// without waiting for them to fail.
+    pub(crate) fn connection_failed(&self, replica: &Replica, refused: bool, why: &str) {
+        if !replica.verdict.failed(refused) {
+            return;
+        }
+        replica.set_healthy(false);
+        let why = format!("its traffic failed: {why}");
+        replica.verdict.changed("taken out", &why);
+        replica.set_health_error(Some(why.clone()));
+        tracing::warn!(pool = %self.config.name, replica = %replica.url, reason = %why, "replica taken out");
+        self.judge();
     }
 
     /// Are this pool's limits learned?

@@ -54,7 +54,10 @@ pub(crate) struct Replica {
     /// slots above a lowered limit drain, and no new one is taken until the
     /// count is under it).
     pub(super) max_inflight: AtomicUsize,
+    /// Routed to: it passes its checks, or its pool is in panic.
     pub(super) healthy: AtomicBool,
+    /// Whether it passes, and why it was last taken out or brought back.
+    pub(crate) verdict: super::verdict::Verdict,
     /// This instance's part of the slots when other instances share the
     /// replica (`fleet`); `usize::MAX` when it is alone.
     pub(super) allowance: AtomicUsize,
@@ -152,6 +155,7 @@ impl Replica {
             batch_cut: AtomicUsize::new(0),
             max_inflight: AtomicUsize::new(initial),
             healthy: AtomicBool::new(false),
+            verdict: super::verdict::Verdict::default(),
             allowance: AtomicUsize::new(usize::MAX),
             others_inflight: AtomicUsize::new(0),
             scraped_total: AtomicU64::new(u64::MAX),
@@ -261,14 +265,25 @@ impl Replica {
     pub(crate) fn set_scraped_total(&self, total: Option<f64>) {
         self.scraped_total.store(total.map_or(u64::MAX, |t| t.round() as u64), Ordering::Relaxed);
     }
+    /// Requests may be sent here: it passes its checks, or its pool is in panic.
     pub(crate) fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
+    /// It passes its checks (and its traffic has not failed since).
+    pub(crate) fn is_passing(&self) -> bool {
+        self.verdict.passing()
+    }
+    /// The verdict on it (and so whether it is routed to, unless its pool is in panic).
     pub(crate) fn set_healthy(&self, up: bool) {
+        self.verdict.set(up);
         self.healthy.store(up, Ordering::Relaxed);
         if let Some(g) = self.gauges.get() {
             g.healthy.set(up as i64);
         }
+    }
+    /// Route to it or not, whatever its verdict (its pool's panic).
+    pub(super) fn set_routed(&self, routed: bool) {
+        self.healthy.store(routed, Ordering::Relaxed);
     }
 
     /// Why the replica is not healthy, as its last failed check said.
@@ -283,7 +298,7 @@ impl Replica {
     /// unhealthy until its first check passes).
     pub(crate) fn publish_health(&self) {
         if let Some(g) = self.gauges.get() {
-            g.healthy.set(self.is_healthy() as i64);
+            g.healthy.set(self.is_passing() as i64);
         }
     }
 

@@ -44,6 +44,7 @@ pub(crate) async fn send_with_retry<A: Attempts>(
         let req = request(&replica)?;
         let sent = tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout, fresh)).await;
         if let Ok(Ok(resp)) = &sent {
+            replica.verdict.answered();
             if matches!(resp.status(), http::StatusCode::TOO_MANY_REQUESTS | http::StatusCode::SERVICE_UNAVAILABLE) {
                 // The learned limit backs off from a replica that refuses work.
                 replica.note_refused();
@@ -65,7 +66,10 @@ pub(crate) async fn send_with_retry<A: Attempts>(
                 fresh = true;
                 continue;
             }
-            Ok(Err(e)) => replica.failed(e),
+            Ok(Err(e)) => {
+                pool.connection_failed(&replica, e.refused(), &e.public_message());
+                replica.failed(e)
+            }
         };
         if retried || !on.move_to_another() {
             return Err(failure);

@@ -168,7 +168,7 @@ async fn health_on_the_data_port_follows_the_replicas() {
     let mock = Mock::start(standard(1, Duration::ZERO)).await;
     let yaml = format!(
         "{}auth:\n  keys:\n    - {{ name: k, key_sha256: {}, classes: [chat] }}\n",
-        gateway_config(&[mock.url()]).yaml(),
+        gateway_config(&[mock.url()]).pool("health: { panic_threshold: 0 }").yaml(),
         slogate::config::key_sha256("sk-k")
     );
     let gw = start_gateway(&yaml).await;

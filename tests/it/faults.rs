@@ -68,10 +68,12 @@ async fn a_replica_killed_mid_run_loses_no_stream() {
         seen.extend(c.await.expect("client"));
     }
     assert_eq!(seen, vec![Seen::Done; 40], "every stream whole, none with an error");
-    assert_eq!(requests_with_outcome(&gw, "ok").await, 40.0);
+    wait_until("every request counted", || async { requests_with_outcome(&gw, "ok").await == 40.0 }).await;
     let m = metrics_text(&gw).await;
+    // The streams on A that had their response head were continued; any
+    // still waiting for it were sent to B by the sending stage.
     let resumed = metric(&m, "slogate_stream_resumes_total", &[]).unwrap_or(0.0);
-    assert!(resumed >= cut as f64, "each stream cut on A was continued: {resumed} of at least {cut}");
+    assert!((1.0..=a.calls() as f64).contains(&resumed), "streams cut on A were continued: {resumed} ({cut} ran there at the kill)");
     assert_eq!(metric(&m, "slogate_stream_unresumed_total", &[]), None, "none was left cut");
     assert_quiescent(&gw).await;
 }

@@ -108,8 +108,9 @@ async fn without_slogate_keys_the_callers_authorization_goes_to_the_replica() {
 
 #[tokio::test]
 async fn no_healthy_replica_is_503_with_retry_after() {
+    // Without panic routing (a pool whose every replica fails is routed to by default).
     let mock = Mock::start(standard(1, Duration::ZERO)).await;
-    let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
+    let gw = gateway_config(&[mock.url()]).pool("health: { interval: 100ms, panic_threshold: 0 }").start().await;
     mock.state.healthy.store(false, Ordering::SeqCst);
     wait_until("replica taken out", || async { get(gw.admin_addr, "/readyz").await.0 == 503 }).await;
     let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
@@ -145,6 +146,76 @@ async fn replica_failing_health_is_taken_out_and_comes_back() {
         post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     }
     assert!(a.calls() > before, "traffic returns to the recovered replica");
+    assert_quiescent(&gw).await;
+}
+
+/// Every replica fails its active checks while it still serves: rather
+/// than refuse everything, the pool is in panic and routes to all of them
+/// (Envoy's panic threshold); `/slo` and `slogate_pool_panic` say so, with
+/// when and why each replica was taken out, and the panic ends when the
+/// checks pass again.
+#[tokio::test]
+async fn replicas_all_failing_their_checks_while_serving_are_routed_to_under_panic() {
+    let a = Mock::start(standard(1, Duration::ZERO)).await;
+    let b = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = gateway_config(&[a.url(), b.url()]).pool("health: { interval: 100ms }").start().await;
+    let admin = gw.admin_addr;
+    let panic = || async move { metric(&get(admin, "/metrics").await.1, "slogate_pool_panic", &[("pool", "p")]) };
+    wait_until("both in, no panic", || async { panic().await == Some(0.0) && get(admin, "/readyz").await.0 == 200 }).await;
+    a.state.healthy.store(false, Ordering::SeqCst);
+    wait_until("a out", || async {
+        metric(&get(admin, "/metrics").await.1, "slogate_upstream_healthy", &[("replica", &a.url())]) == Some(0.0)
+    })
+    .await;
+    assert_eq!(panic().await, Some(0.0), "one of two passing is not under the threshold (50 %)");
+    b.state.healthy.store(false, Ordering::SeqCst);
+    wait_until("panic", || async { panic().await == Some(1.0) }).await;
+    let before = a.calls() + b.calls();
+    for (proto, client) in clients() {
+        for _ in 0..4 {
+            let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+            assert_eq!(resp.status(), 200, "{proto}: served under panic");
+            let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
+            assert!(text.ends_with("data: [DONE]\n\n") && !text.contains("error"), "{proto}: {text}");
+        }
+    }
+    assert_eq!(a.calls() + b.calls(), before + 8);
+    assert!(a.calls() > 0 && b.calls() > 0, "both are routed to");
+    let v: serde_json::Value = serde_json::from_str(&get(admin, "/slo.json").await.1).expect("JSON");
+    assert_eq!(v["pools"][0]["panic"], true);
+    for r in v["pools"][0]["replicas"].as_array().expect("replicas") {
+        assert_eq!(r["healthy"], false, "{r}");
+        assert!(r["last_change"].as_str().is_some_and(|c| c.starts_with("taken out at ") && c.contains("health checks failed")), "{r}");
+    }
+    assert!(get(admin, "/slo").await.1.contains("pool in panic"), "the status page says so");
+    a.state.healthy.store(true, Ordering::SeqCst);
+    b.state.healthy.store(true, Ordering::SeqCst);
+    wait_until("panic over", || async { panic().await == Some(0.0) }).await;
+    let v: serde_json::Value = serde_json::from_str(&get(admin, "/slo.json").await.1).expect("JSON");
+    assert!(v["pools"][0]["replicas"][0]["last_change"].as_str().is_some_and(|c| c.starts_with("brought back at ")), "{v}");
+    assert_quiescent(&gw).await;
+}
+
+/// A replica whose connections are refused is taken out by the requests
+/// that found it dead, without waiting for its active checks (here an hour
+/// apart): after the first refused connect, no request is sent there.
+#[tokio::test]
+async fn a_replica_whose_connections_are_refused_is_taken_out_by_its_traffic() {
+    let a = Mock::start(standard(1, Duration::ZERO)).await;
+    let b = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = gateway_config(&[a.url(), b.url()]).pool("balance: round_robin").pool("health: { interval: 1h }").start().await;
+    let admin = gw.admin_addr;
+    let healthy = |url: String| async move { metric(&get(admin, "/metrics").await.1, "slogate_upstream_healthy", &[("replica", &url)]) };
+    wait_until("both in", || async { healthy(a.url()).await == Some(1.0) && healthy(b.url()).await == Some(1.0) }).await;
+    a.kill();
+    for _ in 0..6 {
+        assert_eq!(post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await.0, 200, "retried on b");
+    }
+    assert_eq!(healthy(a.url()).await, Some(0.0), "taken out by its traffic");
+    let v: serde_json::Value = serde_json::from_str(&get(admin, "/slo.json").await.1).expect("JSON");
+    let out = &v["pools"][0]["replicas"][0];
+    assert!(out["last_change"].as_str().is_some_and(|c| c.contains("its traffic failed: could not connect")), "{out}");
+    assert_eq!(b.calls(), 6, "every request was served by b");
     assert_quiescent(&gw).await;
 }
 
@@ -253,7 +324,14 @@ async fn a_kept_alive_connection_closed_as_the_request_arrives_is_sent_again_on_
     // again on a new connection, and the caller never knows.
     for (proto, client) in clients() {
         let replica = RawReplica::start(|n| n == 2).await;
-        let gw = start_gateway(&config_yaml(&[replica.url()], "")).await;
+        // No health check or scrape after the first: they would share the
+        // replica's idle connections with the requests.
+        let gw = gateway_config(&[replica.url()])
+            .pool("health: { interval: 1h }")
+            .pool("scrape_metrics: 0s")
+            .pool("max_inflight_per_replica: 8")
+            .start()
+            .await;
         for i in 0..2 {
             let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
             assert_eq!(resp.status(), 200, "{proto}: request {i}");
