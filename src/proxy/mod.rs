@@ -16,7 +16,7 @@
 //!    cost less;
 //! 5. send ([`upstream::send_with_retry`]): a failure before any byte reached
 //!    the client (connect, a connection closed before the response head, a
-//!    5xx) is retried once on another replica;
+//!    5xx, no head in time) is retried once on another replica;
 //! 6. observe: the response body becomes an [`observe::ObservedBody`], which
 //!    owns the lease and the request's [`tracker::Tracker`] until the stream
 //!    ends or the client goes away.
@@ -255,7 +255,7 @@ async fn send(
         }
         Ok(req)
     };
-    upstream::send_with_retry(&route.pool, lease, build, t.start(), header_deadline).await
+    upstream::send_with_retry(&route.pool, lease, build, t.start(), header_deadline, t.start() + timeouts.total).await
 }
 
 /// The key's own limits (`auth.keys[].limits`): the request's tokens (its
@@ -346,10 +346,13 @@ fn observe(resp: Response<UpstreamBody>, mut tracker: Tracker, lease: Lease, end
         tracker.finish(if status.is_server_error() { Outcome::upstream_error } else { Outcome::client_error });
         Watched::new(ObservedBody::passthrough(rbody, tracker, t)).boxed_unsync()
     } else if is_sse {
-        let body = match s.resume {
+        let mut body = match s.resume {
             Some(resume) => ObservedBody::resumable(rbody, tracker, t, s.strip_usage, resume),
             None => ObservedBody::sse(rbody, tracker, t, s.strip_usage),
         };
+        if let Some(upstream::HeadRetried(at)) = rparts.extensions.get() {
+            body.first_token_from(*at);
+        }
         Watched::new(body).boxed_unsync()
     } else if endpoint == Endpoint::Speech {
         Watched::new(ObservedBody::audio(rbody, tracker, t)).boxed_unsync()

@@ -21,7 +21,7 @@ pub(crate) mod verdict;
 use access::public_name;
 pub(crate) use access::Access;
 pub(crate) use replica::{Load, Replica, ReplicaSlot};
-pub(crate) use send::{send_with_retry, Attempts};
+pub(crate) use send::{send_with_retry, Attempts, HeadRetried};
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,6 +6,12 @@ use std::sync::Arc;
 use super::{conn, Pool, Replica};
 use crate::error::GatewayError;
 
+/// The response came from a replica the request was sent to at this
+/// instant, after the first sent it no response head in time: its
+/// first-token budget counts from here.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeadRetried(pub(crate) tokio::time::Instant);
+
 /// What a request's attempts are made on: the replica its slot is on now,
 /// and a way to move the slot to another healthy replica for a retry.
 /// Admission's lease implements it; this room never sees the lease.
@@ -27,22 +33,38 @@ pub(crate) trait Attempts {
 ///   it, since nothing could read its answer), or when it answered 5xx (it
 ///   refused the work).
 ///
-/// A request whose head did not come by `deadline` is not sent again: that
-/// replica may still be generating it. `request` builds the request for a
-/// replica; `start` is when the gateway got the request, for the error message.
+/// A request whose head did not come by `deadline` (the replica hangs, or
+/// the network to it does) is sent once to another replica with the same
+/// budget again, within `end` (the total timeout), its connection to the
+/// first dropped (which cancels it there); its response then carries
+/// [`HeadRetried`]. `request` builds the request for a replica; `start` is
+/// when the gateway got the request, for the error message.
 pub(crate) async fn send_with_retry<A: Attempts>(
     pool: &Pool,
     on: &mut A,
     request: impl Fn(&Replica) -> Result<http::Request<http_body_util::Full<bytes::Bytes>>, GatewayError>,
     start: tokio::time::Instant,
-    deadline: tokio::time::Instant,
+    mut deadline: tokio::time::Instant,
+    end: tokio::time::Instant,
 ) -> Result<http::Response<conn::UpstreamBody>, GatewayError> {
     let connect_timeout = pool.config.timeouts.connect.get();
-    let (mut retried, mut fresh) = (false, false);
+    let (mut retried, mut fresh, mut head_retried) = (false, false, None);
     loop {
         let replica = on.replica().clone();
         let req = request(&replica)?;
-        let sent = tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout, fresh)).await;
+        let mut sent = tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout, fresh)).await;
+        if sent.is_err() && !retried {
+            let now = tokio::time::Instant::now();
+            let again = (now + (deadline - start)).min(end);
+            if again > now && on.move_to_another() {
+                tracing::info!(replica = %replica.url, "no response head in time; sending to another replica");
+                (deadline, retried, fresh, head_retried) = (again, true, false, Some(HeadRetried(now)));
+                continue;
+            }
+        }
+        if let (Ok(Ok(resp)), Some(at)) = (&mut sent, head_retried) {
+            resp.extensions_mut().insert(at);
+        }
         if let Ok(Ok(resp)) = &sent {
             replica.verdict.answered();
             if matches!(resp.status(), http::StatusCode::TOO_MANY_REQUESTS | http::StatusCode::SERVICE_UNAVAILABLE) {

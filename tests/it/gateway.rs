@@ -369,6 +369,34 @@ async fn a_replica_that_closes_before_its_response_head_is_retried_on_another() 
 }
 
 #[tokio::test]
+async fn a_replica_that_sends_no_response_head_in_time_is_replaced_by_another() {
+    // The first replica a stream goes to hangs before its response head (a
+    // hung process, a network that drops packets): at the first-token
+    // timeout the request goes to the other replica, with the same budget
+    // again, instead of a 504.
+    for (proto, client) in clients() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let hang_first = script(move |req| {
+            let mut s = vllm_stream(req, 2, Duration::ZERO, "stop");
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                s.header_delay = Duration::from_secs(60);
+            }
+            s
+        });
+        let (a, b) = (Mock::start(hang_first.clone()).await, Mock::start(hang_first).await);
+        let gw = gateway_config(&[a.url(), b.url()]).pool("timeouts: { first_token: 400ms }").start().await;
+        let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+        assert_eq!(resp.status(), 200, "{proto}");
+        let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
+        assert!(text.ends_with("data: [DONE]\n\n") && !text.contains("error"), "{proto}: a whole stream: {text}");
+        assert_eq!((a.calls(), b.calls()), (1, 1), "{proto}: one replica each");
+        wait_until("counted", || async { requests_with_outcome(&gw, "ok").await == 1.0 }).await;
+        assert_eq!(requests_with_outcome(&gw, "timeout").await, 0.0, "{proto}");
+        assert_quiescent(&gw).await;
+    }
+}
+
+#[tokio::test]
 async fn streaming_first_token_timeout_before_headers_is_504() {
     let mock = Mock::start(script(|req| {
         let mut s = vllm_stream(req, 1, Duration::ZERO, "stop");

@@ -121,6 +121,10 @@ pub(crate) struct ObservedBody<B> {
     resume: Option<Box<Resume<B>>>,
     /// A continuation on its way, and how the stream broke.
     continuing: Option<(Continuing<B>, Break)>,
+    /// What the first-token timeout counts from: the request's arrival, or
+    /// when it was sent to a second replica because the first sent no
+    /// response head in time.
+    first_from: Instant,
 }
 
 impl<B> ObservedBody<B> {
@@ -181,7 +185,17 @@ impl<B> ObservedBody<B> {
             waker: None,
             resume: None,
             continuing: None,
+            first_from: start,
         }
+    }
+
+    /// The request was sent again at `at` (its first replica sent no
+    /// response head in time): its first token is due a first-token
+    /// timeout from then.
+    pub(crate) fn first_token_from(&mut self, at: Instant) {
+        self.first_from = at;
+        let due = self.next_deadline(self.last_event);
+        self.deadline.as_mut().reset(due);
     }
 
     /// Handle one data chunk; returns what to send to the client now.
@@ -392,7 +406,7 @@ impl<B> ObservedBody<B> {
         let total = self.tracker.start + self.timeouts.total;
         let gap = match self.mode {
             Mode::Sse { .. } if self.tracker.first_token.is_none() => {
-                return (self.tracker.start + self.timeouts.first_token).min(total);
+                return (self.first_from + self.timeouts.first_token).min(total);
             }
             _ => self.timeouts.idle,
         };
