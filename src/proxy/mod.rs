@@ -206,14 +206,13 @@ async fn forward(
     // inline it would be held by every request waiting in a queue above.
     let sent = Box::pin(send(&parts, body.clone(), route, &mut lease, &t, snap, stream, &timeouts)).await;
     let resp = stage!(t, sent);
-    let resume = (stream && route.pool.config.resume.max_attempts > 0 && route.pool.replicas.len() > 1)
-        .then(|| resumable(parts, body, route, endpoint, snap, &t))
-        .flatten();
+    let resume = stream.then(|| resumable(parts, body, route, endpoint, snap, &t)).flatten();
     observe(resp, t, lease, endpoint, Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume })
 }
 
 /// A chat or completions stream, continued on another replica of its pool
-/// if it breaks ([`resume`]).
+/// if it breaks ([`resume`]): unless resuming is off or the pool has no
+/// other replica.
 fn resumable(
     parts: http::request::Parts,
     body: bytes::Bytes,
@@ -222,12 +221,13 @@ fn resumable(
     snap: &Snapshot,
     t: &Tracker,
 ) -> Option<resume::Resume<UpstreamBody>> {
-    if !matches!(endpoint, Endpoint::Chat | Endpoint::Completions) {
+    let attempts = route.pool.config.resume.max_attempts;
+    if !matches!(endpoint, Endpoint::Chat | Endpoint::Completions) || attempts == 0 || route.pool.replicas.len() < 2 {
         return None;
     }
     let link =
         resume::PoolLink { parts, pool: route.pool.clone(), strip_auth: snap.classifier.has_keys(), request_id: t.request_id.clone() };
-    Some(resume::Resume::new(Box::new(link), body, endpoint == Endpoint::Chat, route.pool.config.resume.max_attempts))
+    Some(resume::Resume::new(Box::new(link), body, endpoint == Endpoint::Chat, attempts))
 }
 
 /// The sending stage: the request to a replica of `route`'s pool, retried

@@ -137,16 +137,24 @@ impl Splice {
         self.attempts_left > 0 && !self.not_exact
     }
 
-    /// One event of the stream as the client gets it: note its ids (the
-    /// first) and its text.
-    pub(super) fn observe(&mut self, data: &[u8], info: &EventInfo) {
+    /// Read one event of the stream as the client gets it: what it means,
+    /// and (while the answer can still be continued) its text, appended to
+    /// what the client has, in the same pass.
+    pub(super) fn read(&mut self, data: &[u8]) -> EventInfo {
+        if self.not_exact {
+            return sse::analyze(data);
+        }
+        let (info, piece) = sse::analyze_text(data, &mut self.text);
+        self.not_exact = piece == Piece::Other;
+        info
+    }
+
+    /// The stream's first event: its ids, which every continuation chunk carries.
+    pub(super) fn note_ids(&mut self, data: &[u8]) {
         if self.ids.is_none() {
             if let Ok(chunk) = serde_json::from_slice::<Map<String, Value>>(data) {
                 self.ids = Some(IDS.iter().filter_map(|k| chunk.get(*k).map(|v| (k.to_string(), v.clone()))).collect());
             }
-        }
-        if info.content && !self.not_exact && sse::delta_text(data, &mut self.text) == Piece::Other {
-            self.not_exact = true;
         }
     }
 
@@ -311,7 +319,8 @@ mod tests {
 
     fn feed(s: &mut Splice, chunks: &[&str]) {
         for c in chunks {
-            s.observe(c.as_bytes(), &sse::analyze(c.as_bytes()));
+            s.note_ids(c.as_bytes());
+            assert_eq!(s.read(c.as_bytes()), sse::analyze(c.as_bytes()));
         }
     }
 

@@ -135,8 +135,9 @@ pub(crate) struct UnresumedLabels {
     pub(crate) pool: String,
     /// How it broke: as [`ResumeLabels::reason`].
     pub(crate) reason: &'static str,
-    /// `off`, `not_exact` (the request or the answer cannot be continued
-    /// exactly), `attempts` (it was continued `max_attempts` times),
+    /// `not_exact` (the request or the answer cannot be continued
+    /// exactly), `finished` (its finish came, only `[DONE]` did not),
+    /// `attempts` (it was continued `max_attempts` times),
     /// `no_replica` (no other healthy replica had a slot), `failed` (the
     /// continuation was refused or failed before its first byte).
     pub(crate) why: &'static str,

@@ -403,7 +403,7 @@ fn register_controls(registry: &mut Registry, m: &Metrics) {
     );
     registry.register(
         "stream_unresumed",
-        "Streams that broke and were not continued on another replica (why: not_exact, attempts, no_replica, failed)",
+        "Streams that broke and were not continued on another replica (why: not_exact, finished, attempts, no_replica, failed)",
         m.stream_unresumed.clone(),
     );
 }

@@ -190,3 +190,29 @@ async fn a_stream_that_cannot_be_continued_exactly_is_cut_as_before() {
         assert_quiescent(&gw).await;
     }
 }
+
+#[tokio::test]
+async fn a_stream_cut_after_its_finish_is_not_continued() {
+    // The answer was whole (its finish came); only [DONE] did not.
+    let gate = Gate::default();
+    let steps = vec![
+        Step::Send(chunk("chatcmpl-a", 1, r#"{"role":"assistant","content":""}"#, None)),
+        Step::Send(chunk("chatcmpl-a", 1, r#"{"content":"Hello"}"#, None)),
+        Step::Send(chunk("chatcmpl-a", 1, r#"{"content":""}"#, Some("stop"))),
+        Step::Until(gate.clone()),
+        Step::Abort,
+    ];
+    let (a, b) = (Mock::start(Script::sse(steps.clone()).always()).await, Mock::start(Script::sse(steps).always()).await);
+    let gw = gateway_config(&[a.url(), b.url()]).start().await;
+    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+    let mut body = resp.into_body();
+    let mut seen = read_until(&mut body, "\"stop\"").await;
+    gate.open();
+    seen.extend_from_slice(&body.collect().await.expect("the stream ends cleanly").to_bytes());
+    assert!(String::from_utf8_lossy(&seen).contains("the replica's stream failed"), "cut as before");
+    assert_eq!(a.calls() + b.calls(), 1, "nothing sent again");
+    wait_until("counted", || async { requests_with_outcome(&gw, "stream_error").await == 1.0 }).await;
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_stream_unresumed_total", &[("why", "finished")]), Some(1.0));
+    assert_quiescent(&gw).await;
+}

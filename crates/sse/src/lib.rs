@@ -13,7 +13,8 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 mod text;
-pub use text::{delta_text, Piece};
+use text::Field;
+pub use text::{analyze_text, Piece};
 
 /// Incremental SSE parser.
 ///
@@ -160,10 +161,13 @@ fn cached_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error
 // `Cow` inside an `Option`, which would copy every token's text into a new
 // `String`. Only emptiness (or one comparison) is kept.
 
+/// A chunk, its choices' text read as `T`: [`NonEmpty`] to know only
+/// whether there is text (no allocation), [`Str`] to keep it.
 #[derive(Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Option<Choices>,
+#[serde(bound(deserialize = "T: Field + Deserialize<'de>"))]
+struct Chunk<T> {
+    #[serde(default = "none")]
+    choices: Option<Choices<T>>,
     #[serde(default)]
     usage: Option<Usage>,
     #[serde(default)]
@@ -255,19 +259,23 @@ impl<'de> Deserialize<'de> for TextLen {
 }
 
 #[derive(Deserialize)]
-struct Choice {
+#[serde(bound(deserialize = "T: Deserialize<'de>"))]
+struct Choice<T> {
     #[serde(default)]
-    delta: Option<Delta>,
-    #[serde(default)]
-    text: Option<NonEmpty>,
+    index: u64,
+    #[serde(default = "none")]
+    delta: Option<Delta<T>>,
+    #[serde(default = "none")]
+    text: Option<T>,
     #[serde(default)]
     finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
-struct Delta {
-    #[serde(default)]
-    content: Option<NonEmpty>,
+#[serde(bound(deserialize = "T: Deserialize<'de>"))]
+struct Delta<T> {
+    #[serde(default = "none")]
+    content: Option<T>,
     #[serde(default)]
     reasoning_content: Option<NonEmpty>,
     #[serde(default)]
@@ -276,8 +284,13 @@ struct Delta {
     tool_calls: Option<NonEmptySeq>,
 }
 
+/// A missing member (a generic `Option` has no `Default` bound to lean on).
+fn none<T>() -> Option<T> {
+    None
+}
+
 /// A string, read for whether it is empty. Not a string: a type error.
-struct NonEmpty(bool);
+pub(crate) struct NonEmpty(bool);
 
 /// A string, read for whether it is `"error"`.
 struct IsError(bool);
@@ -343,36 +356,44 @@ impl<'de> Deserialize<'de> for NonEmptySeq {
 }
 
 /// What the `choices` array says, folded while it is read (no `Vec`).
-#[derive(Default)]
-struct Choices {
+struct Choices<T> {
     any: bool,
     content: bool,
     finish_reason: Option<String>,
+    /// The first choice's text (`delta.content`, or `text`).
+    text: Option<T>,
+    /// What a continuation cannot carry on from: a tool call, reasoning, a
+    /// choice other than the first with text.
+    other: bool,
 }
 
-impl<'de> Deserialize<'de> for Choices {
+impl<'de, T: Field + Deserialize<'de>> Deserialize<'de> for Choices<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Fold;
-        impl<'de> serde::de::Visitor<'de> for Fold {
-            type Value = Choices;
+        struct Fold<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Field + Deserialize<'de>> serde::de::Visitor<'de> for Fold<T> {
+            type Value = Choices<T>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("an array of choices")
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
-                let mut out = Choices::default();
-                while let Some(c) = seq.next_element::<Choice>()? {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Choices<T>, A::Error> {
+                let mut out = Choices { any: false, content: false, finish_reason: None, text: None, other: false };
+                while let Some(c) = seq.next_element::<Choice<T>>()? {
                     out.any = true;
-                    if let Some(d) = &c.delta {
-                        if non_empty(&d.content)
-                            || non_empty(&d.reasoning_content)
-                            || non_empty(&d.reasoning)
-                            || d.tool_calls.as_ref().is_some_and(|t| t.0)
-                        {
-                            out.content = true;
-                        }
+                    let mut text = c.text.filter(T::filled);
+                    if let Some(d) = c.delta {
+                        let other =
+                            non_empty(&d.reasoning_content) || non_empty(&d.reasoning) || d.tool_calls.as_ref().is_some_and(|t| t.0);
+                        out.other |= other;
+                        out.content |= other;
+                        text = d.content.filter(T::filled).or(text);
                     }
-                    if non_empty(&c.text) {
+                    if let Some(t) = text {
                         out.content = true;
+                        if c.index == 0 && out.text.is_none() {
+                            out.text = Some(t);
+                        } else {
+                            out.other = true;
+                        }
                     }
                     if let Some(f) = c.finish_reason {
                         out.finish_reason = Some(f);
@@ -381,31 +402,40 @@ impl<'de> Deserialize<'de> for Choices {
                 Ok(out)
             }
         }
-        d.deserialize_seq(Fold)
+        d.deserialize_seq(Fold(std::marker::PhantomData))
     }
+}
+
+/// One payload read whole, its choices' text as `T`: what it means, the
+/// text of its first choice, and whether it holds what a continuation
+/// cannot carry on from.
+pub(crate) fn read<'a, T: Field + Deserialize<'a>>(data: &'a [u8]) -> (EventInfo, Option<T>, bool) {
+    let trimmed = data.trim_ascii();
+    if trimmed == b"[DONE]" {
+        return (EventInfo { done: true, ..Default::default() }, None, false);
+    }
+    let Ok(chunk) = serde_json::from_slice::<Chunk<T>>(trimmed) else {
+        return (EventInfo::default(), None, false);
+    };
+    let mut info =
+        EventInfo { error: chunk.error.is_some() || chunk.object.is_some_and(|o| o.0), usage: chunk.usage, ..Default::default() };
+    let (mut text, mut other) = (None, false);
+    if let Some(choices) = chunk.choices {
+        info.usage_only = !choices.any && chunk.usage.is_some();
+        info.content = choices.content;
+        info.finish_reason = choices.finish_reason;
+        (text, other) = (choices.text, choices.other);
+    }
+    if let Some(TypeName(kind)) = chunk.kind {
+        typed(kind, &chunk.delta, chunk.response, &mut info);
+    }
+    (info, text, other)
 }
 
 /// Classify one event payload. Payloads that are not JSON are neither content
 /// nor errors (they are passed through untouched).
 pub fn analyze(data: &[u8]) -> EventInfo {
-    let trimmed = data.trim_ascii();
-    if trimmed == b"[DONE]" {
-        return EventInfo { done: true, ..Default::default() };
-    }
-    let Ok(chunk) = serde_json::from_slice::<Chunk>(trimmed) else {
-        return EventInfo::default();
-    };
-    let mut info =
-        EventInfo { error: chunk.error.is_some() || chunk.object.is_some_and(|o| o.0), usage: chunk.usage, ..Default::default() };
-    if let Some(choices) = chunk.choices {
-        info.usage_only = !choices.any && chunk.usage.is_some();
-        info.content = choices.content;
-        info.finish_reason = choices.finish_reason;
-    }
-    if let Some(TypeName(kind)) = chunk.kind {
-        typed(kind, &chunk.delta, chunk.response, &mut info);
-    }
-    info
+    read::<NonEmpty>(data).0
 }
 
 /// A typed event (the Responses API, OpenAI's transcription stream): a

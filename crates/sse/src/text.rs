@@ -1,15 +1,34 @@
 //! The text a chunk of a chat or completions stream carries, for a caller
 //! that must know what the client has read so far (to continue the answer
-//! elsewhere when its stream breaks).
+//! elsewhere when its stream breaks), read in the same pass as
+//! [`crate::analyze`]'s.
 //!
 //! Only what a continuation can reproduce exactly counts as text: `content`
 //! (chat) or `text` (completions) of the first choice. A tool call, a
-//! reasoning delta or a second choice makes the stream [`Piece::Other`].
+//! reasoning delta or a second choice with text is [`Piece::Other`].
 
 use std::borrow::Cow;
 
-use serde::de::IgnoredAny;
 use serde::Deserialize;
+
+use crate::{EventInfo, NonEmpty};
+
+/// How a choice's text is read: for whether there is any, or kept.
+pub(crate) trait Field {
+    fn filled(&self) -> bool;
+}
+
+impl Field for NonEmpty {
+    fn filled(&self) -> bool {
+        self.0
+    }
+}
+
+impl Field for Str<'_> {
+    fn filled(&self) -> bool {
+        !self.0.is_empty()
+    }
+}
 
 /// What one chunk adds to the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,8 +42,9 @@ pub enum Piece {
     Other,
 }
 
-/// A JSON string, borrowed from the chunk unless it had escapes.
-struct Str<'a>(Cow<'a, str>);
+/// A JSON string, borrowed from the chunk unless it had escapes (then
+/// unescaped into a `String`). Not a string: a type error.
+pub(crate) struct Str<'a>(Cow<'a, str>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -45,78 +65,44 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     }
 }
 
-#[derive(Deserialize)]
-struct Chunk<'a> {
-    #[serde(borrow, default)]
-    choices: Option<Vec<Choice<'a>>>,
-}
-
-#[derive(Deserialize)]
-struct Choice<'a> {
-    #[serde(default)]
-    index: u64,
-    #[serde(borrow, default)]
-    delta: Option<Delta<'a>>,
-    #[serde(borrow, default)]
-    text: Option<Str<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Delta<'a> {
-    #[serde(borrow, default)]
-    content: Option<Str<'a>>,
-    #[serde(default)]
-    reasoning_content: Option<Str<'a>>,
-    #[serde(default)]
-    reasoning: Option<Str<'a>>,
-    #[serde(default)]
-    tool_calls: Option<Vec<IgnoredAny>>,
-}
-
-fn filled(s: &Option<Str<'_>>) -> bool {
-    s.as_ref().is_some_and(|s| !s.0.is_empty())
-}
-
-/// Append the text `data` (one event's payload) carries to `out`, and say
-/// what it carried.
-pub fn delta_text(data: &[u8], out: &mut String) -> Piece {
-    let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(data.trim_ascii()) else {
-        return Piece::Nothing;
-    };
-    let mut piece = Piece::Nothing;
-    for c in chunk.choices.unwrap_or_default() {
-        let delta = c.delta.as_ref();
-        let other = delta
-            .is_some_and(|d| filled(&d.reasoning_content) || filled(&d.reasoning) || d.tool_calls.as_ref().is_some_and(|t| !t.is_empty()));
-        let text = delta.and_then(|d| d.content.as_ref()).or(c.text.as_ref()).filter(|t| !t.0.is_empty());
-        if other || (c.index != 0 && text.is_some()) {
-            return Piece::Other;
-        }
-        if let Some(t) = text {
-            out.push_str(&t.0);
-            piece = Piece::Text;
-        }
+/// [`crate::analyze`], and the text the payload carries appended to `out`.
+pub fn analyze_text(data: &[u8], out: &mut String) -> (EventInfo, Piece) {
+    let (info, text, other) = crate::read::<Str<'_>>(data);
+    if other {
+        return (info, Piece::Other);
     }
-    piece
+    match text {
+        Some(t) => {
+            out.push_str(&t.0);
+            (info, Piece::Text)
+        }
+        None => (info, Piece::Nothing),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn text_of(data: &[u8], out: &mut String) -> Piece {
+        let (info, piece) = analyze_text(data, out);
+        assert_eq!(info, crate::analyze(data), "the same reading as analyze's");
+        piece
+    }
+
     #[test]
     fn chat_and_completion_text_is_appended_as_sent() {
         let mut out = String::new();
         let role = br#"{"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#;
-        assert_eq!(delta_text(role, &mut out), Piece::Nothing);
-        assert_eq!(delta_text(br#"{"choices":[{"index":0,"delta":{"content":"He"}}]}"#, &mut out), Piece::Text);
-        assert_eq!(delta_text(br#"{"choices":[{"index":0,"delta":{"content":"y \"you\"\n\u00e9"}}]}"#, &mut out), Piece::Text);
-        assert_eq!(delta_text(br#"{"choices":[{"index":0,"text":" there","finish_reason":null}]}"#, &mut out), Piece::Text);
+        assert_eq!(text_of(role, &mut out), Piece::Nothing);
+        assert_eq!(text_of(br#"{"choices":[{"index":0,"delta":{"content":"He"}}]}"#, &mut out), Piece::Text);
+        assert_eq!(text_of(br#"{"choices":[{"index":0,"delta":{"content":"y \"you\"\n\u00e9"}}]}"#, &mut out), Piece::Text);
+        assert_eq!(text_of(br#"{"choices":[{"index":0,"text":" there","finish_reason":null}]}"#, &mut out), Piece::Text);
         assert_eq!(out, "Hey \"you\"\n\u{e9} there");
         let usage = br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7}}"#;
-        assert_eq!(delta_text(usage, &mut out), Piece::Nothing);
-        assert_eq!(delta_text(b"[DONE]", &mut out), Piece::Nothing);
-        assert_eq!(delta_text(b"not json", &mut out), Piece::Nothing);
+        assert_eq!(text_of(usage, &mut out), Piece::Nothing);
+        assert_eq!(text_of(b"[DONE]", &mut out), Piece::Nothing);
+        assert_eq!(text_of(b"not json", &mut out), Piece::Nothing);
     }
 
     #[test]
@@ -128,9 +114,9 @@ mod tests {
             r#"{"choices":[{"delta":{"reasoning":"hmm"}}]}"#,
             r#"{"choices":[{"index":1,"delta":{"content":"b"}}]}"#,
         ] {
-            assert_eq!(delta_text(other.as_bytes(), &mut out), Piece::Other, "{other}");
+            assert_eq!(text_of(other.as_bytes(), &mut out), Piece::Other, "{other}");
         }
-        assert_eq!(delta_text(br#"{"choices":[{"delta":{"content":"a","tool_calls":[]}}]}"#, &mut out), Piece::Text);
+        assert_eq!(text_of(br#"{"choices":[{"delta":{"content":"a","tool_calls":[]}}]}"#, &mut out), Piece::Text);
         assert_eq!(out, "a");
     }
 }

@@ -237,7 +237,13 @@ impl<B> ObservedBody<B> {
                         return;
                     }
                     let Some(d) = d else { return };
-                    let info = analyze(d);
+                    let info = match splice.as_deref_mut() {
+                        Some(s) => {
+                            s.note_ids(d);
+                            s.read(d)
+                        }
+                        None => analyze(d),
+                    };
                     if info.error && splice.as_ref().is_some_and(|s| s.may_resume()) {
                         *broke = true;
                         cuts.push((at.0, at.1, None));
@@ -246,9 +252,6 @@ impl<B> ObservedBody<B> {
                     if info.content {
                         // Every content event in this read is delivered now.
                         tracker.content_event(now);
-                    }
-                    if let Some(s) = splice.as_deref_mut() {
-                        s.observe(d, &info);
                     }
                     if let Some(u) = info.usage {
                         tracker.usage = Some(splice.as_ref().map_or(u, |s| s.usage(u)));

@@ -24,7 +24,10 @@ impl<B> ObservedBody<B> {
         let now = Instant::now();
         let deadline = (now + self.timeouts.idle).min(t.start + self.timeouts.total);
         let pool = r.link.pool().to_string();
-        match r.start(t.lease.as_mut(), sent, deadline) {
+        // The answer had its finish: there is nothing to go on with.
+        let finished = matches!(&self.mode, Mode::Sse { finish_reason: Some(_), .. });
+        let started = if finished { Err("finished") } else { r.start(t.lease.as_mut(), sent, deadline) };
+        match started {
             Ok(pending) => {
                 t.metrics().stream_resumes.get_or_create(&ResumeLabels { pool, replica: left.clone(), reason: why.as_str() }).inc();
                 let to = t.lease.as_ref().map(|l| l.replica().label().to_string()).unwrap_or_default();
