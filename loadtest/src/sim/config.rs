@@ -66,6 +66,9 @@ pub struct FaultConfig {
     pub slowdown: f64,
     /// `/health` answers 503.
     pub health_fail: bool,
+    /// `/health` answers only after this many seconds (a health endpoint
+    /// slow under load); 0 = at once.
+    pub health_delay_secs: f64,
     /// Stop the replica (the process exits; in-process, the server stops).
     pub exit: bool,
 }

@@ -153,6 +153,10 @@ async fn handle(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<SimBody> {
     let path = req.uri().path().to_string();
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/health") => {
+            let delay = ctx.engine.faults.get().health_delay_secs;
+            if delay > 0.0 {
+                tokio::time::sleep(std::time::Duration::from_secs_f64(delay)).await;
+            }
             if ctx.engine.faults.get().health_fail {
                 error(StatusCode::SERVICE_UNAVAILABLE, "unhealthy (simulated)", "ServiceUnavailableError")
             } else {
