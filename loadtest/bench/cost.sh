@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Cost per request at RAG rates: what slogate spends on each short request
+# and each streamed event, side by side with HAProxy (Debian's, `mode http`:
+# every request parsed, keep-alive both sides; and `mode tcp`: bytes relayed)
+# and with no proxy at all, in one sitting, against an upstream and a load
+# generator the project did not write:
+#   - short requests: nginx answers a fixed vLLM-shaped body (an embeddings
+#     answer of 1,024 floats, 8.6 KB; a 64-token non-streaming completion),
+#     with Content-Length, as vLLM does; `wrk` sends it at 32 connections,
+#     keep-alive, SECS seconds a run. Requests/s and p50/p99 as wrk reports
+#     them; CPU per request is the proxy's own user + system time from
+#     /proc over the run, divided by the requests wrk counted. ROUNDS rounds,
+#     the paths interleaved within each; the report gives the median round
+#     and the worst;
+#   - streams: STREAMS open streams through slogate (1 token every 100 ms
+#     each, from the simulator; loadgen), its CPU per streamed event.
+# slogate runs with a fixed limit (1,024 a replica: nginx has no queue to
+# learn from) and no keys, as the issue's first measurement did.
+# Everything runs on 127.0.0.1 with free ports, bounded in time.
+# Writes loadtest/results/cost/README.md (stamped).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+WORK=$(mktemp -d); export WORK
+source "$HERE/lib.sh"
+trap cleanup EXIT
+ROUNDS=${ROUNDS:-3} SECS=${SECS:-6} CONNS=${CONNS:-32} STREAMS=${STREAMS:-1000}
+build_release
+MACHINE=$(machine_line)
+ulimit -n "$(ulimit -Hn)"
+
+# nginx and wrk from Debian, installed once (root only), as HAProxy is.
+for pkg in nginx-light:nginx wrk:wrk; do
+  command -v "${pkg#*:}" >/dev/null && continue
+  [ "$(id -u)" = 0 ] && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkg%:*}") >"$WORK/apt.log" 2>&1 || true
+  command -v "${pkg#*:}" >/dev/null || { echo "cost.sh needs ${pkg#*:} (apt-get install ${pkg%:*})" >&2; exit 1; }
+done
+ensure_haproxy
+
+# The fixed answers, shaped as vLLM's.
+python3 - "$WORK" <<'EOF'
+import json, random, sys
+work = sys.argv[1]
+rng = random.Random(1)
+emb = {"id": "embd-1", "object": "list", "created": 1, "model": "m1",
+       "data": [{"index": 0, "object": "embedding", "embedding": [round(rng.uniform(-0.1, 0.1), 6) for _ in range(1024)]}],
+       "usage": {"prompt_tokens": 12, "total_tokens": 12, "completion_tokens": 0, "prompt_tokens_details": None}}
+text = " ".join(["token"] * 64)
+cmpl = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m1",
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}],
+        "usage": {"prompt_tokens": 12, "total_tokens": 76, "completion_tokens": 64, "prompt_tokens_details": None}}
+models = {"object": "list", "data": [{"id": "m1", "object": "model", "owned_by": "vllm", "max_model_len": 4096}]}
+for name, body in [("embeddings", emb), ("completions", cmpl), ("models", models)]:
+    open(f"{work}/{name}.json", "w").write(json.dumps(body, separators=(",", ":")))
+open(f"{work}/embeddings.req", "w").write(json.dumps({"model": "m1", "input": "What does a token bucket do?"}))
+open(f"{work}/completions.req", "w").write(json.dumps({"model": "m1", "prompt": "Once upon a time", "max_tokens": 64}))
+EOF
+
+NGINX_PORT=$(free_port)
+mkdir -p "$WORK/nginx"
+cat >"$WORK/nginx.conf" <<EOF
+worker_processes 1;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx;
+  keepalive_requests 1000000;
+  server {
+    listen 127.0.0.1:$NGINX_PORT;
+    default_type application/json;
+    location = /v1/embeddings { client_body_buffer_size 64k; alias $WORK/embeddings.json; error_page 405 =200 \$uri; }
+    location = /v1/completions { client_body_buffer_size 64k; alias $WORK/completions.json; error_page 405 =200 \$uri; }
+    location = /v1/models { alias $WORK/models.json; }
+    location = /health { return 200; }
+    location / { return 404; }
+  }
+}
+EOF
+( exec nginx -c "$WORK/nginx.conf" -g 'daemon off;' ) &
+PIDS+=($!); NGINX_PID=$!
+UP="http://127.0.0.1:$NGINX_PORT"
+for _ in $(seq 100); do curl -sf "$UP/health" >/dev/null && break; sleep 0.05; done
+curl -sf -X POST "$UP/v1/embeddings" -d @"$WORK/embeddings.req" | head -c 80 >&2; echo >&2
+
+cat >"$WORK/gw.yaml" <<EOF
+server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }
+pools:
+  - name: default
+    models: [m1]
+    replicas: [$UP]
+    max_inflight_per_replica: 1024
+EOF
+start_gateway "$WORK/gw.yaml"
+# (Each is started with exec: the PID is HAProxy's own.)
+start_haproxy hap-http http "$UP"; HAP_HTTP=$HAP_URL; HAP_HTTP_PID=${PIDS[-1]}
+start_haproxy hap-tcp tcp "$UP"; HAP_TCP=$HAP_URL; HAP_TCP_PID=${PIDS[-1]}
+
+for kind in embeddings completions; do
+  cat >"$WORK/$kind.lua" <<EOF
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open("$WORK/$kind.req"); wrk.body = f:read("*a"); f:close()
+EOF
+done
+
+# one ROUND KIND PATH URL PID: a wrk run; a CSV row of requests, seconds, CPU ticks, p50 and p99 (ms).
+one() {
+  local round=$1 kind=$2 path=$3 url=$4 pid=$5 t0=0 ticks=0
+  [ "$pid" != - ] && t0=$(cpu_ticks "$pid")
+  wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$WORK/$kind.lua" "$url/v1/$kind" >"$WORK/wrk-$round-$kind-$path.txt" 2>&1
+  [ "$pid" != - ] && ticks=$(( $(cpu_ticks "$pid") - t0 ))
+  python3 - "$WORK/wrk-$round-$kind-$path.txt" "$round" "$kind" "$path" "$ticks" >>"$WORK/short.csv" <<'EOF'
+import re, sys
+text, round_, kind, path, ticks = open(sys.argv[1]).read(), *sys.argv[2:6]
+def ms(label):
+    m = re.search(rf"^\s*{label}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    v, u = float(m.group(1)), m.group(2)
+    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
+reqs = int(re.search(r"(\d+) requests in ([\d.]+)(ms|s)", text).group(1))
+secs = re.search(r"(\d+) requests in ([\d.]+)(ms|s)", text)
+secs = float(secs.group(2)) / (1000 if secs.group(3) == "ms" else 1)
+bad = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+errs = re.search(r"Socket errors: (.*)", text)
+print(f"{round_},{kind},{path},{reqs},{secs:.3f},{ticks},{ms(50):.3f},{ms(99):.3f},{bad.group(1) if bad else 0},{(errs.group(1).replace(',', ';') if errs else '')}")
+EOF
+}
+
+echo "round,kind,path,requests,secs,ticks,p50_ms,p99_ms,non2xx,socket_errors" >"$WORK/short.csv"
+for round in $(seq "$ROUNDS"); do
+  for kind in embeddings completions; do
+    one "$round" "$kind" direct "$UP" -
+    one "$round" "$kind" haproxy-tcp "$HAP_TCP" "$HAP_TCP_PID"
+    one "$round" "$kind" haproxy-http "$HAP_HTTP" "$HAP_HTTP_PID"
+    one "$round" "$kind" slogate "$GW_URL" "$GW_PID"
+  done
+done
+curl -sf "$ADMIN_URL/metrics" >"$WORK/short.metrics"
+gw_down
+
+# Streams: STREAMS open through slogate, a token every 100 ms each.
+start_sim streams --profile llama8b-h100 --step-base-ms 100 --decode-per-seq-ms 0 --prefill-per-token-ms 0 \
+  --max-num-seqs 20000 --max-num-batched-tokens 10000000 --kv-blocks 10000000
+cat >"$WORK/gw-streams.yaml" <<EOF
+server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s, max_connections: 20000 }
+pools:
+  - name: default
+    models: [auto]
+    replicas: [${SIM_URLS[0]}]
+    max_inflight_per_replica: 20000
+tiers: { interactive: { queue_capacity: 20000 } }
+EOF
+start_gateway "$WORK/gw-streams.yaml" gw-streams
+cat >"$WORK/streams.yaml" <<EOF
+target: $GW_URL
+duration: 25s
+warmup: 10s
+request_timeout: 120s
+streams:
+  - name: s
+    class: chat
+    model: sim-llama-8b
+    arrival: { kind: closed, concurrency: $STREAMS, ramp: 5s }
+    prompt_tokens: { dist: fixed, value: 16 }
+    output_tokens: { dist: fixed, value: 100 }
+EOF
+T0=$(cpu_ticks "$GW_PID")
+"$BIN/loadgen" run "$WORK/streams.yaml" --label streams --no-progress --out "$WORK/streams.json" >&2
+STREAM_TICKS=$(( $(cpu_ticks "$GW_PID") - T0 ))
+curl -sf "$ADMIN_URL/metrics" >"$WORK/streams.metrics"
+
+python3 "$HERE/bench/cost_report.py" "$WORK" "$MACHINE" "$(getconf CLK_TCK)" "$STREAM_TICKS" "$ROUNDS" "$SECS" "$CONNS" "$STREAMS" >"$WORK/README.md"
+publish "$WORK" "$ROOT/loadtest/results/cost"
+cat "$ROOT/loadtest/results/cost/README.md"

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""The report of loadtest/bench/cost.sh.
+
+    cost_report.py WORK MACHINE CLK_TCK STREAM_TICKS ROUNDS SECS CONNS STREAMS
+"""
+import csv
+import re
+import statistics
+import sys
+
+work, machine, hz, stream_ticks, rounds, secs, conns, streams = sys.argv[1:9]
+hz, stream_ticks = int(hz), int(stream_ticks)
+rows = list(csv.DictReader(open(f"{work}/short.csv")))
+PATHS = ["direct", "haproxy-tcp", "haproxy-http", "slogate"]
+NAMES = {"direct": "direct to nginx", "haproxy-tcp": "HAProxy `mode tcp`", "haproxy-http": "HAProxy `mode http`", "slogate": "**slogate**"}
+
+
+def runs(kind, path):
+    out = []
+    for r in rows:
+        if r["kind"] == kind and r["path"] == path:
+            n, s, t = int(r["requests"]), float(r["secs"]), int(r["ticks"])
+            out.append({"rps": n / s, "cpu_us": t * 1e6 / hz / n if path != "direct" else None,
+                        "p50": float(r["p50_ms"]), "p99": float(r["p99_ms"]), "bad": int(r["non2xx"]), "err": r["socket_errors"]})
+    return out
+
+
+def med(xs):
+    return statistics.median(xs)
+
+
+print(f"""# Cost per request
+
+`loadtest/bench/cost.sh` ({machine}).
+
+Short requests against nginx answering a fixed vLLM-shaped body with
+Content-Length (an embeddings answer of 1,024 floats; a 64-token
+non-streaming completion), sent by `wrk` at {conns} connections, keep-alive,
+{secs} s a run; {rounds} rounds, the four paths interleaved within each. CPU per
+request is the proxy's own user + system time from `/proc` over the run,
+divided by the requests `wrk` counted. Medians over the rounds; the worst
+round in brackets. slogate with a fixed limit (1,024) and no keys; HAProxy
+2.6 from Debian with one thread per core. Every process shares both cores.
+""")
+verdicts = []
+for kind in ["embeddings", "completions"]:
+    print(f"## {kind}\n")
+    print("| path | requests/s | CPU per request | p50 | p99 | errors |")
+    print("|---|---:|---:|---:|---:|---:|")
+    got = {}
+    for path in PATHS:
+        r = runs(kind, path)
+        if not r:
+            continue
+        rps = [x["rps"] for x in r]
+        cpu = [x["cpu_us"] for x in r if x["cpu_us"] is not None]
+        got[path] = (med(rps), med(cpu) if cpu else None, min(rps), max(cpu) if cpu else None)
+        cpu_s = f"{med(cpu):.1f} µs ({max(cpu):.1f})" if cpu else "-"
+        bad = sum(x["bad"] for x in r)
+        errs = "; ".join(sorted({x["err"] for x in r if x["err"]}))
+        print(f"| {NAMES[path]} | {med(rps):,.0f} ({min(rps):,.0f}) | {cpu_s} | {med([x['p50'] for x in r]):.2f} ms | {med([x['p99'] for x in r]):.2f} ms | {bad}{' ' + errs if errs else ''} |")
+    if "slogate" in got and "haproxy-http" in got:
+        s, h = got["slogate"], got["haproxy-http"]
+        cpu_ratio, rps_ratio = s[1] / h[1], s[0] / h[0]
+        print(f"\nslogate against HAProxy `mode http`: **{cpu_ratio:.2f}x** the CPU per request (target at most 1.25x), "
+              f"**{rps_ratio:.2f}x** the throughput (target at least 0.8x).\n")
+        verdicts.append((kind, cpu_ratio, rps_ratio))
+
+def metric_sum(path, name):
+    total = 0.0
+    for line in open(path):
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+events = metric_sum(f"{work}/streams.metrics", "slogate_inter_token_latency_seconds_count") + metric_sum(f"{work}/streams.metrics", "slogate_time_to_first_token_seconds_count")
+per_event = stream_ticks * 1e6 / hz / events if events else float("nan")
+print("## Streams\n")
+print(f"{streams} streams held open through slogate (a token every 100 ms each from the simulator, 100 tokens, closed loop, 25 s):")
+print(f"{int(events):,} content events forwarded, slogate's CPU {stream_ticks / hz:.1f} s: **{per_event:.1f} µs per streamed event** (target at most 5 µs; it includes the request's own work amortised over its 100 events).\n")
+print("## Against the targets\n")
+for kind, c, r in verdicts:
+    print(f"- {kind}: CPU per request {c:.2f}x HAProxy `mode http`'s ({'met' if c <= 1.25 else 'not met'}), throughput {r:.2f}x ({'met' if r >= 0.8 else 'not met'}).")
+print(f"- streams: {per_event:.1f} µs per event ({'met' if per_event <= 5 else 'not met'}).")
