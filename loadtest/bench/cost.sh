@@ -55,6 +55,8 @@ open(f"{work}/embeddings.req", "w").write(json.dumps({"model": "m1", "input": "W
 open(f"{work}/completions.req", "w").write(json.dumps({"model": "m1", "prompt": "Once upon a time", "max_tokens": 64}))
 EOF
 
+# nginx's workers run as an unprivileged user when it is started as root: they read the answers.
+chmod a+rx "$WORK"; chmod a+r "$WORK"/*.json
 NGINX_PORT=$(free_port)
 mkdir -p "$WORK/nginx"
 cat >"$WORK/nginx.conf" <<EOF
