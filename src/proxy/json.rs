@@ -6,8 +6,25 @@ use super::tracker::Tracker;
 use crate::telemetry::Outcome;
 use sse::{TextLen as Chars, Usage};
 
-/// Read usage and finish reason from a complete non-streaming JSON answer.
-pub(super) fn read_json_outcome(body: &[u8], tracker: &mut Tracker) -> Outcome {
+/// Usage as the last member of a JSON object (`..., "usage": {...}}`), as
+/// vLLM and OpenAI write it, read without reading the rest (an embeddings
+/// answer's thousands of numbers). `None` when it is not found so; the
+/// whole answer is read then. The pattern cannot match inside a string,
+/// where a quote is escaped.
+fn usage_at_end(body: &[u8]) -> Option<Usage> {
+    let body = body.trim_ascii();
+    let inner = body.strip_prefix(b"{")?.strip_suffix(b"}")?;
+    let at = memchr::memmem::rfind(inner, b"\"usage\":")?;
+    serde_json::from_slice::<Usage>(&inner[at + 8..]).ok()
+}
+
+/// Read usage and finish reason from a complete non-streaming JSON answer
+/// (`usage_only`: an answer with no finish, whose usage may be read from its end).
+pub(super) fn read_json_outcome(body: &[u8], usage_only: bool, tracker: &mut Tracker) -> Outcome {
+    if let Some(u) = usage_only.then(|| usage_at_end(body)).flatten() {
+        tracker.usage = Some(u);
+        return Outcome::ok;
+    }
     #[derive(serde::Deserialize)]
     struct Answer {
         #[serde(default)]

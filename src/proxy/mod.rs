@@ -357,7 +357,8 @@ fn observe(resp: Response<UpstreamBody>, mut tracker: Tracker, lease: Lease, end
     } else if endpoint == Endpoint::Speech {
         Watched::new(ObservedBody::audio(rbody, tracker, t)).boxed_unsync()
     } else if matches!(endpoint, Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings | Endpoint::Responses | Endpoint::Rerank) {
-        Watched::new(ObservedBody::json(rbody, tracker, t)).boxed_unsync()
+        let usage_only = matches!(endpoint, Endpoint::Embeddings | Endpoint::Rerank);
+        Watched::new(ObservedBody::json(rbody, tracker, t, usage_only)).boxed_unsync()
     } else {
         Watched::new(ObservedBody::passthrough(rbody, tracker, t)).boxed_unsync()
     };

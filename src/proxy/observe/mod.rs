@@ -75,8 +75,9 @@ enum Mode {
         /// client because the stream is continued elsewhere.
         broke: bool,
     },
-    /// A JSON body: keep the chunks (cheap clones) to read usage at the end.
-    Json { chunks: Vec<Bytes>, size: usize },
+    /// A JSON body: keep the chunks (cheap clones) to read usage at the
+    /// end (`usage_only`: only usage is read, from the tail when it is there).
+    Json { chunks: Vec<Bytes>, size: usize, usage_only: bool },
     /// Forward as is; the outcome was decided from the status.
     Passthrough,
     /// A binary answer sent as it is made (speech): its first byte is its
@@ -152,9 +153,11 @@ impl<B> ObservedBody<B> {
         }
     }
 
-    /// Observe a JSON body (non-streaming completion or embeddings).
-    pub(crate) fn json(inner: B, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
-        Self::new(inner, Mode::Json { chunks: Vec::new(), size: 0 }, tracker, timeouts)
+    /// Observe a JSON body (non-streaming completion or embeddings);
+    /// `usage_only`: an answer with no finish to read (embeddings, rerank),
+    /// whose usage comes last.
+    pub(crate) fn json(inner: B, tracker: Tracker, timeouts: StreamTimeouts, usage_only: bool) -> Self {
+        Self::new(inner, Mode::Json { chunks: Vec::new(), size: 0, usage_only }, tracker, timeouts)
     }
 
     /// Observe a binary answer made as it is sent (speech audio): TTFT at its
@@ -209,7 +212,7 @@ impl<B> ObservedBody<B> {
                 }
                 Some(data)
             }
-            Mode::Json { chunks, size } => {
+            Mode::Json { chunks, size, .. } => {
                 keep_json(chunks, size, &data);
                 Some(data)
             }
@@ -284,12 +287,13 @@ impl<B> ObservedBody<B> {
         match &mut self.mode {
             Mode::Passthrough | Mode::Audio => self.tracker.finish(crate::telemetry::Outcome::ok),
             Mode::Json { size, .. } if *size == usize::MAX => self.tracker.finish(Outcome::ok),
-            Mode::Json { chunks, .. } => {
-                let mut whole = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum());
-                for c in chunks.iter() {
-                    whole.extend_from_slice(c);
-                }
-                let outcome = read_json_outcome(&whole, &mut self.tracker);
+            Mode::Json { chunks, usage_only, .. } => {
+                // One chunk (most answers): read in place.
+                let whole: std::borrow::Cow<'_, [u8]> = match chunks.as_slice() {
+                    [one] => std::borrow::Cow::Borrowed(one),
+                    more => std::borrow::Cow::Owned(more.concat()),
+                };
+                let outcome = read_json_outcome(&whole, *usage_only, &mut self.tracker);
                 self.tracker.finish(outcome);
             }
             Mode::Sse { pending, saw_done, saw_error, finish_reason, .. } => {
@@ -654,9 +658,28 @@ mod tests {
         let (metrics, class) = fixture();
         let mut t = Tracker::new(metrics, class, Instant::now());
         let body = br#"{"choices":[{"message":{"role":"assistant","content":"h\u00e9llo there"},"finish_reason":"stop"},{"message":{"content":[{"type":"text","text":"x"}]}},{"text":"abcd"}]}"#;
-        assert_eq!(read_json_outcome(body, &mut t), Outcome::ok);
+        assert_eq!(read_json_outcome(body, false, &mut t), Outcome::ok);
         // "héllo there" is 11 characters, "abcd" 4: 15, so 4 tokens.
         assert_eq!(t.answer_estimate, Some(4));
+    }
+
+    /// An embeddings answer's usage is read from its end, and an answer
+    /// whose end is not its usage is read whole, with the same result.
+    #[test]
+    fn an_embeddings_answers_usage_is_read_from_its_end() {
+        let (metrics, class) = fixture();
+        let usage = |body: &[u8]| {
+            let mut t = Tracker::new(metrics.clone(), class.clone(), Instant::now());
+            (read_json_outcome(body, true, &mut t), t.usage.map(|u| (u.prompt_tokens, u.completion_tokens)))
+        };
+        let at_end = br#"{"object":"list","data":[{"index":0,"embedding":[0.1,-0.2,3e-5]}],"usage": {"prompt_tokens":12,"total_tokens":12,"completion_tokens":0,"prompt_tokens_details":null} }"#;
+        assert_eq!(usage(at_end), (Outcome::ok, Some((12, 0))));
+        let in_middle = br#"{"usage":{"prompt_tokens":3,"total_tokens":3},"data":[{"embedding":[1]}],"object":"list"}"#;
+        assert_eq!(usage(in_middle), (Outcome::ok, Some((3, 0))), "read whole");
+        let quoted = br#"{"data":[{"text":"a "usage":{"prompt_tokens":99}"}],"usage":{"prompt_tokens":4}}"#;
+        assert_eq!(usage(quoted), (Outcome::ok, Some((4, 0))), "a quoted pattern is not a member");
+        assert_eq!(usage(br#"{"data":[1,2],"usage":{"prompt_tokens":4}"#).0, Outcome::upstream_error, "cut short");
+        assert_eq!(usage(b"<html>usage</html>").0, Outcome::upstream_error);
     }
 
     #[tokio::test(start_paused = true)]
