@@ -13,7 +13,12 @@
 #     the paths interleaved within each; the report gives the median round
 #     and the worst;
 #   - streams: STREAMS open streams through slogate (1 token every 100 ms
-#     each, from the simulator; loadgen), its CPU per streamed event.
+#     each, from the simulator; loadgen), its CPU per streamed event;
+#   - allocations per short request and per streamed event, counted by a
+#     gateway built with `--features heap-profile`. They are the gate: the
+#     run fails (exit 1) when either exceeds bench/cost_budget.json's figure
+#     by more than its margin, so a change cannot quietly give back what
+#     was won. Lower the budget when a change lowers them.
 # slogate runs with a fixed limit (1,024 a replica: nginx has no queue to
 # learn from) and no keys, as the issue's first measurement did.
 # Everything runs on 127.0.0.1 with free ports, bounded in time.
@@ -140,6 +145,27 @@ done
 curl -sf "$ADMIN_URL/metrics" >"$WORK/short.metrics"
 gw_down
 
+# Allocations per request: a gateway built with `--features heap-profile`
+# (dhat counts every allocation), two wrk runs of different lengths on
+# fresh gateways; the difference in allocations over the difference in
+# requests leaves start-up and shutdown out.
+(cd "$ROOT" && cargo build --release --locked -q --features heap-profile --target-dir target/heap --bin slogate)
+heap_run() { # NAME KIND SECONDS: allocations and requests to $WORK/NAME.allocs
+  GW_BIN="$ROOT/target/heap/release/slogate" SLOGATE_HEAP_PROFILE="$WORK/$1.heap.json" start_gateway "$WORK/gw.yaml" "gw-$1"
+  wrk -t1 -c"$CONNS" -d"$3s" -s "$WORK/$2.lua" "$GW_URL/v1/$2" >"$WORK/$1.wrk" 2>&1
+  gw_down
+  python3 - "$WORK/$1.heap.json" "$WORK/$1.wrk" >"$WORK/$1.allocs" <<'EOF2'
+import json, re, sys
+pps = json.load(open(sys.argv[1]))["pps"]
+# dhat: tbk is the allocations (blocks), tb their bytes.
+print(sum(p["tbk"] for p in pps), sum(p["tb"] for p in pps), re.search(r"(\d+) requests in", open(sys.argv[2]).read()).group(1))
+EOF2
+}
+for kind in embeddings completions; do
+  heap_run "heap-$kind-short" "$kind" 2
+  heap_run "heap-$kind-long" "$kind" 5
+done
+
 # Streams: STREAMS open through slogate, a token every 100 ms each.
 start_sim streams --profile llama8b-h100 --step-base-ms 100 --decode-per-seq-ms 0 --prefill-per-token-ms 0 \
   --max-num-seqs 20000 --max-num-batched-tokens 10000000 --kv-blocks 10000000
@@ -170,7 +196,23 @@ T0=$(cpu_ticks "$GW_PID")
 "$BIN/loadgen" run "$WORK/streams.yaml" --label streams --no-progress --out "$WORK/streams.json" >&2
 STREAM_TICKS=$(( $(cpu_ticks "$GW_PID") - T0 ))
 curl -sf "$ADMIN_URL/metrics" >"$WORK/streams.metrics"
+gw_down
+# Allocations per streamed event: HEAP_STREAMS streams through the heap-profile
+# build, for two lengths; events from its metrics.
+for len in short long; do
+  secs=10; [ $len = long ] && secs=20
+  GW_BIN="$ROOT/target/heap/release/slogate" SLOGATE_HEAP_PROFILE="$WORK/heap-streams-$len.heap.json" start_gateway "$WORK/gw-streams.yaml" "gw-heap-streams-$len"
+  sed "s|^target: .*|target: $GW_URL|; s|^duration: .*|duration: ${secs}s|; s|^warmup: .*|warmup: 0s|; s|concurrency: $STREAMS|concurrency: ${HEAP_STREAMS:-100}|" "$WORK/streams.yaml" >"$WORK/heap-streams-$len.yaml"
+  "$BIN/loadgen" run "$WORK/heap-streams-$len.yaml" --label "heap-streams-$len" --no-progress --out "$WORK/heap-streams-$len.json" >&2
+  curl -sf "$ADMIN_URL/metrics" >"$WORK/heap-streams-$len.metrics"
+  gw_down
+done
 
-python3 "$HERE/bench/cost_report.py" "$WORK" "$MACHINE" "$(getconf CLK_TCK)" "$STREAM_TICKS" "$ROUNDS" "$SECS" "$CONNS" "$STREAMS" >"$WORK/README.md"
+set +e
+python3 "$HERE/bench/cost_report.py" "$WORK" "$MACHINE" "$(getconf CLK_TCK)" "$STREAM_TICKS" "$ROUNDS" "$SECS" "$CONNS" "$STREAMS" "$HERE/bench/cost_budget.json" >"$WORK/README.md"
+GATE=$?
+set -e
 publish "$WORK" "$ROOT/loadtest/results/cost"
 cat "$ROOT/loadtest/results/cost/README.md"
+# The gate: allocations per request or per event over the budget fail the run.
+exit $GATE

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """The report of loadtest/bench/cost.sh.
 
-    cost_report.py WORK MACHINE CLK_TCK STREAM_TICKS ROUNDS SECS CONNS STREAMS
+    cost_report.py WORK MACHINE CLK_TCK STREAM_TICKS ROUNDS SECS CONNS STREAMS BUDGET.json
+
+Exits 1 when allocations per request or per event exceed the budget by
+more than its margin (the report says which).
 """
 import csv
+import json
 import re
 import statistics
 import sys
 
-work, machine, hz, stream_ticks, rounds, secs, conns, streams = sys.argv[1:9]
+work, machine, hz, stream_ticks, rounds, secs, conns, streams, budget_file = sys.argv[1:10]
 hz, stream_ticks = int(hz), int(stream_ticks)
 rows = list(csv.DictReader(open(f"{work}/short.csv")))
 PATHS = ["direct", "haproxy-tcp", "haproxy-http", "slogate"]
@@ -82,3 +86,44 @@ print("## Against the targets\n")
 for kind, c, r in verdicts:
     print(f"- {kind}: CPU per request {c:.2f}x HAProxy `mode http`'s ({'met' if c <= 1.25 else 'not met'}), throughput {r:.2f}x ({'met' if r >= 0.8 else 'not met'}).")
 print(f"- streams: {per_event:.1f} µs per event ({'met' if per_event <= 5 else 'not met'}).")
+
+
+def allocs(name):
+    blocks, nbytes, requests = map(int, open(f"{work}/{name}.allocs").read().split())
+    return blocks, nbytes, requests
+
+
+def events_of(path):
+    return metric_sum(path, "slogate_inter_token_latency_seconds_count") + metric_sum(path, "slogate_time_to_first_token_seconds_count")
+
+
+def heap_totals(path):
+    pps = json.load(open(path))["pps"]
+    # dhat: tbk is the allocations (blocks), tb their bytes.
+    return sum(p["tbk"] for p in pps), sum(p["tb"] for p in pps)
+
+
+budget = json.load(open(budget_file))
+margin = budget["margin"]
+measured = {}
+for kind in ["embeddings", "completions"]:
+    (k1, b1, r1), (k2, b2, r2) = allocs(f"heap-{kind}-short"), allocs(f"heap-{kind}-long")
+    measured[kind] = ((k2 - k1) / (r2 - r1), (b2 - b1) / (r2 - r1))
+(k1, b1), (k2, b2) = heap_totals(f"{work}/heap-streams-short.heap.json"), heap_totals(f"{work}/heap-streams-long.heap.json")
+e1, e2 = events_of(f"{work}/heap-streams-short.metrics"), events_of(f"{work}/heap-streams-long.metrics")
+measured["event"] = ((k2 - k1) / (e2 - e1), (b2 - b1) / (e2 - e1))
+print("\n## Allocations (the gate)\n")
+print("Counted by a gateway built with `--features heap-profile` (dhat): two runs of different lengths on fresh gateways, the")
+print("difference in allocations over the difference in requests (or content events), so start-up and shutdown drop out.")
+print(f"The run fails when a count exceeds its budget (`loadtest/bench/cost_budget.json`) by more than {margin:.0%}.\n")
+print("| | allocations | bytes allocated | budget (allocations) | within |")
+print("|---|---:|---:|---:|---|")
+over = []
+for key, label in [("embeddings", "per embeddings request"), ("completions", "per completion request"), ("event", "per streamed event (a stream's own start and end spread over its 100 events)")]:
+    n, nb = measured[key]
+    ok = n <= budget[key] * (1 + margin)
+    if not ok:
+        over.append(key)
+    print(f"| {label} | {n:.1f} | {nb:,.0f} | {budget[key]} | {'yes' if ok else '**NO**'} |")
+print(f"\nGate: {'passed' if not over else 'FAILED: ' + ', '.join(over)}.")
+sys.exit(1 if over else 0)
