@@ -279,14 +279,12 @@ impl Link<conn::UpstreamBody> for PoolLink {
         let connect = self.pool.config.timeouts.connect.get();
         Some(Box::pin(async move {
             let req = req.map_err(|e| e.for_log())?;
-            let mut again = Some(req.clone());
-            let mut sent = tokio::time::timeout_at(deadline, conn::send(&replica, req, connect, false)).await;
-            if let (Ok(Err(e)), Some(req)) = (&sent, again.take()) {
+            let send = |req, fresh| tokio::time::timeout_at(deadline, conn::send(&replica, req, connect, fresh));
+            let sent = match send(req.clone(), false).await {
                 // A kept-alive connection closed as it went out: on a new one.
-                if e.idle_closed() {
-                    sent = tokio::time::timeout_at(deadline, conn::send(&replica, req, connect, true)).await;
-                }
-            }
+                Ok(Err(e)) if e.idle_closed() => send(req, true).await,
+                other => other,
+            };
             let resp = sent.map_err(|_| "no response head in time".to_string())?.map_err(|e| e.public_message())?;
             if !resp.status().is_success() {
                 return Err(format!("the replica answered {}", resp.status()));
