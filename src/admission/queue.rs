@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::fair::{OverShare, Standing};
 use super::lease::{Claim, Granted, Lease, OverWhy, Refusal};
 use super::rates;
-use super::seats::{Demand, Seats, DEMAND_MARGIN};
+use super::seats::{Demand, Reserve, Seats, DEMAND_MARGIN};
 use super::waiting::{Queues, WaitGuard, Waiter, Waiting};
 use crate::config::{Tier, TiersConfig};
 use crate::sync::AtomicF64;
@@ -68,14 +68,12 @@ pub(crate) struct PoolAdmission {
     rates: [AtomicF64; 2],
     /// Published by the publisher: some interactive class is over its TTFT target.
     interactive_at_risk: AtomicBool,
-    /// The part of its own interactive peak this instance reserves for: 1 alone; in a fleet, the fleet's peak over the sum of the
-    /// instances' peaks (peaks of separate instances rarely coincide).
-    reservation_scale: AtomicF64,
-    /// In a fleet: the replicas' slots for all instances (0 alone), and the
+    /// In a fleet: the replicas' slots for all instances (0 alone), the
     /// interactive requests the other instances hold or queue, as the fleet
-    /// last heard.
+    /// last heard, and this instance's part of the fleet's reservation.
     fleet_slots: AtomicUsize,
     others_interactive: AtomicUsize,
+    fleet_reserve: [AtomicUsize; 3],
     /// Per tier: the moment the last refused client was told to come back,
     /// in microseconds after `born` (see [`PoolAdmission::schedule`]).
     retry_cursor: [AtomicU64; 2],
@@ -96,9 +94,9 @@ impl PoolAdmission {
             released: [AtomicU64::new(0), AtomicU64::new(0)],
             rates: [AtomicF64::new(0.0), AtomicF64::new(0.0)],
             interactive_at_risk: AtomicBool::new(false),
-            reservation_scale: AtomicF64::new(1.0),
             fleet_slots: AtomicUsize::new(0),
             others_interactive: AtomicUsize::new(0),
+            fleet_reserve: [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)],
             retry_cursor: [AtomicU64::new(0), AtomicU64::new(0)],
             born: Instant::now(),
         }
@@ -125,6 +123,13 @@ impl PoolAdmission {
     /// The pool's seats now: its slots, what the tiers hold and wait for,
     /// and the estimates the reservation follows (see [`Seats`]).
     fn seats(&self, pool: &Pool) -> Seats {
+        let in_fleet = self.fleet_slots.load(Ordering::Relaxed) > 0;
+        let [normal, at_risk, headroom] = &self.fleet_reserve;
+        let fleet = in_fleet.then(|| Reserve {
+            normal: normal.load(Ordering::Relaxed),
+            at_risk: at_risk.load(Ordering::Relaxed),
+            headroom: headroom.load(Ordering::Relaxed),
+        });
         Seats {
             cap: pool.capacity(),
             share: self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0),
@@ -132,7 +137,7 @@ impl PoolAdmission {
             interactive_waiting: self.waiting.depth(Tier::Interactive),
             batch_held: self.batch_inflight.load(Ordering::SeqCst),
             demand_peak: self.interactive_demand.load(Ordering::Relaxed),
-            scale: self.reservation_scale.load(),
+            fleet,
             at_risk: self.interactive_at_risk.load(Ordering::Relaxed),
         }
     }
@@ -143,16 +148,22 @@ impl PoolAdmission {
         self.seats(&self.pool.load()).batch_limit()
     }
 
-    /// The fleet's word: the replicas have `slots` for all instances, and the
-    /// others hold or queue `interactive` interactive requests (`slots` 0: alone).
-    pub(crate) fn set_fleet_interactive(&self, slots: usize, interactive: usize) {
+    /// The fleet's word: the replicas have `slots` for all instances, the
+    /// others hold or queue `interactive` interactive requests, and this
+    /// instance keeps `reserve` of the fleet's reservation (`slots` 0: alone).
+    pub(crate) fn set_fleet(&self, slots: usize, interactive: usize, reserve: Reserve) {
+        let [normal, at_risk, headroom] = &self.fleet_reserve;
+        normal.store(reserve.normal, Ordering::Relaxed);
+        at_risk.store(reserve.at_risk, Ordering::Relaxed);
+        headroom.store(reserve.headroom, Ordering::Relaxed);
         self.fleet_slots.store(slots, Ordering::Relaxed);
         self.others_interactive.store(interactive, Ordering::Relaxed);
     }
 
-    /// The fleet's word on how much of its interactive peak this instance reserves for (0 to 1).
-    pub(crate) fn set_reservation_scale(&self, scale: f64) {
-        self.reservation_scale.store(scale.clamp(0.0, 1.0));
+    /// The reservation one instance holding the fleet's `slots` would make
+    /// for the fleet's interactive `peak` (see [`Reserve::whole`]).
+    pub(crate) fn fleet_reservation(&self, slots: usize, peak: usize) -> Reserve {
+        Reserve::whole(slots, self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0), peak)
     }
 
     /// This instance's demand on the pool, for the fleet's split of the

@@ -59,17 +59,44 @@ pub(crate) struct Seats {
     pub(crate) batch_held: usize,
     /// Interactive demand's peak over [`DEMAND_WINDOW`].
     pub(crate) demand_peak: usize,
-    /// The part of its own peak this instance reserves for (1 alone; the
-    /// fleet's word otherwise).
-    pub(crate) scale: f64,
+    /// In a fleet: this instance's part of the fleet's reservation (the
+    /// fleet's word); alone, `None`.
+    pub(crate) fleet: Option<Reserve>,
     /// Some interactive class is over its TTFT target: the whole share is kept.
     pub(crate) at_risk: bool,
 }
 
+/// A reservation: the slots kept for interactive requests normally and
+/// while interactive is at risk, and the headroom among them. A fleet
+/// computes one for all its instances' slots, as one instance holding them
+/// all would ([`Reserve::whole`]), and gives each instance its part:
+/// each rounding its own part up would keep a seat or more per instance
+/// from batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Reserve {
+    pub(crate) normal: usize,
+    pub(crate) at_risk: usize,
+    pub(crate) headroom: usize,
+}
+
+impl Reserve {
+    /// The reservation of `slots` with `share` reserved at most, for an
+    /// interactive peak of `peak` (already the demand's peak, not scaled).
+    pub(crate) fn whole(slots: usize, share: f64, peak: usize) -> Reserve {
+        if share == 0.0 || slots == 0 {
+            return Reserve::default();
+        }
+        let most = Seats::most(slots, share);
+        let headroom = part(slots, HEADROOM_SHARE);
+        Reserve { normal: ((peak as f64 * DEMAND_MARGIN).ceil() as usize + headroom).min(most), at_risk: most, headroom }
+    }
+}
+
 impl Seats {
-    /// Slots kept for interactive requests after a quiet spell.
+    /// Slots kept for interactive requests after a quiet spell (in a fleet,
+    /// this instance's part of the fleet's: it may be none).
     pub(crate) fn headroom(&self) -> usize {
-        part(self.cap, HEADROOM_SHARE)
+        self.fleet.map_or_else(|| part(self.cap, HEADROOM_SHARE), |f| f.headroom.min(self.cap))
     }
 
     /// The most the reservation may be: `share` of the slots, rounded up.
@@ -78,18 +105,22 @@ impl Seats {
     }
 
     /// The slots reserved for interactive requests: the demand's recent
-    /// peak (scaled to this instance's part) and a quarter more, plus the
-    /// headroom, up to the share; the whole share while interactive is at risk.
+    /// peak and a quarter more, plus the headroom, up to the share; the
+    /// whole share while interactive is at risk. In a fleet, this
+    /// instance's part of the fleet's reservation.
     pub(crate) fn reserved(&self) -> usize {
         if self.share == 0.0 || self.cap == 0 {
             return 0;
         }
-        let most = Self::most(self.cap, self.share);
-        if self.at_risk {
-            return most;
+        if let Some(f) = self.fleet {
+            return if self.at_risk { f.at_risk } else { f.normal }.min(self.cap);
         }
-        let demand = self.demand_peak as f64 * self.scale;
-        ((demand * DEMAND_MARGIN).ceil() as usize + self.headroom()).min(most)
+        let whole = Reserve::whole(self.cap, self.share, self.demand_peak);
+        if self.at_risk {
+            whole.at_risk
+        } else {
+            whole.normal
+        }
     }
 
     /// Interactive requests holding or waiting for a slot now, plus the
@@ -173,10 +204,10 @@ impl Seats {
 
 #[cfg(test)]
 mod tests {
-    use super::Seats;
+    use super::{Reserve, Seats};
 
     fn seats(cap: usize, share: f64) -> Seats {
-        Seats { cap, share, interactive_held: 0, interactive_waiting: 0, batch_held: 0, demand_peak: 0, scale: 1.0, at_risk: false }
+        Seats { cap, share, interactive_held: 0, interactive_waiting: 0, batch_held: 0, demand_peak: 0, fleet: None, at_risk: false }
     }
 
     /// (what differs from an idle pool, reserved, reserved_now, batch_limit, batch_ceiling)
@@ -190,7 +221,14 @@ mod tests {
             ("demand 4: 5 reserved and the headroom", Seats { demand_peak: 4, ..idle }, 6, 1, 14, 14),
             ("demand past the share: the share", Seats { demand_peak: 40, ..idle }, 10, 1, 10, 10),
             ("at risk: the whole share", Seats { at_risk: true, ..idle }, 10, 1, 10, 10),
-            ("half the fleet's peak is ours", Seats { demand_peak: 8, scale: 0.5, ..idle }, 6, 1, 14, 14),
+            (
+                "a fleet's part: 6, none of its headroom",
+                Seats { fleet: Some(Reserve { normal: 6, at_risk: 10, headroom: 0 }), ..idle },
+                6,
+                0,
+                14,
+                14,
+            ),
             ("a burst past the share holds and waits", Seats { interactive_held: 12, interactive_waiting: 3, ..idle }, 1, 16, 19, 4),
             ("all of the share: batch gets none", Seats { at_risk: true, ..seats(4, 1.0) }, 4, 1, 0, 0),
             ("interactive fills the pool: batch keeps one", Seats { interactive_held: 20, ..idle }, 1, 20, 19, 1),
@@ -198,6 +236,29 @@ mod tests {
         for (name, s, reserved, now, limit, ceiling) in rows {
             assert_eq!((s.reserved(), s.reserved_now(), s.batch_limit(), s.batch_ceiling()), (reserved, now, limit, ceiling), "{name}");
         }
+    }
+
+    /// Three instances of 3 slots each, sharing 9: alone, each would keep 2
+    /// (1 seat of demand's headroom and rounding up); the fleet keeps what
+    /// one instance of 9 would, 5 in all, and parts it.
+    #[test]
+    fn a_fleet_reserves_what_one_instance_of_all_its_slots_would() {
+        let alone = Seats { demand_peak: 1, ..seats(3, 0.5) };
+        assert_eq!(alone.reserved() * 3, 6);
+        let fleet = Reserve::whole(9, 0.5, 3);
+        assert_eq!(fleet, Reserve { normal: 5, at_risk: 5, headroom: 1 });
+        let parts = [
+            Reserve { normal: 2, at_risk: 2, headroom: 1 },
+            Reserve { normal: 2, at_risk: 2, headroom: 0 },
+            Reserve { normal: 1, at_risk: 1, headroom: 0 },
+        ];
+        let batch: usize = parts.iter().map(|p| Seats { fleet: Some(*p), ..alone }.batch_limit()).sum();
+        assert_eq!(batch, 4, "batch holds 9 - 5 across the fleet, not 3");
+        // At risk, an instance keeps its part of the fleet's share, never more than its slots.
+        let risky = Seats { at_risk: true, fleet: Some(Reserve { normal: 1, at_risk: 7, headroom: 0 }), ..alone };
+        assert_eq!(risky.reserved(), 3);
+        assert_eq!(Reserve::whole(0, 0.5, 3), Reserve::default());
+        assert_eq!(Reserve::whole(9, 0.0, 3), Reserve::default());
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::admission::seats::{DEMAND_MARGIN, DEMAND_WINDOW};
+use crate::admission::seats::{Reserve, DEMAND_MARGIN, DEMAND_WINDOW};
 use crate::admission::PoolAdmission;
 use crate::config::{Config, FleetConfig};
 use crate::telemetry::metrics::{FleetPeerLabels, Metrics, ReplicaLabels};
@@ -23,7 +23,7 @@ use crate::telemetry::metrics::{FleetPeerLabels, Metrics, ReplicaLabels};
 mod split;
 mod wire;
 
-pub(crate) use split::{split, standing, Local, Standing};
+pub(crate) use split::{reserve_part, split, standing, Local, Standing};
 pub(crate) use wire::{PeerView, PoolState, ReplicaState, State};
 
 /// Where an instance's state is served on its admin listener.
@@ -202,27 +202,34 @@ impl Fleet {
                     (r.url.as_str(), local)
                 })
                 .collect();
-            let fresh: Vec<&PoolState> = standings
+            let fresh: Vec<(&str, &PoolState)> = standings
                 .iter()
-                .filter_map(|s| if let Standing::Fresh(s) = s { s.pools.iter().find(|p| p.name == pool.config.name) } else { None })
+                .filter_map(|s| match s {
+                    Standing::Fresh(s) => s.pools.iter().find(|p| p.name == pool.config.name).map(|p| (s.id.as_str(), p)),
+                    _ => None,
+                })
                 .collect();
             let own = a.demand();
-            // Peaks of separate instances rarely coincide: each reserves its
-            // own peak scaled by the fleet's peak over the sum of the peaks.
-            let now_total = own.interactive_now + fresh.iter().map(|p| p.interactive_now).sum::<usize>();
-            let peaks = own.interactive + fresh.iter().map(|p| p.interactive).sum::<usize>();
+            // Peaks of separate instances rarely coincide: the fleet's peak
+            // is the peak of their sum. The slots are split by each one's
+            // peak scaled by the fleet's over the sum of the peaks, and the
+            // fleet's reservation is parted by their demand.
+            let now_total = own.interactive_now + fresh.iter().map(|p| p.1.interactive_now).sum::<usize>();
+            let peaks = own.interactive + fresh.iter().map(|p| p.1.interactive).sum::<usize>();
             let fleet_peak = self.fleet_peak(&pool.config.name, now_total, now);
             let scale = if peaks == 0 { 1.0 } else { ((fleet_peak as f64 * DEMAND_MARGIN).ceil() / peaks as f64).min(1.0) };
-            a.set_reservation_scale(scale);
             let fleet_slots: usize = pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight()).sum();
-            a.set_fleet_interactive(fleet_slots, fresh.iter().map(|p| p.interactive_now).sum());
+            let weights: Vec<(&str, usize)> =
+                std::iter::once((self.id.as_str(), own.interactive)).chain(fresh.iter().map(|(id, p)| (*id, p.interactive))).collect();
+            let reserve = reserve_part(a.fleet_reservation(fleet_slots, fleet_peak), &weights);
+            a.set_fleet(fleet_slots, fresh.iter().map(|p| p.1.interactive_now).sum(), reserve);
             let parts = split(&self.id, own, &locals, &standings, &pool.config.name, scale);
             for (r, part) in pool.replicas.iter().zip(parts) {
                 r.set_fleet_share(Some((part.slots, part.others)));
                 let labels = ReplicaLabels { pool: pool.config.name.clone(), replica: r.label().to_string() };
                 metrics.replica_slots.get_or_create(&labels).set(part.slots as i64);
             }
-            pool.set_others_waiting(fresh.iter().map(|p| p.waiting).sum());
+            pool.set_others_waiting(fresh.iter().map(|p| p.1.waiting).sum());
         }
         // Slots may have appeared: hand them out.
         for a in &view.pools {
@@ -251,8 +258,7 @@ impl Fleet {
             w.clear();
         }
         for a in &view.pools {
-            a.set_reservation_scale(1.0);
-            a.set_fleet_interactive(0, 0);
+            a.set_fleet(0, 0, Reserve::default());
             let pool = a.pool();
             for r in &pool.replicas {
                 r.set_fleet_share(None);

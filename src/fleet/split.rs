@@ -7,13 +7,39 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::wire::{PoolState, State};
-use crate::admission::seats::Demand;
+use crate::admission::seats::{Demand, Reserve};
 use crate::config::FleetConfig;
 
 /// An instance's interactive reservation scaled to its part of the fleet's
 /// peak, never below what it has now.
 fn scaled(reserve: usize, now: usize, scale: f64) -> usize {
     ((reserve as f64 * scale).ceil() as usize).max(now)
+}
+
+/// This instance's part of the fleet's reservation `whole`. `weights`: each
+/// heard member's id and interactive demand, this instance first. Each of
+/// the reservation's numbers is shared by demand (evenly while nobody has
+/// any) and rounded so that the members' parts add up to it: largest
+/// remainders first, ties to the lower id, so every instance computes the
+/// same parts.
+pub(crate) fn reserve_part(whole: Reserve, weights: &[(&str, usize)]) -> Reserve {
+    Reserve { normal: portion(whole.normal, weights), at_risk: portion(whole.at_risk, weights), headroom: portion(whole.headroom, weights) }
+}
+
+/// The first member's part of `total` shared by `weights` (see [`reserve_part`]).
+fn portion(total: usize, weights: &[(&str, usize)]) -> usize {
+    if weights.is_empty() {
+        return total;
+    }
+    let even = weights.iter().all(|w| w.1 == 0);
+    let weight = |i: usize| if even { 1 } else { weights[i].1 };
+    let sum: usize = (0..weights.len()).map(weight).sum();
+    let floor = |i: usize| total * weight(i) / sum;
+    let remainder = |i: usize| total * weight(i) % sum;
+    let left = total - (0..weights.len()).map(floor).sum::<usize>();
+    let mut rank: Vec<usize> = (0..weights.len()).collect();
+    rank.sort_by(|&a, &b| remainder(b).cmp(&remainder(a)).then(weights[a].0.cmp(weights[b].0)));
+    floor(0) + rank.iter().take(left).any(|&i| i == 0) as usize
 }
 
 /// What a peer counts for at one moment.
@@ -174,6 +200,29 @@ mod tests {
     use crate::config::Dur;
     use crate::fleet::wire::ReplicaState;
     use std::time::Duration;
+
+    #[test]
+    fn the_fleets_reservation_is_parted_by_demand_and_adds_up() {
+        let whole = Reserve { normal: 5, at_risk: 5, headroom: 1 };
+        let ids = ["b", "a", "c"];
+        let parts = |demands: [usize; 3]| -> Vec<Reserve> {
+            (0..3)
+                .map(|me| {
+                    // Each instance lists itself first, the others as it heard them.
+                    let mut w: Vec<(&str, usize)> = vec![(ids[me], demands[me])];
+                    w.extend((0..3).filter(|&k| k != me).map(|k| (ids[k], demands[k])));
+                    reserve_part(whole, &w)
+                })
+                .collect()
+        };
+        let idle = parts([0, 0, 0]);
+        assert_eq!(idle.iter().map(|p| p.normal).sum::<usize>(), 5);
+        assert_eq!(idle.iter().map(|p| p.headroom).collect::<Vec<_>>(), [0, 1, 0], "the one seat of headroom: the lowest id's");
+        let busy = parts([6, 3, 1]);
+        assert_eq!(busy.iter().map(|p| p.normal).collect::<Vec<_>>(), [3, 2, 0]);
+        assert_eq!(busy.iter().map(|p| p.headroom).collect::<Vec<_>>(), [1, 0, 0], "the headroom goes where the demand is");
+        assert_eq!(reserve_part(whole, &[("a", 4)]), whole, "alone in the fleet: all of it");
+    }
 
     fn demand(interactive: usize, batch: usize) -> Demand {
         Demand { interactive, interactive_now: 0, batch, waiting: 0 }

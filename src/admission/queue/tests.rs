@@ -217,14 +217,15 @@ async fn with_upstream_priority_the_reserved_share_is_interactives_whatever_batc
         if priority {
             // In a fleet of 100 slots the share is 25: the others' 10
             // interactive requests and these 5 leave room for 10 more.
-            pool.set_fleet_interactive(100, 10);
+            let ours = pool.fleet_reservation(20, 0);
+            pool.set_fleet(100, 10, ours);
             let mut fleet_more = 0;
             while let Ok(l) = pool.try_lease(Tier::Interactive) {
                 held.push(l);
                 fleet_more += 1;
             }
             assert_eq!(fleet_more, 10, "the fleet's share, less what the others hold");
-            pool.set_fleet_interactive(100, 40);
+            pool.set_fleet(100, 40, ours);
             assert!(pool.try_lease(Tier::Interactive).is_err(), "the others hold more than the share: none");
         }
     }
