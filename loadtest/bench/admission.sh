@@ -15,12 +15,17 @@
 #
 #   loadtest/bench/admission.sh [overload] [breaker] [reduction] [shedlate]   (default: all)
 #
+# RUNS (default 3) repeats each scenario, each run on fresh replicas with its
+# load drawn from another seed, into DIR/run-N/; the result judges each check
+# on the median run and states every run's number (admission_report.py runs).
+#
 # Everything runs on 127.0.0.1 with free ports, bounded in time; it stops by itself.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d); export WORK
 source "$HERE/../lib.sh"
 OUT="$ROOT/loadtest/results/admission"
+RUNS=${RUNS:-3}
 build_release
 MACHINE=$(machine_line)   # stamped once: the build being measured
 
@@ -41,13 +46,24 @@ write_config() {
 loadgen() { run_on "${LG_CPUS:-}" "$BIN/loadgen" "$@"; }
 
 overload() {
-  local d="$WORK/overload"; mkdir -p "$d"
+  local d="$WORK/overload" i; mkdir -p "$d"
   # 1. Capacity C: two replicas, closed loop at 128 (2 x max_num_seqs), round robin.
   measure_capacity "$d"
-  local chat_rate batch_rate
+  for i in $(seq 1 "$RUNS"); do overload_run "$d/run-$i" "$i"; done
+  judge "$d" overload
+}
+
+# judge DIR SCENARIO : the runs' result, published.
+judge() {
+  python3 "$HERE/admission_report.py" runs "$1" "loadtest/bench/admission.sh $2" "$MACHINE"
+  publish "$1" "$OUT/$2"
+}
+
+overload_run() { # DIR SEED
+  local d=$1 chat_rate batch_rate; mkdir -p "$d"
   chat_rate=$(python3 -c "print(round(0.4*$C, 3))")
   batch_rate=$(python3 -c "print(round(1.6*$C/8, 3))")   # M^X: batches of 8
-  { echo "target: http://127.0.0.1:1"; echo "duration: 150s"; echo "warmup: 20s"; echo "request_timeout: 60s"; echo "streams:"
+  { echo "target: http://127.0.0.1:1"; echo "duration: 150s"; echo "warmup: 20s"; echo "request_timeout: 60s"; echo "seed: $2"; echo "streams:"
     chat_stream chat chat "{ kind: poisson, rate: $chat_rate }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
     chat_stream batch batch "{ kind: batch, rate: $batch_rate, size: { dist: fixed, value: 8 } }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
   } >"$d/scenario.yaml"
@@ -72,16 +88,20 @@ tiers:
   gw_down; sim_down
   loadgen compare "$d/direct.json" "$d/gateway.json" >"$d/compare.md"
   python3 "$HERE/admission_report.py" overload "$d" "$C" "$MACHINE"
-  publish "$d" "$OUT/overload"
 }
 
 shedlate() {
-  local d="$WORK/shedlate"; mkdir -p "$d"
+  local d="$WORK/shedlate" i; mkdir -p "$d"
   measure_capacity "$d"
-  local x rate shed
+  for i in $(seq 1 "$RUNS"); do shedlate_run "$d/run-$i" "$i"; done
+  judge "$d" shedlate
+}
+
+shedlate_run() { # DIR SEED
+  local d=$1 x rate shed; mkdir -p "$d"
   for x in 1.5 3; do
     rate=$(python3 -c "print(round($x*$C, 3))")
-    { echo "target: http://127.0.0.1:1"; echo "duration: 70s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
+    { echo "target: http://127.0.0.1:1"; echo "duration: 70s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "seed: $2"; echo "streams:"
       chat_stream chat chat "{ kind: poisson, rate: $rate }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
     } >"$d/load-$x.yaml"
     for shed in false true; do
@@ -93,13 +113,18 @@ shedlate() {
     done
   done
   python3 "$HERE/admission_report.py" shedlate "$d" "$C" "$MACHINE"
-  publish "$d" "$OUT/shedlate"
 }
 
 breaker() {
-  local d="$WORK/breaker"; mkdir -p "$d"
+  local d="$WORK/breaker" i; mkdir -p "$d"
+  for i in $(seq 1 "$RUNS"); do breaker_run "$d/run-$i" "$i"; done
+  judge "$d" breaker
+}
+
+breaker_run() { # DIR SEED
+  local d=$1; mkdir -p "$d"
   sim_up --replicas 1
-  { echo "target: http://127.0.0.1:1"; echo "duration: 110s"; echo "warmup: 0s"; echo "request_timeout: 60s"; echo "streams:"
+  { echo "target: http://127.0.0.1:1"; echo "duration: 110s"; echo "warmup: 0s"; echo "request_timeout: 60s"; echo "seed: $2"; echo "streams:"
     chat_stream chat chat "{ kind: poisson, rate: 4 }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
   } >"$d/scenario.yaml"
   write_config "$WORK/gw.yaml" "    max_inflight_per_replica: 64
@@ -114,12 +139,17 @@ breaker: { window: 10s }   # P99 over the last 10 s, which must stay above 2x ta
   cp "$WORK/gateway.log" "$d/gateway.log"   # read by the report; not committed
   gw_down; sim_down
   python3 "$HERE/admission_report.py" breaker "$d" "$MACHINE"
-  publish "$d" "$OUT/breaker"
 }
 
 reduction() {
-  local d="$WORK/reduction"; mkdir -p "$d"
-  { echo "target: http://127.0.0.1:1"; echo "duration: 120s"; echo "warmup: 0s"; echo "request_timeout: 60s"; echo "streams:"
+  local d="$WORK/reduction" i; mkdir -p "$d"
+  for i in $(seq 1 "$RUNS"); do reduction_run "$d/run-$i" "$i"; done
+  judge "$d" reduction
+}
+
+reduction_run() { # DIR SEED
+  local d=$1; mkdir -p "$d"
+  { echo "target: http://127.0.0.1:1"; echo "duration: 120s"; echo "warmup: 0s"; echo "request_timeout: 60s"; echo "seed: $2"; echo "streams:"
     chat_stream chat chat "{ kind: poisson, rate: ${REDUCTION_RATE:-5.6} }" "{ dist: fixed, value: 2500 }" "{ dist: fixed, value: 64 }" 9
   } >"$d/scenario.yaml"
   local common="    max_inflight_per_replica: 24   # keeps the backlog in the gateway queue, where it is reduced on its way out
@@ -146,7 +176,6 @@ context_reduction: { max_prompt_tokens: 512, max_tokens_cap: 256 }"
   done
   loadgen compare "$d/without.json" "$d/with.json" >"$d/compare.md"
   python3 "$HERE/admission_report.py" reduction "$d" "$MACHINE"
-  publish "$d" "$OUT/reduction"
 }
 
 todo=("$@"); [ ${#todo[@]} -eq 0 ] && todo=(overload breaker reduction shedlate)

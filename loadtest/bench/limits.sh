@@ -32,9 +32,10 @@
 #
 #   loadtest/bench/limits.sh [overload] [shift] [slow] [batch] [fleet] [coldstart]   (default: all)
 #
-# RUNS (default 3) repeats overload, batch, fleet and coldstart, each run on fresh
-# replicas with other seeds; their checks are judged on the median run, the
-# worst stated. FLEET_VARIANTS picks fleet's runs (default: all six).
+# RUNS (default 3) repeats every scenario, each run on fresh replicas with
+# other seeds; checks are judged on the median run, the worst stated (shift
+# and slow: each run into DIR/run-N/, judged by admission_report.py runs).
+# FLEET_VARIANTS picks fleet's runs (default: all six).
 #
 # ENGINE=llamacpp runs overload, batch, fleet and coldstart against replicas
 # with hard slots served first come first served, from an engine the project
@@ -182,30 +183,44 @@ overload() {
   publish "$d" "$OUT/overload"
 }
 
+# judge DIR SCENARIO : the runs in DIR/run-N/ judged together, published.
+judge() {
+  python3 "$HERE/admission_report.py" runs "$1" "loadtest/bench/limits.sh $2" "$MACHINE"
+  publish "$1" "$OUT/$2"
+}
+
 shift_() {
-  local d="$WORK/shift"; mkdir -p "$d"
+  local d="$WORK/shift" i r; mkdir -p "$d"
   capacity
   local C2; C2=$(capacity_of 1024)
-  mix "$d/scenario.yaml" 512 1024
-  through "$d" auto auto "$d/scenario.yaml"
-  # The reference: the same chat with 1024-token prompts and no batch at all,
-  # what this fleet can give chat at best once prompts have doubled.
-  { echo "target: http://127.0.0.1:1"; echo "duration: 60s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
-    chat_stream chat chat "{ kind: poisson, rate: $(python3 -c "print(round(0.4*$C, 3))") }" "{ dist: fixed, value: 1024 }" "$OUTPUT"
-  } >"$d/chat-alone.yaml"
-  DURATION=60 through "$d" chat-alone auto "$d/chat-alone.yaml"
-  python3 "$HERE/limits_report.py" shift "$d" "$C" "$MACHINE" "$((DURATION / 2))" "$C2"
-  publish "$d" "$OUT/shift"
+  for i in $(seq 1 "$RUNS"); do
+    r="$d/run-$i"; mkdir -p "$r"
+    mix "$r/scenario.yaml" 512 1024
+    echo "seed: $i" >>"$r/scenario.yaml"
+    through "$r" auto auto "$r/scenario.yaml"
+    # The reference: the same chat with 1024-token prompts and no batch at all,
+    # what this fleet can give chat at best once prompts have doubled.
+    { echo "target: http://127.0.0.1:1"; echo "duration: 60s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "seed: $i"; echo "streams:"
+      chat_stream chat chat "{ kind: poisson, rate: $(python3 -c "print(round(0.4*$C, 3))") }" "{ dist: fixed, value: 1024 }" "$OUTPUT"
+    } >"$r/chat-alone.yaml"
+    DURATION=60 through "$r" chat-alone auto "$r/chat-alone.yaml"
+    python3 "$HERE/limits_report.py" shift "$r" "$C" "$MACHINE" "$((DURATION / 2))" "$C2"
+  done
+  judge "$d" shift
 }
 
 slow() {
-  local d="$WORK/slow"; mkdir -p "$d"
+  local d="$WORK/slow" i r; mkdir -p "$d"
   capacity
   local C2; C2=$(capacity_of 512 slow)
-  mix "$d/scenario.yaml" 512 512
-  SLOW_AT=$((DURATION / 2)) through "$d" auto auto "$d/scenario.yaml"
-  python3 "$HERE/limits_report.py" slow "$d" "$C" "$MACHINE" "$((DURATION / 2))" "$C2"
-  publish "$d" "$OUT/slow"
+  for i in $(seq 1 "$RUNS"); do
+    r="$d/run-$i"; mkdir -p "$r"
+    mix "$r/scenario.yaml" 512 512
+    echo "seed: $i" >>"$r/scenario.yaml"
+    SLOW_AT=$((DURATION / 2)) through "$r" auto auto "$r/scenario.yaml"
+    python3 "$HERE/limits_report.py" slow "$r" "$C" "$MACHINE" "$((DURATION / 2))" "$C2"
+  done
+  judge "$d" slow
 }
 
 batch() {

@@ -14,10 +14,14 @@
 #   flood    one key sends chat at 0.5 C, another floods `batch` at 2 C, for
 #            DURATION, RUNS times: chat must not be refused by a breaker
 #   weights  two tenants in `chat`, weights 3 and 1, each offering 1.5 C:
-#            the service each gets (tokens) over 60 s
+#            the service each gets (tokens) over 60 s, RUNS times
 #   tpm      one key with tokens_per_minute, driven for 5 minutes by the
 #            OpenAI Python SDK (default retries) from 8 threads, against a
-#            fast simulated replica
+#            fast simulated replica, RUNS times
+#
+# RUNS (default 3): weights and tpm run into DIR/run-N/ (fresh replicas and
+# gateway, another seed each), judged on the median run, every run's number
+# stated (admission_report.py runs); fair and flood judge their runs themselves.
 #
 #   loadtest/bench/tenants.sh [fair] [flood] [weights] [tpm]   (default: all)
 #
@@ -28,6 +32,7 @@ WORK=$(mktemp -d); export WORK
 source "$HERE/../lib.sh"
 OUT="$ROOT/loadtest/results/tenants"
 DURATION=${DURATION:-90}
+RUNS=${RUNS:-3}
 build_release
 MACHINE=$(machine_line)
 bash "$ROOT/scripts/setup-test-deps" >&2   # the OpenAI SDK (.venv) for tpm
@@ -97,7 +102,7 @@ fair() {
   } >"$d/alone.yaml"
   run "$d" fifo "" "$d/scenario.yaml"
   local i
-  for i in $(seq 1 "${RUNS:-3}"); do
+  for i in $(seq 1 "$RUNS"); do
     run "$d" "fair-$i" "$(keys_of A:1 B:1 C:1)" "$d/scenario.yaml"
   done
   run "$d" alone "$(keys_of A:1 B:1 C:1)" "$d/alone.yaml"
@@ -114,45 +119,57 @@ flood() {
     tenant_stream web sk-web "$chat"; tenant_stream bulk sk-bulk "$batch" batch
   } >"$d/scenario.yaml"
   local i
-  for i in $(seq 1 "${RUNS:-3}"); do
+  for i in $(seq 1 "$RUNS"); do
     run "$d" "flood-$i" "$(keys_of web:1 bulk:1:batch)" "$d/scenario.yaml"
   done
   python3 "$HERE/tenants_report.py" flood "$d" "$C" "$MACHINE"
   publish "$d" "$OUT/flood"
 }
 
+# judge DIR SCENARIO : the runs in DIR/run-N/ judged together, published.
+judge() {
+  python3 "$HERE/admission_report.py" runs "$1" "loadtest/bench/tenants.sh $2" "$MACHINE"
+  publish "$1" "$OUT/$2"
+}
+
 weights() {
-  local d="$WORK/weights"; mkdir -p "$d"
+  local d="$WORK/weights" r i; mkdir -p "$d"
   measure_capacity "$WORK"
-  local r; r=$(python3 -c "print(round(1.5*$C, 3))")
-  { echo "target: http://127.0.0.1:1"; echo "duration: 70s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "streams:"
-    tenant_stream heavy sk-heavy "$r"; tenant_stream light sk-light "$r"
-  } >"$d/scenario.yaml"
-  run "$d" weights "$(keys_of heavy:3 light:1)" "$d/scenario.yaml"
-  python3 "$HERE/tenants_report.py" weights "$d" "$C" "$MACHINE"
-  publish "$d" "$OUT/weights"
+  r=$(python3 -c "print(round(1.5*$C, 3))")
+  for i in $(seq 1 "$RUNS"); do
+    mkdir -p "$d/run-$i"
+    { echo "target: http://127.0.0.1:1"; echo "duration: 70s"; echo "warmup: 10s"; echo "request_timeout: 60s"; echo "seed: $i"; echo "streams:"
+      tenant_stream heavy sk-heavy "$r"; tenant_stream light sk-light "$r"
+    } >"$d/run-$i/scenario.yaml"
+    run "$d/run-$i" weights "$(keys_of heavy:3 light:1)" "$d/run-$i/scenario.yaml"
+    python3 "$HERE/tenants_report.py" weights "$d/run-$i" "$C" "$MACHINE"
+  done
+  judge "$d" weights
 }
 
 tpm() {
-  local d="$WORK/tpm"; mkdir -p "$d"
+  local d="$WORK/tpm" i; mkdir -p "$d"
   local limit=${TPM_LIMIT:-30000} minutes=${TPM_MINUTES:-5}
-  # One fast replica (8B on an H100): the key's limit, not the replica, is what binds.
-  start_sim sim --replicas 1 --profile llama8b-h100; SIM_PID=${PIDS[-1]}
-  { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
-    echo "pools:"
-    echo "  - name: default"
-    echo "    models: [auto]"
-    echo "    replicas: [${SIM_URLS[0]}]"
-    echo "auth:"
-    echo "  keys:"
-    echo "    - { name: sdk, key_sha256: $(hash_key sk-sdk), classes: [chat], limits: { tokens_per_minute: $limit } }"
-    echo "    - { name: other, key_sha256: $(hash_key sk-other), classes: [chat] }"
-  } >"$WORK/gw-tpm.yaml"
-  start_gateway "$WORK/gw-tpm.yaml" gw-tpm
-  "$ROOT/.venv/bin/python" "$HERE/tpm_sdk.py" "$GW_URL/v1" "$ADMIN_URL" "$limit" "$minutes" "$d/tpm.json"
-  gw_down; sim_down
-  python3 "$HERE/tenants_report.py" tpm "$d" "$limit" "$MACHINE"
-  publish "$d" "$OUT/tpm"
+  for i in $(seq 1 "$RUNS"); do
+    mkdir -p "$d/run-$i"
+    # One fast replica (8B on an H100): the key's limit, not the replica, is what binds.
+    start_sim sim --replicas 1 --profile llama8b-h100; SIM_PID=${PIDS[-1]}
+    { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
+      echo "pools:"
+      echo "  - name: default"
+      echo "    models: [auto]"
+      echo "    replicas: [${SIM_URLS[0]}]"
+      echo "auth:"
+      echo "  keys:"
+      echo "    - { name: sdk, key_sha256: $(hash_key sk-sdk), classes: [chat], limits: { tokens_per_minute: $limit } }"
+      echo "    - { name: other, key_sha256: $(hash_key sk-other), classes: [chat] }"
+    } >"$WORK/gw-tpm.yaml"
+    start_gateway "$WORK/gw-tpm.yaml" "gw-tpm-$i"
+    "$ROOT/.venv/bin/python" "$HERE/tpm_sdk.py" "$GW_URL/v1" "$ADMIN_URL" "$limit" "$minutes" "$d/run-$i/tpm.json"
+    gw_down; sim_down
+    python3 "$HERE/tenants_report.py" tpm "$d/run-$i" "$limit" "$MACHINE"
+  done
+  judge "$d" tpm
 }
 
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=(fair flood weights tpm)
