@@ -9,7 +9,10 @@ Every 250 ms it reads the admin /metrics and writes one CSV row:
 t (s since start), ttft_p99_ms, breaker_state (0 closed, 1 half-open, 2
 open), reduction_active, queue_interactive, queue_batch, replica_limits (the
 sum of slogate_replica_limit over the replicas), replica_slots (the sum of
-slogate_replica_slots: this instance's part in a fleet; nan alone). Fault switches are
+slogate_replica_slots: this instance's part in a fleet; nan alone), batch_cut
+(the sum of slogate_replica_batch_cut: seats batch leaves to interactive
+because their first tokens came late) and inflight (the sum of
+slogate_inflight_requests). Fault switches are
 POSTed to the simulator's /admin/faults at their offsets and logged to
 stderr as `fault T URL JSON`. Loopback only; stops by itself.
 """
@@ -55,7 +58,7 @@ def main():
     t0 = time.monotonic()
     step = 0.25
     with open(a.out, "w") as out:
-        out.write("t,ttft_p99_ms,breaker_state,reduction_active,queue_interactive,queue_batch,replica_limits,replica_slots\n")
+        out.write("t,ttft_p99_ms,breaker_state,reduction_active,queue_interactive,queue_batch,replica_limits,replica_slots,batch_cut,inflight\n")
         n = 0
         while True:
             now = time.monotonic() - t0
@@ -79,6 +82,8 @@ def main():
                     metric(text, "slogate_queue_depth", {"tier": "batch"}),
                     metric_sum(text, "slogate_replica_limit"),
                     metric_sum(text, "slogate_replica_slots") if "slogate_replica_slots{" in text else float("nan"),
+                    metric_sum(text, "slogate_replica_batch_cut"),
+                    metric_sum(text, "slogate_inflight_requests"),
                 ]
                 out.write(",".join(f"{v:.3f}" for v in row) + "\n")
                 out.flush()
