@@ -12,7 +12,9 @@ sum of slogate_replica_limit over the replicas), replica_slots (the sum of
 slogate_replica_slots: this instance's part in a fleet; nan alone), batch_cut
 (the sum of slogate_replica_batch_cut: seats batch leaves to interactive
 because their first tokens came late) and inflight (the sum of
-slogate_inflight_requests). Fault switches are
+slogate_inflight_requests), seats_interactive / seats_batch / seats_reserved
+(slogate_pool_seats per tier and slogate_pool_reserved_seats, summed over
+pools). Fault switches are
 POSTed to the simulator's /admin/faults at their offsets and logged to
 stderr as `fault T URL JSON`. Loopback only; stops by itself.
 """
@@ -37,8 +39,9 @@ def metric(text, name, labels):
     return float(m.group(1)) if m else float("nan")
 
 
-def metric_sum(text, name):
-    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M))
+def metric_sum(text, name, having=""):
+    """The sum of NAME's series (those whose labels contain HAVING)."""
+    return sum(float(v) for labels, v in re.findall(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", text, re.M) if having in labels)
 
 
 def main():
@@ -58,7 +61,7 @@ def main():
     t0 = time.monotonic()
     step = 0.25
     with open(a.out, "w") as out:
-        out.write("t,ttft_p99_ms,breaker_state,reduction_active,queue_interactive,queue_batch,replica_limits,replica_slots,batch_cut,inflight\n")
+        out.write("t,ttft_p99_ms,breaker_state,reduction_active,queue_interactive,queue_batch,replica_limits,replica_slots,batch_cut,inflight,seats_interactive,seats_batch,seats_reserved\n")
         n = 0
         while True:
             now = time.monotonic() - t0
@@ -84,6 +87,9 @@ def main():
                     metric_sum(text, "slogate_replica_slots") if "slogate_replica_slots{" in text else float("nan"),
                     metric_sum(text, "slogate_replica_batch_cut"),
                     metric_sum(text, "slogate_inflight_requests"),
+                    metric_sum(text, "slogate_pool_seats", 'tier="interactive"'),
+                    metric_sum(text, "slogate_pool_seats", 'tier="batch"'),
+                    metric_sum(text, "slogate_pool_reserved_seats"),
                 ]
                 out.write(",".join(f"{v:.3f}" for v in row) + "\n")
                 out.flush()

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use prometheus_client::metrics::gauge::Gauge;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -24,7 +25,7 @@ use super::seats::{Demand, Reserve, Seats, DEMAND_MARGIN};
 use super::waiting::{Queues, WaitGuard, Waiter, Waiting};
 use crate::config::{Tier, TiersConfig};
 use crate::sync::AtomicF64;
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{Metrics, PoolLabels, PoolTierLabels, TierLabel};
 use crate::upstream::prefix::RouteKey;
 use crate::upstream::{PickError, Pool, Room};
 use deadlines::Deadlines;
@@ -78,11 +79,20 @@ pub(crate) struct PoolAdmission {
     /// in microseconds after `born` (see [`PoolAdmission::schedule`]).
     retry_cursor: [AtomicU64; 2],
     born: Instant,
+    /// `slogate_pool_seats` per tier and `slogate_pool_reserved_seats`, set each tick.
+    seat_gauges: [Gauge; 3],
 }
 
 impl PoolAdmission {
     /// Admission for a new pool (not live until its snapshot is swapped in).
     pub(crate) fn new(pool: Arc<Pool>, tiers: TiersConfig, metrics: &Metrics) -> Self {
+        let name = pool.config.name.clone();
+        let held = |tier| metrics.pool_seats.get_or_create(&PoolTierLabels { pool: name.clone(), tier }).clone();
+        let seat_gauges = [
+            held(TierLabel::interactive),
+            held(TierLabel::batch),
+            metrics.pool_reserved_seats.get_or_create(&PoolLabels { pool: name.clone() }).clone(),
+        ];
         PoolAdmission {
             pool: ArcSwap::new(pool),
             waiting: Waiting::new(metrics),
@@ -99,6 +109,7 @@ impl PoolAdmission {
             fleet_reserve: [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)],
             retry_cursor: [AtomicU64::new(0), AtomicU64::new(0)],
             born: Instant::now(),
+            seat_gauges,
         }
     }
 
@@ -508,8 +519,9 @@ impl PoolAdmission {
     }
 
     /// Periodic work (the publisher): measure the batch service rate, reject
-    /// queued batch requests that cannot make their deadline, hand out slots
-    /// that appeared without a release (a replica came back).
+    /// queued batch requests that cannot make their deadline, publish the
+    /// seats each tier holds and the reservation, hand out slots that
+    /// appeared without a release (a replica came back).
     pub(crate) fn tick(self: &Arc<Self>, now: Instant) {
         let mut hopeless = Vec::new();
         if let Some(mut q) = self.waiting.lock() {
@@ -540,6 +552,11 @@ impl PoolAdmission {
                 }
             }
         }
+        let seats = self.seats(&self.pool.load());
+        let [interactive, batch, reserved] = &self.seat_gauges;
+        interactive.set(seats.interactive_held as i64);
+        batch.set(seats.batch_held as i64);
+        reserved.set(seats.reserved() as i64);
         for w in hopeless {
             self.waiting.dec(Tier::Batch, w.bytes);
             let retry_after = self.retry_after(Tier::Batch, self.depth(Tier::Batch));

@@ -120,6 +120,12 @@ pub(crate) struct PoolLabels {
     pub(crate) pool: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct PoolTierLabels {
+    pub(crate) pool: String,
+    pub(crate) tier: TierLabel,
+}
+
 /// A stream that broke on `replica` of `pool`, and how it broke.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct ResumeLabels {

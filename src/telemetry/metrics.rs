@@ -250,6 +250,9 @@ pub struct Metrics {
     pub(crate) upstream_healthy: Family<ReplicaLabels, Gauge>,
     /// 1 while a pool routes to all its replicas because too few pass their checks.
     pub(crate) pool_panic: Family<PoolLabels, Gauge>,
+    /// A pool's seats held by each tier, and those kept for interactive requests.
+    pub(crate) pool_seats: Family<PoolTierLabels, Gauge>,
+    pub(crate) pool_reserved_seats: Family<PoolLabels, Gauge>,
     /// Slots per replica: the learned limit, or the fixed one.
     pub(crate) replica_limit: Family<ReplicaLabels, Gauge>,
     pub(crate) replica_batch_cut: Family<ReplicaLabels, Gauge>,
@@ -341,6 +344,16 @@ fn register_replicas(registry: &mut Registry, m: &Metrics) {
         "pool_panic",
         "1 while fewer than health.panic_threshold of the pool's replicas pass their checks and all of them are routed to",
         m.pool_panic.clone(),
+    );
+    registry.register(
+        "pool_seats",
+        "Slots of the pool's replicas this instance's requests of each tier hold (until their streams end)",
+        m.pool_seats.clone(),
+    );
+    registry.register(
+        "pool_reserved_seats",
+        "Slots of the pool kept from batch for interactive requests now: the reservation, which follows interactive demand up to reserved_share",
+        m.pool_reserved_seats.clone(),
     );
     registry.register(
         "replica_limit",
@@ -473,6 +486,8 @@ impl Metrics {
             inflight: Family::default(),
             upstream_healthy: Family::default(),
             pool_panic: Family::default(),
+            pool_seats: Family::default(),
+            pool_reserved_seats: Family::default(),
             replica_limit: Family::default(),
             replica_batch_cut: Family::default(),
             replica_prefix_routed_bytes: Family::default(),

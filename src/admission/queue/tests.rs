@@ -37,19 +37,44 @@ fn pool_with(slots: u32, tiers: TiersConfig, upstream_priority: bool) -> Arc<Poo
 
 /// A pool of `n` healthy replicas with `slots` slots each (nothing listens).
 fn replicas_with(n: u16, slots: u32, tiers: TiersConfig, upstream_priority: bool) -> Arc<PoolAdmission> {
+    replicas_on(n, slots, tiers, upstream_priority, &Metrics::new(&Config::default()))
+}
+
+fn replicas_on(n: u16, slots: u32, tiers: TiersConfig, upstream_priority: bool, metrics: &Metrics) -> Arc<PoolAdmission> {
     let cfg = PoolConfig {
         replicas: (0..n).map(|i| format!("http://127.0.0.1:{}", 9 + i).into()).collect(),
         max_inflight_per_replica: crate::config::InflightLimit::Fixed(slots),
         upstream_priority,
         ..PoolConfig::default()
     };
-    let metrics = Metrics::new(&Config::default());
     let access = crate::upstream::Access::new(&cfg).expect("access");
     let pool = Arc::new(Pool::new(cfg, access, None));
     for r in &pool.replicas {
         r.set_healthy(true);
     }
-    Arc::new(PoolAdmission::new(pool, tiers, &metrics))
+    Arc::new(PoolAdmission::new(pool, tiers, metrics))
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_tick_publishes_the_seats_each_tier_holds_and_the_reservation() {
+    let metrics = Metrics::new(&Config::default());
+    let adm = replicas_on(1, 20, tiers(0.5, 10, 10), false, &metrics);
+    let name = adm.pool().config.name.clone();
+    let series = |text: &str, labels: &str, metric: &str| {
+        let line = format!("slogate_{metric}{{{labels}}} ");
+        text.lines().find_map(|l| l.strip_prefix(line.as_str()).map(str::to_string))
+    };
+    let text = metrics.encode_openmetrics();
+    let at_start = |tier: &str| series(&text, &format!("pool=\"{name}\",tier=\"{tier}\""), "pool_seats");
+    assert_eq!((at_start("interactive"), at_start("batch")), (Some("0".into()), Some("0".into())), "at zero from the start");
+    let _held = [take(&adm, Tier::Interactive).await, take(&adm, Tier::Batch).await, take(&adm, Tier::Batch).await];
+    adm.tick(Instant::now());
+    let text = metrics.encode_openmetrics();
+    let seats = |tier: &str| series(&text, &format!("pool=\"{name}\",tier=\"{tier}\""), "pool_seats");
+    assert_eq!(seats("interactive").as_deref(), Some("1"));
+    assert_eq!(seats("batch").as_deref(), Some("2"));
+    // The reservation: the peak of 1 and a quarter, rounded up, and the headroom (1 of 20).
+    assert_eq!(series(&text, &format!("pool=\"{name}\""), "pool_reserved_seats").as_deref(), Some("3"));
 }
 
 async fn take(pool: &Arc<PoolAdmission>, tier: Tier) -> Lease {
