@@ -51,6 +51,7 @@ source "$HERE/../lib.sh"
 OUT="$ROOT/loadtest/results/limits"
 DURATION=${DURATION:-100}
 RUNS=${RUNS:-3}
+export RESERVED_SHARE=${RESERVED_SHARE:-0.5}   # tiers.interactive.reserved_share of every gateway (the default is 0.25)
 ENGINE=${ENGINE:-sim}; export LIMITS_ENGINE=$ENGINE
 PROMPT=512            # prompt tokens of every request
 FIXED=64              # the hand-tuned limit: the replica's max_num_seqs
@@ -91,7 +92,7 @@ gateway_yaml() {
     # llama.cpp's server has no priority scheduling: its slots are served in arrival order.
     if [ "$ENGINE" = llamacpp ]; then echo "    engine: llamacpp"; else echo "    upstream_priority: true"; fi
     echo "tiers:"
-    echo "  interactive: { reserved_share: 0.5 }"
+    echo "  interactive: { reserved_share: $RESERVED_SHARE }"
     echo "  batch: { queue_timeout: 2s }"
     if [ $# -gt 0 ]; then echo "fleet: { peers: [$(IFS=,; echo "$*" | sed 's/,/, /g')] }"; fi
   } >"$file"

@@ -13,6 +13,7 @@ import sys
 from admission_report import chart, class_row, load, median_worst, pct, timeline, window, write_checks  # beside this script
 
 ENGINE = os.environ.get("LIMITS_ENGINE", "sim")
+SHARE = os.environ.get("RESERVED_SHARE", "0.5")
 if ENGINE == "llamacpp":
     FLEET = ("one replica of llama.cpp's server (`llama-server` from llama-cpp-python 0.3.36's llama.cpp, built from source) "
              "with 8 hard slots (`--parallel 8`, continuous batching, at most 32 tokens a step so prompts are prefilled in "
@@ -20,7 +21,7 @@ if ENGINE == "llamacpp":
              "on the other), a random-weight llama model 256 wide with 4 blocks. 128-token prompts, 64-256 output tokens "
              "(uniform, `ignore_eos`) per request. slogate: `engine: llamacpp` (waiting and running read from "
              "`llamacpp:requests_deferred` / `llamacpp:requests_processing`), no `upstream_priority` (the engine has none), "
-             "`tiers.interactive.reserved_share: 0.5`, `tiers.batch.queue_timeout: 2s`, and the `max_inflight_per_replica` "
+             f"`tiers.interactive.reserved_share: {SHARE}`, `tiers.batch.queue_timeout: 2s`, and the `max_inflight_per_replica` "
              "named per run.")
     SCRIPT = "ENGINE=llamacpp loadtest/bench/limits.sh"
     FIXED, PROMPT, CAP, SLOTS = 8, 128, 16, "8 = the slots"
@@ -28,7 +29,7 @@ else:
     FLEET = ("two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each: 22 ms + 0.3 ms/seq decode "
              "steps, max_num_seqs 64, KV cache for ~65k tokens), `--max-num-batched-tokens 512`, `--scheduling-policy priority`; "
              "512-token prompts, 64-256 output tokens (uniform) per request. slogate: `upstream_priority: true`, "
-             "`tiers.interactive.reserved_share: 0.5`, `tiers.batch.queue_timeout: 2s`, and the `max_inflight_per_replica` "
+             f"`tiers.interactive.reserved_share: {SHARE}`, `tiers.batch.queue_timeout: 2s`, and the `max_inflight_per_replica` "
              "named per run.")
     SCRIPT = "loadtest/bench/limits.sh"
     FIXED, PROMPT, CAP, SLOTS = 64, 512, 128, "64 = max_num_seqs"
