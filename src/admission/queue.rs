@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use prometheus_client::metrics::gauge::Gauge;
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use super::fair::{OverShare, Standing};
 use super::lease::{Claim, Granted, Lease, OverWhy, Refusal};
 use super::rates;
-use super::seats::{Demand, Reserve, Seats, DEMAND_MARGIN};
+use super::seats::{Demand, FleetWord, Reserve, Seats, DEMAND_MARGIN};
 use super::waiting::{Queues, WaitGuard, Waiter, Waiting};
 use crate::config::{Tier, TiersConfig};
 use crate::sync::AtomicF64;
@@ -69,12 +69,8 @@ pub(crate) struct PoolAdmission {
     rates: [AtomicF64; 2],
     /// Published by the publisher: some interactive class is over its TTFT target.
     interactive_at_risk: AtomicBool,
-    /// In a fleet: the replicas' slots for all instances (0 alone), the
-    /// interactive requests the other instances hold or queue, as the fleet
-    /// last heard, and this instance's part of the fleet's reservation.
-    fleet_slots: AtomicUsize,
-    others_interactive: AtomicUsize,
-    fleet_reserve: [AtomicUsize; 3],
+    /// In a fleet: the fleet's word, each period (`None` alone).
+    fleet: ArcSwapOption<FleetWord>,
     /// Per tier: the moment the last refused client was told to come back,
     /// in microseconds after `born` (see [`PoolAdmission::schedule`]).
     retry_cursor: [AtomicU64; 2],
@@ -104,9 +100,7 @@ impl PoolAdmission {
             released: [AtomicU64::new(0), AtomicU64::new(0)],
             rates: [AtomicF64::new(0.0), AtomicF64::new(0.0)],
             interactive_at_risk: AtomicBool::new(false),
-            fleet_slots: AtomicUsize::new(0),
-            others_interactive: AtomicUsize::new(0),
-            fleet_reserve: [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)],
+            fleet: ArcSwapOption::empty(),
             retry_cursor: [AtomicU64::new(0), AtomicU64::new(0)],
             born: Instant::now(),
             seat_gauges,
@@ -126,7 +120,6 @@ impl PoolAdmission {
     }
 
     /// Slots held by batch requests.
-    #[cfg(test)]
     pub(crate) fn batch_inflight(&self) -> usize {
         self.batch_inflight.load(Ordering::SeqCst)
     }
@@ -134,13 +127,7 @@ impl PoolAdmission {
     /// The pool's seats now: its slots, what the tiers hold and wait for,
     /// and the estimates the reservation follows (see [`Seats`]).
     fn seats(&self, pool: &Pool) -> Seats {
-        let in_fleet = self.fleet_slots.load(Ordering::Relaxed) > 0;
-        let [normal, at_risk, headroom] = &self.fleet_reserve;
-        let fleet = in_fleet.then(|| Reserve {
-            normal: normal.load(Ordering::Relaxed),
-            at_risk: at_risk.load(Ordering::Relaxed),
-            headroom: headroom.load(Ordering::Relaxed),
-        });
+        let fleet = self.fleet.load().as_deref().copied();
         Seats {
             cap: pool.capacity(),
             share: self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0),
@@ -159,16 +146,9 @@ impl PoolAdmission {
         self.seats(&self.pool.load()).batch_limit()
     }
 
-    /// The fleet's word: the replicas have `slots` for all instances, the
-    /// others hold or queue `interactive` interactive requests, and this
-    /// instance keeps `reserve` of the fleet's reservation (`slots` 0: alone).
-    pub(crate) fn set_fleet(&self, slots: usize, interactive: usize, reserve: Reserve) {
-        let [normal, at_risk, headroom] = &self.fleet_reserve;
-        normal.store(reserve.normal, Ordering::Relaxed);
-        at_risk.store(reserve.at_risk, Ordering::Relaxed);
-        headroom.store(reserve.headroom, Ordering::Relaxed);
-        self.fleet_slots.store(slots, Ordering::Relaxed);
-        self.others_interactive.store(interactive, Ordering::Relaxed);
+    /// The fleet's word for this period (`None`: alone).
+    pub(crate) fn set_fleet(&self, word: Option<FleetWord>) {
+        self.fleet.store(word.map(Arc::new));
     }
 
     /// The reservation one instance holding the fleet's `slots` would make
@@ -202,9 +182,7 @@ impl PoolAdmission {
         if !pool.config.upstream_priority {
             return seats.batch_excess();
         }
-        let fleet = self.fleet_slots.load(Ordering::Relaxed);
-        let fleet = (fleet > 0).then(|| (fleet, self.others_interactive.load(Ordering::Relaxed)));
-        seats.interactive_over_prioritised(fleet, || {
+        seats.interactive_over_prioritised(|| {
             pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.inflight()).sum::<usize>().saturating_sub(seats.cap)
         })
     }
@@ -237,14 +215,20 @@ impl PoolAdmission {
         let room = match tier {
             Tier::Interactive => Room::Over(self.interactive_over(&pool) + extra),
             Tier::Batch => {
-                // Within the batch ceiling (see [`Seats::batch_ceiling`]).
+                // Within the batch ceiling (see [`Seats::batch_ceiling`]);
+                // in a fleet, past it on seats no instance holds, within
+                // the fleet's batch (see [`Seats::batch_room`]).
                 let seats = self.seats(&pool);
-                let limit = seats.batch_ceiling();
-                let taken = self.batch_inflight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1)).is_ok();
-                if !taken {
+                let limit = seats.batch_room();
+                let Ok(held) = self.batch_inflight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1))
+                else {
                     return Err(if pool.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });
+                };
+                if held < seats.batch_ceiling() {
+                    Room::Leave(seats.batch_leaves())
+                } else {
+                    Room::Unheld(seats.batch_leaves())
                 }
-                Room::Leave(seats.batch_leaves())
             }
         };
         let picked = match (key, holding) {

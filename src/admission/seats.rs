@@ -59,9 +59,9 @@ pub(crate) struct Seats {
     pub(crate) batch_held: usize,
     /// Interactive demand's peak over [`DEMAND_WINDOW`].
     pub(crate) demand_peak: usize,
-    /// In a fleet: this instance's part of the fleet's reservation (the
-    /// fleet's word); alone, `None`.
-    pub(crate) fleet: Option<Reserve>,
+    /// In a fleet: the fleet's word (this instance's part of the
+    /// reservation among it); alone, `None`.
+    pub(crate) fleet: Option<FleetWord>,
     /// Some interactive class is over its TTFT target: the whole share is kept.
     pub(crate) at_risk: bool,
 }
@@ -77,6 +77,20 @@ pub(crate) struct Reserve {
     pub(crate) normal: usize,
     pub(crate) at_risk: usize,
     pub(crate) headroom: usize,
+}
+
+/// What the fleet tells one instance about a pool each period: the
+/// replicas' slots for all instances, the fleet's reservation and this
+/// instance's part of it, and what the other instances hold, as last heard.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct FleetWord {
+    pub(crate) slots: usize,
+    pub(crate) whole: Reserve,
+    pub(crate) part: Reserve,
+    /// Interactive requests the others hold or queue.
+    pub(crate) others_interactive: usize,
+    /// Batch requests the others hold.
+    pub(crate) others_batch: usize,
 }
 
 impl Reserve {
@@ -96,7 +110,7 @@ impl Seats {
     /// Slots kept for interactive requests after a quiet spell (in a fleet,
     /// this instance's part of the fleet's: it may be none).
     pub(crate) fn headroom(&self) -> usize {
-        self.fleet.map_or_else(|| part(self.cap, HEADROOM_SHARE), |f| f.headroom.min(self.cap))
+        self.fleet.map_or_else(|| part(self.cap, HEADROOM_SHARE), |f| f.part.headroom.min(self.cap))
     }
 
     /// The most the reservation may be: `share` of the slots, rounded up.
@@ -113,7 +127,7 @@ impl Seats {
             return 0;
         }
         if let Some(f) = self.fleet {
-            return if self.at_risk { f.at_risk } else { f.normal }.min(self.cap);
+            return if self.at_risk { f.part.at_risk } else { f.part.normal }.min(self.cap);
         }
         let whole = Reserve::whole(self.cap, self.share, self.demand_peak);
         if self.at_risk {
@@ -154,6 +168,24 @@ impl Seats {
         self.batch_limit().min(if now == 0 { self.cap } else { self.cap.saturating_sub(now).max(1) })
     }
 
+    /// What batch may bring its holding up to here when it may also take
+    /// seats no instance of the fleet holds (fleet rule 9): the fleet's
+    /// batch stays under the fleet's slots less the larger of the fleet's
+    /// reservation and what interactive holds or waits for across the
+    /// fleet now (with the fleet's headroom). Alone, or while interactive
+    /// requests wait here (a seat freed is theirs), the batch ceiling.
+    pub(crate) fn batch_room(&self) -> usize {
+        let ceiling = self.batch_ceiling();
+        let Some(f) = self.fleet.filter(|_| self.interactive_waiting == 0) else { return ceiling };
+        let keep = if self.share == 0.0 {
+            0
+        } else {
+            let reserved = if self.at_risk { f.whole.at_risk } else { f.whole.normal };
+            reserved.max(self.interactive_held + f.others_interactive + f.whole.headroom)
+        };
+        ceiling.max(f.slots.saturating_sub(keep).saturating_sub(f.others_batch))
+    }
+
     /// What a batch request leaves to interactive ones where it picks a replica.
     pub(crate) fn batch_leaves(&self) -> usize {
         self.reserved().max(self.reserved_now())
@@ -167,13 +199,13 @@ impl Seats {
 
     /// How far above the slots an interactive request may go when the
     /// replicas order their own queues by tier (`upstream_priority`): the
-    /// whole reserved share is interactive's whatever batch holds. `fleet`:
-    /// the replicas' slots for all instances and the interactive requests
-    /// the others hold or queue (`None` alone); `above`: how many the
-    /// healthy replicas already hold above the slots (asked only when needed).
-    pub(crate) fn interactive_over_prioritised(&self, fleet: Option<(usize, usize)>, above: impl FnOnce() -> usize) -> usize {
+    /// whole reserved share is interactive's whatever batch holds; in a
+    /// fleet, the share of all the replicas' slots less the interactive
+    /// requests the others hold or queue. `above`: how many the healthy
+    /// replicas already hold above the slots (asked only when needed).
+    pub(crate) fn interactive_over_prioritised(&self, above: impl FnOnce() -> usize) -> usize {
         let excess = self.batch_excess();
-        let (slots, others) = fleet.unwrap_or((self.cap, 0));
+        let (slots, others) = self.fleet.map_or((self.cap, 0), |f| (f.slots, f.others_interactive));
         let room = Self::most(slots, self.share).saturating_sub(self.interactive_held + others);
         if room == 0 {
             // The share is taken: within the slots (and what batch holds
@@ -204,7 +236,7 @@ impl Seats {
 
 #[cfg(test)]
 mod tests {
-    use super::{Reserve, Seats};
+    use super::{FleetWord, Reserve, Seats};
 
     fn seats(cap: usize, share: f64) -> Seats {
         Seats { cap, share, interactive_held: 0, interactive_waiting: 0, batch_held: 0, demand_peak: 0, fleet: None, at_risk: false }
@@ -223,7 +255,7 @@ mod tests {
             ("at risk: the whole share", Seats { at_risk: true, ..idle }, 10, 1, 10, 10),
             (
                 "a fleet's part: 6, none of its headroom",
-                Seats { fleet: Some(Reserve { normal: 6, at_risk: 10, headroom: 0 }), ..idle },
+                Seats { fleet: Some(FleetWord { part: Reserve { normal: 6, at_risk: 10, headroom: 0 }, ..FleetWord::default() }), ..idle },
                 6,
                 0,
                 14,
@@ -252,10 +284,11 @@ mod tests {
             Reserve { normal: 2, at_risk: 2, headroom: 0 },
             Reserve { normal: 1, at_risk: 1, headroom: 0 },
         ];
-        let batch: usize = parts.iter().map(|p| Seats { fleet: Some(*p), ..alone }.batch_limit()).sum();
+        let word = |part| Some(FleetWord { slots: 9, whole: fleet, part, ..FleetWord::default() });
+        let batch: usize = parts.iter().map(|p| Seats { fleet: word(*p), ..alone }.batch_limit()).sum();
         assert_eq!(batch, 4, "batch holds 9 - 5 across the fleet, not 3");
         // At risk, an instance keeps its part of the fleet's share, never more than its slots.
-        let risky = Seats { at_risk: true, fleet: Some(Reserve { normal: 1, at_risk: 7, headroom: 0 }), ..alone };
+        let risky = Seats { at_risk: true, fleet: word(Reserve { normal: 1, at_risk: 7, headroom: 0 }), ..alone };
         assert_eq!(risky.reserved(), 3);
         assert_eq!(Reserve::whole(0, 0.5, 3), Reserve::default());
         assert_eq!(Reserve::whole(9, 0.0, 3), Reserve::default());
@@ -281,13 +314,43 @@ mod tests {
     fn interactive_over_the_slots_with_upstream_priority() {
         let idle = seats(10, 0.5);
         // Nobody holds interactive seats: the share (5) above what is already above the slots.
-        assert_eq!(idle.interactive_over_prioritised(None, || 2), 7);
+        assert_eq!(idle.interactive_over_prioritised(|| 2), 7);
         // The share is taken: no more than what batch holds past its limit, and `above` is not asked.
         let taken = Seats { interactive_held: 5, batch_held: 12, ..idle };
-        assert_eq!(taken.interactive_over_prioritised(None, || unreachable!("not asked")), 3);
+        assert_eq!(taken.interactive_over_prioritised(|| unreachable!("not asked")), 3);
         // In a fleet the share is of all the replicas' slots, less the others' interactive requests.
-        assert_eq!(idle.interactive_over_prioritised(Some((40, 15)), || 0), 5);
-        assert_eq!(idle.interactive_over_prioritised(Some((40, 20)), || 9), 0);
+        let fleet = |others_interactive| Seats { fleet: Some(FleetWord { slots: 40, others_interactive, ..FleetWord::default() }), ..idle };
+        assert_eq!(fleet(15).interactive_over_prioritised(|| 0), 5);
+        assert_eq!(fleet(20).interactive_over_prioritised(|| 9), 0);
+    }
+
+    /// Three instances of 3 slots each sharing 9, the fleet reserving 5:
+    /// batch at one instance may take seats the others' idle parts leave,
+    /// as long as the fleet's batch stays within 9 - 5.
+    #[test]
+    fn in_a_fleet_batch_may_take_seats_no_instance_holds_within_the_fleets_batch() {
+        let whole = Reserve { normal: 5, at_risk: 7, headroom: 1 };
+        let part = Reserve { normal: 2, at_risk: 3, headroom: 1 };
+        let word = FleetWord { slots: 9, whole, part, others_interactive: 0, others_batch: 0 };
+        let one = Seats { fleet: Some(word), ..seats(3, 0.75) };
+        assert_eq!(one.batch_ceiling(), 1, "its own part leaves batch one seat");
+        assert_eq!(one.batch_room(), 4, "the fleet's batch: 9 - 5");
+        type Row = (&'static str, Seats, usize);
+        let rows: [Row; 6] = [
+            ("the others hold 3 batch", Seats { fleet: Some(FleetWord { others_batch: 3, ..word }), ..one }, 1),
+            ("the others hold 5 batch: its own ceiling", Seats { fleet: Some(FleetWord { others_batch: 5, ..word }), ..one }, 1),
+            (
+                "interactive across the fleet past the reservation",
+                Seats { fleet: Some(FleetWord { others_interactive: 5, ..word }), ..one },
+                3,
+            ),
+            ("at risk: the fleet's whole share", Seats { at_risk: true, ..one }, 2),
+            ("an interactive request waits here: the ceiling", Seats { interactive_waiting: 1, ..one }, 1),
+            ("alone: the ceiling", Seats { fleet: None, ..one }, 2),
+        ];
+        for (name, s, room) in rows {
+            assert_eq!(s.batch_room(), room, "{name}");
+        }
     }
 
     #[test]

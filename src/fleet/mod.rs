@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::admission::seats::{Reserve, DEMAND_MARGIN, DEMAND_WINDOW};
+use crate::admission::seats::{FleetWord, DEMAND_MARGIN, DEMAND_WINDOW};
 use crate::admission::PoolAdmission;
 use crate::config::{Config, FleetConfig};
 use crate::telemetry::metrics::{FleetPeerLabels, Metrics, ReplicaLabels};
@@ -94,6 +94,7 @@ impl Fleet {
                     interactive: d.interactive,
                     interactive_now: d.interactive_now,
                     batch: d.batch,
+                    batch_held: a.batch_inflight(),
                     waiting: d.waiting,
                     replicas: pool
                         .replicas
@@ -221,8 +222,14 @@ impl Fleet {
             let fleet_slots: usize = pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight()).sum();
             let weights: Vec<(&str, usize)> =
                 std::iter::once((self.id.as_str(), own.interactive)).chain(fresh.iter().map(|(id, p)| (*id, p.interactive))).collect();
-            let reserve = reserve_part(a.fleet_reservation(fleet_slots, fleet_peak), &weights);
-            a.set_fleet(fleet_slots, fresh.iter().map(|p| p.1.interactive_now).sum(), reserve);
+            let whole = a.fleet_reservation(fleet_slots, fleet_peak);
+            a.set_fleet((fleet_slots > 0).then(|| FleetWord {
+                slots: fleet_slots,
+                whole,
+                part: reserve_part(whole, &weights),
+                others_interactive: fresh.iter().map(|p| p.1.interactive_now).sum(),
+                others_batch: fresh.iter().map(|p| p.1.batch_held).sum(),
+            }));
             let parts = split(&self.id, own, &locals, &standings, &pool.config.name, scale);
             for (r, part) in pool.replicas.iter().zip(parts) {
                 r.set_fleet_share(Some((part.slots, part.others)));
@@ -258,7 +265,7 @@ impl Fleet {
             w.clear();
         }
         for a in &view.pools {
-            a.set_fleet(0, 0, Reserve::default());
+            a.set_fleet(None);
             let pool = a.pool();
             for r in &pool.replicas {
                 r.set_fleet_share(None);

@@ -241,6 +241,7 @@ mod tests {
                 interactive: d.interactive,
                 interactive_now: d.interactive_now,
                 batch: d.batch,
+                batch_held: 0,
                 waiting: d.waiting,
                 replicas: replicas
                     .iter()

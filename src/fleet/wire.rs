@@ -23,6 +23,9 @@ pub(crate) struct PoolState {
     pub(crate) interactive_now: usize,
     /// Batch requests holding or waiting for a slot.
     pub(crate) batch: usize,
+    /// Batch requests holding a slot.
+    #[serde(default)]
+    pub(crate) batch_held: usize,
     /// Requests waiting in its queues.
     pub(crate) waiting: usize,
     pub(crate) replicas: Vec<ReplicaState>,

@@ -40,6 +40,10 @@ pub(crate) enum Room {
     /// replicas they can use (applied while a replica is slow; otherwise the
     /// batch limit does it).
     Leave(usize),
+    /// As `Leave`, and in a fleet the batch request may also take a seat of
+    /// a replica's limit that no instance holds (the admission has judged
+    /// that the fleet's batch has room for it).
+    Unheld(usize),
 }
 
 /// Why no slot could be had.

@@ -74,8 +74,9 @@ impl Pool {
     ) -> Result<ReplicaSlot, PickError> {
         let (over, reserved) = match room {
             Room::Over(over) => (over.div_ceil(self.healthy_count().max(1)), 0),
-            Room::Leave(reserved) => (0, reserved),
+            Room::Leave(reserved) | Room::Unheld(reserved) => (0, reserved),
         };
+        let unheld = matches!(room, Room::Unheld(_));
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
         let mut any_healthy = false;
@@ -88,7 +89,7 @@ impl Pool {
         if self.config.balance == Balance::RoundRobin {
             for i in candidates {
                 let r = &self.replicas[i];
-                if r.try_take(over, tier) {
+                if r.try_take(over, tier, unheld) {
                     return Ok(ReplicaSlot::new(r, tier));
                 }
             }
@@ -100,7 +101,7 @@ impl Pool {
                 let block = key.map_or(0, |k| k.block);
                 ranked.retain(|x| x.matched + block >= most);
             }
-            if let Some(slot) = self.take_ranked(ranked, over, reserved, tier, key) {
+            if let Some(slot) = self.take_ranked(ranked, (over, unheld), reserved, tier, key) {
                 return Ok(slot);
             }
         }
@@ -170,7 +171,7 @@ impl Pool {
     fn take_ranked(
         &self,
         mut ranked: Vec<Ranked<'_>>,
-        over: usize,
+        (over, unheld): (usize, bool),
         reserved: usize,
         tier: Tier,
         key: Option<&RouteKey>,
@@ -198,7 +199,7 @@ impl Pool {
             if x.away && (tier == Tier::Interactive || !batch_may_take_fast) {
                 return None;
             }
-            if x.r.try_take(over, tier) {
+            if x.r.try_take(over, tier, unheld) {
                 let mut slot = ReplicaSlot::new(x.r, tier);
                 if let Some(k) = key {
                     self.prefix.record(k, x.i);

@@ -328,17 +328,22 @@ impl Replica {
     /// beyond this instance's part: parts follow demand a period late, and
     /// an interactive request should not wait while a seat on the replica
     /// stands free because it was another instance's part. A batch request
-    /// leaves the batch cut free (this instance's part of it in a fleet).
-    pub(super) fn try_take(&self, over: usize, tier: Tier) -> bool {
+    /// leaves the batch cut free (this instance's part of it in a fleet);
+    /// with `unheld` it may take such a seat too, less the whole cut.
+    pub(super) fn try_take(&self, over: usize, tier: Tier, unheld: bool) -> bool {
         let mut cur = self.inflight.load(Ordering::SeqCst);
         let mut max = self.slots() + over;
+        let (slots, limit) = (self.slots(), self.max_inflight());
+        let unheld_seats = || limit.saturating_sub(self.others_inflight.load(Ordering::Relaxed));
         match tier {
-            Tier::Interactive => max = max.max(self.max_inflight().saturating_sub(self.others_inflight.load(Ordering::Relaxed))),
+            Tier::Interactive => max = max.max(unheld_seats()),
             Tier::Batch => {
-                let (slots, limit) = (self.slots(), self.max_inflight());
                 let cut = self.batch_cut.load(Ordering::Relaxed);
                 if cut > 0 && limit > 0 {
                     max = max.min(slots.saturating_sub((cut * slots).div_ceil(limit)));
+                }
+                if unheld {
+                    max = max.max(unheld_seats().saturating_sub(cut));
                 }
             }
         }

@@ -242,18 +242,59 @@ async fn with_upstream_priority_the_reserved_share_is_interactives_whatever_batc
         if priority {
             // In a fleet of 100 slots the share is 25: the others' 10
             // interactive requests and these 5 leave room for 10 more.
-            let ours = pool.fleet_reservation(20, 0);
-            pool.set_fleet(100, 10, ours);
+            let whole = pool.fleet_reservation(100, 0);
+            let word = |others_interactive| FleetWord {
+                slots: 100,
+                whole,
+                part: pool.fleet_reservation(20, 0),
+                others_interactive,
+                others_batch: 0,
+            };
+            pool.set_fleet(Some(word(10)));
             let mut fleet_more = 0;
             while let Ok(l) = pool.try_lease(Tier::Interactive) {
                 held.push(l);
                 fleet_more += 1;
             }
             assert_eq!(fleet_more, 10, "the fleet's share, less what the others hold");
-            pool.set_fleet(100, 40, ours);
+            pool.set_fleet(Some(word(40)));
             assert!(pool.try_lease(Tier::Interactive).is_err(), "the others hold more than the share: none");
         }
     }
+}
+
+/// One replica of 9 seats shared by three instances, this one's part 3:
+/// batch here takes the seats the others' idle parts leave, within the
+/// fleet's batch (9 less the fleet's reservation of 5), and within the
+/// seats the others do not hold; interactive keeps this instance's part.
+#[tokio::test(start_paused = true)]
+async fn in_a_fleet_batch_takes_seats_no_instance_holds_within_the_fleets_batch() {
+    let pool = pool(9, tiers(0.5, 10, 10));
+    let replica = pool.pool().replicas[0].clone();
+    let whole = pool.fleet_reservation(9, 3);
+    assert_eq!(whole.normal, 5);
+    let part = crate::admission::seats::Reserve { normal: 2, at_risk: 2, headroom: 1 };
+    let word = |others_batch| FleetWord { slots: 9, whole, part, others_interactive: 0, others_batch };
+    let mut batch = Vec::new();
+    for (others_hold, others_batch, takes) in [(0, 0, 4), (6, 0, 3), (2, 2, 2)] {
+        batch.clear();
+        replica.set_fleet_share(Some((3, others_hold)));
+        pool.set_fleet(Some(word(others_batch)));
+        while let Ok(l) = pool.try_lease(Tier::Batch) {
+            batch.push(l);
+        }
+        assert_eq!(batch.len(), takes, "others hold {others_hold} ({others_batch} batch)");
+    }
+    // Batch holds 2 here, past its own ceiling of 1: interactive still has
+    // this instance's reserved part.
+    let interactive: Vec<_> = std::iter::from_fn(|| pool.try_lease(Tier::Interactive).ok()).take(10).collect();
+    assert_eq!(interactive.len(), 5, "the seats of the replica the others do not hold");
+    // Alone again: batch keeps to its ceiling.
+    drop((batch, interactive));
+    replica.set_fleet_share(None);
+    pool.set_fleet(None);
+    let alone: Vec<_> = std::iter::from_fn(|| pool.try_lease(Tier::Batch).ok()).take(10).collect();
+    assert_eq!(alone.len(), pool.batch_limit());
 }
 
 #[tokio::test(start_paused = true)]
