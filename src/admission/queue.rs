@@ -216,10 +216,11 @@ impl PoolAdmission {
             Tier::Interactive => Room::Over(self.interactive_over(&pool) + extra),
             Tier::Batch => {
                 // Within the batch ceiling (see [`Seats::batch_ceiling`]);
-                // in a fleet, past it on seats no instance holds, within
-                // the fleet's batch (see [`Seats::batch_room`]).
+                // in a fleet whose replicas run interactive requests first,
+                // past it on seats no instance holds, within the fleet's
+                // batch (see [`Seats::batch_room`]).
                 let seats = self.seats(&pool);
-                let limit = seats.batch_room();
+                let limit = if pool.config.upstream_priority { seats.batch_room() } else { seats.batch_ceiling() };
                 let Ok(held) = self.batch_inflight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1))
                 else {
                     return Err(if pool.healthy_count() == 0 { PickError::NoHealthy } else { PickError::Saturated });

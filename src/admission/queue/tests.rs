@@ -263,13 +263,22 @@ async fn with_upstream_priority_the_reserved_share_is_interactives_whatever_batc
     }
 }
 
-/// One replica of 9 seats shared by three instances, this one's part 3:
+/// One replica of 9 seats shared by three instances, this one's part 3,
+/// the replica running interactive requests first (`upstream_priority`):
 /// batch here takes the seats the others' idle parts leave, within the
 /// fleet's batch (9 less the fleet's reservation of 5), and within the
 /// seats the others do not hold; interactive keeps this instance's part.
+/// Without priority in the engine, batch keeps to its own part.
 #[tokio::test(start_paused = true)]
 async fn in_a_fleet_batch_takes_seats_no_instance_holds_within_the_fleets_batch() {
-    let pool = pool(9, tiers(0.5, 10, 10));
+    let fcfs = pool(9, tiers(0.5, 10, 10));
+    let whole = fcfs.fleet_reservation(9, 3);
+    let part = crate::admission::seats::Reserve { normal: 2, at_risk: 2, headroom: 1 };
+    fcfs.pool().replicas[0].set_fleet_share(Some((3, 0)));
+    fcfs.set_fleet(Some(FleetWord { slots: 9, whole, part, others_interactive: 0, others_batch: 0 }));
+    let own: Vec<_> = std::iter::from_fn(|| fcfs.try_lease(Tier::Batch).ok()).take(10).collect();
+    assert_eq!(own.len(), 1, "first come, first served: batch keeps to its part less its reserved part");
+    let pool = pool_with(9, tiers(0.5, 10, 10), true);
     let replica = pool.pool().replicas[0].clone();
     let whole = pool.fleet_reservation(9, 3);
     assert_eq!(whole.normal, 5);
@@ -286,9 +295,10 @@ async fn in_a_fleet_batch_takes_seats_no_instance_holds_within_the_fleets_batch(
         assert_eq!(batch.len(), takes, "others hold {others_hold} ({others_batch} batch)");
     }
     // Batch holds 2 here, past its own ceiling of 1: interactive still has
-    // this instance's reserved part.
+    // this instance's reserved part, and up to the replica's seats the
+    // others do not hold (7 of 9).
     let interactive: Vec<_> = std::iter::from_fn(|| pool.try_lease(Tier::Interactive).ok()).take(10).collect();
-    assert_eq!(interactive.len(), 5, "the seats of the replica the others do not hold");
+    assert_eq!(interactive.len(), 5);
     // Alone again: batch keeps to its ceiling.
     drop((batch, interactive));
     replica.set_fleet_share(None);
