@@ -9,11 +9,16 @@
 //!   (the gateway always exports that bucket);
 //! - `slogate:itl_sli:ratio_rate<w>`: share of inter-token gaps within the
 //!   ITL target (same way);
+//! - `slogate:latency_sli:ratio_rate<w>`: share of completed requests
+//!   within the class's targets, whatever judged them
+//!   (`slogate_latency_judged_requests_total`): a token stream by its first
+//!   token and gaps, speech by its first audio byte, a whole answer
+//!   (embeddings, rerank, a non-streaming completion) by its time against a
+//!   stream at the targets. The same verdicts as `/slo`'s latency budget;
 //! - `slogate:availability_sli:ratio_rate<w>`: `ok` and `length` over every
 //!   outcome except `client_error` and `cancelled`.
 //!
-//! Per class and per burn alert: the latency (TTFT) and the availability
-//! alert, firing when the error ratio exceeds `factor x (1 - objective)` over
+//! Per class and per burn alert: the latency and the availability alert, firing when the error ratio exceeds `factor x (1 - objective)` over
 //! both the long and the short window, with the alert's severity and a
 //! runbook annotation (`runbook_url` from `slo.runbook_url` when set).
 
@@ -98,9 +103,13 @@ pub fn alerts(config: &Config) -> Vec<Alert> {
             for (kind, sli, objective, what) in [
                 (
                     "Latency",
-                    "ttft",
+                    "latency",
                     config.slo.latency_objective,
-                    format!("first tokens later than the {} ms TTFT target", c.ttft.get().as_millis()),
+                    format!(
+                        "completed requests outside the latency targets (a first token or byte within {} ms, gaps within {} ms; a whole answer as fast as a stream at those)",
+                        c.ttft.get().as_millis(),
+                        c.itl.get().as_millis()
+                    ),
                 ),
                 ("Availability", "availability", config.slo.availability_objective, "failed requests".to_string()),
             ] {
@@ -176,6 +185,8 @@ pub fn rule_file(config: &Config) -> RuleFile {
                 let le = le_matcher(target.as_secs_f64());
                 recording.push(ratio(sli, format!("{metric}_bucket{{{s},{le}}}"), format!("{metric}_count{{{s}}}")));
             }
+            let judged = "slogate_latency_judged_requests_total";
+            recording.push(ratio("latency", format!("{judged}{{{s},within=\"true\"}}"), format!("{judged}{{{s}}}")));
             recording.push(ratio(
                 "availability",
                 format!("slogate_requests_total{{{s},outcome=~\"{}\"}}", Outcome::regex(SliClass::Good)),
@@ -250,16 +261,19 @@ mod tests {
     }
 
     #[test]
-    fn one_ttft_itl_availability_rule_per_class_and_window_and_two_alerts_per_burn_alert() {
+    fn one_ttft_itl_latency_availability_rule_per_class_and_window_and_two_alerts_per_burn_alert() {
         let c = Config::default();
         let f = rule_file(&c);
         let ws = windows(&c).len();
         assert_eq!(ws, 5); // 5m 30m 1h 6h 3d
-        assert_eq!(f.groups[0].rules.len(), c.classes.len() * ws * 3);
+        assert_eq!(f.groups[0].rules.len(), c.classes.len() * ws * 4);
         assert_eq!(f.groups[1].rules.len(), c.classes.len() * c.slo.burn_alerts.len() * 2);
         let y = render(&c, Format::Prometheus).expect("yaml");
         assert!(y.contains("slogate_time_to_first_token_seconds_bucket{class=\"chat\",le=\"0.3\"}"), "{y}");
         assert!(y.contains("record: slogate:ttft_sli:ratio_rate5m"));
+        assert!(y.contains("slogate_latency_judged_requests_total{class=\"rag\",within=\"true\"}"), "{y}");
+        // The latency alert reads every signal's verdicts, not TTFT alone.
+        assert!(alerts(&c).iter().filter(|a| a.alert == "SlogateLatencyBudgetBurn").all(|a| a.expr.contains("slogate:latency_sli:")));
         let op = render(&c, Format::PrometheusOperator).expect("yaml");
         assert!(op.contains("kind: PrometheusRule") && op.contains("apiVersion: monitoring.coreos.com/v1"));
     }

@@ -119,9 +119,9 @@ fn activate(controls: &Controls, metrics: &Metrics, snapshot: &Snapshot) {
 
 /// Every configured class's request series exist from the start, at zero
 /// (for each model a pool names, else `unknown`): a class without traffic
-/// shows its TTFT buckets and its `ok` count, so its SLI rules give a
-/// ratio over zero requests rather than nothing, and `rate()` sees its
-/// first requests.
+/// shows its TTFT buckets, its `ok` count and its latency verdicts by
+/// signal, so its SLI rules give a ratio over zero requests rather than
+/// nothing, and `rate()` sees its first requests.
 fn known_series(metrics: &Metrics, snapshot: &Snapshot) {
     let mut models: Vec<&str> = snapshot.pools.iter().flat_map(|r| r.pool.static_models.iter().map(String::as_str)).collect();
     if models.is_empty() {
@@ -129,6 +129,10 @@ fn known_series(metrics: &Metrics, snapshot: &Snapshot) {
     }
     for class in snapshot.classifier.classes() {
         let series = class.control.series.load();
+        for signal in crate::telemetry::metrics::Signal::ALL {
+            series.judged(metrics, signal, true);
+            series.judged(metrics, signal, false);
+        }
         for m in &models {
             let s = series.for_request(m, crate::config::Endpoint::Chat);
             s.ttft(metrics);

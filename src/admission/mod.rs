@@ -283,7 +283,7 @@ impl Probe {
     /// time against the targets for what it generated; anything else ended
     /// before its first token (a probe is judged at its first token otherwise).
     pub(crate) fn finished(self, f: &Finished) {
-        if !f.streaming && f.outcome.completed() {
+        if !f.streaming() && f.outcome.completed() {
             self.judged(f.answer_in_time());
         } else {
             self.ended(f.outcome);

@@ -289,7 +289,7 @@ impl Tracker {
         self.usage = usage;
         let f = Finished {
             outcome,
-            streaming: self.streaming,
+            signal: crate::telemetry::metrics::Signal::of(self.endpoint, self.streaming),
             cut: self.cut,
             start: self.start,
             end: Instant::now(),

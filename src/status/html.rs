@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::Status;
 use crate::telemetry::history::{self, Point};
+use crate::telemetry::metrics::Signal;
 
 /// One chart of a class's history: series of `(value or none)` per point,
 /// each a polyline, and horizontal reference lines, in a 240 x 84 box that
@@ -309,7 +310,7 @@ fn latency_table(s: &Status) -> String {
 /// Each class's two SLIs: attainment, budget left, burn rates.
 fn budgets_table(s: &Status) -> String {
     let mut h = String::new();
-    h.push_str("<h2>Error budgets</h2><table><tr><th class=\"l\">SLO</th><th>objective</th><th>attainment</th><th>good / valid</th><th>budget remaining</th>");
+    h.push_str("<h2>Error budgets</h2><table><tr><th class=\"l\">SLO</th><th>objective</th><th>attainment</th><th>good / valid</th><th>budget remaining</th><th class=\"l\">judged by (within, since start)</th>");
     let windows: Vec<String> =
         s.classes.first().map(|c| c.latency.burn_rates.iter().map(|b| b.window.clone()).collect()).unwrap_or_default();
     for w in &windows {
@@ -335,6 +336,7 @@ fn budgets_table(s: &Status) -> String {
                 sli.valid,
                 sli.budget_remaining * 100.0,
             ));
+            h.push_str(&format!("<td class=\"l\">{}</td>", if kind == "latency" { judged_by(c) } else { String::new() }));
             for b in &sli.burn_rates {
                 h.push_str(&format!("<td class=\"{}\">{:.2}x</td>", level(b.rate, 1.0), b.rate));
             }
@@ -343,6 +345,29 @@ fn budgets_table(s: &Status) -> String {
     }
     h.push_str("</table>");
     h
+}
+
+/// What judged a class's completed requests for its latency SLI: each
+/// signal that judged any, with the share within the targets.
+fn judged_by(c: &super::ClassStatus) -> String {
+    let parts: Vec<String> = c
+        .signals
+        .iter()
+        .filter(|s| s.judged > 0)
+        .map(|s| {
+            let name = match s.signal {
+                Signal::ttft => "first token and gaps",
+                Signal::first_byte => "first audio byte",
+                Signal::e2e => "whole answer",
+            };
+            format!("{name}: {} ({})", s.judged, pct(s.within as f64 / s.judged as f64))
+        })
+        .collect();
+    if parts.is_empty() {
+        "&ndash;".to_string()
+    } else {
+        parts.join(" &middot; ")
+    }
 }
 
 /// Each replica: health and why not, load, slots.

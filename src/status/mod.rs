@@ -134,6 +134,17 @@ pub(crate) struct ClassStatus {
     pub(crate) context_reduction: bool,
     pub(crate) latency: SliStatus,
     pub(crate) availability: SliStatus,
+    /// What judged its completed requests for the latency SLI, since its
+    /// series were made: a token stream's first token and gaps, speech's
+    /// first audio byte, a whole answer's time.
+    pub(crate) signals: Vec<SignalStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct SignalStatus {
+    pub(crate) signal: crate::telemetry::metrics::Signal,
+    pub(crate) judged: u64,
+    pub(crate) within: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -278,6 +289,13 @@ fn class_status(c: &crate::classify::Class, cfg: &Config, now: Instant) -> Class
         context_reduction: ctl.reduction.active(),
         latency: sli(Sli::Latency, cfg.slo.latency_objective),
         availability: sli(Sli::Availability, cfg.slo.availability_objective),
+        signals: ctl
+            .series
+            .load()
+            .judged_counts()
+            .into_iter()
+            .map(|(signal, judged, within)| SignalStatus { signal, judged, within })
+            .collect(),
     }
 }
 

@@ -12,7 +12,7 @@ use sse::Usage;
 use tokio::time::Instant;
 
 use super::budget::Budget;
-use super::metrics::{ClassSeries, Metrics, RequestSeries};
+use super::metrics::{ClassSeries, Metrics, RequestSeries, Signal};
 use super::window::RollingHistogram;
 use super::Outcome;
 
@@ -20,7 +20,9 @@ use super::Outcome;
 #[derive(Debug, Clone)]
 pub(crate) struct Finished {
     pub(crate) outcome: Outcome,
-    pub(crate) streaming: bool,
+    /// What judges it for the latency SLI: a stream's first token or byte,
+    /// or the whole answer's time (not streamed).
+    pub(crate) signal: Signal,
     /// The stream ended before `[DONE]`.
     pub(crate) cut: bool,
     pub(crate) start: Instant,
@@ -43,6 +45,11 @@ pub(crate) struct Finished {
 }
 
 impl Finished {
+    /// Streamed: judged by its first token or byte, not its whole time.
+    pub(crate) fn streaming(&self) -> bool {
+        self.signal != Signal::e2e
+    }
+
     pub(crate) fn ttft(&self) -> Option<Duration> {
         self.first_token.map(|t| t - self.start)
     }
@@ -90,7 +97,7 @@ impl Finished {
         if !self.outcome.completed() {
             return false;
         }
-        if self.streaming {
+        if self.streaming() {
             self.ttft().is_some() && self.ttft_ok() && self.itl_ok()
         } else {
             self.e2e() <= self.ttft_target + self.itl_target * (self.output_tokens().saturating_sub(1) as u32)
@@ -149,6 +156,9 @@ pub(crate) fn account(f: &Finished, to: &Sinks<'_>) {
         to.class.breach(m, kind).inc();
     }
     let good = f.latency_good();
+    if completed {
+        to.class.judged(m, f.signal, good).inc();
+    }
     to.budget.record(f.outcome, good);
     if good {
         to.class.goodput(m).inc();
@@ -164,7 +174,7 @@ impl Finished {
         let start = Instant::now();
         Finished {
             outcome,
-            streaming,
+            signal: if streaming { Signal::ttft } else { Signal::e2e },
             cut: false,
             start,
             end: start + Duration::from_millis(2000),

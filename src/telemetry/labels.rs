@@ -85,6 +85,39 @@ pub(crate) struct BreachLabels {
     pub(crate) kind: BreachKind,
 }
 
+/// What judged a completed request for the latency SLI: a token stream's
+/// first token and gaps (`ttft`), a binary stream's first byte
+/// (`first_byte`: speech), or the whole answer's time (`e2e`: non-streaming
+/// work, as fast as a stream at the class's targets would have been).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue, serde::Serialize)]
+#[allow(non_camel_case_types)]
+pub(crate) enum Signal {
+    ttft,
+    first_byte,
+    e2e,
+}
+
+impl Signal {
+    pub(crate) const ALL: [Signal; 3] = [Signal::ttft, Signal::first_byte, Signal::e2e];
+
+    /// The signal for an answer at `endpoint`, streamed or not.
+    pub(crate) fn of(endpoint: crate::config::Endpoint, streaming: bool) -> Signal {
+        match (endpoint, streaming) {
+            (crate::config::Endpoint::Speech, _) => Signal::first_byte,
+            (_, true) => Signal::ttft,
+            (_, false) => Signal::e2e,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct JudgedLabels {
+    pub(crate) class: String,
+    pub(crate) signal: Signal,
+    /// `true` or `false`: within the class's latency targets.
+    pub(crate) within: &'static str,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct FleetPeerLabels {
     pub(crate) state: String,

@@ -37,6 +37,8 @@ pub(crate) struct ClassSeries {
     layout: ClassLayout,
     queue_time: OnceLock<AtomicHistogram>,
     goodput: OnceLock<Counter>,
+    /// `latency_judged_requests`, per [`Signal`], within (0) or not (1).
+    judged: [[OnceLock<Counter>; 2]; 3],
     breaches: [OnceLock<Counter>; BREACH_KINDS],
     /// Per model, per endpoint kind.
     by_model: RwLock<ByModel>,
@@ -70,6 +72,7 @@ impl ClassSeries {
             layout: ClassLayout::new(ttft, itl),
             queue_time: OnceLock::new(),
             goodput: OnceLock::new(),
+            judged: Default::default(),
             breaches: Default::default(),
             by_model: RwLock::new(HashMap::new()),
         }
@@ -116,6 +119,21 @@ impl ClassSeries {
 
     pub(crate) fn goodput(&self, m: &Metrics) -> &Counter {
         self.goodput.get_or_init(|| m.goodput.get_or_create(&ClassLabels { class: self.class.clone() }).clone())
+    }
+
+    /// `latency_judged_requests_total{class,signal,within}`.
+    pub(crate) fn judged(&self, m: &Metrics, signal: Signal, within: bool) -> &Counter {
+        self.judged[signal as usize][!within as usize].get_or_init(|| {
+            let labels = JudgedLabels { class: self.class.clone(), signal, within: if within { "true" } else { "false" } };
+            m.latency_judged.get_or_create(&labels).clone()
+        })
+    }
+
+    /// Per signal: completed requests it judged since these series were
+    /// made, and how many of them were within the targets.
+    pub(crate) fn judged_counts(&self) -> [(Signal, u64, u64); 3] {
+        let n = |s: Signal, i: usize| self.judged[s as usize][i].get().map_or(0, |c| c.get());
+        Signal::ALL.map(|s| (s, n(s, 0) + n(s, 1), n(s, 0)))
     }
 
     pub(crate) fn breach(&self, m: &Metrics, kind: BreachKind) -> &Counter {
@@ -245,6 +263,7 @@ pub struct Metrics {
     pub(crate) generation_tokens: Family<ModelClassLabels, Counter>,
     pub(crate) usage_estimated: Family<ModelClassLabels, Counter>,
     pub(crate) goodput: Family<ClassLabels, Counter>,
+    pub(crate) latency_judged: Family<JudgedLabels, Counter>,
     pub(crate) queue_depth: Family<TierOnlyLabels, Gauge>,
     pub(crate) inflight: Family<ReplicaLabels, Gauge>,
     pub(crate) upstream_healthy: Family<ReplicaLabels, Gauge>,
@@ -327,6 +346,12 @@ fn register_requests(registry: &mut Registry, m: &Metrics) {
         m.usage_estimated.clone(),
     );
     registry.register("goodput_requests", "Requests that met both their TTFT and ITL target", m.goodput.clone());
+    registry.register(
+        "latency_judged_requests",
+        "Completed requests judged for the latency SLI, by what judged them (ttft: a token stream's first token and gaps; \
+         first_byte: a binary stream's first byte; e2e: a whole answer, against a stream at the targets) and whether within the class's targets",
+        m.latency_judged.clone(),
+    );
 }
 
 /// The queue, connection and replica series, and the fleet's.
@@ -482,6 +507,7 @@ impl Metrics {
             generation_tokens: Family::default(),
             usage_estimated: Family::default(),
             goodput: Family::default(),
+            latency_judged: Family::default(),
             queue_depth: Family::default(),
             inflight: Family::default(),
             upstream_healthy: Family::default(),

@@ -361,6 +361,8 @@ async fn speech_is_measured_at_its_first_audio_byte() {
     assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "voice")]), Some(3.0), "a TTFT for each");
     let ttft = metric(&m, "slogate_time_to_first_token_seconds_sum", &[("class", "voice")]).expect("TTFTs");
     assert!((0.75..15.0).contains(&ttft), "each first byte came after 250 ms: sum {ttft} s");
+    let late = [("class", "voice"), ("signal", "first_byte"), ("within", "false")];
+    assert_eq!(metric(&m, "slogate_latency_judged_requests_total", &late), Some(3.0), "judged by the first byte, over voice's 150 ms");
     assert_quiescent(&gw).await;
 }
 
@@ -426,6 +428,50 @@ async fn a_request_that_names_no_class_goes_to_its_endpoints_class() {
     assert_eq!(err[0].field, "endpoint_classes.embeddings", "{err:?}");
 }
 
+/// A whole answer is judged by its time, in its own class's latency SLI:
+/// embeddings in `rag` (400 ms target, no output tokens), one answered at
+/// once and one after 600 ms, over HTTP/1.1 and HTTP/2. The verdicts are
+/// counted by signal (what the generated latency rules read), and `/slo`'s
+/// latency budget counts the same.
+#[tokio::test]
+async fn a_whole_answer_is_judged_by_its_time_in_its_own_classes_latency_sli() {
+    let answer = r#"{"object":"list","data":[],"usage":{"prompt_tokens":3,"total_tokens":3}}"#;
+    let mock = Mock::start(script(move |req| {
+        let slow = req["input"] == "slow";
+        Script { header_delay: Duration::from_millis(if slow { 600 } else { 0 }), ..Script::json(200, answer) }
+    }))
+    .await;
+    let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+    for (proto, client) in clients() {
+        for input in ["fast", "slow"] {
+            let body = format!(r#"{{"model":"m1","input":"{input}"}}"#);
+            let resp = client.request(post_req(gw.data_addr, "/v1/embeddings", &body, &[])).await.expect("response");
+            assert_eq!(resp.status(), 200, "{proto}");
+            resp.into_body().collect().await.expect("body");
+        }
+    }
+    let m = metrics_text(&gw).await;
+    let judged = |class: &str, signal: &str, within: &str| {
+        metric(&m, "slogate_latency_judged_requests_total", &[("class", class), ("signal", signal), ("within", within)])
+    };
+    assert_eq!((judged("rag", "e2e", "true"), judged("rag", "e2e", "false")), (Some(2.0), Some(2.0)), "{m}");
+    assert_eq!(judged("rag", "ttft", "true"), Some(0.0), "no stream: its other signals at zero");
+    assert_eq!(judged("chat", "e2e", "false"), Some(0.0), "chat judges chat only");
+    let admin = gw.admin_addr;
+    let rag = || async move {
+        let (_, slo) = get(admin, "/slo.json").await;
+        let v: serde_json::Value = serde_json::from_str(&slo).expect("JSON");
+        v["classes"].as_array().and_then(|c| c.iter().find(|c| c["name"] == "rag")).cloned().expect("rag")
+    };
+    // The budget takes the last verdicts in at its next tick.
+    wait_until("the budget counts all four", || async move { rag().await["latency"]["valid"].as_u64() == Some(4) }).await;
+    let rag = rag().await;
+    assert_eq!(rag["latency"]["good"].as_u64(), Some(2), "{rag}");
+    let e2e = rag["signals"].as_array().and_then(|s| s.iter().find(|s| s["signal"] == "e2e")).cloned().expect("e2e");
+    assert_eq!((e2e["judged"].as_u64(), e2e["within"].as_u64()), (Some(4), Some(2)), "{rag}");
+    assert_quiescent(&gw).await;
+}
+
 /// Short work does not wait behind streams: with the pool's one slot held
 /// by a stream, an embeddings, rerank or tokenize request takes a seat above
 /// the slots and is answered while the stream goes on; a chat request waits
@@ -478,6 +524,10 @@ async fn a_class_without_traffic_exposes_its_series_at_zero() {
     for class in ["chat", "voice", "code-inline", "code-panel", "rag", "batch"] {
         assert_eq!(metric(&m, "slogate_requests_total", &[("class", class), ("outcome", "ok")]), Some(0.0), "{class}: {m}");
         assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", class)]), Some(0.0), "{class}");
+        for signal in ["ttft", "first_byte", "e2e"] {
+            let labels = [("class", class), ("signal", signal), ("within", "true")];
+            assert_eq!(metric(&m, "slogate_latency_judged_requests_total", &labels), Some(0.0), "{class} {signal}");
+        }
     }
     // voice's TTFT target (150 ms) is a bucket of its histogram from the start.
     assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_bucket", &[("class", "voice"), ("le", "0.15")]), Some(0.0));

@@ -51,19 +51,25 @@ fn promtool_test_rules_fires_the_right_alerts_at_the_right_minutes() {
     let dir = tmp.path();
     std::fs::write(dir.join("rules.yaml"), render(&cfg, Format::Prometheus).expect("render")).expect("write rules");
     let all = alerts(&cfg);
-    let pick = |kind: &str, long: &str| -> serde_json::Value {
+    let pick_for = |class: &str, kind: &str, long: &str| -> serde_json::Value {
         let a = all
             .iter()
             .find(|a| {
-                a.alert == format!("Slogate{kind}BudgetBurn") && a.labels["slo"].starts_with("chat-") && a.labels["long_window"] == long
+                a.alert == format!("Slogate{kind}BudgetBurn")
+                    && a.labels["slo"] == format!("{class}-{}", kind.to_lowercase())
+                    && a.labels["long_window"] == long
             })
             .expect("alert");
-        expect(a, "chat")
+        expect(a, class)
     };
+    let pick = |kind: &str, long: &str| pick_for("chat", kind, long);
     let (lat, avail) = ("SlogateLatencyBudgetBurn", "SlogateAvailabilityBudgetBurn");
     let none = serde_json::json!([]);
-    let ttft_bucket = r#"slogate_time_to_first_token_seconds_bucket{class="chat",le="0.3"}"#;
-    let ttft_count = r#"slogate_time_to_first_token_seconds_count{class="chat"}"#;
+    // Completed requests' verdicts: within the class's targets or not.
+    let within = r#"slogate_latency_judged_requests_total{class="chat",signal="ttft",within="true"}"#;
+    let late = r#"slogate_latency_judged_requests_total{class="chat",signal="ttft",within="false"}"#;
+    let rag_within = r#"slogate_latency_judged_requests_total{class="rag",signal="e2e",within="true"}"#;
+    let rag_late = r#"slogate_latency_judged_requests_total{class="rag",signal="e2e",within="false"}"#;
     let ok = r#"slogate_requests_total{class="chat",outcome="ok"}"#;
     let err = r#"slogate_requests_total{class="chat",outcome="upstream_error"}"#;
     let tests = serde_json::json!({
@@ -71,11 +77,11 @@ fn promtool_test_rules_fires_the_right_alerts_at_the_right_minutes() {
         "evaluation_interval": "1m",
         "tests": [
             {
-                "name": "TTFT degradation: 50 % of first tokens late from minute 60 pages within 18 minutes (1h/5m at 14.4x)",
+                "name": "TTFT degradation: 50 % of streams late from minute 60 pages within 18 minutes (1h/5m at 14.4x)",
                 "interval": "1m",
                 "input_series": [
-                    {"series": ttft_bucket, "values": "0+100x60 6050+50x120"},
-                    {"series": ttft_count, "values": "0+100x180"},
+                    {"series": within, "values": "0+100x60 6050+50x120"},
+                    {"series": late, "values": "0x60 50+50x120"},
                     {"series": ok, "values": "0+100x180"},
                 ],
                 "alert_rule_test": [
@@ -91,8 +97,8 @@ fn promtool_test_rules_fires_the_right_alerts_at_the_right_minutes() {
                 "name": "slow degradation: 2 % late from minute 60 fires only the ticket, after the 6h window passes 1 %",
                 "interval": "1m",
                 "input_series": [
-                    {"series": ttft_bucket, "values": "0+100x60 6098+98x300"},
-                    {"series": ttft_count, "values": "0+100x360"},
+                    {"series": within, "values": "0+100x60 6098+98x300"},
+                    {"series": late, "values": "0x60 2+2x300"},
                     {"series": ok, "values": "0+100x360"},
                 ],
                 "alert_rule_test": [
@@ -105,8 +111,8 @@ fn promtool_test_rules_fires_the_right_alerts_at_the_right_minutes() {
                 "name": "availability: 10 upstream errors a minute on 100 ok from minute 60 pages",
                 "interval": "1m",
                 "input_series": [
-                    {"series": ttft_bucket, "values": "0+100x120"},
-                    {"series": ttft_count, "values": "0+100x120"},
+                    {"series": within, "values": "0+100x120"},
+                    {"series": late, "values": "0x120"},
                     {"series": ok, "values": "0+100x120"},
                     {"series": err, "values": "0x59 0+10x60"},
                 ],
@@ -120,8 +126,8 @@ fn promtool_test_rules_fires_the_right_alerts_at_the_right_minutes() {
                 "name": "healthy: 0.1 % late, no errors, fires nothing",
                 "interval": "1m",
                 "input_series": [
-                    {"series": ttft_bucket, "values": "0+999x360"},
-                    {"series": ttft_count, "values": "0+1000x360"},
+                    {"series": within, "values": "0+999x360"},
+                    {"series": late, "values": "0+1x360"},
                     {"series": ok, "values": "0+1000x360"},
                     {"series": err, "values": "0x360"},
                 ],
@@ -130,6 +136,20 @@ fn promtool_test_rules_fires_the_right_alerts_at_the_right_minutes() {
                     {"eval_time": "2h", "alertname": lat, "exp_alerts": none},
                     {"eval_time": "6h", "alertname": lat, "exp_alerts": none},
                     {"eval_time": "6h", "alertname": avail, "exp_alerts": none},
+                ],
+            },
+            {
+                "name": "whole answers: half of class rag's embeddings slower than its target from minute 60 pages rag, not chat",
+                "interval": "1m",
+                "input_series": [
+                    {"series": within, "values": "0+100x120"},
+                    {"series": late, "values": "0x120"},
+                    {"series": rag_within, "values": "0+100x60 6050+50x60"},
+                    {"series": rag_late, "values": "0x60 50+50x60"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "59m", "alertname": lat, "exp_alerts": none},
+                    {"eval_time": "85m", "alertname": lat, "exp_alerts": [pick_for("rag", "Latency", "1h"), pick_for("rag", "Latency", "6h"), pick_for("rag", "Latency", "3d")]},
                 ],
             },
         ],
