@@ -270,12 +270,17 @@ def cmd_breaker(d, machine):
         by_ra[x["retry_after"]] = by_ra.get(x["retry_after"], 0) + 1
     open_delay = (opened - armed) if (armed and opened) else None
     close_delay = (closed_t - slow_end) if closed_t is not None else None
-    ra5 = by_ra.get(5, 0)
+    # The open breaker's refusals: 429 breaker_open, Retry-After the time
+    # until it half-opens (with jitter), within 1-30 s.
+    brk = [x for x in rej if x.get("error_code") == "breaker_open"]
+    brk_ra = sorted(x["retry_after"] for x in brk if x["retry_after"] is not None)
+    brk_ok = bool(brk_ra) and len(brk_ra) == len(brk) and 1 <= brk_ra[0] and brk_ra[-1] <= 30
     checks = [
         ("opens 30-33 s after chat TTFT P99 exceeds 2x SLO",
          open_delay is not None and 30 <= open_delay <= 33,
          f"{open_delay:.2f} s (gateway log: P99 above 600 ms -> open)" if open_delay is not None else "never opened"),
-        ("callers receive 429 with Retry-After: 5", ra5 > 0, f"{ra5} responses 429 with Retry-After: 5"),
+        ("callers refused by the open breaker receive 429 breaker_open with a Retry-After of 1-30 s (the time until it half-opens)",
+         brk_ok, f"{len(brk)} responses, Retry-After {brk_ra[0]}-{brk_ra[-1]} s" if brk_ra else f"{len(brk)} responses, none with Retry-After"),
         ("closes within 10 s of the slowdown ending", close_delay is not None and close_delay <= 10,
          f"{close_delay:.2f} s (+-0.25 s sampling)" if close_delay is not None else "did not close"),
     ]
@@ -299,8 +304,8 @@ def cmd_breaker(d, machine):
             rows.append((exceed_t, "gateway's chat TTFT P99 first sampled above 600 ms (2x target)"))
         if t0 is not None:
             rows += [(ts - t0, f"breaker log: {e}") for ts, e in ev]
-        if ra5:
-            rows.append((min(x["start_s"] for x in rej if x["retry_after"] == 5), "first 429 with Retry-After: 5 at a client (sent at)"))
+        if brk:
+            rows.append((min(x["start_s"] for x in brk), "first 429 breaker_open at a client (sent at)"))
         if rej:
             rows.append((min(x["start_s"] for x in rej), "first 429 of any kind at a client (sent at)"))
         for t, e in sorted(rows):

@@ -417,6 +417,8 @@ fn request_body(spec: &StreamSpec, p: &Prompt) -> String {
         (Endpoint::Chat, None) => serde_json::json!({"model": spec.model, "messages": conversation(prompt, spec.turns)}),
         (Endpoint::Completions, Some(text)) => serde_json::json!({"model": spec.model, "prompt": &**text}),
         (Endpoint::Completions, None) => serde_json::json!({"model": spec.model, "prompt": prompt_text(prompt)}),
+        (Endpoint::Embeddings, Some(text)) => return serde_json::json!({"model": spec.model, "input": &**text}).to_string(),
+        (Endpoint::Embeddings, None) => return serde_json::json!({"model": spec.model, "input": prompt_text(prompt)}).to_string(),
     };
     body["max_tokens"] = output.into();
     body["ignore_eos"] = true.into();
@@ -544,6 +546,7 @@ impl Ctx {
         let path = match spec.endpoint {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
+            Endpoint::Embeddings => "/v1/embeddings",
         };
         let i = self.turn.fetch_add(1, Ordering::Relaxed) as usize % self.bases.len().max(1);
         let base = &self.bases[i];
@@ -578,7 +581,7 @@ impl Ctx {
             }
             return if status.as_u16() == 429 { "rejected".into() } else { format!("http_{}", status.as_u16()) };
         }
-        if !spec.stream {
+        if !spec.stream || spec.endpoint == Endpoint::Embeddings {
             let Ok(bytes) = body.collect().await.map(|c| c.to_bytes()) else { return "cut".into() };
             let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             rec.tokens = v.pointer("/usage/completion_tokens").and_then(|t| t.as_u64()).unwrap_or(0) as u32;
@@ -662,7 +665,23 @@ impl Ctx {
 
 #[cfg(test)]
 mod tests {
-    use super::prompt_text;
+    use super::{prompt_text, request_body};
+    use crate::loadgen::scenario::{Prompt, StreamSpec};
+
+    #[test]
+    fn an_embeddings_request_carries_its_input_and_nothing_of_a_generation() {
+        let spec: StreamSpec = serde_norway::from_str(
+            "{ name: e, model: m, endpoint: embeddings, stream: false, arrival: { kind: constant, rate: 1 }, prompt_tokens: { dist: fixed, value: 8 } }",
+        )
+        .expect("spec");
+        let body = request_body(&spec, &Prompt { text: None, prompt_tokens: 8, output_tokens: 1 });
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(v["model"], "m");
+        assert_eq!(v["input"].as_str().map(str::len), Some(32), "8 tokens of 4 characters");
+        for absent in ["max_tokens", "stream", "ignore_eos", "messages"] {
+            assert!(v.get(absent).is_none(), "{absent} in {body}");
+        }
+    }
 
     #[test]
     fn made_up_prompts_share_no_prefix_and_have_their_length() {

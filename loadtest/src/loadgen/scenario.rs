@@ -110,6 +110,8 @@ pub fn default_targets() -> BTreeMap<String, Targets> {
 pub enum Endpoint {
     Chat,
     Completions,
+    /// `/v1/embeddings`: the prompt as `input`, a whole answer (never streamed).
+    Embeddings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
