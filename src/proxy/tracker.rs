@@ -15,8 +15,9 @@ use crate::classify::Class;
 use crate::config::Endpoint;
 use crate::telemetry::access_log::{AccessLog, AccessRecord};
 use crate::telemetry::accounting::{self, Finished, Sinks};
-use crate::telemetry::metrics::{Metrics, RequestSeries};
+use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otel::span_finished;
+use crate::telemetry::series::RequestSeries;
 use crate::telemetry::Outcome;
 use sse::Usage;
 

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 use http::HeaderValue;
 use prometheus_client::metrics::counter::Counter;
 
-use super::metrics::RequestSeries;
+use super::series::RequestSeries;
 use super::Outcome;
 use crate::config::{AccessLogConfig, Endpoint};
 

@@ -12,7 +12,8 @@ use sse::Usage;
 use tokio::time::Instant;
 
 use super::budget::Budget;
-use super::metrics::{ClassSeries, Metrics, RequestSeries, Signal};
+use super::metrics::{Metrics, Signal};
+use super::series::{ClassSeries, RequestSeries};
 use super::window::RollingHistogram;
 use super::Outcome;
 

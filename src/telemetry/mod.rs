@@ -13,6 +13,7 @@ pub(crate) mod labels;
 pub(crate) mod metrics;
 pub mod otel;
 pub(crate) mod outcome;
+pub(crate) mod series;
 pub(crate) mod window;
 
 pub use metrics::Metrics;
