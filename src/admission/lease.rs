@@ -42,12 +42,14 @@ pub(crate) struct Lease {
     pub(super) used: Option<u64>,
     /// Where its tenant stood against its fair part of the tier when it was granted.
     pub(super) standing: Standing,
+    /// A short request's own seat (see `PoolAdmission::seat_above`).
+    pub(super) short: bool,
 }
 
 impl Lease {
     /// A lease on `slot` for a request of `tier`, given back to `seating`.
     pub(super) fn new(slot: ReplicaSlot, tier: Tier, seating: Arc<dyn Seating>) -> Lease {
-        Lease { slot, tier, seating, share: Share::default(), charged: 0, fair: false, used: None, standing: Standing::Alone }
+        Lease { slot, tier, seating, share: Share::default(), charged: 0, fair: false, used: None, standing: Standing::Alone, short: false }
     }
 
     pub(crate) fn replica(&self) -> &Arc<Replica> {

@@ -56,6 +56,8 @@ pub(crate) struct PoolAdmission {
     /// Slots held by batch requests. Invariant: only changed by
     /// [`PoolAdmission::try_lease`] and [`Lease`]'s drop.
     batch_inflight: AtomicUsize,
+    /// Short requests holding a seat of their own (see [`Seats::short_headroom`]).
+    short_inflight: AtomicUsize,
     /// Slots held by interactive requests (same invariant).
     interactive_inflight: AtomicUsize,
     /// Interactive requests holding or waiting for a slot: the most since the last tick.
@@ -94,6 +96,7 @@ impl PoolAdmission {
             waiting: Waiting::new(metrics),
             tiers: ArcSwap::from_pointee(tiers),
             batch_inflight: AtomicUsize::new(0),
+            short_inflight: AtomicUsize::new(0),
             interactive_inflight: AtomicUsize::new(0),
             interactive_high: AtomicUsize::new(0),
             interactive_demand: AtomicUsize::new(0),
@@ -450,24 +453,27 @@ impl PoolAdmission {
 
     /// A seat above the slots for an interactive request that should not wait
     /// behind the streams holding them: a short one (embeddings, rerank,
-    /// tokenize: it holds a slot for milliseconds, they for seconds; see
-    /// [`Seats::short_headroom`]), or one of a tenant under its fair part of
-    /// the slots, which does not wait behind a tenant over it (see
-    /// [`Seats::fair_headroom`]). The next slot freed is not handed on, so
-    /// the seat is given back by those that wait, not by this request.
+    /// tokenize: it holds a slot for milliseconds, they for seconds) takes
+    /// one of the pool's seats for short requests ([`Seats::short_headroom`])
+    /// on any healthy replica, whatever its streams hold (even above a
+    /// limit that was just cut); one of a tenant under its fair part of the
+    /// slots, which does not wait behind a tenant over it, one of
+    /// [`Seats::fair_headroom`] above the slots. The next slot freed is not
+    /// handed on, so the seat is given back by those that wait, not by
+    /// this request.
     fn seat_above(self: &Arc<Self>, q: &mut Queues, tier: Tier, claim: Claim, key: Option<&RouteKey>) -> Option<Lease> {
         if tier != Tier::Interactive {
             return None;
         }
         let seats = self.seats(&self.pool.load());
         let standing = self.standing(q, tier, claim);
-        let under = standing == Standing::Under;
-        let extra = match (claim.short, under) {
-            (true, _) => seats.short_headroom(),
-            (false, true) => seats.fair_headroom(),
-            (false, false) => return None,
+        let mut lease = if claim.short {
+            self.short_seat(key)?
+        } else if standing == Standing::Under {
+            self.try_lease_over(tier, seats.fair_headroom(), key).ok()?
+        } else {
+            return None;
         };
-        let mut lease = self.try_lease_over(tier, extra, key).ok()?;
         self.note_interactive();
         if claim.fair {
             q.interactive.charge(claim.share, claim.tokens as f64);

@@ -20,10 +20,11 @@ const HEADROOM_SHARE: f64 = 0.05;
 /// their fair part may take instead of waiting, as a share of the slots (at
 /// least one). Each is given back at the next slot freed (not handed on).
 const FAIR_HEADROOM: f64 = 0.1;
-/// Seats above a pool's slots that short interactive requests (embeddings,
-/// rerank, tokenize) may take instead of waiting behind streams, as a share
-/// of the slots (at least one): they hold a seat for milliseconds, a stream
-/// for seconds, and a replica runs them beside its streams.
+/// Seats of their own that short interactive requests (embeddings, rerank,
+/// tokenize) take on a pool, whatever its streams hold, instead of waiting
+/// behind them, as a share of the slots (at least one): they hold a seat
+/// for milliseconds, a stream for seconds, and a replica runs them beside
+/// its streams.
 const SHORT_HEADROOM: f64 = 0.1;
 /// Slots a tenant at or over its fair part leaves free while other tenants
 /// are active, as a share of the pool's slots (at least one).
@@ -222,7 +223,7 @@ impl Seats {
         part(self.cap, FAIR_HEADROOM)
     }
 
-    /// Seats above the slots a short request may take.
+    /// Short requests a pool runs at once beside its streams.
     pub(crate) fn short_headroom(&self) -> usize {
         part(self.cap, SHORT_HEADROOM)
     }

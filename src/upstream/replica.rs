@@ -332,7 +332,7 @@ impl Replica {
     /// with `unheld` it may take such a seat too, less the whole cut.
     pub(super) fn try_take(&self, over: usize, tier: Tier, unheld: bool) -> bool {
         let mut cur = self.inflight.load(Ordering::SeqCst);
-        let mut max = self.slots() + over;
+        let mut max = self.slots().saturating_add(over);
         let (slots, limit) = (self.slots(), self.max_inflight());
         let unheld_seats = || limit.saturating_sub(self.others_inflight.load(Ordering::Relaxed));
         match tier {

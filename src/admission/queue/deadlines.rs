@@ -70,7 +70,9 @@ impl PoolAdmission {
     pub(super) fn deadlines(&self, tier: Tier, claim: Claim, start: Instant) -> Deadlines {
         let late = match (tier, claim.ttft) {
             (Tier::Interactive, Some(target)) => {
-                let expected = target.mul_f64(self.pool.load().first_token_p90().min(1.0));
+                // A short request's answer takes milliseconds once it has a
+                // seat: the streams' time to a first token is not its.
+                let expected = if claim.short { Duration::ZERO } else { target.mul_f64(self.pool.load().first_token_p90().min(1.0)) };
                 Some((start + target.saturating_sub(expected), expected))
             }
             _ => None,

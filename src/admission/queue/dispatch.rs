@@ -19,7 +19,12 @@ use super::{PoolAdmission, STARVATION_GUARD_INTERVAL};
 use crate::admission::lease::{Claim, Lease};
 use crate::admission::waiting::Queues;
 use crate::config::Tier;
+use crate::upstream::prefix::RouteKey;
 use crate::upstream::PickError;
+
+/// How far above the slots a short request's own seat may be: any healthy
+/// replica takes it, whatever its streams hold.
+const BESIDE: usize = usize::MAX >> 2;
 
 /// How many waiters, from the front, a freed slot is matched against.
 pub(super) const WINDOW: usize = 16;
@@ -78,6 +83,55 @@ impl PoolAdmission {
                 }
                 if !served {
                     break;
+                }
+            }
+        }
+        drop(spare);
+    }
+
+    /// One of the pool's seats for short requests, if one is free
+    /// ([`crate::admission::seats::Seats::short_headroom`]), on any healthy
+    /// replica whatever its streams hold.
+    pub(super) fn short_seat(self: &Arc<Self>, key: Option<&RouteKey>) -> Option<Lease> {
+        let most = self.seats(&self.pool.load()).short_headroom();
+        self.short_inflight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < most).then_some(n + 1)).ok()?;
+        match self.try_lease_over(Tier::Interactive, BESIDE, key) {
+            Ok(mut lease) => {
+                lease.short = true;
+                Some(lease)
+            }
+            Err(_) => {
+                self.short_inflight.fetch_sub(1, Ordering::SeqCst);
+                None
+            }
+        }
+    }
+
+    /// A short request's seat came free: short requests that queued (all
+    /// the seats were taken when they came) take free ones, in order.
+    pub(super) fn seat_short_waiters(self: &Arc<Self>) {
+        // Leases nobody took are dropped after the lock is released.
+        let mut spare: Vec<Lease> = Vec::new();
+        {
+            let Some(mut q) = self.waiting.lock() else { return };
+            loop {
+                let next = q.interactive.iter().find(|w| w.claim.short).map(|w| (w.claim.share.tenant, w.id, w.key.clone()));
+                let Some((tenant, id, key)) = next else { break };
+                let Some(mut lease) = self.short_seat(key.as_deref()) else { break };
+                let Some(w) = q.interactive.remove(tenant, id) else {
+                    spare.push(lease);
+                    break;
+                };
+                self.waiting.dec(Tier::Interactive, w.bytes);
+                self.note_interactive();
+                let standing = self.standing(&q, Tier::Interactive, w.claim);
+                lease.claimed(w.claim, standing);
+                match w.tx.send(Ok(lease)) {
+                    Ok(()) if w.claim.fair => q.interactive.charge(w.claim.share, w.claim.tokens as f64),
+                    Ok(()) => {}
+                    // Its client went away in the meantime.
+                    Err(Ok(l)) => spare.push(l),
+                    Err(Err(_)) => {}
                 }
             }
         }

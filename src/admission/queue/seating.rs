@@ -29,6 +29,12 @@ impl Seating for PoolAdmission {
                 self.interactive_inflight.fetch_sub(1, Ordering::SeqCst);
             }
         }
+        if lease.short {
+            self.short_inflight.fetch_sub(1, Ordering::SeqCst);
+            if self.waiting.depth(Tier::Interactive) > 0 {
+                self.clone().seat_short_waiters();
+            }
+        }
         self.released[lease.tier as usize].fetch_add(1, Ordering::Relaxed);
         if self.waiting.depth(Tier::Interactive) + self.waiting.depth(Tier::Batch) > 0 {
             self.dispatch();

@@ -330,6 +330,44 @@ async fn interactive_beyond_its_share_stays_within_the_slots_when_one_replicas_l
     assert!(adm.try_lease(Tier::Interactive).is_ok(), "a slot free again");
 }
 
+/// Short requests have seats of their own (2 of a pool of 20 slots): with
+/// every slot held by streams and the replica's limit just cut far below
+/// what it holds, two take a seat at once; a third waits, and is judged by
+/// its wait alone, not by the streams' time to a first token; a seat given
+/// back takes the next one.
+#[tokio::test(start_paused = true)]
+async fn short_requests_take_seats_of_their_own_whatever_the_streams_hold() {
+    let mut t = tiers(0.25, 10, 10);
+    t.interactive.shed_late = true;
+    let adm = pool(20, t);
+    // The streams' first tokens come at the target: a chat request that would wait is late at once.
+    for _ in 0..500 {
+        adm.pool().replicas[0].record_first_token(Duration::from_millis(400), Duration::from_millis(400));
+    }
+    let streams: Vec<_> = std::iter::from_fn(|| adm.try_lease(Tier::Interactive).ok()).take(40).collect();
+    assert_eq!(streams.len(), 20);
+    // Cut to 15: 2 short seats (a tenth, rounded up); the 20 streams are 3 past 15 + 2.
+    adm.pool().replicas[0].set_limit(15);
+    let short = Claim { short: true, ttft: Some(Duration::from_millis(400)), ..claim(1) };
+    let now = |c: Claim| {
+        let p = adm.clone();
+        async move { p.admit(Tier::Interactive, 0, c, None).await }
+    };
+    let a = now(short).await.expect("a short request's own seat");
+    let _b = now(short).await.expect("the second of 2");
+    let third = queued_as(&adm, short).await;
+    assert_eq!(adm.depth(Tier::Interactive), 1, "past its seats it waits, judged by its wait alone");
+    drop(a);
+    settle().await;
+    assert!(third.is_finished(), "a short seat given back goes to the next short request");
+    assert!(third.await.expect("task").is_ok());
+    // A chat request would wait for a stream's slot: with the streams' first
+    // tokens at the target it cannot make it, and is refused at once.
+    let chat = now(Claim { ttft: Some(Duration::from_millis(400)), ..claim(1) }).await;
+    assert!(matches!(chat, Err(Refusal::Late { .. })), "{chat:?}");
+    drop(streams);
+}
+
 #[tokio::test(start_paused = true)]
 async fn starvation_guard_moves_batch_unless_interactive_is_at_risk() {
     for at_risk in [false, true] {
