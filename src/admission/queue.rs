@@ -56,7 +56,7 @@ pub(crate) struct PoolAdmission {
     /// Slots held by batch requests. Invariant: only changed by
     /// [`PoolAdmission::try_lease`] and [`Lease`]'s drop.
     batch_inflight: AtomicUsize,
-    /// Short requests holding a seat of their own (see [`Seats::short_headroom`]).
+    /// Short requests holding a seat of their own (see [`Seats::short_seats`]).
     short_inflight: AtomicUsize,
     /// Slots held by interactive requests (same invariant).
     interactive_inflight: AtomicUsize,
@@ -454,7 +454,7 @@ impl PoolAdmission {
     /// A seat above the slots for an interactive request that should not wait
     /// behind the streams holding them: a short one (embeddings, rerank,
     /// tokenize: it holds a slot for milliseconds, they for seconds) takes
-    /// one of the pool's seats for short requests ([`Seats::short_headroom`])
+    /// one of the pool's seats for short requests ([`Seats::short_seats`])
     /// on any healthy replica, whatever its streams hold (even above a
     /// limit that was just cut); one of a tenant under its fair part of the
     /// slots, which does not wait behind a tenant over it, one of

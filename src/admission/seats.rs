@@ -25,7 +25,7 @@ const FAIR_HEADROOM: f64 = 0.1;
 /// behind them, as a share of the slots (at least one): they hold a seat
 /// for milliseconds, a stream for seconds, and a replica runs them beside
 /// its streams.
-const SHORT_HEADROOM: f64 = 0.1;
+const SHORT_SEATS: f64 = 0.1;
 /// Slots a tenant at or over its fair part leaves free while other tenants
 /// are active, as a share of the pool's slots (at least one).
 const FAIR_RESERVE: f64 = 0.1;
@@ -224,8 +224,8 @@ impl Seats {
     }
 
     /// Short requests a pool runs at once beside its streams.
-    pub(crate) fn short_headroom(&self) -> usize {
-        part(self.cap, SHORT_HEADROOM)
+    pub(crate) fn short_seats(&self) -> usize {
+        part(self.cap, SHORT_SEATS)
     }
 
     /// May a tenant at or over its fair part take a slot now? Only while
@@ -299,7 +299,7 @@ mod tests {
     fn headroom_and_fair_parts_are_at_least_one() {
         for (cap, headroom, fair) in [(1, 1, 1), (10, 1, 1), (20, 1, 2), (100, 5, 10), (101, 6, 11)] {
             let s = seats(cap, 0.5);
-            assert_eq!((s.headroom(), s.fair_headroom(), s.short_headroom()), (headroom, fair, fair), "cap {cap}");
+            assert_eq!((s.headroom(), s.fair_headroom(), s.short_seats()), (headroom, fair, fair), "cap {cap}");
         }
     }
 

@@ -90,10 +90,10 @@ impl PoolAdmission {
     }
 
     /// One of the pool's seats for short requests, if one is free
-    /// ([`crate::admission::seats::Seats::short_headroom`]), on any healthy
+    /// ([`crate::admission::seats::Seats::short_seats`]), on any healthy
     /// replica whatever its streams hold.
     pub(super) fn short_seat(self: &Arc<Self>, key: Option<&RouteKey>) -> Option<Lease> {
-        let most = self.seats(&self.pool.load()).short_headroom();
+        let most = self.seats(&self.pool.load()).short_seats();
         self.short_inflight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < most).then_some(n + 1)).ok()?;
         match self.try_lease_over(Tier::Interactive, BESIDE, key) {
             Ok(mut lease) => {
