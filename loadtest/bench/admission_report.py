@@ -310,8 +310,13 @@ def cmd_breaker(d, machine):
             rows.append((min(x["start_s"] for x in rej), "first 429 of any kind at a client (sent at)"))
         for t, e in sorted(rows):
             f.write(f"| {t:.2f} | {e} |\n")
-        f.write(f"\n429s by Retry-After: {by_ra} (Retry-After 1 are queue timeouts: with the replica 8x slower its 64 slots "
-                "fill and the interactive queue's 2 s timeout answers before the breaker opens).\n\n")
+        by_code = {}
+        for x in rej:
+            ra = by_code.setdefault(x.get("error_code") or "none", {})
+            ra[x["retry_after"]] = ra.get(x["retry_after"], 0) + 1
+        f.write(f"\n429s by code, then by Retry-After in seconds: {by_code} (with the replica 8x slower its 64 slots fill, and "
+                "queued requests that can no longer make the TTFT target are refused before the breaker opens; the open "
+                "breaker's Retry-After is the time until it half-opens, with jitter).\n\n")
         f.write("Charts: `breaker-timeline.svg` (the gateway's rolling chat TTFT P99 with the breaker state), "
                 "`breaker-ttft-p99.svg`, `breaker-throughput.svg` (completed and 429 per second, client side).\n")
     print(open(os.path.join(d, "README.md")).read())
