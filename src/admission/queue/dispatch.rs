@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::{PoolAdmission, STARVATION_GUARD_INTERVAL};
 use crate::admission::lease::{Claim, Lease};
-use crate::admission::waiting::Queues;
+use crate::admission::waiting::{Queues, Waiter};
 use crate::config::Tier;
 use crate::upstream::prefix::RouteKey;
 use crate::upstream::PickError;
@@ -28,6 +28,14 @@ const BESIDE: usize = usize::MAX >> 2;
 
 /// How many waiters, from the front, a freed slot is matched against.
 pub(super) const WINDOW: usize = 16;
+
+/// What giving a lease to one waiter came to.
+enum Given {
+    Served,
+    /// Its client had gone away: the lease is back.
+    Gone(Lease),
+    Nobody,
+}
 
 /// What handing a lease to a tier's waiters came to.
 enum Handed {
@@ -110,28 +118,23 @@ impl PoolAdmission {
     /// A short request's seat came free: short requests that queued (all
     /// the seats were taken when they came) take free ones, in order.
     pub(super) fn seat_short_waiters(self: &Arc<Self>) {
-        // Leases nobody took are dropped after the lock is released.
-        let mut spare: Vec<Lease> = Vec::new();
+        // A lease nobody took is dropped after the lock is released.
+        let mut spare: Option<Lease> = None;
         {
             let Some(mut q) = self.waiting.lock() else { return };
+            let now = Instant::now();
             loop {
                 let next = q.interactive.iter().find(|w| w.claim.short).map(|w| (w.claim.share.tenant, w.id, w.key.clone()));
                 let Some((tenant, id, key)) = next else { break };
-                let Some(mut lease) = self.short_seat(key.as_deref()) else { break };
+                let Some(lease) = spare.take().or_else(|| self.short_seat(key.as_deref())) else { break };
                 let Some(w) = q.interactive.remove(tenant, id) else {
-                    spare.push(lease);
+                    spare = Some(lease);
                     break;
                 };
-                self.waiting.dec(Tier::Interactive, w.bytes);
-                self.note_interactive();
-                let standing = self.standing(&q, Tier::Interactive, w.claim);
-                lease.claimed(w.claim, standing);
-                match w.tx.send(Ok(lease)) {
-                    Ok(()) if w.claim.fair => q.interactive.charge(w.claim.share, w.claim.tokens as f64),
-                    Ok(()) => {}
-                    // Its client went away in the meantime.
-                    Err(Ok(l)) => spare.push(l),
-                    Err(Err(_)) => {}
+                match self.give(&mut q, Tier::Interactive, w, lease, now) {
+                    Given::Served => {}
+                    Given::Gone(l) => spare = Some(l),
+                    Given::Nobody => break,
                 }
             }
         }
@@ -168,29 +171,40 @@ impl PoolAdmission {
                 None => q.of(tier).pop_tenant(tenant),
             };
             let Some(w) = next else { return Handed::Spare(lease) };
-            self.waiting.dec(tier, w.bytes);
-            if tier == Tier::Interactive {
-                self.note_interactive();
+            match self.give(q, tier, w, lease, now) {
+                Given::Served => return Handed::Served,
+                Given::Gone(l) => lease = l,
+                Given::Nobody => return Handed::Nobody,
             }
-            let standing = self.standing(q, tier, w.claim);
-            lease.claimed(w.claim, standing);
-            match w.tx.send(Ok(lease)) {
-                Ok(()) => {
-                    if w.claim.fair {
-                        q.of(tier).charge(w.claim.share, w.claim.tokens as f64);
-                    }
-                    if tier == Tier::Batch {
-                        q.last_batch_grant = Some(now);
-                    }
-                    return Handed::Served;
+        }
+    }
+
+    /// Give `lease` to `w`, taken out of `tier`'s queue: it is counted out
+    /// of the queue, and its tenant charged once its client has the lease.
+    fn give(&self, q: &mut Queues, tier: Tier, w: Waiter, mut lease: Lease, now: Instant) -> Given {
+        self.waiting.dec(tier, w.bytes);
+        if tier == Tier::Interactive {
+            self.note_interactive();
+        }
+        let standing = self.standing(q, tier, w.claim);
+        lease.claimed(w.claim, standing);
+        match w.tx.send(Ok(lease)) {
+            Ok(()) => {
+                if w.claim.fair {
+                    q.of(tier).charge(w.claim.share, w.claim.tokens as f64);
                 }
-                // Its client went away in the meantime: next one.
-                Err(Ok(mut l)) => {
-                    l.claimed(Claim::default(), Default::default());
-                    lease = l;
+                if tier == Tier::Batch {
+                    q.last_batch_grant = Some(now);
                 }
-                Err(Err(_)) => return Handed::Nobody,
+                Given::Served
             }
+            // Its client went away in the meantime: the lease, claimed by
+            // nobody (its tenant was never charged), goes to the next one.
+            Err(Ok(mut l)) => {
+                l.claimed(Claim::default(), Default::default());
+                Given::Gone(l)
+            }
+            Err(Err(_)) => Given::Nobody,
         }
     }
 }
