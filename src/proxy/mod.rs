@@ -255,7 +255,16 @@ async fn send(
         }
         Ok(req)
     };
-    upstream::send_with_retry(&route.pool, lease, build, t.start(), header_deadline, t.start() + timeouts.total).await
+    upstream::send_with_retry(
+        &route.pool,
+        lease,
+        build,
+        upstream::Reads::for_stream(stream),
+        t.start(),
+        header_deadline,
+        t.start() + timeouts.total,
+    )
+    .await
 }
 
 /// The key's own limits (`auth.keys[].limits`): the request's tokens (its

@@ -279,7 +279,7 @@ impl Link<conn::UpstreamBody> for PoolLink {
         let connect = self.pool.config.timeouts.connect.get();
         Some(Box::pin(async move {
             let req = req.map_err(|e| e.for_log())?;
-            let send = |req, fresh| tokio::time::timeout_at(deadline, conn::send(&replica, req, connect, fresh));
+            let send = |req, fresh| tokio::time::timeout_at(deadline, conn::send(&replica, req, connect, fresh, conn::Reads::Events));
             let sent = match send(req.clone(), false).await {
                 // A kept-alive connection closed as it went out: on a new one.
                 Ok(Err(e)) if e.idle_closed() => send(req, true).await,

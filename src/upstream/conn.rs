@@ -64,15 +64,49 @@ struct Idle {
     since: Instant,
 }
 
-/// One replica's idle connections, the most recently used last.
+/// How a connection reads its replica's answers; connections of the two
+/// kinds are kept apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reads {
+    /// 4 KiB at a time: a stream's head and events are small, and a stream
+    /// holds its connection for minutes; a larger buffer would stay that
+    /// large for every open stream.
+    Events,
+    /// hyper's adaptive buffer (8 KiB, doubling while reads fill it): a
+    /// whole answer (an embeddings list, a completion) arrives in one or
+    /// two reads instead of one per 4 KiB.
+    Whole,
+}
+
+impl Reads {
+    /// The reads for a request that does (or does not) ask for a stream.
+    pub(crate) fn for_stream(stream: bool) -> Self {
+        if stream {
+            Reads::Events
+        } else {
+            Reads::Whole
+        }
+    }
+}
+
+/// One replica's idle connections, one list for each kind of reads, the
+/// most recently used last.
 #[derive(Default)]
 pub(crate) struct IdleConns {
-    list: Mutex<VecDeque<Idle>>,
+    events: Mutex<VecDeque<Idle>>,
+    whole: Mutex<VecDeque<Idle>>,
 }
 
 impl IdleConns {
-    fn put(&self, tx: Sender, conn: Conn) {
-        let Ok(mut list) = self.list.lock() else { return };
+    fn list(&self, reads: Reads) -> &Mutex<VecDeque<Idle>> {
+        match reads {
+            Reads::Events => &self.events,
+            Reads::Whole => &self.whole,
+        }
+    }
+
+    fn put(&self, reads: Reads, tx: Sender, conn: Conn) {
+        let Ok(mut list) = self.list(reads).lock() else { return };
         if list.len() >= MAX_IDLE {
             list.pop_front();
         }
@@ -84,22 +118,24 @@ impl IdleConns {
     /// leaves no sockets behind once traffic stops. Called with each
     /// health check.
     pub(crate) fn sweep(&self) {
-        let Ok(mut list) = self.list.lock() else { return };
-        let mut cx = Context::from_waker(Waker::noop());
-        list.retain_mut(|i| i.since.elapsed() <= IDLE_TIMEOUT && Pin::new(&mut i.conn).poll(&mut cx).is_pending() && i.tx.is_ready());
+        for list in [&self.events, &self.whole] {
+            let Ok(mut list) = list.lock() else { continue };
+            let mut cx = Context::from_waker(Waker::noop());
+            list.retain_mut(|i| i.since.elapsed() <= IDLE_TIMEOUT && Pin::new(&mut i.conn).poll(&mut cx).is_pending() && i.tx.is_ready());
+        }
     }
 
     /// How many idle connections are kept.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.list.lock().map(|l| l.len()).unwrap_or(0)
+        [&self.events, &self.whole].iter().map(|l| l.lock().map(|l| l.len()).unwrap_or(0)).sum()
     }
 
-    /// A live idle connection, if one is left.
-    fn take(&self) -> Option<(Sender, Conn)> {
+    /// A live idle connection that reads as `reads` asks, if one is left.
+    fn take(&self, reads: Reads) -> Option<(Sender, Conn)> {
         loop {
             let mut idle = {
-                let mut list = self.list.lock().ok()?;
+                let mut list = self.list(reads).lock().ok()?;
                 // The oldest ones are at the front: drop those past the timeout.
                 while list.front().is_some_and(|i| i.since.elapsed() > IDLE_TIMEOUT) {
                     list.pop_front();
@@ -195,13 +231,15 @@ impl AsyncWrite for Stream {
 }
 
 /// Send `req` (origin-form URI, `Host` set) to `replica`, on an idle
-/// connection when one is left (not when `fresh`), else on a new one. With
-/// the pool's API key, `Authorization` is the key, whatever `req` carried.
+/// connection that reads as `reads` asks when one is left (not when
+/// `fresh`), else on a new one. With the pool's API key, `Authorization`
+/// is the key, whatever `req` carried.
 pub(crate) async fn send(
     replica: &Arc<Replica>,
     req: Request<Full<Bytes>>,
     connect_timeout: Duration,
     fresh: bool,
+    reads: Reads,
 ) -> Result<Response<UpstreamBody>, SendError> {
     let mut req = req;
     if let Some(key) = &replica.api_key {
@@ -209,10 +247,10 @@ pub(crate) async fn send(
     }
     let mut tries = 0;
     loop {
-        let (tx, conn, reused) = match (!fresh && tries < STALE_TRIES).then(|| replica.idle.take()).flatten() {
+        let (tx, conn, reused) = match (!fresh && tries < STALE_TRIES).then(|| replica.idle.take(reads)).flatten() {
             Some((tx, conn)) => (tx, conn, true),
             None => {
-                let (tx, conn) = connect(&replica.base, replica.tls.as_ref(), connect_timeout).await?;
+                let (tx, conn) = connect(&replica.base, replica.tls.as_ref(), connect_timeout, reads).await?;
                 (tx, conn, false)
             }
         };
@@ -220,7 +258,7 @@ pub(crate) async fn send(
         match exchange(tx, conn, req).await {
             Ok((resp, tx, conn)) => {
                 let (parts, incoming) = resp.into_parts();
-                let body = UpstreamBody { incoming, tx: Some(tx), conn, home: Some(replica.clone()) };
+                let body = UpstreamBody { incoming, tx: Some(tx), conn, home: Some((replica.clone(), reads)) };
                 return Ok(Response::from_parts(parts, body));
             }
             // Never written: safe to send again, on another connection.
@@ -325,9 +363,10 @@ async fn exchange(mut tx: Sender, conn: Conn, req: Request<Full<Bytes>>) -> Resu
     }
 }
 
-/// Open a connection to `base` (with TLS when `tls` is given): the TCP
-/// connect and the TLS handshake together within `timeout`.
-async fn connect(base: &http::Uri, tls: Option<&ReplicaTls>, timeout: Duration) -> Result<(Sender, Conn), SendError> {
+/// Open a connection to `base` (with TLS when `tls` is given) that reads
+/// as `reads` says: the TCP connect and the TLS handshake together within
+/// `timeout`.
+async fn connect(base: &http::Uri, tls: Option<&ReplicaTls>, timeout: Duration, reads: Reads) -> Result<(Sender, Conn), SendError> {
     let host = base.host().unwrap_or("127.0.0.1").trim_start_matches('[').trim_end_matches(']');
     let port = base.port_u16().unwrap_or(if tls.is_some() { 443 } else { 80 });
     let addr = || format!("{host}:{port}");
@@ -346,14 +385,15 @@ async fn connect(base: &http::Uri, tls: Option<&ReplicaTls>, timeout: Duration) 
         Ok(s) => s?,
         Err(_) => return Err(SendError::ConnectTimeout { addr: addr(), after: timeout }),
     };
-    // Reads of 4 KiB: a replica's head and its SSE events are small, and
-    // a stream holds its connection for minutes; hyper's default buffer
-    // (8 KiB and growing) would stay that large for every open stream.
-    Builder::new().read_buf_exact_size(Some(UPSTREAM_READ_BUF)).handshake(TokioIo::new(stream)).await.map_err(SendError::NotSent)
+    let mut builder = Builder::new();
+    if reads == Reads::Events {
+        builder.read_buf_exact_size(Some(EVENTS_READ_BUF));
+    }
+    builder.handshake(TokioIo::new(stream)).await.map_err(SendError::NotSent)
 }
 
-/// The read buffer of a replica connection.
-const UPSTREAM_READ_BUF: usize = 4096;
+/// The read buffer of a connection that carries streams.
+const EVENTS_READ_BUF: usize = 4096;
 
 /// A replica's response body, carrying the connection it arrives on.
 pub(crate) struct UpstreamBody {
@@ -361,17 +401,17 @@ pub(crate) struct UpstreamBody {
     tx: Option<Sender>,
     /// `None` once the connection has ended.
     conn: Option<Conn>,
-    /// The replica whose idle list the connection goes back to (none for a
-    /// one-off request).
-    home: Option<Arc<Replica>>,
+    /// The replica whose idle list the connection goes back to, and which
+    /// of its lists (none for a one-off request).
+    home: Option<(Arc<Replica>, Reads)>,
 }
 
 impl UpstreamBody {
     /// The body ended: the connection can serve the next request.
     fn release(&mut self) {
-        if let (Some(tx), Some(conn), Some(home)) = (self.tx.take(), self.conn.take(), &self.home) {
+        if let (Some(tx), Some(conn), Some((home, reads))) = (self.tx.take(), self.conn.take(), &self.home) {
             if !tx.is_closed() {
-                home.idle.put(tx, conn);
+                home.idle.put(*reads, tx, conn);
             }
         }
     }
@@ -461,7 +501,7 @@ async fn read_whole(
 /// scrapes), on its pooled connections like any request.
 pub(crate) async fn get(replica: &Arc<Replica>, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
     let req = get_request(&replica.base, path)?;
-    read_whole(path, timeout, send(replica, req, timeout, false)).await
+    read_whole(path, timeout, send(replica, req, timeout, false, Reads::Whole)).await
 }
 
 /// GET `path` from any plain-HTTP server at `base` (a gateway's admin
@@ -481,7 +521,7 @@ pub(crate) async fn get_once(
         req.headers_mut().insert(http::header::AUTHORIZATION, v.clone());
     }
     read_whole(path, timeout, async {
-        let (tx, conn) = connect(base, None, timeout).await?;
+        let (tx, conn) = connect(base, None, timeout, Reads::Whole).await?;
         match exchange(tx, conn, req).await {
             Ok((resp, tx, conn)) => {
                 let (parts, incoming) = resp.into_parts();
@@ -505,12 +545,12 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base: http::Uri = format!("http://{}", listener.local_addr().expect("addr")).parse().expect("uri");
         let idle = IdleConns::default();
-        let (a, conn_a) = connect(&base, None, Duration::from_secs(5)).await.expect("connect");
+        let (a, conn_a) = connect(&base, None, Duration::from_secs(5), Reads::Events).await.expect("connect");
         let (server_a, _) = listener.accept().await.expect("accept");
-        let (b, conn_b) = connect(&base, None, Duration::from_secs(5)).await.expect("connect");
+        let (b, conn_b) = connect(&base, None, Duration::from_secs(5), Reads::Events).await.expect("connect");
         let (_server_b, _) = listener.accept().await.expect("accept");
-        idle.put(a, conn_a);
-        idle.put(b, conn_b);
+        idle.put(Reads::Events, a, conn_a);
+        idle.put(Reads::Whole, b, conn_b);
         idle.sweep();
         assert_eq!(idle.len(), 2, "both are alive");
         drop(server_a);
@@ -521,5 +561,20 @@ mod tests {
         tokio::time::advance(IDLE_TIMEOUT + Duration::from_secs(1)).await;
         idle.sweep();
         assert_eq!(idle.len(), 0, "the one idle past the timeout is gone");
+    }
+
+    /// A connection that reads whole answers is never handed to a stream,
+    /// nor the other way round: each kind comes back from its own list.
+    #[tokio::test]
+    async fn connections_of_each_kind_of_reads_are_kept_apart() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base: http::Uri = format!("http://{}", listener.local_addr().expect("addr")).parse().expect("uri");
+        let idle = IdleConns::default();
+        let (tx, conn) = connect(&base, None, Duration::from_secs(5), Reads::Whole).await.expect("connect");
+        let (_server, _) = listener.accept().await.expect("accept");
+        idle.put(Reads::Whole, tx, conn);
+        assert!(idle.take(Reads::Events).is_none(), "a stream gets no connection that reads whole answers");
+        assert!(idle.take(Reads::Whole).is_some(), "a whole answer gets it");
+        assert_eq!(idle.len(), 0);
     }
 }

@@ -20,6 +20,7 @@ pub(crate) mod verdict;
 
 use access::public_name;
 pub(crate) use access::Access;
+pub(crate) use conn::Reads;
 pub(crate) use replica::{Load, Replica, ReplicaSlot};
 pub(crate) use send::{send_with_retry, Attempts, HeadRetried};
 

@@ -37,12 +37,14 @@ pub(crate) trait Attempts {
 /// the network to it does) is sent once to another replica with the same
 /// budget again, within `end` (the total timeout), its connection to the
 /// first dropped (which cancels it there); its response then carries
-/// [`HeadRetried`]. `request` builds the request for a replica; `start` is
+/// [`HeadRetried`]. `request` builds the request for a replica, sent on a
+/// connection that reads as `reads` says; `start` is
 /// when the gateway got the request, for the error message.
 pub(crate) async fn send_with_retry<A: Attempts>(
     pool: &Pool,
     on: &mut A,
     request: impl Fn(&Replica) -> Result<http::Request<http_body_util::Full<bytes::Bytes>>, GatewayError>,
+    reads: conn::Reads,
     start: tokio::time::Instant,
     mut deadline: tokio::time::Instant,
     end: tokio::time::Instant,
@@ -52,7 +54,7 @@ pub(crate) async fn send_with_retry<A: Attempts>(
     loop {
         let replica = on.replica().clone();
         let req = request(&replica)?;
-        let mut sent = tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout, fresh)).await;
+        let mut sent = tokio::time::timeout_at(deadline, conn::send(&replica, req, connect_timeout, fresh, reads)).await;
         if sent.is_err() && !retried {
             let now = tokio::time::Instant::now();
             let again = (now + (deadline - start)).min(end);
