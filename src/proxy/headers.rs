@@ -95,7 +95,7 @@ pub(super) fn rate_headers(h: &mut HeaderMap, state: &crate::admission::RateStat
 /// (`/v1/...`), with `Host` naming the replica.
 pub(super) fn build_upstream_request(
     parts: &http::request::Parts,
-    base: &http::Uri,
+    replica: &crate::upstream::Replica,
     body: Bytes,
     strip_auth: bool,
     forwarded: &Forwarded,
@@ -105,7 +105,7 @@ pub(super) fn build_upstream_request(
     *req.method_mut() = parts.method.clone();
     let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     // A replica URL may carry a path prefix (`http://host/vllm`).
-    let prefix = base.path().trim_end_matches('/');
+    let prefix = replica.base.path().trim_end_matches('/');
     *req.uri_mut() = if prefix.is_empty() {
         parts.uri.path_and_query().map(|p| http::Uri::from(p.clone())).unwrap_or_else(|| http::Uri::from_static("/"))
     } else {
@@ -113,9 +113,12 @@ pub(super) fn build_upstream_request(
             .parse()
             .map_err(|e: http::uri::InvalidUri| GatewayError::Internal(format!("cannot build the replica's URI: {e}")))?
     };
+    // Room for what the client sent and the few headers added here, so
+    // the map is not grown on the way.
+    *req.headers_mut() = HeaderMap::with_capacity(parts.headers.len() + 4);
     let h = req.headers_mut();
-    if let Some(host) = base.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
-        h.insert(header::HOST, host);
+    if let Some(host) = &replica.host {
+        h.insert(header::HOST, host.clone());
     }
     let named = connection_named(&parts.headers);
     for (k, v) in parts.headers.iter() {
@@ -155,14 +158,12 @@ pub(super) struct Forwarded {
 
 impl Forwarded {
     pub(super) fn of(parts: &http::request::Parts) -> Forwarded {
-        let Some(crate::server::ClientAddr(peer)) = parts.extensions.get::<crate::server::ClientAddr>().copied() else {
+        let Some(client) = parts.extensions.get::<crate::server::ClientAddr>() else {
             return Forwarded { x_forwarded_for: None, forwarded: None };
         };
-        let ip = peer.ip().to_canonical();
-        let node = if ip.is_ipv6() { format!("\"[{ip}]\"") } else { ip.to_string() };
         Forwarded {
-            x_forwarded_for: appended(&parts.headers, &X_FORWARDED_FOR, &ip.to_string()),
-            forwarded: appended(&parts.headers, &header::FORWARDED, &format!("for={node}")),
+            x_forwarded_for: appended(&parts.headers, &X_FORWARDED_FOR, &client.x_forwarded_for),
+            forwarded: appended(&parts.headers, &header::FORWARDED, &client.forwarded),
         }
     }
 
@@ -172,15 +173,17 @@ impl Forwarded {
     }
 }
 
-/// Every `name` header the client sent, joined by commas, then `element`.
-fn appended(h: &HeaderMap, name: &HeaderName, element: &str) -> Option<HeaderValue> {
+/// Every `name` header the client sent, joined by commas, then `element`
+/// (the connection's own value, shared, when the client sent none).
+fn appended(h: &HeaderMap, name: &HeaderName, element: &HeaderValue) -> Option<HeaderValue> {
+    let mut sent = h.get_all(name).iter().map(|s| s.as_bytes().trim_ascii()).filter(|s| !s.is_empty()).peekable();
+    if sent.peek().is_none() {
+        return Some(element.clone());
+    }
     let mut v = Vec::new();
-    for sent in h.get_all(name) {
-        let sent = sent.as_bytes().trim_ascii();
-        if !sent.is_empty() {
-            v.extend_from_slice(sent);
-            v.extend_from_slice(b", ");
-        }
+    for s in sent {
+        v.extend_from_slice(s);
+        v.extend_from_slice(b", ");
     }
     v.extend_from_slice(element.as_bytes());
     HeaderValue::from_bytes(&v).ok()

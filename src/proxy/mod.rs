@@ -249,7 +249,7 @@ async fn send(
     let strip_auth = snap.classifier.has_keys();
     let forwarded = Forwarded::of(parts);
     let build = |replica: &upstream::Replica| {
-        let mut req = build_upstream_request(parts, &replica.base, body.clone(), strip_auth, &forwarded, &t.request_id)?;
+        let mut req = build_upstream_request(parts, replica, body.clone(), strip_auth, &forwarded, &t.request_id)?;
         if !t.span().is_disabled() {
             crate::telemetry::otel::inject(t.span(), req.headers_mut());
         }

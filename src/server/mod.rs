@@ -93,9 +93,28 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response<ProxyB
 const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The address a request's connection came from, in its extensions.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientAddr(pub SocketAddr);
+/// The address a request's connection came from, in its extensions, with
+/// the elements that name it in `X-Forwarded-For` and `Forwarded`, made
+/// once per connection rather than for each request.
+#[derive(Debug, Clone)]
+pub struct ClientAddr {
+    pub addr: SocketAddr,
+    /// The client's IP as `X-Forwarded-For` lists it.
+    pub x_forwarded_for: http::HeaderValue,
+    /// `for=<ip>` as `Forwarded` (RFC 7239) lists it, an IPv6 address
+    /// quoted and in brackets.
+    pub forwarded: http::HeaderValue,
+}
+
+impl ClientAddr {
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = addr.ip().to_canonical();
+        let node = if ip.is_ipv6() { format!("for=\"[{ip}]\"") } else { format!("for={ip}") };
+        // An address's text is always a valid header value.
+        let value = |s: String| http::HeaderValue::from_str(&s).unwrap_or(http::HeaderValue::from_static("unknown"));
+        ClientAddr { addr, x_forwarded_for: value(ip.to_string()), forwarded: value(node) }
+    }
+}
 
 /// What a listener allows its clients: how long a request head may take,
 /// how many connections may be open (`server.*`).
@@ -333,9 +352,10 @@ async fn serve_conn(
     // Set when the first request head is complete (hyper calls the service).
     let headed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let seen = headed.clone();
+    let client = ClientAddr::new(peer);
     let svc = TowerToHyperService::new(tower::ServiceExt::map_request(svc, move |mut req: Request<Incoming>| {
         seen.store(true, std::sync::atomic::Ordering::Relaxed);
-        req.extensions_mut().insert(ClientAddr(peer));
+        req.extensions_mut().insert(client.clone());
         req
     }));
     let deadline = tokio::time::Instant::now() + header_read_timeout;
@@ -412,5 +432,21 @@ mod tests {
         // SAFETY: as above.
         assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
         assert_eq!((files, lim.rlim_cur), (lim.rlim_max, lim.rlim_max));
+    }
+
+    /// A client's address as the forwarding headers name it: IPv4 bare,
+    /// IPv6 quoted in brackets in `Forwarded`, an IPv4-mapped IPv6 address
+    /// as the IPv4 address it is.
+    #[test]
+    fn a_client_address_is_named_as_the_forwarding_headers_want() {
+        let cases = [
+            ("127.0.0.1:5000", "127.0.0.1", "for=127.0.0.1"),
+            ("[2001:db8::7]:5000", "2001:db8::7", "for=\"[2001:db8::7]\""),
+            ("[::ffff:192.0.2.9]:5000", "192.0.2.9", "for=192.0.2.9"),
+        ];
+        for (addr, xff, fwd) in cases {
+            let c = ClientAddr::new(addr.parse().expect("addr"));
+            assert_eq!((c.x_forwarded_for.to_str().ok(), c.forwarded.to_str().ok()), (Some(xff), Some(fwd)), "{addr}");
+        }
     }
 }

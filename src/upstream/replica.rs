@@ -29,6 +29,9 @@ pub(crate) struct Replica {
     pub(super) public: ArcSwap<HeaderValue>,
     /// Scheme + authority, used to build request URIs.
     pub(crate) base: http::Uri,
+    /// `Host` as requests to this replica carry it (`base`'s authority),
+    /// made once.
+    pub(crate) host: Option<HeaderValue>,
     /// Requests holding a slot here. Invariant: only changed through [`ReplicaSlot`].
     pub(super) inflight: AtomicUsize,
     /// Of those, the ones without a first token yet, by tier (interactive,
@@ -145,6 +148,7 @@ impl Replica {
             url: url.to_string(),
             name,
             public: ArcSwap::from_pointee(public),
+            host: base.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
             base,
             inflight: AtomicUsize::new(0),
             prefilling: [AtomicUsize::new(0), AtomicUsize::new(0)],
