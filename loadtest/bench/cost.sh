@@ -12,8 +12,9 @@
 #     /proc over the run, divided by the requests wrk counted. ROUNDS rounds,
 #     the paths interleaved within each; the report gives the median round
 #     and the worst;
-#   - streams: STREAMS open streams through slogate (1 token every 100 ms
-#     each, from the simulator; loadgen), its CPU per streamed event;
+#   - streams: STREAMS open streams (1 token every 100 ms each, from the
+#     simulator; loadgen) through slogate and through HAProxy, each one's
+#     CPU per streamed event;
 #   - allocations per short request and per streamed event, counted by a
 #     gateway built with `--features heap-profile`. They are the gate: the
 #     run fails (exit 1) when either exceeds bench/cost_budget.json's figure
@@ -166,7 +167,11 @@ for kind in embeddings completions; do
   heap_run "heap-$kind-long" "$kind" 5
 done
 
-# Streams: STREAMS open through slogate, a token every 100 ms each.
+# Streams: STREAMS open, a token every 100 ms each, through slogate and
+# through HAProxy (`mode http` and `mode tcp`) in front of the same
+# simulator: each path's CPU over its whole run, divided by the content
+# events its clients received (loadgen's token counts; every stream it
+# opened finishes before it exits).
 start_sim streams --profile llama8b-h100 --step-base-ms 100 --decode-per-seq-ms 0 --prefill-per-token-ms 0 \
   --max-num-seqs 20000 --max-num-batched-tokens 10000000 --kv-blocks 10000000
 cat >"$WORK/gw-streams.yaml" <<EOF
@@ -179,6 +184,8 @@ pools:
 tiers: { interactive: { queue_capacity: 20000 } }
 EOF
 start_gateway "$WORK/gw-streams.yaml" gw-streams
+start_haproxy hap-streams-http http "${SIM_URLS[0]}"; STREAM_HTTP=$HAP_URL; STREAM_HTTP_PID=${PIDS[-1]}
+start_haproxy hap-streams-tcp tcp "${SIM_URLS[0]}"; STREAM_TCP=$HAP_URL; STREAM_TCP_PID=${PIDS[-1]}
 cat >"$WORK/streams.yaml" <<EOF
 target: $GW_URL
 duration: 25s
@@ -192,10 +199,16 @@ streams:
     prompt_tokens: { dist: fixed, value: 16 }
     output_tokens: { dist: fixed, value: 100 }
 EOF
-T0=$(cpu_ticks "$GW_PID")
-"$BIN/loadgen" run "$WORK/streams.yaml" --label streams --no-progress --out "$WORK/streams.json" >&2
-STREAM_TICKS=$(( $(cpu_ticks "$GW_PID") - T0 ))
+echo "path,ticks" >"$WORK/streams.csv"
+stream_run() { # PATH URL PID
+  local t0; t0=$(cpu_ticks "$3")
+  "$BIN/loadgen" run "$WORK/streams.yaml" --target "$2" --label "streams-$1" --no-progress --out "$WORK/streams-$1.json" >&2
+  echo "$1,$(( $(cpu_ticks "$3") - t0 ))" >>"$WORK/streams.csv"
+}
+stream_run slogate "$GW_URL" "$GW_PID"
 curl -sf "$ADMIN_URL/metrics" >"$WORK/streams.metrics"
+stream_run haproxy-http "$STREAM_HTTP" "$STREAM_HTTP_PID"
+stream_run haproxy-tcp "$STREAM_TCP" "$STREAM_TCP_PID"
 gw_down
 # Allocations per streamed event: HEAP_STREAMS streams through the heap-profile
 # build, for two lengths; events from its metrics.
@@ -209,7 +222,7 @@ for len in short long; do
 done
 
 set +e
-python3 "$HERE/bench/cost_report.py" "$WORK" "$MACHINE" "$(getconf CLK_TCK)" "$STREAM_TICKS" "$ROUNDS" "$SECS" "$CONNS" "$STREAMS" "$HERE/bench/cost_budget.json" >"$WORK/README.md"
+python3 "$HERE/bench/cost_report.py" "$WORK" "$MACHINE" "$(getconf CLK_TCK)" "$ROUNDS" "$SECS" "$CONNS" "$STREAMS" "$HERE/bench/cost_budget.json" >"$WORK/README.md"
 GATE=$?
 set -e
 publish "$WORK" "$ROOT/loadtest/results/cost"
