@@ -29,7 +29,9 @@ pub(super) fn add_said(h: &mut HeaderMap, said: Said<'_>) {
     if let Some(replica) = said.replica {
         h.insert(HeaderName::from_static("x-slogate-replica"), replica);
     }
-    h.insert(HeaderName::from_static("x-slogate-queue-ms"), HeaderValue::from(said.waited_ms));
+    // Most requests wait for nothing: their value is a constant.
+    let waited = if said.waited_ms == 0 { HeaderValue::from_static("0") } else { HeaderValue::from(said.waited_ms) };
+    h.insert(HeaderName::from_static("x-slogate-queue-ms"), waited);
     if let Some(v) = said.reduced.and_then(|r| HeaderValue::from_str(&r).ok()) {
         h.insert(HeaderName::from_static("x-slogate-context-reduced"), v);
     }
@@ -190,18 +192,7 @@ fn appended(h: &HeaderMap, name: &HeaderName, element: &HeaderValue) -> Option<H
 }
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "proxy-connection"
-    )
+    HOP_BY_HOP.contains(name)
 }
 
 /// The headers a `Connection` header names: hop-by-hop for this hop only.
@@ -224,11 +215,24 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap) {
     for n in named {
         h.remove(n);
     }
-    let hop: Vec<HeaderName> = h.keys().filter(|k| is_hop_by_hop(k)).cloned().collect();
-    for n in hop {
+    // Removed by name: no list of what the response carries is built.
+    for n in HOP_BY_HOP {
         h.remove(n);
     }
 }
+
+/// The hop-by-hop headers: this hop's only, never forwarded.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    HeaderName::from_static("proxy-connection"),
+];
 
 #[cfg(test)]
 mod tests {
