@@ -15,14 +15,16 @@ pub(crate) mod prefix;
 mod replica;
 mod send;
 mod share;
+mod slot;
 pub(crate) mod tls;
 pub(crate) mod verdict;
 
 use access::public_name;
 pub(crate) use access::Access;
 pub(crate) use conn::Reads;
-pub(crate) use replica::{Load, Replica, ReplicaSlot};
+pub(crate) use replica::{Load, Replica};
 pub(crate) use send::{send_with_retry, Attempts, HeadRetried};
+pub(crate) use slot::ReplicaSlot;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};

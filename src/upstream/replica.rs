@@ -1,7 +1,7 @@
 //! One replica: where it is, its health, its slots (held until a stream
 //! ends), what it reports and what its streams measure (first tokens,
-//! gaps), and its learned limit. A [`ReplicaSlot`] is a request's hold on
-//! one of its slots, given back when dropped.
+//! gaps), and its learned limit. A request's hold on one of its slots is
+//! a `ReplicaSlot` (`slot.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,15 +32,15 @@ pub(crate) struct Replica {
     /// `Host` as requests to this replica carry it (`base`'s authority),
     /// made once.
     pub(crate) host: Option<HeaderValue>,
-    /// Requests holding a slot here. Invariant: only changed through [`ReplicaSlot`].
+    /// Requests holding a slot here. Invariant: only changed through `ReplicaSlot`.
     pub(super) inflight: AtomicUsize,
     /// Of those, the ones without a first token yet, by tier (interactive,
     /// batch): the prefills a request sent here now would wait behind.
-    /// Only changed through [`ReplicaSlot`].
+    /// Only changed through `ReplicaSlot`.
     pub(super) prefilling: [AtomicUsize; 2],
     /// Of those, the prompt bytes prefix-aware routing expected the cache
     /// not to hold, by tier: the prefill work a request sent here now would
-    /// wait behind. Only changed through [`ReplicaSlot`].
+    /// wait behind. Only changed through `ReplicaSlot`.
     pub(super) prefill_bytes: [AtomicU64; 2],
     /// Prefix-aware routing's estimate: prompt bytes sent here, and of them
     /// those it expected the replica's cache to hold.
@@ -48,7 +48,7 @@ pub(crate) struct Replica {
     /// What the engine reported of the requests served here: prompt tokens,
     /// and of them those its prefix cache held.
     pub(super) reported_hits: Share,
-    /// Batch requests holding a slot here. Only changed through [`ReplicaSlot`].
+    /// Batch requests holding a slot here. Only changed through `ReplicaSlot`.
     pub(super) batch_held: AtomicUsize,
     /// Seats of the limit batch leaves to interactive requests here (the
     /// learned limit's answer to their first tokens coming late under load).
@@ -529,76 +529,4 @@ pub(super) struct ReplicaGauges {
     /// `slogate_replica_prompt_tokens_total`, `slogate_replica_cached_prompt_tokens_total`.
     pub(super) prompt_tokens: Counter,
     pub(super) cached_tokens: Counter,
-}
-
-/// A held slot on one replica: taken by [`Pool::pick`], given back exactly
-/// once, when dropped or [released](ReplicaSlot::release) (whichever comes
-/// first).
-pub(crate) struct ReplicaSlot {
-    replica: Arc<Replica>,
-    held: bool,
-    tier: Tier,
-    /// Counted in the replica's `prefilling` of its tier until the first
-    /// token arrives or the slot is given back.
-    prefilling: bool,
-    /// Counted in the replica's `prefill_bytes` of its tier as long.
-    prefill_bytes: u64,
-}
-
-impl ReplicaSlot {
-    pub(crate) fn replica(&self) -> &Arc<Replica> {
-        &self.replica
-    }
-
-    pub(super) fn new(replica: &Arc<Replica>, tier: Tier) -> ReplicaSlot {
-        replica.prefilling[tier as usize].fetch_add(1, Ordering::Relaxed);
-        if tier == Tier::Batch {
-            replica.batch_held.fetch_add(1, Ordering::Relaxed);
-        }
-        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true, prefill_bytes: 0 }
-    }
-
-    /// Its request's prompt has `bytes` not expected in the replica's cache:
-    /// prefill work ahead of the next request there until its first token.
-    pub(super) fn prefill(&mut self, bytes: u64) {
-        if self.prefilling {
-            self.replica.prefill_bytes[self.tier as usize].fetch_add(bytes, Ordering::Relaxed);
-            self.prefill_bytes += bytes;
-        }
-    }
-
-    /// The request's first token arrived: its prefill is done (a no-op after the first call).
-    pub(crate) fn prefilled(&mut self) {
-        if std::mem::take(&mut self.prefilling) {
-            self.replica.delivered();
-            self.replica.prefilling[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
-            self.replica.prefill_bytes[self.tier as usize].fetch_sub(std::mem::take(&mut self.prefill_bytes), Ordering::Relaxed);
-        }
-    }
-
-    /// Give the slot back now (a no-op the second time).
-    pub(crate) fn release(&mut self) {
-        self.prefilled();
-        if std::mem::take(&mut self.held) {
-            self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
-            if let Some(g) = self.replica.gauges.get() {
-                g.inflight.dec();
-            }
-            if self.tier == Tier::Batch {
-                self.replica.batch_held.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-impl Drop for ReplicaSlot {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
-impl std::fmt::Debug for ReplicaSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplicaSlot").field("replica", &self.replica.url).field("held", &self.held).finish()
-    }
 }

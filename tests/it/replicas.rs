@@ -317,14 +317,15 @@ async fn padded_replica(pad: usize) -> String {
     url
 }
 
-/// Replica connections read 4 KiB at a time: a response head that fits
-/// passes whole; a larger one is a 502 with an OpenAI error body, never a
-/// hang or a cut answer.
+/// The connections that carry streams read 4 KiB at a time: a response
+/// head that fits passes whole; a larger one is a 502 with an OpenAI error
+/// body, never a hang or a cut answer. A request for a whole answer reads
+/// with a buffer that grows, so the same large head passes.
 #[tokio::test]
-async fn a_replica_response_head_must_fit_in_four_kib() {
+async fn a_stream_response_head_must_fit_in_four_kib() {
     let fits = padded_replica(3000).await;
     let gw = gateway_config(&[fits]).start().await;
-    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
     assert_eq!(header(&h, "x-pad").map(str::len), Some(3000), "the replica's header passes");
     assert!(String::from_utf8_lossy(&b).contains("\"hi\""));
@@ -332,8 +333,12 @@ async fn a_replica_response_head_must_fit_in_four_kib() {
 
     let too_large = padded_replica(5000).await;
     let gw = gateway_config(&[too_large]).start().await;
-    let (s, _, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    let (s, _, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(s, 502, "{}", String::from_utf8_lossy(&b));
     assert!(!error_code(&b).is_empty(), "an OpenAI error body: {}", String::from_utf8_lossy(&b));
+    assert_quiescent(&gw).await;
+    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    assert_eq!(s, 200, "a whole answer: {}", String::from_utf8_lossy(&b));
+    assert_eq!(header(&h, "x-pad").map(str::len), Some(5000));
     assert_quiescent(&gw).await;
 }

@@ -1,0 +1,80 @@
+//! A request's hold on one of a replica's slots: taken when the request
+//! is routed, given back exactly once, when dropped or released.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::Replica;
+use crate::config::Tier;
+
+/// A held slot on one replica: taken by [`Pool::pick`], given back exactly
+/// once, when dropped or [released](ReplicaSlot::release) (whichever comes
+/// first).
+pub(crate) struct ReplicaSlot {
+    replica: Arc<Replica>,
+    held: bool,
+    tier: Tier,
+    /// Counted in the replica's `prefilling` of its tier until the first
+    /// token arrives or the slot is given back.
+    prefilling: bool,
+    /// Counted in the replica's `prefill_bytes` of its tier as long.
+    prefill_bytes: u64,
+}
+
+impl ReplicaSlot {
+    pub(crate) fn replica(&self) -> &Arc<Replica> {
+        &self.replica
+    }
+
+    pub(super) fn new(replica: &Arc<Replica>, tier: Tier) -> ReplicaSlot {
+        replica.prefilling[tier as usize].fetch_add(1, Ordering::Relaxed);
+        if tier == Tier::Batch {
+            replica.batch_held.fetch_add(1, Ordering::Relaxed);
+        }
+        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true, prefill_bytes: 0 }
+    }
+
+    /// Its request's prompt has `bytes` not expected in the replica's cache:
+    /// prefill work ahead of the next request there until its first token.
+    pub(super) fn prefill(&mut self, bytes: u64) {
+        if self.prefilling {
+            self.replica.prefill_bytes[self.tier as usize].fetch_add(bytes, Ordering::Relaxed);
+            self.prefill_bytes += bytes;
+        }
+    }
+
+    /// The request's first token arrived: its prefill is done (a no-op after the first call).
+    pub(crate) fn prefilled(&mut self) {
+        if std::mem::take(&mut self.prefilling) {
+            self.replica.delivered();
+            self.replica.prefilling[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
+            self.replica.prefill_bytes[self.tier as usize].fetch_sub(std::mem::take(&mut self.prefill_bytes), Ordering::Relaxed);
+        }
+    }
+
+    /// Give the slot back now (a no-op the second time).
+    pub(crate) fn release(&mut self) {
+        self.prefilled();
+        if std::mem::take(&mut self.held) {
+            self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
+            if let Some(g) = self.replica.gauges.get() {
+                g.inflight.dec();
+            }
+            if self.tier == Tier::Batch {
+                self.replica.batch_held.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for ReplicaSlot {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl std::fmt::Debug for ReplicaSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaSlot").field("replica", &self.replica.url).field("held", &self.held).finish()
+    }
+}
