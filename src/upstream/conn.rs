@@ -538,17 +538,28 @@ pub(crate) async fn get_once(
 mod tests {
     use super::*;
 
+    /// A listener standing in for a replica, and its base URL.
+    async fn replica() -> (tokio::net::TcpListener, http::Uri) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr")).parse().expect("uri");
+        (listener, base)
+    }
+
+    /// A connection to it that reads as `reads` says, and the replica's end.
+    async fn connected(listener: &tokio::net::TcpListener, base: &http::Uri, reads: Reads) -> (Sender, Conn, TcpStream) {
+        let (tx, conn) = connect(base, None, Duration::from_secs(5), reads).await.expect("connect");
+        let (server, _) = listener.accept().await.expect("accept");
+        (tx, conn, server)
+    }
+
     /// Idle connections the replica closed are closed here at the next
     /// sweep; live ones stay; past the idle timeout they go too.
     #[tokio::test(start_paused = true)]
     async fn a_sweep_closes_what_the_replica_closed_and_what_idled_too_long() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base: http::Uri = format!("http://{}", listener.local_addr().expect("addr")).parse().expect("uri");
+        let (listener, base) = replica().await;
         let idle = IdleConns::default();
-        let (a, conn_a) = connect(&base, None, Duration::from_secs(5), Reads::Events).await.expect("connect");
-        let (server_a, _) = listener.accept().await.expect("accept");
-        let (b, conn_b) = connect(&base, None, Duration::from_secs(5), Reads::Events).await.expect("connect");
-        let (_server_b, _) = listener.accept().await.expect("accept");
+        let (a, conn_a, server_a) = connected(&listener, &base, Reads::Events).await;
+        let (b, conn_b, _server_b) = connected(&listener, &base, Reads::Whole).await;
         idle.put(Reads::Events, a, conn_a);
         idle.put(Reads::Whole, b, conn_b);
         idle.sweep();
@@ -567,11 +578,9 @@ mod tests {
     /// nor the other way round: each kind comes back from its own list.
     #[tokio::test]
     async fn connections_of_each_kind_of_reads_are_kept_apart() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base: http::Uri = format!("http://{}", listener.local_addr().expect("addr")).parse().expect("uri");
+        let (listener, base) = replica().await;
         let idle = IdleConns::default();
-        let (tx, conn) = connect(&base, None, Duration::from_secs(5), Reads::Whole).await.expect("connect");
-        let (_server, _) = listener.accept().await.expect("accept");
+        let (tx, conn, _server) = connected(&listener, &base, Reads::Whole).await;
         idle.put(Reads::Whole, tx, conn);
         assert!(idle.take(Reads::Events).is_none(), "a stream gets no connection that reads whole answers");
         assert!(idle.take(Reads::Whole).is_some(), "a whole answer gets it");
