@@ -148,18 +148,19 @@ SIM_ARGS=(--profile llama70b-fp8-h100 --max-num-batched-tokens 512 --scheduling-
 sim_up() { start_sim sim "$@" "${SIM_ARGS[@]}"; SIM_PID=${PIDS[-1]}; TARGETS=$(IFS=,; echo "${SIM_URLS[*]}"); }
 sim_down() { kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; }
 gw_down() { kill "$GW_PID" 2>/dev/null || true; wait "$GW_PID" 2>/dev/null || true; }
-# measure_capacity DIR : C (req/s, set once per script run), chat alone in a
-# closed loop at 128 (2 x max_num_seqs) on two fresh replicas of this fleet,
-# 512-token prompts, 64-256 output tokens; its result in DIR/capacity.json.
+# measure_capacity DIR : C (req/s), chat alone in a closed loop at 128
+# (2 x max_num_seqs) on two fresh replicas of this fleet: the scenario
+# file's `capacity` load. Measured once for all of a scenario's runs (kept in
+# $WORK/C); its result in DIR/capacity.json.
 measure_capacity() {
   [ -n "${C:-}" ] && return 0
+  if [ -f "$WORK/C" ]; then C=$(cat "$WORK/C"); return 0; fi
   sim_up --replicas 2
-  { echo "target: $TARGETS"; echo "duration: 40s"; echo "warmup: 10s"; echo "streams:"
-    chat_stream chat chat "{ kind: closed, concurrency: 128 }" "{ dist: fixed, value: 512 }" "{ dist: uniform, min: 64, max: 256 }"
-  } >"$WORK/capacity.yaml"
-  run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$WORK/capacity.yaml" --label capacity --out "$1/capacity.json" --report "$1/capacity.md" --no-progress >&2
+  bench_load capacity "$WORK/capacity.yaml"
+  run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$WORK/capacity.yaml" --target "$TARGETS" --label capacity --out "$1/capacity.json" --report "$1/capacity.md" --no-progress >&2
   sim_down
   C=$(python3 "$ROOT/loadtest/bench/admission_report.py" capacity "$1/capacity.json")
+  echo "$C" >"$WORK/C"
   echo "capacity C = $C req/s" >&2
 }
 # chat_stream NAME CLASS ARRIVAL PROMPT OUTPUT [TURNS]: one loadgen stream of MODEL, as YAML.
@@ -174,3 +175,20 @@ chat_stream() {
     turns: ${6:-1}
 EOF
 }
+
+# Benchmark scenarios (loadtest/run): a driver takes its gateway
+# configurations and loads from the scenario file ($SCENARIO), filled for
+# its run; nothing writes a configuration by hand.
+# bench_config NAME FILE [--set KEY=VALUE]...: gateway configuration NAME over SIM_URLS.
+bench_config() {
+  local name=$1 file=$2; shift 2
+  "$BIN/bench" config "$SCENARIO" "$name" --replicas "$(IFS=,; echo "${SIM_URLS[*]}")" --set seed="$SEED" "$@" >"$file"
+}
+# bench_load NAME FILE [--set KEY=VALUE]...: load NAME, seeded with the run's
+# number; its target is set when it runs (loadgen run --target).
+bench_load() {
+  local name=$1 file=$2; shift 2
+  "$BIN/bench" load "$SCENARIO" "$name" --target http://127.0.0.1:1 --set seed="$SEED" "$@" >"$file"
+}
+# calc EXPR: a rate computed from C, to three decimals.
+calc() { python3 -c "print(round($1, 3))"; }

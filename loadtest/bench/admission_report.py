@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Reports of loadtest/bench/admission.sh: reads the loadgen results, the
-gateway's admission timeline and log, writes README.md with each of issue
-4's checks stated as met or not met, and draws the timeline charts.
+"""Reports of loadtest/bench/admission.sh, one run each: reads the loadgen
+results, the gateway's admission timeline and log, writes DIR/report.md and
+DIR/measured.json (the values the scenario file's checks judge; the runner,
+loadtest/run, judges them) and draws the timeline charts.
 
     admission_report.py capacity RESULT.json          -> prints C (req/s)
-    admission_report.py overload DIR C MACHINE
-    admission_report.py breaker DIR MACHINE
-    admission_report.py reduction DIR MACHINE
-    admission_report.py shedlate DIR C MACHINE
-    admission_report.py runs DIR SCRIPT MACHINE       -> DIR/run-*/ judged together
+    admission_report.py overload DIR C
+    admission_report.py breaker DIR
+    admission_report.py reduction DIR
+    admission_report.py shedlate DIR C
+    admission_report.py runs DIR SCRIPT MACHINE       -> DIR/run-*/ judged together (limits.sh, tenants.sh)
 """
 import csv
 import json
@@ -135,6 +136,18 @@ def write_checks(f, checks):
         json.dump([{"check": n, "met": bool(ok), "measured": v} for n, ok, v in checks], out, indent=1)
 
 
+def write_measured(d, values):
+    """DIR/measured.json for the runner: each value a number, a yes/no, None
+    (not measured), or (value, text) where the report states it in words."""
+    def clean(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+    out = {}
+    for k, v in values.items():
+        out[k] = {"value": clean(v[0]), "text": v[1]} if isinstance(v, tuple) else clean(v)
+    with open(os.path.join(d, "measured.json"), "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def cmd_runs(d, script, machine):
     """DIR/run-1 ... run-N each hold one run's report (README.md, checks.json,
     charts): DIR/README.md judges each check on the median run (met when
@@ -182,7 +195,7 @@ def cmd_capacity(path):
     print(f"{len(done) / (d - w):.2f}")
 
 
-def cmd_overload(d, C, machine):
+def cmd_overload(d, C):
     C = float(C)
     res = {k: load(os.path.join(d, f"{k}.json")) for k in ("direct", "gateway")}
     w, dur = window(res["gateway"])
@@ -190,33 +203,24 @@ def cmd_overload(d, C, machine):
     rows = {k: {c: class_row(measured(r), c, span) for c in ("chat", "batch")} for k, r in res.items()}
     g = rows["gateway"]
     goodput = {k: rows[k]["chat"]["goodput"] + rows[k]["batch"]["goodput"] for k in rows}
-    checks = [
-        ("chat TTFT P99 <= 300 ms", g["chat"]["p99"] <= 300, f"{g['chat']['p99']:.0f} ms"),
-        (">= 99 % of chat requests within their SLO (TTFT and ITL)", g["chat"]["within"] >= 0.99, f"{100 * g['chat']['within']:.2f} %"),
-        ("aggregate goodput >= 90 % of C", goodput["gateway"] >= 0.9 * C, f"{goodput['gateway']:.2f} req/s = {100 * goodput['gateway'] / C:.0f} % of C"),
-        ("batch still served", g["batch"]["done"] > 0, f"{g['batch']['done']} batch requests completed ({g['batch']['throughput']:.2f} req/s)"),
-    ]
+    write_measured(d, {
+        "chat_ttft_p99_ms": (g["chat"]["p99"], f"{g['chat']['p99']:.0f} ms"),
+        "chat_within_pct": (100 * g["chat"]["within"], f"{100 * g['chat']['within']:.2f} %"),
+        "goodput_pct_of_c": (100 * goodput["gateway"] / C, f"{goodput['gateway']:.2f} req/s = {100 * goodput['gateway'] / C:.0f} % of C"),
+        "batch_completed": (g["batch"]["done"], f"{g['batch']['done']} batch requests completed ({g['batch']['throughput']:.2f} req/s)"),
+    })
     tl = os.path.join(d, "timeline.csv")
     if os.path.exists(tl):
         timeline_chart(tl, d, "gateway-admission", "through slogate: chat TTFT P99 as the gateway sees it")
-    with open(os.path.join(d, "README.md"), "w") as f:
-        f.write("# Overload: 2x the fleet's capacity, chat 0.4 C + batch 1.6 C\n\n")
-        f.write(f"Machine: {machine}. Produced by `loadtest/bench/admission.sh overload`.\n\n")
+    with open(os.path.join(d, "report.md"), "w") as f:
         f.write("**Fleet:** two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each: "
                 "22 ms + 0.3 ms/seq decode steps, 0.078 ms/prompt token, max_num_seqs 64), `--max-num-batched-tokens 512`, "
                 "`--scheduling-policy priority`. Every request: 512 prompt tokens, 64-256 output tokens (uniform).\n\n")
         f.write(f"**Capacity C = {C:.2f} req/s**: the fleet's throughput saturated (closed loop, 128 concurrent = 2 x max_num_seqs, "
                 "round robin, 30 s after 10 s warm-up). C is throughput capacity: at saturation the replicas' own "
                 "TTFT P99 is already far over chat's 300 ms, so holding chat's SLO at 2 C is admission's work.\n\n")
-        f.write(f"**Offered 2 C for 150 s** (first 20 s warm-up left out): chat Poisson {0.4 * C:.2f} req/s (0.4 C), batch "
-                f"{1.6 * C:.2f} req/s (1.6 C) arriving in bursts of 8 (M^X). Run once straight to the replicas (client-side round "
-                "robin, as a plain Service would) and once through slogate, each on freshly started replicas. Goodput = requests "
-                "that completed within their class's TTFT and ITL targets (chat 300/50 ms, batch 3000/200 ms), per second of the "
-                "measured window; TTFT is measured by the client and includes time in the gateway queue.\n\n")
-        f.write("slogate's settings (`gateway-extra.yaml`): `max_inflight_per_replica: 64` (= max_num_seqs), `upstream_priority: true`, "
-                "`tiers.interactive.reserved_share: 0.5`, `tiers.batch.queue_timeout: 2s`.\n\n")
-        write_checks(f, checks)
-        f.write("\n## Side by side\n\n| run | class | requests | completed | 429 | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n")
+        f.write(f"**Offered 2 C**: chat Poisson {0.4 * C:.2f} req/s (0.4 C), batch {1.6 * C:.2f} req/s (1.6 C) in bursts of 8.\n\n")
+        f.write("## Side by side\n\n| run | class | requests | completed | 429 | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n")
         f.write("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
         for k in ("direct", "gateway"):
             for c in ("chat", "batch"):
@@ -230,7 +234,6 @@ def cmd_overload(d, C, machine):
                 "TTFT target is refused early with 429 + Retry-After instead of waiting.\n\n")
         f.write("Charts: `direct-*.svg`, `gateway-*.svg` (TTFT CDF, TTFT p99 over time, throughput and 429s), "
                 "`gateway-admission.svg` (the gateway's rolling chat TTFT P99). \n")
-    print(open(os.path.join(d, "README.md")).read())
 
 
 def transitions(events, cls="chat"):
@@ -250,7 +253,7 @@ def transitions(events, cls="chat"):
     return out
 
 
-def cmd_breaker(d, machine):
+def cmd_breaker(d):
     r = load(os.path.join(d, "breaker.json"))
     tl = timeline(os.path.join(d, "timeline.csv"))
     faults = [(float(l.split()[1]), l.split(None, 3)[3]) for l in open(os.path.join(d, "faults.log")) if l.startswith("fault ")]
@@ -275,29 +278,17 @@ def cmd_breaker(d, machine):
     brk = [x for x in rej if x.get("error_code") == "breaker_open"]
     brk_ra = sorted(x["retry_after"] for x in brk if x["retry_after"] is not None)
     brk_ok = bool(brk_ra) and len(brk_ra) == len(brk) and 1 <= brk_ra[0] and brk_ra[-1] <= 30
-    checks = [
-        ("opens 30-33 s after chat TTFT P99 exceeds 2x SLO",
-         open_delay is not None and 30 <= open_delay <= 33,
-         f"{open_delay:.2f} s (gateway log: P99 above 600 ms -> open)" if open_delay is not None else "never opened"),
-        ("callers refused by the open breaker receive 429 breaker_open with a Retry-After of 1-30 s (the time until it half-opens)",
-         brk_ok, f"{len(brk)} responses, Retry-After {brk_ra[0]}-{brk_ra[-1]} s" if brk_ra else f"{len(brk)} responses, none with Retry-After"),
-        ("closes within 10 s of the slowdown ending", close_delay is not None and close_delay <= 10,
-         f"{close_delay:.2f} s (+-0.25 s sampling)" if close_delay is not None else "did not close"),
-    ]
+    write_measured(d, {
+        "open_delay_s": (None if open_delay is None else round(open_delay, 2), f"{open_delay:.2f} s (gateway log: P99 above 600 ms -> open)" if open_delay is not None else "never opened"),
+        "breaker_refusals_retry_after_in_1_30_s": (brk_ok, f"{len(brk)} responses, Retry-After {brk_ra[0]}-{brk_ra[-1]} s" if brk_ra
+                                                   else f"{len(brk)} responses, none with Retry-After"),
+        "close_delay_s": (None if close_delay is None else round(close_delay, 2), f"{close_delay:.2f} s (+-0.25 s sampling)" if close_delay is not None else "did not close"),
+    })
     timeline_chart(os.path.join(d, "timeline.csv"), d, "breaker-timeline",
                    f"breaker: slowdown x8 from {slow_start:.0f} s to {slow_end:.0f} s")
     t0 = (opened - open_t) if (opened and open_t is not None) else None
-    with open(os.path.join(d, "README.md"), "w") as f:
-        f.write("# Breaker: chat TTFT P99 past 2x SLO, 429 + Retry-After, and back\n\n")
-        f.write(f"Machine: {machine}. Produced by `loadtest/bench/admission.sh breaker`.\n\n")
-        f.write("One simulated replica (`llama70b-fp8-h100`, 512-token prefill chunks), chat at 4 req/s Poisson (512 prompt, "
-                f"64-256 output tokens) for 110 s through slogate. At {slow_start:.1f} s the replica slows down 8x "
-                f"(`POST /admin/faults {{\"slowdown\": 8}}`), at {slow_end:.1f} s it recovers. Breaker settings: the defaults "
-                "(`trip_ratio 2`, `trip_after 30s`, `min_samples 20`, `retry_after 5s`) with `window: 10s` (`gateway-extra.yaml`): "
-                "the P99 is taken over the last 10 s and must stay above 2x target for 30 s. With the default 30 s window, "
-                "slow samples would stay in the P99 for 30 s after a recovery, so a 30 s window plus a 30 s hold really "
-                "means 'slow at any point in the last minute'.\n\n")
-        write_checks(f, checks)
+    with open(os.path.join(d, "report.md"), "w") as f:
+        f.write(f"The replica slowed down 8x at {slow_start:.1f} s and recovered at {slow_end:.1f} s.\n")
         f.write("\n## Timeline\n\n| time s | event |\n|---|---|\n")
         rows = [(slow_start, "replica slowed down 8x"), (slow_end, "replica back to normal")]
         if exceed_t is not None:
@@ -319,10 +310,9 @@ def cmd_breaker(d, machine):
                 "breaker's Retry-After is the time until it half-opens, with jitter).\n\n")
         f.write("Charts: `breaker-timeline.svg` (the gateway's rolling chat TTFT P99 with the breaker state), "
                 "`breaker-ttft-p99.svg`, `breaker-throughput.svg` (completed and 429 per second, client side).\n")
-    print(open(os.path.join(d, "README.md")).read())
 
 
-def cmd_reduction(d, machine):
+def cmd_reduction(d):
     res = {m: load(os.path.join(d, f"{m}.json")) for m in ("without", "with")}
     ev = {m: transitions(log_events(os.path.join(d, f"gateway-{m}.log"))) for m in res}
     tls = {m: timeline(os.path.join(d, f"timeline-{m}.csv")) for m in res}
@@ -359,28 +349,15 @@ def cmd_reduction(d, machine):
     after = [w["wins"][k] for k in settled]
     before = [v for k, v in w["wins"].items() if on is not None and k * 10 + 10 <= on]
     on_share = sum(1 for x in tl if x["reduction_active"] == 1) / max(1, len(tl))
-    checks = [
-        ("without reduction the same load opens the breaker (a real overload)", summary["without"]["opened"],
-         "opened" if summary["without"]["opened"] else "never opened"),
-        ("with reduction the breaker never opens", not w["opened"], "never opened" if not w["opened"] else "opened"),
-        ("reduction brings chat TTFT P99 back under the 300 ms target (10 s windows once it has been on 10 s)",
-         bool(after) and max(after) <= 300,
-         f"before: p99 {max(before):.0f} ms; with reduction on: p99 at most {max(after):.0f} ms over {len(after)} windows"
-         if after and before else "no data"),
-    ]
-    with open(os.path.join(d, "README.md"), "w") as f:
-        f.write("# Context reduction: a moderate overload brought back under target without the breaker\n\n")
-        f.write(f"Machine: {machine}. Produced by `loadtest/bench/admission.sh reduction`.\n\n")
-        f.write("One simulated replica (`llama70b-fp8-h100`, 512-token prefill chunks). Chat at "
-                f"{res['with']['scenario']['streams'][0]['arrival'].get('rate')} req/s Poisson, each a 9-message conversation "
-                "(system prompt + 8 turns) of 2,500 prompt tokens and 64 output tokens: prefill-bound, about 1.15x what the "
-                "replica can prefill. Run twice through slogate for 120 s on fresh replicas: once with context reduction off "
-                "(`trigger_ratio: 1000`), once on with `max_prompt_tokens: 512`, `max_tokens_cap: 256` (trigger: the "
-                "defaults, P99 > 2x target for 10 s; off after 30 s back under target). Both: `max_inflight_per_replica: 24` (the backlog waits in the gateway "
-                "queue, where requests are reduced on their way out), interactive `queue_timeout: 20s`, breaker `window: 10s` "
-                "(see the breaker report for why).\n\n")
-        write_checks(f, checks)
-        f.write("\n## Before / after\n\n| run | requests | reduced | 429 | chat TTFT p99 whole run ms | gateway's rolling P99 max ms | reduction on at s | breaker opened |\n")
+    write_measured(d, {
+        "without_opened": (summary["without"]["opened"], "opened" if summary["without"]["opened"] else "never opened"),
+        "with_opened": (w["opened"], "opened" if w["opened"] else "never opened"),
+        "reduced_ttft_p99_max_ms": (max(after) if after else None,
+                                    f"before: p99 {max(before):.0f} ms; with reduction on: p99 at most {max(after):.0f} ms over {len(after)} windows"
+                                    if after and before else "no data"),
+    })
+    with open(os.path.join(d, "report.md"), "w") as f:
+        f.write("## Before / after\n\n| run | requests | reduced | 429 | chat TTFT p99 whole run ms | gateway's rolling P99 max ms | reduction on at s | breaker opened |\n")
         f.write("|---|---:|---:|---:|---:|---:|---:|---|\n")
         for m in ("without", "with"):
             s = summary[m]
@@ -400,10 +377,9 @@ def cmd_reduction(d, machine):
                 f.write(f"- {m}: " + "; ".join(f"{t - t0:.1f} s {e}" for t, e in ev[m]) + "\n")
         f.write("\nCharts: `chart-timeline-without.svg`, `chart-timeline-with.svg` (the gateway's rolling chat TTFT P99, breaker and "
                 "reduction state), `*-reduction-ttft-p99.svg`, `*-reduction-throughput.svg`.\n")
-    print(open(os.path.join(d, "README.md")).read())
 
 
-def cmd_shedlate(d, C, machine):
+def cmd_shedlate(d, C):
     """shed_late off and on at 1.5 C and 3 C: goodput, within SLO, how long refused callers waited."""
     C = float(C)
     rows = {}
@@ -421,23 +397,17 @@ def cmd_shedlate(d, C, machine):
                     codes[y.get("error_code") or "?"] = codes.get(y.get("error_code") or "?", 0) + 1
             row["codes"] = codes
             rows[(x, shed)] = row
-    target = TARGETS["chat"][0]
-    checks = []
+    measured = {}
     for x in ("1.5", "3"):
         on, off = rows[(x, "true")], rows[(x, "false")]
-        checks.append((f"{x} C: shed_late on keeps goodput within 5 % of off or better", on["goodput"] >= 0.95 * off["goodput"],
-                       f"{on['goodput']:.2f} vs {off['goodput']:.2f} req/s"))
-        checks.append((f"{x} C: with shed_late on, a refused chat caller learns within about the TTFT target (p50 <= {target:.0f} ms)",
-                       on["refused_p50"] <= target, f"p50 {on['refused_p50']:.0f} ms, p99 {on['refused_p99']:.0f} ms (off: {off['refused_p50']:.0f} / {off['refused_p99']:.0f} ms)"))
-    with open(os.path.join(d, "README.md"), "w") as f:
-        f.write("# shed_late: refuse a queued chat request once it cannot make its TTFT target, or let it wait?\n\n")
-        f.write(f"Machine: {machine}. Produced by `loadtest/bench/admission.sh shedlate`.\n\n")
-        f.write(f"Two simulated vLLM replicas (`llama70b-fp8-h100`); capacity C = {C:.2f} req/s (chat alone, closed loop). "
-                "Chat alone (Poisson, 512-token prompts, 64-256 output tokens) at 1.5 C and 3 C for 70 s, measured from 10 s; "
-                "slogate's defaults (learned limits, `queue_timeout: 2s`, the breaker) with `tiers.interactive.shed_late` "
-                "off and on, each run on fresh replicas. Goodput: requests completed within chat's targets per second.\n\n")
-        write_checks(f, checks)
-        f.write("\n| load | shed_late | requests | completed | refused (by code) | goodput req/s | within SLO (all requests) | "
+        measured[f"x{x}_goodput_on_over_off"] = (on["goodput"] / off["goodput"] if off["goodput"] else None,
+                                                 f"{on['goodput']:.2f} vs {off['goodput']:.2f} req/s")
+        measured[f"x{x}_refused_p50_ms"] = (on["refused_p50"], f"p50 {on['refused_p50']:.0f} ms, p99 {on['refused_p99']:.0f} ms "
+                                            f"(off: {off['refused_p50']:.0f} / {off['refused_p99']:.0f} ms)")
+    write_measured(d, measured)
+    with open(os.path.join(d, "report.md"), "w") as f:
+        f.write(f"Capacity C = {C:.2f} req/s.\n\n")
+        f.write("| load | shed_late | requests | completed | refused (by code) | goodput req/s | within SLO (all requests) | "
                 "within SLO (served) | TTFT p50 / p99 ms (served) | refused caller waited p50 / p99 ms |\n")
         f.write("|---|---|---:|---:|---|---:|---:|---:|---:|---:|\n")
         for (x, shed), r in rows.items():
@@ -445,7 +415,6 @@ def cmd_shedlate(d, C, machine):
             f.write(f"| {x} C | {'on' if shed == 'true' else 'off'} | {r['requests']} | {r['done']} | {codes} | {r['goodput']:.2f} "
                     f"({100 * r['goodput'] / C:.0f} % of C) | {100 * r['within']:.1f} % | {100 * r['within_served']:.1f} % | "
                     f"{r['p50']:.0f} / {r['p99']:.0f} | {r['refused_p50']:.0f} / {r['refused_p99']:.0f} |\n")
-    print(open(os.path.join(d, "README.md")).read())
 
 
 if __name__ == "__main__":

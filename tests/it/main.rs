@@ -8,6 +8,7 @@
 mod common;
 
 mod admission;
+mod bench_scenarios;
 mod demo;
 mod deploy;
 mod edge;

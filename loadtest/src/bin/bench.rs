@@ -1,0 +1,165 @@
+//! `bench`: run a benchmark scenario and publish its result, or hand a
+//! driver the scenario's gateway configuration and loads, filled for a run.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use clap::{Parser, Subcommand};
+use loadtest::bench::{self, judge, BenchFile};
+
+#[derive(Parser)]
+#[command(
+    name = "bench",
+    about = "Run a benchmark scenario: its driver once per run, then its checks, stamped into loadtest/results/NAME/"
+)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run scenario NAME (loadtest/scenarios/NAME.yaml) and publish its result.
+    Run {
+        name: String,
+        /// The repository root (the current directory by default).
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+        /// Runs, instead of the file's number.
+        #[arg(long)]
+        runs: Option<u32>,
+        /// The stamp: commit and machine.
+        #[arg(long)]
+        machine: String,
+        /// Write the result here instead of loadtest/results/NAME/ (a trial).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print gateway configuration NAME of a scenario file, filled for a run.
+    Config {
+        file: PathBuf,
+        name: String,
+        /// The replicas of each pool that names none (comma-separated URLs).
+        #[arg(long, value_delimiter = ',')]
+        replicas: Vec<String>,
+        /// Fill `${KEY}` with VALUE.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+    },
+    /// Print load NAME (a loadgen scenario) of a scenario file, filled for a run.
+    Load {
+        file: PathBuf,
+        name: String,
+        /// Where the load goes (loopback URLs, comma-separated).
+        #[arg(long)]
+        target: String,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+    },
+    /// Read every scenario file and say what is wrong with any.
+    Check {
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let result = match Args::parse().cmd {
+        Cmd::Run { name, root, runs, machine, out } => run(&name, &root, runs, &machine, out),
+        Cmd::Config { file, name, replicas, sets } => {
+            bench::parse_sets(&sets).and_then(|vars| BenchFile::load(&file)?.gateway_config(&name, &replicas, &vars)).map(|y| print!("{y}"))
+        }
+        Cmd::Load { file, name, target, sets } => {
+            bench::parse_sets(&sets).and_then(|vars| BenchFile::load(&file)?.load_scenario(&name, &target, &vars)).map(|y| print!("{y}"))
+        }
+        Cmd::Check { root } => check_all(&root),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn scenarios_dir(root: &Path) -> PathBuf {
+    root.join("loadtest/scenarios")
+}
+
+fn check_all(root: &Path) -> Result<(), String> {
+    let dir = scenarios_dir(root);
+    let names = bench::scenario_names(&dir)?;
+    for n in &names {
+        let f = BenchFile::load(&dir.join(format!("{n}.yaml")))?;
+        let (script, _) = f.driver_command(root);
+        if !script.is_file() {
+            return Err(format!("{n}: driver {} does not exist", script.display()));
+        }
+    }
+    println!("{} scenario files read", names.len());
+    Ok(())
+}
+
+fn run(name: &str, root: &Path, runs: Option<u32>, machine: &str, out: Option<PathBuf>) -> Result<(), String> {
+    let root = std::fs::canonicalize(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    let path = scenarios_dir(&root).join(format!("{name}.yaml"));
+    let file = BenchFile::load(&path)?;
+    let runs = runs.unwrap_or(file.runs).max(1);
+    let work = std::env::var_os("WORK").map(PathBuf::from).ok_or("WORK (a scratch directory) is not set; run it through loadtest/run")?;
+    let (script, args) = file.driver_command(&root);
+    let mut done = Vec::new();
+    for i in 1..=runs {
+        let dir = work.join(format!("run-{i}"));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        eprintln!("bench: {name}, run {i} of {runs}");
+        let status = Command::new("bash")
+            .arg(&script)
+            .args(&args)
+            .current_dir(&root)
+            .env("RUN", &dir)
+            .env("SEED", i.to_string())
+            .env("RUNS", runs.to_string())
+            .env("SCENARIO", &path)
+            .status()
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+        if !status.success() {
+            return Err(format!("{name}: run {i}: the driver failed ({status}); its files are in {}", dir.display()));
+        }
+        done.push(collect(&dir)?);
+    }
+    let readme = judge::readme(name, &file, machine, &done);
+    let to = out.unwrap_or_else(|| root.join("loadtest/results").join(name));
+    publish(&readme, &work.join("run-1"), &to)?;
+    print!("{readme}");
+    eprintln!("bench: wrote {}", to.display());
+    Ok(())
+}
+
+/// One run's measured values and report, as its driver left them.
+fn collect(dir: &Path) -> Result<judge::Run, String> {
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).map_err(|e| format!("{}: {e} (the driver writes it)", dir.join(f).display()));
+    let measured: BTreeMap<String, judge::Measured> =
+        serde_json::from_str(&read("measured.json")?).map_err(|e| format!("measured.json: {e}"))?;
+    Ok(judge::Run { measured, report: read("report.md")? })
+}
+
+/// The committed result is the README and run 1's charts only; the folder is replaced.
+fn publish(readme: &str, charts: &Path, to: &Path) -> Result<(), String> {
+    let err = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
+    if to.exists() {
+        std::fs::remove_dir_all(to).map_err(|e| err(to, e))?;
+    }
+    std::fs::create_dir_all(to).map_err(|e| err(to, e))?;
+    std::fs::write(to.join("README.md"), readme).map_err(|e| err(to, e))?;
+    for entry in std::fs::read_dir(charts).map_err(|e| err(charts, e))? {
+        let p = entry.map_err(|e| err(charts, e))?.path();
+        if p.extension().is_some_and(|x| x == "svg") {
+            if let Some(n) = p.file_name() {
+                std::fs::copy(&p, to.join(n)).map_err(|e| err(&p, e))?;
+            }
+        }
+    }
+    Ok(())
+}
