@@ -190,5 +190,7 @@ bench_load() {
   local name=$1 file=$2; shift 2
   "$BIN/bench" load "$SCENARIO" "$name" --target http://127.0.0.1:1 --set seed="$SEED" "$@" >"$file"
 }
+# bench_var NAME: a parameter of the scenario file (its vars).
+bench_var() { "$BIN/bench" var "$SCENARIO" "$1"; }
 # calc EXPR: a rate computed from C, to three decimals.
 calc() { python3 -c "print(round($1, 3))"; }

@@ -25,6 +25,10 @@ pub struct Check {
     /// For a yes/no measure: the answer the claim needs.
     #[serde(default)]
     pub is: Option<bool>,
+    /// Met only when every run meets it (a claim about each run, such as
+    /// "never refused"), not most runs.
+    #[serde(default)]
+    pub every_run: bool,
 }
 
 /// One measured value: a number or a yes/no, with how the report states it.
@@ -174,10 +178,12 @@ fn write_checks(out: &mut String, file: &BenchFile, runs: &[Run]) {
     let _ = writeln!(out, "\n|---|---|{}", "---|".repeat(n));
     for c in &file.checks {
         let v: Vec<Verdict> = runs.iter().map(|r| c.judge(&r.measured)).collect();
-        let verdict = if met_by_most(&v) { "met" } else { "**not met**" };
+        let met = if c.every_run { v.iter().all(|x| x.met) } else { met_by_most(&v) };
+        let verdict = if met { "met" } else { "**not met**" };
         let _ = write!(out, "| {} | {verdict}", c.name);
         if n > 1 {
-            let _ = write!(out, " (in {} of {n})", v.iter().filter(|x| x.met).count());
+            let every = if c.every_run { ", every run needed" } else { "" };
+            let _ = write!(out, " (in {} of {n}{every})", v.iter().filter(|x| x.met).count());
         }
         out.push_str(" |");
         for x in &v {
@@ -193,7 +199,8 @@ fn write_inputs(out: &mut String, file: &BenchFile) {
             "gateway",
             "Gateway configuration",
             "As the scenario file writes it; each run adds the listen addresses (free loopback ports), a 5 s shutdown grace \
-             and the pool's replicas, and fills each `${var}` with the value the driver computed.",
+             and the pool's replicas, and fills each `${var}` with the run's value \
+             (the driver's where it sets one, else the file's `vars`).",
             file.gateway.is_empty(),
         ),
         ("load", "Load", "loadgen scenarios, filled the same way (the seed is the run's number).", file.load.is_empty()),
@@ -278,7 +285,7 @@ mod tests {
     fn the_readme_states_each_runs_number_and_demotes_reports() {
         let file: BenchFile = serde_norway::from_str(
             "title: Breaker\ndriver: admission.sh breaker\nabout: One replica.\ngateway:\n  main: {breaker: {window: 10s}}\n\
-             checks:\n  - {name: fast enough, measure: p99, at_most: 300}\n",
+             checks:\n  - {name: fast enough, measure: p99, at_most: 300}\n  - {name: each fast, measure: p99, at_most: 300, every_run: true}\n",
         )
         .expect("parses");
         let run =
@@ -286,6 +293,7 @@ mod tests {
         let md = readme("admission/breaker", &file, "commit abc, 2 cores", &[run(250.0), run(320.0), run(280.0)]);
         assert!(md.starts_with("# Breaker\n\nMachine: commit abc, 2 cores. Produced by `loadtest/run admission/breaker`"), "{md}");
         assert!(md.contains("| fast enough | met (in 2 of 3) | 250 | not met: 320 | 280 |"), "{md}");
+        assert!(md.contains("| each fast | **not met** (in 2 of 3, every run needed) |"), "{md}");
         assert!(md.contains("### Timeline") && !md.contains("own title"), "{md}");
         assert!(md.contains("window: 10s"), "the configuration is shown: {md}");
         assert_eq!(md.matches("## Run ").count(), 3);

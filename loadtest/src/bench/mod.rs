@@ -39,9 +39,11 @@ pub struct BenchFile {
     /// loadgen scenarios by name (`target` is given at run time).
     #[serde(default)]
     pub load: BTreeMap<String, Value>,
-    /// Each `${var}` the driver fills (`seed`, the run's number, always is),
-    /// with an example value: the test suite fills every configuration and
-    /// load with these and has slogate and loadgen read them.
+    /// The scenario's parameters: each `${var}` of a configuration or load,
+    /// with its value. A driver sets those only a run knows (a rate from the
+    /// measured capacity) and reads the others (`bench var`); `${seed}` is
+    /// always the run's number. The test suite fills every configuration and
+    /// load with these values and has slogate and loadgen read them.
     #[serde(default)]
     pub vars: BTreeMap<String, Value>,
     /// The claims the result is judged by.
@@ -103,7 +105,7 @@ impl BenchFile {
     /// ports unless given, and `replicas` set on each pool that has none.
     pub fn gateway_config(&self, name: &str, replicas: &[String], vars: &BTreeMap<String, String>) -> Result<String, String> {
         let raw = self.gateway.get(name).ok_or_else(|| missing("gateway", name, self.gateway.keys()))?;
-        let mut v = fill(raw, vars)?;
+        let mut v = fill(raw, &self.with_defaults(vars))?;
         let top = v.as_mapping_mut().ok_or_else(|| format!("gateway {name}: a configuration is a mapping"))?;
         let server = top.entry(Value::from("server")).or_insert_with(|| Value::Mapping(Mapping::new()));
         let server = server.as_mapping_mut().ok_or_else(|| format!("gateway {name}: server is a mapping"))?;
@@ -128,7 +130,7 @@ impl BenchFile {
     /// (a load in the file names none: the run knows where it goes).
     pub fn load_scenario(&self, name: &str, target: &str, vars: &BTreeMap<String, String>) -> Result<String, String> {
         let raw = self.load.get(name).ok_or_else(|| missing("load", name, self.load.keys()))?;
-        let mut v = fill(raw, vars)?;
+        let mut v = fill(raw, &self.with_defaults(vars))?;
         let top = v.as_mapping_mut().ok_or_else(|| format!("load {name}: a load is a mapping"))?;
         top.insert(Value::from("target"), Value::from(target));
         serde_norway::to_string(&v).map_err(|e| e.to_string())
@@ -217,12 +219,28 @@ pub fn raw_section(source: &str, key: &str) -> Option<String> {
 }
 
 impl BenchFile {
-    /// The declared vars' example values (and seed 1), as a run would set them.
+    /// The file's vars as text (and seed 1): what a run that sets none fills in.
     pub fn example_vars(&self) -> BTreeMap<String, String> {
-        let mut out: BTreeMap<String, String> =
-            self.vars.iter().map(|(k, v)| (k.clone(), serde_norway::to_string(v).unwrap_or_default().trim_end().to_string())).collect();
-        out.insert("seed".into(), "1".into());
+        self.with_defaults(&BTreeMap::from([("seed".to_string(), "1".to_string())]))
+    }
+
+    /// `set` over the file's own vars.
+    fn with_defaults(&self, set: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let mut out: BTreeMap<String, String> = self.vars.iter().map(|(k, v)| (k.clone(), var_text(v))).collect();
+        out.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
         out
+    }
+
+    /// Var NAME's value as a driver reads it.
+    pub fn var(&self, name: &str) -> Result<String, String> {
+        self.vars.get(name).map(var_text).ok_or_else(|| missing("var", name, self.vars.keys()))
+    }
+}
+
+fn var_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => serde_norway::to_string(other).unwrap_or_default().trim_end().to_string(),
     }
 }
 
@@ -297,11 +315,18 @@ checks:
         let out = file()
             .gateway_config("main", &["http://127.0.0.1:5".into(), "http://127.0.0.1:6".into()], &vars(&[("slots", "64")]))
             .expect("fills");
+        let set = file().gateway_config("main", &["http://127.0.0.1:5".into()], &vars(&[("slots", "8")])).expect("fills");
+        assert!(set.contains("max_inflight_per_replica: 8"), "a run's value wins over the file's: {set}");
         let v: Value = serde_norway::from_str(&out).expect("yaml");
         assert_eq!(v["server"]["listen"], Value::from("127.0.0.1:0"));
         assert_eq!(v["server"]["admin_listen"], Value::from("127.0.0.1:0"));
         assert_eq!(v["pools"][0]["replicas"][1], Value::from("http://127.0.0.1:6"));
         assert_eq!(v["pools"][0]["max_inflight_per_replica"], Value::from(64), "a whole ${{var}} keeps its type");
+        let own = file().gateway_config("main", &["http://127.0.0.1:5".into()], &vars(&[])).expect("the file's own value");
+        let v: Value = serde_norway::from_str(&own).expect("yaml");
+        assert_eq!(v["pools"][0]["max_inflight_per_replica"], Value::from(64), "vars: {{ slots: 64 }}");
+        assert_eq!(file().var("rate").as_deref(), Ok("1.5"));
+        assert!(file().var("speed").is_err());
         assert_eq!(v["breaker"]["window"], Value::from("10s"));
     }
 
@@ -329,8 +354,8 @@ checks:
 
     #[test]
     fn unset_and_unknown_names_are_errors() {
-        let e = file().load_scenario("main", "http://127.0.0.1:7", &vars(&[("seed", "2")])).expect_err("rate unset");
-        assert!(e.contains("${rate}") && e.contains("--set rate="), "{e}");
+        let e = file().load_scenario("main", "http://127.0.0.1:7", &vars(&[("rate", "2")])).expect_err("seed unset");
+        assert!(e.contains("${seed}") && e.contains("--set seed="), "{e}");
         let e = file().gateway_config("other", &[], &vars(&[])).expect_err("no such config");
         assert!(e.contains("\"other\"") && e.contains("main, pinned"), "{e}");
     }

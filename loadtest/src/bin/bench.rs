@@ -57,6 +57,8 @@ enum Cmd {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
     },
+    /// Print var NAME of a scenario file (a parameter the driver reads).
+    Var { file: PathBuf, name: String },
     /// Read every scenario file and say what is wrong with any.
     Check {
         #[arg(long, default_value = ".")]
@@ -73,6 +75,7 @@ fn main() -> ExitCode {
         Cmd::Load { file, name, target, sets } => {
             bench::parse_sets(&sets).and_then(|vars| BenchFile::load(&file)?.load_scenario(&name, &target, &vars)).map(|y| print!("{y}"))
         }
+        Cmd::Var { file, name } => BenchFile::load(&file).and_then(|f| f.var(&name)).map(|v| println!("{v}")),
         Cmd::Check { root } => check_all(&root),
     };
     match result {
