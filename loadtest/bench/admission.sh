@@ -78,7 +78,7 @@ breaker() {
 # reduction: the same prefill-bound load without and with context reduction.
 reduction() {
   local d=$RUN mode
-  bench_load main "$d/scenario.yaml" --set rate="${REDUCTION_RATE:-5.6}"
+  bench_load main "$d/scenario.yaml" ${REDUCTION_RATE:+--set rate="$REDUCTION_RATE"}   # else the file's rate
   for mode in without with; do
     sim_up --replicas 1
     bench_config "$mode" "$WORK/gw.yaml"
