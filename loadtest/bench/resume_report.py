@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""The report of loadtest/bench/resume.sh: per fault, resume on and off, what
-the SDK clients saw and what slogate counted.
+"""Report of one run of loadtest/bench/resume.sh: per fault, resume on and
+off, what the SDK clients saw and what slogate counted. Writes
+DIR/report.md and DIR/measured.json (judged by loadtest/run).
 
-    resume_report.py WORK MACHINE RATE COUNT KILL_AT
+    resume_report.py DIR FAULT_AT
 """
 import json
+import os
 import re
 import sys
 
-work, machine, rate, count, kill_at = sys.argv[1:6]
+from admission_report import write_measured  # beside this script
 
+work, kill_at = sys.argv[1], sys.argv[2]
 FAULTS = {
     "kill": f"replica A SIGKILLed {kill_at} s in",
     "faults": "both replicas cut 3 % of streams and end 3 % with an error event",
@@ -44,7 +47,8 @@ def by(m, name, key):
 
 
 rows = []
-checks = []
+measured = {}
+all_ok, off_lost = True, 0
 for fault, what in FAULTS.items():
     for mode in ("on", "off"):
         streams = json.load(open(f"{work}/{fault}-{mode}.json"))
@@ -61,40 +65,21 @@ for fault, what in FAULTS.items():
             f"| {by(m, 'slogate_stream_resumes_total', 'reason')} | {by(m, 'slogate_stream_unresumed_total', 'why')} |"
         )
         if mode == "on":
-            resumed = total(m, "slogate_stream_resumes_total")
-            checks.append((fault, whole, len(streams), two_ids + two_roles, ok, resumed))
+            n = len(streams)
+            good = n > 0 and whole == n and two_ids + two_roles == 0
+            measured[f"{fault}_whole"] = (good, f"{whole} of {n} whole, {two_ids + two_roles} spliced visibly, "
+                                          f"{total(m, 'slogate_stream_resumes_total')} resumed")
+            all_ok = all_ok and ok == n
+            measured.setdefault("_ok", []).append(f"{fault} {ok} of {n}")
+        else:
+            off_lost += len(streams) - whole
+measured["all_counted_ok"] = (all_ok, ", ".join(measured.pop("_ok")))
+measured["off_lost"] = (off_lost, f"{off_lost} streams not whole with resume off")
+write_measured(work, measured)
 
-print(f"""# Lose no stream to a replica
-
-`loadtest/bench/resume.sh` ({machine}).
-
-Streaming chat through slogate over two simulated replicas (separate
-processes, 20 ms engine steps, at most 96 tokens), {count} streams arriving at
-{rate} a second (Poisson), each read to its end by the official OpenAI SDK
-(`resume_sdk.py`, AsyncOpenAI, no retries) as a user's code reads it. Each
-fault ran with slogate's defaults (resume on) and with
-`resume: {{ max_attempts: 0 }}` (off), on fresh replicas.
-
-- **whole**: the SDK raised nothing, the stream had one id, one role chunk
-  and a finish_reason;
-- **raised**: the SDK raised (an error event, a cut connection, an HTTP error);
-- **2 ids / 2 roles**: streams whose chunks carried more than one id, or
-  more than one role chunk (a splice that shows);
-- **ok**: slogate's `requests_total` with outcome `ok` or `length`; **other
-  outcomes** the rest it counted;
-- **resumed**: `stream_resumes_total` by how the stream broke; **not
-  resumed**: `stream_unresumed_total` by why.
-
-| fault | resume | streams | whole | raised | 2 ids | 2 roles | ok | other outcomes | resumed | not resumed |
-|---|---|---:|---:|---:|---:|---:|---:|---|---|---|""")
-print("\n".join(rows))
-print()
-print("Faults:")
-for fault, what in FAULTS.items():
-    print(f"- **{fault}**: {what}.")
-print()
-print("## With resume on")
-print()
-for fault, whole, n, shown, ok, resumed in checks:
-    verdict = "every stream whole" if whole == n and shown == 0 else f"{n - whole} of {n} not whole"
-    print(f"- {fault}: {verdict}; {resumed} continued on the other replica; slogate counted {ok} of {n} ok.")
+with open(os.path.join(work, "report.md"), "w") as f:
+    f.write("| fault | resume | streams | whole | raised | 2 ids | 2 roles | ok | other outcomes | resumed | not resumed |\n")
+    f.write("|---|---|---:|---:|---:|---:|---:|---:|---|---|---|\n")
+    f.write("\n".join(rows) + "\n\nFaults:\n")
+    for fault, what in FAULTS.items():
+        f.write(f"- **{fault}**: {what}.\n")

@@ -2,7 +2,7 @@
 """Streaming chat clients of the official OpenAI SDK, judging each stream as
 a user would (for loadtest/bench/resume.sh).
 
-    resume_sdk.py BASE_URL MODEL RATE COUNT OUT.json
+    resume_sdk.py BASE_URL MODEL RATE COUNT OUT.json [SEED]
 
 COUNT streamed `chat.completions.create` calls (AsyncOpenAI, no retries),
 arriving at RATE a second (Poisson). Each stream is read to its end and
@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 import openai
 
 base, model, rate, count, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+seed = int(sys.argv[6]) if len(sys.argv) > 6 else 7  # the arrivals' seed
 if urlparse(base).hostname not in ("127.0.0.1", "localhost"):
     sys.exit(f"resume_sdk: {base}: loopback only")
 
@@ -57,7 +58,7 @@ async def one(client, i):
 
 async def main():
     client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=120)
-    rng = random.Random(7)
+    rng = random.Random(seed)
     tasks = []
     for i in range(count):
         tasks.append(asyncio.create_task(one(client, i)))

@@ -1,46 +1,33 @@
 #!/usr/bin/env bash
-# Retry-After in a lasting overload, as clients that honour it see it:
-# OpenAI SDK clients (retry_sdk.py: AsyncOpenAI, max_retries 3, streaming
-# chat, not streamed) arriving at RATE a second (about 2x this fleet's capacity) for
-# SECONDS, through OLD_REV's slogate (every refusal said a constant: 1 s for
-# an interactive queue, the breaker's 5 s) and through the working tree's
-# (when capacity is likely back, bounded 1-30 s and spread). Same fleet and
-# load for both, each on fresh replicas, slogate's defaults otherwise, and
-# shed_late on for both (the default now; OLD_REV's default was off). The
-# result (README.md and retries.svg, stamped) replaces loadtest/results/retry/.
+# Driver of loadtest/scenarios/retry.yaml: Retry-After in a lasting
+# overload, as clients that honour it see it. One run into $RUN: the
+# OpenAI SDK clients through old_rev's slogate (a constant Retry-After),
+# then through the commit under test, each on fresh replicas. old_rev is
+# built once for all runs (target/ab).
 #
-#   loadtest/bench/retry.sh [OLD_REV]   (default 69232b0)
-#
-# Everything runs on 127.0.0.1 with free ports, bounded in time.
+#   loadtest/run retry
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-WORK=$(mktemp -d); export WORK
+: "${WORK:?run through loadtest/run}" "${RUN:?}" "${SEED:?}" "${SCENARIO:?}"
 source "$HERE/../lib.sh"
-OLD_REV=${1:-69232b0}
-RATE=${RATE:-36} SECONDS_RUN=${SECONDS_RUN:-90}
-trap 'cleanup; git -C "$ROOT" worktree remove --force "$WORK/old" 2>/dev/null || true' EXIT
-build_release
 bash "$ROOT/scripts/setup-test-deps" >&2   # the OpenAI SDK (.venv)
-MACHINE=$(machine_line)
-git -C "$ROOT" worktree add --detach "$WORK/old" "$OLD_REV" >/dev/null 2>&1
-(cd "$WORK/old" && CARGO_TARGET_DIR="$ROOT/target/ab" cargo build --release --locked -q --no-default-features --bin slogate)
+RATE=$(bench_var rate) SECS=$(bench_var seconds) OLD_REV=$(bench_var old_rev)
+OLD_BIN=$WORK/slogate-$OLD_REV
+if [ ! -x "$OLD_BIN" ]; then
+  git -C "$ROOT" worktree add --detach "$WORK/old" "$OLD_REV" >/dev/null 2>&1
+  (cd "$WORK/old" && CARGO_TARGET_DIR="$ROOT/target/ab" cargo build --release --locked -q --no-default-features --bin slogate)
+  cp "$ROOT/target/ab/release/slogate" "$OLD_BIN"
+  git -C "$ROOT" worktree remove --force "$WORK/old"
+fi
 
-# variant LABEL BINARY : fresh replicas, a gateway with the defaults, the SDK clients through it.
+# variant LABEL BINARY : fresh replicas, the gateway, the SDK clients through it.
 variant() {
   sim_up --replicas 2
-  { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
-    echo "pools:"
-    echo "  - name: default"
-    echo "    models: [auto]"
-    echo "    replicas: [$(IFS=,; echo "${SIM_URLS[*]}" | sed 's/,/, /g')]"
-    # Both with today's default (OLD_REV's was off): only Retry-After differs.
-    echo "tiers: { interactive: { shed_late: true } }"
-  } >"$WORK/gw-$1.yaml"
-  GW_BIN=$2 start_gateway "$WORK/gw-$1.yaml" "gw-$1"
-  "$ROOT/.venv/bin/python" "$HERE/retry_sdk.py" "$GW_URL/v1" "$MODEL" "$RATE" "$SECONDS_RUN" "$WORK/$1.json"
+  bench_config main "$RUN/gw-$1.yaml"
+  GW_BIN=$2 start_gateway "$RUN/gw-$1.yaml" "gw-$1"
+  "$ROOT/.venv/bin/python" "$HERE/retry_sdk.py" "$GW_URL/v1" "$MODEL" "$RATE" "$SECS" "$RUN/$1.json" "$SEED"
   gw_down; sim_down
 }
-variant constant "$ROOT/target/ab/release/slogate"
+variant constant "$OLD_BIN"
 variant measured "$BIN/slogate"
-python3 "$HERE/retry_report.py" "$WORK" "$OLD_REV" "$MACHINE"
-publish "$WORK" "$ROOT/loadtest/results/retry"
+python3 "$HERE/retry_report.py" "$RUN" "$OLD_REV"

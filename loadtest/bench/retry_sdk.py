@@ -2,7 +2,7 @@
 """Clients that retry as the OpenAI Python SDK does, in a lasting overload
 (for loadtest/bench/retry.sh).
 
-    retry_sdk.py BASE_URL MODEL RATE SECONDS OUT.json
+    retry_sdk.py BASE_URL MODEL RATE SECONDS OUT.json [SEED]
 
 New requests arrive at RATE a second (Poisson) for SECONDS; each is one
 `chat.completions.create` of the real SDK (AsyncOpenAI,
@@ -23,6 +23,7 @@ import httpx2 as httpx  # the OpenAI SDK 3.x is built on httpx2
 import openai
 
 base, model, rate, seconds, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+seed = int(sys.argv[6]) if len(sys.argv) > 6 else 7  # the arrivals' seed
 if urlparse(base).hostname not in ("127.0.0.1", "localhost"):
     sys.exit(f"retry_sdk: {base}: loopback only")
 
@@ -79,7 +80,7 @@ async def main():
         limits=httpx.Limits(max_connections=2000, max_keepalive_connections=500), timeout=120,
     )
     client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=3, http_client=http)
-    rng = random.Random(7)
+    rng = random.Random(seed)
     tasks, n, t = [], 0, 0.0
     while True:
         t += rng.expovariate(rate)

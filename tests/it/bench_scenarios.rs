@@ -60,8 +60,6 @@ const NOT_YET_SCENARIOS: &[&str] = &[
     "overhead.sh",
     "pair.sh", // sourced by ab.sh and tls.sh
     "prefix.sh",
-    "resume.sh",
-    "retry.sh",
     "scale.sh",
     "soak.sh",
     "tls.sh",
