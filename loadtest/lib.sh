@@ -18,6 +18,7 @@ build_release() { (cd "$ROOT" && cargo build --release --locked -q --workspace -
 # start_sim NAME ARGS... : start N replicas (--replicas) and set SIM_URLS (array).
 start_sim() {
   local name=$1; shift
+  : >"$WORK/$name.out"   # not a previous run's addresses
   ( spawn_on "${SIM_CPUS:-}" "$BIN/vllm-sim" --listen 127.0.0.1:0 "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" ) &
   PIDS+=($!)
   local want; want=$(printf '%s\n' "$@" | awk 'p{print;exit} /^--replicas$/{p=1}'); want=${want:-1}
@@ -28,6 +29,7 @@ start_sim() {
 # start_gateway CONFIG : start slogate, set GW_URL, ADMIN_URL, GW_PID once ready.
 start_gateway() { # config [log name, default gateway]; GW_BIN: another slogate binary
   local log="$WORK/${2:-gateway}.log"
+  : >"$log"   # not a previous run's addresses
   ( spawn_on "${GW_CPUS:-}" "${GW_BIN:-$BIN/slogate}" --log-format json serve --config "$1" 2>"$log" ) &
   GW_PID=$!; PIDS+=($GW_PID)
   for _ in $(seq 200); do grep -q '"slogate listening"' "$log" 2>/dev/null && break; sleep 0.05; done

@@ -1,42 +1,22 @@
-# Paired runs, sourced by benchmarks that compare two gateways side by side
-# (loadtest/bench/tls.sh, loadtest/bench/ab.sh). Needs lib.sh sourced, WORK set.
+# Paired runs, sourced by the drivers that compare two gateways side by side
+# (loadtest/bench/tls.sh, loadtest/bench/ab.sh). Needs lib.sh sourced and a
+# scenario run (RUN, SCENARIO); the load is the scenario's `pair` load.
 #
-# pair_run PID_A PID_B URL_A URL_B PID_A2 URL_A2: ROUNDS rounds of a "test" run
-# (one closed-loop stream of $PAIR_STREAMS, default 64, chat streams of 32-96
-# tokens taking A and B in turn for $SECS seconds) and a "control" run (A and
-# A2, two identical paths). Each run's gateway CPU is read from /proc.
-pair_scenario() { # file targets
-  cat >"$1" <<EOS
-target: $2
-duration: ${SECS}s
-warmup: 3s
-request_timeout: 60s
-streams:
-  - name: s
-    class: chat
-    model: sim-llama-8b
-    arrival: { kind: closed, concurrency: ${PAIR_STREAMS:-64} }
-    prompt_tokens: { dist: fixed, value: 32 }
-    output_tokens: { dist: uniform, min: 32, max: 96 }
-EOS
-}
+# pair_run PID_A PID_B URL_A URL_B PID_A2 URL_A2: a "test" run (the load
+# takes A and B in turn) and a "control" run (A and A2, two identical
+# paths: the noise of the comparison). Each gateway's CPU over a run is read
+# from /proc.
 pair_one() { # name pidA pidB targets
   local name=$1 a=$2 b=$3 ta tb
-  pair_scenario "$WORK/$name.yaml" "$4"
+  bench_load pair "$RUN/$name.yaml"
   ta=$(cpu_ticks "$a"); tb=$(cpu_ticks "$b")
-  run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$WORK/$name.yaml" --label "$name" --no-progress --out "$WORK/$name.json" --report "$WORK/$name.md"
-  echo "$(( $(cpu_ticks "$a") - ta )) $(( $(cpu_ticks "$b") - tb ))" >"$WORK/$name.cpu"
+  run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$RUN/$name.yaml" --target "$4" --label "$name" --no-progress \
+    --out "$RUN/$name.json" --report "$RUN/$name.md"
+  echo "$(( $(cpu_ticks "$a") - ta )) $(( $(cpu_ticks "$b") - tb ))" >"$RUN/$name.cpu"
 }
 pair_run() {
-  local round
-  for round in $(seq "$ROUNDS"); do
-    pair_one "test-$round" "$1" "$2" "$3,$4"
-    pair_one "control-$round" "$1" "$5" "$3,$6"
-  done
+  pair_one test "$1" "$2" "$3,$4"
+  pair_one control "$1" "$5" "$3,$6"
 }
-# pair_report TITLE INTRO_TEXT NAME_A NAME_B NAME_A2 OUT_DIR
-pair_report() {
-  mkdir -p "$6"
-  printf '%s\n' "$2" >"$WORK/intro.txt"
-  python3 "$HERE/bench/pair_report.py" "$WORK" "$MACHINE" "$(getconf CLK_TCK)" "$ROUNDS" "$SECS" "$1" "$WORK/intro.txt" "$3" "$4" "$5" >"$6/README.md"
-}
+# pair_report NAME_A NAME_B NAME_A2: $RUN/report.md and measured.json.
+pair_report() { python3 "$HERE/pair_report.py" "$RUN" "$(getconf CLK_TCK)" "$1" "$2" "$3"; }

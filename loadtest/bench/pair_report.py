@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
-"""Report of a paired run (loadtest/bench/pair.sh): one closed-loop stream
-takes two targets in turn, in a "test" run (A vs B) and a "control" run (A vs
-A'); per target: the path's share of TTFT and ITL (from the simulator's
-stamps) and the gateway process's CPU per request.
+"""Report of one paired run (loadtest/bench/pair.sh): one closed-loop load
+takes two targets in turn, in a "test" run (A and B) and a "control" run (A
+and A2); per target: the path's share of TTFT and ITL (from the simulator's
+stamps) and the gateway process's CPU per request. Writes DIR/report.md and
+DIR/measured.json (judged by loadtest/run): B minus A for each measure
+(`*_added`), its control A2 minus A beside it.
 
-    pair_report.py WORK MACHINE HZ ROUNDS SECS TITLE INTRO_FILE A B A2
-
-Prints Markdown: INTRO_FILE's text, the table, then B minus A against the
-control's A2 minus A."""
+    pair_report.py DIR HZ A B A2
+"""
 import json
+import os
 import sys
 
+from admission_report import write_measured  # beside this script
 from quantiles import pct, pct_pairs  # beside this script
 
-work, machine, hz, rounds, secs, title, intro, a_name, b_name, a2_name = sys.argv[1:11]
-hz, rounds = int(hz), int(rounds)
+d, hz, a_name, b_name, a2_name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 
 
 def side(run, idx, ticks):
@@ -33,40 +34,37 @@ def side(run, idx, ticks):
     }
 
 
-rows = {"test": [], "control": []}
-for kind in rows:
-    for r in range(1, rounds + 1):
-        run = json.load(open(f"{work}/{kind}-{r}.json"))
-        ta, tb = map(int, open(f"{work}/{kind}-{r}.cpu").read().split())
-        rows[kind].append((side(run, 0, ta), side(run, 1, tb)))
+rows = {}
+for kind in ("test", "control"):
+    run = json.load(open(os.path.join(d, f"{kind}.json")))
+    ta, tb = map(int, open(os.path.join(d, f"{kind}.cpu")).read().split())
+    rows[kind] = (side(run, 0, ta), side(run, 1, tb))
 
-print(f"# {title}\n")
-print(f"{machine}. Every figure below is from that run.\n")
-print(open(intro).read().strip() + "\n")
-print(f"Each run lasts {secs} s; CPU per request is a gateway process's CPU time over the run divided by the requests it")
-print(f"completed (clock ticks of 1/{hz} s). Path TTFT is the client's TTFT minus the engine's share (the simulator's stamps);")
-print("path ITL p99 is the same for the gaps.\n")
-print("| run | round | target | requests | errors | path TTFT p50 ms | path TTFT p99 ms | path ITL p99 ms | gateway CPU us/request |")
-print("|---|---|---|---|---|---|---|---|---|")
 names = {"test": (a_name, b_name), "control": (a_name, a2_name)}
-for kind, rs in rows.items():
-    for i, (a, b) in enumerate(rs, 1):
-        for name, s in zip(names[kind], (a, b)):
-            print(f"| {kind} | {i} | {name} | {s['n']} | {s['errors']} | {s['ttft50']:.2f} | {s['ttft99']:.2f} | {s['itl99']:.2f} | {s['cpu_us']:.0f} |")
+MEASURES = [
+    ("cpu_us", "cpu_added_us", "gateway CPU per request", "us", "{:+.0f}"),
+    ("ttft50", "ttft50_added_ms", "path TTFT p50", "ms", "{:+.3f}"),
+    ("ttft99", "ttft99_added_ms", "path TTFT p99", "ms", "{:+.3f}"),
+    ("itl99", "itl99_added_ms", "path ITL p99", "ms", "{:+.3f}"),
+]
+measured = {}
+for key, label, _, unit, fmt in MEASURES:
+    t = rows["test"][1][key] - rows["test"][0][key]
+    c = rows["control"][1][key] - rows["control"][0][key]
+    measured[label] = (t, f"{fmt.format(t)} {unit} (control {fmt.format(c)} {unit})")
+a, b = rows["test"]
+pct_added = 100 * (b["cpu_us"] - a["cpu_us"]) / a["cpu_us"] if a["cpu_us"] else float("nan")
+measured["cpu_added_pct"] = (pct_added, f"{pct_added:+.1f} % ({b['cpu_us']:.0f} vs {a['cpu_us']:.0f} us)")
+errors = sum(s["errors"] for pair in rows.values() for s in pair)
+measured["errors"] = (errors, f"{errors} of {sum(s['n'] + s['errors'] for pair in rows.values() for s in pair)}")
+write_measured(d, measured)
 
-
-def mean_diff(kind, key):
-    xs = [b[key] - a[key] for a, b in rows[kind]]
-    return sum(xs) / len(xs)
-
-
-print("\n## Result\n")
-print(f"{b_name} minus {a_name}, mean of {rounds} rounds (control: {a2_name} minus {a_name}, the noise of this comparison):\n")
-for key, what, unit, fmt in [
-    ("cpu_us", "gateway CPU per request", "us", "{:+.0f}"),
-    ("ttft50", "path TTFT p50", "ms", "{:+.3f}"),
-    ("ttft99", "path TTFT p99", "ms", "{:+.3f}"),
-    ("itl99", "path ITL p99", "ms", "{:+.3f}"),
-]:
-    t, c = fmt.format(mean_diff("test", key)), fmt.format(mean_diff("control", key))
-    print(f"- {what}: **{t} {unit}** (control {c} {unit}).")
+with open(os.path.join(d, "report.md"), "w") as f:
+    f.write("| run | target | requests | errors | path TTFT p50 ms | path TTFT p99 ms | path ITL p99 ms | gateway CPU us/request |\n")
+    f.write("|---|---|---:|---:|---:|---:|---:|---:|\n")
+    for kind, pair in rows.items():
+        for name, s in zip(names[kind], pair):
+            f.write(f"| {kind} | {name} | {s['n']} | {s['errors']} | {s['ttft50']:.2f} | {s['ttft99']:.2f} | {s['itl99']:.2f} | {s['cpu_us']:.0f} |\n")
+    f.write(f"\n{b_name} minus {a_name} (control: {a2_name} minus {a_name}, the noise of this comparison):\n\n")
+    for key, label, what, unit, fmt in MEASURES:
+        f.write(f"- {what}: **{measured[label][1]}**.\n")

@@ -147,6 +147,10 @@ pub fn readme(name: &str, file: &BenchFile, machine: &str, runs: &[Run]) -> Stri
     if !file.about.trim().is_empty() {
         let _ = writeln!(out, "{}\n", file.about.trim());
     }
+    if !file.overrides.is_empty() {
+        let given: Vec<String> = file.overrides.iter().map(|(k, v)| format!("`{k}` = `{v}`")).collect();
+        let _ = writeln!(out, "Given for this result, over the file's vars: {}.\n", given.join(", "));
+    }
     write_checks(&mut out, file, runs);
     write_inputs(&mut out, file);
     for (i, run) in runs.iter().enumerate() {

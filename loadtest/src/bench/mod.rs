@@ -53,6 +53,11 @@ pub struct BenchFile {
     /// written, comments (the reasons) included.
     #[serde(skip)]
     pub source: String,
+    /// Vars given for this result on the runner's command line
+    /// (`loadtest/run NAME --set KEY=VALUE`), over the file's own; the
+    /// result states them.
+    #[serde(skip)]
+    pub overrides: BTreeMap<String, String>,
 }
 
 fn three() -> u32 {
@@ -91,6 +96,28 @@ impl BenchFile {
             return Err(format!("two checks are named {:?}", w[0]));
         }
         Ok(())
+    }
+
+    /// Give vars for this result over the file's own (`--set KEY=VALUE` of
+    /// the runner): each must be a var the file declares.
+    pub fn override_vars(&mut self, sets: BTreeMap<String, String>) -> Result<(), String> {
+        if let Some(k) = sets.keys().find(|k| !self.vars.contains_key(*k)) {
+            return Err(format!(
+                "--set {k}: the scenario has no such var (its vars: {})",
+                self.vars.keys().cloned().collect::<Vec<_>>().join(", ")
+            ));
+        }
+        for (k, v) in &sets {
+            self.vars.insert(k.clone(), Value::String(v.clone()));
+        }
+        self.overrides.extend(sets);
+        Ok(())
+    }
+
+    /// The overrides as the runner hands them to its drivers (environment
+    /// `BENCH_SET`: one `KEY=VALUE` a line), and back.
+    pub fn overrides_env(&self) -> String {
+        self.overrides.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
     }
 
     /// The driver's script (under `loadtest/bench/`) and its arguments.
@@ -384,5 +411,17 @@ checks:
         let undeclared = FILE.replace("vars: { slots: 64, rate: 1.5 }", "vars: { slots: 64 }");
         let f: BenchFile = serde_norway::from_str(&undeclared).expect("parses");
         assert!(f.validate().expect_err("rate undeclared").contains("${rate}"));
+    }
+
+    #[test]
+    fn a_given_var_replaces_the_files_and_an_unknown_one_is_refused() {
+        let mut f = file();
+        f.override_vars(vars(&[("slots", "8")])).expect("declared");
+        assert_eq!(f.var("slots").expect("set"), "8");
+        let out = f.gateway_config("main", &["http://127.0.0.1:5".into()], &BTreeMap::new()).expect("fills");
+        assert!(out.contains("max_inflight_per_replica: 8"), "{out}");
+        assert_eq!(f.overrides_env(), "slots=8\n");
+        let err = file().override_vars(vars(&[("slot", "8")])).expect_err("undeclared");
+        assert!(err.contains("slot") && err.contains("rate, slots"), "{err}");
     }
 }

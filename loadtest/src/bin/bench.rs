@@ -35,6 +35,9 @@ enum Cmd {
         /// Write the result here instead of loadtest/results/NAME/ (a trial).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Give a var of the file another value for this result (stated in it).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
     },
     /// Print gateway configuration NAME of a scenario file, filled for a run.
     Config {
@@ -68,14 +71,16 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let result = match Args::parse().cmd {
-        Cmd::Run { name, root, runs, machine, out } => run(&name, &root, runs, &machine, out),
+        Cmd::Run { name, root, runs, machine, out, sets } => {
+            bench::parse_sets(&sets).and_then(|sets| run(&name, &root, runs, &machine, out, sets))
+        }
         Cmd::Config { file, name, replicas, sets } => {
-            bench::parse_sets(&sets).and_then(|vars| BenchFile::load(&file)?.gateway_config(&name, &replicas, &vars)).map(|y| print!("{y}"))
+            bench::parse_sets(&sets).and_then(|vars| for_driver(&file)?.gateway_config(&name, &replicas, &vars)).map(|y| print!("{y}"))
         }
         Cmd::Load { file, name, target, sets } => {
-            bench::parse_sets(&sets).and_then(|vars| BenchFile::load(&file)?.load_scenario(&name, &target, &vars)).map(|y| print!("{y}"))
+            bench::parse_sets(&sets).and_then(|vars| for_driver(&file)?.load_scenario(&name, &target, &vars)).map(|y| print!("{y}"))
         }
-        Cmd::Var { file, name } => BenchFile::load(&file).and_then(|f| f.var(&name)).map(|v| println!("{v}")),
+        Cmd::Var { file, name } => for_driver(&file).and_then(|f| f.var(&name)).map(|v| println!("{v}")),
         Cmd::Check { root } => check_all(&root),
     };
     match result {
@@ -85,6 +90,17 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The scenario file as a driver of this result sees it: with the vars the
+/// runner was given (`BENCH_SET`) over the file's own.
+fn for_driver(path: &Path) -> Result<BenchFile, String> {
+    let mut f = BenchFile::load(path)?;
+    if let Ok(env) = std::env::var("BENCH_SET") {
+        let sets: Vec<String> = env.lines().filter(|l| !l.is_empty()).map(str::to_string).collect();
+        f.override_vars(bench::parse_sets(&sets)?)?;
+    }
+    Ok(f)
 }
 
 fn scenarios_dir(root: &Path) -> PathBuf {
@@ -105,10 +121,18 @@ fn check_all(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn run(name: &str, root: &Path, runs: Option<u32>, machine: &str, out: Option<PathBuf>) -> Result<(), String> {
+fn run(
+    name: &str,
+    root: &Path,
+    runs: Option<u32>,
+    machine: &str,
+    out: Option<PathBuf>,
+    sets: BTreeMap<String, String>,
+) -> Result<(), String> {
     let root = std::fs::canonicalize(root).map_err(|e| format!("{}: {e}", root.display()))?;
     let path = scenarios_dir(&root).join(format!("{name}.yaml"));
-    let file = BenchFile::load(&path)?;
+    let mut file = BenchFile::load(&path)?;
+    file.override_vars(sets)?;
     let runs = runs.unwrap_or(file.runs).max(1);
     let work = std::env::var_os("WORK").map(PathBuf::from).ok_or("WORK (a scratch directory) is not set; run it through loadtest/run")?;
     let (script, args) = file.driver_command(&root);
@@ -125,6 +149,7 @@ fn run(name: &str, root: &Path, runs: Option<u32>, machine: &str, out: Option<Pa
             .env("SEED", i.to_string())
             .env("RUNS", runs.to_string())
             .env("SCENARIO", &path)
+            .env("BENCH_SET", file.overrides_env())
             .status()
             .map_err(|e| format!("{}: {e}", script.display()))?;
         if !status.success() {
