@@ -1,37 +1,15 @@
 #!/usr/bin/env bash
-# Cost per request at RAG rates: what slogate spends on each short request
-# and each streamed event, side by side with HAProxy (Debian's, `mode http`:
-# every request parsed, keep-alive both sides; and `mode tcp`: bytes relayed)
-# and with no proxy at all, in one sitting, against an upstream and a load
-# generator the project did not write:
-#   - short requests: nginx answers a fixed vLLM-shaped body (an embeddings
-#     answer of 1,024 floats, 8.6 KB; a 64-token non-streaming completion),
-#     with Content-Length, as vLLM does; `wrk` sends it at 32 connections,
-#     keep-alive, SECS seconds a run. Requests/s and p50/p99 as wrk reports
-#     them; CPU per request is the proxy's own user + system time from
-#     /proc over the run, divided by the requests wrk counted. ROUNDS rounds,
-#     the paths interleaved within each; the report gives the median round
-#     and the worst;
-#   - streams: STREAMS open streams (1 token every 100 ms each, from the
-#     simulator; loadgen) through slogate and through HAProxy, each one's
-#     CPU per streamed event;
-#   - allocations per short request and per streamed event, counted by a
-#     gateway built with `--features heap-profile`. They are the gate: the
-#     run fails (exit 1) when either exceeds bench/cost_budget.json's figure
-#     by more than its margin, so a change cannot quietly give back what
-#     was won. Lower the budget when a change lowers them.
-# slogate runs with a fixed limit (1,024 a replica: nginx has no queue to
-# learn from) and no keys, as the issue's first measurement did.
-# Everything runs on 127.0.0.1 with free ports, bounded in time.
-# Writes loadtest/results/cost/README.md (stamped).
+# Driver of loadtest/scenarios/cost.yaml: cost per request at RAG rates.
+# One run into $RUN: short requests through nginx direct, HAProxy (tcp,
+# http) and slogate (wrk), allocations per request (the heap-profile
+# build), streams through slogate and HAProxy, allocations per event.
+#
+#   loadtest/run cost
 set -euo pipefail
-HERE=$(cd "$(dirname "$0")/.." && pwd)
-WORK=$(mktemp -d); export WORK
-source "$HERE/lib.sh"
-trap cleanup EXIT
-ROUNDS=${ROUNDS:-3} SECS=${SECS:-6} CONNS=${CONNS:-32} STREAMS=${STREAMS:-1000}
-build_release
-MACHINE=$(machine_line)
+HERE=$(cd "$(dirname "$0")" && pwd)
+: "${WORK:?run through loadtest/run}" "${RUN:?}" "${SEED:?}" "${SCENARIO:?}"
+source "$HERE/../lib.sh"
+SECS=$(bench_var secs) CONNS=$(bench_var conns) STREAMS=$(bench_var streams)
 ulimit -n "$(ulimit -Hn)"
 
 # nginx and wrk from Debian, installed once (root only), as HAProxy is.
@@ -64,7 +42,7 @@ EOF
 # nginx's workers run as an unprivileged user when it is started as root: they read the answers.
 chmod a+rx "$WORK"; chmod a+r "$WORK"/*.json
 NGINX_PORT=$(free_port)
-mkdir -p "$WORK/nginx"
+rm -rf "$WORK/nginx"; mkdir -p "$WORK/nginx"
 cat >"$WORK/nginx.conf" <<EOF
 worker_processes 1;
 pid $WORK/nginx/nginx.pid;
@@ -91,15 +69,8 @@ UP="http://127.0.0.1:$NGINX_PORT"
 for _ in $(seq 100); do curl -sf "$UP/health" >/dev/null && break; sleep 0.05; done
 curl -sf -X POST "$UP/v1/embeddings" -d @"$WORK/embeddings.req" | head -c 80 >&2; echo >&2
 
-cat >"$WORK/gw.yaml" <<EOF
-server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }
-pools:
-  - name: default
-    models: [m1]
-    replicas: [$UP]
-    max_inflight_per_replica: 1024
-EOF
-start_gateway "$WORK/gw.yaml"
+SIM_URLS=("$UP"); bench_config short "$RUN/gw.yaml"
+start_gateway "$RUN/gw.yaml"
 # (Each is started with exec: the PID is HAProxy's own.)
 start_haproxy hap-http http "$UP"; HAP_HTTP=$HAP_URL; HAP_HTTP_PID=${PIDS[-1]}
 start_haproxy hap-tcp tcp "$UP"; HAP_TCP=$HAP_URL; HAP_TCP_PID=${PIDS[-1]}
@@ -116,9 +87,9 @@ done
 one() {
   local round=$1 kind=$2 path=$3 url=$4 pid=$5 t0=0 ticks=0
   [ "$pid" != - ] && t0=$(cpu_ticks "$pid")
-  wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$WORK/$kind.lua" "$url/v1/$kind" >"$WORK/wrk-$round-$kind-$path.txt" 2>&1
+  wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$WORK/$kind.lua" "$url/v1/$kind" >"$RUN/wrk-$kind-$path.txt" 2>&1
   [ "$pid" != - ] && ticks=$(( $(cpu_ticks "$pid") - t0 ))
-  python3 - "$WORK/wrk-$round-$kind-$path.txt" "$round" "$kind" "$path" "$ticks" >>"$WORK/short.csv" <<'EOF'
+  python3 - "$RUN/wrk-$kind-$path.txt" "$round" "$kind" "$path" "$ticks" >>"$RUN/short.csv" <<'EOF'
 import re, sys
 text, round_, kind, path, ticks = open(sys.argv[1]).read(), *sys.argv[2:6]
 def ms(label):
@@ -134,16 +105,13 @@ print(f"{round_},{kind},{path},{reqs},{secs:.3f},{ticks},{ms(50):.3f},{ms(99):.3
 EOF
 }
 
-echo "round,kind,path,requests,secs,ticks,p50_ms,p99_ms,non2xx,socket_errors" >"$WORK/short.csv"
-for round in $(seq "$ROUNDS"); do
-  for kind in embeddings completions; do
-    one "$round" "$kind" direct "$UP" -
-    one "$round" "$kind" haproxy-tcp "$HAP_TCP" "$HAP_TCP_PID"
-    one "$round" "$kind" haproxy-http "$HAP_HTTP" "$HAP_HTTP_PID"
-    one "$round" "$kind" slogate "$GW_URL" "$GW_PID"
-  done
+echo "round,kind,path,requests,secs,ticks,p50_ms,p99_ms,non2xx,socket_errors" >"$RUN/short.csv"
+for kind in embeddings completions; do
+  one "$SEED" "$kind" direct "$UP" -
+  one "$SEED" "$kind" haproxy-tcp "$HAP_TCP" "$HAP_TCP_PID"
+  one "$SEED" "$kind" haproxy-http "$HAP_HTTP" "$HAP_HTTP_PID"
+  one "$SEED" "$kind" slogate "$GW_URL" "$GW_PID"
 done
-curl -sf "$ADMIN_URL/metrics" >"$WORK/short.metrics"
 gw_down
 
 # Allocations per request: a gateway built with `--features heap-profile`
@@ -151,11 +119,11 @@ gw_down
 # fresh gateways; the difference in allocations over the difference in
 # requests leaves start-up and shutdown out.
 (cd "$ROOT" && cargo build --release --locked -q --features heap-profile --target-dir target/heap --bin slogate)
-heap_run() { # NAME KIND SECONDS: allocations and requests to $WORK/NAME.allocs
-  GW_BIN="$ROOT/target/heap/release/slogate" SLOGATE_HEAP_PROFILE="$WORK/$1.heap.json" start_gateway "$WORK/gw.yaml" "gw-$1"
-  wrk -t1 -c"$CONNS" -d"$3s" -s "$WORK/$2.lua" "$GW_URL/v1/$2" >"$WORK/$1.wrk" 2>&1
+heap_run() { # NAME KIND SECONDS: allocations and requests to $RUN/NAME.allocs
+  GW_BIN="$ROOT/target/heap/release/slogate" SLOGATE_HEAP_PROFILE="$RUN/$1.heap.json" start_gateway "$RUN/gw.yaml" "gw-$1"
+  wrk -t1 -c"$CONNS" -d"$3s" -s "$WORK/$2.lua" "$GW_URL/v1/$2" >"$RUN/$1.wrk" 2>&1
   gw_down
-  python3 - "$WORK/$1.heap.json" "$WORK/$1.wrk" >"$WORK/$1.allocs" <<'EOF2'
+  python3 - "$RUN/$1.heap.json" "$RUN/$1.wrk" >"$RUN/$1.allocs" <<'EOF2'
 import json, re, sys
 pps = json.load(open(sys.argv[1]))["pps"]
 # dhat: tbk is the allocations (blocks), tb their bytes.
@@ -174,58 +142,29 @@ done
 # opened finishes before it exits).
 start_sim streams --profile llama8b-h100 --step-base-ms 100 --decode-per-seq-ms 0 --prefill-per-token-ms 0 \
   --max-num-seqs 20000 --max-num-batched-tokens 10000000 --kv-blocks 10000000
-cat >"$WORK/gw-streams.yaml" <<EOF
-server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s, max_connections: 20000 }
-pools:
-  - name: default
-    models: [auto]
-    replicas: [${SIM_URLS[0]}]
-    max_inflight_per_replica: 20000
-tiers: { interactive: { queue_capacity: 20000 } }
-EOF
-start_gateway "$WORK/gw-streams.yaml" gw-streams
+bench_config streams "$RUN/gw-streams.yaml"
+start_gateway "$RUN/gw-streams.yaml" gw-streams
 start_haproxy hap-streams-http http "${SIM_URLS[0]}"; STREAM_HTTP=$HAP_URL; STREAM_HTTP_PID=${PIDS[-1]}
 start_haproxy hap-streams-tcp tcp "${SIM_URLS[0]}"; STREAM_TCP=$HAP_URL; STREAM_TCP_PID=${PIDS[-1]}
-cat >"$WORK/streams.yaml" <<EOF
-target: $GW_URL
-duration: 25s
-warmup: 10s
-request_timeout: 120s
-streams:
-  - name: s
-    class: chat
-    model: sim-llama-8b
-    arrival: { kind: closed, concurrency: $STREAMS, ramp: 5s }
-    prompt_tokens: { dist: fixed, value: 16 }
-    output_tokens: { dist: fixed, value: 100 }
-EOF
-echo "path,ticks" >"$WORK/streams.csv"
+bench_load streams "$RUN/streams.yaml"
+echo "path,ticks" >"$RUN/streams.csv"
 stream_run() { # PATH URL PID
   local t0; t0=$(cpu_ticks "$3")
-  "$BIN/loadgen" run "$WORK/streams.yaml" --target "$2" --label "streams-$1" --no-progress --out "$WORK/streams-$1.json" >&2
-  echo "$1,$(( $(cpu_ticks "$3") - t0 ))" >>"$WORK/streams.csv"
+  "$BIN/loadgen" run "$RUN/streams.yaml" --target "$2" --label "streams-$1" --no-progress --out "$RUN/streams-$1.json" >&2
+  echo "$1,$(( $(cpu_ticks "$3") - t0 ))" >>"$RUN/streams.csv"
 }
 stream_run slogate "$GW_URL" "$GW_PID"
-curl -sf "$ADMIN_URL/metrics" >"$WORK/streams.metrics"
 stream_run haproxy-http "$STREAM_HTTP" "$STREAM_HTTP_PID"
 stream_run haproxy-tcp "$STREAM_TCP" "$STREAM_TCP_PID"
 gw_down
-# Allocations per streamed event: HEAP_STREAMS streams through the heap-profile
+# Allocations per streamed event: 100 streams through the heap-profile
 # build, for two lengths; events from its metrics.
 for len in short long; do
   secs=10; [ $len = long ] && secs=20
-  GW_BIN="$ROOT/target/heap/release/slogate" SLOGATE_HEAP_PROFILE="$WORK/heap-streams-$len.heap.json" start_gateway "$WORK/gw-streams.yaml" "gw-heap-streams-$len"
-  sed "s|^target: .*|target: $GW_URL|; s|^duration: .*|duration: ${secs}s|; s|^warmup: .*|warmup: 0s|; s|concurrency: $STREAMS|concurrency: ${HEAP_STREAMS:-100}|" "$WORK/streams.yaml" >"$WORK/heap-streams-$len.yaml"
-  "$BIN/loadgen" run "$WORK/heap-streams-$len.yaml" --label "heap-streams-$len" --no-progress --out "$WORK/heap-streams-$len.json" >&2
-  curl -sf "$ADMIN_URL/metrics" >"$WORK/heap-streams-$len.metrics"
+  GW_BIN="$ROOT/target/heap/release/slogate" SLOGATE_HEAP_PROFILE="$RUN/heap-streams-$len.heap.json" start_gateway "$RUN/gw-streams.yaml" "gw-heap-streams-$len"
+  bench_load streams "$RUN/heap-streams-$len.yaml" --set duration="${secs}s" --set warmup=0s --set streams=100
+  "$BIN/loadgen" run "$RUN/heap-streams-$len.yaml" --target "$GW_URL" --label "heap-streams-$len" --no-progress --out "$RUN/heap-streams-$len.json" >&2
+  curl -sf "$ADMIN_URL/metrics" >"$RUN/heap-streams-$len.metrics"
   gw_down
 done
-
-set +e
-python3 "$HERE/bench/cost_report.py" "$WORK" "$MACHINE" "$(getconf CLK_TCK)" "$ROUNDS" "$SECS" "$CONNS" "$STREAMS" "$HERE/bench/cost_budget.json" >"$WORK/README.md"
-GATE=$?
-set -e
-publish "$WORK" "$ROOT/loadtest/results/cost"
-cat "$ROOT/loadtest/results/cost/README.md"
-# The gate: allocations per request or per event over the budget fail the run.
-exit $GATE
+python3 "$HERE/cost_report.py" "$RUN" "$(getconf CLK_TCK)" "$STREAMS"

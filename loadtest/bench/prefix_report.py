@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
-"""Report of loadtest/bench/prefix.sh: prefix-aware routing against
-least_loaded and round_robin, from the load generator's records and the
-simulated replicas' own prefix cache counters.
+"""Report of one run of loadtest/bench/prefix.sh: prefix-aware routing
+against least_loaded and round_robin, from the load generator's records and
+the simulated replicas' own prefix cache counters. Writes DIR/report.md,
+DIR/measured.json (judged by loadtest/run) and DIR/{throughput,ttft}.{csv,title}
+for the charts of the shared-prefix sweep.
 
-    prefix_report.py WORK MACHINE SECS SIM_ARGS RUN...
-
-Writes the Markdown to stdout, and WORK/{throughput,ttft}.{csv,title} for
-the charts of the shared-prefix sweep.
+    prefix_report.py DIR SECS PART...
 """
 import json
+import os
 import sys
 
-work, machine, secs, sim_args, *runs = sys.argv[1:]
+from admission_report import write_measured  # beside this script
+
+work, secs, *runs = sys.argv[1:]
 secs = float(secs)
 DONE = ("ok", "length")
 
@@ -58,19 +60,8 @@ def row(label, x):
 
 HEAD = ("| | sent | done | 429 | failed | output tokens/s | TTFT p90 ms | TTFT p99 ms | engine cache hits |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-verdicts = []
-print("# Prefix-cache-aware routing\n")
-print(f"{machine}. Every figure below is from that run (`loadtest/bench/prefix.sh`; {secs:.0f} s per run).\n")
-print(f"""Four simulated vLLM replicas (`vllm-sim {sim_args}`: an 8B model on an H100, prefill 0.03 ms a token in
-chunks of 2,048, a 6 ms step, KV for 464,000 tokens a replica) that keep a prefix cache as vLLM does: computed
-prompt blocks are named by chained hashes, a prompt skips the prefill of the leading blocks its replica holds,
-freed blocks stay cached until memory is needed, least recently freed first (tail before head).
-One gateway (three in the fleet scenario) on its defaults, learned limits included; only `balance` changes.
-Each scenario starts fresh replicas, every cache empty, then runs its rates in turn, lowest first, the
-caches carrying over (a load that rises, as in llm-d's runs). "Engine cache hits" is the replicas' own
-`vllm:prefix_cache_hits / vllm:prefix_cache_queries` over the run, not the gateway's estimate. Streams of the
-`chat` class (TTFT target 300 ms); "failed" counts errors and timeouts, "429" requests the gateway refused.
-""")
+measured = {}
+sys.stdout = open(os.path.join(work, "report.md"), "w")
 
 shared = sorted({int(n.rsplit("-", 1)[1]) for n in runs if n.startswith("shared-")})
 fleet = sorted({int(n.rsplit("-", 1)[1]) for n in runs if n.startswith("fleet-")})
@@ -105,11 +96,9 @@ shuffled order, again from the start once all were sent: the first of each group
         sat = next((r for r, x in zip(shared, ll) if x["p90"] > 300), shared[max(range(len(ll)), key=lambda i: ll[i]["tok_s"])])
         a, b = R[f"shared-prefix_aware-{sat}"], R[f"shared-least_loaded-{sat}"]
         ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("inf")
-        verdicts.append(("shared: output tokens/s at least 1.8x least_loaded's where it saturates", ratio >= 1.8,
-                         f"at {sat} req/s: {a['tok_s']:.0f} vs {b['tok_s']:.0f} ({ratio:.2f}x)"))
-        verdicts.append(("shared: TTFT p90 within 300 ms where least_loaded's is not", a["p90"] <= 300 < b["p90"],
-                         f"{a['p90']:.0f} ms vs {b['p90']:.0f} ms"))
-        verdicts.append(("shared: engine-reported cache hits at least 80 %", a["hit"] >= 0.8, f"{100 * a['hit']:.1f} %"))
+        measured["shared_tokens_ratio"] = (ratio, f"at {sat} req/s: {a['tok_s']:.0f} vs {b['tok_s']:.0f} ({ratio:.2f}x)")
+        measured["shared_ttft_within"] = (a["p90"] <= 300 < b["p90"], f"at {sat} req/s: {a['p90']:.0f} ms vs {b['p90']:.0f} ms")
+        measured["shared_hits_pct"] = (100 * a["hit"], f"{100 * a['hit']:.1f} % at {sat} req/s")
 
 if any(n.startswith("multiturn-") for n in runs):
     print("## Multi-turn chat\n")
@@ -123,7 +112,7 @@ text the engine never generated, so only prompt blocks are reused, as with a cli
             print(row(p, R[f"multiturn-{p}-20"]))
     if "multiturn-prefix_aware-20" in R:
         h = R["multiturn-prefix_aware-20"]["hit"]
-        verdicts.append(("multi-turn: at least 90 % of prompt tokens cached", h >= 0.9, f"{100 * h:.1f} %"))
+        measured["multiturn_hits_pct"] = (100 * h, f"{100 * h:.1f} %")
     print()
 
 rand = sorted({int(n.rsplit("-", 1)[1]) for n in runs if n.startswith("random-")})
@@ -138,8 +127,7 @@ if rand:
         a, b = R[f"random-prefix_aware-{r}"], R[f"random-least_loaded-{r}"]
         worst_t = max(worst_t, (b["tok_s"] - a["tok_s"]) / b["tok_s"] if b["tok_s"] else 0)
         worst_p = max(worst_p, (a["p99"] - b["p99"]) / b["p99"] if b["p99"] else 0)
-    verdicts.append(("random: within 3 % of least_loaded on throughput and TTFT p99", worst_t <= 0.03 and worst_p <= 0.03,
-                     f"worst: throughput {100 * worst_t:+.1f} % lower, TTFT p99 {100 * worst_p:+.1f} % higher"))
+    measured["random_worst_pct"] = (100 * max(worst_t, worst_p), f"worst: throughput {100 * worst_t:+.1f} % lower, TTFT p99 {100 * worst_p:+.1f} % higher")
     print()
 
 if any(n.startswith("hot-") for n in runs):
@@ -158,8 +146,8 @@ finished per replica (all of them, hot and not), and each replica's waiting queu
         x = R["hot-prefix_aware-40"]
         spread = min(x["per_replica"]) / max(x["per_replica"]) if max(x["per_replica"]) else 0
         bounded = max(x["end_waiting"] or [0]) <= 20
-        verdicts.append(("hot: the load spreads over the replicas and no waiting queue grows", spread >= 0.5 and bounded,
-                         f"fewest/most requests per replica {spread:.2f}; waiting at the end {[int(v) for v in x['end_waiting']]}"))
+        measured["hot_spread"] = (spread >= 0.5 and bounded,
+                                  f"fewest/most requests per replica {spread:.2f}; waiting at the end {[int(v) for v in x['end_waiting']]}")
     print()
 
 if fleet:
@@ -176,13 +164,11 @@ if fleet:
         sat = next((r for r, x in zip(fleet, ll) if x["p90"] > 300), fleet[-1])
         a, b = R[f"fleet-prefix_aware-{sat}"], R[f"fleet-least_loaded-{sat}"]
         ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("inf")
-        verdicts.append(("fleet: the same targets through three gateways",
-                         ratio >= 1.8 and a["p90"] <= 300 < b["p90"] and a["hit"] >= 0.8,
-                         f"at {sat} req/s: {ratio:.2f}x least_loaded's tokens/s, TTFT p90 {a['p90']:.0f} vs {b['p90']:.0f} ms, "
-                         f"hits {100 * a['hit']:.1f} %"))
+        measured["fleet_same_targets"] = (ratio >= 1.8 and a["p90"] <= 300 < b["p90"] and a["hit"] >= 0.8,
+                                          f"at {sat} req/s: {ratio:.2f}x least_loaded's tokens/s, TTFT p90 {a['p90']:.0f} vs {b['p90']:.0f} ms, "
+                                          f"hits {100 * a['hit']:.1f} %")
     print()
 
-import os
 if os.path.exists(f"{work}/cost.md"):
     cost = open(f"{work}/cost.md").read().strip()
     print("## Decision cost\n")
@@ -194,11 +180,8 @@ ranking, the slot taken); hashing a prompt once is beside it, and the resident m
     try:
         cells = [c.strip() for c in cost.splitlines()[2].strip("|").split("|")]
         p99 = float(cells[5])
-        verdicts.append(("decision p99 at most 50 µs with 10,000 indexed prompts", p99 <= 50, f"{p99:.1f} µs"))
+        measured["decision_p99_us"] = (p99, f"{p99:.1f} µs")
     except (IndexError, ValueError):
-        verdicts.append(("decision p99 at most 50 µs with 10,000 indexed prompts", False, "not measured"))
+        measured["decision_p99_us"] = (None, "not measured")
 
-print("## Verdict\n")
-print("| target | met | measured |\n|---|---|---|")
-for what, ok, measured in verdicts:
-    print(f"| {what} | {'yes' if ok else '**no**'} | {measured} |")
+write_measured(work, measured)
