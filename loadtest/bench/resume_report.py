@@ -69,8 +69,13 @@ for fault, what in FAULTS.items():
             good = n > 0 and whole == n and two_ids + two_roles == 0
             measured[f"{fault}_whole"] = (good, f"{whole} of {n} whole, {two_ids + two_roles} spliced visibly, "
                                           f"{total(m, 'slogate_stream_resumes_total')} resumed")
-            all_ok = all_ok and ok == n
-            measured.setdefault("_ok", []).append(f"{fault} {ok} of {n}")
+            # A stream that broke again after its continuation (the default
+            # allows one) is lost by design; any other lost stream is not.
+            again = total(m, "slogate_stream_unresumed_total", why="attempts")
+            measured[f"{fault}_lost_not_twice_broken"] = (n - whole - again, f"{n - whole} lost, {again} of them broke again after their one continuation")
+            all_ok = all_ok and ok == whole
+            measured.setdefault("_ok", []).append(f"{fault} {ok} ok of {whole} whole")
+            measured[f"{fault}_spliced"] = (two_ids + two_roles, f"{two_ids} with 2 ids, {two_roles} with 2 role chunks")
         else:
             off_lost += len(streams) - whole
 measured["all_counted_ok"] = (all_ok, ", ".join(measured.pop("_ok")))
