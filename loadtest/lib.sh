@@ -165,19 +165,6 @@ measure_capacity() {
   echo "$C" >"$WORK/C"
   echo "capacity C = $C req/s" >&2
 }
-# chat_stream NAME CLASS ARRIVAL PROMPT OUTPUT [TURNS]: one loadgen stream of MODEL, as YAML.
-chat_stream() {
-  cat <<EOF
-  - name: $1
-    class: $2
-    model: $MODEL
-    arrival: $3
-    prompt_tokens: $4
-    output_tokens: $5
-    turns: ${6:-1}
-EOF
-}
-
 # Benchmark scenarios (loadtest/run): a driver takes its gateway
 # configurations and loads from the scenario file ($SCENARIO), filled for
 # its run; nothing writes a configuration by hand.

@@ -16,7 +16,7 @@ LLAMA_DIR="$ROOT/target/llama.cpp"
 LLAMA_SERVER="$LLAMA_DIR/$LLAMA_CPP_PYTHON/llama-server"
 LLAMA_VENV="$ROOT/.venv-engines"
 LLAMA_SLOTS=${LLAMA_SLOTS:-8}
-MODEL=llama-tiny   # the name the replicas serve (--alias), for chat_stream
+MODEL=llama-tiny   # the name the replicas serve (--alias)
 # 256 wide, 4 blocks: about 2 ms a decode step alone and 3 ms with four
 # sequences in the batch on one core of this kind of machine.
 LLAMA_MODEL_ARGS=(--width 256 --layers 4 --ctx 8192)

@@ -9,13 +9,11 @@ loadtest/run, judges them) and draws the timeline charts.
     admission_report.py breaker DIR
     admission_report.py reduction DIR
     admission_report.py shedlate DIR C
-    admission_report.py runs DIR SCRIPT MACHINE       -> DIR/run-*/ judged together (limits.sh, tenants.sh)
 """
 import csv
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from datetime import datetime
@@ -126,16 +124,6 @@ def median_worst(values, worse):
     return med, w
 
 
-def write_checks(f, checks):
-    """The checks table: each of the issue's claims, met or not, with the
-    number. Also kept beside the report as checks.json, for `runs`."""
-    f.write("## Checks\n\n| check | result | measured |\n|---|---|---|\n")
-    for name, ok, val in checks:
-        f.write(f"| {name} | {'met' if ok else '**not met**'} | {val} |\n")
-    with open(os.path.join(os.path.dirname(os.path.abspath(f.name)), "checks.json"), "w") as out:
-        json.dump([{"check": n, "met": bool(ok), "measured": v} for n, ok, v in checks], out, indent=1)
-
-
 def write_measured(d, values):
     """DIR/measured.json for the runner: each value a number, a yes/no, None
     (not measured), or (value, text) where the report states it in words."""
@@ -146,44 +134,6 @@ def write_measured(d, values):
         out[k] = {"value": clean(v[0]), "text": v[1]} if isinstance(v, tuple) else clean(v)
     with open(os.path.join(d, "measured.json"), "w") as f:
         json.dump(out, f, indent=1)
-
-
-def cmd_runs(d, script, machine):
-    """DIR/run-1 ... run-N each hold one run's report (README.md, checks.json,
-    charts): DIR/README.md judges each check on the median run (met when
-    most runs meet it: for a threshold on a number, the median meets it
-    exactly then), states every run's number and so the worst, and keeps
-    each run's report below. Run 1's charts are the ones kept."""
-    runs = sorted((int(n[4:]) for n in os.listdir(d) if n.startswith("run-") and n[4:].isdigit()))
-    reports = {i: open(os.path.join(d, f"run-{i}", "README.md")).read().split("\n") for i in runs}
-    checks = {i: load(os.path.join(d, f"run-{i}", "checks.json")) for i in runs}
-    names = [c["check"] for c in checks[runs[0]]]
-    title = reports[runs[0]][0]
-    with open(os.path.join(d, "README.md"), "w") as f:
-        f.write(f"{title}\n\nMachine: {machine}. Produced by `{script}`, {len(runs)} runs (each on fresh replicas and gateways; "
-                "a load drawn at random takes another seed each run). A check is met when the median run meets it (most runs do); every run's number "
-                "is stated, the worst among them. The charts are run 1's.\n\n")
-        f.write("## Checks\n\n| check | result (median run) | " + " | ".join(f"run {i}" for i in runs) + " |\n")
-        f.write("|---|---|" + "---|" * len(runs) + "\n")
-        for name in names:
-            per = [next((c for c in checks[i] if c["check"] == name), None) for i in runs]
-            met = sum(1 for c in per if c and c["met"])
-            verdict = "met" if 2 * met > len(runs) else "**not met**"
-            cells = " | ".join((("" if c["met"] else "not met: ") + c["measured"]) if c else "-" for c in per)
-            f.write(f"| {name} | {verdict} (in {met} of {len(runs)}) | {cells} |\n")
-        for i in runs:
-            body = reports[i][1:]
-            # The run's own stamp and checks are above; its description and tables follow, one level down.
-            body = [l for l in body if not l.startswith("Machine: ")]
-            if i != runs[0]:
-                # The setting is run 1's, said once: later runs keep their tables.
-                body = body[next((k for k, l in enumerate(body) if l.startswith("## ")), 0):]
-            f.write(f"\n## Run {i}\n\n")
-            f.write("\n".join(("#" + l) if l.startswith("## ") else l for l in body).strip() + "\n")
-        for n in os.listdir(os.path.join(d, f"run-{runs[0]}")):
-            if n.endswith(".svg"):
-                shutil.copy(os.path.join(d, f"run-{runs[0]}", n), os.path.join(d, n))
-    print(open(os.path.join(d, "README.md")).read())
 
 
 def cmd_capacity(path):
@@ -420,4 +370,4 @@ def cmd_shedlate(d, C):
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
     {"capacity": cmd_capacity, "overload": cmd_overload, "breaker": cmd_breaker, "reduction": cmd_reduction,
-     "shedlate": cmd_shedlate, "runs": cmd_runs}[cmd](*rest)
+     "shedlate": cmd_shedlate}[cmd](*rest)
