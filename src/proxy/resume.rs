@@ -84,6 +84,7 @@ impl<B> Resume<B> {
             ids: None,
             spliced: None,
             had_chunk: false,
+            passed_error: None,
         };
         Resume { link, splice }
     }
@@ -121,6 +122,9 @@ pub(crate) struct Splice {
     spliced: Option<u64>,
     /// The client had a chunk (its role chunk) before the continuation.
     had_chunk: bool,
+    /// An error event reached the client because the stream could no
+    /// longer be continued: why not (counted once, then cleared).
+    passed_error: Option<NotResumed>,
 }
 
 /// The members every chunk of one stream shares.
@@ -141,12 +145,23 @@ impl Splice {
     /// and (while the answer can still be continued) its text, appended to
     /// what the client has, in the same pass.
     pub(super) fn read(&mut self, data: &[u8]) -> EventInfo {
-        if self.not_exact {
-            return sse::analyze(data);
+        let info = if self.not_exact {
+            sse::analyze(data)
+        } else {
+            let (info, piece) = sse::analyze_text(data, &mut self.text);
+            self.not_exact = piece == Piece::Other;
+            info
+        };
+        if info.error && !self.may_resume() {
+            self.passed_error = Some(if self.not_exact { "not_exact" } else { "attempts" });
         }
-        let (info, piece) = sse::analyze_text(data, &mut self.text);
-        self.not_exact = piece == Piece::Other;
         info
+    }
+
+    /// Why an error event just reached the client instead of being
+    /// continued from, once.
+    pub(super) fn take_passed_error(&mut self) -> Option<NotResumed> {
+        self.passed_error.take()
     }
 
     /// The stream's first event: its ids, which every continuation chunk carries.
@@ -312,6 +327,7 @@ mod tests {
             ids: None,
             spliced: None,
             had_chunk: false,
+            passed_error: None,
         }
     }
 

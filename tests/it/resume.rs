@@ -216,3 +216,39 @@ async fn a_stream_cut_after_its_finish_is_not_continued() {
     assert_eq!(metric(&m, "slogate_stream_unresumed_total", &[("why", "finished")]), Some(1.0));
     assert_quiescent(&gw).await;
 }
+
+#[tokio::test]
+async fn an_error_event_past_the_last_attempt_reaches_the_client_and_is_counted_unresumed() {
+    // Both replicas end every stream with an error event: the continuation
+    // breaks too, and the default allows one.
+    for (proto, client) in clients() {
+        let gate = Gate::default();
+        gate.open();
+        let steps = {
+            let gate = gate.clone();
+            script(move |_| {
+                let mut steps = vec![
+                    Step::Send(chunk("chatcmpl-a", 1, r#"{"role":"assistant","content":""}"#, None)),
+                    Step::Send(chunk("chatcmpl-a", 1, r#"{"content":"Hel"}"#, None)),
+                ];
+                steps.extend(Break::ErrorEvent.steps(&gate));
+                Script::sse(steps)
+            })
+        };
+        let (a, b) = (Mock::start(steps.clone()).await, Mock::start(steps).await);
+        let gw = gateway_config(&[a.url(), b.url()]).start().await;
+        let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+        let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("the stream ends").to_bytes()).into_owned();
+        assert!(text.contains("engine died"), "{proto}: the second error event reaches the client: {text}");
+        assert_eq!(a.calls() + b.calls(), 2, "{proto}: the request and one continuation");
+        wait_until("counted", || async { requests_with_outcome(&gw, "stream_error").await == 1.0 }).await;
+        let m = metrics_text(&gw).await;
+        assert_eq!(metric(&m, "slogate_stream_resumes_total", &[("reason", "error_event")]), Some(1.0), "{proto}");
+        assert_eq!(
+            metric(&m, "slogate_stream_unresumed_total", &[("reason", "error_event"), ("why", "attempts")]),
+            Some(1.0),
+            "{proto}: the break that was not continued is counted"
+        );
+        assert_quiescent(&gw).await;
+    }
+}

@@ -85,7 +85,15 @@ impl<B> ObservedBody<B> {
 
     /// The replica sent an error event that was hidden to continue the
     /// stream elsewhere (cleared by asking).
+    /// An error event the stream could no longer be continued from, which
+    /// the client got, is a break not resumed: counted as such.
     pub(super) fn broke_on_error_event(&mut self) -> bool {
+        if let Some(r) = self.resume.as_deref_mut() {
+            if let Some(not) = r.splice.take_passed_error() {
+                let labels = UnresumedLabels { pool: r.link.pool().to_string(), reason: Break::ErrorEvent.as_str(), why: not };
+                self.tracker.metrics().stream_unresumed.get_or_create(&labels).inc();
+            }
+        }
         match &mut self.mode {
             Mode::Sse { broke, .. } => std::mem::take(broke),
             _ => false,
