@@ -25,7 +25,7 @@ start_sim https --step-base-ms 20 $SIM_EVEN --stamp-events --tls-cert "$RUN/repl
 TLS_URL=${SIM_URLS[0]}
 
 SIM_URLS=("$PLAIN_URL"); bench_config plain "$RUN/p.yaml"
-SIM_URLS=("$TLS_URL"); bench_config tls "$RUN/t.yaml" --set ca="$RUN/ca.pem"
+bench_config tls "$RUN/t.yaml" --set ca="$RUN/ca.pem" --set tls_url="$TLS_URL"
 start_gateway "$RUN/p.yaml" p1; P1_PID=$GW_PID; P1_URL=$GW_URL
 start_gateway "$RUN/p.yaml" p2; P2_PID=$GW_PID; P2_URL=$GW_URL
 start_gateway "$RUN/t.yaml" t; T_PID=$GW_PID; T_URL=$GW_URL
