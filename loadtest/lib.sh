@@ -92,6 +92,54 @@ start_haproxy() {
   echo "haproxy ($mode) did not start; its log:" >&2; cat "$WORK/$name.log" >&2; return 1
 }
 
+# ensure_pkg PACKAGE COMMAND: COMMAND from Debian's PACKAGE, installed once (root only).
+ensure_pkg() {
+  command -v "$2" >/dev/null && return 0
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1") >"$WORK/apt-$1.log" 2>&1 || true
+  fi
+  command -v "$2" >/dev/null || { echo "this benchmark needs $2 (apt-get install $1)" >&2; return 1; }
+}
+# start_nginx NAME PATH=FILE...: nginx (Debian's, an upstream the project did
+# not write) on a free loopback port, answering each PATH, GET or POST, with
+# FILE's bytes and their Content-Length, as vLLM answers a non-streaming
+# request; /health answers 200, anything else 404. Request bodies up to
+# 64 MiB are read and dropped. Sets NGINX_URL and NGINX_PID.
+start_nginx() {
+  local name=$1 port dir; shift
+  ensure_pkg nginx-light nginx || return 1
+  port=$(free_port); dir="$WORK/$name"; rm -rf "$dir"; mkdir -p "$dir"
+  # nginx's workers run as an unprivileged user when it is started as root: they read the answers.
+  chmod a+rx "$WORK" "$dir"
+  { echo "worker_processes 1;"
+    echo "pid $dir/nginx.pid;"
+    echo "error_log $dir/error.log warn;"
+    echo "events { worker_connections 4096; }"
+    echo "http {"
+    echo "  access_log off;"
+    echo "  client_body_temp_path $dir;"
+    echo "  keepalive_requests 1000000;"
+    echo "  client_max_body_size 64m;"
+    echo "  server {"
+    echo "    listen 127.0.0.1:$port;"
+    echo "    default_type application/json;"
+    local pair
+    for pair in "$@"; do
+      chmod a+r "${pair#*=}"
+      # A static answer refuses POST with 405; error_page turns that into the answer.
+      echo "    location = ${pair%%=*} { client_body_buffer_size 64k; alias ${pair#*=}; error_page 405 =200 \$uri; }"
+    done
+    echo "    location = /health { return 200; }"
+    echo "    location / { return 404; }"
+    echo "  }"
+    echo "}"
+  } >"$dir/nginx.conf"
+  ( exec nginx -c "$dir/nginx.conf" -g 'daemon off;' ) &
+  NGINX_PID=$!; PIDS+=($NGINX_PID); NGINX_URL="http://127.0.0.1:$port"
+  for _ in $(seq 100); do curl -sf "$NGINX_URL/health" >/dev/null && return 0; sleep 0.05; done
+  echo "nginx did not start; its log:" >&2; cat "$dir/error.log" >&2; return 1
+}
+
 # rss_kb PID [FIELD]: VmRSS (or VmHWM, the peak) of a process, in kB.
 rss_kb() { awk -v k="${2:-VmRSS}:" '$1 == k {print $2}' "/proc/$1/status"; }
 

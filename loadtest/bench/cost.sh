@@ -12,12 +12,8 @@ source "$HERE/../lib.sh"
 SECS=$(bench_var secs) CONNS=$(bench_var conns) STREAMS=$(bench_var streams)
 ulimit -n "$(ulimit -Hn)"
 
-# nginx and wrk from Debian, installed once (root only), as HAProxy is.
-for pkg in nginx-light:nginx wrk:wrk; do
-  command -v "${pkg#*:}" >/dev/null && continue
-  [ "$(id -u)" = 0 ] && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkg%:*}") >"$WORK/apt.log" 2>&1 || true
-  command -v "${pkg#*:}" >/dev/null || { echo "cost.sh needs ${pkg#*:} (apt-get install ${pkg%:*})" >&2; exit 1; }
-done
+# wrk and nginx from Debian, installed once (root only), as HAProxy is.
+ensure_pkg wrk wrk
 ensure_haproxy
 
 # The fixed answers, shaped as vLLM's.
@@ -39,34 +35,8 @@ open(f"{work}/embeddings.req", "w").write(json.dumps({"model": "m1", "input": "W
 open(f"{work}/completions.req", "w").write(json.dumps({"model": "m1", "prompt": "Once upon a time", "max_tokens": 64}))
 EOF
 
-# nginx's workers run as an unprivileged user when it is started as root: they read the answers.
-chmod a+rx "$WORK"; chmod a+r "$WORK"/*.json
-NGINX_PORT=$(free_port)
-rm -rf "$WORK/nginx"; mkdir -p "$WORK/nginx"
-cat >"$WORK/nginx.conf" <<EOF
-worker_processes 1;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx;
-  keepalive_requests 1000000;
-  server {
-    listen 127.0.0.1:$NGINX_PORT;
-    default_type application/json;
-    location = /v1/embeddings { client_body_buffer_size 64k; alias $WORK/embeddings.json; error_page 405 =200 \$uri; }
-    location = /v1/completions { client_body_buffer_size 64k; alias $WORK/completions.json; error_page 405 =200 \$uri; }
-    location = /v1/models { alias $WORK/models.json; }
-    location = /health { return 200; }
-    location / { return 404; }
-  }
-}
-EOF
-( exec nginx -c "$WORK/nginx.conf" -g 'daemon off;' ) &
-PIDS+=($!); NGINX_PID=$!
-UP="http://127.0.0.1:$NGINX_PORT"
-for _ in $(seq 100); do curl -sf "$UP/health" >/dev/null && break; sleep 0.05; done
+start_nginx nginx /v1/embeddings="$WORK/embeddings.json" /v1/completions="$WORK/completions.json" /v1/models="$WORK/models.json"
+UP=$NGINX_URL
 curl -sf -X POST "$UP/v1/embeddings" -d @"$WORK/embeddings.req" | head -c 80 >&2; echo >&2
 
 SIM_URLS=("$UP"); bench_config short "$RUN/gw.yaml"

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Driver of loadtest/scenarios/hol-uploads.yaml: large request bodies from
+# h2load (JSON with `model` last; multipart uploads with `model` last) to
+# nginx, straight or through the gateway, beside 200 open streams on a
+# simulated replica. One run into $RUN: the parts quiet, json-direct,
+# json-gateway, form-direct, form-gateway, one after the other.
+#
+#   loadtest/run hol-uploads
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+: "${WORK:?run through loadtest/run}" "${RUN:?}" "${SEED:?}" "${SCENARIO:?}"
+source "$HERE/../lib.sh"
+ensure_pkg nghttp2-client h2load
+JSON_RATE=$(bench_var json_rate) FORM_RATE=$(bench_var form_rate)
+SECS=20   # each part: the streams load's duration
+
+# The large bodies (once for all runs) and nginx's fixed answers.
+if [ ! -f "$WORK/big.json" ]; then
+  python3 - "$WORK" <<'PY'
+import json, os, sys
+work = sys.argv[1]
+words = ("the quick brown fox jumps over the lazy dog " * 100000)[: 4 * 2**20]
+json.dump({"messages": [{"role": "user", "content": words}], "max_tokens": 1, "stream": False, "model": "bulk-llm"},
+          open(f"{work}/big.json", "w"))
+b = "slogatebenchboundary"
+with open(f"{work}/big.form", "wb") as f:
+    f.write(f"--{b}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"speech.wav\"\r\nContent-Type: audio/wav\r\n\r\n".encode())
+    f.write(os.urandom(25 * 10**6))
+    f.write(f"\r\n--{b}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nbulk-whisper\r\n--{b}--\r\n".encode())
+open(f"{work}/chat.answer", "w").write(json.dumps({
+    "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "bulk-llm",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 1048576, "completion_tokens": 1, "total_tokens": 1048577}}, separators=(",", ":")))
+open(f"{work}/transcription.answer", "w").write(json.dumps({"text": "ok", "usage": {"type": "duration", "seconds": 781}}))
+open(f"{work}/models.answer", "w").write(json.dumps({"object": "list", "data": [
+    {"id": "bulk-llm", "object": "model", "owned_by": "vllm"}, {"id": "bulk-whisper", "object": "model", "owned_by": "vllm"}]}))
+PY
+fi
+
+start_sim a --step-base-ms 20 $SIM_EVEN --stamp-events --model sim-a; A_URL=${SIM_URLS[0]}
+start_nginx bulk /v1/chat/completions="$WORK/chat.answer" /v1/audio/transcriptions="$WORK/transcription.answer" \
+  /v1/models="$WORK/models.answer"
+B_URL=$NGINX_URL
+bench_config main "$RUN/gw.yaml" --set a_url="$A_URL" --set b_url="$B_URL"
+start_gateway "$RUN/gw.yaml"
+bench_load streams "$RUN/streams.yaml"
+
+# bulk PART URL: h2load sends the part's large requests to URL for the part's 20 s.
+bulk() {
+  local part=$1 url=$2 rate n file path ctype
+  case $part in
+    json-*) rate=$JSON_RATE file=$WORK/big.json path=/v1/chat/completions ctype=application/json ;;
+    form-*) rate=$FORM_RATE file=$WORK/big.form path=/v1/audio/transcriptions ctype="multipart/form-data; boundary=slogatebenchboundary" ;;
+  esac
+  n=$(calc "int($rate * $SECS)")
+  # One client per request a second, each sending one a second: they
+  # overlap as independent uploads do, none waits for another.
+  h2load --h1 -c "$(calc "max(1, int($rate))")" --rps 1 -n "$n" -d "$file" -H "content-type: $ctype" "$url$path" >"$RUN/$part.h2load" 2>&1 || true
+}
+
+for part in quiet json-direct json-gateway form-direct form-gateway; do
+  t0=$(cpu_ticks "$GW_PID"); bulk_pid=""
+  case $part in
+    *-direct) bulk "$part" "$B_URL" & bulk_pid=$! ;;
+    *-gateway) bulk "$part" "$GW_URL" & bulk_pid=$! ;;
+  esac
+  run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$RUN/streams.yaml" --target "$GW_URL" --label "$part" --no-progress \
+    --out "$RUN/$part.json" --report "$RUN/$part.md"
+  [ -n "$bulk_pid" ] && wait "$bulk_pid"
+  echo "$(( $(cpu_ticks "$GW_PID") - t0 ))" >"$RUN/$part.cpu"
+done
+python3 "$HERE/hol_uploads_report.py" "$RUN" "$(getconf CLK_TCK)" "$JSON_RATE" "$FORM_RATE"
