@@ -155,26 +155,27 @@ bench_setup() {
 # An engine whose every step takes the same time (add --step-base-ms N): no
 # per-sequence or prefill cost, no limit that binds.
 SIM_EVEN="--decode-per-seq-ms 0 --prefill-per-token-ms 0 --max-num-seqs 4096 --max-num-batched-tokens 1000000 --kv-blocks 10000000"
-# run_lg SCENARIO TARGET LABEL: loadgen on LG_CPUS, results to $WORK/LABEL.json and .md.
-run_lg() { run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$1" --target "$2" --label "$3" --no-progress --out "$WORK/$3.json" --report "$WORK/$3.md"; }
+# run_lg SCENARIO TARGET LABEL: loadgen on LG_CPUS, results to LABEL.json and .md in
+# the run's folder (RUN, for a scenario's driver; else WORK).
+run_lg() { run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$1" --target "$2" --label "$3" --no-progress --out "${RUN:-$WORK}/$3.json" --report "${RUN:-$WORK}/$3.md"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # Busy and total jiffies of CPU 0 and CPU 1, from /proc/stat.
 core_jiffies() { awk '/^cpu[01] /{busy=$2+$3+$4+$7+$8; print busy, busy+$5+$6}' /proc/stat | tr '\n' ' '; }
 # Steal jiffies of CPU 0 and CPU 1: time the hypervisor ran something else on the vCPU.
 steal_jiffies() { awk '/^cpu[01] /{print $9}' /proc/stat | tr '\n' ' '; }
 # with_cores NAME CMD...: run CMD, then write each core's busy share over it to
-# $WORK/NAME.cores, and each core's steal in ms to $WORK/NAME.steal.
+# NAME.cores, and each core's steal in ms to NAME.steal (in RUN, else WORK).
 with_cores() {
   local name=$1; shift
   local a b sa sb; a=$(core_jiffies); sa=$(steal_jiffies); "$@"; b=$(core_jiffies); sb=$(steal_jiffies)
-  echo "$a $b" | awk '{printf "%.3f %.3f\n", ($5-$1)/($6-$2), ($7-$3)/($8-$4)}' >"$WORK/$name.cores"
-  echo "$sa $sb" | awk -v hz="$(getconf CLK_TCK)" '{printf "%d %d\n", ($3-$1)*1000/hz, ($4-$2)*1000/hz}' >"$WORK/$name.steal"
+  echo "$a $b" | awk '{printf "%.3f %.3f\n", ($5-$1)/($6-$2), ($7-$3)/($8-$4)}' >"${RUN:-$WORK}/$name.cores"
+  echo "$sa $sb" | awk -v hz="$(getconf CLK_TCK)" '{printf "%d %d\n", ($3-$1)*1000/hz, ($4-$2)*1000/hz}' >"${RUN:-$WORK}/$name.steal"
 }
-# measure NAME PID CMD...: with_cores, and PID's CPU ticks over CMD to $WORK/NAME.cpu.
+# measure NAME PID CMD...: with_cores, and PID's CPU ticks over CMD to NAME.cpu (in RUN, else WORK).
 measure() {
   local name=$1 pid=$2 t0; shift 2
   t0=$(cpu_ticks "$pid"); with_cores "$name" "$@"
-  echo $(( $(cpu_ticks "$pid") - t0 )) >"$WORK/$name.cpu"
+  echo $(( $(cpu_ticks "$pid") - t0 )) >"${RUN:-$WORK}/$name.cpu"
 }
 
 machine_line() { echo "commit $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src crates loadtest/src 2>/dev/null || echo '+changes'), $(nproc) cores, $(free -g | awk '/^Mem/{print $2}') GiB, $(uname -r), $(rustc --version)"; }

@@ -1,13 +1,19 @@
-"""Renders loadtest/bench/litellm.sh's raw results as Markdown.
+#!/usr/bin/env python3
+"""Report of one run of loadtest/bench/litellm.sh: slogate and LiteLLM's
+proxy, each interleaved with the direct path (latency) and side by side
+with it (throughput); what reaches the client; memory. Writes
+DIR/report.md and DIR/measured.json (judged by loadtest/run).
 
-Usage: litellm_report.py WORK MACHINE CLK_TCK PLACEMENT ROUNDS LITELLM_VERSION
+    litellm_report.py DIR CLK_TCK LITELLM_VERSION
 """
 import json
+import os
 import re
-import statistics
 import sys
 
-work, machine, tck, placement, rounds, version = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]
+from admission_report import write_measured  # beside this script
+
+work, tck, version = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 GWS = ("slogate", "litellm")
 NAMES = {"slogate": "slogate", "litellm": f"LiteLLM {version}"}
 WARM = 5.0
@@ -53,16 +59,6 @@ def extra(name, served):
     return ticks / tck * 1e6 / max(1, served), c0, c1
 
 
-def mean_range(xs):
-    return f"{statistics.mean(xs):+.3f} ({min(xs):+.3f} to {max(xs):+.3f})"
-
-
-where = {"pinned": "Simulator and load generator on CPU 0, the gateway under test alone on CPU 1 (taskset); one gateway runs at a time, started anew for each round.",
-         "shared": "All processes share both cores."}[placement]
-out = [f"# slogate vs LiteLLM ({placement})", "",
-       f"Machine: {machine}. slogate: release build. LiteLLM {version} (`litellm[proxy]` from PyPI), started as its docs do: `litellm --config` (one uvicorn worker), the replica as a `hosted_vllm/` model, `set_verbose: false`, `json_logs: true` and `LITELLM_LOG=ERROR` as its production page advises, no master key. {where} "
-       f"Produced by `PLACEMENT={placement} loadtest/bench/litellm.sh`; {rounds} rounds, the gateways' order alternating between rounds.", ""]
-
 # Fidelity.
 def masked(path):
     text = open(path, encoding="utf-8", errors="replace").read()
@@ -98,47 +94,32 @@ def changes(a, b):
     return " ".join(said)
 
 
+out, measured = [], {}
 direct = masked(f"{work}/bytes-direct.txt")
-out += ["## What reaches the client", "", "One 4-token chat stream by each path, compared with the replica's own (its `id` and `created` masked, as they differ per request):", ""]
+out += ["**What reaches the client**: one 4-token chat stream by each path, compared with the replica's own (its `id` and `created` masked, as they differ per request):", ""]
 for gw in GWS:
     got = masked(f"{work}/bytes-{gw}.txt")
-    if got == direct:
+    same = got == direct
+    if gw == "slogate":
+        measured["slogate_bytes_unchanged"] = (same, "unchanged" if same else changes(direct, got))
+    if same:
         out.append(f"- {NAMES[gw]}: the replica's bytes, unchanged ({len(got)} bytes, {got.count('data: ')} events).")
     else:
         out.append(f"- {NAMES[gw]}: rewritten ({len(direct)} bytes from the replica, {len(got)} to the client, {got.count('data: ')} events). {changes(direct, got)}")
-out.append("")
-
-# Latency.
-out += ["## Added latency, interleaved with the direct path", "",
-        "Each run is one group of closed-loop streams whose requests take the gateway and the direct path in turn (N in flight on each; every engine step 20 ms; 32-token prompts, 32-96 output tokens; the first 5 s left out), so both paths meet the same engine steps and the same load on the client's and replica's core. "
-        "Numbers are as the client saw them (TTFT at the first content-bearing event), the gateway's path minus the direct path in the same run. "
-        "A p99 rests on the requests of one path after the warm-up (the requests column): at 8 streams per path about a hundred per round, so its p99 is about the second-slowest request and moves by a millisecond between rounds. "
-        "slogate's own targets are read in `overhead-pinned.md`, on thousands of requests with the engine's share of each TTFT and gap taken out. "
-        "CPU per request is the gateway's user and system time over the run divided by the requests it served: at a few events per engine step each event wakes the gateway on its own, so slogate's time per request is highest at 8 streams and falls with load (about 180 us per 16-token request at 256 streams below). "
-        "LiteLLM rebuilds every chunk and drops the simulator's time stamps, so the engine's share cannot be taken out here as `overhead.sh` does for slogate; interleaving keeps the engine's step phase the same on both paths.", "",
-        "| gateway | streams per path | round | requests (gateway / direct) | failed (gateway / direct) | TTFT p50 ms (gateway / direct) | TTFT p99 ms | ITL p99 ms | gateway CPU per request | CPU 0 / CPU 1 busy |",
-        "|---|---:|---:|---|---|---|---|---|---:|---|"]
+out += ["", "**Added latency, interleaved with the direct path** (the gateway's path minus the direct path in the same load):", "",
+        "| gateway | streams per path | requests (gateway / direct) | failed (gateway / direct) | TTFT p50 ms (gateway / direct) | TTFT p99 ms | ITL p99 ms | gateway CPU per request | CPU 0 / CPU 1 busy |",
+        "|---|---:|---|---|---|---|---|---:|---|"]
 lat = {}
 for gw in GWS:
     for c in (8, 32, 200):
-        for rnd in range(1, rounds + 1):
-            name = f"lat-{gw}-{c}-{rnd}"
-            r = load(name)
-            g, d = side(r, 0), side(r, 1)
-            cpu, c0, c1 = extra(name, sum(x.get("target") == 0 for x in r["records"]))
-            lat.setdefault((gw, c), []).append({"p50": g["ttft50"] - d["ttft50"], "p99": g["ttft99"] - d["ttft99"], "itl99": g["itl99"] - d["itl99"], "cpu": cpu, "bad": g["bad"]})
-            out.append(f"| {NAMES[gw]} | {c} | {rnd} | {g['n']} / {d['n']} | {g['bad']} / {d['bad']} | {g['ttft50']:.2f} / {d['ttft50']:.2f} | {g['ttft99']:.2f} / {d['ttft99']:.2f} | {g['itl99']:.3f} / {d['itl99']:.3f} | {cpu:.0f} us | {c0:.0f} % / {c1:.0f} % |")
-out += ["", f"Added by each gateway (mean of {rounds} rounds, range in brackets):", "",
-        "| gateway | streams per path | added TTFT p50 ms | added TTFT p99 ms | added ITL p99 ms | failed requests | CPU per request |", "|---|---:|---|---|---|---:|---:|"]
-for (gw, c), xs in lat.items():
-    out.append(f"| {NAMES[gw]} | {c} | {mean_range([x['p50'] for x in xs])} | {mean_range([x['p99'] for x in xs])} | {mean_range([x['itl99'] for x in xs])} | {sum(x['bad'] for x in xs)} | {statistics.mean(x['cpu'] for x in xs):.0f} us |")
-out.append("")
-
-# Throughput.
-out += ["## Streaming throughput, side by side in one run", "",
-        "Each run: N closed-loop streams through the gateway and N straight to the replica at the same time (every engine step 1 ms, 16 output tokens; the first 5 s left out); the ratio is the gateway group's completed requests per second over the direct group's. The group listed first starts first, so the order alternates between rounds.", "",
-        "| gateway | streams per path | round | direct req/s | gateway req/s | ratio | failed (gateway / direct) | gateway CPU per request | CPU 0 / CPU 1 busy |", "|---|---:|---:|---:|---:|---:|---|---:|---|"]
-tput = {}
+        name = f"lat-{gw}-{c}"
+        r = load(name)
+        g, d = side(r, 0), side(r, 1)
+        cpu, c0, c1 = extra(name, sum(x.get("target") == 0 for x in r["records"]))
+        lat[(gw, c)] = {"p50": g["ttft50"] - d["ttft50"], "p99": g["ttft99"] - d["ttft99"], "itl99": g["itl99"] - d["itl99"], "cpu": cpu, "bad": g["bad"]}
+        out.append(f"| {NAMES[gw]} | {c} | {g['n']} / {d['n']} | {g['bad']} / {d['bad']} | {g['ttft50']:.2f} / {d['ttft50']:.2f} | {g['ttft99']:.2f} / {d['ttft99']:.2f} | {g['itl99']:.3f} / {d['itl99']:.3f} | {cpu:.0f} us | {c0:.0f} % / {c1:.0f} % |")
+out += ["", "| gateway | streams per path | added TTFT p50 ms | added TTFT p99 ms | added ITL p99 ms |", "|---|---:|---:|---:|---:|"]
+out += [f"| {NAMES[gw]} | {c} | {x['p50']:+.3f} | {x['p99']:+.3f} | {x['itl99']:+.3f} |" for (gw, c), x in lat.items()]
 
 
 def rps(r, cls):
@@ -146,40 +127,30 @@ def rps(r, cls):
     return sum(ok(x) for x in recs) / (r["elapsed_s"] - WARM), sum(not ok(x) for x in recs)
 
 
+out += ["", "**Streaming throughput, side by side**: N closed-loop streams through the gateway and N straight to the replica at the same time; the ratio is the gateway group's completed requests per second over the direct group's.", "",
+        "| gateway | streams per path | direct req/s | gateway req/s | ratio | failed (gateway / direct) | gateway CPU per request | CPU 0 / CPU 1 busy |", "|---|---:|---:|---:|---:|---|---:|---|"]
+tput = {}
 for gw in GWS:
     for c in (32, 256):
-        for rnd in range(1, rounds + 1):
-            name = f"tput-{gw}-{c}-{rnd}"
-            r = load(name)
-            (g, gbad), (d, dbad) = rps(r, "gateway"), rps(r, "direct")
-            cpu, c0, c1 = extra(name, sum(x["stream"] == "gateway" for x in r["records"]))
-            ratio = g / d if d else float("nan")
-            tput.setdefault((gw, c), []).append({"ratio": ratio, "cpu": cpu})
-            out.append(f"| {NAMES[gw]} | {c} | {rnd} | {d:.0f} | {g:.0f} | {ratio:.3f} | {gbad} / {dbad} | {cpu:.0f} us | {c0:.0f} % / {c1:.0f} % |")
-out += ["", "| gateway | streams per path | ratio to direct, mean (worst round) | CPU per request |", "|---|---:|---|---:|"]
-for (gw, c), xs in tput.items():
-    rs = [x["ratio"] for x in xs]
-    out.append(f"| {NAMES[gw]} | {c} | {statistics.mean(rs):.3f} ({min(rs):.3f}) | {statistics.mean(x['cpu'] for x in xs):.0f} us |")
-out.append("")
+        name = f"tput-{gw}-{c}"
+        r = load(name)
+        (g, gbad), (d, dbad) = rps(r, "gateway"), rps(r, "direct")
+        cpu, c0, c1 = extra(name, sum(x["stream"] == "gateway" for x in r["records"]))
+        tput[(gw, c)] = g / d if d else float("nan")
+        out.append(f"| {NAMES[gw]} | {c} | {d:.0f} | {g:.0f} | {tput[(gw, c)]:.3f} | {gbad} / {dbad} | {cpu:.0f} us | {c0:.0f} % / {c1:.0f} % |")
 
-# Memory.
-idle = [int(open(f"{work}/idle-{gw}.rss").read()) for gw in GWS]
-peak = [max(int(v) for v in open(f"{work}/peak-{gw}.rss").read().split()) for gw in GWS]
-out += ["## Memory", "", "| gateway | RSS idle | peak RSS over the latency runs (highest of the rounds) |", "|---|---:|---:|"]
-out += [f"| {NAMES[gw]} | {idle[i] / 1024:.1f} MB | {peak[i] / 1024:.1f} MB |" for i, gw in enumerate(GWS)]
-out.append("")
+idle = {gw: int(open(f"{work}/idle-{gw}.rss").read()) for gw in GWS}
+peak = {gw: int(open(f"{work}/peak-{gw}.rss").read()) for gw in GWS}
+out += ["", "| gateway | RSS idle | peak RSS over the latency loads |", "|---|---:|---:|"]
+out += [f"| {NAMES[gw]} | {idle[gw] / 1024:.1f} MB | {peak[gw] / 1024:.1f} MB |" for gw in GWS]
 
-# Summary: how slogate compares.
-s = {k: statistics.mean(x["itl99"] for x in v) for k, v in lat.items()}
-t = {k: statistics.mean(x["p99"] for x in v) for k, v in lat.items()}
-cpu = {k: statistics.mean(x["cpu"] for x in v) for k, v in lat.items()}
-thr = {k: statistics.mean(x["ratio"] for x in v) for k, v in tput.items()}
-out += ["## In short", ""]
-p50 = {k: statistics.mean(x["p50"] for x in v) for k, v in lat.items()}
-for c in (8, 32, 200):
-    out.append(f"- {c} streams per path, added by LiteLLM: TTFT p50 {p50[('litellm', c)]:+.2f} ms, p99 {t[('litellm', c)]:+.2f} ms, ITL p99 {s[('litellm', c)]:+.2f} ms; by slogate: {p50[('slogate', c)]:+.3f}, {t[('slogate', c)]:+.3f} and {s[('slogate', c)]:+.3f} ms."
-               + (" LiteLLM's core is saturated here (CPU 1 busy in the table above): requests queue inside it." if c > 8 else ""))
-out += [f"- CPU per streamed request (32-96 tokens, 200 per path): LiteLLM {cpu[('litellm', 200)]:.0f} us, slogate {cpu[('slogate', 200)]:.0f} us ({cpu[('litellm', 200)] / cpu[('slogate', 200)]:.0f}x less).",
-        f"- Throughput as a share of the direct path in the same run, 32 and 256 streams per path: LiteLLM {thr[('litellm', 32)]:.3f} and {thr[('litellm', 256)]:.3f}, slogate {thr[('slogate', 32)]:.3f} and {thr[('slogate', 256)]:.3f}.",
-        f"- Memory idle: LiteLLM {idle[1] / 1024:.0f} MB, slogate {idle[0] / 1024:.1f} MB.", ""]
-print("\n".join(out))
+s, l = lat[("slogate", 200)], lat[("litellm", 200)]
+measured["slogate_added_ttft_p50_ms_200"] = (s["p50"], f"{s['p50']:+.3f} ms (LiteLLM {l['p50']:+.2f} ms)")
+below = all(lat[("slogate", c)]["p50"] < lat[("litellm", c)]["p50"] for c in (8, 32, 200))
+measured["slogate_below_litellm_ttft"] = (below, ", ".join(f"{c}: {lat[('slogate', c)]['p50']:+.3f} vs {lat[('litellm', c)]['p50']:+.2f} ms" for c in (8, 32, 200)))
+measured["cpu_litellm_over_slogate_200"] = (l["cpu"] / s["cpu"], f"{l['cpu'] / s['cpu']:.0f}x ({l['cpu']:.0f} vs {s['cpu']:.0f} us)")
+measured["slogate_tput_share_256"] = (tput[("slogate", 256)], f"{tput[('slogate', 256)]:.3f} (LiteLLM {tput[('litellm', 256)]:.3f})")
+measured["idle_rss_litellm_over_slogate"] = (idle["litellm"] / idle["slogate"], f"{idle['litellm'] / idle['slogate']:.0f}x ({idle['litellm'] / 1024:.0f} vs {idle['slogate'] / 1024:.1f} MB)")
+measured["slogate_failed"] = sum(lat[("slogate", c)]["bad"] for c in (8, 32, 200))
+write_measured(work, measured)
+open(os.path.join(work, "report.md"), "w").write("\n".join(out) + "\n")
