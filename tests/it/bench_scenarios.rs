@@ -48,15 +48,11 @@ fn a_config_slogate_would_refuse_is_caught_here() {
     assert!(e.to_string().contains("braeker"), "{e}");
 }
 
-/// Benchmark scripts that publish on their own, not yet through a scenario
-/// file. The list only shrinks: a script moved to the runner leaves it.
-const NOT_YET_SCENARIOS: &[&str] = &["overhead.sh"];
-
 /// Helpers that drivers source: held to the drivers' rules.
 const SOURCED_BY_DRIVERS: &[&str] = &["pair.sh"];
 
 #[test]
-fn a_driver_writes_no_gateway_configuration_by_hand() {
+fn a_driver_writes_no_gateway_configuration_or_load_by_hand() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let names = scenario_names(&root.join("loadtest/scenarios")).expect("the scenarios folder");
     let mut drivers: Vec<String> = names
@@ -71,17 +67,19 @@ fn a_driver_writes_no_gateway_configuration_by_hand() {
     drivers.dedup();
     drivers.extend(SOURCED_BY_DRIVERS.iter().map(|s| s.to_string()));
     for d in &drivers {
-        assert!(!NOT_YET_SCENARIOS.contains(&d.as_str()), "{d} drives a scenario: take it off NOT_YET_SCENARIOS");
         let text = std::fs::read_to_string(root.join("loadtest/bench").join(d)).expect("driver");
         for hand_written in ["pools:", "listen: 127.0.0.1", "max_inflight_per_replica:"] {
             assert!(!text.contains(hand_written), "{d} writes a gateway configuration by hand ({hand_written:?}); use bench_config");
+        }
+        for hand_written in ["arrival:", "prompt_tokens:"] {
+            assert!(!text.contains(hand_written), "{d} writes a load by hand ({hand_written:?}); use bench_load");
         }
     }
     let scripts = std::fs::read_dir(root.join("loadtest/bench")).expect("bench folder");
     for s in scripts.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).filter(|s| s.ends_with(".sh")) {
         assert!(
-            drivers.contains(&s) || NOT_YET_SCENARIOS.contains(&s.as_str()),
-            "loadtest/bench/{s} is neither a scenario's driver nor listed as not yet one"
+            drivers.contains(&s),
+            "loadtest/bench/{s} is neither a scenario's driver nor a helper drivers source: every benchmark runs through loadtest/run"
         );
     }
 }
