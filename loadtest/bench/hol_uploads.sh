@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Driver of loadtest/scenarios/hol-uploads.yaml: large request bodies from
-# h2load (JSON with `model` last; multipart uploads with `model` last) to
+# h2load (about 4 MB of JSON with `model` last; multipart uploads with `model` last) to
 # nginx, straight or through the gateway, beside 200 open streams on a
 # simulated replica. One run into $RUN: the parts quiet, json-direct,
 # json-gateway, form-direct, form-gateway, one after the other.
@@ -19,7 +19,8 @@ if [ ! -f "$WORK/big.json" ]; then
   python3 - "$WORK" <<'PY'
 import json, os, sys
 work = sys.argv[1]
-words = ("the quick brown fox jumps over the lazy dog " * 100000)[: 4 * 2**20]
+# 4,000,000 characters: about 4 MB, under the default max_request_body (4 MiB) with the rest of the body
+words = ("the quick brown fox jumps over the lazy dog " * 100000)[:4000000]
 json.dump({"messages": [{"role": "user", "content": words}], "max_tokens": 1, "stream": False, "model": "bulk-llm"},
           open(f"{work}/big.json", "w"))
 b = "slogatebenchboundary"
