@@ -140,6 +140,17 @@ start_nginx() {
   echo "nginx did not start; its log:" >&2; cat "$dir/error.log" >&2; return 1
 }
 
+# slogate_at REV: slogate built at git revision REV (in a temporary
+# worktree, target/ab), once for all of a scenario's runs; sets OLD_BIN.
+slogate_at() {
+  OLD_BIN=$WORK/slogate-$1
+  [ -x "$OLD_BIN" ] && return 0
+  git -C "$ROOT" worktree add --detach "$WORK/old" "$1" >/dev/null 2>&1
+  (cd "$WORK/old" && CARGO_TARGET_DIR="$ROOT/target/ab" cargo build --release --locked -q --no-default-features --bin slogate)
+  cp "$ROOT/target/ab/release/slogate" "$OLD_BIN"
+  git -C "$ROOT" worktree remove --force "$WORK/old"
+}
+
 # rss_kb PID [FIELD]: VmRSS (or VmHWM, the peak) of a process, in kB.
 rss_kb() { awk -v k="${2:-VmRSS}:" '$1 == k {print $2}' "/proc/$1/status"; }
 

@@ -10,13 +10,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 : "${WORK:?run through loadtest/run}" "${RUN:?}" "${SEED:?}" "${SCENARIO:?}"
 source "$HERE/../lib.sh"
 OLD_REV=$(git -C "$ROOT" rev-parse --short "$(bench_var rev)")
-OLD_BIN=$WORK/slogate-$OLD_REV
-if [ ! -x "$OLD_BIN" ]; then
-  git -C "$ROOT" worktree add --detach "$WORK/old" "$OLD_REV" >/dev/null 2>&1
-  (cd "$WORK/old" && CARGO_TARGET_DIR="$ROOT/target/ab" cargo build --release --locked -q --no-default-features --bin slogate)
-  cp "$ROOT/target/ab/release/slogate" "$OLD_BIN"
-  git -C "$ROOT" worktree remove --force "$WORK/old"
-fi
+slogate_at "$OLD_REV"   # sets OLD_BIN
 
 start_sim flat --step-base-ms 20 $SIM_EVEN --stamp-events
 bench_config old "$RUN/old.yaml"

@@ -12,13 +12,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/../lib.sh"
 bash "$ROOT/scripts/setup-test-deps" >&2   # the OpenAI SDK (.venv)
 RATE=$(bench_var rate) SECS=$(bench_var seconds) OLD_REV=$(bench_var old_rev)
-OLD_BIN=$WORK/slogate-$OLD_REV
-if [ ! -x "$OLD_BIN" ]; then
-  git -C "$ROOT" worktree add --detach "$WORK/old" "$OLD_REV" >/dev/null 2>&1
-  (cd "$WORK/old" && CARGO_TARGET_DIR="$ROOT/target/ab" cargo build --release --locked -q --no-default-features --bin slogate)
-  cp "$ROOT/target/ab/release/slogate" "$OLD_BIN"
-  git -C "$ROOT" worktree remove --force "$WORK/old"
-fi
+slogate_at "$OLD_REV"   # sets OLD_BIN
 
 # variant LABEL BINARY : fresh replicas, the gateway, the SDK clients through it.
 variant() {
