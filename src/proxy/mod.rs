@@ -25,6 +25,7 @@
 //! [`fail`], which counts the outcome once and answers in OpenAI's form.
 //! The path and its rooms are drawn in docs/architecture.md.
 
+mod aside;
 pub(crate) mod body;
 #[doc(hidden)]
 pub(crate) mod fixtures;

@@ -113,22 +113,18 @@ fn prefix_key(request: &RequestBody, headers: &HeaderMap, endpoint: Endpoint, po
 /// A client's session id: its requests go where its conversation's cache is.
 const X_SESSION_ID: &str = "x-session-id";
 
-/// Bodies from this size up are parsed and rewritten with the worker
-/// thread handed over (see [`cpu_bound`]). Parsing runs at roughly a
-/// gigabyte a second: below this, a body holds a worker for well under a
-/// millisecond.
-const LARGE_BODY: usize = 256 * 1024;
-
-/// Run `f`, CPU work on a request body of `len` bytes. A large body takes
-/// milliseconds to parse or rewrite; a worker busy with it would hold up
-/// every stream whose next token waits on that worker, so for those the
-/// worker's other tasks move to another thread first
-/// ([`tokio::task::block_in_place`]). Small bodies, and a current-thread
-/// runtime (tests), run inline.
+/// Run `f`, CPU work on a request body of `len` bytes that borrows the
+/// request (hashing its prompt, rewriting it). A large body takes
+/// milliseconds; a worker busy with it would hold up every stream whose
+/// next token waits on that worker, so for those the worker's other tasks
+/// move to another thread first ([`tokio::task::block_in_place`]). Small
+/// bodies, and a current-thread runtime (tests), run inline. Reading the
+/// body the first time, the largest of this work, runs aside
+/// ([`super::aside`]).
 pub(super) fn cpu_bound<R>(len: usize, f: impl FnOnce() -> R) -> R {
     // The size first: most bodies are small and need no runtime lookup.
     let multi = || tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if len >= LARGE_BODY && multi() {
+    if len >= super::aside::LARGE_BODY && multi() {
         tokio::task::block_in_place(f)
     } else {
         f()
@@ -155,10 +151,11 @@ pub(super) async fn route<'a>(
     let request = match (target, form) {
         (Target::Opened(_), None) if bytes.iter().all(u8::is_ascii_whitespace) => RequestBody::empty(),
         (_, Some(boundary)) => {
-            let head = cpu_bound(bytes.len(), || super::form::head(bytes.clone(), &boundary))?;
+            let form = bytes.clone();
+            let head = super::aside::run(bytes.len(), move || super::form::head(form, &boundary)).await??;
             RequestBody::form(bytes, head)
         }
-        (_, None) => cpu_bound(bytes.len(), || RequestBody::parse(bytes))?,
+        (_, None) => super::aside::run(bytes.len(), move || RequestBody::parse(bytes)).await??,
     };
     let head = request.head();
     let model = match &head.model {
@@ -248,13 +245,13 @@ pub(super) fn models(snap: &Snapshot, grant: &Grant) -> Response<ProxyBody> {
 }
 
 async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<Bytes, GatewayError> {
-    if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
-        if len > limit {
-            return Err(GatewayError::PayloadTooLarge { limit });
-        }
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(GatewayError::PayloadTooLarge { limit });
     }
     match Limited::new(body, limit as usize).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
+        // The frames joined into one buffer: a copy of the whole body, aside when it is large.
+        Ok(c) => super::aside::run(declared.unwrap_or(0) as usize, move || c.to_bytes()).await,
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::PayloadTooLarge { limit }),
         Err(e) => Err(GatewayError::BodyRead(e)),
     }
