@@ -55,13 +55,18 @@ fn lower_priority() {
 #[cfg(not(target_os = "linux"))]
 fn lower_priority() {}
 
+/// A multi-thread runtime runs this task: a worker can hand its other
+/// tasks over (tests run on a current-thread one).
+pub(super) fn multi_thread() -> bool {
+    tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
 /// `f`, work on a request body of `len` bytes: aside for a large body in a
 /// multi-thread runtime, inline otherwise (small bodies; tests on a
 /// current-thread runtime). Without the aside thread, a large body's
 /// worker hands its other tasks over while `f` runs.
 pub(super) async fn run<R: Send + 'static>(len: usize, f: impl FnOnce() -> R + Send + 'static) -> Result<R, GatewayError> {
-    let multi = || tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if len < LARGE_BODY || !multi() {
+    if len < LARGE_BODY || !multi_thread() {
         return Ok(f());
     }
     let Some(sender) = queue().and_then(|q| q.lock().ok().map(|s| s.clone())) else {

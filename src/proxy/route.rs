@@ -123,8 +123,7 @@ const X_SESSION_ID: &str = "x-session-id";
 /// ([`super::aside`]).
 pub(super) fn cpu_bound<R>(len: usize, f: impl FnOnce() -> R) -> R {
     // The size first: most bodies are small and need no runtime lookup.
-    let multi = || tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if len >= super::aside::LARGE_BODY && multi() {
+    if len >= super::aside::LARGE_BODY && super::aside::multi_thread() {
         tokio::task::block_in_place(f)
     } else {
         f()
