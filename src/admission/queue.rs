@@ -213,7 +213,17 @@ impl PoolAdmission {
 
     /// [`PoolAdmission::try_lease_over`]; `holding`: only on a replica
     /// holding the most of `key`'s prompt ([`Pool::pick_holding`]).
+    /// A replica still in slow start takes more at once when every slot is
+    /// taken (docs/design/learned-limits.md rule 15), so a fresh gateway does
+    /// not queue what its replicas could run.
     fn try_lease_on(self: &Arc<Self>, tier: Tier, extra: usize, key: Option<&RouteKey>, holding: bool) -> Result<Lease, PickError> {
+        match self.lease_now(tier, extra, key, holding) {
+            Err(PickError::Saturated) if self.pool.load().grow_on_demand() => self.lease_now(tier, extra, key, holding),
+            leased => leased,
+        }
+    }
+
+    fn lease_now(self: &Arc<Self>, tier: Tier, extra: usize, key: Option<&RouteKey>, holding: bool) -> Result<Lease, PickError> {
         let pool = self.pool.load();
         let room = match tier {
             Tier::Interactive => Room::Over(self.interactive_over(&pool) + extra),

@@ -79,6 +79,11 @@ const TRANSIT_SIGMAS: f64 = 2.0;
 /// takes this many times the limit, so a burst does not wait for the next
 /// period, and the limit grows by this factor each period it binds.
 const SLOW_START: f64 = 2.0;
+/// In slow start, requests that find every slot taken double the limit at
+/// once this many times between two periods (the replica takes up to
+/// `SLOW_START * 2^3` times the limit of the last period before its next
+/// sample says whether anything queued).
+const DEMAND_DOUBLINGS: u32 = 3;
 
 /// What one period says, once its sample is read.
 #[derive(Debug, Clone, Copy)]
@@ -145,6 +150,8 @@ pub(crate) struct Controller {
     /// No sign of the replica's capacity yet (a queue, a refusal, late
     /// first tokens under load): the limit grows fast (see [`SLOW_START`]).
     slow_start: bool,
+    /// Doublings on demand since the last period (see [`Controller::grow_on_demand`]).
+    demand_doublings: u32,
 }
 
 /// How long a ceiling seen with a queue is remembered (30 s at 250 ms), at least.
@@ -167,7 +174,22 @@ impl Controller {
             batch_cut: 0.0,
             batch_hold: 0,
             slow_start: true,
+            demand_doublings: 0,
         }
+    }
+
+    /// A request found every slot taken: in slow start, with nothing queued
+    /// at the replica at the last period, the limit doubles now rather than
+    /// at the next period, at most [`DEMAND_DOUBLINGS`] times between two
+    /// periods (the next one judges what the burst did). True if it grew.
+    pub(crate) fn grow_on_demand(&mut self) -> bool {
+        let max = self.params.max as f64;
+        if !self.slow_start || self.waiting > 0.0 || self.demand_doublings >= DEMAND_DOUBLINGS || self.limit >= max {
+            return false;
+        }
+        self.demand_doublings += 1;
+        self.limit = (self.limit * SLOW_START).min(max);
+        true
     }
 
     /// The slots the replica offers now: the limit, or in slow start
@@ -210,6 +232,7 @@ impl Controller {
     /// Take one period's sample; the limit after it: read the sample,
     /// classify the period, act on it.
     pub(crate) fn update(&mut self, s: Sample) -> usize {
+        self.demand_doublings = 0;
         let p = self.read(&s);
         let batch_makes_room = self.move_batch_cut(&p, &s);
         let verdict = self.classify(&p, &s, batch_makes_room);
@@ -470,6 +493,29 @@ mod tests {
             idle.update(quiet);
         }
         assert_eq!(idle.allowed(), 32);
+    }
+
+    /// A burst larger than the slow-start limit doubles it at once, a few
+    /// times a period, while the replica queues nothing; never after slow
+    /// start, nor past the bound.
+    #[test]
+    fn in_slow_start_a_burst_doubles_the_limit_at_once_a_few_times_a_period() {
+        let mut c = Controller::new(LimitParams { initial: 16, ..params() });
+        let grown: Vec<usize> = std::iter::from_fn(|| c.grow_on_demand().then(|| c.allowed())).take(10).collect();
+        assert_eq!(grown, vec![64, 128, 256], "three doublings before the next period");
+        let quiet = Sample { waiting: Some(0.0), running: Some(200.0), inflight_peak: 200, inflight_now: 200, ..Sample::default() };
+        c.update(quiet);
+        assert!(c.grow_on_demand(), "a new period allows more");
+        // The replica queues: slow start is over, and so is growth on demand.
+        let queued = Sample { waiting: Some(50.0), running: Some(200.0), inflight_peak: 250, inflight_now: 250, ..Sample::default() };
+        c.update(queued);
+        c.update(queued);
+        assert!(!c.slow_start());
+        assert!(!c.grow_on_demand());
+        // The bound holds.
+        let mut small = Controller::new(LimitParams { initial: 16, min: 1, max: 40 });
+        while small.grow_on_demand() {}
+        assert_eq!(small.allowed(), 40);
     }
 
     #[test]

@@ -283,6 +283,13 @@ impl Pool {
         self.judge();
     }
 
+    /// Every slot was taken: the healthy replicas whose learned limits are
+    /// still in slow start grow now (docs/design/learned-limits.md rule 15).
+    /// True if any grew.
+    pub(crate) fn grow_on_demand(&self) -> bool {
+        self.learns_limits() && self.replicas.iter().filter(|r| r.is_healthy()).fold(false, |grew, r| r.grow_on_demand() | grew)
+    }
+
     /// Are this pool's limits learned?
     pub(crate) fn learns_limits(&self) -> bool {
         self.config.max_inflight_per_replica == InflightLimit::Auto

@@ -449,6 +449,24 @@ impl Replica {
         }
     }
 
+    /// Every slot of the pool was taken: a learned limit still in slow start
+    /// grows now (see [`limit::Controller::grow_on_demand`]); not in a fleet,
+    /// where the other instances' requests share the replica. True if it grew.
+    pub(crate) fn grow_on_demand(&self) -> bool {
+        if self.others_inflight.load(Ordering::Relaxed) > 0 {
+            return false;
+        }
+        let allowed = {
+            let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
+            if !c.grow_on_demand() {
+                return false;
+            }
+            c.allowed()
+        };
+        self.set_max_inflight(allowed);
+        true
+    }
+
     /// One period of the learned limit: the replica's load as scraped, and
     /// what the request path noted since the last period.
     /// `demand`: requests wait in the gateway for the pool's slots.

@@ -148,3 +148,38 @@ async fn short_requests_take_seats_of_their_own_whatever_the_streams_hold() {
     assert!(matches!(chat, Err(Refusal::Late { .. })), "{chat:?}");
     drop(streams);
 }
+
+/// A pool of one healthy replica whose limit is learned (the defaults:
+/// 16 to start, in slow start).
+fn learned(tiers: TiersConfig) -> Arc<PoolAdmission> {
+    let cfg = PoolConfig { replicas: vec!["http://127.0.0.1:9".into()], ..PoolConfig::default() };
+    assert_eq!(cfg.max_inflight_per_replica, crate::config::InflightLimit::Auto, "the default learns");
+    let access = crate::upstream::Access::new(&cfg).expect("access");
+    let pool = Arc::new(Pool::new(cfg, access, None));
+    pool.replicas[0].set_healthy(true);
+    let metrics = Metrics::new(&Config::default());
+    pool.activate(&metrics);
+    Arc::new(PoolAdmission::new(pool, tiers, &metrics))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fresh_learned_limit_takes_a_burst_of_200_without_queueing_it() {
+    let pool = learned(tiers(0.25, 256, 256));
+    assert_eq!(pool.pool().replicas[0].max_inflight(), 32, "slow start: twice the initial 16");
+    let mut held = Vec::new();
+    for i in 0..200 {
+        let tier = if i % 4 == 0 { Tier::Batch } else { Tier::Interactive };
+        held.push(pool.try_lease(tier).unwrap_or_else(|e| panic!("request {i} would queue: {e:?}")));
+    }
+    assert_eq!(pool.pool().replicas[0].max_inflight(), 256, "three doublings at once, no more before the next period");
+    assert_eq!((pool.depth(Tier::Interactive), pool.depth(Tier::Batch)), (0, 0));
+    // In a fleet the replica is shared: its limit waits for the period.
+    let fleet = learned(tiers(0.25, 256, 256));
+    fleet.pool().replicas[0].set_fleet_share(Some((16, 32)));
+    let mut taken = 0;
+    while let Ok(l) = fleet.try_lease(Tier::Interactive) {
+        held.push(l);
+        taken += 1;
+    }
+    assert!(taken < 40, "{taken} taken in a fleet");
+}
