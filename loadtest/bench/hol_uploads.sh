@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Driver of loadtest/scenarios/hol-uploads.yaml: large request bodies from
-# h2load (about 4 MB of JSON with `model` last; multipart uploads with `model` last) to
-# nginx, straight or through the gateway, beside 200 open streams on a
-# simulated replica. One run into $RUN: the parts quiet, json-direct,
-# json-gateway, form-direct, form-gateway, one after the other.
+# h2load, then from loadgen (about 4 MB of JSON with `model` last; multipart
+# uploads with `model` last) to nginx, straight or through the gateway,
+# beside 200 open streams on a simulated replica. One run into $RUN: the
+# parts quiet, json-direct, json-gateway, form-direct, form-gateway, and
+# the same four with lg- (loadgen), one after the other.
 #
 #   loadtest/run hol-uploads
 set -euo pipefail
@@ -45,11 +46,19 @@ B_URL=$NGINX_URL
 bench_config main "$RUN/gw.yaml" --set a_url="$A_URL" --set b_url="$B_URL"
 start_gateway "$RUN/gw.yaml"
 bench_load streams "$RUN/streams.yaml"
+bench_load bulk_json "$RUN/bulk-json.yaml"
+bench_load bulk_form "$RUN/bulk-form.yaml"
 
-# bulk PART URL: h2load sends the part's large requests to URL for the part's 20 s.
+# bulk PART URL: h2load (parts json-*, form-*) or loadgen (lg-json-*,
+# lg-form-*) sends the part's large requests to URL for the part's 20 s.
 bulk() {
   local part=$1 url=$2 rate n file path ctype
   case $part in
+    lg-*)
+      local kind=${part#lg-}; kind=${kind%%-*}
+      run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$RUN/bulk-$kind.yaml" --target "$url" --label "$part bulk" --no-progress \
+        --out "$RUN/$part.bulk.json" >/dev/null 2>&1 || true
+      return ;;
     json-*) rate=$JSON_RATE file=$WORK/big.json path=/v1/chat/completions ctype=application/json ;;
     form-*) rate=$FORM_RATE file=$WORK/big.form path=/v1/audio/transcriptions ctype="multipart/form-data; boundary=slogatebenchboundary" ;;
   esac
@@ -59,7 +68,7 @@ bulk() {
   h2load --h1 -c "$(calc "max(1, int($rate))")" --rps 1 -n "$n" -d "$file" -H "content-type: $ctype" "$url$path" >"$RUN/$part.h2load" 2>&1 || true
 }
 
-for part in quiet json-direct json-gateway form-direct form-gateway; do
+for part in quiet json-direct json-gateway form-direct form-gateway lg-json-direct lg-json-gateway lg-form-direct lg-form-gateway; do
   t0=$(cpu_ticks "$GW_PID"); bulk_pid=""
   case $part in
     *-direct) bulk "$part" "$B_URL" & bulk_pid=$! ;;

@@ -1,14 +1,64 @@
-//! Prompts with shared prefixes, for benchmarks of prefix-cache-aware
-//! routing. Text is made at four characters a token (the simulator's and
+//! Where a stream's prompts come from when its lengths are not drawn: the
+//! datasets of `vllm bench serve`, and prompts with shared prefixes, for
+//! benchmarks of prefix-cache-aware routing. Text is made at four characters a token (the simulator's and
 //! slogate's count); what is shared is shared byte for byte, and what is a
 //! request's own starts with a tag no other request has, so two prompts
 //! share exactly the prefix the shape says.
+
+use std::path::PathBuf;
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
+use serde::{Deserialize, Serialize};
+
 use super::scenario::Prompt;
+
+/// The datasets of `vllm bench serve` that fit a load generator without a
+/// tokenizer (token counts are estimated at four characters a token, as
+/// the simulator and slogate count them).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Dataset {
+    /// `--dataset-name sharegpt`: a JSON array of `{"conversations": [{"from",
+    /// "value"}, ...]}`; each conversation's first turn is the prompt, its
+    /// second turn's length the output length (or `output_len` for all).
+    /// Conversations of fewer than two turns are skipped, as vllm bench does;
+    /// the rest are taken in an order shuffled by the scenario's seed.
+    Sharegpt {
+        path: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output_len: Option<u32>,
+    },
+    /// `--dataset-name random`: lengths drawn uniformly from
+    /// `len * [1 - range_ratio, 1 + range_ratio]`.
+    Random {
+        input_len: u32,
+        output_len: u32,
+        #[serde(default)]
+        range_ratio: f64,
+    },
+    /// inference-perf's `shared_prefix`: `groups` system prompts of
+    /// `system_prompt_len` tokens, each followed by `prompts_per_group`
+    /// questions of `question_len`; the requests take them in an order
+    /// shuffled by the scenario's seed (see [`super::datasets`]).
+    SharedPrefix { groups: u32, prompts_per_group: u32, system_prompt_len: u32, question_len: u32, output_len: u32 },
+    /// Conversations growing turn by turn: each of `conversations` resends
+    /// its history (a system prompt of `system_prompt_len`, shared by all
+    /// when `shared_system`, then `turn_len` tokens per turn) with every
+    /// new turn; the requests take every conversation's first turn, then
+    /// every second turn, and so on, up to `turns`.
+    Conversations {
+        conversations: u32,
+        turns: u32,
+        system_prompt_len: u32,
+        turn_len: u32,
+        output_len: u32,
+        #[serde(default)]
+        shared_system: bool,
+    },
+}
 
 /// `n` tokens of text starting with `tag` (at least the tag).
 fn text(tag: &str, n: u32) -> String {

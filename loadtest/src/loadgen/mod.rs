@@ -1,6 +1,7 @@
 //! An open-loop load generator that measures like a client: TTFT at the first
 //! content-bearing event, every inter-token gap, e2e, tokens, Retry-After.
 
+mod body;
 pub mod datasets;
 #[cfg(feature = "plots")]
 pub mod plots;

@@ -16,7 +16,8 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::scenario::{Arrival, Endpoint, Prompt, Scenario, StreamSpec, Targets, TtftDefinition};
+use super::body::{self, request_body};
+use super::scenario::{Arrival, Prompt, Scenario, StreamSpec, Targets, TtftDefinition};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -258,6 +259,7 @@ pub async fn run_with(s: &Scenario, label: &str, opts: Options) -> Result<RunRes
             t0,
             timeout: s.request_timeout,
             ttft: s.ttft,
+            form: spec.upload_bytes.map(|n| body::form(&spec.model, n)),
         };
         match &spec.arrival {
             Arrival::Closed { concurrency, ramp } => {
@@ -394,6 +396,8 @@ struct Ctx {
     t0: Instant,
     timeout: Duration,
     ttft: TtftDefinition,
+    /// `transcriptions`: the stream's form, made once and sent by every request.
+    form: Option<Bytes>,
 }
 
 /// An event with a non-empty `choices` list (`vllm bench serve`'s first token).
@@ -408,55 +412,6 @@ fn has_choices(data: &[u8]) -> bool {
 
 /// Prompts of this many tokens (about 256 KiB) and more are written on a blocking thread.
 const LARGE_PROMPT: u32 = 65_536;
-
-/// The JSON body of one request of `spec`.
-fn request_body(spec: &StreamSpec, p: &Prompt) -> String {
-    let (prompt, output) = (p.prompt_tokens, p.output_tokens);
-    let mut body = match (spec.endpoint, &p.text) {
-        (Endpoint::Chat, Some(text)) => serde_json::json!({"model": spec.model, "messages": [{"role": "user", "content": &**text}]}),
-        (Endpoint::Chat, None) => serde_json::json!({"model": spec.model, "messages": conversation(prompt, spec.turns)}),
-        (Endpoint::Completions, Some(text)) => serde_json::json!({"model": spec.model, "prompt": &**text}),
-        (Endpoint::Completions, None) => serde_json::json!({"model": spec.model, "prompt": prompt_text(prompt)}),
-        (Endpoint::Embeddings, Some(text)) => return serde_json::json!({"model": spec.model, "input": &**text}).to_string(),
-        (Endpoint::Embeddings, None) => return serde_json::json!({"model": spec.model, "input": prompt_text(prompt)}).to_string(),
-    };
-    body["max_tokens"] = output.into();
-    body["ignore_eos"] = true.into();
-    body["stream"] = spec.stream.into();
-    body.to_string()
-}
-
-/// Text of about `n` tokens as the simulator counts them (4 characters
-/// each), starting with a number no other prompt has: made
-/// up prompts share no prefix, as random prompts do not (an engine's
-/// prefix cache finds nothing in them).
-fn prompt_text(n: u32) -> String {
-    // Numbered from a random start: unique across runs against the same replicas too.
-    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let id = START.get_or_init(rand::random::<u64>).wrapping_add(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    let mut s = format!("{:015x} ", id & 0x0fff_ffff_ffff_ffff);
-    s.push_str(&"abc ".repeat((n as usize).saturating_sub(4)));
-    s
-}
-
-/// A chat history of `turns` messages holding about `n` prompt tokens: a
-/// short system prompt, then user/assistant turns ending with the user.
-fn conversation(n: u32, turns: u32) -> Vec<serde_json::Value> {
-    if turns <= 1 {
-        return vec![serde_json::json!({"role": "user", "content": prompt_text(n)})];
-    }
-    let system = n.min(16);
-    let rest = turns - 1;
-    let each = (n - system) / rest;
-    let mut msgs = vec![serde_json::json!({"role": "system", "content": prompt_text(system)})];
-    for i in 0..rest {
-        // Odd count of turns after the system prompt ends with the user.
-        let role = if (rest - 1 - i) % 2 == 0 { "user" } else { "assistant" };
-        msgs.push(serde_json::json!({"role": role, "content": prompt_text(each)}));
-    }
-    msgs
-}
 
 impl Ctx {
     fn class(&self) -> String {
@@ -534,33 +489,31 @@ impl Ctx {
         let spec = &self.spec;
         // Writing a body of megabytes takes milliseconds: not on the threads
         // that read the other streams' tokens (their gaps would grow).
-        let body = if p.prompt_tokens >= LARGE_PROMPT {
+        let (body, content_type) = if let Some(form) = &self.form {
+            (form.clone(), body::FORM_CONTENT_TYPE)
+        } else if p.prompt_tokens >= LARGE_PROMPT {
             let spec = spec.clone();
             match tokio::task::spawn_blocking(move || request_body(&spec, &p)).await {
-                Ok(b) => b,
+                Ok(b) => (Bytes::from(b), "application/json"),
                 Err(_) => return "client_error".into(),
             }
         } else {
-            request_body(spec, &p)
+            (Bytes::from(request_body(spec, &p)), "application/json")
         };
-        let path = match spec.endpoint {
-            Endpoint::Chat => "/v1/chat/completions",
-            Endpoint::Completions => "/v1/completions",
-            Endpoint::Embeddings => "/v1/embeddings",
-        };
+        let path = body::path(spec.endpoint);
         let i = self.turn.fetch_add(1, Ordering::Relaxed) as usize % self.bases.len().max(1);
         let base = &self.bases[i];
         if self.bases.len() > 1 {
             rec.target = Some(i);
         }
-        let mut req = http::Request::post(format!("{base}{path}")).header("content-type", "application/json");
+        let mut req = http::Request::post(format!("{base}{path}")).header("content-type", content_type);
         if let Some(c) = &spec.class {
             req = req.header("x-slo-class", c);
         }
         if let Some(k) = &spec.api_key {
             req = req.header("authorization", format!("Bearer {k}"));
         }
-        let Ok(req) = req.body(Full::new(Bytes::from(body))) else { return "client_error".into() };
+        let Ok(req) = req.body(Full::new(body)) else { return "client_error".into() };
         let sent_unix_ns = crate::unix_nanos();
         let resp = match self.client.request(req).await {
             Ok(r) => r,
@@ -581,7 +534,7 @@ impl Ctx {
             }
             return if status.as_u16() == 429 { "rejected".into() } else { format!("http_{}", status.as_u16()) };
         }
-        if !spec.stream || spec.endpoint == Endpoint::Embeddings {
+        if !spec.stream || spec.endpoint.whole_answer() {
             let Ok(bytes) = body.collect().await.map(|c| c.to_bytes()) else { return "cut".into() };
             let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             rec.tokens = v.pointer("/usage/completion_tokens").and_then(|t| t.as_u64()).unwrap_or(0) as u32;
@@ -660,33 +613,5 @@ impl Ctx {
         } else {
             "ok".into()
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{prompt_text, request_body};
-    use crate::loadgen::scenario::{Prompt, StreamSpec};
-
-    #[test]
-    fn an_embeddings_request_carries_its_input_and_nothing_of_a_generation() {
-        let spec: StreamSpec = serde_norway::from_str(
-            "{ name: e, model: m, endpoint: embeddings, stream: false, arrival: { kind: constant, rate: 1 }, prompt_tokens: { dist: fixed, value: 8 } }",
-        )
-        .expect("spec");
-        let body = request_body(&spec, &Prompt { text: None, prompt_tokens: 8, output_tokens: 1 });
-        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-        assert_eq!(v["model"], "m");
-        assert_eq!(v["input"].as_str().map(str::len), Some(32), "8 tokens of 4 characters");
-        for absent in ["max_tokens", "stream", "ignore_eos", "messages"] {
-            assert!(v.get(absent).is_none(), "{absent} in {body}");
-        }
-    }
-
-    #[test]
-    fn made_up_prompts_share_no_prefix_and_have_their_length() {
-        let (a, b) = (prompt_text(100), prompt_text(100));
-        assert_eq!((a.len(), b.len()), (400, 400));
-        assert_ne!(a[..16], b[..16], "each starts with its own number: {a:.20} / {b:.20}");
     }
 }

@@ -10,6 +10,8 @@ use rand::Rng;
 use rand_distr::{Distribution, Exp, LogNormal};
 use serde::{Deserialize, Serialize};
 
+pub use super::datasets::Dataset;
+
 fn dur<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s).map_err(serde::de::Error::custom)
@@ -112,6 +114,17 @@ pub enum Endpoint {
     Completions,
     /// `/v1/embeddings`: the prompt as `input`, a whole answer (never streamed).
     Embeddings,
+    /// `/v1/audio/transcriptions`: a multipart form of an `upload_bytes`
+    /// `file` part, then `model` (the last field, so a gateway reads the
+    /// whole form to route it); a whole answer (never streamed).
+    Transcriptions,
+}
+
+impl Endpoint {
+    /// Its answer is one JSON body, whatever `stream` says.
+    pub fn whole_answer(self) -> bool {
+        matches!(self, Endpoint::Embeddings | Endpoint::Transcriptions)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -152,51 +165,10 @@ pub struct StreamSpec {
     /// a gateway, so both see the same engine steps at the same moments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
-}
-
-/// The datasets of `vllm bench serve` that fit a load generator without a
-/// tokenizer (token counts are estimated at four characters a token, as
-/// the simulator and slogate count them).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Dataset {
-    /// `--dataset-name sharegpt`: a JSON array of `{"conversations": [{"from",
-    /// "value"}, ...]}`; each conversation's first turn is the prompt, its
-    /// second turn's length the output length (or `output_len` for all).
-    /// Conversations of fewer than two turns are skipped, as vllm bench does;
-    /// the rest are taken in an order shuffled by the scenario's seed.
-    Sharegpt {
-        path: PathBuf,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        output_len: Option<u32>,
-    },
-    /// `--dataset-name random`: lengths drawn uniformly from
-    /// `len * [1 - range_ratio, 1 + range_ratio]`.
-    Random {
-        input_len: u32,
-        output_len: u32,
-        #[serde(default)]
-        range_ratio: f64,
-    },
-    /// inference-perf's `shared_prefix`: `groups` system prompts of
-    /// `system_prompt_len` tokens, each followed by `prompts_per_group`
-    /// questions of `question_len`; the requests take them in an order
-    /// shuffled by the scenario's seed (see [`super::datasets`]).
-    SharedPrefix { groups: u32, prompts_per_group: u32, system_prompt_len: u32, question_len: u32, output_len: u32 },
-    /// Conversations growing turn by turn: each of `conversations` resends
-    /// its history (a system prompt of `system_prompt_len`, shared by all
-    /// when `shared_system`, then `turn_len` tokens per turn) with every
-    /// new turn; the requests take every conversation's first turn, then
-    /// every second turn, and so on, up to `turns`.
-    Conversations {
-        conversations: u32,
-        turns: u32,
-        system_prompt_len: u32,
-        turn_len: u32,
-        output_len: u32,
-        #[serde(default)]
-        shared_system: bool,
-    },
+    /// `transcriptions`: the size of the form's `file` part, in bytes
+    /// (OpenAI takes up to 25 MB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_bytes: Option<u64>,
 }
 
 /// One request's prompt: its text when a dataset gave one, else only a
@@ -276,6 +248,18 @@ impl StreamSpec {
     /// What draws this stream's requests (a dataset file is read here).
     pub fn sampler(&self, seed: u64) -> Result<PromptSampler, String> {
         let ctx = |e: String| format!("stream {}: {e}", self.name);
+        match (self.endpoint, self.upload_bytes, &self.dataset) {
+            // A form carries a file, not a prompt: one token each way, as counted.
+            (Endpoint::Transcriptions, Some(_), None) if self.prompt_tokens.is_none() && self.output_tokens.is_none() => {
+                let one = || LenDist::Fixed { value: 1 }.sampler();
+                return Ok(PromptSampler::Lengths { prompt: one()?, output: one()? });
+            }
+            (Endpoint::Transcriptions, _, _) => {
+                return Err(ctx("transcriptions: upload_bytes gives the form's file; no prompt_tokens, output_tokens or dataset".into()))
+            }
+            (_, Some(_), _) => return Err(ctx("upload_bytes is for endpoint: transcriptions".into())),
+            _ => {}
+        }
         match (&self.dataset, &self.prompt_tokens, &self.output_tokens) {
             (Some(Dataset::Sharegpt { path, output_len }), None, None) => {
                 let prompts = sharegpt(path, *output_len, seed).map_err(ctx)?;

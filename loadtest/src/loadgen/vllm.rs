@@ -178,6 +178,7 @@ pub fn summary(r: &RunResult) -> Value {
     let endpoint = match s.streams.first().map(|x| x.endpoint) {
         Some(Endpoint::Completions) => ("openai", "/v1/completions"),
         Some(Endpoint::Embeddings) => ("openai-embeddings", "/v1/embeddings"),
+        Some(Endpoint::Transcriptions) => ("openai-audio", "/v1/audio/transcriptions"),
         _ => ("openai-chat", "/v1/chat/completions"),
     };
     let mut m = Map::new();
