@@ -388,6 +388,7 @@ fn demo_scenario(
         turns: 1,
         http2: false,
         target: None,
+        upload_bytes: None,
     };
     loadtest::loadgen::Scenario {
         target: target.into(),

@@ -34,6 +34,7 @@ fn scenario(target: &str, duration: Duration, arrival: Arrival, prompt: u32, out
             turns: 1,
             http2: false,
             target: None,
+            upload_bytes: None,
         }],
     }
 }
