@@ -8,8 +8,13 @@ use tokio::time::Instant;
 
 use super::{Mode, ObservedBody};
 use crate::proxy::resume::Break;
-use crate::telemetry::metrics::{ResumeLabels, UnresumedLabels};
+use crate::telemetry::metrics::{Metrics, ResumeLabels, UnresumedLabels};
 use crate::telemetry::Outcome;
+
+/// A stream of `pool` broke (`why`) and was not continued (`not`: why not).
+fn unresumed(metrics: &Metrics, pool: String, why: Break, not: &'static str) {
+    metrics.stream_unresumed.get_or_create(&UnresumedLabels { pool, reason: why.as_str(), why: not }).inc();
+}
 
 impl<B> ObservedBody<B> {
     /// The stream broke (`why`): send its continuation to another replica
@@ -42,7 +47,7 @@ impl<B> ObservedBody<B> {
                 true
             }
             Err(not) => {
-                t.metrics().stream_unresumed.get_or_create(&UnresumedLabels { pool, reason: why.as_str(), why: not }).inc();
+                unresumed(t.metrics(), pool, why, not);
                 false
             }
         }
@@ -64,8 +69,7 @@ impl<B> ObservedBody<B> {
             }
             Err(e) => {
                 let pool = self.resume.as_ref().map(|r| r.link.pool().to_string()).unwrap_or_default();
-                let labels = UnresumedLabels { pool, reason: why.as_str(), why: "failed" };
-                self.tracker.metrics().stream_unresumed.get_or_create(&labels).inc();
+                unresumed(self.tracker.metrics(), pool, why, "failed");
                 let what = format!("slogate: the replica's stream broke ({}) and its continuation failed: {e}", why.as_str());
                 tracing::warn!(request_id = self.tracker.request_id.to_str().unwrap_or(""), class = %self.tracker.class().name, "{what}");
                 self.tracker.cut = true;
@@ -90,8 +94,7 @@ impl<B> ObservedBody<B> {
     pub(super) fn broke_on_error_event(&mut self) -> bool {
         if let Some(r) = self.resume.as_deref_mut() {
             if let Some(not) = r.splice.take_passed_error() {
-                let labels = UnresumedLabels { pool: r.link.pool().to_string(), reason: Break::ErrorEvent.as_str(), why: not };
-                self.tracker.metrics().stream_unresumed.get_or_create(&labels).inc();
+                unresumed(self.tracker.metrics(), r.link.pool().to_string(), Break::ErrorEvent, not);
             }
         }
         match &mut self.mode {
