@@ -2,7 +2,7 @@
 //! and per calendar month, in UTC (`auth.keys[].limits.requests_per_day`,
 //! `tokens_per_day`, `requests_per_month`, `tokens_per_month`).
 //!
-//! Rules (docs/access.md, rules 6 to 11):
+//! Rules (docs/access.md, rules 7 to 12):
 //! 1. A window is a calendar period, not a sliding one: the day's quota
 //!    comes back whole at 00:00 UTC, the month's on the first. A refusal's
 //!    Retry-After is the time until the window ends.

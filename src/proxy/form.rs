@@ -1,18 +1,23 @@
 //! Multipart form bodies (`multipart/form-data`: audio transcription and
-//! translation uploads). The form is read only for its `model` and
-//! `stream` fields, by multer's parser over the body as received; the file
-//! is skipped, never copied, and the caller's bytes go upstream as sent.
+//! translation uploads). The form is read only as far as its `model` and
+//! `stream` fields, by multer's parser fed frame by frame as the body
+//! arrives; what was read and the rest go upstream as the caller sent them
+//! (the rest as it arrives, when the caller declared its length).
 //! The rules are docs/access.md's (endpoints) and
 //! docs/design/measurement.md's.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
+use http_body::Body;
+use http_body_util::BodyExt;
 
 use super::body::{Head, Model};
-use crate::error::GatewayError;
+use crate::error::{BoxError, GatewayError};
 
 /// The longest `model` or `stream` value read from a form.
 const FIELD_LIMIT: u64 = 1024;
@@ -31,54 +36,127 @@ fn malformed(why: &str) -> GatewayError {
     GatewayError::InvalidRequest { message: format!("the multipart form cannot be read: {why}"), param: None }
 }
 
-/// The routed-on fields of the form in `bytes` (its `boundary`): `model`,
-/// and `stream` (`true` streams). 400 when the form is malformed.
-pub(super) fn head(bytes: Bytes, boundary: &str) -> Result<Head, GatewayError> {
-    let body = futures_util::stream::once(async move { Ok::<Bytes, std::convert::Infallible>(bytes) });
+/// A form read as far as routing needs.
+pub(super) struct FormRead<B> {
+    pub(super) head: Head,
+    /// The bytes read, as received.
+    pub(super) read: Vec<Bytes>,
+    /// The rest of the body, when routing needed less than all of it.
+    pub(super) rest: Option<B>,
+}
+
+/// Read the form in `body` (its `boundary`) as far as its `model` field
+/// and, before its file, its `stream` field (`true` streams): up to the
+/// first file part after `model`, else to its end. 400 when it is
+/// malformed, 413 past `limit` bytes.
+pub(super) async fn read_head<B>(body: B, boundary: &str, limit: u64) -> Result<FormRead<B>, GatewayError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let feed = Arc::new(Mutex::new(Feed::default()));
+    let parsed = feed.clone();
+    // The parser's input: what the reader has fed it. Empty, it waits: the
+    // reader then reads the next frame and polls the parser again.
+    let input = futures_util::stream::poll_fn(move |_| {
+        let mut f = parsed.lock().unwrap_or_else(|p| p.into_inner());
+        match f.chunks.pop_front() {
+            Some(b) => Poll::Ready(Some(Ok::<Bytes, std::convert::Infallible>(b))),
+            None if f.ended => Poll::Ready(None),
+            None => Poll::Pending,
+        }
+    });
     let constraints =
         multer::Constraints::new().size_limit(multer::SizeLimit::new().for_field("model", FIELD_LIMIT).for_field("stream", FIELD_LIMIT));
-    let mut form = multer::Multipart::with_constraints(body, boundary, constraints);
-    // The whole body is in memory: the parser never waits, so it is driven
-    // to its end here without a runtime.
+    let mut form = multer::Multipart::with_constraints(input, boundary, constraints);
+    let mut reader = Reader { body, read: Vec::new(), total: 0, limit, feed, ended: false };
     let (mut model, mut stream) = (Model::Missing, false);
     loop {
-        let field = match now(form.next_field()) {
-            Some(Ok(Some(field))) => field,
-            Some(Ok(None)) => break,
-            Some(Err(e)) => return Err(malformed(&e.to_string())),
-            None => return Err(malformed("it ended early")),
+        let field = match reader.drive(form.next_field()).await? {
+            Ok(Some(field)) => field,
+            Ok(None) => break,
+            Err(e) => return Err(malformed(&e.to_string())),
         };
         match field.name() {
-            Some("model") => match now(field.text()) {
-                Some(Ok(m)) => model = Model::Name(m),
-                Some(Err(e)) => return Err(malformed(&e.to_string())),
-                None => return Err(malformed("it ended early")),
-            },
-            Some("stream") => match now(field.text()) {
-                Some(Ok(s)) => stream = s.trim().eq_ignore_ascii_case("true"),
-                Some(Err(e)) => return Err(malformed(&e.to_string())),
-                None => return Err(malformed("it ended early")),
-            },
-            // The file and every other field: skipped by the next call.
+            Some("model") => model = Model::Name(reader.drive(field.text()).await?.map_err(|e| malformed(&e.to_string()))?),
+            Some("stream") => {
+                stream = reader.drive(field.text()).await?.map_err(|e| malformed(&e.to_string()))?.trim().eq_ignore_ascii_case("true")
+            }
+            // The file, with `model` known: routing needs no more.
+            _ if field.file_name().is_some() && matches!(model, Model::Name(_)) => break,
+            // Anything else: skipped by the next call.
             _ => {}
         }
     }
-    Ok(Head::form(model, stream))
+    let Reader { body, read, ended, .. } = reader;
+    Ok(FormRead { head: Head::form(model, stream), read, rest: (!ended).then_some(body) })
 }
 
-/// The value of `f` if it is ready at once (`None` if it would wait: the
-/// in-memory body never does).
-fn now<F: Future>(f: F) -> Option<F::Output> {
-    let mut cx = Context::from_waker(Waker::noop());
-    match pin!(f).poll(&mut cx) {
-        Poll::Ready(v) => Some(v),
-        Poll::Pending => None,
+/// What the reader has read and the parser not yet taken.
+#[derive(Default)]
+struct Feed {
+    chunks: VecDeque<Bytes>,
+    ended: bool,
+}
+
+struct Reader<B> {
+    body: B,
+    read: Vec<Bytes>,
+    total: u64,
+    limit: u64,
+    feed: Arc<Mutex<Feed>>,
+    ended: bool,
+}
+
+impl<B> Reader<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    /// Poll the parser's `f` until it is done, reading a frame of the body
+    /// each time it waits for more.
+    async fn drive<F: Future>(&mut self, f: F) -> Result<F::Output, GatewayError> {
+        let mut f = pin!(f);
+        loop {
+            if let Poll::Ready(v) = f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+                return Ok(v);
+            }
+            if self.ended {
+                return Err(malformed("it ended early"));
+            }
+            self.feed().await?;
+        }
+    }
+
+    async fn feed(&mut self) -> Result<(), GatewayError> {
+        let data = match self.body.frame().await {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(d) => d,
+                Err(_) => return Ok(()),
+            },
+            Some(Err(e)) => return Err(GatewayError::BodyRead(e.into())),
+            None => {
+                self.ended = true;
+                self.feed.lock().unwrap_or_else(|p| p.into_inner()).ended = true;
+                return Ok(());
+            }
+        };
+        self.total += data.len() as u64;
+        if self.total > self.limit {
+            return Err(GatewayError::PayloadTooLarge { limit: self.limit });
+        }
+        self.read.push(data.clone());
+        self.feed.lock().unwrap_or_else(|p| p.into_inner()).chunks.push_back(data);
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::StreamBody;
+
+    type Chunks = StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Result<http_body::Frame<Bytes>, std::convert::Infallible>>>>;
 
     fn form(parts: &[(&str, &str)]) -> Bytes {
         let mut b = String::new();
@@ -93,22 +171,53 @@ mod tests {
         Bytes::from(b)
     }
 
-    #[test]
-    fn the_model_and_stream_fields_are_read_wherever_they_are() {
-        let h = head(form(&[("file", "RIFF....WAVEfmt "), ("model", "whisper-1"), ("stream", "true")]), "XyZ").expect("a form");
-        assert_eq!((h.model.clone(), h.stream), (Model::Name("whisper-1".into()), true));
-        let h = head(form(&[("model", "whisper-1"), ("language", "en"), ("file", "x")]), "XyZ").expect("a form");
-        assert_eq!((h.model.clone(), h.stream), (Model::Name("whisper-1".into()), false));
-        let h = head(form(&[("file", "x")]), "XyZ").expect("a form");
-        assert_eq!(h.model, Model::Missing);
+    /// `bytes` as a body arriving in frames of `frame` bytes.
+    fn arriving(bytes: &Bytes, frame: usize) -> Chunks {
+        let frames: Vec<_> = bytes.chunks(frame).map(|c| Ok(http_body::Frame::data(Bytes::copy_from_slice(c)))).collect();
+        StreamBody::new(futures_util::stream::iter(frames))
     }
 
-    #[test]
-    fn a_malformed_form_is_a_400() {
-        let e = head(Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhis"), "XyZ").expect_err("cut");
+    async fn head(bytes: Bytes, frame: usize) -> Result<(Head, usize, bool), GatewayError> {
+        let r = read_head(arriving(&bytes, frame), "XyZ", 1 << 20).await?;
+        let read: usize = r.read.iter().map(Bytes::len).sum();
+        Ok((r.head, read, r.rest.is_some()))
+    }
+
+    #[tokio::test]
+    async fn the_model_and_stream_fields_are_read_wherever_they_are_in_any_frames() {
+        for frame in [1, 7, 64, 4096] {
+            let whole = form(&[("file", "RIFF....WAVEfmt "), ("model", "whisper-1"), ("stream", "true")]);
+            let (h, read, _) = head(whole.clone(), frame).await.expect("a form");
+            assert_eq!((h.model.clone(), h.stream), (Model::Name("whisper-1".into()), true), "frames of {frame}");
+            // (to the closing boundary: the CR LF after it may be left)
+            assert!(read + 2 >= whole.len(), "the model after the file: read to the end ({read} of {})", whole.len());
+            let (h, _, _) = head(form(&[("model", "whisper-1"), ("language", "en"), ("file", "x")]), frame).await.expect("a form");
+            assert_eq!((h.model.clone(), h.stream), (Model::Name("whisper-1".into()), false));
+            let (h, _, _) = head(form(&[("file", "x")]), frame).await.expect("a form");
+            assert_eq!(h.model, Model::Missing);
+        }
+    }
+
+    #[tokio::test]
+    async fn with_the_model_before_the_file_the_file_is_not_read() {
+        let file = "x".repeat(100_000);
+        let whole = form(&[("model", "whisper-1"), ("stream", "true"), ("file", &file)]);
+        let (h, read, rest) = head(whole.clone(), 1024).await.expect("a form");
+        assert_eq!((h.model, h.stream), (Model::Name("whisper-1".into()), true));
+        assert!(rest, "the rest is left to arrive");
+        assert!(read <= 2048, "read {read} of {} bytes", whole.len());
+    }
+
+    #[tokio::test]
+    async fn a_malformed_form_is_a_400_and_a_long_one_a_413() {
+        let cut = Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhis");
+        let e = head(cut, 8).await.expect_err("cut");
         assert_eq!(e.status(), http::StatusCode::BAD_REQUEST);
         let long = "m".repeat(2000);
-        assert!(head(form(&[("model", &long)]), "XyZ").is_err(), "a model name past the field limit");
+        assert!(head(form(&[("model", &long)]), 100).await.is_err(), "a model name past the field limit");
+        let big = form(&[("file", &"x".repeat(5000)), ("model", "w")]);
+        let e = read_head(arriving(&big, 100), "XyZ", 4096).await.err().expect("over the limit");
+        assert_eq!(e.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(boundary(Some("application/json")).map(|b| b.is_ok()), None);
         assert!(boundary(Some("multipart/form-data")).is_some_and(|b| b.is_err()), "no boundary");
         assert_eq!(boundary(Some("multipart/form-data; boundary=XyZ")).and_then(Result::ok).as_deref(), Some("XyZ"));

@@ -3,12 +3,11 @@
 //! client's address appended to `X-Forwarded-For` and `Forwarded`, the
 //! request id set), and what slogate adds to the caller's response.
 
-use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request};
-use http_body_util::Full;
 
 use super::request_id::X_REQUEST_ID;
 use crate::error::GatewayError;
+use crate::upstream::SendBody;
 
 /// What slogate says of a request in its response's headers.
 pub(super) struct Said<'a> {
@@ -98,12 +97,12 @@ pub(super) fn rate_headers(h: &mut HeaderMap, state: &crate::admission::RateStat
 pub(super) fn build_upstream_request(
     parts: &http::request::Parts,
     replica: &crate::upstream::Replica,
-    body: Bytes,
+    body: SendBody,
     strip_auth: bool,
     forwarded: &Forwarded,
     request_id: &HeaderValue,
-) -> Result<Request<Full<Bytes>>, GatewayError> {
-    let mut req = Request::new(Full::new(body));
+) -> Result<Request<SendBody>, GatewayError> {
+    let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     // A replica URL may carry a path prefix (`http://host/vllm`).

@@ -57,7 +57,7 @@ use crate::state::{App, Snapshot};
 use crate::telemetry::access_log::AccessRecord;
 use crate::telemetry::metrics::ClassLabels;
 use crate::telemetry::Outcome;
-use crate::upstream::{self, conn::UpstreamBody};
+use crate::upstream::{self, conn::UpstreamBody, SendBody, Upload, UploadFailure};
 use body::RequestBody;
 use headers::{build_upstream_request, Forwarded};
 use observe::{ObservedBody, StreamTimeouts};
@@ -172,7 +172,7 @@ async fn forward(
     let (parts, body) = req.into_parts();
     let endpoint = target.endpoint();
     let routed = stage!(t, route::route(body, &parts.headers, parts.uri.path(), snap, &target, &caller.grant).await);
-    t.set_bytes_in(routed.request.len() as u64);
+    t.set_bytes_in(routed.bytes_in());
     if let Some(m) = &routed.model {
         t.set_model(m);
     }
@@ -192,7 +192,7 @@ async fn forward(
     t.set_probe(admitted.probe);
     t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
 
-    let Routed { mut request, route, stream, strip_usage, .. } = routed;
+    let Routed { mut request, route, stream, strip_usage, upload, .. } = routed;
     let priority =
         (route.pool.config.upstream_priority && generates(endpoint)).then(|| admitted.lease.upstream_priority(caller.class.tier));
     let prepared = route::cpu_bound(request.len(), || {
@@ -205,10 +205,28 @@ async fn forward(
     let mut lease = admitted.lease;
     // Boxed: the sending stage's state is the largest of this path, and
     // inline it would be held by every request waiting in a queue above.
-    let sent = Box::pin(send(&parts, body.clone(), route, &mut lease, &t, snap, stream, &timeouts)).await;
-    let resp = stage!(t, sent);
+    let payload = upload.as_ref().map_or_else(|| SendBody::from(body.clone()), |u| SendBody::Upload(u.clone()));
+    let sent = Box::pin(send(&parts, payload, route, &mut lease, &t, snap, stream, &timeouts)).await;
+    let resp = stage!(t, sent.map_err(|e| upload_failed(e, upload.as_ref(), snap)));
     let resume = stream.then(|| resumable(parts, body, route, endpoint, snap, &t)).flatten();
     observe(resp, t, lease, endpoint, Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume })
+}
+
+/// Why sending failed (`e`), when an upload did not reach the replica
+/// whole: the client's doing (408, 400), or an attempt that took part of it
+/// and failed (502: not sent again, as it is not kept).
+fn upload_failed(e: GatewayError, upload: Option<&Upload>, snap: &Snapshot) -> GatewayError {
+    match (upload.and_then(Upload::failure), e) {
+        (Some(UploadFailure::Timeout), _) => GatewayError::BodyTimeout(snap.config.server.body_read_timeout),
+        (Some(UploadFailure::Read), _) => GatewayError::BodyRead("the client's upload ended early or failed".into()),
+        (Some(UploadFailure::Resend), GatewayError::Upstream { replica, url, source, .. }) => GatewayError::Upstream {
+            replica,
+            url,
+            source,
+            detail: "part of the upload went to a replica that failed; it is not kept, so it was not sent again".into(),
+        },
+        (_, e) => e,
+    }
 }
 
 /// A chat or completions stream, continued on another replica of its pool
@@ -238,7 +256,7 @@ fn resumable(
 #[allow(clippy::too_many_arguments)]
 async fn send(
     parts: &http::request::Parts,
-    body: bytes::Bytes,
+    body: SendBody,
     route: &crate::state::Route,
     lease: &mut Lease,
     t: &Tracker,

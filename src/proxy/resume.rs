@@ -290,7 +290,7 @@ impl Link<conn::UpstreamBody> for PoolLink {
         }
         let replica = lease.replica().clone();
         let forwarded = Forwarded::of(&self.parts);
-        let req = build_upstream_request(&self.parts, &replica, body, self.strip_auth, &forwarded, &self.request_id);
+        let req = build_upstream_request(&self.parts, &replica, body.into(), self.strip_auth, &forwarded, &self.request_id);
         let connect = self.pool.config.timeouts.connect.get();
         Some(Box::pin(async move {
             let req = req.map_err(|e| e.for_log())?;

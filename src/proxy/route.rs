@@ -21,6 +21,7 @@ use crate::config::{Balance, Endpoint, PoolConfig};
 use crate::error::{full, GatewayError, ProxyBody};
 use crate::state::{Route, Snapshot};
 use crate::upstream::prefix::RouteKey;
+use crate::upstream::Upload;
 use std::sync::Arc;
 
 /// What a data-plane request asks for.
@@ -97,6 +98,15 @@ pub(super) struct Routed<'a> {
     pub(super) strip_usage: bool,
     /// Its prompt, for prefix-aware routing.
     pub(super) key: Option<Arc<RouteKey>>,
+    /// A multipart upload sent on as it arrives (`request` then holds none of it).
+    pub(super) upload: Option<Upload>,
+}
+
+impl Routed<'_> {
+    /// The request body's size: an upload's declared length.
+    pub(super) fn bytes_in(&self) -> u64 {
+        self.upload.as_ref().map_or(self.request.len() as u64, Upload::len)
+    }
 }
 
 /// The prompt's key for prefix-aware routing, on a pool that routes so:
@@ -142,19 +152,21 @@ pub(super) async fn route<'a>(
 ) -> Result<Routed<'a>, GatewayError> {
     let server = &snap.config.server;
     let form = super::form::boundary(headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok())).transpose()?;
-    let limit = if form.is_some() { server.max_upload_body.0 } else { server.max_request_body.0 };
-    let read = read_body(body, headers, limit);
-    let bytes = tokio::time::timeout(server.body_read_timeout.get(), read)
-        .await
-        .map_err(|_| GatewayError::BodyTimeout(server.body_read_timeout))??;
-    let request = match (target, form) {
-        (Target::Opened(_), None) if bytes.iter().all(u8::is_ascii_whitespace) => RequestBody::empty(),
-        (_, Some(boundary)) => {
-            let form = bytes.clone();
-            let head = super::aside::run(bytes.len(), move || super::form::head(form, &boundary)).await??;
-            RequestBody::form(bytes, head)
+    let deadline = tokio::time::Instant::now() + server.body_read_timeout.get();
+    let timed_out = |_| GatewayError::BodyTimeout(server.body_read_timeout);
+    let (request, upload) = match form {
+        Some(boundary) => {
+            let read = read_form(body, headers, &boundary, server.max_upload_body.0, deadline);
+            tokio::time::timeout_at(deadline, read).await.map_err(timed_out)??
         }
-        (_, None) => super::aside::run(bytes.len(), move || RequestBody::parse(bytes)).await??,
+        None => {
+            let read = read_body(body, headers, server.max_request_body.0);
+            let bytes = tokio::time::timeout_at(deadline, read).await.map_err(timed_out)??;
+            match target {
+                Target::Opened(_) if bytes.iter().all(u8::is_ascii_whitespace) => (RequestBody::empty(), None),
+                _ => (super::aside::run(bytes.len(), move || RequestBody::parse(bytes)).await??, None),
+            }
+        }
     };
     let head = request.head();
     let model = match &head.model {
@@ -190,7 +202,7 @@ pub(super) async fn route<'a>(
     let stream = may_stream(target.endpoint()) && head.stream;
     let strip_usage = stream && generates(target.endpoint()) && !head.include_usage;
     let key = cpu_bound(request.len(), || prefix_key(&request, headers, target.endpoint(), &route.pool.config));
-    Ok(Routed { request, model, route, stream, strip_usage, key })
+    Ok(Routed { request, model, route, stream, strip_usage, key, upload })
 }
 
 /// The method a data-plane path takes, for a request that used another
@@ -243,8 +255,57 @@ pub(super) fn models(snap: &Snapshot, grant: &Grant) -> Response<ProxyBody> {
     resp
 }
 
+/// A multipart form (its `boundary`), read as far as routing needs: with
+/// its length declared, the rest is sent on as it arrives, due by
+/// `deadline`; without, it is read whole (within `limit`, as a JSON body).
+async fn read_form(
+    body: Incoming,
+    headers: &HeaderMap,
+    boundary: &str,
+    limit: u64,
+    deadline: tokio::time::Instant,
+) -> Result<(RequestBody, Option<Upload>), GatewayError> {
+    let declared = declared_length(headers);
+    if declared.is_some_and(|len| len > limit) {
+        return Err(GatewayError::PayloadTooLarge { limit });
+    }
+    let super::form::FormRead { head, mut read, rest } = super::form::read_head(body, boundary, limit).await?;
+    let rest = match (rest, declared) {
+        (Some(rest), Some(len)) => return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::new(read, rest, len, deadline)))),
+        (rest, _) => rest,
+    };
+    let got: u64 = read.iter().map(|b| b.len() as u64).sum();
+    if let Some(rest) = rest {
+        match Limited::new(rest, (limit - got) as usize).collect().await {
+            Ok(c) => read.push(c.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(GatewayError::PayloadTooLarge { limit }),
+            Err(e) => return Err(GatewayError::BodyRead(e)),
+        }
+    }
+    let len = read.iter().map(Bytes::len).sum();
+    // One buffer: a copy of the whole form, aside when it is large.
+    let bytes = super::aside::run(len, move || join(read)).await?;
+    Ok((RequestBody::form(bytes, head), None))
+}
+
+/// `parts` joined into one buffer.
+fn join(mut parts: Vec<Bytes>) -> Bytes {
+    if parts.len() == 1 {
+        return parts.pop().unwrap_or_default();
+    }
+    let mut b = bytes::BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+    for p in parts {
+        b.extend_from_slice(&p);
+    }
+    b.freeze()
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
+}
+
 async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<Bytes, GatewayError> {
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(headers);
     if declared.is_some_and(|len| len > limit) {
         return Err(GatewayError::PayloadTooLarge { limit });
     }

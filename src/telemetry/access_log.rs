@@ -1,7 +1,7 @@
 //! The access log (`telemetry.access_log`): one line per finished request,
 //! for an auditor or an on-call engineer to grep.
 //!
-//! Rules (docs/access.md, rules 13 to 16):
+//! Rules (docs/access.md, rules 14 to 17):
 //! 1. A line says who, what and how it went: time, request id, tenant (the
 //!    key's name), model, class, endpoint, replica, status, outcome, queue
 //!    time, TTFT, e2e, tokens and bytes. Never a body, never a key: every

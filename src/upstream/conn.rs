@@ -38,18 +38,18 @@ use tokio::time::Instant;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{Builder, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::payload::SendBody;
 use super::tls::ReplicaTls;
 use super::Replica;
 
-type Conn = Connection<TokioIo<Stream>, Full<Bytes>>;
-type Sender = SendRequest<Full<Bytes>>;
+type Conn = Connection<TokioIo<Stream>, SendBody>;
+type Sender = SendRequest<SendBody>;
 
 /// An idle connection unused for this long is closed when next seen.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -236,7 +236,7 @@ impl AsyncWrite for Stream {
 /// is the key, whatever `req` carried.
 pub(crate) async fn send(
     replica: &Arc<Replica>,
-    req: Request<Full<Bytes>>,
+    req: Request<SendBody>,
     connect_timeout: Duration,
     fresh: bool,
     reads: Reads,
@@ -331,12 +331,12 @@ fn io_kind(e: &hyper::Error) -> Option<std::io::ErrorKind> {
 }
 
 enum Failed {
-    NotSent(hyper::Error, Box<Request<Full<Bytes>>>),
+    NotSent(hyper::Error, Box<Request<SendBody>>),
     Sent(SendError),
 }
 
 /// Send on one connection, driving it until the response headers arrive.
-async fn exchange(mut tx: Sender, conn: Conn, req: Request<Full<Bytes>>) -> Result<(Response<Incoming>, Sender, Option<Conn>), Failed> {
+async fn exchange(mut tx: Sender, conn: Conn, req: Request<SendBody>) -> Result<(Response<Incoming>, Sender, Option<Conn>), Failed> {
     let mut conn = Some(conn);
     let mut answer = std::pin::pin!(tx.try_send_request(req));
     let result = std::future::poll_fn(|cx| {
@@ -463,9 +463,9 @@ impl Body for UpstreamBody {
 
 /// A GET request for `path` under `base` (which may carry a path prefix):
 /// origin-form URI, `Host` naming the server.
-fn get_request(base: &http::Uri, path: &str) -> Result<Request<Full<Bytes>>, String> {
+fn get_request(base: &http::Uri, path: &str) -> Result<Request<SendBody>, String> {
     let prefix = base.path().trim_end_matches('/');
-    let mut req = Request::get(format!("{prefix}{path}")).body(Full::new(Bytes::new())).map_err(|e| format!("GET {path}: {e}"))?;
+    let mut req = Request::get(format!("{prefix}{path}")).body(SendBody::from(Bytes::new())).map_err(|e| format!("GET {path}: {e}"))?;
     if let Some(host) = base.authority().and_then(|a| http::HeaderValue::from_str(a.as_str()).ok()) {
         req.headers_mut().insert(http::header::HOST, host);
     }

@@ -32,3 +32,4 @@ mod rooms;
 mod rules;
 mod streaming;
 mod tenants;
+mod uploads;

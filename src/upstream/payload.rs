@@ -1,0 +1,308 @@
+//! A request body on its way to a replica: bytes in memory, or an upload
+//! still arriving from its client ([`Upload`]: a multipart form the gateway
+//! read only as far as it routes on, the rest passed on as it comes).
+//!
+//! An upload can be sent once. A retry that finds it untouched (the
+//! connection failed before hyper read any of it) sends it whole; one that
+//! finds part of it gone fails with [`UploadFailure::Resend`], as the
+//! caller's bytes are not kept. The rules are docs/access.md's (1 and 2).
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a replica is sent.
+#[derive(Debug, Clone)]
+pub(crate) enum SendBody {
+    Bytes(Option<Bytes>),
+    Upload(Upload),
+}
+
+impl From<Bytes> for SendBody {
+    fn from(b: Bytes) -> Self {
+        SendBody::Bytes(Some(b))
+    }
+}
+
+impl Body for SendBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            SendBody::Bytes(b) => Poll::Ready(b.take().filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b)))),
+            SendBody::Upload(u) => u.poll_next(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            SendBody::Bytes(b) => b.as_ref().is_none_or(Bytes::is_empty),
+            SendBody::Upload(u) => u.len == 0,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            SendBody::Bytes(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            SendBody::Upload(u) => SizeHint::with_exact(u.len),
+        }
+    }
+}
+
+/// Why an upload did not reach its replica whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UploadFailure {
+    /// The client did not send the rest before the body read timeout.
+    Timeout,
+    /// The client's connection failed, or it sent another length than it declared.
+    Read,
+    /// An attempt on a replica that failed had taken part of it.
+    Resend,
+}
+
+impl UploadFailure {
+    fn message(self) -> &'static str {
+        match self {
+            UploadFailure::Timeout => "the client did not send the rest of the upload in time",
+            UploadFailure::Read => "the rest of the upload could not be read from the client",
+            UploadFailure::Resend => "part of the upload went to a replica that failed; it is not kept, so it cannot be sent again",
+        }
+    }
+}
+
+/// The part of an upload not yet sent: what was read while routing, then
+/// the client's body.
+struct Rest {
+    read: VecDeque<Bytes>,
+    body: Option<Incoming>,
+    /// Bytes still to come from `body`.
+    left: u64,
+    timeout: Pin<Box<Sleep>>,
+}
+
+/// The state all attempts share.
+struct Shared {
+    /// The unsent upload, while no attempt holds it.
+    rest: Option<Rest>,
+    failure: Option<UploadFailure>,
+}
+
+/// A multipart upload of `len` bytes (its declared `Content-Length`), sent
+/// as it arrives. Cloned for each attempt; the first to be read takes it.
+pub(crate) struct Upload {
+    len: u64,
+    shared: Arc<Mutex<Shared>>,
+    /// Taken by this attempt.
+    held: Option<Rest>,
+    /// This attempt passed on bytes: the upload is no longer whole.
+    started: bool,
+}
+
+impl std::fmt::Debug for Upload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upload").field("len", &self.len).field("started", &self.started).finish()
+    }
+}
+
+impl Clone for Upload {
+    /// Another attempt at the same upload (it takes it when read, if still whole).
+    fn clone(&self) -> Self {
+        Upload { len: self.len, shared: self.shared.clone(), held: None, started: false }
+    }
+}
+
+impl Upload {
+    /// `read`: the bytes already read (routing needed them), `body` the
+    /// rest, `len` the whole upload's declared length; the rest is due by
+    /// `deadline` (the body read timeout).
+    pub(crate) fn new(read: Vec<Bytes>, body: Incoming, len: u64, deadline: Instant) -> Upload {
+        let already: u64 = read.iter().map(|b| b.len() as u64).sum();
+        let rest = Rest {
+            read: read.into(),
+            body: Some(body),
+            left: len.saturating_sub(already),
+            timeout: Box::pin(tokio::time::sleep_until(deadline)),
+        };
+        Upload { len, shared: Arc::new(Mutex::new(Shared { rest: Some(rest), failure: None })), held: None, started: false }
+    }
+
+    /// Its declared length.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Why it did not reach a replica whole, if it did not.
+    pub(crate) fn failure(&self) -> Option<UploadFailure> {
+        self.lock().failure
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fail(&mut self, why: UploadFailure) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.held = None;
+        self.lock().failure.get_or_insert(why);
+        Poll::Ready(Some(Err(why.message().into())))
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.held.is_none() {
+            if self.started {
+                return Poll::Ready(None);
+            }
+            let taken = self.lock().rest.take();
+            match taken {
+                Some(rest) => self.held = Some(rest),
+                None => return self.fail(UploadFailure::Resend),
+            }
+        }
+        let Some(rest) = self.held.as_mut() else { return Poll::Ready(None) };
+        if let Some(b) = rest.read.pop_front() {
+            self.started = true;
+            return Poll::Ready(Some(Ok(Frame::data(b))));
+        }
+        let Some(body) = rest.body.as_mut() else { return Poll::Ready(None) };
+        loop {
+            match Pin::new(&mut *body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else { continue };
+                    if data.len() as u64 > rest.left {
+                        return self.fail(UploadFailure::Read);
+                    }
+                    rest.left -= data.len() as u64;
+                    self.started = true;
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Poll::Ready(Some(Err(_))) => return self.fail(UploadFailure::Read),
+                Poll::Ready(None) if rest.left > 0 => return self.fail(UploadFailure::Read),
+                Poll::Ready(None) => {
+                    rest.body = None;
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {
+                    return match rest.timeout.as_mut().poll(cx) {
+                        Poll::Ready(()) => self.fail(UploadFailure::Timeout),
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Upload {
+    /// An attempt that took the upload and passed none of it on leaves it
+    /// whole for the next.
+    fn drop(&mut self) {
+        if let (Some(rest), false) = (self.held.take(), self.started) {
+            self.lock().rest = Some(rest);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    /// An upload of which `read` was read while routing, whose client then
+    /// sends `rest` (on a real connection: `Incoming` is a hyper server's
+    /// body) under a declared length of `len` (then it ends, or with
+    /// `stall` sends nothing more and stays), due within `within`.
+    async fn upload(
+        read: &[&'static str],
+        rest: Vec<&'static str>,
+        len: u64,
+        stall: bool,
+        within: std::time::Duration,
+    ) -> (Upload, tokio::task::JoinHandle<()>) {
+        use futures_util::StreamExt;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let (io, _) = listener.accept().await.expect("accept");
+            let tx = std::sync::Mutex::new(Some(tx));
+            let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                let tx = tx.lock().expect("lock").take();
+                async move {
+                    if let Some(tx) = tx {
+                        let _ = tx.send(req.into_body());
+                    }
+                    // Held open until the test ends.
+                    std::future::pending::<()>().await;
+                    Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<Bytes>::new()))
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(io), svc).await;
+        });
+        let client = tokio::spawn(async move {
+            let io = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await.expect("handshake");
+            tokio::spawn(conn);
+            let frames =
+                futures_util::stream::iter(rest.into_iter().map(|s| Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(s)))));
+            let body = if stall {
+                http_body_util::StreamBody::new(frames.chain(futures_util::stream::pending()).boxed())
+            } else {
+                http_body_util::StreamBody::new(frames.boxed())
+            };
+            let req = http::Request::post("/").header("content-length", len.to_string()).body(body).expect("request");
+            let _ = send.send_request(req).await;
+        });
+        let body = rx.await.expect("the body");
+        let read: Vec<Bytes> = read.iter().map(|s| Bytes::from(*s)).collect();
+        let whole = len + read_len(&read);
+        drop(server);
+        (Upload::new(read, body, whole, Instant::now() + within), client)
+    }
+
+    fn read_len(read: &[Bytes]) -> u64 {
+        read.iter().map(|b| b.len() as u64).sum()
+    }
+
+    #[tokio::test]
+    async fn an_upload_is_what_was_read_then_the_rest_as_it_comes_with_its_length() {
+        let (u, _client) = upload(&["--b\r\nmodel", "=w\r\n"], vec!["file ", "bytes"], 10, false, std::time::Duration::from_secs(30)).await;
+        let body = SendBody::Upload(u.clone());
+        assert_eq!(body.size_hint().exact(), Some(24));
+        let got = body.collect().await.expect("whole").to_bytes();
+        assert_eq!(&got[..], b"--b\r\nmodel=w\r\nfile bytes");
+        assert_eq!(u.failure(), None);
+    }
+
+    #[tokio::test]
+    async fn an_attempt_that_passed_nothing_on_leaves_it_whole_and_one_that_did_does_not() {
+        let (u, _client) = upload(&["head "], vec!["tail"], 4, false, std::time::Duration::from_secs(30)).await;
+        // An attempt dropped before its body was read (the connection failed).
+        drop(SendBody::Upload(u.clone()));
+        let mut first = SendBody::Upload(u.clone());
+        let frame = first.frame().await.expect("a frame").expect("data");
+        assert_eq!(frame.into_data().ok().as_deref(), Some(&b"head "[..]));
+        drop(first);
+        // The next attempt cannot send it again: it says why.
+        let again = SendBody::Upload(u.clone()).collect().await;
+        assert!(again.is_err());
+        assert_eq!(u.failure(), Some(UploadFailure::Resend));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_sending_fails_the_upload_at_the_read_timeout() {
+        // Declares 100 bytes, sends 4, then nothing.
+        let (u, _client) = upload(&[], vec!["tail"], 100, true, std::time::Duration::from_secs(30)).await;
+        let got = SendBody::Upload(u.clone()).collect().await;
+        assert!(got.is_err());
+        assert_eq!(u.failure(), Some(UploadFailure::Timeout));
+    }
+}

@@ -1,0 +1,190 @@
+//! Audio uploads that go on as they arrive: a multipart form that declares
+//! its length reaches the replica while its client is still sending it,
+//! byte for byte, over HTTP/1.1 and HTTP/2; one of undeclared length is
+//! read whole first; a client that breaks off mid-upload is the client's
+//! failure, and the replica does not keep a half request.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::common::*;
+
+type Body = BoxBody<Bytes, std::convert::Infallible>;
+type UploadClient = Client<hyper_util::client::legacy::connect::HttpConnector, Body>;
+
+fn upload_clients() -> [(&'static str, UploadClient); 2] {
+    [
+        ("HTTP/1.1", Client::builder(TokioExecutor::new()).build_http()),
+        ("HTTP/2", Client::builder(TokioExecutor::new()).http2_only(true).build_http()),
+    ]
+}
+
+/// A body its test sends piece by piece, and the sender of the pieces.
+fn piecewise() -> (Body, mpsc::UnboundedSender<Bytes>) {
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(Frame::data(b)), rx))
+    });
+    (StreamBody::new(frames).boxed(), tx)
+}
+
+/// A replica that reports how many body bytes of the request it is reading
+/// it has so far (`progress`), keeps each whole body (`bodies`), and
+/// answers a transcription; a GET (the health check) gets an empty 200.
+struct UploadReplica {
+    addr: std::net::SocketAddr,
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl UploadReplica {
+    async fn start(progress: mpsc::UnboundedSender<usize>) -> UploadReplica {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let kept = bodies.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                tokio::spawn(serve(s, progress.clone(), kept.clone()));
+            }
+        });
+        UploadReplica { addr, bodies, task }
+    }
+}
+
+impl Drop for UploadReplica {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(mut s: tokio::net::TcpStream, progress: mpsc::UnboundedSender<usize>, bodies: Arc<Mutex<Vec<Vec<u8>>>>) {
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n");
+        if let Some(end) = head_end {
+            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+            let len: usize = head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+            let have = buf.len() - end - 4;
+            if head.starts_with("post") {
+                let _ = progress.send(have.min(len));
+            }
+            if have >= len {
+                let body = buf[end + 4..end + 4 + len].to_vec();
+                buf.drain(..end + 4 + len);
+                let answer: &[u8] = if head.starts_with("post") {
+                    bodies.lock().expect("lock").push(body);
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 15\r\n\r\n{\"text\":\"done\"}"
+                } else {
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
+                };
+                if s.write_all(answer).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Wait until the replica has `at_least` bytes of a request's body.
+async fn replica_has(progress: &mut mpsc::UnboundedReceiver<usize>, at_least: usize, what: &str) {
+    let got = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(n) = progress.recv().await {
+            if n >= at_least {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(got, Ok(true), "{what}");
+}
+
+/// The first half of a form (its `model` field, the file's head and half
+/// the file) reaches the replica before the client sends the second half,
+/// and the replica gets the whole form as sent.
+#[tokio::test]
+async fn an_upload_that_declares_its_length_reaches_the_replica_as_it_arrives() {
+    let (progress_tx, mut progress) = mpsc::unbounded_channel();
+    let replica = UploadReplica::start(progress_tx).await;
+    let gw = start_gateway(&gateway_config(&[format!("http://{}", replica.addr)]).yaml()).await;
+    let audio: Vec<u8> = (0..400 * 1024).map(|i| (i * 31 % 251) as u8).collect();
+    let (ct, form) = transcription_form(Some("m1"), false, &audio);
+    let half = form.len() / 2;
+    for (proto, client) in upload_clients() {
+        while progress.try_recv().is_ok() {}
+        let (body, pieces) = piecewise();
+        let req = http::Request::post(format!("http://{}/v1/audio/transcriptions", gw.data_addr))
+            .header("content-type", &ct)
+            .header("content-length", form.len())
+            .body(body)
+            .expect("request");
+        count_sent(gw.data_addr, 1);
+        let answer = tokio::spawn(async move { client.request(req).await });
+        pieces.send(Bytes::copy_from_slice(&form[..half])).expect("send");
+        replica_has(&mut progress, half, &format!("{proto}: the replica got the first half before the client sent the rest")).await;
+        pieces.send(Bytes::copy_from_slice(&form[half..])).expect("send");
+        drop(pieces);
+        let resp = answer.await.expect("joined").expect("response");
+        assert_eq!(resp.status(), 200, "{proto}");
+        let text = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&text[..], br#"{"text":"done"}"#, "{proto}");
+        let got = replica.bodies.lock().expect("lock").last().cloned().expect("a body");
+        assert!(got == form, "{proto}: the form changed on the way ({} bytes, {} sent)", got.len(), form.len());
+    }
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0), "{m}");
+    assert_quiescent(&gw).await;
+}
+
+/// A form of undeclared length (chunked, HTTP/1.1) is read whole, then sent
+/// with its length; a client that declares a length and breaks off before
+/// sending it all is the client's failure (400), never the replica's.
+#[tokio::test]
+async fn a_chunked_form_is_read_whole_and_a_broken_off_upload_is_the_clients_failure() {
+    let (progress_tx, mut progress) = mpsc::unbounded_channel();
+    let replica = UploadReplica::start(progress_tx).await;
+    let gw = start_gateway(&gateway_config(&[format!("http://{}", replica.addr)]).yaml()).await;
+    let (ct, form) = transcription_form(Some("m1"), false, &[7u8; 100 * 1024]);
+    let (_, client) = upload_clients().into_iter().next().expect("HTTP/1.1");
+    let (body, pieces) = piecewise();
+    let req = http::Request::post(format!("http://{}/v1/audio/transcriptions", gw.data_addr))
+        .header("content-type", &ct)
+        .body(body)
+        .expect("request");
+    count_sent(gw.data_addr, 1);
+    for piece in form.chunks(30_000) {
+        pieces.send(Bytes::copy_from_slice(piece)).expect("send");
+    }
+    drop(pieces);
+    let resp = client.request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    assert!(replica.bodies.lock().expect("lock").last().is_some_and(|b| *b == form), "the form as sent");
+
+    // Declares the whole form, sends half, then goes away.
+    let raw = format!("POST /v1/audio/transcriptions HTTP/1.1\r\nhost: x\r\ncontent-type: {ct}\r\ncontent-length: {}\r\n\r\n", form.len());
+    let mut s = tokio::net::TcpStream::connect(gw.data_addr).await.expect("connect");
+    count_sent(gw.data_addr, 1);
+    s.write_all(raw.as_bytes()).await.expect("head");
+    s.write_all(&form[..form.len() / 2]).await.expect("half");
+    replica_has(&mut progress, 1, "the upload went on as it arrived").await;
+    drop(s);
+    wait_until("the broken-off upload is counted", || async { requests_with_outcome(&gw, "client_error").await == 1.0 }).await;
+    assert_eq!(requests_with_outcome(&gw, "upstream_error").await, 0.0);
+    assert_eq!(replica.bodies.lock().expect("lock").len(), 1, "the replica kept no half request");
+    assert_quiescent(&gw).await;
+}
