@@ -11,6 +11,7 @@ work-conserving reservation). Each writes DIR/report.md, DIR/measured.json
 """
 import os
 import sys
+from collections import Counter
 
 from admission_report import chart, class_row, load, pct, timeline, window, write_measured  # beside this script
 
@@ -215,7 +216,9 @@ def cmd_coldstart(d):
         queued = [x.get("queue_ms") or 0 for x in recs if x["start_s"] < 2.0]
         rows[v] = {"first_p99": pct(first, 0.99), "early_p99": pct(early, 0.99), "all_p99": pct(every, 0.99),
                    "queue_max": max(queued, default=0), "n": len(recs),
-                   "failed": sum(1 for x in recs if x["outcome"] not in ("ok", "length"))}
+                   "failed": sum(1 for x in recs if x["outcome"] not in ("ok", "length")),
+                   # why: the gateway's error code (a 429's reason), else the outcome
+                   "why": Counter(x.get("error_code") or x["outcome"] for x in recs if x["outcome"] not in ("ok", "length"))}
     diff = rows["auto"]["early_p99"] - rows["fixed"]["early_p99"]
     write_measured(d, {
         "early_p99_over_fixed_ms": (diff, f"{diff:+.1f} ms ({rows['auto']['early_p99']:.0f} vs {rows['fixed']['early_p99']:.0f})"),
@@ -226,7 +229,9 @@ def cmd_coldstart(d):
         f.write("|---|---:|---:|---:|---:|---:|---:|\n")
         for v in ("auto", "fixed"):
             r = rows[v]
-            f.write(f"| {v} | {r['n']} | {r['failed']} | {r['first_p99']:.0f} | {r['early_p99']:.0f} | {r['all_p99']:.0f} | {r['queue_max']:.0f} |\n")
+            why = ", ".join(f"{n} {k}" for k, n in r["why"].most_common())
+            failed = f"{r['failed']} ({why})" if why else "0"
+            f.write(f"| {v} | {r['n']} | {failed} | {r['first_p99']:.0f} | {r['early_p99']:.0f} | {r['all_p99']:.0f} | {r['queue_max']:.0f} |\n")
 
 
 if __name__ == "__main__":
