@@ -36,9 +36,18 @@ fn malformed(why: &str) -> GatewayError {
     GatewayError::InvalidRequest { message: format!("the multipart form cannot be read: {why}"), param: None }
 }
 
+/// How far into a form its `model` is looked for as the body arrives: a
+/// client that writes its fields first (as the OpenAI SDKs do) has them in
+/// the first few hundred bytes. A form whose `model` comes later (after
+/// the file) is read whole and parsed aside, at a lower priority than the
+/// streams ([`super::aside`]), rather than scanned frame by frame on the
+/// threads that carry them.
+pub(super) const PARSE_AHEAD: u64 = 64 * 1024;
+
 /// A form read as far as routing needs.
 pub(super) struct FormRead<B> {
-    pub(super) head: Head,
+    /// `None`: no `model` within the first `ahead` bytes.
+    pub(super) head: Option<Head>,
     /// The bytes read, as received.
     pub(super) read: Vec<Bytes>,
     /// The rest of the body, when routing needed less than all of it.
@@ -47,9 +56,10 @@ pub(super) struct FormRead<B> {
 
 /// Read the form in `body` (its `boundary`) as far as its `model` field
 /// and, before its file, its `stream` field (`true` streams): up to the
-/// first file part after `model`, else to its end. 400 when it is
+/// first file part after `model`, else to its end; no further than `ahead`
+/// bytes (past them with no `model`, the head is `None`). 400 when it is
 /// malformed, 413 past `limit` bytes.
-pub(super) async fn read_head<B>(body: B, boundary: &str, limit: u64) -> Result<FormRead<B>, GatewayError>
+pub(super) async fn read_head<B>(body: B, boundary: &str, limit: u64, ahead: u64) -> Result<FormRead<B>, GatewayError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
@@ -69,19 +79,27 @@ where
     let constraints =
         multer::Constraints::new().size_limit(multer::SizeLimit::new().for_field("model", FIELD_LIMIT).for_field("stream", FIELD_LIMIT));
     let mut form = multer::Multipart::with_constraints(input, boundary, constraints);
-    let mut reader = Reader { body, read: Vec::new(), total: 0, limit, feed, ended: false };
-    let (mut model, mut stream) = (Model::Missing, false);
+    let mut reader = Reader { body, read: Vec::new(), total: 0, limit, ahead, feed, ended: false };
+    let (mut model, mut stream, mut stopped) = (Model::Missing, false, false);
     loop {
-        let field = match reader.drive(form.next_field()).await? {
-            Ok(Some(field)) => field,
-            Ok(None) => break,
-            Err(e) => return Err(malformed(&e.to_string())),
+        let field = match reader.drive(form.next_field(), true).await? {
+            Some(Ok(Some(field))) => field,
+            Some(Ok(None)) => break,
+            Some(Err(e)) => return Err(malformed(&e.to_string())),
+            // Past `ahead`: with `model` known, routing needs no more.
+            None => {
+                stopped = true;
+                break;
+            }
+        };
+        let text = |t: Option<Result<String, multer::Error>>| match t {
+            Some(Ok(t)) => Ok(t),
+            Some(Err(e)) => Err(malformed(&e.to_string())),
+            None => Err(malformed("it ended early")),
         };
         match field.name() {
-            Some("model") => model = Model::Name(reader.drive(field.text()).await?.map_err(|e| malformed(&e.to_string()))?),
-            Some("stream") => {
-                stream = reader.drive(field.text()).await?.map_err(|e| malformed(&e.to_string()))?.trim().eq_ignore_ascii_case("true")
-            }
+            Some("model") => model = Model::Name(text(reader.drive(field.text(), false).await?)?),
+            Some("stream") => stream = text(reader.drive(field.text(), false).await?)?.trim().eq_ignore_ascii_case("true"),
             // The file, with `model` known: routing needs no more.
             _ if field.file_name().is_some() && matches!(model, Model::Name(_)) => break,
             // Anything else: skipped by the next call.
@@ -89,7 +107,23 @@ where
         }
     }
     let Reader { body, read, ended, .. } = reader;
-    Ok(FormRead { head: Head::form(model, stream), read, rest: (!ended).then_some(body) })
+    let head = match model {
+        Model::Missing if stopped => None,
+        model => Some(Head::form(model, stream)),
+    };
+    Ok(FormRead { head, read, rest: (!ended).then_some(body) })
+}
+
+/// The routed-on fields of a whole form in memory (`bytes`, its
+/// `boundary`): `model`, and `stream`. 400 when it is malformed.
+pub(super) fn head_of(bytes: Bytes, boundary: &str) -> Result<Head, GatewayError> {
+    let body = http_body_util::Full::new(bytes);
+    // In memory, the reader never waits: driven to its end without a runtime.
+    let read = pin!(read_head(body, boundary, u64::MAX, u64::MAX)).poll(&mut Context::from_waker(Waker::noop()));
+    match read {
+        Poll::Ready(r) => Ok(r?.head.unwrap_or_else(|| Head::form(Model::Missing, false))),
+        Poll::Pending => Err(malformed("it ended early")),
+    }
 }
 
 /// What the reader has read and the parser not yet taken.
@@ -104,6 +138,7 @@ struct Reader<B> {
     read: Vec<Bytes>,
     total: u64,
     limit: u64,
+    ahead: u64,
     feed: Arc<Mutex<Feed>>,
     ended: bool,
 }
@@ -114,15 +149,19 @@ where
     B::Error: Into<BoxError>,
 {
     /// Poll the parser's `f` until it is done, reading a frame of the body
-    /// each time it waits for more.
-    async fn drive<F: Future>(&mut self, f: F) -> Result<F::Output, GatewayError> {
+    /// each time it waits for more; `None` when it would read past `ahead`
+    /// (only where `may_stop`).
+    async fn drive<F: Future>(&mut self, f: F, may_stop: bool) -> Result<Option<F::Output>, GatewayError> {
         let mut f = pin!(f);
         loop {
             if let Poll::Ready(v) = f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-                return Ok(v);
+                return Ok(Some(v));
             }
             if self.ended {
                 return Err(malformed("it ended early"));
+            }
+            if may_stop && self.total >= self.ahead {
+                return Ok(None);
             }
             self.feed().await?;
         }
@@ -178,9 +217,9 @@ mod tests {
     }
 
     async fn head(bytes: Bytes, frame: usize) -> Result<(Head, usize, bool), GatewayError> {
-        let r = read_head(arriving(&bytes, frame), "XyZ", 1 << 20).await?;
+        let r = read_head(arriving(&bytes, frame), "XyZ", 1 << 20, PARSE_AHEAD).await?;
         let read: usize = r.read.iter().map(Bytes::len).sum();
-        Ok((r.head, read, r.rest.is_some()))
+        Ok((r.head.expect("a head within the parse-ahead"), read, r.rest.is_some()))
     }
 
     #[tokio::test]
@@ -209,6 +248,21 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_model_after_a_long_file_is_left_to_the_whole_form_parse() {
+        let file = "x".repeat(200_000);
+        let whole = form(&[("file", &file), ("model", "whisper-1"), ("stream", "true")]);
+        let r = read_head(arriving(&whole, 4096), "XyZ", 1 << 20, PARSE_AHEAD).await.expect("read");
+        assert!(r.head.is_none(), "no model in the first {PARSE_AHEAD} bytes");
+        let read: u64 = r.read.iter().map(|b| b.len() as u64).sum();
+        assert!((PARSE_AHEAD..PARSE_AHEAD + 4096).contains(&read), "stopped after {read} bytes");
+        assert!(r.rest.is_some());
+        let h = head_of(whole, "XyZ").expect("the whole form");
+        assert_eq!((h.model, h.stream), (Model::Name("whisper-1".into()), true));
+        assert_eq!(head_of(form(&[("file", "x")]), "XyZ").expect("a form").model, Model::Missing);
+        assert!(head_of(Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwh"), "XyZ").is_err());
+    }
+
+    #[tokio::test]
     async fn a_malformed_form_is_a_400_and_a_long_one_a_413() {
         let cut = Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhis");
         let e = head(cut, 8).await.expect_err("cut");
@@ -216,7 +270,7 @@ mod tests {
         let long = "m".repeat(2000);
         assert!(head(form(&[("model", &long)]), 100).await.is_err(), "a model name past the field limit");
         let big = form(&[("file", &"x".repeat(5000)), ("model", "w")]);
-        let e = read_head(arriving(&big, 100), "XyZ", 4096).await.err().expect("over the limit");
+        let e = read_head(arriving(&big, 100), "XyZ", 4096, PARSE_AHEAD).await.err().expect("over the limit");
         assert_eq!(e.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(boundary(Some("application/json")).map(|b| b.is_ok()), None);
         assert!(boundary(Some("multipart/form-data")).is_some_and(|b| b.is_err()), "no boundary");

@@ -269,10 +269,17 @@ async fn read_form(
     if declared.is_some_and(|len| len > limit) {
         return Err(GatewayError::PayloadTooLarge { limit });
     }
-    let super::form::FormRead { head, mut read, rest } = super::form::read_head(body, boundary, limit).await?;
-    let rest = match (rest, declared) {
-        (Some(rest), Some(len)) => return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::new(read, rest, len, deadline)))),
-        (rest, _) => rest,
+    let ahead = super::form::PARSE_AHEAD;
+    let super::form::FormRead { head, mut read, rest } = super::form::read_head(body, boundary, limit, ahead).await?;
+    let rest = match (head, rest, declared) {
+        (Some(head), Some(rest), Some(len)) => {
+            return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::new(read, rest, len, deadline))))
+        }
+        (Some(head), None, _) => {
+            let bytes = super::aside::run(read.iter().map(Bytes::len).sum(), move || join(read)).await?;
+            return Ok((RequestBody::form(bytes, head), None));
+        }
+        (_, rest, _) => rest,
     };
     let got: u64 = read.iter().map(|b| b.len() as u64).sum();
     if let Some(rest) = rest {
@@ -282,9 +289,15 @@ async fn read_form(
             Err(e) => return Err(GatewayError::BodyRead(e)),
         }
     }
+    // Read whole (no `model` near its start, or no declared length): joined
+    // into one buffer and parsed again, aside when it is large.
     let len = read.iter().map(Bytes::len).sum();
-    // One buffer: a copy of the whole form, aside when it is large.
-    let bytes = super::aside::run(len, move || join(read)).await?;
+    let boundary = boundary.to_string();
+    let parsed = super::aside::run(len, move || {
+        let bytes = join(read);
+        super::form::head_of(bytes.clone(), &boundary).map(|head| (bytes, head))
+    });
+    let (bytes, head) = parsed.await??;
     Ok((RequestBody::form(bytes, head), None))
 }
 

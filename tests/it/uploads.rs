@@ -188,3 +188,33 @@ async fn a_chunked_form_is_read_whole_and_a_broken_off_upload_is_the_clients_fai
     assert_eq!(replica.bodies.lock().expect("lock").len(), 1, "the replica kept no half request");
     assert_quiescent(&gw).await;
 }
+
+/// A form whose `model` comes after a 300 KB file (past what is looked at
+/// as it arrives) is read whole and routed by it, bytes intact.
+#[tokio::test]
+async fn a_form_with_its_model_after_a_long_file_is_read_whole_and_routed() {
+    let (progress_tx, _progress) = mpsc::unbounded_channel();
+    let replica = UploadReplica::start(progress_tx).await;
+    let gw = start_gateway(&gateway_config(&[format!("http://{}", replica.addr)]).yaml()).await;
+    let boundary = "model-last-boundary";
+    let mut form =
+        format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n")
+            .into_bytes();
+    form.extend((0..300 * 1024).map(|i| (i * 7 % 251) as u8));
+    form.extend_from_slice(
+        format!("\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm1\r\n--{boundary}--\r\n").as_bytes(),
+    );
+    for (proto, client) in upload_clients() {
+        let req = http::Request::post(format!("http://{}/v1/audio/transcriptions", gw.data_addr))
+            .header("content-type", format!("multipart/form-data; boundary={boundary}"))
+            .header("content-length", form.len())
+            .body(http_body_util::Full::new(Bytes::from(form.clone())).map_err(|never| match never {}).boxed())
+            .expect("request");
+        count_sent(gw.data_addr, 1);
+        let resp = client.request(req).await.expect("response");
+        assert_eq!(resp.status(), 200, "{proto}");
+        let got = replica.bodies.lock().expect("lock").last().cloned().expect("a body");
+        assert!(got == form, "{proto}: the form changed on the way");
+    }
+    assert_quiescent(&gw).await;
+}
