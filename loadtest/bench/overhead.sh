@@ -39,7 +39,7 @@ if ensure_haproxy; then
   start_haproxy hap-tcp tcp "$SIM"; HAP_TCP=$HAP_URL
   start_haproxy hap-http http "$SIM"; HAP_HTTP=$HAP_URL
   HAP=(tcp http)
-  haproxy -v | head -n 1 | awk '{print "HAProxy " $3}' >"$RUN/haproxy.version"
+  haproxy -v | awk 'NR == 1 {print "HAProxy " $3}' >"$RUN/haproxy.version"   # awk reads it all: no SIGPIPE under pipefail
 fi
 load "$RUN/lat.yaml" 200 "$FIXED64" "$LAT_SECS"
 run_lg "$RUN/lat.yaml" "$SIM" "lat-direct-$round"
