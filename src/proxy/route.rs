@@ -156,7 +156,7 @@ pub(super) async fn route<'a>(
     let timed_out = |_| GatewayError::BodyTimeout(server.body_read_timeout);
     let (request, upload) = match form {
         Some(boundary) => {
-            let read = read_form(body, headers, &boundary, server.max_upload_body.0, deadline);
+            let read = read_form(body, headers, &boundary, server.max_upload_body.0, server.body_read_timeout.get());
             tokio::time::timeout_at(deadline, read).await.map_err(timed_out)??
         }
         None => {
@@ -256,14 +256,15 @@ pub(super) fn models(snap: &Snapshot, grant: &Grant) -> Response<ProxyBody> {
 }
 
 /// A multipart form (its `boundary`), read as far as routing needs: with
-/// its length declared, the rest is sent on as it arrives, due by
-/// `deadline`; without, it is read whole (within `limit`, as a JSON body).
+/// its length declared, the rest is sent on as it arrives, due `within` of
+/// the replica's first read of it; without, it is read whole (within
+/// `limit`, as a JSON body).
 async fn read_form(
     body: Incoming,
     headers: &HeaderMap,
     boundary: &str,
     limit: u64,
-    deadline: tokio::time::Instant,
+    within: std::time::Duration,
 ) -> Result<(RequestBody, Option<Upload>), GatewayError> {
     let declared = declared_length(headers);
     if declared.is_some_and(|len| len > limit) {
@@ -273,7 +274,7 @@ async fn read_form(
     let super::form::FormRead { head, mut read, rest } = super::form::read_head(body, boundary, limit, ahead).await?;
     let rest = match (head, rest, declared) {
         (Some(head), Some(rest), Some(len)) => {
-            return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::new(read, rest, len, deadline))))
+            return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::new(read, rest, len, within))))
         }
         (Some(head), None, _) => {
             let bytes = super::aside::run(read.iter().map(Bytes::len).sum(), move || join(read)).await?;

@@ -16,7 +16,9 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use tokio::time::{Instant, Sleep};
+use std::time::Duration;
+
+use tokio::time::Sleep;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -87,7 +89,10 @@ struct Rest {
     body: Option<Incoming>,
     /// Bytes still to come from `body`.
     left: u64,
-    timeout: Pin<Box<Sleep>>,
+    /// How long the rest may take, from the first time a replica reads it
+    /// (time in the admission queue does not count).
+    within: Duration,
+    timeout: Option<Pin<Box<Sleep>>>,
 }
 
 /// The state all attempts share.
@@ -123,16 +128,11 @@ impl Clone for Upload {
 
 impl Upload {
     /// `read`: the bytes already read (routing needed them), `body` the
-    /// rest, `len` the whole upload's declared length; the rest is due by
-    /// `deadline` (the body read timeout).
-    pub(crate) fn new(read: Vec<Bytes>, body: Incoming, len: u64, deadline: Instant) -> Upload {
+    /// rest, `len` the whole upload's declared length; the rest is due
+    /// `within` (the body read timeout) of a replica's first read of it.
+    pub(crate) fn new(read: Vec<Bytes>, body: Incoming, len: u64, within: Duration) -> Upload {
         let already: u64 = read.iter().map(|b| b.len() as u64).sum();
-        let rest = Rest {
-            read: read.into(),
-            body: Some(body),
-            left: len.saturating_sub(already),
-            timeout: Box::pin(tokio::time::sleep_until(deadline)),
-        };
+        let rest = Rest { read: read.into(), body: Some(body), left: len.saturating_sub(already), within, timeout: None };
         Upload { len, shared: Arc::new(Mutex::new(Shared { rest: Some(rest), failure: None })), held: None, started: false }
     }
 
@@ -173,6 +173,8 @@ impl Upload {
             return Poll::Ready(Some(Ok(Frame::data(b))));
         }
         let Some(body) = rest.body.as_mut() else { return Poll::Ready(None) };
+        let within = rest.within;
+        let timeout = rest.timeout.get_or_insert_with(|| Box::pin(tokio::time::sleep(within)));
         loop {
             match Pin::new(&mut *body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
@@ -191,7 +193,7 @@ impl Upload {
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {
-                    return match rest.timeout.as_mut().poll(cx) {
+                    return match timeout.as_mut().poll(cx) {
                         Poll::Ready(()) => self.fail(UploadFailure::Timeout),
                         Poll::Pending => Poll::Pending,
                     };
@@ -265,7 +267,7 @@ mod tests {
         let read: Vec<Bytes> = read.iter().map(|s| Bytes::from(*s)).collect();
         let whole = len + read_len(&read);
         drop(server);
-        (Upload::new(read, body, whole, Instant::now() + within), client)
+        (Upload::new(read, body, whole, within), client)
     }
 
     fn read_len(read: &[Bytes]) -> u64 {
