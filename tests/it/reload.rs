@@ -198,7 +198,10 @@ async fn reloads_that_resize_reorder_or_retune_health_answer_no_503() {
         let interval = ["100ms", "150ms", "200ms"][i % 3];
         gateway_config(&order)
             .pool(&format!("max_inflight_per_replica: {slots}"))
-            .section("tiers:\n  interactive: { queue_capacity: 256, queue_timeout: 30s }")
+            // Queued requests wait for a slot however late (with one slot a
+            // replica they queue for longer than chat's TTFT target): a 429
+            // from shedding would be load, not the reload this test judges.
+            .section("tiers:\n  interactive: { queue_capacity: 256, queue_timeout: 30s, shed_late: false }")
             .yaml()
             .replace(
                 "health: { interval: 100ms, timeout: 1s, unhealthy_after: 2, healthy_after: 2 }",
