@@ -9,9 +9,9 @@
 //! `cpuidle-haltpoll`, whose `guest_halt_poll_ns` is 0 on this project's test
 //! machines). HAProxy offers the same trade as its `busy-polling` setting.
 //!
-//! The overhead benchmark (`loadtest/bench/overhead.sh`) measures both
-//! settings side by side; `loadtest/results/overhead-pinned.md` has the
-//! figures: the gap the path adds shrinks, at the price of a core kept busy
+//! The overhead benchmark (`loadtest/run overhead/pinned`) measures both
+//! settings side by side; `loadtest/results/overhead/pinned/README.md` has
+//! the figures: the gap the path adds shrinks, at the price of a core kept busy
 //! for as long as streams are open.
 //! Only for a gateway with cores of its own: sharing a core, it takes the
 //! core from the processes it shares it with.
