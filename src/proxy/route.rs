@@ -272,15 +272,11 @@ async fn read_form(
     }
     let ahead = super::form::PARSE_AHEAD;
     let super::form::FormRead { head, mut read, rest } = super::form::read_head(body, boundary, limit, ahead).await?;
-    let rest = match (head, rest, declared) {
+    let (head, rest) = match (head, rest, declared) {
         (Some(head), Some(rest), Some(len)) => {
             return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::new(read, rest, len, within))))
         }
-        (Some(head), None, _) => {
-            let bytes = super::aside::run(read.iter().map(Bytes::len).sum(), move || join(read)).await?;
-            return Ok((RequestBody::form(bytes, head), None));
-        }
-        (_, rest, _) => rest,
+        (head, rest, _) => (head, rest),
     };
     let got: u64 = read.iter().map(|b| b.len() as u64).sum();
     if let Some(rest) = rest {
@@ -290,9 +286,14 @@ async fn read_form(
             Err(e) => return Err(GatewayError::BodyRead(e)),
         }
     }
-    // Read whole (no `model` near its start, or no declared length): joined
-    // into one buffer and parsed again, aside when it is large.
     let len = read.iter().map(Bytes::len).sum();
+    if let Some(head) = head {
+        // The fields routing needs were found: the rest is only joined.
+        let bytes = super::aside::run(len, move || join(read)).await?;
+        return Ok((RequestBody::form(bytes, head), None));
+    }
+    // No `model` near its start: joined into one buffer and parsed whole,
+    // aside when it is large.
     let boundary = boundary.to_string();
     let parsed = super::aside::run(len, move || {
         let bytes = join(read);
