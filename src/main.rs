@@ -120,6 +120,8 @@ fn main() -> ExitCode {
     #[cfg(feature = "heap-profile")]
     let _heap =
         std::env::var_os("SLOGATE_HEAP_PROFILE").map(|path| dhat::Profiler::builder().file_name(path).trim_backtraces(Some(60)).build());
+    // Before any thread allocates: large request bodies reuse pages (server::memory).
+    slogate::server::memory::keep_large_buffers(std::env::var_os("GLIBC_TUNABLES").as_deref());
     let cli = Cli::parse();
     match cli.command {
         Command::Keys { command: KeysCommand::Hash } => keys_hash(),

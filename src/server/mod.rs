@@ -11,6 +11,7 @@
 //!    process exits).
 
 pub mod busy;
+pub mod memory;
 pub(crate) mod sched;
 
 use std::convert::Infallible;
