@@ -12,7 +12,7 @@
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::body::{Model, RequestBody};
@@ -271,36 +271,63 @@ async fn read_form(
         return Err(GatewayError::PayloadTooLarge { limit });
     }
     let ahead = super::form::PARSE_AHEAD;
-    let super::form::FormRead { head, mut read, rest } = super::form::read_head(body, boundary, limit, ahead).await?;
+    let super::form::FormRead { head, read, rest } = super::form::read_head(body, boundary, limit, ahead).await?;
     let (head, rest) = match (head, rest, declared) {
         (Some(head), Some(rest), Some(len)) => {
             return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::new(read, rest, len, within))))
         }
         (head, rest, _) => (head, rest),
     };
-    let got: u64 = read.iter().map(|b| b.len() as u64).sum();
-    if let Some(rest) = rest {
-        match Limited::new(rest, (limit - got) as usize).collect().await {
-            Ok(c) => read.push(c.to_bytes()),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(GatewayError::PayloadTooLarge { limit }),
-            Err(e) => return Err(GatewayError::BodyRead(e)),
-        }
-    }
-    let len = read.iter().map(Bytes::len).sum();
+    let bytes = match rest {
+        Some(rest) => gather(rest, read, declared.unwrap_or(0) as usize, limit).await?,
+        // It ended within what routing read (a few tens of KiB at most).
+        None => join(read),
+    };
     if let Some(head) = head {
-        // The fields routing needs were found: the rest is only joined.
-        let bytes = super::aside::run(len, move || join(read)).await?;
+        // The fields routing needs were found as it arrived.
         return Ok((RequestBody::form(bytes, head), None));
     }
-    // No `model` near its start: joined into one buffer and parsed whole,
-    // aside when it is large.
-    let boundary = boundary.to_string();
-    let parsed = super::aside::run(len, move || {
-        let bytes = join(read);
-        super::form::head_of(bytes.clone(), &boundary).map(|head| (bytes, head))
-    });
-    let (bytes, head) = parsed.await??;
+    // No `model` near its start: parsed whole, aside when it is large.
+    let (boundary, whole) = (boundary.to_string(), bytes.clone());
+    let head = super::aside::run(bytes.len(), move || super::form::head_of(whole, &boundary)).await??;
     Ok((RequestBody::form(bytes, head), None))
+}
+
+/// The rest of `body`, after the parts already `read`, in one buffer: each
+/// frame is copied in as it arrives and let go, so the client connection
+/// reuses its read buffer and no worker copies the whole body at once (a
+/// 25 MB form held as frames kept every read's buffer alive, several times
+/// its size, and joining them held a worker for milliseconds). The buffer
+/// takes `capacity` (the declared length, already checked against `limit`)
+/// at once; past `limit` bytes, 413. A body of one frame is kept as it came
+/// (docs/design/reduction.md, rule 9).
+async fn gather<B>(mut body: B, mut parts: Vec<Bytes>, capacity: usize, limit: u64) -> Result<Bytes, GatewayError>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut got: u64 = parts.iter().map(|b| b.len() as u64).sum();
+    let mut buf: Option<bytes::BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|e| GatewayError::BodyRead(e.into()))?.into_data() else { continue };
+        got += data.len() as u64;
+        if got > limit {
+            return Err(GatewayError::PayloadTooLarge { limit });
+        }
+        match buf.as_mut() {
+            Some(b) => b.extend_from_slice(&data),
+            None if parts.is_empty() => parts.push(data),
+            None => {
+                let mut b = bytes::BytesMut::with_capacity(capacity.max(got as usize));
+                for p in parts.drain(..) {
+                    b.extend_from_slice(&p);
+                }
+                b.extend_from_slice(&data);
+                buf = Some(b);
+            }
+        }
+    }
+    Ok(buf.map_or_else(|| join(parts), bytes::BytesMut::freeze))
 }
 
 /// `parts` joined into one buffer.
@@ -324,10 +351,5 @@ async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<By
     if declared.is_some_and(|len| len > limit) {
         return Err(GatewayError::PayloadTooLarge { limit });
     }
-    match Limited::new(body, limit as usize).collect().await {
-        // The frames joined into one buffer: a copy of the whole body, aside when it is large.
-        Ok(c) => super::aside::run(declared.unwrap_or(0) as usize, move || c.to_bytes()).await,
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(GatewayError::PayloadTooLarge { limit }),
-        Err(e) => Err(GatewayError::BodyRead(e)),
-    }
+    gather(body, Vec::new(), declared.unwrap_or(0) as usize, limit).await
 }

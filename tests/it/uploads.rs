@@ -189,6 +189,32 @@ async fn a_chunked_form_is_read_whole_and_a_broken_off_upload_is_the_clients_fai
     assert_quiescent(&gw).await;
 }
 
+/// A form of undeclared length is read whole, and held to
+/// `server.max_upload_body` as it arrives: 413, nothing reaches the replica.
+#[tokio::test]
+async fn a_form_of_undeclared_length_over_the_limit_is_refused() {
+    let (progress_tx, _progress) = mpsc::unbounded_channel();
+    let replica = UploadReplica::start(progress_tx).await;
+    let gw = gateway_config(&[format!("http://{}", replica.addr)]).server("max_upload_body: 64KiB").start().await;
+    for (proto, client) in upload_clients() {
+        let (ct, form) = transcription_form(Some("m1"), false, &[7u8; 70 * 1024]);
+        let (body, pieces) = piecewise();
+        let req = http::Request::post(format!("http://{}/v1/audio/transcriptions", gw.data_addr))
+            .header("content-type", &ct)
+            .body(body)
+            .expect("request");
+        count_sent(gw.data_addr, 1);
+        for piece in form.chunks(16 * 1024) {
+            pieces.send(Bytes::copy_from_slice(piece)).expect("send");
+        }
+        drop(pieces);
+        let resp = client.request(req).await.expect("response");
+        assert_eq!(resp.status(), 413, "{proto}: over max_upload_body");
+    }
+    assert!(replica.bodies.lock().expect("lock").is_empty(), "nothing reached the replica");
+    assert_quiescent(&gw).await;
+}
+
 /// A form whose `model` comes after a 300 KB file (past what is looked at
 /// as it arrives) is read whole and routed by it, bytes intact.
 #[tokio::test]
