@@ -278,56 +278,46 @@ async fn read_form(
         }
         (head, rest, _) => (head, rest),
     };
-    let bytes = match rest {
-        Some(rest) => gather(rest, read, declared.unwrap_or(0) as usize, limit).await?,
-        // It ended within what routing read (a few tens of KiB at most).
-        None => join(read),
+    let read = match rest {
+        Some(rest) => frames(rest, read, limit).await?,
+        None => read,
     };
+    let len = read.iter().map(Bytes::len).sum();
     if let Some(head) = head {
-        // The fields routing needs were found as it arrived.
+        // The fields routing needs were found as it arrived: only joined.
+        let bytes = super::aside::run(len, move || join(read)).await?;
         return Ok((RequestBody::form(bytes, head), None));
     }
-    // No `model` near its start: parsed whole, aside when it is large.
-    let (boundary, whole) = (boundary.to_string(), bytes.clone());
-    let head = super::aside::run(bytes.len(), move || super::form::head_of(whole, &boundary)).await??;
+    // No `model` near its start: joined and parsed whole, aside when large.
+    let boundary = boundary.to_string();
+    let parsed = super::aside::run(len, move || {
+        let bytes = join(read);
+        super::form::head_of(bytes.clone(), &boundary).map(|head| (bytes, head))
+    });
+    let (bytes, head) = parsed.await??;
     Ok((RequestBody::form(bytes, head), None))
 }
 
-/// The rest of `body`, after the parts already `read`, in one buffer: each
-/// frame is copied in as it arrives and let go, so the client connection
-/// reuses its read buffer and no worker copies the whole body at once (a
-/// 25 MB form held as frames kept every read's buffer alive, several times
-/// its size, and joining them held a worker for milliseconds). The buffer
-/// takes `capacity` (the declared length, already checked against `limit`)
-/// at once; past `limit` bytes, 413. A body of one frame is kept as it came
-/// (docs/design/reduction.md, rule 9).
-async fn gather<B>(mut body: B, mut parts: Vec<Bytes>, capacity: usize, limit: u64) -> Result<Bytes, GatewayError>
+/// The rest of `body` after the parts already read, frame by frame, at
+/// most `limit` bytes in all (past it, 413). Joining them is a copy of the
+/// whole body, left to the caller to do aside: done on a worker as the
+/// frames arrive, the copies and the page faults of a fresh buffer took the
+/// streams' threads (docs/design/reduction.md, rule 9).
+async fn frames<B>(mut body: B, mut parts: Vec<Bytes>, limit: u64) -> Result<Vec<Bytes>, GatewayError>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut got: u64 = parts.iter().map(|b| b.len() as u64).sum();
-    let mut buf: Option<bytes::BytesMut> = None;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(|e| GatewayError::BodyRead(e.into()))?.into_data() else { continue };
         got += data.len() as u64;
         if got > limit {
             return Err(GatewayError::PayloadTooLarge { limit });
         }
-        match buf.as_mut() {
-            Some(b) => b.extend_from_slice(&data),
-            None if parts.is_empty() => parts.push(data),
-            None => {
-                let mut b = bytes::BytesMut::with_capacity(capacity.max(got as usize));
-                for p in parts.drain(..) {
-                    b.extend_from_slice(&p);
-                }
-                b.extend_from_slice(&data);
-                buf = Some(b);
-            }
-        }
+        parts.push(data);
     }
-    Ok(buf.map_or_else(|| join(parts), bytes::BytesMut::freeze))
+    Ok(parts)
 }
 
 /// `parts` joined into one buffer.
@@ -351,5 +341,6 @@ async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<By
     if declared.is_some_and(|len| len > limit) {
         return Err(GatewayError::PayloadTooLarge { limit });
     }
-    gather(body, Vec::new(), declared.unwrap_or(0) as usize, limit).await
+    let read = frames(body, Vec::new(), limit).await?;
+    super::aside::run(read.iter().map(Bytes::len).sum(), move || join(read)).await
 }
