@@ -36,6 +36,17 @@ fn piecewise() -> (Body, mpsc::UnboundedSender<Bytes>) {
     (StreamBody::new(frames).boxed(), tx)
 }
 
+/// A transcription request whose form is sent in pieces of `piece` bytes
+/// with no declared length (chunked over HTTP/1.1), counted as sent.
+fn chunked_form(addr: std::net::SocketAddr, content_type: &str, form: &[u8], piece: usize) -> http::Request<Body> {
+    let (body, pieces) = piecewise();
+    count_sent(addr, 1);
+    for p in form.chunks(piece) {
+        pieces.send(Bytes::copy_from_slice(p)).expect("send");
+    }
+    http::Request::post(format!("http://{addr}/v1/audio/transcriptions")).header("content-type", content_type).body(body).expect("request")
+}
+
 /// A replica that reports how many body bytes of the request it is reading
 /// it has so far (`progress`), keeps each whole body (`bodies`), and
 /// answers a transcription; a GET (the health check) gets an empty 200.
@@ -161,16 +172,7 @@ async fn a_chunked_form_is_read_whole_and_a_broken_off_upload_is_the_clients_fai
     let gw = start_gateway(&gateway_config(&[format!("http://{}", replica.addr)]).yaml()).await;
     let (ct, form) = transcription_form(Some("m1"), false, &[7u8; 100 * 1024]);
     let (_, client) = upload_clients().into_iter().next().expect("HTTP/1.1");
-    let (body, pieces) = piecewise();
-    let req = http::Request::post(format!("http://{}/v1/audio/transcriptions", gw.data_addr))
-        .header("content-type", &ct)
-        .body(body)
-        .expect("request");
-    count_sent(gw.data_addr, 1);
-    for piece in form.chunks(30_000) {
-        pieces.send(Bytes::copy_from_slice(piece)).expect("send");
-    }
-    drop(pieces);
+    let req = chunked_form(gw.data_addr, &ct, &form, 30_000);
     let resp = client.request(req).await.expect("response");
     assert_eq!(resp.status(), 200);
     assert!(replica.bodies.lock().expect("lock").last().is_some_and(|b| *b == form), "the form as sent");
@@ -198,16 +200,7 @@ async fn a_form_of_undeclared_length_over_the_limit_is_refused() {
     let gw = gateway_config(&[format!("http://{}", replica.addr)]).server("max_upload_body: 64KiB").start().await;
     for (proto, client) in upload_clients() {
         let (ct, form) = transcription_form(Some("m1"), false, &[7u8; 70 * 1024]);
-        let (body, pieces) = piecewise();
-        let req = http::Request::post(format!("http://{}/v1/audio/transcriptions", gw.data_addr))
-            .header("content-type", &ct)
-            .body(body)
-            .expect("request");
-        count_sent(gw.data_addr, 1);
-        for piece in form.chunks(16 * 1024) {
-            pieces.send(Bytes::copy_from_slice(piece)).expect("send");
-        }
-        drop(pieces);
+        let req = chunked_form(gw.data_addr, &ct, &form, 16 * 1024);
         let resp = client.request(req).await.expect("response");
         assert_eq!(resp.status(), 413, "{proto}: over max_upload_body");
     }
