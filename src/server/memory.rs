@@ -17,9 +17,12 @@ use std::ffi::OsStr;
 const MMAP_THRESHOLD: i32 = 32 << 20;
 
 /// The free memory a heap keeps at its top before it returns it. Measured
-/// with ten 4 MB bodies arriving together: 32 MiB kept 150-186 MB resident
+/// with ten 4 MB bodies arriving together, each copied into one buffer as
+/// it came (a read path since changed): 32 MiB kept 150-186 MB resident
 /// after the burst for 6.7 ms of CPU a body, 16 MiB 96-115 MB for 6.3-6.8
-/// ms, 8 MiB 65-74 MB for 7.3-7.7 ms; glibc's default 44-67 MB for 7.9-8.5.
+/// ms, 8 MiB 65-74 MB for 7.3-7.7 ms, glibc's defaults 44-67 MB for 7.9-8.5.
+/// With the read path as it is (frames joined aside), 16 MiB: 101-163 MB
+/// and 7.4-7.6 ms, against glibc's defaults 62-157 MB and 8.0-9.2 ms.
 const TRIM_THRESHOLD: i32 = 16 << 20;
 
 /// Apply both to this process's allocator, unless `tunables` (the
