@@ -229,9 +229,13 @@ measure_capacity() {
 # configurations and loads from the scenario file ($SCENARIO), filled for
 # its run; nothing writes a configuration by hand.
 # bench_config NAME FILE [--set KEY=VALUE]...: gateway configuration NAME over SIM_URLS.
+# With BENCH_SIM_OUT (a file vllm-sim printed), its replicas as it gave
+# them (each with where it publishes its KV events).
 bench_config() {
   local name=$1 file=$2; shift 2
-  "$BIN/bench" config "$SCENARIO" "$name" --replicas "$(IFS=,; echo "${SIM_URLS[*]}")" --set seed="$SEED" "$@" >"$file"
+  local replicas=(--replicas "$(IFS=,; echo "${SIM_URLS[*]}")")
+  [ -n "${BENCH_SIM_OUT:-}" ] && replicas=(--sim-out "$BENCH_SIM_OUT")
+  "$BIN/bench" config "$SCENARIO" "$name" "${replicas[@]}" --set seed="$SEED" "$@" >"$file"
 }
 # bench_load NAME FILE [--set KEY=VALUE]...: load NAME, seeded with the run's
 # number; its target is set when it runs (loadgen run --target).

@@ -273,7 +273,7 @@ async fn demo(
     cfg.pools[0].replicas = sims
         .iter()
         .enumerate()
-        .map(|(i, s)| slogate::config::ReplicaConfig { url: s.url(), name: Some(format!("sim-{}", i + 1)) })
+        .map(|(i, s)| slogate::config::ReplicaConfig { url: s.url(), name: Some(format!("sim-{}", i + 1)), ..Default::default() })
         .collect();
     cfg.server.listen = listen;
     cfg.server.admin_listen = admin_listen;

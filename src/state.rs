@@ -292,12 +292,16 @@ impl App {
         self.state.load_full()
     }
 
-    /// (Re)start health checks for the current snapshot's replicas.
+    /// (Re)start health checks for the current snapshot's replicas, and
+    /// the followers of their KV events (exact prefix routing).
     pub(crate) fn start_health_checks(&self) {
         let snap = self.snapshot();
         let mut tasks = Vec::new();
         for r in &snap.pools {
             tasks.extend(crate::upstream::health::spawn(r.pool.clone(), self.stop.clone()));
+            if let Some(exact) = &r.pool.exact {
+                tasks.extend(exact.spawn(&self.stop));
+            }
         }
         let old = match self.health.lock() {
             Ok(mut h) => std::mem::replace(&mut *h, tasks),

@@ -11,6 +11,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 : "${WORK:?run through loadtest/run}" "${RUN:?}" "${SEED:?}" "${SCENARIO:?}"
 source "$HERE/../lib.sh"
 RATES=$(bench_var rates) RANDOM_RATES=$(bench_var random_rates) FLEET_RATES=$(bench_var fleet_rates)
+# Every replica counts and names its prompt blocks by this tokenizer and
+# publishes its KV events, whatever the gateway's mode, so each mode meets
+# the same engines; only the `exact` parts' gateways follow the events.
+TOKENIZER="$ROOT/crates/prompt/tests/fixtures/tokenizer/tokenizer.json"
 
 # sim_metrics URL...: prefix cache queries and hits, and finished requests, of each replica (JSON lines).
 sim_metrics() {
@@ -42,8 +46,12 @@ sample_waiting() {
 series() {
   local name=$1 kind=$2 balance=$3 n=$4 targets=() i rate; shift 4
   PIDS=()
-  start_sim "sim-$name" --replicas 4 --profile llama8b-h100
-  bench_config main "$RUN/$name.gw.yaml" --set balance="$balance"
+  start_sim "sim-$name" --replicas 4 --profile llama8b-h100 --tokenizer "$TOKENIZER" --kv-events-port 0 --kv-events-replay-port 0
+  if [ "$balance" = exact ]; then
+    BENCH_SIM_OUT="$WORK/sim-$name.out" bench_config exact "$RUN/$name.gw.yaml" --set tokenizer="$TOKENIZER"
+  else
+    bench_config main "$RUN/$name.gw.yaml" --set balance="$balance"
+  fi
   for i in $(seq "$n"); do start_gateway "$RUN/$name.gw.yaml" "gw-$name-$i"; targets+=("$GW_URL"); done
   for rate in "$@"; do
     echo "$name-$rate: $kind, $balance, $rate req/s, $n gateway(s)" >&2
@@ -60,11 +68,11 @@ series() {
 }
 
 parts=()
-for pol in prefix_aware least_loaded round_robin; do series "shared-$pol" shared "$pol" 1 $RATES; done
+for pol in prefix_aware exact least_loaded round_robin; do series "shared-$pol" shared "$pol" 1 $RATES; done
 for pol in prefix_aware least_loaded; do series "multiturn-$pol" multiturn "$pol" 1 20; done
 for pol in prefix_aware least_loaded; do series "random-$pol" random "$pol" 1 $RANDOM_RATES; done
 for pol in prefix_aware least_loaded; do series "hot-$pol" hot "$pol" 1 40; done
-for pol in prefix_aware least_loaded; do series "fleet-$pol" shared "$pol" 3 $FLEET_RATES; done
+for pol in prefix_aware exact least_loaded; do series "fleet-$pol" shared "$pol" 3 $FLEET_RATES; done
 
 # The decision's cost and the index's memory, outside any load.
 (cd "$ROOT" && cargo run --release --locked -q --example prefix_cost) >"$RUN/cost.md"

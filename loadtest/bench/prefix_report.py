@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Report of one run of loadtest/bench/prefix.sh: prefix-aware routing
-against least_loaded and round_robin, from the load generator's records and
+(estimated, and exact from the replicas' KV events) against least_loaded
+and round_robin, from the load generator's records and
 the simulated replicas' own prefix cache counters. Writes DIR/report.md,
 DIR/measured.json (judged by loadtest/run) and DIR/{throughput,ttft}.{csv,title}
 for the charts of the shared-prefix sweep.
@@ -65,7 +66,9 @@ sys.stdout = open(os.path.join(work, "report.md"), "w")
 
 shared = sorted({int(n.rsplit("-", 1)[1]) for n in runs if n.startswith("shared-")})
 fleet = sorted({int(n.rsplit("-", 1)[1]) for n in runs if n.startswith("fleet-")})
-policies = [p for p in ("prefix_aware", "least_loaded", "round_robin") if any(n.startswith(f"shared-{p}-") for n in runs)]
+policies = [p for p in ("prefix_aware", "exact", "least_loaded", "round_robin") if any(n.startswith(f"shared-{p}-") for n in runs)]
+# The measures' names: estimated mode's as they were, exact mode's with its name.
+KEY = {"prefix_aware": "", "exact": "exact_"}
 if shared:
     print("## Shared prefixes\n")
     print("""inference-perf's `shared_prefix` shape at half llm-d's lengths: 150 groups x 5 questions, a 3,000-token system
@@ -90,15 +93,16 @@ shuffled order, again from the start once all were sent: the first of each group
     open(f"{work}/throughput.title", "w").write("Shared prefixes: output tokens/s\noutput tokens/s\n")
     open(f"{work}/ttft.title", "w").write("Shared prefixes: TTFT p90\nms\n")
     print("\nCharts: `throughput.svg` (output tokens/s against offered rate), `ttft.svg` (TTFT p90, the target drawn).\n")
-    if "least_loaded" in policies and "prefix_aware" in policies:
+    for mode in [m for m in KEY if m in policies and "least_loaded" in policies]:
         ll = [R[f"shared-least_loaded-{r}"] for r in shared]
         # Where least_loaded saturates: its first rate with TTFT p90 over the target, else its best throughput.
         sat = next((r for r, x in zip(shared, ll) if x["p90"] > 300), shared[max(range(len(ll)), key=lambda i: ll[i]["tok_s"])])
-        a, b = R[f"shared-prefix_aware-{sat}"], R[f"shared-least_loaded-{sat}"]
+        a, b = R[f"shared-{mode}-{sat}"], R[f"shared-least_loaded-{sat}"]
         ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("inf")
-        measured["shared_tokens_ratio"] = (ratio, f"at {sat} req/s: {a['tok_s']:.0f} vs {b['tok_s']:.0f} ({ratio:.2f}x)")
-        measured["shared_ttft_within"] = (a["p90"] <= 300 < b["p90"], f"at {sat} req/s: {a['p90']:.0f} ms vs {b['p90']:.0f} ms")
-        measured["shared_hits_pct"] = (100 * a["hit"], f"{100 * a['hit']:.1f} % at {sat} req/s")
+        k = KEY[mode]
+        measured[f"shared_{k}tokens_ratio"] = (ratio, f"at {sat} req/s: {a['tok_s']:.0f} vs {b['tok_s']:.0f} ({ratio:.2f}x)")
+        measured[f"shared_{k}ttft_within"] = (a["p90"] <= 300 < b["p90"], f"at {sat} req/s: {a['p90']:.0f} ms vs {b['p90']:.0f} ms")
+        measured[f"shared_{k}hits_pct"] = (100 * a["hit"], f"{100 * a['hit']:.1f} % at {sat} req/s")
 
 if any(n.startswith("multiturn-") for n in runs):
     print("## Multi-turn chat\n")
@@ -156,17 +160,20 @@ if fleet:
           " and all send a prompt none has seen to its home replica (the same rendezvous hash of its first block).\n")
     for r in fleet:
         print(f"\n**{r} requests/s**\n\n{HEAD}")
-        for p in ("prefix_aware", "least_loaded"):
+        for p in ("prefix_aware", "exact", "least_loaded"):
             if f"fleet-{p}-{r}" in R:
                 print(row(p, R[f"fleet-{p}-{r}"]))
-    if all(f"fleet-{p}-{r}" in R for p in ("prefix_aware", "least_loaded") for r in fleet):
+    for mode in KEY:
+        if not all(f"fleet-{p}-{r}" in R for p in (mode, "least_loaded") for r in fleet):
+            continue
         ll = [R[f"fleet-least_loaded-{r}"] for r in fleet]
         sat = next((r for r, x in zip(fleet, ll) if x["p90"] > 300), fleet[-1])
-        a, b = R[f"fleet-prefix_aware-{sat}"], R[f"fleet-least_loaded-{sat}"]
+        a, b = R[f"fleet-{mode}-{sat}"], R[f"fleet-least_loaded-{sat}"]
         ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("inf")
-        measured["fleet_same_targets"] = (ratio >= 1.8 and a["p90"] <= 300 < b["p90"] and a["hit"] >= 0.8,
-                                          f"at {sat} req/s: {ratio:.2f}x least_loaded's tokens/s, TTFT p90 {a['p90']:.0f} vs {b['p90']:.0f} ms, "
-                                          f"hits {100 * a['hit']:.1f} %")
+        measured[f"fleet_{KEY[mode]}same_targets"] = (
+            ratio >= 1.8 and a["p90"] <= 300 < b["p90"] and a["hit"] >= 0.8,
+            f"at {sat} req/s: {ratio:.2f}x least_loaded's tokens/s, TTFT p90 {a['p90']:.0f} vs {b['p90']:.0f} ms, "
+            f"hits {100 * a['hit']:.1f} %")
     print()
 
 if os.path.exists(f"{work}/cost.md"):

@@ -48,7 +48,7 @@ pub enum Balance {
 }
 
 /// How `prefix_aware` indexes prompts.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrefixConfig {
     /// Prompt bytes per indexed block (about four bytes a token: `256B` is
@@ -63,11 +63,53 @@ pub struct PrefixConfig {
     /// What a request in flight on a replica weighs, in blocks of prefill,
     /// against the blocks its cache holds: higher spreads a hot prefix sooner.
     pub load_weight: f64,
+    /// Exact mode: what each replica's cache holds, from its KV events
+    /// (vLLM's `--kv-events-config`), in place of the estimate where the
+    /// events come. `None`: estimated only.
+    pub kv_events: Option<KvEventsConfig>,
 }
 
 impl Default for PrefixConfig {
     fn default() -> Self {
-        PrefixConfig { block: Size(256), max_blocks: 512, index_blocks: 65_536, load_weight: 1.0 }
+        PrefixConfig { block: Size(256), max_blocks: 512, index_blocks: 65_536, load_weight: 1.0, kv_events: None }
+    }
+}
+
+/// `pools[].prefix.kv_events`: where the replicas publish their KV events,
+/// and the model's tokenizer, to name a prompt's blocks by its tokens.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KvEventsConfig {
+    /// The port each replica publishes on, on its URL's host (vLLM's
+    /// `endpoint`, `tcp://*:5557` by default).
+    #[serde(default = "KvEventsConfig::default_port")]
+    pub port: u16,
+    /// The port of each replica's replay socket (vLLM's `replay_endpoint`),
+    /// to ask for batches missed; none: missed batches are counted lost.
+    #[serde(default)]
+    pub replay_port: Option<u16>,
+    /// The topic the replicas publish on (vLLM's `topic`, empty by default).
+    #[serde(default)]
+    pub topic: String,
+    /// The model's `tokenizer.json`, a local file.
+    pub tokenizer: std::path::PathBuf,
+    /// The chat template (a Jinja file); by default `tokenizer_config.json`'s
+    /// `chat_template`, beside the tokenizer.
+    #[serde(default)]
+    pub chat_template: Option<std::path::PathBuf>,
+    /// Blocks indexed per replica at most; a replica holds no more than its
+    /// KV cache has, so past this its index starts again.
+    #[serde(default = "KvEventsConfig::default_max_blocks")]
+    pub max_blocks_per_replica: u32,
+}
+
+impl KvEventsConfig {
+    fn default_port() -> u16 {
+        5557
+    }
+
+    fn default_max_blocks() -> u32 {
+        1 << 20
     }
 }
 
@@ -186,21 +228,26 @@ impl Default for LearnedLimitConfig {
 /// bodies, and what metrics and traces label it with. A replica without a
 /// name shows as `<pool>-<position>` to clients (its URL stays internal)
 /// and by its URL in metrics.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReplicaConfig {
     pub url: String,
     pub name: Option<String>,
+    /// Where this replica publishes its KV events (`tcp://host:port`), in
+    /// place of the pool's `prefix.kv_events.port` on its URL's host.
+    pub kv_events: Option<String>,
+    /// Its replay socket, in place of the pool's `replay_port`.
+    pub kv_events_replay: Option<String>,
 }
 
 impl From<&str> for ReplicaConfig {
     fn from(url: &str) -> Self {
-        ReplicaConfig { url: url.to_string(), name: None }
+        ReplicaConfig { url: url.to_string(), ..ReplicaConfig::default() }
     }
 }
 
 impl From<String> for ReplicaConfig {
     fn from(url: String) -> Self {
-        ReplicaConfig { url, name: None }
+        ReplicaConfig { url, ..ReplicaConfig::default() }
     }
 }
 
@@ -211,38 +258,42 @@ impl<'de> Deserialize<'de> for ReplicaConfig {
         struct Named {
             url: String,
             name: Option<String>,
+            kv_events: Option<String>,
+            kv_events_replay: Option<String>,
         }
         struct Visitor;
         impl<'de> serde::de::Visitor<'de> for Visitor {
             type Value = ReplicaConfig;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a URL, or { url, name }")
+                f.write_str("a URL, or { url, name, kv_events, kv_events_replay }")
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ReplicaConfig, E> {
                 Ok(v.into())
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ReplicaConfig, A::Error> {
                 let n = Named::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
-                Ok(ReplicaConfig { url: n.url, name: n.name })
+                Ok(ReplicaConfig { url: n.url, name: n.name, kv_events: n.kv_events, kv_events_replay: n.kv_events_replay })
             }
         }
         d.deserialize_any(Visitor)
     }
 }
 
-/// Written as it is read: the URL alone when there is no name.
+/// Written as it is read: the URL alone when nothing else is set.
 impl Serialize for ReplicaConfig {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        match &self.name {
-            None => s.serialize_str(&self.url),
-            Some(name) => {
-                let mut m = s.serialize_map(Some(2))?;
-                m.serialize_entry("url", &self.url)?;
-                m.serialize_entry("name", name)?;
-                m.end()
+        if self.name.is_none() && self.kv_events.is_none() && self.kv_events_replay.is_none() {
+            return s.serialize_str(&self.url);
+        }
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("url", &self.url)?;
+        for (k, v) in [("name", &self.name), ("kv_events", &self.kv_events), ("kv_events_replay", &self.kv_events_replay)] {
+            if let Some(v) = v {
+                m.serialize_entry(k, v)?;
             }
         }
+        m.end()
     }
 }
 
@@ -356,6 +407,7 @@ pub(super) fn validate(cfg: &Config, seen: &Parsed, p: &mut Vec<Problem>) {
         replicas(pool, i, p);
         tls(pool, i, p);
         limits_and_timeouts(pool, i, p);
+        kv_events(pool, i, p);
     }
 }
 
@@ -473,5 +525,37 @@ fn limits_and_timeouts(pool: &PoolConfig, i: usize, p: &mut Vec<Problem>) {
         if d.get().is_zero() {
             bad(f(name), "must be greater than 0".into());
         }
+    }
+}
+
+/// `prefix.kv_events`: needs `prefix_aware`, a port and a tokenizer file
+/// (read when the pool is built; here only that it is named).
+fn kv_events(pool: &PoolConfig, i: usize, p: &mut Vec<Problem>) {
+    for (j, r) in pool.replicas.iter().enumerate() {
+        for (field, at) in [("kv_events", &r.kv_events), ("kv_events_replay", &r.kv_events_replay)] {
+            let Some(at) = at else { continue };
+            let message = if pool.prefix.kv_events.is_none() {
+                "needs the pool's prefix.kv_events (the model's tokenizer names the blocks)".to_string()
+            } else if !at.starts_with("tcp://") || at.rsplit_once(':').and_then(|(_, port)| port.parse::<u16>().ok()).is_none() {
+                format!("`{at}`: must be tcp://host:port")
+            } else {
+                continue;
+            };
+            p.push(Problem { field: format!("pools[{i}].replicas[{j}].{field}"), message });
+        }
+    }
+    let Some(k) = &pool.prefix.kv_events else { return };
+    let mut bad = |field: &str, message: String| p.push(Problem { field: format!("pools[{i}].prefix.kv_events.{field}"), message });
+    if pool.balance != Balance::PrefixAware {
+        bad("port", "needs balance: prefix_aware (the events say what each replica caches; only prefix_aware routes by it)".into());
+    }
+    if k.port == 0 || k.replay_port == Some(0) {
+        bad("port", "ports must be between 1 and 65535".into());
+    }
+    if k.tokenizer.as_os_str().is_empty() {
+        bad("tokenizer", "must name the model's tokenizer.json (a local path)".into());
+    }
+    if k.max_blocks_per_replica == 0 {
+        bad("max_blocks_per_replica", "must be at least 1".into());
     }
 }

@@ -183,8 +183,11 @@ fn replicas_are_urls_or_url_and_name() {
         "pools:\n  - name: a\n    models: [m]\n    replicas: [http://10.0.0.1:8000, { url: http://10.0.0.2:8000, name: gpu-b }]\n",
     )
     .expect("valid");
-    assert_eq!(c.pools[0].replicas[0], ReplicaConfig { url: "http://10.0.0.1:8000".into(), name: None });
-    assert_eq!(c.pools[0].replicas[1], ReplicaConfig { url: "http://10.0.0.2:8000".into(), name: Some("gpu-b".into()) });
+    assert_eq!(c.pools[0].replicas[0], ReplicaConfig { url: "http://10.0.0.1:8000".into(), ..ReplicaConfig::default() });
+    assert_eq!(
+        c.pools[0].replicas[1],
+        ReplicaConfig { url: "http://10.0.0.2:8000".into(), name: Some("gpu-b".into()), ..ReplicaConfig::default() }
+    );
     // Written back as read.
     let again = Config::parse(&serde_norway::to_string(&c).expect("yaml")).expect("round trip");
     assert_eq!(again.pools[0].replicas, c.pools[0].replicas);

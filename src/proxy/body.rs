@@ -224,6 +224,31 @@ impl RequestBody {
         Some(RouteKey::of(&parts, block, max_blocks, session))
     }
 
+    /// The prompt member as the client wrote it (`messages` for chat,
+    /// `prompt` for completions: `name`), as JSON, for exact prefix
+    /// routing's tokenizer; `None` for a form or a body without it.
+    pub(super) fn prompt_member(&self, name: &str) -> Option<Bytes> {
+        if self.form {
+            return None;
+        }
+        match &self.object {
+            None => {
+                let (at, len) = self.spans.prompt?;
+                if at + len > self.bytes.len() {
+                    return None;
+                }
+                let member = self.bytes.slice(at..at + len);
+                // The span holds the first of messages, prompt, input: the one named?
+                let wanted = match name {
+                    "messages" => member.first() == Some(&b'['),
+                    _ => true,
+                };
+                wanted.then_some(member)
+            }
+            Some(o) => o.get(name).and_then(|v| serde_json::to_vec(v).ok()).map(Bytes::from),
+        }
+    }
+
     /// The size of the body as the client sent it.
     pub(super) fn len(&self) -> usize {
         self.bytes.len()

@@ -20,6 +20,7 @@ use crate::classify::Grant;
 use crate::config::{Balance, Endpoint, PoolConfig};
 use crate::error::{full, GatewayError, ProxyBody};
 use crate::state::{Route, Snapshot};
+use crate::upstream::kv_events::Exact;
 use crate::upstream::prefix::RouteKey;
 use crate::upstream::Upload;
 use std::sync::Arc;
@@ -112,12 +113,39 @@ impl Routed<'_> {
 /// The prompt's key for prefix-aware routing, on a pool that routes so:
 /// for the endpoints whose prompts an engine caches (chat, completions,
 /// the Responses API).
-fn prefix_key(request: &RequestBody, headers: &HeaderMap, endpoint: Endpoint, pool: &PoolConfig) -> Option<Arc<RouteKey>> {
+fn prefix_key(request: &RequestBody, headers: &HeaderMap, endpoint: Endpoint, pool: &PoolConfig) -> Option<RouteKey> {
     if pool.balance != Balance::PrefixAware || !(generates(endpoint) || endpoint == Endpoint::Responses) {
         return None;
     }
     let session = headers.get(X_SESSION_ID).map(HeaderValue::as_bytes);
-    request.route_key(pool.prefix.block.0 as usize, pool.prefix.max_blocks as usize, session).map(Arc::new)
+    request.route_key(pool.prefix.block.0 as usize, pool.prefix.max_blocks as usize, session)
+}
+
+/// Exact mode: the prompt's tokens as the engine will compute them (chat
+/// messages through the model's template, a completion's prompt as it is),
+/// named in the replicas' block size. Tokenizing a long prompt takes a
+/// millisecond or more, so it runs on the blocking pool, never on a worker
+/// carrying streams. A prompt that cannot be tokenized (no template, a
+/// prompt of several texts, no replica has said its block size yet, no
+/// replica's events alive) keeps its estimated key only.
+async fn with_tokens(mut key: RouteKey, request: &RequestBody, endpoint: Endpoint, exact: &Exact, pool: &PoolConfig) -> RouteKey {
+    let block = exact.block_size();
+    if !exact.feeds.iter().any(|f| f.alive()) {
+        return key;
+    }
+    let member = match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Completions => "prompt",
+        _ => return key,
+    };
+    let Some(prompt) = request.prompt_member(member).filter(|_| block > 0) else { return key };
+    let tokens = exact.tokens.clone();
+    let chat = endpoint == Endpoint::Chat;
+    let ids = tokio::task::spawn_blocking(move || if chat { tokens.of_messages(&prompt) } else { tokens.of_prompt(&prompt) }).await;
+    if let Ok(Some(ids)) = ids {
+        key.set_tokens(&ids, block, pool.prefix.max_blocks as usize);
+    }
+    key
 }
 
 /// A client's session id: its requests go where its conversation's cache is.
@@ -202,6 +230,10 @@ pub(super) async fn route<'a>(
     let stream = may_stream(target.endpoint()) && head.stream;
     let strip_usage = stream && generates(target.endpoint()) && !head.include_usage;
     let key = cpu_bound(request.len(), || prefix_key(&request, headers, target.endpoint(), &route.pool.config));
+    let key = match (key, &route.pool.exact) {
+        (Some(k), Some(exact)) => Some(Arc::new(with_tokens(k, &request, target.endpoint(), exact, &route.pool.config).await)),
+        (k, _) => k.map(Arc::new),
+    };
     Ok(Routed { request, model, route, stream, strip_usage, key, upload })
 }
 

@@ -209,6 +209,37 @@ pub(crate) struct ReplicaStatus {
     /// Of the prompt tokens the replica reported, the share its prefix
     /// cache held (none before any report).
     pub(crate) reported_hit_ratio: Option<f64>,
+    /// Exact mode: what its KV events have brought.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) kv_events: Option<KvEventsStatus>,
+}
+
+/// One replica's KV events (exact prefix routing).
+#[derive(Debug, Serialize)]
+pub(crate) struct KvEventsStatus {
+    /// Its events tell what it holds now (else it is routed by estimate).
+    pub(crate) alive: bool,
+    /// Blocks indexed.
+    pub(crate) blocks: usize,
+    pub(crate) batches: u64,
+    pub(crate) events: u64,
+    /// Batches missed and not replayed; replayed; not readable.
+    pub(crate) lost: u64,
+    pub(crate) replayed: u64,
+    pub(crate) malformed: u64,
+}
+
+fn kv_events_status(feed: &crate::upstream::kv_events::Feed) -> KvEventsStatus {
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    KvEventsStatus {
+        alive: feed.alive(),
+        blocks: feed.held().len(),
+        batches: n(&feed.counts.batches),
+        events: n(&feed.counts.events),
+        lost: n(&feed.counts.lost),
+        replayed: n(&feed.counts.replayed),
+        malformed: n(&feed.counts.malformed),
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -309,7 +340,8 @@ fn pool_status(p: &crate::upstream::Pool, cfg: &Config) -> PoolStatus {
         replicas: p
             .replicas
             .iter()
-            .map(|r| ReplicaStatus {
+            .enumerate()
+            .map(|(i, r)| ReplicaStatus {
                 name: String::from_utf8_lossy(r.public_name().as_bytes()).into_owned(),
                 url: r.url.clone(),
                 healthy: r.is_passing(),
@@ -322,6 +354,7 @@ fn pool_status(p: &crate::upstream::Pool, cfg: &Config) -> PoolStatus {
                 fleet_slots: cfg.fleet.enabled().then(|| r.slots()),
                 estimated_hit_ratio: r.hit_ratios().0,
                 reported_hit_ratio: r.hit_ratios().1,
+                kv_events: p.exact.as_ref().and_then(|e| e.feeds.get(i)).map(|f| kv_events_status(f)),
             })
             .collect(),
     }

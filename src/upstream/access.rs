@@ -13,6 +13,8 @@ pub(crate) struct Access {
     pub(super) bases: Vec<http::Uri>,
     pub(super) tls: Vec<Option<tls::ReplicaTls>>,
     pub(super) api_key: Option<http::HeaderValue>,
+    /// Exact prefix routing's tokenizer and event endpoints (`prefix.kv_events`).
+    pub(super) exact: Option<super::kv_events::Setup>,
 }
 
 impl Access {
@@ -37,7 +39,11 @@ impl Access {
                 Some(value)
             }
         };
-        Ok(Access { bases, tls, api_key })
+        let exact = match &config.prefix.kv_events {
+            None => None,
+            Some(k) => Some(super::kv_events::Setup::load(k, &config.replicas, &bases).map_err(PoolError::KvEvents)?),
+        };
+        Ok(Access { bases, tls, api_key, exact })
     }
 }
 

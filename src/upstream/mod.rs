@@ -9,6 +9,7 @@
 mod access;
 pub(crate) mod conn;
 pub(crate) mod health;
+pub(crate) mod kv_events;
 pub(crate) mod limit;
 mod payload;
 pub(crate) mod pick;
@@ -69,6 +70,8 @@ pub enum PoolError {
     Tls(#[from] tls::TlsError),
     #[error("api_key_env: environment variable {var} is not set, or holds characters a header cannot carry")]
     ApiKey { var: String },
+    #[error("prefix.kv_events: {0}")]
+    KvEvents(String),
 }
 
 /// A named set of replicas serving some models.
@@ -87,6 +90,9 @@ pub(crate) struct Pool {
     /// Where prompts' prefixes were sent (`balance: prefix_aware`), kept
     /// across a reload that keeps the replicas in their places.
     pub(crate) prefix: Arc<prefix::PrefixIndex>,
+    /// Exact mode (`prefix.kv_events`): the replicas' KV events and the
+    /// model's tokenizer.
+    pub(crate) exact: Option<kv_events::Exact>,
     /// Each replica's URL hashed: what a prompt's home is chosen by, the
     /// same on every instance.
     url_keys: Vec<u64>,
@@ -128,7 +134,7 @@ impl Pool {
     /// a new slot count reaches them when the pool goes live
     /// ([`Pool::activate`]), not before.
     pub(crate) fn new(config: PoolConfig, access: Access, previous: Option<&Pool>) -> Pool {
-        let Access { bases, tls: replica_tls, api_key } = access;
+        let Access { bases, tls: replica_tls, api_key, exact } = access;
         let l = config.learned_limit;
         let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize };
         let initial = match config.max_inflight_per_replica {
@@ -159,9 +165,15 @@ impl Pool {
             .filter(|p| p.url_keys == url_keys && p.prefix.capacity() == index_size && p.config.prefix.block == config.prefix.block)
             .map(|p| p.prefix.clone())
             .unwrap_or_else(|| Arc::new(prefix::PrefixIndex::new(index_size)));
+        let exact = exact.map(|setup| {
+            let before = previous.and_then(|p| p.exact.as_ref().map(|e| (p, e)));
+            let kept = |i: usize| before.and_then(|(p, _)| p.replicas.iter().position(|r| Arc::ptr_eq(r, &replicas[i])));
+            kv_events::Exact::new(setup, before.map(|(_, e)| e), kept)
+        });
         let static_models = config.models.iter().filter(|m| *m != "auto").cloned().collect();
         let auto = config.models.iter().any(|m| m == "auto");
         Pool {
+            exact,
             replicas,
             publics,
             static_models,

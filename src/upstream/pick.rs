@@ -144,11 +144,21 @@ impl Pool {
     }
 
     /// For each replica, the bytes of `key`'s prompt its cache is known to
-    /// hold: the leading blocks the index saw go there; all of it where its
-    /// session went.
+    /// hold: the leading blocks its KV events say it holds (exact mode,
+    /// while they come), else the leading blocks the index saw go there;
+    /// all of it where its session went.
     fn known_cached(&self, key: &RouteKey) -> Vec<u64> {
         let n = self.replicas.len();
         let mut known: Vec<u64> = self.prefix.matched(key, n).into_iter().map(|b| (b as u64 * key.block).min(key.bytes)).collect();
+        // Exact mode: what a replica's events say it holds replaces the
+        // estimate, where its events come.
+        if let Some(exact) = self.exact.as_ref().filter(|_| !key.token_keys.is_empty()) {
+            for (k, feed) in known.iter_mut().zip(&exact.feeds) {
+                if feed.alive() {
+                    *k = key.bytes_of_token_blocks(feed.held().run(&key.token_keys));
+                }
+            }
+        }
         if let Some(s) = self.prefix.session(key).filter(|&s| s < n) {
             known[s] = key.bytes;
         }
@@ -203,6 +213,11 @@ impl Pool {
                 let mut slot = ReplicaSlot::new(x.r, tier);
                 if let Some(k) = key {
                     self.prefix.record(k, x.i);
+                    // New full blocks to compute there: its events should name them soon.
+                    let stores = x.matched < k.bytes_of_token_blocks(k.token_keys.len());
+                    if let Some(feed) = self.exact.as_ref().and_then(|e| e.feeds.get(x.i)).filter(|_| stores) {
+                        feed.routed();
+                    }
                     slot.prefill(x.uncached);
                     x.r.routed(k.bytes, x.matched);
                 }

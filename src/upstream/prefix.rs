@@ -15,6 +15,8 @@ use std::sync::Mutex;
 use lru::LruCache;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::kv_events::held::token_keys;
+
 /// Replicas the index tells apart: bit `i` of a set is the pool's replica `i`.
 pub(crate) const INDEXED_REPLICAS: usize = 64;
 
@@ -34,6 +36,12 @@ pub(crate) struct RouteKey {
     pub(crate) session: Option<u64>,
     /// Bytes per block.
     pub(crate) block: u64,
+    /// Exact mode: the keys of the prompt's blocks of tokens (see
+    /// [`token_keys`]); empty where the prompt was not tokenized.
+    pub(crate) token_keys: Vec<u64>,
+    /// The prompt's tokens, and tokens per block, where it was tokenized.
+    pub(crate) tokens: u64,
+    pub(crate) token_block: u64,
 }
 
 impl RouteKey {
@@ -72,7 +80,29 @@ impl RouteKey {
             pending.extend_from_slice(p);
         }
         blocks.truncate(max_blocks);
-        RouteKey { blocks, bytes: bytes as u64, session: session.map(|s| xxh3_64_with_seed(s, SESSION_SEED)), block: block as u64 }
+        RouteKey {
+            blocks,
+            bytes: bytes as u64,
+            session: session.map(|s| xxh3_64_with_seed(s, SESSION_SEED)),
+            block: block as u64,
+            ..RouteKey::default()
+        }
+    }
+
+    /// The prompt as the engine tokenizes it (`ids`), cut into blocks of
+    /// `block` tokens as the replicas' events name them, at most
+    /// `max_blocks`.
+    pub(crate) fn set_tokens(&mut self, ids: &[u32], block: usize, max_blocks: usize) {
+        self.token_keys = token_keys(ids, block, max_blocks);
+        self.tokens = ids.len() as u64;
+        self.token_block = block as u64;
+    }
+
+    /// The prompt bytes that `blocks` leading blocks of tokens stand for
+    /// (the cost is counted in bytes; tokens are spread evenly over them).
+    pub(crate) fn bytes_of_token_blocks(&self, blocks: usize) -> u64 {
+        let tokens = (blocks as u64 * self.token_block).min(self.tokens);
+        (tokens as u128 * self.bytes as u128 / self.tokens.max(1) as u128) as u64
     }
 
     /// The value the fleet's instances agree on for this prompt: its

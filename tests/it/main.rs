@@ -18,6 +18,7 @@ mod faults;
 mod fleet;
 mod fuzz_properties;
 mod gateway;
+mod kv_events;
 mod limit_store;
 mod limits;
 mod operations;

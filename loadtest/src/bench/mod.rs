@@ -129,7 +129,9 @@ impl BenchFile {
 
     /// Gateway configuration NAME, ready for `slogate serve --config`:
     /// `${var}`s filled from `vars`, the listen addresses on free loopback
-    /// ports unless given, and `replicas` set on each pool that has none.
+    /// ports unless given, and `replicas` set on each pool that has none
+    /// (URLs, or vllm-sim's JSON lines: the URL and where the replica
+    /// publishes its KV events).
     pub fn gateway_config(&self, name: &str, replicas: &[String], vars: &BTreeMap<String, String>) -> Result<String, String> {
         let raw = self.gateway.get(name).ok_or_else(|| missing("gateway", name, self.gateway.keys()))?;
         let mut v = fill(raw, &self.with_defaults(vars))?;
@@ -147,7 +149,8 @@ impl BenchFile {
                 if replicas.is_empty() {
                     return Err(format!("gateway {name}: a pool has no replicas and none were given (--replicas)"));
                 }
-                pool.insert(Value::from("replicas"), Value::Sequence(replicas.iter().map(|r| Value::from(r.as_str())).collect()));
+                let listed = replicas.iter().map(|r| replica_entry(r)).collect::<Result<Vec<_>, _>>()?;
+                pool.insert(Value::from("replicas"), Value::Sequence(listed));
             }
         }
         serde_norway::to_string(&v).map_err(|e| e.to_string())
@@ -162,6 +165,25 @@ impl BenchFile {
         top.insert(Value::from("target"), Value::from(target));
         serde_norway::to_string(&v).map_err(|e| e.to_string())
     }
+}
+
+/// A pool's replica: a URL as it is; a line vllm-sim printed (JSON) as its
+/// URL and, where it publishes KV events, `kv_events` and `kv_events_replay`.
+fn replica_entry(r: &str) -> Result<Value, String> {
+    if !r.trim_start().starts_with('{') {
+        return Ok(Value::from(r));
+    }
+    let line: serde_json::Value = serde_json::from_str(r).map_err(|e| format!("a replica line: {e}: {r}"))?;
+    let mut m = Mapping::new();
+    for key in ["url", "kv_events", "kv_events_replay"] {
+        if let Some(v) = line.get(key).and_then(serde_json::Value::as_str) {
+            m.insert(Value::from(key), Value::from(v));
+        }
+    }
+    if !m.contains_key("url") {
+        return Err(format!("a replica line without its url: {r}"));
+    }
+    Ok(if m.len() == 1 { m.remove("url").unwrap_or(Value::Null) } else { Value::Mapping(m) })
 }
 
 /// The `${var}` names used anywhere in `v`.
@@ -371,6 +393,21 @@ checks:
         assert_eq!(raw_section(text, "gateway").as_deref(), Some("  main:   # why\n    pools: []"));
         assert_eq!(raw_section(text, "load").as_deref(), Some("  x: {}"));
         assert_eq!(raw_section(text, "about"), None);
+    }
+
+    #[test]
+    fn a_line_vllm_sim_printed_gives_the_replica_and_where_it_publishes_its_kv_events() {
+        let plain = r#"{"url":"http://127.0.0.1:5","model":"m","kv_events":null,"kv_events_replay":null}"#;
+        assert_eq!(replica_entry(plain), Ok(Value::from("http://127.0.0.1:5")));
+        let publishing =
+            r#"{"url":"http://127.0.0.1:5","model":"m","kv_events":"tcp://127.0.0.1:7","kv_events_replay":"tcp://127.0.0.1:8"}"#;
+        let v = replica_entry(publishing).expect("an entry");
+        assert_eq!(
+            (&v["url"], &v["kv_events"], &v["kv_events_replay"]),
+            (&Value::from("http://127.0.0.1:5"), &Value::from("tcp://127.0.0.1:7"), &Value::from("tcp://127.0.0.1:8"))
+        );
+        assert!(replica_entry(r#"{"model":"m"}"#).is_err());
+        assert_eq!(replica_entry("http://127.0.0.1:6"), Ok(Value::from("http://127.0.0.1:6")));
     }
 
     #[test]

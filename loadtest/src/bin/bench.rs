@@ -46,6 +46,10 @@ enum Cmd {
         /// The replicas of each pool that names none (comma-separated URLs).
         #[arg(long, value_delimiter = ',')]
         replicas: Vec<String>,
+        /// Or as vllm-sim printed them (a JSON line each: the URL, and
+        /// where the replica publishes its KV events, if it does).
+        #[arg(long, conflicts_with = "replicas")]
+        sim_out: Option<PathBuf>,
         /// Fill `${KEY}` with VALUE.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
@@ -74,8 +78,16 @@ fn main() -> ExitCode {
         Cmd::Run { name, root, runs, machine, out, sets } => {
             bench::parse_sets(&sets).and_then(|sets| run(&name, &root, runs, &machine, out, sets))
         }
-        Cmd::Config { file, name, replicas, sets } => {
-            bench::parse_sets(&sets).and_then(|vars| for_driver(&file)?.gateway_config(&name, &replicas, &vars)).map(|y| print!("{y}"))
+        Cmd::Config { file, name, replicas, sim_out, sets } => {
+            let replicas = match sim_out {
+                Some(f) => std::fs::read_to_string(&f)
+                    .map(|t| t.lines().map(str::to_string).collect())
+                    .map_err(|e| format!("{}: {e}", f.display())),
+                None => Ok(replicas),
+            };
+            replicas
+                .and_then(|replicas| bench::parse_sets(&sets).and_then(|vars| for_driver(&file)?.gateway_config(&name, &replicas, &vars)))
+                .map(|y| print!("{y}"))
         }
         Cmd::Load { file, name, target, sets } => {
             bench::parse_sets(&sets).and_then(|vars| for_driver(&file)?.load_scenario(&name, &target, &vars)).map(|y| print!("{y}"))

@@ -64,6 +64,18 @@ struct Args {
     /// at different instants.
     #[arg(long)]
     stagger: bool,
+    /// The model's tokenizer.json (its chat template beside it): prompts are
+    /// counted, and their blocks named, by the token ids vLLM would compute.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Publish KV events as vLLM's --kv-events-config does (ZMQ PUB,
+    /// msgpack batches) on this port of the listen address; 0 picks a free
+    /// one. Replica i publishes on port + i. Needs --tokenizer.
+    #[arg(long, requires = "tokenizer")]
+    kv_events_port: Option<u16>,
+    /// The replay socket's port (vLLM's replay_endpoint); replica i: port + i.
+    #[arg(long, requires = "kv_events_port")]
+    kv_events_replay_port: Option<u16>,
     /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -165,9 +177,22 @@ async fn main() -> std::process::ExitCode {
         if args.stagger {
             cfg.step_phase = Some(f64::from(i) / f64::from(args.replicas));
         }
+        let offset = |p: u16| if p == 0 { 0 } else { p + i };
+        cfg.kv_events_port = args.kv_events_port.map(offset);
+        cfg.kv_events_replay_port = args.kv_events_replay_port.map(offset);
+        if args.tokenizer.is_some() {
+            cfg.tokenizer = args.tokenizer.clone();
+        }
         match SimServer::start_with_tls(cfg.clone(), addr, tls.clone()).await {
             Ok(s) => {
-                println!("{}", serde_json::json!({"url": s.url(), "model": cfg.model}));
+                let kv = s.kv_events.as_ref();
+                let line = serde_json::json!({
+                    "url": s.url(),
+                    "model": cfg.model,
+                    "kv_events": kv.map(|k| k.events.clone()),
+                    "kv_events_replay": kv.and_then(|k| k.replay.clone()),
+                });
+                println!("{line}");
                 servers.push(s);
             }
             Err(e) => {

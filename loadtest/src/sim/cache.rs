@@ -28,6 +28,21 @@ pub fn block_hashes(text: &[u8], block_bytes: usize, max_blocks: usize) -> Vec<u
     out
 }
 
+/// The chained hashes of the full blocks of `ids` (a prompt's token ids),
+/// `block_size` tokens each, at most `max_blocks`.
+pub fn token_block_hashes(ids: &[u32], block_size: usize, max_blocks: usize) -> Vec<u64> {
+    let mut out = Vec::with_capacity((ids.len() / block_size.max(1)).min(max_blocks));
+    let mut parent = 0u64;
+    for chunk in ids.chunks_exact(block_size.max(1)).take(max_blocks) {
+        let mut h = std::hash::DefaultHasher::new();
+        parent.hash(&mut h);
+        chunk.hash(&mut h);
+        parent = h.finish();
+        out.push(parent);
+    }
+    out
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Named {
     /// Sequences holding it.
@@ -48,11 +63,21 @@ pub struct PrefixCache {
     clock: u64,
     /// Named blocks evicted so far.
     pub evicted: u64,
+    /// Names evicted since the engine last took them (for its KV events).
+    pub evicted_names: Vec<u64>,
 }
 
 impl PrefixCache {
     pub fn new(total: u32) -> PrefixCache {
-        PrefixCache { total, plain_free: total, named: HashMap::new(), evictable: BTreeMap::new(), clock: 0, evicted: 0 }
+        PrefixCache {
+            total,
+            plain_free: total,
+            named: HashMap::new(),
+            evictable: BTreeMap::new(),
+            clock: 0,
+            evicted: 0,
+            evicted_names: Vec::new(),
+        }
     }
 
     /// Blocks a new allocation may take (free, or cached and free).
@@ -105,6 +130,7 @@ impl PrefixCache {
             if let Some((_, h)) = self.evictable.pop_first() {
                 self.named.remove(&h);
                 self.evicted += 1;
+                self.evicted_names.push(h);
             }
         }
         true

@@ -48,6 +48,15 @@ pub struct SimConfig {
     /// tokens spread over time rather than all at once.
     pub step_phase: Option<f64>,
     pub faults: FaultConfig,
+    /// The model's `tokenizer.json` (its chat template beside it): prompts
+    /// are counted and their blocks named by the token ids vLLM would
+    /// compute. Without it a token is four characters of the prompt.
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// Publish KV events as vLLM's `--kv-events-config` does, on this port
+    /// of the replica's address (needs `tokenizer`: the events carry token ids).
+    pub kv_events_port: Option<u16>,
+    /// The replay socket's port (vLLM's `replay_endpoint`).
+    pub kv_events_replay_port: Option<u16>,
 }
 
 /// Faults, switchable at start and at run time (`POST /admin/faults`).
@@ -110,6 +119,9 @@ impl Profile {
                 stamp_events: false,
                 step_phase: None,
                 faults: FaultConfig::default(),
+                tokenizer: None,
+                kv_events_port: None,
+                kv_events_replay_port: None,
             },
             Profile::Llama70bFp8H100 => SimConfig {
                 model: "sim-llama-70b-fp8".into(),

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::cache::PrefixCache;
 use super::config::{FaultConfig, SimConfig};
+use super::kv_events::Collector;
 use super::metrics::SimMetrics;
 
 /// How a sequence's stream should fail, if it should.
@@ -77,6 +78,8 @@ pub struct SeqRequest {
     pub block_hashes: Vec<u64>,
     /// Set when the sequence is first scheduled: its prompt tokens found in the prefix cache.
     pub cached: Arc<std::sync::atomic::AtomicU32>,
+    /// The prompt's token ids where a tokenizer gave them (for KV events); else empty.
+    pub token_ids: Arc<[u32]>,
 }
 
 impl SeqRequest {
@@ -90,6 +93,7 @@ impl SeqRequest {
             fault: None,
             block_hashes: Vec::new(),
             cached: Arc::default(),
+            token_ids: Arc::from(Vec::new()),
         }
     }
 }
@@ -190,6 +194,16 @@ pub enum Rejected {
 impl Engine {
     /// Start the engine loop on the current runtime.
     pub fn start(cfg: Arc<SimConfig>, metrics: Arc<SimMetrics>, faults: Arc<Faults>) -> (Engine, tokio::task::JoinHandle<()>) {
+        Self::start_publishing(cfg, metrics, faults, None)
+    }
+
+    /// [`Engine::start`], publishing KV events through `kv`.
+    pub fn start_publishing(
+        cfg: Arc<SimConfig>,
+        metrics: Arc<SimMetrics>,
+        faults: Arc<Faults>,
+        kv: Option<Collector>,
+    ) -> (Engine, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(EngineStats::default());
         let core = Core {
@@ -202,6 +216,7 @@ impl Engine {
             stats: stats.clone(),
             metrics,
             faults: faults.clone(),
+            kv,
         };
         let task = tokio::spawn(core.run());
         (Engine { tx, stats, faults, cfg }, task)
@@ -252,6 +267,8 @@ struct Core {
     stats: Arc<EngineStats>,
     metrics: Arc<SimMetrics>,
     faults: Arc<Faults>,
+    /// KV events, when the replica publishes them.
+    kv: Option<Collector>,
 }
 
 impl Core {
@@ -382,13 +399,16 @@ impl Core {
     }
 
     /// Name the prompt blocks `s` has computed in full, so later prompts reuse them.
-    fn name_computed(cache: &mut PrefixCache, s: &mut Seq, block_size: u32) {
+    fn name_computed(cache: &mut PrefixCache, s: &mut Seq, block_size: u32, kv: &mut Option<Collector>) {
         let full = ((s.prefilled.min(s.req.prompt_tokens) / block_size.max(1)) as usize).min(s.req.block_hashes.len());
         while s.named_upto < full {
             let h = s.req.block_hashes[s.named_upto];
             if s.blocks > 0 && cache.name(h) {
                 s.blocks -= 1;
                 s.named.push(h);
+                if let Some(kv) = kv {
+                    kv.stored(&s.req.block_hashes, &s.req.token_ids, s.named_upto);
+                }
             }
             s.named_upto += 1;
         }
@@ -439,7 +459,7 @@ impl Core {
         }
         let bs = self.cfg.block_size;
         for s in self.running.iter_mut() {
-            Self::name_computed(&mut self.cache, s, bs);
+            Self::name_computed(&mut self.cache, s, bs, &mut self.kv);
         }
         // Prefills that complete in this step produce their first token at its end.
         let completing: Vec<u64> = self.running.iter().filter(|s| s.decoding() && !decodes.contains(&s.order)).map(|s| s.order).collect();
@@ -497,6 +517,13 @@ impl Core {
         }
         for mut s in finished {
             self.release(&mut s);
+        }
+        match &mut self.kv {
+            Some(kv) => {
+                kv.removed(self.cache.evicted_names.drain(..));
+                kv.flush();
+            }
+            None => self.cache.evicted_names.clear(),
         }
         self.publish();
     }

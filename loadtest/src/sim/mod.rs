@@ -6,6 +6,7 @@
 pub mod cache;
 pub mod config;
 pub mod engine;
+pub mod kv_events;
 pub mod metrics;
 pub mod server;
 pub mod sweep;

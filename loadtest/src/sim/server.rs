@@ -33,6 +33,8 @@ type SimBody = BoxBody<Bytes, std::io::Error>;
 
 struct Ctx {
     cfg: Arc<SimConfig>,
+    /// The model's tokenizer, when the replica counts tokens as vLLM does.
+    tokens: super::kv_events::Tokens,
     engine: Engine,
     metrics: Arc<SimMetrics>,
     exit: watch::Sender<bool>,
@@ -47,6 +49,8 @@ pub struct SimServer {
     pub metrics: Arc<SimMetrics>,
     exit: watch::Sender<bool>,
     tasks: Arc<Mutex<JoinSet<()>>>,
+    /// Where it publishes KV events, if it does.
+    pub kv_events: Option<super::kv_events::Bound>,
 }
 
 impl SimServer {
@@ -64,9 +68,23 @@ impl SimServer {
         let cfg = Arc::new(cfg);
         let metrics = Arc::new(SimMetrics::new(&cfg.model));
         let faults = Arc::new(Faults::new(cfg.faults.clone()));
-        let (engine, engine_task) = Engine::start(cfg.clone(), metrics.clone(), faults);
+        let tokens = match &cfg.tokenizer {
+            Some(t) => Some(Arc::new(prompt::PromptTokens::load(t, None).map_err(std::io::Error::other)?)),
+            None => None,
+        };
+        let (kv, kv_events) = match cfg.kv_events_port {
+            Some(_) if tokens.is_none() => return Err(std::io::Error::other("KV events need a tokenizer (their blocks carry token ids)")),
+            Some(port) => {
+                let at = |p: u16| format!("tcp://{}:{p}", addr.ip());
+                let (c, bound) = super::kv_events::start(&at(port), cfg.kv_events_replay_port.map(at).as_deref(), cfg.block_size).await?;
+                (Some(c), Some(bound))
+            }
+            None => (None, None),
+        };
+        let (engine, engine_task) = Engine::start_publishing(cfg.clone(), metrics.clone(), faults, kv);
         let (exit, mut exit_rx) = watch::channel(false);
-        let ctx = Arc::new(Ctx { cfg, engine: engine.clone(), metrics: metrics.clone(), exit: exit.clone(), next_id: AtomicU64::new(1) });
+        let ctx =
+            Arc::new(Ctx { cfg, tokens, engine: engine.clone(), metrics: metrics.clone(), exit: exit.clone(), next_id: AtomicU64::new(1) });
         let tasks = Arc::new(Mutex::new(JoinSet::new()));
         let conns = tasks.clone();
         let accept = async move {
@@ -104,7 +122,7 @@ impl SimServer {
             conns.lock().unwrap_or_else(|e| e.into_inner()).abort_all();
         };
         tasks.lock().unwrap_or_else(|e| e.into_inner()).spawn(accept);
-        Ok(SimServer { addr, https, engine, metrics, exit, tasks })
+        Ok(SimServer { addr, https, engine, metrics, exit, tasks, kv_events })
     }
 
     pub fn url(&self) -> String {
@@ -289,7 +307,16 @@ async fn completion(req: Request<Incoming>, ctx: Arc<Ctx>, chat: bool) -> Respon
         let field = if chat { "messages" } else { "prompt" };
         return error(StatusCode::BAD_REQUEST, &format!("`{field}` is required"), "BadRequestError");
     };
-    let prompt_tokens = estimate_tokens(prompt_v);
+    // As vLLM counts them where the model's tokenizer is given.
+    let ids = ctx.tokens.as_ref().and_then(|t| {
+        let raw = serde_json::to_vec(prompt_v).ok()?;
+        if chat {
+            t.of_messages(&raw)
+        } else {
+            t.of_prompt(&raw)
+        }
+    });
+    let prompt_tokens = ids.as_ref().map_or_else(|| estimate_tokens(prompt_v), |ids| (ids.len() as u32).max(1));
     if prompt_tokens >= ctx.cfg.max_model_len {
         return error(
             StatusCode::BAD_REQUEST,
@@ -335,9 +362,13 @@ async fn completion(req: Request<Incoming>, ctx: Arc<Ctx>, chat: bool) -> Respon
             error(StatusCode::SERVICE_UNAVAILABLE, "simulated overload", "ServiceUnavailableError")
         };
     }
-    let block_hashes = prompt_blocks(prompt_v, prompt_tokens, ctx.cfg.block_size);
+    let bs = ctx.cfg.block_size.max(1);
+    let (block_hashes, token_ids) = match ids {
+        Some(ids) => (crate::sim::cache::token_block_hashes(&ids, bs as usize, (prompt_tokens / bs) as usize), Arc::from(ids)),
+        None => (prompt_blocks(prompt_v, prompt_tokens, bs), Arc::from(Vec::new())),
+    };
     let cached = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let seq = SeqRequest { prompt_tokens, max_tokens, natural_len, priority, fault, block_hashes, cached: cached.clone() };
+    let seq = SeqRequest { prompt_tokens, max_tokens, natural_len, priority, fault, block_hashes, cached: cached.clone(), token_ids };
     let rx = match ctx.engine.submit(seq) {
         Ok(rx) => rx,
         Err(Rejected::QueueFull) => return error(StatusCode::SERVICE_UNAVAILABLE, "waiting queue is full", "ServiceUnavailableError"),
