@@ -16,24 +16,20 @@ use std::hash::{Hash, Hasher};
 /// its text each (the simulator's tokens are four characters), at most
 /// `max_blocks` of them.
 pub fn block_hashes(text: &[u8], block_bytes: usize, max_blocks: usize) -> Vec<u64> {
-    let mut out = Vec::with_capacity((text.len() / block_bytes.max(1)).min(max_blocks));
-    let mut parent = 0u64;
-    for chunk in text.chunks_exact(block_bytes.max(1)).take(max_blocks) {
-        let mut h = std::hash::DefaultHasher::new();
-        parent.hash(&mut h);
-        chunk.hash(&mut h);
-        parent = h.finish();
-        out.push(parent);
-    }
-    out
+    chained(text, block_bytes, max_blocks)
 }
 
 /// The chained hashes of the full blocks of `ids` (a prompt's token ids),
 /// `block_size` tokens each, at most `max_blocks`.
 pub fn token_block_hashes(ids: &[u32], block_size: usize, max_blocks: usize) -> Vec<u64> {
-    let mut out = Vec::with_capacity((ids.len() / block_size.max(1)).min(max_blocks));
+    chained(ids, block_size, max_blocks)
+}
+
+/// Each full block of `items` named by a hash of its parent's name and its own items.
+fn chained<T: Hash>(items: &[T], block: usize, max_blocks: usize) -> Vec<u64> {
+    let mut out = Vec::with_capacity((items.len() / block.max(1)).min(max_blocks));
     let mut parent = 0u64;
-    for chunk in ids.chunks_exact(block_size.max(1)).take(max_blocks) {
+    for chunk in items.chunks_exact(block.max(1)).take(max_blocks) {
         let mut h = std::hash::DefaultHasher::new();
         parent.hash(&mut h);
         chunk.hash(&mut h);
