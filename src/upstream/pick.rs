@@ -144,18 +144,20 @@ impl Pool {
     }
 
     /// For each replica, the bytes of `key`'s prompt its cache is known to
-    /// hold: the leading blocks its KV events say it holds (exact mode,
-    /// while they come), else the leading blocks the index saw go there;
-    /// all of it where its session went.
+    /// hold: the leading blocks the index saw go there, or more where its
+    /// KV events say it holds more (exact mode, while they come); all of
+    /// it where its session went.
     fn known_cached(&self, key: &RouteKey) -> Vec<u64> {
         let n = self.replicas.len();
         let mut known: Vec<u64> = self.prefix.matched(key, n).into_iter().map(|b| (b as u64 * key.block).min(key.bytes)).collect();
-        // Exact mode: what a replica's events say it holds replaces the
-        // estimate, where its events come.
+        // Exact mode: what a replica's events say it holds, where they
+        // come, or what was sent there if more: the events name a prompt's
+        // blocks only once its prefill is done, so a burst of one prefix
+        // would otherwise scatter before the first of it is computed.
         if let Some(exact) = self.exact.as_ref().filter(|_| !key.token_keys.is_empty()) {
             for (k, feed) in known.iter_mut().zip(&exact.feeds) {
                 if feed.alive() {
-                    *k = key.bytes_of_token_blocks(feed.held().run(&key.token_keys));
+                    *k = (*k).max(key.bytes_of_token_blocks(feed.held().run(&key.token_keys)));
                 }
             }
         }
