@@ -70,15 +70,11 @@ fn now_unix() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
-/// transformers' `strftime_now` (Llama 3's templates write today's date
-/// into the system header with it), in UTC: `%d %m %Y %y %b %B %H %M %S %j
-/// %%`; other directives are written as they are.
-fn strftime(format: &str, unix: i64) -> String {
-    const MONTHS: [&str; 12] =
-        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+/// A Unix time in UTC as (year, month, day, seconds into the day): days
+/// since 1970-01-01 to a civil date by Howard Hinnant's algorithm.
+pub fn civil(unix: i64) -> (i64, i64, i64, i64) {
     let days = unix.div_euclid(86_400);
     let secs = unix.rem_euclid(86_400);
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -87,7 +83,16 @@ fn strftime(format: &str, unix: i64) -> String {
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    (yoe + era * 400 + i64::from(month <= 2), month, day, secs)
+}
+
+/// transformers' `strftime_now` (Llama 3's templates write today's date
+/// into the system header with it), in UTC: `%d %m %Y %y %b %B %H %M %S %j
+/// %%`; other directives are written as they are.
+fn strftime(format: &str, unix: i64) -> String {
+    const MONTHS: [&str; 12] =
+        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    let (year, month, day, secs) = civil(unix);
     let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
     let before: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
     let yday = before[(month - 1) as usize] + day + i64::from(leap && month > 2);
