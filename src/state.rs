@@ -377,6 +377,8 @@ impl App {
                 }
             }
         }
+        let live = self.snapshot();
+        self.metrics.kv_feeds.retain(|name| live.pools.iter().any(|r| r.pool.config.name == name));
         Ok(())
     }
 }

@@ -13,7 +13,7 @@
 //!
 //! On a core of its own the gateway never waits, and the hint changes
 //! nothing; it helps only where the gateway shares cores with other busy
-//! processes (see `loadtest/results/overhead-shared.md`). Off by default
+//! processes (docs/operations.md gives what it measured). Off by default
 //! (`server.short_sched_slice`).
 //!
 //! Before 6.12 the kernel read `sched_runtime` only for SCHED_DEADLINE, so

@@ -211,35 +211,7 @@ pub(crate) struct ReplicaStatus {
     pub(crate) reported_hit_ratio: Option<f64>,
     /// Exact mode: what its KV events have brought.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) kv_events: Option<KvEventsStatus>,
-}
-
-/// One replica's KV events (exact prefix routing).
-#[derive(Debug, Serialize)]
-pub(crate) struct KvEventsStatus {
-    /// Its events tell what it holds now (else it is routed by estimate).
-    pub(crate) alive: bool,
-    /// Blocks indexed.
-    pub(crate) blocks: usize,
-    pub(crate) batches: u64,
-    pub(crate) events: u64,
-    /// Batches missed and not replayed; replayed; not readable.
-    pub(crate) lost: u64,
-    pub(crate) replayed: u64,
-    pub(crate) malformed: u64,
-}
-
-fn kv_events_status(feed: &crate::upstream::kv_events::Feed) -> KvEventsStatus {
-    let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-    KvEventsStatus {
-        alive: feed.alive(),
-        blocks: feed.held().len(),
-        batches: n(&feed.counts.batches),
-        events: n(&feed.counts.events),
-        lost: n(&feed.counts.lost),
-        replayed: n(&feed.counts.replayed),
-        malformed: n(&feed.counts.malformed),
-    }
+    pub(crate) kv_events: Option<crate::telemetry::kv_feeds::FeedSample>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -354,7 +326,7 @@ fn pool_status(p: &crate::upstream::Pool, cfg: &Config) -> PoolStatus {
                 fleet_slots: cfg.fleet.enabled().then(|| r.slots()),
                 estimated_hit_ratio: r.hit_ratios().0,
                 reported_hit_ratio: r.hit_ratios().1,
-                kv_events: p.exact.as_ref().and_then(|e| e.feeds.get(i)).map(|f| kv_events_status(f)),
+                kv_events: p.exact.as_ref().and_then(|e| e.feeds.get(i)).map(|f| crate::telemetry::kv_feeds::FeedSource::sample(&**f)),
             })
             .collect(),
     }

@@ -15,6 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::histogram::{AtomicHistogram, HistogramFamily};
+use super::kv_feeds::{KvFeeds, KvFeedsCollector};
 pub(crate) use super::labels::*;
 use crate::config::Config;
 
@@ -114,6 +115,8 @@ pub struct Metrics {
     pub(crate) access_log_dropped: Counter,
     /// A key's tokens or requests used in the current day or month (`window`, `kind`), where it has such a quota.
     pub(crate) quota_used: Family<QuotaLabels, Gauge>,
+    /// Exact prefix routing's event streams, read at each scrape.
+    pub(crate) kv_feeds: Arc<KvFeeds>,
 }
 
 /// The request series: latencies, outcomes, tokens, goodput.
@@ -344,12 +347,14 @@ impl Metrics {
             limits_store_errors: Counter::default(),
             access_log_dropped: Counter::default(),
             quota_used: Family::default(),
+            kv_feeds: Arc::new(KvFeeds::default()),
             registry: Registry::default(),
         };
         register_requests(&mut registry, &m);
         register_replicas(&mut registry, &m);
         register_controls(&mut registry, &m);
         register_tenants(&mut registry, &m);
+        registry.register_collector(Box::new(KvFeedsCollector(m.kv_feeds.clone())));
         registry.register("config_reloads", "Config reloads applied", m.reloads.clone());
         registry.register("config_reload_failures", "Config reloads rejected (the old config was kept)", m.reload_failures.clone());
         for class in config.classes.keys() {

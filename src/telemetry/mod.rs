@@ -9,6 +9,7 @@ pub(crate) mod accounting;
 pub(crate) mod budget;
 pub(crate) mod histogram;
 pub(crate) mod history;
+pub(crate) mod kv_feeds;
 pub(crate) mod labels;
 pub(crate) mod metrics;
 pub mod otel;

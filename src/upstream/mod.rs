@@ -243,6 +243,8 @@ impl Pool {
             r.set_max_inflight(n);
             r.publish_health();
         }
+        let feeds = self.exact.as_ref().map(|e| e.sources(self.replicas.iter().map(|r| r.label()))).unwrap_or_default();
+        metrics.kv_feeds.set(&self.config.name, feeds);
         let gauge = metrics.pool_panic.get_or_create(&crate::telemetry::metrics::PoolLabels { pool: self.config.name.clone() }).clone();
         let _ = self.panic_gauge.set(gauge);
         self.judge();

@@ -114,6 +114,19 @@ async fn a_prompt_goes_where_the_replicas_own_events_say_its_prefix_is_cached() 
         assert_eq!((kv["lost"].as_u64(), kv["malformed"].as_u64()), (Some(0), Some(0)), "{r}");
         assert!(kv["blocks"].as_u64() > Some(0), "{r}");
     }
+    // The same on /metrics, read at the scrape.
+    let metrics = get(gw.admin_addr, "/metrics").await.1;
+    let sample = |name: &str, replica: &str| -> Option<f64> {
+        let head = format!("{name}{{pool=\"p\",replica=\"{replica}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(head.as_str())).and_then(|v| v.parse().ok())
+    };
+    for r in ["r0", "r1"] {
+        assert_eq!(sample("slogate_replica_kv_events_alive", r), Some(1.0), "{r} in\n{metrics}");
+        assert!(sample("slogate_replica_kv_events_blocks", r) > Some(0.0), "{r}");
+        assert!(sample("slogate_replica_kv_events_batches_total", r) >= Some(1.0), "{r}");
+        assert_eq!(sample("slogate_replica_kv_events_lost_batches_total", r), Some(0.0), "{r}");
+        assert!(sample("slogate_replica_kv_events_replayed_batches_total", r) >= Some(1.0), "{r}");
+    }
 }
 
 #[tokio::test]

@@ -23,6 +23,7 @@ use subscribe::Endpoints;
 use wire::Batch;
 
 use crate::config::{KvEventsConfig, ReplicaConfig};
+use crate::telemetry::kv_feeds::{FeedSample, FeedSource, Source};
 
 /// What exact mode needs of a pool, read before anything of it is built:
 /// the model's tokenizer, and where each replica publishes.
@@ -84,6 +85,11 @@ impl Exact {
     /// replicas of a pool serve one model); 0 while none has.
     pub(crate) fn block_size(&self) -> usize {
         self.feeds.iter().map(|f| f.block_size.load(Ordering::Relaxed) as usize).find(|&b| b > 0).unwrap_or(0)
+    }
+
+    /// Each feed with its replica's label (in the pool's order), for `/metrics`.
+    pub(crate) fn sources<'a>(&self, labels: impl IntoIterator<Item = &'a str>) -> Vec<Source> {
+        labels.into_iter().zip(&self.feeds).map(|(l, f)| (l.to_string(), f.clone() as Arc<dyn FeedSource>)).collect()
     }
 
     /// Spawn one follower per replica, until `stop` changes.
@@ -177,6 +183,28 @@ impl Feed {
         }
         let since = self.waiting_since.load(Ordering::Relaxed);
         since == 0 || self.now_ms().saturating_sub(since) < QUIET_LIMIT.as_millis() as u64
+    }
+}
+
+impl FeedSource for Feed {
+    fn sample(&self) -> FeedSample {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let (blocks, skipped) = {
+            let held = self.held();
+            (held.len() as u64, held.skipped)
+        };
+        FeedSample {
+            alive: self.alive(),
+            blocks,
+            batches: n(&self.counts.batches),
+            events: n(&self.counts.events),
+            lost: n(&self.counts.lost),
+            replayed: n(&self.counts.replayed),
+            malformed: n(&self.counts.malformed),
+            unchained: skipped.unchained,
+            beyond_tokens: skipped.beyond_tokens,
+            index_restarts: skipped.restarts,
+        }
     }
 }
 
