@@ -11,6 +11,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 : "${WORK:?run through loadtest/run}" "${RUN:?}" "${SEED:?}" "${SCENARIO:?}"
 source "$HERE/../lib.sh"
 RATES=$(bench_var rates) RANDOM_RATES=$(bench_var random_rates) FLEET_RATES=$(bench_var fleet_rates)
+KV_BLOCKS=$(bench_var kv_blocks) PARTS=" $(bench_var parts) " SHARED_BALANCES=$(bench_var shared_balances)
 # Every replica counts and names its prompt blocks by this tokenizer and
 # publishes its KV events, whatever the gateway's mode, so each mode meets
 # the same engines; only the `exact` parts' gateways follow the events.
@@ -46,7 +47,7 @@ sample_waiting() {
 series() {
   local name=$1 kind=$2 balance=$3 n=$4 targets=() i rate; shift 4
   PIDS=()
-  start_sim "sim-$name" --replicas 4 --profile llama8b-h100 --tokenizer "$TOKENIZER" --kv-events-port 0 --kv-events-replay-port 0
+  start_sim "sim-$name" --replicas 4 --profile llama8b-h100 --kv-blocks "$KV_BLOCKS" --tokenizer "$TOKENIZER" --kv-events-port 0 --kv-events-replay-port 0
   if [ "$balance" = exact ]; then
     BENCH_SIM_OUT="$WORK/sim-$name.out" bench_config exact "$RUN/$name.gw.yaml" --set tokenizer="$TOKENIZER"
   else
@@ -67,15 +68,17 @@ series() {
   cleanup; PIDS=()
 }
 
+# part NAME: whether the scenario's `parts` names it.
+part() { [[ "$PARTS" == *" $1 "* ]]; }
 parts=()
-for pol in prefix_aware exact least_loaded round_robin; do series "shared-$pol" shared "$pol" 1 $RATES; done
-for pol in prefix_aware least_loaded; do series "multiturn-$pol" multiturn "$pol" 1 20; done
-for pol in prefix_aware least_loaded; do series "random-$pol" random "$pol" 1 $RANDOM_RATES; done
-for pol in prefix_aware least_loaded; do series "hot-$pol" hot "$pol" 1 40; done
-for pol in prefix_aware exact least_loaded; do series "fleet-$pol" shared "$pol" 3 $FLEET_RATES; done
+if part shared; then for pol in $SHARED_BALANCES; do series "shared-$pol" shared "$pol" 1 $RATES; done; fi
+if part multiturn; then for pol in prefix_aware least_loaded; do series "multiturn-$pol" multiturn "$pol" 1 20; done; fi
+if part random; then for pol in prefix_aware least_loaded; do series "random-$pol" random "$pol" 1 $RANDOM_RATES; done; fi
+if part hot; then for pol in prefix_aware least_loaded; do series "hot-$pol" hot "$pol" 1 40; done; fi
+if part fleet; then for pol in prefix_aware exact least_loaded; do series "fleet-$pol" shared "$pol" 3 $FLEET_RATES; done; fi
 
 # The decision's cost and the index's memory, outside any load.
-(cd "$ROOT" && cargo run --release --locked -q --example prefix_cost) >"$RUN/cost.md"
+if part cost; then (cd "$ROOT" && cargo run --release --locked -q --example prefix_cost) >"$RUN/cost.md"; fi
 
 python3 "$HERE/prefix_report.py" "$RUN" 30 "${parts[@]}"
 for chart in throughput ttft; do

@@ -44,6 +44,11 @@ def load(name):
         "tok_s": sum(x["tokens"] for x in done) / secs,
         "p90": pct([x["ttft_ms"] for x in done if x["ttft_ms"] is not None], 0.9),
         "p99": pct([x["ttft_ms"] for x in done if x["ttft_ms"] is not None], 0.99),
+        # Over every request sent, one refused or failed counted late: what
+        # the callers saw, where a gateway keeps its admitted requests' TTFT
+        # by refusing the rest.
+        "p90_sent": pct([x["ttft_ms"] if x["outcome"] in DONE and x["ttft_ms"] is not None else float("inf")
+                         for x in recs], 0.9),
         "hit": h / q if q else float("nan"),
         "per_replica": [int(s["requests"]) for s in sims],
         "max_waiting": [max((w[i] for w in waiting if len(w) > i), default=0) for i in range(len(sims))],
@@ -54,13 +59,17 @@ def load(name):
 R = {n: load(n) for n in runs}
 
 
+def ms(v):
+    return "late" if v == float("inf") else f"{v:.0f}"
+
+
 def row(label, x):
     return (f"| {label} | {x['sent']} | {x['done']} | {x['rejected']} | {x['failed']} | {x['tok_s']:.0f} | "
-            f"{x['p90']:.0f} | {x['p99']:.0f} | {100 * x['hit']:.1f} % |")
+            f"{x['p90']:.0f} | {x['p99']:.0f} | {ms(x['p90_sent'])} | {100 * x['hit']:.1f} % |")
 
 
-HEAD = ("| | sent | done | 429 | failed | output tokens/s | TTFT p90 ms | TTFT p99 ms | engine cache hits |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+HEAD = ("| | sent | done | 429 | failed | output tokens/s | TTFT p90 ms | TTFT p99 ms | TTFT p90 of all sent | engine cache hits |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 measured = {}
 sys.stdout = open(os.path.join(work, "report.md"), "w")
 
@@ -95,13 +104,17 @@ shuffled order, again from the start once all were sent: the first of each group
     print("\nCharts: `throughput.svg` (output tokens/s against offered rate), `ttft.svg` (TTFT p90, the target drawn).\n")
     for mode in [m for m in KEY if m in policies and "least_loaded" in policies]:
         ll = [R[f"shared-least_loaded-{r}"] for r in shared]
-        # Where least_loaded saturates: its first rate with TTFT p90 over the target, else its best throughput.
-        sat = next((r for r, x in zip(shared, ll) if x["p90"] > 300), shared[max(range(len(ll)), key=lambda i: ll[i]["tok_s"])])
+        # Where least_loaded saturates: its first rate whose TTFT p90 over all
+        # it was sent (refused or failed counted late) is over the target,
+        # else its best throughput.
+        sat = next((r for r, x in zip(shared, ll) if x["p90_sent"] > 300), shared[max(range(len(ll)), key=lambda i: ll[i]["tok_s"])])
         a, b = R[f"shared-{mode}-{sat}"], R[f"shared-least_loaded-{sat}"]
         ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("inf")
         k = KEY[mode]
         measured[f"shared_{k}tokens_ratio"] = (ratio, f"at {sat} req/s: {a['tok_s']:.0f} vs {b['tok_s']:.0f} ({ratio:.2f}x)")
-        measured[f"shared_{k}ttft_within"] = (a["p90"] <= 300 < b["p90"], f"at {sat} req/s: {a['p90']:.0f} ms vs {b['p90']:.0f} ms")
+        measured[f"shared_{k}ttft_within"] = (a["p90_sent"] <= 300 < b["p90_sent"],
+                                              f"at {sat} req/s, over all sent: {ms(a['p90_sent'])} vs {ms(b['p90_sent'])} "
+                                              f"(admitted: {a['p90']:.0f} vs {b['p90']:.0f} ms; refused {a['rejected']} vs {b['rejected']})")
         measured[f"shared_{k}hits_pct"] = (100 * a["hit"], f"{100 * a['hit']:.1f} % at {sat} req/s")
 
 if any(n.startswith("multiturn-") for n in runs):
@@ -167,12 +180,13 @@ if fleet:
         if not all(f"fleet-{p}-{r}" in R for p in (mode, "least_loaded") for r in fleet):
             continue
         ll = [R[f"fleet-least_loaded-{r}"] for r in fleet]
-        sat = next((r for r, x in zip(fleet, ll) if x["p90"] > 300), fleet[-1])
+        sat = next((r for r, x in zip(fleet, ll) if x["p90_sent"] > 300), fleet[-1])
         a, b = R[f"fleet-{mode}-{sat}"], R[f"fleet-least_loaded-{sat}"]
         ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("inf")
         measured[f"fleet_{KEY[mode]}same_targets"] = (
-            ratio >= 1.8 and a["p90"] <= 300 < b["p90"] and a["hit"] >= 0.8,
-            f"at {sat} req/s: {ratio:.2f}x least_loaded's tokens/s, TTFT p90 {a['p90']:.0f} vs {b['p90']:.0f} ms, "
+            ratio >= 1.8 and a["p90_sent"] <= 300 < b["p90_sent"] and a["hit"] >= 0.8,
+            f"at {sat} req/s: {ratio:.2f}x least_loaded's tokens/s, TTFT p90 of all sent {ms(a['p90_sent'])} vs "
+            f"{ms(b['p90_sent'])} ms, "
             f"hits {100 * a['hit']:.1f} %")
     print()
 
