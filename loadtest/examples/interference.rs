@@ -1,7 +1,7 @@
 //! A demo, not a test: it prints the batch-interference table from the
 //! engine alone, on paused time (P50/P99 TTFT of 512-token requests under a
 //! closed loop at 8, 16, 32 and 64 concurrent requests, 70B FP8 profile, 600
-//! simulated seconds each) and asserts nothing. `loadtest/calibrate.sh` puts
+//! simulated seconds each) and asserts nothing. `loadtest/run calibration` puts
 //! it beside published figures; the shape it shows (the tail grows with
 //! concurrency when long prompts are mixed in) is asserted by the engine
 //! test `long_prompts_make_the_ttft_tail_grow_with_concurrency`.
