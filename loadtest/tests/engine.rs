@@ -24,7 +24,7 @@ fn cfg() -> SimConfig {
 }
 
 fn start(c: SimConfig) -> Engine {
-    let m = Arc::new(SimMetrics::new(&c.model));
+    let m = Arc::new(SimMetrics::new(&c.model, c.kv_blocks, c.block_size));
     Engine::start(Arc::new(c.clone()), m, Arc::new(Faults::new(c.faults))).0
 }
 
@@ -244,7 +244,7 @@ fn prompt_hashes(shared: usize, own: u8, tokens: usize, block_size: u32) -> Vec<
 #[tokio::test(start_paused = true)]
 async fn a_cached_prefix_skips_its_prefill_and_is_reported() {
     let c = cfg();
-    let m = Arc::new(SimMetrics::new(&c.model));
+    let m = Arc::new(SimMetrics::new(&c.model, c.kv_blocks, c.block_size));
     let e = Engine::start(Arc::new(c.clone()), m.clone(), Arc::new(Faults::new(c.faults.clone()))).0;
     // 480 tokens: 400 shared (25 blocks of 16), 80 each its own.
     let first = SeqRequest { block_hashes: prompt_hashes(1600, b'a', 480, 16), ..req(480, 2) };
@@ -264,6 +264,11 @@ async fn a_cached_prefix_skips_its_prefill_and_is_reported() {
     let text = m.encode();
     assert!(text.contains(r#"vllm:prefix_cache_queries_total{model_name="sim-llama-8b"} 960"#), "{text}");
     assert!(text.contains(r#"vllm:prefix_cache_hits_total{model_name="sim-llama-8b"} 400"#), "{text}");
+    // Its cache's size, as vLLM's info series states it (routers size their estimates by it).
+    let info = text.lines().find(|l| l.starts_with("vllm:cache_config_info{")).expect("cache_config_info");
+    for label in [r#"num_gpu_blocks="10000""#, r#"block_size="16""#, r#"enable_prefix_caching="True""#] {
+        assert!(info.contains(label) && info.ends_with(" 1"), "{info}");
+    }
     // A prompt that is all cache still computes its last block.
     let again = SeqRequest { block_hashes: prompt_hashes(1600, b'b', 480, 16), ..req(480, 1) };
     let cached = again.cached.clone();

@@ -204,7 +204,11 @@ async fn scrape_load(replica: &Arc<Replica>, engine: Engine, timeout: Duration) 
         replica.set_scraped_total(None);
         return Load::default();
     }
-    let load = read_load(&String::from_utf8_lossy(&body), names);
+    let text = String::from_utf8_lossy(&body);
+    let load = read_load(&text, names);
+    if let Some(tokens) = read_cache_tokens(&text, engine) {
+        replica.cache_tokens.store(tokens, std::sync::atomic::Ordering::Relaxed);
+    }
     if let Some(w) = load.waiting {
         replica.scraped_waiting.store(w as u64, std::sync::atomic::Ordering::Relaxed);
     }
@@ -223,6 +227,37 @@ fn read_load(text: &str, names: &[(&str, &str)]) -> Load {
             .map(|v| v.max(0.0))
     };
     names.iter().find_map(|(waiting, running)| sum(waiting).map(|w| Load { waiting: Some(w), running: sum(running) })).unwrap_or_default()
+}
+
+/// The tokens a replica's KV cache holds, where its metrics say: vLLM's
+/// `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`, summed over
+/// its engines), SGLang's `sglang:max_total_num_tokens`. Prefix-aware
+/// routing sizes what it believes a replica holds by it.
+fn read_cache_tokens(text: &str, engine: Engine) -> Option<u64> {
+    let (vllm, sglang) = match engine {
+        Engine::Auto => (true, true),
+        Engine::Vllm => (true, false),
+        Engine::Sglang => (false, true),
+        _ => (false, false),
+    };
+    let series = |name: &'static str| text.lines().filter(move |l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])));
+    let from_vllm = || {
+        series("vllm:cache_config_info")
+            .filter_map(|l| Some(label(l, "num_gpu_blocks")? * label(l, "block_size")?))
+            .fold(None, |acc: Option<u64>, v| Some(acc.unwrap_or(0) + v))
+    };
+    let from_sglang = || {
+        series("sglang:max_total_num_tokens")
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(None, |acc: Option<u64>, v| Some(acc.unwrap_or(0) + v.max(0.0) as u64))
+    };
+    vllm.then(from_vllm).flatten().or_else(|| sglang.then(from_sglang).flatten()).filter(|t| *t > 0)
+}
+
+/// The value of label `name` in a series' line, as a number.
+fn label(line: &str, name: &str) -> Option<u64> {
+    let labels = line.split_once('{')?.1.rsplit_once('}')?.0;
+    labels.split("\",").find_map(|kv| kv.strip_prefix(name)?.strip_prefix("=\"")).and_then(|v| v.trim_end_matches('"').parse().ok())
 }
 
 #[cfg(test)]
@@ -262,6 +297,24 @@ mod tests {
             assert_eq!(read_load(text, queue_metrics(other)).waiting, None, "{other:?} names in {engine:?}'s text");
         }
         assert!(queue_metrics(Engine::Ollama).is_empty());
+    }
+
+    /// The KV cache's size, where an engine says it: vLLM's info series
+    /// (its look-alike labels not taken for it), SGLang's gauge.
+    #[test]
+    fn a_replicas_cache_size_is_read_from_its_engines_series() {
+        let vllm = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",mamba_block_size=\"32\",num_gpu_blocks=\"573\",num_gpu_blocks_override=\"None\"} 1.0\n";
+        assert_eq!(read_cache_tokens(vllm, Engine::Vllm), Some(573 * 16));
+        assert_eq!(read_cache_tokens(vllm, Engine::Auto), Some(573 * 16));
+        assert_eq!(read_cache_tokens(vllm, Engine::Sglang), None);
+        // Two engines (data parallel): both caches.
+        let two = "vllm:cache_config_info{engine=\"0\",num_gpu_blocks=\"100\",block_size=\"16\"} 1\nvllm:cache_config_info{engine=\"1\",num_gpu_blocks=\"100\",block_size=\"16\"} 1\n";
+        assert_eq!(read_cache_tokens(two, Engine::Vllm), Some(3200));
+        // Without the counts (an older vLLM, or a label vLLM writes as "None"): unknown.
+        assert_eq!(read_cache_tokens("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1\n", Engine::Vllm), None);
+        let sglang = "sglang:max_total_num_tokens{model_name=\"m\"} 420000.0\n";
+        assert_eq!(read_cache_tokens(sglang, Engine::Sglang), Some(420_000));
+        assert_eq!(read_cache_tokens(sglang, Engine::Llamacpp), None);
     }
 
     /// A failed check says why, for the log line that takes the replica out.

@@ -214,7 +214,7 @@ impl Pool {
             if x.r.try_take(over, tier, unheld) {
                 let mut slot = ReplicaSlot::new(x.r, tier);
                 if let Some(k) = key {
-                    self.prefix.record(k, x.i);
+                    self.prefix.record(k, x.i, x.r.cache_blocks(k.block));
                     // New full blocks to compute there: its events should name them soon.
                     let stores = x.matched < k.bytes_of_token_blocks(k.token_keys.len());
                     if let Some(feed) = self.exact.as_ref().and_then(|e| e.feeds.get(x.i)).filter(|_| stores) {
@@ -255,7 +255,7 @@ pub(crate) fn decisions(replicas: usize, prefixes: usize, blocks: usize, samples
         RouteKey::of(&[&text], block, blocks, None)
     };
     for p in 0..prefixes {
-        pool.prefix.record(&prompt(p), p % replicas);
+        pool.prefix.record(&prompt(p), p % replicas, None);
     }
     let mut out = Vec::with_capacity(samples);
     for s in 0..samples {

@@ -7,7 +7,10 @@
 //! chained hash (its parent's hash and its own bytes): a block's name stands
 //! for the whole prefix up to its end, as an engine's block hashes do. The
 //! index maps a name to the set of replicas sent it, least recently used
-//! names evicted first, so its memory is bounded by `index_blocks`.
+//! names evicted first, so its memory is bounded by `index_blocks`. Where a
+//! replica says how large its KV cache is, the index also forgets what that
+//! replica must have evicted: each replica keeps its own recency order of
+//! the names sent there, bounded by its cache, tail blocks before head.
 
 use std::num::NonZeroUsize;
 use std::sync::Mutex;
@@ -123,15 +126,25 @@ pub(crate) fn home(anchor: u64, candidates: impl Iterator<Item = (usize, u64)>) 
 
 /// A pool's index of sent prefixes.
 pub(crate) struct PrefixIndex {
-    names: Mutex<LruCache<u64, u64>>,
+    inner: Mutex<Inner>,
     capacity: usize,
+}
+
+struct Inner {
+    /// Name -> the set of replicas believed to hold it.
+    names: LruCache<u64, u64>,
+    /// Per replica, where its cache's size is known: the names sent there,
+    /// least recently used first, at most as many as its cache holds.
+    /// Pushing past the bound takes the replica's bit off the oldest name,
+    /// as the engine evicts the least recently freed block.
+    held: Vec<Option<LruCache<u64, ()>>>,
 }
 
 impl PrefixIndex {
     /// An index of at most `capacity` names (blocks and session hints).
     pub(crate) fn new(capacity: usize) -> PrefixIndex {
         let cap = NonZeroUsize::new(capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
-        PrefixIndex { names: Mutex::new(LruCache::new(cap)), capacity: cap.get() }
+        PrefixIndex { inner: Mutex::new(Inner { names: LruCache::new(cap), held: Vec::new() }), capacity: cap.get() }
     }
 
     pub(crate) fn capacity(&self) -> usize {
@@ -140,11 +153,11 @@ impl PrefixIndex {
 
     /// Names held now.
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().names.len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<u64, u64>> {
-        self.names.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// For each of the pool's `n` replicas, how many of `key`'s leading
@@ -152,14 +165,14 @@ impl PrefixIndex {
     pub(crate) fn matched(&self, key: &RouteKey, n: usize) -> Vec<u32> {
         let mut out = vec![0u32; n];
         let n = n.min(INDEXED_REPLICAS);
-        let names = self.lock();
+        let inner = self.lock();
         let mut alive: u64 = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
         let mut depth = 0u32;
         for b in &key.blocks {
             if alive == 0 {
                 break;
             }
-            let holds = names.peek(b).copied().unwrap_or(0) & alive;
+            let holds = inner.names.peek(b).copied().unwrap_or(0) & alive;
             // Those alive that do not hold this block stop here.
             set(&mut out, alive & !holds, depth);
             alive = holds;
@@ -171,18 +184,22 @@ impl PrefixIndex {
 
     /// The replica `key`'s session hint was last sent to, if the index still has it.
     pub(crate) fn session(&self, key: &RouteKey) -> Option<usize> {
-        let m = self.lock().peek(&key.session?).copied().filter(|m| *m != 0)?;
+        let m = self.lock().names.peek(&key.session?).copied().filter(|m| *m != 0)?;
         Some(m.trailing_zeros() as usize)
     }
 
     /// `key` was sent to replica `i`: its blocks are held there now (as
-    /// recently used), and its session hint points there.
-    pub(crate) fn record(&self, key: &RouteKey, i: usize) {
+    /// recently used), and its session hint points there. `cache_blocks`:
+    /// how many of the index's blocks replica `i`'s KV cache holds, where
+    /// it says (see [`cache_blocks`]); the names it must have evicted to
+    /// take these are no longer counted there.
+    pub(crate) fn record(&self, key: &RouteKey, i: usize, cache_blocks: Option<usize>) {
         if i >= INDEXED_REPLICAS {
             return;
         }
         let bit = 1u64 << i;
-        let mut names = self.lock();
+        let mut inner = self.lock();
+        let Inner { names, held } = &mut *inner;
         for b in &key.blocks {
             match names.get_mut(b) {
                 Some(m) => *m |= bit,
@@ -194,8 +211,55 @@ impl PrefixIndex {
         if let Some(s) = key.session {
             names.put(s, bit);
         }
+        let Some(cap) = cache_blocks.and_then(NonZeroUsize::new) else {
+            if let Some(h) = held.get_mut(i) {
+                *h = None;
+            }
+            return;
+        };
+        if held.len() <= i {
+            held.resize_with(i + 1, || None);
+        }
+        let order = held[i].get_or_insert_with(|| LruCache::new(cap));
+        if order.cap() != cap {
+            order.resize(cap);
+        }
+        // The tail first, so the head is the most recent: an engine frees a
+        // sequence's blocks tail first and evicts the least recently freed,
+        // so a prefix's head outlives its tail.
+        for b in key.blocks.iter().rev() {
+            if let Some((old, ())) = order.push(*b, ()) {
+                if old != *b {
+                    forget(names, old, bit);
+                }
+            }
+        }
     }
 }
+
+/// Replica `bit` no longer holds `name`.
+fn forget(names: &mut LruCache<u64, u64>, name: u64, bit: u64) {
+    if let Some(m) = names.peek_mut(&name) {
+        *m &= !bit;
+        if *m == 0 {
+            names.pop(&name);
+        }
+    }
+}
+
+/// How many blocks of `block` prompt bytes a KV cache of `tokens` tokens
+/// holds, taking a token for `BYTES_PER_TOKEN` bytes of the prompt as the
+/// client wrote it.
+pub(crate) fn cache_blocks(tokens: u64, block: u64) -> Option<usize> {
+    (tokens > 0).then(|| (tokens.saturating_mul(BYTES_PER_TOKEN) / block.max(1)).max(1) as usize)
+}
+
+/// Prompt bytes per token, for sizing a replica's cache in the index's
+/// blocks: English text runs about four bytes a token in the tokenizers of
+/// current open-weight models, and the JSON around messages adds about as
+/// many bytes as the chat template adds tokens. A wrong guess only makes
+/// the index forget early or late.
+const BYTES_PER_TOKEN: u64 = 4;
 
 /// `out[i] = v` for each bit `i` of `set`.
 fn set(out: &mut [u32], mut set: u64, v: u32) {
@@ -235,16 +299,16 @@ mod tests {
     #[test]
     fn each_replica_matches_its_longest_run_of_leading_blocks() {
         let idx = PrefixIndex::new(100);
-        idx.record(&key("aaaabbbbcccc"), 0);
-        idx.record(&key("aaaabbbbxxxx"), 1);
-        idx.record(&key("aaaa"), 2);
+        idx.record(&key("aaaabbbbcccc"), 0, None);
+        idx.record(&key("aaaabbbbxxxx"), 1, None);
+        idx.record(&key("aaaa"), 2, None);
         assert_eq!(idx.matched(&key("aaaabbbbccccdddd"), 4), vec![3, 2, 1, 0]);
         assert_eq!(idx.matched(&key("zzzz"), 4), vec![0, 0, 0, 0]);
         // A session hint points where the conversation was last sent.
         let s = |t: &str| RouteKey::of(&[t.as_bytes()], 4, 100, Some(b"conv-1"));
         assert_eq!(idx.session(&s("qqqq")), None);
-        idx.record(&s("qqqq"), 3);
-        idx.record(&s("qqqqrrrr"), 1);
+        idx.record(&s("qqqq"), 3, None);
+        idx.record(&s("qqqqrrrr"), 1, None);
         assert_eq!(idx.session(&s("aaaabbbbcccc")), Some(1));
         assert_eq!(idx.session(&key("qqqq")), None);
     }
@@ -252,14 +316,43 @@ mod tests {
     #[test]
     fn the_least_recently_used_names_go_first_and_memory_is_bounded() {
         let idx = PrefixIndex::new(4);
-        idx.record(&key("aaaabbbb"), 0); // 2 names
-        idx.record(&key("ccccdddd"), 1); // 4
-                                         // Used again: a's names are the most recent now.
-        idx.record(&key("aaaabbbb"), 2);
-        idx.record(&key("eeee"), 3); // 5 > 4: c's first name goes
+        idx.record(&key("aaaabbbb"), 0, None); // 2 names
+        idx.record(&key("ccccdddd"), 1, None); // 4
+                                               // Used again: a's names are the most recent now.
+        idx.record(&key("aaaabbbb"), 2, None);
+        idx.record(&key("eeee"), 3, None); // 5 > 4: c's first name goes
         assert_eq!(idx.len(), 4);
         assert_eq!(idx.matched(&key("aaaabbbb"), 4), vec![2, 0, 2, 0]);
         assert_eq!(idx.matched(&key("ccccdddd"), 4), vec![0, 0, 0, 0], "its first block is gone, so is the run");
+    }
+
+    #[test]
+    fn a_replica_with_a_known_cache_forgets_what_it_must_have_evicted_tail_first() {
+        let idx = PrefixIndex::new(100);
+        // Replica 0's cache holds 4 blocks; replica 1's size is unknown.
+        idx.record(&key("aaaabbbb"), 0, Some(4));
+        idx.record(&key("aaaabbbb"), 1, None);
+        assert_eq!(idx.matched(&key("aaaabbbb"), 2), vec![2, 2]);
+        // Three new blocks on replica 0: the oldest of its 4 go, b's before
+        // a's (a prefix's head outlives its tail).
+        idx.record(&key("ccccddddeeee"), 0, Some(4));
+        assert_eq!(idx.matched(&key("aaaabbbb"), 2), vec![1, 2], "b is gone from 0, a is kept");
+        idx.record(&key("ffff"), 0, Some(4));
+        assert_eq!(idx.matched(&key("aaaabbbb"), 2), vec![0, 2]);
+        assert_eq!(idx.matched(&key("ccccddddeeee"), 2), vec![3, 0]);
+        // A name no replica holds any more leaves the index.
+        idx.record(&key("gggghhhh"), 0, Some(4));
+        idx.record(&key("iiii"), 0, Some(4));
+        assert_eq!(idx.matched(&key("ccccddddeeee"), 2), vec![0, 0]);
+        assert_eq!(idx.len(), 2 + 4, "a, b (replica 1) and replica 0's four");
+        // Sent again, a known block moves up rather than taking more room.
+        idx.record(&key("iiii"), 0, Some(4));
+        assert_eq!(idx.matched(&key("gggghhhh"), 2), vec![2, 0]);
+        // A cache that grows keeps what it held.
+        idx.record(&key("jjjj"), 0, Some(8));
+        assert_eq!(idx.matched(&key("gggghhhh"), 2), vec![2, 0]);
+        assert_eq!(cache_blocks(1024, 256), Some(16));
+        assert_eq!(cache_blocks(0, 256), None);
     }
 
     #[test]

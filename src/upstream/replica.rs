@@ -73,6 +73,8 @@ pub(crate) struct Replica {
     /// Requests waiting inside vLLM, as last scraped from its `/metrics`
     /// (includes other clients' requests); 0 when not scraped.
     pub(crate) scraped_waiting: AtomicU64,
+    /// Tokens its KV cache holds, as its `/metrics` says; 0 when unknown.
+    pub(super) cache_tokens: AtomicU64,
     /// Models this replica's `/v1/models` listed (raw model objects).
     pub(crate) models: ArcSwap<Vec<serde_json::Value>>,
     /// Its series, made when its pool goes live ([`Replica::go_live`]): a
@@ -164,6 +166,7 @@ impl Replica {
             others_inflight: AtomicUsize::new(0),
             scraped_total: AtomicU64::new(u64::MAX),
             scraped_waiting: AtomicU64::new(0),
+            cache_tokens: AtomicU64::new(0),
             models: ArcSwap::from_pointee(Vec::new()),
             gauges: std::sync::OnceLock::new(),
             idle: conn::IdleConns::default(),
@@ -268,6 +271,11 @@ impl Replica {
     }
     pub(crate) fn set_scraped_total(&self, total: Option<f64>) {
         self.scraped_total.store(total.map_or(u64::MAX, |t| t.round() as u64), Ordering::Relaxed);
+    }
+    /// How many of the prefix index's blocks of `block` bytes its KV cache
+    /// holds, where its `/metrics` said how large the cache is.
+    pub(super) fn cache_blocks(&self, block: u64) -> Option<usize> {
+        super::prefix::cache_blocks(self.cache_tokens.load(Ordering::Relaxed), block)
     }
     /// Requests may be sent here: it passes its checks, or its pool is in panic.
     pub(crate) fn is_healthy(&self) -> bool {

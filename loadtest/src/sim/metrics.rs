@@ -15,6 +15,15 @@ const ITL_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4
 const E2E_BUCKETS: &[f64] =
     &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
 
+/// `vllm:cache_config_info`'s labels (vLLM writes every field of its cache
+/// config; these are the ones a router reads).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CacheConfig {
+    block_size: String,
+    enable_prefix_caching: String,
+    num_gpu_blocks: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct Reason {
     finished_reason: String,
@@ -37,7 +46,8 @@ pub struct SimMetrics {
 }
 
 impl SimMetrics {
-    pub fn new(model: &str) -> SimMetrics {
+    /// `kv_blocks` blocks of `block_size` tokens: its cache, as vLLM's info series states it.
+    pub fn new(model: &str, kv_blocks: u32, block_size: u32) -> SimMetrics {
         let mut registry =
             Registry::with_labels([(std::borrow::Cow::Borrowed("model_name"), std::borrow::Cow::Owned(model.to_string()))].into_iter());
         let m = SimMetrics {
@@ -71,6 +81,15 @@ impl SimMetrics {
             m.prefix_cache_queries.clone(),
         );
         registry.register("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens", m.prefix_cache_hits.clone());
+        let cache = Family::<CacheConfig, Gauge>::default();
+        cache
+            .get_or_create(&CacheConfig {
+                block_size: block_size.to_string(),
+                enable_prefix_caching: "True".into(),
+                num_gpu_blocks: kv_blocks.to_string(),
+            })
+            .set(1);
+        registry.register("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", cache);
         SimMetrics { registry, ..m }
     }
 

@@ -66,7 +66,7 @@ impl SimServer {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let cfg = Arc::new(cfg);
-        let metrics = Arc::new(SimMetrics::new(&cfg.model));
+        let metrics = Arc::new(SimMetrics::new(&cfg.model, cfg.kv_blocks, cfg.block_size));
         let faults = Arc::new(Faults::new(cfg.faults.clone()));
         let tokens = match &cfg.tokenizer {
             Some(t) => Some(Arc::new(prompt::PromptTokens::load(t, None).map_err(std::io::Error::other)?)),

@@ -49,7 +49,7 @@ impl Ttft {
 
 /// Drive one engine with `spec` and return the measured TTFTs.
 pub async fn closed_loop(cfg: SimConfig, spec: &ClosedLoop) -> Result<Ttft, String> {
-    let metrics = Arc::new(SimMetrics::new(&cfg.model));
+    let metrics = Arc::new(SimMetrics::new(&cfg.model, cfg.kv_blocks, cfg.block_size));
     let (engine, task) = Engine::start(Arc::new(cfg), metrics, Arc::new(Faults::new(FaultConfig::default())));
     let start = Instant::now();
     let (from, until) = (start + spec.warmup, start + spec.warmup + spec.duration);
