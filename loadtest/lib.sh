@@ -41,20 +41,6 @@ for l in open(sys.argv[1]):
   for _ in $(seq 200); do curl -sf "$ADMIN_URL/readyz" >/dev/null && break; sleep 0.05; done
 }
 
-# gateway_config FILE URL... : a config with one pool over the given replicas.
-gateway_config() {
-  local file=$1; shift
-  { echo "server: { listen: 127.0.0.1:0, admin_listen: 127.0.0.1:0, shutdown_grace: 5s }"
-    echo "pools:"
-    echo "  - name: default"
-    echo "    models: [auto]"
-    echo "    max_inflight_per_replica: ${MAX_INFLIGHT:-4096}"
-    echo "    replicas:"
-    for u in "$@"; do echo "      - $u"; done
-    if [ -n "${GATEWAY_EXTRA:-}" ]; then echo "$GATEWAY_EXTRA"; fi
-  } >"$file"
-}
-
 # free_port: a loopback port nothing listens on now (for programs that cannot bind port 0 and say which they got).
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
