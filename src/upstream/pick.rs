@@ -233,8 +233,9 @@ impl Pool {
 /// The routing decision's cost, for `examples/prefix_cost.rs`: a
 /// prefix-aware pool of `replicas` (healthy; nothing listens), its index
 /// holding `prefixes` prompts of `blocks` blocks (each sent once, round the
-/// replicas), then `samples` decisions for prompts drawn from them, each
-/// timed from the pick to its slot taken (hashing the prompt not included).
+/// replicas, each replica's cache holding half of what it was sent), then
+/// `samples` decisions for prompts drawn from them, each timed from the
+/// pick to its slot taken (hashing the prompt not included).
 pub(crate) fn decisions(replicas: usize, prefixes: usize, blocks: usize, samples: usize) -> Vec<Duration> {
     use crate::config::{InflightLimit, PoolConfig};
     let mut cfg = PoolConfig {
@@ -254,8 +255,15 @@ pub(crate) fn decisions(replicas: usize, prefixes: usize, blocks: usize, samples
         text.resize(blocks * block, b'x');
         RouteKey::of(&[&text], block, blocks, None)
     };
+    // Each replica states a cache that holds half of what it is sent here,
+    // as vLLM's metrics do: every decision's blocks then push others out.
+    let per_replica = (prefixes * blocks).div_ceil(replicas.max(1)) as u64;
+    for r in &pool.replicas {
+        r.cache_tokens.store((per_replica / 2).max(1) * block as u64 / 4, Ordering::Relaxed);
+    }
     for p in 0..prefixes {
-        pool.prefix.record(&prompt(p), p % replicas, None);
+        let i = p % replicas;
+        pool.prefix.record(&prompt(p), i, pool.replicas[i].cache_blocks(block as u64));
     }
     let mut out = Vec::with_capacity(samples);
     for s in 0..samples {
