@@ -114,10 +114,13 @@ where
     Ok(FormRead { head, read, rest: (!ended).then_some(body) })
 }
 
-/// The routed-on fields of a whole form in memory (`bytes`, its
-/// `boundary`): `model`, and `stream`. 400 when it is malformed.
-pub(super) fn head_of(bytes: Bytes, boundary: &str) -> Result<Head, GatewayError> {
-    let body = http_body_util::Full::new(bytes);
+/// The routed-on fields of a whole form in memory (`parts`, the frames it
+/// came in; its `boundary`): `model`, and `stream`. 400 when it is
+/// malformed. The parser takes the frames one at a time, so the copy it
+/// keeps is a frame's, never the whole form's.
+pub(super) fn head_of(parts: &[Bytes], boundary: &str) -> Result<Head, GatewayError> {
+    let frames = parts.iter().map(|b| Ok::<_, std::convert::Infallible>(http_body::Frame::data(b.clone())));
+    let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
     // In memory, the reader never waits: driven to its end without a runtime.
     let read = pin!(read_head(body, boundary, u64::MAX, u64::MAX)).poll(&mut Context::from_waker(Waker::noop()));
     match read {
@@ -256,10 +259,17 @@ mod tests {
         let read: u64 = r.read.iter().map(|b| b.len() as u64).sum();
         assert!((PARSE_AHEAD..PARSE_AHEAD + 4096).contains(&read), "stopped after {read} bytes");
         assert!(r.rest.is_some());
-        let h = head_of(whole, "XyZ").expect("the whole form");
-        assert_eq!((h.model, h.stream), (Model::Name("whisper-1".into()), true));
-        assert_eq!(head_of(form(&[("file", "x")]), "XyZ").expect("a form").model, Model::Missing);
-        assert!(head_of(Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwh"), "XyZ").is_err());
+        // The whole form, in the frames it came in (some cut inside a
+        // delimiter or a field's name): parsed a frame at a time.
+        let frames = |b: &Bytes, n: usize| -> Vec<Bytes> { b.chunks(n).map(Bytes::copy_from_slice).collect() };
+        for n in [7, 4093, whole.len()] {
+            let h = head_of(&frames(&whole, n), "XyZ").expect("the whole form");
+            assert_eq!((h.model, h.stream), (Model::Name("whisper-1".into()), true), "frames of {n}");
+        }
+        assert_eq!(head_of(&frames(&form(&[("file", "x")]), 5), "XyZ").expect("a form").model, Model::Missing);
+        let cut = Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwh");
+        assert!(head_of(&[cut], "XyZ").is_err());
+        assert!(head_of(&[], "XyZ").is_err(), "no form at all");
     }
 
     #[tokio::test]

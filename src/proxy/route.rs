@@ -289,8 +289,9 @@ pub(super) fn models(snap: &Snapshot, grant: &Grant) -> Response<ProxyBody> {
 
 /// A multipart form (its `boundary`), read as far as routing needs: with
 /// its length declared, the rest is sent on as it arrives, due `within` of
-/// the replica's first read of it; without, it is read whole (within
-/// `limit`, as a JSON body).
+/// the replica's first read of it; without, or when its `model` comes only
+/// after its file, it is read whole (within `limit`) and kept in the frames
+/// it came in (docs/design/reduction.md, rule 9).
 async fn read_form(
     body: Incoming,
     headers: &HeaderMap,
@@ -314,20 +315,17 @@ async fn read_form(
         Some(rest) => frames(rest, read, limit).await?,
         None => read,
     };
-    let len = read.iter().map(Bytes::len).sum();
-    if let Some(head) = head {
-        // The fields routing needs were found as it arrived: only joined.
-        let bytes = super::aside::run(len, move || join(read)).await?;
-        return Ok((RequestBody::form(bytes, head), None));
-    }
-    // No `model` near its start: joined and parsed whole, aside when large.
-    let boundary = boundary.to_string();
-    let parsed = super::aside::run(len, move || {
-        let bytes = join(read);
-        super::form::head_of(bytes.clone(), &boundary).map(|head| (bytes, head))
-    });
-    let (bytes, head) = parsed.await??;
-    Ok((RequestBody::form(bytes, head), None))
+    // Kept in the frames it came in, never joined: a form goes on as sent.
+    let (head, read) = match head {
+        // The fields routing needs were found as it arrived.
+        Some(head) => (head, read),
+        // No `model` near its start: parsed whole, aside when large.
+        None => {
+            let (len, boundary) = (read.iter().map(Bytes::len).sum(), boundary.to_string());
+            super::aside::run(len, move || super::form::head_of(&read, &boundary).map(|head| (head, read))).await??
+        }
+    };
+    Ok((RequestBody::form(Bytes::new(), head), Some(Upload::in_memory(read))))
 }
 
 /// The rest of `body` after the parts already read, frame by frame, at

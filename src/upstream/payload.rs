@@ -5,7 +5,9 @@
 //! An upload can be sent once. A retry that finds it untouched (the
 //! connection failed before hyper read any of it) sends it whole; one that
 //! finds part of it gone fails with [`UploadFailure::Resend`], as the
-//! caller's bytes are not kept. The rules are docs/access.md's (1 and 2).
+//! caller's bytes are not kept. A form read whole before it could be routed
+//! is kept, in the frames it came in ([`Upload::in_memory`]), and every
+//! attempt sends it all. The rules are docs/access.md's (1 and 2).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -106,6 +108,9 @@ struct Shared {
 /// as it arrives. Cloned for each attempt; the first to be read takes it.
 pub(crate) struct Upload {
     len: u64,
+    /// Read whole before routing, kept as it came (in the frames it was
+    /// read in, never joined): every attempt sends it all.
+    kept: Option<Arc<[Bytes]>>,
     shared: Arc<Mutex<Shared>>,
     /// Taken by this attempt.
     held: Option<Rest>,
@@ -122,7 +127,7 @@ impl std::fmt::Debug for Upload {
 impl Clone for Upload {
     /// Another attempt at the same upload (it takes it when read, if still whole).
     fn clone(&self) -> Self {
-        Upload { len: self.len, shared: self.shared.clone(), held: None, started: false }
+        Upload { len: self.len, kept: self.kept.clone(), shared: self.shared.clone(), held: None, started: false }
     }
 }
 
@@ -133,7 +138,22 @@ impl Upload {
     pub(crate) fn new(read: Vec<Bytes>, body: Incoming, len: u64, within: Duration) -> Upload {
         let already: u64 = read.iter().map(|b| b.len() as u64).sum();
         let rest = Rest { read: read.into(), body: Some(body), left: len.saturating_sub(already), within, timeout: None };
-        Upload { len, shared: Arc::new(Mutex::new(Shared { rest: Some(rest), failure: None })), held: None, started: false }
+        Upload { len, kept: None, shared: Arc::new(Mutex::new(Shared { rest: Some(rest), failure: None })), held: None, started: false }
+    }
+
+    /// A body read whole, in the frames it arrived in (`parts`): sent as
+    /// they are, without joining them into one buffer first (a copy of the
+    /// whole, and for a large upload fresh pages for all of it), and sent
+    /// whole again by a retry.
+    pub(crate) fn in_memory(parts: Vec<Bytes>) -> Upload {
+        let len = parts.iter().map(|b| b.len() as u64).sum();
+        Upload {
+            len,
+            kept: Some(parts.into()),
+            shared: Arc::new(Mutex::new(Shared { rest: None, failure: None })),
+            held: None,
+            started: false,
+        }
     }
 
     /// Its declared length.
@@ -161,6 +181,12 @@ impl Upload {
             if self.started {
                 return Poll::Ready(None);
             }
+            if let Some(kept) = &self.kept {
+                let read = kept.iter().cloned().collect();
+                self.held = Some(Rest { read, body: None, left: 0, within: Duration::ZERO, timeout: None });
+            }
+        }
+        if self.held.is_none() {
             let taken = self.lock().rest.take();
             match taken {
                 Some(rest) => self.held = Some(rest),
@@ -207,7 +233,7 @@ impl Drop for Upload {
     /// An attempt that took the upload and passed none of it on leaves it
     /// whole for the next.
     fn drop(&mut self) {
-        if let (Some(rest), false) = (self.held.take(), self.started) {
+        if let (Some(rest), false, None) = (self.held.take(), self.started, &self.kept) {
             self.lock().rest = Some(rest);
         }
     }
@@ -297,6 +323,22 @@ mod tests {
         let again = SendBody::Upload(u.clone()).collect().await;
         assert!(again.is_err());
         assert_eq!(u.failure(), Some(UploadFailure::Resend));
+    }
+
+    #[tokio::test]
+    async fn a_body_kept_in_its_frames_goes_whole_to_every_attempt() {
+        let u = Upload::in_memory(vec![Bytes::from_static(b"--b\r\n"), Bytes::from_static(b"file"), Bytes::from_static(b"\r\n--b--")]);
+        assert_eq!(SendBody::Upload(u.clone()).size_hint().exact(), Some(16));
+        // An attempt that sent part of it, then failed.
+        let mut first = SendBody::Upload(u.clone());
+        let frame = first.frame().await.expect("a frame").expect("data");
+        assert_eq!(frame.into_data().ok().as_deref(), Some(&b"--b\r\n"[..]), "the frames as they came, not joined");
+        drop(first);
+        for _ in 0..2 {
+            let again = SendBody::Upload(u.clone()).collect().await.expect("sent again whole").to_bytes();
+            assert_eq!(&again[..], b"--b\r\nfile\r\n--b--");
+        }
+        assert_eq!(u.failure(), None);
     }
 
     #[tokio::test(start_paused = true)]
