@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::admission::seats::{FleetWord, DEMAND_MARGIN, DEMAND_WINDOW};
+use crate::admission::seats::{FleetWord, DEMAND_WINDOW};
 use crate::admission::PoolAdmission;
 use crate::config::{Config, FleetConfig};
 use crate::telemetry::metrics::{FleetPeerLabels, Metrics, ReplicaLabels};
@@ -23,7 +23,7 @@ use crate::telemetry::metrics::{FleetPeerLabels, Metrics, ReplicaLabels};
 mod split;
 mod wire;
 
-pub(crate) use split::{reserve_part, split, standing, Local, Standing};
+pub(crate) use split::{interactive_scale, reserve_part, split, standing, Local, Standing};
 pub(crate) use wire::{PeerView, PoolState, ReplicaState, State};
 
 /// Where an instance's state is served on its admin listener.
@@ -212,17 +212,18 @@ impl Fleet {
                 .collect();
             let own = a.demand();
             // Peaks of separate instances rarely coincide: the fleet's peak
-            // is the peak of their sum. The slots are split by each one's
-            // peak scaled by the fleet's over the sum of the peaks, and the
-            // fleet's reservation is parted by their demand.
+            // is the peak of their sum, and its reservation follows that.
+            // The slots are split by each one's peak scaled so that together
+            // they count for the reservation, and the reservation is parted
+            // by their demand.
             let now_total = own.interactive_now + fresh.iter().map(|p| p.1.interactive_now).sum::<usize>();
             let peaks = own.interactive + fresh.iter().map(|p| p.1.interactive).sum::<usize>();
             let fleet_peak = self.fleet_peak(&pool.config.name, now_total, now);
-            let scale = if peaks == 0 { 1.0 } else { ((fleet_peak as f64 * DEMAND_MARGIN).ceil() / peaks as f64).min(1.0) };
             let fleet_slots: usize = pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight()).sum();
             let weights: Vec<(&str, usize)> =
                 std::iter::once((self.id.as_str(), own.interactive)).chain(fresh.iter().map(|(id, p)| (*id, p.interactive))).collect();
             let whole = a.fleet_reservation(fleet_slots, fleet_peak);
+            let scale = interactive_scale(whole.normal, peaks);
             a.set_fleet((fleet_slots > 0).then(|| FleetWord {
                 slots: fleet_slots,
                 whole,

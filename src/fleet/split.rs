@@ -16,6 +16,21 @@ fn scaled(reserve: usize, now: usize, scale: f64) -> usize {
     ((reserve as f64 * scale).ceil() as usize).max(now)
 }
 
+/// How much of each instance's interactive demand the split meets before
+/// batch's: the instances' peaks (`peaks`, summed) together count for what
+/// the fleet keeps for interactive requests (`kept`: its reservation, as one
+/// instance holding every slot would keep) and no more, so the slots past
+/// it follow where batch waits. Counted whole, peaks that together pass the
+/// slots gave interactive every slot, and the parts ignored batch. What an
+/// instance holds and waits for now always counts (see [`scaled`]).
+pub(crate) fn interactive_scale(kept: usize, peaks: usize) -> f64 {
+    if peaks == 0 {
+        1.0
+    } else {
+        (kept as f64 / peaks as f64).min(1.0)
+    }
+}
+
 /// This instance's part of the fleet's reservation `whole`. `weights`: each
 /// heard member's id and interactive demand, this instance first. Each of
 /// the reservation's numbers is shared by demand (evenly while nobody has
@@ -278,6 +293,27 @@ mod tests {
         // A peer serving other pools only changes nothing here but the member count.
         let parts = split("a", demand(0, 5), &[("r1", local(16, 0, None))], &[Standing::Fresh(peer("b", demand(0, 0), &[]))], "q", 1.0);
         assert_eq!(parts[0].slots, 16);
+    }
+
+    #[test]
+    fn interactive_peaks_count_up_to_the_fleets_reservation_and_batch_gets_the_rest() {
+        // Three instances on one replica of 9 slots, chat peaks of 4 at each
+        // (12 together, past the slots), batch waiting only at "a"; the
+        // fleet keeps 5 for chat, as one instance with the 9 slots would.
+        let peers =
+            [Standing::Fresh(peer("b", demand(4, 0), &[("r1", 1, 9, 3)])), Standing::Fresh(peer("c", demand(4, 0), &[("r1", 1, 9, 3)]))];
+        let scale = interactive_scale(5, 12);
+        let parts = split("a", demand(4, 8), &[("r1", local(9, 3, None))], &peers, "p", scale);
+        // Each peak counts for 2 (4 x 5/12, rounded up): 6 for chat, 3 to a's batch.
+        assert_eq!(parts[0].slots, 5, "a's chat 2 and the batch slots: {parts:?}");
+        // Counted whole, the peaks take every slot and a's batch gets none of the others'.
+        assert_eq!(split("a", demand(4, 8), &[("r1", local(9, 3, None))], &peers, "p", 1.0)[0].slots, 3);
+        // What an instance holds and waits for now counts whatever its peak.
+        let busy = [Standing::Fresh(peer("b", Demand { interactive: 4, interactive_now: 5, batch: 0, waiting: 0 }, &[("r1", 5, 9, 5)]))];
+        let parts = split("a", demand(4, 8), &[("r1", local(9, 3, None))], &busy, "p", interactive_scale(5, 8));
+        assert_eq!(parts[0].slots, 4, "b's 5 now first, a's 3 of chat and batch: {parts:?}");
+        assert_eq!(interactive_scale(5, 0), 1.0, "no peaks: nothing to scale");
+        assert_eq!(interactive_scale(9, 4), 1.0, "peaks under the reservation count whole");
     }
 
     #[test]

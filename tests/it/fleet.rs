@@ -128,9 +128,14 @@ async fn a_peer_that_stops_answering_keeps_its_share_until_taken_for_dead_and_co
     *mock.state.running.lock().expect("lock") = Some(5);
     let peer = FakePeer::start(TOKEN).await;
     // The peer holds 5 requests and reserves 6 interactive: of 8 slots, it
-    // gets its 6, and the 2 left are split evenly.
+    // gets its 6, and the 2 left are split evenly. (The fleet keeps three
+    // quarters of the slots for interactive requests here, so the peer's
+    // peak counts whole: the default quarter would count 2 of it.)
     peer.says(&mock.url(), 5, 6, 6);
-    let gw = fleet_gateway(&mock, &[peer.url()], "SLOGATE_TEST_FLEET_TOKEN_1").start().await;
+    let gw = fleet_gateway(&mock, &[peer.url()], "SLOGATE_TEST_FLEET_TOKEN_1")
+        .section("tiers:\n  interactive: { reserved_share: 0.75 }")
+        .start()
+        .await;
     let admin = gw.admin_addr;
     let url = peer.url();
     until("the peer is heard and takes its share", admin, Some(TOKEN), |s| peer_status(s, &url) == "fresh" && slots(s) == 1).await;
