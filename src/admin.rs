@@ -24,7 +24,9 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<Pr
         (&Method::GET, crate::fleet::STATE_PATH) => {
             let snap = app.snapshot();
             let pools: Vec<_> = snap.pools.iter().map(|r| r.admission.clone()).collect();
-            let state = app.fleet.state(&pools, &snap.config.fleet, true);
+            // A peer asks for the routing decisions after the last it read.
+            let since = req.uri().query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("since=")?.parse().ok()));
+            let state = app.fleet.state(&pools, &snap.config.fleet, true, since);
             typed(serde_json::to_vec(&state).unwrap_or_default(), "application/json", true)
         }
         (&Method::GET, "/slo.json") => {

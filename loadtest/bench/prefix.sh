@@ -48,12 +48,20 @@ series() {
   local name=$1 kind=$2 balance=$3 n=$4 targets=() i rate; shift 4
   PIDS=()
   start_sim "sim-$name" --replicas 4 --profile llama8b-h100 --kv-blocks "$KV_BLOCKS" --tokenizer "$TOKENIZER" --kv-events-port 0 --kv-events-replay-port 0
-  if [ "$balance" = exact ]; then
-    BENCH_SIM_OUT="$WORK/sim-$name.out" bench_config exact "$RUN/$name.gw.yaml" --set tokenizer="$TOKENIZER"
-  else
-    bench_config main "$RUN/$name.gw.yaml" --set balance="$balance"
-  fi
-  for i in $(seq "$n"); do start_gateway "$RUN/$name.gw.yaml" "gw-$name-$i"; targets+=("$GW_URL"); done
+  # Several gateways are a fleet (each lists every admin listener), as a
+  # user runs several instances; one is alone.
+  local ports=() peers="[]"
+  for i in $(seq "$n"); do ports+=("$(free_port)"); done
+  [ "$n" -gt 1 ] && peers="[$(printf 'http://127.0.0.1:%s, ' "${ports[@]}" | sed 's/, $//')]"
+  for i in $(seq "$n"); do
+    local conf=("$RUN/$name-$i.gw.yaml" --set admin_port="${ports[$((i - 1))]}" --set peers="$peers")
+    if [ "$balance" = exact ]; then
+      BENCH_SIM_OUT="$WORK/sim-$name.out" bench_config exact "${conf[@]}" --set tokenizer="$TOKENIZER"
+    else
+      bench_config main "${conf[@]}" --set balance="$balance"
+    fi
+    start_gateway "$RUN/$name-$i.gw.yaml" "gw-$name-$i"; targets+=("$GW_URL")
+  done
   for rate in "$@"; do
     echo "$name-$rate: $kind, $balance, $rate req/s, $n gateway(s)" >&2
     bench_load "$kind" "$RUN/$name-$rate.yaml" --set rate="$rate" --set half_rate="$(calc "$rate/2")"

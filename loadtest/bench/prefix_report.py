@@ -169,8 +169,9 @@ finished per replica (all of them, hot and not), and each replica's waiting queu
 
 if fleet:
     print("## Three gateways\n")
-    print("The shared-prefix load through three gateways, requests taking them in turn; each indexes only what it sent,"
-          " and all send a prompt none has seen to its home replica (the same rendezvous hash of its first block).\n")
+    print("The shared-prefix load through three gateways run as a fleet, requests taking them in turn; each indexes what"
+          " it sent and what the others say they sent (a period late), and all send a prompt none has seen to its home"
+          " replica (the same rendezvous hash of its first block).\n")
     for r in fleet:
         print(f"\n**{r} requests/s**\n\n{HEAD}")
         for p in ("prefix_aware", "exact", "least_loaded"):

@@ -20,6 +20,7 @@ use crate::admission::PoolAdmission;
 use crate::config::{Config, FleetConfig};
 use crate::telemetry::metrics::{FleetPeerLabels, Metrics, ReplicaLabels};
 
+mod prefix;
 mod split;
 mod wire;
 
@@ -82,13 +83,17 @@ impl Fleet {
         &self.id
     }
 
-    /// This instance's state now (with its peers, for people, when `with_peers`).
-    pub(crate) fn state(&self, pools: &[Arc<PoolAdmission>], config: &FleetConfig, with_peers: bool) -> State {
+    /// This instance's state now (with its peers, for people, when
+    /// `with_peers`; with its prefix-aware pools' routing decisions
+    /// numbered after `since`, for a peer that asks).
+    pub(crate) fn state(&self, pools: &[Arc<PoolAdmission>], config: &FleetConfig, with_peers: bool, since: Option<u64>) -> State {
+        let sent_seq = prefix::last_seq();
         let pools = pools
             .iter()
             .map(|a| {
                 let pool = a.pool();
                 let d = a.demand();
+                let (block, sent) = prefix::sent(&pool, since);
                 PoolState {
                     name: pool.config.name.clone(),
                     interactive: d.interactive,
@@ -107,11 +112,13 @@ impl Fleet {
                             slots: r.slots(),
                         })
                         .collect(),
+                    block,
+                    sent,
                 }
             })
             .collect();
         let peers = if with_peers { self.peer_views(config, Instant::now()) } else { Vec::new() };
-        State { id: self.id.clone(), pools, peers }
+        State { id: self.id.clone(), pools, sent_seq, peers }
     }
 
     /// The peers as they stand now (for the status page).
@@ -259,6 +266,7 @@ impl Fleet {
     /// Alone again (the fleet was configured away): every replica's slots are its limit.
     fn leave(&self, view: &View, metrics: &Metrics) {
         self.set_peers_empty();
+        prefix::journal(&view.pools, false);
         if let Some(c) = &view.controls {
             c.tenants.set_instances(1);
         }
@@ -290,18 +298,24 @@ impl Fleet {
 /// gateway stops.
 async fn poll(own_id: String, peer: Arc<Peer>, base: http::Uri, current: Arc<Current>, mut stop: watch::Receiver<bool>) {
     let mut next = Instant::now();
+    // The last of its routing decisions read (see [`prefix::take_in`]).
+    let mut read = 0u64;
     loop {
         let view = current();
         let config = view.config.fleet.clone();
         drop(view.pools);
         let timeout = config.peer_timeout.get() / 2;
-        let answer = crate::upstream::conn::get_once(&base, STATE_PATH, view.bearer.as_ref(), timeout).await;
+        let path = format!("{STATE_PATH}?since={read}");
+        let answer = crate::upstream::conn::get_once(&base, &path, view.bearer.as_ref(), timeout).await;
         let now = Instant::now();
         {
             let mut h = peer.heard.lock().unwrap_or_else(|e| e.into_inner());
             match answer {
                 Ok((status, body)) if status.is_success() => match serde_json::from_slice::<State>(&body) {
                     Ok(state) => {
+                        if state.id != own_id {
+                            prefix::take_in(&current().pools, &state, &mut read);
+                        }
                         h.is_self = state.id == own_id;
                         h.at = Some(now);
                         h.state = Some(Arc::new(state));
@@ -355,6 +369,7 @@ pub(crate) fn run(fleet: Arc<Fleet>, metrics: Arc<Metrics>, current: Box<Current
                 joined = true;
                 let dns = if config.peers_dns.is_some() { resolved.lock().unwrap_or_else(|e| e.into_inner()).clone() } else { Vec::new() };
                 fleet.set_peers(&addresses(&config, &dns), &current, &stop);
+                prefix::journal(&view.pools, true);
                 fleet.allocate(&view, Instant::now(), &metrics);
             }
             drop(view);

@@ -262,7 +262,10 @@ mod tests {
                     .iter()
                     .map(|&(url, inflight, limit, slots)| ReplicaState { url: url.into(), healthy: true, inflight, limit, slots })
                     .collect(),
+                block: 256,
+                sent: Vec::new(),
             }],
+            sent_seq: 0,
             peers: Vec::new(),
         })
     }

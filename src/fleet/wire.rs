@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 pub(crate) struct State {
     pub(crate) id: String,
     pub(crate) pools: Vec<PoolState>,
+    /// The last number it gave a routing decision (see [`SentPrompt`]): a
+    /// reader that read past it sees a restarted instance.
+    #[serde(default)]
+    pub(crate) sent_seq: u64,
     /// Its peers as it sees them (for people; peers do not read it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) peers: Vec<PeerView>,
@@ -29,6 +33,25 @@ pub(crate) struct PoolState {
     /// Requests waiting in its queues.
     pub(crate) waiting: usize,
     pub(crate) replicas: Vec<ReplicaState>,
+    /// Bytes per block of its prefix index (`prefix.block`): decisions of
+    /// another block size name other blocks and are not read.
+    #[serde(default)]
+    pub(crate) block: u64,
+    /// Where its prompts went (prefix-aware pools), after the number the
+    /// reader asked from (`?since=`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) sent: Vec<SentPrompt>,
+}
+
+/// One routing decision of a prefix-aware pool: a prompt of these blocks
+/// (and session hint) went to the replica at `replica` in the pool's list.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct SentPrompt {
+    pub(crate) seq: u64,
+    pub(crate) replica: usize,
+    pub(crate) blocks: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) session: Option<u64>,
 }
 
 /// One replica, as an instance sees it.

@@ -32,6 +32,15 @@ struct Ranked<'a> {
 }
 
 impl Pool {
+    /// A fleet peer sent a prompt of `blocks` (and `session` hint) to the
+    /// replica at `url`: the prefix index records it as it does this
+    /// instance's own decisions. False when no replica here has that URL.
+    pub(crate) fn heard_sent(&self, url: &str, blocks: &[u64], session: Option<u64>) -> bool {
+        let Some(i) = self.replicas.iter().position(|r| r.url == url) else { return false };
+        self.prefix.record_heard(blocks, session, i, self.replicas[i].cache_blocks(self.config.prefix.block.0));
+        true
+    }
+
     /// Pick a healthy replica with a free slot for a request of `tier`,
     /// skipping `exclude`, and take the slot; `room`: how far an interactive
     /// request may go above the slots, or what a batch request leaves free.

@@ -11,9 +11,13 @@
 //! replica says how large its KV cache is, the index also forgets what that
 //! replica must have evicted: each replica keeps its own recency order of
 //! the names sent there, bounded by its cache, tail blocks before head.
+//! In a fleet, each instance journals its own decisions and reads its
+//! peers', so every index sees the whole fleet's traffic.
 
+use std::collections::VecDeque;
 use std::num::NonZeroUsize;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -128,6 +132,28 @@ pub(crate) fn home(anchor: u64, candidates: impl Iterator<Item = (usize, u64)>) 
 pub(crate) struct PrefixIndex {
     inner: Mutex<Inner>,
     capacity: usize,
+    /// In a fleet: this instance's own routing decisions, newest last, for
+    /// the other instances to read into their indexes (see [`Sent`]).
+    journal: Mutex<VecDeque<Sent>>,
+    journaling: AtomicBool,
+}
+
+/// The routing decisions a pool's journal keeps, newest last: what its
+/// fleet peers have not read by then, they miss.
+const JOURNAL: usize = 1024;
+
+/// The journals' numbering, one for all pools of the process: a peer reads
+/// what came after the last number it read.
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// One routing decision, as the fleet's other instances read it: a prompt
+/// of these blocks (and session hint) went to the pool's replica `replica`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Sent {
+    pub(crate) seq: u64,
+    pub(crate) replica: usize,
+    pub(crate) blocks: Arc<[u64]>,
+    pub(crate) session: Option<u64>,
 }
 
 struct Inner {
@@ -144,7 +170,34 @@ impl PrefixIndex {
     /// An index of at most `capacity` names (blocks and session hints).
     pub(crate) fn new(capacity: usize) -> PrefixIndex {
         let cap = NonZeroUsize::new(capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
-        PrefixIndex { inner: Mutex::new(Inner { names: LruCache::new(cap), held: Vec::new() }), capacity: cap.get() }
+        PrefixIndex {
+            inner: Mutex::new(Inner { names: LruCache::new(cap), held: Vec::new() }),
+            capacity: cap.get(),
+            journal: Mutex::new(VecDeque::new()),
+            journaling: AtomicBool::new(false),
+        }
+    }
+
+    /// Keep this instance's decisions for its fleet peers (`on`), or stop
+    /// and drop them (alone).
+    pub(crate) fn set_journaling(&self, on: bool) {
+        if self.journaling.swap(on, Ordering::Relaxed) != on && !on {
+            self.journal.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+    }
+
+    /// The last number any journal of this process gave a decision.
+    pub(crate) fn last_seq() -> u64 {
+        SEQ.load(Ordering::Relaxed)
+    }
+
+    /// This instance's decisions numbered after `since`, oldest first, at
+    /// most `max` of them (the newest).
+    pub(crate) fn sent_since(&self, since: u64, max: usize) -> Vec<Sent> {
+        let journal = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let after = journal.partition_point(|s| s.seq <= since);
+        let from = after.max(journal.len().saturating_sub(max));
+        journal.range(from..).cloned().collect()
     }
 
     pub(crate) fn capacity(&self) -> usize {
@@ -192,15 +245,40 @@ impl PrefixIndex {
     /// recently used), and its session hint points there. `cache_blocks`:
     /// how many of the index's blocks replica `i`'s KV cache holds, where
     /// it says (see [`cache_blocks`]); the names it must have evicted to
-    /// take these are no longer counted there.
+    /// take these are no longer counted there. In a fleet, the decision is
+    /// journaled for the other instances.
     pub(crate) fn record(&self, key: &RouteKey, i: usize, cache_blocks: Option<usize>) {
+        self.apply(&key.blocks, key.session, i, cache_blocks);
+        if i < INDEXED_REPLICAS && self.journaling.load(Ordering::Relaxed) {
+            let sent = Sent {
+                seq: SEQ.fetch_add(1, Ordering::Relaxed) + 1,
+                replica: i,
+                blocks: key.blocks.as_slice().into(),
+                session: key.session,
+            };
+            let mut journal = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+            if journal.len() >= JOURNAL {
+                journal.pop_front();
+            }
+            journal.push_back(sent);
+        }
+    }
+
+    /// A fleet peer sent a prompt of `blocks` (and `session` hint) to
+    /// replica `i`: recorded as this instance's own decisions are, but not
+    /// journaled again.
+    pub(crate) fn record_heard(&self, blocks: &[u64], session: Option<u64>, i: usize, cache_blocks: Option<usize>) {
+        self.apply(blocks, session, i, cache_blocks);
+    }
+
+    fn apply(&self, blocks: &[u64], session: Option<u64>, i: usize, cache_blocks: Option<usize>) {
         if i >= INDEXED_REPLICAS {
             return;
         }
         let bit = 1u64 << i;
         let mut inner = self.lock();
         let Inner { names, held } = &mut *inner;
-        for b in &key.blocks {
+        for b in blocks {
             match names.get_mut(b) {
                 Some(m) => *m |= bit,
                 None => {
@@ -208,7 +286,7 @@ impl PrefixIndex {
                 }
             }
         }
-        if let Some(s) = key.session {
+        if let Some(s) = session {
             names.put(s, bit);
         }
         let Some(cap) = cache_blocks.and_then(NonZeroUsize::new) else {
@@ -227,7 +305,7 @@ impl PrefixIndex {
         // The tail first, so the head is the most recent: an engine frees a
         // sequence's blocks tail first and evicts the least recently freed,
         // so a prefix's head outlives its tail.
-        for b in key.blocks.iter().rev() {
+        for b in blocks.iter().rev() {
             if let Some((old, ())) = order.push(*b, ()) {
                 if old != *b {
                     forget(names, old, bit);
@@ -294,6 +372,31 @@ mod tests {
         // At most max_blocks; the bytes still count the whole prompt.
         let capped = RouteKey::of(&[b"aaaabbbbcccc"], 4, 2, None);
         assert_eq!((capped.blocks.as_slice(), capped.bytes), (&whole.blocks[..2], 12));
+    }
+
+    #[test]
+    fn a_fleets_journal_keeps_its_own_decisions_after_a_number_not_what_it_heard() {
+        let idx = PrefixIndex::new(100);
+        idx.record(&key("aaaabbbb"), 0, None);
+        assert!(idx.sent_since(0, 10).is_empty(), "alone: nothing journaled");
+        idx.set_journaling(true);
+        idx.record(&key("aaaabbbb"), 1, None);
+        idx.record(&key("ccccdddd"), 2, None);
+        idx.record_heard(&key("eeee").blocks, None, 3, None);
+        let sent = idx.sent_since(0, 10);
+        assert_eq!(sent.iter().map(|s| s.replica).collect::<Vec<_>>(), [1, 2], "a peer's decision is not journaled again");
+        assert_eq!(&sent[1].blocks[..], &key("ccccdddd").blocks[..]);
+        assert!(sent[0].seq < sent[1].seq && sent[1].seq <= PrefixIndex::last_seq());
+        assert_eq!(idx.sent_since(sent[0].seq, 10), sent[1..]);
+        assert_eq!(idx.sent_since(0, 1), sent[1..], "at most `max`, the newest");
+        // A peer's decision counts here as this instance's own do.
+        assert_eq!(idx.matched(&key("eeee"), 4), [0, 0, 0, 1]);
+        for _ in 0..JOURNAL + 10 {
+            idx.record(&key("ffff"), 0, None);
+        }
+        assert_eq!(idx.sent_since(0, usize::MAX).len(), JOURNAL, "the journal is bounded");
+        idx.set_journaling(false);
+        assert!(idx.sent_since(0, 10).is_empty(), "alone again: dropped");
     }
 
     #[test]

@@ -282,3 +282,51 @@ async fn a_keys_limits_are_split_among_the_live_instances_and_whole_again_when_a
     assert_eq!(metric(&m, "slogate_requests_total", &[]), Some(sent_to(gw.data_addr) as f64), "{m}");
     assert_eq!(metric(&m, "slogate_tenant_limited_requests_total", &[("tenant", "k"), ("kind", "requests")]), Some(1.0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_gateway_of_a_fleet_reads_where_the_others_sent_their_prompts() {
+    let mock = Mock::start(standard(2, std::time::Duration::from_millis(1))).await;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let (path_a, path_b) = (tmp.path().join("a.yaml"), tmp.path().join("b.yaml"));
+    let alone = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 8");
+    std::fs::write(&path_a, alone.yaml()).expect("write");
+    std::fs::write(&path_b, alone.yaml()).expect("write");
+    let a = slogate::Gateway::start_file(&path_a).await.expect("a starts");
+    let b = slogate::Gateway::start_file(&path_b).await.expect("b starts");
+    let (url_a, url_b) = (format!("http://{}", a.admin_addr), format!("http://{}", b.admin_addr));
+    let fleet = format!("fleet: {{ peers: [\"{url_a}\", \"{url_b}\"], {FLEET_TIMES} }}");
+    for path in [&path_a, &path_b] {
+        std::fs::write(path, alone.clone().section(&fleet).yaml()).expect("write");
+    }
+    a.reload().await.expect("a reloads");
+    b.reload().await.expect("b reloads");
+    until("a hears b", a.admin_addr, None, |s| peer_status(s, &url_b) == "fresh").await;
+    until("b hears a", b.admin_addr, None, |s| peer_status(s, &url_a) == "fresh").await;
+    let index = |admin: SocketAddr| async move {
+        let s: serde_json::Value = serde_json::from_slice(&admin_get(admin, "/slo.json", None).await).expect("JSON");
+        s["pools"][0]["prefix_index"][0].as_u64().expect("the index's names")
+    };
+    assert_eq!(index(b.admin_addr).await, 0);
+
+    // A prompt of 4,000 characters (15 blocks of 256) through a only, over each protocol.
+    for (i, (name, c)) in clients().into_iter().enumerate() {
+        let text = format!("{i} {}", "the same long system prompt ".repeat(143));
+        let body = serde_json::json!({"model": "m1", "messages": [{"role": "user", "content": text}]}).to_string();
+        let resp = c.request(post_req(a.data_addr, "/v1/chat/completions", &body, &[])).await.expect("POST");
+        assert_eq!(resp.status(), 200, "{name}");
+        resp.into_body().collect().await.expect("body");
+    }
+    let sent = index(a.admin_addr).await;
+    assert!(sent >= 30, "a's index has both prompts' blocks: {sent}");
+    // b routed nothing, and its index learns all of it from a's journal.
+    wait_until("b's index holds what a sent", || async { index(b.admin_addr).await == sent }).await;
+    // What b read it does not tell again: its journal is its own decisions.
+    let b_says: serde_json::Value = serde_json::from_slice(&admin_get(b.admin_addr, "/fleet.json?since=0", None).await).expect("JSON");
+    assert!(b_says["pools"][0]["sent"].as_array().is_none(), "{b_says}");
+    let a_says: serde_json::Value = serde_json::from_slice(&admin_get(a.admin_addr, "/fleet.json?since=0", None).await).expect("JSON");
+    assert_eq!(a_says["pools"][0]["sent"].as_array().map(Vec::len), Some(2), "{a_says}");
+    // Without `since` (a person reading the state), no decisions.
+    assert!(fleet_state(a.admin_addr, None).await["pools"][0]["sent"].is_null());
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -1,0 +1,69 @@
+//! Prefix-aware routing across a fleet: each instance journals where it
+//! sent its prompts, and reads its peers' journals into its own index, so
+//! every instance's index sees the whole fleet's traffic, not the part a
+//! load balancer happened to give it. The rule is
+//! docs/design/prefix-routing.md's (rule 6).
+
+use std::sync::Arc;
+
+use super::wire::{PoolState, SentPrompt, State};
+use crate::admission::PoolAdmission;
+use crate::config::Balance;
+use crate::upstream::prefix::PrefixIndex;
+use crate::upstream::Pool;
+
+/// The most decisions an instance tells a peer per exchange (the newest):
+/// a peer that fell further behind misses the older ones.
+const SENT_AT_MOST: usize = 256;
+
+/// Journal the prefix-aware pools' decisions (`on`: in a fleet), or stop.
+pub(super) fn journal(pools: &[Arc<PoolAdmission>], on: bool) {
+    for a in pools {
+        let pool = a.pool();
+        pool.prefix.set_journaling(on && pool.config.balance == Balance::PrefixAware);
+    }
+}
+
+/// `pool`'s block size and its decisions numbered after `since` (none
+/// unless asked, or where the pool does not route by prefix).
+pub(super) fn sent(pool: &Pool, since: Option<u64>) -> (u64, Vec<SentPrompt>) {
+    let block = pool.config.prefix.block.0;
+    let Some(since) = since.filter(|_| pool.config.balance == Balance::PrefixAware) else { return (block, Vec::new()) };
+    let sent = pool.prefix.sent_since(since, SENT_AT_MOST);
+    let sent = sent.into_iter().map(|s| SentPrompt { seq: s.seq, replica: s.replica, blocks: s.blocks.to_vec(), session: s.session });
+    (block, sent.collect())
+}
+
+/// The last number this process gave a decision.
+pub(super) fn last_seq() -> u64 {
+    PrefixIndex::last_seq()
+}
+
+/// Read a peer's decisions (its `state`) into the same pools' indexes,
+/// those numbered after `read`, and move `read` past them. A peer whose
+/// numbering went back (it restarted) is read again from its start.
+pub(super) fn take_in(pools: &[Arc<PoolAdmission>], state: &State, read: &mut u64) {
+    if state.sent_seq < *read {
+        *read = 0;
+        return;
+    }
+    let mut last = *read;
+    for theirs in &state.pools {
+        let Some(pool) = pools.iter().map(|a| a.pool()).find(|p| p.config.name == theirs.name) else { continue };
+        if !reads(&pool, theirs) {
+            continue;
+        }
+        for s in theirs.sent.iter().filter(|s| s.seq > *read) {
+            last = last.max(s.seq);
+            if let Some(r) = theirs.replicas.get(s.replica) {
+                pool.heard_sent(&r.url, &s.blocks, s.session);
+            }
+        }
+    }
+    *read = last;
+}
+
+/// This pool takes `theirs`' decisions: both route by prefix, with blocks of one size.
+fn reads(pool: &Pool, theirs: &PoolState) -> bool {
+    pool.config.balance == Balance::PrefixAware && theirs.block == pool.config.prefix.block.0
+}
