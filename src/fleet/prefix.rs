@@ -47,14 +47,15 @@ pub(super) fn take_in(pools: &[Arc<PoolAdmission>], state: &State, read: &mut u6
         *read = 0;
         return;
     }
-    let mut last = *read;
+    // Past everything it said, read here or not (another pool, another
+    // block size): asked again, it would say the same.
+    let last = state.pools.iter().flat_map(|p| p.sent.iter().map(|s| s.seq)).fold(*read, u64::max);
     for theirs in &state.pools {
         let Some(pool) = pools.iter().map(|a| a.pool()).find(|p| p.config.name == theirs.name) else { continue };
         if !reads(&pool, theirs) {
             continue;
         }
         for s in theirs.sent.iter().filter(|s| s.seq > *read) {
-            last = last.max(s.seq);
             if let Some(r) = theirs.replicas.get(s.replica) {
                 pool.heard_sent(&r.url, &s.blocks, s.session);
             }
