@@ -99,7 +99,8 @@ pub(super) struct Routed<'a> {
     pub(super) strip_usage: bool,
     /// Its prompt, for prefix-aware routing.
     pub(super) key: Option<Arc<RouteKey>>,
-    /// A multipart upload sent on as it arrives (`request` then holds none of it).
+    /// A multipart form, sent on as it arrives or kept in the frames it came
+    /// in (`request` then holds none of it).
     pub(super) upload: Option<Upload>,
 }
 
