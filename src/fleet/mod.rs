@@ -308,22 +308,31 @@ async fn poll(own_id: String, peer: Arc<Peer>, base: http::Uri, current: Arc<Cur
         let path = format!("{STATE_PATH}?since={read}");
         let answer = crate::upstream::conn::get_once(&base, &path, view.bearer.as_ref(), timeout).await;
         let now = Instant::now();
+        let heard = match answer {
+            Ok((status, body)) if status.is_success() => {
+                serde_json::from_slice::<State>(&body).map_err(|e| format!("GET {STATE_PATH}: not a fleet state: {e}"))
+            }
+            Ok((status, _)) => Err(format!("GET {STATE_PATH} answered {status}")),
+            Err(e) => Err(e),
+        };
+        // Its routing decisions go into the indexes, outside the lock, and
+        // are not kept with its state.
+        let heard = heard.map(|mut state| {
+            if state.id != own_id {
+                prefix::take_in(&current().pools, &state, &mut read);
+            }
+            state.pools.iter_mut().for_each(|p| p.sent = Vec::new());
+            state
+        });
         {
             let mut h = peer.heard.lock().unwrap_or_else(|e| e.into_inner());
-            match answer {
-                Ok((status, body)) if status.is_success() => match serde_json::from_slice::<State>(&body) {
-                    Ok(state) => {
-                        if state.id != own_id {
-                            prefix::take_in(&current().pools, &state, &mut read);
-                        }
-                        h.is_self = state.id == own_id;
-                        h.at = Some(now);
-                        h.state = Some(Arc::new(state));
-                        h.error = None;
-                    }
-                    Err(e) => h.error = Some(format!("GET {STATE_PATH}: not a fleet state: {e}")),
-                },
-                Ok((status, _)) => h.error = Some(format!("GET {STATE_PATH} answered {status}")),
+            match heard {
+                Ok(state) => {
+                    h.is_self = state.id == own_id;
+                    h.at = Some(now);
+                    h.state = Some(Arc::new(state));
+                    h.error = None;
+                }
                 Err(e) => h.error = Some(e),
             }
         }
