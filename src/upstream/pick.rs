@@ -29,7 +29,24 @@ struct Ranked<'a> {
     /// Prompt bytes expected not cached there, and expected cached.
     uncached: u64,
     matched: u64,
+    /// The prompt's block size (0 without a prompt).
+    block: u64,
 }
+
+impl Ranked<'_> {
+    /// This replica holds at least half the prompt (and a block) more than
+    /// `other`: sending it there instead would compute that again.
+    fn saves_over(&self, other: &Ranked<'_>) -> bool {
+        let bytes = self.matched + self.uncached;
+        self.matched >= other.matched + (bytes / 2).max(self.block.max(1))
+    }
+}
+
+/// A replica full to its limit may take an interactive request whose
+/// prompt it holds up to half its slots above it (at least one), when the
+/// replicas with room would compute at least half the prompt again
+/// (docs/design/prefix-routing.md rule 11).
+const CACHED_OVER_DIV: usize = 2;
 
 impl Pool {
     /// A fleet peer sent a prompt of `blocks` (and `session` hint) to the
@@ -141,11 +158,11 @@ impl Pool {
                         let uncached = k.bytes.saturating_sub(known[i]);
                         let weight = (self.config.prefix.load_weight * k.block as f64 * load as f64) as u64;
                         let cost = r.prefill_bytes_ahead(tier, priority) + uncached + weight;
-                        Ranked { away: false, cost, load, away_from_home, itl, i, r, uncached, matched: known[i] }
+                        Ranked { away: false, cost, load, away_from_home, itl, i, r, uncached, matched: known[i], block: k.block }
                     }
                     _ => {
                         let cost = r.prefills_ahead(tier, priority) as u64;
-                        Ranked { away: false, cost, load, away_from_home, itl, i, r, uncached: 0, matched: 0 }
+                        Ranked { away: false, cost, load, away_from_home, itl, i, r, uncached: 0, matched: 0, block: 0 }
                     }
                 }
             })
@@ -215,27 +232,45 @@ impl Pool {
         let batch_may_take_fast = !any_slow || fast_batch + reserved < fast_slots;
         // Stable: the rotating start breaks ties.
         ranked.sort_by_key(|x| (x.away, x.cost, x.load, x.away_from_home));
-        for x in ranked {
+        // The best-ranked replica, where it was full: an interactive
+        // request whose prompt it holds may go a little above its limit
+        // there rather than be computed again elsewhere (rule 11).
+        let mut full_best: Option<&Ranked<'_>> = None;
+        for (n, x) in ranked.iter().enumerate() {
             // (For batch the replicas ranked away are the fast ones.)
             if x.away && (tier == Tier::Interactive || !batch_may_take_fast) {
                 return None;
             }
-            if x.r.try_take(over, tier, unheld) {
-                let mut slot = ReplicaSlot::new(x.r, tier);
-                if let Some(k) = key {
-                    self.prefix.record(k, x.i, x.r.cache_blocks(k.block));
-                    // New full blocks to compute there: its events should name them soon.
-                    let stores = x.matched < k.bytes_of_token_blocks(k.token_keys.len());
-                    if let Some(feed) = self.exact.as_ref().and_then(|e| e.feeds.get(x.i)).filter(|_| stores) {
-                        feed.routed();
-                    }
-                    slot.prefill(x.uncached);
-                    x.r.routed(k.bytes, x.matched);
+            if let Some(best) = full_best.filter(|b| tier == Tier::Interactive && b.saves_over(x)) {
+                if best.r.try_take(over + best.r.slots().div_ceil(CACHED_OVER_DIV), tier, unheld) {
+                    return Some(self.seat(best, tier, key));
                 }
-                return Some(slot);
+                full_best = None;
+            }
+            if x.r.try_take(over, tier, unheld) {
+                return Some(self.seat(x, tier, key));
+            }
+            if n == 0 {
+                full_best = Some(x);
             }
         }
         None
+    }
+
+    /// The slot taken on `x`: the prompt recorded there.
+    fn seat(&self, x: &Ranked<'_>, tier: Tier, key: Option<&RouteKey>) -> ReplicaSlot {
+        let mut slot = ReplicaSlot::new(x.r, tier);
+        if let Some(k) = key {
+            self.prefix.record(k, x.i, x.r.cache_blocks(k.block));
+            // New full blocks to compute there: its events should name them soon.
+            let stores = x.matched < k.bytes_of_token_blocks(k.token_keys.len());
+            if let Some(feed) = self.exact.as_ref().and_then(|e| e.feeds.get(x.i)).filter(|_| stores) {
+                feed.routed();
+            }
+            slot.prefill(x.uncached);
+            x.r.routed(k.bytes, x.matched);
+        }
+        slot
     }
 }
 
@@ -395,9 +430,45 @@ mod tests {
         }
         let home = at(&pool, &held[0]);
         assert!(held.iter().all(|s| at(&pool, s) == home), "cached, and 3 streams weigh less than the prefix");
-        // Its three slots are full: the next goes to the other replica.
+        // Its three slots are full: the prompt cached there and nowhere
+        // else, it may go half of them (two) above.
+        for _ in 0..2 {
+            let mut s = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&k)).expect("slot");
+            assert_eq!(at(&pool, &s), home, "above the limit where the prompt is cached");
+            s.prefilled();
+            held.push(s);
+        }
+        // Past that, the next goes to the other replica; batch never goes above.
         let s = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&k)).expect("slot");
         assert_ne!(at(&pool, &s), home);
+        drop(s);
+        let b = pool.pick(None, Room::Over(0), Tier::Batch, Some(&k)).expect("slot");
+        assert_ne!(at(&pool, &b), home);
+    }
+
+    #[test]
+    fn a_full_replica_takes_no_one_above_its_limit_whose_prompt_is_as_cached_elsewhere() {
+        let pool = pool(2, 2, 1.0);
+        // Not prefix-bound: no prompt, or a prompt both hold.
+        let a = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
+        let b = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
+        let c = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
+        let d = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
+        assert!(pool.pick(None, Room::Over(0), Tier::Interactive, None).is_err(), "both full, no prompt: none above");
+        drop((a, b, c, d));
+        let k = key(&prompt('y', 0));
+        // Three on its home (one above), then two on the other: it spilled, both hold it.
+        // (A prompt of 1615 bytes: 1600 held on its home, none elsewhere.)
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            let mut s = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&k)).expect("slot");
+            s.prefilled();
+            held.push(s);
+        }
+        let on: Vec<_> = held.iter().map(|s| at(&pool, s)).collect();
+        assert_eq!(on.iter().filter(|&&i| i == on[0]).count(), 3, "{on:?}");
+        // Both full, both holding it: the first one full is not taken above.
+        assert!(pool.pick(None, Room::Over(0), Tier::Interactive, Some(&k)).is_err());
     }
 
     #[test]
