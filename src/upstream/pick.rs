@@ -257,17 +257,19 @@ impl Pool {
         None
     }
 
-    /// The slot taken on `x`: the prompt recorded there.
+    /// The slot taken on `x`: its prefill counted there at once (a request
+    /// routed on another worker meanwhile must see it), then the prompt
+    /// recorded.
     fn seat(&self, x: &Ranked<'_>, tier: Tier, key: Option<&RouteKey>) -> ReplicaSlot {
         let mut slot = ReplicaSlot::new(x.r, tier);
         if let Some(k) = key {
+            slot.prefill(x.uncached);
             self.prefix.record(k, x.i, x.r.cache_blocks(k.block));
             // New full blocks to compute there: its events should name them soon.
             let stores = x.matched < k.bytes_of_token_blocks(k.token_keys.len());
             if let Some(feed) = self.exact.as_ref().and_then(|e| e.feeds.get(x.i)).filter(|_| stores) {
                 feed.routed();
             }
-            slot.prefill(x.uncached);
             x.r.routed(k.bytes, x.matched);
         }
         slot
