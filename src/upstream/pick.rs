@@ -195,8 +195,12 @@ impl Pool {
 
     /// The prompt's home among the healthy replicas: the same on every
     /// instance, so the first request of a prefix new to all of them goes
-    /// to the same replica from each (when the replicas tie).
+    /// to the same replica from each (when the replicas tie). Only in a
+    /// fleet: alone, ties go round (rule 9).
     fn home_of(&self, key: &RouteKey) -> Option<usize> {
+        if !self.prefix.journaling() {
+            return None;
+        }
         let healthy = self.url_keys.iter().copied().enumerate().filter(|(i, _)| self.replicas[*i].is_healthy());
         key.anchor().and_then(|a| home(a, healthy))
     }
@@ -364,6 +368,8 @@ mod tests {
     #[test]
     fn a_prompt_goes_where_its_prefix_went_and_cold_ones_go_to_their_home() {
         let pool = pool(4, 100, 1.0);
+        // One of a fleet: the home breaks ties.
+        pool.prefix.set_journaling(true);
         let mut replicas_used = std::collections::BTreeSet::new();
         for system in ['a', 'b', 'c', 'd', 'e', 'f'] {
             // The replicas equally loaded (idle), the first of each group
@@ -390,6 +396,16 @@ mod tests {
         // The estimate is counted where it went: four of each five found their prefix.
         let (expected, _) = pool.replicas[*replicas_used.first().expect("one")].hit_ratios();
         assert!(expected.is_some_and(|x| x > 0.5), "{expected:?}");
+    }
+
+    #[test]
+    fn alone_cold_prompts_on_idle_replicas_go_round() {
+        let pool = pool(4, 100, 1.0);
+        let used: std::collections::BTreeSet<_> = ['p', 'q', 'r', 's']
+            .into_iter()
+            .map(|c| at(&pool, &pool.pick(None, Room::Over(0), Tier::Interactive, Some(&key(&prompt(c, 0)))).expect("slot")))
+            .collect();
+        assert_eq!(used.len(), 4, "each idle in turn, whatever the prompts' homes: {used:?}");
     }
 
     #[test]

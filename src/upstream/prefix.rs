@@ -186,6 +186,11 @@ impl PrefixIndex {
         }
     }
 
+    /// Whether this instance journals its decisions: it is one of a fleet.
+    pub(crate) fn journaling(&self) -> bool {
+        self.journaling.load(Ordering::Relaxed)
+    }
+
     /// The last number any journal of this process gave a decision.
     pub(crate) fn last_seq() -> u64 {
         SEQ.load(Ordering::Relaxed)
