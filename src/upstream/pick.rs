@@ -237,7 +237,7 @@ impl Pool {
         // Stable: the rotating start breaks ties.
         ranked.sort_by_key(|x| (x.away, x.cost, x.load, x.away_from_home));
         // The best-ranked replica, where it was full: an interactive
-        // request whose prompt it holds may go a little above its limit
+        // request whose prompt it holds may go up to half its slots above
         // there rather than be computed again elsewhere (rule 11).
         let mut full_best: Option<&Ranked<'_>> = None;
         for (n, x) in ranked.iter().enumerate() {
