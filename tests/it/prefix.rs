@@ -77,6 +77,14 @@ async fn prompts_sharing_a_system_prompt_go_where_it_is_cached_and_the_engines_r
     // Every request after a group's first finds its 500-token system prompt
     // (less the part of a 16-token block it shares with the question).
     assert!(cached as f64 >= 0.75 * prompt as f64, "cached {cached} of {prompt} prompt tokens");
+    // The usage is counted as the answer's body ends, just after the client
+    // has read it: wait for every request to be counted before comparing.
+    assert_quiescent(&gw).await;
+    let cached_counted = || async {
+        let m = metrics_text(&gw).await;
+        metric(&m, "slogate_cached_prompt_tokens_total", &[("model", MODEL)]).unwrap_or(0.0) >= cached as f64
+    };
+    wait_until("every answer's cached tokens counted", cached_counted).await;
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_cached_prompt_tokens_total", &[("model", MODEL)]), Some(cached as f64), "{m}");
     let routed = metric(&m, "slogate_replica_prefix_routed_bytes_total", &[]).expect("routed bytes");
