@@ -190,7 +190,7 @@ impl Gateway {
         let data_task = tokio::spawn(server::serve(
             data,
             tls.clone(),
-            move |req| proxy::handle(req, a.clone()),
+            move |req, client| proxy::handle(req, a.clone(), client),
             stop_rx.clone(),
             grace,
             tuning.clone(),
@@ -204,7 +204,7 @@ impl Gateway {
         let admin_task = tokio::spawn(server::serve(
             admin,
             None,
-            move |req| admin::handle(req, a.clone()),
+            move |req, _| admin::handle(req, a.clone()),
             stop_rx,
             grace,
             server::Tuning::default(),

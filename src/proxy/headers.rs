@@ -158,8 +158,8 @@ pub(super) struct Forwarded {
 }
 
 impl Forwarded {
-    pub(super) fn of(parts: &http::request::Parts) -> Forwarded {
-        let Some(client) = parts.extensions.get::<crate::server::ClientAddr>() else {
+    pub(super) fn of(parts: &http::request::Parts, client: Option<&crate::server::ClientAddr>) -> Forwarded {
+        let Some(client) = client else {
             return Forwarded { x_forwarded_for: None, forwarded: None };
         };
         Forwarded {

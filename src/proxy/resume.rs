@@ -277,6 +277,8 @@ fn event(payload: &[u8]) -> Bytes {
 /// Continuations to another replica of the request's pool.
 pub(crate) struct PoolLink {
     pub(super) parts: http::request::Parts,
+    /// The connection's peer, for the forwarding headers.
+    pub(super) client: Arc<crate::server::ClientAddr>,
     pub(super) pool: Arc<Pool>,
     pub(super) strip_auth: bool,
     pub(super) request_id: HeaderValue,
@@ -289,7 +291,7 @@ impl Link<conn::UpstreamBody> for PoolLink {
             return None;
         }
         let replica = lease.replica().clone();
-        let forwarded = Forwarded::of(&self.parts);
+        let forwarded = Forwarded::of(&self.parts, Some(&self.client));
         let req = build_upstream_request(&self.parts, &replica, body.into(), self.strip_auth, &forwarded, &self.request_id);
         let connect = self.pool.config.timeouts.connect.get();
         Some(Box::pin(async move {

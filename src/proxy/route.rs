@@ -186,7 +186,9 @@ pub(super) async fn route<'a>(
     let (request, upload) = match form {
         Some(boundary) => {
             let read = read_form(body, headers, &boundary, server.max_upload_body.0, server.body_read_timeout.get());
-            tokio::time::timeout_at(deadline, read).await.map_err(timed_out)??
+            // Boxed: a form's reading is the largest state of this path, and
+            // inline every request would carry (and move) its room.
+            Box::pin(tokio::time::timeout_at(deadline, read)).await.map_err(timed_out)??
         }
         None => {
             let read = read_body(body, headers, server.max_request_body.0);
@@ -232,7 +234,7 @@ pub(super) async fn route<'a>(
     let strip_usage = stream && generates(target.endpoint()) && !head.include_usage;
     let key = cpu_bound(request.len(), || prefix_key(&request, headers, target.endpoint(), &route.pool.config));
     let key = match (key, &route.pool.exact) {
-        (Some(k), Some(exact)) => Some(Arc::new(with_tokens(k, &request, target.endpoint(), exact, &route.pool.config).await)),
+        (Some(k), Some(exact)) => Some(Arc::new(Box::pin(with_tokens(k, &request, target.endpoint(), exact, &route.pool.config)).await)),
         (k, _) => k.map(Arc::new),
     };
     Ok(Routed { request, model, route, stream, strip_usage, key, upload })

@@ -228,10 +228,9 @@ pub async fn serve<H, F>(
     tuning: Tuning,
     limits: Limits,
 ) where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Arc<ClientAddr>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
-    let svc = service(handler, tuning);
     let builder = connection_builder(&limits);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
@@ -250,8 +249,10 @@ pub async fn serve<H, F>(
             _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => break,
         };
         let _ = stream.set_nodelay(true);
-        let (builder, tls, svc, watcher, timeout) =
-            (builder.clone(), tls.clone(), svc.clone(), graceful.watcher(), limits.header_read_timeout);
+        // Each connection's service knows its client: no request carries
+        // the address in its extensions (a map allocated for each).
+        let svc = service(handler.clone(), tuning.clone(), Arc::new(ClientAddr::new(peer)));
+        let (builder, tls, watcher, timeout) = (builder.clone(), tls.clone(), graceful.watcher(), limits.header_read_timeout);
         let open = limits.open.clone();
         // The connection's future is made inside the task's: made outside
         // and awaited inside, it would be stored twice (5 KB more for every
@@ -274,28 +275,31 @@ pub async fn serve<H, F>(
 }
 
 /// The request handler as a service: panics become 500s, and a request
-/// counts as in flight for busy polling until its body ends.
-fn service<H, F>(handler: H, tuning: Tuning) -> Svc
+/// counts as in flight for busy polling until its body ends. Of a type
+/// known here, not boxed: hyper keeps one place per HTTP/1 connection for
+/// its requests' futures, where a boxed service would allocate (and free)
+/// each request's future, and clone the box for each request.
+fn service<H, F>(handler: H, tuning: Tuning, client: Arc<ClientAddr>) -> impl Svc
 where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Arc<ClientAddr>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
-    tower::util::BoxCloneService::new(
-        tower::ServiceBuilder::new().layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response)).service_fn(move |req| {
+    tower::ServiceBuilder::new().layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response)).service_fn(
+        move |req: Request<Incoming>| {
             let active = tuning.busy.as_ref().map(|b| b.enter());
             // The handler's future is made inside the block: a future made
             // outside and awaited inside would be stored twice in it (once
             // captured, once awaited), doubling what each request in flight
             // holds until its response head.
-            let handler = handler.clone();
+            let (handler, client) = (handler.clone(), client.clone());
             async move {
-                let resp = handler(req).await;
+                let resp = handler(req, client).await;
                 Ok::<_, Infallible>(match active {
                     Some(a) => resp.map(|b| http_body_util::BodyExt::boxed_unsync(busy::Held::new(b, a))),
                     None => resp,
                 })
             }
-        }),
+        },
     )
 }
 
@@ -335,28 +339,45 @@ async fn connection_slot(
     }
 }
 
-type Svc = tower::util::BoxCloneService<
-    Request<Incoming>,
-    Response<tower_http::body::UnsyncBoxBody<bytes::Bytes, crate::error::BoxError>>,
-    Infallible,
->;
+/// The service a listener's connections run ([`service`]).
+trait Svc:
+    tower::Service<
+        Request<Incoming>,
+        Response = Response<tower_http::body::UnsyncBoxBody<bytes::Bytes, crate::error::BoxError>>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> Svc for S where
+    S: tower::Service<
+            Request<Incoming>,
+            Response = Response<tower_http::body::UnsyncBoxBody<bytes::Bytes, crate::error::BoxError>>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
 
 async fn serve_conn(
     builder: auto::Builder<TokioExecutor>,
     stream: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
-    svc: Svc,
+    svc: impl Svc,
     watcher: Watcher,
     header_read_timeout: Duration,
 ) {
     // Set when the first request head is complete (hyper calls the service).
     let headed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let seen = headed.clone();
-    let client = ClientAddr::new(peer);
-    let svc = TowerToHyperService::new(tower::ServiceExt::map_request(svc, move |mut req: Request<Incoming>| {
+    let svc = TowerToHyperService::new(tower::ServiceExt::map_request(svc, move |req: Request<Incoming>| {
         seen.store(true, std::sync::atomic::Ordering::Relaxed);
-        req.extensions_mut().insert(client.clone());
         req
     }));
     let deadline = tokio::time::Instant::now() + header_read_timeout;
