@@ -339,30 +339,14 @@ async fn connection_slot(
     }
 }
 
-/// The service a listener's connections run ([`service`]).
-trait Svc:
-    tower::Service<
-        Request<Incoming>,
-        Response = Response<tower_http::body::UnsyncBoxBody<bytes::Bytes, crate::error::BoxError>>,
-        Error = Infallible,
-        Future: Send + 'static,
-    > + Clone
-    + Send
-    + 'static
-{
-}
+/// What the service answers a request with.
+type Answer = Response<tower_http::body::UnsyncBoxBody<bytes::Bytes, crate::error::BoxError>>;
 
-impl<S> Svc for S where
-    S: tower::Service<
-            Request<Incoming>,
-            Response = Response<tower_http::body::UnsyncBoxBody<bytes::Bytes, crate::error::BoxError>>,
-            Error = Infallible,
-            Future: Send + 'static,
-        > + Clone
-        + Send
-        + 'static
-{
-}
+/// The service a listener's connections run ([`service`]): any service of
+/// these bounds (a trait, as a type alias cannot name them).
+trait Svc: tower::Service<Request<Incoming>, Response = Answer, Error = Infallible, Future: Send> + Clone + Send + 'static {}
+
+impl<S: tower::Service<Request<Incoming>, Response = Answer, Error = Infallible, Future: Send> + Clone + Send + 'static> Svc for S {}
 
 async fn serve_conn(
     builder: auto::Builder<TokioExecutor>,
