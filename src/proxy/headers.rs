@@ -149,19 +149,15 @@ pub(super) fn build_upstream_request(
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// `X-Forwarded-For` and `Forwarded` (RFC 7239) as the replica gets them:
-/// what the client sent, with the client's address appended. Without a
-/// known client address (no [`ClientAddr`](crate::server::ClientAddr)),
-/// they pass through as sent.
+/// what the client sent, with the client's address appended (where the
+/// joined value is not a valid header value, as sent).
 pub(super) struct Forwarded {
     x_forwarded_for: Option<HeaderValue>,
     forwarded: Option<HeaderValue>,
 }
 
 impl Forwarded {
-    pub(super) fn of(parts: &http::request::Parts, client: Option<&crate::server::ClientAddr>) -> Forwarded {
-        let Some(client) = client else {
-            return Forwarded { x_forwarded_for: None, forwarded: None };
-        };
+    pub(super) fn of(parts: &http::request::Parts, client: &crate::server::ClientAddr) -> Forwarded {
         Forwarded {
             x_forwarded_for: appended(&parts.headers, &X_FORWARDED_FOR, &client.x_forwarded_for),
             forwarded: appended(&parts.headers, &header::FORWARDED, &client.forwarded),

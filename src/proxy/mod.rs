@@ -277,7 +277,7 @@ async fn send(
 ) -> Result<Response<UpstreamBody>, GatewayError> {
     let header_deadline = t.start() + if stream { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
     let strip_auth = snap.classifier.has_keys();
-    let forwarded = Forwarded::of(parts, Some(client));
+    let forwarded = Forwarded::of(parts, client);
     let build = |replica: &upstream::Replica| {
         let mut req = build_upstream_request(parts, replica, body.clone(), strip_auth, &forwarded, &t.request_id)?;
         if !t.span().is_disabled() {

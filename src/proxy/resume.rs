@@ -291,7 +291,7 @@ impl Link<conn::UpstreamBody> for PoolLink {
             return None;
         }
         let replica = lease.replica().clone();
-        let forwarded = Forwarded::of(&self.parts, Some(&self.client));
+        let forwarded = Forwarded::of(&self.parts, &self.client);
         let req = build_upstream_request(&self.parts, &replica, body.into(), self.strip_auth, &forwarded, &self.request_id);
         let connect = self.pool.config.timeouts.connect.get();
         Some(Box::pin(async move {
