@@ -254,7 +254,7 @@ impl PrefixIndex {
     /// journaled for the other instances.
     pub(crate) fn record(&self, key: &RouteKey, i: usize, cache_blocks: Option<usize>) {
         self.apply(&key.blocks, key.session, i, cache_blocks);
-        if i < INDEXED_REPLICAS && self.journaling.load(Ordering::Relaxed) {
+        if i < INDEXED_REPLICAS && self.journaling() {
             let sent = Sent {
                 seq: SEQ.fetch_add(1, Ordering::Relaxed) + 1,
                 replica: i,
