@@ -190,6 +190,9 @@ pub(crate) struct App {
     pub(crate) history: crate::telemetry::history::History,
     /// Where finished requests' lines go (`telemetry.access_log`).
     pub(crate) access_log: AccessLogSlot,
+    /// The response bodies in flight, whose deadlines are checked even
+    /// when nothing polls them.
+    pub(crate) watchlist: Arc<crate::sync::Watchlist>,
 }
 
 /// Reloads that may run back to back; after them, one per [`RELOAD_EVERY`].
@@ -246,6 +249,7 @@ impl App {
             fleet: Arc::new(crate::fleet::Fleet::new()),
             history: Default::default(),
             access_log,
+            watchlist: Default::default(),
         }
     }
 

@@ -1,6 +1,11 @@
 //! Small shared-state types the rooms use: nothing here knows a request.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use slab::Slab;
+use tokio::time::Instant;
 
 /// An `f64` that threads read and write without a lock (its bits in an
 /// `AtomicU64`). Every use is a published estimate or setting, read with
@@ -28,9 +33,197 @@ impl AtomicF64 {
     }
 }
 
+/// What a [`Watchlist`] looks at on each of its ticks: `false` when it
+/// needs no more looking at.
+pub(crate) trait Watch: Send + Sync {
+    fn watch(&self, now: Instant) -> bool;
+}
+
+/// How often a [`Watchlist`] looks at what it holds.
+pub(crate) const TICK: Duration = Duration::from_millis(100);
+
+/// Things looked at every [`TICK`] by one task, each added and removed in
+/// constant time. The task runs while the list holds anything and stops
+/// at the first tick that finds it empty.
+///
+/// It stands in for a task and a timer of each thing's own: adding to it
+/// costs a lock and a slot, where spawning a task costs a task's
+/// allocation, its scheduling, a timer and its cancelling, for every
+/// request. The price is a deadline seen up to one tick late.
+#[derive(Default)]
+pub(crate) struct Watchlist {
+    entries: Mutex<Slab<Arc<dyn Watch>>>,
+    /// A task is sweeping (set by the add that starts one, cleared under
+    /// the entries' lock by the task that stops).
+    sweeping: AtomicBool,
+}
+
+/// An entry of a [`Watchlist`]: removed from it when dropped.
+pub(crate) struct Watching {
+    list: Arc<Watchlist>,
+    key: usize,
+    /// Which thing it is (its address).
+    what: usize,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.list.remove(self.key, self.what);
+    }
+}
+
+fn address(w: &Arc<dyn Watch>) -> usize {
+    Arc::as_ptr(w) as *const () as usize
+}
+
+impl Watchlist {
+    /// Look at `what` every tick until it says it is done or the returned
+    /// entry is dropped. Starts the sweeping task (on the current tokio
+    /// runtime) when none runs.
+    pub(crate) fn add(self: &Arc<Self>, what: Arc<dyn Watch>) -> Watching {
+        let id = address(&what);
+        let key = match self.entries.lock() {
+            Ok(mut e) => e.insert(what),
+            // A panic while the lock was held: nothing is watched any more.
+            Err(_) => usize::MAX,
+        };
+        if key != usize::MAX && !self.sweeping.swap(true, Ordering::AcqRel) {
+            // Its ticks count from now, not from when the task first runs.
+            let mut ticks = tokio::time::interval_at(Instant::now() + TICK, TICK);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            tokio::spawn(self.clone().sweep(ticks));
+        }
+        Watching { list: self.clone(), key, what: id }
+    }
+
+    /// Remove the entry at `key` if it is still `what` (the sweep may have
+    /// removed it, and the key gone to another since).
+    fn remove(&self, key: usize, what: usize) {
+        let Ok(mut e) = self.entries.lock() else { return };
+        if e.get(key).is_some_and(|w| address(w) == what) {
+            e.remove(key);
+        }
+    }
+
+    /// How many things are watched now.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.lock().map(|e| e.len()).unwrap_or(0)
+    }
+
+    async fn sweep(self: Arc<Self>, mut ticks: tokio::time::Interval) {
+        // A runtime shut down with this task in it leaves the list to the
+        // next add to sweep.
+        let running = Running(&self.sweeping);
+        let mut batch = Vec::new();
+        loop {
+            ticks.tick().await;
+            {
+                let Ok(e) = self.entries.lock() else { return };
+                if e.is_empty() {
+                    // Cleared under the lock: an add after it starts a task.
+                    self.sweeping.store(false, Ordering::Release);
+                    std::mem::forget(running);
+                    return;
+                }
+                // Looked at outside the lock: what a look does (end a
+                // request, give back its slot) never waits on the list.
+                batch.extend(e.iter().map(|(k, w)| (k, w.clone())));
+            }
+            let now = Instant::now();
+            for (key, what) in batch.drain(..) {
+                if !what.watch(now) {
+                    self.remove(key, address(&what));
+                }
+            }
+        }
+    }
+}
+
+/// Clears the sweeping flag when the sweeping task is dropped unfinished.
+struct Running<'a>(&'a AtomicBool);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::AtomicF64;
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Looked at until it has been looked at `until` times.
+    struct Counted {
+        looks: AtomicUsize,
+        until: usize,
+    }
+
+    impl Watch for Counted {
+        fn watch(&self, _: Instant) -> bool {
+            self.looks.fetch_add(1, Ordering::SeqCst) + 1 < self.until
+        }
+    }
+
+    fn counted(until: usize) -> Arc<Counted> {
+        Arc::new(Counted { looks: AtomicUsize::new(0), until })
+    }
+
+    /// Let the sweeping task run after the clock moved.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_thing_is_looked_at_every_tick_until_it_is_done_and_then_let_go() {
+        let list = Arc::new(Watchlist::default());
+        let (a, b) = (counted(2), counted(usize::MAX));
+        let (_wa, _wb) = (list.add(a.clone()), list.add(b.clone()));
+        tokio::time::advance(TICK / 2).await;
+        settle().await;
+        assert_eq!(a.looks.load(Ordering::SeqCst), 0, "nothing before the first tick");
+        for _ in 0..3 {
+            tokio::time::advance(TICK).await;
+            settle().await;
+        }
+        assert_eq!(a.looks.load(Ordering::SeqCst), 2, "looked at until it said it was done");
+        assert_eq!(b.looks.load(Ordering::SeqCst), 3, "once a tick");
+        assert_eq!(list.len(), 1, "the done one is off the list");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_entry_leaves_at_once_and_only_itself() {
+        let list = Arc::new(Watchlist::default());
+        let (a, b) = (counted(1), counted(usize::MAX));
+        let wa = list.add(a.clone());
+        // The sweep removes `a` (done at its first look) and `b` takes its slot.
+        tokio::time::advance(TICK).await;
+        settle().await;
+        assert_eq!(list.len(), 0);
+        let wb = list.add(b.clone());
+        drop(wa);
+        assert_eq!(list.len(), 1, "dropping a's entry left b, in the slot a had");
+        drop(wb);
+        assert_eq!(list.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweeping_task_stops_when_the_list_is_empty_and_starts_again_with_the_next() {
+        let list = Arc::new(Watchlist::default());
+        drop(list.add(counted(usize::MAX)));
+        tokio::time::advance(TICK).await;
+        settle().await;
+        assert!(!list.sweeping.load(Ordering::SeqCst), "stopped at the tick that found nothing");
+        let c = counted(usize::MAX);
+        let _w = list.add(c.clone());
+        assert!(list.sweeping.load(Ordering::SeqCst));
+        tokio::time::advance(TICK).await;
+        settle().await;
+        assert_eq!(c.looks.load(Ordering::SeqCst), 1, "a new task looks at it");
+    }
 
     #[test]
     fn holds_updates_and_refuses_an_update_that_declines() {

@@ -55,6 +55,7 @@ use crate::error::{GatewayError, ProxyBody};
 use crate::reduce::Limits;
 use crate::server::ClientAddr;
 use crate::state::{App, Snapshot};
+use crate::sync::Watchlist;
 use crate::telemetry::access_log::AccessRecord;
 use crate::telemetry::metrics::ClassLabels;
 use crate::telemetry::Outcome;
@@ -121,7 +122,7 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>, client: Arc<Cl
     tracker.set_span(span.clone());
     let (caller, target) = caller;
     match snap.config.server.queued_keepalive {
-        None => forward(req, &client, &snap, target, caller, tracker, None).instrument(span).await,
+        None => forward(req, &client, &snap, target, caller, tracker, None, &app.watchlist).instrument(span).await,
         // The rest of the path owns what it borrows, so its future can move
         // into a body that outlives this handler.
         Some(every) => {
@@ -129,8 +130,10 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>, client: Arc<Cl
             let marks = streams.clone();
             let class = class.name.clone();
             let id = tracker.request_id.clone();
-            let pending =
-                Box::pin(async move { forward(req, &client, &snap, target, caller, tracker, Some(&marks)).await }.instrument(span));
+            let watchlist = app.watchlist.clone();
+            let pending = Box::pin(
+                async move { forward(req, &client, &snap, target, caller, tracker, Some(&marks), &watchlist).await }.instrument(span),
+            );
             keepalive::respond(pending, every.get(), streams, &class, &id).await
         }
     }
@@ -163,7 +166,8 @@ macro_rules! stage {
 }
 
 /// The request path after classification: route, the key's limits, admit,
-/// reduce, send, observe.
+/// reduce, send, observe (the response body on `watchlist`).
+#[allow(clippy::too_many_arguments)]
 async fn forward(
     req: Request<Incoming>,
     client: &Arc<ClientAddr>,
@@ -172,6 +176,7 @@ async fn forward(
     caller: Caller,
     mut t: Tracker,
     streams: Option<&keepalive::Streams>,
+    watchlist: &Arc<Watchlist>,
 ) -> Response<ProxyBody> {
     let (parts, body) = req.into_parts();
     let endpoint = target.endpoint();
@@ -213,7 +218,8 @@ async fn forward(
     let sent = Box::pin(send(&parts, client, payload, route, &mut lease, &t, snap, stream, &timeouts)).await;
     let resp = stage!(t, sent.map_err(|e| upload_failed(e, upload.as_ref(), snap)));
     let resume = stream.then(|| resumable(parts, client, body, route, endpoint, snap, &t)).flatten();
-    observe(resp, t, lease, endpoint, Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume })
+    let settings = Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume };
+    observe(resp, t, lease, endpoint, settings, watchlist)
 }
 
 /// Why sending failed (`e`), when an upload did not reach the replica
@@ -369,7 +375,14 @@ struct Settings {
 
 /// The response to the client: the replica's, its body observed (the
 /// tracker and the lease travel in it), slogate's headers added.
-fn observe(resp: Response<UpstreamBody>, mut tracker: Tracker, lease: Lease, endpoint: Endpoint, s: Settings) -> Response<ProxyBody> {
+fn observe(
+    resp: Response<UpstreamBody>,
+    mut tracker: Tracker,
+    lease: Lease,
+    endpoint: Endpoint,
+    s: Settings,
+    list: &Arc<Watchlist>,
+) -> Response<ProxyBody> {
     let status = resp.status();
     let replica = lease.replica().public_name();
     let class_name = tracker.class().name.clone();
@@ -383,7 +396,7 @@ fn observe(resp: Response<UpstreamBody>, mut tracker: Tracker, lease: Lease, end
     let t = s.timeouts;
     let body: ProxyBody = if !status.is_success() {
         tracker.finish(if status.is_server_error() { Outcome::upstream_error } else { Outcome::client_error });
-        Watched::new(ObservedBody::passthrough(rbody, tracker, t)).boxed_unsync()
+        Watched::new(ObservedBody::passthrough(rbody, tracker, t), list).boxed_unsync()
     } else if is_sse {
         let mut body = match s.resume {
             Some(resume) => ObservedBody::resumable(rbody, tracker, t, s.strip_usage, resume),
@@ -392,14 +405,14 @@ fn observe(resp: Response<UpstreamBody>, mut tracker: Tracker, lease: Lease, end
         if let Some(upstream::HeadRetried(at)) = rparts.extensions.get() {
             body.first_token_from(*at);
         }
-        Watched::new(body).boxed_unsync()
+        Watched::new(body, list).boxed_unsync()
     } else if endpoint == Endpoint::Speech {
-        Watched::new(ObservedBody::audio(rbody, tracker, t)).boxed_unsync()
+        Watched::new(ObservedBody::audio(rbody, tracker, t), list).boxed_unsync()
     } else if matches!(endpoint, Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings | Endpoint::Responses | Endpoint::Rerank) {
         let usage_only = matches!(endpoint, Endpoint::Embeddings | Endpoint::Rerank);
-        Watched::new(ObservedBody::json(rbody, tracker, t, usage_only)).boxed_unsync()
+        Watched::new(ObservedBody::json(rbody, tracker, t, usage_only), list).boxed_unsync()
     } else {
-        Watched::new(ObservedBody::passthrough(rbody, tracker, t)).boxed_unsync()
+        Watched::new(ObservedBody::passthrough(rbody, tracker, t), list).boxed_unsync()
     };
     headers::strip_hop_by_hop(&mut rparts.headers);
     if is_sse && s.strip_usage {

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::observe::ObservedBody;
 use crate::error::BoxError;
+use crate::sync::{Watch, Watching, Watchlist};
 use crate::telemetry::Outcome;
 
 impl<B> ObservedBody<B> {
@@ -52,44 +53,41 @@ impl<B> ObservedBody<B> {
     }
 }
 
-/// An observed body whose deadlines fire from a timer of their own,
-/// whether or not anyone polls it. A client that stops reading (a full
-/// TCP window, an HTTP/2 stream with no window) stops the server from
-/// polling the body; without this, its first-token, idle and total
-/// deadlines would never be checked and its replica slot never given back.
-/// The watchdog task holds the body weakly and is stopped with it.
+/// An observed body whose deadlines fire whether or not anyone polls it.
+/// A client that stops reading (a full TCP window, an HTTP/2 stream with
+/// no window) stops the server from polling the body; without this, its
+/// first-token, idle and total deadlines would never be checked and its
+/// replica slot never given back. The body is on the gateway's
+/// [`Watchlist`] while it lives: looked at every tick (a deadline is seen
+/// up to [`crate::sync::TICK`] late when nothing polls the body; a polled
+/// body keeps its deadlines to the moment).
 pub(crate) struct Watched<B> {
     core: Arc<std::sync::Mutex<ObservedBody<B>>>,
-    watchdog: tokio::task::JoinHandle<()>,
+    _watching: Watching,
+}
+
+impl<B> Watch for std::sync::Mutex<ObservedBody<B>>
+where
+    B: Send,
+{
+    fn watch(&self, now: Instant) -> bool {
+        match self.try_lock() {
+            Ok(mut body) => body.watch(now).is_some(),
+            // Being polled: looked at on the next tick.
+            Err(std::sync::TryLockError::WouldBlock) => true,
+            Err(std::sync::TryLockError::Poisoned(_)) => false,
+        }
+    }
 }
 
 impl<B> Watched<B>
 where
     B: Send + 'static,
 {
-    pub(crate) fn new(body: ObservedBody<B>) -> Self {
+    pub(crate) fn new(body: ObservedBody<B>, list: &Arc<Watchlist>) -> Self {
         let core = Arc::new(std::sync::Mutex::new(body));
-        let weak = Arc::downgrade(&core);
-        let watchdog = tokio::spawn(async move {
-            loop {
-                let due = {
-                    let Some(core) = weak.upgrade() else { return };
-                    let Ok(mut body) = core.lock() else { return };
-                    match body.watch(Instant::now()) {
-                        Some(due) => due,
-                        None => return,
-                    }
-                };
-                tokio::time::sleep_until(due).await;
-            }
-        });
-        Watched { core, watchdog }
-    }
-}
-
-impl<B> Drop for Watched<B> {
-    fn drop(&mut self) {
-        self.watchdog.abort();
+        let _watching = list.add(core.clone());
+        Watched { core, _watching }
     }
 }
 

@@ -19,6 +19,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -278,29 +279,30 @@ pub async fn serve<H, F>(
 /// counts as in flight for busy polling until its body ends. Of a type
 /// known here, not boxed: hyper keeps one place per HTTP/1 connection for
 /// its requests' futures, where a boxed service would allocate (and free)
-/// each request's future, and clone the box for each request.
+/// each request's future, and clone the box for each request. The panic
+/// is caught around the handler's future here rather than by a layer,
+/// which would box every response body once more.
 fn service<H, F>(handler: H, tuning: Tuning, client: Arc<ClientAddr>) -> impl Svc
 where
     H: Fn(Request<Incoming>, Arc<ClientAddr>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
-    tower::ServiceBuilder::new().layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response)).service_fn(
-        move |req: Request<Incoming>| {
-            let active = tuning.busy.as_ref().map(|b| b.enter());
-            // The handler's future is made inside the block: a future made
-            // outside and awaited inside would be stored twice in it (once
-            // captured, once awaited), doubling what each request in flight
-            // holds until its response head.
-            let (handler, client) = (handler.clone(), client.clone());
-            async move {
-                let resp = handler(req, client).await;
-                Ok::<_, Infallible>(match active {
-                    Some(a) => resp.map(|b| http_body_util::BodyExt::boxed_unsync(busy::Held::new(b, a))),
-                    None => resp,
-                })
-            }
-        },
-    )
+    tower::service_fn(move |req: Request<Incoming>| {
+        let active = tuning.busy.as_ref().map(|b| b.enter());
+        // The handler's future is made inside the block: a future made
+        // outside and awaited inside would be stored twice in it (once
+        // captured, once awaited), doubling what each request in flight
+        // holds until its response head.
+        let (handler, client) = (handler.clone(), client.clone());
+        async move {
+            let answered = std::panic::AssertUnwindSafe(async move { handler(req, client).await }).catch_unwind().await;
+            let resp = answered.unwrap_or_else(panic_response);
+            Ok::<_, Infallible>(match active {
+                Some(a) => resp.map(|b| http_body_util::BodyExt::boxed_unsync(busy::Held::new(b, a))),
+                None => resp,
+            })
+        }
+    })
 }
 
 /// HTTP/1.1 and HTTP/2 on one listener, with the header timeout and the
@@ -340,7 +342,7 @@ async fn connection_slot(
 }
 
 /// What the service answers a request with.
-type Answer = Response<tower_http::body::UnsyncBoxBody<bytes::Bytes, crate::error::BoxError>>;
+type Answer = Response<ProxyBody>;
 
 /// The service a listener's connections run ([`service`]): any service of
 /// these bounds (a trait, as a type alias cannot name them).
@@ -407,6 +409,46 @@ async fn serve_conn(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A handler that panics answers 500 in OpenAI's error form, over
+    /// HTTP/1.1 and HTTP/2, and the connection serves the next request.
+    #[tokio::test]
+    async fn a_handler_that_panics_answers_500_and_the_connection_goes_on() {
+        use http_body_util::BodyExt;
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0)), 16).expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop_tx, stop) = watch::channel(false);
+        let handler = |req: Request<Incoming>, _: Arc<ClientAddr>| async move {
+            if req.uri().path() == "/panic" {
+                panic!("a handler bug");
+            }
+            error_response(http::StatusCode::NOT_FOUND, "none", "not_found", None, "not_found")
+        };
+        let cfg = crate::config::ServerConfig::default();
+        let server = tokio::spawn(serve(listener, None, handler, stop, Duration::from_secs(1), Tuning::new(&cfg), Limits::new(&cfg)));
+        for h2 in [false, true] {
+            let io = TokioIo::new(TcpStream::connect(addr).await.expect("connect"));
+            let send = |path: &str| Request::get(path).header("host", "x").body(http_body_util::Empty::<bytes::Bytes>::new()).expect("req");
+            let statuses = if h2 {
+                let (mut tx, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.expect("h2");
+                tokio::spawn(conn);
+                let a = tx.send_request(send("/panic")).await.expect("answered");
+                let (status, body) = (a.status(), a.into_body().collect().await.expect("body").to_bytes());
+                assert!(String::from_utf8_lossy(&body).contains("internal_error"), "{body:?}");
+                (status, tx.send_request(send("/next")).await.expect("answered").status())
+            } else {
+                let (mut tx, conn) = hyper::client::conn::http1::handshake(io).await.expect("h1");
+                tokio::spawn(conn);
+                let a = tx.send_request(send("/panic")).await.expect("answered");
+                let (status, body) = (a.status(), a.into_body().collect().await.expect("body").to_bytes());
+                assert!(String::from_utf8_lossy(&body).contains("internal_error"), "{body:?}");
+                (status, tx.send_request(send("/next")).await.expect("answered").status())
+            };
+            assert_eq!(statuses, (http::StatusCode::INTERNAL_SERVER_ERROR, http::StatusCode::NOT_FOUND), "h2: {h2}");
+        }
+        let _ = stop_tx.send(true);
+        server.await.expect("server ends");
+    }
 
     /// The listener's accept queue is `server.listen_backlog` long (what
     /// the kernel reports for it: `ss`'s Send-Q of a listening socket).

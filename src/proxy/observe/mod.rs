@@ -721,7 +721,8 @@ mod tests {
         let (metrics, class) = fixture();
         let tracker = Tracker::new(metrics.clone(), class, Instant::now());
         let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut body = Watched::new(ObservedBody::sse(Endless(dropped.clone()), tracker, timeouts, false));
+        let list = Arc::new(crate::sync::Watchlist::default());
+        let mut body = Watched::new(ObservedBody::sse(Endless(dropped.clone()), tracker, timeouts, false), &list);
         body.frame().await.expect("a frame").expect("ok");
         tokio::time::advance(wait).await;
         // Let the watchdog run.
