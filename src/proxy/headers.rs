@@ -42,16 +42,18 @@ pub(super) fn add_said(h: &mut HeaderMap, said: Said<'_>) {
 
 /// The caller's deadline header: milliseconds from the request's arrival.
 pub(crate) const DEADLINE_MS: &str = "x-slogate-deadline-ms";
+/// The same, parsed once (a lookup by `&str` parses the name each time).
+const DEADLINE_MS_NAME: HeaderName = HeaderName::from_static(DEADLINE_MS);
 /// The OpenAI SDKs' read timeout (seconds), sent with every request: a
 /// request that cannot start before it will be abandoned by its client.
-const SDK_READ_TIMEOUT: &str = "x-stainless-read-timeout";
+const SDK_READ_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-read-timeout");
 
 /// How long the caller gives the request, from its arrival: the sooner of
 /// `x-slogate-deadline-ms` and the OpenAI SDK's `x-stainless-read-timeout`.
 /// A deadline header that is not a whole number of milliseconds is a 400;
 /// an SDK header that does not parse is ignored (it is not ours).
 pub(crate) fn deadline(h: &HeaderMap) -> Result<Option<std::time::Duration>, GatewayError> {
-    let ours = match h.get(DEADLINE_MS) {
+    let ours = match h.get(DEADLINE_MS_NAME) {
         None => None,
         Some(v) => match v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
             Some(ms) if ms > 0 => Some(std::time::Duration::from_millis(ms)),
@@ -205,18 +207,27 @@ fn connection_named(h: &HeaderMap) -> Vec<HeaderName> {
 }
 
 /// Remove hop-by-hop headers, including those named in `Connection`.
+/// The names are looked over once (most responses carry none, or only
+/// `Connection`): a removal by name hashes the name, present or not.
 pub(super) fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named = connection_named(h);
-    for n in named {
-        h.remove(n);
+    let present = h.keys().fold(0u16, |seen, k| seen | HOP_BY_HOP.iter().position(|n| n == k).map_or(0, |i| 1 << i));
+    if present == 0 {
+        return;
     }
-    // Removed by name: no list of what the response carries is built.
-    for n in HOP_BY_HOP {
-        h.remove(n);
+    if present & 1 != 0 {
+        for n in connection_named(h) {
+            h.remove(n);
+        }
+    }
+    for (i, n) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            h.remove(n);
+        }
     }
 }
 
-/// The hop-by-hop headers: this hop's only, never forwarded.
+/// The hop-by-hop headers: this hop's only, never forwarded (`Connection`
+/// first: [`strip_hop_by_hop`] reads its bit).
 const HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -245,9 +256,9 @@ mod tests {
         };
         assert_eq!(of(&[]), Some(None));
         assert_eq!(of(&[(DEADLINE_MS, "1500")]), Some(Some(ms(1500))));
-        assert_eq!(of(&[(SDK_READ_TIMEOUT, "600.0")]), Some(Some(ms(600_000))));
-        assert_eq!(of(&[(DEADLINE_MS, "1500"), (SDK_READ_TIMEOUT, "0.5")]), Some(Some(ms(500))));
-        assert_eq!(of(&[(SDK_READ_TIMEOUT, "soon")]), Some(None), "not ours: ignored");
+        assert_eq!(of(&[("x-stainless-read-timeout", "600.0")]), Some(Some(ms(600_000))));
+        assert_eq!(of(&[(DEADLINE_MS, "1500"), ("x-stainless-read-timeout", "0.5")]), Some(Some(ms(500))));
+        assert_eq!(of(&[("x-stainless-read-timeout", "soon")]), Some(None), "not ours: ignored");
         for bad in ["0", "-3", "1.5s", ""] {
             let mut h = HeaderMap::new();
             h.insert(DEADLINE_MS, HeaderValue::from_static(bad));
