@@ -2,7 +2,8 @@
 # Driver of loadtest/scenarios/cost.yaml: cost per request at RAG rates.
 # One run into $RUN: short requests through nginx direct, HAProxy (tcp,
 # http) and slogate (wrk), allocations per request (the heap-profile
-# build), streams through slogate and HAProxy, allocations per event.
+# build), streams through slogate and HAProxy, allocations per event,
+# latency added at 32 streams a path against the direct path.
 #
 #   loadtest/run cost
 set -euo pipefail
@@ -137,4 +138,18 @@ for len in short long; do
   curl -sf "$ADMIN_URL/metrics" >"$RUN/heap-streams-$len.metrics"
   gw_down
 done
+# Latency at 32 streams a path, slogate on its defaults (a learned limit):
+# one load of 64 closed-loop streams whose requests take the two paths in
+# turn (slogate, then straight to the simulator), 20-ms engine steps, each
+# chunk stamped with when its request arrived and when it left the
+# replica, so the path's share of each TTFT and of each gap is known; then
+# the same with both paths direct (A/A), the method's noise floor.
+cleanup; PIDS=()
+start_sim lat --step-base-ms 20 $SIM_EVEN --stamp-events
+bench_config latency "$RUN/gw-lat.yaml"
+start_gateway "$RUN/gw-lat.yaml" gw-lat
+bench_load mix "$RUN/mix.yaml"
+run_lg "$RUN/mix.yaml" "$GW_URL,${SIM_URLS[0]}" lat-ab >&2
+run_lg "$RUN/mix.yaml" "${SIM_URLS[0]},${SIM_URLS[0]}" lat-aa >&2
+gw_down
 python3 "$HERE/cost_report.py" "$RUN" "$(getconf CLK_TCK)" "$STREAMS"

@@ -12,6 +12,7 @@ import os
 import sys
 
 from admission_report import write_measured  # beside this script
+from quantiles import interleaved
 
 d, hz, streams = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 PATHS = ["direct", "haproxy-tcp", "haproxy-http", "slogate"]
@@ -93,5 +94,17 @@ e1, e2 = events_of(os.path.join(d, "heap-streams-short.metrics")), events_of(os.
 n, nb = (k2 - k1) / (e2 - e1), (b2 - b1) / (e2 - e1)
 measured["event_allocs"] = (n, f"{n:.2f} ({nb:,.0f} bytes)")
 out.write(f"| per streamed event (a stream's own start and end spread over its 100 events) | {n:.2f} | {nb:,.0f} |\n")
+ab, aa = (json.load(open(os.path.join(d, f"lat-{n}.json"))) for n in ("ab", "aa"))
+gw, direct, a0, a1 = interleaved(ab, 0), interleaved(ab, 1), interleaved(aa, 0), interleaved(aa, 1)
+out.write("\n**latency at 32 streams a path** (slogate on its defaults; requests taking the two paths in turn; "
+          "the path's share is the client's TTFT minus the engine's, the ITL shift the client's ITL p99 minus the replica's)\n\n"
+          "| path | requests | failed | TTFT p50 | path's share of TTFT p50 | ITL p99 | ITL p99 shift |\n|---|---:|---:|---:|---:|---:|---:|\n")
+for name, x in (("slogate", gw), ("direct", direct), ("A/A: direct", a0), ("A/A: direct again", a1)):
+    errors += x["bad"]
+    out.write(f"| {name} | {x['n']:,} | {x['bad']} | {x['ttft50']:.3f} ms | {x['path50']:.3f} ms | {x['itl99']:.3f} ms | {x['shift99']:+.3f} ms |\n")
+ttft, itl = gw["path50"] - direct["path50"], gw["shift99"] - direct["shift99"]
+aa_ttft, aa_itl = a0["path50"] - a1["path50"], a0["shift99"] - a1["shift99"]
+measured["added_ttft_p50_ms"] = (ttft, f"{ttft:+.3f} ms (A/A control {aa_ttft:+.3f})")
+measured["added_itl_p99_ms"] = (itl, f"{itl:+.3f} ms (A/A control {aa_itl:+.3f})")
 measured["errors"] = (errors, f"{errors}")
 write_measured(d, measured)
