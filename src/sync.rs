@@ -43,7 +43,8 @@ pub(crate) trait Watch: Send + Sync {
 pub(crate) const TICK: Duration = Duration::from_millis(100);
 
 /// Things looked at every [`TICK`] by one task, each added and removed in
-/// constant time. The task runs while the list holds anything and stops
+/// constant time (what it is for: docs/architecture.md, "Guards travel in
+/// the response body"). The task runs while the list holds anything and stops
 /// at the first tick that finds it empty.
 ///
 /// It stands in for a task and a timer of each thing's own: adding to it

@@ -1,5 +1,6 @@
-//! The watchdog: an observed body's deadlines fire from a timer of their
-//! own, whether or not anyone polls the body.
+//! The watchdog: an observed body's deadlines are checked whether or not
+//! anyone polls the body, by the gateway's watch list (docs/architecture.md,
+//! "Guards travel in the response body").
 
 use std::pin::Pin;
 use std::sync::Arc;
