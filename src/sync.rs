@@ -100,10 +100,14 @@ impl Watchlist {
     /// Remove the entry at `key` if it is still `what` (the sweep may have
     /// removed it, and the key gone to another since).
     fn remove(&self, key: usize, what: usize) {
-        let Ok(mut e) = self.entries.lock() else { return };
-        if e.get(key).is_some_and(|w| address(w) == what) {
-            e.remove(key);
-        }
+        let removed = {
+            let Ok(mut e) = self.entries.lock() else { return };
+            e.get(key).is_some_and(|w| address(w) == what).then(|| e.remove(key))
+        };
+        // Dropped with the lock released: when this was the last hold on
+        // the thing (a body the sweep just ended), its drop (the request's
+        // accounting, its slot given back) must not hold up the list.
+        drop(removed);
     }
 
     /// How many things are watched now.
@@ -209,6 +213,41 @@ mod tests {
         assert_eq!(list.len(), 1, "dropping a's entry left b, in the slot a had");
         drop(wb);
         assert_eq!(list.len(), 0);
+    }
+
+    /// Reads the list when dropped, as a body's end may (its accounting can
+    /// end another request's body, which leaves the list).
+    struct ReadsTheListWhenDropped(Arc<Watchlist>, std::sync::mpsc::Sender<usize>);
+
+    impl Watch for ReadsTheListWhenDropped {
+        fn watch(&self, _: Instant) -> bool {
+            false
+        }
+    }
+
+    impl Drop for ReadsTheListWhenDropped {
+        fn drop(&mut self) {
+            let _ = self.1.send(self.0.len());
+        }
+    }
+
+    /// The last hold on a thing is dropped with the list's lock released,
+    /// whether its entry is dropped or the sweep ends it: under the lock, a
+    /// drop that touches the list would deadlock the gateway.
+    #[tokio::test(start_paused = true)]
+    async fn a_thing_is_dropped_outside_the_lists_lock() {
+        let list = Arc::new(Watchlist::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Its entry dropped while the list holds the last hold on it.
+        let entry = list.add(Arc::new(ReadsTheListWhenDropped(list.clone(), tx.clone())));
+        let dropper = std::thread::spawn(move || drop(entry));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(0), "dropped, and the list read, with the lock free");
+        dropper.join().expect("no panic");
+        // Ended by the sweep (its look says it is done) while its entry lives.
+        let _entry = list.add(Arc::new(ReadsTheListWhenDropped(list.clone(), tx)));
+        tokio::time::advance(TICK).await;
+        settle().await;
+        assert_eq!(rx.try_recv(), Ok(0), "the sweep let it go, and it read the list");
     }
 
     #[tokio::test(start_paused = true)]

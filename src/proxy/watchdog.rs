@@ -63,8 +63,10 @@ impl<B> ObservedBody<B> {
 /// up to [`crate::sync::TICK`] late when nothing polls the body; a polled
 /// body keeps its deadlines to the moment).
 pub(crate) struct Watched<B> {
-    core: Arc<std::sync::Mutex<ObservedBody<B>>>,
+    // Off the list first (fields drop in order), so that the body itself
+    // is dropped here, not under the list's lock.
     _watching: Watching,
+    core: Arc<std::sync::Mutex<ObservedBody<B>>>,
 }
 
 impl<B> Watch for std::sync::Mutex<ObservedBody<B>>
@@ -88,7 +90,7 @@ where
     pub(crate) fn new(body: ObservedBody<B>, list: &Arc<Watchlist>) -> Self {
         let core = Arc::new(std::sync::Mutex::new(body));
         let _watching = list.add(core.clone());
-        Watched { core, _watching }
+        Watched { _watching, core }
     }
 }
 
