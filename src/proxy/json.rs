@@ -4,6 +4,7 @@
 
 use super::tracker::Tracker;
 use crate::telemetry::Outcome;
+use serde_json::value::RawValue;
 use sse::{TextLen as Chars, Usage};
 
 /// Usage as the last member of a JSON object (`..., "usage": {...}}`), as
@@ -25,39 +26,39 @@ pub(super) fn read_json_outcome(body: &[u8], usage_only: bool, tracker: &mut Tra
         tracker.usage = Some(u);
         return Outcome::ok;
     }
+    // The text is kept as it was sent (its characters are counted only
+    // when the replica reports no usage, which vLLM always does): read as
+    // text, every answer's text would be checked and counted for nothing.
     #[derive(serde::Deserialize)]
-    struct Answer {
+    struct Answer<'a> {
         #[serde(default)]
         usage: Option<Usage>,
-        #[serde(default)]
-        choices: Vec<AnswerChoice>,
+        #[serde(default, borrow)]
+        choices: Vec<AnswerChoice<'a>>,
         /// A Responses API answer's `status`: `completed`, `incomplete`, `failed`.
         #[serde(default)]
         status: Option<String>,
     }
     #[derive(serde::Deserialize)]
-    struct AnswerChoice {
+    struct AnswerChoice<'a> {
         #[serde(default)]
         finish_reason: Option<String>,
-        #[serde(default)]
-        message: Option<Message>,
-        #[serde(default)]
-        text: Option<Chars>,
+        #[serde(default, borrow)]
+        message: Option<Message<'a>>,
+        #[serde(default, borrow)]
+        text: Option<&'a RawValue>,
     }
     #[derive(serde::Deserialize)]
-    struct Message {
-        #[serde(default)]
-        content: Option<Chars>,
+    struct Message<'a> {
+        #[serde(default, borrow)]
+        content: Option<&'a RawValue>,
     }
+    let chars = |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<Chars>(r.get()).ok()).map_or(0, |t| t.0);
     match serde_json::from_slice::<Answer>(body) {
         Ok(a) => {
             tracker.usage = a.usage;
             if a.usage.is_none() {
-                let chars: usize = a
-                    .choices
-                    .iter()
-                    .map(|c| c.message.as_ref().and_then(|m| m.content.as_ref()).or(c.text.as_ref()).map_or(0, |t| t.0))
-                    .sum();
+                let chars: usize = a.choices.iter().map(|c| chars(c.message.as_ref().and_then(|m| m.content).or(c.text))).sum();
                 tracker.answer_estimate = Some(chars.div_ceil(4) as u64);
             }
             tracker.finish_reason = a.choices.iter().find_map(|c| c.finish_reason.clone());

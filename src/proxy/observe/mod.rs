@@ -663,6 +663,24 @@ mod tests {
         assert_eq!(t.answer_estimate, Some(4));
     }
 
+    /// The text is not read unless it is counted, but an answer whose text
+    /// is not UTF-8 (or whose string is cut) is still no usable answer.
+    #[test]
+    fn an_answer_whose_text_is_not_utf8_is_an_upstream_error() {
+        let (metrics, class) = fixture();
+        let mut t = Tracker::new(metrics, class, Instant::now());
+        let usage = br#"],"usage":{"prompt_tokens":2,"completion_tokens":3}}"#;
+        let mut body = br#"{"choices":[{"text":"ok "#.to_vec();
+        body.extend_from_slice(&[0xff, 0xfe, b'"', b'}']);
+        body.extend_from_slice(usage);
+        assert_eq!(read_json_outcome(&body, false, &mut t), Outcome::upstream_error);
+        let cut = br#"{"choices":[{"text":"no end}],"usage":{"prompt_tokens":2}}"#;
+        assert_eq!(read_json_outcome(cut, false, &mut t), Outcome::upstream_error);
+        let fine = br#"{"choices":[{"text":"ok","finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":3}}"#;
+        assert_eq!(read_json_outcome(fine, false, &mut t), Outcome::length);
+        assert_eq!((t.answer_estimate, t.usage.map(|u| u.completion_tokens)), (None, Some(3)), "with usage, no estimate");
+    }
+
     /// An embeddings answer's usage is read from its end, and an answer
     /// whose end is not its usage is read whole, with the same result.
     #[test]
