@@ -295,7 +295,7 @@ where
         // holds until its response head.
         let (handler, client) = (handler.clone(), client.clone());
         async move {
-            let answered = std::panic::AssertUnwindSafe(async move { handler(req, client).await }).catch_unwind().await;
+            let answered = std::panic::AssertUnwindSafe(handler(req, client)).catch_unwind().await;
             let resp = answered.unwrap_or_else(panic_response);
             Ok::<_, Infallible>(match active {
                 Some(a) => resp.map(|b| http_body_util::BodyExt::boxed_unsync(busy::Held::new(b, a))),
