@@ -5,7 +5,7 @@
 use super::tracker::Tracker;
 use crate::telemetry::Outcome;
 use serde_json::value::RawValue;
-use sse::{TextLen as Chars, Usage};
+use sse::{from_json, TextLen as Chars, Usage};
 
 /// Usage as the last member of a JSON object (`..., "usage": {...}}`), as
 /// vLLM and OpenAI write it, read without reading the rest (an embeddings
@@ -16,7 +16,7 @@ fn usage_at_end(body: &[u8]) -> Option<Usage> {
     let body = body.trim_ascii();
     let inner = body.strip_prefix(b"{")?.strip_suffix(b"}")?;
     let at = memchr::memmem::rfind(inner, b"\"usage\":")?;
-    serde_json::from_slice::<Usage>(&inner[at + 8..]).ok()
+    from_json::<Usage>(&inner[at + 8..]).ok()
 }
 
 /// Read usage and finish reason from a complete non-streaming JSON answer
@@ -54,14 +54,15 @@ pub(super) fn read_json_outcome(body: &[u8], usage_only: bool, tracker: &mut Tra
         content: Option<&'a RawValue>,
     }
     let chars = |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<Chars>(r.get()).ok()).map_or(0, |t| t.0);
-    match serde_json::from_slice::<Answer>(body) {
+    match from_json::<Answer>(body) {
         Ok(a) => {
             tracker.usage = a.usage;
             if a.usage.is_none() {
                 let chars: usize = a.choices.iter().map(|c| chars(c.message.as_ref().and_then(|m| m.content).or(c.text))).sum();
                 tracker.answer_estimate = Some(chars.div_ceil(4) as u64);
             }
-            tracker.finish_reason = a.choices.iter().find_map(|c| c.finish_reason.clone());
+            let length = a.choices.iter().any(|c| c.finish_reason.as_deref() == Some("length"));
+            tracker.finish_reason = a.choices.into_iter().find_map(|c| c.finish_reason);
             match a.status.as_deref() {
                 // A Responses answer that failed: no usable answer.
                 Some("failed") => return Outcome::upstream_error,
@@ -71,7 +72,7 @@ pub(super) fn read_json_outcome(body: &[u8], usage_only: bool, tracker: &mut Tra
                 }
                 _ => {}
             }
-            if a.choices.iter().any(|c| c.finish_reason.as_deref() == Some("length")) {
+            if length {
                 Outcome::length
             } else {
                 Outcome::ok

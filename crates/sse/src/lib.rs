@@ -150,11 +150,100 @@ impl Usage {
     }
 }
 
+/// A visitor's methods for the JSON values it does not care about: each
+/// gives `$zero` (arrays and objects are skipped through).
+macro_rules! zero_otherwise {
+    ($ty:ty, $zero:expr; $($kind:ident),*) => {
+        $(zero_otherwise!(@ $kind, $ty, $zero);)*
+    };
+    (@ seq, $ty:ty, $zero:expr) => {
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<$ty, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok($zero)
+        }
+    };
+    (@ map, $ty:ty, $zero:expr) => {
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<$ty, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok($zero)
+        }
+    };
+    (@ unit, $ty:ty, $zero:expr) => {
+        fn visit_unit<E: serde::de::Error>(self) -> Result<$ty, E> {
+            Ok($zero)
+        }
+    };
+    (@ bool, $ty:ty, $zero:expr) => {
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<$ty, E> {
+            Ok($zero)
+        }
+    };
+    (@ i64, $ty:ty, $zero:expr) => {
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<$ty, E> {
+            Ok($zero)
+        }
+    };
+    (@ u64, $ty:ty, $zero:expr) => {
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<$ty, E> {
+            Ok($zero)
+        }
+    };
+    (@ f64, $ty:ty, $zero:expr) => {
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<$ty, E> {
+            Ok($zero)
+        }
+    };
+    (@ str, $ty:ty, $zero:expr) => {
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<$ty, E> {
+            Ok($zero)
+        }
+    };
+}
+
 /// `{"cached_tokens": n}`, or `null` (vLLM without
-/// `--enable-prompt-tokens-details`), or anything else: 0.
+/// `--enable-prompt-tokens-details`), or anything else: 0. Read in
+/// passing, not built into a JSON tree.
 fn cached_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    let v = serde_json::Value::deserialize(d)?;
-    Ok(v.get("cached_tokens").and_then(serde_json::Value::as_u64).unwrap_or(0))
+    struct Details;
+    impl<'de> serde::de::Visitor<'de> for Details {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
+            let mut n = 0;
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "cached_tokens" {
+                    n = map.next_value::<Count>()?.0;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(n)
+        }
+        zero_otherwise!(u64, 0; seq, unit, bool, i64, u64, f64, str);
+    }
+    d.deserialize_any(Details)
+}
+
+/// A whole number of tokens; any other JSON value counts 0.
+struct Count(u64);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Count, E> {
+                Ok(Count(n))
+            }
+            zero_otherwise!(Count, Count(0); seq, map, unit, bool, i64, f64, str);
+        }
+        d.deserialize_any(V)
+    }
 }
 
 // Strings are read without allocating: serde's `borrow` does not reach a
@@ -230,29 +319,7 @@ impl<'de> Deserialize<'de> for TextLen {
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TextLen, E> {
                 Ok(TextLen(v.chars().count()))
             }
-            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<TextLen, E> {
-                Ok(TextLen(0))
-            }
-            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<TextLen, E> {
-                Ok(TextLen(0))
-            }
-            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<TextLen, E> {
-                Ok(TextLen(0))
-            }
-            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<TextLen, E> {
-                Ok(TextLen(0))
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<TextLen, E> {
-                Ok(TextLen(0))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<TextLen, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(TextLen(0))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TextLen, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(TextLen(0))
-            }
+            zero_otherwise!(TextLen, TextLen(0); bool, i64, u64, f64, unit, seq, map);
         }
         d.deserialize_any(V)
     }
@@ -406,6 +473,17 @@ impl<'de, T: Field + Deserialize<'de>> Deserialize<'de> for Choices<T> {
     }
 }
 
+/// Read JSON, its UTF-8 checked once for the whole text rather than string
+/// by string (each key and value was checked apart: a fifth of the cost of
+/// reading a stream's chunk). Bytes that are not UTF-8 are read as bytes,
+/// so a stray byte fails only a string that holds it, as before.
+pub fn from_json<'a, T: Deserialize<'a>>(data: &'a [u8]) -> serde_json::Result<T> {
+    match std::str::from_utf8(data) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(data),
+    }
+}
+
 /// One payload read whole, its choices' text as `T`: what it means, the
 /// text of its first choice, and whether it holds what a continuation
 /// cannot carry on from.
@@ -414,7 +492,7 @@ pub(crate) fn read<'a, T: Field + Deserialize<'a>>(data: &'a [u8]) -> (EventInfo
     if trimmed == b"[DONE]" {
         return (EventInfo { done: true, ..Default::default() }, None, false);
     }
-    let Ok(chunk) = serde_json::from_slice::<Chunk<T>>(trimmed) else {
+    let Ok(chunk) = from_json::<Chunk<T>>(trimmed) else {
         return (EventInfo::default(), None, false);
     };
     let mut info =
@@ -598,10 +676,26 @@ mod tests {
         let responses = br#"{"type":"response.completed","response":{"usage":{"input_tokens":50,"output_tokens":2,"input_tokens_details":{"cached_tokens":32}}}}"#;
         assert_eq!(analyze(responses).usage.map(|u| u.cached_tokens), Some(32));
         // vLLM without --enable-prompt-tokens-details sends null; odd values count as none.
-        for details in ["null", "[1,2]", r#""x""#, r#"{"cached_tokens":"many"}"#] {
+        let more = br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"prompt_tokens_details":{"audio_tokens":{"a":[1]},"cached_tokens":4}}}"#;
+        assert_eq!(analyze(more).usage.map(|u| u.cached_tokens), Some(4));
+        for details in ["null", "[1,2]", r#""x""#, r#"{"cached_tokens":"many"}"#, r#"{"cached_tokens":-1}"#, r#"{"cached_tokens":2.5}"#] {
             let e = format!(r#"{{"choices":[],"usage":{{"prompt_tokens":5,"completion_tokens":7,"prompt_tokens_details":{details}}}}}"#);
             assert_eq!(analyze(e.as_bytes()).usage, Some(Usage::new(5, 7)), "{details}");
         }
+    }
+
+    /// A byte that is not UTF-8 fails only a string that is read for its
+    /// text, as when every string was checked on its own.
+    #[test]
+    fn a_stray_byte_fails_only_a_string_that_is_read() {
+        let mut ignored = br#"{"id":"x"#.to_vec();
+        ignored.push(0xff);
+        ignored.extend_from_slice(br#"","choices":[{"index":0,"delta":{"content":"hi"}}]}"#);
+        assert!(analyze(&ignored).content);
+        let mut read = br#"{"choices":[{"index":0,"delta":{"content":"h"#.to_vec();
+        read.push(0xff);
+        read.extend_from_slice(br#""}}]}"#);
+        assert_eq!(analyze(&read), EventInfo::default());
     }
 
     /// A reference parser over a whole stream, written for clarity: split
