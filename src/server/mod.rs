@@ -11,6 +11,7 @@
 //!    process exits).
 
 pub mod busy;
+mod drain;
 pub mod memory;
 pub(crate) mod sched;
 
@@ -24,7 +25,6 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use std::net::SocketAddr;
 
@@ -233,7 +233,7 @@ pub async fn serve<H, F>(
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     let builder = connection_builder(&limits);
-    let graceful = GracefulShutdown::new();
+    let drain = drain::Drain::default();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
         let Some(permit) = connection_slot(&slots, &limits, &mut shutdown).await else { break };
@@ -253,7 +253,7 @@ pub async fn serve<H, F>(
         // Each connection's service knows its client: no request carries
         // the address in its extensions (a map allocated for each).
         let svc = service(handler.clone(), tuning.clone(), Arc::new(ClientAddr::new(peer)));
-        let (builder, tls, watcher, timeout) = (builder.clone(), tls.clone(), graceful.watcher(), limits.header_read_timeout);
+        let (builder, tls, entry, timeout) = (builder.clone(), tls.clone(), drain.enter(), limits.header_read_timeout);
         let open = limits.open.clone();
         // The connection's future is made inside the task's: made outside
         // and awaited inside, it would be stored twice (5 KB more for every
@@ -263,14 +263,14 @@ pub async fn serve<H, F>(
             if let Some(g) = &open {
                 g.inc();
             }
-            serve_conn(builder, stream, peer, tls, svc, watcher, timeout).await;
+            serve_conn(builder, stream, peer, tls, svc, entry, timeout).await;
             if let Some(g) = &open {
                 g.dec();
             }
         });
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(grace, drain.shutdown()).await.is_err() {
         tracing::warn!(grace = ?grace, "shutdown grace expired with connections still open");
     }
 }
@@ -356,7 +356,7 @@ async fn serve_conn(
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     svc: impl Svc,
-    watcher: Watcher,
+    entry: drain::Entry,
     header_read_timeout: Duration,
 ) {
     // Set when the first request head is complete (hyper calls the service).
@@ -373,13 +373,13 @@ async fn serve_conn(
                 tracing::debug!(%peer, "no request head within server.header_read_timeout; closing");
                 return;
             }
-            watcher.watch(builder.serve_connection(TokioIo::new(stream), svc).into_owned()).await
+            entry.watch(builder.serve_connection(TokioIo::new(stream), svc).into_owned()).await
         }
         Some(acc) => match tokio::time::timeout_at(deadline, acc.accept(stream)).await {
             Ok(Ok(s)) => {
                 // Inside TLS the preface cannot be peeked at: the connection
                 // goes if no request head is complete by the deadline.
-                let conn = watcher.watch(builder.serve_connection(TokioIo::new(s), svc).into_owned());
+                let conn = entry.watch(builder.serve_connection(TokioIo::new(s), svc).into_owned());
                 let no_head = async {
                     tokio::time::sleep_until(deadline).await;
                     if headed.load(std::sync::atomic::Ordering::Relaxed) {

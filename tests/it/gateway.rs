@@ -536,6 +536,36 @@ async fn shutdown_stops_accepting_and_lets_inflight_streams_finish() {
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(1.0));
 }
 
+/// Idle keep-alive connections, HTTP/1.1 and HTTP/2, are closed at
+/// shutdown, which returns once they are: long before its grace.
+#[tokio::test]
+async fn shutdown_closes_idle_connections_of_both_protocols_and_returns_before_its_grace() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let mock = Mock::start(standard(2, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()]).server("shutdown_grace: 120s").server("header_read_timeout: 300s").start().await;
+    let addr = gw.data_addr;
+    let tcp = || async move { TokioIo::new(tokio::net::TcpStream::connect(addr).await.expect("connect")) };
+    let (mut h1, h1_conn) = hyper::client::conn::http1::handshake(tcp().await).await.expect("HTTP/1.1");
+    let h1_conn = tokio::spawn(h1_conn);
+    let (mut h2, h2_conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), tcp().await).await.expect("HTTP/2");
+    let h2_conn = tokio::spawn(h2_conn);
+    for version in [hyper::Version::HTTP_11, hyper::Version::HTTP_2] {
+        let mut req = post_req(addr, "/v1/chat/completions", &chat_body(false, false), &[]);
+        *req.version_mut() = version;
+        let resp = if version == hyper::Version::HTTP_2 { h2.send_request(req).await } else { h1.send_request(req).await };
+        let resp = resp.expect("response");
+        assert_eq!(resp.status(), 200, "{version:?}");
+        resp.into_body().collect().await.expect("body");
+    }
+    // Both connections are open and idle; the gateway is told to stop.
+    let stopped = tokio::time::timeout(Duration::from_secs(60), gw.shutdown()).await;
+    assert!(stopped.is_ok(), "shutdown waited for idle connections");
+    for (what, conn) in [("HTTP/1.1", h1_conn), ("HTTP/2", h2_conn)] {
+        let ended = tokio::time::timeout(Duration::from_secs(30), conn).await;
+        assert!(matches!(ended, Ok(Ok(_))), "{what} connection closed by the gateway: {ended:?}");
+    }
+}
+
 /// A gateway whose data listener serves TLS with a fresh self-signed
 /// certificate for `localhost`; the certificate, and the directory holding it.
 async fn tls_gateway(mock: &Mock, server: &[&str]) -> (slogate::Gateway, rcgen::CertifiedKey, tempfile::TempDir) {
