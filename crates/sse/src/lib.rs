@@ -173,28 +173,13 @@ macro_rules! zero_otherwise {
             Ok($zero)
         }
     };
-    (@ bool, $ty:ty, $zero:expr) => {
-        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<$ty, E> {
-            Ok($zero)
-        }
-    };
-    (@ i64, $ty:ty, $zero:expr) => {
-        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<$ty, E> {
-            Ok($zero)
-        }
-    };
-    (@ u64, $ty:ty, $zero:expr) => {
-        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<$ty, E> {
-            Ok($zero)
-        }
-    };
-    (@ f64, $ty:ty, $zero:expr) => {
-        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<$ty, E> {
-            Ok($zero)
-        }
-    };
-    (@ str, $ty:ty, $zero:expr) => {
-        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<$ty, E> {
+    (@ bool, $ty:ty, $zero:expr) => { zero_otherwise!(@ visit_bool, bool, $ty, $zero); };
+    (@ i64, $ty:ty, $zero:expr) => { zero_otherwise!(@ visit_i64, i64, $ty, $zero); };
+    (@ u64, $ty:ty, $zero:expr) => { zero_otherwise!(@ visit_u64, u64, $ty, $zero); };
+    (@ f64, $ty:ty, $zero:expr) => { zero_otherwise!(@ visit_f64, f64, $ty, $zero); };
+    (@ str, $ty:ty, $zero:expr) => { zero_otherwise!(@ visit_str, &str, $ty, $zero); };
+    (@ $visit:ident, $arg:ty, $ty:ty, $zero:expr) => {
+        fn $visit<E: serde::de::Error>(self, _: $arg) -> Result<$ty, E> {
             Ok($zero)
         }
     };
@@ -212,8 +197,8 @@ fn cached_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
             let mut n = 0;
-            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                if key == "cached_tokens" {
+            while let Some(CachedKey(cached)) = map.next_key()? {
+                if cached {
                     n = map.next_value::<Count>()?.0;
                 } else {
                     map.next_value::<IgnoredAny>()?;
@@ -401,6 +386,10 @@ str_visitor!(TypeName, "an event type", |v| match v {
 /// A `type` string, read for its [`Kind`].
 struct TypeName(Kind);
 str_visitor!(IsError, "a string", |v| v == "error");
+
+/// A key of `prompt_tokens_details`, read for whether it is `cached_tokens`.
+struct CachedKey(bool);
+str_visitor!(CachedKey, "a key", |v| v == "cached_tokens");
 
 impl<'de> Deserialize<'de> for NonEmptySeq {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
