@@ -38,7 +38,9 @@ EOF
 
 start_nginx nginx /v1/embeddings="$WORK/embeddings.json" /v1/completions="$WORK/completions.json" /v1/models="$WORK/models.json"
 UP=$NGINX_URL
-curl -sf -X POST "$UP/v1/embeddings" -d @"$WORK/embeddings.req" | head -c 80 >&2; echo >&2
+# (Into a file: piped into head, curl fails when head leaves first.)
+curl -sf -X POST "$UP/v1/embeddings" -d @"$WORK/embeddings.req" -o "$WORK/probe.json"
+head -c 80 "$WORK/probe.json" >&2; echo >&2
 
 SIM_URLS=("$UP"); bench_config short "$RUN/gw.yaml"
 start_gateway "$RUN/gw.yaml"
