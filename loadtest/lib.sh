@@ -27,12 +27,14 @@ start_sim() {
 }
 
 # start_gateway CONFIG : start slogate, set GW_URL, ADMIN_URL, GW_PID once ready.
-start_gateway() { # config [log name, default gateway]; GW_BIN: another slogate binary
-  local log="$WORK/${2:-gateway}.log"
+start_gateway() { # config [log name, default gateway]; GW_BIN: another slogate binary; GW_WRAP: a command it runs under (valgrind)
+  local log="$WORK/${2:-gateway}.log" tries=200
   : >"$log"   # not a previous run's addresses
-  ( spawn_on "${GW_CPUS:-}" "${GW_BIN:-$BIN/slogate}" --log-format json serve --config "$1" 2>"$log" ) &
+  [ -n "${GW_WRAP:-}" ] && tries=2400   # a gateway under valgrind takes seconds to start
+  # shellcheck disable=SC2086 # GW_WRAP is a command and its arguments
+  ( spawn_on "${GW_CPUS:-}" ${GW_WRAP:-} "${GW_BIN:-$BIN/slogate}" --log-format json serve --config "$1" 2>"$log" ) &
   GW_PID=$!; PIDS+=($GW_PID)
-  for _ in $(seq 200); do grep -q '"slogate listening"' "$log" 2>/dev/null && break; sleep 0.05; done
+  for _ in $(seq $tries); do grep -q '"slogate listening"' "$log" 2>/dev/null && break; sleep 0.05; done
   read -r GW_URL ADMIN_URL < <(python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     f = json.loads(l).get("fields", {})
@@ -72,9 +74,11 @@ start_haproxy() {
     echo "backend replica"
     echo "  server r1 ${3#http://}"
   } >"$WORK/$name.cfg"
-  ( spawn_on "${GW_CPUS:-}" haproxy -db -f "$WORK/$name.cfg" >"$WORK/$name.log" 2>&1 ) &
+  local tries=100; [ -n "${HAP_WRAP:-}" ] && tries=1200   # under valgrind (HAP_WRAP), seconds to start
+  # shellcheck disable=SC2086 # HAP_WRAP is a command and its arguments
+  ( spawn_on "${GW_CPUS:-}" ${HAP_WRAP:-} haproxy -db -f "$WORK/$name.cfg" >"$WORK/$name.log" 2>&1 ) &
   PIDS+=($!); HAP_URL="http://127.0.0.1:$port"
-  for _ in $(seq 100); do curl -sf "$HAP_URL/v1/models" >/dev/null && return 0; sleep 0.05; done
+  for _ in $(seq $tries); do curl -sf "$HAP_URL/v1/models" >/dev/null && return 0; sleep 0.05; done
   echo "haproxy ($mode) did not start; its log:" >&2; cat "$WORK/$name.log" >&2; return 1
 }
 
@@ -175,7 +179,10 @@ measure() {
   echo $(( $(cpu_ticks "$pid") - t0 )) >"${RUN:-$WORK}/$name.cpu"
 }
 
-machine_line() { echo "commit $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src crates loadtest/src 2>/dev/null || echo '+changes'), $(nproc) cores, $(free -g | awk '/^Mem/{print $2}') GiB, $(uname -r), $(rustc --version)"; }
+# cpu_model: the processor as /proc/cpuinfo names it, with its family and model numbers and clock (two
+# machines both called "AMD EPYC" can differ by generations, and the proxies' ratios with them).
+cpu_model() { awk -F': *' '/^model name/{n=$2} /^cpu family/{f=$2} /^model[ \t]*:/{m=$2} /^cpu MHz/{h=$2} END{printf "%s (family %s, model %s, %.0f MHz)", n, f, m, h}' /proc/cpuinfo; }
+machine_line() { echo "commit $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src crates loadtest/src 2>/dev/null || echo '+changes'), $(nproc) cores of $(cpu_model), $(free -g | awk '/^Mem/{print $2}') GiB, $(uname -r), $(rustc --version)"; }
 
 # publish WORKDIR OUTDIR : a benchmark's committed result is its README.md and
 # its SVG charts only; OUTDIR is replaced with them (inputs, logs and raw

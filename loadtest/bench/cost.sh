@@ -108,6 +108,40 @@ for kind in embeddings completions; do
   heap_run "heap-$kind-long" "$kind" 5
 done
 
+# Instructions per request: the gateway and HAProxy `mode http` each
+# under valgrind's callgrind with its cache simulation (the machine's own
+# cache sizes), counting every instruction they execute, and the first-level
+# cache misses, which are what separates two proxies that execute about as
+# many instructions: wrk at 8 connections, the counts zeroed after a
+# warm-up and dumped after CG_SECS, over the requests wrk counted. The
+# count is the machine-independent half of the CPU per request (a
+# simulation: it does not move with the machine's load), so it is also the
+# budget a change is held to.
+ensure_pkg valgrind valgrind
+CG_SECS=$(bench_var cg_secs)
+echo "proxy,kind,requests,file" >"$RUN/instructions.csv"
+cg_run() { # PROXY URL PID OUT: one row of instructions.csv a kind
+  local proxy=$1 url=$2 pid=$3 out=$4 kind n=0
+  for kind in embeddings completions; do
+    wrk -t1 -c8 -d2s -s "$WORK/$kind.lua" "$url/v1/$kind" >/dev/null 2>&1
+    callgrind_control -z "$pid" >/dev/null 2>&1
+    wrk -t1 -c8 -d"${CG_SECS}s" -s "$WORK/$kind.lua" "$url/v1/$kind" >"$RUN/cg-$proxy-$kind.wrk" 2>&1
+    callgrind_control -d "$pid" >/dev/null 2>&1
+    n=$((n + 1))
+    # The dump is written by the process itself, after the command returns.
+    for _ in $(seq 600); do [ -s "$out.$n" ] && grep -q '^totals:' "$out.$n" && break; sleep 0.05; done
+    echo "$proxy,$kind,$(grep -oE '[0-9]+ requests in' "$RUN/cg-$proxy-$kind.wrk" | cut -d' ' -f1),$out.$n" >>"$RUN/instructions.csv"
+  done
+}
+CG="valgrind --tool=callgrind --cache-sim=yes --dump-instr=no"
+rm -f "$WORK"/cg-slogate* "$WORK"/cg-haproxy*   # not an earlier run's dumps
+GW_WRAP="$CG --log-file=$WORK/valgrind-slogate.log --callgrind-out-file=$WORK/cg-slogate" start_gateway "$RUN/gw.yaml" gw-cg
+cg_run slogate "$GW_URL" "$GW_PID" "$WORK/cg-slogate"
+gw_down
+HAP_WRAP="$CG --log-file=$WORK/valgrind-haproxy.log --callgrind-out-file=$WORK/cg-haproxy" start_haproxy hap-cg http "$UP"
+cg_run haproxy-http "$HAP_URL" "${PIDS[-1]}" "$WORK/cg-haproxy"
+kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
+
 # Streams: STREAMS open, a token every 100 ms each, through slogate and
 # through HAProxy (`mode http` and `mode tcp`) in front of the same
 # simulator: each path's CPU over its whole run, divided by the content

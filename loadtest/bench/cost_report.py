@@ -94,6 +94,34 @@ e1, e2 = events_of(os.path.join(d, "heap-streams-short.metrics")), events_of(os.
 n, nb = (k2 - k1) / (e2 - e1), (b2 - b1) / (e2 - e1)
 measured["event_allocs"] = (n, f"{n:.2f} ({nb:,.0f} bytes)")
 out.write(f"| per streamed event (a stream's own start and end spread over its 100 events) | {n:.2f} | {nb:,.0f} |\n")
+
+
+def callgrind(path):
+    """A callgrind dump's totals, by event (Ir, I1mr, D1mr, ...)."""
+    events = totals = None
+    for line in open(path):
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith(("summary:", "totals:")):
+            totals = [int(x) for x in line.split()[1:]]
+    return dict(zip(events or [], totals or []))
+
+
+out.write("\n**instructions per request** (callgrind, with its simulation of this machine's first-level caches; "
+          "wrk at 8 connections)\n\n| kind | path | requests | instructions | I1 misses | D1 misses |\n|---|---|---:|---:|---:|---:|\n")
+cg = {}
+for r in csv.DictReader(open(os.path.join(d, "instructions.csv"))):
+    c, n = callgrind(r["file"]), int(r["requests"])
+    x = {k: v / n for k, v in c.items()}
+    cg[(r["kind"], r["proxy"])] = x
+    out.write(f"| {r['kind']} | {NAMES[r['proxy']]} | {n:,} | {x['Ir']:,.0f} | {x.get('I1mr', 0):,.0f} | "
+              f"{x.get('D1mr', 0) + x.get('D1mw', 0):,.0f} |\n")
+for kind in KINDS:
+    s, h = cg.get((kind, "slogate")), cg.get((kind, "haproxy-http"))
+    if s:
+        rel = f"; {s['Ir'] / h['Ir']:.2f}x HAProxy `mode http`'s" if h else ""
+        measured[f"{kind}_instructions"] = (s["Ir"], f"{s['Ir']:,.0f}{rel}")
+
 ab, aa = (json.load(open(os.path.join(d, f"lat-{n}.json"))) for n in ("ab", "aa"))
 gw, direct, a0, a1 = interleaved(ab, 0), interleaved(ab, 1), interleaved(aa, 0), interleaved(aa, 1)
 out.write("\n**latency at 32 streams a path** (slogate on its defaults; requests taking the two paths in turn; "
