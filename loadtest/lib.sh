@@ -181,7 +181,7 @@ measure() {
 
 # cpu_model: the processor as /proc/cpuinfo names it, with its family and model numbers and clock (two
 # machines both called "AMD EPYC" can differ by generations, and the proxies' ratios with them).
-cpu_model() { awk -F': *' '/^model name/{n=$2} /^cpu family/{f=$2} /^model[ \t]*:/{m=$2} /^cpu MHz/{h=$2} END{printf "%s (family %s, model %s, %.0f MHz)", n, f, m, h}' /proc/cpuinfo; }
+cpu_model() { awk -F': *' '/^model name/{n=$2} /^cpu family/{f=$2} /^model[ \t]*:/{m=$2} /^cpu MHz/{h=$2} END{if (n == "") {print "an unnamed processor"; exit} printf "%s (family %s, model %s, %.0f MHz)", n, f, m, h}' /proc/cpuinfo; }
 machine_line() { echo "commit $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src crates loadtest/src 2>/dev/null || echo '+changes'), $(nproc) cores of $(cpu_model), $(free -g | awk '/^Mem/{print $2}') GiB, $(uname -r), $(rustc --version)"; }
 
 # publish WORKDIR OUTDIR : a benchmark's committed result is its README.md and

@@ -111,8 +111,8 @@ done
 # Instructions per request: the gateway and HAProxy `mode http` each
 # under valgrind's callgrind with its cache simulation (the machine's own
 # cache sizes), counting every instruction they execute, and the first-level
-# cache misses, which are what separates two proxies that execute about as
-# many instructions: wrk at 8 connections, the counts zeroed after a
+# cache misses, which explain why the same instructions cost more time on
+# one processor than another: wrk at 8 connections, the counts zeroed after a
 # warm-up and dumped after CG_SECS, over the requests wrk counted. The
 # count is the machine-independent half of the CPU per request (a
 # simulation: it does not move with the machine's load), so it is also the
