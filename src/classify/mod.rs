@@ -21,7 +21,7 @@ pub(crate) use grant::Grant;
 
 /// The header a caller names its class with. (A name, not a `&str`:
 /// looked up with a string, it is parsed again at every request.)
-static X_SLO_CLASS: http::HeaderName = http::HeaderName::from_static("x-slo-class");
+const X_SLO_CLASS: http::HeaderName = http::HeaderName::from_static("x-slo-class");
 
 /// A class as the request path needs it.
 #[derive(Clone)]
@@ -250,7 +250,7 @@ impl Classifier {
 
     /// Decide the class and the tenant of a request from its headers.
     pub(crate) fn classify(&self, headers: &http::HeaderMap, endpoint: Endpoint) -> Result<Caller, GatewayError> {
-        let wanted = headers.get(&X_SLO_CLASS).map(|v| v.to_str().map(str::trim).unwrap_or(""));
+        let wanted = headers.get(X_SLO_CLASS).map(|v| v.to_str().map(str::trim).unwrap_or(""));
         let by_endpoint = self.endpoint_classes.iter().find(|(e, _)| *e == endpoint).map(|(_, c)| c);
         if self.keys.is_empty() {
             let class = match wanted {

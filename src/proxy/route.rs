@@ -118,7 +118,7 @@ fn prefix_key(request: &RequestBody, headers: &HeaderMap, endpoint: Endpoint, po
     if pool.balance != Balance::PrefixAware || !(generates(endpoint) || endpoint == Endpoint::Responses) {
         return None;
     }
-    let session = headers.get(&X_SESSION_ID).map(HeaderValue::as_bytes);
+    let session = headers.get(X_SESSION_ID).map(HeaderValue::as_bytes);
     request.route_key(pool.prefix.block.0 as usize, pool.prefix.max_blocks as usize, session)
 }
 
@@ -152,7 +152,7 @@ async fn with_tokens(mut key: RouteKey, request: &RequestBody, endpoint: Endpoin
 /// A client's session id: its requests go where its conversation's cache is.
 /// (A name, not a `&str`: looked up with a string, it is parsed again at
 /// every request.)
-static X_SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
+const X_SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
 
 /// Run `f`, CPU work on a request body of `len` bytes that borrows the
 /// request (hashing its prompt, rewriting it). A large body takes
