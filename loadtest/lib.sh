@@ -14,6 +14,18 @@ spawn_on() { local cpus=$1; shift; if [ -n "$cpus" ]; then exec taskset -c "$cpu
 run_on() { local cpus=$1; shift; if [ -n "$cpus" ]; then taskset -c "$cpus" "$@"; else "$@"; fi; }
 
 build_release() { (cd "$ROOT" && cargo build --release --locked -q --workspace --bins); }
+# pgo_build: slogate as its container image builds it (scripts/build-release:
+# compiled with a profile of its request path), into target/slogate-pgo, made
+# again only when what it is built from changed; sets PGO_BIN.
+pgo_build() {
+  local out="$ROOT/target/slogate-pgo" stamp from=(src crates Cargo.toml Cargo.lock scripts/build-release)
+  stamp="$(cd "$ROOT" && { git rev-parse "${from[@]/#/HEAD:}" 2>&1 || true; git diff HEAD -- "${from[@]}"; } | sha1sum | cut -c1-16)"
+  if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$stamp" ]; then
+    "$ROOT/scripts/build-release" --out "$out" >&2
+    echo "$stamp" >"$out.stamp"
+  fi
+  PGO_BIN=$out
+}
 
 # start_sim NAME ARGS... : start N replicas (--replicas) and set SIM_URLS (array).
 start_sim() {

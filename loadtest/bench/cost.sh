@@ -42,8 +42,13 @@ UP=$NGINX_URL
 curl -sf -X POST "$UP/v1/embeddings" -d @"$WORK/embeddings.req" -o "$WORK/probe.json"
 head -c 80 "$WORK/probe.json" >&2; echo >&2
 
+# Two builds of slogate: the one its container image ships
+# (scripts/build-release: compiled with a profile of its request path),
+# which the targets judge, and a plain `cargo build --release`, beside it.
+pgo_build
 SIM_URLS=("$UP"); bench_config short "$RUN/gw.yaml"
-start_gateway "$RUN/gw.yaml"
+start_gateway "$RUN/gw.yaml" gw-plain; PLAIN_URL=$GW_URL; PLAIN_PID=$GW_PID
+GW_BIN=$PGO_BIN start_gateway "$RUN/gw.yaml"
 # (Each is started with exec: the PID is HAProxy's own.)
 start_haproxy hap-http http "$UP"; HAP_HTTP=$HAP_URL; HAP_HTTP_PID=${PIDS[-1]}
 start_haproxy hap-tcp tcp "$UP"; HAP_TCP=$HAP_URL; HAP_TCP_PID=${PIDS[-1]}
@@ -84,8 +89,10 @@ for kind in embeddings completions; do
   one "$SEED" "$kind" haproxy-tcp "$HAP_TCP" "$HAP_TCP_PID"
   one "$SEED" "$kind" haproxy-http "$HAP_HTTP" "$HAP_HTTP_PID"
   one "$SEED" "$kind" slogate "$GW_URL" "$GW_PID"
+  one "$SEED" "$kind" slogate-plain "$PLAIN_URL" "$PLAIN_PID"
 done
 gw_down
+kill "$PLAIN_PID"; wait "$PLAIN_PID" 2>/dev/null || true
 
 # Allocations per request: a gateway built with `--features heap-profile`
 # (dhat counts every allocation), two wrk runs of different lengths on
@@ -135,8 +142,11 @@ cg_run() { # PROXY URL PID OUT: one row of instructions.csv a kind
 }
 CG="valgrind --tool=callgrind --cache-sim=yes --dump-instr=no"
 rm -f "$WORK"/cg-slogate* "$WORK"/cg-haproxy*   # not an earlier run's dumps
-GW_WRAP="$CG --log-file=$WORK/valgrind-slogate.log --callgrind-out-file=$WORK/cg-slogate" start_gateway "$RUN/gw.yaml" gw-cg
+GW_BIN=$PGO_BIN GW_WRAP="$CG --log-file=$WORK/valgrind-slogate.log --callgrind-out-file=$WORK/cg-slogate" start_gateway "$RUN/gw.yaml" gw-cg
 cg_run slogate "$GW_URL" "$GW_PID" "$WORK/cg-slogate"
+gw_down
+GW_WRAP="$CG --log-file=$WORK/valgrind-slogate-plain.log --callgrind-out-file=$WORK/cg-slogate-plain" start_gateway "$RUN/gw.yaml" gw-cg-plain
+cg_run slogate-plain "$GW_URL" "$GW_PID" "$WORK/cg-slogate-plain"
 gw_down
 HAP_WRAP="$CG --log-file=$WORK/valgrind-haproxy.log --callgrind-out-file=$WORK/cg-haproxy" start_haproxy hap-cg http "$UP"
 cg_run haproxy-http "$HAP_URL" "${PIDS[-1]}" "$WORK/cg-haproxy"
@@ -150,7 +160,8 @@ kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
 start_sim streams --profile llama8b-h100 --step-base-ms 100 --decode-per-seq-ms 0 --prefill-per-token-ms 0 \
   --max-num-seqs 20000 --max-num-batched-tokens 10000000 --kv-blocks 10000000
 bench_config streams "$RUN/gw-streams.yaml"
-start_gateway "$RUN/gw-streams.yaml" gw-streams
+start_gateway "$RUN/gw-streams.yaml" gw-streams-plain; PLAIN_URL=$GW_URL; PLAIN_PID=$GW_PID
+GW_BIN=$PGO_BIN start_gateway "$RUN/gw-streams.yaml" gw-streams
 start_haproxy hap-streams-http http "${SIM_URLS[0]}"; STREAM_HTTP=$HAP_URL; STREAM_HTTP_PID=${PIDS[-1]}
 start_haproxy hap-streams-tcp tcp "${SIM_URLS[0]}"; STREAM_TCP=$HAP_URL; STREAM_TCP_PID=${PIDS[-1]}
 bench_load streams "$RUN/streams.yaml"
@@ -161,9 +172,11 @@ stream_run() { # PATH URL PID
   echo "$1,$(( $(cpu_ticks "$3") - t0 ))" >>"$RUN/streams.csv"
 }
 stream_run slogate "$GW_URL" "$GW_PID"
+stream_run slogate-plain "$PLAIN_URL" "$PLAIN_PID"
 stream_run haproxy-http "$STREAM_HTTP" "$STREAM_HTTP_PID"
 stream_run haproxy-tcp "$STREAM_TCP" "$STREAM_TCP_PID"
 gw_down
+kill "$PLAIN_PID"; wait "$PLAIN_PID" 2>/dev/null || true
 # Allocations per streamed event: 100 streams through the heap-profile
 # build, for two lengths; events from its metrics.
 for len in short long; do
@@ -183,7 +196,7 @@ done
 cleanup; PIDS=()
 start_sim lat --step-base-ms 20 $SIM_EVEN --stamp-events
 bench_config latency "$RUN/gw-lat.yaml"
-start_gateway "$RUN/gw-lat.yaml" gw-lat
+GW_BIN=$PGO_BIN start_gateway "$RUN/gw-lat.yaml" gw-lat
 bench_load mix "$RUN/mix.yaml"
 run_lg "$RUN/mix.yaml" "$GW_URL,${SIM_URLS[0]}" lat-ab >&2
 run_lg "$RUN/mix.yaml" "${SIM_URLS[0]},${SIM_URLS[0]}" lat-aa >&2

@@ -15,8 +15,9 @@ from admission_report import write_measured  # beside this script
 from quantiles import interleaved
 
 d, hz, streams = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-PATHS = ["direct", "haproxy-tcp", "haproxy-http", "slogate"]
-NAMES = {"direct": "direct to nginx", "haproxy-tcp": "HAProxy `mode tcp`", "haproxy-http": "HAProxy `mode http`", "slogate": "**slogate**"}
+PATHS = ["direct", "haproxy-tcp", "haproxy-http", "slogate", "slogate-plain"]
+NAMES = {"direct": "direct to nginx", "haproxy-tcp": "HAProxy `mode tcp`", "haproxy-http": "HAProxy `mode http`",
+         "slogate": "**slogate** (release build)", "slogate-plain": "slogate, plain `cargo build --release`"}
 KINDS = ["embeddings", "completions"]
 out = open(os.path.join(d, "report.md"), "w")
 measured = {}
@@ -38,7 +39,9 @@ for kind in KINDS:
         out.write(f"| {NAMES[path]} | {x['rps']:,.0f} | {cpu} | {x['p50']:.2f} ms | {x['p99']:.2f} ms | {x['bad']}{' ' + x['err'] if x['err'] else ''} |\n")
     s, h = short.get((kind, "slogate")), short.get((kind, "haproxy-http"))
     if s and h:
-        measured[f"{kind}_cpu_vs_haproxy"] = (s["cpu_us"] / h["cpu_us"], f"{s['cpu_us'] / h['cpu_us']:.2f}x ({s['cpu_us']:.1f} vs {h['cpu_us']:.1f} µs)")
+        p = short.get((kind, "slogate-plain"))
+        plain = f"; plain build {p['cpu_us'] / h['cpu_us']:.2f}x" if p else ""
+        measured[f"{kind}_cpu_vs_haproxy"] = (s["cpu_us"] / h["cpu_us"], f"{s['cpu_us'] / h['cpu_us']:.2f}x ({s['cpu_us']:.1f} vs {h['cpu_us']:.1f} µs{plain})")
         measured[f"{kind}_rps_vs_haproxy"] = (s["rps"] / h["rps"], f"{s['rps'] / h['rps']:.2f}x ({s['rps']:,.0f} vs {h['rps']:,.0f}/s)")
     out.write("\n")
 
@@ -64,6 +67,8 @@ per_event = per_path.get("slogate", float("nan"))
 rel = ""
 if "haproxy-http" in per_path and "haproxy-tcp" in per_path:
     rel = f"; {per_event / per_path['haproxy-http']:.2f}x HAProxy `mode http`'s, {per_event / per_path['haproxy-tcp']:.2f}x `mode tcp`'s"
+if "slogate-plain" in per_path:
+    rel += f"; plain build {per_path['slogate-plain']:.1f} µs"
 measured["event_cpu_us"] = (per_event, f"{per_event:.1f} µs{rel}")
 
 
@@ -117,10 +122,12 @@ for r in csv.DictReader(open(os.path.join(d, "instructions.csv"))):
     out.write(f"| {r['kind']} | {NAMES[r['proxy']]} | {n:,} | {x['Ir']:,.0f} | {x.get('I1mr', 0):,.0f} | "
               f"{x.get('D1mr', 0) + x.get('D1mw', 0):,.0f} |\n")
 for kind in KINDS:
-    s, h = cg.get((kind, "slogate")), cg.get((kind, "haproxy-http"))
-    if s:
-        rel = f"; {s['Ir'] / h['Ir']:.2f}x HAProxy `mode http`'s" if h else ""
-        measured[f"{kind}_instructions"] = (s["Ir"], f"{s['Ir']:,.0f}{rel}")
+    h = cg.get((kind, "haproxy-http"))
+    for path, key in (("slogate", f"{kind}_instructions"), ("slogate-plain", f"{kind}_instructions_plain")):
+        s = cg.get((kind, path))
+        if s:
+            rel = f"; {s['Ir'] / h['Ir']:.2f}x HAProxy `mode http`'s" if h else ""
+            measured[key] = (s["Ir"], f"{s['Ir']:,.0f}{rel}")
 
 ab, aa = (json.load(open(os.path.join(d, f"lat-{n}.json"))) for n in ("ab", "aa"))
 gw, direct, a0, a1 = interleaved(ab, 0), interleaved(ab, 1), interleaved(aa, 0), interleaved(aa, 1)
