@@ -5,7 +5,7 @@ COPY . .
 # Without the `demo` feature: the image does not ship the simulator.
 # Compiled twice, the second time with a profile of slogate's own request
 # path taken from a short load on loopback (scripts/build-release): far less
-# CPU per request than a plain build, for about twice the build time.
+# CPU per request than a plain build, for two to three times the build time.
 RUN scripts/build-release --out /src/slogate --no-default-features && strip /src/slogate
 
 FROM gcr.io/distroless/cc-debian12:nonroot
