@@ -3,7 +3,8 @@
 # One run into $RUN: short requests through nginx direct, HAProxy (tcp,
 # http) and slogate (wrk), allocations per request (the heap-profile
 # build), streams through slogate and HAProxy, allocations per event,
-# latency added at 32 streams a path against the direct path.
+# latency added at 32 streams a path against the direct path (slogate's and
+# HAProxy's).
 #
 #   loadtest/run cost
 set -euo pipefail
@@ -192,13 +193,20 @@ done
 # turn (slogate, then straight to the simulator), 20-ms engine steps, each
 # chunk stamped with when its request arrived and when it left the
 # replica, so the path's share of each TTFT and of each gap is known; then
-# the same with both paths direct (A/A), the method's noise floor.
+# the same load with HAProxy (`mode http`, then `mode tcp`) in slogate's
+# place, what a proxy adds on this machine; then both paths direct (A/A),
+# the method's noise floor.
 cleanup; PIDS=()
 start_sim lat --step-base-ms 20 $SIM_EVEN --stamp-events
 bench_config latency "$RUN/gw-lat.yaml"
 GW_BIN=$PGO_BIN start_gateway "$RUN/gw-lat.yaml" gw-lat
 bench_load mix "$RUN/mix.yaml"
 run_lg "$RUN/mix.yaml" "$GW_URL,${SIM_URLS[0]}" lat-ab >&2
-run_lg "$RUN/mix.yaml" "${SIM_URLS[0]},${SIM_URLS[0]}" lat-aa >&2
 gw_down
+for mode in http tcp; do
+  start_haproxy "hap-lat-$mode" "$mode" "${SIM_URLS[0]}"
+  run_lg "$RUN/mix.yaml" "$HAP_URL,${SIM_URLS[0]}" "lat-haproxy-$mode" >&2
+  kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
+done
+run_lg "$RUN/mix.yaml" "${SIM_URLS[0]},${SIM_URLS[0]}" lat-aa >&2
 python3 "$HERE/cost_report.py" "$RUN" "$(getconf CLK_TCK)" "$STREAMS"

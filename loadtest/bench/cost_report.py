@@ -129,17 +129,24 @@ for kind in KINDS:
             rel = f"; {s['Ir'] / h['Ir']:.2f}x HAProxy `mode http`'s" if h else ""
             measured[key] = (s["Ir"], f"{s['Ir']:,.0f}{rel}")
 
-ab, aa = (json.load(open(os.path.join(d, f"lat-{n}.json"))) for n in ("ab", "aa"))
-gw, direct, a0, a1 = interleaved(ab, 0), interleaved(ab, 1), interleaved(aa, 0), interleaved(aa, 1)
-out.write("\n**latency at 32 streams a path** (slogate on its defaults; requests taking the two paths in turn; "
-          "the path's share is the client's TTFT minus the engine's, the ITL shift the client's ITL p99 minus the replica's)\n\n"
+lat = {n: json.load(open(os.path.join(d, f"lat-{n}.json"))) for n in ("ab", "haproxy-http", "haproxy-tcp", "aa")}
+rows = [("slogate", interleaved(lat["ab"], 0)), ("direct", interleaved(lat["ab"], 1)),
+        ("HAProxy `mode http`", interleaved(lat["haproxy-http"], 0)), ("direct", interleaved(lat["haproxy-http"], 1)),
+        ("HAProxy `mode tcp`", interleaved(lat["haproxy-tcp"], 0)), ("direct", interleaved(lat["haproxy-tcp"], 1)),
+        ("A/A: direct", interleaved(lat["aa"], 0)), ("A/A: direct again", interleaved(lat["aa"], 1))]
+out.write("\n**latency at 32 streams a path** (slogate on its defaults, then HAProxy in its place, then both paths direct: "
+          "one load each, its requests taking the two paths in turn; the path's share is the client's TTFT minus the engine's, "
+          "the ITL shift the client's ITL p99 minus the replica's)\n\n"
           "| path | requests | failed | TTFT p50 | path's share of TTFT p50 | ITL p99 | ITL p99 shift |\n|---|---:|---:|---:|---:|---:|---:|\n")
-for name, x in (("slogate", gw), ("direct", direct), ("A/A: direct", a0), ("A/A: direct again", a1)):
+for name, x in rows:
     errors += x["bad"]
     out.write(f"| {name} | {x['n']:,} | {x['bad']} | {x['ttft50']:.3f} ms | {x['path50']:.3f} ms | {x['itl99']:.3f} ms | {x['shift99']:+.3f} ms |\n")
-ttft, itl = gw["path50"] - direct["path50"], gw["shift99"] - direct["shift99"]
-aa_ttft, aa_itl = a0["path50"] - a1["path50"], a0["shift99"] - a1["shift99"]
-measured["added_ttft_p50_ms"] = (ttft, f"{ttft:+.3f} ms (A/A control {aa_ttft:+.3f})")
-measured["added_itl_p99_ms"] = (itl, f"{itl:+.3f} ms (A/A control {aa_itl:+.3f})")
+# What each proxy adds over the direct path of its own load: (TTFT p50 share, ITL p99 shift).
+added = [(rows[i][1]["path50"] - rows[i + 1][1]["path50"], rows[i][1]["shift99"] - rows[i + 1][1]["shift99"]) for i in (0, 2, 4, 6)]
+(ttft, itl), (h_ttft, h_itl), (t_ttft, t_itl), (aa_ttft, aa_itl) = added
+out.write(f"\nAdded TTFT p50: slogate {ttft:+.3f} ms, HAProxy `mode http` {h_ttft:+.3f}, `mode tcp` {t_ttft:+.3f} "
+          f"(A/A {aa_ttft:+.3f}); added ITL p99: {itl:+.3f}, {h_itl:+.3f}, {t_itl:+.3f} ms (A/A {aa_itl:+.3f}).\n")
+measured["added_ttft_p50_ms"] = (ttft, f"{ttft:+.3f} ms; HAProxy `mode http` {h_ttft:+.3f}, `mode tcp` {t_ttft:+.3f} (A/A control {aa_ttft:+.3f})")
+measured["added_itl_p99_ms"] = (itl, f"{itl:+.3f} ms; HAProxy `mode http` {h_itl:+.3f}, `mode tcp` {t_itl:+.3f} (A/A control {aa_itl:+.3f})")
 measured["errors"] = (errors, f"{errors}")
 write_measured(d, measured)
