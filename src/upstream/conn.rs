@@ -16,7 +16,8 @@
 //! nothing is merged). When the body ends, the connection goes back to its
 //! replica's idle list; when the body is dropped early (the client went away,
 //! a timeout), the connection is dropped with it and the socket closes, so
-//! the replica stops generating.
+//! the replica stops generating. How one poll drives both the connection
+//! and the body it feeds: [`super::link`].
 //!
 //! An idle connection is not polled. It is checked when taken: a replica that
 //! closed it (vLLM closes idle keep-alive connections after a few seconds)
@@ -39,17 +40,14 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{Builder, Connection, SendRequest};
+use hyper::client::conn::http1::Builder;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::link::{Link, Stream};
 use super::payload::SendBody;
 use super::tls::ReplicaTls;
 use super::Replica;
-
-type Conn = Connection<TokioIo<Stream>, SendBody>;
-type Sender = SendRequest<SendBody>;
 
 /// An idle connection unused for this long is closed when next seen.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -57,23 +55,6 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_IDLE: usize = 1024;
 /// Stale idle connections tried before a new one is opened.
 const STALE_TRIES: usize = 3;
-
-/// A connection: hyper's sending half and the connection it drives,
-/// boxed once when it is opened, so that handing it from the idle list to a
-/// request, through the response and back moves a pointer rather than
-/// hyper's state (about 700 bytes, copied at every hand-over).
-struct Link {
-    tx: Sender,
-    conn: Conn,
-}
-
-impl Link {
-    /// Drive the connection (read, decode, write what is queued): false
-    /// once it has ended (closed, or failed), when it is not used again.
-    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        Pin::new(&mut self.conn).poll(cx).is_pending()
-    }
-}
 
 struct Idle {
     link: Box<Link>,
@@ -198,54 +179,6 @@ pub(crate) enum SendError {
     IdleClosed(Box<SendError>),
 }
 
-/// A connection to a replica: plain TCP, or TLS over it (`https://`).
-pub(crate) enum Stream {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-        }
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
-
 /// Send `req` (origin-form URI, `Host` set) to `replica`, on an idle
 /// connection that reads as `reads` asks when one is left (not when
 /// `fresh`), else on a new one. With the pool's API key, `Authorization`
@@ -356,10 +289,17 @@ async fn exchange(mut link: Box<Link>, req: Request<SendBody>) -> Result<(Respon
     let mut answer = std::pin::pin!(link.tx.try_send_request(req));
     let mut link = Some(link);
     let result = std::future::poll_fn(|cx| {
-        if link.as_mut().is_some_and(|l| !l.drive(cx)) {
-            link = None;
-        }
-        match answer.as_mut().poll(cx) {
+        let polled = match link.as_mut() {
+            Some(l) => {
+                let (open, polled) = l.drive_then(cx, |cx| answer.as_mut().poll(cx));
+                if !open {
+                    link = None;
+                }
+                polled
+            }
+            None => answer.as_mut().poll(cx),
+        };
+        match polled {
             Poll::Ready(r) => Poll::Ready(Some(r)),
             // The connection ended and left the request unanswered.
             Poll::Pending if link.is_none() => Poll::Ready(None),
@@ -404,7 +344,7 @@ async fn connect(base: &http::Uri, tls: Option<&ReplicaTls>, timeout: Duration, 
         builder.read_buf_exact_size(Some(EVENTS_READ_BUF));
     }
     let (tx, conn) = builder.handshake(TokioIo::new(stream)).await.map_err(SendError::NotSent)?;
-    Ok(Box::new(Link { tx, conn }))
+    Ok(Link::new(tx, conn))
 }
 
 /// The read buffer of a connection that carries streams.
@@ -439,10 +379,18 @@ impl Body for UpstreamBody {
         let this = self.get_mut();
         // Read and decode first, so a chunk the connection just decoded is
         // handed over in this same poll.
-        if this.link.as_mut().is_some_and(|l| !l.drive(cx)) {
-            this.link = None;
-        }
-        match Pin::new(&mut this.incoming).poll_frame(cx) {
+        let incoming = &mut this.incoming;
+        let polled = match this.link.as_mut() {
+            Some(link) => {
+                let (open, polled) = link.drive_then(cx, |cx| Pin::new(&mut *incoming).poll_frame(cx));
+                if !open {
+                    this.link = None;
+                }
+                polled
+            }
+            None => Pin::new(incoming).poll_frame(cx),
+        };
+        match polled {
             Poll::Ready(None) => {
                 this.release();
                 Poll::Ready(None)
@@ -547,72 +495,4 @@ pub(crate) async fn get_once(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A listener standing in for a replica, and its base URL.
-    async fn replica() -> (tokio::net::TcpListener, http::Uri) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr")).parse().expect("uri");
-        (listener, base)
-    }
-
-    /// A connection to it that reads as `reads` says, and the replica's end.
-    async fn connected(listener: &tokio::net::TcpListener, base: &http::Uri, reads: Reads) -> (Box<Link>, TcpStream) {
-        let link = connect(base, None, Duration::from_secs(5), reads).await.expect("connect");
-        let (server, _) = listener.accept().await.expect("accept");
-        (link, server)
-    }
-
-    /// Idle connections the replica closed are closed here at the next
-    /// sweep; live ones stay; past the idle timeout they go too.
-    #[tokio::test(start_paused = true)]
-    async fn a_sweep_closes_what_the_replica_closed_and_what_idled_too_long() {
-        let (listener, base) = replica().await;
-        let idle = IdleConns::default();
-        let (a, server_a) = connected(&listener, &base, Reads::Events).await;
-        let (b, _server_b) = connected(&listener, &base, Reads::Whole).await;
-        idle.put(Reads::Events, a);
-        idle.put(Reads::Whole, b);
-        idle.sweep();
-        assert_eq!(idle.len(), 2, "both are alive");
-        drop(server_a);
-        // The end of file reaches the client socket.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        idle.sweep();
-        assert_eq!(idle.len(), 1, "the one the replica closed is gone");
-        tokio::time::advance(IDLE_TIMEOUT + Duration::from_secs(1)).await;
-        idle.sweep();
-        assert_eq!(idle.len(), 0, "the one idle past the timeout is gone");
-    }
-
-    fn future_size<A, B, C, D, E, F: std::future::Future>(_: impl Fn(A, B, C, D, E) -> F) -> usize {
-        std::mem::size_of::<F>()
-    }
-
-    /// A connection is handed from the idle list to a request, through its
-    /// response and back as one pointer, and a new connection's state is
-    /// boxed where it is made: inline, hyper's connection (672 bytes) was
-    /// copied at every hand-over and the TLS handshake's state sat in every
-    /// request's future (3,680 bytes; 1,616 when written).
-    #[test]
-    fn a_connection_moves_as_a_pointer_and_the_sending_future_stays_small() {
-        let body = std::mem::size_of::<UpstreamBody>();
-        assert!(body <= 128, "the response body is {body} bytes: it holds its connection boxed (64 when written)");
-        let send = future_size(send);
-        assert!(send <= 2048, "the sending future is {send} bytes");
-    }
-
-    /// A connection that reads whole answers is never handed to a stream,
-    /// nor the other way round: each kind comes back from its own list.
-    #[tokio::test]
-    async fn connections_of_each_kind_of_reads_are_kept_apart() {
-        let (listener, base) = replica().await;
-        let idle = IdleConns::default();
-        let (link, _server) = connected(&listener, &base, Reads::Whole).await;
-        idle.put(Reads::Whole, link);
-        assert!(idle.take(Reads::Events).is_none(), "a stream gets no connection that reads whole answers");
-        assert!(idle.take(Reads::Whole).is_some(), "a whole answer gets it");
-        assert_eq!(idle.len(), 0);
-    }
-}
+mod tests;

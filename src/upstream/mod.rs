@@ -11,6 +11,7 @@ pub(crate) mod conn;
 pub(crate) mod health;
 pub(crate) mod kv_events;
 pub(crate) mod limit;
+mod link;
 mod payload;
 pub(crate) mod pick;
 pub(crate) mod prefix;

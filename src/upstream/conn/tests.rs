@@ -1,0 +1,117 @@
+//! The connections' tests: idle lists, sizes, and one poll per event.
+
+use super::*;
+
+/// A listener standing in for a replica, and its base URL.
+async fn replica() -> (tokio::net::TcpListener, http::Uri) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr")).parse().expect("uri");
+    (listener, base)
+}
+
+/// A connection to it that reads as `reads` says, and the replica's end.
+async fn connected(listener: &tokio::net::TcpListener, base: &http::Uri, reads: Reads) -> (Box<Link>, TcpStream) {
+    let link = connect(base, None, Duration::from_secs(5), reads).await.expect("connect");
+    let (server, _) = listener.accept().await.expect("accept");
+    (link, server)
+}
+
+/// Idle connections the replica closed are closed here at the next
+/// sweep; live ones stay; past the idle timeout they go too.
+#[tokio::test(start_paused = true)]
+async fn a_sweep_closes_what_the_replica_closed_and_what_idled_too_long() {
+    let (listener, base) = replica().await;
+    let idle = IdleConns::default();
+    let (a, server_a) = connected(&listener, &base, Reads::Events).await;
+    let (b, _server_b) = connected(&listener, &base, Reads::Whole).await;
+    idle.put(Reads::Events, a);
+    idle.put(Reads::Whole, b);
+    idle.sweep();
+    assert_eq!(idle.len(), 2, "both are alive");
+    drop(server_a);
+    // The end of file reaches the client socket.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    idle.sweep();
+    assert_eq!(idle.len(), 1, "the one the replica closed is gone");
+    tokio::time::advance(IDLE_TIMEOUT + Duration::from_secs(1)).await;
+    idle.sweep();
+    assert_eq!(idle.len(), 0, "the one idle past the timeout is gone");
+}
+
+/// The connection and the body it feeds are polled by one task in one
+/// poll: an event is handed over in the poll its socket's readiness
+/// woke, and handing it over wakes the task no second time.
+#[tokio::test]
+async fn an_event_reaches_the_body_in_the_poll_that_read_it_with_no_wake_of_its_own() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    struct Count(std::sync::atomic::AtomicUsize, tokio::sync::Notify);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.1.notify_one();
+        }
+    }
+    let (listener, base) = replica().await;
+    let (link, mut server) = connected(&listener, &base, Reads::Events).await;
+    let req = Request::post("/v1/completions").body(SendBody::from(Bytes::from_static(b"{}"))).expect("request");
+    let replica_side = async {
+        let mut got = Vec::new();
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut buf = [0u8; 1024];
+            let n = server.read(&mut buf).await.expect("read");
+            assert!(n > 0, "the request came");
+            got.extend_from_slice(&buf[..n]);
+        }
+        let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        server.write_all(head).await.expect("head");
+    };
+    let (answer, ()) = tokio::join!(exchange(link, req), replica_side);
+    let Ok((resp, link)) = answer else { panic!("no answer head") };
+    let mut body = UpstreamBody { incoming: resp.into_body(), link, home: None };
+
+    let count = Arc::new(Count(Default::default(), tokio::sync::Notify::new()));
+    let waker = Waker::from(count.clone());
+    let mut cx = Context::from_waker(&waker);
+    assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending(), "nothing sent yet");
+    let event = "data: {\"choices\":[{\"text\":\"hi\"}]}\n\n";
+    server.write_all(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes()).await.expect("event");
+    count.1.notified().await;
+    let woken = count.0.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(woken, 1, "the socket's readiness woke the task once");
+    match Pin::new(&mut body).poll_frame(&mut cx) {
+        Poll::Ready(Some(Ok(frame))) => assert_eq!(frame.into_data().ok().as_deref(), Some(event.as_bytes())),
+        _ => panic!("the event was read and handed over in one poll"),
+    }
+    assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending(), "nothing more yet");
+    assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), woken, "handing the event over woke the task again");
+}
+
+fn future_size<A, B, C, D, E, F: std::future::Future>(_: impl Fn(A, B, C, D, E) -> F) -> usize {
+    std::mem::size_of::<F>()
+}
+
+/// A connection is handed from the idle list to a request, through its
+/// response and back as one pointer, and a new connection's state is
+/// boxed where it is made: inline, hyper's connection (672 bytes) was
+/// copied at every hand-over and the TLS handshake's state sat in every
+/// request's future (3,680 bytes; 1,616 when written).
+#[test]
+fn a_connection_moves_as_a_pointer_and_the_sending_future_stays_small() {
+    let body = std::mem::size_of::<UpstreamBody>();
+    assert!(body <= 128, "the response body is {body} bytes: it holds its connection boxed (64 when written)");
+    let send = future_size(send);
+    assert!(send <= 2048, "the sending future is {send} bytes");
+}
+
+/// A connection that reads whole answers is never handed to a stream,
+/// nor the other way round: each kind comes back from its own list.
+#[tokio::test]
+async fn connections_of_each_kind_of_reads_are_kept_apart() {
+    let (listener, base) = replica().await;
+    let idle = IdleConns::default();
+    let (link, _server) = connected(&listener, &base, Reads::Whole).await;
+    idle.put(Reads::Whole, link);
+    assert!(idle.take(Reads::Events).is_none(), "a stream gets no connection that reads whole answers");
+    assert!(idle.take(Reads::Whole).is_some(), "a whole answer gets it");
+    assert_eq!(idle.len(), 0);
+}
