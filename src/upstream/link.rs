@@ -13,7 +13,8 @@
 //!
 //! [`Link::drive_then`] polls both ends under a waker that knows when its
 //! task is inside that poll. A wake then is noted, not passed on: when the
-//! poll is about to return `Pending` it looks again itself; when it returns
+//! poll is about to return `Pending` it looks again itself (twice at most,
+//! then the wake goes to the task: a yield asked for); when it returns
 //! a frame, its caller polls again before it waits (what the wake was for is
 //! kept where it happened: a socket's readiness, a channel's item). A wake
 //! at any other time (the replica's socket became readable) goes to the task
@@ -69,7 +70,7 @@ impl Link {
         self.in_poll.task.register(cx.waker());
         self.in_poll.state.store(POLLING, Ordering::Release);
         let mut inner = Context::from_waker(&self.waker);
-        loop {
+        for _ in 0..LOOKS {
             let open = Pin::new(&mut self.conn).poll(&mut inner).is_pending();
             let got = take(&mut inner);
             if got.is_ready() || !open {
@@ -83,8 +84,19 @@ impl Link {
             }
             // Woken while polling: something changed after it was looked at.
         }
+        // Woken at every look: something asks the task to yield (hyper's
+        // connection hands the thread back after a run of work by waking
+        // its task at once). The task is woken, as any wake does, and polls
+        // again after the others.
+        self.in_poll.state.store(IDLE, Ordering::Release);
+        cx.waker().wake_by_ref();
+        (true, Poll::Pending)
     }
 }
+
+/// How many times one poll looks again after a wake during it before it
+/// leaves the wake to the task: the handing over of a chunk needs one.
+const LOOKS: usize = 3;
 
 const IDLE: u8 = 0;
 const POLLING: u8 = 1;

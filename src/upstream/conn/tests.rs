@@ -86,6 +86,73 @@ async fn an_event_reaches_the_body_in_the_poll_that_read_it_with_no_wake_of_its_
     assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), woken, "handing the event over woke the task again");
 }
 
+/// Something polled under the link that asks for a yield at every look
+/// (as hyper's connection does after a run of work: it wakes its task at
+/// once) gets it: the poll ends, and the task is woken to poll again later.
+#[tokio::test]
+async fn a_poll_woken_at_every_look_ends_and_wakes_its_task() {
+    let (listener, base) = replica().await;
+    let (mut link, _server) = connected(&listener, &base, Reads::Events).await;
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let count = Arc::new(Count(Default::default()));
+    let waker = Waker::from(count.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut looks = 0;
+    let (open, got) = link.drive_then(&mut cx, |cx| {
+        looks += 1;
+        cx.waker().wake_by_ref();
+        Poll::<()>::Pending
+    });
+    assert!(open && got.is_pending());
+    assert_eq!(looks, 3, "it looked again twice");
+    assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 1, "then the task was woken");
+}
+
+/// A replica that sends a long run of events at once (more reads than
+/// tokio lets one poll make, runs of work after which hyper yields):
+/// every event arrives.
+#[tokio::test]
+async fn a_long_burst_of_events_arrives_whole() {
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const EVENTS: usize = 20_000;
+    const EVENT: &str = "data: {\"choices\":[{\"text\":\"x\"}]}\n\n";
+    let (listener, base) = replica().await;
+    let (link, mut server) = connected(&listener, &base, Reads::Events).await;
+    tokio::spawn(async move {
+        let mut got = Vec::new();
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut buf = [0u8; 1024];
+            let Ok(n @ 1..) = server.read(&mut buf).await else { return };
+            got.extend_from_slice(&buf[..n]);
+        }
+        let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for _ in 0..EVENTS {
+            out.extend_from_slice(format!("{:x}\r\n{EVENT}\r\n", EVENT.len()).as_bytes());
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        let _ = server.write_all(&out).await;
+        let _ = server.read(&mut [0u8; 16]).await;
+    });
+    let req = Request::post("/v1/completions").body(SendBody::from(Bytes::from_static(b"{}"))).expect("request");
+    let read = async {
+        let Ok((resp, link)) = exchange(link, req).await else { panic!("no answer head") };
+        let mut body = UpstreamBody { incoming: resp.into_body(), link, home: None };
+        let mut bytes = 0;
+        while let Some(frame) = body.frame().await {
+            bytes += frame.expect("a frame").into_data().map_or(0, |d| d.len());
+        }
+        bytes
+    };
+    let bytes = tokio::time::timeout(Duration::from_secs(60), read).await.expect("the burst was read within a minute");
+    assert_eq!(bytes, EVENTS * EVENT.len());
+}
+
 fn future_size<A, B, C, D, E, F: std::future::Future>(_: impl Fn(A, B, C, D, E) -> F) -> usize {
     std::mem::size_of::<F>()
 }
