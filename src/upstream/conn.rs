@@ -44,7 +44,7 @@ use hyper::client::conn::http1::Builder;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::link::{Link, Stream};
+use super::link::{poll_through, Link, Stream};
 use super::payload::SendBody;
 use super::tls::ReplicaTls;
 use super::Replica;
@@ -289,17 +289,7 @@ async fn exchange(mut link: Box<Link>, req: Request<SendBody>) -> Result<(Respon
     let mut answer = std::pin::pin!(link.tx.try_send_request(req));
     let mut link = Some(link);
     let result = std::future::poll_fn(|cx| {
-        let polled = match link.as_mut() {
-            Some(l) => {
-                let (open, polled) = l.drive_then(cx, |cx| answer.as_mut().poll(cx));
-                if !open {
-                    link = None;
-                }
-                polled
-            }
-            None => answer.as_mut().poll(cx),
-        };
-        match polled {
+        match poll_through(&mut link, cx, |cx| answer.as_mut().poll(cx)) {
             Poll::Ready(r) => Poll::Ready(Some(r)),
             // The connection ended and left the request unanswered.
             Poll::Pending if link.is_none() => Poll::Ready(None),
@@ -380,17 +370,7 @@ impl Body for UpstreamBody {
         // Read and decode first, so a chunk the connection just decoded is
         // handed over in this same poll.
         let incoming = &mut this.incoming;
-        let polled = match this.link.as_mut() {
-            Some(link) => {
-                let (open, polled) = link.drive_then(cx, |cx| Pin::new(&mut *incoming).poll_frame(cx));
-                if !open {
-                    this.link = None;
-                }
-                polled
-            }
-            None => Pin::new(incoming).poll_frame(cx),
-        };
-        match polled {
+        match poll_through(&mut this.link, cx, |cx| Pin::new(&mut *incoming).poll_frame(cx)) {
             Poll::Ready(None) => {
                 this.release();
                 Poll::Ready(None)

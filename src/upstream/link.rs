@@ -94,6 +94,21 @@ impl Link {
     }
 }
 
+/// [`Link::drive_then`] on a connection that may have ended (`None`), which
+/// is dropped when it ends; with none, `take` alone is polled.
+pub(super) fn poll_through<T>(
+    link: &mut Option<Box<Link>>,
+    cx: &mut Context<'_>,
+    mut take: impl FnMut(&mut Context<'_>) -> Poll<T>,
+) -> Poll<T> {
+    let Some(l) = link.as_mut() else { return take(cx) };
+    let (open, got) = l.drive_then(cx, take);
+    if !open {
+        *link = None;
+    }
+    got
+}
+
 /// How many times one poll looks again after a wake during it before it
 /// leaves the wake to the task: the handing over of a chunk needs one.
 const LOOKS: usize = 3;

@@ -38,52 +38,78 @@ async fn a_sweep_closes_what_the_replica_closed_and_what_idled_too_long() {
     assert_eq!(idle.len(), 0, "the one idle past the timeout is gone");
 }
 
+/// A waker that counts its wakes and signals each.
+struct Wakes(std::sync::atomic::AtomicUsize, tokio::sync::Notify);
+
+impl std::task::Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.1.notify_one();
+    }
+}
+
+impl Wakes {
+    fn new() -> Arc<Wakes> {
+        Arc::new(Wakes(Default::default(), tokio::sync::Notify::new()))
+    }
+
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The head of a streamed answer, as vLLM sends it.
+const SSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+/// One event as an HTTP chunk.
+fn chunk(event: &str) -> String {
+    format!("{:x}\r\n{event}\r\n", event.len())
+}
+
+/// The replica's side: read a request's head (false: the connection ended first).
+async fn read_request_head(server: &mut TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let mut buf = [0u8; 1024];
+        let Ok(n @ 1..) = server.read(&mut buf).await else { return false };
+        got.extend_from_slice(&buf[..n]);
+    }
+    true
+}
+
 /// The connection and the body it feeds are polled by one task in one
 /// poll: an event is handed over in the poll its socket's readiness
 /// woke, and handing it over wakes the task no second time.
 #[tokio::test]
 async fn an_event_reaches_the_body_in_the_poll_that_read_it_with_no_wake_of_its_own() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    struct Count(std::sync::atomic::AtomicUsize, tokio::sync::Notify);
-    impl std::task::Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            self.1.notify_one();
-        }
-    }
+    use tokio::io::AsyncWriteExt;
     let (listener, base) = replica().await;
     let (link, mut server) = connected(&listener, &base, Reads::Events).await;
     let req = Request::post("/v1/completions").body(SendBody::from(Bytes::from_static(b"{}"))).expect("request");
     let replica_side = async {
-        let mut got = Vec::new();
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            let mut buf = [0u8; 1024];
-            let n = server.read(&mut buf).await.expect("read");
-            assert!(n > 0, "the request came");
-            got.extend_from_slice(&buf[..n]);
-        }
-        let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-        server.write_all(head).await.expect("head");
+        assert!(read_request_head(&mut server).await, "the request came");
+        server.write_all(SSE_HEAD).await.expect("head");
     };
     let (answer, ()) = tokio::join!(exchange(link, req), replica_side);
     let Ok((resp, link)) = answer else { panic!("no answer head") };
     let mut body = UpstreamBody { incoming: resp.into_body(), link, home: None };
 
-    let count = Arc::new(Count(Default::default(), tokio::sync::Notify::new()));
+    let count = Wakes::new();
     let waker = Waker::from(count.clone());
     let mut cx = Context::from_waker(&waker);
     assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending(), "nothing sent yet");
     let event = "data: {\"choices\":[{\"text\":\"hi\"}]}\n\n";
-    server.write_all(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes()).await.expect("event");
+    server.write_all(chunk(event).as_bytes()).await.expect("event");
     count.1.notified().await;
-    let woken = count.0.load(std::sync::atomic::Ordering::SeqCst);
+    let woken = count.count();
     assert_eq!(woken, 1, "the socket's readiness woke the task once");
     match Pin::new(&mut body).poll_frame(&mut cx) {
         Poll::Ready(Some(Ok(frame))) => assert_eq!(frame.into_data().ok().as_deref(), Some(event.as_bytes())),
         _ => panic!("the event was read and handed over in one poll"),
     }
     assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending(), "nothing more yet");
-    assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), woken, "handing the event over woke the task again");
+    assert_eq!(count.count(), woken, "handing the event over woke the task again");
 }
 
 /// Something polled under the link that asks for a yield at every look
@@ -93,13 +119,7 @@ async fn an_event_reaches_the_body_in_the_poll_that_read_it_with_no_wake_of_its_
 async fn a_poll_woken_at_every_look_ends_and_wakes_its_task() {
     let (listener, base) = replica().await;
     let (mut link, _server) = connected(&listener, &base, Reads::Events).await;
-    struct Count(std::sync::atomic::AtomicUsize);
-    impl std::task::Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-    let count = Arc::new(Count(Default::default()));
+    let count = Wakes::new();
     let waker = Waker::from(count.clone());
     let mut cx = Context::from_waker(&waker);
     let mut looks = 0;
@@ -110,7 +130,7 @@ async fn a_poll_woken_at_every_look_ends_and_wakes_its_task() {
     });
     assert!(open && got.is_pending());
     assert_eq!(looks, 3, "it looked again twice");
-    assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 1, "then the task was woken");
+    assert_eq!(count.count(), 1, "then the task was woken");
 }
 
 /// A replica that sends a long run of events at once (more reads than
@@ -125,15 +145,12 @@ async fn a_long_burst_of_events_arrives_whole() {
     let (listener, base) = replica().await;
     let (link, mut server) = connected(&listener, &base, Reads::Events).await;
     tokio::spawn(async move {
-        let mut got = Vec::new();
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            let mut buf = [0u8; 1024];
-            let Ok(n @ 1..) = server.read(&mut buf).await else { return };
-            got.extend_from_slice(&buf[..n]);
+        if !read_request_head(&mut server).await {
+            return;
         }
-        let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        let mut out = SSE_HEAD.to_vec();
         for _ in 0..EVENTS {
-            out.extend_from_slice(format!("{:x}\r\n{EVENT}\r\n", EVENT.len()).as_bytes());
+            out.extend_from_slice(chunk(EVENT).as_bytes());
         }
         out.extend_from_slice(b"0\r\n\r\n");
         let _ = server.write_all(&out).await;
