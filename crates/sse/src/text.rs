@@ -44,7 +44,7 @@ pub enum Piece {
 
 /// A JSON string, borrowed from the chunk unless it had escapes (then
 /// unescaped into a `String`). Not a string: a type error.
-pub(crate) struct Str<'a>(Cow<'a, str>);
+pub(crate) struct Str<'a>(pub(crate) Cow<'a, str>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -67,6 +67,21 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
 
 /// [`crate::analyze`], and the text the payload carries appended to `out`.
 pub fn analyze_text(data: &[u8], out: &mut String) -> (EventInfo, Piece) {
+    let trimmed = data.trim_ascii();
+    // The quick reading, where the text needs no unescaping.
+    if let Some(q) = crate::scan::quick(trimmed).filter(|q| !q.text.is_some_and(|t| t.escaped)) {
+        return match (q.other, q.text) {
+            (true, _) => (q.info, Piece::Other),
+            (false, Some(t)) => match std::str::from_utf8(&trimmed[t.start..t.end]) {
+                Ok(text) => {
+                    out.push_str(text);
+                    (q.info, Piece::Text)
+                }
+                Err(_) => (q.info, Piece::Nothing),
+            },
+            (false, None) => (q.info, Piece::Nothing),
+        };
+    }
     let (info, text, other) = crate::read::<Str<'_>>(data);
     if other {
         return (info, Piece::Other);
