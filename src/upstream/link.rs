@@ -19,6 +19,13 @@
 //! kept where it happened: a socket's readiness, a channel's item). A wake
 //! at any other time (the replica's socket became readable) goes to the task
 //! at once, as any wake does.
+//!
+//! A link whose poll returned `Pending` stays quiet until one of those wakes:
+//! polled again before it (hyper's server polls a body twice more after
+//! each frame it writes), it answers `Pending` at once, since everything it
+//! waits on was asked to wake it and none has. That was two passes per
+//! streamed event through the replica's connection and the body's channel
+//! that could find nothing.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -59,6 +66,8 @@ impl Link {
     /// false once it has ended (closed, or failed), when it is not used
     /// again. For the idle list's checks, with a waker that does nothing.
     pub(super) fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        // Whoever takes it next looks at it first: it is not quiet for them.
+        self.in_poll.state.store(IDLE, Ordering::Release);
         Pin::new(&mut self.conn).poll(cx).is_pending()
     }
 
@@ -68,6 +77,16 @@ impl Link {
     /// `take` gave.
     pub(super) fn drive_then<T>(&mut self, cx: &mut Context<'_>, mut take: impl FnMut(&mut Context<'_>) -> Poll<T>) -> (bool, Poll<T>) {
         self.in_poll.task.register(cx.waker());
+        // Nothing woke the link since it last returned `Pending`: it would
+        // again (every source it waits on was asked to wake it). hyper's
+        // server polls a body again after each frame it writes, twice,
+        // and this answers those polls without going through the replica's
+        // connection and the body's channel.
+        // (A wake after this look finds the link quiet, makes it idle and
+        // wakes the task, whose next poll looks.)
+        if self.in_poll.state.load(Ordering::Acquire) == QUIET {
+            return (true, Poll::Pending);
+        }
         self.in_poll.state.store(POLLING, Ordering::Release);
         let mut inner = Context::from_waker(&self.waker);
         for _ in 0..LOOKS {
@@ -113,10 +132,13 @@ pub(super) fn poll_through<T>(
 /// leaves the wake to the task: the handing over of a chunk needs one.
 const LOOKS: usize = 3;
 
+/// Not being polled (and the last poll gave something, or it was woken since).
 const IDLE: u8 = 0;
 const POLLING: u8 = 1;
 /// Polling, and woken since the poll began.
 const WOKEN: u8 = 2;
+/// Not being polled, and not woken since its last poll returned `Pending`.
+const QUIET: u8 = 3;
 
 /// A link's waker: notes a wake while its task polls the link, passes one on
 /// to the task otherwise.
@@ -128,9 +150,10 @@ struct InPoll {
 
 impl InPoll {
     /// End a poll that returns `Pending`: false when a wake came during it
-    /// (the poll goes on, looking again).
+    /// (the poll goes on, looking again). Left quiet: until a wake, polling
+    /// again would find nothing.
     fn leave(&self) -> bool {
-        match self.state.compare_exchange(POLLING, IDLE, Ordering::AcqRel, Ordering::Acquire) {
+        match self.state.compare_exchange(POLLING, QUIET, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => true,
             Err(_) => {
                 self.state.store(POLLING, Ordering::Release);
@@ -147,10 +170,24 @@ impl Wake for InPoll {
 
     fn wake_by_ref(self: &Arc<Self>) {
         // Polling: noted (the poll looks again). Already noted: nothing.
-        // Not polling: the task is woken.
-        if let Err(IDLE) = self.state.compare_exchange(POLLING, WOKEN, Ordering::AcqRel, Ordering::Acquire) {
-            self.task.wake();
+        // Not polling: the task is woken (and a quiet link is no longer).
+        // Retried when the state moved under it, so that a wake always
+        // lands in one of the two.
+        let mut now = self.state.load(Ordering::Acquire);
+        loop {
+            let to = match now {
+                POLLING => WOKEN,
+                QUIET => IDLE,
+                WOKEN => return,
+                _ => break,
+            };
+            match self.state.compare_exchange(now, to, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) if to == WOKEN => return,
+                Ok(_) => break,
+                Err(moved) => now = moved,
+            }
         }
+        self.task.wake();
     }
 }
 

@@ -133,6 +133,40 @@ async fn a_poll_woken_at_every_look_ends_and_wakes_its_task() {
     assert_eq!(count.count(), 1, "then the task was woken");
 }
 
+/// A link whose poll returned `Pending` is not looked at again until
+/// something it waits on wakes it: hyper's server polls a body again after
+/// every frame it writes, and those polls would find nothing.
+#[tokio::test]
+async fn a_quiet_link_is_looked_at_again_only_after_a_wake() {
+    let (listener, base) = replica().await;
+    let (mut link, _server) = connected(&listener, &base, Reads::Events).await;
+    let count = Wakes::new();
+    let waker = Waker::from(count.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut looks = 0;
+    let mut source: Option<Waker> = None;
+    let mut poll = |link: &mut Link, cx: &mut Context<'_>| {
+        link.drive_then(cx, |cx| {
+            looks += 1;
+            source = Some(cx.waker().clone());
+            Poll::<()>::Pending
+        })
+    };
+    assert!(poll(&mut link, &mut cx).1.is_pending());
+    assert!(poll(&mut link, &mut cx).1.is_pending());
+    assert!(poll(&mut link, &mut cx).1.is_pending());
+    let (looked, source) = (looks, source.take().expect("the source registered a waker"));
+    assert_eq!(looked, 1, "polled twice more with no wake: not looked at");
+    source.wake();
+    assert_eq!(count.count(), 1, "the source's wake reached the task");
+    let mut looks = 0;
+    let (open, got) = link.drive_then(&mut cx, |_| {
+        looks += 1;
+        Poll::Ready(())
+    });
+    assert!(open && got.is_ready() && looks == 1, "woken: looked at again");
+}
+
 /// A replica that sends a long run of events at once (more reads than
 /// tokio lets one poll make, runs of work after which hyper yields):
 /// every event arrives.
