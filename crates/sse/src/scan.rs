@@ -60,12 +60,8 @@ pub(crate) fn quick(data: &[u8]) -> Option<Quick> {
                 }
                 b"object" => {
                     once(&mut seen_object)?;
-                    if !c.null()? {
-                        let s = c.string()?;
-                        if s.escaped {
-                            return None;
-                        }
-                        out.info.error = &data[s.start..s.end] == b"error";
+                    if let Some(object) = c.plain_or_null()? {
+                        out.info.error = object == b"error";
                     }
                 }
                 // Read the full way: rare, and more to them.
@@ -129,19 +125,12 @@ fn choice(c: &mut Cursor<'_>, out: &mut Quick) -> Option<()> {
                 }
                 b"text" => {
                     once(&mut seen_text)?;
-                    if !c.null()? {
-                        text = Some(c.string()?);
-                    }
+                    text = c.string_or_null()?;
                 }
                 b"finish_reason" => {
                     once(&mut seen_finish)?;
-                    if !c.null()? {
-                        let s = c.string()?;
-                        if s.escaped {
-                            return None;
-                        }
-                        let reason = std::str::from_utf8(&c.b[s.start..s.end]).ok()?;
-                        out.info.finish_reason = Some(reason.to_owned());
+                    if let Some(reason) = c.plain_or_null()? {
+                        out.info.finish_reason = Some(std::str::from_utf8(reason).ok()?.to_owned());
                     }
                 }
                 _ => c.skip(0)?,
@@ -177,17 +166,15 @@ fn delta(c: &mut Cursor<'_>) -> Option<(Option<Span>, bool)> {
         match c.key()? {
             b"content" => {
                 once(&mut seen_content)?;
-                if !c.null()? {
-                    content = Some(c.string()?);
-                }
+                content = c.string_or_null()?;
             }
             b"reasoning_content" => {
                 once(&mut seen_rc)?;
-                other |= c.filled_or_null()?;
+                other |= c.string_or_null()?.is_some_and(|s| s.filled());
             }
             b"reasoning" => {
                 once(&mut seen_r)?;
-                other |= c.filled_or_null()?;
+                other |= c.string_or_null()?.is_some_and(|s| s.filled());
             }
             b"tool_calls" => {
                 once(&mut seen_tools)?;
@@ -284,12 +271,21 @@ impl<'a> Cursor<'a> {
         Some(&self.b[s.start..s.end])
     }
 
-    /// `null` or a string: whether it is a string with characters.
-    fn filled_or_null(&mut self) -> Option<bool> {
+    /// `null` (`None`) or a string.
+    fn string_or_null(&mut self) -> Option<Option<Span>> {
         if self.null()? {
-            return Some(false);
+            return Some(None);
         }
-        Some(self.string()?.filled())
+        self.string().map(Some)
+    }
+
+    /// `null` (`None`) or a string with no escape: its bytes.
+    fn plain_or_null(&mut self) -> Option<Option<&'a [u8]>> {
+        match self.string_or_null()? {
+            None => Some(None),
+            Some(s) if s.escaped => None,
+            Some(s) => Some(Some(&self.b[s.start..s.end])),
+        }
     }
 
     /// `null` (true, read) or another value (false, not read).

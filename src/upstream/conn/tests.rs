@@ -58,6 +58,15 @@ impl Wakes {
     }
 }
 
+/// A connected link, its replica's end, and a task's waker that counts its wakes.
+async fn link_and_task() -> (Box<Link>, TcpStream, Arc<Wakes>, Waker) {
+    let (listener, base) = replica().await;
+    let (link, server) = connected(&listener, &base, Reads::Events).await;
+    let count = Wakes::new();
+    let waker = Waker::from(count.clone());
+    (link, server, count, waker)
+}
+
 /// The head of a streamed answer, as vLLM sends it.
 const SSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
 
@@ -117,10 +126,7 @@ async fn an_event_reaches_the_body_in_the_poll_that_read_it_with_no_wake_of_its_
 /// once) gets it: the poll ends, and the task is woken to poll again later.
 #[tokio::test]
 async fn a_poll_woken_at_every_look_ends_and_wakes_its_task() {
-    let (listener, base) = replica().await;
-    let (mut link, _server) = connected(&listener, &base, Reads::Events).await;
-    let count = Wakes::new();
-    let waker = Waker::from(count.clone());
+    let (mut link, _server, count, waker) = link_and_task().await;
     let mut cx = Context::from_waker(&waker);
     let mut looks = 0;
     let (open, got) = link.drive_then(&mut cx, |cx| {
@@ -138,10 +144,7 @@ async fn a_poll_woken_at_every_look_ends_and_wakes_its_task() {
 /// every frame it writes, and those polls would find nothing.
 #[tokio::test]
 async fn a_quiet_link_is_looked_at_again_only_after_a_wake() {
-    let (listener, base) = replica().await;
-    let (mut link, _server) = connected(&listener, &base, Reads::Events).await;
-    let count = Wakes::new();
-    let waker = Waker::from(count.clone());
+    let (mut link, _server, count, waker) = link_and_task().await;
     let mut cx = Context::from_waker(&waker);
     let mut looks = 0;
     let mut source: Option<Waker> = None;
