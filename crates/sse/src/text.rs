@@ -68,17 +68,16 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
 /// [`crate::analyze`], and the text the payload carries appended to `out`.
 pub fn analyze_text(data: &[u8], out: &mut String) -> (EventInfo, Piece) {
     let trimmed = data.trim_ascii();
-    // The quick reading, where the text needs no unescaping.
+    // The quick reading, where the text needs no unescaping (its bytes lie
+    // between two quotes of text already checked as UTF-8).
     if let Some(q) = crate::scan::quick(trimmed).filter(|q| !q.text.is_some_and(|t| t.escaped)) {
-        return match (q.other, q.text) {
+        let text = q.text.and_then(|t| std::str::from_utf8(&trimmed[t.start..t.end]).ok());
+        return match (q.other, text) {
             (true, _) => (q.info, Piece::Other),
-            (false, Some(t)) => match std::str::from_utf8(&trimmed[t.start..t.end]) {
-                Ok(text) => {
-                    out.push_str(text);
-                    (q.info, Piece::Text)
-                }
-                Err(_) => (q.info, Piece::Nothing),
-            },
+            (false, Some(text)) => {
+                out.push_str(text);
+                (q.info, Piece::Text)
+            }
             (false, None) => (q.info, Piece::Nothing),
         };
     }
