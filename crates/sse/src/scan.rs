@@ -47,32 +47,26 @@ pub(crate) fn quick(data: &[u8]) -> Option<Quick> {
     let mut c = Cursor { b: data, i: 0 };
     let mut out = Quick { info: EventInfo::default(), text: None, other: false };
     let (mut seen_choices, mut seen_object) = (false, false);
-    c.open(b'{')?;
-    if !c.close_or_first(b'}')? {
-        loop {
-            let key = c.key()?;
-            match key {
-                b"choices" => {
-                    once(&mut seen_choices)?;
-                    if !c.null()? {
-                        choices(&mut c, &mut out)?;
-                    }
+    c.members(|c, key| {
+        match key? {
+            b"choices" => {
+                once(&mut seen_choices)?;
+                if !c.null()? {
+                    c.elements(|c| choice(c, &mut out))?;
                 }
-                b"object" => {
-                    once(&mut seen_object)?;
-                    if let Some(object) = c.plain_or_null()? {
-                        out.info.error = object == b"error";
-                    }
+            }
+            b"object" => {
+                once(&mut seen_object)?;
+                if let Some(object) = c.plain_or_null()? {
+                    out.info.error = object == b"error";
                 }
-                // Read the full way: rare, and more to them.
-                b"usage" | b"error" | b"type" | b"delta" | b"response" => return None,
-                _ => c.skip(0)?,
             }
-            if !c.next_or_close(b'}')? {
-                break;
-            }
+            // Read the full way: rare, and more to them.
+            b"usage" | b"error" | b"type" | b"delta" | b"response" => return None,
+            _ => c.skip(0)?,
         }
-    }
+        Some(())
+    })?;
     c.ws();
     (c.i == data.len()).then_some(out)
 }
@@ -86,60 +80,37 @@ fn once(seen: &mut bool) -> Option<()> {
     Some(())
 }
 
-/// `choices`: an array of choice objects, folded as [`crate::read`] folds them.
-fn choices(c: &mut Cursor<'_>, out: &mut Quick) -> Option<()> {
-    c.open(b'[')?;
-    if c.close_or_first(b']')? {
-        return Some(());
-    }
-    loop {
-        choice(c, out)?;
-        if !c.next_or_close(b']')? {
-            return Some(());
-        }
-    }
-}
-
-/// One choice: `index`, `delta`, `text`, `finish_reason`; the rest skipped.
+/// One of `choices`: `index`, `delta`, `text`, `finish_reason`, the rest
+/// skipped; folded into `out` as [`crate::read`] folds the choices.
 fn choice(c: &mut Cursor<'_>, out: &mut Quick) -> Option<()> {
-    c.open(b'{')?;
-    let (mut index, mut text, mut other) = (None, None, false);
-    let (mut seen_delta, mut seen_text, mut seen_finish) = (false, false, false);
-    let mut content = None;
-    if !c.close_or_first(b'}')? {
-        loop {
-            match c.key()? {
-                b"index" => {
-                    if index.is_some() {
-                        return None;
-                    }
-                    index = Some(c.count()?);
-                }
-                b"delta" => {
-                    once(&mut seen_delta)?;
-                    if !c.null()? {
-                        let (t, o) = delta(c)?;
-                        content = t;
-                        other = o;
-                    }
-                }
-                b"text" => {
-                    once(&mut seen_text)?;
-                    text = c.string_or_null()?;
-                }
-                b"finish_reason" => {
-                    once(&mut seen_finish)?;
-                    if let Some(reason) = c.plain_or_null()? {
-                        out.info.finish_reason = Some(std::str::from_utf8(reason).ok()?.to_owned());
-                    }
-                }
-                _ => c.skip(0)?,
+    let (mut index, mut text, mut other, mut content) = (None, None, false, None);
+    let (mut seen_index, mut seen_delta, mut seen_text, mut seen_finish) = (false, false, false, false);
+    c.members(|c, key| {
+        match key? {
+            b"index" => {
+                once(&mut seen_index)?;
+                index = Some(c.count()?);
             }
-            if !c.next_or_close(b'}')? {
-                break;
+            b"delta" => {
+                once(&mut seen_delta)?;
+                if !c.null()? {
+                    (content, other) = delta(c)?;
+                }
             }
+            b"text" => {
+                once(&mut seen_text)?;
+                text = c.string_or_null()?;
+            }
+            b"finish_reason" => {
+                once(&mut seen_finish)?;
+                if let Some(reason) = c.plain_or_null()? {
+                    out.info.finish_reason = Some(std::str::from_utf8(reason).ok()?.to_owned());
+                }
+            }
+            _ => c.skip(0)?,
         }
-    }
+        Some(())
+    })?;
     out.other |= other;
     out.info.content |= other;
     let text = content.filter(Span::filled).or(text.filter(Span::filled));
@@ -156,14 +127,10 @@ fn choice(c: &mut Cursor<'_>, out: &mut Quick) -> Option<()> {
 
 /// A delta: its `content`, and whether it carries reasoning or a tool call.
 fn delta(c: &mut Cursor<'_>) -> Option<(Option<Span>, bool)> {
-    c.open(b'{')?;
     let (mut content, mut other) = (None, false);
     let (mut seen_content, mut seen_rc, mut seen_r, mut seen_tools) = (false, false, false, false);
-    if c.close_or_first(b'}')? {
-        return Some((None, false));
-    }
-    loop {
-        match c.key()? {
+    c.members(|c, key| {
+        match key? {
             b"content" => {
                 once(&mut seen_content)?;
                 content = c.string_or_null()?;
@@ -179,15 +146,14 @@ fn delta(c: &mut Cursor<'_>) -> Option<(Option<Span>, bool)> {
             b"tool_calls" => {
                 once(&mut seen_tools)?;
                 if !c.null()? {
-                    other |= c.nonempty_array()?;
+                    other |= c.elements(|c| c.skip(1))? > 0;
                 }
             }
             _ => c.skip(0)?,
         }
-        if !c.next_or_close(b'}')? {
-            return Some((content, other));
-        }
-    }
+        Some(())
+    })?;
+    Some((content, other))
 }
 
 /// Where the run of plain characters of a string that starts at `i` ends:
@@ -261,14 +227,37 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// A key and its colon: the key's bytes (a key with an escape: `None`).
-    fn key(&mut self) -> Option<&'a [u8]> {
-        let s = self.string()?;
-        if s.escaped {
-            return None;
+    /// An object, each member read by `each` with its key (`None`: a key
+    /// written with an escape) and the cursor at its value.
+    fn members(&mut self, mut each: impl FnMut(&mut Self, Option<&'a [u8]>) -> Option<()>) -> Option<()> {
+        self.open(b'{')?;
+        if self.close_or_first(b'}')? {
+            return Some(());
         }
-        self.open(b':')?;
-        Some(&self.b[s.start..s.end])
+        loop {
+            let key = self.string()?;
+            self.open(b':')?;
+            each(self, (!key.escaped).then(|| &self.b[key.start..key.end]))?;
+            if !self.next_or_close(b'}')? {
+                return Some(());
+            }
+        }
+    }
+
+    /// An array, each element read by `each`: how many it has.
+    fn elements(&mut self, mut each: impl FnMut(&mut Self) -> Option<()>) -> Option<usize> {
+        self.open(b'[')?;
+        if self.close_or_first(b']')? {
+            return Some(0);
+        }
+        let mut n = 0;
+        loop {
+            each(self)?;
+            n += 1;
+            if !self.next_or_close(b']')? {
+                return Some(n);
+            }
+        }
     }
 
     /// `null` (`None`) or a string.
@@ -387,20 +376,6 @@ impl<'a> Cursor<'a> {
         Some(())
     }
 
-    /// An array: whether it has elements (each checked and skipped).
-    fn nonempty_array(&mut self) -> Option<bool> {
-        self.open(b'[')?;
-        if self.close_or_first(b']')? {
-            return Some(false);
-        }
-        loop {
-            self.skip(1)?;
-            if !self.next_or_close(b']')? {
-                return Some(true);
-            }
-        }
-    }
-
     /// Any JSON value, checked and skipped.
     fn skip(&mut self, depth: u32) -> Option<()> {
         if depth > MAX_DEPTH {
@@ -408,32 +383,8 @@ impl<'a> Cursor<'a> {
         }
         match self.peek()? {
             b'"' => self.string().map(drop),
-            b'{' => {
-                self.i += 1;
-                if self.close_or_first(b'}')? {
-                    return Some(());
-                }
-                loop {
-                    self.string()?;
-                    self.open(b':')?;
-                    self.skip(depth + 1)?;
-                    if !self.next_or_close(b'}')? {
-                        return Some(());
-                    }
-                }
-            }
-            b'[' => {
-                self.i += 1;
-                if self.close_or_first(b']')? {
-                    return Some(());
-                }
-                loop {
-                    self.skip(depth + 1)?;
-                    if !self.next_or_close(b']')? {
-                        return Some(());
-                    }
-                }
-            }
+            b'{' => self.members(|c, _| c.skip(depth + 1)),
+            b'[' => self.elements(|c| c.skip(depth + 1)).map(drop),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
             b'n' => self.literal(b"null"),
