@@ -80,6 +80,7 @@ impl<B> Resume<B> {
             chat,
             attempts_left: attempts,
             text: String::new(),
+            memo: sse::Memo::new(),
             not_exact: false,
             ids: None,
             spliced: None,
@@ -113,6 +114,8 @@ pub(crate) struct Splice {
     attempts_left: u32,
     /// The text the client got.
     text: String,
+    /// The stream's last chunk with text: the next ones are read by it.
+    memo: sse::Memo,
     /// The answer holds what a continuation cannot carry on from (a tool
     /// call, reasoning, a second choice).
     not_exact: bool,
@@ -146,9 +149,9 @@ impl Splice {
     /// what the client has, in the same pass.
     pub(super) fn read(&mut self, data: &[u8]) -> EventInfo {
         let info = if self.not_exact {
-            sse::analyze(data)
+            self.memo.analyze(data)
         } else {
-            let (info, piece) = sse::analyze_text(data, &mut self.text);
+            let (info, piece) = self.memo.analyze_text(data, &mut self.text);
             self.not_exact = piece == Piece::Other;
             info
         };
@@ -325,6 +328,7 @@ mod tests {
             chat,
             attempts_left: 1,
             text: String::new(),
+            memo: sse::Memo::new(),
             not_exact: false,
             ids: None,
             spliced: None,

@@ -12,8 +12,10 @@
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
+mod memo;
 mod scan;
 mod text;
+pub use memo::Memo;
 use text::Field;
 pub use text::{analyze_text, Piece};
 

@@ -19,11 +19,35 @@ const MAX_DEPTH: u32 = 64;
 
 /// A chunk read the quick way: what it means, where its first choice's
 /// text is (`(start, end)` of the string's contents, and whether it has
-/// escapes), and whether it holds what a continuation cannot carry on from.
+/// escapes), whether it holds what a continuation cannot carry on from,
+/// and where the numbers among its own members are (`created`, a
+/// simulator's stamps: what changes from one chunk of a stream to the next
+/// besides the text; see [`crate::Memo`]).
 pub(crate) struct Quick {
     pub(crate) info: EventInfo,
     pub(crate) text: Option<Span>,
     pub(crate) other: bool,
+    pub(crate) numbers: Numbers,
+}
+
+/// Where the first few numbers among a chunk's own members are, `(start, end)`.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Numbers {
+    at: [(usize, usize); 4],
+    n: usize,
+}
+
+impl Numbers {
+    fn push(&mut self, start: usize, end: usize) {
+        if let Some(slot) = self.at.get_mut(self.n) {
+            *slot = (start, end);
+            self.n += 1;
+        }
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.at[..self.n].iter().copied()
+    }
 }
 
 /// A string's contents in the chunk, and whether it holds an escape.
@@ -35,7 +59,7 @@ pub(crate) struct Span {
 }
 
 impl Span {
-    fn filled(&self) -> bool {
+    pub(crate) fn filled(&self) -> bool {
         self.end > self.start
     }
 }
@@ -45,8 +69,8 @@ pub(crate) fn quick(data: &[u8]) -> Option<Quick> {
     // JSON is UTF-8, checked for the whole text as the full reading does.
     std::str::from_utf8(data).ok()?;
     let mut c = Cursor { b: data, i: 0 };
-    let mut out = Quick { info: EventInfo::default(), text: None, other: false };
-    let (mut seen_choices, mut seen_object) = (false, false);
+    let mut out = Quick { info: EventInfo::default(), text: None, other: false, numbers: Numbers::default() };
+    let (mut seen_choices, mut seen_object, mut seen_usage, mut seen_error) = (false, false, false, false);
     c.members(|c, key| {
         match key? {
             b"choices" => {
@@ -61,8 +85,22 @@ pub(crate) fn quick(data: &[u8]) -> Option<Quick> {
                     out.info.error = object == b"error";
                 }
             }
+            // `null` is as good as absent (SGLang writes `"usage":null` in every chunk).
+            b"usage" => {
+                once(&mut seen_usage)?;
+                c.null()?.then_some(())?;
+            }
+            b"error" => {
+                once(&mut seen_error)?;
+                c.null()?.then_some(())?;
+            }
             // Read the full way: rare, and more to them.
-            b"usage" | b"error" | b"type" | b"delta" | b"response" => return None,
+            b"type" | b"delta" | b"response" => return None,
+            _ if matches!(c.peek()?, b'-' | b'0'..=b'9') => {
+                let start = c.i;
+                c.number()?;
+                out.numbers.push(start, c.i);
+            }
             _ => c.skip(0)?,
         }
         Some(())
@@ -177,6 +215,20 @@ fn plain_run(b: &[u8], mut i: usize) -> usize {
         i += 1;
     }
     i
+}
+
+/// Where the string whose contents start at `start` (just after its opening
+/// quote) ends, read as the quick reading reads a string.
+pub(crate) fn string_from(b: &[u8], start: usize) -> Option<Span> {
+    Cursor { b, i: start }.string_rest()
+}
+
+/// Where the number that starts at `start` ends, read as the quick reading
+/// reads a number it skips.
+pub(crate) fn number_from(b: &[u8], start: usize) -> Option<usize> {
+    let mut c = Cursor { b, i: start };
+    c.number()?;
+    Some(c.i)
 }
 
 /// A position in the chunk. Every method skips the whitespace before what
@@ -296,6 +348,11 @@ impl<'a> Cursor<'a> {
     /// lone one is an error to serde_json; pairs are left to it too).
     fn string(&mut self) -> Option<Span> {
         self.open(b'"')?;
+        self.string_rest()
+    }
+
+    /// The rest of a string, from just after its opening quote.
+    fn string_rest(&mut self) -> Option<Span> {
         let start = self.i;
         let mut escaped = false;
         loop {

@@ -11,6 +11,7 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 
+use crate::scan::Quick;
 use crate::{EventInfo, NonEmpty};
 
 /// How a choice's text is read: for whether there is any, or kept.
@@ -68,19 +69,32 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
 /// [`crate::analyze`], and the text the payload carries appended to `out`.
 pub fn analyze_text(data: &[u8], out: &mut String) -> (EventInfo, Piece) {
     let trimmed = data.trim_ascii();
-    // The quick reading, where the text needs no unescaping (its bytes lie
-    // between two quotes of text already checked as UTF-8).
-    if let Some(q) = crate::scan::quick(trimmed).filter(|q| !q.text.is_some_and(|t| t.escaped)) {
-        let text = q.text.and_then(|t| std::str::from_utf8(&trimmed[t.start..t.end]).ok());
-        return match (q.other, text) {
-            (true, _) => (q.info, Piece::Other),
-            (false, Some(text)) => {
-                out.push_str(text);
-                (q.info, Piece::Text)
-            }
-            (false, None) => (q.info, Piece::Nothing),
-        };
+    match crate::scan::quick(trimmed).and_then(|q| quick_text(q, trimmed, out)) {
+        Some(read) => read,
+        None => full_text(data, out),
     }
+}
+
+/// A chunk read the quick way, its text appended to `out`; `None` (nothing
+/// appended) where the text needs unescaping: the full reading does that.
+pub(crate) fn quick_text(q: Quick, trimmed: &[u8], out: &mut String) -> Option<(EventInfo, Piece)> {
+    if q.text.is_some_and(|t| t.escaped) {
+        return None;
+    }
+    // Its bytes lie between two quotes of text already checked as UTF-8.
+    let text = q.text.and_then(|t| std::str::from_utf8(&trimmed[t.start..t.end]).ok());
+    Some(match (q.other, text) {
+        (true, _) => (q.info, Piece::Other),
+        (false, Some(text)) => {
+            out.push_str(text);
+            (q.info, Piece::Text)
+        }
+        (false, None) => (q.info, Piece::Nothing),
+    })
+}
+
+/// A chunk read the full way, its text appended to `out`.
+pub(crate) fn full_text(data: &[u8], out: &mut String) -> (EventInfo, Piece) {
     let (info, text, other) = crate::read::<Str<'_>>(data);
     if other {
         return (info, Piece::Other);

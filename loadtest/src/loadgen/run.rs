@@ -544,6 +544,7 @@ impl Ctx {
         }
         let itl_target_us = self.target.map(|t| (t.itl_ms * 1000.0) as u64);
         let mut parser = sse::SseParser::new();
+        let mut memo = sse::Memo::new();
         let (mut last, mut done, mut error, mut finish) = (None::<Instant>, false, false, None::<String>);
         // With a stamping simulator: when the previous content chunk left the replica.
         let mut last_sent_ns = None::<u64>;
@@ -557,7 +558,7 @@ impl Ctx {
             let now = Instant::now();
             parser.feed(&data, |d, _| {
                 let Some(d) = d else { return };
-                let info = sse::analyze(d);
+                let info = memo.analyze(d);
                 if let Some(u) = &info.usage {
                     *usage = Some(u.completion_tokens as u32);
                 }

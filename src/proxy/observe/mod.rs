@@ -31,7 +31,7 @@ use super::tracker::Tracker;
 use crate::config::{PoolConfig, ServerConfig};
 use crate::error::BoxError;
 use crate::telemetry::Outcome;
-use sse::{analyze, SseParser};
+use sse::{Memo, SseParser};
 
 /// Timeouts applied to a response body.
 #[derive(Debug, Clone, Copy)]
@@ -59,10 +59,15 @@ impl StreamTimeouts {
     }
 }
 
+// The body lives in one allocation per request whatever its mode; boxing
+// the stream's state would add one.
+#[allow(clippy::large_enum_variant)]
 enum Mode {
     /// `text/event-stream`: parse events, stamp tokens, maybe strip usage.
     Sse {
         parser: SseParser,
+        /// The stream's last chunk with text: the next ones are read by it.
+        memo: Memo,
         strip_usage: bool,
         /// Bytes of an incomplete event, held back: the client gets whole
         /// events only, so an error event slogate adds (a timeout, an event
@@ -144,6 +149,7 @@ impl<B> ObservedBody<B> {
     fn sse_mode(strip_usage: bool) -> Mode {
         Mode::Sse {
             parser: SseParser::new(),
+            memo: Memo::new(),
             strip_usage,
             pending: BytesMut::new(),
             saw_done: false,
@@ -216,7 +222,7 @@ impl<B> ObservedBody<B> {
                 keep_json(chunks, size, &data);
                 Some(data)
             }
-            Mode::Sse { parser, strip_usage, pending, saw_done, saw_error, finish_reason, broke } => {
+            Mode::Sse { parser, memo, strip_usage, pending, saw_done, saw_error, finish_reason, broke } => {
                 // Offsets below are in `pending ++ data`: events to cut, or
                 // to replace (a continuation's, rewritten).
                 let p = pending.len();
@@ -245,7 +251,7 @@ impl<B> ObservedBody<B> {
                             s.note_ids(d);
                             s.read(d)
                         }
-                        None => analyze(d),
+                        None => memo.analyze(d),
                     };
                     if info.error && splice.as_ref().is_some_and(|s| s.may_resume()) {
                         *broke = true;
