@@ -4,7 +4,8 @@
 //! stamps) changing. [`Memo`] keeps the last chunk that had text, with
 //! those places left open; a chunk that matches it byte for byte outside
 //! them means what that chunk meant, and is read by comparing bytes and
-//! checking the open places: about a tenth of the quick reading's work.
+//! checking the open places: about a quarter of the quick reading's
+//! instructions (740 against 3,040 on the simulator's chunks).
 //!
 //! It answers exactly as [`crate::analyze`] and [`crate::analyze_text`]
 //! do. The quick reading reads left to right and decides each thing from
