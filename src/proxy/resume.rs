@@ -80,7 +80,6 @@ impl<B> Resume<B> {
             chat,
             attempts_left: attempts,
             text: String::new(),
-            memo: sse::Memo::new(),
             not_exact: false,
             ids: None,
             spliced: None,
@@ -114,8 +113,6 @@ pub(crate) struct Splice {
     attempts_left: u32,
     /// The text the client got.
     text: String,
-    /// The stream's last chunk with text: the next ones are read by it.
-    memo: sse::Memo,
     /// The answer holds what a continuation cannot carry on from (a tool
     /// call, reasoning, a second choice).
     not_exact: bool,
@@ -147,11 +144,11 @@ impl Splice {
     /// Read one event of the stream as the client gets it: what it means,
     /// and (while the answer can still be continued) its text, appended to
     /// what the client has, in the same pass.
-    pub(super) fn read(&mut self, data: &[u8]) -> EventInfo {
+    pub(super) fn read(&mut self, data: &[u8], memo: &mut sse::Memo) -> EventInfo {
         let info = if self.not_exact {
-            self.memo.analyze(data)
+            memo.analyze(data)
         } else {
-            let (info, piece) = self.memo.analyze_text(data, &mut self.text);
+            let (info, piece) = memo.analyze_text(data, &mut self.text);
             self.not_exact = piece == Piece::Other;
             info
         };
@@ -328,7 +325,6 @@ mod tests {
             chat,
             attempts_left: 1,
             text: String::new(),
-            memo: sse::Memo::new(),
             not_exact: false,
             ids: None,
             spliced: None,
@@ -338,9 +334,10 @@ mod tests {
     }
 
     fn feed(s: &mut Splice, chunks: &[&str]) {
+        let mut memo = sse::Memo::new();
         for c in chunks {
             s.note_ids(c.as_bytes());
-            assert_eq!(s.read(c.as_bytes()), sse::analyze(c.as_bytes()));
+            assert_eq!(s.read(c.as_bytes(), &mut memo), sse::analyze(c.as_bytes()));
         }
     }
 

@@ -66,7 +66,8 @@ enum Mode {
     /// `text/event-stream`: parse events, stamp tokens, maybe strip usage.
     Sse {
         parser: SseParser,
-        /// The stream's last chunk with text: the next ones are read by it.
+        /// The stream's last chunk with text: the next ones are read by it
+        /// (through the splice when the stream may be continued).
         memo: Memo,
         strip_usage: bool,
         /// Bytes of an incomplete event, held back: the client gets whole
@@ -252,7 +253,7 @@ impl<B> ObservedBody<B> {
                     let info = match splice.as_deref_mut() {
                         Some(s) => {
                             s.note_ids(d);
-                            s.read(d)
+                            s.read(d, memo)
                         }
                         None => memo.analyze(d),
                     };
