@@ -4,8 +4,7 @@
 
 use super::tracker::Tracker;
 use crate::telemetry::Outcome;
-use serde_json::value::RawValue;
-use sse::{from_json, TextLen as Chars, Usage};
+use sse::Usage;
 
 /// Usage as the last member of a JSON object (`..., "usage": {...}}`), as
 /// vLLM and OpenAI write it, read without reading the rest (an embeddings
@@ -15,8 +14,23 @@ use sse::{from_json, TextLen as Chars, Usage};
 fn usage_at_end(body: &[u8]) -> Option<Usage> {
     let body = body.trim_ascii();
     let inner = body.strip_prefix(b"{")?.strip_suffix(b"}")?;
-    let at = memchr::memmem::rfind(inner, b"\"usage\":")?;
-    from_json::<Usage>(&inner[at + 8..]).ok()
+    let at = rfind_usage(inner)?;
+    sse::read_usage(&inner[at + KEY.len()..])
+}
+
+const KEY: &[u8] = b"\"usage\":";
+
+/// Where the last `"usage":` in `b` starts: found from the end by its `u`
+/// (a searcher built for each answer cost more than the search).
+fn rfind_usage(b: &[u8]) -> Option<usize> {
+    let mut end = b.len();
+    while let Some(u) = memchr::memrchr(b'u', &b[..end]) {
+        if u > 0 && b[u - 1..].starts_with(KEY) {
+            return Some(u - 1);
+        }
+        end = u;
+    }
+    None
 }
 
 /// Read usage and finish reason from a complete non-streaming JSON answer
@@ -26,60 +40,43 @@ pub(super) fn read_json_outcome(body: &[u8], usage_only: bool, tracker: &mut Tra
         tracker.usage = Some(u);
         return Outcome::ok;
     }
-    // The text is kept as it was sent (its characters are counted only
-    // when the replica reports no usage, which vLLM always does): read as
-    // text, every answer's text would be checked and counted for nothing.
-    #[derive(serde::Deserialize)]
-    struct Answer<'a> {
-        #[serde(default)]
-        usage: Option<Usage>,
-        #[serde(default, borrow)]
-        choices: Vec<AnswerChoice<'a>>,
-        /// A Responses API answer's `status`: `completed`, `incomplete`, `failed`.
-        #[serde(default)]
-        status: Option<String>,
+    // A 200 that is not the JSON answer asked for (garbage, a cut body):
+    // the caller got no usable answer.
+    let Some(answer) = sse::read_answer(body) else { return Outcome::upstream_error };
+    tracker.usage = answer.usage;
+    if answer.usage.is_none() {
+        tracker.answer_estimate = Some(answer.chars.div_ceil(4) as u64);
     }
-    #[derive(serde::Deserialize)]
-    struct AnswerChoice<'a> {
-        #[serde(default)]
-        finish_reason: Option<String>,
-        #[serde(default, borrow)]
-        message: Option<Message<'a>>,
-        #[serde(default, borrow)]
-        text: Option<&'a RawValue>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Message<'a> {
-        #[serde(default, borrow)]
-        content: Option<&'a RawValue>,
-    }
-    let chars = |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<Chars>(r.get()).ok()).map_or(0, |t| t.0);
-    match from_json::<Answer>(body) {
-        Ok(a) => {
-            tracker.usage = a.usage;
-            if a.usage.is_none() {
-                let chars: usize = a.choices.iter().map(|c| chars(c.message.as_ref().and_then(|m| m.content).or(c.text))).sum();
-                tracker.answer_estimate = Some(chars.div_ceil(4) as u64);
-            }
-            let length = a.choices.iter().any(|c| c.finish_reason.as_deref() == Some("length"));
-            tracker.finish_reason = a.choices.into_iter().find_map(|c| c.finish_reason);
-            match a.status.as_deref() {
-                // A Responses answer that failed: no usable answer.
-                Some("failed") => return Outcome::upstream_error,
-                Some("incomplete") => {
-                    tracker.finish_reason = Some("length".into());
-                    return Outcome::length;
-                }
-                _ => {}
-            }
-            if length {
-                Outcome::length
-            } else {
-                Outcome::ok
-            }
+    tracker.finish_reason = answer.finish_reason;
+    match answer.status.as_deref() {
+        // A Responses answer that failed: no usable answer.
+        Some("failed") => Outcome::upstream_error,
+        Some("incomplete") => {
+            tracker.finish_reason = Some("length".into());
+            Outcome::length
         }
-        // A 200 that is not the JSON answer asked for (garbage, a cut
-        // body): the caller got no usable answer.
-        Err(_) => Outcome::upstream_error,
+        _ if answer.length => Outcome::length,
+        _ => Outcome::ok,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The last `"usage":` is found where a searcher for it finds it.
+    #[test]
+    fn usage_is_found_from_the_end_as_a_search_finds_it() {
+        for body in [
+            &br#""usage":{}"#[..],
+            br#"{"a":"u","usage":{"x":"uu"},"b":"usage","usage":null}"#,
+            br#"{"usage" :1,"usag":2,"uu\"usage\":"}"#,
+            br#"uuuuusage":"#,
+            b"",
+            b"u",
+            br#"{"data":[0.1,0.2],"usage":{"prompt_tokens":1,"prompt_tokens_details":null}}"#,
+        ] {
+            assert_eq!(rfind_usage(body), memchr::memmem::rfind(body, KEY), "{:?}", String::from_utf8_lossy(body));
+        }
     }
 }

@@ -12,9 +12,11 @@
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
+mod answer;
 mod memo;
 mod scan;
 mod text;
+pub use answer::{read_answer, Answer};
 pub use memo::Memo;
 use text::Field;
 pub use text::{analyze_text, Piece};
@@ -463,6 +465,13 @@ impl<'de, T: Field + Deserialize<'de>> Deserialize<'de> for Choices<T> {
         }
         d.deserialize_seq(Fold(std::marker::PhantomData))
     }
+}
+
+/// A usage object (the value of an answer's `usage`) as [`Usage`]: read in
+/// one pass where it has the common shape, through serde otherwise; `None`
+/// when it is not a usage object.
+pub fn read_usage(data: &[u8]) -> Option<Usage> {
+    scan::quick_usage(data).or_else(|| from_json::<Usage>(data).ok())
 }
 
 /// Read JSON, its UTF-8 checked once for the whole text rather than string

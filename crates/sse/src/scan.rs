@@ -14,6 +14,9 @@
 
 use crate::EventInfo;
 
+mod answer;
+pub(crate) use answer::{quick_answer, quick_usage};
+
 /// The most nested arrays and objects skipped (serde_json's own limit is 128).
 const MAX_DEPTH: u32 = 64;
 
@@ -392,7 +395,8 @@ impl<'a> Cursor<'a> {
         if matches!(self.b.get(self.i + digits), Some(b'.' | b'e' | b'E')) {
             return None;
         }
-        let n = std::str::from_utf8(&self.b[self.i..self.i + digits]).ok()?.parse().ok()?;
+        // At most 19 digits: below 10^19, so within a `u64`.
+        let n = self.b[self.i..self.i + digits].iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
         self.i += digits;
         Some(n)
     }

@@ -109,7 +109,7 @@ fn chunk() -> impl Strategy<Value = String> {
     prop::collection::vec((key(), value()), 0..5).prop_map(|m| object(&m))
 }
 
-fn object(members: &[(&str, String)]) -> String {
+pub(super) fn object(members: &[(&str, String)]) -> String {
     format!("{{{}}}", members.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect::<Vec<_>>().join(","))
 }
 
@@ -131,7 +131,7 @@ fn key() -> impl Strategy<Value = &'static str> + Clone {
 }
 
 /// A JSON value of any shape.
-fn value() -> impl Strategy<Value = String> {
+pub(super) fn value() -> impl Strategy<Value = String> {
     let leaf = prop_oneof![
         Just("null".to_string()),
         Just("true".to_string()),
