@@ -67,14 +67,20 @@ impl Streams {
 /// Wait for `pending`; if it has waited `every` without its response and
 /// is a stream (or once it is known to be one), answer 200 now with a body
 /// that sends comments until the response comes.
-pub(crate) async fn respond(mut pending: Pending, every: Duration, streams: Streams, class: &str, id: &HeaderValue) -> Response<ProxyBody> {
+pub(crate) async fn respond(
+    mut pending: Pending,
+    every: Duration,
+    streams: Streams,
+    class: Arc<str>,
+    id: HeaderValue,
+) -> Response<ProxyBody> {
     tokio::select! {
         resp = &mut pending => return resp,
         _ = tokio::time::sleep(every) => {}
     }
     tokio::select! {
         resp = &mut pending => resp,
-        _ = streams.marked() => committed(pending, every, class, id),
+        _ = streams.marked() => committed(pending, every, &class, &id),
     }
 }
 

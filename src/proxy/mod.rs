@@ -40,6 +40,7 @@ mod route;
 pub(crate) mod tracker;
 pub(crate) mod watchdog;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use http::{header, HeaderValue, Method, Request, Response};
@@ -79,6 +80,9 @@ fn operation(e: Endpoint) -> &'static str {
 
 /// Handle one data-plane request: find its target, classify, then [`forward`].
 /// `client`: the connection's peer, for the forwarding headers.
+///
+/// An `async fn`, so that its future is small until it is first polled:
+/// hyper moves it twice before that.
 pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>, client: Arc<ClientAddr>) -> Response<ProxyBody> {
     let start = Instant::now();
     let snap = app.snapshot();
@@ -121,20 +125,20 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>, client: Arc<Cl
     };
     tracker.set_span(span.clone());
     let (caller, target) = caller;
+    let watchlist = app.watchlist.clone();
     match snap.config.server.queued_keepalive {
-        None => forward(req, &client, &snap, target, caller, tracker, None, &app.watchlist).instrument(span).await,
-        // The rest of the path owns what it borrows, so its future can move
-        // into a body that outlives this handler.
+        // Without a span (no trace export) the forwarding is not wrapped
+        // in one: the wrapping is a copy of its future.
+        None if span.is_disabled() => forward(req, client, snap, target, caller, tracker, None, watchlist).await,
+        None => forward(req, client, snap, target, caller, tracker, None, watchlist).instrument(span).await,
+        // The forwarding owns what it uses, so its future can move into a
+        // body that outlives this handler.
         Some(every) => {
             let streams = keepalive::Streams::default();
             let marks = streams.clone();
-            let class = class.name.clone();
-            let id = tracker.request_id.clone();
-            let watchlist = app.watchlist.clone();
-            let pending = Box::pin(
-                async move { forward(req, &client, &snap, target, caller, tracker, Some(&marks), &watchlist).await }.instrument(span),
-            );
-            keepalive::respond(pending, every.get(), streams, &class, &id).await
+            let (class, id) = (class.name.clone(), tracker.request_id.clone());
+            let pending = Box::pin(forward(req, client, snap, target, caller, tracker, Some(marks), watchlist).instrument(span));
+            keepalive::respond(pending, every.get(), streams, class, id).await
         }
     }
 }
@@ -168,58 +172,67 @@ macro_rules! stage {
 /// The request path after classification: route, the key's limits, admit,
 /// reduce, send, observe (the response body on `watchlist`).
 #[allow(clippy::too_many_arguments)]
-async fn forward(
+///
+/// Written as a function returning its future, not an `async fn`: an
+/// `async fn` keeps its arguments twice in its state (as given, and as
+/// moved into its body), the request's head (224 bytes) among them, copied
+/// on the first poll and with every move of the future.
+fn forward(
     req: Request<Incoming>,
-    client: &Arc<ClientAddr>,
-    snap: &Snapshot,
+    client: Arc<ClientAddr>,
+    snap: Arc<Snapshot>,
     target: Target,
     caller: Caller,
-    mut t: Tracker,
-    streams: Option<&keepalive::Streams>,
-    watchlist: &Arc<Watchlist>,
-) -> Response<ProxyBody> {
+    mut t: Box<Tracker>,
+    streams: Option<keepalive::Streams>,
+    watchlist: Arc<Watchlist>,
+) -> impl Future<Output = Response<ProxyBody>> {
     let (parts, body) = req.into_parts();
-    let endpoint = target.endpoint();
-    let routed = stage!(t, route::route(body, &parts.headers, parts.uri.path(), snap, &target, &caller.grant).await);
-    t.set_bytes_in(routed.bytes_in());
-    if let Some(m) = &routed.model {
-        t.set_model(m);
-    }
-    t.set_streaming(routed.stream);
-    if let (true, Some(s)) = (routed.stream, streams) {
-        s.mark();
-    }
-    // What its tenant's fair share is charged at once (the rest from the replica's usage).
-    let prompt = routed.request.prompt_estimate();
-    t.set_prompt_estimate(prompt);
-    stage!(t, key_limits(&mut t, &caller, &routed, endpoint, snap).await);
-    let mut claim = admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys(), endpoint.is_short());
-    claim.deadline = stage!(t, headers::deadline(&parts.headers)).map(|d| t.start() + d);
-    let (bytes, key, admission) = (routed.request.len() as u64, routed.key.clone(), &routed.route.admission);
-    let admitted = admission::admit(&caller.class.control, admission, &caller.tenant.name, routed.stream, bytes, claim, key).await;
-    let admitted = stage!(t, admitted);
-    t.set_probe(admitted.probe);
-    t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
+    async move {
+        let (client, snap, watchlist) = (&client, &*snap, &watchlist);
+        let endpoint = target.endpoint();
+        let routed = stage!(t, route::route(body, &parts.headers, parts.uri.path(), snap, &target, &caller.grant).await);
+        t.set_bytes_in(routed.bytes_in());
+        if let Some(m) = &routed.model {
+            t.set_model(m);
+        }
+        t.set_streaming(routed.stream);
+        if let (true, Some(s)) = (routed.stream, streams) {
+            s.mark();
+        }
+        // What its tenant's fair share is charged at once (the rest from the replica's usage).
+        let prompt = routed.request.prompt_estimate();
+        t.set_prompt_estimate(prompt);
+        stage!(t, key_limits(&mut t, &caller, &routed, endpoint, snap).await);
+        let mut claim =
+            admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys(), endpoint.is_short());
+        claim.deadline = stage!(t, headers::deadline(&parts.headers)).map(|d| t.start() + d);
+        let (bytes, key, admission) = (routed.request.len() as u64, routed.key.clone(), &routed.route.admission);
+        let admitted = admission::admit(&caller.class.control, admission, &caller.tenant.name, routed.stream, bytes, claim, key).await;
+        let admitted = stage!(t, admitted);
+        t.set_probe(admitted.probe);
+        t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
 
-    let Routed { mut request, route, stream, strip_usage, upload, .. } = routed;
-    let priority =
-        (route.pool.config.upstream_priority && generates(endpoint)).then(|| admitted.lease.upstream_priority(caller.class.tier));
-    let prepared = route::cpu_bound(request.len(), || {
-        let reduced = reduce(&mut request, endpoint, snap, &t)?;
-        Ok((reduced, request.into_bytes(strip_usage, priority)?))
-    });
-    let (reduced, body) = stage!(t, prepared);
+        let Routed { mut request, route, stream, strip_usage, upload, .. } = routed;
+        let priority =
+            (route.pool.config.upstream_priority && generates(endpoint)).then(|| admitted.lease.upstream_priority(caller.class.tier));
+        let prepared = route::cpu_bound(request.len(), || {
+            let reduced = reduce(&mut request, endpoint, snap, &t)?;
+            Ok((reduced, request.into_bytes(strip_usage, priority)?))
+        });
+        let (reduced, body) = stage!(t, prepared);
 
-    let timeouts = StreamTimeouts::of(&route.pool.config, &snap.config.server);
-    let mut lease = admitted.lease;
-    // Boxed: the sending stage's state is the largest of this path, and
-    // inline it would be held by every request waiting in a queue above.
-    let payload = upload.as_ref().map_or_else(|| SendBody::from(body.clone()), |u| SendBody::Upload(u.clone()));
-    let sent = Box::pin(send(&parts, client, payload, route, &mut lease, &t, snap, stream, &timeouts)).await;
-    let resp = stage!(t, sent.map_err(|e| upload_failed(e, upload.as_ref(), snap)));
-    let resume = stream.then(|| resumable(parts, client, body, route, endpoint, snap, &t)).flatten();
-    let settings = Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume };
-    observe(resp, t, lease, endpoint, settings, watchlist)
+        let timeouts = StreamTimeouts::of(&route.pool.config, &snap.config.server);
+        let mut lease = admitted.lease;
+        // Boxed: the sending stage's state is the largest of this path, and
+        // inline it would be held by every request waiting in a queue above.
+        let payload = upload.as_ref().map_or_else(|| SendBody::from(body.clone()), |u| SendBody::from(u.clone()));
+        let sent = Box::pin(send(&parts, client, payload, route, &mut lease, &t, snap, stream, &timeouts)).await;
+        let resp = stage!(t, sent.map_err(|e| upload_failed(e, upload.as_ref(), snap)));
+        let resume = stream.then(|| resumable(parts, client, body, route, endpoint, snap, &t)).flatten();
+        let settings = Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume };
+        observe(resp, t, lease, endpoint, settings, watchlist)
+    }
 }
 
 /// Why sending failed (`e`), when an upload did not reach the replica
@@ -333,7 +346,7 @@ async fn key_limits(
 
 /// A stage failed: count the outcome (once, when the tracker drops) and
 /// answer in OpenAI's error form, with the request's id.
-fn fail(mut t: Tracker, e: GatewayError) -> Response<ProxyBody> {
+fn fail(mut t: Box<Tracker>, e: GatewayError) -> Response<ProxyBody> {
     t.finish(e.outcome());
     t.set_status(e.status().as_u16());
     t.span().record("http.response.status_code", e.status().as_u16());
@@ -377,7 +390,7 @@ struct Settings {
 /// tracker and the lease travel in it), slogate's headers added.
 fn observe(
     resp: Response<UpstreamBody>,
-    mut tracker: Tracker,
+    mut tracker: Box<Tracker>,
     lease: Lease,
     endpoint: Endpoint,
     s: Settings,

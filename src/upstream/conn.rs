@@ -183,40 +183,45 @@ pub(crate) enum SendError {
 /// connection that reads as `reads` asks when one is left (not when
 /// `fresh`), else on a new one. With the pool's API key, `Authorization`
 /// is the key, whatever `req` carried.
-pub(crate) async fn send(
-    replica: &Arc<Replica>,
-    req: Request<SendBody>,
+///
+/// Written as a function returning its future, not an `async fn`: an
+/// `async fn` keeps its arguments twice in its state (as given, and as
+/// moved into its body), and this future is moved twice per request.
+pub(crate) fn send<'a>(
+    replica: &'a Arc<Replica>,
+    mut req: Request<SendBody>,
     connect_timeout: Duration,
     fresh: bool,
     reads: Reads,
-) -> Result<Response<UpstreamBody>, SendError> {
-    let mut req = req;
+) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + 'a {
     if let Some(key) = &replica.api_key {
         req.headers_mut().insert(http::header::AUTHORIZATION, key.clone());
     }
-    let mut tries = 0;
-    loop {
-        let (link, reused) = match (!fresh && tries < STALE_TRIES).then(|| replica.idle.take(reads)).flatten() {
-            Some(link) => (link, true),
-            // Boxed: a new connection's state (the TLS handshake's among
-            // it) would otherwise sit in every request's future.
-            None => (Box::pin(connect(&replica.base, replica.tls.as_ref(), connect_timeout, reads)).await?, false),
-        };
-        tries += 1;
-        match exchange(link, req).await {
-            Ok((resp, link)) => {
-                let (parts, incoming) = resp.into_parts();
-                let body = UpstreamBody { incoming, link, home: Some((replica.clone(), reads)) };
-                return Ok(Response::from_parts(parts, body));
+    async move {
+        let mut tries = 0;
+        loop {
+            let (link, reused) = match (!fresh && tries < STALE_TRIES).then(|| replica.idle.take(reads)).flatten() {
+                Some(link) => (link, true),
+                // Boxed: a new connection's state (the TLS handshake's among
+                // it) would otherwise sit in every request's future.
+                None => (Box::pin(connect(&replica.base, replica.tls.as_ref(), connect_timeout, reads)).await?, false),
+            };
+            tries += 1;
+            match exchange(link, req).await {
+                Ok((resp, link)) => {
+                    let (parts, incoming) = resp.into_parts();
+                    let body = UpstreamBody { incoming, link, home: Some((replica.clone(), reads)) };
+                    return Ok(Response::from_parts(parts, body));
+                }
+                // Never written: safe to send again, on another connection.
+                Err(Failed::NotSent(error, back)) if reused => {
+                    tracing::debug!(replica = %replica.url, %error, "idle connection was closed; sending on another");
+                    req = *back;
+                }
+                Err(Failed::NotSent(error, _)) => return Err(SendError::NotSent(error)),
+                Err(Failed::Sent(e)) if reused && e.closed_unanswered() => return Err(SendError::IdleClosed(Box::new(e))),
+                Err(Failed::Sent(e)) => return Err(e),
             }
-            // Never written: safe to send again, on another connection.
-            Err(Failed::NotSent(error, back)) if reused => {
-                tracing::debug!(replica = %replica.url, %error, "idle connection was closed; sending on another");
-                req = *back;
-            }
-            Err(Failed::NotSent(error, _)) => return Err(SendError::NotSent(error)),
-            Err(Failed::Sent(e)) if reused && e.closed_unanswered() => return Err(SendError::IdleClosed(Box::new(e))),
-            Err(Failed::Sent(e)) => return Err(e),
         }
     }
 }
@@ -285,25 +290,43 @@ enum Failed {
 
 /// Send on one connection, driving it until the response headers arrive;
 /// the connection comes back with them unless it has ended.
-async fn exchange(mut link: Box<Link>, req: Request<SendBody>) -> Result<(Response<Incoming>, Option<Box<Link>>), Failed> {
-    let mut answer = std::pin::pin!(link.tx.try_send_request(req));
-    let mut link = Some(link);
-    let result = std::future::poll_fn(|cx| {
-        match poll_through(&mut link, cx, |cx| answer.as_mut().poll(cx)) {
-            Poll::Ready(r) => Poll::Ready(Some(r)),
+fn exchange(mut link: Box<Link>, req: Request<SendBody>) -> Exchange<impl Future<Output = Answer>> {
+    Exchange { answer: link.tx.try_send_request(req), link: Some(link) }
+}
+
+type Answer = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<SendBody>>>;
+
+pin_project_lite::pin_project! {
+    /// [`exchange`]'s future: hyper's answer, with the connection that
+    /// brings it. A future of its own rather than an `async` block, which
+    /// would keep hyper's future twice in its state (as given, and as
+    /// pinned in its body), and this state is moved with each request.
+    struct Exchange<F> {
+        #[pin]
+        answer: F,
+        link: Option<Box<Link>>,
+    }
+}
+
+impl<F: Future<Output = Answer>> Future for Exchange<F> {
+    type Output = Result<(Response<Incoming>, Option<Box<Link>>), Failed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut answer = this.answer;
+        let result = match poll_through(this.link, cx, |cx| answer.as_mut().poll(cx)) {
+            Poll::Ready(r) => r,
             // The connection ended and left the request unanswered.
-            Poll::Pending if link.is_none() => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    })
-    .await;
-    match result {
-        Some(Ok(resp)) => Ok((resp, link)),
-        Some(Err(mut e)) => match e.take_message() {
-            Some(req) => Err(Failed::NotSent(e.into_error(), Box::new(req))),
-            None => Err(Failed::Sent(SendError::Http(e.into_error()))),
-        },
-        None => Err(Failed::Sent(SendError::Closed)),
+            Poll::Pending if this.link.is_none() => return Poll::Ready(Err(Failed::Sent(SendError::Closed))),
+            Poll::Pending => return Poll::Pending,
+        };
+        Poll::Ready(match result {
+            Ok(resp) => Ok((resp, this.link.take())),
+            Err(mut e) => match e.take_message() {
+                Some(req) => Err(Failed::NotSent(e.into_error(), Box::new(req))),
+                None => Err(Failed::Sent(SendError::Http(e.into_error()))),
+            },
+        })
     }
 }
 

@@ -28,7 +28,16 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone)]
 pub(crate) enum SendBody {
     Bytes(Option<Bytes>),
-    Upload(Upload),
+    /// Boxed: the request travels by value through hyper's client (a dozen
+    /// moves from the send to the connection and back with the answer), and
+    /// with an upload's state inline every request would carry its size.
+    Upload(Box<Upload>),
+}
+
+impl From<Upload> for SendBody {
+    fn from(u: Upload) -> Self {
+        SendBody::Upload(Box::new(u))
+    }
 }
 
 impl From<Bytes> for SendBody {
@@ -303,7 +312,7 @@ mod tests {
     #[tokio::test]
     async fn an_upload_is_what_was_read_then_the_rest_as_it_comes_with_its_length() {
         let (u, _client) = upload(&["--b\r\nmodel", "=w\r\n"], vec!["file ", "bytes"], 10, false, std::time::Duration::from_secs(30)).await;
-        let body = SendBody::Upload(u.clone());
+        let body = SendBody::from(u.clone());
         assert_eq!(body.size_hint().exact(), Some(24));
         let got = body.collect().await.expect("whole").to_bytes();
         assert_eq!(&got[..], b"--b\r\nmodel=w\r\nfile bytes");
@@ -314,13 +323,13 @@ mod tests {
     async fn an_attempt_that_passed_nothing_on_leaves_it_whole_and_one_that_did_does_not() {
         let (u, _client) = upload(&["head "], vec!["tail"], 4, false, std::time::Duration::from_secs(30)).await;
         // An attempt dropped before its body was read (the connection failed).
-        drop(SendBody::Upload(u.clone()));
-        let mut first = SendBody::Upload(u.clone());
+        drop(SendBody::from(u.clone()));
+        let mut first = SendBody::from(u.clone());
         let frame = first.frame().await.expect("a frame").expect("data");
         assert_eq!(frame.into_data().ok().as_deref(), Some(&b"head "[..]));
         drop(first);
         // The next attempt cannot send it again: it says why.
-        let again = SendBody::Upload(u.clone()).collect().await;
+        let again = SendBody::from(u.clone()).collect().await;
         assert!(again.is_err());
         assert_eq!(u.failure(), Some(UploadFailure::Resend));
     }
@@ -328,14 +337,14 @@ mod tests {
     #[tokio::test]
     async fn a_body_kept_in_its_frames_goes_whole_to_every_attempt() {
         let u = Upload::in_memory(vec![Bytes::from_static(b"--b\r\n"), Bytes::from_static(b"file"), Bytes::from_static(b"\r\n--b--")]);
-        assert_eq!(SendBody::Upload(u.clone()).size_hint().exact(), Some(16));
+        assert_eq!(SendBody::from(u.clone()).size_hint().exact(), Some(16));
         // An attempt that sent part of it, then failed.
-        let mut first = SendBody::Upload(u.clone());
+        let mut first = SendBody::from(u.clone());
         let frame = first.frame().await.expect("a frame").expect("data");
         assert_eq!(frame.into_data().ok().as_deref(), Some(&b"--b\r\n"[..]), "the frames as they came, not joined");
         drop(first);
         for _ in 0..2 {
-            let again = SendBody::Upload(u.clone()).collect().await.expect("sent again whole").to_bytes();
+            let again = SendBody::from(u.clone()).collect().await.expect("sent again whole").to_bytes();
             assert_eq!(&again[..], b"--b\r\nfile\r\n--b--");
         }
         assert_eq!(u.failure(), None);
@@ -345,7 +354,7 @@ mod tests {
     async fn a_client_that_stops_sending_fails_the_upload_at_the_read_timeout() {
         // Declares 100 bytes, sends 4, then nothing.
         let (u, _client) = upload(&[], vec!["tail"], 100, true, std::time::Duration::from_secs(30)).await;
-        let got = SendBody::Upload(u.clone()).collect().await;
+        let got = SendBody::from(u.clone()).collect().await;
         assert!(got.is_err());
         assert_eq!(u.failure(), Some(UploadFailure::Timeout));
     }

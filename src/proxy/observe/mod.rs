@@ -111,7 +111,7 @@ fn keep_json(chunks: &mut Vec<Bytes>, size: &mut usize, data: &Bytes) {
 pub(crate) struct ObservedBody<B> {
     pub(super) inner: Option<B>,
     mode: Mode,
-    pub(super) tracker: Tracker,
+    pub(super) tracker: Box<Tracker>,
     pub(super) timeouts: StreamTimeouts,
     /// Fires at or before the current deadline. It is not moved on every
     /// chunk (a timer operation per token); when it fires, the real deadline
@@ -138,12 +138,12 @@ pub(crate) struct ObservedBody<B> {
 
 impl<B> ObservedBody<B> {
     /// Observe a `text/event-stream` body.
-    pub(crate) fn sse(inner: B, tracker: Tracker, timeouts: StreamTimeouts, strip_usage: bool) -> Self {
+    pub(crate) fn sse(inner: B, tracker: Box<Tracker>, timeouts: StreamTimeouts, strip_usage: bool) -> Self {
         Self::new(inner, Self::sse_mode(strip_usage), tracker, timeouts)
     }
 
     /// Observe a `text/event-stream` body that `resume` continues on another replica if it breaks.
-    pub(crate) fn resumable(inner: B, tracker: Tracker, timeouts: StreamTimeouts, strip_usage: bool, resume: Resume<B>) -> Self {
+    pub(crate) fn resumable(inner: B, tracker: Box<Tracker>, timeouts: StreamTimeouts, strip_usage: bool, resume: Resume<B>) -> Self {
         let mut body = Self::sse(inner, tracker, timeouts, strip_usage);
         body.resume = Some(Box::new(resume));
         body
@@ -166,23 +166,23 @@ impl<B> ObservedBody<B> {
     /// Observe a JSON body (non-streaming completion or embeddings);
     /// `usage_only`: an answer with no finish to read (embeddings, rerank),
     /// whose usage comes last.
-    pub(crate) fn json(inner: B, tracker: Tracker, timeouts: StreamTimeouts, usage_only: bool) -> Self {
+    pub(crate) fn json(inner: B, tracker: Box<Tracker>, timeouts: StreamTimeouts, usage_only: bool) -> Self {
         Self::new(inner, Mode::Json { chunks: Vec::new(), size: 0, usage_only }, tracker, timeouts)
     }
 
     /// Observe a binary answer made as it is sent (speech audio): TTFT at its
     /// first byte, then e2e and bytes.
-    pub(crate) fn audio(inner: B, mut tracker: Tracker, timeouts: StreamTimeouts) -> Self {
+    pub(crate) fn audio(inner: B, mut tracker: Box<Tracker>, timeouts: StreamTimeouts) -> Self {
         tracker.set_streaming(true);
         Self::new(inner, Mode::Audio, tracker, timeouts)
     }
 
     /// Forward a body whose outcome is already set (error statuses, other paths).
-    pub(crate) fn passthrough(inner: B, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
+    pub(crate) fn passthrough(inner: B, tracker: Box<Tracker>, timeouts: StreamTimeouts) -> Self {
         Self::new(inner, Mode::Passthrough, tracker, timeouts)
     }
 
-    fn new(inner: B, mode: Mode, tracker: Tracker, timeouts: StreamTimeouts) -> Self {
+    fn new(inner: B, mode: Mode, tracker: Box<Tracker>, timeouts: StreamTimeouts) -> Self {
         let start = tracker.start();
         let first = if matches!(mode, Mode::Sse { .. }) { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
         ObservedBody {
