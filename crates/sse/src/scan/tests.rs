@@ -79,16 +79,24 @@ fn common_chunks_are_read_quickly_and_as_the_full_reading_does() {
 /// matters to JSON: the quick reading answers as the full one or not at all.
 #[test]
 fn a_damaged_chunk_is_read_as_the_full_reading_does_or_left_to_it() {
+    let samples: Vec<&str> = TAKEN.iter().chain(LEFT).copied().collect();
+    let (taken, left) = damaged(&samples, agrees);
+    assert!(taken > 1000 && left > 1000, "both readings exercised: {taken} quick, {left} full");
+}
+
+/// Every sample with one byte removed, or replaced by a byte that matters
+/// to JSON, given to `agrees`: how many it read quickly, how many it left.
+pub(super) fn damaged(samples: &[&str], agrees: fn(&[u8]) -> bool) -> (usize, usize) {
     let bytes: &[u8] = b"\"\\{}[],:0-1.eEnu tfx\x01\xff";
     let (mut taken, mut left) = (0, 0);
-    for c in TAKEN.iter().chain(LEFT) {
-        let c = c.as_bytes();
-        for i in 0..c.len() {
-            let mut d = c.to_vec();
+    for s in samples {
+        let s = s.as_bytes();
+        for i in 0..s.len() {
+            let mut d = s.to_vec();
             d.remove(i);
             let mut variants = vec![d];
             for &b in bytes {
-                let mut r = c.to_vec();
+                let mut r = s.to_vec();
                 r[i] = b;
                 variants.push(r);
             }
@@ -101,7 +109,7 @@ fn a_damaged_chunk_is_read_as_the_full_reading_does_or_left_to_it() {
             }
         }
     }
-    assert!(taken > 1000 && left > 1000, "both readings exercised: {taken} quick, {left} full");
+    (taken, left)
 }
 
 /// A JSON object of any shape, its keys those a chunk has and a few others.
@@ -141,10 +149,18 @@ pub(super) fn value() -> impl Strategy<Value = String> {
         "[a-z \\\\\"é\u{1}]{0,6}".prop_map(|s| serde_json::to_string(&s).unwrap_or_default()),
         Just(r#""\ud800""#.to_string()),
     ];
+    nested(leaf, key())
+}
+
+/// Arrays and objects of `leaf` values, nested up to four deep, their keys `key`.
+pub(super) fn nested(
+    leaf: impl Strategy<Value = String> + 'static,
+    key: impl Strategy<Value = &'static str> + Clone + 'static,
+) -> impl Strategy<Value = String> {
     leaf.prop_recursive(4, 32, 4, move |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(","))),
-            prop::collection::vec((key(), inner), 0..5).prop_map(|m| object(&m)),
+            prop::collection::vec((key.clone(), inner), 0..5).prop_map(|m| object(&m)),
         ]
     })
 }

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::answer::full_answer;
-use crate::scan::tests::{object, value};
+use crate::scan::tests::{damaged, nested, object, value};
 use proptest::prelude::*;
 
 /// Usage objects as vLLM, SGLang and OpenAI's APIs write them, each one
@@ -84,34 +84,6 @@ fn answer_agrees(data: &[u8]) -> bool {
     true
 }
 
-/// Every sample with one byte removed, or replaced by a byte that matters
-/// to JSON, given to `agrees`: how many it read quickly, how many it left.
-fn damaged(samples: &[&str], agrees: fn(&[u8]) -> bool) -> (usize, usize) {
-    let bytes: &[u8] = b"\"\\{}[],:0-1.eEnu tfx\x01\xff";
-    let (mut taken, mut left) = (0, 0);
-    for s in samples {
-        let s = s.as_bytes();
-        for i in 0..s.len() {
-            let mut d = s.to_vec();
-            d.remove(i);
-            let mut variants = vec![d];
-            for &b in bytes {
-                let mut r = s.to_vec();
-                r[i] = b;
-                variants.push(r);
-            }
-            for v in variants {
-                if agrees(&v) {
-                    taken += 1;
-                } else {
-                    left += 1;
-                }
-            }
-        }
-    }
-    (taken, left)
-}
-
 #[test]
 fn common_usage_is_read_quickly_and_as_the_full_reading_does() {
     for u in USAGE_TAKEN {
@@ -182,12 +154,7 @@ fn answer_value() -> impl Strategy<Value = String> {
         Just(r#""failed""#.to_string()),
         value(),
     ];
-    leaf.prop_recursive(4, 32, 4, move |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(","))),
-            prop::collection::vec((answer_key(), inner), 0..5).prop_map(|m| object(&m)),
-        ]
-    })
+    nested(leaf, answer_key())
 }
 
 proptest! {
