@@ -171,12 +171,12 @@ macro_rules! stage {
 
 /// The request path after classification: route, the key's limits, admit,
 /// reduce, send, observe (the response body on `watchlist`).
-#[allow(clippy::too_many_arguments)]
 ///
 /// Written as a function returning its future, not an `async fn`: an
 /// `async fn` keeps its arguments twice in its state (as given, and as
 /// moved into its body), the request's head (224 bytes) among them, copied
 /// on the first poll and with every move of the future.
+#[allow(clippy::too_many_arguments)]
 fn forward(
     req: Request<Incoming>,
     client: Arc<ClientAddr>,
