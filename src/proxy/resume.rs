@@ -141,6 +141,12 @@ impl Splice {
         self.attempts_left > 0 && !self.not_exact
     }
 
+    /// The request asks for one answer (no `n` over 1).
+    pub(super) fn one_choice(&self) -> bool {
+        let req: Option<Map<String, Value>> = serde_json::from_slice(&self.request).ok();
+        req.is_some_and(|r| r.get("n").and_then(Value::as_u64).is_none_or(|n| n <= 1))
+    }
+
     /// Read one event of the stream as the client gets it: what it means,
     /// and (while the answer can still be continued) its text, appended to
     /// what the client has, in the same pass.

@@ -43,8 +43,10 @@ async fn stream_once(c: &TestClient, addr: std::net::SocketAddr) -> Seen {
 /// the counts match: every request `ok`, one continuation per cut stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_run_loses_no_stream() {
-    let a = Arc::new(Mock::start(standard(20, Duration::from_millis(20))).await);
-    let b = Mock::start(standard(20, Duration::from_millis(20))).await;
+    // Fewer tokens than the request's max_tokens (16), as an engine sends:
+    // a stream cut after all it asked for has nothing left to continue.
+    let a = Arc::new(Mock::start(standard(12, Duration::from_millis(30))).await);
+    let b = Mock::start(standard(12, Duration::from_millis(30))).await;
     let gw = gateway_config(&[a.url(), b.url()]).pool("balance: round_robin").start().await;
     let addr = gw.data_addr;
     let clients: Vec<_> = (0..8)

@@ -191,30 +191,84 @@ async fn a_stream_that_cannot_be_continued_exactly_is_cut_as_before() {
     }
 }
 
-#[tokio::test]
-async fn a_stream_cut_after_its_finish_is_not_continued() {
-    // The answer was whole (its finish came); only [DONE] did not.
-    let gate = Gate::default();
-    let steps = vec![
+/// A stream whose replica sends its finish (and, in `tail`, what follows
+/// it) and then cuts the connection once `gate` opens.
+fn cut_after_finish(tail: Vec<Step>, gate: &Gate) -> ScriptFn {
+    let mut steps = vec![
         Step::Send(chunk("chatcmpl-a", 1, r#"{"role":"assistant","content":""}"#, None)),
         Step::Send(chunk("chatcmpl-a", 1, r#"{"content":"Hello"}"#, None)),
         Step::Send(chunk("chatcmpl-a", 1, r#"{"content":""}"#, Some("stop"))),
-        Step::Until(gate.clone()),
-        Step::Abort,
     ];
-    let (a, b) = (Mock::start(Script::sse(steps.clone()).always()).await, Mock::start(Script::sse(steps).always()).await);
+    steps.extend(tail);
+    steps.extend([Step::Until(gate.clone()), Step::Abort]);
+    Script::sse(steps).always()
+}
+
+/// Send `body` through a gateway in front of two replicas that cut each
+/// stream after its finish (then `tail`); what the client read, the
+/// gateway, and how many requests the replicas got (the replicas kept
+/// running beside it).
+async fn through_cut_after_finish(client: &TestClient, body: &str, tail: Vec<Step>) -> (String, slogate::Gateway, usize, [Mock; 2]) {
+    let gate = Gate::default();
+    let (a, b) = (Mock::start(cut_after_finish(tail.clone(), &gate)).await, Mock::start(cut_after_finish(tail, &gate)).await);
     let gw = gateway_config(&[a.url(), b.url()]).start().await;
-    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+    let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", body, &[])).await.expect("POST");
     let mut body = resp.into_body();
     let mut seen = read_until(&mut body, "\"stop\"").await;
     gate.open();
     seen.extend_from_slice(&body.collect().await.expect("the stream ends cleanly").to_bytes());
-    assert!(String::from_utf8_lossy(&seen).contains("the replica's stream failed"), "cut as before");
-    assert_eq!(a.calls() + b.calls(), 1, "nothing sent again");
-    wait_until("counted", || async { requests_with_outcome(&gw, "stream_error").await == 1.0 }).await;
-    let m = metrics_text(&gw).await;
-    assert_eq!(metric(&m, "slogate_stream_unresumed_total", &[("why", "finished")]), Some(1.0));
-    assert_quiescent(&gw).await;
+    let calls = a.calls() + b.calls();
+    (String::from_utf8_lossy(&seen).into_owned(), gw, calls, [a, b])
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_its_finish_is_ended_whole_when_the_client_has_all_it_asked_for() {
+    for (proto, client) in clients() {
+        // The answer was whole (its finish came); only the usage slogate
+        // asked for and [DONE] did not: the client gets its [DONE].
+        let (text, gw, calls, _replicas) = through_cut_after_finish(&client, &chat_body(true, false), vec![]).await;
+        assert!(!text.contains("error") && text.ends_with("\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"), "{proto}: whole: {text}");
+        assert_eq!(calls, 1, "{proto}: nothing sent again");
+        wait_until("counted", || async { requests_with_outcome(&gw, "ok").await == 1.0 }).await;
+        let m = metrics_text(&gw).await;
+        assert_eq!(metric(&m, "slogate_stream_unresumed_total", &[("reason", "reset"), ("why", "finished")]), Some(1.0), "{proto}");
+        assert_eq!(requests_with_outcome(&gw, "stream_error").await, 0.0, "{proto}");
+        assert_quiescent(&gw).await;
+
+        // The client asked for usage, which did not come: cut as before.
+        let (text, gw, calls, _replicas) = through_cut_after_finish(&client, &chat_body(true, true), vec![]).await;
+        assert!(text.contains("the replica's stream failed") && text.ends_with("data: [DONE]\n\n"), "{proto}: cut: {text}");
+        assert_eq!(calls, 1, "{proto}: nothing sent again");
+        wait_until("counted", || async { requests_with_outcome(&gw, "stream_error").await == 1.0 }).await;
+        let m = metrics_text(&gw).await;
+        assert_eq!(metric(&m, "slogate_stream_unresumed_total", &[("why", "finished")]), Some(1.0), "{proto}");
+        assert_quiescent(&gw).await;
+
+        // Two answers asked for: one choice's finish is not the answer's.
+        let two = chat_body(true, false).replace("\"stream\":true", "\"stream\":true,\"n\":2");
+        let (text, gw, _, _replicas) = through_cut_after_finish(&client, &two, vec![]).await;
+        assert!(text.contains("the replica's stream failed"), "{proto}: cut: {text}");
+        wait_until("counted", || async { requests_with_outcome(&gw, "stream_error").await == 1.0 }).await;
+        assert_quiescent(&gw).await;
+    }
+}
+
+#[tokio::test]
+async fn a_connection_that_fails_after_done_breaks_nothing() {
+    for (proto, client) in clients() {
+        for usage in [false, true] {
+            let what = format!("{proto}, usage {usage}");
+            let tail = vec![Step::Send(usage_chunk(7, 1)), Step::Send(done())];
+            let (text, gw, calls, _replicas) = through_cut_after_finish(&client, &chat_body(true, usage), tail).await;
+            assert!(!text.contains("error") && text.ends_with("}\n\ndata: [DONE]\n\n"), "{what}: whole, as it came: {text}");
+            assert_eq!((text.matches("[DONE]").count(), text.contains("\"usage\"")), (1, usage), "{what}: one [DONE]: {text}");
+            assert_eq!(calls, 1, "{what}: nothing sent again");
+            wait_until("counted", || async { requests_with_outcome(&gw, "ok").await == 1.0 }).await;
+            let m = metrics_text(&gw).await;
+            assert_eq!(metric(&m, "slogate_stream_unresumed_total", &[]), None, "{what}: no break");
+            assert_quiescent(&gw).await;
+        }
+    }
 }
 
 #[tokio::test]

@@ -527,6 +527,13 @@ where
                     }
                     Err(other) => return Poll::Ready(Some(Ok(other))),
                 },
+                Poll::Ready(Some(Err(e))) if matches!(this.mode, Mode::Sse { saw_done: true, .. }) => {
+                    // The client has the whole stream: a connection that
+                    // fails after `[DONE]` broke nothing.
+                    let e: BoxError = e.into();
+                    tracing::debug!(request_id = this.tracker.request_id.to_str().unwrap_or(""), error = %e, "replica connection failed after [DONE]");
+                    this.end();
+                }
                 Poll::Ready(Some(Err(e))) => {
                     let e: BoxError = e.into();
                     tracing::warn!(request_id = this.tracker.request_id.to_str().unwrap_or(""), class = %this.tracker.class().name, model = %this.tracker.model(), error = %e, "replica stream failed");

@@ -4,6 +4,7 @@
 
 use std::task::{ready, Context, Poll};
 
+use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
 use super::{Mode, ObservedBody};
@@ -18,21 +19,24 @@ fn unresumed(metrics: &Metrics, pool: String, why: Break, not: &'static str) {
 
 impl<B> ObservedBody<B> {
     /// The stream broke (`why`): send its continuation to another replica
-    /// if it may be continued (the module docs of [`super::resume`]).
-    /// False: it was not, and ends as it broke.
+    /// if it may be continued (the module docs of [`super::resume`]), or
+    /// end it whole if its answer was ([`Self::close_whole`]). False:
+    /// neither, and it ends as it broke.
     pub(super) fn resume_stream(&mut self, why: Break) -> bool {
         let Some(r) = self.resume.as_deref_mut() else { return false };
+        let pool = r.link.pool().to_string();
+        // The answer had its finish: there is nothing to go on with.
+        if matches!(&self.mode, Mode::Sse { finish_reason: Some(_), .. }) {
+            unresumed(self.tracker.metrics(), pool, why, "finished");
+            return self.close_whole(why);
+        }
         let t = &mut self.tracker;
         let left = t.lease.as_ref().map(|l| l.replica().label().to_string()).unwrap_or_default();
         t.report_gaps();
         let sent = t.first_token.map_or(0, |_| t.gaps + 1);
         let now = Instant::now();
         let deadline = (now + self.timeouts.idle).min(t.start + self.timeouts.total);
-        let pool = r.link.pool().to_string();
-        // The answer had its finish: there is nothing to go on with.
-        let finished = matches!(&self.mode, Mode::Sse { finish_reason: Some(_), .. });
-        let started = if finished { Err("finished") } else { r.start(t.lease.as_mut(), sent, deadline) };
-        match started {
+        match r.start(t.lease.as_mut(), sent, deadline) {
             Ok(pending) => {
                 t.metrics().stream_resumes.get_or_create(&ResumeLabels { pool, replica: left.clone(), reason: why.as_str() }).inc();
                 let to = t.lease.as_ref().map(|l| l.replica().label().to_string()).unwrap_or_default();
@@ -51,6 +55,40 @@ impl<B> ObservedBody<B> {
                 false
             }
         }
+    }
+
+    /// A stream that broke after its finish, when the client did not ask
+    /// for usage and the answer is one choice: the client has all it asked
+    /// for, and the stream ends with the `[DONE]` the replica did not send
+    /// (the partial event after the finish, if any, dropped), counted as
+    /// its finish says. False: the client asked for usage it did not get,
+    /// or more than one answer; the stream is cut.
+    fn close_whole(&mut self, why: Break) -> bool {
+        let one = self.resume.as_ref().is_some_and(|r| r.splice.one_choice());
+        let Mode::Sse { strip_usage: true, saw_error: false, finish_reason: Some(finish), pending, .. } = &mut self.mode else {
+            return false;
+        };
+        if !one {
+            return false;
+        }
+        let outcome = if finish == "length" { Outcome::length } else { Outcome::ok };
+        self.tracker.finish_reason = Some(finish.clone());
+        *pending = BytesMut::new();
+        self.inner = None;
+        let done = Bytes::from_static(b"data: [DONE]\n\n");
+        self.tracker.bytes_out += done.len() as u64;
+        self.trailer = Some(done);
+        self.tracker.finish(outcome);
+        self.done = true;
+        let t = &self.tracker;
+        t.span().in_scope(|| {
+            tracing::info!(
+                request_id = t.request_id.to_str().unwrap_or(""),
+                reason = why.as_str(),
+                "stream broke after its finish; ended it whole"
+            )
+        });
+        true
     }
 
     /// Wait for the continuation's response head: then read its body; if
