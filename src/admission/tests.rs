@@ -1,0 +1,140 @@
+//! Admission: reloads (prepared, then installed), probes, and the default breaker.
+
+use super::*;
+use crate::config::Dur;
+
+/// Prepare, then install, as a reload does.
+fn reload(controls: &Controls, name: &str, class: &ClassConfig, config: &Config) -> Arc<ClassControl> {
+    let c = controls.prepare(name, class, config);
+    let mut config = config.clone();
+    config.classes.insert(name.to_string(), class.clone());
+    controls.install([&c], &config);
+    c
+}
+
+#[test]
+fn a_reload_keeps_a_class_control_unless_its_tier_changes() {
+    let config = Config::default();
+    let metrics = Arc::new(Metrics::new(&config));
+    let controls = Controls::new(metrics);
+    let chat = config.classes["chat"].clone();
+    let first = reload(&controls, "chat", &chat, &config);
+    let tighter = ClassConfig { ttft: Dur::millis(200), ..chat.clone() };
+    let again = reload(&controls, "chat", &tighter, &config);
+    assert!(Arc::ptr_eq(&first, &again), "same tier: the same windows and breaker");
+    assert_eq!(again.ttft_target(), Duration::from_millis(200));
+    let batch = ClassConfig { tier: Tier::Batch, ..chat };
+    let moved = reload(&controls, "chat", &batch, &config);
+    assert!(!Arc::ptr_eq(&first, &moved));
+    assert_eq!(moved.tier, Tier::Batch);
+    assert_eq!(controls.all().len(), 1);
+}
+
+#[test]
+fn prepare_changes_nothing_live_until_install() {
+    let config = Config::default();
+    let controls = Controls::new(Arc::new(Metrics::new(&config)));
+    let chat = config.classes["chat"].clone();
+    let live = reload(&controls, "chat", &chat, &config);
+    let tighter = ClassConfig { ttft: Dur::millis(120), ..chat };
+    let prepared = controls.prepare("chat", &tighter, &config);
+    let new_class = controls.prepare("search", &config.classes["chat"], &config);
+    // Thrown away: the running class keeps its target, no class was added.
+    assert_eq!(live.ttft_target(), Duration::from_millis(300));
+    assert_eq!(controls.all().len(), 1);
+    drop((prepared, new_class));
+    assert_eq!(live.ttft_target(), Duration::from_millis(300));
+}
+
+/// The probe judges the finished request: a whole answer by its time
+/// against the targets for what it generated; a stream that ended
+/// without its first token as slow; a hang-up gives its place back.
+#[tokio::test(start_paused = true)]
+async fn a_probe_judges_the_finished_request() {
+    let config = Config::default();
+    let controls = Controls::new(Arc::new(Metrics::new(&config)));
+    let chat = reload(&controls, "chat", &config.classes["chat"], &config);
+    let slow = WindowStats { count: 100, p50: Duration::from_millis(700), p99: Duration::from_millis(700) };
+    let tick = |secs: f64| {
+        let chat = chat.clone();
+        async move {
+            for _ in 0..(secs * 4.0) as u32 {
+                tokio::time::advance(Duration::from_millis(250)).await;
+                chat.breaker.tick(Instant::now(), &slow);
+            }
+        }
+    };
+    let probe = |non_streaming: bool| match chat.breaker.admit() {
+        Gate::Probe(t) => {
+            if non_streaming {
+                chat.breaker.judge_at_end(t);
+            }
+            Probe { control: chat.clone(), ticket: Some(t) }
+        }
+        g => panic!("not half-open: {g:?}"),
+    };
+    tick(35.5).await;
+    assert_eq!(chat.breaker.state(), BreakerState::HalfOpen);
+    // A hang-up gives its place back: five places remain for the whole answers below.
+    probe(false).finished(&Finished::example(Outcome::cancelled, true));
+    // Whole answers of 100 tokens in 2 s, within 300 ms + 100 x 50 ms: in time; all five close it.
+    for _ in 0..breaker::HALF_OPEN_PROBES {
+        probe(true).finished(&Finished::example(Outcome::ok, false));
+    }
+    tick(0.25).await;
+    assert_eq!(chat.breaker.state(), BreakerState::Closed);
+    // Open it again; a whole answer past its allowance reopens at once.
+    tick(35.5).await;
+    assert_eq!(chat.breaker.state(), BreakerState::HalfOpen);
+    let late = Finished::example(Outcome::ok, false);
+    probe(true).finished(&Finished { end: late.start + Duration::from_millis(5301), ..late });
+    tick(0.25).await;
+    assert_eq!(chat.breaker.state(), BreakerState::Open);
+    // And a stream that ended in an error before its first token is slow.
+    tick(5.0).await;
+    assert_eq!(chat.breaker.state(), BreakerState::HalfOpen);
+    probe(false).finished(&Finished { first_token: None, ..Finished::example(Outcome::stream_error, true) });
+    tick(0.25).await;
+    assert_eq!(chat.breaker.state(), BreakerState::Open);
+}
+
+/// Drive chat's control with the default config on paused time: every
+/// 250 ms tick, 10 requests (40 a second) with TTFT `slow` while
+/// `slow_for(seconds)` says so, else 100 ms; returns when (seconds from
+/// the start) the breaker opened, if it did within `secs`.
+async fn breaker_opens_at(slow_for: impl Fn(f64) -> bool, secs: f64) -> Option<f64> {
+    let config = Config::default();
+    let controls = Controls::new(Arc::new(Metrics::new(&config)));
+    let chat = reload(&controls, "chat", &config.classes["chat"], &config);
+    let t0 = Instant::now();
+    let mut t = 0.0;
+    while t < secs {
+        let ttft = if slow_for(t) { Duration::from_millis(1500) } else { Duration::from_millis(100) };
+        for _ in 0..10 {
+            chat.ttft.record(ttft);
+        }
+        tokio::time::advance(TICK).await;
+        t = (Instant::now() - t0).as_secs_f64();
+        chat.publish(Instant::now());
+        if chat.breaker.state() == BreakerState::Open {
+            return Some(t);
+        }
+    }
+    None
+}
+
+/// The default breaker measures sustained slowness, not a burst: a
+/// one-second burst at 5x the target leaves it closed; thirty seconds of
+/// it open the breaker within `trip_after` plus one window.
+#[tokio::test(start_paused = true)]
+async fn the_default_breaker_ignores_a_burst_and_opens_on_sustained_slowness() {
+    let b = crate::config::BreakerConfig::default();
+    let (trip_after, window) = (b.trip_after.get().as_secs_f64(), b.window.get().as_secs_f64());
+    let burst = breaker_opens_at(|t| (5.0..6.0).contains(&t), 120.0).await;
+    assert_eq!(burst, None, "a one-second burst opened the breaker");
+    let sustained = breaker_opens_at(|t| (5.0..35.0).contains(&t), 120.0).await;
+    let opened = sustained.expect("thirty seconds of slowness open the breaker");
+    assert!(opened - 5.0 <= trip_after + window, "opened {opened} s in, slowness began at 5 s");
+    // And not before it had lasted trip_after.
+    assert!(opened - 5.0 >= trip_after, "opened {opened} s in");
+}

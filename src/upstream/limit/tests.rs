@@ -1,0 +1,322 @@
+//! The learned limit: how it starts, grows, backs off and holds its bounds.
+
+use super::*;
+
+fn params() -> LimitParams {
+    LimitParams { initial: 8, min: 1, max: 512 }
+}
+
+/// A replica that runs `capacity` requests at once and queues the rest,
+/// whose streams last `service` periods, under a demand that fills
+/// whatever limit the gateway allows. Requests above a lowered limit
+/// stay until they end (the gateway cannot take them back).
+struct Replica {
+    capacity: usize,
+    service: usize,
+    /// Requests the gateway has on it, running first.
+    inflight: usize,
+    /// Running requests' completions owed, carried between periods.
+    carry: f64,
+}
+
+impl Replica {
+    fn period(&mut self, limit: usize) -> Sample {
+        let running = self.inflight.min(self.capacity);
+        self.carry += running as f64 / self.service as f64;
+        let done = (self.carry.floor() as usize).min(self.inflight);
+        self.carry -= done as f64;
+        self.inflight -= done;
+        self.inflight = self.inflight.max(limit);
+        Sample {
+            waiting: Some(self.inflight.saturating_sub(self.capacity) as f64),
+            running: Some(self.inflight.min(self.capacity) as f64),
+            inflight_peak: self.inflight,
+            inflight_now: self.inflight,
+            demand: true,
+            refused: false,
+            first_token: Some(0.3),
+            first_token_max: Some(0.5),
+            in_transit: 0.0,
+            batch_now: 0,
+        }
+    }
+}
+
+fn run(c: &mut Controller, r: &mut Replica, periods: usize) -> Vec<usize> {
+    (0..periods)
+        .map(|_| {
+            c.update(r.period(c.allowed()));
+            c.allowed()
+        })
+        .collect()
+}
+
+fn replica(capacity: usize) -> Replica {
+    // 250 ms periods, 5 s streams.
+    Replica { capacity, service: 20, inflight: 0, carry: 0.0 }
+}
+
+#[test]
+fn it_converges_to_the_replicas_capacity_from_below_and_above() {
+    for (initial, capacity) in [(8, 64), (8, 200), (400, 48), (1, 3)] {
+        let mut c = Controller::new(LimitParams { initial, ..params() });
+        let limits = run(&mut c, &mut replica(capacity), 200);
+        // After 15 s (60 periods of 250 ms) it stays within one of the capacity.
+        let settled = &limits[60..];
+        assert!(
+            settled.iter().all(|&l| l + 1 >= capacity && l <= capacity + 1),
+            "start {initial}, capacity {capacity}: {:?}",
+            &limits[..60]
+        );
+    }
+}
+
+/// A fresh limit takes a burst at once and grows fast until the replica
+/// first shows a queue, then settles by the usual rules.
+#[test]
+fn slow_start_takes_a_burst_at_once_then_settles_at_the_capacity() {
+    let c = Controller::new(LimitParams { initial: 16, ..params() });
+    assert_eq!(c.allowed(), 32, "32 streams on a fresh replica wait for nothing");
+    let mut c = Controller::new(LimitParams { initial: 16, ..params() });
+    let mut r = replica(200);
+    let limits = run(&mut c, &mut r, 200);
+    // 32, 64, 128, 256: past 200 within four periods (one second).
+    assert!(limits[..4].iter().any(|&l| l >= 200), "{:?}", &limits[..8]);
+    assert!(!c.slow_start(), "the queue past 200 ended it");
+    assert!(limits[60..].iter().all(|&l| (199..=201).contains(&l)), "{:?}", &limits[..60]);
+    // A limit that does not bind does not grow.
+    let mut idle = Controller::new(LimitParams { initial: 16, ..params() });
+    let quiet = Sample { waiting: Some(0.0), running: Some(2.0), inflight_peak: 2, inflight_now: 2, ..Sample::default() };
+    for _ in 0..20 {
+        idle.update(quiet);
+    }
+    assert_eq!(idle.allowed(), 32);
+}
+
+/// A burst larger than the slow-start limit doubles it at once, a few
+/// times a period, while the replica queues nothing; never after slow
+/// start, nor past the bound.
+#[test]
+fn in_slow_start_a_burst_doubles_the_limit_at_once_a_few_times_a_period() {
+    let mut c = Controller::new(LimitParams { initial: 16, ..params() });
+    let grown: Vec<usize> = std::iter::from_fn(|| c.grow_on_demand().then(|| c.allowed())).take(10).collect();
+    assert_eq!(grown, vec![64, 128, 256], "three doublings before the next period");
+    let quiet = Sample { waiting: Some(0.0), running: Some(200.0), inflight_peak: 200, inflight_now: 200, ..Sample::default() };
+    c.update(quiet);
+    assert!(c.grow_on_demand(), "a new period allows more");
+    // The replica queues: slow start is over, and so is growth on demand.
+    let queued = Sample { waiting: Some(50.0), running: Some(200.0), inflight_peak: 250, inflight_now: 250, ..Sample::default() };
+    c.update(queued);
+    c.update(queued);
+    assert!(!c.slow_start());
+    assert!(!c.grow_on_demand());
+    // The bound holds.
+    let mut small = Controller::new(LimitParams { initial: 16, min: 1, max: 40 });
+    while small.grow_on_demand() {}
+    assert_eq!(small.allowed(), 40);
+}
+
+#[test]
+fn it_does_not_oscillate_on_a_steady_load() {
+    let mut c = Controller::new(params());
+    let limits = run(&mut c, &mut replica(64), 400);
+    let settled = &limits[60..];
+    let (lo, hi) = (settled.iter().min().copied().unwrap_or(0), settled.iter().max().copied().unwrap_or(0));
+    assert!(hi - lo <= 1, "band {lo}..={hi}");
+    // Time above capacity (the replica queues one) is a small share.
+    let above = settled.iter().filter(|&&l| l > 64).count();
+    assert!(above * 4 <= settled.len(), "{above} of {} periods above capacity", settled.len());
+}
+
+#[test]
+fn it_backs_off_on_a_growing_waiting_queue_and_follows_a_lower_capacity() {
+    let mut c = Controller::new(params());
+    let mut r = replica(128);
+    run(&mut c, &mut r, 120);
+    assert!(c.limit() >= 127);
+    // Prompts get twice as long: the replica now runs half as many.
+    r.capacity = 64;
+    let after = run(&mut c, &mut r, 80);
+    assert!(after[..8].iter().any(|&l| l < 127), "it backs off within 2 s: {after:?}");
+    assert!(after[..12].iter().any(|&l| l <= 65), "it reaches the new capacity within 3 s, though streams last 5 s: {after:?}");
+    assert!(after.iter().all(|&l| l >= 63), "it never goes below the new capacity while the backlog drains: {after:?}");
+    assert!(after[40..].iter().all(|&l| (63..=65).contains(&l)), "settled at the new capacity within 10 s: {after:?}");
+    // Capacity comes back: the limit follows it up.
+    r.capacity = 128;
+    let up = run(&mut c, &mut r, 120);
+    assert!(up[60..].iter().all(|&l| (127..=129).contains(&l)), "{up:?}");
+}
+
+#[test]
+fn a_queue_seen_now_and_then_caps_it_one_above_what_the_replica_ran() {
+    // A replica that runs 64 and whose queue shows only in every other
+    // scrape (its steps and the scrapes out of phase): never two samples
+    // in a row, so the queue alone never cuts the limit.
+    let mut c = Controller::new(LimitParams { initial: 60, ..params() });
+    let mut limits = Vec::new();
+    for i in 0..400 {
+        let l = c.limit();
+        let over = l.saturating_sub(64) as f64;
+        let shown = if i % 2 == 0 { over } else { 0.0 };
+        let s = Sample {
+            waiting: Some(shown),
+            running: Some(l.min(64) as f64),
+            inflight_peak: l,
+            inflight_now: l,
+            demand: true,
+            ..Sample::default()
+        };
+        limits.push(c.update(s));
+    }
+    assert!(limits[100..].iter().all(|&l| l <= 65), "at most one above the 64 the replica ran: {:?}", &limits[..100]);
+    assert!(limits[100..].iter().all(|&l| l >= 63), "{:?}", &limits[100..]);
+    // The replica runs more (shorter prompts): the ceiling goes and the limit follows.
+    let mut c2 = c.clone();
+    for _ in 0..200 {
+        let l = c2.limit();
+        let s = Sample {
+            waiting: Some(l.saturating_sub(100) as f64),
+            running: Some(l.min(100) as f64),
+            inflight_peak: l,
+            inflight_now: l,
+            demand: true,
+            ..Sample::default()
+        };
+        c2.update(s);
+    }
+    assert!(c2.limit() >= 99, "{}", c2.limit());
+    // A replica of 96 held full by bursts of 8: every other sample
+    // catches a burst in transit (8 waiting, 8 fewer running), which the
+    // next sample shows taken on. That is no queue: the limit stays.
+    let mut c3 = Controller::new(LimitParams { initial: 96, ..params() });
+    let mut lows = Vec::new();
+    for i in 0..200 {
+        let l = c3.limit();
+        let transit = i % 2 == 0;
+        let s = Sample {
+            waiting: Some(if transit { 8.0 } else { 0.0 }),
+            running: Some(l.min(96).saturating_sub(if transit { 8 } else { 0 }) as f64),
+            inflight_peak: l,
+            inflight_now: l,
+            demand: true,
+            ..Sample::default()
+        };
+        lows.push(c3.update(s));
+    }
+    assert!(lows.iter().all(|&l| l >= 95), "bursts in transit do not cap it: {lows:?}");
+}
+
+#[test]
+fn requests_in_transit_to_the_next_engine_step_are_no_queue() {
+    // A replica that runs 56 of a limit of 65 (it has room), sent a
+    // third of a request per engine step: most scrapes see none waiting,
+    // some one, now and then several in a row. Known to be in transit,
+    // that is no queue and the limit stays; taken for a queue, it is cut
+    // to what the replica ran.
+    for (in_transit, kept) in [(0.3, true), (0.0, false)] {
+        let mut c = Controller::new(LimitParams { initial: 65, ..params() });
+        let mut limits = Vec::new();
+        for i in 0..40 {
+            let s = Sample {
+                waiting: Some(if i % 8 < 3 { 1.0 } else { 0.0 }),
+                running: Some(55.0),
+                inflight_peak: 56,
+                inflight_now: 56,
+                in_transit,
+                ..Sample::default()
+            };
+            limits.push(c.update(s));
+        }
+        assert_eq!(limits.iter().all(|&l| l == 65), kept, "in transit {in_transit}: {limits:?}");
+    }
+    // A real queue beyond what is in transit still cuts it.
+    let mut c = Controller::new(LimitParams { initial: 65, ..params() });
+    for _ in 0..2 {
+        c.update(Sample {
+            waiting: Some(6.0),
+            running: Some(59.0),
+            inflight_peak: 65,
+            inflight_now: 65,
+            in_transit: 0.3,
+            ..Sample::default()
+        });
+    }
+    assert!(c.limit() <= 60, "{}", c.limit());
+}
+
+#[test]
+fn late_first_tokens_under_load_make_batch_leave_seats_and_the_limit_holds() {
+    let mut c = Controller::new(LimitParams { initial: 60, ..params() });
+    let at = |share, batch_now| Sample {
+        waiting: Some(0.0),
+        // Not binding: the limit has no reason to grow either.
+        inflight_peak: 50,
+        inflight_now: 50,
+        first_token: Some(share),
+        batch_now,
+        ..Sample::default()
+    };
+    // The best first token so far sets what "late under load" is.
+    assert_eq!(c.update(at(0.4, 30)), 60);
+    assert_eq!(c.batch_cut(), 0);
+    // Over target and over twice the best, batch held here: batch leaves
+    // a tenth of the limit; the limit (interactive's seats) does not move.
+    assert_eq!(c.update(at(1.5, 30)), 60);
+    assert_eq!(c.batch_cut(), 6);
+    // Held for a few periods, then a tenth more while first tokens stay late.
+    for _ in 0..HOLD_AFTER_DECREASE {
+        assert_eq!(c.update(at(1.5, 30)), 60);
+        assert_eq!(c.batch_cut(), 6);
+    }
+    let mut cuts = Vec::new();
+    for _ in 0..40 {
+        assert_eq!(c.update(at(1.5, 30)), 60);
+        cuts.push(c.batch_cut());
+    }
+    assert_eq!(cuts[0], 12);
+    assert_eq!(cuts.last().copied(), Some(30), "at most half the limit: {cuts:?}");
+    // On target again: a seat back each period after the hold.
+    let back: Vec<_> = (0..HOLD_AFTER_DECREASE as usize + 40).map(|_| (c.update(at(0.5, 30)), c.batch_cut()).1).collect();
+    assert!(back.windows(2).all(|w| w[1] + 1 >= w[0] && w[1] <= w[0]), "{back:?}");
+    assert_eq!(back.last().copied(), Some(0));
+    // Late with no batch held here: only the limit itself can make room.
+    assert_eq!(c.update(at(1.5, 0)), 54);
+    assert_eq!(c.batch_cut(), 0);
+}
+
+#[test]
+fn refusals_cut_it_hard_and_a_slow_replica_or_no_demand_stops_growth() {
+    let mut c = Controller::new(LimitParams { initial: 100, ..params() });
+    let l = c.update(Sample { refused: true, inflight_peak: 100, ..Sample::default() });
+    assert_eq!(l, 70);
+    // Held for a while, then grows again while it binds and nothing queues.
+    for _ in 0..HOLD_AFTER_REFUSAL {
+        assert_eq!(c.update(Sample { waiting: Some(0.0), inflight_peak: 70, ..Sample::default() }), 70);
+    }
+    assert!(c.update(Sample { waiting: Some(0.0), inflight_peak: 70, ..Sample::default() }) > 70);
+    let now = c.limit();
+    // Interactive first tokens over their target: no growth.
+    let late = |share| Sample { waiting: Some(0.0), inflight_peak: now, first_token: Some(share), ..Sample::default() };
+    assert!(c.update(late(0.6)) > now, "on target: it grows");
+    let now = c.limit();
+    assert_eq!(c.update(late(1.1)), now, "over target but near its best (long prompts): it holds");
+    let one_late =
+        Sample { waiting: Some(0.0), inflight_peak: now, first_token: Some(0.4), first_token_max: Some(1.3), ..Sample::default() };
+    assert_eq!(c.update(one_late), now, "one of the period's first tokens over its target: no growth");
+    // Over target and over twice its best: load; cut by a tenth.
+    assert_eq!(c.update(late(1.5)), (now as f64 * 0.9).floor() as usize);
+    // Demand below the limit: no growth either (past the hold after the cut).
+    let now = c.limit();
+    for _ in 0..HOLD_AFTER_DECREASE + 4 {
+        assert_eq!(c.update(Sample { waiting: Some(0.0), inflight_peak: now / 2, first_token: Some(0.5), ..Sample::default() }), now);
+    }
+    // Within a tenth of the limit: growth only when requests wait for slots.
+    let mut c = Controller::new(LimitParams { initial: 50, ..params() });
+    let near = |demand| Sample { waiting: Some(0.0), inflight_peak: 46, demand, first_token: Some(0.5), ..Sample::default() };
+    assert_eq!(c.update(near(false)), 50, "no one waits: 46 of 50 is not binding");
+    assert!(c.update(near(true)) > 50, "requests wait: it grows");
+    // Bounds hold.
+    let mut c = Controller::new(LimitParams { initial: 8, min: 4, max: 10 });
+    assert_eq!(run(&mut c, &mut replica(1000), 50).last().copied(), Some(10));
+    assert_eq!(run(&mut c, &mut replica(1), 200).last().copied(), Some(4));
+}
