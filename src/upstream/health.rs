@@ -204,9 +204,8 @@ async fn scrape_load(replica: &Arc<Replica>, engine: Engine, timeout: Duration) 
         replica.set_scraped_total(None);
         return Load::default();
     }
-    let text = String::from_utf8_lossy(&body);
-    let load = read_load(&text, names);
-    if let Some(tokens) = read_cache_tokens(&text, engine) {
+    let (load, cache_tokens) = read_metrics(&body, engine);
+    if let Some(tokens) = cache_tokens {
         replica.cache_tokens.store(tokens, std::sync::atomic::Ordering::Relaxed);
     }
     if let Some(w) = load.waiting {
@@ -216,42 +215,58 @@ async fn scrape_load(replica: &Arc<Replica>, engine: Engine, timeout: Duration) 
     load
 }
 
-/// The load in a metrics text: the first pair of `names` whose waiting
-/// metric it has.
-fn read_load(text: &str, names: &[(&str, &str)]) -> Load {
-    let sum = |name: &str| {
-        text.lines()
-            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .fold(None, |acc: Option<f64>, v| Some(acc.unwrap_or(0.0) + v))
-            .map(|v| v.max(0.0))
-    };
-    names.iter().find_map(|(waiting, running)| sum(waiting).map(|w| Load { waiting: Some(w), running: sum(running) })).unwrap_or_default()
-}
-
-/// The tokens a replica's KV cache holds, where its metrics say: vLLM's
-/// `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`, summed over
-/// its engines), SGLang's `sglang:max_total_num_tokens`. Prefix-aware
-/// routing sizes what it believes a replica holds by it.
-fn read_cache_tokens(text: &str, engine: Engine) -> Option<u64> {
+/// What a replica's metrics text says, read in one pass over its lines
+/// (as bytes: only the values read are checked as text): its load, under
+/// the first pair of its engine's queue names whose waiting metric it has
+/// (each summed over its series); and the tokens its KV cache holds, where
+/// its metrics say: vLLM's `vllm:cache_config_info` (`num_gpu_blocks` x
+/// `block_size`, summed over its engines), SGLang's
+/// `sglang:max_total_num_tokens`. Prefix-aware routing sizes what it
+/// believes a replica holds by the latter.
+fn read_metrics(text: &[u8], engine: Engine) -> (Load, Option<u64>) {
+    let names = queue_metrics(engine);
     let (vllm, sglang) = match engine {
         Engine::Auto => (true, true),
         Engine::Vllm => (true, false),
         Engine::Sglang => (false, true),
         _ => (false, false),
     };
-    let series = |name: &'static str| text.lines().filter(move |l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])));
-    let from_vllm = || {
-        series("vllm:cache_config_info")
-            .filter_map(|l| Some(label(l, "num_gpu_blocks")? * label(l, "block_size")?))
-            .fold(None, |acc: Option<u64>, v| Some(acc.unwrap_or(0) + v))
+    let add = |sum: &mut Option<f64>, v: Option<f64>| {
+        if let Some(v) = v {
+            *sum = Some(sum.unwrap_or(0.0) + v);
+        }
     };
-    let from_sglang = || {
-        series("sglang:max_total_num_tokens")
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .fold(None, |acc: Option<u64>, v| Some(acc.unwrap_or(0) + v.max(0.0) as u64))
-    };
-    vllm.then(from_vllm).flatten().or_else(|| sglang.then(from_sglang).flatten()).filter(|t| *t > 0)
+    // Per pair of names: (waiting, running).
+    let mut sums = vec![(None, None); names.len()];
+    let (mut vllm_cache, mut sglang_cache): (Option<u64>, Option<u64>) = (None, None);
+    let mut rest = text;
+    while !rest.is_empty() {
+        let (line, next) = memchr::memchr(b'\n', rest).map_or((rest, &[][..]), |i| (&rest[..i], &rest[i + 1..]));
+        rest = next;
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.first() == Some(&b'#') {
+            continue;
+        }
+        let Some(name) = memchr::memchr2(b'{', b' ', line).map(|end| &line[..end]) else { continue };
+        let value = || std::str::from_utf8(line.rsplit(|b| *b == b' ').next()?).ok()?.parse::<f64>().ok();
+        if let Some(i) = names.iter().position(|(w, _)| w.as_bytes() == name) {
+            add(&mut sums[i].0, value());
+        } else if let Some(i) = names.iter().position(|(_, r)| r.as_bytes() == name) {
+            add(&mut sums[i].1, value());
+        } else if vllm && name == b"vllm:cache_config_info" {
+            let line = String::from_utf8_lossy(line);
+            if let (Some(blocks), Some(size)) = (label(&line, "num_gpu_blocks"), label(&line, "block_size")) {
+                vllm_cache = Some(vllm_cache.unwrap_or(0) + blocks * size);
+            }
+        } else if sglang && name == b"sglang:max_total_num_tokens" {
+            if let Some(v) = value() {
+                sglang_cache = Some(sglang_cache.unwrap_or(0) + v.max(0.0) as u64);
+            }
+        }
+    }
+    let load =
+        sums.iter().find_map(|(w, r)| w.map(|w| Load { waiting: Some(w.max(0.0)), running: r.map(|r| r.max(0.0)) })).unwrap_or_default();
+    (load, vllm_cache.or(sglang_cache).filter(|t| *t > 0))
 }
 
 /// The value of label `name` in a series' line, as a number.
@@ -288,13 +303,13 @@ mod tests {
         ];
         for (engine, text) in texts {
             let want = (Some(3.0), Some(5.0));
-            let got = read_load(text, queue_metrics(engine));
+            let got = read_metrics(text.as_bytes(), engine).0;
             assert_eq!((got.waiting, got.running), want, "{engine:?}");
-            let got = read_load(text, queue_metrics(Engine::Auto));
+            let got = read_metrics(text.as_bytes(), Engine::Auto).0;
             assert_eq!((got.waiting, got.running), want, "auto on {engine:?}");
             // Another engine's names find nothing in it.
             let other = if engine == Engine::Vllm { Engine::Tgi } else { Engine::Vllm };
-            assert_eq!(read_load(text, queue_metrics(other)).waiting, None, "{other:?} names in {engine:?}'s text");
+            assert_eq!(read_metrics(text.as_bytes(), other).0.waiting, None, "{other:?} names in {engine:?}'s text");
         }
         assert!(queue_metrics(Engine::Ollama).is_empty());
     }
@@ -304,17 +319,42 @@ mod tests {
     #[test]
     fn a_replicas_cache_size_is_read_from_its_engines_series() {
         let vllm = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",mamba_block_size=\"32\",num_gpu_blocks=\"573\",num_gpu_blocks_override=\"None\"} 1.0\n";
-        assert_eq!(read_cache_tokens(vllm, Engine::Vllm), Some(573 * 16));
-        assert_eq!(read_cache_tokens(vllm, Engine::Auto), Some(573 * 16));
-        assert_eq!(read_cache_tokens(vllm, Engine::Sglang), None);
+        assert_eq!(read_metrics(vllm.as_bytes(), Engine::Vllm).1, Some(573 * 16));
+        assert_eq!(read_metrics(vllm.as_bytes(), Engine::Auto).1, Some(573 * 16));
+        assert_eq!(read_metrics(vllm.as_bytes(), Engine::Sglang).1, None);
         // Two engines (data parallel): both caches.
         let two = "vllm:cache_config_info{engine=\"0\",num_gpu_blocks=\"100\",block_size=\"16\"} 1\nvllm:cache_config_info{engine=\"1\",num_gpu_blocks=\"100\",block_size=\"16\"} 1\n";
-        assert_eq!(read_cache_tokens(two, Engine::Vllm), Some(3200));
+        assert_eq!(read_metrics(two.as_bytes(), Engine::Vllm).1, Some(3200));
         // Without the counts (an older vLLM, or a label vLLM writes as "None"): unknown.
-        assert_eq!(read_cache_tokens("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1\n", Engine::Vllm), None);
+        assert_eq!(read_metrics(b"vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1\n", Engine::Vllm).1, None);
         let sglang = "sglang:max_total_num_tokens{model_name=\"m\"} 420000.0\n";
-        assert_eq!(read_cache_tokens(sglang, Engine::Sglang), Some(420_000));
-        assert_eq!(read_cache_tokens(sglang, Engine::Llamacpp), None);
+        assert_eq!(read_metrics(sglang.as_bytes(), Engine::Sglang).1, Some(420_000));
+        assert_eq!(read_metrics(sglang.as_bytes(), Engine::Llamacpp).1, None);
+    }
+
+    /// A whole vLLM text, as its /metrics has it (help and type lines,
+    /// histograms, two engines): the queue and the cache in one reading.
+    #[test]
+    fn a_vllm_text_gives_its_queue_and_cache_in_one_reading() {
+        let text = "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+            # TYPE vllm:num_requests_running gauge\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 4.0\n\
+            vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 3.0\n\
+            vllm:num_requests_waiting_by_reason{engine=\"0\",reason=\"capacity\"} 9.0\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n\
+            vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} -1.0\n\
+            vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.001\",model_name=\"m\"} 0.0\n\
+            vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"100\"} 1.0\n\
+            vllm:cache_config_info{block_size=\"16\",engine=\"1\",num_gpu_blocks=\"50\"} 1.0\n";
+        for (engine, text) in
+            [(Engine::Vllm, text.to_string()), (Engine::Auto, text.to_string()), (Engine::Vllm, text.replace('\n', "\r\n"))]
+        {
+            let (load, cache) = read_metrics(text.as_bytes(), engine);
+            // Summed over both engines; a look-alike name is not the queue.
+            assert_eq!((load.waiting, load.running, cache), (Some(1.0), Some(7.0), Some(2400)), "{engine:?}: {text}");
+        }
+        let (load, cache) = read_metrics(text.as_bytes(), Engine::Sglang);
+        assert_eq!((load.waiting, load.running, cache), (None, None, None), "SGLang's names find nothing");
     }
 
     /// A failed check says why, for the log line that takes the replica out.
