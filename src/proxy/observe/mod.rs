@@ -346,12 +346,20 @@ impl<B> ObservedBody<B> {
     /// end with `outcome`; a stream's client gets an error event (a partial
     /// event was never sent, so it starts on an event boundary) and `[DONE]`.
     fn end_with_error(&mut self, message: &str, kind: &str, code: u16, outcome: Outcome) {
+        let event = matches!(self.mode, Mode::Sse { .. }).then(|| error_event(message, kind, code, &self.tracker.request_id));
+        self.end_with(event, outcome);
+    }
+
+    /// Stop reading the replica and end with `outcome`, a stream's partial
+    /// event dropped and `last` (whole events) sent after what the client has.
+    pub(super) fn end_with(&mut self, last: Option<Bytes>, outcome: Outcome) {
         self.inner = None;
         if let Mode::Sse { pending, .. } = &mut self.mode {
             *pending = BytesMut::new();
-            let event = error_event(message, kind, code, &self.tracker.request_id);
-            self.tracker.bytes_out += event.len() as u64;
-            self.trailer = Some(event);
+        }
+        if let Some(last) = last {
+            self.tracker.bytes_out += last.len() as u64;
+            self.trailer = Some(last);
         }
         self.tracker.finish(outcome);
         self.done = true;

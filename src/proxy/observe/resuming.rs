@@ -4,7 +4,7 @@
 
 use std::task::{ready, Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{Mode, ObservedBody};
@@ -65,7 +65,7 @@ impl<B> ObservedBody<B> {
     /// or more than one answer; the stream is cut.
     fn close_whole(&mut self, why: Break) -> bool {
         let one = self.resume.as_ref().is_some_and(|r| r.splice.one_choice());
-        let Mode::Sse { strip_usage: true, saw_error: false, finish_reason: Some(finish), pending, .. } = &mut self.mode else {
+        let Mode::Sse { strip_usage: true, saw_error: false, finish_reason: Some(finish), .. } = &self.mode else {
             return false;
         };
         if !one {
@@ -73,13 +73,7 @@ impl<B> ObservedBody<B> {
         }
         let outcome = if finish == "length" { Outcome::length } else { Outcome::ok };
         self.tracker.finish_reason = Some(finish.clone());
-        *pending = BytesMut::new();
-        self.inner = None;
-        let done = Bytes::from_static(b"data: [DONE]\n\n");
-        self.tracker.bytes_out += done.len() as u64;
-        self.trailer = Some(done);
-        self.tracker.finish(outcome);
-        self.done = true;
+        self.end_with(Some(Bytes::from_static(b"data: [DONE]\n\n")), outcome);
         let t = &self.tracker;
         t.span().in_scope(|| {
             tracing::info!(
