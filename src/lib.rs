@@ -68,6 +68,16 @@ pub mod fuzzing {
         }
     }
 
+    /// The multipart form reader: where it accepts a form (cut into frames
+    /// at `cuts`), the replica's parser reads the same `model` and
+    /// `stream` from it, and no `priority` (its reference, written down
+    /// from python-multipart's rules).
+    pub fn form_reader(body: &[u8], boundary: &[u8], cuts: &[usize]) {
+        if let Err(e) = crate::proxy::form::reference::agree(body, boundary, cuts) {
+            panic!("{e}");
+        }
+    }
+
     /// The request-body reader: its quick and general paths agree.
     pub fn request_body(bytes: &[u8], usage: bool, priority: Option<i64>) {
         if let Err(e) = crate::proxy::body::paths_agree(bytes, usage, priority) {

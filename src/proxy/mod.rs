@@ -29,7 +29,7 @@ mod aside;
 pub(crate) mod body;
 #[doc(hidden)]
 pub(crate) mod fixtures;
-mod form;
+pub(crate) mod form;
 mod headers;
 mod json;
 pub(crate) mod keepalive;
@@ -240,6 +240,7 @@ fn forward(
 /// and failed (502: not sent again, as it is not kept).
 fn upload_failed(e: GatewayError, upload: Option<&Upload>, snap: &Snapshot) -> GatewayError {
     match (upload.and_then(Upload::failure), e) {
+        (Some(UploadFailure::Refused), _) => form::malformed(&upload.and_then(Upload::refusal).unwrap_or_default()),
         (Some(UploadFailure::Timeout), _) => GatewayError::BodyTimeout(snap.config.server.body_read_timeout),
         (Some(UploadFailure::Read), _) => GatewayError::BodyRead("the client's upload ended early or failed".into()),
         (Some(UploadFailure::Resend), GatewayError::Upstream { replica, url, source, .. }) => GatewayError::Upstream {

@@ -182,7 +182,7 @@ pub(super) async fn route<'a>(
     grant: &Grant,
 ) -> Result<Routed<'a>, GatewayError> {
     let server = &snap.config.server;
-    let form = super::form::boundary(headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok())).transpose()?;
+    let form = super::form::boundary(content_type(headers)?).transpose()?;
     let deadline = tokio::time::Instant::now() + server.body_read_timeout.get();
     let timed_out = |_| GatewayError::BodyTimeout(server.body_read_timeout);
     let (request, upload) = match form {
@@ -293,14 +293,16 @@ pub(super) fn models(snap: &Snapshot, grant: &Grant) -> Response<ProxyBody> {
 }
 
 /// A multipart form (its `boundary`), read as far as routing needs: with
-/// its length declared, the rest is sent on as it arrives, due `within` of
-/// the replica's first read of it; without, or when its `model` comes only
-/// after its file, it is read whole (within `limit`) and kept in the frames
-/// it came in (docs/design/reduction.md, rule 9).
+/// its length declared, the rest is sent on as it arrives, read on by the
+/// same reader (its last bytes wait for the reader's verdict), due
+/// `within` of the replica's first read of it; without, or when its
+/// `model` comes only after its file, it is read whole (within `limit`),
+/// read to its end, and kept in the frames it came in
+/// (docs/design/reduction.md, rule 9; docs/access.md, rule 1).
 async fn read_form(
     body: Incoming,
     headers: &HeaderMap,
-    boundary: &str,
+    boundary: &[u8],
     limit: u64,
     within: std::time::Duration,
 ) -> Result<(RequestBody, Option<Upload>), GatewayError> {
@@ -309,28 +311,38 @@ async fn read_form(
         return Err(GatewayError::PayloadTooLarge { limit });
     }
     let ahead = super::form::PARSE_AHEAD;
-    let super::form::FormRead { head, read, rest } = super::form::read_head(body, boundary, limit, ahead).await?;
-    let (head, rest) = match (head, rest, declared) {
-        (Some(head), Some(rest), Some(len)) => {
-            return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::new(read, rest, len, within))))
+    let form = super::form::read_head(body, boundary, limit, ahead).await?;
+    let head = form.head();
+    let super::form::FormRead { reader, read, rest } = form;
+    let got: u64 = read.iter().map(|b| b.len() as u64).sum();
+    match (head, rest, declared) {
+        (Some(head), Some(rest), Some(len)) if len > got => {
+            let check: Box<dyn crate::upstream::UploadCheck> = Box::new(reader);
+            return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::new(read, rest, len, within, Some(check)))));
         }
-        (head, rest, _) => (head, rest),
-    };
-    let read = match rest {
-        Some(rest) => frames(rest, read, limit).await?,
-        None => read,
-    };
-    // Kept in the frames it came in, never joined: a form goes on as sent.
-    let (head, read) = match head {
-        // The fields routing needs were found as it arrived.
-        Some(head) => (head, read),
-        // No `model` near its start: parsed whole, aside when large.
-        None => {
-            let (len, boundary) = (read.iter().map(Bytes::len).sum(), boundary.to_string());
-            super::aside::run(len, move || super::form::head_of(&read, &boundary).map(|head| (head, read))).await??
+        (Some(head), rest, _) if rest.is_none() || reader.ended() => {
+            // Whole already (the closing boundary read; what follows it is ignored, as the replica does).
+            let read = match rest {
+                Some(rest) => frames(rest, read, limit).await?,
+                None => read,
+            };
+            reader.finish().map_err(|why| super::form::malformed(&why))?;
+            return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::in_memory(read))));
         }
-    };
-    Ok((RequestBody::form(Bytes::new(), head), Some(Upload::in_memory(read))))
+        (_, Some(rest), _) => {
+            let n = read.len();
+            let read = frames(rest, read, limit).await?;
+            // Read to its end aside when large; kept in the frames it came in, never joined.
+            let len = read.iter().map(Bytes::len).sum();
+            let (head, read) =
+                super::aside::run(len, move || super::form::read_rest(reader, &read[n..]).map(|head| (head, read))).await??;
+            Ok((RequestBody::form(Bytes::new(), head), Some(Upload::in_memory(read))))
+        }
+        (_, None, _) => {
+            let head = super::form::read_rest(reader, &[])?;
+            Ok((RequestBody::form(Bytes::new(), head), Some(Upload::in_memory(read))))
+        }
+    }
 }
 
 /// The rest of `body` after the parts already read, frame by frame, at
@@ -365,6 +377,17 @@ fn join(mut parts: Vec<Bytes>) -> Bytes {
         b.extend_from_slice(&p);
     }
     b.freeze()
+}
+
+/// The request's Content-Type, as bytes (the replica reads it as Latin-1);
+/// two of them are a 400: the replica could read either.
+fn content_type(headers: &HeaderMap) -> Result<Option<&[u8]>, GatewayError> {
+    let mut all = headers.get_all(header::CONTENT_TYPE).iter();
+    let first = all.next();
+    if all.next().is_some() {
+        return Err(GatewayError::InvalidRequest { message: "the request has two Content-Type headers".into(), param: None });
+    }
+    Ok(first.map(HeaderValue::as_bytes))
 }
 
 fn declared_length(headers: &HeaderMap) -> Option<u64> {

@@ -25,7 +25,7 @@ pub(crate) mod verdict;
 use access::public_name;
 pub(crate) use access::Access;
 pub(crate) use conn::Reads;
-pub(crate) use payload::{SendBody, Upload, UploadFailure};
+pub(crate) use payload::{SendBody, Upload, UploadCheck, UploadFailure};
 pub(crate) use replica::{Load, Replica};
 pub(crate) use send::{send_with_retry, Attempts, HeadRetried};
 pub(crate) use slot::ReplicaSlot;

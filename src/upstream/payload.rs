@@ -72,6 +72,17 @@ impl Body for SendBody {
     }
 }
 
+/// What reads an upload's rest as it passes (the form's reader): it may
+/// refuse the upload at any byte, and the upload's last bytes go on only
+/// once it has accepted the whole, so a replica never completes a request
+/// whose body it refused.
+pub(crate) trait UploadCheck: Send + Sync {
+    /// The next bytes of the rest; `Err`: why the upload is refused.
+    fn feed(&mut self, data: &[u8]) -> Result<(), String>;
+    /// The upload ended here; `Err`: why it is refused.
+    fn end(&mut self) -> Result<(), String>;
+}
+
 /// Why an upload did not reach its replica whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum UploadFailure {
@@ -81,6 +92,8 @@ pub(crate) enum UploadFailure {
     Read,
     /// An attempt on a replica that failed had taken part of it.
     Resend,
+    /// Its check refused it (the reason: [`Upload::refusal`]).
+    Refused,
 }
 
 impl UploadFailure {
@@ -89,6 +102,7 @@ impl UploadFailure {
             UploadFailure::Timeout => "the client did not send the rest of the upload in time",
             UploadFailure::Read => "the rest of the upload could not be read from the client",
             UploadFailure::Resend => "part of the upload went to a replica that failed; it is not kept, so it cannot be sent again",
+            UploadFailure::Refused => "the upload was refused",
         }
     }
 }
@@ -104,6 +118,8 @@ struct Rest {
     /// (time in the admission queue does not count).
     within: Duration,
     timeout: Option<Pin<Box<Sleep>>>,
+    /// Reads the rest as it passes.
+    check: Option<Box<dyn UploadCheck>>,
 }
 
 /// The state all attempts share.
@@ -111,6 +127,8 @@ struct Shared {
     /// The unsent upload, while no attempt holds it.
     rest: Option<Rest>,
     failure: Option<UploadFailure>,
+    /// Why the check refused it.
+    refusal: Option<String>,
 }
 
 /// A multipart upload of `len` bytes (its declared `Content-Length`), sent
@@ -144,10 +162,12 @@ impl Upload {
     /// `read`: the bytes already read (routing needed them), `body` the
     /// rest, `len` the whole upload's declared length; the rest is due
     /// `within` (the body read timeout) of a replica's first read of it.
-    pub(crate) fn new(read: Vec<Bytes>, body: Incoming, len: u64, within: Duration) -> Upload {
+    /// `check` reads the rest as it passes (`read` it has read already).
+    pub(crate) fn new(read: Vec<Bytes>, body: Incoming, len: u64, within: Duration, check: Option<Box<dyn UploadCheck>>) -> Upload {
         let already: u64 = read.iter().map(|b| b.len() as u64).sum();
-        let rest = Rest { read: read.into(), body: Some(body), left: len.saturating_sub(already), within, timeout: None };
-        Upload { len, kept: None, shared: Arc::new(Mutex::new(Shared { rest: Some(rest), failure: None })), held: None, started: false }
+        let rest = Rest { read: read.into(), body: Some(body), left: len.saturating_sub(already), within, timeout: None, check };
+        let shared = Shared { rest: Some(rest), failure: None, refusal: None };
+        Upload { len, kept: None, shared: Arc::new(Mutex::new(shared)), held: None, started: false }
     }
 
     /// A body read whole, in the frames it arrived in (`parts`): sent as
@@ -159,7 +179,7 @@ impl Upload {
         Upload {
             len,
             kept: Some(parts.into()),
-            shared: Arc::new(Mutex::new(Shared { rest: None, failure: None })),
+            shared: Arc::new(Mutex::new(Shared { rest: None, failure: None, refusal: None })),
             held: None,
             started: false,
         }
@@ -173,6 +193,11 @@ impl Upload {
     /// Why it did not reach a replica whole, if it did not.
     pub(crate) fn failure(&self) -> Option<UploadFailure> {
         self.lock().failure
+    }
+
+    /// Why its check refused it, if it did.
+    pub(crate) fn refusal(&self) -> Option<String> {
+        self.lock().refusal.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
@@ -192,7 +217,7 @@ impl Upload {
             }
             if let Some(kept) = &self.kept {
                 let read = kept.iter().cloned().collect();
-                self.held = Some(Rest { read, body: None, left: 0, within: Duration::ZERO, timeout: None });
+                self.held = Some(Rest { read, body: None, left: 0, within: Duration::ZERO, timeout: None, check: None });
             }
         }
         if self.held.is_none() {
@@ -218,6 +243,14 @@ impl Upload {
                         return self.fail(UploadFailure::Read);
                     }
                     rest.left -= data.len() as u64;
+                    // Read before it goes on; the last bytes only once the whole is accepted.
+                    if let Some(check) = rest.check.as_mut() {
+                        let verdict = check.feed(&data).and_then(|()| if rest.left == 0 { check.end() } else { Ok(()) });
+                        if let Err(why) = verdict {
+                            self.lock().refusal.get_or_insert(why);
+                            return self.fail(UploadFailure::Refused);
+                        }
+                    }
                     self.started = true;
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
@@ -302,7 +335,7 @@ mod tests {
         let read: Vec<Bytes> = read.iter().map(|s| Bytes::from(*s)).collect();
         let whole = len + read_len(&read);
         drop(server);
-        (Upload::new(read, body, whole, within), client)
+        (Upload::new(read, body, whole, within, None), client)
     }
 
     fn read_len(read: &[Bytes]) -> u64 {

@@ -1,8 +1,9 @@
 //! The fuzz targets' properties (`fuzz/`, `scripts/fuzz SECONDS`) on
 //! arbitrary input through proptest, so every test run tries them too: the
 //! SSE observer does not depend on how a stream is cut into reads, the
-//! request-body reader's two paths agree, context reduction never grows a
-//! request, and the config parser answers any text without panicking.
+//! request-body reader's two paths agree, the form reader reads what the
+//! replica reads, context reduction never grows a request, and the config
+//! parser answers any text without panicking.
 
 use proptest::prelude::*;
 
@@ -22,8 +23,75 @@ fn sse_bytes() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(piece, 0..10).prop_map(|v| v.concat())
 }
 
+/// One part of a multipart form under the boundary `XyZ`, from pieces
+/// that reach the reader's corners: every way of writing a disposition the
+/// replica reads (names in any case, twice, extended, hidden in quotes,
+/// in angle brackets), encodings, repeated headers, values that hold
+/// near-delimiters, files.
+fn form_part() -> impl Strategy<Value = String> {
+    let name = prop_oneof![Just("model"), Just("stream"), Just("file"), Just("priority"), Just("x"), Just("Model")];
+    let param = prop_oneof![
+        name.clone().prop_map(|n| format!("name=\"{n}\"")),
+        name.clone().prop_map(|n| format!("Name={n}")),
+        name.clone().prop_map(|n| format!("NAME = \"{n}\" ")),
+        name.clone().prop_map(|n| format!("name*=utf-8''{n}")),
+        name.clone().prop_map(|n| format!("name=<{n}>")),
+        name.prop_map(|n| format!("filename=\"a; name={n}\"")),
+        Just("filename=\"a.wav\"".to_string()),
+        Just("filename=\"a\\\"b\"".to_string()),
+        Just("name".to_string()),
+    ];
+    let disposition =
+        (prop_oneof![8 => Just("form-data"), 1 => Just("Form-Data"), 1 => Just("attachment")], prop::collection::vec(param, 1..3))
+            .prop_map(|(t, ps)| format!("Content-Disposition: {t}; {}\r\n", ps.join("; ")));
+    let header = prop_oneof![
+        4 => disposition,
+        1 => Just("Content-Type: audio/wav\r\n".to_string()),
+        1 => Just("Content-Transfer-Encoding: base64\r\n".to_string()),
+        1 => Just("content-transfer-encoding: binary\r\n".to_string()),
+        1 => Just("X Bad: 1\r\n".to_string()),
+    ];
+    let value = prop_oneof![
+        Just("m-small"),
+        Just("m-big"),
+        Just("true"),
+        Just("0"),
+        Just("a\r\n--XyZx"),
+        Just("\r\n--XyZ-"),
+        Just("\r"),
+        Just(""),
+        Just("bS1iaWc="),
+    ];
+    let headers = prop_oneof![6 => header.clone().prop_map(|h| vec![h]), 1 => prop::collection::vec(header, 0..3)];
+    let tricky = (headers, value.clone()).prop_map(|(hs, v)| format!("--XyZ\r\n{}\r\n{v}\r\n", hs.concat()));
+    let plain = (prop_oneof![Just("model"), Just("stream"), Just("language")], value)
+        .prop_map(|(n, v)| format!("--XyZ\r\nContent-Disposition: form-data; name=\"{n}\"\r\n\r\n{v}\r\n"));
+    prop_oneof![plain, tricky]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn the_form_reader_reads_what_the_replica_reads(
+        parts in prop::collection::vec(form_part(), 1..6),
+        lead in prop_oneof![8 => Just(""), 1 => Just("\r\n"), 1 => Just("x")],
+        end in prop_oneof![8 => Just("--XyZ--\r\n"), 1 => Just("--XyZ--"), 1 => Just("--XyZ"), 1 => Just("")],
+        cuts in prop::collection::vec(0usize..400, 0..6),
+    ) {
+        let body = format!("{lead}{}{end}", parts.concat());
+        let mut cuts = cuts;
+        cuts.sort_unstable();
+        slogate::fuzzing::form_reader(body.as_bytes(), b"XyZ", &cuts);
+    }
+
+    #[test]
+    fn the_form_reader_reads_what_the_replica_reads_on_any_bytes(
+        body in prop::collection::vec(prop_oneof![Just(b'-'), Just(b'\r'), Just(b'\n'), Just(b'X'), Just(b'y'), Just(b'Z'), any::<u8>()], 0..96),
+        cut in 0usize..96,
+    ) {
+        slogate::fuzzing::form_reader(&body, b"XyZ", &[cut]);
+    }
 
     #[test]
     fn the_sse_observer_does_not_depend_on_how_reads_are_cut(stream in sse_bytes(), cuts in prop::collection::vec(any::<u8>(), 0..8)) {
