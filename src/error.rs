@@ -56,6 +56,9 @@ pub(crate) enum GatewayError {
     /// 429 like OpenAI's, but the caller's doing, not the gateway's failure.
     #[error("{message}")]
     KeyLimited { message: String, limit: &'static str, code: &'static str, retry_after: u64 },
+    /// The gateway holds all the request bodies it may (503).
+    #[error("{message}")]
+    Busy { message: String, retry_after: Duration },
     #[error("no healthy replica in pool `{pool}`")]
     NoHealthyReplica { pool: String },
     /// `replica` is the name clients are shown, `detail` what they may be
@@ -106,7 +109,7 @@ impl GatewayError {
             Unauthorized => StatusCode::UNAUTHORIZED,
             ClassForbidden(_) | ModelNotAllowed(_) | EndpointNotAllowed(_) | PathNotAllowed(_) => StatusCode::FORBIDDEN,
             Rejected { .. } | KeyLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            NoHealthyReplica { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            NoHealthyReplica { .. } | Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Upstream { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -117,7 +120,7 @@ impl GatewayError {
     pub(crate) fn outcome(&self) -> Outcome {
         use GatewayError::*;
         match self {
-            Rejected { .. } => Outcome::rejected,
+            Rejected { .. } | Busy { .. } => Outcome::rejected,
             NoHealthyReplica { .. } => Outcome::unavailable,
             Upstream { .. } => Outcome::upstream_error,
             UpstreamTimeout { .. } => Outcome::timeout,
@@ -147,6 +150,7 @@ impl GatewayError {
             EndpointNotAllowed(_) => ("permission_error", None, "endpoint_not_allowed"),
             PathNotAllowed(_) => ("permission_error", None, "path_not_allowed"),
             NoHealthyReplica { .. } => ("service_unavailable", None, "no_healthy_replica"),
+            Busy { .. } => ("service_unavailable", None, "server_busy"),
             Upstream { .. } => ("upstream_error", None, "upstream_unreachable"),
             UpstreamTimeout { .. } => ("timeout", None, "upstream_timeout"),
             Internal(_) => ("internal_error", None, "internal_error"),
@@ -155,7 +159,7 @@ impl GatewayError {
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            GatewayError::Rejected { retry_after, .. } => Some(*retry_after),
+            GatewayError::Rejected { retry_after, .. } | GatewayError::Busy { retry_after, .. } => Some(*retry_after),
             GatewayError::KeyLimited { retry_after, .. } => Some(Duration::from_secs(*retry_after)),
             GatewayError::NoHealthyReplica { .. } => Some(Duration::from_secs(1)),
             _ => None,

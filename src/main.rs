@@ -126,7 +126,10 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Keys { command: KeysCommand::Hash } => keys_hash(),
         Command::Check { config } => match Config::load(&config) {
-            Ok(_) => {
+            Ok(c) => {
+                for w in c.warnings() {
+                    eprintln!("warning: {w}");
+                }
                 println!("{}: ok", config.display());
                 ExitCode::SUCCESS
             }

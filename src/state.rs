@@ -440,6 +440,7 @@ mod tests {
             limits: None,
             models: None,
             endpoints: None,
+            cache_isolation: None,
         }];
         let old = app.snapshot();
         let failed = Snapshot::prepare(next.clone(), &metrics, &controls, Some(&old));

@@ -102,6 +102,11 @@ impl Limits {
         self.requests_per_minute.is_some() || self.tokens_per_minute.is_some() || self.max_concurrent.is_some() || self.has_quotas()
     }
 
+    /// Does it limit tokens (per minute, day or month)?
+    pub(crate) fn limits_tokens(&self) -> bool {
+        self.tokens_per_minute.is_some() || self.quotas[1].is_some() || self.quotas[3].is_some()
+    }
+
     pub(crate) fn has_quotas(&self) -> bool {
         self.quotas.iter().any(Option::is_some)
     }

@@ -150,7 +150,7 @@ impl Calendar {
             let Some(limit) = *limit else { continue };
             let (period, kind) = QUOTAS[i];
             let used = self.count(i, unix).used.max(0.0) as u64;
-            if used + need(kind) > limit {
+            if used.saturating_add(need(kind)) > limit {
                 let (_, end) = period.window(unix);
                 let retry_after = end.saturating_sub(unix).max(1);
                 return Err(Exceeded { period, kind, limit, used, retry_after, too_large: need(kind) > limit });

@@ -22,6 +22,7 @@ use super::tenant_series::TenantSeries;
 use crate::config::TenantConfig;
 use crate::telemetry::accounting::Finished;
 use crate::telemetry::metrics::Metrics;
+pub(crate) use permit::{Permit, Reading};
 
 /// The name of the one tenant of a gateway without keys.
 pub(crate) const ANONYMOUS: &str = "anonymous";
@@ -56,6 +57,8 @@ pub(crate) struct Tenant {
     base_unix: u64,
     inner: Mutex<Usage>,
     concurrent: AtomicU64,
+    /// Its requests whose bodies are being read (before their permit).
+    reading: AtomicU64,
     limited: [AtomicU64; 4],
 }
 
@@ -85,82 +88,6 @@ impl Tenant {
 impl std::fmt::Debug for Tenant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tenant").field("name", &self.name).field("id", &self.id).finish()
-    }
-}
-
-/// A request's hold on its key's limits: one of its concurrent requests,
-/// and the tokens reserved for it until it is settled. It travels with the
-/// response body and is given back exactly once, when the request ends.
-#[derive(Debug)]
-pub(crate) struct Permit {
-    tenant: Arc<Tenant>,
-    second: u64,
-    reserved: u64,
-    concurrent: bool,
-    /// The replica's usage (prompt plus completion), once known.
-    used: Option<u64>,
-    /// The request never reached a replica: it takes nothing from the key.
-    refunded: bool,
-    /// Taken from the limit store (settled there), not this instance's windows.
-    shared: Option<Arc<Store>>,
-    /// The wall second it was taken in (its quotas' windows), when the key has quotas.
-    quota_at: Option<u64>,
-}
-
-impl Permit {
-    /// The replica said the request used `tokens` in all.
-    pub(crate) fn settle(&mut self, tokens: u64) {
-        self.used = Some(tokens);
-    }
-
-    /// The gateway refused the request after the key's limits let it
-    /// through (its queue, its breaker): it counts for nothing.
-    pub(crate) fn refund(&mut self) {
-        self.used = Some(0);
-        self.refunded = true;
-    }
-
-    /// The request is over: refunded if the gateway refused it after the
-    /// key's limits let it through, settled to what the replica reported
-    /// otherwise (with no usage reported, the reservation stands).
-    pub(crate) fn finished(&mut self, f: &Finished) {
-        match (f.admitted, f.used_tokens()) {
-            (false, _) => self.refund(),
-            (true, Some(n)) => self.settle(n),
-            (true, None) => {}
-        }
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        if self.concurrent {
-            self.tenant.concurrent.fetch_sub(1, Ordering::Relaxed);
-        }
-        if let Some(store) = &self.shared {
-            let delta = self.used.map_or(0, |used| used as i64 - self.reserved as i64);
-            store.settle(&self.tenant.name, self.second, delta, self.refunded, self.concurrent, self.quota_at);
-            return;
-        }
-        if let Some(used) = self.used {
-            let at = Instant::now();
-            let now = self.tenant.second(at);
-            let delta = used as f64 - self.reserved as f64;
-            if let Ok(mut u) = self.tenant.inner.lock() {
-                u.tokens.adjust(self.second, now, delta);
-                if self.refunded {
-                    u.requests.adjust(self.second, now, -1.0);
-                }
-                if let Some(taken) = self.quota_at {
-                    let unix = self.tenant.unix(at);
-                    u.calendar.settle(taken, unix, delta, self.refunded);
-                    let limits = self.tenant.limits().quotas;
-                    if let Some(s) = self.tenant.series() {
-                        s.quotas(&u.calendar.standing(unix, limits));
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -266,11 +193,27 @@ impl Tenant {
     }
 
     /// The key's quotas now.
-    #[cfg(test)]
     fn state(&self, now: Instant) -> RateState {
         let limits = self.limits();
         let s = self.second(now);
         self.inner.lock().map(|u| self.quotas(&u, &limits, s)).unwrap_or_default()
+    }
+
+    /// Before its body is read: with `max_concurrent`, the request counts
+    /// as one of the key's running ones (this instance's count against its
+    /// part, or against the whole limit with a store), or is refused.
+    pub(crate) fn start_reading(self: &Arc<Self>) -> Result<Reading, (u64, RateState)> {
+        let shared = self.store().is_some_and(|s| s.is_up());
+        let Some(max) = (if shared { self.configured_limits() } else { self.limits() }).max_concurrent else { return Ok(Reading(None)) };
+        let before = self.reading.fetch_add(1, Ordering::Relaxed);
+        let reading = Reading(Some(self.clone()));
+        if before + self.concurrent.load(Ordering::Relaxed) >= max {
+            self.count_refusal(Limit::Concurrent);
+            let now = Instant::now();
+            let state = tightest(self.state(now), &self.quota_standing(now));
+            return Err((max, state));
+        }
+        Ok(reading)
     }
 
     /// Take one request and `reserve` tokens from the key's limits, or say
@@ -502,6 +445,7 @@ impl Tenants {
             base_unix: self.base_unix,
             inner: Mutex::new(Usage::default()),
             concurrent: AtomicU64::new(0),
+            reading: AtomicU64::new(0),
             limited: Default::default(),
         })
     }
@@ -568,5 +512,6 @@ impl Tenants {
     }
 }
 
+mod permit;
 #[cfg(test)]
 mod tests;

@@ -16,16 +16,20 @@ pub(crate) struct Grant {
     models: Option<Vec<String>>,
     /// `None`: every kind.
     endpoints: Option<Vec<Endpoint>>,
+    /// The `cache_salt` its requests carry when its cache is kept apart.
+    pub(crate) cache_salt: Option<Arc<str>>,
 }
 
 impl Grant {
     /// Everything, for `key`.
     pub(crate) fn all(key: &str) -> Grant {
-        Grant { key: key.into(), models: None, endpoints: None }
+        Grant { key: key.into(), models: None, endpoints: None, cache_salt: None }
     }
 
-    pub(crate) fn of(k: &KeyConfig) -> Grant {
-        Grant { key: k.name.as_str().into(), models: k.models.clone(), endpoints: k.endpoints.clone() }
+    /// Key `k`'s grant; `isolate`: `auth.cache_isolation`, where the key names none.
+    pub(crate) fn of(k: &KeyConfig, isolate: bool) -> Grant {
+        let cache_salt = k.cache_isolation.unwrap_or(isolate).then(|| salt_of(&k.name));
+        Grant { key: k.name.as_str().into(), models: k.models.clone(), endpoints: k.endpoints.clone(), cache_salt }
     }
 
     /// May the key use `model`?
@@ -50,6 +54,15 @@ impl Grant {
             Err(GatewayError::EndpointNotAllowed(e.as_str()))
         }
     }
+}
+
+/// The `cache_salt` of key `name`: its own, the same on every gateway of
+/// a fleet and across restarts (a replica's cache stays warm for it), and
+/// never one a caller chose (the gateway sets it on every request).
+fn salt_of(name: &str) -> Arc<str> {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("slogate cache_salt\0{name}").as_bytes());
+    format!("slogate-{}", hex::encode(&digest[..16])).into()
 }
 
 /// Does `name` match `pattern`, where `*` stands for any run of characters
@@ -96,12 +109,21 @@ mod tests {
 
     #[test]
     fn a_grant_checks_models_and_endpoints() {
-        let g = Grant { key: "k".into(), models: Some(vec!["small-*".into()]), endpoints: Some(vec![Endpoint::Embeddings]) };
+        let g =
+            Grant { key: "k".into(), models: Some(vec!["small-*".into()]), endpoints: Some(vec![Endpoint::Embeddings]), cache_salt: None };
         assert!(g.model("small-1").is_ok());
         assert!(matches!(g.model("big"), Err(GatewayError::ModelNotAllowed(m)) if m == "big"));
         assert!(g.endpoint(Endpoint::Embeddings).is_ok());
         assert!(matches!(g.endpoint(Endpoint::Chat), Err(GatewayError::EndpointNotAllowed("chat"))));
         let all = Grant::all("anonymous");
         assert!(all.model("x").is_ok() && all.endpoint(Endpoint::Speech).is_ok());
+    }
+
+    #[test]
+    fn each_isolated_key_has_a_salt_of_its_own() {
+        let (a, b) = (salt_of("team-a"), salt_of("team-b"));
+        assert_ne!(a, b);
+        assert_eq!(a, salt_of("team-a"), "the same on every gateway and restart");
+        assert!(a.starts_with("slogate-") && a.len() == 40, "{a}");
     }
 }

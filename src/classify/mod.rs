@@ -152,7 +152,9 @@ impl Classifier {
             let digest: [u8; 32] = match (&k.key_env, &k.key_sha256) {
                 (Some(env), _) => {
                     let v = std::env::var(env).map_err(|source| KeyError::EnvUnset { key: k.name.clone(), var: env.clone(), source })?;
-                    Sha256::digest(v.as_bytes()).into()
+                    // Trimmed, as a caller's bearer token is: a key file's
+                    // trailing newline must not make the key unusable.
+                    Sha256::digest(v.trim().as_bytes()).into()
                 }
                 (None, Some(h)) => {
                     let raw = hex::decode(h).map_err(|source| KeyError::NotHex { key: k.name.clone(), source })?;
@@ -193,7 +195,7 @@ impl Classifier {
                 digest,
                 classes: k.classes.iter().filter_map(|c| find(c)).collect(),
                 tenant: controls.tenants.prepare(&k.name, &k.tenant()),
-                grant: Arc::new(Grant::of(k)),
+                grant: Arc::new(Grant::of(k, config.auth.cache_isolation)),
             })
             .collect();
         let anonymous = controls.tenants.prepare(ANONYMOUS, &TenantConfig::default());

@@ -44,7 +44,7 @@ fn keys(cfg: &Config, class_known: &dyn Fn(&str) -> bool, p: &mut Vec<Problem>) 
         match (&k.key_env, &k.key_sha256) {
             (Some(_), Some(_)) | (None, None) => bad(at.clone(), "give exactly one of key_env and key_sha256".into()),
             (Some(env), None) => {
-                if std::env::var(env).map(|v| v.is_empty()).unwrap_or(true) {
+                if std::env::var(env).map(|v| v.trim().is_empty()).unwrap_or(true) {
                     bad(f("key_env"), format!("environment variable {env} is not set"));
                 }
             }
@@ -125,5 +125,24 @@ fn access_log(cfg: &Config, p: &mut Vec<Problem>) {
     }
     if a.buffer == 0 {
         p.push(Problem { field: "telemetry.access_log.buffer".into(), message: "must be at least 1".into() });
+    }
+}
+
+impl super::Config {
+    /// What `slogate check` warns of, though the file is valid: a key read
+    /// from the environment with spaces or a line break around it (slogate
+    /// trims it, as it trims a caller's bearer token, so the key is the
+    /// trimmed value: a client sending it as written would not match).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, k) in self.auth.keys.iter().enumerate() {
+            let Some(env) = &k.key_env else { continue };
+            if std::env::var(env).is_ok_and(|v| v.trim() != v) {
+                out.push(format!(
+                    "auth.keys[{i}].key_env: the value of {env} has spaces or a line break around it; the key is the value trimmed"
+                ));
+            }
+        }
+        out
     }
 }

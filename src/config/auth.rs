@@ -26,6 +26,8 @@ pub struct AuthConfig {
     /// Output tokens reserved against a key's `tokens_per_minute` for a
     /// request that names no `max_tokens` or `max_completion_tokens`.
     pub default_max_tokens: u64,
+    /// Every key's `cache_isolation` where it names none.
+    pub cache_isolation: bool,
     /// How many of `keys` came from `keys_file` (the last ones).
     #[serde(skip)]
     pub from_file: usize,
@@ -33,7 +35,7 @@ pub struct AuthConfig {
 
 impl Default for AuthConfig {
     fn default() -> Self {
-        AuthConfig { keys: Vec::new(), keys_file: None, default_max_tokens: 1024, from_file: 0 }
+        AuthConfig { keys: Vec::new(), keys_file: None, default_max_tokens: 1024, cache_isolation: false, from_file: 0 }
     }
 }
 
@@ -72,6 +74,11 @@ pub struct KeyConfig {
     /// `other`). Left out: every kind.
     #[serde(default)]
     pub endpoints: Option<Vec<Endpoint>>,
+    /// Keep its prompts' cache apart from other keys': every request it
+    /// sends carries a `cache_salt` of the gateway's (its own replaced), and
+    /// the prefix index keys its prompts apart. Left out: `auth.cache_isolation`.
+    #[serde(default)]
+    pub cache_isolation: Option<bool>,
 }
 
 /// The kinds of work the data plane forwards: the `endpoint` of access log

@@ -100,6 +100,10 @@ pub struct ServerConfig {
     /// The largest multipart form (an audio upload: OpenAI takes files of up
     /// to 25 MB); larger ones get 413.
     pub max_upload_body: Size,
+    /// Request bodies all requests may hold in memory at once (JSON bodies,
+    /// forms read whole); past it, 503 with Retry-After. One connection's
+    /// requests may hold `max_upload_body` + `max_request_body`.
+    pub max_buffered_body_bytes: Size,
     pub shutdown_grace: Dur,
     /// Poll for I/O without sleeping while requests are in flight (see
     /// `server::busy`): lower latency on VMs, a core's worth of CPU.
@@ -148,6 +152,7 @@ impl Default for ServerConfig {
             tls: None,
             max_request_body: Size(4 << 20),
             max_upload_body: Size(32 << 20),
+            max_buffered_body_bytes: Size(512 << 20),
             shutdown_grace: Dur::secs(30),
             busy_poll: false,
             short_sched_slice: false,

@@ -48,6 +48,13 @@ pub(super) fn server(cfg: &Config, p: &mut Vec<Problem>) {
     if cfg.server.max_request_body.0 == 0 {
         bad("server.max_request_body".into(), "must be greater than 0".into());
     }
+    let largest = cfg.server.max_request_body.0.max(cfg.server.max_upload_body.0);
+    if cfg.server.max_buffered_body_bytes.0 < largest {
+        bad(
+            "server.max_buffered_body_bytes".into(),
+            format!("must be at least server.max_request_body and server.max_upload_body ({largest} bytes): one body must fit"),
+        );
+    }
     if cfg.server.max_upload_body.0 == 0 {
         bad("server.max_upload_body".into(), "must be greater than 0".into());
     }

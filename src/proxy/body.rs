@@ -41,8 +41,15 @@ pub(super) struct Head {
     has_stream_options: bool,
     /// A `priority` member of any value is present.
     has_priority: bool,
+    /// A `cache_salt` member of any value is present.
+    has_cache_salt: bool,
     /// The most tokens it may generate: `max_completion_tokens`, else `max_tokens`.
     pub(crate) max_output: Option<u64>,
+    /// The Responses API's limit: `max_output_tokens`.
+    pub(crate) max_output_tokens: Option<u64>,
+    /// How many answers it asks for: `n`, or `best_of` if more (1 when
+    /// neither is a count), times the prompts of a completions list.
+    pub(crate) answers: u64,
 }
 
 /// A request body, parsed only as far as needed.
@@ -83,10 +90,18 @@ struct Wire<'a> {
     stream_options: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     priority: bool,
+    #[serde(default, deserialize_with = "present")]
+    cache_salt: bool,
     #[serde(default, deserialize_with = "count")]
     max_tokens: Option<u64>,
     #[serde(default, deserialize_with = "count")]
     max_completion_tokens: Option<u64>,
+    #[serde(default, deserialize_with = "count")]
+    max_output_tokens: Option<u64>,
+    #[serde(default, deserialize_with = "count")]
+    n: Option<u64>,
+    #[serde(default, deserialize_with = "count")]
+    best_of: Option<u64>,
     // The prompt, borrowed as written (checked, not built into values).
     #[serde(default, borrow)]
     messages: Option<&'a RawValue>,
@@ -105,6 +120,27 @@ fn count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     Value::deserialize(d).map(|v| v.as_u64())
 }
 
+/// How many answers a request asks for: `n` or `best_of` (the larger),
+/// times the prompts of a list of them (`prompt: ["a", "b"]`, or a list of
+/// token lists; one list of token ids is one prompt). At least 1.
+fn answers(n: Option<u64>, best_of: Option<u64>, prompt: Option<&Value>) -> u64 {
+    let each = n.unwrap_or(1).max(best_of.unwrap_or(1)).max(1);
+    let prompts = match prompt {
+        Some(Value::Array(items)) if matches!(items.first(), Some(Value::String(_) | Value::Array(_))) => items.len() as u64,
+        _ => 1,
+    };
+    each.saturating_mul(prompts.max(1))
+}
+
+/// [`answers`] of a prompt as written (the quick path's borrowed member).
+fn answers_raw(n: Option<u64>, best_of: Option<u64>, prompt: Option<&RawValue>) -> Option<u64> {
+    let Some(raw) = prompt.filter(|r| r.get().starts_with('[')) else { return Some(answers(n, best_of, None)) };
+    let items: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
+    let listed = items.first().is_some_and(|f| f.get().starts_with('"') || f.get().starts_with('['));
+    let each = n.unwrap_or(1).max(best_of.unwrap_or(1)).max(1);
+    Some(if listed { each.saturating_mul(items.len() as u64) } else { each })
+}
+
 /// `Some` for any value, `null` included (unlike `Option`'s own rule).
 fn present_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
     Value::deserialize(d).map(Some)
@@ -121,7 +157,17 @@ fn usage_asked(opts: Option<&Value>) -> bool {
 impl Head {
     /// The head of a multipart form: its `model` and `stream` fields.
     pub(super) fn form(model: Model, stream: bool) -> Head {
-        Head { model, stream, include_usage: false, has_stream_options: false, has_priority: false, max_output: None }
+        Head {
+            model,
+            stream,
+            include_usage: false,
+            has_stream_options: false,
+            has_priority: false,
+            has_cache_salt: false,
+            max_output: None,
+            max_output_tokens: None,
+            answers: 1,
+        }
     }
 }
 
@@ -154,14 +200,7 @@ impl RequestBody {
 
     /// An empty body (a management call that takes none): no model, sent as is.
     pub(super) fn empty() -> Self {
-        let head = Head {
-            model: Model::Missing,
-            stream: false,
-            include_usage: false,
-            has_stream_options: false,
-            has_priority: false,
-            max_output: None,
-        };
+        let head = Head::form(Model::Missing, false);
         Self { bytes: Bytes::new(), head, object: None, dirty: false, form: false, spans: Spans::default() }
     }
 
@@ -182,13 +221,17 @@ impl RequestBody {
         let at = |r: Option<&RawValue>| r.map(|r| r.get().as_ptr() as usize - text.as_ptr() as usize).zip(r.map(|r| r.get().len()));
         let spans =
             Spans { instructions: at(w.instructions), prompt: at(w.messages.or(w.prompt).or(w.input)), cache_key: at(w.prompt_cache_key) };
+        let answers = answers_raw(w.n, w.best_of, w.prompt)?;
         let head = Head {
             model: Model::Name(w.model?.into_owned()),
             stream: w.stream == Some(true),
             include_usage: usage_asked(w.stream_options.as_ref()),
             has_stream_options: w.stream_options.is_some(),
             has_priority: w.priority,
+            has_cache_salt: w.cache_salt,
             max_output: w.max_completion_tokens.or(w.max_tokens),
+            max_output_tokens: w.max_output_tokens,
+            answers,
         };
         Some((head, spans))
     }
@@ -273,27 +316,46 @@ impl RequestBody {
     }
 
     /// The bytes to send: with `stream_options.include_usage` set when
-    /// `ask_usage`, and `priority` set when given.
-    pub(super) fn into_bytes(mut self, ask_usage: bool, priority: Option<i64>) -> Result<Bytes, GatewayError> {
-        let edit_existing = (ask_usage && self.head.has_stream_options) || (priority.is_some() && self.head.has_priority);
+    /// `ask_usage`; `priority` set when given, else removed (a caller's own
+    /// never reaches a replica); `cache_salt` set to `salt` when given
+    /// (the caller's replaced; docs/access.md, rules 6 and 19).
+    pub(super) fn into_bytes(mut self, ask_usage: bool, priority: Option<i64>, salt: Option<&str>) -> Result<Bytes, GatewayError> {
+        let edit_existing =
+            (ask_usage && self.head.has_stream_options) || self.head.has_priority || (salt.is_some() && self.head.has_cache_salt);
         if self.object.is_none() && !edit_existing {
-            let members = match (ask_usage, priority) {
-                (false, None) => return Ok(self.bytes),
-                (true, None) => r#""stream_options":{"include_usage":true}"#.to_string(),
-                (false, Some(p)) => format!(r#""priority":{p}"#),
-                (true, Some(p)) => format!(r#""stream_options":{{"include_usage":true}},"priority":{p}"#),
-            };
+            let mut members = String::new();
+            if ask_usage {
+                members.push_str(r#""stream_options":{"include_usage":true},"#);
+            }
+            if let Some(p) = priority {
+                members.push_str(&format!(r#""priority":{p},"#));
+            }
+            if let Some(salt) = salt {
+                members.push_str(&format!(r#""cache_salt":{},"#, Value::from(salt)));
+            }
+            if members.is_empty() {
+                return Ok(self.bytes);
+            }
+            members.pop();
             if let Some(b) = insert_members(&self.bytes, &members) {
                 return Ok(b);
             }
         }
-        let dirty = self.dirty || ask_usage || priority.is_some();
+        let dirty = self.dirty || ask_usage || priority.is_some() || self.head.has_priority || salt.is_some();
         if !dirty {
             return Ok(self.bytes);
         }
         let obj = self.object()?;
-        if let Some(p) = priority {
-            obj.insert("priority".into(), Value::from(p));
+        match priority {
+            Some(p) => {
+                obj.insert("priority".into(), Value::from(p));
+            }
+            None => {
+                obj.remove("priority");
+            }
+        }
+        if let Some(salt) = salt {
+            obj.insert("cache_salt".into(), Value::from(salt));
         }
         if ask_usage {
             let opts = obj.entry("stream_options").or_insert_with(|| Value::Object(Map::new()));
@@ -326,7 +388,10 @@ fn head_of(o: &Map<String, Value>) -> Head {
         include_usage: usage_asked(o.get("stream_options")),
         has_stream_options: o.contains_key("stream_options"),
         has_priority: o.contains_key("priority"),
+        has_cache_salt: o.contains_key("cache_salt"),
         max_output: o.get("max_completion_tokens").and_then(Value::as_u64).or_else(|| o.get("max_tokens").and_then(Value::as_u64)),
+        max_output_tokens: o.get("max_output_tokens").and_then(Value::as_u64),
+        answers: answers(o.get("n").and_then(Value::as_u64), o.get("best_of").and_then(Value::as_u64), o.get("prompt")),
     }
 }
 
@@ -353,6 +418,7 @@ fn insert_members(bytes: &[u8], members: &str) -> Option<Bytes> {
 /// same request as the general path, or both reject the body.
 #[doc(hidden)]
 pub(crate) fn paths_agree(bytes: &[u8], usage: bool, priority: Option<i64>) -> Result<(), String> {
+    let salt = priority.filter(|p| *p == 1).map(|_| "slogate-salt");
     let bytes = Bytes::copy_from_slice(bytes);
     let text = || String::from_utf8_lossy(&bytes).into_owned();
     let Ok(quick) = RequestBody::parse(bytes.clone()) else {
@@ -366,7 +432,7 @@ pub(crate) fn paths_agree(bytes: &[u8], usage: bool, priority: Option<i64>) -> R
         return Err(format!("heads differ: {:?} vs {:?}: {}", quick.head(), head_of(&object), text()));
     }
     let written = |b: RequestBody| -> Result<Value, String> {
-        let out = b.into_bytes(usage, priority).map_err(|e| format!("cannot write: {e}"))?;
+        let out = b.into_bytes(usage, priority, salt).map_err(|e| format!("cannot write: {e}"))?;
         serde_json::from_slice(&out).map_err(|e| format!("wrote invalid JSON ({e}): {}", String::from_utf8_lossy(&out)))
     };
     let q = written(quick)?;
@@ -423,7 +489,7 @@ mod tests {
     }
 
     fn sent(s: &str, usage: bool, prio: Option<i64>) -> Value {
-        let out = body(s).into_bytes(usage, prio).expect("writes");
+        let out = body(s).into_bytes(usage, prio, None).expect("writes");
         serde_json::from_slice(&out).expect("valid JSON")
     }
 
@@ -431,7 +497,7 @@ mod tests {
     fn general(s: &str, usage: bool, prio: Option<i64>) -> Value {
         let mut b = body(s);
         b.object().expect("object");
-        b.into_bytes(usage, prio).map(|out| serde_json::from_slice(&out).expect("valid JSON")).expect("writes")
+        b.into_bytes(usage, prio, None).map(|out| serde_json::from_slice(&out).expect("valid JSON")).expect("writes")
     }
 
     #[test]
@@ -448,7 +514,10 @@ mod tests {
                 include_usage: true,
                 has_stream_options: true,
                 has_priority: false,
-                max_output: None
+                has_cache_salt: false,
+                max_output: None,
+                max_output_tokens: None,
+                answers: 1,
             }
         );
     }
@@ -495,7 +564,7 @@ mod tests {
     #[test]
     fn an_unedited_body_is_sent_byte_for_byte() {
         let s = "{ \"model\" : \"m\",\n \"stream\": false }";
-        assert_eq!(&body(s).into_bytes(false, None).expect("writes")[..], s.as_bytes());
+        assert_eq!(&body(s).into_bytes(false, None, None).expect("writes")[..], s.as_bytes());
     }
 
     #[test]
@@ -514,8 +583,9 @@ mod tests {
                 if usage {
                     assert_eq!(want.pointer("/stream_options/include_usage"), Some(&Value::Bool(true)), "{s}");
                 }
-                if let Some(p) = prio {
-                    assert_eq!(want["priority"], p, "{s}");
+                match prio {
+                    Some(p) => assert_eq!(want["priority"], p, "{s}"),
+                    None => assert!(want.get("priority").is_none(), "{s}: a caller's priority is removed"),
                 }
             }
         }
@@ -533,7 +603,7 @@ mod tests {
         let mut b = body(r#"{"model":"m","max_tokens":9000}"#);
         b.object().expect("object").insert("max_tokens".into(), Value::from(100));
         b.mark_changed();
-        let out: Value = serde_json::from_slice(&b.into_bytes(false, None).expect("writes")).expect("valid JSON");
+        let out: Value = serde_json::from_slice(&b.into_bytes(false, None, None).expect("writes")).expect("valid JSON");
         assert_eq!(out["max_tokens"], 100);
     }
 
@@ -556,6 +626,19 @@ mod tests {
             ]
             .prop_map(|v| format!(r#""stream_options":{v}"#)),
             prop_oneof![Just("null"), Just("5"), Just("\"high\"")].prop_map(|v| format!(r#""priority":{v}"#)),
+            prop_oneof![Just("null"), Just("\"mine\""), Just("7")].prop_map(|v| format!(r#""cache_salt":{v}"#)),
+            prop_oneof![
+                Just(r#""n":3"#),
+                Just(r#""best_of":4"#),
+                Just(r#""n":"x""#),
+                Just(r#""prompt":["a","b"]"#),
+                Just(r#""prompt":[1,2,3]"#),
+                Just(r#""prompt":[[1],[2]]"#),
+                Just(r#""prompt":[]"#),
+                Just(r#""max_output_tokens":7"#),
+                Just(r#""max_tokens":18446744073709551615"#),
+            ]
+            .prop_map(str::to_string),
             ("[a-z_]{1,8}", prop_oneof![Just("1"), Just("\"s\""), Just("[1,{\"a\":[]}]"), Just("{\"k\":null}")])
                 .prop_map(|(k, v)| format!(r#""{k}":{v}"#)),
         ]

@@ -92,15 +92,34 @@ pub(super) fn rate_headers(h: &mut HeaderMap, state: &crate::admission::RateStat
     }
 }
 
+/// How a request's headers go to a replica.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Hop {
+    /// slogate checked the caller's key against its own keys: no credential
+    /// of the caller's is the replica's to see.
+    pub(super) strip_credentials: bool,
+    /// The body is the JSON object slogate read: it goes as
+    /// `application/json`, whatever type the caller named, so the replica
+    /// reads it as slogate did (not as a form).
+    pub(super) json: bool,
+}
+
+/// The headers that carry a caller's credentials (OpenAI's, Anthropic's,
+/// Azure's, a browser's).
+const CREDENTIALS: [HeaderName; 4] =
+    [header::AUTHORIZATION, HeaderName::from_static("x-api-key"), HeaderName::from_static("api-key"), header::COOKIE];
+
 /// The request to a replica: the caller's headers but for hop-by-hop ones,
-/// and but for `Authorization` when slogate checked it against its own keys
-/// (a slogate key is not the replica's to see). The URI is in origin form
-/// (`/v1/...`), with `Host` naming the replica.
+/// and but for every credential header when slogate checked the caller's
+/// key against its own keys or the pool has a key of its own (added at the
+/// connection): a slogate key is not the replica's to see
+/// (docs/access.md, rule 6). The URI is in origin form (`/v1/...`), with
+/// `Host` naming the replica.
 pub(super) fn build_upstream_request(
     parts: &http::request::Parts,
     replica: &crate::upstream::Replica,
     body: SendBody,
-    strip_auth: bool,
+    hop: Hop,
     forwarded: &Forwarded,
     request_id: &HeaderValue,
 ) -> Result<Request<SendBody>, GatewayError> {
@@ -124,11 +143,13 @@ pub(super) fn build_upstream_request(
         h.insert(header::HOST, host.clone());
     }
     let named = connection_named(&parts.headers);
+    let strip = hop.strip_credentials || replica.has_api_key();
     for (k, v) in parts.headers.iter() {
         if k == header::HOST
             || k == header::CONTENT_LENGTH
             || is_hop_by_hop(k)
-            || (strip_auth && k == header::AUTHORIZATION)
+            || (strip && CREDENTIALS.contains(k))
+            || (hop.json && k == header::CONTENT_TYPE)
             || named.contains(k)
             || (forwarded.replaces(k))
             || k == X_REQUEST_ID
@@ -136,6 +157,9 @@ pub(super) fn build_upstream_request(
             continue;
         }
         h.append(k.clone(), v.clone());
+    }
+    if hop.json {
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
     // The request's id, as vLLM takes it for its own (`X-Request-Id`).
     h.insert(X_REQUEST_ID, request_id.clone());

@@ -54,6 +54,7 @@ use crate::classify::Caller;
 use crate::config::Endpoint;
 use crate::error::{GatewayError, ProxyBody};
 use crate::reduce::Limits;
+use crate::server::bodies::BodyHold;
 use crate::server::ClientAddr;
 use crate::state::{App, Snapshot};
 use crate::sync::Watchlist;
@@ -62,7 +63,7 @@ use crate::telemetry::metrics::ClassLabels;
 use crate::telemetry::Outcome;
 use crate::upstream::{self, conn::UpstreamBody, SendBody, Upload, UploadFailure};
 use body::RequestBody;
-use headers::{build_upstream_request, Forwarded};
+use headers::{build_upstream_request, Forwarded, Hop};
 use observe::{ObservedBody, StreamTimeouts};
 use route::{generates, Routed, Target};
 use tracker::Tracker;
@@ -105,11 +106,22 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>, client: Arc<Cl
         return e.respond(Some(&id));
     };
     let caller = snap.classifier.classify(req.headers(), target.endpoint());
-    let class = caller.as_ref().map_or_else(|_| snap.default_class(), |c| c.class.clone());
+    let caller = caller.and_then(|c| target.clone().permit(&snap, req.uri().path(), &c.grant).map(|t| (c, t)));
+    // An opened path is an unknown path to a caller who may not call it (no
+    // key, another key): nothing tells it the path is there.
+    if let (Target::Opened(_), Err(GatewayError::Unauthorized | GatewayError::PathNotAllowed(_) | GatewayError::EndpointNotAllowed(_))) =
+        (&target, &caller)
+    {
+        let (m, p) = (req.method(), req.uri().path());
+        let e = GatewayError::no_route(m, p, route::route_method(p));
+        log_unrouted(&app, &snap, req.headers(), &id, e.status().as_u16(), start);
+        return e.respond(Some(&id));
+    }
+    let class = caller.as_ref().map_or_else(|_| snap.default_class(), |c| c.0.class.clone());
     // Without a class yet (a bad key) the request counts under the default class, so 401s are visible.
     let mut tracker = Tracker::new(app.metrics.clone(), class.clone(), start);
     tracker.set_request(id, target.endpoint(), app.access_log.current());
-    let caller = match caller.and_then(|c| target.clone().permit(&snap, req.uri().path(), &c.grant).map(|t| (c, t))) {
+    let caller = match caller {
         Ok(c) => c,
         Err(e) => return fail(tracker, e),
     };
@@ -191,7 +203,20 @@ fn forward(
     async move {
         let (client, snap, watchlist) = (&client, &*snap, &watchlist);
         let endpoint = target.endpoint();
-        let routed = stage!(t, route::route(body, &parts.headers, parts.uri.path(), snap, &target, &caller.grant).await);
+        // Its key's max_concurrent before its body is read, and the body's bytes held against the listener's and the connection's budgets.
+        let reading = match caller.tenant.start_reading() {
+            Ok(r) => r,
+            Err((max, state)) => {
+                t.set_rate(state);
+                return fail(t, admission::concurrent_error(max));
+            }
+        };
+        let server = &snap.config.server;
+        let per_connection = server.max_upload_body.0.saturating_add(server.max_request_body.0);
+        let mut hold = BodyHold::new(client.bodies.clone(), client.held.clone(), server.max_buffered_body_bytes.0, per_connection);
+        let routed = route::route(body, &parts.headers, parts.uri.path(), snap, &target, &caller.grant, &mut hold).await;
+        let routed = stage!(t, routed);
+        t.hold_body(hold);
         t.set_bytes_in(routed.bytes_in());
         if let Some(m) = &routed.model {
             t.set_model(m);
@@ -204,6 +229,7 @@ fn forward(
         let prompt = routed.request.prompt_estimate();
         t.set_prompt_estimate(prompt);
         stage!(t, key_limits(&mut t, &caller, &routed, endpoint, snap).await);
+        drop(reading);
         let mut claim =
             admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys(), endpoint.is_short());
         claim.deadline = stage!(t, headers::deadline(&parts.headers)).map(|d| t.start() + d);
@@ -214,11 +240,15 @@ fn forward(
         t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
 
         let Routed { mut request, route, stream, strip_usage, upload, .. } = routed;
-        let priority =
-            (route.pool.config.upstream_priority && generates(endpoint)).then(|| admitted.lease.upstream_priority(caller.class.tier));
+        // The gateway's priority and the key's cache salt where vLLM reads
+        // them (priority where the pool asks for it); a caller's own
+        // priority never goes on.
+        let engine_reads = generates(endpoint) || endpoint == Endpoint::Responses;
+        let priority = (route.pool.config.upstream_priority && engine_reads).then(|| admitted.lease.upstream_priority(caller.class.tier));
+        let salt = caller.grant.cache_salt.as_deref().filter(|_| engine_reads);
         let prepared = route::cpu_bound(request.len(), || {
             let reduced = reduce(&mut request, endpoint, snap, &t)?;
-            Ok((reduced, request.into_bytes(strip_usage, priority)?))
+            Ok((reduced, request.into_bytes(strip_usage, priority, salt)?))
         });
         let (reduced, body) = stage!(t, prepared);
 
@@ -296,10 +326,11 @@ async fn send(
     timeouts: &StreamTimeouts,
 ) -> Result<Response<UpstreamBody>, GatewayError> {
     let header_deadline = t.start() + if stream { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
-    let strip_auth = snap.classifier.has_keys();
+    let json = matches!(&body, SendBody::Bytes(Some(b)) if !b.is_empty());
+    let hop = Hop { strip_credentials: snap.classifier.has_keys(), json };
     let forwarded = Forwarded::of(parts, client);
     let build = |replica: &upstream::Replica| {
-        let mut req = build_upstream_request(parts, replica, body.clone(), strip_auth, &forwarded, &t.request_id)?;
+        let mut req = build_upstream_request(parts, replica, body.clone(), hop, &forwarded, &t.request_id)?;
         if !t.span().is_disabled() {
             crate::telemetry::otel::inject(t.span(), req.headers_mut());
         }
@@ -317,9 +348,9 @@ async fn send(
     .await
 }
 
-/// The key's own limits (`auth.keys[].limits`): the request's tokens (its
-/// prompt estimate, and the most it may generate) reserved against them, or
-/// the 429. The key's quotas go to the response's headers either way.
+/// The key's own limits (`auth.keys[].limits`): the request's worst case
+/// ([`reservation`]) reserved against them, or the 429. The key's quotas
+/// go to the response's headers either way.
 async fn key_limits(
     t: &mut Tracker,
     caller: &Caller,
@@ -330,8 +361,8 @@ async fn key_limits(
     if !caller.tenant.has_limits() {
         return Ok(());
     }
-    let max_output = routed.request.head().max_output.unwrap_or(snap.config.auth.default_max_tokens);
-    let tokens = routed.request.prompt_estimate() + if generates(endpoint) { max_output } else { 0 };
+    let context = routed.model.as_deref().and_then(|m| routed.route.pool.max_model_len(m));
+    let tokens = reservation(&routed.request, endpoint, context, snap.config.auth.default_max_tokens);
     match admission::limit(&caller.tenant, tokens).await {
         Ok((permit, state)) => {
             t.set_permit(permit, state);
@@ -344,6 +375,33 @@ async fn key_limits(
         }
     }
 }
+
+/// The most a request can take from its key's tokens (docs/access.md,
+/// rule 9): its prompt (estimated at four bytes a token) and, for an
+/// endpoint that generates, its output limit (`max_completion_tokens`,
+/// `max_tokens`, or the Responses API's `max_output_tokens`; none, or more
+/// than the model's context: the context its replicas state, else
+/// `default_max_tokens`) for each answer it asks for (`n`, `best_of`, each
+/// prompt of a list). Saturating, and at most 2^53 (exact wherever it is counted).
+fn reservation(request: &body::RequestBody, endpoint: Endpoint, context: Option<u64>, default_max_tokens: u64) -> u64 {
+    let head = request.head();
+    let limit = match endpoint {
+        Endpoint::Chat | Endpoint::Completions => head.max_output,
+        Endpoint::Responses => head.max_output_tokens,
+        Endpoint::Transcription => None,
+        _ => return request.prompt_estimate().min(MAX_RESERVE),
+    };
+    let each = match (limit, context) {
+        (Some(l), Some(c)) => l.min(c),
+        (Some(l), None) => l,
+        (None, Some(c)) => c,
+        (None, None) => default_max_tokens,
+    };
+    request.prompt_estimate().saturating_add(each.saturating_mul(head.answers)).min(MAX_RESERVE)
+}
+
+/// The largest reservation: 2^53, exact as a float (the limit store counts in Lua's numbers).
+const MAX_RESERVE: u64 = 1 << 53;
 
 /// A stage failed: count the outcome (once, when the tracker drops) and
 /// answer in OpenAI's error form, with the request's id.
@@ -449,7 +507,7 @@ mod tests {
     fn size3<A, B, C, F: std::future::Future>(_: impl Fn(A, B, C) -> F) -> usize {
         std::mem::size_of::<F>()
     }
-    fn size6<A, B, C, D, E, G, F: std::future::Future>(_: impl Fn(A, B, C, D, E, G) -> F) -> usize {
+    fn size7<A, B, C, D, E, G, H, F: std::future::Future>(_: impl Fn(A, B, C, D, E, G, H) -> F) -> usize {
         std::mem::size_of::<F>()
     }
 
@@ -460,7 +518,7 @@ mod tests {
     /// where they run; this keeps them so (4.9 KB and 0.7 KB when written).
     #[test]
     fn the_request_path_futures_stay_small() {
-        let (handle, route) = (size3(super::handle), size6(super::route::route));
+        let (handle, route) = (size3(super::handle), size7(super::route::route));
         assert!(handle <= 6 * 1024, "the request handler's future is {handle} bytes");
         assert!(route <= 1024, "the routing stage's future is {route} bytes");
     }

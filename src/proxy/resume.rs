@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 use sse::{EventInfo, Piece, Usage};
 use tokio::time::Instant;
 
-use super::headers::{build_upstream_request, Forwarded};
+use super::headers::{build_upstream_request, Forwarded, Hop};
 use crate::admission::Lease;
 use crate::upstream::{conn, Attempts, Pool};
 
@@ -298,7 +298,8 @@ impl Link<conn::UpstreamBody> for PoolLink {
         }
         let replica = lease.replica().clone();
         let forwarded = Forwarded::of(&self.parts, &self.client);
-        let req = build_upstream_request(&self.parts, &replica, body.into(), self.strip_auth, &forwarded, &self.request_id);
+        let hop = Hop { strip_credentials: self.strip_auth, json: true };
+        let req = build_upstream_request(&self.parts, &replica, body.into(), hop, &forwarded, &self.request_id);
         let connect = self.pool.config.timeouts.connect.get();
         Some(Box::pin(async move {
             let req = req.map_err(|e| e.for_log())?;

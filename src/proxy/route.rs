@@ -19,6 +19,7 @@ use super::body::{Model, RequestBody};
 use crate::classify::Grant;
 use crate::config::{Balance, Endpoint, PoolConfig};
 use crate::error::{full, GatewayError, ProxyBody};
+use crate::server::bodies::BodyHold;
 use crate::state::{Route, Snapshot};
 use crate::upstream::kv_events::Exact;
 use crate::upstream::prefix::RouteKey;
@@ -173,6 +174,7 @@ pub(super) fn cpu_bound<R>(len: usize, f: impl FnOnce() -> R) -> R {
 
 /// Read the body (only as far as routing needs), check the caller may use
 /// its model, and find the pool.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn route<'a>(
     body: Incoming,
     headers: &HeaderMap,
@@ -180,6 +182,7 @@ pub(super) async fn route<'a>(
     snap: &'a Snapshot,
     target: &Target,
     grant: &Grant,
+    hold: &mut BodyHold,
 ) -> Result<Routed<'a>, GatewayError> {
     let server = &snap.config.server;
     let form = super::form::boundary(content_type(headers)?).transpose()?;
@@ -187,13 +190,13 @@ pub(super) async fn route<'a>(
     let timed_out = |_| GatewayError::BodyTimeout(server.body_read_timeout);
     let (request, upload) = match form {
         Some(boundary) => {
-            let read = read_form(body, headers, &boundary, server.max_upload_body.0, server.body_read_timeout.get());
+            let read = read_form(body, headers, &boundary, server.max_upload_body.0, server.body_read_timeout.get(), hold);
             // Boxed: a form's reading is the largest state of this path, and
             // inline every request would carry (and move) its room.
             Box::pin(tokio::time::timeout_at(deadline, read)).await.map_err(timed_out)??
         }
         None => {
-            let read = read_body(body, headers, server.max_request_body.0);
+            let read = read_body(body, headers, server.max_request_body.0, hold);
             let bytes = tokio::time::timeout_at(deadline, read).await.map_err(timed_out)??;
             match target {
                 Target::Opened(_) if bytes.iter().all(u8::is_ascii_whitespace) => (RequestBody::empty(), None),
@@ -236,8 +239,13 @@ pub(super) async fn route<'a>(
     let strip_usage = stream && generates(target.endpoint()) && !head.include_usage;
     let key = cpu_bound(request.len(), || prefix_key(&request, headers, target.endpoint(), &route.pool.config));
     let key = match (key, &route.pool.exact) {
-        (Some(k), Some(exact)) => Some(Arc::new(Box::pin(with_tokens(k, &request, target.endpoint(), exact, &route.pool.config)).await)),
-        (k, _) => k.map(Arc::new),
+        (Some(k), Some(exact)) => Some(Box::pin(with_tokens(k, &request, target.endpoint(), exact, &route.pool.config)).await),
+        (k, _) => k,
+    };
+    // An isolated key's prompts are its own in the prefix index too.
+    let key = match &grant.cache_salt {
+        Some(salt) => key.map(|k| Arc::new(k.salted(salt.as_bytes()))),
+        None => key.map(Arc::new),
     };
     Ok(Routed { request, model, route, stream, strip_usage, key, upload })
 }
@@ -305,33 +313,34 @@ async fn read_form(
     boundary: &[u8],
     limit: u64,
     within: std::time::Duration,
+    hold: &mut BodyHold,
 ) -> Result<(RequestBody, Option<Upload>), GatewayError> {
     let declared = declared_length(headers);
     if declared.is_some_and(|len| len > limit) {
         return Err(GatewayError::PayloadTooLarge { limit });
     }
     let ahead = super::form::PARSE_AHEAD;
-    let form = super::form::read_head(body, boundary, limit, ahead).await?;
+    let form = super::form::read_head(body, boundary, limit, ahead, hold).await?;
     let head = form.head();
     let super::form::FormRead { reader, read, rest } = form;
     let got: u64 = read.iter().map(|b| b.len() as u64).sum();
     match (head, rest, declared) {
         (Some(head), Some(rest), Some(len)) if len > got => {
             let check: Box<dyn crate::upstream::UploadCheck> = Box::new(reader);
-            return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::new(read, rest, len, within, Some(check)))));
+            Ok((RequestBody::form(Bytes::new(), head), Some(Upload::new(read, rest, len, within, Some(check)))))
         }
         (Some(head), rest, _) if rest.is_none() || reader.ended() => {
             // Whole already (the closing boundary read; what follows it is ignored, as the replica does).
             let read = match rest {
-                Some(rest) => frames(rest, read, limit).await?,
+                Some(rest) => frames(rest, read, limit, hold).await?,
                 None => read,
             };
             reader.finish().map_err(|why| super::form::malformed(&why))?;
-            return Ok((RequestBody::form(Bytes::new(), head), Some(Upload::in_memory(read))));
+            Ok((RequestBody::form(Bytes::new(), head), Some(Upload::in_memory(read))))
         }
         (_, Some(rest), _) => {
             let n = read.len();
-            let read = frames(rest, read, limit).await?;
+            let read = frames(rest, read, limit, hold).await?;
             // Read to its end aside when large; kept in the frames it came in, never joined.
             let len = read.iter().map(Bytes::len).sum();
             let (head, read) =
@@ -350,7 +359,7 @@ async fn read_form(
 /// whole body, left to the caller to do aside: done on a worker as the
 /// frames arrive, the copies and the page faults of a fresh buffer took the
 /// streams' threads (docs/design/reduction.md, rule 9).
-async fn frames<B>(mut body: B, mut parts: Vec<Bytes>, limit: u64) -> Result<Vec<Bytes>, GatewayError>
+async fn frames<B>(mut body: B, mut parts: Vec<Bytes>, limit: u64, hold: &mut BodyHold) -> Result<Vec<Bytes>, GatewayError>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -362,6 +371,7 @@ where
         if got > limit {
             return Err(GatewayError::PayloadTooLarge { limit });
         }
+        hold.take(data.len())?;
         parts.push(data);
     }
     Ok(parts)
@@ -394,11 +404,11 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
 }
 
-async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64) -> Result<Bytes, GatewayError> {
+async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64, hold: &mut BodyHold) -> Result<Bytes, GatewayError> {
     let declared = declared_length(headers);
     if declared.is_some_and(|len| len > limit) {
         return Err(GatewayError::PayloadTooLarge { limit });
     }
-    let read = frames(body, Vec::new(), limit).await?;
+    let read = frames(body, Vec::new(), limit, hold).await?;
     super::aside::run(read.iter().map(Bytes::len).sum(), move || join(read)).await
 }

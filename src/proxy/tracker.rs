@@ -65,6 +65,9 @@ pub(crate) struct Tracker {
     /// for the response headers (keys with limits only).
     tenant: Option<Arc<Tenant>>,
     permit: Option<Permit>,
+    /// The tokens a stream may relay before its key's limits end it
+    /// (its reservation less its prompt); `u64::MAX` when they cannot.
+    key_budget: u64,
     rate: Option<RateState>,
     /// The request's id: its response, its replica, its span and its access
     /// log line carry it.
@@ -77,6 +80,8 @@ pub(crate) struct Tracker {
     /// Body bytes sent to the client.
     pub(super) bytes_out: u64,
     access_log: Option<Arc<AccessLog>>,
+    /// Its body's bytes, held against the gateway's budgets until it ends.
+    body: Option<crate::server::bodies::BodyHold>,
 }
 
 impl Tracker {
@@ -108,6 +113,7 @@ impl Tracker {
             recorded: false,
             tenant: None,
             permit: None,
+            key_budget: u64::MAX,
             rate: None,
             request_id: HeaderValue::from_static(""),
             endpoint: Endpoint::Other,
@@ -115,6 +121,7 @@ impl Tracker {
             bytes_in: 0,
             bytes_out: 0,
             access_log: None,
+            body: None,
         })
     }
 
@@ -130,6 +137,11 @@ impl Tracker {
         self.status = status;
     }
 
+    /// Its body's bytes are held until it ends.
+    pub(crate) fn hold_body(&mut self, hold: crate::server::bodies::BodyHold) {
+        self.body = Some(hold);
+    }
+
     /// The request body's size as the client sent it.
     pub(crate) fn set_bytes_in(&mut self, n: u64) {
         self.bytes_in = n;
@@ -141,6 +153,9 @@ impl Tracker {
 
     /// The key's limits let the request through: hold `permit` until it ends.
     pub(crate) fn set_permit(&mut self, permit: Permit, state: RateState) {
+        if let Some(bound) = permit.token_bound() {
+            self.key_budget = bound.saturating_sub(self.prompt_estimate);
+        }
         self.permit = Some(permit);
         self.rate = Some(state);
     }
@@ -206,6 +221,38 @@ impl Tracker {
         }
         let completion = if self.streaming { self.first_token.map_or(0, |_| self.gaps + 1) } else { self.answer_estimate.unwrap_or(0) };
         (Some(Usage::new(self.prompt_estimate, completion)), true)
+    }
+
+    /// What the request took from its key's tokens, however it ended
+    /// (docs/access.md, rule 9): the replica's usage where it came (or, for
+    /// a completed answer without one, its estimate); otherwise the prompt's
+    /// estimate plus the tokens relayed (a stream's content events, one
+    /// token each; an answer the replica refused, none). A request that
+    /// reached a replica and whose answer never came (not streamed, the
+    /// client gone or the body cut) keeps its reservation: how much the
+    /// replica generated before it saw the cut is not known, and counting
+    /// none would let a client take whole answers for the price of a prompt.
+    fn key_tokens(&self, f: &Finished) -> Option<u64> {
+        if let Some(u) = f.usage {
+            return Some(u.prompt_tokens.saturating_add(u.completion_tokens));
+        }
+        let relayed = self.first_token.map_or(0, |_| self.gaps + 1);
+        if self.streaming {
+            return Some(self.prompt_estimate.saturating_add(relayed));
+        }
+        let refused = self.status != 0 && !(200..300).contains(&self.status);
+        refused.then_some(self.prompt_estimate)
+    }
+
+    /// The stream has relayed more tokens than its key's limits reserved
+    /// for it (a content event is a token or more).
+    #[inline]
+    pub(super) fn over_key_budget(&self) -> bool {
+        self.first_token.is_some() && self.gaps.saturating_add(1) > self.key_budget
+    }
+
+    pub(crate) fn endpoint(&self) -> Endpoint {
+        self.endpoint
     }
 
     /// The request holds `lease` from now until it ends; it waited
@@ -312,8 +359,9 @@ impl Tracker {
         if let Some(probe) = self.probe.take() {
             probe.finished(&f);
         }
+        let taken = self.key_tokens(&f);
         if let Some(p) = self.permit.as_mut() {
-            p.finished(&f);
+            p.finished(f.admitted, taken);
         }
         if let Some(l) = self.lease.as_mut() {
             l.finished(&f);
@@ -374,6 +422,7 @@ impl Tracker {
             self.record();
         }
         self.lease = None;
+        self.body = None;
     }
 }
 

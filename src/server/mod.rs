@@ -10,6 +10,7 @@
 //! 3. wait for them up to `grace`, then return (what is left is cut when the
 //!    process exits).
 
+pub mod bodies;
 pub mod busy;
 mod drain;
 pub mod memory;
@@ -106,15 +107,25 @@ pub struct ClientAddr {
     /// `for=<ip>` as `Forwarded` (RFC 7239) lists it, an IPv6 address
     /// quoted and in brackets.
     pub forwarded: http::HeaderValue,
+    /// Request body bytes held by its listener's requests, and by this
+    /// connection's ([`bodies`]).
+    pub bodies: Arc<bodies::Held>,
+    pub held: Arc<bodies::Held>,
 }
 
 impl ClientAddr {
+    /// A connection from `addr` on a listener of its own.
     pub fn new(addr: SocketAddr) -> Self {
+        Self::on(addr, Arc::default())
+    }
+
+    /// A connection from `addr` on the listener whose bodies `bodies` counts.
+    pub fn on(addr: SocketAddr, bodies: Arc<bodies::Held>) -> Self {
         let ip = addr.ip().to_canonical();
         let node = if ip.is_ipv6() { format!("for=\"[{ip}]\"") } else { format!("for={ip}") };
         // An address's text is always a valid header value.
         let value = |s: String| http::HeaderValue::from_str(&s).unwrap_or(http::HeaderValue::from_static("unknown"));
-        ClientAddr { addr, x_forwarded_for: value(ip.to_string()), forwarded: value(node) }
+        ClientAddr { addr, x_forwarded_for: value(ip.to_string()), forwarded: value(node), bodies, held: Arc::default() }
     }
 }
 
@@ -235,6 +246,7 @@ pub async fn serve<H, F>(
     let builder = connection_builder(&limits);
     let drain = drain::Drain::default();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let bodies = Arc::new(bodies::Held::default());
     loop {
         let Some(permit) = connection_slot(&slots, &limits, &mut shutdown).await else { break };
         let (stream, peer) = tokio::select! {
@@ -252,7 +264,7 @@ pub async fn serve<H, F>(
         let _ = stream.set_nodelay(true);
         // Each connection's service knows its client: no request carries
         // the address in its extensions (a map allocated for each).
-        let svc = service(handler.clone(), tuning.clone(), Arc::new(ClientAddr::new(peer)));
+        let svc = service(handler.clone(), tuning.clone(), Arc::new(ClientAddr::on(peer, bodies.clone())));
         let (builder, tls, entry, timeout) = (builder.clone(), tls.clone(), drain.enter(), limits.header_read_timeout);
         let open = limits.open.clone();
         // The connection's future is made inside the task's: made outside

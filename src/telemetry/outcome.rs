@@ -31,6 +31,10 @@ pub enum Outcome {
     upstream_error,
     /// Error event, `finish_reason: error`, or the stream cut before `[DONE]`.
     stream_error,
+    /// Ended by the gateway when its key's token limits ran out while it
+    /// streamed (a `length` finish and `[DONE]` to the client): the key's
+    /// doing, like a refusal of its own limits.
+    quota_exhausted,
 }
 
 /// What an outcome counts as for the availability SLI.
@@ -46,7 +50,7 @@ pub enum SliClass {
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 9] = [
+    pub const ALL: [Outcome; 10] = [
         Outcome::ok,
         Outcome::length,
         Outcome::cancelled,
@@ -56,6 +60,7 @@ impl Outcome {
         Outcome::timeout,
         Outcome::upstream_error,
         Outcome::stream_error,
+        Outcome::quota_exhausted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -69,6 +74,7 @@ impl Outcome {
             Outcome::timeout => "timeout",
             Outcome::upstream_error => "upstream_error",
             Outcome::stream_error => "stream_error",
+            Outcome::quota_exhausted => "quota_exhausted",
         }
     }
 
@@ -78,7 +84,7 @@ impl Outcome {
         match self {
             Outcome::ok | Outcome::length => SliClass::Good,
             Outcome::rejected | Outcome::unavailable | Outcome::timeout | Outcome::upstream_error | Outcome::stream_error => SliClass::Bad,
-            Outcome::client_error | Outcome::cancelled => SliClass::Excluded,
+            Outcome::client_error | Outcome::cancelled | Outcome::quota_exhausted => SliClass::Excluded,
         }
     }
 
@@ -93,7 +99,7 @@ impl Outcome {
     /// ended otherwise (the caller left, was refused, or sent a bad request)
     /// gives its place back unjudged.
     pub fn judges_latency(self) -> bool {
-        !matches!(self, Outcome::cancelled | Outcome::rejected | Outcome::client_error)
+        !matches!(self, Outcome::cancelled | Outcome::rejected | Outcome::client_error | Outcome::quota_exhausted)
     }
 
     /// Which SLO breach this outcome is, if any (`cut`: the stream ended
@@ -104,7 +110,7 @@ impl Outcome {
             Outcome::stream_error if cut => Some(BreachKind::incomplete),
             Outcome::timeout => Some(BreachKind::timeout),
             Outcome::stream_error | Outcome::upstream_error | Outcome::unavailable => Some(BreachKind::error),
-            Outcome::ok | Outcome::cancelled | Outcome::client_error | Outcome::rejected => None,
+            Outcome::ok | Outcome::cancelled | Outcome::client_error | Outcome::rejected | Outcome::quota_exhausted => None,
         }
     }
 
@@ -126,7 +132,7 @@ mod tests {
         use SliClass::*;
         type Row = (Outcome, SliClass, bool, bool, Option<BreachKind>, Option<BreachKind>);
         #[rustfmt::skip]
-        let table: [Row; 9] = [
+        let table: [Row; 10] = [
             // outcome                  sli       completed judges  breach(cut=false)             breach(cut=true)
             (Outcome::ok,             Good,     true,  true,  None,                         None),
             (Outcome::length,         Good,     true,  true,  Some(BreachKind::incomplete), Some(BreachKind::incomplete)),
@@ -137,6 +143,7 @@ mod tests {
             (Outcome::timeout,        Bad,      false, true,  Some(BreachKind::timeout),    Some(BreachKind::timeout)),
             (Outcome::upstream_error, Bad,      false, true,  Some(BreachKind::error),      Some(BreachKind::error)),
             (Outcome::stream_error,   Bad,      false, true,  Some(BreachKind::error),      Some(BreachKind::incomplete)),
+            (Outcome::quota_exhausted, Excluded, false, false, None,                        None),
         ];
         assert_eq!(table.map(|r| r.0), Outcome::ALL, "every outcome, once, in order");
         for (o, sli, completed, judges, breach, breach_cut) in table {
@@ -147,7 +154,7 @@ mod tests {
             assert_eq!(o.breach(true), breach_cut, "{o:?}");
         }
         assert_eq!(Outcome::regex(Good), "ok|length");
-        assert_eq!(Outcome::regex(Excluded), "cancelled|client_error");
+        assert_eq!(Outcome::regex(Excluded), "cancelled|client_error|quota_exhausted");
         assert_eq!(Outcome::regex(Bad), "rejected|unavailable|timeout|upstream_error|stream_error");
     }
 }

@@ -200,6 +200,20 @@ impl Pool {
 
     /// Model objects for `/v1/models`: discovered ones as the replicas gave
     /// them, static ones synthesised.
+    /// The longest context its replicas state for `model` (`max_model_len`
+    /// in their `/v1/models`), once one has answered: the most a request
+    /// without an output limit can generate.
+    pub(crate) fn max_model_len(&self, model: &str) -> Option<u64> {
+        self.replicas
+            .iter()
+            .filter_map(|r| {
+                let models = r.models.load();
+                let m = models.iter().find(|m| m.get("id").and_then(|v| v.as_str()) == Some(model))?;
+                m.get("max_model_len").and_then(serde_json::Value::as_u64)
+            })
+            .max()
+    }
+
     pub(crate) fn model_objects(&self) -> Vec<serde_json::Value> {
         let discovered: Vec<serde_json::Value> =
             self.replicas.iter().flat_map(|r| r.models.load().iter().cloned().collect::<Vec<_>>()).collect();

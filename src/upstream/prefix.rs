@@ -52,6 +52,21 @@ pub(crate) struct RouteKey {
 }
 
 impl RouteKey {
+    /// Keep this key apart from every other tenant's: its blocks and its
+    /// session named under the tenant's `salt`, so equal prompts of two
+    /// tenants never look alike to the prefix index (`cache_isolation`).
+    pub(crate) fn salted(mut self, salt: &[u8]) -> RouteKey {
+        let seed = xxh3_64_with_seed(salt, CHAIN_SEED);
+        for b in &mut self.blocks {
+            *b = xxh3_64_with_seed(&b.to_le_bytes(), seed);
+        }
+        for k in &mut self.token_keys {
+            *k = xxh3_64_with_seed(&k.to_le_bytes(), seed);
+        }
+        self.session = self.session.map(|s| xxh3_64_with_seed(&s.to_le_bytes(), seed));
+        self
+    }
+
     /// The key of a prompt made of `parts` in order (a block may span two),
     /// cut into blocks of `block` bytes, at most `max_blocks` of them.
     pub(crate) fn of(parts: &[&[u8]], block: usize, max_blocks: usize, session: Option<&[u8]>) -> RouteKey {

@@ -134,6 +134,11 @@ pub(super) const SLOW_GAPS: f64 = 1.5;
 pub(super) const GAPS_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Replica {
+    /// Does the replica get a key of its pool's (`pools[].api_key_env`)?
+    pub(crate) fn has_api_key(&self) -> bool {
+        self.api_key.is_some()
+    }
+
     /// A replica at `url` (its base `base`), `initial` slots, not yet healthy.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(

@@ -113,10 +113,11 @@ async fn tokens_are_reserved_from_max_tokens_and_settled_to_the_replicas_usage()
         assert_eq!(s, 429, "{proto}");
         assert!(b.contains("Request too large"), "{proto}: {b}");
         assert_eq!(header(&h, "x-ratelimit-limit-tokens"), Some("1000"), "{proto}");
-        // Without max_tokens, auth.default_max_tokens (1024) is reserved: more than the minute.
+        // Without max_tokens, the worst case is reserved: the context its replica states (4096), or
+        // auth.default_max_tokens (1024) until it has: more than the minute either way.
         let no_max = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#;
         let (s, _, _) = chat_as(&c, &gw, "sk-tok", no_max).await;
-        assert_eq!(s, 429, "{proto}: 1024 reserved by default");
+        assert_eq!(s, 429, "{proto}: the worst case reserved");
         let m = metrics_text(&gw).await;
         assert_eq!(metric(&m, "slogate_tenant_tokens_total", &[("tenant", "tok"), ("kind", "completion")]), Some(10.0), "{proto}");
         assert_quiescent(&gw).await;

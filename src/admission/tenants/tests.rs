@@ -62,24 +62,24 @@ async fn tokens_are_reserved_at_admission_and_settled_to_usage() {
     assert_eq!(a.state(Instant::now()).tokens.map(|q| q.remaining), Some(100));
 }
 
-/// The permit judges the finished request: refunded when the gateway
-/// refused it after the key's limits, settled to the replica's usage
-/// (prompt plus completion), the reservation standing without usage.
+/// The permit settles the finished request: refunded when the gateway
+/// refused it after the key's limits, settled to what it took (the
+/// tracker's count), the reservation standing when that is unknown.
 #[tokio::test(start_paused = true)]
 async fn a_permit_judges_the_finished_request() {
     let (_t, a) = tenant(KeyLimitsConfig { tokens_per_minute: Some(1000), ..KeyLimitsConfig::default() });
     let left = |a: &Tenant| a.state(Instant::now()).tokens.map(|q| q.remaining);
     let refused = Finished { admitted: false, ..Finished::example(Outcome::rejected, true) };
     let (mut p, _) = a.admit(Instant::now(), 600).expect("600 of 1000");
-    p.finished(&refused);
+    p.finished(refused.admitted, Some(50));
     drop(p);
     assert_eq!(left(&a), Some(1000), "refused after the limits: counts for nothing");
     let (mut p, _) = a.admit(Instant::now(), 600).expect("600 of 1000");
-    p.finished(&Finished::example(Outcome::ok, true));
+    p.finished(true, Some(110));
     drop(p);
     assert_eq!(left(&a), Some(890), "settled to 10 prompt + 100 completion tokens");
     let (mut p, _) = a.admit(Instant::now(), 300).expect("300 more");
-    p.finished(&Finished { usage: None, ..Finished::example(Outcome::ok, true) });
+    p.finished(true, None);
     drop(p);
     assert_eq!(left(&a), Some(590), "no usage reported: the 300 reserved stand");
 }

@@ -79,7 +79,13 @@ impl<B> FormRead<B> {
 /// Read the form in `body` (its `boundary`) as far as its `model` field
 /// and the first file after it (or its end); no further than `ahead` bytes.
 /// 400 when the form is malformed or ambiguous, 413 past `limit` bytes.
-pub(super) async fn read_head<B>(mut body: B, boundary: &[u8], limit: u64, ahead: u64) -> Result<FormRead<B>, GatewayError>
+pub(super) async fn read_head<B>(
+    mut body: B,
+    boundary: &[u8],
+    limit: u64,
+    ahead: u64,
+    hold: &mut crate::server::bodies::BodyHold,
+) -> Result<FormRead<B>, GatewayError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
@@ -100,6 +106,7 @@ where
         if total > limit {
             return Err(GatewayError::PayloadTooLarge { limit });
         }
+        hold.take(data.len())?;
         reader.feed(&data).map_err(|why| malformed(&why))?;
         read.push(data);
     }

@@ -19,13 +19,17 @@ fn form(parts: &[(&str, &str)]) -> Bytes {
 }
 
 /// `bytes` as a body arriving in frames of `frame` bytes.
+fn hold() -> crate::server::bodies::BodyHold {
+    crate::server::bodies::BodyHold::new(Default::default(), Default::default(), u64::MAX, u64::MAX)
+}
+
 fn arriving(bytes: &Bytes, frame: usize) -> Chunks {
     let frames: Vec<_> = bytes.chunks(frame).map(|c| Ok(http_body::Frame::data(Bytes::copy_from_slice(c)))).collect();
     StreamBody::new(futures_util::stream::iter(frames))
 }
 
 async fn head(bytes: Bytes, frame: usize) -> Result<(Head, usize, bool), GatewayError> {
-    let r = read_head(arriving(&bytes, frame), b"XyZ", 1 << 20, PARSE_AHEAD).await?;
+    let r = read_head(arriving(&bytes, frame), b"XyZ", 1 << 20, PARSE_AHEAD, &mut hold()).await?;
     let read: usize = r.read.iter().map(Bytes::len).sum();
     let head = match (r.head(), &r.rest) {
         (Some(h), _) => h,
@@ -64,7 +68,7 @@ async fn with_the_model_before_the_file_the_file_is_not_read() {
 async fn a_model_after_a_long_file_is_left_to_the_whole_form_read() {
     let file = "x".repeat(200_000);
     let whole = form(&[("file", &file), ("model", "whisper-1"), ("stream", "true")]);
-    let r = read_head(arriving(&whole, 4096), b"XyZ", 1 << 20, PARSE_AHEAD).await.expect("read");
+    let r = read_head(arriving(&whole, 4096), b"XyZ", 1 << 20, PARSE_AHEAD, &mut hold()).await.expect("read");
     assert!(r.head().is_none(), "no model in the first {PARSE_AHEAD} bytes");
     let read: u64 = r.read.iter().map(|b| b.len() as u64).sum();
     assert!((PARSE_AHEAD..PARSE_AHEAD + 4096).contains(&read), "stopped after {read} bytes");
@@ -90,7 +94,7 @@ async fn a_malformed_form_is_a_400_and_a_long_one_a_413() {
     let long = "m".repeat(2000);
     assert!(head(form(&[("model", &long)]), 100).await.is_err(), "a model name past the field limit");
     let big = form(&[("file", &"x".repeat(5000)), ("model", "w")]);
-    let e = read_head(arriving(&big, 100), b"XyZ", 4096, PARSE_AHEAD).await.err().expect("over the limit");
+    let e = read_head(arriving(&big, 100), b"XyZ", 4096, PARSE_AHEAD, &mut hold()).await.err().expect("over the limit");
     assert_eq!(e.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(boundary(Some(b"application/json")).map(|b| b.is_ok()), None);
     assert!(boundary(Some(b"multipart/form-data")).is_some_and(|b| b.is_err()), "no boundary");

@@ -23,6 +23,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+mod events;
 mod resuming;
 
 use super::json::read_json_outcome;
@@ -31,6 +32,7 @@ use super::tracker::Tracker;
 use crate::config::{PoolConfig, ServerConfig};
 use crate::error::BoxError;
 use crate::telemetry::Outcome;
+use events::{error_event, limit_event, splice_read};
 use sse::{Memo, SseParser};
 
 /// Timeouts applied to a response body.
@@ -342,6 +344,15 @@ impl<B> ObservedBody<B> {
         self.end_with_error(&what, "upstream_error", 502, Outcome::stream_error);
     }
 
+    /// The stream relayed what its key's token limits reserved for it: end
+    /// it now as a stream capped by its output limit ends, so the SDKs read
+    /// a normal end (docs/access.md, rule 10).
+    fn on_key_limit(&mut self) {
+        let last = limit_event(self.tracker.endpoint(), &self.tracker.request_id, self.tracker.model());
+        self.tracker.finish_reason = Some("length".into());
+        self.end_with(Some(last), Outcome::quota_exhausted);
+    }
+
     /// Stop reading the replica (dropping its body cancels its request) and
     /// end with `outcome`; a stream's client gets an error event (a partial
     /// event was never sent, so it starts on an event boundary) and `[DONE]`.
@@ -402,7 +413,9 @@ impl<B> ObservedBody<B> {
         self.last_event = Instant::now();
         let out = self.on_data(data);
         self.tracker.bytes_out += out.as_ref().map_or(0, |o| o.len() as u64);
-        if self.event_too_large() {
+        if self.tracker.over_key_budget() && matches!(self.mode, Mode::Sse { saw_done: false, .. }) {
+            self.on_key_limit();
+        } else if self.event_too_large() {
             self.on_event_too_large();
         } else if self.broke_on_error_event() {
             if !self.resume_stream(Break::ErrorEvent) {
@@ -437,66 +450,6 @@ impl<B> ObservedBody<B> {
         };
         (last + gap).min(total)
     }
-}
-
-/// What the client gets of a read (`data`, after the `pending` bytes
-/// held from earlier reads): the events that completed in it, up to
-/// `complete_end` of `data`, less those `cuts` remove (or with what they
-/// put instead); the rest of `data` is held.
-///
-/// The events are copied into `out`, the stream's own buffer, and `data`
-/// is let go at once. Handed on as it is, `data` would keep the replica
-/// connection's read buffer shared until the client's socket took it, and
-/// hyper, reading on before that, would allocate a new buffer for every
-/// event (two allocations and two frees an event). Copied, the read
-/// buffer is reused, and `out` is too, once the client has what was
-/// handed out of it: about a hundred bytes copied instead.
-fn splice_read(
-    pending: &mut BytesMut,
-    data: Bytes,
-    cuts: Vec<(usize, usize, Option<Bytes>)>,
-    complete_end: usize,
-    out: &mut BytesMut,
-) -> Option<Bytes> {
-    /// What `out` holds at least when it must grow: room for several events.
-    const OUT_ROOM: usize = 2048;
-    let p = pending.len();
-    let need = p + complete_end;
-    if out.capacity() < need {
-        out.reserve(need.max(OUT_ROOM));
-    }
-    // Offsets are in `pending ++ data`.
-    let append = |buf: &mut BytesMut, a: usize, b: usize| {
-        if a < p {
-            buf.extend_from_slice(&pending[a..b.min(p)]);
-        }
-        if b > p {
-            buf.extend_from_slice(&data[a.max(p) - p..b - p]);
-        }
-    };
-    let mut pos = 0;
-    for (s, e, instead) in cuts {
-        append(out, pos, s);
-        if let Some(instead) = instead {
-            out.extend_from_slice(&instead);
-        }
-        pos = e;
-    }
-    append(out, pos, need);
-    pending.clear();
-    pending.extend_from_slice(&data[complete_end..]);
-    Some(out.split().freeze()).filter(|b| !b.is_empty())
-}
-
-/// An SSE error event in OpenAI's error form (with the request's id), then `[DONE]`.
-fn error_event(message: &str, kind: &str, code: u16, id: &http::HeaderValue) -> Bytes {
-    let id = id.to_str().ok().filter(|i| !i.is_empty());
-    let json = crate::error::error_body(message, kind, None, code, id);
-    let mut ev = BytesMut::with_capacity(json.len() + 32);
-    ev.extend_from_slice(b"data: ");
-    ev.extend_from_slice(&json);
-    ev.extend_from_slice(b"\n\ndata: [DONE]\n\n");
-    ev.freeze()
 }
 
 impl<B> Body for ObservedBody<B>

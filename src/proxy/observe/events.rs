@@ -1,0 +1,97 @@
+//! The bytes slogate writes into an observed stream: the events of a
+//! replica's read as the client gets them (less those cut, with those put
+//! instead), and the last events of a stream slogate ends (an error, or a
+//! key's limits reached).
+
+use bytes::{Bytes, BytesMut};
+
+/// What the client gets of a read (`data`, after the `pending` bytes
+/// held from earlier reads): the events that completed in it, up to
+/// `complete_end` of `data`, less those `cuts` remove (or with what they
+/// put instead); the rest of `data` is held.
+///
+/// The events are copied into `out`, the stream's own buffer, and `data`
+/// is let go at once. Handed on as it is, `data` would keep the replica
+/// connection's read buffer shared until the client's socket took it, and
+/// hyper, reading on before that, would allocate a new buffer for every
+/// event (two allocations and two frees an event). Copied, the read
+/// buffer is reused, and `out` is too, once the client has what was
+/// handed out of it: about a hundred bytes copied instead.
+pub(super) fn splice_read(
+    pending: &mut BytesMut,
+    data: Bytes,
+    cuts: Vec<(usize, usize, Option<Bytes>)>,
+    complete_end: usize,
+    out: &mut BytesMut,
+) -> Option<Bytes> {
+    /// What `out` holds at least when it must grow: room for several events.
+    const OUT_ROOM: usize = 2048;
+    let p = pending.len();
+    let need = p + complete_end;
+    if out.capacity() < need {
+        out.reserve(need.max(OUT_ROOM));
+    }
+    // Offsets are in `pending ++ data`.
+    let append = |buf: &mut BytesMut, a: usize, b: usize| {
+        if a < p {
+            buf.extend_from_slice(&pending[a..b.min(p)]);
+        }
+        if b > p {
+            buf.extend_from_slice(&data[a.max(p) - p..b - p]);
+        }
+    };
+    let mut pos = 0;
+    for (s, e, instead) in cuts {
+        append(out, pos, s);
+        if let Some(instead) = instead {
+            out.extend_from_slice(&instead);
+        }
+        pos = e;
+    }
+    append(out, pos, need);
+    pending.clear();
+    pending.extend_from_slice(&data[complete_end..]);
+    Some(out.split().freeze()).filter(|b| !b.is_empty())
+}
+
+/// The last events of a stream its key's limits ended: a `length` finish
+/// in the endpoint's own shape (the Responses API's `response.incomplete`
+/// for `max_output_tokens`), then `[DONE]`.
+pub(super) fn limit_event(endpoint: crate::config::Endpoint, id: &http::HeaderValue, model: &str) -> Bytes {
+    use crate::config::Endpoint;
+    let id = id.to_str().unwrap_or("");
+    let json = match endpoint {
+        Endpoint::Responses => serde_json::json!({
+            "type": "response.incomplete",
+            "response": {"id": format!("resp_{id}"), "object": "response", "created_at": 0, "model": model, "status": "incomplete",
+                "incomplete_details": {"reason": "max_output_tokens"}, "output": []},
+        }),
+        Endpoint::Completions => serde_json::json!({
+            "id": id, "object": "text_completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "text": "", "logprobs": null, "finish_reason": "length"}],
+        }),
+        _ => serde_json::json!({
+            "id": id, "object": "chat.completion.chunk", "created": 0, "model": model,
+            "choices": [{"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"}],
+        }),
+    };
+    let mut ev = BytesMut::new();
+    if endpoint == Endpoint::Responses {
+        ev.extend_from_slice(b"event: response.incomplete\n");
+    }
+    ev.extend_from_slice(b"data: ");
+    ev.extend_from_slice(json.to_string().as_bytes());
+    ev.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+    ev.freeze()
+}
+
+/// An SSE error event in OpenAI's error form (with the request's id), then `[DONE]`.
+pub(super) fn error_event(message: &str, kind: &str, code: u16, id: &http::HeaderValue) -> Bytes {
+    let id = id.to_str().ok().filter(|i| !i.is_empty());
+    let json = crate::error::error_body(message, kind, None, code, id);
+    let mut ev = BytesMut::with_capacity(json.len() + 32);
+    ev.extend_from_slice(b"data: ");
+    ev.extend_from_slice(&json);
+    ev.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+    ev.freeze()
+}
