@@ -207,6 +207,7 @@ impl Gateway {
             server::Limits {
                 open: Some(app.metrics.open_connections.clone()),
                 waited: Some(app.metrics.connections_waited.clone()),
+                bodies: Some(app.metrics.request_body_bytes_held.clone()),
                 ..server::Limits::new(&cfg.server)
             },
         ));

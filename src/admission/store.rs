@@ -179,16 +179,14 @@ return now
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Verdict {
     /// Taken, in the store's `second`; the key's quotas after it.
-    Granted {
-        second: u64,
-        state: RateState,
-        standing: Vec<Standing>,
-    },
+    Granted { second: u64, state: RateState, standing: Vec<Standing> },
     Refused {
         limit: Limit,
         retry_after: u64,
         state: RateState,
         quota: Option<Exceeded>,
+        /// The key's quotas as the store counts them now.
+        standing: Vec<Standing>,
     },
 }
 
@@ -375,7 +373,7 @@ impl Store {
                 limit.map(|limit| Standing { period, kind, limit, used: n(7 + i), reset })
             })
             .collect();
-        let refused = |limit, quota| Verdict::Refused { limit, retry_after: n(1), state, quota };
+        let refused = |limit, quota| Verdict::Refused { limit, retry_after: n(1), state, quota, standing: standing.clone() };
         Some(match v[0] {
             1 => refused(Limit::Requests, None),
             2 => refused(Limit::Tokens, None),
@@ -386,7 +384,7 @@ impl Store {
                 let retry_after = period.window(unix).1.saturating_sub(unix).max(1);
                 let limit = limits.quotas[i].unwrap_or(0);
                 let e = Exceeded { period, kind, limit, used: n(7 + i), retry_after, too_large: false };
-                Verdict::Refused { limit: Limit::Quota, retry_after, state: tightest(state, &standing), quota: Some(e) }
+                Verdict::Refused { limit: Limit::Quota, retry_after, state: tightest(state, &standing), quota: Some(e), standing }
             }
             _ => Verdict::Granted { second: n(2), state: tightest(state, &standing), standing },
         })

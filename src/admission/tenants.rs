@@ -342,8 +342,11 @@ impl Tenant {
                 undo();
                 None
             }
-            Some(Verdict::Refused { limit, retry_after, state, quota }) => {
+            Some(Verdict::Refused { limit, retry_after, state, quota, standing }) => {
                 undo();
+                if let Ok(mut u) = self.inner.lock() {
+                    u.shared_standing = standing;
+                }
                 let mut refused = self.refused(s, limit, retry_after, false, reserve, state);
                 refused.quota = quota;
                 Some(Err(refused))

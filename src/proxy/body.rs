@@ -318,7 +318,7 @@ impl RequestBody {
     /// The bytes to send: with `stream_options.include_usage` set when
     /// `ask_usage`; `priority` set when given, else removed (a caller's own
     /// never reaches a replica); `cache_salt` set to `salt` when given
-    /// (the caller's replaced; docs/access.md, rules 6 and 19).
+    /// (the caller's replaced; docs/access.md, rules 19 and 20).
     pub(super) fn into_bytes(mut self, ask_usage: bool, priority: Option<i64>, salt: Option<&str>) -> Result<Bytes, GatewayError> {
         let edit_existing =
             (ask_usage && self.head.has_stream_options) || self.head.has_priority || (salt.is_some() && self.head.has_cache_salt);

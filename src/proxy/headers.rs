@@ -113,7 +113,7 @@ const CREDENTIALS: [HeaderName; 4] =
 /// and but for every credential header when slogate checked the caller's
 /// key against its own keys or the pool has a key of its own (added at the
 /// connection): a slogate key is not the replica's to see
-/// (docs/access.md, rule 6). The URI is in origin form (`/v1/...`), with
+/// (docs/access.md, rule 20). The URI is in origin form (`/v1/...`), with
 /// `Host` naming the replica.
 pub(super) fn build_upstream_request(
     parts: &http::request::Parts,

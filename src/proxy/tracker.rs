@@ -244,11 +244,11 @@ impl Tracker {
         refused.then_some(self.prompt_estimate)
     }
 
-    /// The stream has relayed more tokens than its key's limits reserved
-    /// for it (a content event is a token or more).
+    /// The stream has relayed the tokens its key's limits reserved for it
+    /// (a content event is a token or more): the next is not relayed.
     #[inline]
-    pub(super) fn over_key_budget(&self) -> bool {
-        self.first_token.is_some() && self.gaps.saturating_add(1) > self.key_budget
+    pub(super) fn at_key_budget(&self) -> bool {
+        self.first_token.is_some() && self.gaps.saturating_add(1) >= self.key_budget
     }
 
     pub(crate) fn endpoint(&self) -> Endpoint {
@@ -386,6 +386,14 @@ impl Tracker {
     fn log_access(&self, f: &Finished) {
         let Some(log) = &self.access_log else { return };
         let status = if self.status == 0 { 499 } else { self.status };
+        // A stream that did not complete and reported no usage: what its
+        // key was charged (its prompt's estimate, the tokens relayed), as
+        // an estimate, so the log agrees with the key's quota.
+        let relayed = self.first_token.map(|_| self.gaps + 1);
+        let (usage, usage_estimated) = match (f.usage, relayed) {
+            (None, Some(n)) if self.streaming => (Some(Usage::new(self.prompt_estimate, n)), true),
+            (u, _) => (u, f.usage_estimated),
+        };
         log.log(AccessRecord {
             end: std::time::SystemTime::now(),
             request_id: self.request_id.clone(),
@@ -399,9 +407,9 @@ impl Tracker {
             queued: f.queued,
             ttft: f.ttft(),
             e2e: f.e2e(),
-            prompt_tokens: f.usage.map(|u| u.prompt_tokens),
-            completion_tokens: f.usage.map(|u| u.completion_tokens),
-            usage_estimated: f.usage_estimated,
+            prompt_tokens: usage.map(|u| u.prompt_tokens),
+            completion_tokens: usage.map(|u| u.completion_tokens),
+            usage_estimated,
             bytes_in: self.bytes_in,
             bytes_out: self.bytes_out,
         });

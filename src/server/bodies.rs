@@ -11,13 +11,32 @@ use std::time::Duration;
 
 use crate::error::GatewayError;
 
-/// Bytes of request bodies held now.
+/// Bytes of request bodies held now (and the gauge that shows them, for a listener's).
 #[derive(Debug, Default)]
-pub struct Held(AtomicU64);
+pub struct Held(AtomicU64, Option<prometheus_client::metrics::gauge::Gauge>);
 
 impl Held {
+    /// A listener's count, shown by `gauge`.
+    pub fn shown(gauge: Option<prometheus_client::metrics::gauge::Gauge>) -> Held {
+        Held(AtomicU64::new(0), gauge)
+    }
+
     pub fn bytes(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, n: u64) -> u64 {
+        if let Some(g) = &self.1 {
+            g.inc_by(n as i64);
+        }
+        self.0.fetch_add(n, Ordering::Relaxed) + n
+    }
+
+    fn sub(&self, n: u64) {
+        if let Some(g) = &self.1 {
+            g.dec_by(n as i64);
+        }
+        self.0.fetch_sub(n, Ordering::Relaxed);
     }
 }
 
@@ -43,8 +62,8 @@ impl BodyHold {
     pub(crate) fn take(&mut self, n: usize) -> Result<(), GatewayError> {
         let n = n as u64;
         self.bytes += n;
-        let all = self.listener.0.fetch_add(n, Ordering::Relaxed) + n;
-        let mine = self.connection.0.fetch_add(n, Ordering::Relaxed) + n;
+        let all = self.listener.add(n);
+        let mine = self.connection.add(n);
         if all > self.limit {
             return Err(GatewayError::Busy {
                 message: format!(
@@ -73,8 +92,8 @@ impl BodyHold {
 
 impl Drop for BodyHold {
     fn drop(&mut self) {
-        self.listener.0.fetch_sub(self.bytes, Ordering::Relaxed);
-        self.connection.0.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.listener.sub(self.bytes);
+        self.connection.sub(self.bytes);
     }
 }
 

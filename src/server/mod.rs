@@ -140,6 +140,8 @@ pub struct Limits {
     /// Open connections and connections that waited (the data listener's).
     pub open: Option<prometheus_client::metrics::gauge::Gauge>,
     pub waited: Option<prometheus_client::metrics::counter::Counter>,
+    /// Request body bytes held (the data listener's).
+    pub bodies: Option<prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl Limits {
@@ -150,6 +152,7 @@ impl Limits {
             http2_max_streams: cfg.http2_max_streams,
             open: None,
             waited: None,
+            bodies: None,
         }
     }
 }
@@ -246,7 +249,7 @@ pub async fn serve<H, F>(
     let builder = connection_builder(&limits);
     let drain = drain::Drain::default();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let bodies = Arc::new(bodies::Held::default());
+    let bodies = Arc::new(bodies::Held::shown(limits.bodies.clone()));
     loop {
         let Some(permit) = connection_slot(&slots, &limits, &mut shutdown).await else { break };
         let (stream, peer) = tokio::select! {

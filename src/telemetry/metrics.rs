@@ -100,6 +100,8 @@ pub struct Metrics {
     pub(crate) reloads: Counter,
     /// Connections open on the data listener.
     pub(crate) open_connections: Gauge,
+    /// Request body bytes the data listener's requests hold in memory.
+    pub(crate) request_body_bytes_held: Gauge,
     /// Connections that waited to be accepted because `server.max_connections` were open.
     pub(crate) connections_waited: Counter,
     pub(crate) tenant_requests: Family<TenantOutcomeLabels, Counter>,
@@ -162,6 +164,11 @@ fn register_requests(registry: &mut Registry, m: &Metrics) {
 fn register_replicas(registry: &mut Registry, m: &Metrics) {
     registry.register("queue_depth", "Requests waiting in the gateway queue", m.queue_depth.clone());
     registry.register("open_connections", "Client connections open on the data listener", m.open_connections.clone());
+    registry.register(
+        "request_body_bytes_held",
+        "Request body bytes held in memory by the data listener's requests (bounded by server.max_buffered_body_bytes)",
+        m.request_body_bytes_held.clone(),
+    );
     registry.register(
         "connections_waited",
         "Client connections that waited to be accepted because server.max_connections were open",
@@ -337,6 +344,7 @@ impl Metrics {
             reload_failures: Counter::default(),
             reloads: Counter::default(),
             open_connections: Gauge::default(),
+            request_body_bytes_held: Gauge::default(),
             connections_waited: Counter::default(),
             tenant_requests: Family::default(),
             tenant_tokens: Family::default(),

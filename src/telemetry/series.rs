@@ -51,7 +51,7 @@ pub(crate) struct RequestSeries {
     usage_estimated: OnceLock<Counter>,
 }
 
-const OUTCOMES: usize = Outcome::stream_error as usize + 1;
+const OUTCOMES: usize = Outcome::ALL.len();
 const BREACH_KINDS: usize = BreachKind::error as usize + 1;
 
 impl ClassSeries {

@@ -185,3 +185,49 @@ async fn a_day_quota_in_the_store_holds_across_two_gateways_and_a_restart() {
     assert_eq!(tokens_today(&redis, "q1").await, Some(50), "refusals take nothing");
     c.shutdown().await;
 }
+
+/// Cut streams settle in the store too: streams of 500 tokens cut by their
+/// client, alternating between two gateways, until the key's day is spent;
+/// the replica generates within the quota, and what the store counts is
+/// what the streams relayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_streams_settle_in_the_store_at_what_they_relayed() {
+    let redis = Redis::start().await;
+    let mock = Mock::start(crate::enforcement::streams_500_then_holds()).await;
+    let yaml = gateway_yaml(&mock, &redis.url(), "cut", "{ tokens_per_day: 6000 }");
+    let (a, b) = (start_gateway(&yaml).await, start_gateway(&yaml).await);
+    let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":18446744073709551615}"#;
+    let c = client();
+    let mut served = 0u64;
+    for i in 0..30 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        let resp = c
+            .request(post_req(gw.data_addr, "/v1/chat/completions", body, &[("authorization", "Bearer sk-shared")]))
+            .await
+            .expect("response");
+        if resp.status() == 429 {
+            break;
+        }
+        let mut body = resp.into_body();
+        let mut seen = String::new();
+        while seen.matches("\"content\":\"t").count() < 500 {
+            let frame = body.frame().await.expect("a frame").expect("data");
+            seen.push_str(&String::from_utf8_lossy(&frame.into_data().unwrap_or_default()));
+        }
+        drop(body);
+        served += 1;
+        // Settled in the store: the reservation (the context) gives way to what was relayed.
+        let r = &redis;
+        wait_until("the cut stream settled in the store", || async move { tokens_today(r, "cut").await.unwrap_or(0) <= 564 * served })
+            .await;
+    }
+    let made = 500 * served;
+    assert!(served >= 2 && made <= 6000 * 5 / 4 + 4096, "{served} streams, {made} tokens for a 6,000-token day");
+    let used = tokens_today(&redis, "cut").await.unwrap_or(0);
+    assert!((made..=made + 64 * served).contains(&used), "{served} cut streams of 500 tokens: the store counts {used}");
+    let s = slo(&a).await;
+    assert_eq!(s["tenants"][0]["quotas"][0]["used"].as_u64(), Some(used), "/slo shows the store's count: {s}");
+    for gw in [&a, &b] {
+        assert_quiescent(gw).await;
+    }
+}

@@ -13,6 +13,7 @@ mod demo;
 mod deploy;
 mod edge;
 mod endpoints;
+mod enforcement;
 mod engines;
 mod faults;
 mod fleet;

@@ -84,6 +84,9 @@ enum Mode {
         /// The replica sent an error event this read, hidden from the
         /// client because the stream is continued elsewhere.
         broke: bool,
+        /// A content event was held back: the stream relayed what its
+        /// key's limits reserved for it, and slogate ends it.
+        limited: bool,
     },
     /// A JSON body: keep the chunks (cheap clones) to read usage at the
     /// end (`usage_only`: only usage is read, from the tail when it is there).
@@ -96,6 +99,18 @@ enum Mode {
 }
 
 const JSON_KEEP_LIMIT: usize = 16 << 20;
+
+/// One complete event's data `d`, read through the splice when the stream
+/// may be continued (it notes the stream's ids), else by the memo.
+fn read_event(splice: Option<&mut super::resume::Splice>, d: &[u8], memo: &mut Memo) -> sse::EventInfo {
+    match splice {
+        Some(s) => {
+            s.note_ids(d);
+            s.read(d, memo)
+        }
+        None => memo.analyze(d),
+    }
+}
 
 /// Keep a JSON body's chunk (a cheap clone) to read at its end; past
 /// [`JSON_KEEP_LIMIT`] the body is passed on unread (`usize::MAX` marks it).
@@ -162,6 +177,7 @@ impl<B> ObservedBody<B> {
             saw_error: false,
             finish_reason: None,
             broke: false,
+            limited: false,
         }
     }
 
@@ -228,7 +244,7 @@ impl<B> ObservedBody<B> {
                 keep_json(chunks, size, &data);
                 Some(data)
             }
-            Mode::Sse { parser, memo, strip_usage, pending, out, saw_done, saw_error, finish_reason, broke } => {
+            Mode::Sse { parser, memo, strip_usage, pending, out, saw_done, saw_error, finish_reason, broke, limited } => {
                 // Offsets below are in `pending ++ data`: events to cut, or
                 // to replace (a continuation's, rewritten).
                 let p = pending.len();
@@ -246,36 +262,35 @@ impl<B> ObservedBody<B> {
                     let at = (prev_end, end + p);
                     prev_end = end + p;
                     complete = Some(end);
-                    if *broke {
-                        // After an error event hidden for a continuation: nothing more of this replica's.
+                    if *broke || *limited {
+                        // After an error event hidden for a continuation, or
+                        // past the key's limits: nothing more of this replica's.
                         cuts.push((at.0, at.1, None));
                         return;
                     }
                     let Some(d) = d else { return };
-                    let info = match splice.as_deref_mut() {
-                        Some(s) => {
-                            s.note_ids(d);
-                            s.read(d, memo)
-                        }
-                        None => memo.analyze(d),
-                    };
+                    let info = read_event(splice.as_deref_mut(), d, memo);
                     if info.error && splice.as_ref().is_some_and(|s| s.may_resume()) {
                         *broke = true;
                         cuts.push((at.0, at.1, None));
                         return;
                     }
                     if info.content {
+                        if tracker.at_key_budget() {
+                            *limited = true;
+                            cuts.push((at.0, at.1, None));
+                            return;
+                        }
                         // Every content event in this read is delivered now.
                         tracker.content_event(now);
                     }
                     if let Some(u) = info.usage {
                         tracker.usage = Some(splice.as_ref().map_or(u, |s| s.usage(u)));
                     }
-                    if let Some(f) = &info.finish_reason {
-                        *saw_error |= f == "error";
-                        *finish_reason = Some(f.clone());
+                    *saw_error |= info.error || info.finish_reason.as_deref() == Some("error");
+                    if info.finish_reason.is_some() {
+                        finish_reason.clone_from(&info.finish_reason);
                     }
-                    *saw_error |= info.error;
                     *saw_done |= info.done;
                     if strip && info.usage_only {
                         cuts.push((at.0, at.1, None));
@@ -413,7 +428,7 @@ impl<B> ObservedBody<B> {
         self.last_event = Instant::now();
         let out = self.on_data(data);
         self.tracker.bytes_out += out.as_ref().map_or(0, |o| o.len() as u64);
-        if self.tracker.over_key_budget() && matches!(self.mode, Mode::Sse { saw_done: false, .. }) {
+        if matches!(self.mode, Mode::Sse { limited: true, .. }) {
             self.on_key_limit();
         } else if self.event_too_large() {
             self.on_event_too_large();

@@ -20,19 +20,26 @@ use slogate::Gateway;
 #[derive(Clone, Debug)]
 pub struct ConfigBuilder {
     replicas: Vec<String>,
+    models: Vec<String>,
     server: Vec<String>,
     pool: Vec<String>,
     sections: Vec<String>,
 }
 
 pub fn gateway_config(replicas: &[String]) -> ConfigBuilder {
-    ConfigBuilder { replicas: replicas.to_vec(), server: Vec::new(), pool: Vec::new(), sections: Vec::new() }
+    ConfigBuilder { replicas: replicas.to_vec(), models: vec!["m1".into()], server: Vec::new(), pool: Vec::new(), sections: Vec::new() }
 }
 
 impl ConfigBuilder {
     /// A field of `server:`, e.g. `"busy_poll: true"`.
     pub fn server(mut self, field: &str) -> Self {
         self.server.push(field.to_string());
+        self
+    }
+
+    /// The models the pool serves (`m1` unless named).
+    pub fn models(mut self, models: &[&str]) -> Self {
+        self.models = models.iter().map(|m| m.to_string()).collect();
         self
     }
 
@@ -56,7 +63,7 @@ impl ConfigBuilder {
         for f in &self.server {
             y.push_str(&format!("  {f}\n"));
         }
-        y.push_str("pools:\n  - name: p\n    models: [m1]\n    replicas:\n");
+        y.push_str(&format!("pools:\n  - name: p\n    models: [{}]\n    replicas:\n", self.models.join(", ")));
         for r in &self.replicas {
             y.push_str(&format!("      - {r}\n"));
         }
