@@ -213,6 +213,19 @@ async fn context_known(gw: &slogate::Gateway, name: &str) {
     .await;
 }
 
+/// The key names' prefixes, a key per protocol.
+const PROTOS: [&str; 2] = ["h1", "h2"];
+
+/// A gateway with a key `PROTO-KIND` of `tokens_per_day: 6000` for each
+/// protocol and kind, once the replica's context is known.
+async fn quota_gateway(mock: &Mock, kinds: &[&str]) -> slogate::Gateway {
+    let keys: Vec<String> =
+        PROTOS.iter().flat_map(|p| kinds.iter().map(move |n| key(&format!("{p}-{n}"), ", limits: { tokens_per_day: 6000 }"))).collect();
+    let gw = gateway(mock, &keys, &[]).await;
+    context_known(&gw, &format!("h1-{}", kinds[0])).await;
+    gw
+}
+
 /// The kinds of request that overran a quota: (name, path, body, the
 /// most one of them may generate).
 const KINDS: [(&str, &str, &str, u64); 6] = [
@@ -239,14 +252,8 @@ async fn concurrent_requests_of_every_kind_cannot_overrun_a_token_quota() {
     let generated = Arc::new(AtomicU64::new(0));
     let gate = Arc::new(std::sync::Mutex::new(Gate::default()));
     let mock = Mock::start_with_model("m-small", generating(generated.clone(), gate.clone())).await;
-    let protos = ["h1", "h2"];
-    let keys: Vec<String> = protos
-        .iter()
-        .flat_map(|p| KINDS.iter().map(move |(n, ..)| key(&format!("{p}-{n}"), ", limits: { tokens_per_day: 6000 }")))
-        .collect();
-    let gw = gateway(&mock, &keys, &[]).await;
-    context_known(&gw, "h1-n").await;
-    for ((proto, c), p) in clients().into_iter().zip(protos) {
+    let gw = quota_gateway(&mock, &KINDS.map(|k| k.0)).await;
+    for ((proto, c), p) in clients().into_iter().zip(PROTOS) {
         for (kind, path, body, output) in KINDS {
             let name = format!("{p}-{kind}");
             let (k, v) = auth(&name);
@@ -330,14 +337,8 @@ async fn cut_streams_are_settled_at_what_they_relayed() {
             "\"content\":\"t",
         ),
     ];
-    let protos = ["h1", "h2"];
-    let keys: Vec<String> = protos
-        .iter()
-        .flat_map(|p| kinds.iter().map(move |(n, ..)| key(&format!("{p}-{n}"), ", limits: { tokens_per_day: 6000 }")))
-        .collect();
-    let gw = gateway(&mock, &keys, &[]).await;
-    context_known(&gw, "h1-resp").await;
-    for ((proto, c), p) in clients().into_iter().zip(protos) {
+    let gw = quota_gateway(&mock, &kinds.map(|k| k.0)).await;
+    for ((proto, c), p) in clients().into_iter().zip(PROTOS) {
         for (kind, path, body, token) in kinds {
             let name = format!("{p}-{kind}");
             let (k, v) = auth(&name);
@@ -379,7 +380,13 @@ async fn cut_streams_are_settled_at_what_they_relayed() {
 #[tokio::test]
 async fn a_stream_past_its_keys_reservation_is_ended_as_a_length_finish() {
     let mock = Mock::start_with_model("m-small", script(|req| vllm_stream(req, 300, Duration::from_millis(1), "stop"))).await;
-    let gw = gateway(&mock, &[key("h1", ", limits: { tokens_per_day: 6000 }"), key("h2", ", limits: { tokens_per_day: 6000 }")], &[]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let b = gateway_config(&[mock.url()])
+        .models(&["m-small", "m-big"])
+        .section(&format!("telemetry:\n  access_log: {{ to: {} }}", log.display()));
+    let keys = [key("h1", ", limits: { tokens_per_day: 6000 }"), key("h2", ", limits: { tokens_per_day: 6000 }")];
+    let gw = start_gateway(&format!("{}auth:\n  keys:\n{}", b.yaml(), keys.concat())).await;
     let body = r#"{"model":"m-small","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":50}"#;
     for ((proto, c), name) in clients().into_iter().zip(["h1", "h2"]) {
         let (k, v) = auth(name);
@@ -394,6 +401,16 @@ async fn a_stream_past_its_keys_reservation_is_ended_as_a_length_finish() {
         assert_eq!(events[events.len() - 1], "data: [DONE]", "{proto}");
         let (used, _) = quota_used(&gw, name).await;
         assert!((50..=50 + 64).contains(&used), "{proto}: settled at what it relayed: {used}");
+        // The access log says what the key was charged.
+        let mine = format!("\"tenant\":\"{name}\"");
+        let (at, mine) = (&log, &mine);
+        wait_until("its access log line", || async move { std::fs::read_to_string(at).is_ok_and(|t| t.contains(mine.as_str())) }).await;
+        let text = std::fs::read_to_string(&log).expect("log");
+        let line = text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find(|l| l["tenant"] == name);
+        let line = line.expect("a line");
+        let got = (line["outcome"].as_str(), line["completion_tokens"].as_u64(), line["usage_estimated"].as_bool());
+        assert_eq!(got, (Some("quota_exhausted"), Some(50), Some(true)), "{line}");
+        assert_eq!(line["prompt_tokens"].as_u64().map(|p| p + 50), Some(used), "{proto}: the log and the quota agree: {line}");
     }
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "quota_exhausted")]), Some(2.0), "{m}");
