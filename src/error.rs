@@ -56,6 +56,12 @@ pub(crate) enum GatewayError {
     /// 429 like OpenAI's, but the caller's doing, not the gateway's failure.
     #[error("{message}")]
     KeyLimited { message: String, limit: &'static str, code: &'static str, retry_after: u64 },
+    /// A stored response unknown to the caller's tenant (404, as the engine says it).
+    #[error("Response with id '{0}' not found.")]
+    ResponseNotFound(String),
+    /// A follow-up whose stored response was on a replica that is gone.
+    #[error("the conversation's state (response '{0}') was kept by a replica that is no longer serving; it is lost. Send the conversation again in full (its input, without previous_response_id) to go on")]
+    StateLost(String),
     /// The gateway holds all the request bodies it may (503).
     #[error("{message}")]
     Busy { message: String, retry_after: Duration },
@@ -104,7 +110,8 @@ impl GatewayError {
             PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             BodyRead(_) | MalformedJson(_) | InvalidRequest { .. } | UnknownClass(_) => StatusCode::BAD_REQUEST,
-            ModelNotFound(_) | NotFound { .. } => StatusCode::NOT_FOUND,
+            ModelNotFound(_) | NotFound { .. } | ResponseNotFound(_) => StatusCode::NOT_FOUND,
+            StateLost(_) => StatusCode::GONE,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Unauthorized => StatusCode::UNAUTHORIZED,
             ClassForbidden(_) | ModelNotAllowed(_) | EndpointNotAllowed(_) | PathNotAllowed(_) => StatusCode::FORBIDDEN,
@@ -121,6 +128,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             Rejected { .. } | Busy { .. } => Outcome::rejected,
+            StateLost(_) => Outcome::state_lost,
             NoHealthyReplica { .. } => Outcome::unavailable,
             Upstream { .. } => Outcome::upstream_error,
             UpstreamTimeout { .. } => Outcome::timeout,
@@ -151,6 +159,8 @@ impl GatewayError {
             PathNotAllowed(_) => ("permission_error", None, "path_not_allowed"),
             NoHealthyReplica { .. } => ("service_unavailable", None, "no_healthy_replica"),
             Busy { .. } => ("service_unavailable", None, "server_busy"),
+            ResponseNotFound(_) => ("invalid_request_error", Some("previous_response_id"), "not_found"),
+            StateLost(_) => ("server_error", Some("previous_response_id"), "response_state_lost"),
             Upstream { .. } => ("upstream_error", None, "upstream_unreachable"),
             UpstreamTimeout { .. } => ("timeout", None, "upstream_timeout"),
             Internal(_) => ("internal_error", None, "internal_error"),

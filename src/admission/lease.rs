@@ -21,6 +21,9 @@ pub(crate) trait Seating: Send + Sync {
     /// Another healthy replica's slot for a request of `tier` now on
     /// `from`'s, if there is one.
     fn another(&self, from: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot>;
+    /// A slot on `to` itself for a request of `tier`, if it is healthy and
+    /// still one of the pool's (see [`crate::upstream::Pool::slot_on`]).
+    fn onto(&self, to: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot>;
     /// A slot was freed while its lease goes on (it moved): hand it on.
     fn freed(self: Arc<Self>);
 }
@@ -114,6 +117,23 @@ impl Lease {
         // What the replica's engine said of its prefix cache (not slogate's estimate).
         if let (Some(u), false) = (f.usage, f.usage_estimated) {
             self.slot.replica().served_prompt(u.prompt_tokens, u.cached_tokens);
+        }
+    }
+
+    /// Move to a slot on `replica` (where the request's state is), keeping
+    /// the tier's count; the slot left behind goes to the next waiter.
+    /// False: that replica cannot take it (unhealthy, or gone).
+    pub(crate) fn move_to(&mut self, replica: &Arc<Replica>) -> bool {
+        if Arc::ptr_eq(self.slot.replica(), replica) {
+            return true;
+        }
+        match self.seating.onto(replica, self.tier) {
+            Some(slot) => {
+                drop(std::mem::replace(&mut self.slot, slot));
+                Arc::clone(&self.seating).freed();
+                true
+            }
+            None => false,
         }
     }
 

@@ -50,6 +50,8 @@ pub(super) struct Head {
     /// How many answers it asks for: `n`, or `best_of` if more (1 when
     /// neither is a count), times the prompts of a completions list.
     pub(crate) answers: u64,
+    /// The Responses API's `previous_response_id`: the stored response it continues.
+    pub(crate) previous_response_id: Option<String>,
 }
 
 /// A request body, parsed only as far as needed.
@@ -113,6 +115,8 @@ struct Wire<'a> {
     instructions: Option<&'a RawValue>,
     #[serde(default, borrow)]
     prompt_cache_key: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    previous_response_id: Option<Cow<'a, str>>,
 }
 
 /// A token count; anything else (the replica judges it) as absent.
@@ -167,6 +171,7 @@ impl Head {
             max_output: None,
             max_output_tokens: None,
             answers: 1,
+            previous_response_id: None,
         }
     }
 }
@@ -232,6 +237,7 @@ impl RequestBody {
             max_output: w.max_completion_tokens.or(w.max_tokens),
             max_output_tokens: w.max_output_tokens,
             answers,
+            previous_response_id: w.previous_response_id.map(Cow::into_owned),
         };
         Some((head, spans))
     }
@@ -392,6 +398,7 @@ fn head_of(o: &Map<String, Value>) -> Head {
         max_output: o.get("max_completion_tokens").and_then(Value::as_u64).or_else(|| o.get("max_tokens").and_then(Value::as_u64)),
         max_output_tokens: o.get("max_output_tokens").and_then(Value::as_u64),
         answers: answers(o.get("n").and_then(Value::as_u64), o.get("best_of").and_then(Value::as_u64), o.get("prompt")),
+        previous_response_id: o.get("previous_response_id").and_then(Value::as_str).map(str::to_string),
     }
 }
 
@@ -518,6 +525,7 @@ mod tests {
                 max_output: None,
                 max_output_tokens: None,
                 answers: 1,
+                previous_response_id: None,
             }
         );
     }
@@ -636,6 +644,9 @@ mod tests {
                 Just(r#""prompt":[[1],[2]]"#),
                 Just(r#""prompt":[]"#),
                 Just(r#""max_output_tokens":7"#),
+                Just(r#""previous_response_id":"resp_1""#),
+                Just(r#""previous_response_id":null"#),
+                Just(r#""previous_response_id":3"#),
                 Just(r#""max_tokens":18446744073709551615"#),
             ]
             .prop_map(str::to_string),

@@ -96,6 +96,7 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>, client: Arc<Cl
                 Err(e) => e.respond(Some(&id)),
             };
         }
+        (m, p) if p.starts_with("/v1/responses/") => Target::stored(m, p),
         (&Method::POST, p) => Target::of(&snap, p),
         _ => None,
     };
@@ -204,16 +205,14 @@ fn forward(
         let (client, snap, watchlist) = (&client, &*snap, &watchlist);
         let endpoint = target.endpoint();
         // Its key's max_concurrent before its body is read, and the body's bytes held against the listener's and the connection's budgets.
-        let reading = match caller.tenant.start_reading() {
-            Ok(r) => r,
-            Err((max, state)) => {
+        let reading = stage!(
+            t,
+            caller.tenant.start_reading().map_err(|(max, state)| {
                 t.set_rate(state);
-                return fail(t, admission::concurrent_error(max));
-            }
-        };
-        let server = &snap.config.server;
-        let per_connection = server.max_upload_body.0.saturating_add(server.max_request_body.0);
-        let mut hold = BodyHold::new(client.bodies.clone(), client.held.clone(), server.max_buffered_body_bytes.0, per_connection);
+                admission::concurrent_error(max)
+            })
+        );
+        let mut hold = body_hold(client, &snap.config.server);
         let routed = route::route(body, &parts.headers, parts.uri.path(), snap, &target, &caller.grant, &mut hold).await;
         let routed = stage!(t, routed);
         t.hold_body(hold);
@@ -230,16 +229,21 @@ fn forward(
         t.set_prompt_estimate(prompt);
         stage!(t, key_limits(&mut t, &caller, &routed, endpoint, snap).await);
         drop(reading);
+        let owner = stage!(t, follow_up(&mut t, &routed, endpoint, &caller));
         let mut claim =
             admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys(), endpoint.is_short());
         claim.deadline = stage!(t, headers::deadline(&parts.headers)).map(|d| t.start() + d);
         let (bytes, key, admission) = (routed.request.len() as u64, routed.key.clone(), &routed.route.admission);
         let admitted = admission::admit(&caller.class.control, admission, &caller.tenant.name, routed.stream, bytes, claim, key).await;
-        let admitted = stage!(t, admitted);
+        let mut admitted = stage!(t, admitted);
+        if let Some((owner, id)) = &owner {
+            stage!(t, if admitted.lease.move_to(owner) { Ok(()) } else { Err(GatewayError::StateLost(id.clone())) });
+        }
         t.set_probe(admitted.probe);
         t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
 
-        let Routed { mut request, route, stream, strip_usage, upload, .. } = routed;
+        let Routed { mut request, route, stream, strip_usage, upload, stored, .. } = routed;
+        let routed_stored = stored.is_some();
         // The gateway's priority and the key's cache salt where vLLM reads
         // them (priority where the pool asks for it); a caller's own
         // priority never goes on.
@@ -257,12 +261,30 @@ fn forward(
         // Boxed: the sending stage's state is the largest of this path, and
         // inline it would be held by every request waiting in a queue above.
         let payload = upload.as_ref().map_or_else(|| SendBody::from(body.clone()), |u| SendBody::from(u.clone()));
-        let sent = Box::pin(send(&parts, client, payload, route, &mut lease, &t, snap, stream, &timeouts)).await;
-        let resp = stage!(t, sent.map_err(|e| upload_failed(e, upload.as_ref(), snap)));
+        let on = Attempt { lease: &mut lease, pinned: owner.is_some() };
+        let sent = Box::pin(send(&parts, client, payload, route, on, &t, snap, stream, &timeouts)).await;
+        let resp = stage!(t, sent.map_err(|e| lost(upload_failed(e, upload.as_ref(), snap), owner.as_ref())));
         let resume = stream.then(|| resumable(parts, client, body, route, endpoint, snap, &t)).flatten();
-        let settings = Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume };
+        let settings = Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume, passthrough: routed_stored };
         observe(resp, t, lease, endpoint, settings, watchlist)
     }
+}
+
+/// A request pinned to the replica holding its state (`owner`) that
+/// could not reach it: the state is lost with it.
+fn lost(e: GatewayError, owner: Option<&(Arc<upstream::Replica>, String)>) -> GatewayError {
+    match (e, owner) {
+        (GatewayError::Upstream { .. }, Some((_, id))) => GatewayError::StateLost(id.clone()),
+        (e, _) => e,
+    }
+}
+
+/// The hold of a request's body bytes against its listener's budget
+/// (`max_buffered_body_bytes`) and its connection's (`max_upload_body` +
+/// `max_request_body`): docs/access.md, rule 18.
+fn body_hold(client: &ClientAddr, server: &crate::config::ServerConfig) -> BodyHold {
+    let per_connection = server.max_upload_body.0.saturating_add(server.max_request_body.0);
+    BodyHold::new(client.bodies.clone(), client.held.clone(), server.max_buffered_body_bytes.0, per_connection)
 }
 
 /// Why sending failed (`e`), when an upload did not reach the replica
@@ -319,7 +341,7 @@ async fn send(
     client: &ClientAddr,
     body: SendBody,
     route: &crate::state::Route,
-    lease: &mut Lease,
+    mut lease: Attempt<'_>,
     t: &Tracker,
     snap: &Snapshot,
     stream: bool,
@@ -338,7 +360,7 @@ async fn send(
     };
     upstream::send_with_retry(
         &route.pool,
-        lease,
+        &mut lease,
         build,
         upstream::Reads::for_stream(stream),
         t.start(),
@@ -346,6 +368,53 @@ async fn send(
         t.start() + timeouts.total,
     )
     .await
+}
+
+/// A follow-up to a stored response (the Responses API's
+/// `previous_response_id`) must go where its state is: the replica that
+/// made it, when the gateway saw it made, with the id (docs/design/responses.md).
+/// Another tenant's response is as unknown as one never made (404); one
+/// whose replica is gone is lost (410, `state_lost`). A Responses request
+/// teaches the gateway the owner of the response it makes.
+fn follow_up(
+    t: &mut Tracker,
+    routed: &Routed<'_>,
+    endpoint: Endpoint,
+    caller: &Caller,
+) -> Result<Option<(Arc<upstream::Replica>, String)>, GatewayError> {
+    if endpoint != Endpoint::Responses {
+        return Ok(None);
+    }
+    if let Some(stored) = &routed.stored {
+        return Ok(Some(stored.clone()));
+    }
+    let owners = &routed.route.pool.owners;
+    t.learn_responses(owners.clone(), caller.tenant.name.clone());
+    let Some(id) = routed.request.head().previous_response_id.as_deref() else { return Ok(None) };
+    match owners.get(id) {
+        // Unknown to the gateway (made before it started, or elsewhere): the replicas decide.
+        None => Ok(None),
+        Some(o) if *o.tenant != *caller.tenant.name => Err(GatewayError::ResponseNotFound(id.to_string())),
+        Some(o) => Ok(Some((o.replica, id.to_string()))),
+    }
+}
+
+/// The request's lease as the sending stage moves it: to another replica
+/// when the first failed before any byte reached the client, unless the
+/// request is pinned to its replica (its state is there).
+struct Attempt<'a> {
+    lease: &'a mut Lease,
+    pinned: bool,
+}
+
+impl upstream::Attempts for Attempt<'_> {
+    fn replica(&self) -> &Arc<upstream::Replica> {
+        upstream::Attempts::replica(&*self.lease)
+    }
+
+    fn move_to_another(&mut self) -> bool {
+        !self.pinned && upstream::Attempts::move_to_another(self.lease)
+    }
 }
 
 /// The key's own limits (`auth.keys[].limits`): the request's worst case
@@ -358,7 +427,8 @@ async fn key_limits(
     endpoint: Endpoint,
     snap: &Snapshot,
 ) -> Result<(), GatewayError> {
-    if !caller.tenant.has_limits() {
+    // A stored response's own routes make nothing: its key's limits count its making.
+    if !caller.tenant.has_limits() || routed.stored.is_some() {
         return Ok(());
     }
     let context = routed.model.as_deref().and_then(|m| routed.route.pool.max_model_len(m));
@@ -443,6 +513,9 @@ struct Settings {
     waited: std::time::Duration,
     reduced: Option<String>,
     resume: Option<resume::Resume<UpstreamBody>>,
+    /// A stored response's own route: its answer is passed on unread (a
+    /// retrieved response's usage was counted when it was made).
+    passthrough: bool,
 }
 
 /// The response to the client: the replica's, its body observed (the
@@ -466,8 +539,13 @@ fn observe(
     let (mut rparts, rbody) = resp.into_parts();
     let is_sse = rparts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
     let t = s.timeouts;
-    let body: ProxyBody = if !status.is_success() {
-        tracker.finish(if status.is_server_error() { Outcome::upstream_error } else { Outcome::client_error });
+    let body: ProxyBody = if s.passthrough || !status.is_success() {
+        let outcome = match status {
+            st if st.is_success() => Outcome::ok,
+            st if st.is_server_error() => Outcome::upstream_error,
+            _ => Outcome::client_error,
+        };
+        tracker.finish(outcome);
         Watched::new(ObservedBody::passthrough(rbody, tracker, t), list).boxed_unsync()
     } else if is_sse {
         let mut body = match s.resume {

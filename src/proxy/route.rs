@@ -27,12 +27,17 @@ use crate::upstream::Upload;
 use std::sync::Arc;
 
 /// What a data-plane request asks for.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(super) enum Target {
     /// An inference endpoint, routed by the body's `model`.
     Inference(Endpoint),
     /// A path opened on these pools (positions in the snapshot) for some keys.
     Opened(Vec<usize>),
+    /// A stored response's own route (retrieve, delete, cancel, its input
+    /// items): to the replica that holds it, once its owner is found.
+    Stored(String),
+    /// The same, its owner found: the pool (a position) and the replica.
+    Owned { pool: usize, owner: Arc<crate::upstream::Replica>, id: String },
 }
 
 impl Target {
@@ -51,10 +56,24 @@ impl Target {
         (!pools.is_empty()).then_some(Target::Opened(pools))
     }
 
+    /// The target of `method` on `path` under `/v1/responses/`: a stored
+    /// response's id routes (`GET` and `DELETE` `{id}`, `POST {id}/cancel`,
+    /// `GET {id}/input_items`); `None`: no such route.
+    pub(super) fn stored(method: &http::Method, path: &str) -> Option<Target> {
+        let rest = path.strip_prefix("/v1/responses/")?;
+        let (id, what) = rest.split_once('/').unwrap_or((rest, ""));
+        let ok = matches!(
+            (method, what),
+            (&http::Method::GET | &http::Method::DELETE, "") | (&http::Method::POST, "cancel") | (&http::Method::GET, "input_items")
+        );
+        (ok && !id.is_empty()).then(|| Target::Stored(id.to_string()))
+    }
+
     pub(super) fn endpoint(&self) -> Endpoint {
         match self {
             Target::Inference(e) => *e,
             Target::Opened(_) => Endpoint::Other,
+            Target::Stored(_) | Target::Owned { .. } => Endpoint::Responses,
         }
     }
 
@@ -63,6 +82,14 @@ impl Target {
     /// narrows the target to those pools).
     pub(super) fn permit(self, snap: &Snapshot, path: &str, grant: &Grant) -> Result<Target, GatewayError> {
         grant.endpoint(self.endpoint())?;
+        if let Target::Stored(id) = self {
+            // Its owner, for the tenant that made it; to any other, unknown.
+            let found = snap.pools.iter().enumerate().find_map(|(i, r)| r.pool.owners.get(&id).map(|o| (i, o)));
+            return match found {
+                Some((pool, o)) if *o.tenant == *grant.key => Ok(Target::Owned { pool, owner: o.replica, id }),
+                _ => Err(GatewayError::ResponseNotFound(id)),
+            };
+        }
         let Target::Opened(pools) = self else { return Ok(self) };
         let mine: Vec<usize> = pools
             .into_iter()
@@ -103,6 +130,8 @@ pub(super) struct Routed<'a> {
     /// A multipart form, sent on as it arrives or kept in the frames it came
     /// in (`request` then holds none of it).
     pub(super) upload: Option<Upload>,
+    /// A stored response's own route: the replica that holds it, and its id.
+    pub(super) stored: Option<(Arc<crate::upstream::Replica>, String)>,
 }
 
 impl Routed<'_> {
@@ -184,6 +213,12 @@ pub(super) async fn route<'a>(
     grant: &Grant,
     hold: &mut BodyHold,
 ) -> Result<Routed<'a>, GatewayError> {
+    if let Target::Owned { pool, owner, id } = target {
+        // Its body (a cancel's) is empty: nothing to read or route by.
+        let (request, route) = (RequestBody::empty(), &snap.pools[*pool]);
+        let stored = Some((owner.clone(), id.clone()));
+        return Ok(Routed { request, model: None, route, stream: false, strip_usage: false, key: None, upload: None, stored });
+    }
     let server = &snap.config.server;
     let form = super::form::boundary(content_type(headers)?).transpose()?;
     let deadline = tokio::time::Instant::now() + server.body_read_timeout.get();
@@ -213,28 +248,7 @@ pub(super) async fn route<'a>(
     if let Some(m) = &model {
         grant.model(m)?;
     }
-    let route = match (target, &model) {
-        (Target::Inference(_), Some(m)) => snap.pool_for(m).ok_or_else(|| GatewayError::ModelNotFound(m.clone()))?,
-        (Target::Inference(_), None) => {
-            return Err(GatewayError::InvalidRequest { message: "`model` is required".into(), param: Some("model") })
-        }
-        (Target::Opened(pools), Some(m)) => {
-            let r = snap.pool_for(m).ok_or_else(|| GatewayError::ModelNotFound(m.clone()))?;
-            if !pools.iter().any(|&i| std::ptr::eq(&snap.pools[i], r)) {
-                return Err(GatewayError::PathNotAllowed(format!("{path} on the pool of model `{m}`")));
-            }
-            r
-        }
-        (Target::Opened(pools), None) => match pools.as_slice() {
-            [one] => &snap.pools[*one],
-            _ => {
-                return Err(GatewayError::InvalidRequest {
-                    message: format!("`model` is required: {path} is open on more than one pool"),
-                    param: Some("model"),
-                })
-            }
-        },
-    };
+    let route = pool_of(snap, target, model.as_deref(), path)?;
     let stream = may_stream(target.endpoint()) && head.stream;
     let strip_usage = stream && generates(target.endpoint()) && !head.include_usage;
     let key = cpu_bound(request.len(), || prefix_key(&request, headers, target.endpoint(), &route.pool.config));
@@ -247,7 +261,37 @@ pub(super) async fn route<'a>(
         Some(salt) => key.map(|k| Arc::new(k.salted(salt.as_bytes()))),
         None => key.map(Arc::new),
     };
-    Ok(Routed { request, model, route, stream, strip_usage, key, upload })
+    Ok(Routed { request, model, route, stream, strip_usage, key, upload, stored: None })
+}
+
+/// The pool a request goes to: its model's (an inference endpoint), or
+/// the one that opened its path (an opened path without a model).
+fn pool_of<'a>(snap: &'a Snapshot, target: &Target, model: Option<&str>, path: &str) -> Result<&'a Route, GatewayError> {
+    Ok(match (target, model) {
+        (Target::Inference(_), Some(m)) => snap.pool_for(m).ok_or_else(|| GatewayError::ModelNotFound(m.to_string()))?,
+        (Target::Inference(_), None) => {
+            return Err(GatewayError::InvalidRequest { message: "`model` is required".into(), param: Some("model") })
+        }
+        (Target::Opened(pools), Some(m)) => {
+            let r = snap.pool_for(m).ok_or_else(|| GatewayError::ModelNotFound(m.to_string()))?;
+            if !pools.iter().any(|&i| std::ptr::eq(&snap.pools[i], r)) {
+                return Err(GatewayError::PathNotAllowed(format!("{path} on the pool of model `{m}`")));
+            }
+            r
+        }
+        (Target::Stored(_) | Target::Owned { .. }, _) => {
+            return Err(GatewayError::Internal("a stored response's route without its owner".into()))
+        }
+        (Target::Opened(pools), None) => match pools.as_slice() {
+            [one] => &snap.pools[*one],
+            _ => {
+                return Err(GatewayError::InvalidRequest {
+                    message: format!("`model` is required: {path} is open on more than one pool"),
+                    param: Some("model"),
+                })
+            }
+        },
+    })
 }
 
 /// The method a data-plane path takes, for a request that used another

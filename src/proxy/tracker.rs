@@ -82,6 +82,9 @@ pub(crate) struct Tracker {
     access_log: Option<Arc<AccessLog>>,
     /// Its body's bytes, held against the gateway's budgets until it ends.
     body: Option<crate::server::bodies::BodyHold>,
+    /// A Responses request: where the owner of the response it makes is
+    /// learned, and its tenant; taken once learned.
+    learn: Option<(Arc<crate::upstream::owners::Owners>, Arc<str>)>,
 }
 
 impl Tracker {
@@ -122,6 +125,7 @@ impl Tracker {
             bytes_out: 0,
             access_log: None,
             body: None,
+            learn: None,
         })
     }
 
@@ -135,6 +139,24 @@ impl Tracker {
     /// The status of the response to the client.
     pub(crate) fn set_status(&mut self, status: u16) {
         self.status = status;
+    }
+
+    /// It makes a stored response: learn its owner in `owners`, for `tenant`.
+    pub(crate) fn learn_responses(&mut self, owners: Arc<crate::upstream::owners::Owners>, tenant: Arc<str>) {
+        self.learn = Some((owners, tenant));
+    }
+
+    /// Still to learn its response's id.
+    #[inline]
+    pub(super) fn learning(&self) -> bool {
+        self.learn.is_some()
+    }
+
+    /// Its response is `id`, made on its lease's replica.
+    pub(super) fn learned(&mut self, id: &str) {
+        if let (Some((owners, tenant)), Some(lease)) = (self.learn.take(), &self.lease) {
+            owners.learn(id, lease.replica(), tenant);
+        }
     }
 
     /// Its body's bytes are held until it ends.

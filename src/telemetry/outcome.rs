@@ -35,6 +35,9 @@ pub enum Outcome {
     /// streamed (a `length` finish and `[DONE]` to the client): the key's
     /// doing, like a refusal of its own limits.
     quota_exhausted,
+    /// A follow-up (`previous_response_id`) whose stored state was on a
+    /// replica that is gone: the service lost the conversation.
+    state_lost,
 }
 
 /// What an outcome counts as for the availability SLI.
@@ -50,7 +53,7 @@ pub enum SliClass {
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::ok,
         Outcome::length,
         Outcome::cancelled,
@@ -61,6 +64,7 @@ impl Outcome {
         Outcome::upstream_error,
         Outcome::stream_error,
         Outcome::quota_exhausted,
+        Outcome::state_lost,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -75,6 +79,7 @@ impl Outcome {
             Outcome::upstream_error => "upstream_error",
             Outcome::stream_error => "stream_error",
             Outcome::quota_exhausted => "quota_exhausted",
+            Outcome::state_lost => "state_lost",
         }
     }
 
@@ -83,7 +88,12 @@ impl Outcome {
     pub fn sli(self) -> SliClass {
         match self {
             Outcome::ok | Outcome::length => SliClass::Good,
-            Outcome::rejected | Outcome::unavailable | Outcome::timeout | Outcome::upstream_error | Outcome::stream_error => SliClass::Bad,
+            Outcome::rejected
+            | Outcome::unavailable
+            | Outcome::timeout
+            | Outcome::upstream_error
+            | Outcome::stream_error
+            | Outcome::state_lost => SliClass::Bad,
             Outcome::client_error | Outcome::cancelled | Outcome::quota_exhausted => SliClass::Excluded,
         }
     }
@@ -99,7 +109,7 @@ impl Outcome {
     /// ended otherwise (the caller left, was refused, or sent a bad request)
     /// gives its place back unjudged.
     pub fn judges_latency(self) -> bool {
-        !matches!(self, Outcome::cancelled | Outcome::rejected | Outcome::client_error | Outcome::quota_exhausted)
+        !matches!(self, Outcome::cancelled | Outcome::rejected | Outcome::client_error | Outcome::quota_exhausted | Outcome::state_lost)
     }
 
     /// Which SLO breach this outcome is, if any (`cut`: the stream ended
@@ -109,7 +119,7 @@ impl Outcome {
             Outcome::length => Some(BreachKind::incomplete),
             Outcome::stream_error if cut => Some(BreachKind::incomplete),
             Outcome::timeout => Some(BreachKind::timeout),
-            Outcome::stream_error | Outcome::upstream_error | Outcome::unavailable => Some(BreachKind::error),
+            Outcome::stream_error | Outcome::upstream_error | Outcome::unavailable | Outcome::state_lost => Some(BreachKind::error),
             Outcome::ok | Outcome::cancelled | Outcome::client_error | Outcome::rejected | Outcome::quota_exhausted => None,
         }
     }
@@ -132,7 +142,7 @@ mod tests {
         use SliClass::*;
         type Row = (Outcome, SliClass, bool, bool, Option<BreachKind>, Option<BreachKind>);
         #[rustfmt::skip]
-        let table: [Row; 10] = [
+        let table: [Row; 11] = [
             // outcome                  sli       completed judges  breach(cut=false)             breach(cut=true)
             (Outcome::ok,             Good,     true,  true,  None,                         None),
             (Outcome::length,         Good,     true,  true,  Some(BreachKind::incomplete), Some(BreachKind::incomplete)),
@@ -144,6 +154,7 @@ mod tests {
             (Outcome::upstream_error, Bad,      false, true,  Some(BreachKind::error),      Some(BreachKind::error)),
             (Outcome::stream_error,   Bad,      false, true,  Some(BreachKind::error),      Some(BreachKind::incomplete)),
             (Outcome::quota_exhausted, Excluded, false, false, None,                        None),
+            (Outcome::state_lost,     Bad,      false, false, Some(BreachKind::error),      Some(BreachKind::error)),
         ];
         assert_eq!(table.map(|r| r.0), Outcome::ALL, "every outcome, once, in order");
         for (o, sli, completed, judges, breach, breach_cut) in table {
@@ -155,6 +166,6 @@ mod tests {
         }
         assert_eq!(Outcome::regex(Good), "ok|length");
         assert_eq!(Outcome::regex(Excluded), "cancelled|client_error|quota_exhausted");
-        assert_eq!(Outcome::regex(Bad), "rejected|unavailable|timeout|upstream_error|stream_error");
+        assert_eq!(Outcome::regex(Bad), "rejected|unavailable|timeout|upstream_error|stream_error|state_lost");
     }
 }

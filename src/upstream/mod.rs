@@ -12,6 +12,7 @@ pub(crate) mod health;
 pub(crate) mod kv_events;
 pub(crate) mod limit;
 mod link;
+pub(crate) mod owners;
 mod payload;
 pub(crate) mod pick;
 pub(crate) mod prefix;
@@ -105,6 +106,8 @@ pub(crate) struct Pool {
     /// Too few replicas pass their checks: all are routed to (see [`Pool::judge`]).
     panic: std::sync::atomic::AtomicBool,
     panic_gauge: std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge>,
+    /// Which replica holds each stored response, kept across reloads.
+    pub(crate) owners: Arc<owners::Owners>,
 }
 
 impl Pool {
@@ -188,6 +191,7 @@ impl Pool {
             others_waiting: AtomicUsize::new(0),
             panic: std::sync::atomic::AtomicBool::new(false),
             panic_gauge: std::sync::OnceLock::new(),
+            owners: previous.map(|p| p.owners.clone()).unwrap_or_default(),
         }
     }
 

@@ -82,6 +82,16 @@ impl Pool {
         self.pick_among(exclude, room, tier, key, false)
     }
 
+    /// A slot on `replica`, one of this pool's, where a request must go (a
+    /// follow-up to a stored response: its state is there, and nowhere
+    /// else): taken above its slots if need be, as the engine queues what
+    /// it cannot start. `None` when it is not healthy, or no longer one of
+    /// the pool's.
+    pub(crate) fn slot_on(&self, replica: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot> {
+        let ours = self.replicas.iter().any(|r| Arc::ptr_eq(r, replica));
+        (ours && replica.is_healthy() && replica.try_take(usize::MAX / 2, tier, true)).then(|| ReplicaSlot::new(replica, tier))
+    }
+
     /// [`Pool::pick`] for a queued request that may let a slot go to
     /// another waiter: only a replica known to hold as much of `key`'s
     /// prompt as any does (within a block); any when none is known to hold

@@ -8,6 +8,7 @@
 mod common;
 
 mod admission;
+mod agents;
 mod bench_scenarios;
 mod demo;
 mod deploy;

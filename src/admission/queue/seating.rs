@@ -51,6 +51,10 @@ impl Seating for PoolAdmission {
         pool.pick(Some(from), room, tier, None).ok()
     }
 
+    fn onto(&self, to: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot> {
+        self.pool.load().slot_on(to, tier)
+    }
+
     fn freed(self: Arc<Self>) {
         self.dispatch();
     }

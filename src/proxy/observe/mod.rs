@@ -100,6 +100,35 @@ enum Mode {
 
 const JSON_KEEP_LIMIT: usize = 16 << 20;
 
+/// A Responses request's stored response id, from its stream's
+/// `response.created` event (`event`) or its whole answer: the gateway
+/// learns which replica owns it (docs/design/responses.md).
+#[inline]
+fn learn_id(tracker: &mut Tracker, d: &[u8], event: bool) {
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Created {
+        response: Id,
+    }
+    if !tracker.learning() {
+        return;
+    }
+    let id = if event {
+        if memchr::memmem::find(d, b"\"response.created\"").is_none() {
+            return;
+        }
+        serde_json::from_slice::<Created>(d).ok().map(|c| c.response.id)
+    } else {
+        serde_json::from_slice::<Id>(d).ok().map(|i| i.id)
+    };
+    if let Some(id) = id {
+        tracker.learned(&id);
+    }
+}
+
 /// One complete event's data `d`, read through the splice when the stream
 /// may be continued (it notes the stream's ids), else by the memo.
 fn read_event(splice: Option<&mut super::resume::Splice>, d: &[u8], memo: &mut Memo) -> sse::EventInfo {
@@ -269,6 +298,7 @@ impl<B> ObservedBody<B> {
                         return;
                     }
                     let Some(d) = d else { return };
+                    learn_id(tracker, d, true);
                     let info = read_event(splice.as_deref_mut(), d, memo);
                     if info.error && splice.as_ref().is_some_and(|s| s.may_resume()) {
                         *broke = true;
@@ -320,6 +350,7 @@ impl<B> ObservedBody<B> {
                     [one] => std::borrow::Cow::Borrowed(one),
                     more => std::borrow::Cow::Owned(more.concat()),
                 };
+                learn_id(&mut self.tracker, &whole, false);
                 let outcome = read_json_outcome(&whole, *usage_only, &mut self.tracker);
                 self.tracker.finish(outcome);
             }

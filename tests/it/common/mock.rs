@@ -350,7 +350,11 @@ async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<Moc
             return simple(401, "application/json", r#"{"error":"Unauthorized"}"#);
         }
     }
-    if req.method() == http::Method::GET {
+    // A stored response's own routes (vLLM's) go to the script, as
+    // `{"__method": ..., "__path": ...}`.
+    let stored = path.starts_with("/v1/responses/");
+    let method = req.method().to_string();
+    if req.method() == http::Method::GET && !stored {
         return match path.as_str() {
             "/health" => {
                 st.health_checks.fetch_add(1, Ordering::SeqCst);
@@ -381,7 +385,11 @@ async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<Moc
     st.paths.lock().expect("lock").push(path.clone());
     let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     st.raw_bodies.lock().expect("lock").push(body.clone());
-    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    let json: serde_json::Value = if stored {
+        serde_json::json!({"__method": method, "__path": path})
+    } else {
+        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null)
+    };
     let script = if json.get("user").and_then(|u| u.as_str()) == Some(HOLD_SLOT) {
         let gate = st.hold.lock().expect("lock").clone();
         let mut s = vllm_stream(&json, 1, Duration::ZERO, "stop");

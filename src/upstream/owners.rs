@@ -1,0 +1,97 @@
+//! Which replica holds each stored response (the Responses API's state):
+//! vLLM keeps a response, and the conversation it continues, in the memory
+//! of the replica that made it, so a follow-up (`previous_response_id`)
+//! and the id's own routes must go there. The gateway learns the owner
+//! from the answers it relays, with the tenant that made it; a bounded map
+//! whose oldest entries go first, kept across reloads with the pool
+//! (docs/design/responses.md).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Replica;
+
+/// How many responses a pool remembers the owner of.
+pub(crate) const CAPACITY: usize = 200_000;
+/// How long an owner is remembered after the response was made.
+pub(crate) const KEPT: Duration = Duration::from_secs(24 * 3600);
+
+/// A stored response's owner and the tenant that made it.
+#[derive(Clone)]
+pub(crate) struct Owner {
+    pub(crate) replica: Arc<Replica>,
+    pub(crate) tenant: Arc<str>,
+}
+
+#[derive(Default)]
+struct Map {
+    owners: HashMap<Arc<str>, (Owner, Instant)>,
+    /// Ids in the order they were learned: the oldest are forgotten first.
+    order: VecDeque<Arc<str>>,
+}
+
+/// A pool's response owners.
+#[derive(Default)]
+pub(crate) struct Owners(Mutex<Map>);
+
+impl Owners {
+    /// Response `id` was made on `replica` for `tenant`.
+    pub(crate) fn learn(&self, id: &str, replica: &Arc<Replica>, tenant: Arc<str>) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let id: Arc<str> = id.into();
+        let now = Instant::now();
+        if m.owners.insert(id.clone(), (Owner { replica: replica.clone(), tenant }, now)).is_none() {
+            m.order.push_back(id);
+        }
+        while m.order.len() > CAPACITY || m.order.front().is_some_and(|o| m.owners.get(o).is_none_or(|(_, at)| now - *at > KEPT)) {
+            let Some(old) = m.order.pop_front() else { break };
+            m.owners.remove(&old);
+        }
+    }
+
+    /// The owner of response `id`, if it is remembered.
+    pub(crate) fn get(&self, id: &str) -> Option<Owner> {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.owners.get(id).filter(|(_, at)| at.elapsed() <= KEPT).map(|(o, _)| o.clone())
+    }
+
+    /// How many it remembers.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().map(|m| m.owners.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(url: &str) -> Arc<Replica> {
+        let cfg = crate::config::PoolConfig { replicas: vec![url.into()], ..crate::config::PoolConfig::default() };
+        let access = crate::upstream::Access::new(&cfg).expect("access");
+        crate::upstream::Pool::new(cfg, access, None).replicas[0].clone()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn owners_are_remembered_for_a_day_and_the_oldest_go_first() {
+        let (a, b) = (replica("http://127.0.0.1:1"), replica("http://127.0.0.1:2"));
+        let owners = Owners::default();
+        owners.learn("resp_1", &a, "team".into());
+        owners.learn("resp_2", &b, "other".into());
+        let got = owners.get("resp_1").expect("remembered");
+        assert!(Arc::ptr_eq(&got.replica, &a) && &*got.tenant == "team");
+        assert!(owners.get("resp_3").is_none());
+        tokio::time::advance(KEPT + Duration::from_secs(1)).await;
+        assert!(owners.get("resp_2").is_none(), "forgotten after a day");
+        owners.learn("resp_3", &a, "team".into());
+        assert_eq!(owners.len(), 1, "the expired are dropped as new ones come");
+        for i in 0..CAPACITY + 10 {
+            owners.learn(&format!("r{i}"), &b, "team".into());
+        }
+        assert_eq!(owners.len(), CAPACITY);
+        assert!(owners.get("r0").is_none() && owners.get(&format!("r{}", CAPACITY + 9)).is_some(), "the oldest went first");
+    }
+}

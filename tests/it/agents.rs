@@ -1,0 +1,193 @@
+//! Agents' traffic: the Responses API's stored state across replicas. vLLM
+//! keeps each stored response in the memory of the replica that made it;
+//! slogate learns the owner from the answers it relays, sends follow-ups
+//! (`previous_response_id`) and the id's own routes there, keeps tenants'
+//! responses apart, and counts a follow-up whose replica is gone as lost
+//! state, against availability.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use slogate::config::key_sha256;
+
+use crate::common::*;
+
+/// A replica with vLLM's response store: each response it makes is kept
+/// in its own memory (`resp_NAME_N`); a follow-up or an id route for a
+/// response it does not hold is vLLM's 404.
+fn storing(name: &'static str) -> ScriptFn {
+    let store = Arc::new(Mutex::new(HashSet::<String>::new()));
+    let made = Arc::new(AtomicUsize::new(0));
+    script(move |req| {
+        let not_found = |id: &str| {
+            Script::json(
+                404,
+                &format!(r#"{{"error":{{"message":"Response with id '{id}' not found.","type":"invalid_request_error","code":404}}}}"#),
+            )
+        };
+        if let Some(path) = req.get("__path").and_then(|p| p.as_str()) {
+            let id = path.trim_start_matches("/v1/responses/").split('/').next().unwrap_or("").to_string();
+            if !store.lock().expect("lock").contains(&id) {
+                return not_found(&id);
+            }
+            let status = if path.ends_with("/cancel") { "cancelled" } else { "completed" };
+            return Script::json(200, &format!(r#"{{"id":"{id}","object":"response","status":"{status}","output":[]}}"#));
+        }
+        if let Some(prev) = req.get("previous_response_id").and_then(|p| p.as_str()) {
+            if !store.lock().expect("lock").contains(prev) {
+                return not_found(prev);
+            }
+        }
+        let id = format!("resp_{name}_{}", made.fetch_add(1, Ordering::SeqCst));
+        store.lock().expect("lock").insert(id.clone());
+        if req.get("stream").and_then(|s| s.as_bool()) == Some(true) {
+            let response = format!(r#""response":{{"id":"{id}","object":"response","status":"in_progress","output":[]}}"#);
+            let done = format!(
+                r#""response":{{"id":"{id}","object":"response","status":"completed","output":[],"usage":{{"input_tokens":5,"output_tokens":2,"total_tokens":7}}}}"#
+            );
+            Script::sse(vec![
+                Step::Send(typed_event("response.created", &response)),
+                Step::Send(typed_event("response.output_text.delta", r#""delta":"ok ""#)),
+                Step::Send(typed_event("response.output_text.delta", r#""delta":"done""#)),
+                Step::Send(typed_event("response.completed", &done)),
+            ])
+        } else {
+            Script::json(
+                200,
+                &format!(
+                    r#"{{"id":"{id}","object":"response","status":"completed","output":[],"usage":{{"input_tokens":5,"output_tokens":2,"total_tokens":7}}}}"#
+                ),
+            )
+        }
+    })
+}
+
+fn keys() -> String {
+    format!(
+        "auth:\n  keys:\n    - {{ name: a, key_sha256: {}, classes: [chat] }}\n    - {{ name: b, key_sha256: {}, classes: [chat] }}\n",
+        key_sha256("sk-a"),
+        key_sha256("sk-b")
+    )
+}
+
+/// A request as key `who`: (status, body).
+async fn call(c: &TestClient, gw: &slogate::Gateway, method: &str, path: &str, body: &str, who: &str) -> (u16, String) {
+    // Every call is a routed request (the id routes too).
+    count_sent(gw.data_addr, 1);
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", gw.data_addr))
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer sk-{who}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let resp = c.request(req).await.expect("response");
+    let status = resp.status().as_u16();
+    let text = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&text).into_owned())
+}
+
+/// The id of the response a turn made: a whole answer's, or its stream's
+/// `response.created`.
+fn made_id(text: &str) -> String {
+    let json = text.lines().filter_map(|l| l.strip_prefix("data: ")).next().unwrap_or(text);
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {text}"));
+    v.get("response").unwrap_or(&v)["id"].as_str().expect("an id").to_string()
+}
+
+/// Conversations of three turns through two replicas, each with its own
+/// store, streaming and not, over HTTP/1.1 and HTTP/2: every follow-up
+/// finds its state, whichever replica the routing would otherwise pick.
+#[tokio::test]
+async fn follow_ups_go_to_the_replica_that_holds_their_state() {
+    let (a, b) = (Mock::start(storing("a")).await, Mock::start(storing("b")).await);
+    let gw = start_gateway(&format!("{}{}", gateway_config(&[a.url(), b.url()]).yaml(), keys())).await;
+    for (proto, c) in clients() {
+        for stream in [false, true] {
+            for conversation in 0..10 {
+                let mut prev: Option<String> = None;
+                for turn in 0..3 {
+                    let follow = prev.as_ref().map(|p| format!(r#","previous_response_id":"{p}""#)).unwrap_or_default();
+                    let body = format!(r#"{{"model":"m1","input":"turn {turn} of {conversation}","stream":{stream}{follow}}}"#);
+                    let (s, text) = call(&c, &gw, "POST", "/v1/responses", &body, "a").await;
+                    assert_eq!(s, 200, "{proto} stream={stream} conversation {conversation} turn {turn}: {text}");
+                    let id = made_id(&text);
+                    if let Some(p) = &prev {
+                        let owner = |i: &str| i.split('_').nth(1).map(str::to_string);
+                        assert_eq!(owner(&id), owner(p), "{proto}: the turn was made where its state was");
+                    }
+                    prev = Some(id);
+                }
+            }
+        }
+    }
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "client_error")]), None, "{m}");
+    assert_quiescent(&gw).await;
+}
+
+/// A stored response's own routes go to its owner for the tenant that
+/// made it (retrieve, input items, cancel, delete); to another tenant it
+/// is the same 404 as an id never made.
+#[tokio::test]
+async fn a_stored_responses_routes_reach_its_owner_for_its_tenant_only() {
+    let (a, b) = (Mock::start(storing("a")).await, Mock::start(storing("b")).await);
+    let gw = start_gateway(&format!("{}{}", gateway_config(&[a.url(), b.url()]).yaml(), keys())).await;
+    for (proto, c) in clients() {
+        let (s, text) = call(&c, &gw, "POST", "/v1/responses", r#"{"model":"m1","input":"hi","background":true}"#, "a").await;
+        assert_eq!(s, 200, "{proto}: {text}");
+        let id = made_id(&text);
+        for (method, suffix) in [("GET", ""), ("GET", "/input_items"), ("POST", "/cancel"), ("DELETE", "")] {
+            let path = format!("/v1/responses/{id}{suffix}");
+            let (s, text) = call(&c, &gw, method, &path, "", "a").await;
+            assert_eq!(s, 200, "{proto} {method} {path}: {text}");
+            assert!(text.contains(&id), "{proto}: {text}");
+            let (s, other) = call(&c, &gw, method, &path, "", "b").await;
+            let (s2, never) = call(&c, &gw, method, &format!("/v1/responses/resp_never{suffix}"), "", "b").await;
+            assert_eq!((s, s2), (404, 404), "{proto} {method} {path}: another tenant's: {other}");
+            assert_eq!(
+                error_body(other.as_bytes())["message"].as_str().map(|m| m.replace(&id, "ID")),
+                error_body(never.as_bytes())["message"].as_str().map(|m| m.replace("resp_never", "ID")),
+                "{proto}"
+            );
+        }
+        // A follow-up by another tenant is as unknown.
+        let body = format!(r#"{{"model":"m1","input":"more","previous_response_id":"{id}"}}"#);
+        let (s, _) = call(&c, &gw, "POST", "/v1/responses", &body, "b").await;
+        assert_eq!(s, 404, "{proto}");
+    }
+    assert_quiescent(&gw).await;
+}
+
+/// A follow-up whose replica is gone cannot succeed: a 410 that says the
+/// conversation's state was lost, counted `state_lost`, against
+/// availability, not as the client's error.
+#[tokio::test]
+async fn a_follow_up_whose_replica_is_gone_is_lost_state() {
+    let (a, b) = (Mock::start(storing("a")).await, Mock::start(storing("b")).await);
+    let gw = start_gateway(&format!("{}{}", gateway_config(&[a.url(), b.url()]).yaml(), keys())).await;
+    let c = client();
+    let mut made = Vec::new();
+    while made.iter().all(|i: &String| !i.contains("_a_")) || made.iter().all(|i: &String| !i.contains("_b_")) {
+        let (s, text) = call(&c, &gw, "POST", "/v1/responses", r#"{"model":"m1","input":"hi"}"#, "a").await;
+        assert_eq!(s, 200, "{text}");
+        made.push(made_id(&text));
+        assert!(made.len() < 50, "both replicas make responses");
+    }
+    a.kill();
+    let on_a = made.iter().find(|i| i.contains("_a_")).expect("one on a").clone();
+    let on_b = made.iter().find(|i| i.contains("_b_")).expect("one on b").clone();
+    let follow = |id: &str| format!(r#"{{"model":"m1","input":"more","previous_response_id":"{id}"}}"#);
+    let (s, text) = call(&c, &gw, "POST", "/v1/responses", &follow(&on_a), "a").await;
+    assert_eq!(s, 410, "{text}");
+    assert_eq!(error_code(text.as_bytes()), "response_state_lost", "{text}");
+    let (s, text) = call(&c, &gw, "POST", "/v1/responses", &follow(&on_b), "a").await;
+    assert_eq!(s, 200, "the other replica's conversations go on: {text}");
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "state_lost")]), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "client_error")]), None, "{m}");
+    assert_quiescent(&gw).await;
+}
