@@ -119,7 +119,7 @@ fn activate(controls: &Controls, metrics: &Metrics, snapshot: &Snapshot) {
 
 /// Every configured class's request series exist from the start, at zero
 /// (for each model a pool names, else `unknown`): a class without traffic
-/// shows its TTFT buckets, its `ok` count and its latency verdicts by
+/// shows its TTFT and ITL buckets, its queue time, its `ok` count and its latency verdicts by
 /// signal, so its SLI rules give a ratio over zero requests rather than
 /// nothing, and `rate()` sees its first requests.
 fn known_series(metrics: &Metrics, snapshot: &Snapshot) {
@@ -133,9 +133,11 @@ fn known_series(metrics: &Metrics, snapshot: &Snapshot) {
             series.judged(metrics, signal, true);
             series.judged(metrics, signal, false);
         }
+        series.queue_time(metrics);
         for m in &models {
             let s = series.for_request(m, crate::config::Endpoint::Chat);
             s.ttft(metrics);
+            s.itl(metrics);
             s.outcome(metrics, crate::telemetry::Outcome::ok);
         }
     }

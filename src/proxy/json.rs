@@ -60,6 +60,26 @@ pub(super) fn read_json_outcome(body: &[u8], usage_only: bool, tracker: &mut Tra
     }
 }
 
+/// Read a transcription's whole answer (`{"text": ...}`, vLLM's and
+/// OpenAI's): its usage where it reports one in tokens, else its text's
+/// tokens estimated (four characters a token) as a completion's are.
+pub(super) fn read_transcription(body: &[u8], tracker: &mut Tracker) -> Outcome {
+    #[derive(serde::Deserialize)]
+    struct Transcript<'a> {
+        #[serde(borrow)]
+        text: &'a serde_json::value::RawValue,
+        #[serde(default)]
+        usage: Option<serde_json::Value>,
+    }
+    let Ok(t) = serde_json::from_slice::<Transcript<'_>>(body) else { return Outcome::upstream_error };
+    tracker.usage = t.usage.and_then(|u| serde_json::from_value::<Usage>(u).ok()).filter(|u| u.prompt_tokens + u.completion_tokens > 0);
+    if tracker.usage.is_none() {
+        let chars = serde_json::from_str::<String>(t.text.get()).map_or(0, |s| s.chars().count());
+        tracker.answer_estimate = Some(chars.div_ceil(4) as u64);
+    }
+    Outcome::ok
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

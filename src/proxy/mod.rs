@@ -506,6 +506,11 @@ fn reduce(request: &mut RequestBody, endpoint: Endpoint, snap: &Snapshot, t: &Tr
     Ok(Some(changes.header()))
 }
 
+/// Does the response's Content-Type name `media`?
+fn content_type_is(h: &http::HeaderMap, media: &str) -> bool {
+    h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with(media))
+}
+
 /// How the response body is observed, and what slogate says of it.
 struct Settings {
     timeouts: StreamTimeouts,
@@ -537,7 +542,7 @@ fn observe(
     tracker.set_status(status.as_u16());
     tracker.attach_lease(lease, s.waited);
     let (mut rparts, rbody) = resp.into_parts();
-    let is_sse = rparts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_sse = content_type_is(&rparts.headers, "text/event-stream");
     let t = s.timeouts;
     let body: ProxyBody = if s.passthrough || !status.is_success() {
         let outcome = match status {
@@ -558,7 +563,9 @@ fn observe(
         Watched::new(body, list).boxed_unsync()
     } else if endpoint == Endpoint::Speech {
         Watched::new(ObservedBody::audio(rbody, tracker, t), list).boxed_unsync()
-    } else if matches!(endpoint, Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings | Endpoint::Responses | Endpoint::Rerank) {
+    } else if matches!(endpoint, Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings | Endpoint::Responses | Endpoint::Rerank)
+        || (endpoint == Endpoint::Transcription && content_type_is(&rparts.headers, "application/json"))
+    {
         let usage_only = matches!(endpoint, Endpoint::Embeddings | Endpoint::Rerank);
         Watched::new(ObservedBody::json(rbody, tracker, t, usage_only), list).boxed_unsync()
     } else {

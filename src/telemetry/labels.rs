@@ -69,6 +69,37 @@ pub(crate) struct ClassLabels {
     pub(crate) class: String,
 }
 
+/// A completed answer's finish reason, as a closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub(crate) enum FinishReason {
+    stop,
+    length,
+    tool_calls,
+    content_filter,
+    other,
+}
+
+impl FinishReason {
+    /// The reason an engine wrote (OpenAI's names; the Responses API's
+    /// `max_output_tokens` is `length`).
+    pub(crate) fn of(reason: &str) -> FinishReason {
+        match reason {
+            "stop" | "end_turn" | "stop_sequence" => FinishReason::stop,
+            "length" | "max_tokens" | "max_output_tokens" => FinishReason::length,
+            "tool_calls" | "function_call" | "tool_use" => FinishReason::tool_calls,
+            "content_filter" => FinishReason::content_filter,
+            _ => FinishReason::other,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct FinishLabels {
+    pub(crate) class: String,
+    pub(crate) reason: FinishReason,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
 pub enum BreachKind {

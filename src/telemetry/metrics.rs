@@ -91,6 +91,8 @@ pub struct Metrics {
     pub(crate) context_reduction_active: Family<ClassLabels, Gauge>,
     pub(crate) ttft_p99: Family<ClassLabels, Gauge<f64, AtomicU64>>,
     pub(crate) context_reduced: Family<ClassLabels, Counter>,
+    /// Completed answers by finish reason (`length`: the client's own limit, no breach).
+    pub(crate) finish_reasons: Family<super::labels::FinishLabels, Counter>,
     /// Broken streams continued on another replica, and those that were not.
     pub(crate) stream_resumes: Family<ResumeLabels, Counter>,
     pub(crate) stream_unresumed: Family<UnresumedLabels, Counter>,
@@ -240,6 +242,11 @@ fn register_controls(registry: &mut Registry, m: &Metrics) {
     registry.register("ttft_p99_seconds", "TTFT P99 over the breaker's rolling window", m.ttft_p99.clone());
     registry.register("context_reduced_requests", "Requests rewritten by context reduction", m.context_reduced.clone());
     registry.register(
+        "finish_reasons",
+        "Completed answers by finish reason (stop, length, tool_calls, content_filter, other)",
+        m.finish_reasons.clone(),
+    );
+    registry.register(
         "error_budget_remaining_ratio",
         "Share of the error budget left over slo.window (since the process started; negative when overspent)",
         m.budget_remaining.clone(),
@@ -337,6 +344,7 @@ impl Metrics {
             context_reduction_active: Family::default(),
             ttft_p99: Family::default(),
             context_reduced: Family::default(),
+            finish_reasons: Family::default(),
             stream_resumes: Family::default(),
             stream_unresumed: Family::default(),
             budget_remaining: Family::default(),

@@ -116,11 +116,14 @@ impl Outcome {
     /// before `[DONE]`, an incomplete answer rather than an error event).
     pub fn breach(self, cut: bool) -> Option<BreachKind> {
         match self {
-            Outcome::length => Some(BreachKind::incomplete),
             Outcome::stream_error if cut => Some(BreachKind::incomplete),
             Outcome::timeout => Some(BreachKind::timeout),
             Outcome::stream_error | Outcome::upstream_error | Outcome::unavailable | Outcome::state_lost => Some(BreachKind::error),
-            Outcome::ok | Outcome::cancelled | Outcome::client_error | Outcome::rejected | Outcome::quota_exhausted => None,
+            // A `length` finish is the answer the client asked for (its own
+            // max_tokens): no breach.
+            Outcome::ok | Outcome::length | Outcome::cancelled | Outcome::client_error | Outcome::rejected | Outcome::quota_exhausted => {
+                None
+            }
         }
     }
 
@@ -145,7 +148,7 @@ mod tests {
         let table: [Row; 11] = [
             // outcome                  sli       completed judges  breach(cut=false)             breach(cut=true)
             (Outcome::ok,             Good,     true,  true,  None,                         None),
-            (Outcome::length,         Good,     true,  true,  Some(BreachKind::incomplete), Some(BreachKind::incomplete)),
+            (Outcome::length,         Good,     true,  true,  None,                         None),
             (Outcome::cancelled,      Excluded, false, false, None,                         None),
             (Outcome::client_error,   Excluded, false, false, None,                         None),
             (Outcome::rejected,       Bad,      false, false, None,                         None),

@@ -537,3 +537,42 @@ async fn a_class_without_traffic_exposes_its_series_at_zero() {
     assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_bucket", &[("class", "voice"), ("le", "0.15")]), Some(0.0));
     assert_quiescent(&gw).await;
 }
+
+/// A whole transcription (vLLM's `{"text": ...}`, no usage) counts its
+/// text's tokens, estimated as a completion's are (four characters a
+/// token), flagged as an estimate; a whole answer in another format
+/// (`response_format: text`) passes as it is.
+#[tokio::test]
+async fn a_whole_transcription_counts_its_texts_tokens() {
+    let mock = Mock::start(Script::json(200, r#"{"text":"The quick brown fox jumps over"}"#).always()).await;
+    let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+    for (proto, client) in clients() {
+        let (ct, body) = transcription_form(Some("m1"), false, &audio(1000));
+        let resp = client.request(form_req(gw.data_addr, "/v1/audio/transcriptions", &ct, body, true)).await.expect("response");
+        assert_eq!(resp.status(), 200, "{proto}");
+    }
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0), "{m}");
+    // 30 characters: 8 tokens each.
+    assert_eq!(metric(&m, "slogate_generation_tokens_total", &[("class", "voice")]), Some(16.0), "{m}");
+    assert_eq!(metric(&m, "slogate_usage_estimated_requests_total", &[("class", "voice")]), Some(2.0), "{m}");
+    assert_quiescent(&gw).await;
+}
+
+/// Before any traffic, every class's TTFT, ITL and queue-time series exist
+/// at zero, labelled with the pool's models (not `unknown`), so their SLI
+/// rules and dashboards read zero requests rather than nothing.
+#[tokio::test]
+async fn every_classs_latency_series_exist_at_zero_before_traffic() {
+    let mock = Mock::start(standard(1, Duration::ZERO)).await;
+    let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
+    let m = metrics_text(&gw).await;
+    for class in ["chat", "batch", "rag", "voice"] {
+        for name in ["slogate_time_to_first_token_seconds_count", "slogate_inter_token_latency_seconds_count"] {
+            assert_eq!(metric(&m, name, &[("class", class), ("model", "m1")]), Some(0.0), "{name} {class}: {m}");
+        }
+        assert_eq!(metric(&m, "slogate_queue_time_seconds_count", &[("class", class)]), Some(0.0), "{class}: {m}");
+    }
+    assert!(!m.contains("model=\"unknown\""), "{m}");
+    assert_quiescent(&gw).await;
+}

@@ -26,7 +26,7 @@ use tokio::time::{Instant, Sleep};
 mod events;
 mod resuming;
 
-use super::json::read_json_outcome;
+use super::json::{read_json_outcome, read_transcription};
 use super::resume::{Break, Continuing, Resume};
 use super::tracker::Tracker;
 use crate::config::{PoolConfig, ServerConfig};
@@ -351,7 +351,11 @@ impl<B> ObservedBody<B> {
                     more => std::borrow::Cow::Owned(more.concat()),
                 };
                 learn_id(&mut self.tracker, &whole, false);
-                let outcome = read_json_outcome(&whole, *usage_only, &mut self.tracker);
+                let outcome = if self.tracker.endpoint() == crate::config::Endpoint::Transcription {
+                    read_transcription(&whole, &mut self.tracker)
+                } else {
+                    read_json_outcome(&whole, *usage_only, &mut self.tracker)
+                };
                 self.tracker.finish(outcome);
             }
             Mode::Sse { pending, saw_done, saw_error, finish_reason, .. } => {
