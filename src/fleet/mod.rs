@@ -94,6 +94,7 @@ impl Fleet {
                 let pool = a.pool();
                 let d = a.demand();
                 let (block, sent) = prefix::sent(&pool, since);
+                let owned = prefix::owned(&pool, since);
                 PoolState {
                     name: pool.config.name.clone(),
                     interactive: d.interactive,
@@ -114,6 +115,7 @@ impl Fleet {
                         .collect(),
                     block,
                     sent,
+                    owned,
                 }
             })
             .collect();
@@ -321,7 +323,10 @@ async fn poll(own_id: String, peer: Arc<Peer>, base: http::Uri, current: Arc<Cur
             if state.id != own_id {
                 prefix::take_in(&current().pools, &state, &mut read);
             }
-            state.pools.iter_mut().for_each(|p| p.sent = Vec::new());
+            state.pools.iter_mut().for_each(|p| {
+                p.sent = Vec::new();
+                p.owned = Vec::new();
+            });
             state
         });
         {

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::wire::{PoolState, SentPrompt, State};
+use super::wire::{OwnedResponse, PoolState, SentPrompt, State};
 use crate::admission::PoolAdmission;
 use crate::config::Balance;
 use crate::upstream::prefix::PrefixIndex;
@@ -21,7 +21,23 @@ pub(super) fn journal(pools: &[Arc<PoolAdmission>], on: bool) {
     for a in pools {
         let pool = a.pool();
         pool.prefix.set_journaling(on && pool.config.balance == Balance::PrefixAware);
+        pool.owners.set_journaling(on);
     }
+}
+
+/// `pool`'s stored responses' owners learned here after `since` (none
+/// unless asked): peers send those ids' follow-ups to the same replicas
+/// (docs/design/responses.md, rule 3).
+pub(super) fn owned(pool: &Pool, since: Option<u64>) -> Vec<OwnedResponse> {
+    let Some(since) = since else { return Vec::new() };
+    let learned = pool.owners.learned_since(since, SENT_AT_MOST * 4);
+    learned
+        .into_iter()
+        .filter_map(|l| {
+            let replica = pool.replicas.iter().position(|r| Arc::ptr_eq(r, &l.replica))?;
+            Some(OwnedResponse { seq: l.seq, replica, id: l.id.to_string(), tenant: l.tenant.to_string() })
+        })
+        .collect()
 }
 
 /// `pool`'s block size and its decisions numbered after `since` (none
@@ -49,9 +65,14 @@ pub(super) fn take_in(pools: &[Arc<PoolAdmission>], state: &State, read: &mut u6
     }
     // Past everything it said, read here or not (another pool, another
     // block size): asked again, it would say the same.
-    let last = state.pools.iter().flat_map(|p| p.sent.iter().map(|s| s.seq)).fold(*read, u64::max);
+    let last = state.pools.iter().flat_map(|p| p.sent.iter().map(|s| s.seq).chain(p.owned.iter().map(|o| o.seq))).fold(*read, u64::max);
     for theirs in &state.pools {
         let Some(pool) = pools.iter().map(|a| a.pool()).find(|p| p.config.name == theirs.name) else { continue };
+        for o in theirs.owned.iter().filter(|o| o.seq > *read) {
+            if let Some(r) = theirs.replicas.get(o.replica) {
+                pool.heard_owner(&r.url, &o.id, &o.tenant);
+            }
+        }
         if !reads(&pool, theirs) {
             continue;
         }

@@ -264,6 +264,7 @@ mod tests {
                     .collect(),
                 block: 256,
                 sent: Vec::new(),
+                owned: Vec::new(),
             }],
             sent_seq: 0,
             peers: Vec::new(),

@@ -41,6 +41,20 @@ pub(crate) struct PoolState {
     /// reader asked from (`?since=`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) sent: Vec<SentPrompt>,
+    /// Which replica holds the stored responses it learned of, after the
+    /// number the reader asked from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) owned: Vec<OwnedResponse>,
+}
+
+/// A stored response (the Responses API's) made on the replica at
+/// `replica` in the pool's list, for `tenant`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct OwnedResponse {
+    pub(crate) seq: u64,
+    pub(crate) replica: usize,
+    pub(crate) id: String,
+    pub(crate) tenant: String,
 }
 
 /// One routing decision of a prefix-aware pool: a prompt of these blocks

@@ -177,6 +177,8 @@ pub(crate) struct PoolStatus {
     pub(crate) balance: crate::config::Balance,
     /// Names (blocks and session hints) in the prefix index, and its bound.
     pub(crate) prefix_index: (usize, usize),
+    /// Stored responses (the Responses API's) whose replica it knows.
+    pub(crate) stored_responses: usize,
     /// Too few replicas pass their checks: all of them are routed to.
     pub(crate) panic: bool,
     pub(crate) replicas: Vec<ReplicaStatus>,
@@ -308,6 +310,7 @@ fn pool_status(p: &crate::upstream::Pool, cfg: &Config) -> PoolStatus {
         name: p.config.name.clone(),
         balance: p.config.balance,
         prefix_index: (p.prefix.len(), p.prefix.capacity()),
+        stored_responses: p.owners.len(),
         panic: p.in_panic(),
         replicas: p
             .replicas

@@ -3,10 +3,12 @@
 //! of the replica that made it, so a follow-up (`previous_response_id`)
 //! and the id's own routes must go there. The gateway learns the owner
 //! from the answers it relays, with the tenant that made it; a bounded map
-//! whose oldest entries go first, kept across reloads with the pool
-//! (docs/design/responses.md).
+//! whose oldest entries go first, kept across reloads with the pool. In a
+//! fleet it journals what it learns, and peers read the journal through
+//! the fleet's exchange (docs/design/responses.md).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,14 +35,59 @@ struct Map {
     order: VecDeque<Arc<str>>,
 }
 
+/// The most learned owners a journal keeps for peers (the newest).
+const JOURNAL: usize = 4096;
+
+/// One learned owner, as a fleet's peers read it.
+#[derive(Clone)]
+pub(crate) struct Learned {
+    pub(crate) seq: u64,
+    pub(crate) replica: Arc<Replica>,
+    pub(crate) id: Arc<str>,
+    pub(crate) tenant: Arc<str>,
+}
+
 /// A pool's response owners.
 #[derive(Default)]
-pub(crate) struct Owners(Mutex<Map>);
+pub(crate) struct Owners {
+    map: Mutex<Map>,
+    /// In a fleet: what this instance learned, numbered, for its peers.
+    journal: Mutex<VecDeque<Learned>>,
+    journaling: AtomicBool,
+}
 
 impl Owners {
-    /// Response `id` was made on `replica` for `tenant`.
+    /// Journal what is learned (in a fleet), or stop and forget the journal.
+    pub(crate) fn set_journaling(&self, on: bool) {
+        if self.journaling.swap(on, Ordering::Relaxed) != on && !on {
+            self.journal.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+    }
+
+    /// What was learned here after number `since`, at most `max` (the newest).
+    pub(crate) fn learned_since(&self, since: u64, max: usize) -> Vec<Learned> {
+        let journal = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let after = journal.partition_point(|l| l.seq <= since);
+        journal.range(after.max(journal.len().saturating_sub(max))..).cloned().collect()
+    }
+
+    /// Response `id` was made on `replica` for `tenant`, here: remembered,
+    /// and journalled for the fleet's peers.
     pub(crate) fn learn(&self, id: &str, replica: &Arc<Replica>, tenant: Arc<str>) {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if self.journaling.load(Ordering::Relaxed) {
+            let mut j = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+            let seq = super::prefix::PrefixIndex::next_seq();
+            j.push_back(Learned { seq, replica: replica.clone(), id: id.into(), tenant: tenant.clone() });
+            if j.len() > JOURNAL {
+                j.pop_front();
+            }
+        }
+        self.heard(id, replica, tenant);
+    }
+
+    /// Response `id` was made on `replica` for `tenant` (here, or a peer says so).
+    pub(crate) fn heard(&self, id: &str, replica: &Arc<Replica>, tenant: Arc<str>) {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let id: Arc<str> = id.into();
         let now = Instant::now();
         if m.owners.insert(id.clone(), (Owner { replica: replica.clone(), tenant }, now)).is_none() {
@@ -54,14 +101,13 @@ impl Owners {
 
     /// The owner of response `id`, if it is remembered.
     pub(crate) fn get(&self, id: &str) -> Option<Owner> {
-        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         m.owners.get(id).filter(|(_, at)| at.elapsed() <= KEPT).map(|(o, _)| o.clone())
     }
 
     /// How many it remembers.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.0.lock().map(|m| m.owners.len()).unwrap_or(0)
+        self.map.lock().map(|m| m.owners.len()).unwrap_or(0)
     }
 }
 

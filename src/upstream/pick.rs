@@ -58,6 +58,14 @@ impl Pool {
         true
     }
 
+    /// A peer of the fleet made response `id` on the replica at `url` for
+    /// `tenant` (see [`owners`](super::owners)); false when this pool has no such replica.
+    pub(crate) fn heard_owner(&self, url: &str, id: &str, tenant: &str) -> bool {
+        let Some(r) = self.replicas.iter().find(|r| r.url == url) else { return false };
+        self.owners.heard(id, r, tenant.into());
+        true
+    }
+
     /// Pick a healthy replica with a free slot for a request of `tier`,
     /// skipping `exclude`, and take the slot; `room`: how far an interactive
     /// request may go above the slots, or what a batch request leaves free.

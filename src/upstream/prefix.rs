@@ -211,6 +211,12 @@ impl PrefixIndex {
         SEQ.load(Ordering::Relaxed)
     }
 
+    /// The next number of the journals' one numbering (the response
+    /// owners' journal numbers its entries from it too).
+    pub(crate) fn next_seq() -> u64 {
+        SEQ.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
     /// This instance's decisions numbered after `since`, oldest first, at
     /// most `max` of them (the newest).
     pub(crate) fn sent_since(&self, since: u64, max: usize) -> Vec<Sent> {

@@ -191,3 +191,98 @@ async fn a_follow_up_whose_replica_is_gone_is_lost_state() {
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "client_error")]), None, "{m}");
     assert_quiescent(&gw).await;
 }
+
+/// The OpenAI Python SDK's agents: 20 conversations of three turns chained
+/// by `previous_response_id`, streaming and not, one at a time and 20 at
+/// once, through two replicas each with its own store: every follow-up
+/// succeeds.
+#[tokio::test]
+async fn the_openai_sdks_follow_ups_succeed_through_two_replicas() {
+    let (a, b) = (Mock::start(storing("a")).await, Mock::start(storing("b")).await);
+    let gw = start_gateway(&gateway_config(&[a.url(), b.url()]).yaml()).await;
+    let code = r#"
+from concurrent.futures import ThreadPoolExecutor
+def conversation(i, stream):
+    prev = None
+    for turn in range(3):
+        kw = {"model": "m1", "input": f"turn {turn} of {i}"}
+        if prev:
+            kw["previous_response_id"] = prev
+        if stream:
+            for event in c.responses.create(stream=True, **kw):
+                if event.type == "response.created":
+                    prev = event.response.id
+        else:
+            prev = c.responses.create(**kw).id
+    return 1
+for at_once in (1, 20):
+    for stream in (False, True):
+        with ThreadPoolExecutor(at_once) as pool:
+            done = sum(pool.map(lambda i: conversation(i, stream), range(20)))
+        print("conversations", at_once, stream, done)
+"#;
+    let out = openai_sdk(&gw, code, &[]).await;
+    for line in ["1 False 20", "1 True 20", "20 False 20", "20 True 20"] {
+        assert!(out.contains(&format!("conversations {line}")), "{out}");
+    }
+    count_sent(gw.data_addr, 4 * 20 * 3);
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(240.0), "{m}");
+    assert_quiescent(&gw).await;
+}
+
+/// A fleet's gateways share what they learn: a conversation whose first
+/// turn went through one gateway goes on through the other, both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_goes_on_through_another_gateway_of_the_fleet() {
+    let (ra, rb) = (Mock::start(storing("a")).await, Mock::start(storing("b")).await);
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let (path_a, path_b) = (tmp.path().join("a.yaml"), tmp.path().join("b.yaml"));
+    let alone = gateway_config(&[ra.url(), rb.url()]);
+    std::fs::write(&path_a, alone.yaml()).expect("write");
+    std::fs::write(&path_b, alone.yaml()).expect("write");
+    let a = slogate::Gateway::start_file(&path_a).await.expect("a starts");
+    let b = slogate::Gateway::start_file(&path_b).await.expect("b starts");
+    for gw in [&a, &b] {
+        started(gw);
+    }
+    let (url_a, url_b) = (format!("http://{}", a.admin_addr), format!("http://{}", b.admin_addr));
+    let fleet = format!("fleet: {{ peers: [\"{url_a}\", \"{url_b}\"], period: 50ms, peer_timeout: 400ms, takeover_after: 2s }}");
+    for path in [&path_a, &path_b] {
+        std::fs::write(path, alone.clone().section(&fleet).yaml()).expect("write");
+    }
+    a.reload().await.expect("a reloads");
+    b.reload().await.expect("b reloads");
+    // Both have joined the fleet: each hears the other.
+    for (gw, peer) in [(&a, &url_b), (&b, &url_a)] {
+        let (admin, peer) = (gw.admin_addr, peer.as_str());
+        wait_until("the peer is heard", || async move {
+            let s: serde_json::Value = serde_json::from_str(&get(admin, "/fleet.json").await.1).unwrap_or_default();
+            s["peers"].as_array().is_some_and(|ps| ps.iter().any(|p| p["address"] == peer && p["status"] == "fresh"))
+        })
+        .await;
+    }
+    let stored = |admin: std::net::SocketAddr| async move {
+        let s: serde_json::Value = serde_json::from_str(&get(admin, "/slo.json").await.1).expect("JSON");
+        s["pools"][0]["stored_responses"].as_u64().unwrap_or(0)
+    };
+    let c = client();
+    let mut prev: Option<String> = None;
+    for turn in 0..4 {
+        // Turns alternate between the gateways.
+        let (gw, other) = if turn % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let follow = prev.as_ref().map(|p| format!(r#","previous_response_id":"{p}""#)).unwrap_or_default();
+        let body = format!(r#"{{"model":"m1","input":"turn {turn}"{follow}}}"#);
+        let resp = c.request(post_req(gw.data_addr, "/v1/responses", &body, &[])).await.expect("response");
+        let status = resp.status();
+        let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
+        assert_eq!(status, 200, "turn {turn}: {text}");
+        prev = Some(made_id(&text));
+        let (here, there) = (gw.admin_addr, other.admin_addr);
+        let known = stored(here).await;
+        wait_until("the other gateway heard of the response", || async move { stored(there).await >= known }).await;
+    }
+    for gw in [&a, &b] {
+        assert_quiescent(gw).await;
+    }
+}

@@ -3,7 +3,6 @@
 //! `GET /health` on the data port. Driven over HTTP/1.1 and HTTP/2, and with
 //! the OpenAI SDK's `responses.create`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,22 +12,6 @@ use crate::common::*;
 
 const RESPONSES_STREAM: &str = r#"{"model":"m1","input":"Say hello","stream":true}"#;
 const RESPONSES_WHOLE: &str = r#"{"model":"m1","input":"Say hello"}"#;
-
-/// Run `code` with the OpenAI Python SDK installed by scripts/setup-test-deps,
-/// the gateway's `/v1` base URL and `args` as its arguments; its output, once
-/// it succeeded.
-async fn openai_sdk(gw: &slogate::Gateway, code: &str, args: &[&std::path::Path]) -> String {
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(py.is_file(), "{} missing: run scripts/setup-test-deps", py.display());
-    let mut cmd = tokio::process::Command::new(py);
-    cmd.arg("-c")
-        .arg(format!("import sys\nfrom openai import OpenAI\nc = OpenAI(base_url=sys.argv[1], api_key=\"unused\", max_retries=0)\n{code}"));
-    cmd.arg(format!("http://{}/v1", gw.data_addr)).args(args).kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await.expect("the SDK script ends").expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    stdout
-}
 
 /// The bytes a script sends, joined.
 fn sent_bytes(s: &Script) -> Vec<u8> {
