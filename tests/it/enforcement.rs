@@ -566,3 +566,40 @@ async fn a_key_from_the_environment_is_trimmed_and_check_says_so() {
     assert_eq!(s, 200);
     assert_quiescent(&gw).await;
 }
+
+/// The promise as a user states it: eight unfinished 24 MiB uploads from a
+/// key allowed 2 at a time hold less than 100 MB of bodies in the gateway
+/// (the other six are refused before their bodies are read), over
+/// HTTP/1.1 and over one HTTP/2 connection.
+#[tokio::test]
+async fn eight_unfinished_24_mib_uploads_from_a_key_allowed_two_hold_under_100_mb() {
+    let mock = Mock::start_with_model("m-small", Script::json(200, r#"{"text":"ok"}"#).always()).await;
+    let gw = gateway(&mock, &[key("two", ", limits: { max_concurrent: 2 }")], &[]).await;
+    let (k, v) = auth("two");
+    for (proto, c) in any_clients() {
+        let mut uploads = Vec::new();
+        for _ in 0..8 {
+            uploads.push(unfinished(&c, &gw, &[(k, &v)], 24 << 20).await);
+        }
+        // Six are refused by the key's limit before their bodies are read;
+        // the two it allows are read (on one HTTP/2 connection, the second
+        // passes that connection's bound and is refused too).
+        let limited = || async {
+            let m = metrics_text(&gw).await;
+            metric(&m, "slogate_tenant_limited_requests_total", &[("tenant", "two"), ("kind", "concurrent")]).unwrap_or(0.0)
+        };
+        let before = if proto == "HTTP/1.1" { 0.0 } else { 6.0 };
+        wait_until("six refused before their bodies were read", || async { limited().await >= before + 6.0 }).await;
+        wait_until("a held body read whole", || async { held(&gw).await >= (24 << 20) as f64 }).await;
+        let bytes = held(&gw).await;
+        assert!(bytes < 100e6, "{proto}: {bytes} bytes of bodies held");
+        assert_eq!(limited().await, before + 6.0, "{proto}");
+        let held_on = uploads;
+        for (task, more) in held_on {
+            drop(more);
+            task.abort();
+        }
+        wait_until("every byte given back", || async { held(&gw).await == 0.0 }).await;
+    }
+    assert_quiescent(&gw).await;
+}
