@@ -286,3 +286,55 @@ async fn a_conversation_goes_on_through_another_gateway_of_the_fleet() {
         assert_quiescent(gw).await;
     }
 }
+
+/// The same agents against three simulated vLLM replicas (the simulator
+/// keeps a response store per replica, as vLLM does), whole and streamed,
+/// one at a time and 20 at once; and through the simulator a background
+/// response is retrieved and cancelled on its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdks_agents_work_through_three_simulated_replicas() {
+    use loadtest::sim::{SimConfig, SimServer};
+    let mut sims = Vec::new();
+    for _ in 0..3 {
+        let cfg = SimConfig { step_base_ms: 1.0, decode_per_seq_ms: 0.0, prefill_per_token_ms: 0.0, ..SimConfig::default() };
+        sims.push(SimServer::start(cfg, "127.0.0.1:0".parse().expect("addr")).await.expect("simulator"));
+    }
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let model = SimConfig::default().model;
+    let gw = start_gateway(&gateway_config(&urls).models(&[&model]).yaml()).await;
+    let code = format!(
+        r#"
+from concurrent.futures import ThreadPoolExecutor
+def conversation(i, stream):
+    prev = None
+    for turn in range(3):
+        kw = {{"model": "{model}", "input": f"turn {{turn}} of {{i}}", "max_output_tokens": 8}}
+        if prev:
+            kw["previous_response_id"] = prev
+        if stream:
+            for event in c.responses.create(stream=True, **kw):
+                if event.type == "response.created":
+                    prev = event.response.id
+        else:
+            prev = c.responses.create(**kw).id
+    return 1
+for at_once in (1, 20):
+    for stream in (False, True):
+        with ThreadPoolExecutor(at_once) as pool:
+            done = sum(pool.map(lambda i: conversation(i, stream), range(20)))
+        print("conversations", at_once, stream, done)
+r = c.responses.create(model="{model}", input="a long job", background=True, max_output_tokens=2000)
+print("retrieved", c.responses.retrieve(r.id).id == r.id)
+print("cancelled", c.responses.cancel(r.id).status)
+"#
+    );
+    let out = openai_sdk(&gw, &code, &[]).await;
+    for line in ["1 False 20", "1 True 20", "20 False 20", "20 True 20"] {
+        assert!(out.contains(&format!("conversations {line}")), "{out}");
+    }
+    assert!(out.contains("retrieved True") && out.contains("cancelled cancelled"), "{out}");
+    count_sent(gw.data_addr, 4 * 20 * 3 + 3);
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "client_error")]), None, "{m}");
+    assert_quiescent(&gw).await;
+}

@@ -8,6 +8,7 @@ pub mod config;
 pub mod engine;
 pub mod kv_events;
 pub mod metrics;
+mod responses;
 pub mod server;
 pub mod sweep;
 

@@ -29,16 +29,18 @@ use super::engine::{Engine, Event, Faults, Rejected, SeqRequest, StreamFault};
 use super::metrics::SimMetrics;
 use crate::unix_nanos;
 
-type SimBody = BoxBody<Bytes, std::io::Error>;
+pub(crate) type SimBody = BoxBody<Bytes, std::io::Error>;
 
-struct Ctx {
-    cfg: Arc<SimConfig>,
+pub(crate) struct Ctx {
+    pub(crate) cfg: Arc<SimConfig>,
     /// The model's tokenizer, when the replica counts tokens as vLLM does.
     tokens: super::kv_events::Tokens,
-    engine: Engine,
+    pub(crate) engine: Engine,
     metrics: Arc<SimMetrics>,
     exit: watch::Sender<bool>,
-    next_id: AtomicU64,
+    pub(crate) next_id: AtomicU64,
+    /// The Responses API's stored responses, in this replica's memory.
+    pub(crate) responses: super::responses::Store,
 }
 
 /// A running simulated replica.
@@ -83,8 +85,15 @@ impl SimServer {
         };
         let (engine, engine_task) = Engine::start_publishing(cfg.clone(), metrics.clone(), faults, kv);
         let (exit, mut exit_rx) = watch::channel(false);
-        let ctx =
-            Arc::new(Ctx { cfg, tokens, engine: engine.clone(), metrics: metrics.clone(), exit: exit.clone(), next_id: AtomicU64::new(1) });
+        let ctx = Arc::new(Ctx {
+            cfg,
+            tokens,
+            engine: engine.clone(),
+            metrics: metrics.clone(),
+            exit: exit.clone(),
+            next_id: AtomicU64::new(1),
+            responses: Default::default(),
+        });
         let tasks = Arc::new(Mutex::new(JoinSet::new()));
         let conns = tasks.clone();
         let accept = async move {
@@ -204,11 +213,12 @@ async fn handle(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<SimBody> {
         (Method::POST, "/v1/chat/completions") => completion(req, ctx, true).await,
         (Method::POST, "/v1/completions") => completion(req, ctx, false).await,
         (Method::POST, "/v1/embeddings") => embeddings(req, ctx).await,
-        _ => error(StatusCode::NOT_FOUND, "Not Found", "NotFoundError"),
+        (Method::POST, "/v1/responses") => super::responses::create(req, ctx).await,
+        (m, p) => super::responses::stored(&m, p, &ctx).unwrap_or_else(|| error(StatusCode::NOT_FOUND, "Not Found", "NotFoundError")),
     }
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
@@ -219,12 +229,12 @@ fn full(status: StatusCode, ct: &'static str, body: Bytes) -> Response<SimBody> 
     r
 }
 
-fn json_resp(status: StatusCode, v: &Value) -> Response<SimBody> {
+pub(crate) fn json_resp(status: StatusCode, v: &Value) -> Response<SimBody> {
     full(status, "application/json", Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
 }
 
 /// vLLM's error body.
-fn error(status: StatusCode, message: &str, ty: &str) -> Response<SimBody> {
+pub(crate) fn error(status: StatusCode, message: &str, ty: &str) -> Response<SimBody> {
     json_resp(status, &json!({"object": "error", "message": message, "type": ty, "param": null, "code": status.as_u16()}))
 }
 
@@ -269,7 +279,7 @@ pub fn estimate_tokens(v: &Value) -> u32 {
     (chars(v) as u32).div_ceil(4).max(1)
 }
 
-const WORDS: &[&str] = &[
+pub(crate) const WORDS: &[&str] = &[
     " the",
     " model",
     " streams",
