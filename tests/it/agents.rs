@@ -192,20 +192,17 @@ async fn a_follow_up_whose_replica_is_gone_is_lost_state() {
     assert_quiescent(&gw).await;
 }
 
-/// The OpenAI Python SDK's agents: 20 conversations of three turns chained
-/// by `previous_response_id`, streaming and not, one at a time and 20 at
-/// once, through two replicas each with its own store: every follow-up
-/// succeeds.
-#[tokio::test]
-async fn the_openai_sdks_follow_ups_succeed_through_two_replicas() {
-    let (a, b) = (Mock::start(storing("a")).await, Mock::start(storing("b")).await);
-    let gw = start_gateway(&gateway_config(&[a.url(), b.url()]).yaml()).await;
-    let code = r#"
+/// An OpenAI SDK script: 20 conversations of three turns of `model`
+/// chained by `previous_response_id`, streaming and not, one at a time and
+/// 20 at once, each line saying how many went on; then `then`.
+fn agents_script(model: &str, then: &str) -> String {
+    format!(
+        r#"
 from concurrent.futures import ThreadPoolExecutor
 def conversation(i, stream):
     prev = None
     for turn in range(3):
-        kw = {"model": "m1", "input": f"turn {turn} of {i}"}
+        kw = {{"model": "{model}", "input": f"turn {{turn}} of {{i}}", "max_output_tokens": 8}}
         if prev:
             kw["previous_response_id"] = prev
         if stream:
@@ -220,11 +217,28 @@ for at_once in (1, 20):
         with ThreadPoolExecutor(at_once) as pool:
             done = sum(pool.map(lambda i: conversation(i, stream), range(20)))
         print("conversations", at_once, stream, done)
-"#;
-    let out = openai_sdk(&gw, code, &[]).await;
+{then}"#
+    )
+}
+
+/// Every conversation of [`agents_script`] went on to its last turn.
+fn all_conversations_went_on(out: &str) {
     for line in ["1 False 20", "1 True 20", "20 False 20", "20 True 20"] {
         assert!(out.contains(&format!("conversations {line}")), "{out}");
     }
+}
+
+/// The OpenAI Python SDK's agents: 20 conversations of three turns chained
+/// by `previous_response_id`, streaming and not, one at a time and 20 at
+/// once, through two replicas each with its own store: every follow-up
+/// succeeds.
+#[tokio::test]
+async fn the_openai_sdks_follow_ups_succeed_through_two_replicas() {
+    let (a, b) = (Mock::start(storing("a")).await, Mock::start(storing("b")).await);
+    let gw = start_gateway(&gateway_config(&[a.url(), b.url()]).yaml()).await;
+    let code = agents_script("m1", "");
+    let out = openai_sdk(&gw, &code, &[]).await;
+    all_conversations_went_on(&out);
     count_sent(gw.data_addr, 4 * 20 * 3);
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(240.0), "{m}");
@@ -302,36 +316,16 @@ async fn the_openai_sdks_agents_work_through_three_simulated_replicas() {
     let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
     let model = SimConfig::default().model;
     let gw = start_gateway(&gateway_config(&urls).models(&[&model]).yaml()).await;
-    let code = format!(
+    let background = format!(
         r#"
-from concurrent.futures import ThreadPoolExecutor
-def conversation(i, stream):
-    prev = None
-    for turn in range(3):
-        kw = {{"model": "{model}", "input": f"turn {{turn}} of {{i}}", "max_output_tokens": 8}}
-        if prev:
-            kw["previous_response_id"] = prev
-        if stream:
-            for event in c.responses.create(stream=True, **kw):
-                if event.type == "response.created":
-                    prev = event.response.id
-        else:
-            prev = c.responses.create(**kw).id
-    return 1
-for at_once in (1, 20):
-    for stream in (False, True):
-        with ThreadPoolExecutor(at_once) as pool:
-            done = sum(pool.map(lambda i: conversation(i, stream), range(20)))
-        print("conversations", at_once, stream, done)
 r = c.responses.create(model="{model}", input="a long job", background=True, max_output_tokens=2000)
 print("retrieved", c.responses.retrieve(r.id).id == r.id)
 print("cancelled", c.responses.cancel(r.id).status)
 "#
     );
+    let code = agents_script(&model, &background);
     let out = openai_sdk(&gw, &code, &[]).await;
-    for line in ["1 False 20", "1 True 20", "20 False 20", "20 True 20"] {
-        assert!(out.contains(&format!("conversations {line}")), "{out}");
-    }
+    all_conversations_went_on(&out);
     assert!(out.contains("retrieved True") && out.contains("cancelled cancelled"), "{out}");
     count_sent(gw.data_addr, 4 * 20 * 3 + 3);
     let m = metrics_text(&gw).await;
