@@ -251,22 +251,11 @@ async fn the_openai_sdks_follow_ups_succeed_through_two_replicas() {
 async fn a_conversation_goes_on_through_another_gateway_of_the_fleet() {
     let (ra, rb) = (Mock::start(storing("a")).await, Mock::start(storing("b")).await);
     let tmp = tempfile::tempdir().expect("temp dir");
-    let (path_a, path_b) = (tmp.path().join("a.yaml"), tmp.path().join("b.yaml"));
     let alone = gateway_config(&[ra.url(), rb.url()]);
-    std::fs::write(&path_a, alone.yaml()).expect("write");
-    std::fs::write(&path_b, alone.yaml()).expect("write");
-    let a = slogate::Gateway::start_file(&path_a).await.expect("a starts");
-    let b = slogate::Gateway::start_file(&path_b).await.expect("b starts");
+    let (a, b, url_a, url_b) = fleet_of_two(&alone, "period: 50ms, peer_timeout: 400ms, takeover_after: 2s", tmp.path()).await;
     for gw in [&a, &b] {
         started(gw);
     }
-    let (url_a, url_b) = (format!("http://{}", a.admin_addr), format!("http://{}", b.admin_addr));
-    let fleet = format!("fleet: {{ peers: [\"{url_a}\", \"{url_b}\"], period: 50ms, peer_timeout: 400ms, takeover_after: 2s }}");
-    for path in [&path_a, &path_b] {
-        std::fs::write(path, alone.clone().section(&fleet).yaml()).expect("write");
-    }
-    a.reload().await.expect("a reloads");
-    b.reload().await.expect("b reloads");
     // Both have joined the fleet: each hears the other.
     for (gw, peer) in [(&a, &url_b), (&b, &url_a)] {
         let (admin, peer) = (gw.admin_addr, peer.as_str());

@@ -287,19 +287,8 @@ async fn a_keys_limits_are_split_among_the_live_instances_and_whole_again_when_a
 async fn each_gateway_of_a_fleet_reads_where_the_others_sent_their_prompts() {
     let mock = Mock::start(standard(2, std::time::Duration::from_millis(1))).await;
     let tmp = tempfile::tempdir().expect("temp dir");
-    let (path_a, path_b) = (tmp.path().join("a.yaml"), tmp.path().join("b.yaml"));
     let alone = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 8");
-    std::fs::write(&path_a, alone.yaml()).expect("write");
-    std::fs::write(&path_b, alone.yaml()).expect("write");
-    let a = slogate::Gateway::start_file(&path_a).await.expect("a starts");
-    let b = slogate::Gateway::start_file(&path_b).await.expect("b starts");
-    let (url_a, url_b) = (format!("http://{}", a.admin_addr), format!("http://{}", b.admin_addr));
-    let fleet = format!("fleet: {{ peers: [\"{url_a}\", \"{url_b}\"], {FLEET_TIMES} }}");
-    for path in [&path_a, &path_b] {
-        std::fs::write(path, alone.clone().section(&fleet).yaml()).expect("write");
-    }
-    a.reload().await.expect("a reloads");
-    b.reload().await.expect("b reloads");
+    let (a, b, url_a, url_b) = fleet_of_two(&alone, FLEET_TIMES, tmp.path()).await;
     until("a hears b", a.admin_addr, None, |s| peer_status(s, &url_b) == "fresh").await;
     until("b hears a", b.admin_addr, None, |s| peer_status(s, &url_a) == "fresh").await;
     let index = |admin: SocketAddr| async move {

@@ -284,3 +284,22 @@ pub async fn openai_sdk(gw: &slogate::Gateway, code: &str, args: &[&std::path::P
     assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     stdout
 }
+
+/// Two gateways of `alone`'s config started from files in `dir`, then
+/// made a fleet of two (`times`: the fleet's period and timeouts) by a
+/// reload of each: the gateways and their admin URLs.
+pub async fn fleet_of_two(alone: &ConfigBuilder, times: &str, dir: &std::path::Path) -> (Gateway, Gateway, String, String) {
+    let (path_a, path_b) = (dir.join("a.yaml"), dir.join("b.yaml"));
+    std::fs::write(&path_a, alone.yaml()).expect("write");
+    std::fs::write(&path_b, alone.yaml()).expect("write");
+    let a = Gateway::start_file(&path_a).await.expect("a starts");
+    let b = Gateway::start_file(&path_b).await.expect("b starts");
+    let (url_a, url_b) = (format!("http://{}", a.admin_addr), format!("http://{}", b.admin_addr));
+    let fleet = format!("fleet: {{ peers: [\"{url_a}\", \"{url_b}\"], {times} }}");
+    for path in [&path_a, &path_b] {
+        std::fs::write(path, alone.clone().section(&fleet).yaml()).expect("write");
+    }
+    a.reload().await.expect("a reloads");
+    b.reload().await.expect("b reloads");
+    (a, b, url_a, url_b)
+}
