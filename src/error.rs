@@ -202,6 +202,33 @@ impl GatewayError {
     }
 }
 
+impl GatewayError {
+    /// The response on Anthropic's routes (`/v1/messages`), in Anthropic's
+    /// error shape (`{"type":"error","error":{"type":...,"message":...}}`)
+    /// with the same status and headers (Retry-After among them).
+    pub(crate) fn respond_anthropic(self, id: Option<&HeaderValue>) -> Response<ProxyBody> {
+        let status = self.status();
+        let ty = match status.as_u16() {
+            400 | 405 | 408 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            _ => "api_error",
+        };
+        let message = self.to_string();
+        let mut resp = self.respond(id);
+        let body =
+            serde_json::json!({"type": "error", "error": {"type": ty, "message": message}, "request_id": id.and_then(|v| v.to_str().ok())});
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        resp.headers_mut().insert(http::header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+        *resp.body_mut() = full(bytes);
+        resp
+    }
+}
+
 /// The least Retry-After a refusal says: a client told less would be back
 /// before anything changed.
 pub(crate) const RETRY_AFTER_MIN: Duration = Duration::from_secs(1);

@@ -116,14 +116,18 @@ impl AdminToken {
     }
 }
 
-/// The token of `Authorization: Bearer <token>`.
+/// The token of `Authorization: Bearer <token>`, else of `x-api-key` (how
+/// Anthropic's SDKs send a key).
 fn bearer(headers: &http::HeaderMap) -> Option<&str> {
     headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .or_else(|| headers.get(X_API_KEY).and_then(|v| v.to_str().ok()))
         .map(str::trim)
 }
+
+const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
 
 /// Everything classification needs, built once per config snapshot.
 pub(crate) struct Classifier {

@@ -69,7 +69,7 @@ pub struct KeyConfig {
     /// run of characters (`llama-3.1-8b*`). Left out: every model.
     #[serde(default)]
     pub models: Option<Vec<String>>,
-    /// Endpoint kinds the key may call (`chat`, `completions`, `responses`,
+    /// Endpoint kinds the key may call (`chat`, `completions`, `responses`, `messages`,
     /// `embeddings`, `rerank`, `transcription`, `speech`, `tokenize`,
     /// `other`). Left out: every kind.
     #[serde(default)]
@@ -92,6 +92,8 @@ pub enum Endpoint {
     Completions,
     /// `/v1/responses`
     Responses,
+    /// `/v1/messages` (Anthropic's Messages API, as vLLM serves it)
+    Messages,
     /// `/v1/embeddings`
     Embeddings,
     /// `/rerank`, `/v1/rerank`, `/v2/rerank`, `/score`, `/v1/score`
@@ -114,20 +116,22 @@ impl Endpoint {
             "/v1/chat/completions" => Endpoint::Chat,
             "/v1/completions" => Endpoint::Completions,
             "/v1/responses" => Endpoint::Responses,
+            "/v1/messages" => Endpoint::Messages,
             "/v1/embeddings" => Endpoint::Embeddings,
             "/rerank" | "/v1/rerank" | "/v2/rerank" | "/score" | "/v1/score" => Endpoint::Rerank,
             "/v1/audio/transcriptions" | "/v1/audio/translations" => Endpoint::Transcription,
             "/v1/audio/speech" => Endpoint::Speech,
-            "/tokenize" | "/detokenize" => Endpoint::Tokenize,
+            "/tokenize" | "/detokenize" | "/v1/messages/count_tokens" => Endpoint::Tokenize,
             "/pooling" | "/classify" => Endpoint::Other,
             _ => return None,
         })
     }
 
-    pub const ALL: [Endpoint; 9] = [
+    pub const ALL: [Endpoint; 10] = [
         Endpoint::Chat,
         Endpoint::Completions,
         Endpoint::Responses,
+        Endpoint::Messages,
         Endpoint::Embeddings,
         Endpoint::Rerank,
         Endpoint::Transcription,
@@ -147,6 +151,7 @@ impl Endpoint {
             Endpoint::Chat => "chat",
             Endpoint::Completions => "completions",
             Endpoint::Responses => "responses",
+            Endpoint::Messages => "messages",
             Endpoint::Embeddings => "embeddings",
             Endpoint::Rerank => "rerank",
             Endpoint::Transcription => "transcription",

@@ -80,6 +80,42 @@ pub(super) fn read_transcription(body: &[u8], tracker: &mut Tracker) -> Outcome 
     Outcome::ok
 }
 
+/// Read an Anthropic message (`/v1/messages`, whole): its usage
+/// (`input_tokens`, `output_tokens`) and its `stop_reason` (`max_tokens`:
+/// `length`), else its text's tokens estimated.
+pub(super) fn read_message(body: &[u8], tracker: &mut Tracker) -> Outcome {
+    #[derive(serde::Deserialize)]
+    struct Message {
+        #[serde(default)]
+        usage: Option<Usage>,
+        #[serde(default)]
+        stop_reason: Option<String>,
+        #[serde(default)]
+        content: Vec<Block>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Block {
+        #[serde(default)]
+        text: Option<String>,
+    }
+    let Ok(m) = serde_json::from_slice::<Message>(body) else { return Outcome::upstream_error };
+    tracker.usage = m.usage;
+    if m.usage.is_none() {
+        let chars: usize = m.content.iter().filter_map(|b| b.text.as_deref()).map(|t| t.chars().count()).sum();
+        tracker.answer_estimate = Some(chars.div_ceil(4) as u64);
+    }
+    match m.stop_reason.as_deref() {
+        Some("max_tokens") => {
+            tracker.finish_reason = Some("length".into());
+            Outcome::length
+        }
+        other => {
+            tracker.finish_reason = other.map(|r| if r == "end_turn" { "stop".into() } else { r.to_string() });
+            Outcome::ok
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -456,7 +456,7 @@ async fn key_limits(
 fn reservation(request: &body::RequestBody, endpoint: Endpoint, context: Option<u64>, default_max_tokens: u64) -> u64 {
     let head = request.head();
     let limit = match endpoint {
-        Endpoint::Chat | Endpoint::Completions => head.max_output,
+        Endpoint::Chat | Endpoint::Completions | Endpoint::Messages => head.max_output,
         Endpoint::Responses => head.max_output_tokens,
         Endpoint::Transcription => None,
         _ => return request.prompt_estimate().min(MAX_RESERVE),
@@ -482,7 +482,10 @@ fn fail(mut t: Box<Tracker>, e: GatewayError) -> Response<ProxyBody> {
     if e.status().is_server_error() {
         tracing::warn!(request_id = t.request_id.to_str().unwrap_or(""), error = %e.for_log(), "request failed");
     }
-    let mut resp = e.respond(Some(&t.request_id));
+    let mut resp = match t.endpoint() {
+        Endpoint::Messages => e.respond_anthropic(Some(&t.request_id)),
+        _ => e.respond(Some(&t.request_id)),
+    };
     if let Some(state) = t.rate() {
         headers::rate_headers(resp.headers_mut(), &state);
     }
@@ -563,8 +566,10 @@ fn observe(
         Watched::new(body, list).boxed_unsync()
     } else if endpoint == Endpoint::Speech {
         Watched::new(ObservedBody::audio(rbody, tracker, t), list).boxed_unsync()
-    } else if matches!(endpoint, Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings | Endpoint::Responses | Endpoint::Rerank)
-        || (endpoint == Endpoint::Transcription && content_type_is(&rparts.headers, "application/json"))
+    } else if matches!(
+        endpoint,
+        Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings | Endpoint::Responses | Endpoint::Messages | Endpoint::Rerank
+    ) || (endpoint == Endpoint::Transcription && content_type_is(&rparts.headers, "application/json"))
     {
         let usage_only = matches!(endpoint, Endpoint::Embeddings | Endpoint::Rerank);
         Watched::new(ObservedBody::json(rbody, tracker, t, usage_only), list).boxed_unsync()

@@ -112,7 +112,7 @@ pub(super) fn generates(endpoint: Endpoint) -> bool {
 /// true`)? Chat and completions, and the Responses API and transcription,
 /// whose streams carry their own usage (slogate asks nothing more of them).
 pub(super) fn may_stream(endpoint: Endpoint) -> bool {
-    generates(endpoint) || matches!(endpoint, Endpoint::Responses | Endpoint::Transcription)
+    generates(endpoint) || matches!(endpoint, Endpoint::Responses | Endpoint::Messages | Endpoint::Transcription)
 }
 
 /// What routing found: the parsed body, its model and the pool serving it.
@@ -145,7 +145,7 @@ impl Routed<'_> {
 /// for the endpoints whose prompts an engine caches (chat, completions,
 /// the Responses API).
 fn prefix_key(request: &RequestBody, headers: &HeaderMap, endpoint: Endpoint, pool: &PoolConfig) -> Option<RouteKey> {
-    if pool.balance != Balance::PrefixAware || !(generates(endpoint) || endpoint == Endpoint::Responses) {
+    if pool.balance != Balance::PrefixAware || !(generates(endpoint) || matches!(endpoint, Endpoint::Responses | Endpoint::Messages)) {
         return None;
     }
     let session = headers.get(X_SESSION_ID).map(HeaderValue::as_bytes);

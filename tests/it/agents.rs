@@ -321,3 +321,119 @@ print("cancelled", c.responses.cancel(r.id).status)
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "client_error")]), None, "{m}");
     assert_quiescent(&gw).await;
 }
+
+// ---- Anthropic's Messages API ----
+
+/// A replica serving `/v1/messages` as vLLM does: Anthropic's events
+/// streamed (`message_start` with the prompt's usage, a `text_delta` per
+/// word, `message_delta` with the stop reason and the output's usage,
+/// `message_stop`), or the whole message.
+fn anthropic(req: &serde_json::Value) -> Script {
+    let words = ["Hello", " from", " the", " replica"];
+    let max = req.get("max_tokens").and_then(|m| m.as_u64()).unwrap_or(1024);
+    let stop = if max <= 4 { "max_tokens" } else { "end_turn" };
+    if req.get("stream").and_then(|s| s.as_bool()) == Some(true) {
+        let ev = |kind: &str, data: String| Step::Send(Bytes::from(format!("event: {kind}\ndata: {data}\n\n")));
+        let mut steps = vec![
+            ev("message_start", r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"m1","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":21,"output_tokens":1}}}"#.into()),
+            ev("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#.into()),
+            ev("ping", r#"{"type":"ping"}"#.into()),
+        ];
+        for w in words {
+            steps.push(ev(
+                "content_block_delta",
+                format!(r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{w}"}}}}"#),
+            ));
+        }
+        steps.push(ev("content_block_stop", r#"{"type":"content_block_stop","index":0}"#.into()));
+        steps.push(ev(
+            "message_delta",
+            format!(r#"{{"type":"message_delta","delta":{{"stop_reason":"{stop}","stop_sequence":null}},"usage":{{"output_tokens":9}}}}"#),
+        ));
+        steps.push(ev("message_stop", r#"{"type":"message_stop"}"#.into()));
+        Script::sse(steps)
+    } else {
+        Script::json(
+            200,
+            &format!(
+                r#"{{"id":"msg_1","type":"message","role":"assistant","content":[{{"type":"text","text":"Hello from the replica"}}],"model":"m1","stop_reason":"{stop}","stop_sequence":null,"usage":{{"input_tokens":21,"output_tokens":9}}}}"#
+            ),
+        )
+    }
+}
+
+/// Messages through the gateway by default, keyed by `x-api-key`, over
+/// HTTP/1.1 and HTTP/2: streamed byte for byte and measured as chat is
+/// (TTFT at the first text delta, a gap per delta after it, the replica's
+/// usage from `message_start` and `message_delta`), whole messages counted
+/// (`max_tokens` is `length`); errors in Anthropic's shape.
+#[tokio::test]
+async fn anthropics_messages_are_served_and_measured_by_default() {
+    let mock = Mock::start(script(anthropic)).await;
+    let gw = start_gateway(&format!("{}{}", gateway_config(&[mock.url()]).yaml(), keys())).await;
+    let stream = r#"{"model":"m1","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Hello"}]}"#;
+    let whole = r#"{"model":"m1","max_tokens":4,"messages":[{"role":"user","content":"Hello"}]}"#;
+    for (proto, c) in clients() {
+        let headers = [("x-api-key", "sk-a"), ("anthropic-version", "2023-06-01")];
+        let resp = c.request(post_req(gw.data_addr, "/v1/messages", stream, &headers)).await.expect("response");
+        assert_eq!(resp.status(), 200, "{proto}");
+        let text = resp.into_body().collect().await.expect("body").to_bytes();
+        let steps = anthropic(&serde_json::from_str(stream).expect("json")).steps;
+        let sent: Vec<u8> = steps.iter().filter_map(|s| if let Step::Send(b) = s { Some(b.to_vec()) } else { None }).flatten().collect();
+        assert_eq!(&text[..], &sent[..], "{proto}: the events as the replica sent them");
+        let h = mock.state.headers.lock().expect("lock").last().cloned().expect("headers");
+        assert!(h.get("x-api-key").is_none(), "{proto}: the caller's key stays with the gateway");
+        assert_eq!(h.get("anthropic-version").and_then(|v| v.to_str().ok()), Some("2023-06-01"), "{proto}");
+        let (s, body) = call(&c, &gw, "POST", "/v1/messages", whole, "a").await;
+        assert_eq!(s, 200, "{proto}: {body}");
+    }
+    let m = metrics_text(&gw).await;
+    let msgs = [("endpoint", "messages")];
+    assert_eq!(metric(&m, "slogate_requests_total", &[("endpoint", "messages"), ("outcome", "ok")]), Some(2.0), "{m}");
+    assert_eq!(metric(&m, "slogate_requests_total", &[("endpoint", "messages"), ("outcome", "length")]), Some(2.0), "{m}");
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &msgs), Some(2.0), "{m}");
+    assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &msgs), Some(6.0), "{m}");
+    assert_eq!(metric(&m, "slogate_prompt_tokens_total", &[]), Some(84.0), "{m}");
+    assert_eq!(metric(&m, "slogate_generation_tokens_total", &[]), Some(36.0), "{m}");
+    // Errors in Anthropic's shape, Retry-After kept.
+    let (s, body) = call(&client(), &gw, "POST", "/v1/messages", whole, "wrong").await;
+    let e: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!((s, e["type"].as_str(), e["error"]["type"].as_str()), (401, Some("error"), Some("authentication_error")), "{body}");
+    let (s, body) = call(&client(), &gw, "POST", "/v1/messages", r#"{"model":"nope","max_tokens":4,"messages":[]}"#, "a").await;
+    let e: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!((s, e["error"]["type"].as_str()), (404, Some("not_found_error")), "{body}");
+    assert_quiescent(&gw).await;
+}
+
+/// Anthropic's Python SDK, with the defaults: `messages.create` and
+/// `messages.stream` through the gateway, keyed by `x-api-key`.
+#[tokio::test]
+async fn anthropics_sdk_works_through_the_gateway() {
+    let mock = Mock::start(script(anthropic)).await;
+    let gw = start_gateway(&format!("{}{}", gateway_config(&[mock.url()]).yaml(), keys())).await;
+    let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    let code = r#"
+import sys, anthropic
+c = anthropic.Anthropic(base_url=sys.argv[1], api_key="sk-a", max_retries=0)
+m = c.messages.create(model="m1", max_tokens=64, messages=[{"role": "user", "content": "Hello"}])
+print("create:", m.content[0].text, m.usage.input_tokens, m.usage.output_tokens, m.stop_reason)
+with c.messages.stream(model="m1", max_tokens=64, messages=[{"role": "user", "content": "Hello"}]) as s:
+    text = "".join(s.text_stream)
+    final = s.get_final_message()
+print("stream:", text, final.usage.output_tokens, final.stop_reason)
+"#;
+    let out = tokio::process::Command::new(py)
+        .arg("-c")
+        .arg(code)
+        .arg(format!("http://{}", gw.data_addr))
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("create: Hello from the replica 21 9 end_turn"), "{stdout}");
+    assert!(stdout.contains("stream: Hello from the replica 9 end_turn"), "{stdout}");
+    count_sent(gw.data_addr, 2);
+    assert_quiescent(&gw).await;
+}

@@ -257,12 +257,63 @@ struct Chunk<T> {
     /// `response.output_text.delta`, `response.completed`, ...
     #[serde(default, rename = "type")]
     kind: Option<TypeName>,
-    /// A typed delta event's text (any other value counts as none).
+    /// A typed delta event's text: a string (the Responses API), or an
+    /// object (Anthropic's Messages: `text`, `thinking`, `partial_json`,
+    /// and a `message_delta`'s `stop_reason`).
     #[serde(default)]
-    delta: Option<TextLen>,
+    delta: Option<DeltaField>,
     /// The response a `response.completed` / `incomplete` / `failed` event carries.
     #[serde(default)]
     response: Option<ResponseObject>,
+    /// The message an Anthropic `message_start` carries (its usage); an
+    /// error event's `message` (a string) is none.
+    #[serde(default)]
+    message: Option<MessageField>,
+}
+
+/// A `message` member: an object (Anthropic's message), or anything else.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MessageField {
+    Message(ResponseObject),
+    Other(IgnoredAny),
+}
+
+/// A typed event's `delta`: its text's length, and a stop reason.
+#[derive(Debug, Default)]
+struct DeltaField {
+    chars: usize,
+    stop_reason: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for DeltaField {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = DeltaField;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a delta")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DeltaField, E> {
+                Ok(DeltaField { chars: v.chars().count(), stop_reason: None })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<DeltaField, A::Error> {
+                let mut out = DeltaField::default();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    match key.as_ref() {
+                        "text" | "thinking" | "partial_json" => out.chars += map.next_value::<TextLen>()?.0,
+                        "stop_reason" => out.stop_reason = map.next_value::<Option<String>>()?,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(out)
+            }
+            zero_otherwise!(DeltaField, DeltaField::default(); bool, i64, u64, f64, unit, seq);
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// What a typed event's `type` says.
@@ -276,6 +327,11 @@ enum Kind {
     Incomplete,
     /// `response.failed`, `error`.
     Failed,
+    /// Anthropic's `message_start` (the prompt's usage), `message_delta`
+    /// (the stop reason, the output's usage), `message_stop` (the end).
+    MessageStart,
+    MessageDelta,
+    MessageStop,
     Other,
 }
 
@@ -384,6 +440,10 @@ str_visitor!(TypeName, "an event type", |v| match v {
     "response.completed" | "transcript.text.done" | "speech.audio.done" => Kind::Completed,
     "response.incomplete" => Kind::Incomplete,
     "response.failed" | "error" => Kind::Failed,
+    "content_block_delta" => Kind::Delta,
+    "message_start" => Kind::MessageStart,
+    "message_delta" => Kind::MessageDelta,
+    "message_stop" => Kind::MessageStop,
     _ if v.ends_with(".delta") => Kind::Delta,
     _ => Kind::Other,
 });
@@ -506,7 +566,11 @@ pub(crate) fn read<'a, T: Field + Deserialize<'a>>(data: &'a [u8]) -> (EventInfo
         (text, other) = (choices.text, choices.other);
     }
     if let Some(TypeName(kind)) = chunk.kind {
-        typed(kind, &chunk.delta, chunk.response, &mut info);
+        let message = chunk.message.and_then(|m| match m {
+            MessageField::Message(r) => Some(r),
+            MessageField::Other(_) => None,
+        });
+        typed(kind, &chunk.delta, chunk.response.or(message), &mut info);
     }
     (info, text, other)
 }
@@ -525,9 +589,9 @@ pub fn analyze(data: &[u8]) -> EventInfo {
 /// `transcript.text.done`) ends the answer, `response.incomplete` ends it
 /// early (`length` when a token limit cut it), `response.failed` and
 /// `error` are errors. These streams have no `[DONE]`: the ending event is it.
-fn typed(kind: Kind, delta: &Option<TextLen>, response: Option<ResponseObject>, info: &mut EventInfo) {
+fn typed(kind: Kind, delta: &Option<DeltaField>, response: Option<ResponseObject>, info: &mut EventInfo) {
     match kind {
-        Kind::Delta => info.content |= delta.as_ref().is_some_and(|d| d.0 > 0),
+        Kind::Delta => info.content |= delta.as_ref().is_some_and(|d| d.chars > 0),
         Kind::Completed => {
             info.done = true;
             info.finish_reason = Some("stop".into());
@@ -541,7 +605,17 @@ fn typed(kind: Kind, delta: &Option<TextLen>, response: Option<ResponseObject>, 
             });
         }
         Kind::Failed => info.error = true,
-        Kind::Other => {}
+        // Anthropic's: the stop reason in OpenAI's names (`max_tokens` is `length`).
+        Kind::MessageDelta => {
+            info.finish_reason = delta.as_ref().and_then(|d| d.stop_reason.as_deref()).map(|r| match r {
+                "max_tokens" => "length".to_string(),
+                "end_turn" | "stop_sequence" => "stop".to_string(),
+                "tool_use" => "tool_calls".to_string(),
+                other => other.to_string(),
+            });
+        }
+        Kind::MessageStop => info.done = true,
+        Kind::MessageStart | Kind::Other => {}
     }
     if let Some(u) = response.and_then(|r| r.usage) {
         info.usage = Some(u);

@@ -29,6 +29,39 @@ fn responses_events_are_read_by_their_type() {
     assert!(analyze(br#"{"type":"error","code":"server_error","message":"boom"}"#).error);
 }
 
+/// Anthropic's Messages stream, as vLLM's `/v1/messages` sends it: a text,
+/// thinking or tool-input delta is content; `message_start` carries the
+/// prompt's usage, `message_delta` the stop reason (`max_tokens` is
+/// `length`) and the output's usage, `message_stop` ends it, `error` is an
+/// error. Each through the memo too.
+#[test]
+fn anthropic_message_events_are_read_by_their_type() {
+    let start = br#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"m","stop_reason":null,"usage":{"input_tokens":21,"output_tokens":1}}}"#;
+    let info = analyze(start);
+    assert!(!info.content && !info.done);
+    assert_eq!(info.usage, Some(Usage::new(21, 1)));
+    assert!(!analyze(br#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#).content);
+    for delta in [
+        r#"{"type":"text_delta","text":"Hi"}"#,
+        r#"{"type":"thinking_delta","thinking":"hm"}"#,
+        r#"{"type":"input_json_delta","partial_json":"{\"a"}"#,
+    ] {
+        let e = format!(r#"{{"type":"content_block_delta","index":0,"delta":{delta}}}"#);
+        assert!(analyze(e.as_bytes()).content, "{delta}");
+        let mut memo = Memo::new();
+        assert!(memo.analyze(e.as_bytes()).content && memo.analyze(e.as_bytes()).content, "{delta} through the memo");
+    }
+    assert!(!analyze(br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":""}}"#).content);
+    let delta =
+        analyze(br#"{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":9}}"#);
+    assert_eq!((delta.finish_reason.as_deref(), delta.usage), (Some("length"), Some(Usage::new(0, 9))));
+    let stop = analyze(br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":21,"output_tokens":9}}"#);
+    assert_eq!(stop.finish_reason.as_deref(), Some("stop"));
+    assert!(analyze(br#"{"type":"message_stop"}"#).done);
+    assert!(analyze(br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#).error);
+    assert_eq!(analyze(br#"{"type":"ping"}"#), EventInfo::default());
+}
+
 /// OpenAI's transcription stream: `transcript.text.delta` events, then
 /// `transcript.text.done` with usage.
 #[test]

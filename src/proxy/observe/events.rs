@@ -60,6 +60,11 @@ pub(super) fn splice_read(
 pub(super) fn limit_event(endpoint: crate::config::Endpoint, id: &http::HeaderValue, model: &str) -> Bytes {
     use crate::config::Endpoint;
     let id = id.to_str().unwrap_or("");
+    if endpoint == Endpoint::Messages {
+        // Anthropic's end of a message capped by max_tokens.
+        let delta = serde_json::json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": null}, "usage": {"output_tokens": 0}});
+        return Bytes::from(format!("event: message_delta\ndata: {delta}\n\nevent: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"));
+    }
     let json = match endpoint {
         Endpoint::Responses => serde_json::json!({
             "type": "response.incomplete",
@@ -86,8 +91,14 @@ pub(super) fn limit_event(endpoint: crate::config::Endpoint, id: &http::HeaderVa
 }
 
 /// An SSE error event in OpenAI's error form (with the request's id), then `[DONE]`.
-pub(super) fn error_event(message: &str, kind: &str, code: u16, id: &http::HeaderValue) -> Bytes {
+pub(super) fn error_event(message: &str, kind: &str, code: u16, id: &http::HeaderValue, anthropic: bool) -> Bytes {
     let id = id.to_str().ok().filter(|i| !i.is_empty());
+    if anthropic {
+        // Anthropic's stream error: `event: error`, and no `[DONE]`.
+        let ty = if code == 504 { "timeout_error" } else { "api_error" };
+        let json = serde_json::json!({"type": "error", "error": {"type": ty, "message": message}, "request_id": id});
+        return Bytes::from(format!("event: error\ndata: {json}\n\n"));
+    }
     let json = crate::error::error_body(message, kind, None, code, id);
     let mut ev = BytesMut::with_capacity(json.len() + 32);
     ev.extend_from_slice(b"data: ");

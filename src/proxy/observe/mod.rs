@@ -24,15 +24,17 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 mod events;
+mod reading;
 mod resuming;
 
-use super::json::{read_json_outcome, read_transcription};
+use super::json::{read_json_outcome, read_message, read_transcription};
 use super::resume::{Break, Continuing, Resume};
 use super::tracker::Tracker;
 use crate::config::{PoolConfig, ServerConfig};
 use crate::error::BoxError;
 use crate::telemetry::Outcome;
 use events::{error_event, limit_event, splice_read};
+use reading::{learn_id, merged, read_event};
 use sse::{Memo, SseParser};
 
 /// Timeouts applied to a response body.
@@ -99,47 +101,6 @@ enum Mode {
 }
 
 const JSON_KEEP_LIMIT: usize = 16 << 20;
-
-/// A Responses request's stored response id, from its stream's
-/// `response.created` event (`event`) or its whole answer: the gateway
-/// learns which replica owns it (docs/design/responses.md).
-#[inline]
-fn learn_id(tracker: &mut Tracker, d: &[u8], event: bool) {
-    #[derive(serde::Deserialize)]
-    struct Id {
-        id: String,
-    }
-    #[derive(serde::Deserialize)]
-    struct Created {
-        response: Id,
-    }
-    if !tracker.learning() {
-        return;
-    }
-    let id = if event {
-        if memchr::memmem::find(d, b"\"response.created\"").is_none() {
-            return;
-        }
-        serde_json::from_slice::<Created>(d).ok().map(|c| c.response.id)
-    } else {
-        serde_json::from_slice::<Id>(d).ok().map(|i| i.id)
-    };
-    if let Some(id) = id {
-        tracker.learned(&id);
-    }
-}
-
-/// One complete event's data `d`, read through the splice when the stream
-/// may be continued (it notes the stream's ids), else by the memo.
-fn read_event(splice: Option<&mut super::resume::Splice>, d: &[u8], memo: &mut Memo) -> sse::EventInfo {
-    match splice {
-        Some(s) => {
-            s.note_ids(d);
-            s.read(d, memo)
-        }
-        None => memo.analyze(d),
-    }
-}
 
 /// Keep a JSON body's chunk (a cheap clone) to read at its end; past
 /// [`JSON_KEEP_LIMIT`] the body is passed on unread (`usize::MAX` marks it).
@@ -315,7 +276,7 @@ impl<B> ObservedBody<B> {
                         tracker.content_event(now);
                     }
                     if let Some(u) = info.usage {
-                        tracker.usage = Some(splice.as_ref().map_or(u, |s| s.usage(u)));
+                        tracker.usage = Some(splice.as_ref().map_or_else(|| merged(tracker.usage, u), |s| s.usage(u)));
                     }
                     *saw_error |= info.error || info.finish_reason.as_deref() == Some("error");
                     if info.finish_reason.is_some() {
@@ -351,10 +312,10 @@ impl<B> ObservedBody<B> {
                     more => std::borrow::Cow::Owned(more.concat()),
                 };
                 learn_id(&mut self.tracker, &whole, false);
-                let outcome = if self.tracker.endpoint() == crate::config::Endpoint::Transcription {
-                    read_transcription(&whole, &mut self.tracker)
-                } else {
-                    read_json_outcome(&whole, *usage_only, &mut self.tracker)
+                let outcome = match self.tracker.endpoint() {
+                    crate::config::Endpoint::Transcription => read_transcription(&whole, &mut self.tracker),
+                    crate::config::Endpoint::Messages => read_message(&whole, &mut self.tracker),
+                    _ => read_json_outcome(&whole, *usage_only, &mut self.tracker),
                 };
                 self.tracker.finish(outcome);
             }
@@ -407,7 +368,8 @@ impl<B> ObservedBody<B> {
     /// end with `outcome`; a stream's client gets an error event (a partial
     /// event was never sent, so it starts on an event boundary) and `[DONE]`.
     fn end_with_error(&mut self, message: &str, kind: &str, code: u16, outcome: Outcome) {
-        let event = matches!(self.mode, Mode::Sse { .. }).then(|| error_event(message, kind, code, &self.tracker.request_id));
+        let anthropic = self.tracker.endpoint() == crate::config::Endpoint::Messages;
+        let event = matches!(self.mode, Mode::Sse { .. }).then(|| error_event(message, kind, code, &self.tracker.request_id, anthropic));
         self.end_with(event, outcome);
     }
 
