@@ -341,9 +341,9 @@ async fn connect(base: &http::Uri, tls: Option<&ReplicaTls>, timeout: Duration, 
         let tcp = TcpStream::connect((host, port)).await.map_err(|error| SendError::Connect { addr: addr(), error })?;
         tcp.set_nodelay(true).map_err(|error| SendError::Connect { addr: addr(), error })?;
         match tls {
-            None => Ok(Stream::Plain(tcp)),
+            None => Ok(Stream::plain(tcp)),
             Some(t) => match t.connector.connect(t.server_name.clone(), tcp).await {
-                Ok(s) => Ok(Stream::Tls(Box::new(s))),
+                Ok(s) => Ok(Stream::tls(s)),
                 Err(error) => Err(SendError::Tls { addr: addr(), error }),
             },
         }

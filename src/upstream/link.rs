@@ -192,49 +192,108 @@ impl Wake for InPoll {
 }
 
 /// A connection to a replica: plain TCP, or TLS over it (`https://`).
-pub(crate) enum Stream {
+pub(crate) struct Stream {
+    io: Io,
+    /// The replica stopped taking what is written (it answered and closed,
+    /// say, before reading all of an upload): what follows is dropped, so
+    /// its answer is still read (see [`Stream::poll_write`]).
+    write_failed: bool,
+}
+
+enum Io {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
+impl Stream {
+    pub(crate) fn plain(tcp: TcpStream) -> Stream {
+        Stream { io: Io::Plain(tcp), write_failed: false }
+    }
+
+    pub(crate) fn tls(tls: tokio_rustls::client::TlsStream<TcpStream>) -> Stream {
+        Stream { io: Io::Tls(Box::new(tls)), write_failed: false }
+    }
+
+    /// A write that failed because the replica closed or reset the
+    /// connection is taken as written, and so is every later one: a
+    /// replica may answer a request before reading all of its body (a 404
+    /// for an upload) and close, and its answer, already in this
+    /// connection's receive buffer, must still be read rather than lost to
+    /// the write's error. A replica that answered nothing leaves the read
+    /// its error (or end) to report, as before.
+    fn wrote(&mut self, r: Poll<std::io::Result<usize>>, len: usize) -> Poll<std::io::Result<usize>> {
+        match r {
+            Poll::Ready(Err(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+                ) =>
+            {
+                self.write_failed = true;
+                Poll::Ready(Ok(len))
+            }
+            other => other,
+        }
+    }
+}
+
 impl AsyncRead for Stream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
 
 impl AsyncWrite for Stream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        let this = self.get_mut();
+        if this.write_failed {
+            return Poll::Ready(Ok(buf.len()));
         }
+        let r = match &mut this.io {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        };
+        this.wrote(r, buf.len())
     }
     fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        let this = self.get_mut();
+        let len = bufs.iter().map(|b| b.len()).sum();
+        if this.write_failed {
+            return Poll::Ready(Ok(len));
         }
+        let r = match &mut this.io {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        };
+        this.wrote(r, len)
     }
     fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
+        match &self.io {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        let this = self.get_mut();
+        if this.write_failed {
+            return Poll::Ready(Ok(()));
+        }
+        match &mut this.io {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        let this = self.get_mut();
+        if this.write_failed {
+            return Poll::Ready(Ok(()));
+        }
+        match &mut this.io {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }

@@ -237,3 +237,61 @@ async fn a_form_with_its_model_after_a_long_file_is_read_whole_and_routed() {
     }
     assert_quiescent(&gw).await;
 }
+
+/// A replica that answers an upload before reading it (a 404, as uvicorn
+/// answers a path it does not serve) and closes with the upload unread:
+/// the client gets that answer, counted by its status, every time, over
+/// HTTP/1.1 and HTTP/2; never a 502 of the gateway's.
+#[tokio::test]
+async fn an_upload_the_replica_answers_early_gets_the_replicas_answer() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let replica = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let get = buf.starts_with(b"GET");
+                let answer: &[u8] = if get {
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
+                } else {
+                    b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 22\r\nconnection: close\r\n\r\n{\"detail\":\"Not Found\"}"
+                };
+                let _ = s.write_all(answer).await;
+                if get {
+                    // Health checks and model discovery: keep the connection for the next.
+                    std::future::pending::<()>().await;
+                }
+                // Closed with the upload unread (a reset, as the kernel sends one).
+            });
+        }
+    });
+    let gw = start_gateway(&gateway_config(&[format!("http://{addr}")]).yaml()).await;
+    let (ct, form) = transcription_form(Some("m1"), false, &vec![7u8; 2 << 20]);
+    for (proto, client) in upload_clients() {
+        let mut got = Vec::new();
+        for _ in 0..10 {
+            let req = http::Request::post(format!("http://{}/v1/audio/transcriptions", gw.data_addr))
+                .header("content-type", &ct)
+                .header("content-length", form.len())
+                .body(http_body_util::Full::new(Bytes::from(form.clone())).boxed())
+                .expect("request");
+            count_sent(gw.data_addr, 1);
+            let resp = client.request(req).await.expect("response");
+            let status = resp.status().as_u16();
+            let text = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            got.push((status, String::from_utf8_lossy(&text).into_owned()));
+        }
+        assert!(got.iter().all(|(s, t)| *s == 404 && t == r#"{"detail":"Not Found"}"#), "{proto}: {got:?}");
+    }
+    assert_eq!(requests_with_outcome(&gw, "client_error").await, 20.0);
+    assert_eq!(requests_with_outcome(&gw, "upstream_error").await, 0.0);
+    assert_quiescent(&gw).await;
+    replica.abort();
+}
