@@ -369,6 +369,9 @@ fn demo_banner(gw: &Gateway, sims: &[loadtest::sim::SimServer], model: &str) {
     println!(
         "  an agent's turns (the Responses API; follow-ups go to the replica that holds their state): curl -s http://{data}/v1/responses -H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"input\":\"Hello\",\"max_output_tokens\":16}}', then again with \"previous_response_id\":\"<its id>\""
     );
+    println!(
+        "  a coding agent's turn (Anthropic's Messages API): curl -N http://{data}/v1/messages -H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"max_tokens\":32,\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
+    );
     println!("  OpenAI SDK: OpenAI(base_url=\"http://{data}/v1\", api_key=\"unused\")");
     println!("  curl -s http://{admin}/metrics | grep slogate_time_to_first_token");
 }

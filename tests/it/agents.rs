@@ -437,3 +437,55 @@ print("stream:", text, final.usage.output_tokens, final.stop_reason)
     count_sent(gw.data_addr, 2);
     assert_quiescent(&gw).await;
 }
+
+/// Anthropic's SDK through the gateway in front of two simulated replicas
+/// (the simulator serves `/v1/messages` as vLLM does): whole and streamed,
+/// measured (TTFT and a gap per delta after the first) and counted at the
+/// replicas' usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropics_sdk_works_through_two_simulated_replicas() {
+    use loadtest::sim::{SimConfig, SimServer};
+    let mut sims = Vec::new();
+    for _ in 0..2 {
+        let cfg = SimConfig { step_base_ms: 1.0, decode_per_seq_ms: 0.0, prefill_per_token_ms: 0.0, ..SimConfig::default() };
+        sims.push(SimServer::start(cfg, "127.0.0.1:0".parse().expect("addr")).await.expect("simulator"));
+    }
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let model = SimConfig::default().model;
+    let gw = start_gateway(&format!("{}{}", gateway_config(&urls).models(&[&model]).yaml(), keys())).await;
+    let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    let code = format!(
+        r#"
+import sys, anthropic
+c = anthropic.Anthropic(base_url=sys.argv[1], api_key="sk-a", max_retries=0)
+inp = out = 0
+for _ in range(3):
+    m = c.messages.create(model="{model}", max_tokens=12, messages=[{{"role": "user", "content": "Hello there"}}])
+    inp += m.usage.input_tokens; out += m.usage.output_tokens
+    with c.messages.stream(model="{model}", max_tokens=12, messages=[{{"role": "user", "content": "Hello there"}}]) as s:
+        text = "".join(s.text_stream)
+        f = s.get_final_message()
+    inp += f.usage.input_tokens; out += f.usage.output_tokens
+print("usage", inp, out, f.stop_reason)
+"#
+    );
+    let out = tokio::process::Command::new(py)
+        .arg("-c")
+        .arg(&code)
+        .arg(format!("http://{}", gw.data_addr))
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let words: Vec<u64> = stdout.split_whitespace().skip(1).take(2).filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(words.len(), 2, "{stdout}");
+    count_sent(gw.data_addr, 6);
+    let m = metrics_text(&gw).await;
+    let msgs = [("endpoint", "messages")];
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &msgs), Some(3.0), "{m}");
+    assert_eq!(metric(&m, "slogate_prompt_tokens_total", &[]), Some(words[0] as f64), "the replicas' prompt tokens: {m}");
+    assert_eq!(metric(&m, "slogate_generation_tokens_total", &[]), Some(words[1] as f64), "the replicas' output tokens: {m}");
+    assert_quiescent(&gw).await;
+}

@@ -7,6 +7,7 @@ pub mod cache;
 pub mod config;
 pub mod engine;
 pub mod kv_events;
+mod messages;
 pub mod metrics;
 mod responses;
 pub mod server;

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::engine::{Event, Finish, Rejected, SeqRequest};
-use super::server::{error, estimate_tokens, json_resp, Ctx, SimBody, WORDS};
+use super::server::{engine_event, error, estimate_tokens, json_resp, typed_event, Ctx, SimBody, WORDS};
 
 /// One stored response: its conversation's tokens so far (for the next
 /// turn's prompt), its text and status.
@@ -199,9 +199,7 @@ impl Events {
         self.seq += 1;
         v["type"] = kind.into();
         v["sequence_number"] = self.seq.into();
-        buf.extend_from_slice(format!("event: {kind}\ndata: ").as_bytes());
-        buf.extend_from_slice(&serde_json::to_vec(&v).unwrap_or_default());
-        buf.extend_from_slice(b"\n\n");
+        typed_event(buf, kind, &v);
     }
 }
 
@@ -221,13 +219,9 @@ impl Body for Events {
             this.event(&mut buf, "response.created", created);
             return Poll::Ready(Some(Ok(Frame::data(buf.freeze()))));
         }
-        let ev = match this.rx.poll_recv(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(None) => {
-                this.done = true;
-                return Poll::Ready(Some(Err(std::io::Error::other("engine dropped the request"))));
-            }
-            Poll::Ready(Some(ev)) => ev,
+        let ev = match engine_event(&mut this.rx, &mut this.done, cx) {
+            Ok(ev) => ev,
+            Err(polled) => return polled,
         };
         match ev {
             Event::Token { index, finish } => {
@@ -249,10 +243,7 @@ impl Body for Events {
                 this.event(&mut buf, "error", json!({"code": "server_error", "message": m, "param": null}));
                 this.done = true;
             }
-            Event::Cut => {
-                this.done = true;
-                return Poll::Ready(Some(Err(std::io::Error::other("simulated cut"))));
-            }
+            Event::Cut => {}
         }
         Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
     }

@@ -214,6 +214,7 @@ async fn handle(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<SimBody> {
         (Method::POST, "/v1/completions") => completion(req, ctx, false).await,
         (Method::POST, "/v1/embeddings") => embeddings(req, ctx).await,
         (Method::POST, "/v1/responses") => super::responses::create(req, ctx).await,
+        (Method::POST, "/v1/messages") => super::messages::create(req, ctx).await,
         (m, p) => super::responses::stored(&m, p, &ctx).unwrap_or_else(|| error(StatusCode::NOT_FOUND, "Not Found", "NotFoundError")),
     }
 }
@@ -231,6 +232,34 @@ fn full(status: StatusCode, ct: &'static str, body: Bytes) -> Response<SimBody> 
 
 pub(crate) fn json_resp(status: StatusCode, v: &Value) -> Response<SimBody> {
     full(status, "application/json", Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
+}
+
+/// A typed event (`event: KIND`, then its data), as the Responses API and
+/// Anthropic's Messages stream them.
+pub(crate) fn typed_event(buf: &mut BytesMut, kind: &str, v: &Value) {
+    buf.extend_from_slice(format!("event: {kind}\ndata: ").as_bytes());
+    buf.extend_from_slice(&serde_json::to_vec(v).unwrap_or_default());
+    buf.extend_from_slice(b"\n\n");
+}
+
+/// The engine's next event for a streamed answer: `Err` holds what the
+/// body returns instead (pending; or its end with an error, `done` set,
+/// when the engine dropped the request or cut it).
+pub(crate) type Polled = Poll<Option<Result<Frame<Bytes>, std::io::Error>>>;
+
+pub(crate) fn engine_event(rx: &mut mpsc::UnboundedReceiver<Event>, done: &mut bool, cx: &mut Context<'_>) -> Result<Event, Polled> {
+    match rx.poll_recv(cx) {
+        Poll::Pending => Err(Poll::Pending),
+        Poll::Ready(None) => {
+            *done = true;
+            Err(Poll::Ready(Some(Err(std::io::Error::other("engine dropped the request")))))
+        }
+        Poll::Ready(Some(Event::Cut)) => {
+            *done = true;
+            Err(Poll::Ready(Some(Err(std::io::Error::other("simulated cut")))))
+        }
+        Poll::Ready(Some(ev)) => Ok(ev),
+    }
 }
 
 /// vLLM's error body.
@@ -460,15 +489,11 @@ impl Body for StreamBody {
         if self.done {
             return Poll::Ready(None);
         }
-        let ev = match self.rx.poll_recv(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(None) => {
-                self.done = true;
-                return Poll::Ready(Some(Err(std::io::Error::other("engine dropped the request"))));
-            }
-            Poll::Ready(Some(ev)) => ev,
-        };
         let this = &mut *self;
+        let ev = match engine_event(&mut this.rx, &mut this.done, cx) {
+            Ok(ev) => ev,
+            Err(polled) => return polled,
+        };
         let mut buf = BytesMut::new();
         match ev {
             Event::Token { index, finish } => {
@@ -509,10 +534,7 @@ impl Body for StreamBody {
                 buf.extend_from_slice(b"data: [DONE]\n\n");
                 this.done = true;
             }
-            Event::Cut => {
-                this.done = true;
-                return Poll::Ready(Some(Err(std::io::Error::other("simulated cut"))));
-            }
+            Event::Cut => {}
         }
         Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
     }
