@@ -80,6 +80,8 @@ struct Spans {
     prompt: Option<(usize, usize)>,
     /// `prompt_cache_key`.
     cache_key: Option<(usize, usize)>,
+    /// Anthropic's `metadata` (its `user_id` names an agent's session).
+    metadata: Option<(usize, usize)>,
 }
 
 /// Only the routed-on members; the rest is checked and skipped.
@@ -115,6 +117,8 @@ struct Wire<'a> {
     instructions: Option<&'a RawValue>,
     #[serde(default, borrow)]
     prompt_cache_key: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    metadata: Option<&'a RawValue>,
     #[serde(default, borrow)]
     previous_response_id: Option<Cow<'a, str>>,
 }
@@ -224,8 +228,12 @@ impl RequestBody {
         let w: Wire<'_> = serde_json::from_str(text).ok()?;
         // A borrowed member's place in the body.
         let at = |r: Option<&RawValue>| r.map(|r| r.get().as_ptr() as usize - text.as_ptr() as usize).zip(r.map(|r| r.get().len()));
-        let spans =
-            Spans { instructions: at(w.instructions), prompt: at(w.messages.or(w.prompt).or(w.input)), cache_key: at(w.prompt_cache_key) };
+        let spans = Spans {
+            instructions: at(w.instructions),
+            prompt: at(w.messages.or(w.prompt).or(w.input)),
+            cache_key: at(w.prompt_cache_key),
+            metadata: at(w.metadata),
+        };
         let answers = answers_raw(w.n, w.best_of, w.prompt)?;
         let head = Head {
             model: Model::Name(w.model?.into_owned()),
@@ -271,6 +279,24 @@ impl RequestBody {
         }
         let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_ref()).collect();
         Some(RouteKey::of(&parts, block, max_blocks, session))
+    }
+
+    /// An Anthropic request's `metadata.user_id` (Claude Code and other
+    /// agents name their session there): the session hint of a Messages
+    /// request that sends no `x-session-id`.
+    pub(super) fn metadata_user_id(&self) -> Option<Vec<u8>> {
+        #[derive(Deserialize)]
+        struct Metadata {
+            user_id: Option<String>,
+        }
+        let user_id = match &self.object {
+            None => {
+                let (at, len) = self.spans.metadata?;
+                serde_json::from_slice::<Metadata>(self.bytes.get(at..at + len)?).ok()?.user_id
+            }
+            Some(o) => o.get("metadata")?.get("user_id")?.as_str().map(str::to_string),
+        };
+        user_id.filter(|u| !u.is_empty()).map(String::into_bytes)
     }
 
     /// The prompt member as the client wrote it (`messages` for chat,

@@ -148,7 +148,8 @@ fn prefix_key(request: &RequestBody, headers: &HeaderMap, endpoint: Endpoint, po
     if pool.balance != Balance::PrefixAware || !(generates(endpoint) || matches!(endpoint, Endpoint::Responses | Endpoint::Messages)) {
         return None;
     }
-    let session = headers.get(X_SESSION_ID).map(HeaderValue::as_bytes);
+    let user_id = (endpoint == Endpoint::Messages && !headers.contains_key(X_SESSION_ID)).then(|| request.metadata_user_id()).flatten();
+    let session = headers.get(X_SESSION_ID).map(HeaderValue::as_bytes).or(user_id.as_deref());
     request.route_key(pool.prefix.block.0 as usize, pool.prefix.max_blocks as usize, session)
 }
 

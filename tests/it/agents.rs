@@ -489,3 +489,39 @@ print("usage", inp, out, f.stop_reason)
     assert_eq!(metric(&m, "slogate_generation_tokens_total", &[]), Some(words[1] as f64), "the replicas' output tokens: {m}");
     assert_quiescent(&gw).await;
 }
+
+/// An agent's session pins its turns to one replica while it is healthy
+/// and free, as `prompt_cache_key` does: Anthropic's `metadata.user_id`
+/// (where Claude Code and other agents name their session) for Messages,
+/// `x-session-id` for any endpoint. Turns of other prompts without one
+/// spread over the replicas.
+#[tokio::test]
+async fn an_agents_session_keeps_its_turns_on_one_replica() {
+    let (a, b) = (Mock::start(script(anthropic)).await, Mock::start(script(anthropic)).await);
+    let gw = start_gateway(&format!("{}{}", gateway_config(&[a.url(), b.url()]).yaml(), keys())).await;
+    let c = client();
+    let replica_of = |resp: &http::Response<hyper::body::Incoming>| {
+        resp.headers().get("x-slogate-replica").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
+    };
+    let mut seen = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
+    for turn in 0..12 {
+        for (session, meta, header) in [("claude", true, false), ("cli", false, true), ("none", false, false)] {
+            let metadata = if meta { format!(r#","metadata":{{"user_id":"user_x_account__session_{session}"}}"#) } else { String::new() };
+            let body = format!(
+                r#"{{"model":"m1","max_tokens":8{metadata},"messages":[{{"role":"user","content":"turn {turn} of {session}: a different question each time"}}]}}"#
+            );
+            let mut headers = vec![("x-api-key", "sk-a")];
+            if header {
+                headers.push(("x-session-id", "cli-session-7"));
+            }
+            let resp = c.request(post_req(gw.data_addr, "/v1/messages", &body, &headers)).await.expect("response");
+            assert_eq!(resp.status(), 200);
+            seen.entry(session.to_string()).or_default().insert(replica_of(&resp));
+            resp.into_body().collect().await.expect("body");
+        }
+    }
+    assert_eq!(seen["claude"].len(), 1, "metadata.user_id pins the session: {seen:?}");
+    assert_eq!(seen["cli"].len(), 1, "x-session-id pins the session: {seen:?}");
+    assert_eq!(seen["none"].len(), 2, "other turns spread: {seen:?}");
+    assert_quiescent(&gw).await;
+}
