@@ -67,9 +67,10 @@ fn storing(name: &'static str) -> ScriptFn {
 
 fn keys() -> String {
     format!(
-        "auth:\n  keys:\n    - {{ name: a, key_sha256: {}, classes: [chat] }}\n    - {{ name: b, key_sha256: {}, classes: [chat] }}\n",
+        "auth:\n  keys:\n    - {{ name: a, key_sha256: {}, classes: [chat] }}\n    - {{ name: b, key_sha256: {}, classes: [chat] }}\n    - {{ name: one, key_sha256: {}, classes: [chat], limits: {{ requests_per_minute: 1 }} }}\n",
         key_sha256("sk-a"),
-        key_sha256("sk-b")
+        key_sha256("sk-b"),
+        key_sha256("sk-one")
     )
 }
 
@@ -192,7 +193,7 @@ async fn a_follow_up_whose_replica_is_gone_is_lost_state() {
     assert_quiescent(&gw).await;
 }
 
-/// An OpenAI SDK script: 20 conversations of three turns of `model`
+/// An OpenAI SDK script: 100 conversations of three turns of `model`
 /// chained by `previous_response_id`, streaming and not, one at a time and
 /// 20 at once, each line saying how many went on; then `then`.
 fn agents_script(model: &str, then: &str) -> String {
@@ -215,7 +216,7 @@ def conversation(i, stream):
 for at_once in (1, 20):
     for stream in (False, True):
         with ThreadPoolExecutor(at_once) as pool:
-            done = sum(pool.map(lambda i: conversation(i, stream), range(20)))
+            done = sum(pool.map(lambda i: conversation(i, stream), range(100)))
         print("conversations", at_once, stream, done)
 {then}"#
     )
@@ -223,12 +224,12 @@ for at_once in (1, 20):
 
 /// Every conversation of [`agents_script`] went on to its last turn.
 fn all_conversations_went_on(out: &str) {
-    for line in ["1 False 20", "1 True 20", "20 False 20", "20 True 20"] {
+    for line in ["1 False 100", "1 True 100", "20 False 100", "20 True 100"] {
         assert!(out.contains(&format!("conversations {line}")), "{out}");
     }
 }
 
-/// The OpenAI Python SDK's agents: 20 conversations of three turns chained
+/// The OpenAI Python SDK's agents: 100 conversations of three turns chained
 /// by `previous_response_id`, streaming and not, one at a time and 20 at
 /// once, through two replicas each with its own store: every follow-up
 /// succeeds.
@@ -239,9 +240,9 @@ async fn the_openai_sdks_follow_ups_succeed_through_two_replicas() {
     let code = agents_script("m1", "");
     let out = openai_sdk(&gw, &code, &[]).await;
     all_conversations_went_on(&out);
-    count_sent(gw.data_addr, 4 * 20 * 3);
+    count_sent(gw.data_addr, 4 * 100 * 3);
     let m = metrics_text(&gw).await;
-    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(240.0), "{m}");
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(1200.0), "{m}");
     assert_quiescent(&gw).await;
 }
 
@@ -316,7 +317,7 @@ print("cancelled", c.responses.cancel(r.id).status)
     let out = openai_sdk(&gw, &code, &[]).await;
     all_conversations_went_on(&out);
     assert!(out.contains("retrieved True") && out.contains("cancelled cancelled"), "{out}");
-    count_sent(gw.data_addr, 4 * 20 * 3 + 3);
+    count_sent(gw.data_addr, 4 * 100 * 3 + 3);
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "client_error")]), None, "{m}");
     assert_quiescent(&gw).await;
@@ -402,6 +403,16 @@ async fn anthropics_messages_are_served_and_measured_by_default() {
     let (s, body) = call(&client(), &gw, "POST", "/v1/messages", r#"{"model":"nope","max_tokens":4,"messages":[]}"#, "a").await;
     let e: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!((s, e["error"]["type"].as_str()), (404, Some("not_found_error")), "{body}");
+    // A key over its limit: 429 rate_limit_error, with Retry-After.
+    let (s, _) = call(&client(), &gw, "POST", "/v1/messages", whole, "one").await;
+    assert_eq!(s, 200);
+    let req = post_req(gw.data_addr, "/v1/messages", whole, &[("x-api-key", "sk-one")]);
+    let resp = client().request(req).await.expect("response");
+    let retry = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let (s, body) = (resp.status().as_u16(), resp.into_body().collect().await.expect("body").to_bytes());
+    let e: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!((s, e["type"].as_str(), e["error"]["type"].as_str()), (429, Some("error"), Some("rate_limit_error")), "{e}");
+    assert!(retry.is_some_and(|r| r.parse::<u64>().is_ok_and(|n| n >= 1)), "Retry-After");
     assert_quiescent(&gw).await;
 }
 
