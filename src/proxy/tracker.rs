@@ -15,7 +15,7 @@ use crate::classify::Class;
 use crate::config::Endpoint;
 use crate::telemetry::access_log::{AccessLog, AccessRecord};
 use crate::telemetry::accounting::{self, Finished, Sinks};
-use crate::telemetry::labels::{FinishLabels, FinishReason};
+use crate::telemetry::labels::FinishReason;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otel::span_finished;
 use crate::telemetry::series::RequestSeries;
@@ -395,8 +395,7 @@ impl Tracker {
         self.log_access(&f);
         self.report_gaps();
         if let (true, Some(reason)) = (outcome.completed(), self.finish_reason.as_deref()) {
-            let labels = FinishLabels { class: self.class.name.to_string(), reason: FinishReason::of(reason) };
-            self.metrics.finish_reasons.get_or_create(&labels).inc();
+            self.class.control.series.load().finish(&self.metrics, FinishReason::of(reason)).inc();
         }
         let control = &self.class.control;
         let series = series(&mut self.series, &self.class, self.endpoint);

@@ -32,6 +32,8 @@ pub(crate) struct ClassSeries {
     /// `latency_judged_requests`, per [`Signal`], within (0) or not (1).
     judged: [[OnceLock<Counter>; 2]; 3],
     breaches: [OnceLock<Counter>; BREACH_KINDS],
+    /// `finish_reasons`, per [`FinishReason`].
+    finishes: [OnceLock<Counter>; 5],
     /// Per model, per endpoint kind.
     by_model: RwLock<ByModel>,
 }
@@ -55,6 +57,12 @@ const OUTCOMES: usize = Outcome::ALL.len();
 const BREACH_KINDS: usize = BreachKind::error as usize + 1;
 
 impl ClassSeries {
+    /// `finish_reasons_total{class,reason}`.
+    pub(crate) fn finish(&self, m: &Metrics, reason: super::labels::FinishReason) -> &Counter {
+        self.finishes[reason as usize]
+            .get_or_init(|| m.finish_reasons.get_or_create(&super::labels::FinishLabels { class: self.class.clone(), reason }).clone())
+    }
+
     /// The series of `class`, whose latency histograms have buckets at
     /// `ttft` and `itl` (its targets) and twice each.
     pub(crate) fn new(class: &str, tier: Tier, ttft: std::time::Duration, itl: std::time::Duration) -> ClassSeries {
@@ -66,6 +74,7 @@ impl ClassSeries {
             goodput: OnceLock::new(),
             judged: Default::default(),
             breaches: Default::default(),
+            finishes: Default::default(),
             by_model: RwLock::new(HashMap::new()),
         }
     }
