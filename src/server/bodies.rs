@@ -5,38 +5,32 @@
 //! bytes are taken from both as they are read and given back when its
 //! request ends (docs/access.md, rule 18).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::GatewayError;
 
-/// Bytes of request bodies held now (and the gauge that shows them, for a listener's).
+/// Bytes of request bodies held now: a gauge (a listener's is the one
+/// `/metrics` shows; a connection's is its own, unregistered).
 #[derive(Debug, Default)]
-pub struct Held(AtomicU64, Option<prometheus_client::metrics::gauge::Gauge>);
+pub struct Held(prometheus_client::metrics::gauge::Gauge);
 
 impl Held {
-    /// A listener's count, shown by `gauge`.
+    /// A listener's count, shown by `gauge` (its own when `None`).
     pub fn shown(gauge: Option<prometheus_client::metrics::gauge::Gauge>) -> Held {
-        Held(AtomicU64::new(0), gauge)
+        Held(gauge.unwrap_or_default())
     }
 
     pub fn bytes(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.get().max(0) as u64
     }
 
     fn add(&self, n: u64) -> u64 {
-        if let Some(g) = &self.1 {
-            g.inc_by(n as i64);
-        }
-        self.0.fetch_add(n, Ordering::Relaxed) + n
+        (self.0.inc_by(n as i64) + n as i64).max(0) as u64
     }
 
     fn sub(&self, n: u64) {
-        if let Some(g) = &self.1 {
-            g.dec_by(n as i64);
-        }
-        self.0.fetch_sub(n, Ordering::Relaxed);
+        self.0.dec_by(n as i64);
     }
 }
 
