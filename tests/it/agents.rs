@@ -416,13 +416,29 @@ async fn anthropics_messages_are_served_and_measured_by_default() {
     assert_quiescent(&gw).await;
 }
 
+/// Run `code` (Python, Anthropic's SDK installed by scripts/setup-test-deps)
+/// with the gateway's base URL as its argument; its output, once it succeeded.
+async fn anthropic_sdk(gw: &slogate::Gateway, code: &str) -> String {
+    let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    let out = tokio::process::Command::new(py)
+        .arg("-c")
+        .arg(code)
+        .arg(format!("http://{}", gw.data_addr))
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
 /// Anthropic's Python SDK, with the defaults: `messages.create` and
 /// `messages.stream` through the gateway, keyed by `x-api-key`.
 #[tokio::test]
 async fn anthropics_sdk_works_through_the_gateway() {
     let mock = Mock::start(script(anthropic)).await;
     let gw = start_gateway(&format!("{}{}", gateway_config(&[mock.url()]).yaml(), keys())).await;
-    let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     let code = r#"
 import sys, anthropic
 c = anthropic.Anthropic(base_url=sys.argv[1], api_key="sk-a", max_retries=0)
@@ -433,16 +449,7 @@ with c.messages.stream(model="m1", max_tokens=64, messages=[{"role": "user", "co
     final = s.get_final_message()
 print("stream:", text, final.usage.output_tokens, final.stop_reason)
 "#;
-    let out = tokio::process::Command::new(py)
-        .arg("-c")
-        .arg(code)
-        .arg(format!("http://{}", gw.data_addr))
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = anthropic_sdk(&gw, code).await;
     assert!(stdout.contains("create: Hello from the replica 21 9 end_turn"), "{stdout}");
     assert!(stdout.contains("stream: Hello from the replica 9 end_turn"), "{stdout}");
     count_sent(gw.data_addr, 2);
@@ -464,7 +471,6 @@ async fn anthropics_sdk_works_through_two_simulated_replicas() {
     let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
     let model = SimConfig::default().model;
     let gw = start_gateway(&format!("{}{}", gateway_config(&urls).models(&[&model]).yaml(), keys())).await;
-    let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     let code = format!(
         r#"
 import sys, anthropic
@@ -480,16 +486,7 @@ for _ in range(3):
 print("usage", inp, out, f.stop_reason)
 "#
     );
-    let out = tokio::process::Command::new(py)
-        .arg("-c")
-        .arg(&code)
-        .arg(format!("http://{}", gw.data_addr))
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = anthropic_sdk(&gw, &code).await;
     let words: Vec<u64> = stdout.split_whitespace().skip(1).take(2).filter_map(|w| w.parse().ok()).collect();
     assert_eq!(words.len(), 2, "{stdout}");
     count_sent(gw.data_addr, 6);
