@@ -268,7 +268,7 @@ impl Fleet {
     /// Alone again (the fleet was configured away): every replica's slots are its limit.
     fn leave(&self, view: &View, metrics: &Metrics) {
         self.set_peers_empty();
-        prefix::journal(&view.pools, false);
+        prefix::journal(&view.pools, false, std::time::Duration::ZERO);
         if let Some(c) = &view.controls {
             c.tenants.set_instances(1);
         }
@@ -383,7 +383,7 @@ pub(crate) fn run(fleet: Arc<Fleet>, metrics: Arc<Metrics>, current: Box<Current
                 joined = true;
                 let dns = if config.peers_dns.is_some() { resolved.lock().unwrap_or_else(|e| e.into_inner()).clone() } else { Vec::new() };
                 fleet.set_peers(&addresses(&config, &dns), &current, &stop);
-                prefix::journal(&view.pools, true);
+                prefix::journal(&view.pools, true, config.period.get());
                 fleet.allocate(&view, Instant::now(), &metrics);
             }
             drop(view);

@@ -16,12 +16,15 @@ use crate::upstream::Pool;
 /// a peer that fell further behind misses the older ones.
 const SENT_AT_MOST: usize = 256;
 
-/// Journal the prefix-aware pools' decisions (`on`: in a fleet), or stop.
-pub(super) fn journal(pools: &[Arc<PoolAdmission>], on: bool) {
+/// Journal the prefix-aware pools' decisions and the owners learned (`on`:
+/// in a fleet, whose exchange runs every `period`), or stop.
+pub(super) fn journal(pools: &[Arc<PoolAdmission>], on: bool, period: std::time::Duration) {
     for a in pools {
         let pool = a.pool();
         pool.prefix.set_journaling(on && pool.config.balance == Balance::PrefixAware);
-        pool.owners.set_journaling(on);
+        // A follow-up may wait for a peer's word of its owner: the next
+        // exchanges (a peer reads every period), within reason.
+        pool.owners.set_journaling(on, (period * 3).min(std::time::Duration::from_secs(1)));
     }
 }
 

@@ -106,6 +106,9 @@ pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>, client: Arc<Cl
         log_unrouted(&app, &snap, req.headers(), &id, e.status().as_u16(), start);
         return e.respond(Some(&id));
     };
+    if let Target::Stored(id) = &target {
+        route::heard_of(&snap, id).await;
+    }
     let caller = snap.classifier.classify(req.headers(), target.endpoint());
     let caller = caller.and_then(|c| target.clone().permit(&snap, req.uri().path(), &c.grant).map(|t| (c, t)));
     // An opened path is an unknown path to a caller who may not call it (no
@@ -229,7 +232,7 @@ fn forward(
         t.set_prompt_estimate(prompt);
         stage!(t, key_limits(&mut t, &caller, &routed, endpoint, snap).await);
         drop(reading);
-        let owner = stage!(t, follow_up(&mut t, &routed, endpoint, &caller));
+        let owner = stage!(t, follow_up(&mut t, &routed, endpoint, &caller).await);
         let mut claim =
             admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys(), endpoint.is_short());
         claim.deadline = stage!(t, headers::deadline(&parts.headers)).map(|d| t.start() + d);
@@ -376,7 +379,7 @@ async fn send(
 /// Another tenant's response is as unknown as one never made (404); one
 /// whose replica is gone is lost (410, `state_lost`). A Responses request
 /// teaches the gateway the owner of the response it makes.
-fn follow_up(
+async fn follow_up(
     t: &mut Tracker,
     routed: &Routed<'_>,
     endpoint: Endpoint,
@@ -391,7 +394,7 @@ fn follow_up(
     let owners = &routed.route.pool.owners;
     t.learn_responses(owners.clone(), caller.tenant.name.clone());
     let Some(id) = routed.request.head().previous_response_id.as_deref() else { return Ok(None) };
-    match owners.get(id) {
+    match owners.get_soon(id).await {
         // Unknown to the gateway (made before it started, or elsewhere): the replicas decide.
         None => Ok(None),
         Some(o) if *o.tenant != *caller.tenant.name => Err(GatewayError::ResponseNotFound(id.to_string())),

@@ -202,6 +202,23 @@ pub(super) fn cpu_bound<R>(len: usize, f: impl FnOnce() -> R) -> R {
     }
 }
 
+/// In a fleet, wait (a while) for a peer to tell of stored response `id`'s
+/// owner, when no pool knows it yet (docs/design/responses.md, rule 3).
+pub(super) async fn heard_of(snap: &Snapshot, id: &str) {
+    if snap.pools.iter().any(|r| r.pool.owners.get(id).is_some()) {
+        return;
+    }
+    let waits = snap.pools.iter().map(|r| Box::pin(r.pool.owners.get_soon(id)));
+    let mut waits: Vec<_> = waits.collect();
+    while !waits.is_empty() {
+        let (found, _, rest) = futures_util::future::select_all(waits).await;
+        if found.is_some() {
+            return;
+        }
+        waits = rest;
+    }
+}
+
 /// Read the body (only as far as routing needs), check the caller may use
 /// its model, and find the pool.
 #[allow(clippy::too_many_arguments)]

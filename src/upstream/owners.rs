@@ -8,10 +8,11 @@
 //! the fleet's exchange (docs/design/responses.md).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Replica;
@@ -54,11 +55,20 @@ pub(crate) struct Owners {
     /// In a fleet: what this instance learned, numbered, for its peers.
     journal: Mutex<VecDeque<Learned>>,
     journaling: AtomicBool,
+    /// In a fleet: how long a request naming an id not heard of yet waits
+    /// for a peer's word (microseconds; 0 alone).
+    patience: AtomicU64,
+    /// A peer told of an owner.
+    told: Notify,
 }
 
 impl Owners {
-    /// Journal what is learned (in a fleet), or stop and forget the journal.
-    pub(crate) fn set_journaling(&self, on: bool) {
+    /// Journal what is learned (in a fleet, where a request naming an id
+    /// not heard of yet waits up to `patience` for a peer to tell of it),
+    /// or stop and forget the journal.
+    pub(crate) fn set_journaling(&self, on: bool, patience: Duration) {
+        let micros = if on { patience.as_micros().min(u64::MAX as u128) as u64 } else { 0 };
+        self.patience.store(micros, Ordering::Relaxed);
         if self.journaling.swap(on, Ordering::Relaxed) != on && !on {
             self.journal.lock().unwrap_or_else(|p| p.into_inner()).clear();
         }
@@ -82,11 +92,17 @@ impl Owners {
                 j.pop_front();
             }
         }
-        self.heard(id, replica, tenant);
+        self.remember(id, replica, tenant);
     }
 
-    /// Response `id` was made on `replica` for `tenant` (here, or a peer says so).
+    /// A peer of the fleet says response `id` was made on `replica` for
+    /// `tenant`: remembered, and whoever waits for an owner looks again.
     pub(crate) fn heard(&self, id: &str, replica: &Arc<Replica>, tenant: Arc<str>) {
+        self.remember(id, replica, tenant);
+        self.told.notify_waiters();
+    }
+
+    fn remember(&self, id: &str, replica: &Arc<Replica>, tenant: Arc<str>) {
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let id: Arc<str> = id.into();
         let now = Instant::now();
@@ -103,6 +119,27 @@ impl Owners {
     pub(crate) fn get(&self, id: &str) -> Option<Owner> {
         let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         m.owners.get(id).filter(|(_, at)| at.elapsed() <= KEPT).map(|(o, _)| o.clone())
+    }
+
+    /// The owner of response `id`; in a fleet, one not heard of yet is
+    /// waited for, at most the patience [`set_journaling`](Self::set_journaling)
+    /// set: a follow-up sent to this instance right after its first turn
+    /// went through another arrives before the exchange tells of it.
+    pub(crate) async fn get_soon(&self, id: &str) -> Option<Owner> {
+        let patience = self.patience.load(Ordering::Relaxed);
+        if patience == 0 {
+            return self.get(id);
+        }
+        let deadline = Instant::now() + Duration::from_micros(patience);
+        loop {
+            let told = self.told.notified();
+            tokio::pin!(told);
+            told.as_mut().enable();
+            if let Some(o) = self.get(id) {
+                return Some(o);
+            }
+            tokio::time::timeout_at(deadline, told).await.ok()?;
+        }
     }
 
     /// How many it remembers.
@@ -139,5 +176,29 @@ mod tests {
         }
         assert_eq!(owners.len(), CAPACITY);
         assert!(owners.get("r0").is_none() && owners.get(&format!("r{}", CAPACITY + 9)).is_some(), "the oldest went first");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_a_fleet_an_owner_not_heard_of_yet_is_waited_for_a_while() {
+        let a = replica("http://127.0.0.1:1");
+        let owners = Arc::new(Owners::default());
+        // Alone: no one else can tell of it.
+        let start = Instant::now();
+        assert!(owners.get_soon("resp_1").await.is_none());
+        assert_eq!(start.elapsed(), Duration::ZERO, "alone, nothing is waited for");
+        owners.set_journaling(true, Duration::from_millis(300));
+        let waiting = tokio::spawn({
+            let owners = owners.clone();
+            async move { owners.get_soon("resp_1").await.map(|o| o.tenant) }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        owners.heard("resp_2", &a, "team".into());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        owners.heard("resp_1", &a, "team".into());
+        assert_eq!(waiting.await.expect("task").as_deref(), Some("team"), "found once a peer told of it");
+        assert_eq!(start.elapsed(), Duration::from_millis(150));
+        let start = Instant::now();
+        assert!(owners.get_soon("resp_9").await.is_none());
+        assert_eq!(start.elapsed(), Duration::from_millis(300), "never told: routed as unknown after the patience");
     }
 }

@@ -291,6 +291,47 @@ async fn a_conversation_goes_on_through_another_gateway_of_the_fleet() {
     }
 }
 
+/// The OpenAI SDK's agents through a fleet of two gateways: every turn
+/// goes through the other gateway than the one before, sent at once (so
+/// the second gateway often hears of the first turn's owner only while
+/// the follow-up waits), 100 conversations per mode, and every follow-up
+/// succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdks_follow_ups_succeed_across_two_gateways() {
+    let (ra, rb) = (Mock::start(storing("a")).await, Mock::start(storing("b")).await);
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let alone = gateway_config(&[ra.url(), rb.url()]);
+    let (a, b, url_a, url_b) = fleet_of_two(&alone, "period: 50ms, peer_timeout: 400ms, takeover_after: 2s", tmp.path()).await;
+    for (gw, peer) in [(&a, &url_b), (&b, &url_a)] {
+        started(gw);
+        let (admin, peer) = (gw.admin_addr, peer.as_str());
+        wait_until("the peer is heard", || async move {
+            let s: serde_json::Value = serde_json::from_str(&get(admin, "/fleet.json").await.1).unwrap_or_default();
+            s["peers"].as_array().is_some_and(|ps| ps.iter().any(|p| p["address"] == peer && p["status"] == "fresh"))
+        })
+        .await;
+    }
+    // The script's `c` is gateway a's client; `other` is gateway b's, and
+    // `client_of(turn)` alternates between them.
+    let other = std::path::PathBuf::from(format!("http://{}/v1", b.data_addr));
+    let code = agents_script("m1", "").replace(
+        "def conversation(i, stream):",
+        "other = OpenAI(base_url=sys.argv[2], api_key=\"unused\", max_retries=0)\nclient_of = lambda turn: other if turn % 2 else c\ndef conversation(i, stream):",
+    );
+    let code = code.replace("c.responses.create(", "client_of(turn).responses.create(");
+    let out = openai_sdk(&a, &code, &[&other]).await;
+    all_conversations_went_on(&out);
+    let m_a = metrics_text(&a).await;
+    let m_b = metrics_text(&b).await;
+    let ok = |m: &str| metric(m, "slogate_requests_total", &[("outcome", "ok")]).unwrap_or(0.0);
+    assert_eq!((ok(&m_a), ok(&m_b)), (800.0, 400.0), "turns 1 and 3 through a, turn 2 through b");
+    count_sent(a.data_addr, 800);
+    count_sent(b.data_addr, 400);
+    for gw in [&a, &b] {
+        assert_quiescent(gw).await;
+    }
+}
+
 /// The same agents against three simulated vLLM replicas (the simulator
 /// keeps a response store per replica, as vLLM does), whole and streamed,
 /// one at a time and 20 at once; and through the simulator a background
