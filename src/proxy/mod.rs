@@ -308,7 +308,7 @@ fn upload_failed(e: GatewayError, upload: Option<&Upload>, snap: &Snapshot) -> G
     }
 }
 
-/// A chat or completions stream, continued on another replica of its pool
+/// A chat, completions or Messages stream, continued on another replica of its pool
 /// if it breaks ([`resume`]): unless resuming is off or the pool has no
 /// other replica.
 fn resumable(
@@ -321,7 +321,13 @@ fn resumable(
     t: &Tracker,
 ) -> Option<resume::Resume<UpstreamBody>> {
     let attempts = route.pool.config.resume.max_attempts;
-    if !matches!(endpoint, Endpoint::Chat | Endpoint::Completions) || attempts == 0 || route.pool.replicas.len() < 2 {
+    let kind = match endpoint {
+        Endpoint::Chat => resume::Kind::Chat,
+        Endpoint::Completions => resume::Kind::Completions,
+        Endpoint::Messages => resume::Kind::Messages,
+        _ => return None,
+    };
+    if attempts == 0 || route.pool.replicas.len() < 2 {
         return None;
     }
     let link = resume::PoolLink {
@@ -331,7 +337,7 @@ fn resumable(
         strip_auth: snap.classifier.has_keys(),
         request_id: t.request_id.clone(),
     };
-    Some(resume::Resume::new(Box::new(link), body, endpoint == Endpoint::Chat, attempts))
+    Some(resume::Resume::new(Box::new(link), body, kind, attempts))
 }
 
 /// The sending stage: the request to a replica of `route`'s pool, retried

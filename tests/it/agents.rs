@@ -459,7 +459,7 @@ async fn anthropics_messages_are_served_and_measured_by_default() {
 
 /// Run `code` (Python, Anthropic's SDK installed by scripts/setup-test-deps)
 /// with the gateway's base URL as its argument; its output, once it succeeded.
-async fn anthropic_sdk(gw: &slogate::Gateway, code: &str) -> String {
+pub(crate) async fn anthropic_sdk(gw: &slogate::Gateway, code: &str) -> String {
     let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     let out = tokio::process::Command::new(py)
         .arg("-c")

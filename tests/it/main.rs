@@ -31,6 +31,7 @@ mod reference_config;
 mod reload;
 mod replicas;
 mod resume;
+mod resume_messages;
 mod rooms;
 mod rules;
 mod streaming;

@@ -285,7 +285,7 @@ impl<B> ObservedBody<B> {
                     *saw_done |= info.done;
                     if strip && info.usage_only {
                         cuts.push((at.0, at.1, None));
-                    } else if let Some(s) = splice.as_ref().filter(|s| s.spliced()) {
+                    } else if let Some(s) = splice.as_deref_mut().filter(|s| s.spliced()) {
                         cuts.push((at.0, at.1, s.rewrite(d, &info)));
                     }
                 });

@@ -58,22 +58,27 @@ impl<B> ObservedBody<B> {
     }
 
     /// A stream that broke after its finish, when the client did not ask
-    /// for usage and the answer is one choice: the client has all it asked
-    /// for, and the stream ends with the `[DONE]` the replica did not send
+    /// for usage (or the stream is Anthropic's, whose finish carries it) and
+    /// the answer is one choice: the client has all it asked for, and the
+    /// stream ends with the `[DONE]` (`message_stop`) the replica did not send
     /// (the partial event after the finish, if any, dropped), counted as
     /// its finish says. False: the client asked for usage it did not get,
     /// or more than one answer; the stream is cut.
     fn close_whole(&mut self, why: Break) -> bool {
         let one = self.resume.as_ref().is_some_and(|r| r.splice.one_choice());
-        let Mode::Sse { strip_usage: true, saw_error: false, finish_reason: Some(finish), .. } = &self.mode else {
+        // Anthropic's `message_delta` told the stop reason and the usage:
+        // only its `message_stop` is missing.
+        let messages = self.tracker.endpoint() == crate::config::Endpoint::Messages;
+        let Mode::Sse { strip_usage, saw_error: false, finish_reason: Some(finish), .. } = &self.mode else {
             return false;
         };
-        if !one {
+        if !(one && (*strip_usage || messages)) {
             return false;
         }
         let outcome = if finish == "length" { Outcome::length } else { Outcome::ok };
         self.tracker.finish_reason = Some(finish.clone());
-        self.end_with(Some(Bytes::from_static(b"data: [DONE]\n\n")), outcome);
+        let end: &'static [u8] = if messages { b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n" } else { b"data: [DONE]\n\n" };
+        self.end_with(Some(Bytes::from_static(end)), outcome);
         let t = &self.tracker;
         t.span().in_scope(|| {
             tracing::info!(

@@ -1,7 +1,7 @@
 //! Continuing a broken stream on another replica.
 //!
-//! A chat or completions stream that breaks after the client got part of
-//! it is sent again, as a continuation of what the client has, to another
+//! A chat, completions or Messages stream that breaks after the client got
+//! part of it is sent again, as a continuation of what the client has, to another
 //! replica of the pool, and that replica's stream is spliced into the
 //! client's. The rules (what breaks a stream, what a continuation is, what
 //! the client receives, when it is not done) are docs/design/resume.md's.
@@ -10,6 +10,9 @@
 //! text the client has, the first chunk's ids) and how it rewrites a
 //! continuation's chunks; [`Link`] sends a continuation ([`PoolLink`]: to
 //! another replica of the request's pool, its lease moving with it).
+//! Anthropic's Messages go on through the chat API ([`messages`]).
+
+mod messages;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -57,7 +60,8 @@ pub(crate) trait Link<B>: Send {
     /// Move the request (and `lease`, when it has one) to another replica
     /// and send `body` there, its response head due by `deadline`; `None`
     /// when no other replica can take it now.
-    fn send(&self, lease: Option<&mut Lease>, body: Bytes, deadline: Instant) -> Option<Continuing<B>>;
+    /// `path`: where to send it instead of the request's own path.
+    fn send(&self, lease: Option<&mut Lease>, body: Bytes, path: Option<&'static str>, deadline: Instant) -> Option<Continuing<B>>;
     /// The pool, for the metrics.
     fn pool(&self) -> &str;
 }
@@ -74,10 +78,11 @@ pub(crate) struct Resume<B> {
 impl<B> Resume<B> {
     /// A stream of `request` (the body as the replica got it) that may be
     /// continued `attempts` times through `link`.
-    pub(crate) fn new(link: Box<dyn Link<B>>, request: Bytes, chat: bool, attempts: u32) -> Self {
+    pub(crate) fn new(link: Box<dyn Link<B>>, request: Bytes, kind: Kind, attempts: u32) -> Self {
         let splice = Splice {
             request,
-            chat,
+            kind,
+            ending: messages::Ending::default(),
             attempts_left: attempts,
             text: String::new(),
             not_exact: false,
@@ -96,7 +101,8 @@ impl<B> Resume<B> {
             return Err("attempts");
         }
         let body = s.continuation(sent).ok_or("not_exact")?;
-        let pending = self.link.send(lease, body, deadline).ok_or("no_replica")?;
+        let path = (s.kind == Kind::Messages).then_some(messages::CHAT_PATH);
+        let pending = self.link.send(lease, body, path, deadline).ok_or("no_replica")?;
         s.attempts_left -= 1;
         s.spliced = Some(sent);
         s.had_chunk = s.ids.is_some();
@@ -104,12 +110,23 @@ impl<B> Resume<B> {
     }
 }
 
+/// Which API a resumable stream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Chat,
+    Completions,
+    /// Anthropic's Messages, continued through the chat API.
+    Messages,
+}
+
 /// What a resumable stream keeps while it runs, and how a continuation's
 /// chunks are made to read as the original's.
 pub(crate) struct Splice {
     /// The request as its replica got it.
     request: Bytes,
-    chat: bool,
+    kind: Kind,
+    /// How a Messages continuation's end has been told.
+    ending: messages::Ending,
     attempts_left: u32,
     /// The text the client got.
     text: String,
@@ -153,6 +170,11 @@ impl Splice {
     pub(super) fn read(&mut self, data: &[u8], memo: &mut sse::Memo) -> EventInfo {
         let info = if self.not_exact {
             memo.analyze(data)
+        } else if self.kind == Kind::Messages && self.spliced.is_none() {
+            // Anthropic's events (a continuation's are chat chunks).
+            let info = memo.analyze(data);
+            self.not_exact = messages::piece(data, &mut self.text) == Piece::Other;
+            info
         } else {
             let (info, piece) = memo.analyze_text(data, &mut self.text);
             self.not_exact = piece == Piece::Other;
@@ -172,7 +194,7 @@ impl Splice {
 
     /// The stream's first event: its ids, which every continuation chunk carries.
     pub(super) fn note_ids(&mut self, data: &[u8]) {
-        if self.ids.is_none() {
+        if self.ids.is_none() && self.kind != Kind::Messages {
             if let Ok(chunk) = serde_json::from_slice::<Map<String, Value>>(data) {
                 self.ids = Some(IDS.iter().filter_map(|k| chunk.get(*k).map(|v| (k.to_string(), v.clone()))).collect());
             }
@@ -189,7 +211,12 @@ impl Splice {
     /// A continuation's event as the client gets it: with the original's
     /// ids and the whole answer's usage; `None` for its role chunk (the
     /// client has one). Not JSON: as it came.
-    pub(super) fn rewrite(&self, data: &[u8], info: &EventInfo) -> Option<Bytes> {
+    pub(super) fn rewrite(&mut self, data: &[u8], info: &EventInfo) -> Option<Bytes> {
+        if self.kind == Kind::Messages {
+            let sent = self.spliced.unwrap_or(0);
+            let whole = move |u: Usage| Usage { completion_tokens: u.completion_tokens + sent, ..u };
+            return messages::rewrite(&mut self.ending, data, info, whole, sent);
+        }
         let Ok(mut chunk) = serde_json::from_slice::<Map<String, Value>>(data) else {
             return Some(event(data));
         };
@@ -216,6 +243,9 @@ impl Splice {
         if self.not_exact {
             return None;
         }
+        if self.kind == Kind::Messages {
+            return messages::continuation(&self.request, &self.text, sent);
+        }
         let mut req: Map<String, Value> = serde_json::from_slice(&self.request).ok()?;
         let number = |req: &Map<String, Value>, k: &str| req.get(k).and_then(Value::as_u64);
         let set = |k: &str| req.get(k).is_some_and(|v| !matches!(v, Value::Null | Value::Bool(false)));
@@ -233,7 +263,7 @@ impl Splice {
             req.insert("min_tokens".into(), least.saturating_sub(sent).into());
         }
         if !self.text.is_empty() {
-            if self.chat {
+            if self.kind == Kind::Chat {
                 self.continue_chat(&mut req)?;
             } else {
                 match req.get_mut("prompt")? {
@@ -291,7 +321,13 @@ pub(crate) struct PoolLink {
 }
 
 impl Link<conn::UpstreamBody> for PoolLink {
-    fn send(&self, lease: Option<&mut Lease>, body: Bytes, deadline: Instant) -> Option<Continuing<conn::UpstreamBody>> {
+    fn send(
+        &self,
+        lease: Option<&mut Lease>,
+        body: Bytes,
+        path: Option<&'static str>,
+        deadline: Instant,
+    ) -> Option<Continuing<conn::UpstreamBody>> {
         let lease = lease?;
         if !lease.move_to_another() {
             return None;
@@ -299,7 +335,14 @@ impl Link<conn::UpstreamBody> for PoolLink {
         let replica = lease.replica().clone();
         let forwarded = Forwarded::of(&self.parts, &self.client);
         let hop = Hop { strip_credentials: self.strip_auth, json: true };
-        let req = build_upstream_request(&self.parts, &replica, body.into(), hop, &forwarded, &self.request_id);
+        let req = match path {
+            Some(path) => {
+                let mut parts = self.parts.clone();
+                parts.uri = http::Uri::from_static(path);
+                build_upstream_request(&parts, &replica, body.into(), hop, &forwarded, &self.request_id)
+            }
+            None => build_upstream_request(&self.parts, &replica, body.into(), hop, &forwarded, &self.request_id),
+        };
         let connect = self.pool.config.timeouts.connect.get();
         Some(Box::pin(async move {
             let req = req.map_err(|e| e.for_log())?;
@@ -329,7 +372,8 @@ mod tests {
     fn splice(request: &str, chat: bool) -> Splice {
         Splice {
             request: Bytes::from(request.to_string()),
-            chat,
+            kind: if chat { Kind::Chat } else { Kind::Completions },
+            ending: messages::Ending::default(),
             attempts_left: 1,
             text: String::new(),
             not_exact: false,
