@@ -7,70 +7,26 @@ loadtest/run).
 """
 import json
 import os
-import re
 import sys
 
 from admission_report import write_measured  # beside this script
+from prom import bucket_of, quantile, samples
+from prom import buckets as buckets_between
+from prom import delta_of
 
 work, generator = sys.argv[1:3]
-SERIES = re.compile(r'^([\w:]+)\{([^}]*)\} (\S+)$')
-
-
-def samples(path):
-    out = {}
-    for line in open(path):
-        m = SERIES.match(line.strip())
-        if m:
-            labels = dict(kv.split("=", 1) for kv in re.findall(r'\w+="[^"]*"', m.group(2)))
-            labels = {k: v.strip('"') for k, v in labels.items()}
-            out[(m.group(1), tuple(sorted(labels.items())))] = float(m.group(3))
-    return out
-
-
 before, after = samples(f"{work}/before.prom"), samples(f"{work}/after.prom")
 replica_before, replica_after = samples(f"{work}/replica-before.prom"), samples(f"{work}/replica-after.prom")
 
 
 def delta(name, want=lambda l: True, b=None, a=None):
     b, a = (before, after) if b is None else (b, a)
-    total = 0.0
-    for (n, labels), v in a.items():
-        if n == name and want(dict(labels)):
-            total += v - b.get((n, labels), 0.0)
-    return total
+    return delta_of(b, a, name, want)
 
 
 def buckets(name, b=None, a=None):
-    """(upper bound, cumulative count) of `name`'s buckets, summed over series."""
     b, a = (before, after) if b is None else (b, a)
-    by_le = {}
-    for (n, labels), v in a.items():
-        if n == name:
-            le = dict(labels)["le"]
-            by_le[le] = by_le.get(le, 0.0) + v - b.get((n, labels), 0.0)
-    return sorted(((float("inf") if le == "+Inf" else float(le), c) for le, c in by_le.items()))
-
-
-def quantile(q, bs):
-    """histogram_quantile's linear interpolation inside the bucket."""
-    total = bs[-1][1]
-    rank, lo, below = q * total, 0.0, 0.0
-    for le, c in bs:
-        if c >= rank:
-            if le == float("inf"):
-                return lo
-            return lo + (le - lo) * ((rank - below) / max(c - below, 1e-12))
-        lo, below = le, c
-    return lo
-
-
-def bucket_of(v, bs):
-    lo = 0.0
-    for le, _ in bs:
-        if v <= le:
-            return (lo, le)
-        lo = le
-    return (lo, float("inf"))
+    return buckets_between(b, a, name)
 
 
 a = json.load(open(f"{work}/aiperf/profile_export_aiperf.json"))

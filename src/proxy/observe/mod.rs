@@ -276,7 +276,12 @@ impl<B> ObservedBody<B> {
                         tracker.content_event(now);
                     }
                     if let Some(u) = info.usage {
-                        tracker.usage = Some(splice.as_ref().map_or_else(|| merged(tracker.usage, u), |s| s.usage(u)));
+                        // A continuation's usage is the whole answer's less what
+                        // the client had; the original's may come in parts (Anthropic's).
+                        tracker.usage = Some(match splice.as_ref().filter(|s| s.spliced()) {
+                            Some(s) => s.usage(u),
+                            None => merged(tracker.usage, u),
+                        });
                     }
                     *saw_error |= info.error || info.finish_reason.as_deref() == Some("error");
                     if info.finish_reason.is_some() {
