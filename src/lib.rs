@@ -22,6 +22,7 @@ mod admission;
 pub mod capacity;
 mod classify;
 pub mod config;
+mod epp;
 mod error;
 mod fleet;
 mod proxy;
@@ -145,6 +146,8 @@ pub enum StartError {
 pub struct Gateway {
     pub data_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The endpoint picker's listener (`epp.listen`), when configured.
+    pub epp_addr: Option<SocketAddr>,
     pub tls: bool,
     app: Arc<App>,
     tuning: server::Tuning,
@@ -180,6 +183,11 @@ impl Gateway {
         let admin = bind(cfg.server.admin_listen).await?;
         let data_addr = data.local_addr().map_err(StartError::LocalAddr)?;
         let admin_addr = admin.local_addr().map_err(StartError::LocalAddr)?;
+        let epp = match &cfg.epp {
+            Some(e) => Some(bind(e.listen).await?),
+            None => None,
+        };
+        let epp_addr = epp.as_ref().map(|l| l.local_addr()).transpose().map_err(StartError::LocalAddr)?;
 
         let dir = path.as_deref().and_then(std::path::Path::parent);
         let access_log =
@@ -200,7 +208,7 @@ impl Gateway {
         let data_task = tokio::spawn(server::serve(
             data,
             tls.clone(),
-            move |req, client| proxy::handle(req, a.clone(), client),
+            move |req: http::Request<hyper::body::Incoming>, client| proxy::handle(req.map(upstream::ClientBody::Hyper), a.clone(), client),
             stop_rx.clone(),
             grace,
             tuning.clone(),
@@ -221,7 +229,11 @@ impl Gateway {
             server::Tuning::default(),
             server::Limits::new(&cfg.server),
         ));
-        Ok(Gateway { data_addr, admin_addr, tls: tls.is_some(), app, tuning, stop, servers: vec![data_task, admin_task], background })
+        let mut servers = vec![data_task, admin_task];
+        if let Some(listener) = epp {
+            servers.push(tokio::spawn(epp::serve(listener, app.clone(), stop.subscribe())));
+        }
+        Ok(Gateway { data_addr, admin_addr, epp_addr, tls: tls.is_some(), app, tuning, stop, servers, background })
     }
 
     /// Requests in flight for busy polling, when `server.busy_poll` is on.

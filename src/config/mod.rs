@@ -56,6 +56,7 @@ const SECTIONS: &[&str] = &[
     "telemetry",
     "fleet",
     "limits",
+    "epp",
 ];
 
 impl Config {
@@ -113,6 +114,7 @@ impl Config {
                 "telemetry" => section(key, v, &mut cfg.telemetry, &mut problems),
                 "fleet" => section(key, v, &mut cfg.fleet, &mut problems),
                 "limits" => section(key, v, &mut cfg.limits, &mut problems),
+                "epp" => section(key, v, &mut cfg.epp, &mut problems),
                 "pools" => parse_pools(v, &mut cfg, &mut seen, &mut problems),
                 "classes" => parse_classes(v, &mut cfg, &mut seen, &mut problems),
                 other => problems

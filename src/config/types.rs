@@ -31,6 +31,9 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     pub fleet: FleetConfig,
     pub limits: LimitsConfig,
+    /// Serve as Envoy's endpoint picker (`epp.listen`), beside or instead
+    /// of the proxy listener.
+    pub epp: Option<EppConfig>,
 }
 
 impl Default for Config {
@@ -49,6 +52,7 @@ impl Default for Config {
             telemetry: TelemetryConfig::default(),
             fleet: FleetConfig::default(),
             limits: LimitsConfig::default(),
+            epp: None,
         }
     }
 }
@@ -386,6 +390,17 @@ impl Default for ContextReductionConfig {
             max_prompt_tokens: 2048,
         }
     }
+}
+
+/// slogate as the endpoint picker of an Envoy-based gateway (the Gateway
+/// API Inference Extension): Envoy's `ext_proc` gRPC service on `listen`
+/// (docs/endpoint-picker.md).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EppConfig {
+    /// Where `envoy.service.ext_proc.v3.ExternalProcessor` and gRPC health
+    /// are served (h2c).
+    pub listen: SocketAddr,
 }
 
 /// Several slogate instances in front of the same replicas (`fleet`): each

@@ -37,6 +37,7 @@ pub(crate) mod observe;
 pub(crate) mod request_id;
 pub(crate) mod resume;
 mod route;
+mod sending;
 pub(crate) mod tracker;
 pub(crate) mod watchdog;
 
@@ -45,7 +46,6 @@ use std::sync::Arc;
 
 use http::{header, HeaderValue, Method, Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -61,11 +61,11 @@ use crate::sync::Watchlist;
 use crate::telemetry::access_log::AccessRecord;
 use crate::telemetry::metrics::ClassLabels;
 use crate::telemetry::Outcome;
-use crate::upstream::{self, conn::UpstreamBody, SendBody, Upload, UploadFailure};
+use crate::upstream::{self, conn::UpstreamBody, ClientBody, SendBody};
 use body::RequestBody;
-use headers::{build_upstream_request, Forwarded, Hop};
 use observe::{ObservedBody, StreamTimeouts};
 use route::{generates, Routed, Target};
+use sending::{lost, send, upload_failed, Attempt};
 use tracker::Tracker;
 use watchdog::Watched;
 
@@ -84,7 +84,7 @@ fn operation(e: Endpoint) -> &'static str {
 ///
 /// An `async fn`, so that its future is small until it is first polled:
 /// hyper moves it twice before that.
-pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>, client: Arc<ClientAddr>) -> Response<ProxyBody> {
+pub(crate) async fn handle(req: Request<ClientBody>, app: Arc<App>, client: Arc<ClientAddr>) -> Response<ProxyBody> {
     let start = Instant::now();
     let snap = app.snapshot();
     let id = request_id::of(req.headers());
@@ -194,7 +194,7 @@ macro_rules! stage {
 /// on the first poll and with every move of the future.
 #[allow(clippy::too_many_arguments)]
 fn forward(
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     client: Arc<ClientAddr>,
     snap: Arc<Snapshot>,
     target: Target,
@@ -273,39 +273,12 @@ fn forward(
     }
 }
 
-/// A request pinned to the replica holding its state (`owner`) that
-/// could not reach it: the state is lost with it.
-fn lost(e: GatewayError, owner: Option<&(Arc<upstream::Replica>, String)>) -> GatewayError {
-    match (e, owner) {
-        (GatewayError::Upstream { .. }, Some((_, id))) => GatewayError::StateLost(id.clone()),
-        (e, _) => e,
-    }
-}
-
 /// The hold of a request's body bytes against its listener's budget
 /// (`max_buffered_body_bytes`) and its connection's (`max_upload_body` +
 /// `max_request_body`): docs/access.md, rule 18.
 fn body_hold(client: &ClientAddr, server: &crate::config::ServerConfig) -> BodyHold {
     let per_connection = server.max_upload_body.0.saturating_add(server.max_request_body.0);
     BodyHold::new(client.bodies.clone(), client.held.clone(), server.max_buffered_body_bytes.0, per_connection)
-}
-
-/// Why sending failed (`e`), when an upload did not reach the replica
-/// whole: the client's doing (408, 400), or an attempt that took part of it
-/// and failed (502: not sent again, as it is not kept).
-fn upload_failed(e: GatewayError, upload: Option<&Upload>, snap: &Snapshot) -> GatewayError {
-    match (upload.and_then(Upload::failure), e) {
-        (Some(UploadFailure::Refused), _) => form::malformed(&upload.and_then(Upload::refusal).unwrap_or_default()),
-        (Some(UploadFailure::Timeout), _) => GatewayError::BodyTimeout(snap.config.server.body_read_timeout),
-        (Some(UploadFailure::Read), _) => GatewayError::BodyRead("the client's upload ended early or failed".into()),
-        (Some(UploadFailure::Resend), GatewayError::Upstream { replica, url, source, .. }) => GatewayError::Upstream {
-            replica,
-            url,
-            source,
-            detail: "part of the upload went to a replica that failed; it is not kept, so it was not sent again".into(),
-        },
-        (_, e) => e,
-    }
 }
 
 /// A chat, completions or Messages stream, continued on another replica of its pool
@@ -321,6 +294,10 @@ fn resumable(
     t: &Tracker,
 ) -> Option<resume::Resume<UpstreamBody>> {
     let attempts = route.pool.config.resume.max_attempts;
+    // Relayed (behind Envoy): the stream is Envoy's to send on; it cannot be spliced here.
+    if parts.extensions.get::<upstream::Relay>().is_some() {
+        return None;
+    }
     let kind = match endpoint {
         Endpoint::Chat => resume::Kind::Chat,
         Endpoint::Completions => resume::Kind::Completions,
@@ -338,45 +315,6 @@ fn resumable(
         request_id: t.request_id.clone(),
     };
     Some(resume::Resume::new(Box::new(link), body, kind, attempts))
-}
-
-/// The sending stage: the request to a replica of `route`'s pool, retried
-/// on another when it fails before any byte reached the client, until the
-/// response headers (by the first-token budget for streams, the total
-/// otherwise).
-#[allow(clippy::too_many_arguments)]
-async fn send(
-    parts: &http::request::Parts,
-    client: &ClientAddr,
-    body: SendBody,
-    route: &crate::state::Route,
-    mut lease: Attempt<'_>,
-    t: &Tracker,
-    snap: &Snapshot,
-    stream: bool,
-    timeouts: &StreamTimeouts,
-) -> Result<Response<UpstreamBody>, GatewayError> {
-    let header_deadline = t.start() + if stream { timeouts.first_token.min(timeouts.total) } else { timeouts.total };
-    let json = matches!(&body, SendBody::Bytes(Some(b)) if !b.is_empty());
-    let hop = Hop { strip_credentials: snap.classifier.has_keys(), json };
-    let forwarded = Forwarded::of(parts, client);
-    let build = |replica: &upstream::Replica| {
-        let mut req = build_upstream_request(parts, replica, body.clone(), hop, &forwarded, &t.request_id)?;
-        if !t.span().is_disabled() {
-            crate::telemetry::otel::inject(t.span(), req.headers_mut());
-        }
-        Ok(req)
-    };
-    upstream::send_with_retry(
-        &route.pool,
-        &mut lease,
-        build,
-        upstream::Reads::for_stream(stream),
-        t.start(),
-        header_deadline,
-        t.start() + timeouts.total,
-    )
-    .await
 }
 
 /// A follow-up to a stored response (the Responses API's
@@ -405,24 +343,6 @@ async fn follow_up(
         None => Ok(None),
         Some(o) if *o.tenant != *caller.tenant.name => Err(GatewayError::ResponseNotFound(id.to_string())),
         Some(o) => Ok(Some((o.replica, id.to_string()))),
-    }
-}
-
-/// The request's lease as the sending stage moves it: to another replica
-/// when the first failed before any byte reached the client, unless the
-/// request is pinned to its replica (its state is there).
-struct Attempt<'a> {
-    lease: &'a mut Lease,
-    pinned: bool,
-}
-
-impl upstream::Attempts for Attempt<'_> {
-    fn replica(&self) -> &Arc<upstream::Replica> {
-        upstream::Attempts::replica(&*self.lease)
-    }
-
-    fn move_to_another(&mut self) -> bool {
-        !self.pinned && upstream::Attempts::move_to_another(self.lease)
     }
 }
 

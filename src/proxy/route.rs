@@ -13,7 +13,6 @@
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use super::body::{Model, RequestBody};
 use crate::classify::Grant;
@@ -23,6 +22,7 @@ use crate::server::bodies::BodyHold;
 use crate::state::{Route, Snapshot};
 use crate::upstream::kv_events::Exact;
 use crate::upstream::prefix::RouteKey;
+use crate::upstream::ClientBody;
 use crate::upstream::Upload;
 use std::sync::Arc;
 
@@ -223,7 +223,7 @@ pub(super) async fn heard_of(snap: &Snapshot, id: &str) {
 /// its model, and find the pool.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn route<'a>(
-    body: Incoming,
+    body: ClientBody,
     headers: &HeaderMap,
     path: &str,
     snap: &'a Snapshot,
@@ -370,7 +370,7 @@ pub(super) fn models(snap: &Snapshot, grant: &Grant) -> Response<ProxyBody> {
 /// read to its end, and kept in the frames it came in
 /// (docs/design/reduction.md, rule 9; docs/access.md, rule 1).
 async fn read_form(
-    body: Incoming,
+    body: ClientBody,
     headers: &HeaderMap,
     boundary: &[u8],
     limit: u64,
@@ -466,7 +466,7 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
 }
 
-async fn read_body(body: Incoming, headers: &HeaderMap, limit: u64, hold: &mut BodyHold) -> Result<Bytes, GatewayError> {
+async fn read_body(body: ClientBody, headers: &HeaderMap, limit: u64, hold: &mut BodyHold) -> Result<Bytes, GatewayError> {
     let declared = declared_length(headers);
     if declared.is_some_and(|len| len > limit) {
         return Err(GatewayError::PayloadTooLarge { limit });

@@ -210,7 +210,7 @@ pub(crate) fn send<'a>(
             match exchange(link, req).await {
                 Ok((resp, link)) => {
                     let (parts, incoming) = resp.into_parts();
-                    let body = UpstreamBody { incoming, link, home: Some((replica.clone(), reads)) };
+                    let body = UpstreamBody { source: Source::Replica(incoming), link, home: Some((replica.clone(), reads)) };
                     return Ok(Response::from_parts(parts, body));
                 }
                 // Never written: safe to send again, on another connection.
@@ -365,7 +365,7 @@ const EVENTS_READ_BUF: usize = 4096;
 
 /// A replica's response body, carrying the connection it arrives on.
 pub(crate) struct UpstreamBody {
-    incoming: Incoming,
+    source: Source,
     /// `None` once the connection has ended.
     link: Option<Box<Link>>,
     /// The replica whose idle list the connection goes back to, and which
@@ -373,7 +373,21 @@ pub(crate) struct UpstreamBody {
     home: Option<(Arc<Replica>, Reads)>,
 }
 
+/// Where a response body comes from.
+enum Source {
+    /// A connection of slogate's to the replica.
+    Replica(Incoming),
+    /// The proxy in front (slogate as Envoy's endpoint picker) relays it,
+    /// chunk by chunk (the sender dropped at its end).
+    Relayed(tokio::sync::mpsc::UnboundedReceiver<Bytes>),
+}
+
 impl UpstreamBody {
+    /// An answer another proxy relays (slogate as its endpoint picker).
+    pub(crate) fn relayed(chunks: tokio::sync::mpsc::UnboundedReceiver<Bytes>) -> Self {
+        UpstreamBody { source: Source::Relayed(chunks), link: None, home: None }
+    }
+
     /// The body ended: the connection can serve the next request.
     fn release(&mut self) {
         if let (Some(link), Some((home, reads))) = (self.link.take(), &self.home) {
@@ -390,9 +404,12 @@ impl Body for UpstreamBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, SendError>>> {
         let this = self.get_mut();
+        let incoming = match &mut this.source {
+            Source::Replica(incoming) => incoming,
+            Source::Relayed(r) => return r.poll_recv(cx).map(|c| c.map(|b| Ok(Frame::data(b)))),
+        };
         // Read and decode first, so a chunk the connection just decoded is
         // handed over in this same poll.
-        let incoming = &mut this.incoming;
         match poll_through(&mut this.link, cx, |cx| Pin::new(&mut *incoming).poll_frame(cx)) {
             Poll::Ready(None) => {
                 this.release();
@@ -404,7 +421,7 @@ impl Body for UpstreamBody {
             }
             Poll::Ready(Some(Ok(frame))) => {
                 // A body of known length may not be polled past its last byte.
-                if this.incoming.is_end_stream() {
+                if incoming.is_end_stream() {
                     this.release();
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -416,11 +433,17 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.incoming.is_end_stream()
+        match &self.source {
+            Source::Replica(incoming) => incoming.is_end_stream(),
+            Source::Relayed(_) => false,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.incoming.size_hint()
+        match &self.source {
+            Source::Replica(incoming) => incoming.size_hint(),
+            Source::Relayed(_) => SizeHint::default(),
+        }
     }
 }
 
@@ -488,7 +511,7 @@ pub(crate) async fn get_once(
         match exchange(link, req).await {
             Ok((resp, link)) => {
                 let (parts, incoming) = resp.into_parts();
-                Ok(Response::from_parts(parts, UpstreamBody { incoming, link, home: None }))
+                Ok(Response::from_parts(parts, UpstreamBody { source: Source::Replica(incoming), link, home: None }))
             }
             Err(Failed::NotSent(e, _)) => Err(SendError::NotSent(e)),
             Err(Failed::Sent(e)) => Err(e),

@@ -7,6 +7,7 @@
 //! admission wraps a slot in its lease and decides who gets the next one.
 
 mod access;
+mod client_body;
 pub(crate) mod conn;
 pub(crate) mod health;
 pub(crate) mod kv_events;
@@ -16,6 +17,7 @@ pub(crate) mod owners;
 mod payload;
 pub(crate) mod pick;
 pub(crate) mod prefix;
+pub(crate) mod relay;
 mod replica;
 mod send;
 mod share;
@@ -25,8 +27,10 @@ pub(crate) mod verdict;
 
 use access::public_name;
 pub(crate) use access::Access;
+pub(crate) use client_body::ClientBody;
 pub(crate) use conn::Reads;
 pub(crate) use payload::{SendBody, Upload, UploadCheck, UploadFailure};
+pub(crate) use relay::Relay;
 pub(crate) use replica::{Load, Replica};
 pub(crate) use send::{send_with_retry, Attempts, HeadRetried};
 pub(crate) use slot::ReplicaSlot;

@@ -15,9 +15,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use super::client_body::ClientBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use std::time::Duration;
 
 use tokio::time::Sleep;
@@ -111,7 +111,7 @@ impl UploadFailure {
 /// the client's body.
 struct Rest {
     read: VecDeque<Bytes>,
-    body: Option<Incoming>,
+    body: Option<ClientBody>,
     /// Bytes still to come from `body`.
     left: u64,
     /// How long the rest may take, from the first time a replica reads it
@@ -163,7 +163,7 @@ impl Upload {
     /// rest, `len` the whole upload's declared length; the rest is due
     /// `within` (the body read timeout) of a replica's first read of it.
     /// `check` reads the rest as it passes (`read` it has read already).
-    pub(crate) fn new(read: Vec<Bytes>, body: Incoming, len: u64, within: Duration, check: Option<Box<dyn UploadCheck>>) -> Upload {
+    pub(crate) fn new(read: Vec<Bytes>, body: ClientBody, len: u64, within: Duration, check: Option<Box<dyn UploadCheck>>) -> Upload {
         let already: u64 = read.iter().map(|b| b.len() as u64).sum();
         let rest = Rest { read: read.into(), body: Some(body), left: len.saturating_sub(already), within, timeout: None, check };
         let shared = Shared { rest: Some(rest), failure: None, refusal: None };
@@ -304,7 +304,7 @@ mod tests {
         let server = tokio::spawn(async move {
             let (io, _) = listener.accept().await.expect("accept");
             let tx = std::sync::Mutex::new(Some(tx));
-            let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+            let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let tx = tx.lock().expect("lock").take();
                 async move {
                     if let Some(tx) = tx {
@@ -335,7 +335,7 @@ mod tests {
         let read: Vec<Bytes> = read.iter().map(|s| Bytes::from(*s)).collect();
         let whole = len + read_len(&read);
         drop(server);
-        (Upload::new(read, body, whole, within, None), client)
+        (Upload::new(read, ClientBody::Hyper(body), whole, within, None), client)
     }
 
     fn read_len(read: &[Bytes]) -> u64 {

@@ -16,6 +16,7 @@ mod edge;
 mod endpoints;
 mod enforcement;
 mod engines;
+mod epp;
 mod faults;
 mod fleet;
 mod fuzz_properties;

@@ -35,6 +35,7 @@ const LADDER: &[(&str, u32)] = &[
     ("status", 7),
     ("capacity", 7),
     ("admin", 8),
+    ("epp", 8),
 ];
 
 fn rung(room: &str) -> Option<u32> {

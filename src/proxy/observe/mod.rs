@@ -34,7 +34,7 @@ use crate::config::{PoolConfig, ServerConfig};
 use crate::error::BoxError;
 use crate::telemetry::Outcome;
 use events::{error_event, limit_event, splice_read};
-use reading::{learn_id, merged, read_event};
+use reading::{learn_id, read_event, reported};
 use sse::{Memo, SseParser};
 
 /// Timeouts applied to a response body.
@@ -276,12 +276,7 @@ impl<B> ObservedBody<B> {
                         tracker.content_event(now);
                     }
                     if let Some(u) = info.usage {
-                        // A continuation's usage is the whole answer's less what
-                        // the client had; the original's may come in parts (Anthropic's).
-                        tracker.usage = Some(match splice.as_ref().filter(|s| s.spliced()) {
-                            Some(s) => s.usage(u),
-                            None => merged(tracker.usage, u),
-                        });
+                        tracker.usage = Some(reported(tracker.usage, splice.as_deref(), u));
                     }
                     *saw_error |= info.error || info.finish_reason.as_deref() == Some("error");
                     if info.finish_reason.is_some() {

@@ -49,6 +49,16 @@ pub(super) fn merged(before: Option<sse::Usage>, u: sse::Usage) -> sse::Usage {
     }
 }
 
+/// A stream's usage once the replica reports `u`: a continuation's is the
+/// whole answer's less what the client had; the original's may come in
+/// parts (Anthropic's), merged.
+pub(super) fn reported(before: Option<sse::Usage>, splice: Option<&super::super::resume::Splice>, u: sse::Usage) -> sse::Usage {
+    match splice.filter(|s| s.spliced()) {
+        Some(s) => s.usage(u),
+        None => merged(before, u),
+    }
+}
+
 /// One complete event's data `d`, read through the splice when the stream
 /// may be continued (it notes the stream's ids), else by the memo.
 pub(super) fn read_event(splice: Option<&mut super::super::resume::Splice>, d: &[u8], memo: &mut Memo) -> sse::EventInfo {

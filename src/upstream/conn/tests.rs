@@ -102,7 +102,7 @@ async fn an_event_reaches_the_body_in_the_poll_that_read_it_with_no_wake_of_its_
     };
     let (answer, ()) = tokio::join!(exchange(link, req), replica_side);
     let Ok((resp, link)) = answer else { panic!("no answer head") };
-    let mut body = UpstreamBody { incoming: resp.into_body(), link, home: None };
+    let mut body = UpstreamBody { source: Source::Replica(resp.into_body()), link, home: None };
 
     let count = Wakes::new();
     let waker = Waker::from(count.clone());
@@ -196,7 +196,7 @@ async fn a_long_burst_of_events_arrives_whole() {
     let req = Request::post("/v1/completions").body(SendBody::from(Bytes::from_static(b"{}"))).expect("request");
     let read = async {
         let Ok((resp, link)) = exchange(link, req).await else { panic!("no answer head") };
-        let mut body = UpstreamBody { incoming: resp.into_body(), link, home: None };
+        let mut body = UpstreamBody { source: Source::Replica(resp.into_body()), link, home: None };
         let mut bytes = 0;
         while let Some(frame) = body.frame().await {
             bytes += frame.expect("a frame").into_data().map_or(0, |d| d.len());

@@ -1,0 +1,299 @@
+//! slogate as Envoy's endpoint picker, hermetic: a tonic `ext_proc` client
+//! plays Envoy (headers, then the buffered body; the pick followed to the
+//! replica it names; the replica's head and each body chunk relayed), in
+//! the style of the reference EPP's hermetic suite.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    body_mutation, processing_request, processing_response, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
+use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
+use http_body_util::BodyExt;
+use tokio::sync::mpsc;
+
+use crate::common::*;
+
+/// One request's stream to the EPP, as Envoy holds it.
+struct Stream {
+    tx: mpsc::Sender<ProcessingRequest>,
+    answers: tonic::Streaming<ProcessingResponse>,
+}
+
+impl Stream {
+    async fn open(gw: &slogate::Gateway) -> Stream {
+        let addr = gw.epp_addr.expect("epp listener");
+        let mut client = ExternalProcessorClient::connect(format!("http://{addr}")).await.expect("connect");
+        let (tx, rx) = mpsc::channel(16);
+        let requests = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+        let answers = client.process(requests).await.expect("process").into_inner();
+        Stream { tx, answers }
+    }
+
+    async fn send(&self, r: processing_request::Request, metadata: Option<Metadata>) {
+        let msg = ProcessingRequest { request: Some(r), metadata_context: metadata, ..Default::default() };
+        self.tx.send(msg).await.expect("the stream is open");
+    }
+
+    async fn answer_whole(&mut self) -> ProcessingResponse {
+        let got = tokio::time::timeout(Duration::from_secs(10), self.answers.message()).await.expect("an answer in time");
+        got.expect("no error").expect("an answer")
+    }
+
+    async fn answer(&mut self) -> processing_response::Response {
+        self.answer_whole().await.response.expect("a response")
+    }
+}
+
+fn headers(pairs: &[(&str, &str)], end: bool) -> HttpHeaders {
+    let headers = pairs.iter().map(|(k, v)| HeaderValue { key: k.to_string(), raw_value: v.as_bytes().to_vec(), ..Default::default() });
+    HttpHeaders { headers: Some(HeaderMap { headers: headers.collect() }), end_of_stream: end, ..Default::default() }
+}
+
+/// `envoy.lb.subset_hint` naming `endpoints`.
+fn subset(endpoints: &[String]) -> Metadata {
+    let list = ListValue { values: endpoints.iter().map(|e| Value { kind: Some(Kind::StringValue(e.clone())) }).collect() };
+    let inner =
+        Struct { fields: [("x-gateway-destination-endpoint-subset".to_string(), Value { kind: Some(Kind::ListValue(list)) })].into() };
+    Metadata { filter_metadata: [("envoy.lb.subset_hint".to_string(), inner)].into(), ..Default::default() }
+}
+
+/// What came of one request through the EPP.
+#[derive(Debug)]
+enum Outcome {
+    /// slogate answered itself: status, headers, body.
+    Immediate(u16, Vec<(String, String)>, String),
+    /// Sent where the EPP said: the destination, and the body as the client reads it.
+    Relayed { destination: String, body: String },
+}
+
+/// Envoy in miniature: send `body` for `path` (with `extra` headers and
+/// `hint`) through the EPP; follow the pick to the replica it names and
+/// relay the replica's answer through the EPP, chunk by chunk.
+async fn through(gw: &slogate::Gateway, path: &str, body: &str, extra: &[(&str, &str)], hint: Option<Metadata>) -> Outcome {
+    count_sent(gw.data_addr, 1);
+    let mut s = Stream::open(gw).await;
+    let mut head = vec![(":method", "POST"), (":path", path), (":authority", "gateway"), ("content-type", "application/json")];
+    head.extend_from_slice(extra);
+    s.send(processing_request::Request::RequestHeaders(headers(&head, false)), hint).await;
+    assert!(matches!(s.answer().await, processing_response::Response::RequestHeaders(_)), "the headers go on");
+    let chunk = HttpBody { body: body.as_bytes().to_vec(), end_of_stream: true, ..Default::default() };
+    s.send(processing_request::Request::RequestBody(chunk), None).await;
+    let whole = s.answer_whole().await;
+    let metadata = whole
+        .dynamic_metadata
+        .as_ref()
+        .and_then(|m| m.fields.get("envoy.lb"))
+        .and_then(|v| if let Some(Kind::StructValue(s)) = &v.kind { s.fields.get("x-gateway-destination-endpoint") } else { None })
+        .and_then(|v| if let Some(Kind::StringValue(s)) = &v.kind { Some(s.clone()) } else { None })
+        .unwrap_or_default();
+    let common = match whole.response.expect("a response") {
+        processing_response::Response::ImmediateResponse(i) => {
+            let hs = i.headers.iter().flat_map(|m| &m.set_headers).filter_map(|o| o.header.as_ref());
+            let hs = hs.map(|h| (h.key.clone(), String::from_utf8_lossy(&h.raw_value).into_owned())).collect();
+            let status = i.status.map_or(0, |s| s.code as u16);
+            return Outcome::Immediate(status, hs, String::from_utf8_lossy(&i.body).into_owned());
+        }
+        processing_response::Response::RequestBody(b) => b.response.expect("a common response"),
+        other => panic!("unexpected answer {other:?}"),
+    };
+    assert!(common.clear_route_cache, "the route is chosen again");
+    let set = common.header_mutation.as_ref().map(|m| m.set_headers.clone()).unwrap_or_default();
+    let value = |k: &str| {
+        set.iter().filter_map(|o| o.header.as_ref()).find(|h| h.key == k).map(|h| String::from_utf8_lossy(&h.raw_value).into_owned())
+    };
+    let destination = value("x-gateway-destination-endpoint").expect("the pick in a header");
+    assert_eq!(metadata, destination, "the same pick in the envoy.lb metadata");
+    let sent_body = match common.body_mutation.and_then(|m| m.mutation) {
+        Some(body_mutation::Mutation::Body(b)) => {
+            assert_eq!(value("content-length"), Some(b.len().to_string()), "a rewritten body's length");
+            b
+        }
+        _ => body.as_bytes().to_vec(),
+    };
+    // The replica Envoy sends it to.
+    let resp = client()
+        .request(
+            http::Request::post(format!("http://{destination}{path}"))
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(Bytes::from(sent_body)))
+                .expect("request"),
+        )
+        .await
+        .expect("the replica answers");
+    let mut rhead = vec![(":status".to_string(), resp.status().as_u16().to_string())];
+    rhead.extend(resp.headers().iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())));
+    let rhead: Vec<(&str, &str)> = rhead.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    s.send(processing_request::Request::ResponseHeaders(headers(&rhead, false)), None).await;
+    assert!(matches!(s.answer().await, processing_response::Response::ResponseHeaders(_)));
+    let mut body = resp.into_body();
+    let mut client_reads = Vec::new();
+    let mut chunks: Vec<Bytes> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(d) = frame.expect("frame").into_data() {
+            chunks.push(d);
+        }
+    }
+    let n = chunks.len();
+    for (i, c) in chunks.into_iter().enumerate() {
+        let last = i + 1 == n;
+        s.send(processing_request::Request::ResponseBody(HttpBody { body: c.to_vec(), end_of_stream: last, ..Default::default() }), None)
+            .await;
+        let processing_response::Response::ResponseBody(b) = s.answer().await else { panic!("a body answer") };
+        match b.response.and_then(|r| r.body_mutation).and_then(|m| m.mutation) {
+            Some(body_mutation::Mutation::Body(instead)) => client_reads.extend_from_slice(&instead),
+            _ => client_reads.extend_from_slice(&c),
+        }
+    }
+    Outcome::Relayed { destination, body: String::from_utf8_lossy(&client_reads).into_owned() }
+}
+
+fn epp_config(urls: &[String]) -> ConfigBuilder {
+    gateway_config(urls).section("epp: { listen: 127.0.0.1:0 }")
+}
+
+fn endpoint(url: &str) -> String {
+    url.trim_start_matches("http://").trim_end_matches('/').to_string()
+}
+
+/// Headers, then the body, then the pick in the destination header (and
+/// the route cache cleared); the stream followed to that replica and its
+/// events relayed unchanged, measured as in proxy mode (TTFT, a gap per
+/// token after the first, the replica's usage), and the usage chunk slogate
+/// asked for cut back out of the client's stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pick_goes_in_the_header_and_the_stream_is_echoed_and_measured() {
+    let answer = |r: &serde_json::Value| {
+        if r["stream"] == true {
+            vllm_stream(r, 4, Duration::ZERO, "stop")
+        } else {
+            json_answer("Hello there", "stop", 7, 4)
+        }
+    };
+    let (a, b) = (Mock::start(script(answer)).await, Mock::start(script(answer)).await);
+    let gw = epp_config(&[a.url(), b.url()]).start().await;
+    started(&gw);
+    let replicas = [endpoint(&a.url()), endpoint(&b.url())];
+    for usage in [false, true] {
+        let Outcome::Relayed { destination, body, .. } = through(&gw, "/v1/chat/completions", &chat_body(true, usage), &[], None).await
+        else {
+            panic!("relayed")
+        };
+        assert!(replicas.contains(&destination), "{destination} is one of {replicas:?}");
+        assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+        assert_eq!(body.contains("\"usage\""), usage, "usage only when the client asked for it: {body}");
+    }
+    let Outcome::Relayed { body, .. } = through(&gw, "/v1/chat/completions", &chat_body(false, false), &[], None).await else { panic!() };
+    assert!(body.contains("chat.completion"), "{body}");
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(3.0), "{m}");
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[]), Some(2.0), "{m}");
+    assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[]), Some(6.0), "{m}");
+    assert_eq!(metric(&m, "slogate_generation_tokens_total", &[]), Some(12.0), "{m}");
+    assert_eq!(a.calls() + b.calls(), 3, "each request went once, where the EPP said");
+    assert_quiescent(&gw).await;
+}
+
+fn streaming() -> ScriptFn {
+    script(|r| if r["stream"] == true { vllm_stream(r, 3, Duration::ZERO, "stop") } else { json_answer("Hello", "stop", 7, 1) })
+}
+
+/// Envoy's subset hint narrows the pick to the endpoints it names; a hint
+/// that names none slogate can use is a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subset_hint_narrows_the_pick() {
+    let (a, b) = (Mock::start(streaming()).await, Mock::start(streaming()).await);
+    let gw = epp_config(&[a.url(), b.url()]).start().await;
+    started(&gw);
+    let only_b = [endpoint(&b.url())];
+    for _ in 0..4 {
+        let got = through(&gw, "/v1/chat/completions", &chat_body(false, false), &[], Some(subset(&only_b))).await;
+        let Outcome::Relayed { destination, .. } = got else { panic!("relayed: {got:?}") };
+        assert_eq!(destination, only_b[0]);
+    }
+    assert_eq!((a.calls(), b.calls()), (0, 4));
+    for hint in [vec!["127.0.0.1:1".to_string()], vec![]] {
+        let got = through(&gw, "/v1/chat/completions", &chat_body(false, false), &[], Some(subset(&hint))).await;
+        let Outcome::Immediate(status, _, body) = got else { panic!("immediate: {got:?}") };
+        assert_eq!(status, 503, "{hint:?}: {body}");
+    }
+    assert_quiescent(&gw).await;
+}
+
+/// slogate's refusals reach the client as Envoy's immediate responses: a
+/// key over its rate gets 429 with Retry-After and OpenAI's error body, an
+/// unknown model 404, a bad key 401; no replica is picked for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_immediate_responses_with_retry_after() {
+    let a = Mock::start(streaming()).await;
+    let keys = format!(
+        "auth:\n  keys:\n    - {{ name: one, key_sha256: {}, classes: [chat], limits: {{ requests_per_minute: 1 }} }}\n",
+        slogate::config::key_sha256("sk-one")
+    );
+    let gw = epp_config(&[a.url()]).section(&keys).start().await;
+    started(&gw);
+    let key = [("authorization", "Bearer sk-one")];
+    assert!(matches!(through(&gw, "/v1/chat/completions", &chat_body(false, false), &key, None).await, Outcome::Relayed { .. }));
+    let got = through(&gw, "/v1/chat/completions", &chat_body(false, false), &key, None).await;
+    let Outcome::Immediate(status, headers, body) = got else { panic!("immediate: {got:?}") };
+    assert_eq!(status, 429, "{body}");
+    let retry = headers.iter().find(|(k, _)| k == "retry-after").map(|(_, v)| v.clone());
+    assert!(retry.is_some_and(|r| r.parse::<u64>().is_ok_and(|n| n >= 1)), "Retry-After: {headers:?}");
+    let e: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert!(e["error"]["message"].is_string() && e["error"]["code"].is_string(), "OpenAI's error shape: {body}");
+    let got = through(&gw, "/v1/chat/completions", &chat_body(false, false).replace("m1", "nope"), &key, None).await;
+    assert!(matches!(got, Outcome::Immediate(404, ..)), "{got:?}");
+    let got = through(&gw, "/v1/chat/completions", &chat_body(false, false), &[("authorization", "Bearer wrong")], None).await;
+    assert!(matches!(got, Outcome::Immediate(401, ..)), "{got:?}");
+    assert_eq!(a.calls(), 1, "only the first went to a replica");
+    // The caller's key stays with the gateway: the pick removes it.
+    assert!(a.state.headers.lock().expect("lock").iter().all(|h| h.get("authorization").is_none()));
+    assert_quiescent(&gw).await;
+}
+
+/// No replica can serve: 503, as Envoy's immediate response.
+#[tokio::test]
+async fn no_healthy_replica_is_503() {
+    let a = Mock::start(streaming()).await;
+    let gw = epp_config(&[a.url()]).pool("health: { interval: 100ms, panic_threshold: 0 }").start().await;
+    started(&gw);
+    a.state.healthy.store(false, std::sync::atomic::Ordering::SeqCst);
+    wait_until("replica taken out", || async { get(gw.admin_addr, "/readyz").await.0 == 503 }).await;
+    let got = through(&gw, "/v1/chat/completions", &chat_body(false, false), &[], None).await;
+    let Outcome::Immediate(status, headers, _) = got else { panic!("immediate: {got:?}") };
+    assert_eq!(status, 503);
+    assert!(headers.iter().any(|(k, _)| k == "retry-after"), "{headers:?}");
+    assert_quiescent(&gw).await;
+}
+
+/// A client that leaves mid-stream (Envoy closes the exchange) releases
+/// its slot, counted as cancelled with the tokens it had.
+#[tokio::test]
+async fn a_client_that_leaves_mid_stream_releases_its_slot() {
+    let a = Mock::start(streaming()).await;
+    let gw = epp_config(&[a.url()]).start().await;
+    started(&gw);
+    count_sent(gw.data_addr, 1);
+    let mut s = Stream::open(&gw).await;
+    let head = [(":method", "POST"), (":path", "/v1/chat/completions"), ("content-type", "application/json")];
+    s.send(processing_request::Request::RequestHeaders(headers(&head, false)), None).await;
+    s.answer().await;
+    let body = HttpBody { body: chat_body(true, false).into_bytes(), end_of_stream: true, ..Default::default() };
+    s.send(processing_request::Request::RequestBody(body), None).await;
+    assert!(matches!(s.answer().await, processing_response::Response::RequestBody(_)));
+    let rhead = [(":status", "200"), ("content-type", "text/event-stream")];
+    s.send(processing_request::Request::ResponseHeaders(headers(&rhead, false)), None).await;
+    s.answer().await;
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_inflight_requests", &[]), Some(1.0), "the stream holds its slot: {m}");
+    let mut first = role_chunk().to_vec();
+    first.extend_from_slice(&content_chunk("Hel"));
+    s.send(processing_request::Request::ResponseBody(HttpBody { body: first, ..Default::default() }), None).await;
+    s.answer().await;
+    drop(s);
+    wait_until("counted", || async { requests_with_outcome(&gw, "cancelled").await == 1.0 }).await;
+    assert_quiescent(&gw).await;
+}
