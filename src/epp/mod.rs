@@ -63,9 +63,15 @@ pub(crate) async fn serve(listener: tokio::net::TcpListener, app: Arc<App>, mut 
     };
     let readiness = tokio::spawn(ready);
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    // A message carries a whole request body (Envoy buffers it): well over
+    // what the request path takes, so that a larger one gets its 413.
+    let server = &app.snapshot().config.server;
+    let largest = server.max_request_body.0.max(server.max_upload_body.0).saturating_mul(2).saturating_add(1 << 20);
+    let service =
+        ExternalProcessorServer::new(Epp { app: app.clone() }).max_decoding_message_size(usize::try_from(largest).unwrap_or(usize::MAX));
     let served = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(ExternalProcessorServer::new(Epp { app }))
+        .add_service(service)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = stop.wait_for(|s| *s).await;
         })

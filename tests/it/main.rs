@@ -17,6 +17,7 @@ mod endpoints;
 mod enforcement;
 mod engines;
 mod epp;
+mod epp_envoy;
 mod faults;
 mod fleet;
 mod fuzz_properties;

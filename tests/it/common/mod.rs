@@ -3,11 +3,13 @@
 //! sleeping for timing (the mock's scripted delays are upstream behaviour,
 //! and waits are bounded polls for a condition).
 
+mod envoy;
 mod gateway;
 mod mock;
 mod redis;
 mod shared;
 
+pub use envoy::*;
 pub use gateway::*;
 pub use mock::*;
 pub use redis::*;

