@@ -22,6 +22,7 @@ mod admission;
 pub mod capacity;
 mod classify;
 pub mod config;
+mod discovery;
 mod epp;
 mod error;
 mod fleet;
@@ -201,6 +202,7 @@ impl Gateway {
             admission::publisher(controls, metrics.clone(), app.publisher_view(), stop_rx.clone()),
             fleet::run(app.fleet.clone(), metrics, app.fleet_view(), stop_rx.clone()),
             status::sampler(app.clone(), stop_rx.clone()),
+            tokio::spawn(discovery::run(app.clone(), stop_rx.clone())),
         ];
         background.extend(tuning.start(stop_rx.clone()));
         let grace = cfg.server.shutdown_grace.get();

@@ -195,6 +195,10 @@ pub(crate) struct App {
     /// The response bodies in flight, whose deadlines are checked even
     /// when nothing polls them.
     pub(crate) watchlist: Arc<crate::sync::Watchlist>,
+    /// The config as given (its file's), before the replicas found in DNS.
+    given: Mutex<Arc<Config>>,
+    /// Per pool, the replica URLs its `replicas_dns` last named.
+    found: Mutex<std::collections::HashMap<String, Vec<String>>>,
 }
 
 /// Reloads that may run back to back; after them, one per [`RELOAD_EVERY`].
@@ -239,7 +243,10 @@ impl App {
         access_log: AccessLogSlot,
     ) -> App {
         activate(&controls, &metrics, &snapshot);
+        let given = Mutex::new(snapshot.config.clone());
         App {
+            given,
+            found: Mutex::default(),
             state: ArcSwap::from_pointee(snapshot),
             metrics,
             controls,
@@ -352,9 +359,52 @@ impl App {
         result
     }
 
+    /// The config as given, before the replicas found in DNS.
+    pub(crate) fn given(&self) -> Arc<Config> {
+        self.given.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Pool `pool`'s `replicas_dns` names `urls` now: when that changed,
+    /// the pools are built again with them (new replicas probed before
+    /// they take requests, gone ones drained), as a reload would.
+    pub(crate) async fn found_replicas(&self, pool: &str, urls: Vec<String>) -> Result<bool, ReloadError> {
+        let _one = self.reloading.lock().await;
+        {
+            let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+            if found.get(pool) == Some(&urls) {
+                return Ok(false);
+            }
+            found.insert(pool.to_string(), urls);
+        }
+        let config = self.with_found(&self.given());
+        self.rebuild(config, None)?;
+        Ok(true)
+    }
+
+    /// `config` with the replicas found in DNS added to the pools that look for them.
+    fn with_found(&self, config: &Config) -> Config {
+        let mut config = config.clone();
+        let found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        for pool in config.pools.iter_mut().filter(|p| p.replicas_dns.is_some()) {
+            for url in found.get(&pool.name).into_iter().flatten() {
+                if !pool.replicas.iter().any(|r| r.url.trim_end_matches('/') == url) {
+                    pool.replicas.push(url.as_str().into());
+                }
+            }
+        }
+        config
+    }
+
     fn try_reload(&self) -> Result<(), ReloadError> {
         let path = self.config_path.as_ref().ok_or(ReloadError::NoConfigFile)?;
         let config = Config::load(path)?;
+        *self.given.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(config.clone());
+        self.rebuild(self.with_found(&config), Some(path))
+    }
+
+    /// Build a whole new snapshot of `config` and swap it in (`path`: the
+    /// file it was read from, whose access log is reopened).
+    fn rebuild(&self, config: Config, path: Option<&std::path::Path>) -> Result<(), ReloadError> {
         let old = self.snapshot();
         if config.server.listen != old.config.server.listen || config.server.admin_listen != old.config.server.admin_listen {
             tracing::warn!("server.listen / server.admin_listen changes take effect at the next restart");
@@ -369,8 +419,13 @@ impl App {
         self.install(new);
         self.start_health_checks();
         // SIGHUP and reload reopen the access log's file (logrotate moved it).
-        let dir = path.parent();
-        self.access_log.configure(self.snapshot().config.telemetry.access_log.as_ref(), dir, &self.metrics.access_log_dropped);
+        if let Some(path) = path {
+            self.access_log.configure(
+                self.snapshot().config.telemetry.access_log.as_ref(),
+                path.parent(),
+                &self.metrics.access_log_dropped,
+            );
+        }
         // Series of replicas that are gone.
         for p in old.pools.iter().map(|r| &r.pool) {
             for r in &p.replicas {

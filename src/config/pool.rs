@@ -120,6 +120,8 @@ pub struct PoolConfig {
     pub models: Vec<String>,
     /// Each a URL, or `{ url, name }`.
     pub replicas: Vec<ReplicaConfig>,
+    /// Replicas found in DNS besides (a headless Service), found again every while.
+    pub replicas_dns: Option<ReplicasDns>,
     /// Slots per replica: learned (`auto`) or fixed.
     pub max_inflight_per_replica: InflightLimit,
     /// Start and bounds of a learned limit.
@@ -155,6 +157,28 @@ pub struct PoolConfig {
     pub extra_paths: Vec<ExtraPath>,
     /// Continuing a broken stream on another replica.
     pub resume: ResumeConfig,
+}
+
+/// `pools[].replicas_dns`: a name whose A/AAAA records are replicas (a
+/// Kubernetes headless Service), on the port `name` gives, resolved again
+/// every `every`: an address that appears is probed and taken in, one
+/// that goes is drained (docs/configuration.md, replicas in DNS).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicasDns {
+    /// `host:port`.
+    pub name: String,
+    #[serde(default = "ReplicasDns::default_every")]
+    pub every: Dur,
+    /// Ask this DNS server (`ip:port`) instead of the system's resolver.
+    #[serde(default)]
+    pub nameserver: Option<std::net::SocketAddr>,
+}
+
+impl ReplicasDns {
+    fn default_every() -> Dur {
+        Dur::secs(5)
+    }
 }
 
 /// `pools[].resume`: a chat or completions stream that breaks after the
@@ -318,6 +342,7 @@ impl Default for PoolConfig {
             name: "default".into(),
             models: vec!["auto".into()],
             replicas: vec!["http://127.0.0.1:8000".into(), "http://127.0.0.1:8001".into()],
+            replicas_dns: None,
             max_inflight_per_replica: InflightLimit::Auto,
             learned_limit: LearnedLimitConfig::default(),
             balance: Balance::PrefixAware,
@@ -411,11 +436,23 @@ pub(super) fn validate(cfg: &Config, seen: &Parsed, p: &mut Vec<Problem>) {
     }
 }
 
-/// A pool's replicas: at least one, URLs, names unique in the pool.
+/// A pool's replicas: at least one (or a name to find them in DNS), URLs,
+/// names unique in the pool.
 fn replicas(pool: &PoolConfig, i: usize, p: &mut Vec<Problem>) {
     let mut bad = |field: String, message: String| p.push(Problem { field, message });
-    if pool.replicas.is_empty() {
-        bad(format!("pools[{i}].replicas"), "at least one replica is required".into());
+    match &pool.replicas_dns {
+        None if pool.replicas.is_empty() => {
+            bad(format!("pools[{i}].replicas"), "at least one replica (or replicas_dns) is required".into())
+        }
+        Some(d) => {
+            if let Err(e) = super::parse_host_port(&d.name) {
+                bad(format!("pools[{i}].replicas_dns.name"), e);
+            }
+            if d.every.get().is_zero() {
+                bad(format!("pools[{i}].replicas_dns.every"), "must be more than 0".into());
+            }
+        }
+        None => {}
     }
     let mut names = HashMap::new();
     for (j, r) in pool.replicas.iter().enumerate() {

@@ -9,6 +9,7 @@
 mod access;
 mod client_body;
 pub(crate) mod conn;
+pub(crate) mod dns;
 pub(crate) mod health;
 pub(crate) mod kv_events;
 pub(crate) mod limit;

@@ -12,6 +12,7 @@ mod agents;
 mod bench_scenarios;
 mod demo;
 mod deploy;
+mod discovery;
 mod edge;
 mod endpoints;
 mod enforcement;

@@ -34,6 +34,7 @@ const LADDER: &[(&str, u32)] = &[
     ("proxy", 7),
     ("status", 7),
     ("capacity", 7),
+    ("discovery", 7),
     ("admin", 8),
     ("epp", 8),
 ];

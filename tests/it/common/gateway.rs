@@ -63,7 +63,8 @@ impl ConfigBuilder {
         for f in &self.server {
             y.push_str(&format!("  {f}\n"));
         }
-        y.push_str(&format!("pools:\n  - name: p\n    models: [{}]\n    replicas:\n", self.models.join(", ")));
+        let none = if self.replicas.is_empty() { " []" } else { "" };
+        y.push_str(&format!("pools:\n  - name: p\n    models: [{}]\n    replicas:{none}\n", self.models.join(", ")));
         for r in &self.replicas {
             y.push_str(&format!("      - {r}\n"));
         }

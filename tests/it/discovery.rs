@@ -1,0 +1,140 @@
+//! Replicas found in DNS (`pools[].replicas_dns`): a DNS server of the
+//! test's own names the replicas; the pool follows its answers, probing
+//! the new before they serve and draining the gone, and no request fails.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use http_body_util::BodyExt;
+use loadtest::sim::{SimConfig, SimServer};
+
+use crate::common::*;
+
+/// A DNS server on loopback answering every A query with `ips` (TTL 0) and
+/// any other query with no records.
+struct Dns {
+    addr: SocketAddr,
+    ips: Arc<Mutex<Vec<Ipv4Addr>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Dns {
+    async fn start(ips: &[Ipv4Addr]) -> Dns {
+        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+        let addr = socket.local_addr().expect("addr");
+        let shared = Arc::new(Mutex::new(ips.to_vec()));
+        let answers = shared.clone();
+        let task = tokio::spawn(async move {
+            let mut buf = [0u8; 1500];
+            while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+                let reply = answer(&buf[..n], &answers.lock().expect("lock"));
+                if let Some(reply) = reply {
+                    let _ = socket.send_to(&reply, from).await;
+                }
+            }
+        });
+        Dns { addr, ips: shared, task }
+    }
+
+    fn set(&self, ips: &[Ipv4Addr]) {
+        *self.ips.lock().expect("lock") = ips.to_vec();
+    }
+}
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The reply to query `q`: its question, and an A record per address when it asks for A.
+fn answer(q: &[u8], ips: &[Ipv4Addr]) -> Option<Vec<u8>> {
+    let mut i = 12;
+    while *q.get(i)? != 0 {
+        i += usize::from(q[i]) + 1;
+    }
+    let qtype = u16::from_be_bytes([*q.get(i + 1)?, *q.get(i + 2)?]);
+    let end = i + 5;
+    let records: &[Ipv4Addr] = if qtype == 1 { ips } else { &[] };
+    let mut r = Vec::new();
+    r.extend_from_slice(&q[..2]);
+    r.extend_from_slice(&[0x81, 0x80, 0, 1]);
+    r.extend_from_slice(&(records.len() as u16).to_be_bytes());
+    r.extend_from_slice(&[0, 0, 0, 0]);
+    r.extend_from_slice(q.get(12..end)?);
+    for ip in records {
+        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
+        r.extend_from_slice(&ip.octets());
+    }
+    Some(r)
+}
+
+/// How many requests simulator `s` finished (its `vllm:request_success_total`).
+async fn served(s: &SimServer) -> f64 {
+    let addr: SocketAddr = s.url().trim_start_matches("http://").trim_end_matches('/').parse().expect("addr");
+    let text = get(addr, "/metrics").await.1;
+    text.lines().filter(|l| l.starts_with("vllm:request_success_total")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+async fn sim(at: SocketAddr) -> SimServer {
+    let cfg = SimConfig { step_base_ms: 1.0, decode_per_seq_ms: 0.0, prefill_per_token_ms: 0.0, ..SimConfig::default() };
+    SimServer::start(cfg, at).await.expect("simulator")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_follows_the_replicas_its_dns_name_has() {
+    // Two replicas on one port, at two loopback addresses, as pods of a headless Service.
+    let (a_ip, b_ip) = (Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3));
+    let a = sim(SocketAddr::from((a_ip, 0))).await;
+    let port: u16 = a.url().rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()).expect("port");
+    let b = sim(SocketAddr::from((b_ip, port))).await;
+    let dns = Dns::start(&[a_ip]).await;
+    let model = SimConfig::default().model;
+    let every = "200ms";
+    let gw = gateway_config(&[])
+        .models(&[&model])
+        .pool(&format!("replicas_dns: {{ name: 'replicas.test:{port}', every: {every}, nameserver: '{}' }}", dns.addr))
+        .start()
+        .await;
+    started(&gw);
+    let admin = gw.admin_addr;
+    let healthy = move |ip: Ipv4Addr| async move {
+        metric(&get(admin, "/metrics").await.1, "slogate_upstream_healthy", &[("replica", &format!("http://{ip}:{port}"))])
+    };
+    wait_until("the first replica found and probed", || async { healthy(a_ip).await == Some(1.0) }).await;
+
+    // Requests one after another throughout, none may fail.
+    let (stop, failed, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let body = chat_body(false, false).replace("m1", &model);
+    let load = {
+        let (stop, failed, sent, addr) = (stop.clone(), failed.clone(), sent.clone(), gw.data_addr);
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let resp = client().request(post_req(addr, "/v1/chat/completions", &body, &[])).await.expect("response");
+                if resp.status() != 200 {
+                    failed.fetch_add(1, Ordering::SeqCst);
+                }
+                resp.into_body().collect().await.expect("body");
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    // Scaled up: the new address is probed, then takes requests.
+    dns.set(&[a_ip, b_ip]);
+    wait_until("the new replica taken in", || async { healthy(b_ip).await == Some(1.0) }).await;
+    wait_until("the new replica serves", || async { served(&b).await > 0.0 }).await;
+    // Scaled down: the gone address is drained and forgotten.
+    dns.set(&[b_ip]);
+    wait_until("the gone replica dropped", || async { healthy(a_ip).await.is_none() }).await;
+    // The one request in flight there when it went finishes there (drained); none after it goes there.
+    let at = sent.load(Ordering::SeqCst);
+    wait_until("the request in flight finished", || async { sent.load(Ordering::SeqCst) >= at + 2 }).await;
+    let a_served = served(&a).await;
+    wait_until("more requests served", || async { sent.load(Ordering::SeqCst) >= at + 12 }).await;
+    stop.store(true, Ordering::SeqCst);
+    load.await.expect("load");
+    assert_eq!(served(&a).await, a_served, "nothing more went to the gone replica");
+    assert_eq!(failed.load(Ordering::SeqCst), 0, "no request failed ({} sent)", sent.load(Ordering::SeqCst));
+    assert_quiescent(&gw).await;
+}
