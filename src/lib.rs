@@ -180,9 +180,13 @@ impl Gateway {
         };
         let backlog = cfg.server.listen_backlog;
         let bind = |addr: SocketAddr| async move { server::bind(addr, backlog).map_err(|source| StartError::Bind { addr, source }) };
-        let data = bind(cfg.server.listen).await?;
+        // As Envoy's endpoint picker alone (`epp.proxy: false`), no proxy listener.
+        let data = match cfg.epp.as_ref().is_some_and(|e| !e.proxy) {
+            true => None,
+            false => Some(bind(cfg.server.listen).await?),
+        };
         let admin = bind(cfg.server.admin_listen).await?;
-        let data_addr = data.local_addr().map_err(StartError::LocalAddr)?;
+        let data_addr = data.as_ref().map_or(Ok(cfg.server.listen), |d| d.local_addr()).map_err(StartError::LocalAddr)?;
         let admin_addr = admin.local_addr().map_err(StartError::LocalAddr)?;
         let epp = match &cfg.epp {
             Some(e) => Some(bind(e.listen).await?),
@@ -207,20 +211,24 @@ impl Gateway {
         background.extend(tuning.start(stop_rx.clone()));
         let grace = cfg.server.shutdown_grace.get();
         let a = app.clone();
-        let data_task = tokio::spawn(server::serve(
-            data,
-            tls.clone(),
-            move |req: http::Request<hyper::body::Incoming>, client| proxy::handle(req.map(upstream::ClientBody::Hyper), a.clone(), client),
-            stop_rx.clone(),
-            grace,
-            tuning.clone(),
-            server::Limits {
-                open: Some(app.metrics.open_connections.clone()),
-                waited: Some(app.metrics.connections_waited.clone()),
-                bodies: Some(app.metrics.request_body_bytes_held.clone()),
-                ..server::Limits::new(&cfg.server)
-            },
-        ));
+        let data_task = data.map(|data| {
+            tokio::spawn(server::serve(
+                data,
+                tls.clone(),
+                move |req: http::Request<hyper::body::Incoming>, client| {
+                    proxy::handle(req.map(upstream::ClientBody::Hyper), a.clone(), client)
+                },
+                stop_rx.clone(),
+                grace,
+                tuning.clone(),
+                server::Limits {
+                    open: Some(app.metrics.open_connections.clone()),
+                    waited: Some(app.metrics.connections_waited.clone()),
+                    bodies: Some(app.metrics.request_body_bytes_held.clone()),
+                    ..server::Limits::new(&cfg.server)
+                },
+            ))
+        });
         let a = app.clone();
         let admin_task = tokio::spawn(server::serve(
             admin,
@@ -231,7 +239,7 @@ impl Gateway {
             server::Tuning::default(),
             server::Limits::new(&cfg.server),
         ));
-        let mut servers = vec![data_task, admin_task];
+        let mut servers: Vec<JoinHandle<()>> = data_task.into_iter().chain([admin_task]).collect();
         if let Some(listener) = epp {
             servers.push(tokio::spawn(epp::serve(listener, app.clone(), stop.subscribe())));
         }

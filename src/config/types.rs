@@ -401,6 +401,15 @@ pub struct EppConfig {
     /// Where `envoy.service.ext_proc.v3.ExternalProcessor` and gRPC health
     /// are served (h2c).
     pub listen: SocketAddr,
+    /// Serve the proxy listener (`server.listen`) too.
+    #[serde(default = "EppConfig::proxy_default")]
+    pub proxy: bool,
+}
+
+impl EppConfig {
+    fn proxy_default() -> bool {
+        true
+    }
 }
 
 /// Several slogate instances in front of the same replicas (`fleet`): each

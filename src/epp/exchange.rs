@@ -40,6 +40,8 @@ const CREDENTIALS: [&str; 4] = ["authorization", "x-api-key", "api-key", "cookie
 pub(super) async fn run(app: Arc<App>, peer: SocketAddr, mut inbound: tonic::Streaming<ProcessingRequest>, out: Out) {
     let client = Arc::new(ClientAddr::new(peer));
     let Some((head, body, subset)) = read_request(&mut inbound, &out).await else { return };
+    // From the whole request (the client's time to send its body is not the picker's).
+    let since = std::time::Instant::now();
     let to_body = body.is_some();
     let (relay, ends) = Relay::new(subset);
     let mut req = http::Request::new(ClientBody::Whole(body));
@@ -49,6 +51,7 @@ pub(super) async fn run(app: Arc<App>, peer: SocketAddr, mut inbound: tonic::Str
     objective_as_class(req.headers_mut());
     req.extensions_mut().insert(relay);
     let strip = app.snapshot().classifier.has_keys();
+    let decision = app.metrics.epp_decision.clone();
     let original = req.headers().clone();
     let mut path = tokio::spawn(crate::proxy::handle(req, app, client));
     let mut pick = ends.pick;
@@ -65,7 +68,9 @@ pub(super) async fn run(app: Arc<App>, peer: SocketAddr, mut inbound: tonic::Str
         Err(answered) => {
             // Answered without a pick: a refusal or an error, sent by Envoy instead.
             if let Ok(resp) = answered {
-                let _ = out.send(Ok(immediate(resp).await)).await;
+                let answer = immediate(resp).await;
+                decision.observe(since.elapsed().as_secs_f64());
+                let _ = out.send(Ok(answer)).await;
             }
             return;
         }
@@ -74,7 +79,9 @@ pub(super) async fn run(app: Arc<App>, peer: SocketAddr, mut inbound: tonic::Str
         if strip { CREDENTIALS.iter().filter(|h| original.contains_key(**h)).map(|h| h.to_string()).collect() } else { Vec::new() };
     let changed = body.map(|b| b.to_vec());
     let pick = wire::Pick { destination: endpoint(&replica), set: Vec::new(), remove, body: changed };
-    if out.send(Ok(wire::picked(pick, to_body))).await.is_err() {
+    let answer = wire::picked(pick, to_body);
+    decision.observe(since.elapsed().as_secs_f64());
+    if out.send(Ok(answer)).await.is_err() {
         return;
     }
     relay_response(&mut inbound, &out, path, ends.answer).await;

@@ -34,6 +34,8 @@ pub(super) const LATENCY_BASE: &[f64] =
     &[0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
 pub(super) const ITL_BASE: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5];
+/// The endpoint picker's decisions: tenths of a millisecond up.
+const EPP_DECISION: &[f64] = &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 const E2E_BASE: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0];
 
 /// `base` plus every target and twice every target, sorted and deduplicated
@@ -121,6 +123,9 @@ pub struct Metrics {
     pub(crate) quota_used: Family<QuotaLabels, Gauge>,
     /// Exact prefix routing's event streams, read at each scrape.
     pub(crate) kv_feeds: Arc<KvFeeds>,
+    /// As Envoy's endpoint picker: from a whole request to the answer that
+    /// picks its replica or refuses it (its queueing included).
+    pub(crate) epp_decision: prometheus_client::metrics::histogram::Histogram,
 }
 
 /// The request series: latencies, outcomes, tokens, goodput.
@@ -364,6 +369,7 @@ impl Metrics {
             access_log_dropped: Counter::default(),
             quota_used: Family::default(),
             kv_feeds: Arc::new(KvFeeds::default()),
+            epp_decision: prometheus_client::metrics::histogram::Histogram::new(EPP_DECISION.iter().copied()),
             registry: Registry::default(),
         };
         register_requests(&mut registry, &m);
@@ -372,6 +378,11 @@ impl Metrics {
         register_tenants(&mut registry, &m);
         registry.register_collector(Box::new(KvFeedsCollector(m.kv_feeds.clone())));
         registry.register("config_reloads", "Config reloads applied", m.reloads.clone());
+        registry.register(
+            "epp_decision_seconds",
+            "As Envoy's endpoint picker: time from a whole request to the answer that picks its replica or refuses it (its queueing included)",
+            m.epp_decision.clone(),
+        );
         registry.register("config_reload_failures", "Config reloads rejected (the old config was kept)", m.reload_failures.clone());
         for class in config.classes.keys() {
             let l = ClassLabels { class: class.clone() };

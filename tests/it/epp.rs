@@ -194,6 +194,7 @@ async fn the_pick_goes_in_the_header_and_the_stream_is_echoed_and_measured() {
     assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[]), Some(6.0), "{m}");
     assert_eq!(metric(&m, "slogate_generation_tokens_total", &[]), Some(12.0), "{m}");
     assert_eq!(a.calls() + b.calls(), 3, "each request went once, where the EPP said");
+    assert_eq!(metric(&m, "slogate_epp_decision_seconds_count", &[]), Some(3.0), "a decision each: {m}");
     assert_quiescent(&gw).await;
 }
 
@@ -295,5 +296,16 @@ async fn a_client_that_leaves_mid_stream_releases_its_slot() {
     s.answer().await;
     drop(s);
     wait_until("counted", || async { requests_with_outcome(&gw, "cancelled").await == 1.0 }).await;
+    assert_quiescent(&gw).await;
+}
+
+/// The picker alone (`epp.proxy: false`): no proxy listener, the picker serves.
+#[tokio::test]
+async fn the_picker_may_run_without_the_proxy_listener() {
+    let a = Mock::start(streaming()).await;
+    let gw = gateway_config(&[a.url()]).section("epp: { listen: 127.0.0.1:0, proxy: false }").start().await;
+    started(&gw);
+    assert!(tokio::net::TcpStream::connect(gw.data_addr).await.is_err(), "no proxy listener");
+    assert!(matches!(through(&gw, "/v1/chat/completions", &chat_body(false, false), &[], None).await, Outcome::Relayed { .. }));
     assert_quiescent(&gw).await;
 }
