@@ -41,7 +41,7 @@ pub(super) async fn run(app: Arc<App>, peer: SocketAddr, mut inbound: tonic::Str
     let client = Arc::new(ClientAddr::new(peer));
     let Some((head, body, subset)) = read_request(&mut inbound, &out).await else { return };
     // From the whole request (the client's time to send its body is not the picker's).
-    let since = std::time::Instant::now();
+    let since = tokio::time::Instant::now();
     let to_body = body.is_some();
     let (relay, ends) = Relay::new(subset);
     let mut req = http::Request::new(ClientBody::Whole(body));
