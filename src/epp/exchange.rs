@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::ext_proc::v3::{processing_request::Request as In, ProcessingRequest, ProcessingResponse};
-use futures_util::FutureExt;
+use futures_util::{FutureExt, Stream};
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -26,23 +26,132 @@ use super::wire;
 use crate::error::ProxyBody;
 use crate::server::ClientAddr;
 use crate::state::App;
-use crate::upstream::relay::{endpoint, Answer, Picked, Relay};
+use crate::upstream::relay::{endpoint, Answer, Picked, Relay, RelayEnds};
 use crate::upstream::ClientBody;
 
-type Out = mpsc::Sender<Result<ProcessingResponse, Status>>;
+type Inbound = tonic::Streaming<ProcessingRequest>;
+/// The request path's run.
+type Path = std::pin::Pin<Box<dyn std::future::Future<Output = http::Response<ProxyBody>> + Send>>;
 
 /// The headers a pick removes: the caller's credentials stay with the
 /// gateway, as in proxy mode.
 const CREDENTIALS: [&str; 4] = ["authorization", "x-api-key", "api-key", "cookie"];
 
-/// Serve one request's exchange: read Envoy's messages from `inbound`,
-/// answer on `out`, until the response ends or Envoy closes the stream.
-pub(super) async fn run(app: Arc<App>, peer: SocketAddr, mut inbound: tonic::Streaming<ProcessingRequest>, out: Out) {
-    let client = Arc::new(ClientAddr::new(peer));
-    let Some((head, body, subset)) = read_request(&mut inbound, &out).await else { return };
-    // From the whole request (the client's time to send its body is not the picker's).
-    let since = tokio::time::Instant::now();
-    let to_body = body.is_some();
+/// One request's exchange: Envoy's messages read from `inbound`, and the
+/// stream of answers to them (tonic's own task drives it: no hand-off
+/// between tasks on the way), until the response ends or Envoy closes the
+/// exchange (the stream is dropped, and the response with it).
+pub(super) fn run(app: Arc<App>, peer: SocketAddr, mut inbound: Inbound) -> impl Stream<Item = Result<ProcessingResponse, Status>> + Send {
+    async_stream::stream! {
+        let Ok(Some(first)) = inbound.message().await else { return };
+        let subset = wire::subset(first.metadata_context.as_ref());
+        let Some(In::RequestHeaders(h)) = first.request else { return };
+        let head = wire::headers(&h);
+        let body = if h.end_of_stream {
+            None
+        } else {
+            yield Ok(wire::go_on_headers());
+            match read_body(&mut inbound).await {
+                Some(b) => Some(b),
+                None => return,
+            }
+        };
+        // From the whole request (the client's time to send its body is not the picker's).
+        let since = tokio::time::Instant::now();
+        let decision = app.metrics.epp_decision.clone();
+        let strip = app.snapshot().classifier.has_keys();
+        let to_body = body.is_some();
+        let (req, ends) = request(head, body, subset);
+        let remove: Vec<String> =
+            if strip { CREDENTIALS.iter().filter(|h| req.headers().contains_key(**h)).map(|h| h.to_string()).collect() } else { Vec::new() };
+        // Polled here, not spawned: the pick and the answer's head reach it
+        // with no hand-off between tasks.
+        let mut path: Path = Box::pin(crate::proxy::handle(req, app, Arc::new(ClientAddr::new(peer))));
+        let decided = decide(&mut path, ends.pick).await;
+        decision.observe(since.elapsed().as_secs_f64());
+        let Picked { replica, body } = match decided {
+            Ok(p) => p,
+            Err(refused) => {
+                yield Ok(refused);
+                return;
+            }
+        };
+        let pick = wire::Pick { destination: endpoint(&replica), set: Vec::new(), remove, body: body.map(|b| b.to_vec()) };
+        yield Ok(wire::picked(pick, to_body));
+
+        // Envoy relays the replica's answer: its head goes to the request
+        // path, whose observed response then takes each body chunk; what it
+        // hands on answers the chunk.
+        let Ok(Some(msg)) = inbound.message().await else { return };
+        let Some(In::ResponseHeaders(h)) = msg.request else { return };
+        let head = wire::headers(&h);
+        let (chunks_tx, chunks) = mpsc::unbounded_channel();
+        if ends.answer.send(Answer { head: response_head(&head), chunks }).is_err() {
+            return;
+        }
+        let (ours, mut body) = path.await.into_parts();
+        let (set, remove) = header_changes(&head.map, &ours.headers);
+        yield Ok(wire::response_headers(set, remove));
+        let (mut tx, mut last) = ((!h.end_of_stream).then_some(chunks_tx), None);
+        while let Some(t) = tx.take() {
+            let Ok(Some(msg)) = inbound.message().await else { return };
+            let Some(In::ResponseBody(chunk)) = msg.request else { return };
+            let data = Bytes::from(chunk.body);
+            let _ = t.send(data.clone());
+            tx = (!chunk.end_of_stream).then_some(t);
+            let handed = drain(&mut body);
+            let answer = wire::response_body((handed != data).then(|| handed.to_vec()));
+            match tx {
+                Some(_) => yield Ok(answer),
+                None => last = Some(answer),
+            }
+        }
+        // Ended: counted before the last answer goes, not when the stream is next polled.
+        drain(&mut body);
+        drop(body);
+        if let Some(answer) = last {
+            yield Ok(answer);
+        }
+    }
+}
+
+/// The path's decision: the pick, or its own answer (a refusal, an error)
+/// as Envoy's immediate response.
+async fn decide(path: &mut Path, mut pick: tokio::sync::oneshot::Receiver<Picked>) -> Result<Picked, ProcessingResponse> {
+    let done = tokio::select! {
+        picked = &mut pick => match picked {
+            Ok(p) => Ok(p),
+            // The path ended without a pick: its answer is due.
+            Err(_) => Err(path.await),
+        },
+        done = &mut *path => Err(done),
+    };
+    match done {
+        Ok(p) => Ok(p),
+        Err(answered) => Err(immediate(answered).await),
+    }
+}
+
+/// The rest of a request's body, buffered by Envoy: `None` when Envoy
+/// closed the stream or sent something else.
+async fn read_body(inbound: &mut Inbound) -> Option<Bytes> {
+    let mut body = bytes::BytesMut::new();
+    loop {
+        match inbound.message().await.ok()??.request {
+            Some(In::RequestBody(b)) => {
+                body.extend_from_slice(&b.body);
+                if b.end_of_stream {
+                    return Some(body.freeze());
+                }
+            }
+            Some(In::RequestTrailers(_)) => return Some(body.freeze()),
+            _ => return None,
+        }
+    }
+}
+
+/// The request the path runs, with the relay it hands its pick to.
+fn request(head: wire::Headers, body: Option<Bytes>, subset: Option<Vec<String>>) -> (http::Request<ClientBody>, RelayEnds) {
     let (relay, ends) = Relay::new(subset);
     let mut req = http::Request::new(ClientBody::Whole(body));
     *req.method_mut() = head.method.as_deref().and_then(|m| m.parse().ok()).unwrap_or(http::Method::POST);
@@ -50,71 +159,15 @@ pub(super) async fn run(app: Arc<App>, peer: SocketAddr, mut inbound: tonic::Str
     *req.headers_mut() = head.map;
     objective_as_class(req.headers_mut());
     req.extensions_mut().insert(relay);
-    let strip = app.snapshot().classifier.has_keys();
-    let decision = app.metrics.epp_decision.clone();
-    let original = req.headers().clone();
-    let mut path = tokio::spawn(crate::proxy::handle(req, app, client));
-    let mut pick = ends.pick;
-    let done = tokio::select! {
-        picked = &mut pick => match picked {
-            Ok(p) => Ok(p),
-            // The path ended without a pick: its answer is due.
-            Err(_) => Err((&mut path).await),
-        },
-        done = &mut path => Err(done),
-    };
-    let Picked { replica, body } = match done {
-        Ok(p) => p,
-        Err(answered) => {
-            // Answered without a pick: a refusal or an error, sent by Envoy instead.
-            if let Ok(resp) = answered {
-                let answer = immediate(resp).await;
-                decision.observe(since.elapsed().as_secs_f64());
-                let _ = out.send(Ok(answer)).await;
-            }
-            return;
-        }
-    };
-    let remove =
-        if strip { CREDENTIALS.iter().filter(|h| original.contains_key(**h)).map(|h| h.to_string()).collect() } else { Vec::new() };
-    let changed = body.map(|b| b.to_vec());
-    let pick = wire::Pick { destination: endpoint(&replica), set: Vec::new(), remove, body: changed };
-    let answer = wire::picked(pick, to_body);
-    decision.observe(since.elapsed().as_secs_f64());
-    if out.send(Ok(answer)).await.is_err() {
-        return;
-    }
-    relay_response(&mut inbound, &out, path, ends.answer).await;
+    (req, ends)
 }
 
-/// The request's head, its body (`None`: it has none) and Envoy's subset
-/// hint, answering the headers when a body follows; `None` when Envoy
-/// closed the stream or sent something else first.
-async fn read_request(
-    inbound: &mut tonic::Streaming<ProcessingRequest>,
-    out: &Out,
-) -> Option<(wire::Headers, Option<Bytes>, Option<Vec<String>>)> {
-    let first = inbound.message().await.ok()??;
-    let subset = wire::subset(first.metadata_context.as_ref());
-    let Some(In::RequestHeaders(h)) = first.request else { return None };
-    let head = wire::headers(&h);
-    if h.end_of_stream {
-        return Some((head, None, subset));
-    }
-    out.send(Ok(wire::go_on_headers())).await.ok()?;
-    let mut body = bytes::BytesMut::new();
-    loop {
-        match inbound.message().await.ok()??.request {
-            Some(In::RequestBody(b)) => {
-                body.extend_from_slice(&b.body);
-                if b.end_of_stream {
-                    return Some((head, Some(body.freeze()), subset));
-                }
-            }
-            Some(In::RequestTrailers(_)) => return Some((head, Some(body.freeze()), subset)),
-            _ => return None,
-        }
-    }
+/// The replica's response head as Envoy relays it.
+fn response_head(head: &wire::Headers) -> http::response::Parts {
+    let mut parts = http::Response::new(()).into_parts().0;
+    parts.status = head.status.and_then(|s| http::StatusCode::from_u16(s).ok()).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    parts.headers = head.map.clone();
+    parts
 }
 
 /// The Gateway API Inference Extension's objective header names the class
@@ -135,70 +188,27 @@ async fn immediate(resp: http::Response<ProxyBody>) -> ProcessingResponse {
     wire::immediate(parts.status.as_u16(), &parts.headers, body)
 }
 
-/// Envoy relays the replica's answer: its head goes to the request path
-/// (`answer`), whose observed response then takes each body chunk; what it
-/// hands on answers the chunk.
-async fn relay_response(
-    inbound: &mut tonic::Streaming<ProcessingRequest>,
-    out: &Out,
-    path: tokio::task::JoinHandle<http::Response<ProxyBody>>,
-    answer: tokio::sync::oneshot::Sender<Answer>,
-) {
-    let Ok(Some(msg)) = inbound.message().await else { return };
-    let Some(In::ResponseHeaders(h)) = msg.request else { return };
-    let head = wire::headers(&h);
-    let mut parts = http::Response::new(()).into_parts().0;
-    parts.status = head.status.and_then(|s| http::StatusCode::from_u16(s).ok()).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    parts.headers = head.map.clone();
-    let (chunks_tx, chunks) = mpsc::unbounded_channel();
-    if answer.send(Answer { head: parts, chunks }).is_err() {
-        return;
-    }
-    let Ok(resp) = path.await else { return };
-    let (ours, mut body) = resp.into_parts();
-    let (set, remove) = header_changes(&head.map, &ours.headers);
-    if out.send(Ok(wire::response_headers(set, remove))).await.is_err() {
-        return;
-    }
-    let mut tx = Some(chunks_tx);
-    if h.end_of_stream {
-        tx = None;
-        drain(&mut body);
-    }
-    while tx.is_some() {
-        let Ok(Some(msg)) = inbound.message().await else { return };
-        let Some(In::ResponseBody(chunk)) = msg.request else { return };
-        let end = chunk.end_of_stream;
-        let data = Bytes::from(chunk.body);
-        if let Some(t) = &tx {
-            let _ = t.send(data.clone());
-        }
-        if end {
-            tx = None;
-        }
-        let handed = drain(&mut body);
-        let body_out = (handed != data).then(|| handed.to_vec());
-        if out.send(Ok(wire::response_body(body_out))).await.is_err() {
-            return;
-        }
-    }
-}
-
 /// Everything the observed body hands on now (it has taken what was sent
-/// into it): the bytes for the chunk's answer.
+/// into it): the bytes for the chunk's answer (one frame, most often, as it is).
 fn drain(body: &mut ProxyBody) -> Bytes {
-    let mut handed = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().now_or_never() {
-        match frame {
-            Some(Ok(f)) => {
-                if let Ok(d) = f.into_data() {
-                    handed.extend_from_slice(&d);
-                }
+    let mut first: Option<Bytes> = None;
+    let mut more: Option<bytes::BytesMut> = None;
+    while let Some(Some(Ok(frame))) = body.frame().now_or_never() {
+        let Ok(d) = frame.into_data() else { continue };
+        match (&first, &mut more) {
+            (None, _) => first = Some(d),
+            (Some(f), None) => {
+                let mut m = bytes::BytesMut::from(&f[..]);
+                m.extend_from_slice(&d);
+                more = Some(m);
             }
-            Some(Err(_)) | None => break,
+            (Some(_), Some(m)) => m.extend_from_slice(&d),
         }
     }
-    handed.freeze()
+    match more {
+        Some(m) => m.freeze(),
+        None => first.unwrap_or_default(),
+    }
 }
 
 /// The response headers slogate's path set or dropped (its own headers,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use futures_util::Stream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_health::ServingStatus;
 
@@ -36,10 +36,7 @@ impl ExternalProcessor for Epp {
 
     async fn process(&self, request: Request<Streaming<ProcessingRequest>>) -> Result<Response<Answers>, Status> {
         let peer = request.remote_addr().unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
-        let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(exchange::run(self.app.clone(), peer, request.into_inner(), tx));
-        let answers = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
-        Ok(Response::new(Box::pin(answers)))
+        Ok(Response::new(Box::pin(exchange::run(self.app.clone(), peer, request.into_inner()))))
     }
 }
 

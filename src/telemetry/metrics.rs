@@ -238,6 +238,11 @@ fn register_replicas(registry: &mut Registry, m: &Metrics) {
 
 /// The class controls' series: breaker, reduction, budgets.
 fn register_controls(registry: &mut Registry, m: &Metrics) {
+    registry.register(
+        "epp_decision_seconds",
+        "As Envoy's endpoint picker: time from a whole request to the answer that picks its replica or refuses it (its queueing included)",
+        m.epp_decision.clone(),
+    );
     registry.register("breaker_state", "TTFT circuit breaker state: 0 closed, 1 half-open, 2 open", m.breaker_state.clone());
     registry.register(
         "context_reduction_active",
@@ -378,11 +383,6 @@ impl Metrics {
         register_tenants(&mut registry, &m);
         registry.register_collector(Box::new(KvFeedsCollector(m.kv_feeds.clone())));
         registry.register("config_reloads", "Config reloads applied", m.reloads.clone());
-        registry.register(
-            "epp_decision_seconds",
-            "As Envoy's endpoint picker: time from a whole request to the answer that picks its replica or refuses it (its queueing included)",
-            m.epp_decision.clone(),
-        );
         registry.register("config_reload_failures", "Config reloads rejected (the old config was kept)", m.reload_failures.clone());
         for class in config.classes.keys() {
             let l = ClassLabels { class: class.clone() };

@@ -112,7 +112,8 @@ fn the_pieces_agree_with_each_other_and_with_the_config() {
     let epp = &pool["spec"]["endpointPickerRef"];
     let services: Vec<&Value> = docs.iter().filter(|v| v["kind"].as_str() == Some("Service")).collect();
     let picker = services.iter().find(|s| s["metadata"]["name"] == epp["name"]).expect("the picker's Service");
-    let svc_port = picker["spec"]["ports"].as_sequence().expect("ports").iter().find(|p| p["port"] == epp["port"]["number"]).expect("the port");
+    let svc_port =
+        picker["spec"]["ports"].as_sequence().expect("ports").iter().find(|p| p["port"] == epp["port"]["number"]).expect("the port");
     let deployment = find(&docs, "Deployment");
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
     let grpc = container["ports"].as_sequence().expect("ports").iter().find(|p| p["name"] == svc_port["targetPort"]).expect("named port");

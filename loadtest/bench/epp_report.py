@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Report of one run of loadtest/bench/epp.sh: five paths taken in turn by
+one load (direct, Envoy round robin, Envoy with the floor picker, Envoy
+with slogate as the picker, slogate's proxy); per path the share of TTFT
+and ITL the path adds (from the simulator's stamps) and the CPU per
+request of its processes; slogate's decision time. Writes DIR/report.md
+and DIR/measured.json.
+
+    epp_report.py DIR HZ
+"""
+import json
+import os
+import sys
+
+from admission_report import write_measured  # beside this script
+from prom import buckets, quantile, samples
+from quantiles import pct, pct_pairs
+
+d, hz = sys.argv[1], int(sys.argv[2])
+PATHS = ["direct", "Envoy, round robin", "Envoy + floor picker", "Envoy + slogate as the picker", "slogate's proxy", "control: Envoy + floor picker again"]
+run = json.load(open(os.path.join(d, "paths.json")))
+ticks = list(map(int, open(os.path.join(d, "paths.cpu")).read().split()))
+cpu = [None] + [ticks[4 + i] - ticks[i] for i in range(4)] + [None]
+
+
+def side(idx):
+    recs = [r for r in run["records"] if r.get("target") == idx]
+    done = [r for r in recs if r["outcome"] in ("ok", "length")]
+    path = [r["ttft_ms"] - r["engine_ttft_ms"] for r in done if r.get("ttft_ms") is not None and r.get("engine_ttft_ms") is not None]
+    gaps = run.get("itl_by_target", {}).get("path_us", {}).get(str(idx), [])
+    n = len(done)
+    return {
+        "n": n,
+        "errors": len(recs) - n,
+        "ttft50": pct(path, 0.5),
+        "ttft99": pct(path, 0.99),
+        "itl99": pct_pairs(gaps, 0.99) / 1000 if gaps else float("nan"),
+        "cpu_us": cpu[idx] * 1e6 / hz / n if cpu[idx] is not None and n else float("nan"),
+    }
+
+
+rows = [side(i) for i in range(len(PATHS))]
+floor, epp, floor2 = rows[2], rows[3], rows[5]
+control = (floor2["ttft50"] - floor["ttft50"], floor2["ttft99"] - floor["ttft99"])
+before, after = samples(os.path.join(d, "before.prom")), samples(os.path.join(d, "after.prom"))
+bs = buckets(before, after, "slogate_epp_decision_seconds_bucket")
+decided = bs[-1][1] if bs else 0
+d50, d99 = (quantile(0.5, bs) * 1000, quantile(0.99, bs) * 1000) if decided else (float("nan"), float("nan"))
+measured = {
+    "epp_over_floor_ttft50_ms": (epp["ttft50"] - floor["ttft50"], f"{epp['ttft50'] - floor['ttft50']:+.3f} ms ({epp['ttft50']:.3f} vs {floor['ttft50']:.3f}; control {control[0]:+.3f})"),
+    "epp_over_floor_ttft99_ms": (epp["ttft99"] - floor["ttft99"], f"{epp['ttft99'] - floor['ttft99']:+.3f} ms ({epp['ttft99']:.3f} vs {floor['ttft99']:.3f}; control {control[1]:+.3f})"),
+    "errors": (sum(r["errors"] for r in rows), f"{sum(r['errors'] for r in rows)} of {sum(r['n'] + r['errors'] for r in rows)}"),
+}
+write_measured(d, measured)
+envoy = open(os.path.join(d, "envoy.version")).read().strip()
+with open(os.path.join(d, "report.md"), "w") as f:
+    f.write(f"Envoy {envoy}. One load, the paths taken in turn.\n\n")
+    f.write("| path | requests | errors | path TTFT p50 ms | path TTFT p99 ms | path ITL p99 ms | CPU us/request (its processes) |\n")
+    f.write("|---|---:|---:|---:|---:|---:|---:|\n")
+    for name, r in zip(PATHS, rows):
+        c = "" if r["cpu_us"] != r["cpu_us"] else f"{r['cpu_us']:.0f}"
+        f.write(f"| {name} | {r['n']} | {r['errors']} | {r['ttft50']:.3f} | {r['ttft99']:.3f} | {r['itl99']:.3f} | {c} |\n")
+    f.write(f"\nslogate's decision time (`slogate_epp_decision_seconds`, {decided:.0f} decisions): p50 {d50:.3f} ms, p99 {d99:.3f} ms.\n")
+    f.write(f"\nThe floor picker over Envoy's round robin: TTFT p50 {floor['ttft50'] - rows[1]['ttft50']:+.3f} ms, p99 {floor['ttft99'] - rows[1]['ttft99']:+.3f} ms.\n")
+    f.write(f"slogate as the picker over the floor: TTFT p50 **{measured['epp_over_floor_ttft50_ms'][1]}**, p99 **{measured['epp_over_floor_ttft99_ms'][1]}** (control: the floor path twice, its second over its first).\n")
