@@ -122,6 +122,6 @@ reduction() {
 }
 
 case ${1:-} in
-  overload|breaker|reduction|shedlate) "$1" ;;
-  *) echo "usage: admission.sh overload|breaker|reduction|shedlate (run through loadtest/run admission/NAME)" >&2; exit 2 ;;
+  overload|overload_epp|breaker|reduction|shedlate) "$1" ;;
+  *) echo "usage: admission.sh overload|overload_epp|breaker|reduction|shedlate (run through loadtest/run admission/NAME)" >&2; exit 2 ;;
 esac
