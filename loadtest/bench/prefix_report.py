@@ -104,6 +104,21 @@ def against_least_loaded(part, mode, rates):
 
 sys.stdout = open(os.path.join(work, "report.md"), "w")
 
+# Through Envoy: slogate as its endpoint picker against Envoy's own round robin.
+epp_rates = sorted({int(n.rsplit("-", 1)[1]) for n in runs if n.startswith("epp-slogate-")})
+if epp_rates:
+    print("## Through Envoy\n")
+    for r in epp_rates:
+        print(f"\n**{r} requests/s**\n\n{HEAD}")
+        for label, key in (("slogate as the picker", "slogate"), ("Envoy round robin", "none")):
+            print(row(label, R[f"epp-{key}-{r}"]))
+    top = epp_rates[-1]
+    a, b = R[f"epp-slogate-{top}"], R[f"epp-none-{top}"]
+    ratio = a["tok_s"] / b["tok_s"] if b["tok_s"] else float("inf")
+    measured["epp_tokens_ratio"] = (ratio, f"at {top} req/s: {a['tok_s']:.0f} vs {b['tok_s']:.0f} output tokens/s ({ratio:.2f}x)")
+    failed = sum(R[n]["failed"] for n in runs if n.startswith("epp-"))
+    measured["epp_failed"] = (failed, f"{failed} of {sum(R[n]['sent'] for n in runs if n.startswith('epp-'))}")
+
 shared = sorted({int(n.rsplit("-", 1)[1]) for n in runs if n.startswith("shared-")})
 fleet = sorted({int(n.rsplit("-", 1)[1]) for n in runs if n.startswith("fleet-")})
 policies = [p for p in ("prefix_aware", "exact", "least_loaded", "round_robin") if any(n.startswith(f"shared-{p}-") for n in runs)]
