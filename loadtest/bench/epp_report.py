@@ -13,7 +13,7 @@ import os
 import sys
 
 from admission_report import write_measured  # beside this script
-from prom import buckets, quantile, samples
+from prom import bucket_of, buckets, quantile, samples
 from quantiles import pct, pct_pairs
 
 d, hz = sys.argv[1], int(sys.argv[2])
@@ -51,6 +51,15 @@ measured = {
     "epp_over_floor_ttft99_ms": (epp["ttft99"] - floor["ttft99"], f"{epp['ttft99'] - floor['ttft99']:+.3f} ms ({epp['ttft99']:.3f} vs {floor['ttft99']:.3f}; control {control[1]:+.3f})"),
     "errors": (sum(r["errors"] for r in rows), f"{sum(r['errors'] for r in rows)} of {sum(r['n'] + r['errors'] for r in rows)}"),
 }
+# The picker serves only its path: its TTFT histogram over the run against
+# the client's own TTFT of the same requests.
+tb = buckets(before, after, "slogate_time_to_first_token_seconds_bucket")
+client = [r["ttft_ms"] / 1000 for r in run["records"] if r.get("target") == 3 and r["outcome"] in ("ok", "length") and r["ttft_ms"] is not None]
+if tb and client:
+    theirs, ours = pct(client, 0.5), quantile(0.5, tb)
+    same = bucket_of(theirs, tb) == bucket_of(ours, tb)
+    lo, hi = bucket_of(theirs, tb)
+    measured["epp_ttft_p50_same_bucket"] = (same, f"the client's {theirs * 1000:.2f} ms, slogate's {ours * 1000:.2f} ms (bucket {lo * 1000:g}-{hi * 1000:g} ms)")
 write_measured(d, measured)
 envoy = open(os.path.join(d, "envoy.version")).read().strip()
 with open(os.path.join(d, "report.md"), "w") as f:
