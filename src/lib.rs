@@ -178,6 +178,10 @@ impl Gateway {
             Some(t) => Some(server::tls_acceptor(&t.cert, &t.key).map_err(StartError::Tls)?),
             None => None,
         };
+        let epp_tls = match cfg.epp.as_ref().and_then(|e| e.tls.as_ref()) {
+            Some(t) => Some(server::acceptor_of("epp.tls", &t.cert, &t.key, &[b"h2"]).map_err(StartError::Tls)?),
+            None => None,
+        };
         let backlog = cfg.server.listen_backlog;
         let bind = |addr: SocketAddr| async move { server::bind(addr, backlog).map_err(|source| StartError::Bind { addr, source }) };
         // As Envoy's endpoint picker alone (`epp.proxy: false`), no proxy listener.
@@ -241,7 +245,7 @@ impl Gateway {
         ));
         let mut servers: Vec<JoinHandle<()>> = data_task.into_iter().chain([admin_task]).collect();
         if let Some(listener) = epp {
-            servers.push(tokio::spawn(epp::serve(listener, app.clone(), stop.subscribe())));
+            servers.push(tokio::spawn(epp::serve(listener, epp_tls, app.clone(), stop.subscribe())));
         }
         Ok(Gateway { data_addr, admin_addr, epp_addr, tls: tls.is_some(), app, tuning, stop, servers, background })
     }

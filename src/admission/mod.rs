@@ -217,12 +217,12 @@ pub(crate) struct Controls {
     classes: Mutex<IndexMap<String, Arc<ClassControl>>>,
     metrics: Arc<Metrics>,
     /// Every tenant known, kept across reloads.
-    pub(crate) tenants: Tenants,
+    pub(crate) tenants: Arc<Tenants>,
 }
 
 impl Controls {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Controls {
-        Controls { classes: Mutex::new(IndexMap::new()), tenants: Tenants::new(metrics.clone()), metrics }
+        Controls { classes: Mutex::new(IndexMap::new()), tenants: Arc::new(Tenants::new(metrics.clone())), metrics }
     }
 
     /// The control class `name` will have under `config` (a reload's prepare

@@ -402,7 +402,15 @@ pub(crate) struct Tenants {
     base: Instant,
     base_unix: u64,
     metrics: Arc<Metrics>,
+    /// The tenants made for fairness ids so far (at most [`MAX_FLOWS`]).
+    flows: AtomicUsize,
 }
+
+/// The most fairness ids that become tenants of their own; the rest share
+/// [`OTHER_FLOWS`] (each tenant has series of its own).
+pub(crate) const MAX_FLOWS: usize = 64;
+/// The tenant of the fairness ids past [`MAX_FLOWS`].
+pub(crate) const OTHER_FLOWS: &str = "other-fairness-ids";
 
 impl Tenants {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Tenants {
@@ -419,7 +427,29 @@ impl Tenants {
             base: Instant::now(),
             base_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             metrics,
+            flows: AtomicUsize::new(0),
         }
+    }
+
+    /// The tenant of fairness id `id` (a gateway without keys, behind the
+    /// Inference Extension): one of its own, weight 1 and no limits, while
+    /// fewer than [`MAX_FLOWS`] were made, else the one they share.
+    pub(crate) fn flow(&self, id: &str) -> Arc<Tenant> {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = known.iter().find(|t| &*t.name == id) {
+            return t.clone();
+        }
+        let name = if self.flows.load(Ordering::Relaxed) < MAX_FLOWS { id } else { OTHER_FLOWS };
+        if let Some(t) = known.iter().find(|t| &*t.name == name) {
+            return t.clone();
+        }
+        if name == id {
+            self.flows.fetch_add(1, Ordering::Relaxed);
+        }
+        let t = self.make(name, &TenantConfig::default());
+        t.series.get_or_init(|| TenantSeries::new(&self.metrics, &t.name));
+        known.push(t.clone());
+        t
     }
 
     /// As [`Tenants::new`], its wall clock starting at `unix` (seconds since 1970).
@@ -437,6 +467,11 @@ impl Tenants {
         if let Some(t) = known.iter().find(|t| &*t.name == name) {
             return t.clone();
         }
+        drop(known);
+        self.make(name, config)
+    }
+
+    fn make(&self, name: &str, config: &TenantConfig) -> Arc<Tenant> {
         Arc::new(Tenant {
             name: name.into(),
             id: self.next_id.fetch_add(1, Ordering::Relaxed),

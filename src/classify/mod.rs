@@ -2,7 +2,8 @@
 //! class the request runs under (`x-slo-class`, else the key's first class,
 //! else `default_class`). Keys are compared as SHA-256 digests in constant
 //! time and never logged. Without keys every caller is one tenant,
-//! `anonymous`.
+//! `anonymous`, or, behind the Inference Extension, its fairness id's
+//! (docs/endpoint-picker.md, rule 10).
 
 pub(crate) mod grant;
 
@@ -13,7 +14,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::admission::tenants::ANONYMOUS;
-use crate::admission::{ClassControl, Controls, Tenant};
+use crate::admission::{ClassControl, Controls, Tenant, Tenants};
 use crate::config::{Config, Endpoint, TenantConfig, Tier};
 use crate::error::GatewayError;
 
@@ -55,6 +56,21 @@ pub(crate) struct Caller {
     pub(crate) class: Arc<Class>,
     pub(crate) tenant: Arc<Tenant>,
     pub(crate) grant: Arc<Grant>,
+}
+
+/// The flow the Inference Extension put a request in
+/// (`x-llm-d-inference-fairness-id`), as a request extension.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FairnessId(Box<str>);
+
+impl FairnessId {
+    /// The id a header value carries: printable ASCII, at most 128 bytes
+    /// once trimmed; anything else is no id.
+    pub(crate) fn of(v: &http::HeaderValue) -> Option<FairnessId> {
+        let s = v.to_str().ok()?.trim();
+        let fits = !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic());
+        fits.then(|| FairnessId(s.into()))
+    }
 }
 
 /// Why a config's keys or classes cannot be used (the config parsed, but
@@ -141,6 +157,8 @@ pub(crate) struct Classifier {
     anonymous_grant: Arc<Grant>,
     /// The tenants of this config with their settings (installed with it).
     tenants: Vec<(Arc<Tenant>, TenantConfig)>,
+    /// Every tenant known (fairness ids' tenants are made there).
+    registry: Arc<Tenants>,
 }
 
 impl Classifier {
@@ -209,7 +227,8 @@ impl Classifier {
             keys.iter().zip(&config.auth.keys).map(|(k, c)| (k.tenant.clone(), c.tenant())).collect()
         };
         let anonymous_grant = Arc::new(Grant::all(ANONYMOUS));
-        Ok(Classifier { classes, default_class, endpoint_classes, keys, anonymous, anonymous_grant, tenants })
+        let registry = controls.tenants.clone();
+        Ok(Classifier { classes, default_class, endpoint_classes, keys, anonymous, anonymous_grant, tenants, registry })
     }
 
     /// The tenants callers can be, with their weights and limits.
@@ -256,6 +275,18 @@ impl Classifier {
 
     /// Decide the class and the tenant of a request from its headers.
     pub(crate) fn classify(&self, headers: &http::HeaderMap, endpoint: Endpoint) -> Result<Caller, GatewayError> {
+        self.classify_flow(headers, endpoint, None)
+    }
+
+    /// As [`Classifier::classify`], for a request in the Inference
+    /// Extension's flow `flow`: without keys, the flow is its tenant; with
+    /// keys, the key is (a header cannot move a caller into another's share).
+    pub(crate) fn classify_flow(
+        &self,
+        headers: &http::HeaderMap,
+        endpoint: Endpoint,
+        flow: Option<&FairnessId>,
+    ) -> Result<Caller, GatewayError> {
         let wanted = headers.get(X_SLO_CLASS).map(|v| v.to_str().map(str::trim).unwrap_or(""));
         let by_endpoint = self.endpoint_classes.iter().find(|(e, _)| *e == endpoint).map(|(_, c)| c);
         if self.keys.is_empty() {
@@ -263,7 +294,8 @@ impl Classifier {
                 None => by_endpoint.unwrap_or(&self.default_class).clone(),
                 Some(n) => self.class(n).cloned().ok_or_else(|| GatewayError::UnknownClass(n.to_string()))?,
             };
-            return Ok(Caller { class, tenant: self.anonymous.clone(), grant: self.anonymous_grant.clone() });
+            let tenant = flow.map_or_else(|| self.anonymous.clone(), |f| self.registry.flow(&f.0));
+            return Ok(Caller { class, tenant, grant: self.anonymous_grant.clone() });
         }
         let key = self.key_of(headers)?;
         let class = match wanted {

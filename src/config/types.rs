@@ -172,7 +172,7 @@ impl Default for ServerConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     pub cert: std::path::PathBuf,
@@ -399,11 +399,15 @@ impl Default for ContextReductionConfig {
 #[serde(deny_unknown_fields)]
 pub struct EppConfig {
     /// Where `envoy.service.ext_proc.v3.ExternalProcessor` and gRPC health
-    /// are served (h2c).
+    /// are served (h2c, or TLS with `tls`).
     pub listen: SocketAddr,
     /// Serve the proxy listener (`server.listen`) too.
     #[serde(default = "EppConfig::proxy_default")]
     pub proxy: bool,
+    /// Serve `ext_proc` over TLS (ALPN h2) with this certificate and key
+    /// (PEM) instead of h2c.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
 }
 
 impl EppConfig {

@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::wire;
+use crate::classify::FairnessId;
 use crate::error::ProxyBody;
 use crate::server::ClientAddr;
 use crate::state::App;
@@ -158,6 +159,9 @@ fn request(head: wire::Headers, body: Option<Bytes>, subset: Option<Vec<String>>
     *req.uri_mut() = head.path.as_deref().and_then(|p| p.parse().ok()).unwrap_or_else(|| http::Uri::from_static("/"));
     *req.headers_mut() = head.map;
     objective_as_class(req.headers_mut());
+    if let Some(flow) = req.headers().get("x-llm-d-inference-fairness-id").and_then(FairnessId::of) {
+        req.extensions_mut().insert(flow);
+    }
     req.extensions_mut().insert(relay);
     (req, ends)
 }

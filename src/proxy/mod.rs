@@ -109,7 +109,8 @@ pub(crate) async fn handle(req: Request<ClientBody>, app: Arc<App>, client: Arc<
     if let Target::Stored(id) = &target {
         route::heard_of(&snap, id).await;
     }
-    let caller = snap.classifier.classify(req.headers(), target.endpoint());
+    let flow = req.extensions().get::<crate::classify::FairnessId>();
+    let caller = snap.classifier.classify_flow(req.headers(), target.endpoint(), flow);
     let caller = caller.and_then(|c| target.clone().permit(&snap, req.uri().path(), &c.grant).map(|t| (c, t)));
     // An opened path is an unknown path to a caller who may not call it (no
     // key, another key): nothing tells it the path is there.

@@ -37,16 +37,22 @@ use crate::error::{error_response, ProxyBody};
 
 /// Load a rustls acceptor (ALPN h2 and http/1.1) from PEM files.
 pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor, String> {
-    let certs = crate::config::pem::certs(cert).map_err(|e| format!("server.tls.cert {e}"))?;
-    let key = crate::config::pem::key(key).map_err(|e| format!("server.tls.key {e}"))?;
+    acceptor_of("server.tls", cert, key, &[b"h2", b"http/1.1"])
+}
+
+/// A rustls acceptor of the config's section `at` (its errors name it),
+/// offering `alpn`.
+pub(crate) fn acceptor_of(at: &str, cert: &std::path::Path, key: &std::path::Path, alpn: &[&[u8]]) -> Result<TlsAcceptor, String> {
+    let certs = crate::config::pem::certs(cert).map_err(|e| format!("{at}.cert {e}"))?;
+    let key = crate::config::pem::key(key).map_err(|e| format!("{at}.key {e}"))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("tls: {e}"))?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| format!("server.tls: {e}"))?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        .map_err(|e| format!("{at}: {e}"))?;
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(TlsAcceptor::from(Arc::new(cfg)))
 }
 

@@ -26,7 +26,12 @@ struct Stream {
 impl Stream {
     async fn open(gw: &slogate::Gateway) -> Stream {
         let addr = gw.epp_addr.expect("epp listener");
-        let mut client = ExternalProcessorClient::connect(format!("http://{addr}")).await.expect("connect");
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("uri").connect().await.expect("connect");
+        Stream::on(channel).await
+    }
+
+    async fn on(channel: tonic::transport::Channel) -> Stream {
+        let mut client = ExternalProcessorClient::new(channel);
         let (tx, rx) = mpsc::channel(16);
         let requests = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
         let answers = client.process(requests).await.expect("process").into_inner();
@@ -74,8 +79,19 @@ enum Outcome {
 /// `hint`) through the EPP; follow the pick to the replica it names and
 /// relay the replica's answer through the EPP, chunk by chunk.
 async fn through(gw: &slogate::Gateway, path: &str, body: &str, extra: &[(&str, &str)], hint: Option<Metadata>) -> Outcome {
+    through_on(Stream::open(gw).await, gw, path, body, extra, hint).await
+}
+
+/// As [`through`], on the stream `s`.
+async fn through_on(
+    mut s: Stream,
+    gw: &slogate::Gateway,
+    path: &str,
+    body: &str,
+    extra: &[(&str, &str)],
+    hint: Option<Metadata>,
+) -> Outcome {
     count_sent(gw.data_addr, 1);
-    let mut s = Stream::open(gw).await;
     let mut head = vec![(":method", "POST"), (":path", path), (":authority", "gateway"), ("content-type", "application/json")];
     head.extend_from_slice(extra);
     s.send(processing_request::Request::RequestHeaders(headers(&head, false)), hint).await;
@@ -307,5 +323,94 @@ async fn the_picker_may_run_without_the_proxy_listener() {
     started(&gw);
     assert!(tokio::net::TcpStream::connect(gw.data_addr).await.is_err(), "no proxy listener");
     assert!(matches!(through(&gw, "/v1/chat/completions", &chat_body(false, false), &[], None).await, Outcome::Relayed { .. }));
+    assert_quiescent(&gw).await;
+}
+
+/// The Inference Extension's fairness id is the tenant of a gateway without
+/// keys (its requests count under it, and fair share sees it); with keys
+/// the key is, whatever the header says.
+#[tokio::test]
+async fn the_fairness_id_is_the_tenant_without_keys_and_the_key_wins_with_them() {
+    let a = Mock::start(streaming()).await;
+    let gw = epp_config(&[a.url()]).start().await;
+    started(&gw);
+    for flow in ["team-a", "team-b", "team-b"] {
+        let sent = through(&gw, "/v1/chat/completions", &chat_body(false, false), &[("x-llm-d-inference-fairness-id", flow)], None).await;
+        assert!(matches!(sent, Outcome::Relayed { .. }), "{sent:?}");
+    }
+    let m = metrics_text(&gw).await;
+    let count = |t: &str| metric(&m, "slogate_tenant_requests_total", &[("tenant", t), ("outcome", "ok")]);
+    assert_eq!((count("team-a"), count("team-b"), count("anonymous")), (Some(1.0), Some(2.0), None), "{m}");
+    assert_quiescent(&gw).await;
+
+    let keyed = epp_config(&[a.url()])
+        .section(&format!(
+            "auth:\n  keys:\n    - {{ name: owner, key_sha256: {}, classes: [chat] }}",
+            slogate::config::key_sha256("sk-owner")
+        ))
+        .start()
+        .await;
+    started(&keyed);
+    let head = [("x-llm-d-inference-fairness-id", "team-a"), ("authorization", "Bearer sk-owner")];
+    assert!(matches!(through(&keyed, "/v1/chat/completions", &chat_body(false, false), &head, None).await, Outcome::Relayed { .. }));
+    let m = metrics_text(&keyed).await;
+    let count = |t: &str| metric(&m, "slogate_tenant_requests_total", &[("tenant", t), ("outcome", "ok")]);
+    assert_eq!((count("owner"), count("team-a")), (Some(1.0), None), "{m}");
+    assert_quiescent(&keyed).await;
+}
+
+/// `epp.tls`: the picker serves `ext_proc` and gRPC health over TLS (ALPN
+/// h2), and a client that trusts its certificate gets its pick.
+#[tokio::test]
+async fn the_picker_serves_over_tls_when_given_a_certificate() {
+    let a = Mock::start(streaming()).await;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
+    let (cert_path, key_path) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).expect("write");
+    std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write");
+    let epp = format!("epp: {{ listen: 127.0.0.1:0, tls: {{ cert: {}, key: {} }} }}", cert_path.display(), key_path.display());
+    let gw = gateway_config(&[a.url()]).section(&epp).start().await;
+    started(&gw);
+    let addr = gw.epp_addr.expect("epp listener");
+    // h2c is not served.
+    let plain = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("uri").connect().await;
+    let refused = match plain {
+        Err(_) => true,
+        Ok(ch) => tonic_health::pb::health_client::HealthClient::new(ch)
+            .check(tonic_health::pb::HealthCheckRequest { service: "liveness".into() })
+            .await
+            .is_err(),
+    };
+    assert!(refused, "no answer without TLS");
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).expect("root");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let connect = tower::service_fn(move |_: http::Uri| {
+        let connector = connector.clone();
+        async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await?;
+            let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+            let tls = connector.connect(name, tcp).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+        }
+    });
+    let channel = tonic::transport::Endpoint::from_static("http://localhost").connect_with_connector(connect).await.expect("TLS channel");
+    let health = tonic_health::pb::health_client::HealthClient::new(channel.clone())
+        .check(tonic_health::pb::HealthCheckRequest { service: "liveness".into() })
+        .await
+        .expect("health over TLS");
+    assert_eq!(health.into_inner().status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    let sent = through_on(Stream::on(channel).await, &gw, "/v1/chat/completions", &chat_body(false, false), &[], None).await;
+    let Outcome::Relayed { destination, .. } = sent else { panic!("relayed: {sent:?}") };
+    assert_eq!(destination, endpoint(&a.url()));
     assert_quiescent(&gw).await;
 }

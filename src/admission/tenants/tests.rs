@@ -182,3 +182,20 @@ fn reset_headers_read_like_openais() {
     assert_eq!(reset_text(Duration::from_secs(360)), "6m0s");
     assert_eq!(reset_text(Duration::from_secs(59)), "59s");
 }
+
+#[test]
+fn fairness_ids_are_tenants_of_their_own_up_to_the_cap_then_share_one() {
+    let tenants = Tenants::new(Arc::new(Metrics::new(&crate::config::Config::default())));
+    let a = tenants.flow("team-a");
+    assert!(Arc::ptr_eq(&a, &tenants.flow("team-a")), "the same id is the same tenant");
+    assert_eq!(&*a.name, "team-a");
+    assert_eq!(a.weight(), 1.0);
+    assert!(!a.has_limits());
+    for i in 1..MAX_FLOWS {
+        assert_eq!(&*tenants.flow(&format!("flow-{i}")).name, format!("flow-{i}"));
+    }
+    let past = tenants.flow("one-too-many");
+    assert_eq!(&*past.name, OTHER_FLOWS);
+    assert!(Arc::ptr_eq(&past, &tenants.flow("another")), "the ids past the cap share one tenant");
+    assert!(Arc::ptr_eq(&a, &tenants.flow("team-a")), "ids seen before keep theirs");
+}
