@@ -1,6 +1,7 @@
 //! Replicas found in DNS (`pools[].replicas_dns`): a DNS server of the
 //! test's own names the replicas; the pool follows its answers, probing
-//! the new before they serve and draining the gone, and no request fails.
+//! the new before they serve and draining the gone, within two periods of
+//! the change, and no request fails.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -16,6 +17,8 @@ use crate::common::*;
 struct Dns {
     addr: SocketAddr,
     ips: Arc<Mutex<Vec<Ipv4Addr>>>,
+    /// The A queries answered so far (one per lookup of the gateway's).
+    lookups: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -24,17 +27,26 @@ impl Dns {
         let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
         let addr = socket.local_addr().expect("addr");
         let shared = Arc::new(Mutex::new(ips.to_vec()));
-        let answers = shared.clone();
+        let (answers, lookups) = (shared.clone(), Arc::new(AtomicUsize::new(0)));
+        let counted = lookups.clone();
         let task = tokio::spawn(async move {
             let mut buf = [0u8; 1500];
             while let Ok((n, from)) = socket.recv_from(&mut buf).await {
                 let reply = answer(&buf[..n], &answers.lock().expect("lock"));
-                if let Some(reply) = reply {
+                if let Some((reply, a)) = reply {
+                    if a {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                    }
                     let _ = socket.send_to(&reply, from).await;
                 }
             }
         });
-        Dns { addr, ips: shared, task }
+        Dns { addr, ips: shared, lookups, task }
+    }
+
+    /// The lookups answered so far.
+    fn lookups(&self) -> usize {
+        self.lookups.load(Ordering::SeqCst)
     }
 
     fn set(&self, ips: &[Ipv4Addr]) {
@@ -48,8 +60,9 @@ impl Drop for Dns {
     }
 }
 
-/// The reply to query `q`: its question, and an A record per address when it asks for A.
-fn answer(q: &[u8], ips: &[Ipv4Addr]) -> Option<Vec<u8>> {
+/// The reply to query `q`: its question, and an A record per address when
+/// it asks for A (and whether it did).
+fn answer(q: &[u8], ips: &[Ipv4Addr]) -> Option<(Vec<u8>, bool)> {
     let mut i = 12;
     while *q.get(i)? != 0 {
         i += usize::from(q[i]) + 1;
@@ -67,7 +80,7 @@ fn answer(q: &[u8], ips: &[Ipv4Addr]) -> Option<Vec<u8>> {
         r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
         r.extend_from_slice(&ip.octets());
     }
-    Some(r)
+    Some((r, qtype == 1))
 }
 
 /// How many requests simulator `s` finished (its `vllm:request_success_total`).
@@ -91,7 +104,7 @@ async fn a_pool_follows_the_replicas_its_dns_name_has() {
     let b = sim(SocketAddr::from((b_ip, port))).await;
     let dns = Dns::start(&[a_ip]).await;
     let model = SimConfig::default().model;
-    let every = "200ms";
+    let every = "500ms";
     let gw = gateway_config(&[])
         .models(&[&model])
         .pool(&format!("replicas_dns: {{ name: 'replicas.test:{port}', every: {every}, nameserver: '{}' }}", dns.addr))
@@ -120,13 +133,24 @@ async fn a_pool_follows_the_replicas_its_dns_name_has() {
             }
         })
     };
-    // Scaled up: the new address is probed, then takes requests.
+    // Within two periods of a change: by the second lookup after it (the
+    // first may have been answered before it), counted at the DNS server.
+    let within_two = |what: &str, asked: usize| {
+        let by = dns.lookups() - asked;
+        assert!(by <= 2, "{what} by the {by}th lookup after the change");
+    };
+    // Scaled up: the new address is taken in and probed, then takes requests.
     dns.set(&[a_ip, b_ip]);
-    wait_until("the new replica taken in", || async { healthy(b_ip).await == Some(1.0) }).await;
+    let asked = dns.lookups();
+    wait_until("the new replica taken in", || async { healthy(b_ip).await.is_some() }).await;
+    within_two("taken in", asked);
+    wait_until("the new replica probed", || async { healthy(b_ip).await == Some(1.0) }).await;
     wait_until("the new replica serves", || async { served(&b).await > 0.0 }).await;
     // Scaled down: the gone address is drained and forgotten.
     dns.set(&[b_ip]);
+    let asked = dns.lookups();
     wait_until("the gone replica dropped", || async { healthy(a_ip).await.is_none() }).await;
+    within_two("drained", asked);
     // The one request in flight there when it went finishes there (drained); none after it goes there.
     let at = sent.load(Ordering::SeqCst);
     wait_until("the request in flight finished", || async { sent.load(Ordering::SeqCst) >= at + 2 }).await;
