@@ -26,6 +26,7 @@ mod discovery;
 mod epp;
 mod error;
 mod fleet;
+pub mod import;
 mod proxy;
 mod reduce;
 pub mod rules;

@@ -193,7 +193,7 @@ impl Tenant {
     }
 
     /// The key's quotas now.
-    fn state(&self, now: Instant) -> RateState {
+    pub(crate) fn rates_now(&self, now: Instant) -> RateState {
         let limits = self.limits();
         let s = self.second(now);
         self.inner.lock().map(|u| self.quotas(&u, &limits, s)).unwrap_or_default()
@@ -210,7 +210,7 @@ impl Tenant {
         if before + self.concurrent.load(Ordering::Relaxed) >= max {
             self.count_refusal(Limit::Concurrent);
             let now = Instant::now();
-            let state = tightest(self.state(now), &self.quota_standing(now));
+            let state = tightest(self.rates_now(now), &self.quota_standing(now));
             return Err((max, state));
         }
         Ok(reading)

@@ -32,6 +32,11 @@ impl Grant {
         Grant { key: k.name.as_str().into(), models: k.models.clone(), endpoints: k.endpoints.clone(), cache_salt }
     }
 
+    /// The models (names or patterns) it may use; `None`: every one.
+    pub(crate) fn models(&self) -> Option<&[String]> {
+        self.models.as_deref()
+    }
+
     /// May the key use `model`?
     pub(crate) fn allows_model(&self, model: &str) -> bool {
         self.models.as_ref().is_none_or(|ms| ms.iter().any(|p| matches(p, model)))

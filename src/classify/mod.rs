@@ -132,18 +132,34 @@ impl AdminToken {
     }
 }
 
-/// The token of `Authorization: Bearer <token>`, else of `x-api-key` (how
-/// Anthropic's SDKs send a key).
+/// The token of LiteLLM's `x-litellm-api-key` (with or without `Bearer `:
+/// it comes first, as LiteLLM reads it, since `Authorization` may then
+/// carry something else), else of `Authorization: Bearer <token>`, else of
+/// `x-api-key` (how Anthropic's SDKs send a key).
 fn bearer(headers: &http::HeaderMap) -> Option<&str> {
     headers
-        .get(http::header::AUTHORIZATION)
+        .get(X_LITELLM_API_KEY)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(|v| without_scheme(v).unwrap_or(v))
+        .or_else(|| headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(without_scheme))
         .or_else(|| headers.get(X_API_KEY).and_then(|v| v.to_str().ok()))
         .map(str::trim)
 }
 
+fn without_scheme(v: &str) -> Option<&str> {
+    v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))
+}
+
 const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+const X_LITELLM_API_KEY: http::HeaderName = http::HeaderName::from_static("x-litellm-api-key");
+
+/// A configured key as `/key/info` shows it.
+pub(crate) struct KeyView {
+    /// Its SHA-256, hex (what LiteLLM calls the key's token).
+    pub(crate) token: String,
+    pub(crate) tenant: Arc<Tenant>,
+    pub(crate) grant: Arc<Grant>,
+}
 
 /// Everything classification needs, built once per config snapshot.
 pub(crate) struct Classifier {
@@ -257,6 +273,14 @@ impl Classifier {
             return Ok(self.anonymous_grant.clone());
         }
         self.key_of(headers).map(|k| k.grant.clone())
+    }
+
+    /// The configured key the request carries, for `/key/info`
+    /// (401 without one, or without keys configured).
+    pub(crate) fn key_view(&self, headers: &http::HeaderMap) -> Result<KeyView, GatewayError> {
+        let k = self.key_of(headers)?;
+        let token = k.digest.iter().map(|b| format!("{b:02x}")).collect();
+        Ok(KeyView { token, tenant: k.tenant.clone(), grant: k.grant.clone() })
     }
 
     /// The configured key the request's `Authorization: Bearer` carries.

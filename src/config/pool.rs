@@ -118,6 +118,11 @@ impl KvEventsConfig {
 pub struct PoolConfig {
     pub name: String,
     pub models: Vec<String>,
+    /// The name the replicas serve the pool's models under (vLLM's
+    /// `--served-model-name`), when it is not the name clients use: a JSON
+    /// request's `model` is rewritten to it (LiteLLM's `model_name` against
+    /// its `litellm_params.model`).
+    pub served_model: Option<String>,
     /// Each a URL, or `{ url, name }`.
     pub replicas: Vec<ReplicaConfig>,
     /// Replicas found in DNS besides (a headless Service), found again every while.
@@ -341,6 +346,7 @@ impl Default for PoolConfig {
         PoolConfig {
             name: "default".into(),
             models: vec!["auto".into()],
+            served_model: None,
             replicas: vec!["http://127.0.0.1:8000".into(), "http://127.0.0.1:8001".into()],
             replicas_dns: None,
             max_inflight_per_replica: InflightLimit::Auto,

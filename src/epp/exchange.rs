@@ -36,7 +36,7 @@ type Path = std::pin::Pin<Box<dyn std::future::Future<Output = http::Response<Pr
 
 /// The headers a pick removes: the caller's credentials stay with the
 /// gateway, as in proxy mode.
-const CREDENTIALS: [&str; 4] = ["authorization", "x-api-key", "api-key", "cookie"];
+const CREDENTIALS: [&str; 5] = ["authorization", "x-api-key", "x-litellm-api-key", "api-key", "cookie"];
 
 /// One request's exchange: Envoy's messages read from `inbound`, and the
 /// stream of answers to them (tonic's own task drives it: no hand-off

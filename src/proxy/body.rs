@@ -350,10 +350,19 @@ impl RequestBody {
     /// The bytes to send: with `stream_options.include_usage` set when
     /// `ask_usage`; `priority` set when given, else removed (a caller's own
     /// never reaches a replica); `cache_salt` set to `salt` when given
-    /// (the caller's replaced; docs/access.md, rules 19 and 20).
-    pub(super) fn into_bytes(mut self, ask_usage: bool, priority: Option<i64>, salt: Option<&str>) -> Result<Bytes, GatewayError> {
-        let edit_existing =
-            (ask_usage && self.head.has_stream_options) || self.head.has_priority || (salt.is_some() && self.head.has_cache_salt);
+    /// (the caller's replaced; docs/access.md, rules 19 and 20); `model`
+    /// set to `served` when given (the pool's `served_model`).
+    pub(super) fn into_bytes(
+        mut self,
+        ask_usage: bool,
+        priority: Option<i64>,
+        salt: Option<&str>,
+        served: Option<&str>,
+    ) -> Result<Bytes, GatewayError> {
+        let edit_existing = (ask_usage && self.head.has_stream_options)
+            || self.head.has_priority
+            || (salt.is_some() && self.head.has_cache_salt)
+            || served.is_some();
         if self.object.is_none() && !edit_existing {
             let mut members = String::new();
             if ask_usage {
@@ -373,7 +382,7 @@ impl RequestBody {
                 return Ok(b);
             }
         }
-        let dirty = self.dirty || ask_usage || priority.is_some() || self.head.has_priority || salt.is_some();
+        let dirty = self.dirty || ask_usage || priority.is_some() || self.head.has_priority || salt.is_some() || served.is_some();
         if !dirty {
             return Ok(self.bytes);
         }
@@ -388,6 +397,9 @@ impl RequestBody {
         }
         if let Some(salt) = salt {
             obj.insert("cache_salt".into(), Value::from(salt));
+        }
+        if let Some(m) = served {
+            obj.insert("model".into(), Value::from(m));
         }
         if ask_usage {
             let opts = obj.entry("stream_options").or_insert_with(|| Value::Object(Map::new()));
@@ -465,7 +477,7 @@ pub(crate) fn paths_agree(bytes: &[u8], usage: bool, priority: Option<i64>) -> R
         return Err(format!("heads differ: {:?} vs {:?}: {}", quick.head(), head_of(&object), text()));
     }
     let written = |b: RequestBody| -> Result<Value, String> {
-        let out = b.into_bytes(usage, priority, salt).map_err(|e| format!("cannot write: {e}"))?;
+        let out = b.into_bytes(usage, priority, salt, None).map_err(|e| format!("cannot write: {e}"))?;
         serde_json::from_slice(&out).map_err(|e| format!("wrote invalid JSON ({e}): {}", String::from_utf8_lossy(&out)))
     };
     let q = written(quick)?;
@@ -522,7 +534,7 @@ mod tests {
     }
 
     fn sent(s: &str, usage: bool, prio: Option<i64>) -> Value {
-        let out = body(s).into_bytes(usage, prio, None).expect("writes");
+        let out = body(s).into_bytes(usage, prio, None, None).expect("writes");
         serde_json::from_slice(&out).expect("valid JSON")
     }
 
@@ -530,7 +542,7 @@ mod tests {
     fn general(s: &str, usage: bool, prio: Option<i64>) -> Value {
         let mut b = body(s);
         b.object().expect("object");
-        b.into_bytes(usage, prio, None).map(|out| serde_json::from_slice(&out).expect("valid JSON")).expect("writes")
+        b.into_bytes(usage, prio, None, None).map(|out| serde_json::from_slice(&out).expect("valid JSON")).expect("writes")
     }
 
     #[test]
@@ -584,7 +596,7 @@ mod tests {
     #[test]
     fn an_unedited_body_is_sent_byte_for_byte() {
         let s = "{ \"model\" : \"m\",\n \"stream\": false }";
-        assert_eq!(&body(s).into_bytes(false, None, None).expect("writes")[..], s.as_bytes());
+        assert_eq!(&body(s).into_bytes(false, None, None, None).expect("writes")[..], s.as_bytes());
     }
 
     #[test]
@@ -623,7 +635,7 @@ mod tests {
         let mut b = body(r#"{"model":"m","max_tokens":9000}"#);
         b.object().expect("object").insert("max_tokens".into(), Value::from(100));
         b.mark_changed();
-        let out: Value = serde_json::from_slice(&b.into_bytes(false, None, None).expect("writes")).expect("valid JSON");
+        let out: Value = serde_json::from_slice(&b.into_bytes(false, None, None, None).expect("writes")).expect("valid JSON");
         assert_eq!(out["max_tokens"], 100);
     }
 

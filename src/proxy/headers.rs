@@ -105,9 +105,14 @@ pub(super) struct Hop {
 }
 
 /// The headers that carry a caller's credentials (OpenAI's, Anthropic's,
-/// Azure's, a browser's).
-const CREDENTIALS: [HeaderName; 4] =
-    [header::AUTHORIZATION, HeaderName::from_static("x-api-key"), HeaderName::from_static("api-key"), header::COOKIE];
+/// LiteLLM's, Azure's, a browser's).
+const CREDENTIALS: [HeaderName; 5] = [
+    header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("x-litellm-api-key"),
+    HeaderName::from_static("api-key"),
+    header::COOKIE,
+];
 
 /// The request to a replica: the caller's headers but for hop-by-hop ones,
 /// and but for every credential header when slogate checked the caller's

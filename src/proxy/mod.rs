@@ -27,6 +27,7 @@
 
 mod aside;
 pub(crate) mod body;
+mod compat;
 #[doc(hidden)]
 pub(crate) mod fixtures;
 pub(crate) mod form;
@@ -88,6 +89,10 @@ pub(crate) async fn handle(req: Request<ClientBody>, app: Arc<App>, client: Arc<
     let start = Instant::now();
     let snap = app.snapshot();
     let id = request_id::of(req.headers());
+    let req = compat::unprefixed(req);
+    if let Some(resp) = compat::answer(&snap, req.method(), req.uri().path(), req.headers(), req.uri().query()) {
+        return with_id(resp, &id);
+    }
     let target = match (req.method(), req.uri().path()) {
         (&Method::GET, "/health") => return with_id(route::health(&snap), &id),
         (&Method::GET, "/v1/models") => {
@@ -256,7 +261,8 @@ fn forward(
         let salt = caller.grant.cache_salt.as_deref().filter(|_| engine_reads);
         let prepared = route::cpu_bound(request.len(), || {
             let reduced = reduce(&mut request, endpoint, snap, &t)?;
-            Ok((reduced, request.into_bytes(strip_usage, priority, salt)?))
+            let served = route.pool.config.served_model.as_deref().filter(|_| engine_reads || endpoint == Endpoint::Embeddings);
+            Ok((reduced, request.into_bytes(strip_usage, priority, salt, served)?))
         });
         let (reduced, body) = stage!(t, prepared);
 

@@ -233,7 +233,12 @@ impl Pool {
             if m != "auto" && seen.insert(m.clone()) {
                 // A named model as its replicas describe it (max_model_len,
                 // owned_by, root) once one has answered; until then, slogate's.
-                let known = discovered.iter().find(|d| id_of(d).as_deref() == Some(m.as_str())).cloned();
+                // Served under another name, it is shown under the clients' own.
+                let served = self.config.served_model.as_deref().unwrap_or(m);
+                let mut known = discovered.iter().find(|d| id_of(d).as_deref() == Some(served)).cloned();
+                if let Some(k) = known.as_mut().and_then(|k| k.as_object_mut()) {
+                    k.insert("id".into(), m.clone().into());
+                }
                 out.push(known.unwrap_or_else(|| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "slogate"})));
             }
         }

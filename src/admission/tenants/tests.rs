@@ -59,7 +59,7 @@ async fn tokens_are_reserved_at_admission_and_settled_to_usage() {
     let (mut p3, _) = a.admit(Instant::now(), 100).expect("a fresh minute");
     p3.settle(900);
     drop(p3);
-    assert_eq!(a.state(Instant::now()).tokens.map(|q| q.remaining), Some(100));
+    assert_eq!(a.rates_now(Instant::now()).tokens.map(|q| q.remaining), Some(100));
 }
 
 /// The permit settles the finished request: refunded when the gateway
@@ -68,7 +68,7 @@ async fn tokens_are_reserved_at_admission_and_settled_to_usage() {
 #[tokio::test(start_paused = true)]
 async fn a_permit_judges_the_finished_request() {
     let (_t, a) = tenant(KeyLimitsConfig { tokens_per_minute: Some(1000), ..KeyLimitsConfig::default() });
-    let left = |a: &Tenant| a.state(Instant::now()).tokens.map(|q| q.remaining);
+    let left = |a: &Tenant| a.rates_now(Instant::now()).tokens.map(|q| q.remaining);
     let refused = Finished { admitted: false, ..Finished::example(Outcome::rejected, true) };
     let (mut p, _) = a.admit(Instant::now(), 600).expect("600 of 1000");
     p.finished(refused.admitted, Some(50));
