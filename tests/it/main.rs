@@ -27,6 +27,7 @@ mod gateway;
 mod kv_events;
 mod limit_store;
 mod limits;
+mod migration;
 mod operations;
 mod prefix;
 mod privilege;
