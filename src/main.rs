@@ -114,29 +114,7 @@ enum ImportCommand {
     /// LiteLLM's proxy: its config.yaml and its virtual keys (hashes kept,
     /// so every client keeps its key) into DIR/slogate.yaml, DIR/keys.yaml
     /// and DIR/report.md (every field not carried, and why).
-    Litellm {
-        /// LiteLLM's config.yaml (its `include:` files are read too).
-        #[arg(long)]
-        config: PathBuf,
-        /// LiteLLM's `/key/list?return_full_object=true` answer, saved (one page, or a list of pages).
-        #[arg(long, conflicts_with = "keys_from")]
-        keys: Option<PathBuf>,
-        /// LiteLLM's `/team/list` answer, saved (teams' limits apply to their keys).
-        #[arg(long, requires = "keys")]
-        teams: Option<PathBuf>,
-        /// A running LiteLLM proxy (http://HOST:PORT) to read the keys and teams from.
-        #[arg(long)]
-        keys_from: Option<String>,
-        /// The environment variable holding its master key (with --keys-from).
-        #[arg(long, default_value = "LITELLM_MASTER_KEY")]
-        master_key_env: String,
-        /// Convert dollar budgets to token quotas at model_info's prices (approximate; reported).
-        #[arg(long)]
-        budgets_as_tokens: bool,
-        /// Where to write.
-        #[arg(long)]
-        out: PathBuf,
-    },
+    Litellm(slogate::import::Options),
 }
 
 #[derive(Subcommand)]
@@ -160,27 +138,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Keys { command: KeysCommand::Hash } => keys_hash(),
-        Command::Import { from: ImportCommand::Litellm { config, keys, teams, keys_from, master_key_env, budgets_as_tokens, out } } => {
-            let opts = slogate::import::Options { config, keys, teams, keys_from, master_key_env, budgets_as_tokens, out };
-            match runtime(false) {
-                Ok(rt) => printed(
-                    "slogate import litellm: ",
-                    rt.block_on(slogate::import::litellm(&opts)).map(|i| {
-                        let env: String = i.env_to_set.iter().map(|p| format!("before serving, set: {p}\n")).collect();
-                        format!(
-                            "wrote {} and {} ({} keys; {} left out); {} fields not carried: read {}\n{env}",
-                            i.config.display(),
-                            i.keys.display(),
-                            i.keys_imported,
-                            i.keys_left_out,
-                            i.skipped,
-                            i.report.display()
-                        )
-                    }),
-                ),
-                Err(code) => code,
-            }
-        }
+        Command::Import { from: ImportCommand::Litellm(opts) } => match runtime(false) {
+            Ok(rt) => printed("slogate import litellm: ", rt.block_on(slogate::import::litellm(&opts)).map(|i| i.summary())),
+            Err(code) => code,
+        },
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {
                 for w in c.warnings() {

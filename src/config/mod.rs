@@ -9,6 +9,7 @@ mod access;
 mod auth;
 pub(crate) mod pem;
 mod pool;
+mod pool_check;
 mod types;
 mod units;
 mod validate;
@@ -155,7 +156,7 @@ impl Config {
         validate::breaker(self, p);
         validate::reduction(self, p);
         validate::telemetry(self, p);
-        pool::validate(self, seen, p);
+        pool_check::validate(self, seen, p);
         access::validate(self, &seen.pool_index, &class_known, p);
         runbook(self, p);
     }

@@ -3,7 +3,7 @@
 //! that could not be carried, with the reason. Keys keep their hashes
 //! (LiteLLM stores a key as the SHA-256 hex of the whole `sk-…` string,
 //! as `key_sha256` does), so no client is issued a new key. The mapping's
-//! rules are docs/migrating-from-litellm.md's.
+//! rules are docs/migrating-from-litellm.md's (1 to 4).
 
 mod fetch;
 mod keys;
@@ -14,23 +14,36 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-/// What the importer reads and where it writes.
-#[derive(Debug, Clone)]
+/// What the importer reads and where it writes (`slogate import litellm`'s arguments).
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
-    /// LiteLLM's `config.yaml`.
+    /// LiteLLM's config.yaml (its `include:` files are read too).
+    #[arg(long)]
     pub config: PathBuf,
-    /// `/key/list?return_full_object=true` saved earlier (pages merged or one).
+    /// LiteLLM's `/key/list?return_full_object=true` answer, saved (one page, or a list of pages).
+    #[arg(long, conflicts_with = "keys_from")]
     pub keys: Option<PathBuf>,
-    /// `/team/list` saved earlier.
+    /// LiteLLM's `/team/list` answer, saved (teams' limits apply to their keys).
+    #[arg(long, requires = "keys")]
     pub teams: Option<PathBuf>,
-    /// A running LiteLLM proxy whose keys and teams are read through its API.
+    /// A running LiteLLM proxy (http://HOST:PORT) to read the keys and teams from.
+    #[arg(long)]
     pub keys_from: Option<String>,
-    /// The environment variable holding its master key (with `keys_from`).
+    /// The environment variable holding its master key (with --keys-from).
+    #[arg(long, default_value = "LITELLM_MASTER_KEY")]
     pub master_key_env: String,
-    /// Convert dollar budgets into token quotas through `model_info` prices.
+    /// Convert dollar budgets to token quotas at model_info's prices (approximate; reported).
+    #[arg(long)]
     pub budgets_as_tokens: bool,
-    /// Where `slogate.yaml`, `keys.yaml` and `report.md` are written.
+    /// Where slogate.yaml, keys.yaml and report.md are written.
+    #[arg(long)]
     pub out: PathBuf,
+    /// The proxy listener's address in the written config (LiteLLM's port by default; another to run beside it on one host).
+    #[arg(long, default_value = "0.0.0.0:4000")]
+    pub listen: String,
+    /// The admin listener's address in the written config (slogate's default when not given).
+    #[arg(long)]
+    pub admin_listen: Option<String>,
 }
 
 /// A field not carried over, and why.
@@ -94,6 +107,22 @@ pub struct Imported {
     pub env_to_set: Vec<String>,
 }
 
+impl Imported {
+    /// What the command prints: what was written, and what to set before serving.
+    pub fn summary(&self) -> String {
+        let env: String = self.env_to_set.iter().map(|p| format!("before serving, set: {p}\n")).collect();
+        format!(
+            "wrote {} and {} ({} keys; {} left out); {} fields not carried: read {}\n{env}",
+            self.config.display(),
+            self.keys.display(),
+            self.keys_imported,
+            self.keys_left_out,
+            self.skipped,
+            self.report.display()
+        )
+    }
+}
+
 /// Import a LiteLLM deployment as `opts` says; the written config is then
 /// checked as `slogate check` checks it (its problems are the error).
 pub async fn litellm(opts: &Options) -> Result<Imported, String> {
@@ -117,7 +146,7 @@ pub async fn litellm(opts: &Options) -> Result<Imported, String> {
     if let Some(master) = &source.master_key {
         imported.insert(0, settings::master_key_entry(master));
     }
-    let config = settings::config(&source, pools.pools, &mut report);
+    let config = settings::config(&source, pools.pools, (&opts.listen, opts.admin_listen.as_deref()), &mut report);
     std::fs::create_dir_all(&opts.out).map_err(|e| format!("cannot make {}: {e}", opts.out.display()))?;
     let config_path = opts.out.join("slogate.yaml");
     let keys_path = opts.out.join("keys.yaml");

@@ -112,10 +112,13 @@ pub(super) fn master_key_entry(master: &Secret) -> Value {
     k
 }
 
-/// The config: the server (LiteLLM's port, the admin token), the limit
+/// The config: the server (its addresses, the admin token), the limit
 /// store, `pools`, and the keys file beside it.
-pub(super) fn config(source: &Source, pools: Vec<Value>, report: &mut Report) -> Value {
-    let mut server = json!({"listen": "0.0.0.0:4000"});
+pub(super) fn config(source: &Source, pools: Vec<Value>, (listen, admin): (&str, Option<&str>), report: &mut Report) -> Value {
+    let mut server = json!({"listen": listen});
+    if let Some(a) = admin {
+        server["admin_listen"] = json!(a);
+    }
     match &source.master_key {
         Some(Secret::Env(name)) => server["admin_token_env"] = json!(name),
         Some(Secret::Literal(_)) => {

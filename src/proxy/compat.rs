@@ -1,5 +1,5 @@
 //! LiteLLM's routes, for clients moved from its proxy as they are
-//! (docs/migrating-from-litellm.md, rules 1 to 4): the inference routes
+//! (docs/migrating-from-litellm.md, rules 5 to 8): the inference routes
 //! without `/v1`, `GET /key/info` for the calling key, and
 //! `/health/liveliness` and `/health/readiness`.
 

@@ -37,6 +37,7 @@ const LADDER: &[(&str, u32)] = &[
     ("discovery", 7),
     ("admin", 8),
     ("epp", 8),
+    ("import", 1),
 ];
 
 fn rung(room: &str) -> Option<u32> {
