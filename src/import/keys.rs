@@ -147,22 +147,25 @@ fn limits(
     report: &mut Report,
 ) -> Map<String, Value> {
     let n = |v: Option<&Value>, k: &str| v.and_then(|v| v.get(k)).and_then(Value::as_u64);
-    let tightest = |vals: [Option<u64>; 3]| vals.into_iter().flatten().min();
+    // The key's budget row (`budget_id`'s), whose limits apply as LiteLLM applies them.
+    let budget = row.get("litellm_budget_table").filter(|b| b.is_object());
+    let tightest = |vals: [Option<u64>; 4]| vals.into_iter().flatten().min();
     let mut l = Map::new();
     let mut put = |name: &str, v: Option<u64>| {
         if let Some(v) = v {
             l.insert(name.into(), json!(v));
         }
     };
-    put("requests_per_minute", tightest([n(Some(row), "rpm_limit"), n(team, "rpm_limit"), n(Some(row), "user_rpm_limit")]));
-    put("tokens_per_minute", tightest([n(Some(row), "tpm_limit"), n(team, "tpm_limit"), n(Some(row), "user_tpm_limit")]));
-    put("max_concurrent", tightest([n(Some(row), "max_parallel_requests"), n(team, "max_parallel_requests"), None]));
-    put("tokens_per_day", tightest([n(Some(row), "tpd_limit"), n(team, "tpd_limit"), None]));
-    for (whose, v) in [("", Some(row)), ("team's ", team)] {
-        let Some(budget) = v.and_then(|v| v.get("max_budget")).and_then(Value::as_f64) else { continue };
+    let user = |k: &str| n(Some(row), k);
+    put("requests_per_minute", tightest([n(Some(row), "rpm_limit"), n(team, "rpm_limit"), user("user_rpm_limit"), n(budget, "rpm_limit")]));
+    put("tokens_per_minute", tightest([n(Some(row), "tpm_limit"), n(team, "tpm_limit"), user("user_tpm_limit"), n(budget, "tpm_limit")]));
+    let parallel = "max_parallel_requests";
+    put("max_concurrent", tightest([n(Some(row), parallel), n(team, parallel), n(budget, parallel), None]));
+    put("tokens_per_day", tightest([n(Some(row), "tpd_limit"), n(team, "tpd_limit"), n(budget, "tpd_limit"), None]));
+    for (whose, v) in [("", Some(row)), ("team.", team), ("litellm_budget_table.", budget)] {
+        let Some(dollars) = v.and_then(|v| v.get("max_budget")).and_then(Value::as_f64) else { continue };
         let duration = v.and_then(|v| v.get("budget_duration")).and_then(Value::as_str);
-        let field = format!("{at}.{}max_budget", if whose.is_empty() { "" } else { "team." });
-        budget_quota(&mut l, budget, duration, models, ctx, &field, report);
+        budget_quota(&mut l, dollars, duration, models, ctx, &format!("{at}.{whose}max_budget"), report);
     }
     l
 }

@@ -197,3 +197,6 @@ fn yaml(v: &Value) -> Result<String, String> {
 fn all_classes() -> Value {
     json!(crate::config::default_classes().keys().collect::<Vec<_>>())
 }
+
+#[cfg(test)]
+mod tests;
