@@ -26,7 +26,16 @@ pub(crate) trait Seating: Send + Sync {
     fn onto(&self, to: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot>;
     /// A slot was freed while its lease goes on (it moved): hand it on.
     fn freed(self: Arc<Self>);
+    /// `victim`, a batch stream holding a slot, may give it up for an
+    /// interactive request (where the pool preempts; see [`super::preempt`]).
+    fn enlist(&self, victim: std::sync::Weak<super::preempt::Victim>);
+    /// A preempted stream gave its slot back (its lease is dropped): wait
+    /// in `tier`'s queue as `claim` for another.
+    fn requeue(self: Arc<Self>, tier: Tier, claim: Claim) -> Requeued;
 }
+
+/// A preempted stream's wait for a slot again.
+pub(crate) type Requeued = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Lease, Refusal>> + Send>>;
 
 /// A request's hold on one replica slot, counted against its tier's share.
 /// It travels inside the response body and is released exactly once, by
@@ -135,6 +144,22 @@ impl Lease {
             }
             None => false,
         }
+    }
+
+    /// Enlist the stream holding this lease as a preemption victim.
+    pub(crate) fn enlist(&self, victim: std::sync::Weak<super::preempt::Victim>) {
+        self.seating.enlist(victim);
+    }
+
+    /// Give the slot back now (the waiter next in line takes it) and wait
+    /// in the tier's queue for another, behind no one's back: the stream
+    /// was served, so it is not shed for interactive work waiting.
+    pub(crate) fn requeue(self) -> Requeued {
+        let seating = self.seating.clone();
+        let claim = Claim { share: self.share, tokens: 0, fair: self.fair, resumed: true, ..Claim::default() };
+        let tier = self.tier;
+        drop(self);
+        seating.requeue(tier, claim)
     }
 
     #[cfg(test)]
@@ -263,6 +288,8 @@ pub(crate) struct Claim {
     /// The caller's deadline: a request that cannot get a slot before it
     /// is refused (see [`Refusal::Deadline`]).
     pub(crate) deadline: Option<tokio::time::Instant>,
+    /// A preempted stream waiting to go on: never shed or judged hopeless.
+    pub(crate) resumed: bool,
 }
 
 impl Claim {
@@ -271,6 +298,6 @@ impl Claim {
     /// it holds a slot for milliseconds.
     pub(crate) fn of(tenant: &super::Tenant, control: &super::ClassControl, tokens: u64, fair: bool, short: bool) -> Claim {
         let ttft = (control.tier == Tier::Interactive).then(|| control.ttft_target());
-        Claim { share: tenant.share(), tokens, fair, ttft, short, deadline: None }
+        Claim { share: tenant.share(), tokens, fair, ttft, short, deadline: None, resumed: false }
     }
 }

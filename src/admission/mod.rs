@@ -18,6 +18,7 @@ pub(crate) mod fair;
 mod keyed;
 pub(crate) mod keylimits;
 pub(crate) mod lease;
+pub(crate) mod preempt;
 pub(crate) mod queue;
 pub(crate) mod quota;
 pub(crate) mod rates;

@@ -79,6 +79,8 @@ pub(crate) struct PoolAdmission {
     born: Instant,
     /// `slogate_pool_seats` per tier and `slogate_pool_reserved_seats`, set each tick.
     seat_gauges: [Gauge; 3],
+    /// Batch streams that may give their slots up for interactive requests.
+    pub(super) preemption: super::preempt::Preemption,
 }
 
 impl PoolAdmission {
@@ -107,6 +109,7 @@ impl PoolAdmission {
             retry_cursor: [AtomicU64::new(0), AtomicU64::new(0)],
             born: Instant::now(),
             seat_gauges,
+            preemption: Default::default(),
         }
     }
 
@@ -382,7 +385,7 @@ impl PoolAdmission {
     fn refused_entry(&self, q: &mut Queues, tier: Tier, claim: Claim, bytes: u64) -> Option<Refusal> {
         let len = q.of(tier).len();
         let retry_after = self.retry_after(tier, len);
-        if tier == Tier::Batch && !q.interactive.is_empty() {
+        if tier == Tier::Batch && !q.interactive.is_empty() && !claim.resumed {
             return Some(Refusal::Shed { retry_after });
         }
         let standing = self.standing(q, tier, claim);
@@ -395,7 +398,7 @@ impl PoolAdmission {
             _ => {}
         }
         let hopeless = |rate| Duration::from_secs_f64((len as f64 + 1.0) / rate) > self.timeout(tier);
-        (tier == Tier::Batch && self.batch_rate().is_some_and(hopeless)).then_some(Refusal::Hopeless { retry_after })
+        (tier == Tier::Batch && !claim.resumed && self.batch_rate().is_some_and(hopeless)).then_some(Refusal::Hopeless { retry_after })
     }
 
     /// Refuse the newest interactive waiter of the tenant furthest over its
@@ -457,6 +460,9 @@ impl PoolAdmission {
         q.of(tier).push(w);
         if tier == Tier::Interactive {
             self.note_interactive();
+            if self.pool.load().config.preempt {
+                self.preemption.ask_one(q.interactive.len());
+            }
         }
         Ok(Enqueued::Waiting(q.next_id, rx))
     }
@@ -545,7 +551,7 @@ impl PoolAdmission {
                 }
             }
             if let Some(rate) = self.batch_rate() {
-                let waiting = q.batch.iter().map(|w| (w.id, w.claim.share.tenant, w.deadline)).collect();
+                let waiting = q.batch.iter().filter(|w| !w.claim.resumed).map(|w| (w.id, w.claim.share.tenant, w.deadline)).collect();
                 for (id, t) in rates::hopeless(waiting, rate, now) {
                     if let Some(w) = q.batch.remove(t, id) {
                         hopeless.push(w);

@@ -159,6 +159,11 @@ pub struct PoolConfig {
     pub extra_paths: Vec<ExtraPath>,
     /// Continuing a broken stream on another replica.
     pub resume: ResumeConfig,
+    /// Preempt batch streams for interactive requests that must queue: the
+    /// stream's replica request ends (the engine frees the slot), and it
+    /// goes on later where it stopped, spliced (docs/design/preemption.md).
+    /// For engines that serve their slots first come, first served.
+    pub preempt: bool,
 }
 
 /// `pools[].replicas_dns`: a name whose A/AAAA records are replicas (a
@@ -360,6 +365,7 @@ impl Default for PoolConfig {
             max_event_bytes: Size(1 << 20),
             extra_paths: Vec::new(),
             resume: ResumeConfig::default(),
+            preempt: false,
         }
     }
 }

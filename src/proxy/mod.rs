@@ -252,19 +252,16 @@ fn forward(
         t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
 
         let Routed { mut request, route, stream, strip_usage, upload, stored, .. } = routed;
-        let routed_stored = stored.is_some();
-        // The gateway's priority and the key's cache salt where vLLM reads
-        // them (priority where the pool asks for it); a caller's own
-        // priority never goes on.
+        // The gateway's priority (where the pool asks) and the key's cache salt where vLLM reads them; a caller's own priority never goes on.
         let engine_reads = generates(endpoint) || endpoint == Endpoint::Responses;
         let priority = (route.pool.config.upstream_priority && engine_reads).then(|| admitted.lease.upstream_priority(caller.class.tier));
         let salt = caller.grant.cache_salt.as_deref().filter(|_| engine_reads);
         let prepared = route::cpu_bound(request.len(), || {
             let reduced = reduce(&mut request, endpoint, snap, &t)?;
             let served = route.pool.config.served_model.as_deref().filter(|_| engine_reads || endpoint == Endpoint::Embeddings);
-            Ok((reduced, request.into_bytes(strip_usage, priority, salt, served)?))
+            Ok((reduced, request.head().max_output, request.into_bytes(strip_usage, priority, salt, served)?))
         });
-        let (reduced, body) = stage!(t, prepared);
+        let (reduced, max_output, body) = stage!(t, prepared);
 
         let timeouts = StreamTimeouts::of(&route.pool.config, &snap.config.server);
         let mut lease = admitted.lease;
@@ -274,8 +271,10 @@ fn forward(
         let on = Attempt { lease: &mut lease, pinned: owner.is_some() };
         let sent = Box::pin(send(&parts, client, payload, route, on, &t, snap, stream, &timeouts)).await;
         let resp = stage!(t, sent.map_err(|e| lost(upload_failed(e, upload.as_ref(), snap), owner.as_ref())));
-        let resume = stream.then(|| resumable(parts, client, body, route, endpoint, snap, &t)).flatten();
-        let settings = Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume, passthrough: routed_stored };
+        let preempts = route.pool.config.preempt && caller.class.tier == crate::config::Tier::Batch;
+        let resume = stream.then(|| resumable(parts, client, body, route, endpoint, snap, &t, preempts)).flatten();
+        let (passthrough, preempt) = (stored.is_some(), preempts.then_some((prompt, max_output)));
+        let settings = Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume, passthrough, preempt };
         observe(resp, t, lease, endpoint, settings, watchlist)
     }
 }
@@ -290,7 +289,9 @@ fn body_hold(client: &ClientAddr, server: &crate::config::ServerConfig) -> BodyH
 
 /// A chat, completions or Messages stream, continued on another replica of its pool
 /// if it breaks ([`resume`]): unless resuming is off or the pool has no
-/// other replica.
+/// other replica. `preempts`: a batch stream that may be preempted, which
+/// goes on on its own pool's next slot whatever these say.
+#[allow(clippy::too_many_arguments)]
 fn resumable(
     parts: http::request::Parts,
     client: &Arc<ClientAddr>,
@@ -299,6 +300,7 @@ fn resumable(
     endpoint: Endpoint,
     snap: &Snapshot,
     t: &Tracker,
+    preempts: bool,
 ) -> Option<resume::Resume<UpstreamBody>> {
     let attempts = route.pool.config.resume.max_attempts;
     // Relayed (behind Envoy): the stream is Envoy's to send on; it cannot be spliced here.
@@ -311,7 +313,7 @@ fn resumable(
         Endpoint::Messages => resume::Kind::Messages,
         _ => return None,
     };
-    if attempts == 0 || route.pool.replicas.len() < 2 {
+    if (attempts == 0 || route.pool.replicas.len() < 2) && !preempts {
         return None;
     }
     let link = resume::PoolLink {
@@ -460,6 +462,9 @@ struct Settings {
     /// A stored response's own route: its answer is passed on unread (a
     /// retrieved response's usage was counted when it was made).
     passthrough: bool,
+    /// A batch stream of a pool that preempts: its prompt and `max_tokens`
+    /// (docs/design/preemption.md).
+    preempt: Option<(u64, Option<u64>)>,
 }
 
 /// The response to the client: the replica's, its body observed (the
@@ -496,6 +501,9 @@ fn observe(
             Some(resume) => ObservedBody::resumable(rbody, tracker, t, s.strip_usage, resume),
             None => ObservedBody::sse(rbody, tracker, t, s.strip_usage),
         };
+        if let Some((prompt, max)) = s.preempt {
+            body.preemptible(prompt, max);
+        }
         if let Some(upstream::HeadRetried(at)) = rparts.extensions.get() {
             body.first_token_from(*at);
         }

@@ -230,6 +230,10 @@ impl Tracker {
 
     /// The prompt's tokens as estimated from the request body, used only
     /// if the replica reports no usage.
+    pub(crate) fn prompt_estimate(&self) -> u64 {
+        self.prompt_estimate
+    }
+
     pub(crate) fn set_prompt_estimate(&mut self, tokens: u64) {
         self.prompt_estimate = tokens;
     }

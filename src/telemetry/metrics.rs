@@ -98,6 +98,11 @@ pub struct Metrics {
     /// Broken streams continued on another replica, and those that were not.
     pub(crate) stream_resumes: Family<ResumeLabels, Counter>,
     pub(crate) stream_unresumed: Family<UnresumedLabels, Counter>,
+    /// Batch streams preempted for interactive requests, the pause each
+    /// one's client saw, and the tokens their continuations prefilled again.
+    pub(crate) preemptions: Family<PoolLabels, Counter>,
+    pub(crate) preemption_pause: HistogramFamily<PoolLabels>,
+    pub(crate) preemption_redone_tokens: Family<PoolLabels, Counter>,
     pub(crate) budget_remaining: Family<SloLabels, Gauge<f64, AtomicU64>>,
     pub(crate) burn_rate: Family<SloWindowLabels, Gauge<f64, AtomicU64>>,
     pub(crate) reload_failures: Counter,
@@ -272,6 +277,21 @@ fn register_controls(registry: &mut Registry, m: &Metrics) {
         "Streams that broke and were not continued on another replica (why: not_exact, finished, attempts, no_replica, failed)",
         m.stream_unresumed.clone(),
     );
+    registry.register(
+        "preemptions",
+        "Batch streams whose slot went to an interactive request, continued later (pools[].preempt)",
+        m.preemptions.clone(),
+    );
+    registry.register(
+        "preemption_pause_seconds",
+        "From a batch stream's preemption to its continuation going out, as its client waited",
+        m.preemption_pause.clone(),
+    );
+    registry.register(
+        "preemption_redone_tokens",
+        "Tokens a preempted stream's continuation prefilled again (its prompt and what it had sent)",
+        m.preemption_redone_tokens.clone(),
+    );
 }
 
 /// The tenants' series, the limit store's and the access log's.
@@ -357,6 +377,9 @@ impl Metrics {
             finish_reasons: Family::default(),
             stream_resumes: Family::default(),
             stream_unresumed: Family::default(),
+            preemptions: Family::default(),
+            preemption_pause: HistogramFamily::default(),
+            preemption_redone_tokens: Family::default(),
             budget_remaining: Family::default(),
             burn_rate: Family::default(),
             reload_failures: Counter::default(),

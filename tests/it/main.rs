@@ -29,6 +29,7 @@ mod limit_store;
 mod limits;
 mod migration;
 mod operations;
+mod preemption;
 mod prefix;
 mod privilege;
 mod promises;

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::PoolAdmission;
-use crate::admission::lease::{Lease, Seating};
+use crate::admission::lease::{Claim, Lease, Requeued, Seating};
 use crate::config::Tier;
 use crate::upstream::{Replica, ReplicaSlot, Room};
 
@@ -57,5 +57,13 @@ impl Seating for PoolAdmission {
 
     fn freed(self: Arc<Self>) {
         self.dispatch();
+    }
+
+    fn enlist(&self, victim: std::sync::Weak<crate::admission::preempt::Victim>) {
+        self.preemption.enlist(victim);
+    }
+
+    fn requeue(self: Arc<Self>, tier: Tier, claim: Claim) -> Requeued {
+        Box::pin(async move { self.admit(tier, 0, claim, None).await.map(|g| g.lease) })
     }
 }

@@ -374,7 +374,7 @@ async fn batch_that_cannot_make_its_deadline_is_refused_early() {
 }
 
 fn claim(tenant: u32) -> Claim {
-    Claim { share: Share { tenant, weight: 1.0 }, tokens: 100, fair: true, ttft: None, short: false, deadline: None }
+    Claim { share: Share { tenant, weight: 1.0 }, tokens: 100, fair: true, ttft: None, short: false, deadline: None, resumed: false }
 }
 
 async fn queued_as(pool: &Arc<PoolAdmission>, claim: Claim) -> tokio::task::JoinHandle<Result<Granted, Refusal>> {

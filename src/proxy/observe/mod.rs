@@ -24,6 +24,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 mod events;
+mod preempting;
 mod reading;
 mod resuming;
 
@@ -137,6 +138,10 @@ pub(crate) struct ObservedBody<B> {
     resume: Option<Box<Resume<B>>>,
     /// A continuation on its way, and how the stream broke.
     continuing: Option<(Continuing<B>, Break)>,
+    /// A batch stream that may give its slot up (`pools[].preempt`), and
+    /// one that did, waiting for a slot again.
+    victim: Option<std::sync::Arc<crate::admission::preempt::Victim>>,
+    waiting: Option<preempting::Waiting>,
     /// What the first-token timeout counts from: the request's arrival, or
     /// when it was sent to a second replica because the first sent no
     /// response head in time.
@@ -206,6 +211,8 @@ impl<B> ObservedBody<B> {
             waker: None,
             resume: None,
             continuing: None,
+            victim: None,
+            waiting: None,
             first_from: start,
         }
     }
@@ -481,7 +488,11 @@ where
             if this.done {
                 return Poll::Ready(None);
             }
+            ready!(this.poll_waiting(cx));
             ready!(this.poll_continuing(cx));
+            if this.preempt_if_asked(cx) {
+                continue;
+            }
             let Some(inner) = this.inner.as_mut() else {
                 this.done = true;
                 continue;
@@ -494,7 +505,9 @@ where
                         // server may never poll again, so the end is
                         // accounted for now, not at a poll that returns None.
                         let ended = inner.is_end_stream();
-                        if let Some(out) = this.on_frame(data, ended) {
+                        let out = this.on_frame(data, ended);
+                        this.note_sent();
+                        if let Some(out) = out {
                             return Poll::Ready(Some(Ok(Frame::data(out))));
                         }
                     }

@@ -39,6 +39,8 @@ pub(crate) enum Break {
     ErrorEvent,
     /// No data for the idle timeout.
     Stall,
+    /// slogate ended it for an interactive request (docs/design/preemption.md).
+    Preempted,
 }
 
 impl Break {
@@ -48,6 +50,7 @@ impl Break {
             Break::Eof => "eof",
             Break::ErrorEvent => "error_event",
             Break::Stall => "stall",
+            Break::Preempted => "preempted",
         }
     }
 }
@@ -61,7 +64,15 @@ pub(crate) trait Link<B>: Send {
     /// and send `body` there, its response head due by `deadline`; `None`
     /// when no other replica can take it now.
     /// `path`: where to send it instead of the request's own path.
-    fn send(&self, lease: Option<&mut Lease>, body: Bytes, path: Option<&'static str>, deadline: Instant) -> Option<Continuing<B>>;
+    /// `here`: to the lease's own replica (a preempted stream's new slot).
+    fn send(
+        &self,
+        lease: Option<&mut Lease>,
+        body: Bytes,
+        path: Option<&'static str>,
+        here: bool,
+        deadline: Instant,
+    ) -> Option<Continuing<B>>;
     /// The pool, for the metrics.
     fn pool(&self) -> &str;
 }
@@ -90,11 +101,28 @@ impl<B> Resume<B> {
         }
         let body = s.continuation(sent).ok_or("not_exact")?;
         let path = (s.kind == Kind::Messages).then_some(messages::CHAT_PATH);
-        let pending = self.link.send(lease, body, path, deadline).ok_or("no_replica")?;
+        let pending = self.link.send(lease, body, path, false, deadline).ok_or("no_replica")?;
         s.attempts_left -= 1;
         s.spliced = Some(sent);
         s.had_chunk = s.ids.is_some();
         Ok(pending)
+    }
+
+    /// A preempted stream's continuation, on the slot `lease` was given
+    /// again (not counted against its attempts: it did not break).
+    pub(super) fn start_here(&mut self, lease: &mut Lease, sent: u64, deadline: Instant) -> Result<Continuing<B>, NotResumed> {
+        let s = &mut self.splice;
+        let body = s.continuation(sent).ok_or("not_exact")?;
+        let path = (s.kind == Kind::Messages).then_some(messages::CHAT_PATH);
+        let pending = self.link.send(Some(lease), body, path, true, deadline).ok_or("no_replica")?;
+        s.spliced = Some(sent);
+        s.had_chunk = s.ids.is_some();
+        Ok(pending)
+    }
+
+    /// Could it be continued from `sent` tokens (a preemption's question)?
+    pub(crate) fn exact(&self, sent: u64) -> bool {
+        self.splice.continuation(sent).is_some()
     }
 }
 
@@ -330,10 +358,11 @@ impl Link<conn::UpstreamBody> for PoolLink {
         lease: Option<&mut Lease>,
         body: Bytes,
         path: Option<&'static str>,
+        here: bool,
         deadline: Instant,
     ) -> Option<Continuing<conn::UpstreamBody>> {
         let lease = lease?;
-        if !lease.move_to_another() {
+        if !here && !lease.move_to_another() {
             return None;
         }
         let replica = lease.replica().clone();

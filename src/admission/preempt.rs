@@ -1,0 +1,155 @@
+//! Preemption of batch streams for interactive requests, on engines that
+//! serve their slots first come, first served: a batch stream that holds a
+//! slot is enlisted as a [`Victim`]; an interactive request that must
+//! queue asks the pool for one; the victim's body ends its replica request
+//! (the engine frees the slot), gives the slot back, waits in the batch
+//! queue, and continues its answer where it stopped. The rules are
+//! docs/design/preemption.md's.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, Weak};
+
+use futures_util::task::AtomicWaker;
+
+/// The most times one stream is preempted (rule 4).
+pub(crate) const MAX_PER_STREAM: u32 = 2;
+/// A stream past this share of its `max_tokens` is near its end: it
+/// finishes (rule 5).
+const NEAR_END: f64 = 0.8;
+
+/// One preemptible batch stream, as the pool sees it.
+#[derive(Debug)]
+pub(crate) struct Victim {
+    asked: AtomicBool,
+    /// Asked, it gave its slot back.
+    gave_back: AtomicBool,
+    waker: AtomicWaker,
+    /// Tokens the client has.
+    sent: AtomicU64,
+    /// Its prompt's tokens (estimated): what a continuation prefills again
+    /// besides what was sent.
+    prompt: u64,
+    /// Its `max_tokens`, when it said.
+    max: Option<u64>,
+    /// Times it was preempted before.
+    before: u32,
+}
+
+impl Victim {
+    pub(crate) fn new(prompt: u64, max: Option<u64>, before: u32) -> Victim {
+        Victim {
+            asked: AtomicBool::new(false),
+            gave_back: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+            sent: AtomicU64::new(0),
+            prompt,
+            max,
+            before,
+        }
+    }
+
+    /// The client has `n` tokens.
+    pub(crate) fn sent(&self, n: u64) {
+        self.sent.store(n, Ordering::Relaxed);
+    }
+
+    /// Was it asked to give its slot up? (Registers `waker` to be woken when it is.)
+    pub(crate) fn asked(&self, waker: &std::task::Waker) -> bool {
+        self.waker.register(waker);
+        self.asked.load(Ordering::Acquire)
+    }
+
+    /// It gave its slot back.
+    pub(crate) fn gave_back(&self) {
+        self.gave_back.store(true, Ordering::Release);
+    }
+
+    /// Asked, and its slot not back yet.
+    fn owing(&self) -> bool {
+        self.asked.load(Ordering::Acquire) && !self.gave_back.load(Ordering::Acquire)
+    }
+
+    /// Times it was preempted, this one included once asked.
+    pub(crate) fn times(&self) -> u32 {
+        self.before + u32::from(self.asked.load(Ordering::Relaxed))
+    }
+
+    /// What a continuation prefills again (rule 6's cost).
+    fn redo(&self) -> u64 {
+        self.prompt + self.sent.load(Ordering::Relaxed)
+    }
+
+    fn eligible(&self) -> bool {
+        let sent = self.sent.load(Ordering::Relaxed);
+        let near_end = self.max.is_some_and(|m| sent as f64 >= m as f64 * NEAR_END);
+        // A stream with nothing sent yet has nothing to splice from: it is
+        // its replica's to start (rule 3).
+        !self.asked.load(Ordering::Relaxed) && self.before < MAX_PER_STREAM && sent > 0 && !near_end
+    }
+}
+
+/// A pool's preemptible streams.
+#[derive(Debug, Default)]
+pub(crate) struct Preemption {
+    victims: Mutex<Vec<Weak<Victim>>>,
+}
+
+impl Preemption {
+    /// `v` holds a slot of the pool and may give it up.
+    pub(crate) fn enlist(&self, v: Weak<Victim>) {
+        let mut vs = self.victims.lock().unwrap_or_else(|p| p.into_inner());
+        vs.retain(|w| w.strong_count() > 0);
+        vs.push(v);
+    }
+
+    /// An interactive request waits, `waiting` of them in all: ask the
+    /// victim cheapest to redo to give its slot up, unless enough were
+    /// asked already. True when one was.
+    /// (Victims asked whose slot has not come back yet count against the
+    /// waiters: each waiting interactive request asks for one at most.)
+    pub(crate) fn ask_one(&self, waiting: usize) -> bool {
+        let mut vs = self.victims.lock().unwrap_or_else(|p| p.into_inner());
+        vs.retain(|w| w.strong_count() > 0);
+        let alive: Vec<std::sync::Arc<Victim>> = vs.iter().filter_map(Weak::upgrade).collect();
+        if alive.iter().filter(|v| v.owing()).count() >= waiting {
+            return false;
+        }
+        let Some(v) = alive.iter().filter(|v| v.eligible()).min_by_key(|v| v.redo()) else { return false };
+        v.asked.store(true, Ordering::Release);
+        v.waker.wake();
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn the_cheapest_eligible_stream_is_asked_and_one_per_waiter() {
+        let p = Preemption::default();
+        let long = Arc::new(Victim::new(2000, Some(500), 0));
+        let short = Arc::new(Victim::new(100, Some(500), 0));
+        let near_end = Arc::new(Victim::new(10, Some(100), 0));
+        let again = Arc::new(Victim::new(10, None, MAX_PER_STREAM));
+        let fresh = Arc::new(Victim::new(1, Some(500), 0));
+        for (v, sent) in [(&long, 50), (&short, 50), (&near_end, 90), (&again, 5), (&fresh, 0)] {
+            v.sent(sent);
+            p.enlist(Arc::downgrade(v));
+        }
+        let waker = futures_util::task::noop_waker();
+        assert!(p.ask_one(1));
+        assert!(short.asked(&waker) && !long.asked(&waker), "the cheapest to redo");
+        assert!(!p.ask_one(1), "one waiter, one victim asked");
+        assert!(p.ask_one(2));
+        assert!(long.asked(&waker));
+        assert!(!p.ask_one(3), "near its end, preempted enough, or nothing sent yet: never");
+        assert!(!near_end.asked(&waker) && !again.asked(&waker) && !fresh.asked(&waker));
+        short.gave_back();
+        long.gave_back();
+        drop(short);
+        assert!(!p.ask_one(1), "no one left to ask");
+    }
+}

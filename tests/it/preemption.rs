@@ -1,0 +1,130 @@
+//! Preemption (`pools[].preempt`): a chat request that finds every slot
+//! held by a batch stream takes that stream's slot; the batch stream's
+//! replica request ends, it waits for a slot again, and goes on where it
+//! stopped, spliced into its client's stream, over HTTP/1.1 and HTTP/2: one
+//! id, one role chunk, the text whole, one outcome each.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
+use crate::common::*;
+
+fn chunk(id: &str, delta: &str, finish: Option<&str>) -> Bytes {
+    let finish = finish.map_or("null".to_string(), |f| format!("\"{f}\""));
+    event(&format!(
+        r#"{{"id":"{id}","object":"chat.completion.chunk","created":1,"model":"m1","choices":[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{finish}}}]}}"#
+    ))
+}
+
+/// The batch job streams "Hel", "lo" and then holds its slot (until its
+/// connection goes); its continuation says " wor", "ld"; a chat request
+/// is answered at once. The replica notes what it was asked, in order.
+fn replica(order: Arc<Mutex<Vec<String>>>) -> ScriptFn {
+    script(move |req| {
+        let what = if req.get("continue_final_message").is_some() {
+            "continuation"
+        } else {
+            req["messages"][0]["content"].as_str().unwrap_or("?")
+        };
+        order.lock().expect("lock").push(what.to_string());
+        match what {
+            "batch job" => Script::sse(vec![
+                Step::Send(chunk("chatcmpl-a", r#"{"role":"assistant","content":""}"#, None)),
+                Step::Send(chunk("chatcmpl-a", r#"{"content":"Hel"}"#, None)),
+                Step::Send(chunk("chatcmpl-a", r#"{"content":"lo"}"#, None)),
+                Step::Until(Gate::default()),
+            ]),
+            "continuation" => Script::sse(vec![
+                Step::Send(chunk("chatcmpl-b", r#"{"role":"assistant","content":""}"#, None)),
+                Step::Send(chunk("chatcmpl-b", r#"{"content":" wor"}"#, None)),
+                Step::Send(chunk("chatcmpl-b", r#"{"content":"ld"}"#, None)),
+                Step::Send(chunk("chatcmpl-b", r#"{"content":""}"#, Some("stop"))),
+                Step::Send(done()),
+            ]),
+            _ => json_answer("hi", "stop", 5, 1),
+        }
+    })
+}
+
+fn ask(content: &str, stream: bool) -> String {
+    format!(r#"{{"model":"m1","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":16,"stream":{stream}}}"#)
+}
+
+#[tokio::test]
+async fn a_chat_request_takes_a_batch_streams_slot_and_the_batch_stream_goes_on_whole() {
+    for (proto, client) in clients() {
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mock = Mock::start(replica(order.clone())).await;
+        let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    preempt: true").start().await;
+        started(&gw);
+        let batch = client
+            .request(post_req(gw.data_addr, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")]))
+            .await
+            .expect("batch");
+        assert_eq!(batch.status(), 200, "{proto}");
+        let mut body = batch.into_body();
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("\"lo\"") {
+            if let Ok(d) = body.frame().await.expect("frame").expect("ok").into_data() {
+                seen.extend_from_slice(&d);
+            }
+        }
+        // The one slot is the batch stream's: the chat request takes it.
+        let chat = client.request(post_req(gw.data_addr, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat");
+        assert_eq!(chat.status(), 200, "{proto}");
+        chat.into_body().collect().await.expect("chat body");
+        seen.extend_from_slice(&body.collect().await.expect("the batch stream ends cleanly").to_bytes());
+        let text = String::from_utf8_lossy(&seen).to_string();
+        let data: Vec<&str> = text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).collect();
+        assert_eq!(data.last(), Some(&"[DONE]"), "{proto}: whole: {text}");
+        let events: Vec<serde_json::Value> = data.iter().filter_map(|d| serde_json::from_str(d).ok()).collect();
+        assert!(events.iter().all(|e| e["id"] == "chatcmpl-a"), "{proto}: one id: {text}");
+        let roles = events.iter().filter(|e| e.pointer("/choices/0/delta/role").is_some()).count();
+        assert_eq!(roles, 1, "{proto}: one role chunk: {text}");
+        let said: String = events.iter().filter_map(|e| e.pointer("/choices/0/delta/content").and_then(|c| c.as_str())).collect();
+        assert_eq!(said, "Hello world", "{proto}: {text}");
+        assert_eq!(order.lock().expect("lock").clone(), ["batch job", "chat", "continuation"], "{proto}: chat went first");
+        wait_until("counted", || async { requests_with_outcome(&gw, "ok").await == 2.0 }).await;
+        let m = metrics_text(&gw).await;
+        assert_eq!(metric(&m, "slogate_preemptions_total", &[]), Some(1.0), "{proto}: {m}");
+        assert_eq!(metric(&m, "slogate_preemption_pause_seconds_count", &[]), Some(1.0), "{proto}");
+        assert!(metric(&m, "slogate_preemption_redone_tokens_total", &[]).is_some_and(|t| t >= 2.0), "{proto}: {m}");
+        assert_eq!(metric(&m, "slogate_stream_resumes_total", &[]), None, "{proto}: not a break");
+        assert_quiescent(&gw).await;
+    }
+}
+
+/// Off (the default), a chat request waits for the batch stream's slot.
+#[tokio::test]
+async fn without_preempt_a_chat_request_waits_for_the_batch_stream() {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mock = Mock::start(replica(order.clone())).await;
+    let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    timeouts: { idle: 60s }").start().await;
+    started(&gw);
+    let batch = client()
+        .request(post_req(gw.data_addr, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")]))
+        .await
+        .expect("batch");
+    let mut body = batch.into_body();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("\"lo\"") {
+        if let Ok(d) = body.frame().await.expect("frame").expect("ok").into_data() {
+            seen.extend_from_slice(&d);
+        }
+    }
+    let admin = gw.admin_addr;
+    let chat = tokio::spawn({
+        let addr = gw.data_addr;
+        async move { client().request(post_req(addr, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat").status() }
+    });
+    wait_until("the chat request queued", || async {
+        metric(&get(admin, "/metrics").await.1, "slogate_queue_depth", &[("tier", "interactive")]) == Some(1.0)
+    })
+    .await;
+    assert_eq!(order.lock().expect("lock").clone(), ["batch job"], "the chat request waits");
+    drop(body);
+    assert_eq!(chat.await.expect("task"), 200);
+    assert_eq!(metric(&metrics_text(&gw).await, "slogate_preemptions_total", &[]), None);
+}
