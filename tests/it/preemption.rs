@@ -127,4 +127,44 @@ async fn without_preempt_a_chat_request_waits_for_the_batch_stream() {
     drop(body);
     assert_eq!(chat.await.expect("task"), 200);
     assert_eq!(metric(&metrics_text(&gw).await, "slogate_preemptions_total", &[]), None);
+    assert_quiescent(&gw).await;
+}
+
+/// The OpenAI SDK reads a preempted stream as one answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_reads_a_preempted_stream_whole() {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mock = Mock::start(replica(order.clone())).await;
+    let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    preempt: true").start().await;
+    started(&gw);
+    let code = r#"
+import json
+s = c.chat.completions.create(model="m1", messages=[{"role": "user", "content": "batch job"}], max_tokens=16, stream=True,
+                              extra_headers={"x-slo-class": "batch"})
+ids, text, roles, finish = set(), "", 0, None
+for chunk in s:
+    ids.add(chunk.id)
+    for choice in chunk.choices:
+        roles += 1 if choice.delta.role else 0
+        text += choice.delta.content or ""
+        finish = choice.finish_reason or finish
+print(json.dumps({"ids": sorted(ids), "text": text, "roles": roles, "finish": finish}))
+"#;
+    let chat = async {
+        // Once the batch stream holds the slot and has sent its first words.
+        wait_until("the batch stream runs", || async { order.lock().expect("lock").len() == 1 }).await;
+        let admin = gw.admin_addr;
+        wait_until("its first token", || async {
+            metric(&get(admin, "/metrics").await.1, "slogate_time_to_first_token_seconds_count", &[]) == Some(1.0)
+        })
+        .await;
+        post(gw.data_addr, "/v1/chat/completions", &ask("chat", false), &[]).await.0
+    };
+    count_sent(gw.data_addr, 1);
+    let (out, chat) = tokio::join!(openai_sdk(&gw, code, &[]), chat);
+    assert_eq!(chat, 200);
+    let got: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(got, serde_json::json!({"ids": ["chatcmpl-a"], "text": "Hello world", "roles": 1, "finish": "stop"}), "{out}");
+    assert_eq!(order.lock().expect("lock").clone(), ["batch job", "chat", "continuation"]);
+    assert_quiescent(&gw).await;
 }
