@@ -383,9 +383,13 @@ impl PoolAdmission {
     /// of a tenant within its part in place of the newest waiter of the
     /// tenant furthest over its part, which is refused.
     fn refused_entry(&self, q: &mut Queues, tier: Tier, claim: Claim, bytes: u64) -> Option<Refusal> {
+        if claim.resumed {
+            // A preempted stream was served: it waits, whatever the queue holds.
+            return None;
+        }
         let len = q.of(tier).len();
         let retry_after = self.retry_after(tier, len);
-        if tier == Tier::Batch && !q.interactive.is_empty() && !claim.resumed {
+        if tier == Tier::Batch && !q.interactive.is_empty() {
             return Some(Refusal::Shed { retry_after });
         }
         let standing = self.standing(q, tier, claim);
@@ -398,7 +402,7 @@ impl PoolAdmission {
             _ => {}
         }
         let hopeless = |rate| Duration::from_secs_f64((len as f64 + 1.0) / rate) > self.timeout(tier);
-        (tier == Tier::Batch && !claim.resumed && self.batch_rate().is_some_and(hopeless)).then_some(Refusal::Hopeless { retry_after })
+        (tier == Tier::Batch && self.batch_rate().is_some_and(hopeless)).then_some(Refusal::Hopeless { retry_after })
     }
 
     /// Refuse the newest interactive waiter of the tenant furthest over its

@@ -77,9 +77,16 @@ impl PoolAdmission {
             }
             _ => None,
         };
+        // A preempted stream's client holds part of its answer: it waits as
+        // long as the stream may be idle, not as long as a new request would
+        // (docs/design/preemption.md, rule 9).
+        let timeout = match claim.resumed {
+            true => self.timeout(tier).max(self.pool.load().config.timeouts.idle.get()),
+            false => self.timeout(tier),
+        };
         Deadlines {
             start,
-            timeout: start + self.timeout(tier),
+            timeout: start + timeout,
             late,
             shed_late: tier == Tier::Interactive && self.tiers.load().interactive.shed_late,
             caller: claim.deadline,
