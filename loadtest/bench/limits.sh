@@ -56,7 +56,9 @@ capacity2() {
 through() {
   local label=$1 loadname=$2; shift 2
   sim_up --replicas 2
-  bench_config main "$RUN/gw-$label.yaml" --set limit="${LIMIT:-auto}"
+  local opt=()
+  [ -n "${PREEMPT:-}" ] && opt=(--set preempt="$PREEMPT")
+  bench_config main "$RUN/gw-$label.yaml" --set limit="${LIMIT:-auto}" "${opt[@]}"
   start_gateway "$RUN/gw-$label.yaml" "gw-$label"
   local faults=()
   [ -n "${SLOW_AT:-}" ] && faults=(--fault "$SLOW_AT=${SIM_URLS[0]}={\"slowdown\":2.0}")
@@ -66,6 +68,7 @@ through() {
   local tl=$!
   loadgen run "$RUN/$label.yaml" --target "$GW_URL" --label "$label" --out "$RUN/$label.json" --report "$RUN/$label.md" --no-progress
   kill "$tl" 2>/dev/null || true; wait "$tl" 2>/dev/null || true
+  curl -s "$ADMIN_URL/metrics" >"$RUN/$label.prom" || true
   gw_down; sim_down
 }
 
@@ -114,6 +117,10 @@ case $PART in
     LIMIT=auto through auto main "${rates[@]}"
     LIMIT=$FIXED through fixed main "${rates[@]}"
     LIMIT=4096 through none main "${rates[@]}"
+    # Where the scenario asks: auto again with pools[].preempt on (opt-in), beside auto.
+    if [ "$(bench_var preempt_part 2>/dev/null || echo no)" = yes ]; then
+      PREEMPT=true LIMIT=auto through preempt main "${rates[@]}"
+    fi
     python3 "$HERE/limits_report.py" overload "$RUN" "$C" ;;
   shift)
     measure_capacity "$WORK"; capacity2

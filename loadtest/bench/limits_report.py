@@ -62,9 +62,16 @@ def limit_chart(d, labels, stem, title):
     return series
 
 
+def counter(path, name):
+    """The sum of a Prometheus counter's samples in a scrape (0 without the file)."""
+    if not os.path.exists(path):
+        return 0.0
+    return sum(float(l.rsplit(" ", 1)[1]) for l in open(path) if l.startswith(name + "{") or l.startswith(name + " "))
+
+
 def cmd_overload(d, C):
     C = float(C)
-    labs = ("auto", "fixed", "none")
+    labs = ("auto", "fixed", "none") + (("preempt",) if os.path.exists(os.path.join(d, "preempt.json")) else ())
     rows = {}
     for lab in labs:
         r = load(os.path.join(d, f"{lab}.json"))
@@ -73,15 +80,31 @@ def cmd_overload(d, C):
     series = limit_chart(d, list(labs), "limits", "slots per gateway, and chat TTFT P99 as the gateway sees it")
     a = rows["auto"]
     learned = [row["replica_limits"] for row in series["auto"] if row["t"] >= 5]
-    write_measured(d, {
+    measured = {
         "auto_chat_p99_ms": (a["chat"]["p99"], f"{a['chat']['p99']:.0f} ms"),
         "auto_chat_within_pct": (100 * a["chat"]["within"], f"{100 * a['chat']['within']:.2f} %"),
         "auto_goodput_pct_of_c": (100 * good(a) / C, f"{good(a):.2f} req/s = {100 * good(a) / C:.0f} % of C"),
-    })
+    }
+    p = rows.get("preempt")
+    preempted = ""
+    if p:
+        prom = os.path.join(d, "preempt.prom")
+        n, redone = counter(prom, "slogate_preemptions_total"), counter(prom, "slogate_preemption_redone_tokens_total")
+        share = 100 * p["batch"]["done"] / max(a["batch"]["done"], 1)
+        measured.update({
+            "preempt_chat_within_pct": (100 * p["chat"]["within"], f"{100 * p['chat']['within']:.2f} % (auto alone: {100 * a['chat']['within']:.2f} %)"),
+            "preempt_chat_p99_ms": (p["chat"]["p99"], f"{p['chat']['p99']:.0f} ms (auto alone: {a['chat']['p99']:.0f} ms)"),
+            "preempt_batch_pct_of_auto": (share, f"{p['batch']['done']} batch completed against auto's {a['batch']['done']} = {share:.0f} %; {n:.0f} preemptions, {redone:.0f} tokens prefilled again"),
+            "preempt_failed": (p["chat"]["failed"] + p["batch"]["failed"], f"{p['chat']['failed'] + p['batch']['failed']} failed"),
+        })
+        preempted = (f"\n`preempt` (auto with `pools[].preempt: true`): {n:.0f} batch streams preempted, "
+                     f"{redone:.0f} tokens prefilled again by their continuations.\n")
+    write_measured(d, measured)
     with open(os.path.join(d, "report.md"), "w") as f:
         f.write(f"Capacity C = {C:.2f} req/s. Learned slots (sum over the replicas) from 5 s on: min {min(learned):.0f}, "
                 f"median {pct(learned, 0.5):.0f}, max {max(learned):.0f}.\n\n")
         table(f, [(lab, rows[lab], C, "C") for lab in labs])
+        f.write(preempted)
         f.write("\nChart: `limits.svg` (each gateway's slots and its rolling chat TTFT P99).\n")
 
 
