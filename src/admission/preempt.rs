@@ -69,9 +69,11 @@ impl Victim {
         self.asked.load(Ordering::Acquire) && !self.gave_back.load(Ordering::Acquire)
     }
 
-    /// Times it was preempted, this one included once asked.
-    pub(crate) fn times(&self) -> u32 {
-        self.before + u32::from(self.asked.load(Ordering::Relaxed))
+    /// The same stream as a victim again after this preemption (its
+    /// prompt and `max_tokens` kept), unless it was preempted enough.
+    pub(crate) fn again(&self) -> Option<Victim> {
+        let times = self.before + u32::from(self.asked.load(Ordering::Relaxed));
+        (times < MAX_PER_STREAM).then(|| Victim::new(self.prompt, self.max, times))
     }
 
     /// What a continuation prefills again (rule 6's cost).

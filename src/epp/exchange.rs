@@ -25,6 +25,7 @@ use tonic::Status;
 use super::wire;
 use crate::classify::FairnessId;
 use crate::error::ProxyBody;
+use crate::proxy::CREDENTIALS;
 use crate::server::ClientAddr;
 use crate::state::App;
 use crate::upstream::relay::{endpoint, Answer, Picked, Relay, RelayEnds};
@@ -33,10 +34,6 @@ use crate::upstream::ClientBody;
 type Inbound = tonic::Streaming<ProcessingRequest>;
 /// The request path's run.
 type Path = std::pin::Pin<Box<dyn std::future::Future<Output = http::Response<ProxyBody>> + Send>>;
-
-/// The headers a pick removes: the caller's credentials stay with the
-/// gateway, as in proxy mode.
-const CREDENTIALS: [&str; 5] = ["authorization", "x-api-key", "x-litellm-api-key", "api-key", "cookie"];
 
 /// One request's exchange: Envoy's messages read from `inbound`, and the
 /// stream of answers to them (tonic's own task drives it: no hand-off
@@ -63,8 +60,9 @@ pub(super) fn run(app: Arc<App>, peer: SocketAddr, mut inbound: Inbound) -> impl
         let strip = app.snapshot().classifier.has_keys();
         let to_body = body.is_some();
         let (req, ends) = request(head, body, subset);
+        // A pick removes the caller's credentials: they stay with the gateway, as in proxy mode.
         let remove: Vec<String> =
-            if strip { CREDENTIALS.iter().filter(|h| req.headers().contains_key(**h)).map(|h| h.to_string()).collect() } else { Vec::new() };
+            if strip { CREDENTIALS.iter().filter(|h| req.headers().contains_key(*h)).map(|h| h.to_string()).collect() } else { Vec::new() };
         // Polled here, not spawned: the pick and the answer's head reach it
         // with no hand-off between tasks.
         let mut path: Path = Box::pin(crate::proxy::handle(req, app, Arc::new(ClientAddr::new(peer))));

@@ -350,8 +350,9 @@ impl RequestBody {
     /// The bytes to send: with `stream_options.include_usage` set when
     /// `ask_usage`; `priority` set when given, else removed (a caller's own
     /// never reaches a replica); `cache_salt` set to `salt` when given
-    /// (the caller's replaced; docs/access.md, rules 19 and 20); `model`
-    /// set to `served` when given (the pool's `served_model`).
+    /// (the caller's replaced; docs/access.md, rules 19 and 20); the
+    /// `model` the caller named set to `served` when given (the pool's
+    /// `served_model`).
     pub(super) fn into_bytes(
         mut self,
         ask_usage: bool,
@@ -359,6 +360,8 @@ impl RequestBody {
         salt: Option<&str>,
         served: Option<&str>,
     ) -> Result<Bytes, GatewayError> {
+        // Only a model the client named is rewritten (a body without one stays so).
+        let served = served.filter(|_| matches!(self.head.model, Model::Name(_)));
         let edit_existing = (ask_usage && self.head.has_stream_options)
             || self.head.has_priority
             || (salt.is_some() && self.head.has_cache_salt)

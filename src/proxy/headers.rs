@@ -106,7 +106,7 @@ pub(super) struct Hop {
 
 /// The headers that carry a caller's credentials (OpenAI's, Anthropic's,
 /// LiteLLM's, Azure's, a browser's).
-const CREDENTIALS: [HeaderName; 5] = [
+pub(crate) const CREDENTIALS: [HeaderName; 5] = [
     header::AUTHORIZATION,
     HeaderName::from_static("x-api-key"),
     HeaderName::from_static("x-litellm-api-key"),

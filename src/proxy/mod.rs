@@ -32,6 +32,7 @@ mod compat;
 pub(crate) mod fixtures;
 pub(crate) mod form;
 mod headers;
+pub(crate) use headers::CREDENTIALS;
 mod json;
 pub(crate) mod keepalive;
 pub(crate) mod observe;
@@ -258,7 +259,7 @@ fn forward(
         let salt = caller.grant.cache_salt.as_deref().filter(|_| engine_reads);
         let prepared = route::cpu_bound(request.len(), || {
             let reduced = reduce(&mut request, endpoint, snap, &t)?;
-            let served = route.pool.config.served_model.as_deref().filter(|_| engine_reads || endpoint == Endpoint::Embeddings);
+            let served = route.pool.config.served_model.as_deref();
             Ok((reduced, request.head().max_output, request.into_bytes(strip_usage, priority, salt, served)?))
         });
         let (reduced, max_output, body) = stage!(t, prepared);

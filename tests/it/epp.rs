@@ -365,10 +365,7 @@ async fn the_fairness_id_is_the_tenant_without_keys_and_the_key_wins_with_them()
 async fn the_picker_serves_over_tls_when_given_a_certificate() {
     let a = Mock::start(streaming()).await;
     let tmp = tempfile::tempdir().expect("temp dir");
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
-    let (cert_path, key_path) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
-    std::fs::write(&cert_path, cert.cert.pem()).expect("write");
-    std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write");
+    let (cert, cert_path, key_path) = self_signed_in(tmp.path());
     let epp = format!("epp: {{ listen: 127.0.0.1:0, tls: {{ cert: {}, key: {} }} }}", cert_path.display(), key_path.display());
     let gw = gateway_config(&[a.url()]).section(&epp).start().await;
     started(&gw);
@@ -384,16 +381,7 @@ async fn the_picker_serves_over_tls_when_given_a_certificate() {
     };
     assert!(refused, "no answer without TLS");
 
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert.cert.der().clone()).expect("root");
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h2".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let connector = tls_trusting(&cert, &[b"h2"]);
     let connect = tower::service_fn(move |_: http::Uri| {
         let connector = connector.clone();
         async move {

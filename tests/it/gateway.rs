@@ -570,10 +570,7 @@ async fn shutdown_closes_idle_connections_of_both_protocols_and_returns_before_i
 /// certificate for `localhost`; the certificate, and the directory holding it.
 async fn tls_gateway(mock: &Mock, server: &[&str]) -> (slogate::Gateway, rcgen::CertifiedKey, tempfile::TempDir) {
     let tmp = tempfile::tempdir().expect("temp dir");
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
-    let (cert_path, key_path) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
-    std::fs::write(&cert_path, cert.cert.pem()).expect("write");
-    std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write");
+    let (cert, cert_path, key_path) = self_signed_in(tmp.path());
     let mut c = gateway_config(&[mock.url()]).server(&format!("tls: {{ cert: {}, key: {} }}", cert_path.display(), key_path.display()));
     for f in server {
         c = c.server(f);
@@ -589,16 +586,7 @@ async fn tls_connect(
     cert: &rcgen::CertifiedKey,
     alpn: &[&[u8]],
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert.cert.der().clone()).expect("root");
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    let connector = tls_trusting(cert, alpn);
     let tcp = tokio::net::TcpStream::connect(gw.data_addr).await.expect("connect");
     let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
     connector.connect(name, tcp).await.expect("TLS handshake")

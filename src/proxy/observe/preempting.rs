@@ -24,7 +24,7 @@ pub(crate) struct Waiting {
 
 impl<B> ObservedBody<B> {
     /// Enlist this stream (a resumable batch stream holding a slot of a pool
-    /// that preempts) as a victim: `before` preemptions so far.
+    /// that preempts) as a victim: its prompt's tokens and `max_tokens`.
     pub(crate) fn preemptible(&mut self, prompt: u64, max: Option<u64>) {
         let Some(lease) = self.tracker.lease.as_ref() else { return };
         let v = Arc::new(Victim::new(prompt, max, 0));
@@ -64,9 +64,8 @@ impl<B> ObservedBody<B> {
             tracing::info!(request_id = id, tokens = sent, "batch stream preempted for an interactive request; it goes on later")
         });
         self.waiting = Some(Waiting { wait, since: Instant::now(), pool });
-        // Another preemption later would be its second (a new victim counts it).
-        let times = v.times();
-        self.victim = (times < crate::admission::preempt::MAX_PER_STREAM).then(|| Arc::new(Victim::new(0, None, times)));
+        // Another preemption later would be its second (the new victim counts it).
+        self.victim = v.again().map(Arc::new);
         true
     }
 
