@@ -2,7 +2,7 @@
 //!
 //! Every error slogate itself produces is OpenAI's
 //! `{"error": {"message", "type", "param", "code"}}` (plus the request's
-//! `request_id`) with the status the README's "Status codes" lists; errors
+//! `request_id`) with the status docs/operations.md's "Status codes and headers" lists; errors
 //! from replicas are passed through unchanged elsewhere.
 
 use std::time::Duration;

@@ -71,7 +71,7 @@ def counter(path, name):
 
 def cmd_overload(d, C):
     C = float(C)
-    labs = ("auto", "fixed", "none") + (("preempt",) if os.path.exists(os.path.join(d, "preempt.json")) else ())
+    labs = ("auto", "fixed", "none") + (("no-preempt",) if os.path.exists(os.path.join(d, "no-preempt.json")) else ())
     rows = {}
     for lab in labs:
         r = load(os.path.join(d, f"{lab}.json"))
@@ -80,31 +80,29 @@ def cmd_overload(d, C):
     series = limit_chart(d, list(labs), "limits", "slots per gateway, and chat TTFT P99 as the gateway sees it")
     a = rows["auto"]
     learned = [row["replica_limits"] for row in series["auto"] if row["t"] >= 5]
+    prom = os.path.join(d, "auto.prom")
+    n, redone = counter(prom, "slogate_preemptions_total"), counter(prom, "slogate_preemption_redone_tokens_total")
     measured = {
         "auto_chat_p99_ms": (a["chat"]["p99"], f"{a['chat']['p99']:.0f} ms"),
         "auto_chat_within_pct": (100 * a["chat"]["within"], f"{100 * a['chat']['within']:.2f} %"),
         "auto_goodput_pct_of_c": (100 * good(a) / C, f"{good(a):.2f} req/s = {100 * good(a) / C:.0f} % of C"),
+        "auto_failed": (a["chat"]["failed"] + a["batch"]["failed"], f"{a['chat']['failed'] + a['batch']['failed']} failed"),
     }
-    p = rows.get("preempt")
-    preempted = ""
+    p = rows.get("no-preempt")
     if p:
-        prom = os.path.join(d, "preempt.prom")
-        n, redone = counter(prom, "slogate_preemptions_total"), counter(prom, "slogate_preemption_redone_tokens_total")
-        share = 100 * p["batch"]["done"] / max(a["batch"]["done"], 1)
+        share = 100 * a["batch"]["done"] / max(p["batch"]["done"], 1)
         measured.update({
-            "preempt_chat_within_pct": (100 * p["chat"]["within"], f"{100 * p['chat']['within']:.2f} % (auto alone: {100 * a['chat']['within']:.2f} %)"),
-            "preempt_chat_p99_ms": (p["chat"]["p99"], f"{p['chat']['p99']:.0f} ms (auto alone: {a['chat']['p99']:.0f} ms)"),
-            "preempt_batch_pct_of_auto": (share, f"{p['batch']['done']} batch completed against auto's {a['batch']['done']} = {share:.0f} %; {n:.0f} preemptions, {redone:.0f} tokens prefilled again"),
-            "preempt_failed": (p["chat"]["failed"] + p["batch"]["failed"], f"{p['chat']['failed'] + p['batch']['failed']} failed"),
+            "batch_pct_of_no_preempt": (share, f"{a['batch']['done']} batch completed against {p['batch']['done']} without = {share:.0f} %; "
+                                               f"{n:.0f} preemptions, {redone:.0f} tokens prefilled again"),
+            "no_preempt_chat_within_pct": (100 * p["chat"]["within"], f"{100 * p['chat']['within']:.2f} %, P99 {p['chat']['p99']:.0f} ms"),
         })
-        preempted = (f"\n`preempt` (auto with `pools[].preempt: true`): {n:.0f} batch streams preempted, "
-                     f"{redone:.0f} tokens prefilled again by their continuations.\n")
     write_measured(d, measured)
     with open(os.path.join(d, "report.md"), "w") as f:
         f.write(f"Capacity C = {C:.2f} req/s. Learned slots (sum over the replicas) from 5 s on: min {min(learned):.0f}, "
                 f"median {pct(learned, 0.5):.0f}, max {max(learned):.0f}.\n\n")
         table(f, [(lab, rows[lab], C, "C") for lab in labs])
-        f.write(preempted)
+        f.write(f"\n`auto` (the defaults, preemption on): {n:.0f} batch streams preempted, "
+                f"{redone:.0f} tokens prefilled again by their continuations.\n")
         f.write("\nChart: `limits.svg` (each gateway's slots and its rolling chat TTFT P99).\n")
 
 

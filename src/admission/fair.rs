@@ -71,6 +71,11 @@ pub(crate) trait Queued {
     fn share(&self) -> Share;
     /// What serving it costs its tenant (tokens, before the weight).
     fn cost(&self) -> f64;
+    /// Served before its tenant's other waiters (behind those like it): a
+    /// preempted stream, whose client holds part of its answer.
+    fn first(&self) -> bool {
+        false
+    }
 }
 
 /// One tier's waiters, served fairly among tenants.
@@ -230,7 +235,10 @@ impl<W: Queued> FairQueue<W> {
         self.active(share, |a| a.waiting += 1);
         self.arrivals.insert(w.id(), tenant);
         if let Some(b) = self.backlogs.get_mut(&tenant) {
-            b.push_back(w);
+            match w.first() {
+                true => b.insert(b.iter().take_while(|o| o.first()).count(), w),
+                false => b.push_back(w),
+            }
             return;
         }
         let least = self.order.first().map_or(self.floor, |(v, _)| v.0);
@@ -361,6 +369,7 @@ mod tests {
     struct W {
         id: u64,
         share: Share,
+        first: bool,
     }
     impl Queued for W {
         fn id(&self) -> u64 {
@@ -371,6 +380,9 @@ mod tests {
         }
         fn cost(&self) -> f64 {
             100.0
+        }
+        fn first(&self) -> bool {
+            self.first
         }
     }
 
@@ -385,7 +397,7 @@ mod tests {
         }
         fn push(&mut self, tenant: u32, weight: f64) {
             self.next += 1;
-            self.q.push(W { id: self.next, share: Share { tenant, weight } });
+            self.q.push(W { id: self.next, share: Share { tenant, weight }, first: false });
         }
         /// Serve the next waiter, charging it `tokens`; its tenant.
         fn serve(&mut self, tokens: f64) -> u32 {
@@ -393,6 +405,17 @@ mod tests {
             self.q.charge(w.share, tokens);
             w.share.tenant
         }
+    }
+
+    #[test]
+    fn a_preempted_stream_goes_before_its_tenants_other_waiters_in_its_order() {
+        let mut q = FairQueue::default();
+        let share = Share { tenant: 1, weight: 1.0 };
+        for (id, first) in [(1, false), (2, false), (3, true), (4, false), (5, true)] {
+            q.push(W { id, share, first });
+        }
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop().map(|w| w.id)).collect();
+        assert_eq!(order, [3, 5, 1, 2, 4]);
     }
 
     #[test]

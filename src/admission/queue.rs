@@ -464,9 +464,7 @@ impl PoolAdmission {
         q.of(tier).push(w);
         if tier == Tier::Interactive {
             self.note_interactive();
-            if self.pool.load().config.preempt {
-                self.preemption.ask_one(q.interactive.len());
-            }
+            self.preempt_if_late(&q, deadlines);
         }
         Ok(Enqueued::Waiting(q.next_id, rx))
     }

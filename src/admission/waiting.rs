@@ -39,6 +39,9 @@ impl Queued for Waiter {
     fn cost(&self) -> f64 {
         self.claim.tokens as f64
     }
+    fn first(&self) -> bool {
+        self.claim.resumed
+    }
 }
 
 /// What the queue lock guards.

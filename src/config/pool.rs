@@ -159,11 +159,60 @@ pub struct PoolConfig {
     pub extra_paths: Vec<ExtraPath>,
     /// Continuing a broken stream on another replica.
     pub resume: ResumeConfig,
-    /// Preempt batch streams for interactive requests that must queue: the
-    /// stream's replica request ends (the engine frees the slot), and it
-    /// goes on later where it stopped, spliced (docs/design/preemption.md).
-    /// For engines that serve their slots first come, first served.
-    pub preempt: bool,
+    /// Preempt batch streams for interactive requests that would miss their
+    /// TTFT target waiting: the stream's replica request ends (the engine
+    /// frees the slot), and it goes on later where it stopped, spliced
+    /// (docs/design/preemption.md). `auto`: on unless `upstream_priority`
+    /// says the engine schedules by priority itself.
+    pub preempt: Preempt,
+}
+
+impl PoolConfig {
+    /// Does this pool preempt batch streams (`preempt`, with `auto` read)?
+    pub fn preempts(&self) -> bool {
+        match self.preempt {
+            Preempt::Auto => !self.upstream_priority,
+            Preempt::On => true,
+            Preempt::Off => false,
+        }
+    }
+}
+
+/// `pools[].preempt`: `auto` (on for engines that serve first come, first
+/// served, that is unless `upstream_priority`), `true` or `false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Preempt {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl<'de> Deserialize<'de> for Preempt {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            B(bool),
+            S(String),
+        }
+        match Raw::deserialize(d) {
+            Ok(Raw::B(true)) => Ok(Preempt::On),
+            Ok(Raw::B(false)) => Ok(Preempt::Off),
+            Ok(Raw::S(s)) if s.trim() == "auto" => Ok(Preempt::Auto),
+            _ => Err(serde::de::Error::custom("must be `auto`, `true` or `false`")),
+        }
+    }
+}
+
+impl Serialize for Preempt {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Preempt::Auto => s.serialize_str("auto"),
+            Preempt::On => s.serialize_bool(true),
+            Preempt::Off => s.serialize_bool(false),
+        }
+    }
 }
 
 /// `pools[].replicas_dns`: a name whose A/AAAA records are replicas (a
@@ -365,7 +414,7 @@ impl Default for PoolConfig {
             max_event_bytes: Size(1 << 20),
             extra_paths: Vec::new(),
             resume: ResumeConfig::default(),
-            preempt: false,
+            preempt: Preempt::Auto,
         }
     }
 }

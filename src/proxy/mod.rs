@@ -272,7 +272,7 @@ fn forward(
         let on = Attempt { lease: &mut lease, pinned: owner.is_some() };
         let sent = Box::pin(send(&parts, client, payload, route, on, &t, snap, stream, &timeouts)).await;
         let resp = stage!(t, sent.map_err(|e| lost(upload_failed(e, upload.as_ref(), snap), owner.as_ref())));
-        let preempts = route.pool.config.preempt && caller.class.tier == crate::config::Tier::Batch;
+        let preempts = route.pool.config.preempts() && caller.class.tier == crate::config::Tier::Batch;
         let resume = stream.then(|| resumable(parts, client, body, route, endpoint, snap, &t, preempts)).flatten();
         let (passthrough, preempt) = (stored.is_some(), preempts.then_some((prompt, max_output)));
         let settings = Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume, passthrough, preempt };

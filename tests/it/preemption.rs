@@ -1,5 +1,6 @@
-//! Preemption (`pools[].preempt`): a chat request that finds every slot
-//! held by a batch stream takes that stream's slot; the batch stream's
+//! Preemption (`pools[].preempt`, on by default): a chat request that
+//! finds every slot held by a batch stream, and would miss its TTFT target
+//! waiting, takes that stream's slot; the batch stream's
 //! replica request ends, it waits for a slot again, and goes on where it
 //! stopped, spliced into its client's stream, over HTTP/1.1 and HTTP/2: one
 //! id, one role chunk, the text whole, one outcome each.
@@ -57,7 +58,8 @@ async fn a_chat_request_takes_a_batch_streams_slot_and_the_batch_stream_goes_on_
     for (proto, client) in clients() {
         let order = Arc::new(Mutex::new(Vec::new()));
         let mock = Mock::start(replica(order.clone())).await;
-        let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    preempt: true").start().await;
+        // The default (`preempt: auto`): the engine does not schedule by priority.
+        let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").start().await;
         started(&gw);
         let batch = client
             .request(post_req(gw.data_addr, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")]))
@@ -96,12 +98,13 @@ async fn a_chat_request_takes_a_batch_streams_slot_and_the_batch_stream_goes_on_
     }
 }
 
-/// Off (the default), a chat request waits for the batch stream's slot.
+/// Off, a chat request waits for the batch stream's slot.
 #[tokio::test]
 async fn without_preempt_a_chat_request_waits_for_the_batch_stream() {
     let order = Arc::new(Mutex::new(Vec::new()));
     let mock = Mock::start(replica(order.clone())).await;
-    let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    timeouts: { idle: 60s }").start().await;
+    let gw =
+        gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    preempt: false\n    timeouts: { idle: 60s }").start().await;
     started(&gw);
     let batch = client()
         .request(post_req(gw.data_addr, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")]))

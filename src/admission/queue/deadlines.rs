@@ -16,6 +16,12 @@ use crate::admission::rates;
 use crate::admission::waiting::Queues;
 use crate::config::Tier;
 
+/// The share of the time an interactive request can wait and still make
+/// its TTFT target after which, still waiting, it asks a batch stream for
+/// its slot: the rest covers the victim's engine noticing the request went
+/// away (docs/design/preemption.md, rule 1).
+const PREEMPT_AT: f64 = 0.75;
+
 /// A queued request's moments of truth.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Deadlines {
@@ -28,6 +34,9 @@ pub(crate) struct Deadlines {
     /// `tiers.interactive.shed_late`: refuse everyone past `late`, not only
     /// tenants over their parts.
     shed_late: bool,
+    /// Where the pool preempts: the moment a request still waiting asks a
+    /// batch stream for its slot (docs/design/preemption.md, rule 1).
+    pub(super) preempt: Option<Instant>,
     /// The caller's own deadline.
     caller: Option<Instant>,
 }
@@ -36,6 +45,7 @@ pub(crate) struct Deadlines {
 #[derive(Debug, Clone, Copy)]
 enum Check {
     Late(Duration),
+    Preempt,
     Caller,
     Timeout,
 }
@@ -49,6 +59,9 @@ impl Deadlines {
         }
         if let Some(t) = self.caller {
             at.push((t, Check::Caller));
+        }
+        if let Some(t) = self.preempt {
+            at.push((t, Check::Preempt));
         }
         at.retain(|(t, _)| *t <= self.timeout);
         at.sort_by_key(|(t, _)| *t);
@@ -84,10 +97,13 @@ impl PoolAdmission {
             true => self.timeout(tier).max(self.pool.load().config.timeouts.idle.get()),
             false => self.timeout(tier),
         };
+        let pool = self.pool.load();
+        let preempt = late.filter(|_| pool.config.preempts() && !claim.short).map(|(t, _)| start + (t - start).mul_f64(PREEMPT_AT));
         Deadlines {
             start,
             timeout: start + timeout,
             late,
+            preempt,
             shed_late: tier == Tier::Interactive && self.tiers.load().interactive.shed_late,
             caller: claim.deadline,
         }
@@ -114,6 +130,23 @@ impl PoolAdmission {
         (now + rates::queue_wait(ahead, Some(rate)) > caller).then(|| self.judge(q, tier, claim, d, Check::Caller)).flatten()
     }
 
+    /// Under the queue lock, as an interactive request joins it: when the
+    /// pace the pool's slots free at says it will still be waiting at its
+    /// preemption moment, a batch stream is asked for its slot now rather
+    /// than then (docs/design/preemption.md, rule 1). Without a pace
+    /// measured yet, it asks at its moment.
+    pub(super) fn preempt_if_late(&self, q: &Queues, d: &Deadlines) {
+        let Some(at) = d.preempt else { return };
+        let rate: f64 = [Tier::Interactive, Tier::Batch].into_iter().filter_map(|t| self.rate(t)).sum();
+        if rate <= 0.0 {
+            return;
+        }
+        let ahead = q.interactive.len().saturating_sub(1);
+        if Instant::now() + rates::queue_wait(ahead, Some(rate)) >= at {
+            self.preemption.ask_one(q.interactive.len());
+        }
+    }
+
     /// Wait on `rx` for a slot, looking at the request again at each of
     /// `d`'s moments.
     pub(super) async fn wait(
@@ -130,6 +163,10 @@ impl PoolAdmission {
                 Ok(Err(_)) => return Err(Refusal::NoHealthy),
                 Err(_) => {
                     let Some(q) = self.waiting.lock() else { return Err(Refusal::NoHealthy) };
+                    if let Check::Preempt = check {
+                        self.preemption.ask_one(q.interactive.len());
+                        continue;
+                    }
                     if let Some(refusal) = self.judge(&q, tier, claim, d, check) {
                         return Err(refusal);
                     }
@@ -146,6 +183,7 @@ impl PoolAdmission {
         let standing = self.standing(q, tier, claim);
         let retry_after = self.retry_after(tier, self.depth(tier));
         match (check, standing) {
+            (Check::Preempt, _) => None,
             (Check::Late(_), Standing::Over(over)) => Some(self.over_share(over, OverWhy::Late)),
             (Check::Late(expected), _) => d.shed_late.then_some(Refusal::Late { retry_after, expected }),
             (Check::Caller, _) => Some(Refusal::Deadline { retry_after, deadline: d.caller.map_or(Duration::ZERO, |c| c - d.start) }),
@@ -167,6 +205,7 @@ mod tests {
             timeout: start + ms(2000),
             late: late_ms.map(|l| (start + ms(l), ms(100))),
             shed_late,
+            preempt: None,
             caller: caller_ms.map(|c| start + ms(c)),
         }
     }

@@ -508,3 +508,60 @@ async fn a_lease_judges_the_finished_request() {
 
 mod beyond;
 mod shedding;
+
+/// A batch stream holding `pool`'s slot, enlisted as a victim that has sent tokens.
+fn victim_on(pool: &Arc<PoolAdmission>) -> Arc<crate::admission::preempt::Victim> {
+    let v = Arc::new(crate::admission::preempt::Victim::new(100, Some(500), 0));
+    v.sent(10);
+    pool.preemption.enlist(Arc::downgrade(&v));
+    v
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_interactive_request_asks_for_a_batch_slot_only_when_it_would_miss_its_target() {
+    let waker = futures_util::task::noop_waker();
+    let target = Duration::from_millis(300);
+    let chat = Claim { ttft: Some(target), ..Claim::default() };
+    // No pace measured: it asks at three quarters of the time it can wait.
+    let pool = pool(1, tiers(0.0, 10, 10));
+    let held = take(&pool, Tier::Batch).await;
+    let v = victim_on(&pool);
+    let p = pool.clone();
+    let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, chat, None).await });
+    tokio::time::sleep(Duration::from_millis(220)).await;
+    assert!(!v.asked(&waker), "a slot may still free in time");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(v.asked(&waker), "asked at 225 ms");
+    drop(held);
+    assert!(h.await.expect("task").is_ok());
+    // Slots freeing once a second: it cannot make its target waiting, so it asks at once.
+    let pool = pool_with(1, tiers(0.0, 10, 10), false);
+    pool.rates[Tier::Batch as usize].store(1.0);
+    let held = take(&pool, Tier::Batch).await;
+    let v = victim_on(&pool);
+    let p = pool.clone();
+    let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, chat, None).await });
+    settle().await;
+    assert!(v.asked(&waker), "asked as it queued");
+    drop(held);
+    assert!(h.await.expect("task").is_ok());
+    // Slots freeing ten times a second: it waits for one.
+    pool.rates[Tier::Batch as usize].store(10.0);
+    let held = take(&pool, Tier::Batch).await;
+    let v = victim_on(&pool);
+    let p = pool.clone();
+    let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, chat, None).await });
+    settle().await;
+    assert!(!v.asked(&waker), "a slot frees in time at this pace");
+    drop(held);
+    assert!(h.await.expect("task").is_ok());
+    // An engine that schedules by priority (`preempt: auto`) is never asked.
+    let pool = pool_with(1, tiers(0.0, 10, 10), true);
+    let held = take(&pool, Tier::Batch).await;
+    let v = victim_on(&pool);
+    let p = pool.clone();
+    let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, chat, None).await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!v.asked(&waker));
+    drop((held, h));
+}
