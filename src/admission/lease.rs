@@ -29,6 +29,9 @@ pub(crate) trait Seating: Send + Sync {
     /// `victim`, a batch stream holding a slot, may give it up for an
     /// interactive request (where the pool preempts; see [`super::preempt`]).
     fn enlist(&self, victim: std::sync::Weak<super::preempt::Victim>);
+    /// Ask a batch stream on replica `key` for its slot (see
+    /// [`super::preempt::Preemption::ask_on`]).
+    fn ask_on(&self, key: usize) -> bool;
     /// A preempted stream gave its slot back (its lease is dropped): wait
     /// in `tier`'s queue as `claim` for another.
     fn requeue(self: Arc<Self>, tier: Tier, claim: Claim) -> Requeued;
@@ -148,7 +151,16 @@ impl Lease {
 
     /// Enlist the stream holding this lease as a preemption victim.
     pub(crate) fn enlist(&self, victim: std::sync::Weak<super::preempt::Victim>) {
+        if let Some(v) = victim.upgrade() {
+            v.on(super::preempt::replica_key(self.slot.replica()));
+        }
         self.seating.enlist(victim);
+    }
+
+    /// This request has no first token at its moment: ask a batch stream
+    /// on its replica for its slot (docs/design/preemption.md, rule 1).
+    pub(crate) fn ask_for_slot(&self) -> bool {
+        self.seating.ask_on(super::preempt::replica_key(self.slot.replica()))
     }
 
     /// Give the slot back now (the waiter next in line takes it) and wait

@@ -6,7 +6,7 @@
 //! queue, and continues its answer where it stopped. The rules are
 //! docs/design/preemption.md's.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, Weak};
 
 use futures_util::task::AtomicWaker;
@@ -16,6 +16,9 @@ pub(crate) const MAX_PER_STREAM: u32 = 2;
 /// A stream past this share of its `max_tokens` is near its end: it
 /// finishes (rule 5).
 const NEAR_END: f64 = 0.8;
+/// An interactive stream with no first token at this share of its class's
+/// TTFT target waits inside its engine: it asks for a slot there (rule 1).
+pub(crate) const IN_ENGINE_AT: f64 = 0.4;
 
 /// One preemptible batch stream, as the pool sees it.
 #[derive(Debug)]
@@ -33,6 +36,13 @@ pub(crate) struct Victim {
     max: Option<u64>,
     /// Times it was preempted before.
     before: u32,
+    /// The replica its slot is on (see [`replica_key`]); 0 = not said.
+    replica: AtomicUsize,
+}
+
+/// A replica as victims name it: the address of its shared state.
+pub(crate) fn replica_key(r: &std::sync::Arc<crate::upstream::Replica>) -> usize {
+    std::sync::Arc::as_ptr(r) as usize
 }
 
 impl Victim {
@@ -45,7 +55,13 @@ impl Victim {
             prompt,
             max,
             before,
+            replica: AtomicUsize::new(0),
         }
+    }
+
+    /// Its slot is on replica `key` now.
+    pub(crate) fn on(&self, key: usize) {
+        self.replica.store(key, Ordering::Relaxed);
     }
 
     /// The client has `n` tokens.
@@ -110,13 +126,26 @@ impl Preemption {
     /// (Victims asked whose slot has not come back yet count against the
     /// waiters: each waiting interactive request asks for one at most.)
     pub(crate) fn ask_one(&self, waiting: usize) -> bool {
+        self.ask(waiting, None)
+    }
+
+    /// An interactive request on replica `key` has no first token at its
+    /// moment (it waits inside the engine for a slot): ask the stream on
+    /// that replica cheapest to redo, unless one asked there owes its slot
+    /// already (rule 1's second case).
+    pub(crate) fn ask_on(&self, key: usize) -> bool {
+        self.ask(1, Some(key))
+    }
+
+    fn ask(&self, waiting: usize, on: Option<usize>) -> bool {
         let mut vs = self.victims.lock().unwrap_or_else(|p| p.into_inner());
         vs.retain(|w| w.strong_count() > 0);
+        let here = |v: &&std::sync::Arc<Victim>| on.is_none_or(|k| v.replica.load(Ordering::Relaxed) == k);
         let alive: Vec<std::sync::Arc<Victim>> = vs.iter().filter_map(Weak::upgrade).collect();
-        if alive.iter().filter(|v| v.owing()).count() >= waiting {
+        if alive.iter().filter(here).filter(|v| v.owing()).count() >= waiting {
             return false;
         }
-        let Some(v) = alive.iter().filter(|v| v.eligible()).min_by_key(|v| v.redo()) else { return false };
+        let Some(v) = alive.iter().filter(here).filter(|v| v.eligible()).min_by_key(|v| v.redo()) else { return false };
         v.asked.store(true, Ordering::Release);
         v.waker.wake();
         true
@@ -153,5 +182,21 @@ mod tests {
         long.gave_back();
         drop(short);
         assert!(!p.ask_one(1), "no one left to ask");
+    }
+
+    #[test]
+    fn a_request_waiting_in_an_engine_asks_a_stream_on_its_replica_only() {
+        let p = Preemption::default();
+        let (here, there) = (Arc::new(Victim::new(500, None, 0)), Arc::new(Victim::new(10, None, 0)));
+        for (v, key) in [(&here, 1), (&there, 2)] {
+            v.sent(5);
+            v.on(key);
+            p.enlist(Arc::downgrade(v));
+        }
+        let waker = futures_util::task::noop_waker();
+        assert!(p.ask_on(1));
+        assert!(here.asked(&waker) && !there.asked(&waker), "its own replica's, though dearer");
+        assert!(!p.ask_on(1), "one owed there already");
+        assert!(!p.ask_on(3), "none on that replica");
     }
 }

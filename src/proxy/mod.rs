@@ -272,9 +272,10 @@ fn forward(
         let on = Attempt { lease: &mut lease, pinned: owner.is_some() };
         let sent = Box::pin(send(&parts, client, payload, route, on, &t, snap, stream, &timeouts)).await;
         let resp = stage!(t, sent.map_err(|e| lost(upload_failed(e, upload.as_ref(), snap), owner.as_ref())));
-        let preempts = route.pool.config.preempts() && caller.class.tier == crate::config::Tier::Batch;
+        let preempt = Preempting::of(route, &caller.class, stream, admitted.waited, (prompt, max_output), t.start());
+        let preempts = matches!(preempt, Preempting::Victim(..));
         let resume = stream.then(|| resumable(parts, client, body, route, endpoint, snap, &t, preempts)).flatten();
-        let (passthrough, preempt) = (stored.is_some(), preempts.then_some((prompt, max_output)));
+        let passthrough = stored.is_some();
         let settings = Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume, passthrough, preempt };
         observe(resp, t, lease, endpoint, settings, watchlist)
     }
@@ -463,9 +464,41 @@ struct Settings {
     /// A stored response's own route: its answer is passed on unread (a
     /// retrieved response's usage was counted when it was made).
     passthrough: bool,
-    /// A batch stream of a pool that preempts: its prompt and `max_tokens`
-    /// (docs/design/preemption.md).
-    preempt: Option<(u64, Option<u64>)>,
+    /// Its part in preemption (docs/design/preemption.md).
+    preempt: Preempting,
+}
+
+/// A stream's part in preemption, where its pool preempts
+/// (docs/design/preemption.md).
+enum Preempting {
+    None,
+    /// A batch stream, which may give its slot up: its prompt and `max_tokens`.
+    Victim(u64, Option<u64>),
+    /// An interactive stream that took a slot without waiting: with no
+    /// first token by then (it waits inside the engine), it asks a batch
+    /// stream on its replica for a slot (rule 1).
+    Asks(tokio::time::Instant),
+}
+
+impl Preempting {
+    fn of(
+        route: &crate::state::Route,
+        class: &crate::classify::Class,
+        stream: bool,
+        waited: std::time::Duration,
+        (prompt, max): (u64, Option<u64>),
+        start: tokio::time::Instant,
+    ) -> Preempting {
+        use crate::config::Tier;
+        match class.tier {
+            _ if !route.pool.config.preempts() => Preempting::None,
+            Tier::Batch => Preempting::Victim(prompt, max),
+            Tier::Interactive if stream && waited.is_zero() => {
+                Preempting::Asks(start + class.ttft.mul_f64(crate::admission::preempt::IN_ENGINE_AT))
+            }
+            Tier::Interactive => Preempting::None,
+        }
+    }
 }
 
 /// The response to the client: the replica's, its body observed (the
@@ -502,8 +535,10 @@ fn observe(
             Some(resume) => ObservedBody::resumable(rbody, tracker, t, s.strip_usage, resume),
             None => ObservedBody::sse(rbody, tracker, t, s.strip_usage),
         };
-        if let Some((prompt, max)) = s.preempt {
-            body.preemptible(prompt, max);
+        match s.preempt {
+            Preempting::Victim(prompt, max) => body.preemptible(prompt, max),
+            Preempting::Asks(at) => body.asks_at(at),
+            Preempting::None => {}
         }
         if let Some(upstream::HeadRetried(at)) = rparts.extensions.get() {
             body.first_token_from(*at);

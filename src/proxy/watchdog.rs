@@ -23,6 +23,7 @@ impl<B> ObservedBody<B> {
         if self.done {
             return None;
         }
+        self.ask_if_due(now);
         let due = self.next_deadline(self.last_event);
         if now >= due {
             if !self.on_timeout() {

@@ -98,6 +98,77 @@ async fn a_chat_request_takes_a_batch_streams_slot_and_the_batch_stream_goes_on_
     }
 }
 
+/// As `replica`, but a chat stream's answer waits for an engine slot (the
+/// batch stream holds it): its head comes at once, its first token once
+/// `engine_slot` opens.
+fn engine(order: Arc<Mutex<Vec<String>>>, engine_slot: Gate) -> ScriptFn {
+    let rest = replica(order.clone());
+    script(move |req| {
+        if req["messages"][0]["content"].as_str() != Some("chat") {
+            return rest(req);
+        }
+        order.lock().expect("lock").push("chat".to_string());
+        Script::sse(vec![
+            Step::Until(engine_slot.clone()),
+            Step::Send(chunk("chatcmpl-c", r#"{"role":"assistant","content":""}"#, None)),
+            Step::Send(chunk("chatcmpl-c", r#"{"content":"hi"}"#, None)),
+            Step::Send(chunk("chatcmpl-c", r#"{"content":""}"#, Some("stop"))),
+            Step::Send(done()),
+        ])
+    })
+}
+
+/// A chat stream that took a slot without waiting in the gateway but has
+/// no first token at its moment (it waits inside the engine, whose slot
+/// the batch stream holds) asks that batch stream for its slot: the
+/// batch stream's replica request ends, the chat stream is answered, and
+/// the batch stream goes on whole.
+#[tokio::test]
+async fn a_chat_stream_waiting_inside_the_engine_takes_a_batch_streams_slot() {
+    for (proto, client) in clients() {
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let engine_slot = Gate::default();
+        let mock = Mock::start(engine(order.clone(), engine_slot.clone())).await;
+        let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 2").start().await;
+        started(&gw);
+        let batch = client
+            .request(post_req(gw.data_addr, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")]))
+            .await
+            .expect("batch");
+        let mut body = batch.into_body();
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("\"lo\"") {
+            if let Ok(d) = body.frame().await.expect("frame").expect("ok").into_data() {
+                seen.extend_from_slice(&d);
+            }
+        }
+        let chat = client.request(post_req(gw.data_addr, "/v1/chat/completions", &ask("chat", true), &[])).await.expect("chat");
+        assert_eq!(chat.status(), 200, "{proto}");
+        let state = mock.state.clone();
+        wait_until("the batch stream's replica request ended", || {
+            let state = state.clone();
+            async move { state.cancelled.load(std::sync::atomic::Ordering::SeqCst) >= 1 }
+        })
+        .await;
+        engine_slot.open();
+        let said = String::from_utf8_lossy(&chat.into_body().collect().await.expect("chat body").to_bytes()).to_string();
+        assert!(said.contains("\"hi\"") && said.contains("[DONE]"), "{proto}: {said}");
+        seen.extend_from_slice(&body.collect().await.expect("the batch stream ends cleanly").to_bytes());
+        let text = String::from_utf8_lossy(&seen).to_string();
+        let content: String = text
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+            .filter_map(|e| e.pointer("/choices/0/delta/content").and_then(|c| c.as_str()).map(String::from))
+            .collect();
+        assert_eq!(content, "Hello world", "{proto}: {text}");
+        assert_eq!(order.lock().expect("lock").clone(), ["batch job", "chat", "continuation"], "{proto}");
+        wait_until("counted", || async { requests_with_outcome(&gw, "ok").await == 2.0 }).await;
+        assert_eq!(metric(&metrics_text(&gw).await, "slogate_preemptions_total", &[]), Some(1.0), "{proto}");
+        assert_quiescent(&gw).await;
+    }
+}
+
 /// Off, a chat request waits for the batch stream's slot.
 #[tokio::test]
 async fn without_preempt_a_chat_request_waits_for_the_batch_stream() {

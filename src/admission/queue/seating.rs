@@ -63,6 +63,10 @@ impl Seating for PoolAdmission {
         self.preemption.enlist(victim);
     }
 
+    fn ask_on(&self, key: usize) -> bool {
+        self.preemption.ask_on(key)
+    }
+
     fn requeue(self: Arc<Self>, tier: Tier, claim: Claim) -> Requeued {
         Box::pin(async move { self.admit(tier, 0, claim, None).await.map(|g| g.lease) })
     }

@@ -142,6 +142,9 @@ pub(crate) struct ObservedBody<B> {
     /// one that did, waiting for a slot again.
     victim: Option<std::sync::Arc<crate::admission::preempt::Victim>>,
     waiting: Option<preempting::Waiting>,
+    /// An interactive stream's moment to ask for a batch stream's slot on
+    /// its replica, if it has no first token by then.
+    asks_at: Option<Instant>,
     /// What the first-token timeout counts from: the request's arrival, or
     /// when it was sent to a second replica because the first sent no
     /// response head in time.
@@ -213,6 +216,7 @@ impl<B> ObservedBody<B> {
             continuing: None,
             victim: None,
             waiting: None,
+            asks_at: None,
             first_from: start,
         }
     }

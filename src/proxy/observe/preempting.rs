@@ -32,6 +32,23 @@ impl<B> ObservedBody<B> {
         self.victim = Some(v);
     }
 
+    /// An interactive stream: at `at`, with no first token yet, ask a
+    /// batch stream on its replica for its slot.
+    pub(crate) fn asks_at(&mut self, at: Instant) {
+        self.asks_at = Some(at);
+    }
+
+    /// The watchdog's look at `now`: the moment to ask has come, and the
+    /// stream has no first token (docs/design/preemption.md, rule 1).
+    pub(crate) fn ask_if_due(&mut self, now: Instant) {
+        if self.asks_at.is_some_and(|at| now >= at) {
+            self.asks_at = None;
+            if let (None, Some(lease)) = (self.tracker.first_token, self.tracker.lease.as_ref()) {
+                lease.ask_for_slot();
+            }
+        }
+    }
+
     /// Asked to give its slot up: end the replica request, give the slot
     /// back and wait for another. False: not asked, or it cannot be (it has
     /// its finish, nothing was sent, or its text cannot be continued exactly).
