@@ -53,8 +53,10 @@ pub mod benching {
     }
 }
 
-/// Entry points for the fuzz targets (`fuzz/`): each checks one promise on
-/// arbitrary input and panics when it is broken. Not an API.
+/// Entry points for the fuzz targets (`fuzz/`) and the property tests:
+/// each checks one promise on arbitrary input and panics when it is
+/// broken. Not an API: built only with the `fuzzing` feature.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
     use bytes::Bytes;

@@ -157,10 +157,13 @@ impl Lease {
         self.seating.enlist(victim);
     }
 
-    /// This request has no first token at its moment: ask a batch stream
-    /// on its replica for its slot (docs/design/preemption.md, rule 1).
+    /// This request has no first token at its moment: where its replica
+    /// said at its last scrape that requests wait inside it (so this one
+    /// likely waits for a slot there, rather than being prefilled), ask a
+    /// batch stream on that replica for its slot (docs/design/preemption.md, rule 1).
     pub(crate) fn ask_for_slot(&self) -> bool {
-        self.seating.ask_on(super::preempt::replica_key(self.slot.replica()))
+        let replica = self.slot.replica();
+        replica.scraped_waiting.load(std::sync::atomic::Ordering::Relaxed) > 0 && self.seating.ask_on(super::preempt::replica_key(replica))
     }
 
     /// Give the slot back now (the waiter next in line takes it) and wait

@@ -464,7 +464,7 @@ fn insert_members(bytes: &[u8], members: &str) -> Option<Bytes> {
 /// The request-body reader's promise, checked on any input (the proptest
 /// and the fuzz target): the quick path reads the same head and writes the
 /// same request as the general path, or both reject the body.
-#[doc(hidden)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn paths_agree(bytes: &[u8], usage: bool, priority: Option<i64>) -> Result<(), String> {
     let salt = priority.filter(|p| *p == 1).map(|_| "slogate-salt");
     let bytes = Bytes::copy_from_slice(bytes);

@@ -29,6 +29,7 @@ mod aside;
 pub(crate) mod body;
 mod compat;
 #[doc(hidden)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod fixtures;
 pub(crate) mod form;
 mod headers;

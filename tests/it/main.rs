@@ -14,6 +14,7 @@ mod demo;
 mod deploy;
 mod deploy_inference;
 mod discovery;
+mod docs;
 mod edge;
 mod endpoints;
 mod enforcement;
@@ -22,6 +23,7 @@ mod epp;
 mod epp_envoy;
 mod faults;
 mod fleet;
+#[cfg(feature = "fuzzing")]
 mod fuzz_properties;
 mod gateway;
 mod kv_events;

@@ -119,10 +119,11 @@ fn engine(order: Arc<Mutex<Vec<String>>>, engine_slot: Gate) -> ScriptFn {
 }
 
 /// A chat stream that took a slot without waiting in the gateway but has
-/// no first token at its moment (it waits inside the engine, whose slot
-/// the batch stream holds) asks that batch stream for its slot: the
-/// batch stream's replica request ends, the chat stream is answered, and
-/// the batch stream goes on whole.
+/// no first token at its moment, on a replica that says requests wait in
+/// it (the chat waits inside the engine, whose slot the batch stream
+/// holds), asks that batch stream for its slot: the batch stream's
+/// replica request ends, the chat stream is answered, and the batch
+/// stream goes on whole.
 #[tokio::test]
 async fn a_chat_stream_waiting_inside_the_engine_takes_a_batch_streams_slot() {
     for (proto, client) in clients() {
@@ -131,6 +132,15 @@ async fn a_chat_stream_waiting_inside_the_engine_takes_a_batch_streams_slot() {
         let mock = Mock::start(engine(order.clone(), engine_slot.clone())).await;
         let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 2").start().await;
         started(&gw);
+        // The engine says a request waits in it, and the gateway read that.
+        mock.state.waiting.store(1, std::sync::atomic::Ordering::SeqCst);
+        let scrapes = || mock.state.scrapes.load(std::sync::atomic::Ordering::SeqCst);
+        let before = scrapes();
+        wait_until("two scrapes", || {
+            let n = scrapes();
+            async move { n >= before + 2 }
+        })
+        .await;
         let batch = client
             .request(post_req(gw.data_addr, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")]))
             .await

@@ -58,7 +58,8 @@ async fn ttft_is_stamped_at_first_content_not_at_role_chunk_or_keepalive() {
     // Two gaps of a second between the three tokens.
     assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[("class", "chat")]), Some(2.0));
     let itl = metric(&m, "slogate_inter_token_latency_seconds_sum", &[("class", "chat")]).unwrap_or(0.0);
-    assert!(itl >= 2.0, "ITL sum {itl}");
+    // Generous above: a gap measured from the wrong event would add a second.
+    assert!((2.0..2.9).contains(&itl), "ITL sum {itl}: two gaps of a second");
     assert_quiescent(&gw).await;
 }
 
@@ -71,11 +72,11 @@ async fn inter_token_gaps_are_measured_as_delivered() {
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[("class", "batch")]), Some(3.0));
     let sum = metric(&m, "slogate_inter_token_latency_seconds_sum", &[("class", "batch")]).unwrap_or(0.0);
-    assert!(sum >= 0.36, "three gaps of >= 120 ms, got {sum}");
+    assert!((0.36..1.2).contains(&sum), "three gaps of >= 120 ms (not the whole stream's 480), got {sum}");
     assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_bucket", &[("class", "batch"), ("le", "0.1")]), Some(0.0));
     // TPOT = (e2e - ttft) / (4 - 1) >= 120 ms.
     let tpot = metric(&m, "slogate_time_per_output_token_seconds_sum", &[("class", "batch")]).unwrap_or(0.0);
-    assert!(tpot >= 0.12, "tpot {tpot}");
+    assert!((0.12..0.4).contains(&tpot), "tpot {tpot}");
     assert_eq!(metric(&m, "slogate_goodput_requests_total", &[("class", "batch")]), Some(1.0));
     assert_quiescent(&gw).await;
 }

@@ -12,7 +12,7 @@
 
 mod params;
 pub(crate) mod parse;
-#[doc(hidden)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod reference;
 
 use bytes::Bytes;

@@ -167,7 +167,7 @@ pub(crate) fn options(header: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
 /// replica reads the same `model` and `stream` from it (each the last of
 /// its name there), and no `priority`; where the replica could not read a
 /// form, the reader does not accept it.
-#[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub(crate) fn agree(body: &[u8], boundary: &[u8], cuts: &[usize]) -> Result<(), String> {
     let mut reader = super::FormReader::new(boundary);
     let mut at = 0;

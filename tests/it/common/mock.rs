@@ -131,6 +131,10 @@ pub struct MockState {
     pub tls_resumed: AtomicUsize,
     /// What `/metrics` says the replica runs (`vllm:num_requests_running`); not said when `None`.
     pub running: Mutex<Option<u64>>,
+    /// What `/metrics` says waits in the replica (`vllm:num_requests_waiting`).
+    pub waiting: AtomicUsize,
+    /// `/metrics` requests served.
+    pub scrapes: AtomicUsize,
 }
 
 /// How a mock replica is started; see [`Mock::start_with`].
@@ -190,6 +194,8 @@ impl Mock {
             tls_handshakes: AtomicUsize::new(0),
             tls_resumed: AtomicUsize::new(0),
             running: Mutex::new(None),
+            waiting: AtomicUsize::new(0),
+            scrapes: AtomicUsize::new(0),
         });
         let https = opts.tls.is_some();
         let acceptor = opts.tls.map(tokio_rustls::TlsAcceptor::from);
@@ -371,7 +377,9 @@ async fn mock_handle(req: Request<Incoming>, st: Arc<MockState>) -> Response<Moc
                 &format!(r#"{{"object":"list","data":[{{"id":"{}","object":"model","owned_by":"vllm","max_model_len":4096}}]}}"#, st.model),
             ),
             "/metrics" => {
-                let mut text = String::from("vllm:num_requests_waiting{model_name=\"m1\"} 0.0\n");
+                st.scrapes.fetch_add(1, Ordering::SeqCst);
+                let waiting = st.waiting.load(Ordering::SeqCst);
+                let mut text = format!("vllm:num_requests_waiting{{model_name=\"m1\"}} {waiting}.0\n");
                 if let Some(n) = *st.running.lock().expect("lock") {
                     text.push_str(&format!("vllm:num_requests_running{{model_name=\"m1\"}} {n}.0\n"));
                 }
