@@ -11,6 +11,11 @@ pub(crate) struct LimitParams {
     pub(crate) initial: usize,
     pub(crate) min: usize,
     pub(crate) max: usize,
+    /// How far above the ceiling (what the replica ran while requests
+    /// waited in it) the limit goes: 1 (a probe, so that a slot the replica
+    /// frees is taken at once from its own queue), or 0 where the pool
+    /// preempts (docs/design/learned-limits.md).
+    pub(crate) probe: f64,
 }
 
 /// What one control period saw of a replica.
@@ -314,7 +319,7 @@ impl Controller {
             Verdict::Refused
         } else if p.queued >= p.backlog + 1.0 {
             Verdict::Queued
-        } else if let Some(c) = self.ceiling().filter(|c| p.waiting >= p.backlog + 1.0 && self.limit > c + 1.0) {
+        } else if let Some(c) = self.ceiling().filter(|c| p.waiting >= p.backlog + 1.0 && self.limit > c + self.params.probe) {
             Verdict::OverCeiling(c)
         } else if p.loaded && !batch_makes_room && self.hold == 0 {
             Verdict::Loaded
@@ -360,7 +365,7 @@ impl Controller {
             Verdict::OverCeiling(c) => {
                 // Back to one above what the replica ran while something waited.
                 self.knee = Some(self.limit);
-                self.limit = (c + 1.0).max(self.limit * DECREASE_FLOOR).max(min);
+                self.limit = (c + self.params.probe).max(self.limit * DECREASE_FLOOR).max(min);
                 self.hold = self.probe_hold;
             }
             Verdict::Loaded => {
@@ -392,7 +397,7 @@ impl Controller {
             self.limit + self.limit.sqrt().max(1.0)
         };
         if let Some(c) = self.ceiling() {
-            self.limit = self.limit.min(c + 1.0);
+            self.limit = self.limit.min(c + self.params.probe);
         }
         if self.knee.is_some_and(|k| self.limit > k * KNEE_FORGOTTEN + 2.0) {
             self.knee = None;

@@ -145,7 +145,11 @@ impl Pool {
     pub(crate) fn new(config: PoolConfig, access: Access, previous: Option<&Pool>) -> Pool {
         let Access { bases, tls: replica_tls, api_key, exact } = access;
         let l = config.learned_limit;
-        let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize };
+        // A pool that preempts keeps chat out of the engine's own queue: its
+        // limit stays at the ceiling, not one above it (preemption, not a
+        // request waiting inside the engine, keeps its slots busy).
+        let probe = if config.preempts() { 0.0 } else { 1.0 };
+        let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize, probe };
         let initial = match config.max_inflight_per_replica {
             InflightLimit::Fixed(n) => n as usize,
             InflightLimit::Auto => limit_params.initial,

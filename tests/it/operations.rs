@@ -303,7 +303,11 @@ fn capacity_command_reads_a_loadgen_result() {
 #[test]
 fn prometheus_scrape_config_passes_promtool_check_config() {
     let promtool = which("promtool").expect("promtool not found: run scripts/test");
-    let out = Command::new(promtool).args(["check", "config", "config/prometheus.yml"]).current_dir(repo()).output().expect("promtool");
+    let out = Command::new(promtool)
+        .args(["check", "config", "deploy/monitoring/prometheus.yml"])
+        .current_dir(repo())
+        .output()
+        .expect("promtool");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "promtool check config failed:\n{text}");
     assert!(text.contains("SUCCESS"), "{text}");
@@ -330,7 +334,7 @@ fn dashboard_and_keda_query_only_exported_metrics() {
             }
         }
     }
-    for file in ["config/grafana-dashboard.json", "config/keda-scaledobject.yaml"] {
+    for file in ["deploy/monitoring/grafana-dashboard.json", "deploy/monitoring/keda-scaledobject.yaml"] {
         let text = std::fs::read_to_string(repo().join(file)).expect(file);
         if file.ends_with(".json") {
             let _: serde_json::Value = serde_json::from_str(&text).expect("dashboard is JSON");

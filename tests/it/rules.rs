@@ -22,14 +22,15 @@ fn promtool(args: &[&str], dir: &Path) -> (bool, String) {
 #[test]
 fn committed_rules_are_generated_from_the_example_config_and_promtool_accepts_them() {
     let cfg = Config::load(&repo().join("config/slogate.yaml")).expect("example config");
-    for (format, file) in
-        [(Format::Prometheus, "config/slogate.rules.yaml"), (Format::PrometheusOperator, "config/slogate.prometheusrule.yaml")]
-    {
+    for (format, file) in [
+        (Format::Prometheus, "deploy/monitoring/slogate.rules.yaml"),
+        (Format::PrometheusOperator, "deploy/monitoring/slogate.prometheusrule.yaml"),
+    ] {
         let generated = render(&cfg, format).expect("render");
         let committed = std::fs::read_to_string(repo().join(file)).unwrap_or_default();
         assert!(generated == committed, "{file} is stale: regenerate it with `slogate rules` (see README)");
     }
-    let (ok, out) = promtool(&["check", "rules", "config/slogate.rules.yaml"], &repo());
+    let (ok, out) = promtool(&["check", "rules", "deploy/monitoring/slogate.rules.yaml"], &repo());
     assert!(ok, "promtool check rules failed:\n{out}");
     assert!(out.contains("SUCCESS"), "{out}");
 }

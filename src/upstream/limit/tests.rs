@@ -3,7 +3,7 @@
 use super::*;
 
 fn params() -> LimitParams {
-    LimitParams { initial: 8, min: 1, max: 512 }
+    LimitParams { initial: 8, min: 1, max: 512, probe: 1.0 }
 }
 
 /// A replica that runs `capacity` requests at once and queues the rest,
@@ -111,7 +111,7 @@ fn in_slow_start_a_burst_doubles_the_limit_at_once_a_few_times_a_period() {
     assert!(!c.slow_start());
     assert!(!c.grow_on_demand());
     // The bound holds.
-    let mut small = Controller::new(LimitParams { initial: 16, min: 1, max: 40 });
+    let mut small = Controller::new(LimitParams { initial: 16, min: 1, max: 40, probe: 1.0 });
     while small.grow_on_demand() {}
     assert_eq!(small.allowed(), 40);
 }
@@ -204,6 +204,23 @@ fn a_queue_seen_now_and_then_caps_it_one_above_what_the_replica_ran() {
         lows.push(c3.update(s));
     }
     assert!(lows.iter().all(|&l| l >= 95), "bursts in transit do not cap it: {lows:?}");
+}
+
+#[test]
+fn where_the_pool_preempts_it_stays_at_the_ceiling_not_one_above() {
+    // An engine with 8 hard slots (llama.cpp's server): a request past
+    // them waits inside it, where a chat request cannot be seen queuing.
+    let limits = |probe| {
+        let mut c = Controller::new(LimitParams { initial: 16, probe, ..params() });
+        run(&mut c, &mut replica(8), 400)[200..].to_vec()
+    };
+    let probing = limits(1.0);
+    assert!(probing.iter().all(|&l| (8..=9).contains(&l)) && probing.contains(&9), "{probing:?}");
+    let at_slots = limits(0.0);
+    assert!(at_slots.iter().filter(|&&l| l == 8).count() >= at_slots.len() * 9 / 10, "{at_slots:?}");
+    // Above the slots only for a look once the ceiling is forgotten (30 s or more).
+    assert!(at_slots.iter().filter(|&&l| l > 8).count() <= at_slots.len() / 20, "{at_slots:?}");
+    assert!(at_slots.iter().all(|&l| (7..=10).contains(&l)), "{at_slots:?}");
 }
 
 #[test]
@@ -316,7 +333,7 @@ fn refusals_cut_it_hard_and_a_slow_replica_or_no_demand_stops_growth() {
     assert_eq!(c.update(near(false)), 50, "no one waits: 46 of 50 is not binding");
     assert!(c.update(near(true)) > 50, "requests wait: it grows");
     // Bounds hold.
-    let mut c = Controller::new(LimitParams { initial: 8, min: 4, max: 10 });
+    let mut c = Controller::new(LimitParams { initial: 8, min: 4, max: 10, probe: 1.0 });
     assert_eq!(run(&mut c, &mut replica(1000), 50).last().copied(), Some(10));
     assert_eq!(run(&mut c, &mut replica(1), 200).last().copied(), Some(4));
 }
