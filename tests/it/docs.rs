@@ -176,15 +176,16 @@ fn unexplained(keys: &BTreeMap<String, String>) -> Vec<String> {
         .collect()
 }
 
-fn docs() -> Vec<PathBuf> {
-    let mut out = vec![repo().join("README.md"), repo().join("CONTRIBUTING.md")];
-    let mut dirs = vec![repo().join("docs")];
+/// The files under `roots` (recursively) whose extension is `ext`, sorted.
+fn files_under(roots: &[&str], ext: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs: Vec<PathBuf> = roots.iter().map(|r| repo().join(r)).collect();
     while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).expect("docs dir").flatten() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
             let p = e.path();
             if p.is_dir() {
                 dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "md") {
+            } else if p.extension().is_some_and(|x| x == ext) {
                 out.push(p);
             }
         }
@@ -193,21 +194,14 @@ fn docs() -> Vec<PathBuf> {
     out
 }
 
-fn sources() -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut dirs = vec![repo().join("src"), repo().join("crates")];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
+fn docs() -> Vec<PathBuf> {
+    let mut out = vec![repo().join("README.md"), repo().join("CONTRIBUTING.md")];
+    out.extend(files_under(&["docs"], "md"));
     out
+}
+
+fn sources() -> Vec<PathBuf> {
+    files_under(&["src", "crates"], "rs")
 }
 
 fn read(p: &Path) -> String {

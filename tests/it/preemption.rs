@@ -53,6 +53,24 @@ fn ask(content: &str, stream: bool) -> String {
     format!(r#"{{"model":"m1","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":16,"stream":{stream}}}"#)
 }
 
+/// A batch stream through `gw`, read until it has sent "Hel" and "lo":
+/// its body, and what was read of it.
+async fn batch_streaming(client: &TestClient, gw: &slogate::Gateway) -> (hyper::body::Incoming, Vec<u8>) {
+    let batch = client
+        .request(post_req(gw.data_addr, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")]))
+        .await
+        .expect("batch");
+    assert_eq!(batch.status(), 200);
+    let mut body = batch.into_body();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("\"lo\"") {
+        if let Ok(d) = body.frame().await.expect("frame").expect("ok").into_data() {
+            seen.extend_from_slice(&d);
+        }
+    }
+    (body, seen)
+}
+
 #[tokio::test]
 async fn a_chat_request_takes_a_batch_streams_slot_and_the_batch_stream_goes_on_whole() {
     for (proto, client) in clients() {
@@ -61,18 +79,7 @@ async fn a_chat_request_takes_a_batch_streams_slot_and_the_batch_stream_goes_on_
         // The default (`preempt: auto`): the engine does not schedule by priority.
         let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").start().await;
         started(&gw);
-        let batch = client
-            .request(post_req(gw.data_addr, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")]))
-            .await
-            .expect("batch");
-        assert_eq!(batch.status(), 200, "{proto}");
-        let mut body = batch.into_body();
-        let mut seen = Vec::new();
-        while !String::from_utf8_lossy(&seen).contains("\"lo\"") {
-            if let Ok(d) = body.frame().await.expect("frame").expect("ok").into_data() {
-                seen.extend_from_slice(&d);
-            }
-        }
+        let (mut body, mut seen) = batch_streaming(&client, &gw).await;
         // The one slot is the batch stream's: the chat request takes it.
         let chat = client.request(post_req(gw.data_addr, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat");
         assert_eq!(chat.status(), 200, "{proto}");
@@ -141,17 +148,7 @@ async fn a_chat_stream_waiting_inside_the_engine_takes_a_batch_streams_slot() {
             async move { n >= before + 2 }
         })
         .await;
-        let batch = client
-            .request(post_req(gw.data_addr, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")]))
-            .await
-            .expect("batch");
-        let mut body = batch.into_body();
-        let mut seen = Vec::new();
-        while !String::from_utf8_lossy(&seen).contains("\"lo\"") {
-            if let Ok(d) = body.frame().await.expect("frame").expect("ok").into_data() {
-                seen.extend_from_slice(&d);
-            }
-        }
+        let (mut body, mut seen) = batch_streaming(&client, &gw).await;
         let chat = client.request(post_req(gw.data_addr, "/v1/chat/completions", &ask("chat", true), &[])).await.expect("chat");
         assert_eq!(chat.status(), 200, "{proto}");
         let state = mock.state.clone();
@@ -187,17 +184,7 @@ async fn without_preempt_a_chat_request_waits_for_the_batch_stream() {
     let gw =
         gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    preempt: false\n    timeouts: { idle: 60s }").start().await;
     started(&gw);
-    let batch = client()
-        .request(post_req(gw.data_addr, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")]))
-        .await
-        .expect("batch");
-    let mut body = batch.into_body();
-    let mut seen = Vec::new();
-    while !String::from_utf8_lossy(&seen).contains("\"lo\"") {
-        if let Ok(d) = body.frame().await.expect("frame").expect("ok").into_data() {
-            seen.extend_from_slice(&d);
-        }
-    }
+    let (body, _) = batch_streaming(&client(), &gw).await;
     let admin = gw.admin_addr;
     let chat = tokio::spawn({
         let addr = gw.data_addr;
