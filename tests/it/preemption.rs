@@ -79,7 +79,7 @@ async fn a_chat_request_takes_a_batch_streams_slot_and_the_batch_stream_goes_on_
         // The default (`preempt: auto`): the engine does not schedule by priority.
         let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").start().await;
         started(&gw);
-        let (mut body, mut seen) = batch_streaming(&client, &gw).await;
+        let (body, mut seen) = batch_streaming(&client, &gw).await;
         // The one slot is the batch stream's: the chat request takes it.
         let chat = client.request(post_req(gw.data_addr, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat");
         assert_eq!(chat.status(), 200, "{proto}");
@@ -148,7 +148,7 @@ async fn a_chat_stream_waiting_inside_the_engine_takes_a_batch_streams_slot() {
             async move { n >= before + 2 }
         })
         .await;
-        let (mut body, mut seen) = batch_streaming(&client, &gw).await;
+        let (body, mut seen) = batch_streaming(&client, &gw).await;
         let chat = client.request(post_req(gw.data_addr, "/v1/chat/completions", &ask("chat", true), &[])).await.expect("chat");
         assert_eq!(chat.status(), 200, "{proto}");
         let state = mock.state.clone();
