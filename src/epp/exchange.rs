@@ -1,8 +1,8 @@
 //! One request's `ext_proc` exchange with Envoy (docs/endpoint-picker.md,
 //! rules 2 to 6).
 //!
-//! Envoy sends the request's headers, then (buffered) its body. slogate
-//! runs the request through its own request path ([`crate::proxy::handle`])
+//! Envoy sends the request's headers, then its body (buffered, or in full
+//! duplex: [`wire::Modes`]). slogate runs the request through its own request path ([`crate::proxy::handle`])
 //! with a [`Relay`] where the path would send it: the path classifies,
 //! admits (queueing as it would), reduces and picks, and the pick goes back
 //! to Envoy as the destination header and metadata. A refusal is an
@@ -22,7 +22,7 @@ use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::wire;
+use super::wire::{self, Bodies};
 use crate::classify::FairnessId;
 use crate::error::ProxyBody;
 use crate::proxy::CREDENTIALS;
@@ -42,81 +42,172 @@ type Path = std::pin::Pin<Box<dyn std::future::Future<Output = http::Response<Pr
 pub(super) fn run(app: Arc<App>, peer: SocketAddr, mut inbound: Inbound) -> impl Stream<Item = Result<ProcessingResponse, Status>> + Send {
     async_stream::stream! {
         let Ok(Some(first)) = inbound.message().await else { return };
+        let modes = wire::Modes::of(first.protocol_config.as_ref());
         let subset = wire::subset(first.metadata_context.as_ref());
         let Some(In::RequestHeaders(h)) = first.request else { return };
         let head = wire::headers(&h);
-        let body = if h.end_of_stream {
-            None
-        } else {
-            yield Ok(wire::go_on_headers());
-            match read_body(&mut inbound).await {
-                Some(b) => Some(b),
+        let mut body = None;
+        if !h.end_of_stream {
+            match modes.request {
+                // Envoy buffers the body once the headers are answered.
+                Bodies::Buffered => yield Ok(wire::go_on_headers()),
+                // The headers' answer waits for the body: it carries the pick.
+                Bodies::FullDuplex => {}
+                Bodies::Streamed | Bodies::NotSent => {
+                    yield Ok(mode_refused(modes.request));
+                    return;
+                }
+            }
+            match read_body(&mut inbound, modes.request).await {
+                Some(b) => body = Some(b),
                 None => return,
             }
-        };
-        // From the whole request (the client's time to send its body is not the picker's).
-        let since = tokio::time::Instant::now();
-        let decision = app.metrics.epp_decision.clone();
-        let strip = app.snapshot().classifier.has_keys();
-        let to_body = body.is_some();
-        let (req, ends) = request(head, body, subset);
-        // A pick removes the caller's credentials: they stay with the gateway, as in proxy mode.
-        let remove: Vec<String> =
-            if strip { CREDENTIALS.iter().filter(|h| req.headers().contains_key(*h)).map(|h| h.to_string()).collect() } else { Vec::new() };
-        // Polled here, not spawned: the pick and the answer's head reach it
-        // with no hand-off between tasks.
-        let mut path: Path = Box::pin(crate::proxy::handle(req, app, Arc::new(ClientAddr::new(peer))));
-        let decided = decide(&mut path, ends.pick).await;
-        decision.observe(since.elapsed().as_secs_f64());
-        let Picked { replica, body } = match decided {
-            Ok(p) => p,
+        }
+        let Decided { path, answer, answers } = match decide(&app, peer, head, body, subset, modes.request).await {
+            Ok(d) => d,
             Err(refused) => {
                 yield Ok(refused);
                 return;
             }
         };
-        let pick = wire::Pick { destination: endpoint(&replica), set: Vec::new(), remove, body: body.map(|b| b.to_vec()) };
-        yield Ok(wire::picked(pick, to_body));
+        for a in answers {
+            yield Ok(a);
+        }
 
         // Envoy relays the replica's answer: its head goes to the request
         // path, whose observed response then takes each body chunk; what it
         // hands on answers the chunk.
-        let Ok(Some(msg)) = inbound.message().await else { return };
-        let Some(In::ResponseHeaders(h)) = msg.request else { return };
+        let h = loop {
+            let Ok(Some(msg)) = inbound.message().await else { return };
+            match msg.request {
+                Some(In::ResponseHeaders(h)) => break h,
+                // A buffered request's trailers, sent after its body.
+                Some(In::RequestTrailers(_)) => yield Ok(wire::request_trailers()),
+                _ => return,
+            }
+        };
         let head = wire::headers(&h);
         let (chunks_tx, chunks) = mpsc::unbounded_channel();
-        if ends.answer.send(Answer { head: response_head(&head), chunks }).is_err() {
+        if answer.send(Answer { head: response_head(&head), chunks }).is_err() {
             return;
         }
         let (ours, mut body) = path.await.into_parts();
         let (set, remove) = header_changes(&head.map, &ours.headers);
         yield Ok(wire::response_headers(set, remove));
-        let (mut tx, mut last) = ((!h.end_of_stream).then_some(chunks_tx), None);
+        let (mut tx, mut last) = ((!h.end_of_stream).then_some(chunks_tx), Vec::new());
         while let Some(t) = tx.take() {
             let Ok(Some(msg)) = inbound.message().await else { return };
-            let Some(In::ResponseBody(chunk)) = msg.request else { return };
-            let data = Bytes::from(chunk.body);
-            let _ = t.send(data.clone());
-            tx = (!chunk.end_of_stream).then_some(t);
-            let handed = drain(&mut body);
-            let answer = wire::response_body((handed != data).then(|| handed.to_vec()));
-            match tx {
-                Some(_) => yield Ok(answer),
-                None => last = Some(answer),
+            let Some((answers, open)) = relay_chunk(msg.request, t, &mut body, modes.response) else { return };
+            match open {
+                Some(t) => {
+                    tx = Some(t);
+                    for a in answers {
+                        yield Ok(a);
+                    }
+                }
+                None => last = answers,
             }
         }
         // Ended: counted before the last answer goes, not when the stream is next polled.
         drain(&mut body);
         drop(body);
-        if let Some(answer) = last {
-            yield Ok(answer);
+        for a in last {
+            yield Ok(a);
         }
     }
 }
 
+/// One message of the response's body relayed into the observed body
+/// (`tx`), and the answers to it: what the observed body hands on now,
+/// and `tx` back while the body goes on (dropped at its end, so the
+/// observed body ends before the last answers go). `None` for a message
+/// that is not the response's.
+fn relay_chunk(
+    msg: Option<In>,
+    tx: mpsc::UnboundedSender<Bytes>,
+    body: &mut ProxyBody,
+    bodies: Bodies,
+) -> Option<(Vec<ProcessingResponse>, Option<mpsc::UnboundedSender<Bytes>>)> {
+    let (data, end, trailers) = match msg? {
+        In::ResponseBody(chunk) => (Bytes::from(chunk.body), chunk.end_of_stream, false),
+        // Trailers end the body (in full duplex, they say so).
+        In::ResponseTrailers(_) => (Bytes::new(), true, true),
+        _ => return None,
+    };
+    if !data.is_empty() {
+        let _ = tx.send(data.clone());
+    }
+    let open = (!end).then_some(tx);
+    let handed = drain(body);
+    // A trailers message takes a trailers answer; only in full duplex can
+    // bytes still to hand on go before it.
+    let bytes_due = !trailers || (bodies == Bodies::FullDuplex && !handed.is_empty());
+    let mut answers = if bytes_due { wire::response_body(&handed, handed != data, end && !trailers, bodies) } else { Vec::new() };
+    if trailers {
+        answers.push(wire::response_trailers());
+    }
+    Some((answers, open))
+}
+
+/// The request path run on the request, up to its pick: the path itself,
+/// where the replica's answer goes, and the answers that carry the pick.
+struct Decided {
+    path: Path,
+    answer: tokio::sync::oneshot::Sender<Answer>,
+    answers: Vec<ProcessingResponse>,
+}
+
+/// Run the request path on the request Envoy sent, up to its pick, or its
+/// own answer (a refusal) as Envoy's immediate response.
+async fn decide(
+    app: &Arc<App>,
+    peer: SocketAddr,
+    head: wire::Headers,
+    body: Option<(Bytes, bool)>,
+    subset: Option<Vec<String>>,
+    bodies: Bodies,
+) -> Result<Decided, ProcessingResponse> {
+    // From the whole request (the client's time to send its body is not the picker's).
+    let since = tokio::time::Instant::now();
+    let strip = app.snapshot().classifier.has_keys();
+    let (sent, trailers) = match body {
+        Some((b, t)) => (Some(b), t),
+        None => (None, false),
+    };
+    let (req, ends) = request(head, sent.clone(), subset);
+    // A pick removes the caller's credentials: they stay with the gateway, as in proxy mode.
+    let remove: Vec<String> =
+        if strip { CREDENTIALS.iter().filter(|h| req.headers().contains_key(*h)).map(|h| h.to_string()).collect() } else { Vec::new() };
+    // Polled here, not spawned: the pick and the answer's head reach it
+    // with no hand-off between tasks.
+    let mut path: Path = Box::pin(crate::proxy::handle(req, app.clone(), Arc::new(ClientAddr::new(peer))));
+    let decided = picked(&mut path, ends.pick).await;
+    app.metrics.epp_decision.observe(since.elapsed().as_secs_f64());
+    let Picked { replica, body } = decided?;
+    let pick = wire::Pick { destination: endpoint(&replica), set: Vec::new(), remove, body: body.map(|b| b.to_vec()) };
+    let answers = wire::picked(pick, sent.as_deref(), bodies, trailers);
+    Ok(Decided { path, answer: ends.answer, answers })
+}
+
+/// A request body Envoy will not hand over whole: slogate picks by what
+/// the body says (the model, the prompt), so the filter must send it
+/// buffered or in full duplex. Said to the caller, and in the log.
+fn mode_refused(mode: Bodies) -> ProcessingResponse {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let why = "the endpoint picker needs the request body before it picks: set the ext_proc filter's \
+               processing_mode.request_body_mode to BUFFERED or FULL_DUPLEX_STREAMED";
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::error!(mode = ?mode, "epp: {why}");
+    }
+    let body = serde_json::json!({ "error": { "message": why, "type": "server_error", "code": "epp_body_mode" } });
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    wire::immediate(500, &headers, body.to_string().into_bytes())
+}
+
 /// The path's decision: the pick, or its own answer (a refusal, an error)
 /// as Envoy's immediate response.
-async fn decide(path: &mut Path, mut pick: tokio::sync::oneshot::Receiver<Picked>) -> Result<Picked, ProcessingResponse> {
+async fn picked(path: &mut Path, mut pick: tokio::sync::oneshot::Receiver<Picked>) -> Result<Picked, ProcessingResponse> {
     let done = tokio::select! {
         picked = &mut pick => match picked {
             Ok(p) => Ok(p),
@@ -131,19 +222,20 @@ async fn decide(path: &mut Path, mut pick: tokio::sync::oneshot::Receiver<Picked
     }
 }
 
-/// The rest of a request's body, buffered by Envoy: `None` when Envoy
-/// closed the stream or sent something else.
-async fn read_body(inbound: &mut Inbound) -> Option<Bytes> {
+/// The request's body: one message when Envoy buffers it, else its chunks
+/// up to the last, or up to its trailers (`true` with it when they came).
+/// `None` when Envoy closed the stream or sent something else.
+async fn read_body(inbound: &mut Inbound, bodies: Bodies) -> Option<(Bytes, bool)> {
     let mut body = bytes::BytesMut::new();
     loop {
         match inbound.message().await.ok()??.request {
             Some(In::RequestBody(b)) => {
                 body.extend_from_slice(&b.body);
-                if b.end_of_stream {
-                    return Some(body.freeze());
+                if b.end_of_stream || bodies == Bodies::Buffered {
+                    return Some((body.freeze(), false));
                 }
             }
-            Some(In::RequestTrailers(_)) => return Some(body.freeze()),
+            Some(In::RequestTrailers(_)) => return Some((body.freeze(), true)),
             _ => return None,
         }
     }

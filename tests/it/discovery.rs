@@ -3,7 +3,7 @@
 //! the new before they serve and draining the gone, within two periods of
 //! the change, and no request fails.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -12,18 +12,19 @@ use loadtest::sim::{SimConfig, SimServer};
 
 use crate::common::*;
 
-/// A DNS server on loopback answering every A query with `ips` (TTL 0) and
+/// A DNS server on loopback answering every A query with the IPv4
+/// addresses of `ips`, every AAAA query with the IPv6 ones (TTL 0), and
 /// any other query with no records.
 struct Dns {
     addr: SocketAddr,
-    ips: Arc<Mutex<Vec<Ipv4Addr>>>,
+    ips: Arc<Mutex<Vec<IpAddr>>>,
     /// The A queries answered so far (one per lookup of the gateway's).
     lookups: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Dns {
-    async fn start(ips: &[Ipv4Addr]) -> Dns {
+    async fn start(ips: &[IpAddr]) -> Dns {
         let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
         let addr = socket.local_addr().expect("addr");
         let shared = Arc::new(Mutex::new(ips.to_vec()));
@@ -49,7 +50,7 @@ impl Dns {
         self.lookups.load(Ordering::SeqCst)
     }
 
-    fn set(&self, ips: &[Ipv4Addr]) {
+    fn set(&self, ips: &[IpAddr]) {
         *self.ips.lock().expect("lock") = ips.to_vec();
     }
 }
@@ -60,25 +61,35 @@ impl Drop for Dns {
     }
 }
 
-/// The reply to query `q`: its question, and an A record per address when
-/// it asks for A (and whether it did).
-fn answer(q: &[u8], ips: &[Ipv4Addr]) -> Option<(Vec<u8>, bool)> {
+/// The reply to query `q`: its question, and a record per address of the
+/// family it asks for (A or AAAA), and whether it asked for A.
+fn answer(q: &[u8], ips: &[IpAddr]) -> Option<(Vec<u8>, bool)> {
     let mut i = 12;
     while *q.get(i)? != 0 {
         i += usize::from(q[i]) + 1;
     }
     let qtype = u16::from_be_bytes([*q.get(i + 1)?, *q.get(i + 2)?]);
     let end = i + 5;
-    let records: &[Ipv4Addr] = if qtype == 1 { ips } else { &[] };
+    let records: Vec<Vec<u8>> = ips
+        .iter()
+        .filter_map(|ip| match (qtype, ip) {
+            (1, IpAddr::V4(v4)) => Some(v4.octets().to_vec()),
+            (28, IpAddr::V6(v6)) => Some(v6.octets().to_vec()),
+            _ => None,
+        })
+        .collect();
     let mut r = Vec::new();
     r.extend_from_slice(&q[..2]);
     r.extend_from_slice(&[0x81, 0x80, 0, 1]);
     r.extend_from_slice(&(records.len() as u16).to_be_bytes());
     r.extend_from_slice(&[0, 0, 0, 0]);
     r.extend_from_slice(q.get(12..end)?);
-    for ip in records {
-        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
-        r.extend_from_slice(&ip.octets());
+    for rdata in records {
+        r.extend_from_slice(&[0xc0, 0x0c]);
+        r.extend_from_slice(&qtype.to_be_bytes());
+        r.extend_from_slice(&[0, 1, 0, 0, 0, 0]);
+        r.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+        r.extend_from_slice(&rdata);
     }
     Some((r, qtype == 1))
 }
@@ -102,7 +113,7 @@ async fn a_pool_follows_the_replicas_its_dns_name_has() {
     let a = sim(SocketAddr::from((a_ip, 0))).await;
     let port: u16 = a.url().rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()).expect("port");
     let b = sim(SocketAddr::from((b_ip, port))).await;
-    let dns = Dns::start(&[a_ip]).await;
+    let dns = Dns::start(&[a_ip.into()]).await;
     let model = SimConfig::default().model;
     let every = "500ms";
     let gw = gateway_config(&[])
@@ -140,14 +151,14 @@ async fn a_pool_follows_the_replicas_its_dns_name_has() {
         assert!(by <= 2, "{what} by the {by}th lookup after the change");
     };
     // Scaled up: the new address is taken in and probed, then takes requests.
-    dns.set(&[a_ip, b_ip]);
+    dns.set(&[a_ip.into(), b_ip.into()]);
     let asked = dns.lookups();
     wait_until("the new replica taken in", || async { healthy(b_ip).await.is_some() }).await;
     within_two("taken in", asked);
     wait_until("the new replica probed", || async { healthy(b_ip).await == Some(1.0) }).await;
     wait_until("the new replica serves", || async { served(&b).await > 0.0 }).await;
     // Scaled down: the gone address is drained and forgotten.
-    dns.set(&[b_ip]);
+    dns.set(&[b_ip.into()]);
     let asked = dns.lookups();
     wait_until("the gone replica dropped", || async { healthy(a_ip).await.is_none() }).await;
     within_two("drained", asked);
@@ -160,5 +171,34 @@ async fn a_pool_follows_the_replicas_its_dns_name_has() {
     load.await.expect("load");
     assert_eq!(served(&a).await, a_served, "nothing more went to the gone replica");
     assert_eq!(failed.load(Ordering::SeqCst), 0, "no request failed ({} sent)", sent.load(Ordering::SeqCst));
+    assert_quiescent(&gw).await;
+}
+
+/// A name with IPv6 addresses only (an IPv6 cluster's headless Service):
+/// the pool takes them in as `[addr]:port` replicas, which serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_with_only_aaaa_records_gives_ipv6_replicas() {
+    let replica = sim(SocketAddr::from((Ipv6Addr::LOCALHOST, 0))).await;
+    let port: u16 = replica.url().rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()).expect("port");
+    let dns = Dns::start(&[Ipv6Addr::LOCALHOST.into()]).await;
+    let model = SimConfig::default().model;
+    let gw = gateway_config(&[])
+        .models(&[&model])
+        .pool(&format!("replicas_dns: {{ name: 'replicas.test:{port}', every: 500ms, nameserver: '{}' }}", dns.addr))
+        .start()
+        .await;
+    started(&gw);
+    let admin = gw.admin_addr;
+    let url = format!("http://[::1]:{port}");
+    wait_until("the IPv6 replica found and probed", || {
+        let url = url.clone();
+        async move { metric(&get(admin, "/metrics").await.1, "slogate_upstream_healthy", &[("replica", &url)]) == Some(1.0) }
+    })
+    .await;
+    let body = chat_body(false, false).replace("m1", &model);
+    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &body, &[])).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.expect("body");
+    assert_eq!(served(&replica).await, 1.0);
     assert_quiescent(&gw).await;
 }

@@ -27,12 +27,12 @@ async fn sims(n: usize) -> Vec<SimServer> {
 }
 
 /// A gateway in endpoint picker mode in front of `urls`, and Envoy in front of it.
-async fn picker_and_envoy(urls: &[String], fail_open: bool) -> (slogate::Gateway, Envoy) {
+async fn picker_and_envoy(urls: &[String], fail_open: bool, bodies: Bodies) -> (slogate::Gateway, Envoy) {
     let model = SimConfig::default().model;
     let gw = gateway_config(urls).models(&[&model]).section("epp: { listen: 127.0.0.1:0 }").start().await;
     started(&gw);
     let epp = gw.epp_addr.expect("epp listener");
-    let envoy = Envoy::start(&EnvoySetup { epp, replicas: urls, fail_open }).await;
+    let envoy = Envoy::start(&EnvoySetup { epp, replicas: urls, fail_open, bodies }).await;
     (gw, envoy)
 }
 
@@ -53,9 +53,21 @@ async fn sdk(base: std::net::SocketAddr, code: &str) -> String {
 /// counted once by slogate, each stream measured (TTFT, gaps, usage).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_with_slogate_as_its_picker_serves_the_sdk_over_both_protocols() {
+    serves_the_sdk_over_both_protocols(Bodies::Shipped).await;
+}
+
+/// The same with the Gateway API Inference Extension's body modes: the
+/// request and the response in full duplex (the pick waits for the whole
+/// body; the body slogate rewrote, asking for usage, is streamed back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_full_duplex_the_picker_serves_the_sdk_over_both_protocols() {
+    serves_the_sdk_over_both_protocols(Bodies::FullDuplex).await;
+}
+
+async fn serves_the_sdk_over_both_protocols(bodies: Bodies) {
     let replicas = sims(2).await;
     let urls: Vec<String> = replicas.iter().map(|s| s.url()).collect();
-    let (gw, envoy) = picker_and_envoy(&urls, false).await;
+    let (gw, envoy) = picker_and_envoy(&urls, false, bodies).await;
     let model = SimConfig::default().model;
     let code = format!(
         r#"
@@ -97,9 +109,20 @@ print("whole tokens", words)
 /// replica; the picker reads its model as the proxy does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_four_mib_body_is_picked_and_served() {
+    four_mib_body_is_picked_and_served(Bodies::Shipped).await;
+}
+
+/// The same in full duplex: the body comes in chunks and goes back in
+/// chunks of at most 64 KiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_full_duplex_a_four_mib_body_is_picked_and_served() {
+    four_mib_body_is_picked_and_served(Bodies::FullDuplex).await;
+}
+
+async fn four_mib_body_is_picked_and_served(bodies: Bodies) {
     let replicas = sims(2).await;
     let urls: Vec<String> = replicas.iter().map(|s| s.url()).collect();
-    let (gw, envoy) = picker_and_envoy(&urls, false).await;
+    let (gw, envoy) = picker_and_envoy(&urls, false, bodies).await;
     let model = SimConfig::default().model;
     // 4 MiB, the proxy's default limit (server.max_request_body).
     let frame = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":""}}],"max_tokens":4}}"#);
@@ -122,6 +145,69 @@ async fn a_four_mib_body_is_picked_and_served() {
     assert_quiescent(&gw).await;
 }
 
+/// A filter that streams the request body cannot have a pick made on it
+/// (Envoy routes on the headers' answer): a request with a body gets a
+/// 500 that names the setting to change, and reaches no replica; one
+/// without a body is still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_request_body_is_refused_with_the_setting_to_change() {
+    let replicas = sims(1).await;
+    let urls: Vec<String> = replicas.iter().map(|s| s.url()).collect();
+    let (gw, envoy) = picker_and_envoy(&urls, false, Bodies::StreamedRequest).await;
+    let model = SimConfig::default().model;
+    let body = chat_body(false, false).replace("m1", &model);
+    for (proto, c) in clients() {
+        let resp = c.request(post_req(envoy.addr, "/v1/chat/completions", &body, &[])).await.expect("response");
+        let status = resp.status();
+        let text = resp.into_body().collect().await.expect("body").to_bytes();
+        let text = String::from_utf8_lossy(&text);
+        assert_eq!(status, 500, "{proto}: {text}");
+        assert!(text.contains("request_body_mode to BUFFERED or FULL_DUPLEX_STREAMED"), "{proto}: {text}");
+    }
+    let (status, text) = get(envoy.addr, "/v1/models").await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains(&model), "{text}");
+    assert_quiescent(&gw).await;
+}
+
+/// An audio form through Envoy, its `model` after a 300 KB file: the
+/// picker reads the model from the form as the proxy does, and the
+/// replica gets the form byte for byte, buffered and in full duplex, over
+/// HTTP/1.1 and HTTP/2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_form_is_picked_by_its_model_and_reaches_the_replica_whole() {
+    let (progress, _unread) = tokio::sync::mpsc::unbounded_channel();
+    let replica = crate::uploads::UploadReplica::start(progress).await;
+    let urls = [format!("http://{}", replica.addr)];
+    let model = SimConfig::default().model;
+    let boundary = "epp-form-boundary";
+    let mut form =
+        format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n")
+            .into_bytes();
+    form.extend((0..300 * 1024).map(|i| (i * 7 % 251) as u8));
+    form.extend_from_slice(
+        format!("\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n--{boundary}--\r\n").as_bytes(),
+    );
+    for bodies in [Bodies::Shipped, Bodies::FullDuplex] {
+        let (gw, envoy) = picker_and_envoy(&urls, false, bodies).await;
+        for (proto, c) in clients() {
+            let mut req = post_req(envoy.addr, "/v1/audio/transcriptions", "", &[]);
+            count_sent(gw.data_addr, 1);
+            *req.body_mut() = http_body_util::Full::new(bytes::Bytes::from(form.clone()));
+            let h = req.headers_mut();
+            h.insert("content-type", format!("multipart/form-data; boundary={boundary}").parse().expect("header"));
+            let resp = c.request(req).await.expect("response");
+            let status = resp.status();
+            let text = resp.into_body().collect().await.expect("body").to_bytes();
+            assert_eq!(status, 200, "{bodies:?} {proto}: {}", String::from_utf8_lossy(&text));
+            assert_eq!(&text[..], b"{\"text\":\"done\"}");
+            let got = replica.bodies.lock().expect("lock").last().cloned().expect("a body");
+            assert!(got == form, "{bodies:?} {proto}: the form changed on the way ({} bytes of {})", got.len(), form.len());
+        }
+        assert_quiescent(&gw).await;
+    }
+}
+
 /// A replica killed mid-run: its streams in flight end as Envoy cuts them
 /// (counted, their slots released), and once slogate's health checks take
 /// it out every request goes to the other.
@@ -137,7 +223,8 @@ async fn a_replica_killed_mid_run_is_taken_out() {
         .start()
         .await;
     started(&gw);
-    let envoy = Envoy::start(&EnvoySetup { epp: gw.epp_addr.expect("epp"), replicas: &urls, fail_open: false }).await;
+    let envoy =
+        Envoy::start(&EnvoySetup { epp: gw.epp_addr.expect("epp"), replicas: &urls, fail_open: false, bodies: Bodies::Shipped }).await;
     let body = chat_body(false, false).replace("m1", &model);
     for _ in 0..4 {
         let resp = client().request(post_req(envoy.addr, "/v1/chat/completions", &body, &[])).await.expect("response");
@@ -174,7 +261,7 @@ async fn the_picker_killed_fails_open_or_fast_as_configured() {
     let model = SimConfig::default().model;
     let body = chat_body(true, false).replace("m1", &model);
     for fail_open in [true, false] {
-        let (gw, envoy) = picker_and_envoy(&urls, fail_open).await;
+        let (gw, envoy) = picker_and_envoy(&urls, fail_open, Bodies::Shipped).await;
         let resp = client().request(post_req(envoy.addr, "/v1/chat/completions", &body, &[])).await.expect("response");
         assert_eq!(resp.status(), 200);
         resp.into_body().collect().await.expect("body");

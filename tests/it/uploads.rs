@@ -50,14 +50,14 @@ fn chunked_form(addr: std::net::SocketAddr, content_type: &str, form: &[u8], pie
 /// A replica that reports how many body bytes of the request it is reading
 /// it has so far (`progress`), keeps each whole body (`bodies`), and
 /// answers a transcription; a GET (the health check) gets an empty 200.
-struct UploadReplica {
-    addr: std::net::SocketAddr,
-    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+pub(crate) struct UploadReplica {
+    pub(crate) addr: std::net::SocketAddr,
+    pub(crate) bodies: Arc<Mutex<Vec<Vec<u8>>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl UploadReplica {
-    async fn start(progress: mpsc::UnboundedSender<usize>) -> UploadReplica {
+    pub(crate) async fn start(progress: mpsc::UnboundedSender<usize>) -> UploadReplica {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let bodies = Arc::new(Mutex::new(Vec::new()));
@@ -77,6 +77,23 @@ impl Drop for UploadReplica {
     }
 }
 
+/// A chunked body, decoded, and the bytes it took, once all of it is in `buf`.
+fn unchunked(buf: &[u8]) -> Option<(Vec<u8>, usize)> {
+    let (mut body, mut at) = (Vec::new(), 0);
+    loop {
+        let line_end = at + buf[at..].windows(2).position(|w| w == b"\r\n")?;
+        let size = usize::from_str_radix(std::str::from_utf8(&buf[at..line_end]).ok()?.split(';').next()?.trim(), 16).ok()?;
+        let data = line_end + 2;
+        if size == 0 {
+            // No trailers: the last chunk's line is followed by an empty one.
+            return (buf.len() >= data + 2).then_some((body, data + 2));
+        }
+        body.extend_from_slice(buf.get(data..data + size)?);
+        buf.get(data + size..data + size + 2)?;
+        at = data + size + 2;
+    }
+}
+
 async fn serve(mut s: tokio::net::TcpStream, progress: mpsc::UnboundedSender<usize>, bodies: Arc<Mutex<Vec<Vec<u8>>>>) {
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
@@ -89,9 +106,14 @@ async fn serve(mut s: tokio::net::TcpStream, progress: mpsc::UnboundedSender<usi
             if head.starts_with("post") {
                 let _ = progress.send(have.min(len));
             }
-            if have >= len {
-                let body = buf[end + 4..end + 4 + len].to_vec();
-                buf.drain(..end + 4 + len);
+            // A body of undeclared length comes chunked (as Envoy sends a body streamed back to it).
+            let whole = if head.lines().any(|l| l.starts_with("transfer-encoding:") && l.contains("chunked")) {
+                unchunked(&buf[end + 4..])
+            } else {
+                (have >= len).then(|| (buf[end + 4..end + 4 + len].to_vec(), len))
+            };
+            if let Some((body, used)) = whole {
+                buf.drain(..end + 4 + used);
                 let answer: &[u8] = if head.starts_with("post") {
                     bodies.lock().expect("lock").push(body);
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 15\r\n\r\n{\"text\":\"done\"}"

@@ -15,6 +15,19 @@ pub struct EnvoySetup<'a> {
     pub replicas: &'a [String],
     /// `failure_mode_allow`: go on without the picker when it fails.
     pub fail_open: bool,
+    /// How the `ext_proc` filter sends bodies.
+    pub bodies: Bodies,
+}
+
+/// The `ext_proc` filter's body modes.
+#[derive(Clone, Copy, Debug)]
+pub enum Bodies {
+    /// The shipped configuration: the request buffered, the response streamed.
+    Shipped,
+    /// The Gateway API Inference Extension's: both in full duplex, trailers sent.
+    FullDuplex,
+    /// The request streamed (the picker cannot pick before the body).
+    StreamedRequest,
 }
 
 /// A running Envoy; killed on drop.
@@ -47,7 +60,20 @@ pub fn envoy_config(s: &EnvoySetup<'_>) -> String {
         .replace("${FAILURE_MODE_ALLOW}", &s.fail_open.to_string())
         .replace("${REPLICAS}", &replicas.join(", "));
     assert!(!filled.lines().any(|l| !l.starts_with('#') && l.contains("${")), "a placeholder left: {filled}");
-    filled
+    let modes: &[(&str, &str)] = match s.bodies {
+        Bodies::Shipped => &[],
+        Bodies::FullDuplex => &[
+            ("request_body_mode: BUFFERED", "request_body_mode: FULL_DUPLEX_STREAMED"),
+            ("response_body_mode: STREAMED", "response_body_mode: FULL_DUPLEX_STREAMED"),
+            ("request_trailer_mode: SKIP", "request_trailer_mode: SEND"),
+            ("response_trailer_mode: SKIP", "response_trailer_mode: SEND"),
+        ],
+        Bodies::StreamedRequest => &[("request_body_mode: BUFFERED", "request_body_mode: STREAMED")],
+    };
+    modes.iter().fold(filled, |c, (from, to)| {
+        assert!(c.contains(from), "{from} in the shipped configuration");
+        c.replace(from, to)
+    })
 }
 
 impl Envoy {
