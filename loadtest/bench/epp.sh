@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Driver of loadtest/scenarios/epp.yaml: slogate as Envoy's endpoint picker
 # against the protocol's floor. One run into $RUN: one simulated replica,
-# Envoy four times (round robin; with the floor picker, twice; with slogate
+# one Envoy with four paths (round robin; the floor picker, twice; slogate
 # as the picker), slogate's own proxy, and one closed-loop load whose
 # requests take the six paths in turn.
 #
@@ -23,45 +23,42 @@ FLOOR_PORT=$(free_port)
 ( exec "$BIN/floor-picker" --listen "127.0.0.1:$FLOOR_PORT" --endpoint "$REPLICA" >"$WORK/floor.out" 2>&1 ) &
 FLOOR_PID=$!; PIDS+=($FLOOR_PID)
 
-# Round robin, no picker: the same listener and cluster options.
-cat >"$WORK/rr.in" <<YAML
-static_resources:
-  listeners:
-  - name: gateway
-    address: { socket_address: { address: 127.0.0.1, port_value: \${LISTEN_PORT} } }
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: gateway
-          codec_type: AUTO
-          route_config:
-            virtual_hosts: [{ name: all, domains: ["*"], routes: [{ match: { prefix: "/" }, route: { cluster: replicas, timeout: 0s } }] }]
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }
-  clusters:
-  - name: replicas
-    type: STATIC
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: replicas
-      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: ${REPLICA%:*}, port_value: ${REPLICA##*:} } } } }] }]
-YAML
-start_envoy rr "$WORK/rr.in"; RR_URL=$ENVOY_URL RR_PID=$ENVOY_PID
-envoy_picked_config "$FLOOR_PORT" "$WORK/floor.in" "$SIM"; start_envoy floor "$WORK/floor.in"; FLOOR_URL=$ENVOY_URL FLOOR_ENVOY=$ENVOY_PID
-# The control: a second Envoy with the same floor picker, the same path twice (the noise of the comparison).
-start_envoy floor2 "$WORK/floor.in"; FLOOR2_URL=$ENVOY_URL
-envoy_picked_config "$EPP_PORT" "$WORK/epp.in" "$SIM"; start_envoy epp "$WORK/epp.in"; EPP_URL=$ENVOY_URL EPP_ENVOY=$ENVOY_PID
+# One Envoy for the four Envoy paths, so that they differ only in their
+# picker (two Envoys running the same path differ at p99 by more than the
+# check's bound): a listener per path, each the shipped one
+# (deploy/envoy/slogate-epp.yaml): round robin (ext_proc left out), the
+# floor picker twice (the control) and slogate as the picker.
+envoy_picked_config "$EPP_PORT" "$WORK/shipped.in" "$SIM"
+FLOOR_L=$(free_port) SLOGATE_L=$(free_port) CONTROL_L=$(free_port)
+python3 - "$WORK/shipped.in" "$FLOOR_PORT" "$FLOOR_L" "$SLOGATE_L" "$CONTROL_L" >"$WORK/shared.in" <<'PY'
+import re, sys
+shipped, floor_port, floor_l, slogate_l, control_l = sys.argv[1:]
+text = open(shipped).read()
+head, rest = text.split("  listeners:\n", 1)
+listener, clusters = rest.split("  clusters:\n", 1)
+def variant(name, port, epp):
+    l = listener.replace("- name: gateway", f"- name: {name}", 1).replace("${LISTEN_PORT}", port)
+    if epp is None:  # round robin: no ext_proc filter
+        l = re.sub(r"          - name: envoy\.filters\.http\.ext_proc\n.*?(?=          - name: envoy\.filters\.http\.router)", "", l, flags=re.S)
+    else:
+        l = l.replace("cluster_name: epp }", f"cluster_name: {epp} }}")
+    return l
+floor = clusters.split("  - name: picked", 1)[0].replace("name: epp", "name: floor").replace("cluster_name: epp", "cluster_name: floor")
+floor = re.sub(r"port_value: \d+", f"port_value: {floor_port}", floor)
+out = head + "  listeners:\n" + variant("rr", "${LISTEN_PORT}", None) + variant("floor", floor_l, "floor") \
+    + variant("slogate", slogate_l, "epp") + variant("control", control_l, "floor") + "  clusters:\n" + clusters + floor
+sys.stdout.write(out)
+PY
+start_envoy shared "$WORK/shared.in" 2; ENVOY_PID_SHARED=$ENVOY_PID RR_URL=$ENVOY_URL
+FLOOR_URL=http://127.0.0.1:$FLOOR_L EPP_URL=http://127.0.0.1:$SLOGATE_L FLOOR2_URL=http://127.0.0.1:$CONTROL_L
 "$ROOT/.venv/bin/envoy" --version | awk '{print $3}' >"$RUN/envoy.version"
 
 curl -s "$PICKER_ADMIN/metrics" >"$RUN/before.prom"
 bench_load paths "$RUN/paths.yaml"
 ticks() { local t=0 p; for p in "$@"; do t=$((t + $(cpu_ticks "$p"))); done; echo "$t"; }
-t0="$(ticks "$RR_PID") $(ticks "$FLOOR_ENVOY" "$FLOOR_PID") $(ticks "$EPP_ENVOY" "$PICKER_PID") $(ticks "$PROXY_PID")"
+t0="$(ticks "$ENVOY_PID_SHARED") $(ticks "$FLOOR_PID") $(ticks "$PICKER_PID") $(ticks "$PROXY_PID")"
 with_cores paths run_lg "$RUN/paths.yaml" "$SIM,$RR_URL,$FLOOR_URL,$EPP_URL,$PROXY_URL,$FLOOR2_URL" paths
-t1="$(ticks "$RR_PID") $(ticks "$FLOOR_ENVOY" "$FLOOR_PID") $(ticks "$EPP_ENVOY" "$PICKER_PID") $(ticks "$PROXY_PID")"
+t1="$(ticks "$ENVOY_PID_SHARED") $(ticks "$FLOOR_PID") $(ticks "$PICKER_PID") $(ticks "$PROXY_PID")"
 echo "$t0 $t1" >"$RUN/paths.cpu"
 curl -s "$PICKER_ADMIN/metrics" >"$RUN/after.prom"
 python3 "$HERE/epp_report.py" "$RUN" "$(getconf CLK_TCK)"

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Report of one run of loadtest/bench/epp.sh: five paths taken in turn by
-one load (direct, Envoy round robin, Envoy with the floor picker, Envoy
-with slogate as the picker, slogate's proxy); per path the share of TTFT
-and ITL the path adds (from the simulator's stamps) and the CPU per
-request of its processes; slogate's decision time. Writes DIR/report.md
-and DIR/measured.json.
+"""Report of one run of loadtest/bench/epp.sh: six paths taken in turn by
+one load (direct; one Envoy's round robin, floor picker, slogate as the
+picker and floor picker again; slogate's proxy); per path the share of
+TTFT and ITL the path adds (from the simulator's stamps) and the CPU per
+request of its processes (the shared Envoy's per request over its four
+paths, plus the path's picker); slogate's decision time. Writes
+DIR/report.md and DIR/measured.json.
 
     epp_report.py DIR HZ
 """
@@ -12,7 +13,7 @@ import json
 import os
 import sys
 
-from admission_report import write_measured  # beside this script
+from admission_report import measured as in_window, write_measured  # beside this script
 from prom import bucket_of, buckets, quantile, samples
 from quantiles import pct, pct_pairs
 
@@ -20,13 +21,27 @@ d, hz = sys.argv[1], int(sys.argv[2])
 PATHS = ["direct", "Envoy, round robin", "Envoy + floor picker", "Envoy + slogate as the picker", "slogate's proxy", "control: Envoy + floor picker again"]
 run = json.load(open(os.path.join(d, "paths.json")))
 ticks = list(map(int, open(os.path.join(d, "paths.cpu")).read().split()))
-cpu = [None] + [ticks[4 + i] - ticks[i] for i in range(4)] + [None]
+# Ticks over the load: the shared Envoy, the floor picker, slogate as the picker, slogate's proxy.
+envoy_t, floor_t, picker_t, proxy_t = (ticks[4 + i] - ticks[i] for i in range(4))
+
+
+def done_on(idx):
+    return [r for r in run["records"] if r.get("target") == idx and r["outcome"] in ("ok", "length")]
+
+
+ENVOY_PATHS = (1, 2, 3, 5)
+us = lambda t, n: t * 1e6 / hz / n if n else float("nan")
+envoy_us = us(envoy_t, sum(len(done_on(i)) for i in ENVOY_PATHS))
+floor_us = us(floor_t, len(done_on(2)) + len(done_on(5)))
+cpu = {1: envoy_us, 2: envoy_us + floor_us, 3: envoy_us + us(picker_t, len(done_on(3))), 4: us(proxy_t, len(done_on(4))), 5: envoy_us + floor_us}
 
 
 def side(idx):
     recs = [r for r in run["records"] if r.get("target") == idx]
     done = [r for r in recs if r["outcome"] in ("ok", "length")]
-    path = [r["ttft_ms"] - r["engine_ttft_ms"] for r in done if r.get("ttft_ms") is not None and r.get("engine_ttft_ms") is not None]
+    # The TTFT shares over the measured window: the warmup's first wave (every stream at once) left out.
+    timed = [r for r in in_window(run) if r.get("target") == idx and r["outcome"] in ("ok", "length")]
+    path = [r["ttft_ms"] - r["engine_ttft_ms"] for r in timed if r.get("ttft_ms") is not None and r.get("engine_ttft_ms") is not None]
     gaps = run.get("itl_by_target", {}).get("path_us", {}).get(str(idx), [])
     n = len(done)
     return {
@@ -35,7 +50,7 @@ def side(idx):
         "ttft50": pct(path, 0.5),
         "ttft99": pct(path, 0.99),
         "itl99": pct_pairs(gaps, 0.99) / 1000 if gaps else float("nan"),
-        "cpu_us": cpu[idx] * 1e6 / hz / n if cpu[idx] is not None and n else float("nan"),
+        "cpu_us": cpu.get(idx, float("nan")),
     }
 
 
@@ -63,12 +78,13 @@ if tb and client:
 write_measured(d, measured)
 envoy = open(os.path.join(d, "envoy.version")).read().strip()
 with open(os.path.join(d, "report.md"), "w") as f:
-    f.write(f"Envoy {envoy}. One load, the paths taken in turn.\n\n")
+    f.write(f"Envoy {envoy}, one process with two workers for its four paths. One load, the paths taken in turn; the TTFT shares are over the requests sent after the warmup, the other columns over all.\n\n")
     f.write("| path | requests | errors | path TTFT p50 ms | path TTFT p99 ms | path ITL p99 ms | CPU us/request (its processes) |\n")
     f.write("|---|---:|---:|---:|---:|---:|---:|\n")
     for name, r in zip(PATHS, rows):
         c = "" if r["cpu_us"] != r["cpu_us"] else f"{r['cpu_us']:.0f}"
         f.write(f"| {name} | {r['n']} | {r['errors']} | {r['ttft50']:.3f} | {r['ttft99']:.3f} | {r['itl99']:.3f} | {c} |\n")
+    f.write(f"\nCPU per request: the Envoy paths' is Envoy's own, {envoy_us:.0f} us (over its four paths' requests), plus their picker's (the floor picker's over its two paths').\n")
     f.write(f"\nslogate's decision time (`slogate_epp_decision_seconds`, {decided:.0f} decisions): p50 {d50:.3f} ms, p99 {d99:.3f} ms.\n")
     f.write(f"\nThe floor picker over Envoy's round robin: TTFT p50 {floor['ttft50'] - rows[1]['ttft50']:+.3f} ms, p99 {floor['ttft99'] - rows[1]['ttft99']:+.3f} ms.\n")
     f.write(f"slogate as the picker over the floor: TTFT p50 **{measured['epp_over_floor_ttft50_ms'][1]}**, p99 **{measured['epp_over_floor_ttft99_ms'][1]}** (control: the floor path twice, its second over its first).\n")
