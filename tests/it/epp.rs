@@ -402,3 +402,107 @@ async fn the_picker_serves_over_tls_when_given_a_certificate() {
     assert_eq!(destination, endpoint(&a.url()));
     assert_quiescent(&gw).await;
 }
+
+/// Envoy in full duplex (`FULL_DUPLEX_STREAMED` announced in the first
+/// message, as the Inference Extension's gateways configure it): the
+/// headers, then the body in three chunks, unanswered until the last;
+/// then the pick on the headers' answer (header, metadata, the length of
+/// the body to come), and the body slogate rewrote (asking for usage)
+/// streamed back; the replica's events each answered with the bytes the
+/// client reads, measured as in proxy mode, the usage chunk cut back out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_full_duplex_the_pick_waits_for_the_body_and_the_bodies_stream_back() {
+    use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+    use envoy_types::pb::envoy::service::ext_proc::v3::ProtocolConfiguration;
+    let mock = Mock::start(streaming()).await;
+    let gw = epp_config(&[mock.url()]).start().await;
+    started(&gw);
+    count_sent(gw.data_addr, 1);
+    let mut s = Stream::open(&gw).await;
+    let duplex = BodySendMode::FullDuplexStreamed as i32;
+    let config = ProtocolConfiguration { request_body_mode: duplex, response_body_mode: duplex, ..Default::default() };
+    let head = [(":method", "POST"), (":path", "/v1/chat/completions"), (":authority", "gateway"), ("content-type", "application/json")];
+    let first = ProcessingRequest {
+        request: Some(processing_request::Request::RequestHeaders(headers(&head, false))),
+        protocol_config: Some(config),
+        ..Default::default()
+    };
+    s.tx.send(first).await.expect("open");
+    let body = chat_body(true, false);
+    let pieces: Vec<&[u8]> = body.as_bytes().chunks(body.len() / 3 + 1).collect();
+    assert_eq!(pieces.len(), 3);
+    for (i, p) in pieces.iter().enumerate() {
+        let chunk = HttpBody { body: p.to_vec(), end_of_stream: i == 2, ..Default::default() };
+        s.send(processing_request::Request::RequestBody(chunk), None).await;
+    }
+    // The first answer carries the pick: nothing answered the headers before the body was whole.
+    let whole = s.answer_whole().await;
+    let Some(processing_response::Response::RequestHeaders(h)) = whole.response else { panic!("the headers' answer first: {whole:?}") };
+    let common = h.response.expect("common");
+    assert!(common.clear_route_cache);
+    let set: Vec<(String, String)> = common
+        .header_mutation
+        .expect("mutation")
+        .set_headers
+        .into_iter()
+        .filter_map(|o| o.header)
+        .map(|h| (h.key, String::from_utf8_lossy(&h.raw_value).into_owned()))
+        .collect();
+    let value = |k: &str| set.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+    assert_eq!(value("x-gateway-destination-endpoint"), Some(endpoint(&mock.url())));
+    assert!(whole.dynamic_metadata.is_some_and(|m| m.fields.contains_key("envoy.lb")));
+    let length: usize = value("content-length").expect("the body's length").parse().expect("a number");
+    // The body streamed back, up to the chunk marked as its end.
+    let mut sent = Vec::new();
+    loop {
+        let processing_response::Response::RequestBody(b) = s.answer().await else { panic!("the body's chunks") };
+        let Some(body_mutation::Mutation::StreamedResponse(r)) = b.response.and_then(|c| c.body_mutation).and_then(|m| m.mutation) else {
+            panic!("streamed back")
+        };
+        sent.extend_from_slice(&r.body);
+        if r.end_of_stream {
+            break;
+        }
+    }
+    assert_eq!(sent.len(), length);
+    let asked: serde_json::Value = serde_json::from_slice(&sent).expect("JSON");
+    assert_eq!(asked["stream_options"]["include_usage"], true, "slogate asks for the usage: {asked}");
+    // The replica's answer, relayed in full duplex.
+    let resp = client()
+        .request(
+            http::Request::post(format!("http://{}/v1/chat/completions", endpoint(&mock.url())))
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(Bytes::from(sent)))
+                .expect("request"),
+        )
+        .await
+        .expect("the replica answers");
+    let mut rhead = vec![(":status".to_string(), resp.status().as_u16().to_string())];
+    rhead.extend(resp.headers().iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())));
+    let rhead: Vec<(&str, &str)> = rhead.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    s.send(processing_request::Request::ResponseHeaders(headers(&rhead, false)), None).await;
+    assert!(matches!(s.answer().await, processing_response::Response::ResponseHeaders(_)));
+    let text = resp.into_body().collect().await.expect("body").to_bytes();
+    // An event a chunk, as the replica sends them.
+    let chunks: Vec<Bytes> = String::from_utf8_lossy(&text).split_inclusive("\n\n").map(|e| Bytes::from(e.to_string())).collect();
+    assert!(chunks.len() > 3, "{chunks:?}");
+    let (n, mut reads) = (chunks.len(), Vec::new());
+    for (i, c) in chunks.into_iter().enumerate() {
+        s.send(
+            processing_request::Request::ResponseBody(HttpBody { body: c.to_vec(), end_of_stream: i + 1 == n, ..Default::default() }),
+            None,
+        )
+        .await;
+        let processing_response::Response::ResponseBody(b) = s.answer().await else { panic!("a body answer") };
+        let Some(body_mutation::Mutation::StreamedResponse(r)) = b.response.and_then(|c| c.body_mutation).and_then(|m| m.mutation) else {
+            panic!("streamed back")
+        };
+        assert_eq!(r.end_of_stream, i + 1 == n);
+        reads.extend_from_slice(&r.body);
+    }
+    let reads = String::from_utf8_lossy(&reads);
+    assert!(reads.contains("data: [DONE]") && !reads.contains("\"usage\""), "{reads}");
+    let m = metrics_text(&gw).await;
+    assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[]), Some(1.0), "{m}");
+    assert_quiescent(&gw).await;
+}
