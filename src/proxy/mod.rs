@@ -41,10 +41,10 @@ pub(crate) mod request_id;
 pub(crate) mod resume;
 mod route;
 mod sending;
+mod stages;
 pub(crate) mod tracker;
 pub(crate) mod watchdog;
 
-use std::future::Future;
 use std::sync::Arc;
 
 use http::{header, HeaderValue, Method, Request, Response};
@@ -52,23 +52,17 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::admission::{self, Lease};
-use crate::classify::Caller;
+use crate::admission::Lease;
 use crate::config::Endpoint;
 use crate::error::{GatewayError, ProxyBody};
-use crate::reduce::Limits;
-use crate::server::bodies::BodyHold;
 use crate::server::ClientAddr;
 use crate::state::{App, Snapshot};
 use crate::sync::Watchlist;
 use crate::telemetry::access_log::AccessRecord;
-use crate::telemetry::metrics::ClassLabels;
 use crate::telemetry::Outcome;
-use crate::upstream::{self, conn::UpstreamBody, ClientBody, SendBody};
-use body::RequestBody;
+use crate::upstream::{self, conn::UpstreamBody, ClientBody};
 use observe::{ObservedBody, StreamTimeouts};
-use route::{generates, Routed, Target};
-use sending::{lost, send, upload_failed, Attempt};
+use route::Target;
 use tracker::Tracker;
 use watchdog::Watched;
 
@@ -149,19 +143,20 @@ pub(crate) async fn handle(req: Request<ClientBody>, app: Arc<App>, client: Arc<
     };
     tracker.set_span(span.clone());
     let (caller, target) = caller;
-    let watchlist = app.watchlist.clone();
-    match snap.config.server.queued_keepalive {
+    let keepalive = snap.config.server.queued_keepalive;
+    let mut f = stages::Forwarding { req, client, snap, target, caller, tracker, streams: None, watchlist: app.watchlist.clone() };
+    match keepalive {
         // Without a span (no trace export) the forwarding is not wrapped
         // in one: the wrapping is a copy of its future.
-        None if span.is_disabled() => forward(req, client, snap, target, caller, tracker, None, watchlist).await,
-        None => forward(req, client, snap, target, caller, tracker, None, watchlist).instrument(span).await,
+        None if span.is_disabled() => stages::forward(f).await,
+        None => stages::forward(f).instrument(span).await,
         // The forwarding owns what it uses, so its future can move into a
         // body that outlives this handler.
         Some(every) => {
             let streams = keepalive::Streams::default();
-            let marks = streams.clone();
-            let (class, id) = (class.name.clone(), tracker.request_id.clone());
-            let pending = Box::pin(forward(req, client, snap, target, caller, tracker, Some(marks), watchlist).instrument(span));
+            f.streams = Some(streams.clone());
+            let (class, id) = (class.name.clone(), f.tracker.request_id.clone());
+            let pending = Box::pin(stages::forward(f).instrument(span));
             keepalive::respond(pending, every.get(), streams, class, id).await
         }
     }
@@ -181,113 +176,6 @@ fn log_unrouted(app: &App, snap: &Snapshot, headers: &http::HeaderMap, id: &Head
 fn with_id(mut resp: Response<ProxyBody>, id: &HeaderValue) -> Response<ProxyBody> {
     resp.headers_mut().insert(request_id::X_REQUEST_ID, id.clone());
     resp
-}
-
-/// A stage's result, or the answer to the client when it failed.
-macro_rules! stage {
-    ($tracker:ident, $result:expr) => {
-        match $result {
-            Ok(v) => v,
-            Err(e) => return fail($tracker, e),
-        }
-    };
-}
-
-/// The request path after classification: route, the key's limits, admit,
-/// reduce, send, observe (the response body on `watchlist`).
-///
-/// Written as a function returning its future, not an `async fn`: an
-/// `async fn` keeps its arguments twice in its state (as given, and as
-/// moved into its body), the request's head (224 bytes) among them, copied
-/// on the first poll and with every move of the future.
-#[allow(clippy::too_many_arguments)]
-fn forward(
-    req: Request<ClientBody>,
-    client: Arc<ClientAddr>,
-    snap: Arc<Snapshot>,
-    target: Target,
-    caller: Caller,
-    mut t: Box<Tracker>,
-    streams: Option<keepalive::Streams>,
-    watchlist: Arc<Watchlist>,
-) -> impl Future<Output = Response<ProxyBody>> {
-    let (parts, body) = req.into_parts();
-    async move {
-        let (client, snap, watchlist) = (&client, &*snap, &watchlist);
-        let endpoint = target.endpoint();
-        // Its key's max_concurrent before its body is read, and the body's bytes held against the listener's and the connection's budgets.
-        let reading = stage!(
-            t,
-            caller.tenant.start_reading().map_err(|(max, state)| {
-                t.set_rate(state);
-                admission::concurrent_error(max)
-            })
-        );
-        let mut hold = body_hold(client, &snap.config.server);
-        let routed = route::route(body, &parts.headers, parts.uri.path(), snap, &target, &caller.grant, &mut hold).await;
-        let routed = stage!(t, routed);
-        t.hold_body(hold);
-        t.set_bytes_in(routed.bytes_in());
-        if let Some(m) = &routed.model {
-            t.set_model(m);
-        }
-        t.set_streaming(routed.stream);
-        if let (true, Some(s)) = (routed.stream, streams) {
-            s.mark();
-        }
-        // What its tenant's fair share is charged at once (the rest from the replica's usage).
-        let prompt = routed.request.prompt_estimate();
-        t.set_prompt_estimate(prompt);
-        stage!(t, key_limits(&mut t, &caller, &routed, endpoint, snap).await);
-        drop(reading);
-        let owner = stage!(t, follow_up(&mut t, &routed, endpoint, &caller).await);
-        let mut claim =
-            admission::Claim::of(&caller.tenant, &caller.class.control, prompt, snap.classifier.has_keys(), endpoint.is_short());
-        claim.deadline = stage!(t, headers::deadline(&parts.headers)).map(|d| t.start() + d);
-        let (bytes, key, admission) = (routed.request.len() as u64, routed.key.clone(), &routed.route.admission);
-        let admitted = admission::admit(&caller.class.control, admission, &caller.tenant.name, routed.stream, bytes, claim, key).await;
-        let mut admitted = stage!(t, admitted);
-        if let Some((owner, id)) = &owner {
-            stage!(t, if admitted.lease.move_to(owner) { Ok(()) } else { Err(GatewayError::StateLost(id.clone())) });
-        }
-        t.set_probe(admitted.probe);
-        t.span().record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
-
-        let Routed { mut request, route, stream, strip_usage, upload, stored, .. } = routed;
-        // The gateway's priority (where the pool asks) and the key's cache salt where vLLM reads them; a caller's own priority never goes on.
-        let engine_reads = generates(endpoint) || endpoint == Endpoint::Responses;
-        let priority = (route.pool.config.upstream_priority && engine_reads).then(|| admitted.lease.upstream_priority(caller.class.tier));
-        let salt = caller.grant.cache_salt.as_deref().filter(|_| engine_reads);
-        let prepared = route::cpu_bound(request.len(), || {
-            let reduced = reduce(&mut request, endpoint, snap, &t)?;
-            let served = route.pool.config.served_model.as_deref();
-            Ok((reduced, request.head().max_output, request.into_bytes(strip_usage, priority, salt, served)?))
-        });
-        let (reduced, max_output, body) = stage!(t, prepared);
-
-        let timeouts = StreamTimeouts::of(&route.pool.config, &snap.config.server);
-        let mut lease = admitted.lease;
-        // Boxed: the sending stage's state is the largest of this path, and
-        // inline it would be held by every request waiting in a queue above.
-        let payload = upload.as_ref().map_or_else(|| SendBody::from(body.clone()), |u| SendBody::from(u.clone()));
-        let on = Attempt { lease: &mut lease, pinned: owner.is_some() };
-        let sent = Box::pin(send(&parts, client, payload, route, on, &t, snap, stream, &timeouts)).await;
-        let resp = stage!(t, sent.map_err(|e| lost(upload_failed(e, upload.as_ref(), snap), owner.as_ref())));
-        let preempt = Preempting::of(route, &caller.class, stream, admitted.waited, (prompt, max_output), t.start());
-        let preempts = matches!(preempt, Preempting::Victim(..));
-        let resume = stream.then(|| resumable(parts, client, body, route, endpoint, snap, &t, preempts)).flatten();
-        let passthrough = stored.is_some();
-        let settings = Settings { timeouts, strip_usage, waited: admitted.waited, reduced, resume, passthrough, preempt };
-        observe(resp, t, lease, endpoint, settings, watchlist)
-    }
-}
-
-/// The hold of a request's body bytes against its listener's budget
-/// (`max_buffered_body_bytes`) and its connection's (`max_upload_body` +
-/// `max_request_body`): docs/access.md, rule 18.
-fn body_hold(client: &ClientAddr, server: &crate::config::ServerConfig) -> BodyHold {
-    let per_connection = server.max_upload_body.0.saturating_add(server.max_request_body.0);
-    BodyHold::new(client.bodies.clone(), client.held.clone(), server.max_buffered_body_bytes.0, per_connection)
 }
 
 /// A chat, completions or Messages stream, continued on another replica of its pool
@@ -329,91 +217,6 @@ fn resumable(
     Some(resume::Resume::new(Box::new(link), body, kind, attempts))
 }
 
-/// A follow-up to a stored response (the Responses API's
-/// `previous_response_id`) must go where its state is: the replica that
-/// made it, when the gateway saw it made, with the id (docs/design/responses.md).
-/// Another tenant's response is as unknown as one never made (404); one
-/// whose replica is gone is lost (410, `state_lost`). A Responses request
-/// teaches the gateway the owner of the response it makes.
-async fn follow_up(
-    t: &mut Tracker,
-    routed: &Routed<'_>,
-    endpoint: Endpoint,
-    caller: &Caller,
-) -> Result<Option<(Arc<upstream::Replica>, String)>, GatewayError> {
-    if endpoint != Endpoint::Responses {
-        return Ok(None);
-    }
-    if let Some(stored) = &routed.stored {
-        return Ok(Some(stored.clone()));
-    }
-    let owners = &routed.route.pool.owners;
-    t.learn_responses(owners.clone(), caller.tenant.name.clone());
-    let Some(id) = routed.request.head().previous_response_id.as_deref() else { return Ok(None) };
-    match owners.get_soon(id).await {
-        // Unknown to the gateway (made before it started, or elsewhere): the replicas decide.
-        None => Ok(None),
-        Some(o) if *o.tenant != *caller.tenant.name => Err(GatewayError::ResponseNotFound(id.to_string())),
-        Some(o) => Ok(Some((o.replica, id.to_string()))),
-    }
-}
-
-/// The key's own limits (`auth.keys[].limits`): the request's worst case
-/// ([`reservation`]) reserved against them, or the 429. The key's quotas
-/// go to the response's headers either way.
-async fn key_limits(
-    t: &mut Tracker,
-    caller: &Caller,
-    routed: &Routed<'_>,
-    endpoint: Endpoint,
-    snap: &Snapshot,
-) -> Result<(), GatewayError> {
-    // A stored response's own routes make nothing: its key's limits count its making.
-    if !caller.tenant.has_limits() || routed.stored.is_some() {
-        return Ok(());
-    }
-    let context = routed.model.as_deref().and_then(|m| routed.route.pool.max_model_len(m));
-    let tokens = reservation(&routed.request, endpoint, context, snap.config.auth.default_max_tokens);
-    match admission::limit(&caller.tenant, tokens).await {
-        Ok((permit, state)) => {
-            t.set_permit(permit, state);
-            Ok(())
-        }
-        Err(refused) => {
-            let (e, state) = *refused;
-            t.set_rate(state);
-            Err(e)
-        }
-    }
-}
-
-/// The most a request can take from its key's tokens (docs/access.md,
-/// rule 9): its prompt (estimated at four bytes a token) and, for an
-/// endpoint that generates, its output limit (`max_completion_tokens`,
-/// `max_tokens`, or the Responses API's `max_output_tokens`; none, or more
-/// than the model's context: the context its replicas state, else
-/// `default_max_tokens`) for each answer it asks for (`n`, `best_of`, each
-/// prompt of a list). Saturating, and at most 2^53 (exact wherever it is counted).
-fn reservation(request: &body::RequestBody, endpoint: Endpoint, context: Option<u64>, default_max_tokens: u64) -> u64 {
-    let head = request.head();
-    let limit = match endpoint {
-        Endpoint::Chat | Endpoint::Completions | Endpoint::Messages => head.max_output,
-        Endpoint::Responses => head.max_output_tokens,
-        Endpoint::Transcription => None,
-        _ => return request.prompt_estimate().min(MAX_RESERVE),
-    };
-    let each = match (limit, context) {
-        (Some(l), Some(c)) => l.min(c),
-        (Some(l), None) => l,
-        (None, Some(c)) => c,
-        (None, None) => default_max_tokens,
-    };
-    request.prompt_estimate().saturating_add(each.saturating_mul(head.answers)).min(MAX_RESERVE)
-}
-
-/// The largest reservation: 2^53, exact as a float (the limit store counts in Lua's numbers).
-const MAX_RESERVE: u64 = 1 << 53;
-
 /// A stage failed: count the outcome (once, when the tracker drops) and
 /// answer in OpenAI's error form, with the request's id.
 fn fail(mut t: Box<Tracker>, e: GatewayError) -> Response<ProxyBody> {
@@ -431,23 +234,6 @@ fn fail(mut t: Box<Tracker>, e: GatewayError) -> Response<ProxyBody> {
         headers::rate_headers(resp.headers_mut(), &state);
     }
     resp
-}
-
-/// Under TTFT pressure (the class's reduction trigger is on), rewrite a
-/// generating request to cost less; the header value saying how, if it changed.
-fn reduce(request: &mut RequestBody, endpoint: Endpoint, snap: &Snapshot, t: &Tracker) -> Result<Option<String>, GatewayError> {
-    let class = t.class();
-    if !class.control.reduction.active() || !generates(endpoint) {
-        return Ok(None);
-    }
-    let limits = Limits::from_config(&snap.config.context_reduction);
-    let changes = crate::reduce::reduce(request.object()?, endpoint == Endpoint::Chat, &limits);
-    if changes.is_empty() {
-        return Ok(None);
-    }
-    t.metrics().context_reduced.get_or_create(&ClassLabels { class: class.name.to_string() }).inc();
-    request.mark_changed();
-    Ok(Some(changes.header()))
 }
 
 /// Does the response's Content-Type name `media`?

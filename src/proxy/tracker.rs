@@ -161,6 +161,26 @@ impl Tracker {
     }
 
     /// Its body's bytes are held until it ends.
+    /// What routing found: the body's bytes (held against the budgets
+    /// until the request ends), the model, whether it streams, and the
+    /// prompt's estimate.
+    pub(super) fn routed(&mut self, routed: &super::route::Routed<'_>, hold: crate::server::bodies::BodyHold) {
+        self.hold_body(hold);
+        self.set_bytes_in(routed.bytes_in());
+        if let Some(m) = &routed.model {
+            self.set_model(m);
+        }
+        self.set_streaming(routed.stream);
+        self.set_prompt_estimate(routed.request.prompt_estimate());
+    }
+
+    /// What admission decided: whether it is the breaker's probe, and the
+    /// time it waited (on the span).
+    pub(super) fn admitted(&mut self, admitted: &mut crate::admission::Admitted) {
+        self.set_probe(admitted.probe.take());
+        self.span.record("slogate.queue_ms", admitted.waited.as_secs_f64() * 1000.0);
+    }
+
     pub(crate) fn hold_body(&mut self, hold: crate::server::bodies::BodyHold) {
         self.body = Some(hold);
     }

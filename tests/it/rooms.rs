@@ -379,6 +379,20 @@ fn no_function_is_over_80_lines_except_the_named_ones() {
     );
 }
 
+/// Stage lists held below the general bound, or they regrow one inline
+/// step at a time: (file under `src/`, function, most lines).
+const STAGE_LISTS: &[(&str, &str, usize)] = &[("proxy/stages.rs", "forward", 50)];
+
+#[test]
+fn the_request_paths_stage_list_stays_a_list() {
+    for (file, func, most) in STAGE_LISTS {
+        let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(file)).expect("read");
+        let lengths = function_lengths(&blank_literals(without_tests(&text)));
+        let n = lengths.iter().find(|(name, _)| name == func).map(|(_, n)| *n).unwrap_or_else(|| panic!("src/{file}: no fn {func}"));
+        assert!(n <= *most, "src/{file}: fn {func} is {n} lines, over its {most}: a new stage is a function of its own");
+    }
+}
+
 #[test]
 fn the_size_scans_count_what_they_should() {
     let code = "pub(crate) async fn a(x: u8) -> u8 {\n    let s = \"}}}\";\n    let c = '{';\n    let r = r#\"{ \"# ;\n    // }\n    x\n}\n\nfn b<'a>(v: &'a str) -> &'a str { v }\n\ntrait T {\n    fn decl(&self);\n}\n";
