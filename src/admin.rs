@@ -2,16 +2,65 @@
 //! `/capacity`, `/fleet.json` (what fleet peers read), `/-/reload`.
 //!
 //! Scrapes read atomics and metric families; they never block the data path.
+//!
+//! The listener serves [`handle`] through tower-http's layers ([`service`]):
+//! gzip for the clients that ask (a Prometheus scrape of `/metrics`), CORS
+//! for `/slo.json` (a dashboard on another origin reads it), a timeout,
+//! request tracing at debug level, and the token's header marked
+//! sensitive, so no log or trace shows it. None of it is on the data path.
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use tower::util::BoxCloneSyncService;
+use tower_http::compression::CompressionLayer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
 
 use crate::error::{error_response, full, GatewayError, ProxyBody};
 use crate::state::App;
 
-pub(crate) async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
+/// The longest an admin request may take (a reload re-reads the config
+/// and checks it): past it, a 408.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The paths a page on another origin may read.
+const CROSS_ORIGIN: &[&str] = &["/slo.json"];
+
+/// The admin listener's service: [`handle`] in its layers.
+pub(crate) type Admin = BoxCloneSyncService<Request<Incoming>, Response<ProxyBody>, Infallible>;
+
+pub(crate) fn service(app: Arc<App>) -> Admin {
+    let cors = CorsLayer::new()
+        .allow_methods([Method::GET])
+        .allow_origin(AllowOrigin::predicate(|_, parts: &http::request::Parts| CROSS_ORIGIN.contains(&parts.uri.path())));
+    let svc = tower::ServiceBuilder::new()
+        .map_response(|r: Response<_>| r.map(|b: _| BodyExt::map_err(b, Into::into).boxed_unsync()))
+        .layer(SetSensitiveRequestHeadersLayer::new([header::AUTHORIZATION]))
+        .layer(TraceLayer::new_for_http())
+        .layer(CompressionLayer::new())
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, ADMIN_TIMEOUT))
+        .layer(cors)
+        .service_fn(move |req| {
+            let app = app.clone();
+            async move { Ok::<_, Infallible>(handle(req, app).await) }
+        });
+    BoxCloneSyncService::new(svc)
+}
+
+/// One admin request through the layers of [`service`].
+pub(crate) async fn serve_one(svc: Admin, req: Request<Incoming>) -> Response<ProxyBody> {
+    use tower::ServiceExt;
+    svc.oneshot(req).await.unwrap_or_else(|never| match never {})
+}
+
+async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
     if let Some(refused) = unauthorized(&req, &app) {
         return refused;
     }

@@ -236,11 +236,11 @@ impl Gateway {
                 },
             ))
         });
-        let a = app.clone();
+        let admin_service = admin::service(app.clone());
         let admin_task = tokio::spawn(server::serve(
             admin,
             None,
-            move |req, _| admin::handle(req, a.clone()),
+            move |req, _| admin::serve_one(admin_service.clone(), req),
             stop_rx,
             grace,
             server::Tuning::default(),

@@ -371,3 +371,77 @@ fn container_config_is_valid_and_listens_on_every_interface() {
     );
     assert!(dockerfile.contains("\"--config\", \"/etc/slogate/slogate.yaml\""), "the image does not start with that config");
 }
+
+/// The admin listener's layers: a scrape that accepts gzip gets
+/// `/metrics` gzipped (the same families), one that does not gets it
+/// plain, over HTTP/1.1 and HTTP/2.
+#[tokio::test]
+async fn metrics_are_gzipped_for_a_scraper_that_asks() {
+    use http_body_util::BodyExt;
+    use std::io::Read;
+    let mock = Mock::start(standard(2, Duration::from_millis(1))).await;
+    let gw = gateway_config(&[mock.url()]).start().await;
+    for (proto, c) in clients() {
+        let mut req = get_req(gw.admin_addr, "/metrics");
+        req.headers_mut().insert("accept-encoding", "gzip".parse().expect("header"));
+        let resp = c.request(req).await.expect("response");
+        assert_eq!(resp.status(), 200, "{proto}");
+        assert_eq!(resp.headers().get("content-encoding").map(|v| v.as_bytes()), Some(&b"gzip"[..]), "{proto}");
+        let zipped = resp.into_body().collect().await.expect("body").to_bytes();
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(&zipped[..]).read_to_string(&mut text).expect("gzip");
+        assert!(text.contains("slogate_requests_total") && zipped.len() * 3 < text.len(), "{proto}: {} of {}", zipped.len(), text.len());
+        let resp = c.request(get_req(gw.admin_addr, "/metrics")).await.expect("response");
+        assert!(resp.headers().get("content-encoding").is_none(), "{proto}: plain unless asked");
+        let plain = resp.into_body().collect().await.expect("body").to_bytes();
+        assert!(String::from_utf8_lossy(&plain).contains("slogate_requests_total"), "{proto}");
+    }
+    gw.shutdown().await;
+}
+
+/// A page on another origin, in headless Chromium, reads `/slo.json` (the
+/// admin listener's CORS answer allows it) and cannot read `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_on_another_origin_reads_slo_json_and_not_the_metrics() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = Mock::start(standard(2, Duration::from_millis(1))).await;
+    let gw = gateway_config(&[mock.url()]).start().await;
+    let admin = gw.admin_addr;
+    let page = format!(
+        r#"<!doctype html><html><body><pre id="out">pending</pre><script>
+async function read(path) {{
+  try {{
+    const r = await fetch("http://{admin}" + path);
+    const t = await r.text();
+    return path + ": read " + r.status + (t.includes('"classes"') || t.includes("slogate_") ? " with content" : " empty");
+  }} catch (e) {{ return path + ": blocked"; }}
+}}
+Promise.all([read("/slo.json"), read("/metrics")]).then(x => {{ document.getElementById("out").textContent = x.join(" | "); }});
+</script></body></html>"#
+    );
+    // The page's own origin: another port.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let origin = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", page.len());
+            let _ = s.write_all(head.as_bytes()).await;
+            let _ = s.write_all(page.as_bytes()).await;
+        }
+    });
+    let dir = repo().join("target").join("admin-cors");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let profile = dir.join(format!("profile-{}", std::process::id()));
+    let url = format!("http://{origin}/");
+    let out = tokio::task::spawn_blocking(move || chromium_run(&["--virtual-time-budget=10000", "--dump-dom", &url], &profile))
+        .await
+        .expect("join");
+    let dom = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "chromium --dump-dom failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(dom.contains("/slo.json: read 200 with content"), "{dom}");
+    assert!(dom.contains("/metrics: blocked"), "{dom}");
+    server.abort();
+    gw.shutdown().await;
+}
