@@ -27,6 +27,7 @@ mod epp;
 mod error;
 mod fleet;
 pub mod import;
+mod limits;
 mod proxy;
 mod reduce;
 pub mod rules;

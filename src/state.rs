@@ -48,7 +48,7 @@ pub(crate) struct Snapshot {
     /// What the admin listener requires (`server.admin_token_env`).
     pub(crate) admin_token: Option<AdminToken>,
     /// Where keys' limits are kept (`limits.redis`), if anywhere but here.
-    pub(crate) store: Option<Arc<crate::admission::store::Store>>,
+    pub(crate) store: Option<Arc<crate::limits::store::Store>>,
 }
 
 impl Snapshot {
@@ -154,7 +154,7 @@ pub enum PrepareError {
     #[error("server.admin_token_env: environment variable {var} is not set or empty")]
     AdminToken { var: String },
     #[error(transparent)]
-    Store(#[from] crate::admission::store::StoreError),
+    Store(#[from] crate::limits::store::StoreError),
 }
 
 /// Why a reload was refused (the running config stays).

@@ -7,18 +7,7 @@
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-/// A tenant as the queues see it: a stable id and its weight.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Share {
-    pub(crate) tenant: u32,
-    pub(crate) weight: f64,
-}
-
-impl Default for Share {
-    fn default() -> Self {
-        Share { tenant: 0, weight: 1.0 }
-    }
-}
+pub(crate) use crate::limits::Share;
 
 /// Where a tenant stands against its fair part of a tier's slots
 /// (docs/design/fair-share.md, rules 6 and 21).

@@ -15,23 +15,15 @@
 
 pub(crate) mod breaker;
 pub(crate) mod fair;
-mod keyed;
-pub(crate) mod keylimits;
 pub(crate) mod lease;
 pub(crate) mod preempt;
 pub(crate) mod queue;
-pub(crate) mod quota;
 pub(crate) mod rates;
 pub(crate) mod seats;
-pub(crate) mod store;
-pub(crate) mod tenant_series;
-pub(crate) mod tenants;
 pub(crate) mod waiting;
 
-pub(crate) use keyed::{concurrent_error, limit};
 pub(crate) use lease::{Claim, Lease, Refusal};
 pub(crate) use queue::PoolAdmission;
-pub(crate) use tenants::{Permit, RateState, Tenant, Tenants};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,6 +38,7 @@ use tokio::time::Instant;
 
 use crate::config::{ClassConfig, Config, Dur, Tier};
 use crate::error::GatewayError;
+use crate::limits::Tenants;
 use crate::sync::AtomicF64;
 use crate::telemetry::accounting::Finished;
 use crate::telemetry::budget::{self, Budget, Sli};

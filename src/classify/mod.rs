@@ -13,10 +13,11 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::admission::tenants::ANONYMOUS;
-use crate::admission::{ClassControl, Controls, Tenant, Tenants};
+use crate::admission::{ClassControl, Controls};
 use crate::config::{Config, Endpoint, TenantConfig, Tier};
 use crate::error::GatewayError;
+use crate::limits::tenants::ANONYMOUS;
+use crate::limits::{Tenant, Tenants};
 
 pub(crate) use grant::Grant;
 

@@ -15,7 +15,7 @@ pub(super) struct Said<'a> {
     pub(super) replica: Option<HeaderValue>,
     pub(super) waited_ms: u64,
     pub(super) reduced: Option<String>,
-    pub(super) rate: Option<crate::admission::RateState>,
+    pub(super) rate: Option<crate::limits::RateState>,
     pub(super) request_id: &'a HeaderValue,
 }
 
@@ -74,7 +74,7 @@ pub(crate) fn deadline(h: &HeaderMap) -> Result<Option<std::time::Duration>, Gat
 }
 
 /// OpenAI's rate-limit headers, for every response to a key with limits.
-pub(super) fn rate_headers(h: &mut HeaderMap, state: &crate::admission::RateState) {
+pub(super) fn rate_headers(h: &mut HeaderMap, state: &crate::limits::RateState) {
     let mut put = |name: &'static str, v: String| {
         if let Ok(v) = HeaderValue::from_str(&v) {
             h.insert(HeaderName::from_static(name), v);
@@ -83,12 +83,12 @@ pub(super) fn rate_headers(h: &mut HeaderMap, state: &crate::admission::RateStat
     if let Some(q) = state.requests {
         put("x-ratelimit-limit-requests", q.limit.to_string());
         put("x-ratelimit-remaining-requests", q.remaining.to_string());
-        put("x-ratelimit-reset-requests", crate::admission::tenants::reset_text(q.reset));
+        put("x-ratelimit-reset-requests", crate::limits::tenants::reset_text(q.reset));
     }
     if let Some(q) = state.tokens {
         put("x-ratelimit-limit-tokens", q.limit.to_string());
         put("x-ratelimit-remaining-tokens", q.remaining.to_string());
-        put("x-ratelimit-reset-tokens", crate::admission::tenants::reset_text(q.reset));
+        put("x-ratelimit-reset-tokens", crate::limits::tenants::reset_text(q.reset));
     }
 }
 

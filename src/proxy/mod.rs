@@ -8,7 +8,7 @@
 //! 1. route ([`route::route`]): read the body, check the key may use its
 //!    `model`, find the pool (413 past `max_request_body`, 400 if not JSON,
 //!    403 for a model the key may not use, 404 for an unknown model);
-//! 2. the key's own limits ([`admission::limit`]: per minute, day, month,
+//! 2. the key's own limits ([`crate::limits::limit`]: per minute, day, month,
 //!    and at once; 429 with Retry-After);
 //! 3. admit ([`admission::admit`]): the class's breaker gate, then a replica
 //!    slot, maybe after a wait in its tier's queue (429 + Retry-After, 503);

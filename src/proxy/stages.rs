@@ -19,6 +19,7 @@ use crate::admission::{self, Admitted, Lease};
 use crate::classify::Caller;
 use crate::config::Endpoint;
 use crate::error::{GatewayError, ProxyBody};
+use crate::limits;
 use crate::reduce::Limits;
 use crate::server::bodies::BodyHold;
 use crate::server::ClientAddr;
@@ -109,7 +110,7 @@ async fn routed<'s>(
 ) -> Result<Routed<'s>, GatewayError> {
     let reading = c.caller.tenant.start_reading().map_err(|(max, state)| {
         t.set_rate(state);
-        admission::concurrent_error(max)
+        limits::concurrent_error(max)
     })?;
     let mut hold = body_hold(c.client, &c.snap.config.server);
     let routed = route::route(body, &parts.headers, parts.uri.path(), c.snap, c.target, &c.caller.grant, &mut hold).await?;
@@ -225,7 +226,7 @@ async fn key_limits(
     }
     let context = routed.model.as_deref().and_then(|m| routed.route.pool.max_model_len(m));
     let tokens = reservation(&routed.request, endpoint, context, snap.config.auth.default_max_tokens);
-    match admission::limit(&caller.tenant, tokens).await {
+    match limits::limit(&caller.tenant, tokens).await {
         Ok((permit, state)) => {
             t.set_permit(permit, state);
             Ok(())

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use http::HeaderValue;
 use tokio::time::Instant;
 
-use crate::admission::{Lease, Permit, Probe, RateState, Tenant};
+use crate::admission::{Lease, Probe};
 use crate::classify::Class;
 use crate::config::Endpoint;
+use crate::limits::{Permit, RateState, Tenant};
 use crate::telemetry::access_log::{AccessLog, AccessRecord};
 use crate::telemetry::accounting::{self, Finished, Sinks};
 use crate::telemetry::labels::FinishReason;

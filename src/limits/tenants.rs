@@ -13,7 +13,6 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::time::Instant;
 
-use super::fair::Share;
 pub(crate) use super::keylimits::{reset_text, tightest, Limit, Limited, Limits, Quota, RateState};
 use super::keylimits::{too_large_for_quota, Window, SLOTS};
 use super::quota::{Calendar, Standing};
@@ -22,6 +21,19 @@ use super::tenant_series::TenantSeries;
 use crate::config::TenantConfig;
 use crate::telemetry::accounting::Finished;
 use crate::telemetry::metrics::Metrics;
+
+/// A tenant as the queues see it: a stable id and its weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Share {
+    pub(crate) tenant: u32,
+    pub(crate) weight: f64,
+}
+
+impl Default for Share {
+    fn default() -> Self {
+        Share { tenant: 0, weight: 1.0 }
+    }
+}
 pub(crate) use permit::{Permit, Reading};
 
 /// The name of the one tenant of a gateway without keys.

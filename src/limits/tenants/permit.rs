@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::Tenant;
-use crate::admission::store::Store;
+use crate::limits::store::Store;
 
 /// A request of a key with `max_concurrent` whose body is being read: one
 /// of its key's requests already, so a key cannot have more bodies in
