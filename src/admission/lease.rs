@@ -306,13 +306,3 @@ pub(crate) struct Claim {
     /// A preempted stream waiting to go on: never shed or judged hopeless.
     pub(crate) resumed: bool,
 }
-
-impl Claim {
-    /// A request of `tenant` in the class of `control`, its prompt
-    /// estimated at `tokens`; `fair` when keys are configured; `short` when
-    /// it holds a slot for milliseconds.
-    pub(crate) fn of(tenant: &crate::limits::Tenant, control: &super::ClassControl, tokens: u64, fair: bool, short: bool) -> Claim {
-        let ttft = (control.tier == Tier::Interactive).then(|| control.ttft_target());
-        Claim { share: tenant.share(), tokens, fair, ttft, short, deadline: None, resumed: false }
-    }
-}

@@ -487,6 +487,16 @@ pub(crate) fn publish_once(controls: &Controls, pools: &[Arc<PoolAdmission>], no
 /// admissions (a handle on the current snapshot gives both).
 pub(crate) type Current = dyn Fn() -> (Arc<Config>, Vec<Arc<PoolAdmission>>) + Send + Sync;
 
+impl Claim {
+    /// A request of `tenant` in the class of `control`, its prompt
+    /// estimated at `tokens`; `fair` when keys are configured; `short` when
+    /// it holds a slot for milliseconds.
+    pub(crate) fn of(tenant: &crate::limits::Tenant, control: &ClassControl, tokens: u64, fair: bool, short: bool) -> Claim {
+        let ttft = (control.tier == Tier::Interactive).then(|| control.ttft_target());
+        Claim { share: tenant.share(), tokens, fair, ttft, short, deadline: None, resumed: false }
+    }
+}
+
 /// The background task that publishes the views every [`TICK`].
 pub(crate) fn publisher(
     controls: Arc<Controls>,

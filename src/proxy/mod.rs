@@ -38,6 +38,7 @@ mod json;
 pub(crate) mod keepalive;
 pub(crate) mod observe;
 pub(crate) mod request_id;
+mod respond;
 pub(crate) mod resume;
 mod route;
 mod sending;
@@ -47,24 +48,19 @@ pub(crate) mod watchdog;
 
 use std::sync::Arc;
 
-use http::{header, HeaderValue, Method, Request, Response};
-use http_body_util::BodyExt;
+use http::{HeaderValue, Method, Request, Response};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::admission::Lease;
 use crate::config::Endpoint;
 use crate::error::{GatewayError, ProxyBody};
 use crate::server::ClientAddr;
 use crate::state::{App, Snapshot};
-use crate::sync::Watchlist;
 use crate::telemetry::access_log::AccessRecord;
-use crate::telemetry::Outcome;
-use crate::upstream::{self, conn::UpstreamBody, ClientBody};
-use observe::{ObservedBody, StreamTimeouts};
+use crate::upstream::ClientBody;
+use respond::fail;
 use route::Target;
 use tracker::Tracker;
-use watchdog::Watched;
 
 /// The GenAI operation name of an endpoint's span.
 fn operation(e: Endpoint) -> &'static str {
@@ -176,187 +172,6 @@ fn log_unrouted(app: &App, snap: &Snapshot, headers: &http::HeaderMap, id: &Head
 fn with_id(mut resp: Response<ProxyBody>, id: &HeaderValue) -> Response<ProxyBody> {
     resp.headers_mut().insert(request_id::X_REQUEST_ID, id.clone());
     resp
-}
-
-/// A chat, completions or Messages stream, continued on another replica of its pool
-/// if it breaks ([`resume`]): unless resuming is off or the pool has no
-/// other replica. `preempts`: a batch stream that may be preempted, which
-/// goes on on its own pool's next slot whatever these say.
-#[allow(clippy::too_many_arguments)]
-fn resumable(
-    parts: http::request::Parts,
-    client: &Arc<ClientAddr>,
-    body: bytes::Bytes,
-    route: &crate::state::Route,
-    endpoint: Endpoint,
-    snap: &Snapshot,
-    t: &Tracker,
-    preempts: bool,
-) -> Option<resume::Resume<UpstreamBody>> {
-    let attempts = route.pool.config.resume.max_attempts;
-    // Relayed (behind Envoy): the stream is Envoy's to send on; it cannot be spliced here.
-    if parts.extensions.get::<upstream::Relay>().is_some() {
-        return None;
-    }
-    let kind = match endpoint {
-        Endpoint::Chat => resume::Kind::Chat,
-        Endpoint::Completions => resume::Kind::Completions,
-        Endpoint::Messages => resume::Kind::Messages,
-        _ => return None,
-    };
-    if (attempts == 0 || route.pool.replicas.len() < 2) && !preempts {
-        return None;
-    }
-    let link = resume::PoolLink {
-        parts,
-        client: client.clone(),
-        pool: route.pool.clone(),
-        strip_auth: snap.classifier.has_keys(),
-        request_id: t.request_id.clone(),
-    };
-    Some(resume::Resume::new(Box::new(link), body, kind, attempts))
-}
-
-/// A stage failed: count the outcome (once, when the tracker drops) and
-/// answer in OpenAI's error form, with the request's id.
-fn fail(mut t: Box<Tracker>, e: GatewayError) -> Response<ProxyBody> {
-    t.finish(e.outcome());
-    t.set_status(e.status().as_u16());
-    t.span().record("http.response.status_code", e.status().as_u16());
-    if e.status().is_server_error() {
-        tracing::warn!(request_id = t.request_id.to_str().unwrap_or(""), error = %e.for_log(), "request failed");
-    }
-    let mut resp = match t.endpoint() {
-        Endpoint::Messages => e.respond_anthropic(Some(&t.request_id)),
-        _ => e.respond(Some(&t.request_id)),
-    };
-    if let Some(state) = t.rate() {
-        headers::rate_headers(resp.headers_mut(), &state);
-    }
-    resp
-}
-
-/// Does the response's Content-Type name `media`?
-fn content_type_is(h: &http::HeaderMap, media: &str) -> bool {
-    h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with(media))
-}
-
-/// How the response body is observed, and what slogate says of it.
-struct Settings {
-    timeouts: StreamTimeouts,
-    strip_usage: bool,
-    waited: std::time::Duration,
-    reduced: Option<String>,
-    resume: Option<resume::Resume<UpstreamBody>>,
-    /// A stored response's own route: its answer is passed on unread (a
-    /// retrieved response's usage was counted when it was made).
-    passthrough: bool,
-    /// Its part in preemption (docs/design/preemption.md).
-    preempt: Preempting,
-}
-
-/// A stream's part in preemption, where its pool preempts
-/// (docs/design/preemption.md).
-enum Preempting {
-    None,
-    /// A batch stream, which may give its slot up: its prompt and `max_tokens`.
-    Victim(u64, Option<u64>),
-    /// An interactive stream that took a slot without waiting: with no
-    /// first token by then (it waits inside the engine), it asks a batch
-    /// stream on its replica for a slot (rule 1).
-    Asks(tokio::time::Instant),
-}
-
-impl Preempting {
-    fn of(
-        route: &crate::state::Route,
-        class: &crate::classify::Class,
-        stream: bool,
-        waited: std::time::Duration,
-        (prompt, max): (u64, Option<u64>),
-        start: tokio::time::Instant,
-    ) -> Preempting {
-        use crate::config::Tier;
-        match class.tier {
-            _ if !route.pool.config.preempts() => Preempting::None,
-            Tier::Batch => Preempting::Victim(prompt, max),
-            Tier::Interactive if stream && waited.is_zero() => {
-                Preempting::Asks(start + class.ttft.mul_f64(crate::admission::preempt::IN_ENGINE_AT))
-            }
-            Tier::Interactive => Preempting::None,
-        }
-    }
-}
-
-/// The response to the client: the replica's, its body observed (the
-/// tracker and the lease travel in it), slogate's headers added.
-fn observe(
-    resp: Response<UpstreamBody>,
-    mut tracker: Box<Tracker>,
-    lease: Lease,
-    endpoint: Endpoint,
-    s: Settings,
-    list: &Arc<Watchlist>,
-) -> Response<ProxyBody> {
-    let status = resp.status();
-    let replica = lease.replica().public_name();
-    let class_name = tracker.class().name.clone();
-    let rate = tracker.rate();
-    let id = tracker.request_id.clone();
-    tracker.span().record("http.response.status_code", status.as_u16());
-    tracker.set_status(status.as_u16());
-    tracker.attach_lease(lease, s.waited);
-    let (mut rparts, rbody) = resp.into_parts();
-    let is_sse = content_type_is(&rparts.headers, "text/event-stream");
-    let t = s.timeouts;
-    let body: ProxyBody = if s.passthrough || !status.is_success() {
-        let outcome = match status {
-            st if st.is_success() => Outcome::ok,
-            st if st.is_server_error() => Outcome::upstream_error,
-            _ => Outcome::client_error,
-        };
-        tracker.finish(outcome);
-        Watched::new(ObservedBody::passthrough(rbody, tracker, t), list).boxed_unsync()
-    } else if is_sse {
-        let mut body = match s.resume {
-            Some(resume) => ObservedBody::resumable(rbody, tracker, t, s.strip_usage, resume),
-            None => ObservedBody::sse(rbody, tracker, t, s.strip_usage),
-        };
-        match s.preempt {
-            Preempting::Victim(prompt, max) => body.preemptible(prompt, max),
-            Preempting::Asks(at) => body.asks_at(at),
-            Preempting::None => {}
-        }
-        if let Some(upstream::HeadRetried(at)) = rparts.extensions.get() {
-            body.first_token_from(*at);
-        }
-        Watched::new(body, list).boxed_unsync()
-    } else if endpoint == Endpoint::Speech {
-        Watched::new(ObservedBody::audio(rbody, tracker, t), list).boxed_unsync()
-    } else if matches!(
-        endpoint,
-        Endpoint::Chat | Endpoint::Completions | Endpoint::Embeddings | Endpoint::Responses | Endpoint::Messages | Endpoint::Rerank
-    ) || (endpoint == Endpoint::Transcription && content_type_is(&rparts.headers, "application/json"))
-    {
-        let usage_only = matches!(endpoint, Endpoint::Embeddings | Endpoint::Rerank);
-        Watched::new(ObservedBody::json(rbody, tracker, t, usage_only), list).boxed_unsync()
-    } else {
-        Watched::new(ObservedBody::passthrough(rbody, tracker, t), list).boxed_unsync()
-    };
-    headers::strip_hop_by_hop(&mut rparts.headers);
-    if is_sse && s.strip_usage {
-        rparts.headers.remove(header::CONTENT_LENGTH);
-    }
-    let said = headers::Said {
-        class: &class_name,
-        replica: Some(replica),
-        waited_ms: s.waited.as_millis() as u64,
-        reduced: s.reduced,
-        rate,
-        request_id: &id,
-    };
-    headers::add_said(&mut rparts.headers, said);
-    Response::from_parts(rparts, body)
 }
 
 #[cfg(test)]

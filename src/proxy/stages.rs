@@ -1,7 +1,7 @@
 //! The request path after classification, as a list of stages: route
 //! (within the key's limits), the follow-up's owner, admit, prepare the
 //! body, send, observe. Each stage's failure is the client's answer
-//! ([`super::fail`]); docs/architecture.md names them.
+//! ([`fail`]); docs/architecture.md names them.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,10 +11,10 @@ use http::{Request, Response};
 use super::body::{self, RequestBody};
 use super::keepalive;
 use super::observe::StreamTimeouts;
+use super::respond::{fail, observe, resumable, Preempting, Settings};
 use super::route::{self, generates, Routed, Target};
 use super::sending::{lost, send, upload_failed, Attempt};
 use super::tracker::Tracker;
-use super::{fail, observe, resumable, Preempting, Settings};
 use crate::admission::{self, Admitted, Lease};
 use crate::classify::Caller;
 use crate::config::Endpoint;

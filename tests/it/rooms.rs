@@ -6,7 +6,10 @@
 //! Inside a room the files form a ladder too: no two files of a room import
 //! each other, directly or round a loop (`super::file` and
 //! `crate::room::file` paths, comments and tests left out). A room's
-//! `mod.rs` is its top, which wires its files, and is not counted.
+//! `mod.rs` is its top, which wires its files: it is a node of that graph
+//! too, so a top that defines what its files import and uses them is
+//! found (a room's top declares and re-exports; its own code uses files
+//! only where no file imports from it).
 //!
 //! And size is a rule, or a split regrows: no file of `src/` over 600
 //! lines of code (its tests left out: unit tests of a large file go to a
@@ -122,9 +125,9 @@ fn code_of(text: &str) -> String {
     text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
 }
 
-/// The files of `files` (names within one room) that `code` imports, by
-/// `super::NAME` or `crate::ROOM::NAME`, grouped or not.
-fn imported_files(code: &str, room: &str, files: &[String]) -> BTreeSet<String> {
+/// The names `code` imports from its room, by `super::NAME` or
+/// `crate::ROOM::NAME`, grouped or not.
+fn imported_names(code: &str, room: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for prefix in ["super::".to_string(), format!("crate::{room}::")] {
         for (i, _) in code.match_indices(prefix.as_str()) {
@@ -135,13 +138,63 @@ fn imported_files(code: &str, room: &str, files: &[String]) -> BTreeSet<String> 
             };
             for n in names {
                 let name: String = n.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-                if files.contains(&name) {
+                if !name.is_empty() {
                     out.insert(name);
                 }
             }
         }
     }
     out
+}
+
+/// The files of `files` (names within one room) that `code` imports, by
+/// `super::NAME` or `crate::ROOM::NAME`, grouped or not.
+fn imported_files(code: &str, room: &str, files: &[String]) -> BTreeSet<String> {
+    imported_names(code, room).into_iter().filter(|n| files.contains(n)).collect()
+}
+
+/// A room's top (`mod.rs`) as a node of its room's graph: the names it
+/// defines itself (a file that imports one from `super` depends on the
+/// top), and the files its own code uses (its `mod` and `pub use` lines
+/// are wiring, not use; a private `use FILE::` is use).
+fn top_of(code: &str, files: &[String]) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (mut defined, mut uses) = (BTreeSet::new(), BTreeSet::new());
+    let ident = |s: &str| s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>();
+    for line in code.lines() {
+        let unindented = !line.starts_with(char::is_whitespace);
+        let mut t = line.trim_start();
+        let public = t.starts_with("pub");
+        if public {
+            t = t.split_once(' ').map_or("", |(_, r)| r);
+        }
+        if unindented && t.starts_with("mod ") {
+            continue;
+        }
+        if unindented && t.starts_with("use ") {
+            let used = ident(t.trim_start_matches("use ").trim_start_matches("self::"));
+            if !public && files.contains(&used) {
+                uses.insert(used);
+            }
+            continue;
+        }
+        if unindented {
+            let t = t.trim_start_matches("async ").trim_start_matches("unsafe ");
+            for kind in ["fn ", "struct ", "enum ", "const ", "static ", "type ", "trait ", "macro_rules! "] {
+                if let Some(rest) = t.strip_prefix(kind) {
+                    defined.insert(ident(rest));
+                }
+            }
+        }
+        for f in files {
+            let used = line
+                .match_indices(&format!("{f}::"))
+                .any(|(i, _)| !line[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':'));
+            if used {
+                uses.insert(f.clone());
+            }
+        }
+    }
+    (defined, uses)
 }
 
 /// A loop in `edges` (file -> the files it imports), if there is one, as the path round it.
@@ -174,6 +227,9 @@ fn find_circle(edges: &std::collections::BTreeMap<String, BTreeSet<String>>) -> 
     edges.keys().find_map(|f| visit(f, edges, &mut Vec::new(), &mut done))
 }
 
+/// A room's top in the graph of its files.
+const TOP: &str = "mod.rs";
+
 #[test]
 fn no_two_files_of_a_room_import_each_other() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -191,6 +247,15 @@ fn no_two_files_of_a_room_import_each_other() {
         let files: Vec<String> =
             paths.iter().filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().to_string())).filter(|n| n != "mod").collect();
         let mut edges = std::collections::BTreeMap::new();
+        // The room's top is a node too: a file that imports what the top
+        // defines, while the top uses that file, is a circle.
+        let top = dir.join("mod.rs");
+        let (defined, top_uses) = match std::fs::read_to_string(&top) {
+            Ok(text) => top_of(&code_of(&text), &files),
+            Err(_) => Default::default(),
+        };
+        edges_seen += top_uses.len();
+        edges.insert(TOP.to_string(), top_uses);
         for p in &paths {
             let name = p.file_stem().expect("stem").to_string_lossy().to_string();
             if name == "mod" {
@@ -198,6 +263,11 @@ fn no_two_files_of_a_room_import_each_other() {
             }
             let code = code_of(&std::fs::read_to_string(p).expect("read"));
             let mut to = imported_files(&code, &room, &files);
+            // `super::` of a file in the room's own folder is the top.
+            let names = imported_names(&code, &room);
+            if p.parent() == Some(dir.as_path()) && names.iter().any(|n| defined.contains(n) && !files.contains(n)) {
+                to.insert(TOP.to_string());
+            }
             to.remove(&name);
             edges_seen += to.len();
             edges.insert(name, to);
@@ -208,6 +278,27 @@ fn no_two_files_of_a_room_import_each_other() {
     }
     assert!(edges_seen > 5, "found only {edges_seen} imports between files of a room: the scan is broken");
     assert!(circles.is_empty(), "files of a room that import each other (split out the value types they share):\n{}", circles.join("\n"));
+}
+
+/// A top that defines what a file imports from it, and uses that file,
+/// is a circle; the top that only declares and re-exports is not.
+#[test]
+fn a_circle_through_a_rooms_top_is_found() {
+    let files = vec!["pick".to_string(), "pool".to_string()];
+    let top = code_of("mod pick;\npub(crate) use pick::Picked;\npub(crate) struct Pool;\nimpl Pool {\n    fn next(&self) { pick::least_loaded(self) }\n}\n");
+    let (defined, uses) = top_of(&top, &files);
+    assert_eq!(defined.into_iter().collect::<Vec<_>>(), ["Pool"]);
+    assert_eq!(uses.iter().cloned().collect::<Vec<_>>(), ["pick"], "the call is use; the re-export is not");
+    let pick = code_of("use super::{Picked, Pool};\n");
+    assert_eq!(imported_names(&pick, "upstream").into_iter().collect::<Vec<_>>(), ["Picked", "Pool"]);
+    let mut edges = std::collections::BTreeMap::new();
+    edges.insert(TOP.to_string(), uses);
+    edges.insert("pick".to_string(), [TOP.to_string()].into());
+    assert_eq!(find_circle(&edges), Some(vec![TOP.to_string(), "pick".to_string(), TOP.to_string()]));
+    // Pool in a file of its own, the top only declaring and re-exporting.
+    let top = code_of("mod pick;\nmod pool;\npub(crate) use pick::Picked;\npub(crate) use pool::Pool;\n");
+    let (defined, uses) = top_of(&top, &files);
+    assert!(defined.is_empty() && uses.is_empty(), "{defined:?} {uses:?}");
 }
 
 #[test]

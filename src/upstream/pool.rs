@@ -1,0 +1,595 @@
+//! A pool: its replicas, their slots and health, what the pool has
+//! learned (limits, the prefix index, stored responses' owners), and the
+//! errors of picking and building one. Picking a replica is `pick.rs`'s;
+//! sending, `send.rs`'s.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::config::{InflightLimit, PoolConfig};
+use crate::telemetry::metrics::Metrics;
+
+use super::access::public_name;
+use super::{kv_events, limit, owners, prefix, tls, Access, Replica};
+
+/// What [`Pool::pick`] allows beyond a replica's free slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// An interactive request may go this many above the pool's slots
+    /// (spread over its healthy replicas).
+    Over(usize),
+    /// A batch request leaves this many slots to interactive requests on the
+    /// replicas they can use (applied while a replica is slow; otherwise the
+    /// batch limit does it).
+    Leave(usize),
+    /// As `Leave`, and in a fleet the batch request may also take a seat of
+    /// a replica's limit that no instance holds (the admission has judged
+    /// that the fleet's batch has room for it).
+    Unheld(usize),
+}
+
+/// Why no slot could be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PickError {
+    /// No replica of the pool is healthy.
+    NoHealthy,
+    /// Healthy replicas exist, but every slot is taken.
+    Saturated,
+}
+
+/// Why a pool could not be built; names the part of `pools[i]`.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("replicas[{replica}]: {message}")]
+    ReplicaUrl { replica: usize, message: String },
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error("api_key_env: environment variable {var} is not set, or holds characters a header cannot carry")]
+    ApiKey { var: String },
+    #[error("prefix.kv_events: {0}")]
+    KvEvents(String),
+}
+
+/// A named set of replicas serving some models.
+pub(crate) struct Pool {
+    pub(crate) config: PoolConfig,
+    /// The learned limits' parameters (used with `max_inflight_per_replica: auto`).
+    limit_params: limit::LimitParams,
+    pub(crate) replicas: Vec<Arc<Replica>>,
+    /// The replicas' public names in this config (a kept replica whose
+    /// position moved takes its new one when the pool goes live).
+    publics: Vec<http::HeaderValue>,
+    /// Models named in the config (without `auto`).
+    pub(crate) static_models: HashSet<String>,
+    pub(crate) auto: bool,
+    pub(super) rr: AtomicUsize,
+    /// Where prompts' prefixes were sent (`balance: prefix_aware`), kept
+    /// across a reload that keeps the replicas in their places.
+    pub(crate) prefix: Arc<prefix::PrefixIndex>,
+    /// Exact mode (`prefix.kv_events`): the replicas' KV events and the
+    /// model's tokenizer.
+    pub(crate) exact: Option<kv_events::Exact>,
+    /// Each replica's URL hashed: what a prompt's home is chosen by, the
+    /// same on every instance.
+    pub(super) url_keys: Vec<u64>,
+    /// Requests waiting in the gateway for this pool's slots, as admission
+    /// last published it (its ticks).
+    waiting: AtomicUsize,
+    /// Requests waiting in the fleet's other instances, as the fleet last published it.
+    others_waiting: AtomicUsize,
+    /// Too few replicas pass their checks: all are routed to (see [`Pool::judge`]).
+    panic: std::sync::atomic::AtomicBool,
+    panic_gauge: std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge>,
+    /// Which replica holds each stored response, kept across reloads.
+    pub(crate) owners: Arc<owners::Owners>,
+}
+
+impl Pool {
+    /// Admission's tick: `n` requests wait for this pool's slots.
+    pub(crate) fn set_waiting(&self, n: usize) {
+        self.waiting.store(n, Ordering::Relaxed);
+    }
+
+    /// Requests waited for this pool's slots at admission's last tick.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// The fleet's tick: the other instances have `n` requests waiting.
+    pub(crate) fn set_others_waiting(&self, n: usize) {
+        self.others_waiting.store(n, Ordering::Relaxed);
+    }
+
+    /// Requests waiting for this pool's replicas in the whole fleet.
+    pub(crate) fn fleet_waiting(&self) -> usize {
+        self.waiting() + self.others_waiting.load(Ordering::Relaxed)
+    }
+
+    /// Build a pool from what [`Access::new`] checked. With `previous`
+    /// (the pool of the same name before a reload), replicas with the same
+    /// URL, TLS and key are kept as they are (health, in-flight count,
+    /// discovered models, open connections), wherever they are in the list;
+    /// a new slot count reaches them when the pool goes live
+    /// ([`Pool::activate`]), not before.
+    pub(crate) fn new(config: PoolConfig, access: Access, previous: Option<&Pool>) -> Pool {
+        let Access { bases, tls: replica_tls, api_key, exact } = access;
+        let l = config.learned_limit;
+        // A pool that preempts keeps chat out of the engine's own queue: its
+        // limit stays at the ceiling, not one above it (preemption, not a
+        // request waiting inside the engine, keeps its slots busy).
+        let probe = if config.preempts() { 0.0 } else { 1.0 };
+        let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize, probe };
+        let initial = match config.max_inflight_per_replica {
+            InflightLimit::Fixed(n) => n as usize,
+            InflightLimit::Auto => limit_params.initial,
+        };
+        let same_access = previous.is_some_and(|p| p.config.tls == config.tls && p.config.api_key_env == config.api_key_env);
+        let mut replicas = Vec::with_capacity(config.replicas.len());
+        let mut publics = Vec::with_capacity(config.replicas.len());
+        for (i, ((rc, base), tls)) in config.replicas.iter().zip(bases).zip(replica_tls).enumerate() {
+            let url = rc.url.trim().trim_end_matches('/');
+            let public = public_name(&config.name, i, rc.name.as_deref());
+            let kept = previous
+                .filter(|_| same_access)
+                .and_then(|p| p.replicas.iter().find(|r| r.url == url && r.name.as_deref() == rc.name.as_deref()));
+            if let Some(r) = kept {
+                // Renamed (its position moved) only when the pool goes live.
+                publics.push(public);
+                replicas.push(r.clone());
+                continue;
+            }
+            publics.push(public.clone());
+            replicas.push(Arc::new(Replica::new(url, rc.name.clone(), public, base, tls, api_key.clone(), initial, limit_params)));
+        }
+        let url_keys: Vec<u64> = replicas.iter().map(|r| xxhash_rust::xxh3::xxh3_64(r.url.as_bytes())).collect();
+        let index_size = config.prefix.index_blocks as usize;
+        let prefix = previous
+            .filter(|p| p.url_keys == url_keys && p.prefix.capacity() == index_size && p.config.prefix.block == config.prefix.block)
+            .map(|p| p.prefix.clone())
+            .unwrap_or_else(|| Arc::new(prefix::PrefixIndex::new(index_size)));
+        let exact = exact.map(|setup| {
+            let before = previous.and_then(|p| p.exact.as_ref().map(|e| (p, e)));
+            let kept = |i: usize| before.and_then(|(p, _)| p.replicas.iter().position(|r| Arc::ptr_eq(r, &replicas[i])));
+            kv_events::Exact::new(setup, before.map(|(_, e)| e), kept)
+        });
+        let static_models = config.models.iter().filter(|m| *m != "auto").cloned().collect();
+        let auto = config.models.iter().any(|m| m == "auto");
+        Pool {
+            exact,
+            replicas,
+            publics,
+            static_models,
+            auto,
+            config,
+            limit_params,
+            rr: AtomicUsize::new(0),
+            prefix,
+            url_keys,
+            waiting: AtomicUsize::new(0),
+            others_waiting: AtomicUsize::new(0),
+            panic: std::sync::atomic::AtomicBool::new(false),
+            panic_gauge: std::sync::OnceLock::new(),
+            owners: previous.map(|p| p.owners.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// Does this pool serve `model`?
+    pub(crate) fn serves(&self, model: &str) -> bool {
+        self.static_models.contains(model)
+            || (self.auto
+                && self.replicas.iter().any(|r| r.models.load().iter().any(|m| m.get("id").and_then(|v| v.as_str()) == Some(model))))
+    }
+
+    /// Model objects for `/v1/models`: discovered ones as the replicas gave
+    /// them, static ones synthesised.
+    /// The longest context its replicas state for `model` (`max_model_len`
+    /// in their `/v1/models`), once one has answered: the most a request
+    /// without an output limit can generate.
+    pub(crate) fn max_model_len(&self, model: &str) -> Option<u64> {
+        self.replicas
+            .iter()
+            .filter_map(|r| {
+                let models = r.models.load();
+                let m = models.iter().find(|m| m.get("id").and_then(|v| v.as_str()) == Some(model))?;
+                m.get("max_model_len").and_then(serde_json::Value::as_u64)
+            })
+            .max()
+    }
+
+    pub(crate) fn model_objects(&self) -> Vec<serde_json::Value> {
+        let discovered: Vec<serde_json::Value> =
+            self.replicas.iter().flat_map(|r| r.models.load().iter().cloned().collect::<Vec<_>>()).collect();
+        let id_of = |m: &serde_json::Value| m.get("id").and_then(|v| v.as_str()).map(str::to_string);
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for m in &self.config.models {
+            if m != "auto" && seen.insert(m.clone()) {
+                // A named model as its replicas describe it (max_model_len,
+                // owned_by, root) once one has answered; until then, slogate's.
+                // Served under another name, it is shown under the clients' own.
+                let served = self.config.served_model.as_deref().unwrap_or(m);
+                let mut known = discovered.iter().find(|d| id_of(d).as_deref() == Some(served)).cloned();
+                if let Some(k) = known.as_mut().and_then(|k| k.as_object_mut()) {
+                    k.insert("id".into(), m.clone().into());
+                }
+                out.push(known.unwrap_or_else(|| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "slogate"})));
+            }
+        }
+        if self.auto {
+            for m in discovered {
+                if let Some(id) = id_of(&m) {
+                    if seen.insert(id) {
+                        out.push(m);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// This pool went live (a start or a reload's swap): its replicas take
+    /// its slot count (a fixed one, or their learned one under this pool's
+    /// bounds), and their gauges say what they are.
+    pub(crate) fn activate(&self, metrics: &Metrics) {
+        for (r, public) in self.replicas.iter().zip(&self.publics) {
+            r.go_live(metrics, &self.config.name);
+            r.public.store(Arc::new(public.clone()));
+            let n = match self.config.max_inflight_per_replica {
+                InflightLimit::Fixed(n) => n as usize,
+                InflightLimit::Auto => {
+                    let mut c = r.controller.lock().unwrap_or_else(|p| p.into_inner());
+                    c.set_params(self.limit_params);
+                    c.allowed()
+                }
+            };
+            r.set_max_inflight(n);
+            r.publish_health();
+        }
+        let feeds = self.exact.as_ref().map(|e| e.sources(self.replicas.iter().map(|r| r.label()))).unwrap_or_default();
+        metrics.kv_feeds.set(&self.config.name, feeds);
+        let gauge = metrics.pool_panic.get_or_create(&crate::telemetry::metrics::PoolLabels { pool: self.config.name.clone() }).clone();
+        let _ = self.panic_gauge.set(gauge);
+        self.judge();
+    }
+
+    /// Too few of the replicas pass their checks: all of them are routed to.
+    pub(crate) fn in_panic(&self) -> bool {
+        self.panic.load(Ordering::Relaxed)
+    }
+
+    /// Route by the replicas' verdicts: to those that pass, or, when fewer
+    /// than `health.panic_threshold` of them do (and every one has had its
+    /// first check), to all of them that ever passed one, as Envoy's panic
+    /// threshold does: a slowdown that fails the checks of most replicas
+    /// must not become an outage. A replica that never passed (a wrong key,
+    /// an untrusted certificate, not started) would fail every request: it
+    /// is not routed to. Called when a verdict changes.
+    pub(crate) fn judge(&self) {
+        let n = self.replicas.len();
+        let passing = self.replicas.iter().filter(|r| r.is_passing()).count();
+        let known = self.replicas.iter().all(|r| r.verdict.known());
+        let panic = known && n > 0 && (passing as f64) < self.config.health.panic_threshold * n as f64;
+        for r in &self.replicas {
+            r.set_routed(r.is_passing() || (panic && r.verdict.ever_passed()));
+        }
+        if let Some(g) = self.panic_gauge.get() {
+            g.set(panic as i64);
+        }
+        if self.panic.swap(panic, Ordering::Relaxed) != panic {
+            let threshold = self.config.health.panic_threshold;
+            if panic {
+                tracing::warn!(pool = %self.config.name, passing, replicas = n, threshold, "panic: too few replicas pass their health checks; routing to all of them");
+            } else {
+                tracing::info!(pool = %self.config.name, passing, replicas = n, "panic over: routing to the replicas that pass their health checks");
+            }
+        }
+    }
+
+    /// A request's connection to `replica` failed before its response head
+    /// (`refused`: nothing listens there): the second such failure in a
+    /// row, or a refused connect, takes it out until its checks pass again,
+    /// without waiting for them to fail.
+    pub(crate) fn connection_failed(&self, replica: &Replica, refused: bool, why: &str) {
+        if !replica.verdict.failed(refused) {
+            return;
+        }
+        replica.set_healthy(false);
+        let why = format!("its traffic failed: {why}");
+        replica.verdict.changed("taken out", &why);
+        replica.set_health_error(Some(why.clone()));
+        tracing::warn!(pool = %self.config.name, replica = %replica.url, reason = %why, "replica taken out");
+        self.judge();
+    }
+
+    /// Every slot was taken: the healthy replicas whose learned limits are
+    /// still in slow start grow now (docs/design/learned-limits.md rule 15).
+    /// True if any grew.
+    pub(crate) fn grow_on_demand(&self) -> bool {
+        self.learns_limits() && self.replicas.iter().filter(|r| r.is_healthy()).fold(false, |grew, r| r.grow_on_demand() | grew)
+    }
+
+    /// Are this pool's limits learned?
+    pub(crate) fn learns_limits(&self) -> bool {
+        self.config.max_inflight_per_replica == InflightLimit::Auto
+    }
+
+    /// The recent 90th percentile of interactive requests' dispatch-to-first-token
+    /// time over their class's target, across the healthy replicas (their mean).
+    pub(crate) fn first_token_p90(&self) -> f64 {
+        let (sum, n) = self.replicas.iter().filter(|r| r.is_healthy()).fold((0.0, 0usize), |(s, n), r| (s + r.first_token_p90(), n + 1));
+        if n == 0 {
+            0.0
+        } else {
+            sum / n as f64
+        }
+    }
+
+    pub(crate) fn healthy_count(&self) -> usize {
+        self.replicas.iter().filter(|r| r.is_healthy()).count()
+    }
+
+    /// This instance's slots on healthy replicas.
+    pub(crate) fn capacity(&self) -> usize {
+        self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.slots()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Balance, Config, Tier};
+    use crate::upstream::replica::GAPS_FORGOTTEN_AFTER;
+    use crate::upstream::{Load, ReplicaSlot};
+
+    /// Two healthy replicas (nothing listens) with `slots` each, least loaded.
+    fn two(slots: u32, upstream_priority: bool) -> Pool {
+        let cfg = PoolConfig {
+            replicas: vec!["http://127.0.0.1:9".into(), "http://127.0.0.1:10".into()],
+            max_inflight_per_replica: InflightLimit::Fixed(slots),
+            balance: Balance::LeastLoaded,
+            upstream_priority,
+            ..PoolConfig::default()
+        };
+        let access = Access::new(&cfg).expect("access");
+        let pool = Pool::new(cfg, access, None);
+        for r in &pool.replicas {
+            r.set_healthy(true);
+        }
+        pool
+    }
+
+    fn on(slot: &ReplicaSlot) -> &str {
+        &slot.replica().url
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn interactive_waits_for_a_replica_whose_gaps_are_not_slow_and_batch_goes_to_the_slow_one() {
+        use std::time::Duration;
+        let pool = two(2, false);
+        let (slow, fast) = (&pool.replicas[0], &pool.replicas[1]);
+        // Before any stream ended, nothing changes the order.
+        let picks: Vec<String> =
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).to_string()).collect();
+        assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "no gaps measured yet: {picks:?}");
+        // Streams of 100 gaps: 90 ms apart on one replica, 40 ms on the other (more than 1.5x).
+        slow.record_itl(Duration::from_millis(9000), 100);
+        fast.record_itl(Duration::from_millis(4000), 100);
+        assert!(slow.itl_mean().abs_diff(Duration::from_millis(90)) < Duration::from_micros(1), "{:?}", slow.itl_mean());
+        for _ in 0..4 {
+            // Whichever replica the rotation starts from.
+            let i = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
+            assert_eq!(on(&i), fast.url, "interactive where the gaps are short");
+            let b = pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot");
+            assert_eq!(on(&b), slow.url, "batch leaves that replica to interactive");
+        }
+        // The fast replica full: interactive waits for it (it would miss its
+        // ITL on the slow one); batch still takes the slow one.
+        let held: Vec<_> = (0..2).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).collect();
+        assert!(held.iter().all(|s| on(s) == fast.url));
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Interactive, None), Err(PickError::Saturated)));
+        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")), slow.url);
+        // The fast replica gone: the slow one serves interactive too.
+        fast.set_healthy(false);
+        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")), slow.url);
+        fast.set_healthy(true);
+        drop(held);
+        // The slow replica recovers: its batch streams bring its mean back near the other's.
+        for _ in 0..10 {
+            slow.record_itl(Duration::from_millis(4000), 100);
+        }
+        assert!(slow.itl_mean() < Duration::from_millis(60), "{:?}", slow.itl_mean());
+        let picks: Vec<String> =
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).to_string()).collect();
+        assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "both serve interactive again: {picks:?}");
+        // Slow again, then nothing ends there for longer than the gaps are
+        // remembered (no batch to measure it): interactive tries it again.
+        slow.record_itl(Duration::from_millis(90_000), 100);
+        fast.record_itl(Duration::from_millis(4000), 100);
+        assert_eq!(on(&pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")), slow.url, "slow again");
+        tokio::time::advance(GAPS_FORGOTTEN_AFTER + Duration::from_secs(1)).await;
+        fast.record_itl(Duration::from_millis(4000), 100);
+        assert_eq!(slow.itl_mean(), Duration::ZERO, "forgotten");
+        let picks: Vec<String> =
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).to_string()).collect();
+        assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "{picks:?}");
+        slow.record_itl(Duration::from_millis(4000), 100);
+        assert!(slow.itl_mean().abs_diff(Duration::from_millis(40)) < Duration::from_micros(1), "measured anew");
+        // A little slower (1.4x) is not slow.
+        for _ in 0..20 {
+            slow.record_itl(Duration::from_millis(5600), 100);
+        }
+        let picks: Vec<String> =
+            (0..4).map(|_| on(&pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).to_string()).collect();
+        assert!(picks.contains(&slow.url) && picks.contains(&fast.url), "{picks:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn late_first_tokens_under_load_set_the_replicas_batch_cut_and_its_gauge() {
+        use std::time::Duration;
+        let cfg = PoolConfig {
+            replicas: vec!["http://127.0.0.1:9".into()],
+            max_inflight_per_replica: InflightLimit::Auto,
+            upstream_priority: true,
+            ..PoolConfig::default()
+        };
+        let metrics = Metrics::new(&Config::default());
+        let access = Access::new(&cfg).expect("access");
+        let pool = Pool::new(cfg, access, None);
+        pool.activate(&metrics);
+        let r = &pool.replicas[0];
+        r.set_healthy(true);
+        let (target, idle) = (Duration::from_millis(300), Load { waiting: Some(0.0), running: Some(1.0) });
+        let batch = pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot");
+        r.record_first_token(Duration::from_millis(100), target);
+        r.control("p", idle, false);
+        assert_eq!((r.batch_cut.load(Ordering::Relaxed), r.gauges.get().expect("live").batch_cut.get()), (0, 0));
+        // Over the target and over twice the best so far, batch on the replica: load.
+        r.record_first_token(Duration::from_millis(450), target);
+        r.control("p", idle, false);
+        let cut = r.batch_cut.load(Ordering::Relaxed);
+        assert_eq!(cut, 2, "a tenth of the starting limit of 16, rounded up");
+        assert_eq!(r.gauges.get().expect("live").batch_cut.get(), 2);
+        assert_eq!(r.max_inflight(), 16, "the limit itself holds");
+        drop(batch);
+    }
+
+    #[test]
+    fn batch_leaves_a_replicas_batch_cut_to_interactive_requests() {
+        let pool = two(10, false);
+        let (a, b) = (&pool.replicas[0], &pool.replicas[1]);
+        // Four of each replica's ten seats are left to interactive requests
+        // (in a fleet, this instance's part of them: 2 of its 5 slots).
+        a.batch_cut.store(4, Ordering::Relaxed);
+        b.batch_cut.store(4, Ordering::Relaxed);
+        let batch: Vec<_> = (0..12).map(|_| pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")).collect();
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Batch, None), Err(PickError::Saturated)));
+        assert_eq!((a.inflight(), b.inflight()), (6, 6));
+        let chat: Vec<_> = (0..8).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).collect();
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Interactive, None), Err(PickError::Saturated)));
+        drop(chat);
+        a.set_fleet_share(Some((5, 5)));
+        b.set_fleet_share(Some((5, 5)));
+        drop(batch);
+        let batch: Vec<_> = (0..6).map(|_| pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")).collect();
+        assert!(matches!(pool.pick(None, Room::Over(0), Tier::Batch, None), Err(PickError::Saturated)));
+        assert_eq!((a.inflight(), b.inflight()), (3, 3));
+        drop(batch);
+        // The cut gone, batch takes every slot again.
+        a.batch_cut.store(0, Ordering::Relaxed);
+        let on_a: Vec<_> = (0..5).filter_map(|_| pool.pick(Some(b), Room::Over(0), Tier::Batch, None).ok()).collect();
+        assert_eq!(on_a.len(), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_a_replica_is_slow_batch_leaves_the_reserved_seats_on_the_others() {
+        use std::time::Duration;
+        let pool = two(4, false);
+        let (slow, fast) = (&pool.replicas[0], &pool.replicas[1]);
+        // Nothing slow: `Leave` is the batch limit's business, not the pick's.
+        let all: Vec<_> = (0..8).map(|_| pool.pick(None, Room::Leave(3), Tier::Batch, None).expect("slot")).collect();
+        assert_eq!(all.iter().filter(|s| on(s) == fast.url).count(), 4);
+        drop(all);
+        slow.record_itl(Duration::from_millis(9000), 100);
+        fast.record_itl(Duration::from_millis(4000), 100);
+        // Three seats reserved: batch fills the slow replica, then takes
+        // one seat of the fast one's four and no more.
+        let batch: Vec<_> = (0..5).map(|_| pool.pick(None, Room::Leave(3), Tier::Batch, None).expect("slot")).collect();
+        assert_eq!(batch.iter().filter(|s| on(s) == slow.url).count(), 4);
+        assert_eq!(fast.batch_held.load(Ordering::Relaxed), 1);
+        assert!(matches!(pool.pick(None, Room::Leave(3), Tier::Batch, None), Err(PickError::Saturated)));
+        // The reserved seats are interactive's.
+        let chat: Vec<_> = (0..3).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).collect();
+        assert!(chat.iter().all(|s| on(s) == fast.url));
+        // Interactive's demand falls (less reserved): batch may take more of the fast replica.
+        drop(chat);
+        let more = pool.pick(None, Room::Leave(1), Tier::Batch, None).expect("slot");
+        assert_eq!(on(&more), fast.url);
+        assert_eq!(fast.batch_held.load(Ordering::Relaxed), 2);
+        // Each batch seat is counted off once, when given back.
+        drop(more);
+        drop(batch);
+        assert_eq!((fast.batch_held.load(Ordering::Relaxed), slow.batch_held.load(Ordering::Relaxed)), (0, 0));
+    }
+
+    #[test]
+    fn a_new_request_goes_where_fewer_prefills_are_ahead_of_it_even_with_more_streams() {
+        let pool = two(8, false);
+        // Three streams decoding on one replica, one request still prefilling on the other.
+        let mut decoding: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")).collect();
+        let prefilling = decoding.pop().expect("four");
+        let busy = on(&prefilling).to_string();
+        decoding.retain(|s| on(s) != busy);
+        for s in &mut decoding {
+            s.prefilled();
+        }
+        let quiet = on(&decoding[0]).to_string();
+        assert!(decoding.len() > prefilling.replica().inflight(), "more streams on {quiet} than on {busy}");
+        for tier in [Tier::Interactive, Tier::Batch] {
+            let next = pool.pick(None, Room::Over(0), tier, None).expect("slot");
+            assert_eq!(on(&next), quiet, "{tier:?}: the replica with no prefill in progress");
+        }
+        // Once the prefill is done, streams count again.
+        let mut prefilling = prefilling;
+        prefilling.prefilled();
+        let mut counts = HashSet::new();
+        for _ in 0..2 {
+            counts.insert(on(&pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")).to_string());
+        }
+        assert_eq!(counts, HashSet::from([busy]), "fewest streams now");
+    }
+
+    #[test]
+    fn with_upstream_priority_an_interactive_request_waits_only_behind_interactive_prefills() {
+        for priority in [true, false] {
+            let pool = two(8, priority);
+            let (ra, rb) = (pool.replicas[0].clone(), pool.replicas[1].clone());
+            // Two batch prefills on one replica, one interactive prefill on the other.
+            let _batch: Vec<ReplicaSlot> = (0..2).map(|_| pool.pick(Some(&ra), Room::Over(0), Tier::Batch, None).expect("slot")).collect();
+            let _chat = pool.pick(Some(&rb), Room::Over(0), Tier::Interactive, None).expect("slot");
+            let next = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
+            // vLLM with priority scheduling runs the interactive request
+            // before both batch prefills; first come, first served, it waits for both.
+            let want = if priority { &rb } else { &ra };
+            assert_eq!(on(&next), want.url, "upstream_priority {priority}");
+        }
+    }
+
+    #[test]
+    fn in_a_fleet_an_interactive_request_may_take_a_seat_no_instance_holds() {
+        let pool = two(8, false);
+        let (ra, rb) = (pool.replicas[0].clone(), pool.replicas[1].clone());
+        // This instance's part: 2 of each replica's 8; the others hold 5 on each.
+        for r in [&ra, &rb] {
+            r.set_fleet_share(Some((2, 5)));
+        }
+        let _mine: Vec<ReplicaSlot> = (0..4).map(|_| pool.pick(None, Room::Over(0), Tier::Batch, None).expect("within the part")).collect();
+        assert_eq!(pool.pick(None, Room::Over(0), Tier::Batch, None).err(), Some(PickError::Saturated), "batch keeps to its part");
+        // One seat on each replica is nobody's: interactive takes them, then no more.
+        let _i1 = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("a free seat");
+        let _i2 = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("the other free seat");
+        assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "2 + 5 + 1 = 8: full");
+        assert_eq!((ra.inflight(), rb.inflight()), (3, 3));
+    }
+
+    #[test]
+    fn the_prefill_count_falls_once_at_the_first_token_or_at_release() {
+        let pool = two(8, false);
+        let mut s = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot");
+        let r = s.replica().clone();
+        assert_eq!((r.prefilling(Tier::Interactive), r.inflight()), (1, 1));
+        s.prefilled();
+        s.prefilled();
+        assert_eq!((r.prefilling(Tier::Interactive), r.inflight()), (0, 1));
+        drop(s);
+        assert_eq!((r.prefilling(Tier::Interactive), r.inflight()), (0, 0));
+        // Given back before any token (a refusal, a client gone): counted off once.
+        let mut s = pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot");
+        let r = s.replica().clone();
+        assert_eq!(r.prefilling(Tier::Batch), 1);
+        s.release();
+        s.release();
+        drop(s);
+        assert_eq!((r.prefilling(Tier::Batch), r.inflight()), (0, 0));
+    }
+}
