@@ -163,7 +163,8 @@ impl Lease {
     /// batch stream on that replica for its slot (docs/design/preemption.md, rule 1).
     pub(crate) fn ask_for_slot(&self) -> bool {
         let replica = self.slot.replica();
-        replica.scraped_waiting.load(std::sync::atomic::Ordering::Relaxed) > 0 && self.seating.ask_on(super::preempt::replica_key(replica))
+        replica.readings.scraped_waiting.load(std::sync::atomic::Ordering::Relaxed) > 0
+            && self.seating.ask_on(super::preempt::replica_key(replica))
     }
 
     /// Give the slot back now (the waiter next in line takes it) and wait

@@ -132,7 +132,7 @@ pub(super) fn build_upstream_request(
     *req.method_mut() = parts.method.clone();
     let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     // A replica URL may carry a path prefix (`http://host/vllm`).
-    let prefix = replica.base.path().trim_end_matches('/');
+    let prefix = replica.address.base.path().trim_end_matches('/');
     *req.uri_mut() = if prefix.is_empty() {
         parts.uri.path_and_query().map(|p| http::Uri::from(p.clone())).unwrap_or_else(|| http::Uri::from_static("/"))
     } else {
@@ -144,7 +144,7 @@ pub(super) fn build_upstream_request(
     // the map is not grown on the way.
     *req.headers_mut() = HeaderMap::with_capacity(parts.headers.len() + 4);
     let h = req.headers_mut();
-    if let Some(host) = &replica.host {
+    if let Some(host) = &replica.address.host {
         h.insert(header::HOST, host.clone());
     }
     let named = connection_named(&parts.headers);

@@ -321,7 +321,7 @@ fn pool_status(p: &crate::upstream::Pool, cfg: &Config) -> PoolStatus {
                 url: r.url.clone(),
                 healthy: r.is_passing(),
                 reason: r.health_error(),
-                last_change: r.verdict.last_change(),
+                last_change: r.health.verdict.last_change(),
                 inflight: r.inflight(),
                 prefilling: r.prefilling(Tier::Interactive) + r.prefilling(Tier::Batch),
                 max_inflight: r.max_inflight(),

@@ -194,17 +194,17 @@ pub(crate) fn send<'a>(
     fresh: bool,
     reads: Reads,
 ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + 'a {
-    if let Some(key) = &replica.api_key {
+    if let Some(key) = &replica.conn.api_key {
         req.headers_mut().insert(http::header::AUTHORIZATION, key.clone());
     }
     async move {
         let mut tries = 0;
         loop {
-            let (link, reused) = match (!fresh && tries < STALE_TRIES).then(|| replica.idle.take(reads)).flatten() {
+            let (link, reused) = match (!fresh && tries < STALE_TRIES).then(|| replica.conn.idle.take(reads)).flatten() {
                 Some(link) => (link, true),
                 // Boxed: a new connection's state (the TLS handshake's among
                 // it) would otherwise sit in every request's future.
-                None => (Box::pin(connect(&replica.base, replica.tls.as_ref(), connect_timeout, reads)).await?, false),
+                None => (Box::pin(connect(&replica.address.base, replica.conn.tls.as_ref(), connect_timeout, reads)).await?, false),
             };
             tries += 1;
             match exchange(link, req).await {
@@ -392,7 +392,7 @@ impl UpstreamBody {
     fn release(&mut self) {
         if let (Some(link), Some((home, reads))) = (self.link.take(), &self.home) {
             if !link.tx.is_closed() {
-                home.idle.put(*reads, link);
+                home.conn.idle.put(*reads, link);
             }
         }
     }
@@ -486,7 +486,7 @@ async fn read_whole(
 /// GET `path` from a replica (health checks, model discovery, load
 /// scrapes), on its pooled connections like any request.
 pub(crate) async fn get(replica: &Arc<Replica>, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
-    let req = get_request(&replica.base, path)?;
+    let req = get_request(&replica.address.base, path)?;
     read_whole(path, timeout, send(replica, req, timeout, false, Reads::Whole)).await
 }
 

@@ -65,7 +65,7 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
             _ = interval.tick() => {}
             _ = stop.changed() => return,
         }
-        replica.idle.sweep();
+        replica.conn.idle.sweep();
         // Why a check failed, for the log line that takes the replica out
         // and for the status page.
         let mut failure = check(&pool, &replica, &h).await;
@@ -105,7 +105,7 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
         }
         (known, set) = (true, now);
         // The list routes `auto` pools, and describes named models in `/v1/models`.
-        if now && pool.config.api_key_env.is_none() && (tick % 15 == 0 || replica.models.load().is_empty()) {
+        if now && pool.config.api_key_env.is_none() && (tick % 15 == 0 || replica.readings.models.load().is_empty()) {
             discover_models(&replica, h.timeout.get()).await;
         }
         tick += 1;
@@ -120,13 +120,13 @@ fn judged(pool: &Pool, replica: &Replica, known: bool, now: bool, failures: u32,
         if known {
             tracing::info!(pool = %name, replica = %replica.url, "replica healthy again");
         }
-        replica.verdict.changed(if known { "brought back" } else { "in" }, "its health checks pass");
+        replica.health.verdict.changed(if known { "brought back" } else { "in" }, "its health checks pass");
     } else if known {
         tracing::warn!(pool = %name, replica = %replica.url, failures, reason, "replica taken out: failing health checks");
-        replica.verdict.changed("taken out", &format!("{failures} health checks failed: {reason}"));
+        replica.health.verdict.changed("taken out", &format!("{failures} health checks failed: {reason}"));
     } else {
         tracing::warn!(pool = %name, replica = %replica.url, reason, "replica not healthy at its first check: not used until it passes");
-        replica.verdict.changed("not in", &format!("its first health check failed: {reason}"));
+        replica.health.verdict.changed("not in", &format!("its first health check failed: {reason}"));
     }
     pool.judge();
 }
@@ -166,7 +166,7 @@ async fn discover_models(replica: &Arc<Replica>, timeout: Duration) {
 fn store_models(replica: &Replica, body: &[u8]) {
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else { return };
     if let Some(list) = v.get("data").and_then(|d| d.as_array()) {
-        replica.models.store(Arc::new(list.clone()));
+        replica.readings.models.store(Arc::new(list.clone()));
     }
 }
 
@@ -206,10 +206,10 @@ async fn scrape_load(replica: &Arc<Replica>, engine: Engine, timeout: Duration) 
     }
     let (load, cache_tokens) = read_metrics(&body, engine);
     if let Some(tokens) = cache_tokens {
-        replica.cache_tokens.store(tokens, std::sync::atomic::Ordering::Relaxed);
+        replica.readings.cache_tokens.store(tokens, std::sync::atomic::Ordering::Relaxed);
     }
     if let Some(w) = load.waiting {
-        replica.scraped_waiting.store(w as u64, std::sync::atomic::Ordering::Relaxed);
+        replica.readings.scraped_waiting.store(w as u64, std::sync::atomic::Ordering::Relaxed);
     }
     replica.set_scraped_total(load.waiting.zip(load.running).map(|(w, r)| w + r));
     load

@@ -15,6 +15,7 @@ pub(crate) mod kv_events;
 pub(crate) mod limit;
 mod link;
 pub(crate) mod owners;
+mod parts;
 mod payload;
 pub(crate) mod pick;
 mod pool;

@@ -244,7 +244,7 @@ impl Pool {
             any_slow |= slow;
             if !slow {
                 fast_slots += x.r.slots();
-                fast_batch += x.r.batch_held.load(Ordering::Relaxed);
+                fast_batch += x.r.seats.batch_held.load(Ordering::Relaxed);
             }
         }
         // While a replica is slow, interactive requests can use only the
@@ -327,7 +327,7 @@ pub(crate) fn decisions(replicas: usize, prefixes: usize, blocks: usize, samples
     // as vLLM's metrics do: every decision's blocks then push others out.
     let per_replica = (prefixes * blocks).div_ceil(replicas.max(1)) as u64;
     for r in &pool.replicas {
-        r.cache_tokens.store((per_replica / 2).max(1) * block as u64 / 4, Ordering::Relaxed);
+        r.readings.cache_tokens.store((per_replica / 2).max(1) * block as u64 / 4, Ordering::Relaxed);
     }
     for p in 0..prefixes {
         let i = p % replicas;

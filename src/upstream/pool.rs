@@ -178,7 +178,10 @@ impl Pool {
     pub(crate) fn serves(&self, model: &str) -> bool {
         self.static_models.contains(model)
             || (self.auto
-                && self.replicas.iter().any(|r| r.models.load().iter().any(|m| m.get("id").and_then(|v| v.as_str()) == Some(model))))
+                && self
+                    .replicas
+                    .iter()
+                    .any(|r| r.readings.models.load().iter().any(|m| m.get("id").and_then(|v| v.as_str()) == Some(model))))
     }
 
     /// Model objects for `/v1/models`: discovered ones as the replicas gave
@@ -190,7 +193,7 @@ impl Pool {
         self.replicas
             .iter()
             .filter_map(|r| {
-                let models = r.models.load();
+                let models = r.readings.models.load();
                 let m = models.iter().find(|m| m.get("id").and_then(|v| v.as_str()) == Some(model))?;
                 m.get("max_model_len").and_then(serde_json::Value::as_u64)
             })
@@ -199,7 +202,7 @@ impl Pool {
 
     pub(crate) fn model_objects(&self) -> Vec<serde_json::Value> {
         let discovered: Vec<serde_json::Value> =
-            self.replicas.iter().flat_map(|r| r.models.load().iter().cloned().collect::<Vec<_>>()).collect();
+            self.replicas.iter().flat_map(|r| r.readings.models.load().iter().cloned().collect::<Vec<_>>()).collect();
         let id_of = |m: &serde_json::Value| m.get("id").and_then(|v| v.as_str()).map(str::to_string);
         let mut seen = HashSet::new();
         let mut out = Vec::new();
@@ -238,7 +241,7 @@ impl Pool {
             let n = match self.config.max_inflight_per_replica {
                 InflightLimit::Fixed(n) => n as usize,
                 InflightLimit::Auto => {
-                    let mut c = r.controller.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut c = r.learning.controller.lock().unwrap_or_else(|p| p.into_inner());
                     c.set_params(self.limit_params);
                     c.allowed()
                 }
@@ -268,10 +271,10 @@ impl Pool {
     pub(crate) fn judge(&self) {
         let n = self.replicas.len();
         let passing = self.replicas.iter().filter(|r| r.is_passing()).count();
-        let known = self.replicas.iter().all(|r| r.verdict.known());
+        let known = self.replicas.iter().all(|r| r.health.verdict.known());
         let panic = known && n > 0 && (passing as f64) < self.config.health.panic_threshold * n as f64;
         for r in &self.replicas {
-            r.set_routed(r.is_passing() || (panic && r.verdict.ever_passed()));
+            r.set_routed(r.is_passing() || (panic && r.health.verdict.ever_passed()));
         }
         if let Some(g) = self.panic_gauge.get() {
             g.set(panic as i64);
@@ -291,12 +294,12 @@ impl Pool {
     /// row, or a refused connect, takes it out until its checks pass again,
     /// without waiting for them to fail.
     pub(crate) fn connection_failed(&self, replica: &Replica, refused: bool, why: &str) {
-        if !replica.verdict.failed(refused) {
+        if !replica.health.verdict.failed(refused) {
             return;
         }
         replica.set_healthy(false);
         let why = format!("its traffic failed: {why}");
-        replica.verdict.changed("taken out", &why);
+        replica.health.verdict.changed("taken out", &why);
         replica.set_health_error(Some(why.clone()));
         tracing::warn!(pool = %self.config.name, replica = %replica.url, reason = %why, "replica taken out");
         self.judge();
@@ -443,11 +446,11 @@ mod tests {
         let batch = pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot");
         r.record_first_token(Duration::from_millis(100), target);
         r.control("p", idle, false);
-        assert_eq!((r.batch_cut.load(Ordering::Relaxed), r.gauges.get().expect("live").batch_cut.get()), (0, 0));
+        assert_eq!((r.seats.batch_cut.load(Ordering::Relaxed), r.gauges.get().expect("live").batch_cut.get()), (0, 0));
         // Over the target and over twice the best so far, batch on the replica: load.
         r.record_first_token(Duration::from_millis(450), target);
         r.control("p", idle, false);
-        let cut = r.batch_cut.load(Ordering::Relaxed);
+        let cut = r.seats.batch_cut.load(Ordering::Relaxed);
         assert_eq!(cut, 2, "a tenth of the starting limit of 16, rounded up");
         assert_eq!(r.gauges.get().expect("live").batch_cut.get(), 2);
         assert_eq!(r.max_inflight(), 16, "the limit itself holds");
@@ -460,8 +463,8 @@ mod tests {
         let (a, b) = (&pool.replicas[0], &pool.replicas[1]);
         // Four of each replica's ten seats are left to interactive requests
         // (in a fleet, this instance's part of them: 2 of its 5 slots).
-        a.batch_cut.store(4, Ordering::Relaxed);
-        b.batch_cut.store(4, Ordering::Relaxed);
+        a.seats.batch_cut.store(4, Ordering::Relaxed);
+        b.seats.batch_cut.store(4, Ordering::Relaxed);
         let batch: Vec<_> = (0..12).map(|_| pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot")).collect();
         assert!(matches!(pool.pick(None, Room::Over(0), Tier::Batch, None), Err(PickError::Saturated)));
         assert_eq!((a.inflight(), b.inflight()), (6, 6));
@@ -476,7 +479,7 @@ mod tests {
         assert_eq!((a.inflight(), b.inflight()), (3, 3));
         drop(batch);
         // The cut gone, batch takes every slot again.
-        a.batch_cut.store(0, Ordering::Relaxed);
+        a.seats.batch_cut.store(0, Ordering::Relaxed);
         let on_a: Vec<_> = (0..5).filter_map(|_| pool.pick(Some(b), Room::Over(0), Tier::Batch, None).ok()).collect();
         assert_eq!(on_a.len(), 5);
     }
@@ -496,7 +499,7 @@ mod tests {
         // one seat of the fast one's four and no more.
         let batch: Vec<_> = (0..5).map(|_| pool.pick(None, Room::Leave(3), Tier::Batch, None).expect("slot")).collect();
         assert_eq!(batch.iter().filter(|s| on(s) == slow.url).count(), 4);
-        assert_eq!(fast.batch_held.load(Ordering::Relaxed), 1);
+        assert_eq!(fast.seats.batch_held.load(Ordering::Relaxed), 1);
         assert!(matches!(pool.pick(None, Room::Leave(3), Tier::Batch, None), Err(PickError::Saturated)));
         // The reserved seats are interactive's.
         let chat: Vec<_> = (0..3).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("slot")).collect();
@@ -505,11 +508,11 @@ mod tests {
         drop(chat);
         let more = pool.pick(None, Room::Leave(1), Tier::Batch, None).expect("slot");
         assert_eq!(on(&more), fast.url);
-        assert_eq!(fast.batch_held.load(Ordering::Relaxed), 2);
+        assert_eq!(fast.seats.batch_held.load(Ordering::Relaxed), 2);
         // Each batch seat is counted off once, when given back.
         drop(more);
         drop(batch);
-        assert_eq!((fast.batch_held.load(Ordering::Relaxed), slow.batch_held.load(Ordering::Relaxed)), (0, 0));
+        assert_eq!((fast.seats.batch_held.load(Ordering::Relaxed), slow.seats.batch_held.load(Ordering::Relaxed)), (0, 0));
     }
 
     #[test]

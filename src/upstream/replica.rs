@@ -11,6 +11,7 @@ use http::HeaderValue;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
+use super::parts::{Address, Connection, Health, LimitSignals, Readings, RoutingStats, Seats};
 use super::share::Share;
 use super::{conn, limit, tls};
 use crate::config::Tier;
@@ -18,7 +19,7 @@ use crate::error::GatewayError;
 use crate::sync::AtomicF64;
 use crate::telemetry::metrics::{Metrics, ReplicaLabels};
 
-/// One upstream vLLM server.
+/// One upstream vLLM server, composed of its parts (`parts.rs`).
 pub(crate) struct Replica {
     /// Base URL as configured, e.g. `http://127.0.0.1:8000`.
     pub(crate) url: String,
@@ -27,97 +28,25 @@ pub(crate) struct Replica {
     /// What clients are shown (`x-slogate-replica`, error bodies): the name,
     /// else `<pool>-<position>`, set when a pool with it is built.
     pub(super) public: ArcSwap<HeaderValue>,
-    /// Scheme + authority, used to build request URIs.
-    pub(crate) base: http::Uri,
-    /// `Host` as requests to this replica carry it (`base`'s authority),
-    /// made once.
-    pub(crate) host: Option<HeaderValue>,
-    /// Requests holding a slot here. Invariant: only changed through `ReplicaSlot`.
-    pub(super) inflight: AtomicUsize,
-    /// Of those, the ones without a first token yet, by tier (interactive,
-    /// batch): the prefills a request sent here now would wait behind.
-    /// Only changed through `ReplicaSlot`.
-    pub(super) prefilling: [AtomicUsize; 2],
-    /// Of those, the prompt bytes prefix-aware routing expected the cache
-    /// not to hold, by tier: the prefill work a request sent here now would
-    /// wait behind. Only changed through `ReplicaSlot`.
-    pub(super) prefill_bytes: [AtomicU64; 2],
-    /// Prefix-aware routing's estimate: prompt bytes sent here, and of them
-    /// those it expected the replica's cache to hold.
-    pub(super) expected_hits: Share,
-    /// What the engine reported of the requests served here: prompt tokens,
-    /// and of them those its prefix cache held.
-    pub(super) reported_hits: Share,
-    /// Batch requests holding a slot here. Only changed through `ReplicaSlot`.
-    pub(super) batch_held: AtomicUsize,
-    /// Seats of the limit batch leaves to interactive requests here (the
-    /// learned limit's answer to their first tokens coming late under load).
-    pub(super) batch_cut: AtomicUsize,
-    /// Slots; set when a config goes live (a reload resizes it in place:
-    /// slots above a lowered limit drain, and no new one is taken until the
-    /// count is under it).
-    pub(super) max_inflight: AtomicUsize,
-    /// Routed to: it passes its checks, or its pool is in panic.
-    pub(super) healthy: AtomicBool,
-    /// Whether it passes, and why it was last taken out or brought back.
-    pub(crate) verdict: super::verdict::Verdict,
-    /// This instance's part of the slots when other instances share the
-    /// replica (`fleet`); `usize::MAX` when it is alone.
-    pub(super) allowance: AtomicUsize,
-    /// Requests other instances of the fleet hold here (or are assumed to,
-    /// for peers not heard lately), as the fleet last published it.
-    pub(super) others_inflight: AtomicUsize,
-    /// What the replica runs and queues, as last scraped (all its clients);
-    /// `u64::MAX` when the last scrape failed or none was made.
-    pub(super) scraped_total: AtomicU64,
-    /// Requests waiting inside vLLM, as last scraped from its `/metrics`
-    /// (includes other clients' requests); 0 when not scraped.
-    pub(crate) scraped_waiting: AtomicU64,
-    /// Tokens its KV cache holds, as its `/metrics` says; 0 when unknown.
-    pub(super) cache_tokens: AtomicU64,
-    /// Models this replica's `/v1/models` listed (raw model objects).
-    pub(crate) models: ArcSwap<Vec<serde_json::Value>>,
     /// Its series, made when its pool goes live ([`Replica::go_live`]): a
     /// prepared pool that is never installed shows nothing.
     pub(super) gauges: std::sync::OnceLock<ReplicaGauges>,
-    /// Keep-alive connections not serving a request now.
-    pub(crate) idle: conn::IdleConns,
-    /// TLS for an `https://` replica.
-    pub(super) tls: Option<tls::ReplicaTls>,
-    /// `Authorization: Bearer <pools[].api_key_env>`, marked sensitive.
-    pub(super) api_key: Option<http::HeaderValue>,
-    /// Why the last health check failed (none after one passed).
-    pub(super) health_error: ArcSwap<Option<String>>,
-    /// The learned limit (`max_inflight_per_replica: auto`), kept across reloads.
-    pub(super) controller: std::sync::Mutex<limit::Controller>,
-    /// The most requests held here since the controller last looked.
-    pub(super) inflight_peak: AtomicUsize,
-    /// The replica answered 429 or 503 since the controller last looked.
-    pub(super) refused: AtomicBool,
-    /// Interactive requests' dispatch-to-first-token time over their class
-    /// target since the controller last looked: sum (in thousandths) and count.
-    pub(super) first_token_share: AtomicU64,
-    pub(super) first_token_n: AtomicU64,
-    /// The largest share since the controller last looked (thousandths).
-    pub(super) first_token_max: AtomicU64,
-    /// The 90th percentile of that share, tracked (see [`Replica::first_token_p90`]).
-    pub(super) first_token_p90: AtomicF64,
-    /// The mean gap between tokens of the streams that ended here lately,
-    /// in microseconds (f64 bits, 0 before any; see [`Replica::record_itl`]).
-    pub(super) itl_mean_us: AtomicF64,
-    /// When a stream last ended here, in milliseconds after `born`.
-    pub(super) itl_at_ms: AtomicU64,
-    /// When this replica last delivered tokens (a first token, or a report
-    /// of gaps), in milliseconds after `born`; 0: never.
-    pub(super) delivered_at_ms: AtomicU64,
-    /// Requests sent here since the start, and the count and time (ms
-    /// after `born`) the controller last looked at it.
-    pub(super) dispatched: AtomicU64,
-    pub(super) dispatched_seen: AtomicU64,
-    pub(super) controlled_at_ms: AtomicU64,
+    /// When it was made: where its clocks in milliseconds count from.
     pub(super) born: tokio::time::Instant,
-    /// The limit last logged (a move by a quarter or more is logged).
-    pub(super) logged_limit: AtomicUsize,
+    /// Its slots: how many there are, this instance's part of them, and who holds them (interactive, batch, prefilling).
+    pub(super) seats: Seats,
+    /// Whether it is routed to, and why.
+    pub(crate) health: Health,
+    /// What its own `/metrics` and `/v1/models` said when last read.
+    pub(crate) readings: Readings,
+    /// How it is reached: idle connections, TLS, its key.
+    pub(crate) conn: Connection,
+    /// What the learned limit reads of it since it last looked, and the controller itself.
+    pub(super) learning: LimitSignals,
+    /// What routing reads of how it serves: its prefix cache's hits, the gaps between its tokens, when it last delivered.
+    pub(super) routing: RoutingStats,
+    /// Where requests go: its scheme and authority, and the `Host` they carry.
+    pub(crate) address: Address,
 }
 
 /// How far the tracked 90th percentile of a replica's first-token share
@@ -136,7 +65,7 @@ pub(super) const GAPS_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration
 impl Replica {
     /// Does the replica get a key of its pool's (`pools[].api_key_env`)?
     pub(crate) fn has_api_key(&self) -> bool {
-        self.api_key.is_some()
+        self.conn.api_key.is_some()
     }
 
     /// A replica at `url` (its base `base`), `initial` slots, not yet healthy.
@@ -155,44 +84,51 @@ impl Replica {
             url: url.to_string(),
             name,
             public: ArcSwap::from_pointee(public),
-            host: base.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
-            base,
-            inflight: AtomicUsize::new(0),
-            prefilling: [AtomicUsize::new(0), AtomicUsize::new(0)],
-            prefill_bytes: [AtomicU64::new(0), AtomicU64::new(0)],
-            expected_hits: Share::default(),
-            reported_hits: Share::default(),
-            batch_held: AtomicUsize::new(0),
-            batch_cut: AtomicUsize::new(0),
-            max_inflight: AtomicUsize::new(initial),
-            healthy: AtomicBool::new(false),
-            verdict: super::verdict::Verdict::default(),
-            allowance: AtomicUsize::new(usize::MAX),
-            others_inflight: AtomicUsize::new(0),
-            scraped_total: AtomicU64::new(u64::MAX),
-            scraped_waiting: AtomicU64::new(0),
-            cache_tokens: AtomicU64::new(0),
-            models: ArcSwap::from_pointee(Vec::new()),
             gauges: std::sync::OnceLock::new(),
-            idle: conn::IdleConns::default(),
-            tls,
-            api_key,
-            health_error: ArcSwap::from_pointee(None),
-            controller: std::sync::Mutex::new(limit::Controller::new(limit_params)),
-            inflight_peak: AtomicUsize::new(0),
-            refused: AtomicBool::new(false),
-            first_token_share: AtomicU64::new(0),
-            first_token_n: AtomicU64::new(0),
-            first_token_max: AtomicU64::new(0),
-            first_token_p90: AtomicF64::new(0.0),
-            itl_mean_us: AtomicF64::new(0.0),
-            itl_at_ms: AtomicU64::new(0),
-            delivered_at_ms: AtomicU64::new(0),
-            dispatched: AtomicU64::new(0),
-            dispatched_seen: AtomicU64::new(0),
-            controlled_at_ms: AtomicU64::new(0),
             born: tokio::time::Instant::now(),
-            logged_limit: AtomicUsize::new(initial),
+            seats: Seats {
+                inflight: AtomicUsize::new(0),
+                prefilling: [AtomicUsize::new(0), AtomicUsize::new(0)],
+                prefill_bytes: [AtomicU64::new(0), AtomicU64::new(0)],
+                batch_held: AtomicUsize::new(0),
+                batch_cut: AtomicUsize::new(0),
+                max_inflight: AtomicUsize::new(initial),
+                allowance: AtomicUsize::new(usize::MAX),
+                others_inflight: AtomicUsize::new(0),
+            },
+            health: Health {
+                healthy: AtomicBool::new(false),
+                verdict: super::verdict::Verdict::default(),
+                health_error: ArcSwap::from_pointee(None),
+            },
+            readings: Readings {
+                scraped_total: AtomicU64::new(u64::MAX),
+                scraped_waiting: AtomicU64::new(0),
+                cache_tokens: AtomicU64::new(0),
+                models: ArcSwap::from_pointee(Vec::new()),
+            },
+            conn: Connection { idle: conn::IdleConns::default(), tls, api_key },
+            learning: LimitSignals {
+                controller: std::sync::Mutex::new(limit::Controller::new(limit_params)),
+                inflight_peak: AtomicUsize::new(0),
+                refused: AtomicBool::new(false),
+                first_token_share: AtomicU64::new(0),
+                first_token_n: AtomicU64::new(0),
+                first_token_max: AtomicU64::new(0),
+                first_token_p90: AtomicF64::new(0.0),
+                dispatched: AtomicU64::new(0),
+                dispatched_seen: AtomicU64::new(0),
+                controlled_at_ms: AtomicU64::new(0),
+                logged_limit: AtomicUsize::new(initial),
+            },
+            routing: RoutingStats {
+                expected_hits: Share::default(),
+                reported_hits: Share::default(),
+                itl_mean_us: AtomicF64::new(0.0),
+                itl_at_ms: AtomicU64::new(0),
+                delivered_at_ms: AtomicU64::new(0),
+            },
+            address: Address { host: base.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()), base },
         }
     }
 
@@ -216,11 +152,11 @@ impl Replica {
     }
 
     pub(crate) fn inflight(&self) -> usize {
-        self.inflight.load(Ordering::Relaxed)
+        self.seats.inflight.load(Ordering::Relaxed)
     }
     /// Requests of `tier` held here that have no first token yet.
     pub(crate) fn prefilling(&self, tier: Tier) -> usize {
-        self.prefilling[tier as usize].load(Ordering::Relaxed)
+        self.seats.prefilling[tier as usize].load(Ordering::Relaxed)
     }
     /// What a request of `tier` sent here now would wait behind before its
     /// own prefill: with `upstream_priority` an interactive request waits
@@ -234,7 +170,7 @@ impl Replica {
     }
     /// [`Replica::prefills_ahead`] in prompt bytes not expected cached.
     pub(super) fn prefill_bytes_ahead(&self, tier: Tier, upstream_priority: bool) -> u64 {
-        let of = |t: Tier| self.prefill_bytes[t as usize].load(Ordering::Relaxed);
+        let of = |t: Tier| self.seats.prefill_bytes[t as usize].load(Ordering::Relaxed);
         match tier {
             Tier::Interactive if upstream_priority => of(Tier::Interactive),
             _ => of(Tier::Interactive) + of(Tier::Batch),
@@ -242,73 +178,73 @@ impl Replica {
     }
     /// Prefix-aware routing sent a prompt of `bytes` here, expecting `matched` of them cached.
     pub(super) fn routed(&self, bytes: u64, matched: u64) {
-        self.expected_hits.add(bytes, matched, self.gauges.get().map(|g| (&g.routed_bytes, &g.matched_bytes)));
+        self.routing.expected_hits.add(bytes, matched, self.gauges.get().map(|g| (&g.routed_bytes, &g.matched_bytes)));
     }
     /// The engine reported `prompt` tokens for a request served here, `cached` of them from its prefix cache.
     pub(crate) fn served_prompt(&self, prompt: u64, cached: u64) {
-        self.reported_hits.add(prompt, cached, self.gauges.get().map(|g| (&g.prompt_tokens, &g.cached_tokens)));
+        self.routing.reported_hits.add(prompt, cached, self.gauges.get().map(|g| (&g.prompt_tokens, &g.cached_tokens)));
     }
     /// Since the start: the share of the prompt bytes sent here that
     /// prefix-aware routing expected cached, and the share of prompt tokens
     /// the engine reported cached (`None` before any).
     pub(crate) fn hit_ratios(&self) -> (Option<f64>, Option<f64>) {
-        (self.expected_hits.ratio(), self.reported_hits.ratio())
+        (self.routing.expected_hits.ratio(), self.routing.reported_hits.ratio())
     }
     /// The replica's limit: learned, or fixed (for the whole fleet when
     /// several instances share it).
     pub(crate) fn max_inflight(&self) -> usize {
-        self.max_inflight.load(Ordering::Relaxed)
+        self.seats.max_inflight.load(Ordering::Relaxed)
     }
     /// The slots this instance may hold: the limit, or its part of it in a fleet.
     pub(crate) fn slots(&self) -> usize {
-        self.max_inflight().min(self.allowance.load(Ordering::Relaxed))
+        self.max_inflight().min(self.seats.allowance.load(Ordering::Relaxed))
     }
     /// The fleet's word: this instance may hold `n` requests here, the
     /// others hold `others` (`None`: the instance is alone again).
     pub(crate) fn set_fleet_share(&self, share: Option<(usize, usize)>) {
         let (n, others) = share.unwrap_or((usize::MAX, 0));
-        self.allowance.store(n, Ordering::Relaxed);
-        self.others_inflight.store(others, Ordering::Relaxed);
+        self.seats.allowance.store(n, Ordering::Relaxed);
+        self.seats.others_inflight.store(others, Ordering::Relaxed);
     }
     /// What the replica runs and queues for all its clients, as last scraped.
     pub(crate) fn scraped_total(&self) -> Option<u64> {
-        Some(self.scraped_total.load(Ordering::Relaxed)).filter(|t| *t != u64::MAX)
+        Some(self.readings.scraped_total.load(Ordering::Relaxed)).filter(|t| *t != u64::MAX)
     }
     pub(crate) fn set_scraped_total(&self, total: Option<f64>) {
-        self.scraped_total.store(total.map_or(u64::MAX, |t| t.round() as u64), Ordering::Relaxed);
+        self.readings.scraped_total.store(total.map_or(u64::MAX, |t| t.round() as u64), Ordering::Relaxed);
     }
     /// How many of the prefix index's blocks of `block` bytes its KV cache
     /// holds, where its `/metrics` said how large the cache is.
     pub(super) fn cache_blocks(&self, block: u64) -> Option<usize> {
-        super::prefix::cache_blocks(self.cache_tokens.load(Ordering::Relaxed), block)
+        super::prefix::cache_blocks(self.readings.cache_tokens.load(Ordering::Relaxed), block)
     }
     /// Requests may be sent here: it passes its checks, or its pool is in panic.
     pub(crate) fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+        self.health.healthy.load(Ordering::Relaxed)
     }
     /// It passes its checks (and its traffic has not failed since).
     pub(crate) fn is_passing(&self) -> bool {
-        self.verdict.passing()
+        self.health.verdict.passing()
     }
     /// The verdict on it (and so whether it is routed to, unless its pool is in panic).
     pub(crate) fn set_healthy(&self, up: bool) {
-        self.verdict.set(up);
-        self.healthy.store(up, Ordering::Relaxed);
+        self.health.verdict.set(up);
+        self.health.healthy.store(up, Ordering::Relaxed);
         if let Some(g) = self.gauges.get() {
             g.healthy.set(up as i64);
         }
     }
     /// Route to it or not, whatever its verdict (its pool's panic).
     pub(super) fn set_routed(&self, routed: bool) {
-        self.healthy.store(routed, Ordering::Relaxed);
+        self.health.healthy.store(routed, Ordering::Relaxed);
     }
 
     /// Why the replica is not healthy, as its last failed check said.
     pub(crate) fn health_error(&self) -> Option<String> {
-        (**self.health_error.load()).clone()
+        (**self.health.health_error.load()).clone()
     }
     pub(crate) fn set_health_error(&self, reason: Option<String>) {
-        self.health_error.store(Arc::new(reason));
+        self.health.health_error.store(Arc::new(reason));
     }
 
     /// Show this replica's health on its gauge (a replica that just joined:
@@ -336,7 +272,7 @@ impl Replica {
             }
         });
         g.inflight.set(self.inflight() as i64);
-        g.batch_cut.set(self.batch_cut.load(Ordering::Relaxed) as i64);
+        g.batch_cut.set(self.seats.batch_cut.load(Ordering::Relaxed) as i64);
     }
 
     /// Take a slot for a request of `tier` if one is free (`over`: that
@@ -348,14 +284,14 @@ impl Replica {
     /// leaves the batch cut free (this instance's part of it in a fleet);
     /// with `unheld` it may take such a seat too, less the whole cut.
     pub(super) fn try_take(&self, over: usize, tier: Tier, unheld: bool) -> bool {
-        let mut cur = self.inflight.load(Ordering::SeqCst);
+        let mut cur = self.seats.inflight.load(Ordering::SeqCst);
         let mut max = self.slots().saturating_add(over);
         let (slots, limit) = (self.slots(), self.max_inflight());
-        let unheld_seats = || limit.saturating_sub(self.others_inflight.load(Ordering::Relaxed));
+        let unheld_seats = || limit.saturating_sub(self.seats.others_inflight.load(Ordering::Relaxed));
         match tier {
             Tier::Interactive => max = max.max(unheld_seats()),
             Tier::Batch => {
-                let cut = self.batch_cut.load(Ordering::Relaxed);
+                let cut = self.seats.batch_cut.load(Ordering::Relaxed);
                 if cut > 0 && limit > 0 {
                     max = max.min(slots.saturating_sub((cut * slots).div_ceil(limit)));
                 }
@@ -368,13 +304,13 @@ impl Replica {
             if cur >= max {
                 return false;
             }
-            match self.inflight.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
+            match self.seats.inflight.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => {
                     if let Some(g) = self.gauges.get() {
                         g.inflight.inc();
                     }
-                    self.inflight_peak.fetch_max(cur + 1, Ordering::Relaxed);
-                    self.dispatched.fetch_add(1, Ordering::Relaxed);
+                    self.learning.inflight_peak.fetch_max(cur + 1, Ordering::Relaxed);
+                    self.learning.dispatched.fetch_add(1, Ordering::Relaxed);
                     return true;
                 }
                 Err(now) => cur = now,
@@ -386,15 +322,15 @@ impl Replica {
     /// dispatch; its class's TTFT target is `target`.
     pub(crate) fn record_first_token(&self, after: std::time::Duration, target: std::time::Duration) {
         let permille = (after.as_secs_f64() / target.as_secs_f64().max(1e-6) * 1000.0) as u64;
-        self.first_token_share.fetch_add(permille, Ordering::Relaxed);
-        self.first_token_n.fetch_add(1, Ordering::Relaxed);
-        self.first_token_max.fetch_max(permille, Ordering::Relaxed);
+        self.learning.first_token_share.fetch_add(permille, Ordering::Relaxed);
+        self.learning.first_token_n.fetch_add(1, Ordering::Relaxed);
+        self.learning.first_token_max.fetch_max(permille, Ordering::Relaxed);
         // A streaming quantile: up by 0.9 of a step when a sample is above
         // the estimate, down by 0.1 of one when not, so it rests where one
         // sample in ten is above. O(1), no history; follows a change within
         // tens of samples.
         let x = after.as_secs_f64() / target.as_secs_f64().max(1e-6);
-        self.first_token_p90.update(|q| Some(if x > q { q + P90_STEP * 0.9 } else { (q - P90_STEP * 0.1).max(0.0) }));
+        self.learning.first_token_p90.update(|q| Some(if x > q { q + P90_STEP * 0.9 } else { (q - P90_STEP * 0.1).max(0.0) }));
     }
 
     /// A stream of any class here had `gaps` gaps between its tokens over
@@ -410,42 +346,42 @@ impl Replica {
         let mean = span.as_secs_f64() * 1e6 / gaps as f64;
         // A mean already forgotten starts again from this stream.
         let fresh = self.itl_mean().is_zero();
-        self.itl_mean_us.update(|m| Some(if fresh || m == 0.0 { mean } else { m + (mean - m) * ITL_EWMA }));
-        self.itl_at_ms.store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.routing.itl_mean_us.update(|m| Some(if fresh || m == 0.0 { mean } else { m + (mean - m) * ITL_EWMA }));
+        self.routing.itl_at_ms.store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
         self.delivered();
     }
 
     /// Tokens came from this replica just now.
     pub(crate) fn delivered(&self) {
-        self.delivered_at_ms.store((self.born.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
+        self.routing.delivered_at_ms.store((self.born.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
     }
 
     /// Has it delivered tokens within `window`? A replica streaming tokens is
     /// alive, whatever its health endpoint says under that load.
     pub(crate) fn delivered_within(&self, window: std::time::Duration) -> bool {
-        let at = self.delivered_at_ms.load(Ordering::Relaxed);
+        let at = self.routing.delivered_at_ms.load(Ordering::Relaxed);
         at > 0 && self.born.elapsed().saturating_sub(std::time::Duration::from_millis(at)) <= window
     }
 
     /// The mean gap between tokens of the streams that ended here lately
     /// (zero before any, and once none has ended for [`GAPS_FORGOTTEN_AFTER`]).
     pub(crate) fn itl_mean(&self) -> std::time::Duration {
-        let since = self.born.elapsed().saturating_sub(std::time::Duration::from_millis(self.itl_at_ms.load(Ordering::Relaxed)));
+        let since = self.born.elapsed().saturating_sub(std::time::Duration::from_millis(self.routing.itl_at_ms.load(Ordering::Relaxed)));
         if since > GAPS_FORGOTTEN_AFTER {
             return std::time::Duration::ZERO;
         }
-        std::time::Duration::from_secs_f64(self.itl_mean_us.load() / 1e6)
+        std::time::Duration::from_secs_f64(self.routing.itl_mean_us.load() / 1e6)
     }
 
     /// Interactive requests' time from dispatch to first token over their
     /// class's target: its recent 90th percentile (0 before any).
     pub(crate) fn first_token_p90(&self) -> f64 {
-        self.first_token_p90.load()
+        self.learning.first_token_p90.load()
     }
 
     /// The replica refused a request (429 or 503).
     pub(crate) fn note_refused(&self) {
-        self.refused.store(true, Ordering::Relaxed);
+        self.learning.refused.store(true, Ordering::Relaxed);
     }
 
     /// As if the controller had moved the limit to `n`.
@@ -456,7 +392,7 @@ impl Replica {
 
     /// Set the slot count (a fixed limit, or the controller's).
     pub(super) fn set_max_inflight(&self, n: usize) {
-        self.max_inflight.store(n, Ordering::Relaxed);
+        self.seats.max_inflight.store(n, Ordering::Relaxed);
         if let Some(g) = self.gauges.get() {
             g.limit.set(n as i64);
         }
@@ -466,11 +402,11 @@ impl Replica {
     /// grows now (see [`limit::Controller::grow_on_demand`]); not in a fleet,
     /// where the other instances' requests share the replica. True if it grew.
     pub(crate) fn grow_on_demand(&self) -> bool {
-        if self.others_inflight.load(Ordering::Relaxed) > 0 {
+        if self.seats.others_inflight.load(Ordering::Relaxed) > 0 {
             return false;
         }
         let allowed = {
-            let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = self.learning.controller.lock().unwrap_or_else(|p| p.into_inner());
             if !c.grow_on_demand() {
                 return false;
             }
@@ -484,18 +420,18 @@ impl Replica {
     /// what the request path noted since the last period.
     /// `demand`: requests wait in the gateway for the pool's slots.
     pub(crate) fn control(&self, pool: &str, load: Load, demand: bool) {
-        let n = self.first_token_n.swap(0, Ordering::Relaxed);
-        let share = self.first_token_share.swap(0, Ordering::Relaxed);
-        let latest = self.first_token_max.swap(0, Ordering::Relaxed);
+        let n = self.learning.first_token_n.swap(0, Ordering::Relaxed);
+        let share = self.learning.first_token_share.swap(0, Ordering::Relaxed);
+        let latest = self.learning.first_token_max.swap(0, Ordering::Relaxed);
         // In a fleet the limit is the replica's, for every instance's requests.
-        let others = self.others_inflight.load(Ordering::Relaxed);
+        let others = self.seats.others_inflight.load(Ordering::Relaxed);
         // Requests sent in the time of one engine step (the mean gap between
         // tokens): about that many wait in the replica's queue between their
         // arrival and its next step, at any load.
         let now_ms = self.born.elapsed().as_millis() as u64;
-        let since = now_ms.saturating_sub(self.controlled_at_ms.swap(now_ms, Ordering::Relaxed));
-        let sent = self.dispatched.load(Ordering::Relaxed);
-        let sent = sent.saturating_sub(self.dispatched_seen.swap(sent, Ordering::Relaxed));
+        let since = now_ms.saturating_sub(self.learning.controlled_at_ms.swap(now_ms, Ordering::Relaxed));
+        let sent = self.learning.dispatched.load(Ordering::Relaxed);
+        let sent = sent.saturating_sub(self.learning.dispatched_seen.swap(sent, Ordering::Relaxed));
         let mut in_transit = if since > 0 { sent as f64 * 1000.0 / since as f64 * self.itl_mean().as_secs_f64() } else { 0.0 };
         // In a fleet the others send too, about in proportion to what they hold here.
         let mine = self.inflight();
@@ -505,21 +441,21 @@ impl Replica {
         let sample = limit::Sample {
             waiting: load.waiting,
             running: load.running,
-            inflight_peak: self.inflight_peak.swap(self.inflight(), Ordering::Relaxed) + others,
+            inflight_peak: self.learning.inflight_peak.swap(self.inflight(), Ordering::Relaxed) + others,
             inflight_now: self.inflight() + others,
             demand,
-            refused: self.refused.swap(false, Ordering::Relaxed),
+            refused: self.learning.refused.swap(false, Ordering::Relaxed),
             first_token: (n > 0).then(|| share as f64 / 1000.0 / n as f64),
             first_token_max: (n > 0).then(|| latest as f64 / 1000.0),
             in_transit,
-            batch_now: self.batch_held.load(Ordering::Relaxed),
+            batch_now: self.seats.batch_held.load(Ordering::Relaxed),
         };
         let (limit, cut) = {
-            let mut c = self.controller.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = self.learning.controller.lock().unwrap_or_else(|p| p.into_inner());
             c.update(sample);
             (c.allowed(), c.batch_cut())
         };
-        let was = self.batch_cut.swap(cut, Ordering::Relaxed);
+        let was = self.seats.batch_cut.swap(cut, Ordering::Relaxed);
         if let Some(g) = self.gauges.get() {
             g.batch_cut.set(cut as i64);
         }
@@ -527,15 +463,15 @@ impl Replica {
         if was == 0 && cut > 0 {
             tracing::info!(pool, replica = %self.label(), limit, batch_cut = cut, "interactive first tokens late under load: batch leaves seats to interactive here");
         }
-        let logged = self.logged_limit.load(Ordering::Relaxed);
+        let logged = self.learning.logged_limit.load(Ordering::Relaxed);
         if limit * 4 >= logged * 5 || limit * 4 <= logged * 3 {
-            self.logged_limit.store(limit, Ordering::Relaxed);
+            self.learning.logged_limit.store(limit, Ordering::Relaxed);
             tracing::info!(pool, replica = %self.label(), from = logged, to = limit, waiting = ?sample.waiting, refused = sample.refused, "learned in-flight limit moved");
         }
     }
 
     pub(super) fn load_score(&self) -> u64 {
-        self.inflight() as u64 + self.scraped_waiting.load(Ordering::Relaxed)
+        self.inflight() as u64 + self.readings.scraped_waiting.load(Ordering::Relaxed)
     }
 }
 

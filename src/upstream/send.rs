@@ -68,7 +68,7 @@ pub(crate) async fn send_with_retry<A: Attempts>(
             resp.extensions_mut().insert(at);
         }
         if let Ok(Ok(resp)) = &sent {
-            replica.verdict.answered();
+            replica.health.verdict.answered();
             if matches!(resp.status(), http::StatusCode::TOO_MANY_REQUESTS | http::StatusCode::SERVICE_UNAVAILABLE) {
                 // The learned limit backs off from a replica that refuses work.
                 replica.note_refused();

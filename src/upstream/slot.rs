@@ -27,9 +27,9 @@ impl ReplicaSlot {
     }
 
     pub(super) fn new(replica: &Arc<Replica>, tier: Tier) -> ReplicaSlot {
-        replica.prefilling[tier as usize].fetch_add(1, Ordering::Relaxed);
+        replica.seats.prefilling[tier as usize].fetch_add(1, Ordering::Relaxed);
         if tier == Tier::Batch {
-            replica.batch_held.fetch_add(1, Ordering::Relaxed);
+            replica.seats.batch_held.fetch_add(1, Ordering::Relaxed);
         }
         ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true, prefill_bytes: 0 }
     }
@@ -38,7 +38,7 @@ impl ReplicaSlot {
     /// prefill work ahead of the next request there until its first token.
     pub(super) fn prefill(&mut self, bytes: u64) {
         if self.prefilling {
-            self.replica.prefill_bytes[self.tier as usize].fetch_add(bytes, Ordering::Relaxed);
+            self.replica.seats.prefill_bytes[self.tier as usize].fetch_add(bytes, Ordering::Relaxed);
             self.prefill_bytes += bytes;
         }
     }
@@ -47,8 +47,8 @@ impl ReplicaSlot {
     pub(crate) fn prefilled(&mut self) {
         if std::mem::take(&mut self.prefilling) {
             self.replica.delivered();
-            self.replica.prefilling[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
-            self.replica.prefill_bytes[self.tier as usize].fetch_sub(std::mem::take(&mut self.prefill_bytes), Ordering::Relaxed);
+            self.replica.seats.prefilling[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
+            self.replica.seats.prefill_bytes[self.tier as usize].fetch_sub(std::mem::take(&mut self.prefill_bytes), Ordering::Relaxed);
         }
     }
 
@@ -56,12 +56,12 @@ impl ReplicaSlot {
     pub(crate) fn release(&mut self) {
         self.prefilled();
         if std::mem::take(&mut self.held) {
-            self.replica.inflight.fetch_sub(1, Ordering::SeqCst);
+            self.replica.seats.inflight.fetch_sub(1, Ordering::SeqCst);
             if let Some(g) = self.replica.gauges.get() {
                 g.inflight.dec();
             }
             if self.tier == Tier::Batch {
-                self.replica.batch_held.fetch_sub(1, Ordering::Relaxed);
+                self.replica.seats.batch_held.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }

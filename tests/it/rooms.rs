@@ -485,6 +485,42 @@ fn the_request_paths_stage_list_stays_a_list() {
     }
 }
 
+/// Structs composed of named parts, held to a count of direct fields, or
+/// they flatten again one field at a time: (file under `src/`, struct, most fields).
+const COMPOSED: &[(&str, &str, usize)] = &[("upstream/replica.rs", "Replica", 12)];
+
+/// The direct fields of `name` in `code`: the lines one indent deep in
+/// its braces that name a field.
+fn field_count(code: &str, name: &str) -> Option<usize> {
+    let start = code.find(&format!("struct {name} {{"))?;
+    let body = &code[start..];
+    let body = &body[..body.find("\n}")?];
+    Some(
+        body.lines()
+            .skip(1)
+            .filter(|l| l.starts_with("    ") && !l.starts_with("     "))
+            .map(str::trim)
+            .filter(|l| !l.starts_with("//") && !l.starts_with('#'))
+            .filter(|l| {
+                l.split(':').next().is_some_and(|f| {
+                    f.split_whitespace().last().is_some_and(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit()))
+                })
+            })
+            .count(),
+    )
+}
+
+#[test]
+fn composed_structs_stay_composed() {
+    for (file, name, most) in COMPOSED {
+        let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(file)).expect("read");
+        let n = field_count(&code_of(&text), name).unwrap_or_else(|| panic!("src/{file}: no struct {name}"));
+        assert!(n <= *most, "src/{file}: {name} has {n} direct fields, over its {most}: a new field goes into one of its parts");
+    }
+    let flat = "pub(crate) struct R {\n    /// doc\n    pub(crate) a: u8,\n    b: [u8; 2],\n    pub(super) seats: Seats,\n}\n";
+    assert_eq!(field_count(flat, "R"), Some(3));
+}
+
 #[test]
 fn the_size_scans_count_what_they_should() {
     let code = "pub(crate) async fn a(x: u8) -> u8 {\n    let s = \"}}}\";\n    let c = '{';\n    let r = r#\"{ \"# ;\n    // }\n    x\n}\n\nfn b<'a>(v: &'a str) -> &'a str { v }\n\ntrait T {\n    fn decl(&self);\n}\n";
