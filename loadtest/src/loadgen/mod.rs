@@ -3,12 +3,15 @@
 
 mod body;
 pub mod datasets;
+mod exchange;
 #[cfg(feature = "plots")]
 pub mod plots;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod scenario;
 pub mod vllm;
 
-pub use run::{run, Record, RunResult};
+pub use record::{Record, RunResult};
+pub use run::run;
 pub use scenario::Scenario;

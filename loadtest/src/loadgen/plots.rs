@@ -95,19 +95,28 @@ fn window_p99(values: &mut [f64]) -> f64 {
     values[((values.len() as f64 * 0.99).ceil() as usize).saturating_sub(1).min(values.len() - 1)]
 }
 
+/// Records by class.
+type ByClass<'a> = BTreeMap<&'a str, Vec<&'a super::Record>>;
+
 /// Render the charts of `r` into `dir` as `PREFIX-*.svg`; returns the files.
 pub fn render(r: &RunResult, dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, String> {
     ensure_font()?;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut out = Vec::new();
-    let mut by_class: BTreeMap<&str, Vec<&super::Record>> = BTreeMap::new();
+    let mut by_class: ByClass = BTreeMap::new();
     for x in &r.records {
         by_class.entry(x.class.as_str()).or_default().push(x);
     }
+    let mut out = Vec::new();
+    for (name, chart) in [("ttft-cdf", ttft_cdf(r, &by_class)), ("ttft-p99", ttft_p99(r, &by_class)), ("throughput", throughput(r))] {
+        both(&chart, dir, &format!("{prefix}-{name}"), &mut out)?;
+    }
+    Ok(out)
+}
 
-    // TTFT CDF per class.
+/// TTFT CDF per class.
+fn ttft_cdf(r: &RunResult, by_class: &ByClass) -> Chart {
     let mut series = Vec::new();
-    for (class, recs) in &by_class {
+    for (class, recs) in by_class {
         let mut t: Vec<f64> = recs.iter().filter_map(|x| x.ttft_ms).collect();
         if t.is_empty() {
             continue;
@@ -116,24 +125,21 @@ pub fn render(r: &RunResult, dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, S
         let n = t.len() as f64;
         series.push((class.to_string(), t.iter().enumerate().map(|(i, v)| (*v, (i + 1) as f64 / n)).collect()));
     }
-    both(
-        &Chart {
-            title: format!("{}: TTFT CDF per class", r.label),
-            x_label: "TTFT (ms)".into(),
-            y_label: "share of requests".into(),
-            series,
-            lines: vec![],
-        },
-        dir,
-        &format!("{prefix}-ttft-cdf"),
-        &mut out,
-    )?;
+    Chart {
+        title: format!("{}: TTFT CDF per class", r.label),
+        x_label: "TTFT (ms)".into(),
+        y_label: "share of requests".into(),
+        series,
+        lines: vec![],
+    }
+}
 
-    // TTFT p99 over time, 5 s windows, with each class's target.
+/// TTFT p99 over time, 5 s windows, with each class's target.
+fn ttft_p99(r: &RunResult, by_class: &ByClass) -> Chart {
     let window = 5.0;
     let mut series = Vec::new();
     let mut lines = Vec::new();
-    for (class, recs) in &by_class {
+    for (class, recs) in by_class {
         let mut buckets: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
         for x in recs {
             if let Some(t) = x.ttft_ms {
@@ -148,20 +154,17 @@ pub fn render(r: &RunResult, dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, S
             }
         }
     }
-    both(
-        &Chart {
-            title: format!("{}: TTFT p99 over time ({window} s windows)", r.label),
-            x_label: "time (s)".into(),
-            y_label: "TTFT p99 (ms)".into(),
-            series,
-            lines,
-        },
-        dir,
-        &format!("{prefix}-ttft-p99"),
-        &mut out,
-    )?;
+    Chart {
+        title: format!("{}: TTFT p99 over time ({window} s windows)", r.label),
+        x_label: "time (s)".into(),
+        y_label: "TTFT p99 (ms)".into(),
+        series,
+        lines,
+    }
+}
 
-    // Completed and rejected per second.
+/// Completed, rejected and failed requests per second.
+fn throughput(r: &RunResult) -> Chart {
     let secs = r.elapsed_s.ceil().max(1.0) as usize;
     let mut done = vec![0.0; secs + 1];
     let mut rejected = vec![0.0; secs + 1];
@@ -182,19 +185,13 @@ pub fn render(r: &RunResult, dir: &Path, prefix: &str) -> Result<Vec<PathBuf>, S
         ("rejected (429)/s".to_string(), pts(&rejected)),
         ("failed/s".to_string(), pts(&failed)),
     ];
-    both(
-        &Chart {
-            title: format!("{}: throughput and rejections", r.label),
-            x_label: "time (s)".into(),
-            y_label: "requests per second".into(),
-            series,
-            lines: vec![],
-        },
-        dir,
-        &format!("{prefix}-throughput"),
-        &mut out,
-    )?;
-    Ok(out)
+    Chart {
+        title: format!("{}: throughput and rejections", r.label),
+        x_label: "time (s)".into(),
+        y_label: "requests per second".into(),
+        series,
+        lines: vec![],
+    }
 }
 
 /// Chart the columns of a CSV file (a header row, then numbers; the first

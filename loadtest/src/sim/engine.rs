@@ -416,6 +416,32 @@ impl Core {
 
     async fn step(&mut self) {
         // 1. Decodes first: every fully prefilled running sequence gets a KV slot for its next token.
+        self.allocate_decodes();
+        let decodes: Vec<u64> = self.running.iter().filter(|s| s.decoding()).map(|s| s.order).collect();
+        // 2. Prefill chunks with what is left of the token budget.
+        let prefill_tokens = self.prefill(decodes.len());
+        // Prefills that complete in this step produce their first token at its end.
+        let completing: Vec<u64> = self.running.iter().filter(|s| s.decoding() && !decodes.contains(&s.order)).map(|s| s.order).collect();
+        self.publish();
+
+        // 3. The step takes its modelled time.
+        let slowdown = self.faults.get().slowdown;
+        let dt = self.cfg.step_time(decodes.len(), prefill_tokens, slowdown);
+        match self.cfg.step_phase {
+            None => tokio::time::sleep(dt).await,
+            Some(phase) => tokio::time::sleep_until(on_grid(Instant::now() + dt, self.cfg.step_base_ms, phase)).await,
+        }
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+
+        // 4. Emit tokens.
+        self.emit(&decodes, &completing);
+        self.forget_evicted();
+        self.publish();
+    }
+
+    /// A KV slot for each decoding sequence's next token, preempting the
+    /// latest sequences where the cache is full.
+    fn allocate_decodes(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
@@ -438,10 +464,13 @@ impl Core {
             // Re-examine from the start: indices moved.
             i = 0;
         }
-        let decodes: Vec<u64> = self.running.iter().filter(|s| s.decoding()).map(|s| s.order).collect();
+    }
 
-        // 2. Prefill chunks with what is left of the token budget.
-        let mut budget = self.cfg.max_num_batched_tokens.saturating_sub(decodes.len() as u32);
+    /// Prefill chunks within the step's token budget (what `decodes` leave
+    /// of it), new sequences taken in while slots and budget remain; the
+    /// prompt tokens prefilled.
+    fn prefill(&mut self, decodes: usize) -> u32 {
+        let mut budget = self.cfg.max_num_batched_tokens.saturating_sub(decodes as u32);
         let mut prefill_tokens = 0u32;
         for s in self.running.iter_mut().filter(|s| !s.decoding()) {
             let chunk = (s.prefill_target - s.prefilled).min(budget);
@@ -461,20 +490,12 @@ impl Core {
         for s in self.running.iter_mut() {
             Self::name_computed(&mut self.cache, s, bs, &mut self.kv);
         }
-        // Prefills that complete in this step produce their first token at its end.
-        let completing: Vec<u64> = self.running.iter().filter(|s| s.decoding() && !decodes.contains(&s.order)).map(|s| s.order).collect();
-        self.publish();
+        prefill_tokens
+    }
 
-        // 3. The step takes its modelled time.
-        let slowdown = self.faults.get().slowdown;
-        let dt = self.cfg.step_time(decodes.len(), prefill_tokens, slowdown);
-        match self.cfg.step_phase {
-            None => tokio::time::sleep(dt).await,
-            Some(phase) => tokio::time::sleep_until(on_grid(Instant::now() + dt, self.cfg.step_base_ms, phase)).await,
-        }
-        self.stats.steps.fetch_add(1, Ordering::Relaxed);
-
-        // 4. Emit tokens.
+    /// Each decoding sequence's token, and each completed prefill's first,
+    /// sent; finished and faulted sequences released.
+    fn emit(&mut self, decodes: &[u64], completing: &[u64]) {
         let now = Instant::now();
         let mut finished = Vec::new();
         let metrics = self.metrics.clone();
@@ -518,6 +539,10 @@ impl Core {
         for mut s in finished {
             self.release(&mut s);
         }
+    }
+
+    /// The blocks the cache evicted this step, said to the KV event feed.
+    fn forget_evicted(&mut self) {
         match &mut self.kv {
             Some(kv) => {
                 kv.removed(self.cache.evicted_names.drain(..));
@@ -525,7 +550,6 @@ impl Core {
             }
             None => self.cache.evicted_names.clear(),
         }
-        self.publish();
     }
 
     fn publish(&self) {

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod kv_events;
 mod messages;
 pub mod metrics;
+mod prompt;
 mod responses;
 pub mod server;
 pub mod sweep;

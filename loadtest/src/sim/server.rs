@@ -27,6 +27,9 @@ use tokio::task::JoinSet;
 use super::config::{FaultConfig, SimConfig};
 use super::engine::{Engine, Event, Faults, Rejected, SeqRequest, StreamFault};
 use super::metrics::SimMetrics;
+pub use super::prompt::estimate_tokens;
+use super::prompt::prompt_blocks;
+pub(crate) use super::prompt::WORDS;
 use crate::unix_nanos;
 
 pub(crate) type SimBody = BoxBody<Bytes, std::io::Error>;
@@ -267,84 +270,31 @@ pub(crate) fn error(status: StatusCode, message: &str, ty: &str) -> Response<Sim
     json_resp(status, &json!({"object": "error", "message": message, "type": ty, "param": null, "code": status.as_u16()}))
 }
 
-/// The prompt as the engine reads it, for its prefix cache: each message's
-/// role and text in order (a separator after each), or the prompt's text.
-fn rendered(v: &Value, out: &mut Vec<u8>) {
-    match v {
-        Value::String(s) => out.extend_from_slice(s.as_bytes()),
-        Value::Array(a) => a.iter().for_each(|x| rendered(x, out)),
-        Value::Object(o) => {
-            if let Some(Value::String(role)) = o.get("role") {
-                out.extend_from_slice(role.as_bytes());
-                out.push(b'\n');
-            }
-            if let Some(c) = o.get("content").or_else(|| o.get("text")) {
-                rendered(c, out);
-            }
-            out.push(0);
-        }
-        _ => {}
-    }
+/// What a completion request asks for, as the engine reads it.
+struct Asked<'a> {
+    prompt_v: &'a Value,
+    /// The prompt's token ids, where the model's tokenizer is given.
+    ids: Option<Vec<u32>>,
+    prompt_tokens: u32,
+    max_tokens: u32,
+    ignore_eos: bool,
+    stream: bool,
+    include_usage: bool,
+    continuous: bool,
+    priority: i64,
 }
 
-/// The chained hashes of the prompt's full blocks of `block_size` tokens
-/// (the simulator's tokens are four characters).
-fn prompt_blocks(v: &Value, prompt_tokens: u32, block_size: u32) -> Vec<u64> {
-    let mut text = Vec::new();
-    rendered(v, &mut text);
-    crate::sim::cache::block_hashes(&text, block_size as usize * 4, (prompt_tokens / block_size.max(1)) as usize)
-}
-
-/// Prompt tokens as the simulator counts them: one token per 4 characters of text.
-pub fn estimate_tokens(v: &Value) -> u32 {
-    fn chars(v: &Value) -> usize {
-        match v {
-            Value::String(s) => s.chars().count(),
-            Value::Array(a) => a.iter().map(chars).sum(),
-            Value::Object(o) => o.get("content").or_else(|| o.get("text")).map(chars).unwrap_or(0),
-            _ => 0,
-        }
-    }
-    (chars(v) as u32).div_ceil(4).max(1)
-}
-
-pub(crate) const WORDS: &[&str] = &[
-    " the",
-    " model",
-    " streams",
-    " tokens",
-    " while",
-    " the",
-    " gateway",
-    " measures",
-    " every",
-    " gap",
-    " and",
-    " keeps",
-    " its",
-    " promise",
-    ",",
-    " then",
-];
-
-async fn completion(req: Request<Incoming>, ctx: Arc<Ctx>, chat: bool) -> Response<SimBody> {
-    let rx_ns = ctx.cfg.stamp_events.then(unix_nanos);
-    let body = match req.into_body().collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(_) => return error(StatusCode::BAD_REQUEST, "could not read body", "BadRequestError"),
-    };
-    let v: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}"), "BadRequestError"),
-    };
+/// The request `v` read as vLLM reads it, or vLLM's answer refusing it
+/// (another model, no prompt, a prompt over the context).
+fn asked<'a>(v: &'a Value, ctx: &Ctx, chat: bool) -> Result<Asked<'a>, Box<Response<SimBody>>> {
     let model = v.get("model").and_then(|m| m.as_str()).unwrap_or("");
     if model != ctx.cfg.model {
-        return error(StatusCode::NOT_FOUND, &format!("The model `{model}` does not exist."), "NotFoundError");
+        return Err(Box::new(error(StatusCode::NOT_FOUND, &format!("The model `{model}` does not exist."), "NotFoundError")));
     }
     let prompt_v = if chat { v.get("messages") } else { v.get("prompt") };
     let Some(prompt_v) = prompt_v else {
         let field = if chat { "messages" } else { "prompt" };
-        return error(StatusCode::BAD_REQUEST, &format!("`{field}` is required"), "BadRequestError");
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, &format!("`{field}` is required"), "BadRequestError")));
     };
     // As vLLM counts them where the model's tokenizer is given.
     let ids = ctx.tokens.as_ref().and_then(|t| {
@@ -357,14 +307,14 @@ async fn completion(req: Request<Incoming>, ctx: Arc<Ctx>, chat: bool) -> Respon
     });
     let prompt_tokens = ids.as_ref().map_or_else(|| estimate_tokens(prompt_v), |ids| (ids.len() as u32).max(1));
     if prompt_tokens >= ctx.cfg.max_model_len {
-        return error(
+        return Err(Box::new(error(
             StatusCode::BAD_REQUEST,
             &format!(
                 "This model's maximum context length is {} tokens. However, you requested {prompt_tokens} tokens in the messages.",
                 ctx.cfg.max_model_len
             ),
             "BadRequestError",
-        );
+        )));
     }
     let asked = v.get("max_completion_tokens").or_else(|| v.get("max_tokens")).and_then(|m| m.as_u64()).map(|m| m as u32);
     let max_tokens = asked.unwrap_or(ctx.cfg.default_max_tokens).min(ctx.cfg.max_model_len - prompt_tokens).max(1);
@@ -373,9 +323,15 @@ async fn completion(req: Request<Incoming>, ctx: Arc<Ctx>, chat: bool) -> Respon
     let include_usage = v.pointer("/stream_options/include_usage").and_then(|b| b.as_bool()).unwrap_or(false);
     let continuous = v.pointer("/stream_options/continuous_usage_stats").and_then(|b| b.as_bool()).unwrap_or(false);
     let priority = v.get("priority").and_then(|p| p.as_i64()).unwrap_or(0);
+    Ok(Asked { prompt_v, ids, prompt_tokens, max_tokens, ignore_eos, stream, include_usage, continuous, priority })
+}
 
+/// The faults the engine is set to draw for a request of `max_tokens`: where
+/// it would stop of itself (unless `ignore_eos`), an HTTP error (`true`:
+/// 500, `false`: 503), or a stream that errs or is cut at a token.
+fn draw_faults(ctx: &Ctx, max_tokens: u32, ignore_eos: bool) -> (Option<u32>, Option<StreamFault>, Option<bool>) {
     let faults = ctx.engine.faults.get();
-    let (natural_len, fault, http_fault) = {
+    {
         let mut rng = rand::rng();
         let natural = match (ignore_eos, ctx.cfg.natural_stop) {
             (false, Some((lo, hi))) if hi >= lo && lo > 0.0 => {
@@ -393,7 +349,25 @@ async fn completion(req: Request<Incoming>, ctx: Arc<Ctx>, chat: bool) -> Respon
             None
         };
         (natural, fault, http_fault)
+    }
+}
+
+async fn completion(req: Request<Incoming>, ctx: Arc<Ctx>, chat: bool) -> Response<SimBody> {
+    let rx_ns = ctx.cfg.stamp_events.then(unix_nanos);
+    let body = match req.into_body().collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(_) => return error(StatusCode::BAD_REQUEST, "could not read body", "BadRequestError"),
     };
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}"), "BadRequestError"),
+    };
+    let Asked { prompt_v, ids, prompt_tokens, max_tokens, ignore_eos, stream, include_usage, continuous, priority } =
+        match asked(&v, &ctx, chat) {
+            Ok(a) => a,
+            Err(refused) => return *refused,
+        };
+    let (natural_len, fault, http_fault) = draw_faults(&ctx, max_tokens, ignore_eos);
     if let Some(is_500) = http_fault {
         return if is_500 {
             error(StatusCode::INTERNAL_SERVER_ERROR, "simulated internal error", "InternalServerError")
