@@ -13,7 +13,7 @@ use rand::SeedableRng;
 
 use serde::{Deserialize, Serialize};
 
-use super::scenario::Prompt;
+use super::prompt::{estimate_tokens, Prompt};
 
 /// The datasets of `vllm bench serve` that fit a load generator without a
 /// tokenizer (token counts are estimated at four characters a token, as
@@ -71,7 +71,7 @@ fn text(tag: &str, n: u32) -> String {
 }
 
 fn prompt(text: String, output_len: u32) -> Prompt {
-    Prompt { prompt_tokens: super::scenario::estimate_tokens(&text), output_tokens: output_len, text: Some(text.into()) }
+    Prompt { prompt_tokens: estimate_tokens(&text), output_tokens: output_len, text: Some(text.into()) }
 }
 
 /// inference-perf's `shared_prefix` shape.

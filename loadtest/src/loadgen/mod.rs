@@ -6,10 +6,12 @@ pub mod datasets;
 mod exchange;
 #[cfg(feature = "plots")]
 pub mod plots;
+pub mod prompt;
 pub mod record;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod summary;
 pub mod vllm;
 
 pub use record::{Record, RunResult};

@@ -5,33 +5,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
 
 use super::run::{new_hist, RunResult};
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ClassSummary {
-    pub requests: u64,
-    pub completed: u64,
-    pub rejected: u64,
-    pub errors: u64,
-    pub ttft_p50_ms: f64,
-    pub ttft_p90_ms: f64,
-    pub ttft_p99_ms: f64,
-    pub itl_p50_ms: f64,
-    pub itl_p90_ms: f64,
-    pub itl_p99_ms: f64,
-    pub e2e_p50_ms: f64,
-    pub e2e_p99_ms: f64,
-    /// Share of requests (all outcomes) completed within the class targets.
-    pub slo_attainment: f64,
-    /// Requests per second completed within targets.
-    pub goodput_rps: f64,
-    pub throughput_rps: f64,
-    pub tokens_per_s: f64,
-    pub ttft_target_ms: Option<f64>,
-    pub itl_target_ms: Option<f64>,
-}
+pub use super::summary::ClassSummary;
 
 fn q(h: &Histogram<u64>, quantile: f64) -> f64 {
     if h.is_empty() {

@@ -11,6 +11,7 @@ use rand_distr::{Distribution, Exp, LogNormal};
 use serde::{Deserialize, Serialize};
 
 pub use super::datasets::Dataset;
+pub use super::prompt::{estimate_tokens, Prompt};
 
 fn dur<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
@@ -171,15 +172,6 @@ pub struct StreamSpec {
     pub upload_bytes: Option<u64>,
 }
 
-/// One request's prompt: its text when a dataset gave one, else only a
-/// length (the text is then made up to that length).
-#[derive(Debug, Clone)]
-pub struct Prompt {
-    pub text: Option<std::sync::Arc<str>>,
-    pub prompt_tokens: u32,
-    pub output_tokens: u32,
-}
-
 /// Draws a stream's requests: lengths from distributions, or a dataset.
 /// A clone shares a dataset's place (each prompt is taken once, in turn,
 /// by all of a stream's clients).
@@ -206,11 +198,6 @@ impl PromptSampler {
             }
         }
     }
-}
-
-/// Tokens in `text`, at four characters a token (at least one).
-pub fn estimate_tokens(text: &str) -> u32 {
-    (text.chars().count() as u32).div_ceil(4).max(1)
 }
 
 /// A ShareGPT file's prompts, shuffled by `seed`.

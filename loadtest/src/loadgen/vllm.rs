@@ -16,9 +16,9 @@
 
 use serde_json::{json, Map, Value};
 
-use super::report::ClassSummary;
 use super::run::RunResult;
 use super::scenario::{Arrival, Endpoint};
+use super::summary::ClassSummary;
 
 /// The percentiles written for each metric (vllm bench's default is 99).
 const PERCENTILES: [f64; 3] = [90.0, 95.0, 99.0];

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use super::cache::PrefixCache;
 use super::config::{FaultConfig, SimConfig};
 use super::kv_events::Collector;
+pub use super::metrics::Finish;
 use super::metrics::SimMetrics;
 
 /// How a sequence's stream should fail, if it should.
@@ -34,21 +35,6 @@ pub enum StreamFault {
     ErrorAt(u32),
     /// The connection is cut after this many tokens.
     CutAt(u32),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    Stop,
-    Length,
-}
-
-impl Finish {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-        }
-    }
 }
 
 /// What the engine sends back for one sequence.

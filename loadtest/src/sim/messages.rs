@@ -15,8 +15,10 @@ use hyper::body::Incoming;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::ctx::Ctx;
 use super::engine::{Event, Finish, Rejected, SeqRequest};
-use super::server::{engine_event, estimate_tokens, json_resp, typed_event as event, Ctx, SimBody, WORDS};
+use super::prompt::{estimate_tokens, WORDS};
+use super::reply::{engine_event, json_resp, typed_event as event, SimBody};
 
 /// Anthropic's error shape, as vLLM's `/v1/messages` answers.
 fn error(status: StatusCode, ty: &str, message: &str) -> http::Response<SimBody> {

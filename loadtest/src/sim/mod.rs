@@ -5,13 +5,16 @@
 
 pub mod cache;
 pub mod config;
+mod ctx;
 pub mod engine;
 pub mod kv_events;
 mod messages;
 pub mod metrics;
 mod prompt;
+mod reply;
 mod responses;
 pub mod server;
+mod stored;
 pub mod sweep;
 
 pub use config::{FaultConfig, Profile, SimConfig};

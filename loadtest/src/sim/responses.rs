@@ -6,9 +6,8 @@
 //! delete, cancel, input items). `background: true` answers at once and
 //! generates on; retrieve shows how far it got.
 
-use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -19,37 +18,11 @@ use hyper::body::Incoming;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::ctx::Ctx;
 use super::engine::{Event, Finish, Rejected, SeqRequest};
-use super::server::{engine_event, error, estimate_tokens, json_resp, typed_event, Ctx, SimBody, WORDS};
-
-/// One stored response: its conversation's tokens so far (for the next
-/// turn's prompt), its text and status.
-#[derive(Debug, Clone)]
-struct Stored {
-    conversation_tokens: u32,
-    input_tokens: u32,
-    output_tokens: u32,
-    text: String,
-    status: &'static str,
-    created: u64,
-    model: String,
-}
-
-/// This replica's stored responses.
-#[derive(Debug, Default)]
-pub(crate) struct Store(Mutex<HashMap<String, Stored>>);
-
-impl Store {
-    fn get(&self, id: &str) -> Option<Stored> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
-    }
-
-    fn update(&self, id: &str, f: impl FnOnce(&mut Stored)) {
-        if let Some(s) = self.0.lock().unwrap_or_else(|p| p.into_inner()).get_mut(id) {
-            f(s);
-        }
-    }
-}
+use super::prompt::{estimate_tokens, WORDS};
+use super::reply::{engine_event, error, json_resp, typed_event, SimBody};
+use super::stored::Stored;
 
 fn not_found(id: &str) -> http::Response<SimBody> {
     error(StatusCode::NOT_FOUND, &format!("Response with id '{id}' not found."), "invalid_request_error")
@@ -107,7 +80,7 @@ pub(crate) async fn create(req: http::Request<Incoming>, ctx: Arc<Ctx>) -> http:
         output_tokens: 0,
         text: String::new(),
         status: "in_progress",
-        created: super::server::now_secs(),
+        created: super::reply::now_secs(),
         model: ctx.cfg.model.clone(),
     };
     let store = v.get("store").and_then(|s| s.as_bool()) != Some(false);

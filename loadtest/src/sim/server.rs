@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame};
-use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use rand::Rng;
@@ -25,26 +25,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::config::{FaultConfig, SimConfig};
+pub(crate) use super::ctx::Ctx;
 use super::engine::{Engine, Event, Faults, Rejected, SeqRequest, StreamFault};
 use super::metrics::SimMetrics;
 pub use super::prompt::estimate_tokens;
 use super::prompt::prompt_blocks;
 pub(crate) use super::prompt::WORDS;
+pub(crate) use super::reply::{engine_event, error, full, json_resp, now_secs, SimBody};
 use crate::unix_nanos;
-
-pub(crate) type SimBody = BoxBody<Bytes, std::io::Error>;
-
-pub(crate) struct Ctx {
-    pub(crate) cfg: Arc<SimConfig>,
-    /// The model's tokenizer, when the replica counts tokens as vLLM does.
-    tokens: super::kv_events::Tokens,
-    pub(crate) engine: Engine,
-    metrics: Arc<SimMetrics>,
-    exit: watch::Sender<bool>,
-    pub(crate) next_id: AtomicU64,
-    /// The Responses API's stored responses, in this replica's memory.
-    pub(crate) responses: super::responses::Store,
-}
 
 /// A running simulated replica.
 pub struct SimServer {
@@ -220,54 +208,6 @@ async fn handle(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<SimBody> {
         (Method::POST, "/v1/messages") => super::messages::create(req, ctx).await,
         (m, p) => super::responses::stored(&m, p, &ctx).unwrap_or_else(|| error(StatusCode::NOT_FOUND, "Not Found", "NotFoundError")),
     }
-}
-
-pub(crate) fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-fn full(status: StatusCode, ct: &'static str, body: Bytes) -> Response<SimBody> {
-    let mut r = Response::new(Full::new(body).map_err(|n| match n {}).boxed());
-    *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
-    r
-}
-
-pub(crate) fn json_resp(status: StatusCode, v: &Value) -> Response<SimBody> {
-    full(status, "application/json", Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
-}
-
-/// A typed event (`event: KIND`, then its data), as the Responses API and
-/// Anthropic's Messages stream them.
-pub(crate) fn typed_event(buf: &mut BytesMut, kind: &str, v: &Value) {
-    buf.extend_from_slice(format!("event: {kind}\ndata: ").as_bytes());
-    buf.extend_from_slice(&serde_json::to_vec(v).unwrap_or_default());
-    buf.extend_from_slice(b"\n\n");
-}
-
-/// The engine's next event for a streamed answer: `Err` holds what the
-/// body returns instead (pending; or its end with an error, `done` set,
-/// when the engine dropped the request or cut it).
-pub(crate) type Polled = Poll<Option<Result<Frame<Bytes>, std::io::Error>>>;
-
-pub(crate) fn engine_event(rx: &mut mpsc::UnboundedReceiver<Event>, done: &mut bool, cx: &mut Context<'_>) -> Result<Event, Polled> {
-    match rx.poll_recv(cx) {
-        Poll::Pending => Err(Poll::Pending),
-        Poll::Ready(None) => {
-            *done = true;
-            Err(Poll::Ready(Some(Err(std::io::Error::other("engine dropped the request")))))
-        }
-        Poll::Ready(Some(Event::Cut)) => {
-            *done = true;
-            Err(Poll::Ready(Some(Err(std::io::Error::other("simulated cut")))))
-        }
-        Poll::Ready(Some(ev)) => Ok(ev),
-    }
-}
-
-/// vLLM's error body.
-pub(crate) fn error(status: StatusCode, message: &str, ty: &str) -> Response<SimBody> {
-    json_resp(status, &json!({"object": "error", "message": message, "type": ty, "param": null, "code": status.as_u16()}))
 }
 
 /// What a completion request asks for, as the engine reads it.
