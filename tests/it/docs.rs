@@ -364,3 +364,47 @@ fn the_benchmark_index_names_the_commit_each_result_is_stamped_with() {
     let row = "| Learned limits (`loadtest/run limits/overload`) | [x](../loadtest/results/limits/overload/README.md) | 2026-01-01 | 0000000 | … |";
     assert_eq!(stale_stamps(row, &docs_dir).len(), 1, "a stale stamp is caught");
 }
+
+/// The items a text names beside a source file (`` `src/x.rs` (`item` ``
+/// or `` (`src/x.rs`, `item`) ``) that the file does not define: the item's
+/// first segment must be a `fn`, type, `const`, `static`, `trait` or `mod`
+/// of that file (a file's tests left out).
+fn items_not_in_their_file(text: &str, root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices("`src/") {
+        let rest = &text[i + 1..];
+        let Some(end) = rest.find('`') else { continue };
+        let path = &rest[..end];
+        if !path.ends_with(".rs") {
+            continue;
+        }
+        let after = rest[end + 1..].trim_start_matches([',', ' ', '(']);
+        let Some(named) = after.strip_prefix('`') else { continue };
+        let item: String = named.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if item.is_empty() || !after.starts_with('`') {
+            continue;
+        }
+        let Ok(code) = std::fs::read_to_string(root.join(path)) else { continue };
+        let code = code.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+        let defined = ["fn", "struct", "enum", "const", "static", "type", "trait", "mod"].iter().any(|kind| {
+            code.match_indices(&format!("{kind} {item}"))
+                .any(|(j, _)| !code[j + kind.len() + 1 + item.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_'))
+        });
+        if !defined {
+            out.push(format!("{path} ({item})"));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_item_a_doc_names_beside_a_file_is_defined_there() {
+    let root = repo();
+    let bad: Vec<String> = docs()
+        .iter()
+        .flat_map(|d| items_not_in_their_file(&read(d), &root).into_iter().map(move |m| format!("{}: {m}", d.display())))
+        .collect();
+    assert!(bad.is_empty(), "items named beside a file that does not define them:\n{}", bad.join("\n"));
+    let stale = "The stages: `src/proxy/mod.rs` (`forward`), and (`src/proxy/respond.rs`, `observe`); `src/proxy/stages.rs` (`forward`).";
+    assert_eq!(items_not_in_their_file(stale, &root), ["src/proxy/mod.rs (forward)"]);
+}
