@@ -103,6 +103,10 @@ pub struct Metrics {
     pub(crate) preemptions: Family<PoolLabels, Counter>,
     pub(crate) preemption_pause: HistogramFamily<PoolLabels>,
     pub(crate) preemption_redone_tokens: Family<PoolLabels, Counter>,
+    /// A replica's predicted time from dispatch to first token against
+    /// what came: the error, and how often the first token came later.
+    pub(crate) first_token_prediction_error: HistogramFamily<ReplicaLabels>,
+    pub(crate) first_token_predicted_late: Family<ReplicaLabels, Counter>,
     pub(crate) budget_remaining: Family<SloLabels, Gauge<f64, AtomicU64>>,
     pub(crate) burn_rate: Family<SloWindowLabels, Gauge<f64, AtomicU64>>,
     pub(crate) reload_failures: Counter,
@@ -288,6 +292,16 @@ fn register_controls(registry: &mut Registry, m: &Metrics) {
         m.preemption_pause.clone(),
     );
     registry.register(
+        "first_token_prediction_error_seconds",
+        "How far a replica's first token came from the time predicted at dispatch (the prefill work ahead and the request's own, at the rate the replica's recent first tokens took)",
+        m.first_token_prediction_error.clone(),
+    );
+    registry.register(
+        "first_token_predicted_late",
+        "First tokens that came later than predicted at dispatch",
+        m.first_token_predicted_late.clone(),
+    );
+    registry.register(
         "preemption_redone_tokens",
         "Tokens a preempted stream's continuation prefilled again (its prompt and what it had sent)",
         m.preemption_redone_tokens.clone(),
@@ -380,6 +394,8 @@ impl Metrics {
             preemptions: Family::default(),
             preemption_pause: HistogramFamily::default(),
             preemption_redone_tokens: Family::default(),
+            first_token_prediction_error: HistogramFamily::default(),
+            first_token_predicted_late: Family::default(),
             budget_remaining: Family::default(),
             burn_rate: Family::default(),
             reload_failures: Counter::default(),
@@ -407,16 +423,22 @@ impl Metrics {
         registry.register_collector(Box::new(KvFeedsCollector(m.kv_feeds.clone())));
         registry.register("config_reloads", "Config reloads applied", m.reloads.clone());
         registry.register("config_reload_failures", "Config reloads rejected (the old config was kept)", m.reload_failures.clone());
+        m.start_at_zero(config);
+        Metrics { registry, ..m }
+    }
+
+    /// The series an alert reads from the start: each class's breaker,
+    /// reduction and P99, each tier's queue, at zero.
+    fn start_at_zero(&self, config: &Config) {
         for class in config.classes.keys() {
             let l = ClassLabels { class: class.clone() };
-            m.breaker_state.get_or_create(&l).set(0);
-            m.context_reduction_active.get_or_create(&l).set(0);
-            m.ttft_p99.get_or_create(&l).set(0.0);
+            self.breaker_state.get_or_create(&l).set(0);
+            self.context_reduction_active.get_or_create(&l).set(0);
+            self.ttft_p99.get_or_create(&l).set(0.0);
         }
         for tier in [TierLabel::interactive, TierLabel::batch] {
-            m.queue_depth.get_or_create(&TierOnlyLabels { tier }).set(0);
+            self.queue_depth.get_or_create(&TierOnlyLabels { tier }).set(0);
         }
-        Metrics { registry, ..m }
     }
 
     /// The OpenMetrics text exposition (`application/openmetrics-text`).

@@ -127,6 +127,7 @@ impl Replica {
                 itl_mean_us: AtomicF64::new(0.0),
                 itl_at_ms: AtomicU64::new(0),
                 delivered_at_ms: AtomicU64::new(0),
+                first_token: Default::default(),
             },
             address: Address { host: base.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()), base },
         }
@@ -269,6 +270,8 @@ impl Replica {
                 matched_bytes: metrics.replica_prefix_matched_bytes.get_or_create(&labels).clone(),
                 prompt_tokens: metrics.replica_prompt_tokens.get_or_create(&labels).clone(),
                 cached_tokens: metrics.replica_cached_prompt_tokens.get_or_create(&labels).clone(),
+                prediction_error: metrics.first_token_prediction_error.get_or_create(&labels, PREDICTION_ERROR_BOUNDS),
+                predicted_late: metrics.first_token_predicted_late.get_or_create(&labels).clone(),
             }
         });
         g.inflight.set(self.inflight() as i64);
@@ -371,6 +374,26 @@ impl Replica {
             return std::time::Duration::ZERO;
         }
         std::time::Duration::from_secs_f64(self.routing.itl_mean_us.load() / 1e6)
+    }
+
+    /// The time from dispatch to first token a request with `work` bytes
+    /// of prefill (what is ahead of it here and its own) is predicted to
+    /// take here; `None` until the replica's first tokens taught it.
+    pub(super) fn predict_first_token(&self, work: u64) -> Option<std::time::Duration> {
+        self.routing.first_token.predict(work, self.itl_mean().as_secs_f64() * 1e6)
+    }
+
+    /// A first token came `took` after dispatch for `work` bytes of
+    /// prefill: the prediction made then judged (its error in the
+    /// replica's series), and the model taught.
+    pub(super) fn first_token_came(&self, work: u64, predicted: Option<std::time::Duration>, took: std::time::Duration) {
+        if let (Some(p), Some(g)) = (predicted, self.gauges.get()) {
+            g.prediction_error.observe(took.abs_diff(p).as_secs_f64());
+            if took > p {
+                g.predicted_late.inc();
+            }
+        }
+        self.routing.first_token.learn(work, took, self.itl_mean().as_secs_f64() * 1e6);
     }
 
     /// Interactive requests' time from dispatch to first token over their
@@ -496,4 +519,12 @@ pub(super) struct ReplicaGauges {
     /// `slogate_replica_prompt_tokens_total`, `slogate_replica_cached_prompt_tokens_total`.
     pub(super) prompt_tokens: Counter,
     pub(super) cached_tokens: Counter,
+    /// `slogate_first_token_prediction_error_seconds{pool,replica}`, and
+    /// `slogate_first_token_predicted_late_total`: how far off the
+    /// predicted time to first token was, and how often it came later.
+    pub(super) prediction_error: crate::telemetry::histogram::AtomicHistogram,
+    pub(super) predicted_late: Counter,
 }
+
+/// The buckets of a prediction's error, in seconds.
+const PREDICTION_ERROR_BOUNDS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];

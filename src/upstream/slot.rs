@@ -19,6 +19,9 @@ pub(crate) struct ReplicaSlot {
     prefilling: bool,
     /// Counted in the replica's `prefill_bytes` of its tier as long.
     prefill_bytes: u64,
+    /// Where its prompt is known: when it was dispatched, the prefill work
+    /// ahead of it there and its own, and the time to first token predicted.
+    dispatch: Option<(tokio::time::Instant, u64, Option<std::time::Duration>)>,
 }
 
 impl ReplicaSlot {
@@ -31,20 +34,38 @@ impl ReplicaSlot {
         if tier == Tier::Batch {
             replica.seats.batch_held.fetch_add(1, Ordering::Relaxed);
         }
-        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true, prefill_bytes: 0 }
+        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true, prefill_bytes: 0, dispatch: None }
     }
 
     /// Its request's prompt has `bytes` not expected in the replica's cache:
     /// prefill work ahead of the next request there until its first token.
+    /// Its time to first token is predicted from the work ahead (both
+    /// tiers': the engine serves them first come first served, or the
+    /// prediction errs, and says so) and its own.
     pub(super) fn prefill(&mut self, bytes: u64) {
         if self.prefilling {
-            self.replica.seats.prefill_bytes[self.tier as usize].fetch_add(bytes, Ordering::Relaxed);
+            let seats = &self.replica.seats;
+            let ahead: u64 = seats.prefill_bytes.iter().map(|b| b.load(Ordering::Relaxed)).sum();
+            if self.dispatch.is_none() {
+                let work = ahead + bytes;
+                self.dispatch = Some((tokio::time::Instant::now(), work, self.replica.predict_first_token(work)));
+            }
+            seats.prefill_bytes[self.tier as usize].fetch_add(bytes, Ordering::Relaxed);
             self.prefill_bytes += bytes;
         }
     }
 
-    /// The request's first token arrived: its prefill is done (a no-op after the first call).
+    /// The request's first token arrived: its prefill is done, and its
+    /// prediction judged (a no-op after the first call).
     pub(crate) fn prefilled(&mut self) {
+        if let (true, Some((at, work, predicted))) = (self.prefilling, self.dispatch.take()) {
+            self.replica.first_token_came(work, predicted, at.elapsed());
+        }
+        self.prefill_done();
+    }
+
+    /// No more prefill ahead of others here: the first token came, or the slot goes back.
+    fn prefill_done(&mut self) {
         if std::mem::take(&mut self.prefilling) {
             self.replica.delivered();
             self.replica.seats.prefilling[self.tier as usize].fetch_sub(1, Ordering::Relaxed);
@@ -54,7 +75,7 @@ impl ReplicaSlot {
 
     /// Give the slot back now (a no-op the second time).
     pub(crate) fn release(&mut self) {
-        self.prefilled();
+        self.prefill_done();
         if std::mem::take(&mut self.held) {
             self.replica.seats.inflight.fetch_sub(1, Ordering::SeqCst);
             if let Some(g) = self.replica.gauges.get() {

@@ -342,3 +342,30 @@ async fn a_stream_response_head_must_fit_in_four_kib() {
     assert_eq!(header(&h, "x-pad").map(str::len), Some(5000));
     assert_quiescent(&gw).await;
 }
+
+/// Each replica's time to first token is predicted at dispatch once a few
+/// first tokens taught it, and judged at the first token: the error's
+/// histogram counts every request dispatched after the first three, the
+/// late ones among them, over HTTP/1.1 and HTTP/2 clients alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_time_to_first_token_is_predicted_and_judged() {
+    let mock = Mock::start(standard(3, Duration::from_millis(2))).await;
+    let gw = gateway_config(&[mock.url()]).start().await;
+    started(&gw);
+    let replica = mock.url();
+    let count = |m: &str| metric(m, "slogate_first_token_prediction_error_seconds_count", &[("replica", &replica)]);
+    for i in 0..8 {
+        let (proto, c) = &clients()[i % 2];
+        let body = chat_body(true, false).replace("hello", &format!("hello {i}"));
+        let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &body, &[])).await.expect("response");
+        assert_eq!(resp.status(), 200, "{proto}");
+        resp.into_body().collect().await.expect("body");
+        let m = metrics_text(&gw).await;
+        let judged = count(&m).unwrap_or(0.0);
+        assert_eq!(judged, i.saturating_sub(2) as f64, "after request {i}: {m}");
+    }
+    let m = metrics_text(&gw).await;
+    let late = metric(&m, "slogate_first_token_predicted_late_total", &[("replica", &replica)]).unwrap_or(0.0);
+    assert!(late <= 5.0, "late {late} of 5 judged");
+    assert_quiescent(&gw).await;
+}
