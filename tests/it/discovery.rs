@@ -106,22 +106,33 @@ async fn sim(at: SocketAddr) -> SimServer {
     SimServer::start(cfg, at).await.expect("simulator")
 }
 
+fn port_of(s: &SimServer) -> u16 {
+    s.url().rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()).expect("port")
+}
+
+/// A gateway whose pool is the name `replicas.test:PORT` as `dns` answers
+/// it, looked up every 500 ms.
+async fn following(dns: &Dns, port: u16) -> slogate::Gateway {
+    let model = SimConfig::default().model;
+    let gw = gateway_config(&[])
+        .models(&[&model])
+        .pool(&format!("replicas_dns: {{ name: 'replicas.test:{port}', every: 500ms, nameserver: '{}' }}", dns.addr))
+        .start()
+        .await;
+    started(&gw);
+    gw
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_follows_the_replicas_its_dns_name_has() {
     // Two replicas on one port, at two loopback addresses, as pods of a headless Service.
     let (a_ip, b_ip) = (Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3));
     let a = sim(SocketAddr::from((a_ip, 0))).await;
-    let port: u16 = a.url().rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()).expect("port");
+    let port = port_of(&a);
     let b = sim(SocketAddr::from((b_ip, port))).await;
     let dns = Dns::start(&[a_ip.into()]).await;
     let model = SimConfig::default().model;
-    let every = "500ms";
-    let gw = gateway_config(&[])
-        .models(&[&model])
-        .pool(&format!("replicas_dns: {{ name: 'replicas.test:{port}', every: {every}, nameserver: '{}' }}", dns.addr))
-        .start()
-        .await;
-    started(&gw);
+    let gw = following(&dns, port).await;
     let admin = gw.admin_addr;
     let healthy = move |ip: Ipv4Addr| async move {
         metric(&get(admin, "/metrics").await.1, "slogate_upstream_healthy", &[("replica", &format!("http://{ip}:{port}"))])
@@ -179,15 +190,10 @@ async fn a_pool_follows_the_replicas_its_dns_name_has() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_with_only_aaaa_records_gives_ipv6_replicas() {
     let replica = sim(SocketAddr::from((Ipv6Addr::LOCALHOST, 0))).await;
-    let port: u16 = replica.url().rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()).expect("port");
+    let port = port_of(&replica);
     let dns = Dns::start(&[Ipv6Addr::LOCALHOST.into()]).await;
     let model = SimConfig::default().model;
-    let gw = gateway_config(&[])
-        .models(&[&model])
-        .pool(&format!("replicas_dns: {{ name: 'replicas.test:{port}', every: 500ms, nameserver: '{}' }}", dns.addr))
-        .start()
-        .await;
-    started(&gw);
+    let gw = following(&dns, port).await;
     let admin = gw.admin_addr;
     let url = format!("http://[::1]:{port}");
     wait_until("the IPv6 replica found and probed", || {

@@ -131,20 +131,7 @@ async fn through_on(
         _ => body.as_bytes().to_vec(),
     };
     // The replica Envoy sends it to.
-    let resp = client()
-        .request(
-            http::Request::post(format!("http://{destination}{path}"))
-                .header("content-type", "application/json")
-                .body(http_body_util::Full::new(Bytes::from(sent_body)))
-                .expect("request"),
-        )
-        .await
-        .expect("the replica answers");
-    let mut rhead = vec![(":status".to_string(), resp.status().as_u16().to_string())];
-    rhead.extend(resp.headers().iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())));
-    let rhead: Vec<(&str, &str)> = rhead.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    s.send(processing_request::Request::ResponseHeaders(headers(&rhead, false)), None).await;
-    assert!(matches!(s.answer().await, processing_response::Response::ResponseHeaders(_)));
+    let resp = to_the_replica(&mut s, &destination, path, sent_body).await;
     let mut body = resp.into_body();
     let mut client_reads = Vec::new();
     let mut chunks: Vec<Bytes> = Vec::new();
@@ -165,6 +152,23 @@ async fn through_on(
         }
     }
     Outcome::Relayed { destination, body: String::from_utf8_lossy(&client_reads).into_owned() }
+}
+
+/// Envoy sends the request (`body`) to the replica the picker named, and
+/// relays the answer's head through the picker (answered unchanged); the
+/// answer, its body still to read.
+async fn to_the_replica(s: &mut Stream, destination: &str, path: &str, body: Vec<u8>) -> http::Response<hyper::body::Incoming> {
+    let req = http::Request::post(format!("http://{destination}{path}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .expect("request");
+    let resp = client().request(req).await.expect("the replica answers");
+    let mut rhead = vec![(":status".to_string(), resp.status().as_u16().to_string())];
+    rhead.extend(resp.headers().iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())));
+    let rhead: Vec<(&str, &str)> = rhead.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    s.send(processing_request::Request::ResponseHeaders(headers(&rhead, false)), None).await;
+    assert!(matches!(s.answer().await, processing_response::Response::ResponseHeaders(_)));
+    resp
 }
 
 fn epp_config(urls: &[String]) -> ConfigBuilder {
@@ -468,20 +472,7 @@ async fn in_full_duplex_the_pick_waits_for_the_body_and_the_bodies_stream_back()
     let asked: serde_json::Value = serde_json::from_slice(&sent).expect("JSON");
     assert_eq!(asked["stream_options"]["include_usage"], true, "slogate asks for the usage: {asked}");
     // The replica's answer, relayed in full duplex.
-    let resp = client()
-        .request(
-            http::Request::post(format!("http://{}/v1/chat/completions", endpoint(&mock.url())))
-                .header("content-type", "application/json")
-                .body(http_body_util::Full::new(Bytes::from(sent)))
-                .expect("request"),
-        )
-        .await
-        .expect("the replica answers");
-    let mut rhead = vec![(":status".to_string(), resp.status().as_u16().to_string())];
-    rhead.extend(resp.headers().iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())));
-    let rhead: Vec<(&str, &str)> = rhead.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    s.send(processing_request::Request::ResponseHeaders(headers(&rhead, false)), None).await;
-    assert!(matches!(s.answer().await, processing_response::Response::ResponseHeaders(_)));
+    let resp = to_the_replica(&mut s, &endpoint(&mock.url()), "/v1/chat/completions", sent).await;
     let text = resp.into_body().collect().await.expect("body").to_bytes();
     // An event a chunk, as the replica sends them.
     let chunks: Vec<Bytes> = String::from_utf8_lossy(&text).split_inclusive("\n\n").map(|e| Bytes::from(e.to_string())).collect();

@@ -181,13 +181,7 @@ async fn a_form_is_picked_by_its_model_and_reaches_the_replica_whole() {
     let urls = [format!("http://{}", replica.addr)];
     let model = SimConfig::default().model;
     let boundary = "epp-form-boundary";
-    let mut form =
-        format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n")
-            .into_bytes();
-    form.extend((0..300 * 1024).map(|i| (i * 7 % 251) as u8));
-    form.extend_from_slice(
-        format!("\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n--{boundary}--\r\n").as_bytes(),
-    );
+    let form = crate::uploads::form_with_model_last(boundary, &model);
     for bodies in [Bodies::Shipped, Bodies::FullDuplex] {
         let (gw, envoy) = picker_and_envoy(&urls, false, bodies).await;
         for (proto, c) in clients() {

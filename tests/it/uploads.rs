@@ -230,6 +230,18 @@ async fn a_form_of_undeclared_length_over_the_limit_is_refused() {
     assert_quiescent(&gw).await;
 }
 
+/// A transcription form whose `model` (`model`) comes after a 300 KB file.
+pub(crate) fn form_with_model_last(boundary: &str, model: &str) -> Vec<u8> {
+    let mut form =
+        format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n")
+            .into_bytes();
+    form.extend((0..300 * 1024).map(|i| (i * 7 % 251) as u8));
+    form.extend_from_slice(
+        format!("\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n--{boundary}--\r\n").as_bytes(),
+    );
+    form
+}
+
 /// A form whose `model` comes after a 300 KB file (past what is looked at
 /// as it arrives) is read whole and routed by it, bytes intact.
 #[tokio::test]
@@ -238,13 +250,7 @@ async fn a_form_with_its_model_after_a_long_file_is_read_whole_and_routed() {
     let replica = UploadReplica::start(progress_tx).await;
     let gw = start_gateway(&gateway_config(&[format!("http://{}", replica.addr)]).yaml()).await;
     let boundary = "model-last-boundary";
-    let mut form =
-        format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n")
-            .into_bytes();
-    form.extend((0..300 * 1024).map(|i| (i * 7 % 251) as u8));
-    form.extend_from_slice(
-        format!("\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm1\r\n--{boundary}--\r\n").as_bytes(),
-    );
+    let form = form_with_model_last(boundary, "m1");
     for (proto, client) in upload_clients() {
         let req = http::Request::post(format!("http://{}/v1/audio/transcriptions", gw.data_addr))
             .header("content-type", format!("multipart/form-data; boundary={boundary}"))
@@ -305,9 +311,13 @@ async fn an_upload_the_replica_answers_early_gets_the_replicas_answer() {
                 .body(http_body_util::Full::new(Bytes::from(form.clone())).boxed())
                 .expect("request");
             count_sent(gw.data_addr, 1);
-            let resp = client.request(req).await.expect("response");
-            let status = resp.status().as_u16();
-            let text = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            // Bounded: an answer that never comes fails here rather than hangs the suite.
+            let answered = tokio::time::timeout(Duration::from_secs(30), async {
+                let resp = client.request(req).await.expect("response");
+                let status = resp.status().as_u16();
+                (status, resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default())
+            });
+            let (status, text) = answered.await.unwrap_or_else(|_| panic!("{proto}: request {} got no answer in 30 s", got.len()));
             got.push((status, String::from_utf8_lossy(&text).into_owned()));
         }
         assert!(got.iter().all(|(s, t)| *s == 404 && t == r#"{"detail":"Not Found"}"#), "{proto}: {got:?}");
