@@ -277,26 +277,30 @@ async fn an_upload_the_replica_answers_early_gets_the_replicas_answer() {
     let replica = tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                // Request after request on the connection, as a server
+                // does: the gateway may send an upload on a connection its
+                // health checks used.
+                loop {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
                     }
+                    if buf.starts_with(b"GET") {
+                        // Health checks and model discovery: the connection stays for the next.
+                        if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let answer = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 22\r\nconnection: close\r\n\r\n{\"detail\":\"Not Found\"}";
+                    let _ = s.write_all(answer).await;
+                    // Closed with the upload unread (a reset, as the kernel sends one).
+                    return;
                 }
-                let get = buf.starts_with(b"GET");
-                let answer: &[u8] = if get {
-                    b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
-                } else {
-                    b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 22\r\nconnection: close\r\n\r\n{\"detail\":\"Not Found\"}"
-                };
-                let _ = s.write_all(answer).await;
-                if get {
-                    // Health checks and model discovery: keep the connection for the next.
-                    std::future::pending::<()>().await;
-                }
-                // Closed with the upload unread (a reset, as the kernel sends one).
             });
         }
     });
