@@ -2,8 +2,9 @@
 //! rules 2 to 6).
 //!
 //! Envoy sends the request's headers, then its body (buffered, or in full
-//! duplex: [`wire::Modes`]). slogate runs the request through its own request path ([`crate::proxy::handle`])
-//! with a [`Relay`] where the path would send it: the path classifies,
+//! duplex: [`wire::Modes`]). slogate runs the request through its own
+//! request path ([`crate::proxy::handle`]) with a [`Relay`] where the path
+//! would send it: the path classifies,
 //! admits (queueing as it would), reduces and picks, and the pick goes back
 //! to Envoy as the destination header and metadata. A refusal is an
 //! immediate response. Envoy then sends the replica's response head and
