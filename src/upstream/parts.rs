@@ -3,12 +3,14 @@
 //! what routing reads. `Replica` (`replica.rs`) is composed of them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
 
 use super::share::Share;
 use super::{conn, limit, tls};
+use crate::config::Tier;
 use crate::sync::AtomicF64;
 
 /// Its slots: how many there are, this instance's part of them, and who holds them (interactive, batch, prefilling).
@@ -40,6 +42,56 @@ pub(crate) struct Seats {
     pub(super) others_inflight: AtomicUsize,
 }
 
+impl Seats {
+    pub(crate) fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Requests of `tier` held here that have no first token yet.
+    pub(crate) fn prefilling(&self, tier: Tier) -> usize {
+        self.prefilling[tier as usize].load(Ordering::Relaxed)
+    }
+
+    /// What a request of `tier` sent here now would wait behind before its
+    /// own prefill: with `upstream_priority` an interactive request waits
+    /// only for the interactive prefills (vLLM runs them before any batch
+    /// one it has not started), otherwise for all of them.
+    pub(crate) fn prefills_ahead(&self, tier: Tier, upstream_priority: bool) -> usize {
+        match tier {
+            Tier::Interactive if upstream_priority => self.prefilling(Tier::Interactive),
+            _ => self.prefilling(Tier::Interactive) + self.prefilling(Tier::Batch),
+        }
+    }
+
+    /// [`Seats::prefills_ahead`] in prompt bytes not expected cached.
+    pub(crate) fn prefill_bytes_ahead(&self, tier: Tier, upstream_priority: bool) -> u64 {
+        let of = |t: Tier| self.prefill_bytes[t as usize].load(Ordering::Relaxed);
+        match tier {
+            Tier::Interactive if upstream_priority => of(Tier::Interactive),
+            _ => of(Tier::Interactive) + of(Tier::Batch),
+        }
+    }
+
+    /// The limit: learned, or fixed (for the whole fleet when several
+    /// instances share the replica).
+    pub(crate) fn max_inflight(&self) -> usize {
+        self.max_inflight.load(Ordering::Relaxed)
+    }
+
+    /// The slots this instance may hold: the limit, or its part of it in a fleet.
+    pub(crate) fn slots(&self) -> usize {
+        self.max_inflight().min(self.allowance.load(Ordering::Relaxed))
+    }
+
+    /// The fleet's word: this instance may hold `n` requests here, the
+    /// others hold `others` (`None`: the instance is alone again).
+    pub(crate) fn set_fleet_share(&self, share: Option<(usize, usize)>) {
+        let (n, others) = share.unwrap_or((usize::MAX, 0));
+        self.allowance.store(n, Ordering::Relaxed);
+        self.others_inflight.store(others, Ordering::Relaxed);
+    }
+}
+
 /// Whether it is routed to, and why.
 pub(crate) struct Health {
     /// Routed to: it passes its checks, or its pool is in panic.
@@ -48,6 +100,32 @@ pub(crate) struct Health {
     pub(crate) verdict: super::verdict::Verdict,
     /// Why the last health check failed (none after one passed).
     pub(super) health_error: ArcSwap<Option<String>>,
+}
+
+impl Health {
+    /// Requests may be sent here: it passes its checks, or its pool is in panic.
+    pub(crate) fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// It passes its checks (and its traffic has not failed since).
+    pub(crate) fn is_passing(&self) -> bool {
+        self.verdict.passing()
+    }
+
+    /// Route to it or not, whatever its verdict (its pool's panic).
+    pub(crate) fn set_routed(&self, routed: bool) {
+        self.healthy.store(routed, Ordering::Relaxed);
+    }
+
+    /// Why it is not healthy, as its last failed check said.
+    pub(crate) fn error(&self) -> Option<String> {
+        (**self.health_error.load()).clone()
+    }
+
+    pub(crate) fn set_error(&self, reason: Option<String>) {
+        self.health_error.store(Arc::new(reason));
+    }
 }
 
 /// What its own `/metrics` and `/v1/models` said when last read.
@@ -62,6 +140,17 @@ pub(crate) struct Readings {
     pub(super) cache_tokens: AtomicU64,
     /// Models this replica's `/v1/models` listed (raw model objects).
     pub(crate) models: ArcSwap<Vec<serde_json::Value>>,
+}
+
+impl Readings {
+    /// What the replica runs and queues for all its clients, as last scraped.
+    pub(crate) fn scraped_total(&self) -> Option<u64> {
+        Some(self.scraped_total.load(Ordering::Relaxed)).filter(|t| *t != u64::MAX)
+    }
+
+    pub(crate) fn set_scraped_total(&self, total: Option<f64>) {
+        self.scraped_total.store(total.map_or(u64::MAX, |t| t.round() as u64), Ordering::Relaxed);
+    }
 }
 
 /// How it is reached: idle connections, TLS, its key.

@@ -4,7 +4,6 @@
 //! a `ReplicaSlot` (`slot.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
@@ -153,29 +152,19 @@ impl Replica {
     }
 
     pub(crate) fn inflight(&self) -> usize {
-        self.seats.inflight.load(Ordering::Relaxed)
+        self.seats.inflight()
     }
     /// Requests of `tier` held here that have no first token yet.
     pub(crate) fn prefilling(&self, tier: Tier) -> usize {
-        self.seats.prefilling[tier as usize].load(Ordering::Relaxed)
+        self.seats.prefilling(tier)
     }
-    /// What a request of `tier` sent here now would wait behind before its
-    /// own prefill: with `upstream_priority` an interactive request waits
-    /// only for the interactive prefills (vLLM runs them before any batch
-    /// one it has not started), otherwise for all of them.
+    /// See [`Seats::prefills_ahead`](super::parts::Seats::prefills_ahead).
     pub(super) fn prefills_ahead(&self, tier: Tier, upstream_priority: bool) -> usize {
-        match tier {
-            Tier::Interactive if upstream_priority => self.prefilling(Tier::Interactive),
-            _ => self.prefilling(Tier::Interactive) + self.prefilling(Tier::Batch),
-        }
+        self.seats.prefills_ahead(tier, upstream_priority)
     }
-    /// [`Replica::prefills_ahead`] in prompt bytes not expected cached.
+    /// See [`Seats::prefill_bytes_ahead`](super::parts::Seats::prefill_bytes_ahead).
     pub(super) fn prefill_bytes_ahead(&self, tier: Tier, upstream_priority: bool) -> u64 {
-        let of = |t: Tier| self.seats.prefill_bytes[t as usize].load(Ordering::Relaxed);
-        match tier {
-            Tier::Interactive if upstream_priority => of(Tier::Interactive),
-            _ => of(Tier::Interactive) + of(Tier::Batch),
-        }
+        self.seats.prefill_bytes_ahead(tier, upstream_priority)
     }
     /// Prefix-aware routing sent a prompt of `bytes` here, expecting `matched` of them cached.
     pub(super) fn routed(&self, bytes: u64, matched: u64) {
@@ -194,25 +183,22 @@ impl Replica {
     /// The replica's limit: learned, or fixed (for the whole fleet when
     /// several instances share it).
     pub(crate) fn max_inflight(&self) -> usize {
-        self.seats.max_inflight.load(Ordering::Relaxed)
+        self.seats.max_inflight()
     }
     /// The slots this instance may hold: the limit, or its part of it in a fleet.
     pub(crate) fn slots(&self) -> usize {
-        self.max_inflight().min(self.seats.allowance.load(Ordering::Relaxed))
+        self.seats.slots()
     }
-    /// The fleet's word: this instance may hold `n` requests here, the
-    /// others hold `others` (`None`: the instance is alone again).
+    /// See [`Seats::set_fleet_share`](super::parts::Seats::set_fleet_share).
     pub(crate) fn set_fleet_share(&self, share: Option<(usize, usize)>) {
-        let (n, others) = share.unwrap_or((usize::MAX, 0));
-        self.seats.allowance.store(n, Ordering::Relaxed);
-        self.seats.others_inflight.store(others, Ordering::Relaxed);
+        self.seats.set_fleet_share(share);
     }
     /// What the replica runs and queues for all its clients, as last scraped.
     pub(crate) fn scraped_total(&self) -> Option<u64> {
-        Some(self.readings.scraped_total.load(Ordering::Relaxed)).filter(|t| *t != u64::MAX)
+        self.readings.scraped_total()
     }
     pub(crate) fn set_scraped_total(&self, total: Option<f64>) {
-        self.readings.scraped_total.store(total.map_or(u64::MAX, |t| t.round() as u64), Ordering::Relaxed);
+        self.readings.set_scraped_total(total);
     }
     /// How many of the prefix index's blocks of `block` bytes its KV cache
     /// holds, where its `/metrics` said how large the cache is.
@@ -221,11 +207,11 @@ impl Replica {
     }
     /// Requests may be sent here: it passes its checks, or its pool is in panic.
     pub(crate) fn is_healthy(&self) -> bool {
-        self.health.healthy.load(Ordering::Relaxed)
+        self.health.is_healthy()
     }
     /// It passes its checks (and its traffic has not failed since).
     pub(crate) fn is_passing(&self) -> bool {
-        self.health.verdict.passing()
+        self.health.is_passing()
     }
     /// The verdict on it (and so whether it is routed to, unless its pool is in panic).
     pub(crate) fn set_healthy(&self, up: bool) {
@@ -237,15 +223,15 @@ impl Replica {
     }
     /// Route to it or not, whatever its verdict (its pool's panic).
     pub(super) fn set_routed(&self, routed: bool) {
-        self.health.healthy.store(routed, Ordering::Relaxed);
+        self.health.set_routed(routed);
     }
 
     /// Why the replica is not healthy, as its last failed check said.
     pub(crate) fn health_error(&self) -> Option<String> {
-        (**self.health.health_error.load()).clone()
+        self.health.error()
     }
     pub(crate) fn set_health_error(&self, reason: Option<String>) {
-        self.health.health_error.store(Arc::new(reason));
+        self.health.set_error(reason);
     }
 
     /// Show this replica's health on its gauge (a replica that just joined:
