@@ -151,7 +151,9 @@ pub(super) fn picked(p: Pick, body: Option<&[u8]>, bodies: Bodies, trailers: boo
     match (body, bodies) {
         (Some(body), Bodies::FullDuplex) => {
             let mut p = p;
-            let whole = p.body.take().unwrap_or_else(|| body.to_vec());
+            // The client's own body is streamed back from where it lies: no copy before the chunks'.
+            let rewritten = p.body.take();
+            let whole: &[u8] = rewritten.as_deref().unwrap_or(body);
             let mut common = pick_common(p);
             if let Some(m) = common.header_mutation.as_mut() {
                 m.set_headers.push(set("content-length", whole.len().to_string().as_bytes()));
@@ -159,7 +161,7 @@ pub(super) fn picked(p: Pick, body: Option<&[u8]>, bodies: Bodies, trailers: boo
             }
             let headers = answer(processing_response::Response::RequestHeaders(HeadersResponse { response: Some(common) }));
             let mut out = vec![headers];
-            out.extend(streamed(&whole, !trailers, processing_response::Response::RequestBody));
+            out.extend(streamed(whole, !trailers, processing_response::Response::RequestBody));
             if trailers {
                 out.push(request_trailers());
             }

@@ -76,7 +76,8 @@ pub(super) fn forward(f: Forwarding) -> impl Future<Output = Response<ProxyBody>
         let c = Ctx { client: &client, snap: &snap, target: &target, caller: &caller };
         let endpoint = target.endpoint();
         let routed = stage!(t, routed(&mut t, body, &parts, &c, streams).await);
-        let prompt = routed.request.prompt_estimate();
+        // Estimated once, when routing's output went to the tracker.
+        let prompt = t.prompt_estimate();
         let owner = stage!(t, follow_up(&mut t, &routed, endpoint, &caller).await);
         let admitted = stage!(t, admitted(&mut t, &parts, &routed, &c, prompt, owner.as_ref()).await);
         let Routed { request, route, stream, strip_usage, upload, stored, .. } = routed;
