@@ -171,7 +171,8 @@ impl Tracker {
         if let Some(m) = &routed.model {
             self.set_model(m);
         }
-        self.set_streaming(routed.stream);
+        // Speech is sent as it is made: its first audio byte is its first token.
+        self.streaming = routed.stream || self.endpoint == Endpoint::Speech;
         self.set_prompt_estimate(routed.request.prompt_estimate());
     }
 
@@ -243,10 +244,6 @@ impl Tracker {
     /// The model label: the request's model once known, `unknown` before.
     pub(crate) fn model(&self) -> &str {
         self.series.as_deref().map_or("unknown", RequestSeries::model)
-    }
-
-    pub(crate) fn set_streaming(&mut self, streaming: bool) {
-        self.streaming = streaming;
     }
 
     /// The prompt's tokens as estimated from the request body, used only

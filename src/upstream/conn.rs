@@ -194,7 +194,7 @@ pub(crate) fn send<'a>(
     fresh: bool,
     reads: Reads,
 ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + 'a {
-    if let Some(key) = &replica.conn.api_key {
+    if let Some(key) = replica.conn.authorization() {
         req.headers_mut().insert(http::header::AUTHORIZATION, key.clone());
     }
     async move {
@@ -204,7 +204,7 @@ pub(crate) fn send<'a>(
                 Some(link) => (link, true),
                 // Boxed: a new connection's state (the TLS handshake's among
                 // it) would otherwise sit in every request's future.
-                None => (Box::pin(connect(&replica.address.base, replica.conn.tls.as_ref(), connect_timeout, reads)).await?, false),
+                None => (Box::pin(connect(&replica.address.base, replica.conn.tls(), connect_timeout, reads)).await?, false),
             };
             tries += 1;
             match exchange(link, req).await {

@@ -65,7 +65,7 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
             _ = interval.tick() => {}
             _ = stop.changed() => return,
         }
-        replica.conn.idle.sweep();
+        replica.conn.sweep_idle();
         // Why a check failed, for the log line that takes the replica out
         // and for the status page.
         let mut failure = check(&pool, &replica, &h).await;

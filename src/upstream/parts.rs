@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use http::HeaderValue;
+use prometheus_client::metrics::counter::Counter;
 
 use super::share::Share;
 use super::{conn, limit, tls};
@@ -163,6 +164,23 @@ pub(crate) struct Connection {
     pub(super) api_key: Option<http::HeaderValue>,
 }
 
+impl Connection {
+    /// `Authorization` for its requests (`pools[].api_key_env`), if its pool has a key.
+    pub(crate) fn authorization(&self) -> Option<&HeaderValue> {
+        self.api_key.as_ref()
+    }
+
+    /// TLS for an `https://` replica.
+    pub(crate) fn tls(&self) -> Option<&tls::ReplicaTls> {
+        self.tls.as_ref()
+    }
+
+    /// Close the idle connections that have idled too long.
+    pub(crate) fn sweep_idle(&self) {
+        self.idle.sweep();
+    }
+}
+
 /// What the learned limit reads of it since it last looked, and the controller itself.
 pub(crate) struct LimitSignals {
     /// The learned limit (`max_inflight_per_replica: auto`), kept across reloads.
@@ -186,6 +204,88 @@ pub(crate) struct LimitSignals {
     pub(super) controlled_at_ms: AtomicU64,
     /// The limit last logged (a move by a quarter or more is logged).
     pub(super) logged_limit: AtomicUsize,
+}
+
+/// How far the tracked 90th percentile of a replica's first-token share
+/// moves per sample (in shares of the class target).
+pub(super) const P90_STEP: f64 = 0.02;
+
+/// What the request path noted for the learned limit over one period.
+pub(crate) struct Period {
+    /// Interactive first tokens' mean and largest share of their target.
+    pub(crate) first_token: Option<f64>,
+    pub(crate) first_token_max: Option<f64>,
+    /// Requests sent here, and over how many milliseconds.
+    pub(crate) sent: u64,
+    pub(crate) since_ms: u64,
+    /// The most held here (by this instance).
+    pub(crate) inflight_peak: usize,
+    pub(crate) refused: bool,
+}
+
+impl LimitSignals {
+    /// A slot was taken: `held` are held now.
+    pub(crate) fn taken(&self, held: usize) {
+        self.inflight_peak.fetch_max(held, Ordering::Relaxed);
+        self.dispatched.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An interactive first token `after` dispatch, its class's target `target`.
+    pub(crate) fn first_token(&self, after: std::time::Duration, target: std::time::Duration) {
+        let x = after.as_secs_f64() / target.as_secs_f64().max(1e-6);
+        let permille = (x * 1000.0) as u64;
+        self.first_token_share.fetch_add(permille, Ordering::Relaxed);
+        self.first_token_n.fetch_add(1, Ordering::Relaxed);
+        self.first_token_max.fetch_max(permille, Ordering::Relaxed);
+        // A streaming quantile: up by 0.9 of a step when a sample is above
+        // the estimate, down by 0.1 of one when not, so it rests where one
+        // sample in ten is above. O(1), no history; follows a change within
+        // tens of samples.
+        self.first_token_p90.update(|q| Some(if x > q { q + P90_STEP * 0.9 } else { (q - P90_STEP * 0.1).max(0.0) }));
+    }
+
+    /// The tracked 90th percentile of interactive first tokens' share of their target.
+    pub(crate) fn first_token_p90(&self) -> f64 {
+        self.first_token_p90.load()
+    }
+
+    /// The replica refused a request (429 or 503).
+    pub(crate) fn note_refused(&self) {
+        self.refused.store(true, Ordering::Relaxed);
+    }
+
+    /// What was noted since the last period, which ends now (`now_ms`
+    /// after the replica was made, `held` its slots held now).
+    pub(crate) fn period(&self, now_ms: u64, held: usize) -> Period {
+        let n = self.first_token_n.swap(0, Ordering::Relaxed);
+        let share = self.first_token_share.swap(0, Ordering::Relaxed);
+        let latest = self.first_token_max.swap(0, Ordering::Relaxed);
+        let since_ms = now_ms.saturating_sub(self.controlled_at_ms.swap(now_ms, Ordering::Relaxed));
+        let sent = self.dispatched.load(Ordering::Relaxed);
+        Period {
+            first_token: (n > 0).then(|| share as f64 / 1000.0 / n as f64),
+            first_token_max: (n > 0).then(|| latest as f64 / 1000.0),
+            sent: sent.saturating_sub(self.dispatched_seen.swap(sent, Ordering::Relaxed)),
+            since_ms,
+            inflight_peak: self.inflight_peak.swap(held, Ordering::Relaxed),
+            refused: self.refused.swap(false, Ordering::Relaxed),
+        }
+    }
+
+    /// The controller, for a moment (a panic elsewhere poisons nothing it holds).
+    pub(crate) fn controller(&self) -> std::sync::MutexGuard<'_, limit::Controller> {
+        self.controller.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The limit moved to `limit`: the one last logged, if it moved by a
+    /// quarter or more since (and this one is now the logged one).
+    pub(crate) fn moved_from(&self, limit: usize) -> Option<usize> {
+        let logged = self.logged_limit.load(Ordering::Relaxed);
+        (limit * 4 >= logged * 5 || limit * 4 <= logged * 3).then(|| {
+            self.logged_limit.store(limit, Ordering::Relaxed);
+            logged
+        })
+    }
 }
 
 /// The replica's time from dispatch to first token as a function of the
@@ -250,6 +350,77 @@ pub(crate) struct RoutingStats {
     pub(super) delivered_at_ms: AtomicU64,
     /// Its time to first token, learned (predicted at dispatch, judged at the first token).
     pub(super) first_token: FirstTokenModel,
+}
+
+/// How far a replica's mean gap between tokens moves toward each stream's.
+pub(super) const ITL_EWMA: f64 = 0.2;
+/// A replica's mean gap counts for this long after a stream last reported its gaps.
+/// Past it the replica is as one never measured, so one marked slow that
+/// no batch stream has measured since gets interactive requests again.
+pub(super) const GAPS_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Its clocks count milliseconds since the replica was made: `age` is that time now.
+fn ms(age: std::time::Duration) -> u64 {
+    age.as_millis() as u64
+}
+
+impl RoutingStats {
+    /// Prefix-aware routing sent a prompt of `bytes` here, expecting `matched` of them cached.
+    pub(crate) fn routed(&self, bytes: u64, matched: u64, series: Option<(&Counter, &Counter)>) {
+        self.expected_hits.add(bytes, matched, series);
+    }
+
+    /// The engine reported `prompt` tokens for a request served here, `cached` of them from its prefix cache.
+    pub(crate) fn served_prompt(&self, prompt: u64, cached: u64, series: Option<(&Counter, &Counter)>) {
+        self.reported_hits.add(prompt, cached, series);
+    }
+
+    /// Since the start: the share of the prompt bytes sent here that
+    /// prefix-aware routing expected cached, and the share of prompt tokens
+    /// the engine reported cached (`None` before any).
+    pub(crate) fn hit_ratios(&self) -> (Option<f64>, Option<f64>) {
+        (self.expected_hits.ratio(), self.reported_hits.ratio())
+    }
+
+    /// A stream's mean gap `mean_us` reported at `age`: the replica's mean
+    /// moves toward it (or starts from it, once forgotten).
+    pub(crate) fn record_itl(&self, mean_us: f64, age: std::time::Duration) {
+        let fresh = self.itl_mean(age).is_zero();
+        self.itl_mean_us.update(|m| Some(if fresh || m == 0.0 { mean_us } else { m + (mean_us - m) * ITL_EWMA }));
+        self.itl_at_ms.store(ms(age), Ordering::Relaxed);
+        self.delivered(age);
+    }
+
+    /// Tokens came from the replica at `age`.
+    pub(crate) fn delivered(&self, age: std::time::Duration) {
+        self.delivered_at_ms.store(ms(age).max(1), Ordering::Relaxed);
+    }
+
+    /// Did it deliver tokens within `window` before `age`?
+    pub(crate) fn delivered_within(&self, window: std::time::Duration, age: std::time::Duration) -> bool {
+        let at = self.delivered_at_ms.load(Ordering::Relaxed);
+        at > 0 && age.saturating_sub(std::time::Duration::from_millis(at)) <= window
+    }
+
+    /// The mean gap at `age`: zero before any, and once none was reported
+    /// for [`GAPS_FORGOTTEN_AFTER`].
+    pub(crate) fn itl_mean(&self, age: std::time::Duration) -> std::time::Duration {
+        let since = age.saturating_sub(std::time::Duration::from_millis(self.itl_at_ms.load(Ordering::Relaxed)));
+        if since > GAPS_FORGOTTEN_AFTER {
+            return std::time::Duration::ZERO;
+        }
+        std::time::Duration::from_secs_f64(self.itl_mean_us.load() / 1e6)
+    }
+
+    /// The first token predicted for `work` bytes of prefill, at `age`.
+    pub(crate) fn predict_first_token(&self, work: u64, age: std::time::Duration) -> Option<std::time::Duration> {
+        self.first_token.predict(work, self.itl_mean(age).as_secs_f64() * 1e6)
+    }
+
+    /// A first token `took` after dispatch for `work` bytes of prefill, at `age`: learned.
+    pub(crate) fn learn_first_token(&self, work: u64, took: std::time::Duration, age: std::time::Duration) {
+        self.first_token.learn(work, took, self.itl_mean(age).as_secs_f64() * 1e6);
+    }
 }
 
 /// Where requests go: its scheme and authority, and the `Host` they carry.

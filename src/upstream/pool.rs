@@ -241,7 +241,7 @@ impl Pool {
             let n = match self.config.max_inflight_per_replica {
                 InflightLimit::Fixed(n) => n as usize,
                 InflightLimit::Auto => {
-                    let mut c = r.learning.controller.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut c = r.learning.controller();
                     c.set_params(self.limit_params);
                     c.allowed()
                 }
@@ -342,7 +342,7 @@ impl Pool {
 mod tests {
     use super::*;
     use crate::config::{Balance, Config, Tier};
-    use crate::upstream::replica::GAPS_FORGOTTEN_AFTER;
+    use crate::upstream::parts::GAPS_FORGOTTEN_AFTER;
     use crate::upstream::{Load, ReplicaSlot};
 
     /// Two healthy replicas (nothing listens) with `slots` each, least loaded.

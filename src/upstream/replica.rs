@@ -48,23 +48,14 @@ pub(crate) struct Replica {
     pub(crate) address: Address,
 }
 
-/// How far the tracked 90th percentile of a replica's first-token share
-/// moves per sample (in shares of the class target).
-pub(super) const P90_STEP: f64 = 0.02;
-/// How far a replica's mean gap between tokens moves toward each stream's.
-pub(super) const ITL_EWMA: f64 = 0.2;
 /// A replica whose streams' mean gap is more than this many times the
 /// fastest healthy replica's is slow: interactive requests wait for the others.
 pub(super) const SLOW_GAPS: f64 = 1.5;
-/// A replica's mean gap counts for this long after a stream last reported its gaps.
-/// Past it the replica is as one never measured, so one marked slow that
-/// no batch stream has measured since gets interactive requests again.
-pub(super) const GAPS_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Replica {
     /// Does the replica get a key of its pool's (`pools[].api_key_env`)?
     pub(crate) fn has_api_key(&self) -> bool {
-        self.conn.api_key.is_some()
+        self.conn.authorization().is_some()
     }
 
     /// A replica at `url` (its base `base`), `initial` slots, not yet healthy.
@@ -168,17 +159,17 @@ impl Replica {
     }
     /// Prefix-aware routing sent a prompt of `bytes` here, expecting `matched` of them cached.
     pub(super) fn routed(&self, bytes: u64, matched: u64) {
-        self.routing.expected_hits.add(bytes, matched, self.gauges.get().map(|g| (&g.routed_bytes, &g.matched_bytes)));
+        self.routing.routed(bytes, matched, self.gauges.get().map(|g| (&g.routed_bytes, &g.matched_bytes)));
     }
     /// The engine reported `prompt` tokens for a request served here, `cached` of them from its prefix cache.
     pub(crate) fn served_prompt(&self, prompt: u64, cached: u64) {
-        self.routing.reported_hits.add(prompt, cached, self.gauges.get().map(|g| (&g.prompt_tokens, &g.cached_tokens)));
+        self.routing.served_prompt(prompt, cached, self.gauges.get().map(|g| (&g.prompt_tokens, &g.cached_tokens)));
     }
     /// Since the start: the share of the prompt bytes sent here that
     /// prefix-aware routing expected cached, and the share of prompt tokens
     /// the engine reported cached (`None` before any).
     pub(crate) fn hit_ratios(&self) -> (Option<f64>, Option<f64>) {
-        (self.routing.expected_hits.ratio(), self.routing.reported_hits.ratio())
+        self.routing.hit_ratios()
     }
     /// The replica's limit: learned, or fixed (for the whole fleet when
     /// several instances share it).
@@ -298,8 +289,7 @@ impl Replica {
                     if let Some(g) = self.gauges.get() {
                         g.inflight.inc();
                     }
-                    self.learning.inflight_peak.fetch_max(cur + 1, Ordering::Relaxed);
-                    self.learning.dispatched.fetch_add(1, Ordering::Relaxed);
+                    self.learning.taken(cur + 1);
                     return true;
                 }
                 Err(now) => cur = now,
@@ -310,16 +300,7 @@ impl Replica {
     /// An interactive request sent here got its first token `after` its
     /// dispatch; its class's TTFT target is `target`.
     pub(crate) fn record_first_token(&self, after: std::time::Duration, target: std::time::Duration) {
-        let permille = (after.as_secs_f64() / target.as_secs_f64().max(1e-6) * 1000.0) as u64;
-        self.learning.first_token_share.fetch_add(permille, Ordering::Relaxed);
-        self.learning.first_token_n.fetch_add(1, Ordering::Relaxed);
-        self.learning.first_token_max.fetch_max(permille, Ordering::Relaxed);
-        // A streaming quantile: up by 0.9 of a step when a sample is above
-        // the estimate, down by 0.1 of one when not, so it rests where one
-        // sample in ten is above. O(1), no history; follows a change within
-        // tens of samples.
-        let x = after.as_secs_f64() / target.as_secs_f64().max(1e-6);
-        self.learning.first_token_p90.update(|q| Some(if x > q { q + P90_STEP * 0.9 } else { (q - P90_STEP * 0.1).max(0.0) }));
+        self.learning.first_token(after, target);
     }
 
     /// A stream of any class here had `gaps` gaps between its tokens over
@@ -332,41 +313,32 @@ impl Replica {
         if gaps == 0 {
             return;
         }
-        let mean = span.as_secs_f64() * 1e6 / gaps as f64;
-        // A mean already forgotten starts again from this stream.
-        let fresh = self.itl_mean().is_zero();
-        self.routing.itl_mean_us.update(|m| Some(if fresh || m == 0.0 { mean } else { m + (mean - m) * ITL_EWMA }));
-        self.routing.itl_at_ms.store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
-        self.delivered();
+        self.routing.record_itl(span.as_secs_f64() * 1e6 / gaps as f64, self.born.elapsed());
     }
 
     /// Tokens came from this replica just now.
     pub(crate) fn delivered(&self) {
-        self.routing.delivered_at_ms.store((self.born.elapsed().as_millis() as u64).max(1), Ordering::Relaxed);
+        self.routing.delivered(self.born.elapsed());
     }
 
     /// Has it delivered tokens within `window`? A replica streaming tokens is
     /// alive, whatever its health endpoint says under that load.
     pub(crate) fn delivered_within(&self, window: std::time::Duration) -> bool {
-        let at = self.routing.delivered_at_ms.load(Ordering::Relaxed);
-        at > 0 && self.born.elapsed().saturating_sub(std::time::Duration::from_millis(at)) <= window
+        self.routing.delivered_within(window, self.born.elapsed())
     }
 
     /// The mean gap between tokens of the streams that ended here lately
-    /// (zero before any, and once none has ended for [`GAPS_FORGOTTEN_AFTER`]).
+    /// (zero before any, and once none has ended for a while: see
+    /// [`RoutingStats::itl_mean`]).
     pub(crate) fn itl_mean(&self) -> std::time::Duration {
-        let since = self.born.elapsed().saturating_sub(std::time::Duration::from_millis(self.routing.itl_at_ms.load(Ordering::Relaxed)));
-        if since > GAPS_FORGOTTEN_AFTER {
-            return std::time::Duration::ZERO;
-        }
-        std::time::Duration::from_secs_f64(self.routing.itl_mean_us.load() / 1e6)
+        self.routing.itl_mean(self.born.elapsed())
     }
 
     /// The time from dispatch to first token a request with `work` bytes
     /// of prefill (what is ahead of it here and its own) is predicted to
     /// take here; `None` until the replica's first tokens taught it.
     pub(super) fn predict_first_token(&self, work: u64) -> Option<std::time::Duration> {
-        self.routing.first_token.predict(work, self.itl_mean().as_secs_f64() * 1e6)
+        self.routing.predict_first_token(work, self.born.elapsed())
     }
 
     /// A first token came `took` after dispatch for `work` bytes of
@@ -379,18 +351,18 @@ impl Replica {
                 g.predicted_late.inc();
             }
         }
-        self.routing.first_token.learn(work, took, self.itl_mean().as_secs_f64() * 1e6);
+        self.routing.learn_first_token(work, took, self.born.elapsed());
     }
 
     /// Interactive requests' time from dispatch to first token over their
     /// class's target: its recent 90th percentile (0 before any).
     pub(crate) fn first_token_p90(&self) -> f64 {
-        self.learning.first_token_p90.load()
+        self.learning.first_token_p90()
     }
 
     /// The replica refused a request (429 or 503).
     pub(crate) fn note_refused(&self) {
-        self.learning.refused.store(true, Ordering::Relaxed);
+        self.learning.note_refused();
     }
 
     /// As if the controller had moved the limit to `n`.
@@ -415,7 +387,7 @@ impl Replica {
             return false;
         }
         let allowed = {
-            let mut c = self.learning.controller.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = self.learning.controller();
             if !c.grow_on_demand() {
                 return false;
             }
@@ -429,19 +401,13 @@ impl Replica {
     /// what the request path noted since the last period.
     /// `demand`: requests wait in the gateway for the pool's slots.
     pub(crate) fn control(&self, pool: &str, load: Load, demand: bool) {
-        let n = self.learning.first_token_n.swap(0, Ordering::Relaxed);
-        let share = self.learning.first_token_share.swap(0, Ordering::Relaxed);
-        let latest = self.learning.first_token_max.swap(0, Ordering::Relaxed);
         // In a fleet the limit is the replica's, for every instance's requests.
         let others = self.seats.others_inflight.load(Ordering::Relaxed);
+        let p = self.learning.period(self.born.elapsed().as_millis() as u64, self.inflight());
         // Requests sent in the time of one engine step (the mean gap between
         // tokens): about that many wait in the replica's queue between their
         // arrival and its next step, at any load.
-        let now_ms = self.born.elapsed().as_millis() as u64;
-        let since = now_ms.saturating_sub(self.learning.controlled_at_ms.swap(now_ms, Ordering::Relaxed));
-        let sent = self.learning.dispatched.load(Ordering::Relaxed);
-        let sent = sent.saturating_sub(self.learning.dispatched_seen.swap(sent, Ordering::Relaxed));
-        let mut in_transit = if since > 0 { sent as f64 * 1000.0 / since as f64 * self.itl_mean().as_secs_f64() } else { 0.0 };
+        let mut in_transit = if p.since_ms > 0 { p.sent as f64 * 1000.0 / p.since_ms as f64 * self.itl_mean().as_secs_f64() } else { 0.0 };
         // In a fleet the others send too, about in proportion to what they hold here.
         let mine = self.inflight();
         if mine > 0 {
@@ -450,17 +416,17 @@ impl Replica {
         let sample = limit::Sample {
             waiting: load.waiting,
             running: load.running,
-            inflight_peak: self.learning.inflight_peak.swap(self.inflight(), Ordering::Relaxed) + others,
+            inflight_peak: p.inflight_peak + others,
             inflight_now: self.inflight() + others,
             demand,
-            refused: self.learning.refused.swap(false, Ordering::Relaxed),
-            first_token: (n > 0).then(|| share as f64 / 1000.0 / n as f64),
-            first_token_max: (n > 0).then(|| latest as f64 / 1000.0),
+            refused: p.refused,
+            first_token: p.first_token,
+            first_token_max: p.first_token_max,
             in_transit,
             batch_now: self.seats.batch_held.load(Ordering::Relaxed),
         };
         let (limit, cut) = {
-            let mut c = self.learning.controller.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = self.learning.controller();
             c.update(sample);
             (c.allowed(), c.batch_cut())
         };
@@ -472,9 +438,7 @@ impl Replica {
         if was == 0 && cut > 0 {
             tracing::info!(pool, replica = %self.label(), limit, batch_cut = cut, "interactive first tokens late under load: batch leaves seats to interactive here");
         }
-        let logged = self.learning.logged_limit.load(Ordering::Relaxed);
-        if limit * 4 >= logged * 5 || limit * 4 <= logged * 3 {
-            self.learning.logged_limit.store(limit, Ordering::Relaxed);
+        if let Some(logged) = self.learning.moved_from(limit) {
             tracing::info!(pool, replica = %self.label(), from = logged, to = limit, waiting = ?sample.waiting, refused = sample.refused, "learned in-flight limit moved");
         }
     }

@@ -527,6 +527,34 @@ fn composed_structs_stay_composed() {
     assert_eq!(field_count(flat, "R"), Some(3));
 }
 
+/// The request's record takes each stage's output at one point: each of
+/// its setters (`set_*`, `hold_*`) is called from one file of the product
+/// at most, the stage that owns what it records.
+#[test]
+fn the_trackers_setters_each_have_one_stage() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let tracker = code_of(&std::fs::read_to_string(root.join("proxy/tracker.rs")).expect("read"));
+    let setters: Vec<&str> = tracker
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("pub(crate) fn ").or_else(|| l.trim_start().strip_prefix("pub(super) fn ")))
+        .filter_map(|l| l.split('(').next())
+        .filter(|n| n.starts_with("set_") || n.starts_with("hold_"))
+        .collect();
+    assert!(setters.len() >= 5, "found only {setters:?}: the scan is broken");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let texts: Vec<(String, String)> = files
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| n != "tests.rs"))
+        .map(|f| (f.strip_prefix(&root).expect("in src").display().to_string(), code_of(&std::fs::read_to_string(f).expect("read"))))
+        .collect();
+    for setter in setters {
+        let callers: Vec<&str> =
+            texts.iter().filter(|(_, code)| code.contains(&format!(".{setter}("))).map(|(rel, _)| rel.as_str()).collect();
+        assert!(callers.len() <= 1, "Tracker::{setter} is called from {callers:?}: a stage's output goes to the tracker at one point");
+    }
+}
+
 #[test]
 fn the_size_scans_count_what_they_should() {
     let code = "pub(crate) async fn a(x: u8) -> u8 {\n    let s = \"}}}\";\n    let c = '{';\n    let r = r#\"{ \"# ;\n    // }\n    x\n}\n\nfn b<'a>(v: &'a str) -> &'a str { v }\n\ntrait T {\n    fn decl(&self);\n}\n";

@@ -188,8 +188,8 @@ impl<B> ObservedBody<B> {
 
     /// Observe a binary answer made as it is sent (speech audio): TTFT at its
     /// first byte, then e2e and bytes.
-    pub(crate) fn audio(inner: B, mut tracker: Box<Tracker>, timeouts: StreamTimeouts) -> Self {
-        tracker.set_streaming(true);
+    /// The tracker counts it as streamed from routing on.
+    pub(crate) fn audio(inner: B, tracker: Box<Tracker>, timeouts: StreamTimeouts) -> Self {
         Self::new(inner, Mode::Audio, tracker, timeouts)
     }
 

@@ -270,7 +270,7 @@ fn sample(text: &str, name: &str) -> f64 {
 async fn observe_timed(chunks: Vec<(u64, &str)>, hang: bool, timeouts: StreamTimeouts) -> (String, String) {
     let (metrics, class) = fixture();
     let mut tracker = Tracker::new(metrics.clone(), class, Instant::now());
-    tracker.set_streaming(true);
+    tracker.streaming = true;
     let body = ObservedBody::sse(Timed::new(chunks, hang), tracker, timeouts, true);
     let out = body.collect().await.expect("body").to_bytes();
     (String::from_utf8_lossy(&out).into_owned(), metrics.encode())
