@@ -33,6 +33,52 @@ impl AtomicF64 {
     }
 }
 
+/// A background task's rest while there is nothing for it to do: it
+/// sleeps until poked, or for at most a while, instead of ticking. What
+/// pokes it (a request's arrival) costs one counter increment and one load.
+///
+/// No poke is lost: [`Rest::rest`] marks the task resting before it looks
+/// at the pokes once more, and [`Rest::poke`] counts before it looks at the
+/// mark (both sequentially consistent), so either the task sees the poke's
+/// count or the poke sees the mark and wakes it.
+#[derive(Default)]
+pub(crate) struct Rest {
+    resting: AtomicBool,
+    pokes: AtomicU64,
+    wake: tokio::sync::Notify,
+}
+
+impl Rest {
+    /// Something happened that the task should see now.
+    pub(crate) fn poke(&self) {
+        self.pokes.fetch_add(1, Ordering::SeqCst);
+        if self.resting.load(Ordering::SeqCst) && self.resting.swap(false, Ordering::SeqCst) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The pokes so far: pass it to [`Rest::rest`] to rest only if none came since.
+    pub(crate) fn pokes(&self) -> u64 {
+        self.pokes.load(Ordering::SeqCst)
+    }
+
+    /// Rest for at most `most`, or until poked; not at all if a poke came
+    /// after `seen` was read or `at_rest` no longer says so. True if it rested.
+    pub(crate) async fn rest(&self, seen: u64, most: Duration, at_rest: impl Fn() -> bool) -> bool {
+        self.resting.store(true, Ordering::SeqCst);
+        if self.pokes.load(Ordering::SeqCst) != seen || !at_rest() {
+            self.resting.store(false, Ordering::SeqCst);
+            return false;
+        }
+        tokio::select! {
+            _ = self.wake.notified() => {}
+            _ = tokio::time::sleep(most) => {}
+        }
+        self.resting.store(false, Ordering::SeqCst);
+        true
+    }
+}
+
 /// What a [`Watchlist`] looks at on each of its ticks: `false` when it
 /// needs no more looking at.
 pub(crate) trait Watch: Send + Sync {
@@ -276,5 +322,36 @@ mod tests {
         assert!(!a.update(|_| None));
         assert_eq!(a.load(), -1.0);
         assert_eq!(AtomicF64::default().load(), 0.0);
+    }
+
+    /// A rest lasts its most, or ends at a poke; a poke that came after the
+    /// pokes were read, or a state no longer at rest, means no rest at all.
+    #[tokio::test(start_paused = true)]
+    async fn a_rest_ends_at_a_poke_or_its_most_and_no_poke_is_lost() {
+        let rest = Arc::new(Rest::default());
+        // Unpoked: the whole of it.
+        let t0 = Instant::now();
+        assert!(rest.rest(rest.pokes(), Duration::from_secs(5), || true).await);
+        assert_eq!(Instant::now() - t0, Duration::from_secs(5));
+        // Poked while resting: at once.
+        let t0 = Instant::now();
+        let resting = tokio::spawn({
+            let rest = rest.clone();
+            async move { rest.rest(rest.pokes(), Duration::from_secs(5), || true).await }
+        });
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_millis(10)).await;
+        rest.poke();
+        assert!(resting.await.expect("task"));
+        assert!(Instant::now() - t0 < Duration::from_secs(1), "a poke did not end the rest");
+        // A poke after the pokes were read: no rest.
+        let seen = rest.pokes();
+        rest.poke();
+        let t0 = Instant::now();
+        assert!(!rest.rest(seen, Duration::from_secs(5), || true).await);
+        assert_eq!(Instant::now(), t0);
+        // Not at rest any more: no rest.
+        assert!(!rest.rest(rest.pokes(), Duration::from_secs(5), || false).await);
+        assert_eq!(Instant::now(), t0);
     }
 }

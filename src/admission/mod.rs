@@ -17,12 +17,14 @@ pub(crate) mod breaker;
 pub(crate) mod fair;
 pub(crate) mod lease;
 pub(crate) mod preempt;
+mod publisher;
 pub(crate) mod queue;
 pub(crate) mod rates;
 pub(crate) mod seats;
 pub(crate) mod waiting;
 
 pub(crate) use lease::{Claim, Lease, Refusal};
+pub(crate) use publisher::{publisher, Current};
 pub(crate) use queue::PoolAdmission;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,17 +34,15 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use indexmap::IndexMap;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::config::{ClassConfig, Config, Dur, Tier};
 use crate::error::GatewayError;
 use crate::limits::Tenants;
-use crate::sync::AtomicF64;
+use crate::sync::{AtomicF64, Rest};
 use crate::telemetry::accounting::Finished;
-use crate::telemetry::budget::{self, Budget, Sli};
-use crate::telemetry::metrics::{ClassLabels, Metrics, SloLabels, SloWindowLabels};
+use crate::telemetry::budget::Budget;
+use crate::telemetry::metrics::{ClassLabels, Metrics};
 use crate::telemetry::series::ClassSeries;
 use crate::telemetry::window::{RollingHistogram, WindowStats};
 use crate::telemetry::Outcome;
@@ -82,6 +82,8 @@ pub(crate) struct ClassControl {
     /// Its series, made when it is installed (a prepared class never
     /// installed shows nothing).
     gauges: std::sync::OnceLock<ClassGauges>,
+    /// The publisher's rest, poked by each request admitted here.
+    publisher: Arc<Rest>,
 }
 
 /// A class's own gauges.
@@ -92,7 +94,7 @@ struct ClassGauges {
 }
 
 impl ClassControl {
-    fn new(name: &str, class: &ClassConfig, config: &Config, metrics: &Arc<Metrics>) -> ClassControl {
+    fn new(name: &str, class: &ClassConfig, config: &Config, metrics: &Arc<Metrics>, publisher: Arc<Rest>) -> ClassControl {
         let window = config.breaker.window.get();
         ClassControl {
             name: name.into(),
@@ -112,6 +114,7 @@ impl ClassControl {
             metrics: metrics.clone(),
             was_armed: false.into(),
             gauges: std::sync::OnceLock::new(),
+            publisher,
         }
     }
 
@@ -212,11 +215,18 @@ pub(crate) struct Controls {
     metrics: Arc<Metrics>,
     /// Every tenant known, kept across reloads.
     pub(crate) tenants: Arc<Tenants>,
+    /// The publisher's rest while nothing moves (see [`publisher`]).
+    publisher: Arc<Rest>,
 }
 
 impl Controls {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Controls {
-        Controls { classes: Mutex::new(IndexMap::new()), tenants: Arc::new(Tenants::new(metrics.clone())), metrics }
+        Controls {
+            classes: Mutex::new(IndexMap::new()),
+            tenants: Arc::new(Tenants::new(metrics.clone())),
+            metrics,
+            publisher: Arc::default(),
+        }
     }
 
     /// The control class `name` will have under `config` (a reload's prepare
@@ -229,7 +239,7 @@ impl Controls {
         let map = self.classes.lock().unwrap_or_else(|p| p.into_inner());
         match map.get(name).filter(|c| c.tier == class.tier) {
             Some(c) => c.clone(),
-            None => Arc::new(ClassControl::new(name, class, config, &self.metrics)),
+            None => Arc::new(ClassControl::new(name, class, config, &self.metrics, self.publisher.clone())),
         }
     }
 
@@ -334,6 +344,8 @@ pub(crate) async fn admit(
     claim: Claim,
     key: Option<Arc<crate::upstream::prefix::RouteKey>>,
 ) -> Result<Admitted, GatewayError> {
+    // Wakes the publisher if it rests: the views this request writes move from now on.
+    control.publisher.poke();
     let probe = match control.breaker.admit() {
         Gate::Pass => None,
         Gate::Probe(ticket) => {
@@ -444,49 +456,6 @@ fn over_share_message(tenant: &str, pool: &str, tier: &str, over: &fair::OverSha
     )
 }
 
-/// Per class and SLI: budget left over `slo.window` and burn rate over each
-/// burn-alert window, as gauges.
-pub(crate) fn publish_budgets(controls: &Controls, config: &Config, metrics: &Metrics, now: Instant) {
-    let slo = &config.slo;
-    let windows = budget::burn_windows(slo);
-    for c in controls.all() {
-        if !config.classes.contains_key(&*c.name) {
-            continue;
-        }
-        for (sli, objective) in [(Sli::Latency, slo.latency_objective), (Sli::Availability, slo.availability_objective)] {
-            let name = format!("{}-{}", c.name, sli.as_str());
-            let total = c.budget.counts(now, slo.window.get());
-            metrics.budget_remaining.get_or_create(&SloLabels { slo: name.clone() }).set(budget::remaining(sli, &total, objective));
-            for w in &windows {
-                let counts = c.budget.counts(now, *w);
-                let labels = SloWindowLabels { slo: name.clone(), window: budget::window_label(*w) };
-                metrics.burn_rate.get_or_create(&labels).set(budget::burn_rate(sli, &counts, objective));
-            }
-        }
-    }
-}
-
-/// One publisher pass at `now`: class views, breaker and reduction
-/// transitions, then each pool's queue upkeep.
-pub(crate) fn publish_once(controls: &Controls, pools: &[Arc<PoolAdmission>], now: Instant) {
-    let mut interactive_at_risk = false;
-    for c in controls.all() {
-        c.budget.fold(now);
-        let ttft = c.publish(now);
-        if c.tier == Tier::Interactive && ttft.count > 0 && ttft.p99 > c.ttft_target() {
-            interactive_at_risk = true;
-        }
-    }
-    for pool in pools {
-        pool.set_interactive_at_risk(interactive_at_risk);
-        pool.tick(now);
-    }
-}
-
-/// What the publisher reads at each tick: the running config and the pools'
-/// admissions (a handle on the current snapshot gives both).
-pub(crate) type Current = dyn Fn() -> (Arc<Config>, Vec<Arc<PoolAdmission>>) + Send + Sync;
-
 impl Claim {
     /// A request of `tenant` in the class of `control`, its prompt
     /// estimated at `tokens`; `fair` when keys are configured; `short` when
@@ -495,35 +464,6 @@ impl Claim {
         let ttft = (control.tier == Tier::Interactive).then(|| control.ttft_target());
         Claim { share: tenant.share(), tokens, fair, ttft, short, deadline: None, resumed: false }
     }
-}
-
-/// The background task that publishes the views every [`TICK`].
-pub(crate) fn publisher(
-    controls: Arc<Controls>,
-    metrics: Arc<Metrics>,
-    current: Box<Current>,
-    mut stop: watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(TICK);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut n = 0u64;
-        loop {
-            tokio::select! {
-                _ = every.tick() => {
-                    let now = Instant::now();
-                    let (config, pools) = current();
-                    publish_once(&controls, &pools, now);
-                    // Budgets move slowly: every 5 s is plenty.
-                    if n % 20 == 0 {
-                        publish_budgets(&controls, &config, &metrics, now);
-                    }
-                    n += 1;
-                }
-                _ = stop.changed() => return,
-            }
-        }
-    })
 }
 
 #[cfg(test)]

@@ -278,6 +278,16 @@ impl PoolAdmission {
         self.waiting.depth(tier)
     }
 
+    /// It holds no slot, queues nothing, and remembers no interactive
+    /// demand: its periodic upkeep has nothing to do.
+    pub(crate) fn at_rest(&self) -> bool {
+        [&self.batch_inflight, &self.short_inflight, &self.interactive_inflight, &self.interactive_demand]
+            .iter()
+            .all(|n| n.load(Ordering::Relaxed) == 0)
+            && self.depth(Tier::Interactive) == 0
+            && self.depth(Tier::Batch) == 0
+    }
+
     /// How long a request of `tier` may wait for a slot.
     pub(crate) fn timeout(&self, tier: Tier) -> Duration {
         self.tiers.load().of(tier).queue_timeout.get()

@@ -138,3 +138,37 @@ async fn the_default_breaker_ignores_a_burst_and_opens_on_sustained_slowness() {
     // And not before it had lasted trip_after.
     assert!(opened - 5.0 >= trip_after, "opened {opened} s in");
 }
+
+/// With nothing in the windows, no breaker or reduction moving and no
+/// pool holding anything, the publisher rests: what is recorded meanwhile
+/// is not published until a request is admitted, whose arrival publishes it
+/// at once (before a tick would have). Its cost follows traffic, not time.
+#[tokio::test(start_paused = true)]
+async fn the_publisher_rests_while_nothing_moves_and_an_arrival_wakes_it() {
+    let config = Arc::new(Config::default());
+    let controls = Arc::new(Controls::new(Arc::new(Metrics::new(&config))));
+    let chat = reload(&controls, "chat", &config.classes["chat"], &config);
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let current: Box<Current> = Box::new({
+        let config = config.clone();
+        move || (config.clone(), Vec::new())
+    });
+    let task = publisher(controls.clone(), Arc::new(Metrics::new(&config)), current, stop);
+    // Past a few ticks: nothing moved, so it rests.
+    tokio::time::sleep(TICK * 4).await;
+    chat.ttft.record(Duration::from_millis(100));
+    tokio::time::sleep(TICK * 8).await;
+    assert_eq!(chat.view().ttft.count, 0, "a resting publisher published: it ticks with nothing to do");
+    // An arrival: published without waiting for a tick.
+    chat.publisher.poke();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(chat.view().ttft.count, 1, "the arrival did not wake the publisher");
+    // With a sample in the window it ticks again: the next one is published a tick later.
+    chat.ttft.record(Duration::from_millis(100));
+    tokio::time::sleep(TICK + Duration::from_millis(1)).await;
+    assert_eq!(chat.view().ttft.count, 2, "with samples in the window the publisher stopped ticking");
+    let _ = stop_tx.send(true);
+    task.await.expect("publisher");
+}

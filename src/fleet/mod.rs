@@ -361,6 +361,9 @@ fn addresses(config: &FleetConfig, resolved: &[std::net::SocketAddr]) -> Vec<Str
 /// The fleet task: keep the peers as configured (and as `peers_dns`
 /// resolves), and recompute this instance's part of the replicas every
 /// `fleet.period`. Does nothing while no fleet is configured.
+/// How often an instance with no peers configured looks at the config again.
+const ALONE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub(crate) fn run(fleet: Arc<Fleet>, metrics: Arc<Metrics>, current: Box<Current>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
     let current: Arc<Current> = Arc::from(current);
     let resolved: Arc<Mutex<Vec<std::net::SocketAddr>>> = Arc::default();
@@ -387,8 +390,10 @@ pub(crate) fn run(fleet: Arc<Fleet>, metrics: Arc<Metrics>, current: Box<Current
                 fleet.allocate(&view, Instant::now(), &metrics);
             }
             drop(view);
+            // Alone, it only looks for a reload that names peers.
+            let wait = if config.enabled() { config.period.get() } else { ALONE_CHECK.max(config.period.get()) };
             tokio::select! {
-                _ = tokio::time::sleep(config.period.get()) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = stop.changed() => {
                     fleet.set_peers_empty();
                     resolver.abort();

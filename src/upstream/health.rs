@@ -30,25 +30,41 @@ pub(crate) fn spawn(pool: Arc<Pool>, stop: watch::Receiver<bool>) -> Vec<tokio::
 /// Every `scrape_metrics`: read the replica's waiting queue (for
 /// `least_loaded`) and, with learned limits, run one period of its
 /// controller. A replica that is not healthy is left alone: its limit
-/// keeps what it learned.
+/// keeps what it learned. While nothing is sent to it by any instance of
+/// the fleet and nothing waits for the pool, the scrape rests (its
+/// readings cannot be acted on) for up to [`SCRAPE_REST`], and the next
+/// dispatch here wakes it to scrape at once.
 async fn load_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
     let mut interval = tokio::time::interval(pool.config.scrape_metrics.get());
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let timeout = pool.config.health.timeout.get().min(pool.config.scrape_metrics.get() * 4);
+    let most = SCRAPE_REST.max(pool.config.scrape_metrics.get());
     loop {
         tokio::select! {
             _ = interval.tick() => {}
             _ = stop.changed() => return,
         }
-        if !replica.is_passing() {
-            continue;
+        let seen = replica.readings.scrape.pokes();
+        if replica.is_passing() {
+            let load = scrape_load(&replica, pool.config.engine, timeout).await;
+            if pool.learns_limits() {
+                replica.control(&pool.config.name, load, pool.fleet_waiting() > 0);
+            }
         }
-        let load = scrape_load(&replica, pool.config.engine, timeout).await;
-        if pool.learns_limits() {
-            replica.control(&pool.config.name, load, pool.fleet_waiting() > 0);
+        let unused = || replica.unused() && pool.fleet_waiting() == 0;
+        tokio::select! {
+            rested = replica.readings.scrape.rest(seen, most, unused) => if rested {
+                interval.reset_immediately();
+            },
+            _ = stop.changed() => return,
         }
     }
 }
+
+/// The longest a replica's load scrape rests while nothing is sent to it:
+/// its readings (the queue other clients make, its cache's size) are at
+/// most this old when a request comes.
+const SCRAPE_REST: Duration = Duration::from_secs(5);
 
 async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
     let h = pool.config.health.clone();

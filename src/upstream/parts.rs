@@ -141,6 +141,8 @@ pub(crate) struct Readings {
     pub(super) cache_tokens: AtomicU64,
     /// Models this replica's `/v1/models` listed (raw model objects).
     pub(crate) models: ArcSwap<Vec<serde_json::Value>>,
+    /// The load scrape's rest while nothing is sent here, poked by each dispatch.
+    pub(super) scrape: crate::sync::Rest,
 }
 
 impl Readings {

@@ -96,6 +96,7 @@ impl Replica {
                 scraped_waiting: AtomicU64::new(0),
                 cache_tokens: AtomicU64::new(0),
                 models: ArcSwap::from_pointee(Vec::new()),
+                scrape: crate::sync::Rest::default(),
             },
             conn: Connection { idle: conn::IdleConns::default(), tls, api_key },
             learning: LimitSignals {
@@ -211,6 +212,10 @@ impl Replica {
         if let Some(g) = self.gauges.get() {
             g.healthy.set(up as i64);
         }
+        if up {
+            // Its load is read as soon as it may take requests.
+            self.readings.scrape.poke();
+        }
     }
     /// Route to it or not, whatever its verdict (its pool's panic).
     pub(super) fn set_routed(&self, routed: bool) {
@@ -290,6 +295,7 @@ impl Replica {
                         g.inflight.inc();
                     }
                     self.learning.taken(cur + 1);
+                    self.readings.scrape.poke();
                     return true;
                 }
                 Err(now) => cur = now,
@@ -441,6 +447,11 @@ impl Replica {
         if let Some(logged) = self.learning.moved_from(limit) {
             tracing::info!(pool, replica = %self.label(), from = logged, to = limit, waiting = ?sample.waiting, refused = sample.refused, "learned in-flight limit moved");
         }
+    }
+
+    /// Nothing is sent here by any instance of the fleet: its load scrape may rest.
+    pub(super) fn unused(&self) -> bool {
+        self.inflight() == 0 && self.seats.others_inflight.load(Ordering::Relaxed) == 0
     }
 
     pub(super) fn load_score(&self) -> u64 {

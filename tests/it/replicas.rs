@@ -369,3 +369,28 @@ async fn a_replicas_time_to_first_token_is_predicted_and_judged() {
     assert!(late <= 5.0, "late {late} of 5 judged");
     assert_quiescent(&gw).await;
 }
+
+/// The load scrape follows traffic: with nothing sent to the replica it
+/// rests (at most 5 s) instead of reading `/metrics` every
+/// `scrape_metrics`, and a request's dispatch wakes it to read at once.
+#[tokio::test]
+async fn the_load_scrape_rests_while_the_replica_gets_nothing_and_a_request_wakes_it() {
+    let mock = Mock::start(standard(3, Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()]).pool("scrape_metrics: 50ms").start().await;
+    let scrapes = || mock.state.scrapes.load(Ordering::SeqCst);
+    wait_until("the first scrape", || async { scrapes() >= 1 }).await;
+    // Idle for 30 periods: ticking, it would have read 30 times.
+    let before = scrapes();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let idle = scrapes() - before;
+    assert!(idle <= 2, "{idle} scrapes of an idle replica in 1.5 s at scrape_metrics 50ms");
+    // A request wakes it: read at once (milliseconds), where the rest that
+    // began at the last scrape would end 3.5 s from now.
+    let woken = tokio::time::Instant::now();
+    let before = scrapes();
+    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    assert_eq!(status, 200);
+    wait_until("a scrape after the request", || async { scrapes() > before }).await;
+    assert!(woken.elapsed() < Duration::from_secs(2), "the request did not wake the scrape: {:?}", woken.elapsed());
+    assert_quiescent(&gw).await;
+}
