@@ -2,7 +2,8 @@
 //! in the reference config, and every key of the reference is explained
 //! there; every file path and section a doc or a code comment names
 //! exists; each row of the benchmark index names the commit its result
-//! file is stamped with. Each check is a function over text, shown to
+//! file is stamped with; every series `/metrics` exports is in the
+//! operations page's metric table. Each check is a function over text, shown to
 //! catch a stale key, path, section or stamp added on purpose.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -407,4 +408,44 @@ fn every_item_a_doc_names_beside_a_file_is_defined_there() {
     assert!(bad.is_empty(), "items named beside a file that does not define them:\n{}", bad.join("\n"));
     let stale = "The stages: `src/proxy/mod.rs` (`forward`), and (`src/proxy/respond.rs`, `observe`); `src/proxy/stages.rs` (`forward`).";
     assert_eq!(items_not_in_their_file(stale, &root), ["src/proxy/mod.rs (forward)"]);
+}
+
+/// The series `code` registers (`register("name", ...)` or
+/// `register_with_unit("name", ...)`), as Prometheus shows them less
+/// `slogate_` (a counter's `_total` left off, as registered).
+fn registered_series(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for call in ["register(", "register_with_unit("] {
+        for (i, _) in code.match_indices(call) {
+            let rest = code[i + call.len()..].trim_start();
+            let Some(rest) = rest.strip_prefix('"') else { continue };
+            if let Some(end) = rest.find('"') {
+                out.insert(rest[..end].to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The series of the operations page's metric table that are not documented
+/// there (a counter named with or without its `_total`).
+fn undocumented_series(series: &BTreeSet<String>, page: &str) -> Vec<String> {
+    let table: String = page.lines().filter(|l| l.starts_with("| `")).map(|l| l.split('|').nth(1).unwrap_or("")).collect();
+    series.iter().filter(|s| !table.contains(&format!("`{s}`")) && !table.contains(&format!("`{s}_total`"))).cloned().collect()
+}
+
+#[test]
+fn every_series_slogate_exports_is_in_the_operations_metric_table() {
+    let root = repo();
+    let mut code = String::new();
+    for src in files_under(&["src/telemetry"], "rs") {
+        code.push_str(read(&src).split("#[cfg(test)]\nmod tests").next().unwrap_or(""));
+    }
+    let series = registered_series(&code);
+    assert!(series.len() > 40, "the registry's series were read: {}", series.len());
+    let page = read(&root.join("docs/operations.md"));
+    let bad = undocumented_series(&series, &page);
+    assert!(bad.is_empty(), "series /metrics exports that docs/operations.md's metric table does not list: {bad:?}");
+    let with_new = format!("{code}\nr.register(\"replica_new_thing\", \"help\", c.clone());");
+    assert_eq!(undocumented_series(&registered_series(&with_new), &page), ["replica_new_thing"]);
 }
