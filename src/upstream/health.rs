@@ -33,7 +33,7 @@ pub(crate) fn spawn(pool: Arc<Pool>, stop: watch::Receiver<bool>) -> Vec<tokio::
 /// keeps what it learned. While nothing is sent to it by any instance of
 /// the fleet and nothing waits for the pool, the scrape rests (its
 /// readings cannot be acted on) for up to [`SCRAPE_REST`], and the next
-/// dispatch here wakes it to scrape at once.
+/// dispatch here wakes it: it scrapes one period later.
 async fn load_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
     let mut interval = tokio::time::interval(pool.config.scrape_metrics.get());
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -54,7 +54,10 @@ async fn load_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::Rece
         let unused = || replica.unused() && pool.fleet_waiting() == 0;
         tokio::select! {
             rested = replica.readings.scrape.rest(seen, most, unused) => if rested {
-                interval.reset_immediately();
+                // One period after the wake, not at it: the dispatch that woke
+                // it is taking a kept-alive connection of the replica's now,
+                // and a scrape at once would race it for one.
+                interval.reset();
             },
             _ = stop.changed() => return,
         }

@@ -372,7 +372,7 @@ async fn a_replicas_time_to_first_token_is_predicted_and_judged() {
 
 /// The load scrape follows traffic: with nothing sent to the replica it
 /// rests (at most 5 s) instead of reading `/metrics` every
-/// `scrape_metrics`, and a request's dispatch wakes it to read at once.
+/// `scrape_metrics`, and a request's dispatch wakes it to read a period later.
 #[tokio::test]
 async fn the_load_scrape_rests_while_the_replica_gets_nothing_and_a_request_wakes_it() {
     let mock = Mock::start(standard(3, Duration::ZERO)).await;
@@ -384,8 +384,8 @@ async fn the_load_scrape_rests_while_the_replica_gets_nothing_and_a_request_wake
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let idle = scrapes() - before;
     assert!(idle <= 2, "{idle} scrapes of an idle replica in 1.5 s at scrape_metrics 50ms");
-    // A request wakes it: read at once (milliseconds), where the rest that
-    // began at the last scrape would end 3.5 s from now.
+    // A request wakes it: read one period (50 ms) later, where the rest
+    // that began at the last scrape would end 3.5 s from now.
     let woken = tokio::time::Instant::now();
     let before = scrapes();
     let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
