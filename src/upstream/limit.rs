@@ -294,6 +294,14 @@ impl Controller {
         if waiting >= 1.0 && mine > 0.0 {
             self.pending = Some(mine);
         }
+        // The replica runs the ceiling and one still waits: the ceiling
+        // holds. That one is most often the probe's own request, which the
+        // transit estimate may take for one in transit (so the queue above
+        // never shows it); unrenewed, the ceiling would expire and the
+        // limit grow past the replica's capacity.
+        if let Some(c) = self.ceiling().filter(|&c| mine >= c && s.waiting.unwrap_or(0.0) >= 1.0) {
+            self.ceiling[1] = Some(self.ceiling[1].map_or(c, |k| k.max(c)));
+        }
     }
 
     /// Interactive first tokens late because of load, batch held here:

@@ -17,6 +17,8 @@ struct Replica {
     inflight: usize,
     /// Running requests' completions owed, carried between periods.
     carry: f64,
+    /// What the gateway reports in transit to the replica's next step.
+    in_transit: f64,
 }
 
 impl Replica {
@@ -36,7 +38,7 @@ impl Replica {
             refused: false,
             first_token: Some(0.3),
             first_token_max: Some(0.5),
-            in_transit: 0.0,
+            in_transit: self.in_transit,
             batch_now: 0,
         }
     }
@@ -53,7 +55,7 @@ fn run(c: &mut Controller, r: &mut Replica, periods: usize) -> Vec<usize> {
 
 fn replica(capacity: usize) -> Replica {
     // 250 ms periods, 5 s streams.
-    Replica { capacity, service: 20, inflight: 0, carry: 0.0 }
+    Replica { capacity, service: 20, inflight: 0, carry: 0.0, in_transit: 0.0 }
 }
 
 #[test]
@@ -126,6 +128,19 @@ fn it_does_not_oscillate_on_a_steady_load() {
     // Time above capacity (the replica queues one) is a small share.
     let above = settled.iter().filter(|&&l| l > 64).count();
     assert!(above * 4 <= settled.len(), "{above} of {} periods above capacity", settled.len());
+}
+
+/// With requests in transit (a third of one per engine step), the one
+/// request the probe keeps waiting in the replica reads as in transit. The
+/// ceiling must still be renewed by it, or it expires after 30-60 s and the
+/// limit climbs past the replica's capacity, where chat's first tokens wait.
+#[test]
+fn the_probes_waiting_request_renews_the_ceiling_though_requests_are_in_transit() {
+    let mut c = Controller::new(params());
+    let mut r = Replica { in_transit: 0.3, ..replica(64) };
+    let limits = run(&mut c, &mut r, 1200);
+    let settled = &limits[60..];
+    assert!(settled.iter().all(|&l| (63..=65).contains(&l)), "5 minutes within one of the capacity: {:?}", settled);
 }
 
 #[test]
