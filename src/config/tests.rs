@@ -153,7 +153,7 @@ fn a_tier_given_in_part_keeps_its_own_defaults() {
     assert_eq!(c.tiers.batch.queue_max_bytes, Size(1 << 30));
     assert_eq!(c.tiers.batch.queue_timeout, Dur::secs(300));
     assert_eq!(c.tiers.interactive.queue_max_bytes, Size(64 << 20));
-    assert_eq!(c.tiers.interactive.reserved_share, 0.25);
+    assert_eq!(c.tiers.interactive.reserved_share, 0.5);
     let err = Config::parse("tiers:\n  interactive: { queue_max_bytes: 1MiB, queue_cap: 3 }\n").expect_err("unknown").0;
     assert!(err[0].field.starts_with("tiers"), "{err:?}");
     let err = Config::parse("tiers:\n  interactive: { queue_max_bytes: 1MiB }\n").expect_err("below the body limit").0;
