@@ -229,9 +229,9 @@ impl Default for TiersConfig {
                 queue_timeout: Dur::secs(2),
                 // At most half: the reservation follows interactive demand
                 // (its 30 s peak and a quarter, plus 5 % headroom), so the
-                // share only bounds it. Measured with chat at half the
-                // fleet's capacity beside a batch flood, a quarter left chat
-                // waiting behind batch streams (98.4 % within its SLO).
+                // share only bounds it. The admission benchmarks, chat at
+                // 0.4-0.5 of capacity beside batch, hold chat's SLO with
+                // half; a quarter caps the reservation below that demand.
                 reserved_share: 0.5,
                 queue_max_bytes: Size(256 << 20),
                 // On: measured at 1.5x and 3x overload, off gives 13 % and 4 %
