@@ -163,7 +163,8 @@ pub struct PoolConfig {
     /// TTFT target waiting: the stream's replica request ends (the engine
     /// frees the slot), and it goes on later where it stopped, spliced
     /// (docs/design/preemption.md). `auto`: on unless `upstream_priority`
-    /// says the engine schedules by priority itself.
+    /// says the engine orders its own queue by priority (rule 12 there says
+    /// why not there too).
     pub preempt: Preempt,
 }
 
