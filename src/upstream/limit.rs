@@ -300,7 +300,7 @@ impl Controller {
         // never shows it); unrenewed, the ceiling would expire and the
         // limit grow past the replica's capacity.
         if let Some(c) = self.ceiling().filter(|&c| mine >= c && s.waiting.unwrap_or(0.0) >= 1.0) {
-            self.ceiling[1] = Some(self.ceiling[1].map_or(c, |k| k.max(c)));
+            self.ceiling[1] = Some(c);
         }
     }
 
