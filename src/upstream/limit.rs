@@ -140,9 +140,10 @@ pub(crate) struct Controller {
     /// so it follows prompts that stay longer).
     best_first_token: Option<f64>,
     /// The most the replica ran for us in a sample where anything waited,
-    /// over this and the previous [`CEILING_SAMPLES`]: what it runs at most
-    /// now. The limit goes at most one above it (a probe); the replica
-    /// running more than it clears it.
+    /// over this and the previous [`CEILING_SAMPLES`] (with a probe, the
+    /// last window that saw one): what it runs at most now. The limit goes
+    /// at most one above it (a probe); the replica running more than it
+    /// clears it.
     ceiling: [Option<f64>; 2],
     samples: u32,
     /// The running count (our part) of the previous sample, when something waited in it.
@@ -159,7 +160,8 @@ pub(crate) struct Controller {
     demand_doublings: u32,
 }
 
-/// How long a ceiling seen with a queue is remembered (30 s at 250 ms), at least.
+/// A ceiling's window (30 s at 250 ms): one seen is remembered this long at
+/// least; without a probe, at most twice this long unless renewed.
 const CEILING_SAMPLES: u32 = 120;
 
 impl Controller {
@@ -275,7 +277,12 @@ impl Controller {
     fn read_ceiling(&mut self, s: &Sample, waiting: f64) {
         self.samples += 1;
         if self.samples % CEILING_SAMPLES == 0 {
-            self.ceiling = [self.ceiling[1], None];
+            // With a probe, a replica that grew runs the probe's request,
+            // which clears the ceiling below: a window that saw nothing
+            // keeps the older one rather than let the limit grow blind.
+            // Without one (the pool preempts), only time can find growth.
+            let kept = if self.params.probe >= 1.0 { self.ceiling[1].or(self.ceiling[0]) } else { self.ceiling[1] };
+            self.ceiling = [kept, None];
         }
         let Some(running) = s.running else { return };
         let ours = if running + waiting > 0.0 { (s.inflight_now as f64 / (running + waiting)).min(1.0) } else { 1.0 };
