@@ -92,9 +92,9 @@ fn request_spans_reach_an_otlp_receiver_with_genai_attributes_and_traceparent() 
             .await;
         // The traced request waits in the queue behind a held slot, so its
         // span's queue time is not zero.
-        let held = mock.hold_slot(gw.data_addr).await;
+        let held = mock.hold_slot(&gw).await;
         let traceparent = format!("00-{TRACE_ID}-{PARENT}-01");
-        let addr = gw.data_addr;
+        let addr = gw.data();
         let traced = tokio::spawn(async move {
             post(
                 addr,
@@ -113,7 +113,7 @@ fn request_spans_reach_an_otlp_receiver_with_genai_attributes_and_traceparent() 
         assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
         let queue_ms: u64 = h.get("x-slogate-queue-ms").and_then(|v| v.to_str().ok()?.parse().ok()).expect("queue ms header");
         assert_eq!(header(&h, "x-request-id"), Some("trace-req-1"), "the caller's request id comes back");
-        let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[("x-slo-class", "batch")]).await;
+        let (s, _, _) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[("x-slo-class", "batch")]).await;
         assert_eq!(s, 200);
         // The spans end with the streams (the trackers drop after the bodies).
         wait_until("all three requests counted", || async { requests_with_outcome(&gw, "ok").await == 3.0 }).await;

@@ -48,7 +48,7 @@ fn hanging(conns: &Mutex<Vec<TcpStream>>) -> usize {
         .count()
 }
 
-async fn wave(addr: std::net::SocketAddr, clients: usize, each: usize) {
+async fn wave(addr: Target, clients: usize, each: usize) {
     let tasks: Vec<_> = (0..clients)
         .map(|_| {
             tokio::spawn(async move {
@@ -75,10 +75,10 @@ fn requests_are_served_while_an_export_hangs() {
         let mock = Mock::start(standard(3, Duration::ZERO)).await;
         let gw = gateway_config(&[mock.url()]).section(&format!("telemetry: {{ otlp_endpoint: \"{endpoint}\" }}")).start().await;
         // More spans than one export batch (512): an export starts, and hangs.
-        wave(gw.data_addr, 8, 80).await;
+        wave(gw.data(), 8, 80).await;
         wait_until("an export hangs on the collector", || async { hanging(&conns) > 0 }).await;
         // While it hangs, a second wave is served in full.
-        wave(gw.data_addr, 8, 40).await;
+        wave(gw.data(), 8, 40).await;
         assert!(hanging(&conns) > 0, "the export ended before the second wave did: the test proved nothing, run it again");
         assert_eq!(requests_with_outcome(&gw, "ok").await, 960.0);
         assert_quiescent(&gw).await;

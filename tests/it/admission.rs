@@ -9,11 +9,11 @@ use crate::common::*;
 use http_body_util::BodyExt;
 use serde_json::json;
 
-async fn gauge(gw: &slogate::Gateway, name: &str, labels: &[(&str, &str)]) -> f64 {
+async fn gauge(gw: &Gw, name: &str, labels: &[(&str, &str)]) -> f64 {
     metric(&metrics_text(gw).await, name, labels).unwrap_or(-1.0)
 }
 
-async fn queued(gw: &slogate::Gateway, tier: &str) -> f64 {
+async fn queued(gw: &Gw, tier: &str) -> f64 {
     gauge(gw, "slogate_queue_depth", &[("tier", tier)]).await
 }
 
@@ -21,8 +21,8 @@ async fn queued(gw: &slogate::Gateway, tier: &str) -> f64 {
 async fn queued_request_waits_for_the_slot_and_says_how_long() {
     let mock = Mock::start(standard(3, Duration::ZERO)).await;
     let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").start().await;
-    let held = mock.hold_slot(gw.data_addr).await;
-    let addr = gw.data_addr;
+    let held = mock.hold_slot(&gw).await;
+    let addr = gw.data();
     let waiter = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(false, false), &[]).await });
     wait_until("the second request is queued", || async { queued(&gw, "interactive").await == 1.0 }).await;
     assert_eq!(mock.calls(), 1, "a queued request must not reach the replica");
@@ -47,11 +47,11 @@ async fn full_queue_is_429_with_retry_after() {
         .section("tiers:\n  interactive: { queue_capacity: 1, shed_late: false }")
         .start()
         .await;
-    let held = mock.hold_slot(gw.data_addr).await;
-    let addr = gw.data_addr;
+    let held = mock.hold_slot(&gw).await;
+    let addr = gw.data();
     let waiter = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(false, false), &[]).await });
     wait_until("one request is queued", || async { queued(&gw, "interactive").await == 1.0 }).await;
-    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    let (s, h, b) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     assert_eq!(s, 429);
     // No drain measured yet: a second, spread over up to a quarter more.
     let ms: u64 = header(&h, "retry-after-ms").and_then(|v| v.parse().ok()).expect("retry-after-ms");
@@ -77,10 +77,10 @@ async fn waiting_bodies_past_queue_max_bytes_are_429() {
         .section("tiers:\n  interactive: { queue_capacity: 100, queue_max_bytes: 1MiB, shed_late: false }")
         .start()
         .await;
-    let held = mock.hold_slot(gw.data_addr).await;
+    let held = mock.hold_slot(&gw).await;
     let big = chat_body(false, false).replace("\"content\":\"", &format!("\"content\":\"{}", "x".repeat(600 << 10)));
     let [(_, h1), (_, h2)] = clients();
-    let send = |c: &TestClient, body: &str| c.request(post_req(gw.data_addr, "/v1/chat/completions", body, &[]));
+    let send = |c: &TestClient, body: &str| c.request(post_req(&gw, "/v1/chat/completions", body, &[]));
     let waiting_big = tokio::spawn(send(&h1, &big));
     wait_until("the big body waits", || async { queued(&gw, "interactive").await == 1.0 }).await;
     let waiting_small = tokio::spawn(send(&h2, &chat_body(false, false)));
@@ -111,9 +111,9 @@ async fn queue_timeout_is_429_not_before_the_queue_timeout() {
         .section("tiers:\n  interactive: { queue_timeout: 300ms }")
         .start()
         .await;
-    let held = mock.hold_slot(gw.data_addr).await;
+    let held = mock.hold_slot(&gw).await;
     let start = tokio::time::Instant::now();
-    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    let (s, h, b) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     let waited = start.elapsed();
     assert_eq!(s, 429);
     // The slot stays held (the gate is shut), so only the timeout can end
@@ -131,14 +131,14 @@ async fn queue_timeout_is_429_not_before_the_queue_timeout() {
 async fn client_hanging_up_while_queued_leaves_the_queue_and_never_reaches_the_replica() {
     let mock = Mock::start(standard(2, Duration::ZERO)).await;
     let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").start().await;
-    let held = mock.hold_slot(gw.data_addr).await;
-    let addr = gw.data_addr;
+    let held = mock.hold_slot(&gw).await;
+    let addr = gw.data();
     let gone = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(false, false), &[]).await });
     wait_until("queued", || async { queued(&gw, "interactive").await == 1.0 }).await;
     gone.abort();
     wait_until("left the queue", || async { queued(&gw, "interactive").await == 0.0 }).await;
     held.release().await;
-    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    let (s, _, _) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     assert_eq!(s, 200, "the slot was not lost");
     assert_eq!(mock.calls(), 2);
     wait_until("the cancellation is counted", || async { requests_with_outcome(&gw, "cancelled").await == 1.0 }).await;
@@ -153,11 +153,11 @@ async fn batch_is_shed_while_interactive_waits() {
         .section("tiers:\n  interactive: { reserved_share: 0 }")
         .start()
         .await;
-    let held = mock.hold_slot(gw.data_addr).await;
-    let addr = gw.data_addr;
+    let held = mock.hold_slot(&gw).await;
+    let addr = gw.data();
     let waiter = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(false, false), &[]).await });
     wait_until("interactive queued", || async { queued(&gw, "interactive").await == 1.0 }).await;
-    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[("x-slo-class", "batch")]).await;
+    let (s, h, b) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[("x-slo-class", "batch")]).await;
     assert_eq!(s, 429);
     assert!(header(&h, "retry-after").is_some_and(|v| v.parse::<u64>().is_ok_and(|n| n >= 1)));
     assert_eq!(error_code(&b), "shed");
@@ -190,7 +190,7 @@ async fn open_breaker_answers_429_with_retry_after_then_probes_close_it() {
         .section("context_reduction: { trigger_ratio: 1000 }")
         .start()
         .await;
-    let addr = gw.data_addr;
+    let addr = gw.data();
     let slow: Vec<_> =
         (0..3).map(|_| tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(true, false), &[]).await.0 })).collect();
     for s in slow {
@@ -199,7 +199,7 @@ async fn open_breaker_answers_429_with_retry_after_then_probes_close_it() {
     wait_until("breaker open", || async { gauge(&gw, "slogate_breaker_state", &[("class", "chat")]).await == 2.0 }).await;
     let p99 = gauge(&gw, "slogate_ttft_p99_seconds", &[("class", "chat")]).await;
     assert!(p99 >= 2.5, "ttft_p99_seconds {p99}");
-    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (s, h, b) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(s, 429);
     // Until it half-opens (5 s at most), spread over one more open period and a quarter more.
     let ms: u64 = header(&h, "retry-after-ms").and_then(|v| v.parse().ok()).expect("retry-after-ms");
@@ -211,7 +211,7 @@ async fn open_breaker_answers_429_with_retry_after_then_probes_close_it() {
     assert_eq!(mock.calls(), 3, "refused requests never reach the replica");
     // Other classes are not affected.
     mock.set_script(standard(2, Duration::ZERO));
-    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", "batch")]).await;
+    let (s, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", "batch")]).await;
     assert_eq!(s, 200);
 
     // The replica recovers; after retry_after the breaker is half-open and
@@ -230,7 +230,7 @@ async fn open_breaker_answers_429_with_retry_after_then_probes_close_it() {
     for p in probes {
         assert_eq!(p.await.expect("task"), 200);
     }
-    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (s, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(s, 200);
     assert_eq!(requests_with_outcome(&gw, "rejected").await, 1.0);
     assert_quiescent(&gw).await;
@@ -260,14 +260,14 @@ async fn context_reduction_rewrites_the_request_and_says_so() {
         ]
     })
     .to_string();
-    let (s, h, _) = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+    let (s, h, _) = post(&gw, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(s, 200);
     assert!(h.get("x-slogate-context-reduced").is_none());
     for _ in 0..3 {
-        post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+        post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     }
     wait_until("reduction active", || async { gauge(&gw, "slogate_context_reduction_active", &[("class", "chat")]).await == 1.0 }).await;
-    let (s, h, _) = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+    let (s, h, _) = post(&gw, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(s, 200);
     assert_eq!(header(&h, "x-slogate-context-reduced"), Some("max_tokens=1000->16; documents=3->1; messages=4->2"));
     let sent = mock.state.bodies.lock().expect("bodies").last().cloned().expect("a body");
@@ -278,7 +278,7 @@ async fn context_reduction_rewrites_the_request_and_says_so() {
     assert_eq!(roles, ["system", "user"]);
     assert_eq!(sent["messages"][1]["content"], "and now?");
     // A batch request is another class: not reduced.
-    let (_, h, _) = post(gw.data_addr, "/v1/chat/completions", &body, &[("x-slo-class", "batch")]).await;
+    let (_, h, _) = post(&gw, "/v1/chat/completions", &body, &[("x-slo-class", "batch")]).await;
     assert!(h.get("x-slogate-context-reduced").is_none());
     assert_eq!(metric(&metrics_text(&gw).await, "slogate_context_reduced_requests_total", &[("class", "chat")]), Some(1.0));
     assert_quiescent(&gw).await;
@@ -288,8 +288,8 @@ async fn context_reduction_rewrites_the_request_and_says_so() {
 async fn upstream_priority_passes_the_tier_to_vllm() {
     let mock = Mock::start(standard(1, Duration::ZERO)).await;
     let gw = gateway_config(&[mock.url()]).pool("upstream_priority: true").start().await;
-    post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
-    post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", "batch")]).await;
+    post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    post(&gw, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", "batch")]).await;
     let bodies = mock.state.bodies.lock().expect("bodies").clone();
     assert_eq!(bodies.len(), 2);
     assert_eq!(bodies[0]["priority"], 0);
@@ -300,7 +300,7 @@ async fn upstream_priority_passes_the_tier_to_vllm() {
 /// A gateway that keeps queued streams alive every 15 s, one slot (held
 /// for minutes of paused time: the replica's timeouts are longer), the
 /// interactive queue holding a request up to `queue_timeout`.
-async fn keepalive_gateway(mock: &Mock, queue_timeout: &str) -> slogate::Gateway {
+async fn keepalive_gateway(mock: &Mock, queue_timeout: &str) -> Gw {
     gateway_config(&[mock.url()])
         .server("queued_keepalive: 15s")
         .pool("max_inflight_per_replica: 1")
@@ -331,9 +331,9 @@ async fn keepalive_comments_a_queued_stream_until_its_tokens_and_its_ttft_counts
     for (proto, client) in clients() {
         let mock = Mock::start(standard(3, Duration::ZERO)).await;
         let gw = keepalive_gateway(&mock, "100s").await;
-        let held = mock.hold_slot(gw.data_addr).await;
+        let held = mock.hold_slot(&gw).await;
         let start = tokio::time::Instant::now();
-        let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+        let resp = client.request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
         let headers_at = start.elapsed();
         assert_eq!(resp.status(), 200, "{proto}");
         assert!(
@@ -381,9 +381,9 @@ async fn keepalive_stream_refused_after_its_headers_ends_with_the_429s_error_eve
     for (proto, client) in clients() {
         let mock = Mock::start(standard(3, Duration::ZERO)).await;
         let gw = keepalive_gateway(&mock, "40s").await;
-        let held = mock.hold_slot(gw.data_addr).await;
+        let held = mock.hold_slot(&gw).await;
         let start = tokio::time::Instant::now();
-        let sent = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]));
+        let sent = client.request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[]));
         let resp = tokio::spawn(sent);
         wait_until("queued", || async { queued(&gw, "interactive").await == 1.0 }).await;
         tokio::time::pause();
@@ -405,7 +405,7 @@ async fn keepalive_stream_refused_after_its_headers_ends_with_the_429s_error_eve
 
         // Not a stream: the 429 itself, at the queue timeout, not before.
         let start = tokio::time::Instant::now();
-        let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+        let (s, h, b) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
         assert_eq!((s, error_code(&b).as_str()), (429, "queue_timeout"), "{proto}");
         let refused = start.elapsed();
         assert!(refused >= Duration::from_secs(40), "{proto}: 429 at {refused:?}");
@@ -425,8 +425,8 @@ async fn keepalive_client_gone_while_queued_leaves_the_queue() {
     for (proto, client) in clients() {
         let mock = Mock::start(standard(3, Duration::ZERO)).await;
         let gw = keepalive_gateway(&mock, "100s").await;
-        let held = mock.hold_slot(gw.data_addr).await;
-        let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+        let held = mock.hold_slot(&gw).await;
+        let resp = client.request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
         let mut body = resp.into_body();
         assert_eq!(next_text(&mut body).await, ": queued\n\n", "{proto}");
         assert_eq!(queued(&gw, "interactive").await, 1.0, "{proto}");

@@ -75,9 +75,9 @@ fn keys() -> String {
 }
 
 /// A request as key `who`: (status, body).
-async fn call(c: &TestClient, gw: &slogate::Gateway, method: &str, path: &str, body: &str, who: &str) -> (u16, String) {
+async fn call(c: &TestClient, gw: &Gw, method: &str, path: &str, body: &str, who: &str) -> (u16, String) {
     // Every call is a routed request (the id routes too).
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     let req = http::Request::builder()
         .method(method)
         .uri(format!("http://{}{path}", gw.data_addr))
@@ -240,7 +240,7 @@ async fn the_openai_sdks_follow_ups_succeed_through_two_replicas() {
     let code = agents_script("m1", "");
     let out = openai_sdk(&gw, &code, &[]).await;
     all_conversations_went_on(&out);
-    count_sent(gw.data_addr, 4 * 100 * 3);
+    gw.count_sent(4 * 100 * 3);
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(1200.0), "{m}");
     assert_quiescent(&gw).await;
@@ -254,9 +254,6 @@ async fn a_conversation_goes_on_through_another_gateway_of_the_fleet() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let alone = gateway_config(&[ra.url(), rb.url()]);
     let (a, b, url_a, url_b) = fleet_of_two(&alone, "period: 50ms, peer_timeout: 400ms, takeover_after: 2s", tmp.path()).await;
-    for gw in [&a, &b] {
-        started(gw);
-    }
     // Both have joined the fleet: each hears the other.
     for (gw, peer) in [(&a, &url_b), (&b, &url_a)] {
         let (admin, peer) = (gw.admin_addr, peer.as_str());
@@ -277,7 +274,7 @@ async fn a_conversation_goes_on_through_another_gateway_of_the_fleet() {
         let (gw, other) = if turn % 2 == 0 { (&a, &b) } else { (&b, &a) };
         let follow = prev.as_ref().map(|p| format!(r#","previous_response_id":"{p}""#)).unwrap_or_default();
         let body = format!(r#"{{"model":"m1","input":"turn {turn}"{follow}}}"#);
-        let resp = c.request(post_req(gw.data_addr, "/v1/responses", &body, &[])).await.expect("response");
+        let resp = c.request(post_req(gw, "/v1/responses", &body, &[])).await.expect("response");
         let status = resp.status();
         let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
         assert_eq!(status, 200, "turn {turn}: {text}");
@@ -303,7 +300,6 @@ async fn the_openai_sdks_follow_ups_succeed_across_two_gateways() {
     let alone = gateway_config(&[ra.url(), rb.url()]);
     let (a, b, url_a, url_b) = fleet_of_two(&alone, "period: 50ms, peer_timeout: 400ms, takeover_after: 2s", tmp.path()).await;
     for (gw, peer) in [(&a, &url_b), (&b, &url_a)] {
-        started(gw);
         let (admin, peer) = (gw.admin_addr, peer.as_str());
         wait_until("the peer is heard", || async move {
             let s: serde_json::Value = serde_json::from_str(&get(admin, "/fleet.json").await.1).unwrap_or_default();
@@ -325,8 +321,8 @@ async fn the_openai_sdks_follow_ups_succeed_across_two_gateways() {
     let m_b = metrics_text(&b).await;
     let ok = |m: &str| metric(m, "slogate_requests_total", &[("outcome", "ok")]).unwrap_or(0.0);
     assert_eq!((ok(&m_a), ok(&m_b)), (800.0, 400.0), "turns 1 and 3 through a, turn 2 through b");
-    count_sent(a.data_addr, 800);
-    count_sent(b.data_addr, 400);
+    a.count_sent(800);
+    b.count_sent(400);
     for gw in [&a, &b] {
         assert_quiescent(gw).await;
     }
@@ -358,7 +354,7 @@ print("cancelled", c.responses.cancel(r.id).status)
     let out = openai_sdk(&gw, &code, &[]).await;
     all_conversations_went_on(&out);
     assert!(out.contains("retrieved True") && out.contains("cancelled cancelled"), "{out}");
-    count_sent(gw.data_addr, 4 * 100 * 3 + 3);
+    gw.count_sent(4 * 100 * 3 + 3);
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "client_error")]), None, "{m}");
     assert_quiescent(&gw).await;
@@ -417,7 +413,7 @@ async fn anthropics_messages_are_served_and_measured_by_default() {
     let whole = r#"{"model":"m1","max_tokens":4,"messages":[{"role":"user","content":"Hello"}]}"#;
     for (proto, c) in clients() {
         let headers = [("x-api-key", "sk-a"), ("anthropic-version", "2023-06-01")];
-        let resp = c.request(post_req(gw.data_addr, "/v1/messages", stream, &headers)).await.expect("response");
+        let resp = c.request(post_req(&gw, "/v1/messages", stream, &headers)).await.expect("response");
         assert_eq!(resp.status(), 200, "{proto}");
         let text = resp.into_body().collect().await.expect("body").to_bytes();
         let steps = anthropic(&serde_json::from_str(stream).expect("json")).steps;
@@ -447,7 +443,7 @@ async fn anthropics_messages_are_served_and_measured_by_default() {
     // A key over its limit: 429 rate_limit_error, with Retry-After.
     let (s, _) = call(&client(), &gw, "POST", "/v1/messages", whole, "one").await;
     assert_eq!(s, 200);
-    let req = post_req(gw.data_addr, "/v1/messages", whole, &[("x-api-key", "sk-one")]);
+    let req = post_req(&gw, "/v1/messages", whole, &[("x-api-key", "sk-one")]);
     let resp = client().request(req).await.expect("response");
     let retry = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
     let (s, body) = (resp.status().as_u16(), resp.into_body().collect().await.expect("body").to_bytes());
@@ -459,7 +455,7 @@ async fn anthropics_messages_are_served_and_measured_by_default() {
 
 /// Run `code` (Python, Anthropic's SDK installed by scripts/setup-test-deps)
 /// with the gateway's base URL as its argument; its output, once it succeeded.
-pub(crate) async fn anthropic_sdk(gw: &slogate::Gateway, code: &str) -> String {
+pub(crate) async fn anthropic_sdk(gw: &Gw, code: &str) -> String {
     let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     let out = tokio::process::Command::new(py)
         .arg("-c")
@@ -493,7 +489,7 @@ print("stream:", text, final.usage.output_tokens, final.stop_reason)
     let stdout = anthropic_sdk(&gw, code).await;
     assert!(stdout.contains("create: Hello from the replica 21 9 end_turn"), "{stdout}");
     assert!(stdout.contains("stream: Hello from the replica 9 end_turn"), "{stdout}");
-    count_sent(gw.data_addr, 2);
+    gw.count_sent(2);
     assert_quiescent(&gw).await;
 }
 
@@ -530,7 +526,7 @@ print("usage", inp, out, f.stop_reason)
     let stdout = anthropic_sdk(&gw, &code).await;
     let words: Vec<u64> = stdout.split_whitespace().skip(1).take(2).filter_map(|w| w.parse().ok()).collect();
     assert_eq!(words.len(), 2, "{stdout}");
-    count_sent(gw.data_addr, 6);
+    gw.count_sent(6);
     let m = metrics_text(&gw).await;
     let msgs = [("endpoint", "messages")];
     assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &msgs), Some(3.0), "{m}");
@@ -563,7 +559,7 @@ async fn an_agents_session_keeps_its_turns_on_one_replica() {
             if header {
                 headers.push(("x-session-id", "cli-session-7"));
             }
-            let resp = c.request(post_req(gw.data_addr, "/v1/messages", &body, &headers)).await.expect("response");
+            let resp = c.request(post_req(&gw, "/v1/messages", &body, &headers)).await.expect("response");
             assert_eq!(resp.status(), 200);
             seen.entry(session.to_string()).or_default().insert(replica_of(&resp));
             resp.into_body().collect().await.expect("body");

@@ -112,14 +112,13 @@ fn port_of(s: &SimServer) -> u16 {
 
 /// A gateway whose pool is the name `replicas.test:PORT` as `dns` answers
 /// it, looked up every 500 ms.
-async fn following(dns: &Dns, port: u16) -> slogate::Gateway {
+async fn following(dns: &Dns, port: u16) -> Gw {
     let model = SimConfig::default().model;
     let gw = gateway_config(&[])
         .models(&[&model])
         .pool(&format!("replicas_dns: {{ name: 'replicas.test:{port}', every: 500ms, nameserver: '{}' }}", dns.addr))
         .start()
         .await;
-    started(&gw);
     gw
 }
 
@@ -143,7 +142,7 @@ async fn a_pool_follows_the_replicas_its_dns_name_has() {
     let (stop, failed, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let body = chat_body(false, false).replace("m1", &model);
     let load = {
-        let (stop, failed, sent, addr) = (stop.clone(), failed.clone(), sent.clone(), gw.data_addr);
+        let (stop, failed, sent, addr) = (stop.clone(), failed.clone(), sent.clone(), gw.data());
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let resp = client().request(post_req(addr, "/v1/chat/completions", &body, &[])).await.expect("response");
@@ -202,7 +201,7 @@ async fn a_name_with_only_aaaa_records_gives_ipv6_replicas() {
     })
     .await;
     let body = chat_body(false, false).replace("m1", &model);
-    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &body, &[])).await.expect("response");
+    let resp = client().request(post_req(&gw, "/v1/chat/completions", &body, &[])).await.expect("response");
     assert_eq!(resp.status(), 200);
     resp.into_body().collect().await.expect("body");
     assert_eq!(served(&replica).await, 1.0);

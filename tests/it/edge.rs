@@ -28,7 +28,7 @@ async fn non_streaming_answers_with_content_length_are_counted_ok_over_both_prot
     ];
     for (proto, c) in clients() {
         for (path, body) in &requests {
-            let resp = c.request(post_req(gw.data_addr, path, body, &[])).await.expect("response");
+            let resp = c.request(post_req(&gw, path, body, &[])).await.expect("response");
             assert_eq!(resp.status(), 200, "{proto} {path}");
             assert!(resp.headers().contains_key("content-length"), "{proto} {path}: the length is passed on");
             let bytes = resp.into_body().collect().await.expect("body").to_bytes();
@@ -48,8 +48,8 @@ async fn non_streaming_answers_with_content_length_are_counted_ok_over_both_prot
     assert_quiescent(&gw).await;
 }
 
-async fn body_text(c: &TestClient, gw: &slogate::Gateway, usage: bool) -> String {
-    let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, usage), &[])).await.expect("response");
+async fn body_text(c: &TestClient, gw: &Gw, usage: bool) -> String {
+    let resp = c.request(post_req(gw, "/v1/chat/completions", &chat_body(true, usage), &[])).await.expect("response");
     assert_eq!(resp.status(), 200);
     let bytes = resp.into_body().collect().await.expect("the stream ends").to_bytes();
     String::from_utf8_lossy(&bytes).into_owned()
@@ -142,8 +142,7 @@ async fn headers_named_in_connection_are_not_forwarded() {
     let mock = Mock::start(standard(2, Duration::ZERO)).await;
     let gw = gateway_config(&[mock.url()]).start().await;
     let headers = [("connection", "keep-alive, x-hop-secret"), ("x-hop-secret", "for the gateway only"), ("x-kept", "yes")];
-    let resp =
-        client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &headers)).await.expect("response");
+    let resp = client().request(post_req(&gw, "/v1/chat/completions", &chat_body(false, false), &headers)).await.expect("response");
     assert_eq!(resp.status(), 200);
     resp.into_body().collect().await.expect("body");
     let seen = mock.state.headers.lock().expect("lock").clone();
@@ -182,7 +181,7 @@ async fn a_breaker_closes_for_classes_that_send_only_non_streaming_requests_or_e
     };
     for class in ["chat", "emb"] {
         wait_until("slow streams open the breaker", || async {
-            let _ = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", class)]).await;
+            let _ = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", class)]).await;
             state(class).await == Some(2.0)
         })
         .await;
@@ -190,14 +189,14 @@ async fn a_breaker_closes_for_classes_that_send_only_non_streaming_requests_or_e
     // From now on: chat sends only non-streaming requests, emb only embeddings.
     let (chat, emb) = (chat_body(false, false), r#"{"model":"m1","input":"abc"}"#);
     wait_until("both breakers close", || async {
-        let _ = post(gw.data_addr, "/v1/chat/completions", &chat, &[("x-slo-class", "chat")]).await;
-        let _ = post(gw.data_addr, "/v1/embeddings", emb, &[("x-slo-class", "emb")]).await;
+        let _ = post(&gw, "/v1/chat/completions", &chat, &[("x-slo-class", "chat")]).await;
+        let _ = post(&gw, "/v1/embeddings", emb, &[("x-slo-class", "emb")]).await;
         state("chat").await == Some(0.0) && state("emb").await == Some(0.0)
     })
     .await;
-    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat, &[("x-slo-class", "chat")]).await;
+    let (s, _, _) = post(&gw, "/v1/chat/completions", &chat, &[("x-slo-class", "chat")]).await;
     assert_eq!(s, 200);
-    let (s, _, _) = post(gw.data_addr, "/v1/embeddings", emb, &[("x-slo-class", "emb")]).await;
+    let (s, _, _) = post(&gw, "/v1/embeddings", emb, &[("x-slo-class", "emb")]).await;
     assert_eq!(s, 200);
     assert_quiescent(&gw).await;
 }
@@ -233,7 +232,7 @@ async fn a_client_that_stops_reading_gives_its_slot_back_at_the_total_timeout() 
         body.len()
     );
     raw.write_all(head.as_bytes()).await.expect("write");
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     wait_until("the stalled client holds the slot", || async { inflight().await == 1.0 }).await;
     wait_until("the total timeout gives the slot back", || async { inflight().await == 0.0 }).await;
     drop(raw);
@@ -243,7 +242,7 @@ async fn a_client_that_stops_reading_gives_its_slot_back_at_the_total_timeout() 
         .http2_only(true)
         .http2_initial_stream_window_size(0)
         .build_http::<http_body_util::Full<bytes::Bytes>>();
-    let held = h2.request(post_req(gw.data_addr, "/v1/chat/completions", &body, &[])).await.expect("headers arrive");
+    let held = h2.request(post_req(&gw, "/v1/chat/completions", &body, &[])).await.expect("headers arrive");
     assert_eq!(held.status(), 200);
     wait_until("the zero-window stream gives the slot back", || async { inflight().await == 0.0 }).await;
     drop(held);
@@ -251,7 +250,7 @@ async fn a_client_that_stops_reading_gives_its_slot_back_at_the_total_timeout() 
     assert_eq!(requests_with_outcome(&gw, "timeout").await, 2.0);
     // The slot serves the next caller.
     mock.set_script(standard(2, Duration::ZERO));
-    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 200);
     assert_quiescent(&gw).await;
 }
@@ -313,7 +312,7 @@ async fn a_stalled_request_body_is_408_after_the_body_read_timeout() {
     )
     .await
     .expect("write");
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     let answer = String::from_utf8_lossy(&until_closed(&mut s).await).into_owned();
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     let body = &answer[answer.find("\r\n\r\n").map_or(0, |i| i + 4)..];
@@ -360,7 +359,7 @@ async fn replicas_are_shown_to_clients_by_name_never_by_url() {
     for (proto, c) in clients() {
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..4 {
-            let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+            let resp = c.request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
             assert_eq!(resp.status(), 200, "{proto}");
             seen.insert(header(resp.headers(), "x-slogate-replica").unwrap_or("none").to_string());
             resp.into_body().collect().await.expect("body");
@@ -404,7 +403,7 @@ async fn gateway_errors_do_not_expose_replica_addresses() {
     dead.kill();
     for (gw, mock, status) in [(&gw_dead, &dead, 502), (&gw_slow, &slow, 504)] {
         for (proto, c) in clients() {
-            let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+            let resp = c.request(post_req(gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
             assert_eq!(resp.status(), status, "{proto}");
             let body = resp.into_body().collect().await.expect("body").to_bytes();
             let message = error_body(&body)["message"].as_str().unwrap_or_default().to_string();
@@ -441,7 +440,7 @@ async fn forwarded_headers_are_appended_to_not_passed_through() {
     for (proto, c) in clients() {
         for (sent, xff, fwd) in cases {
             mock.state.headers.lock().expect("lock").clear();
-            let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), sent)).await.expect("response");
+            let resp = c.request(post_req(&gw, "/v1/chat/completions", &chat_body(false, false), sent)).await.expect("response");
             assert_eq!(resp.status(), 200);
             resp.into_body().collect().await.expect("body");
             let seen = mock.state.headers.lock().expect("lock").clone();
@@ -491,7 +490,7 @@ async fn the_admin_listener_requires_its_token_except_for_probes() {
             resp.into_body().collect().await.expect("body");
         }
     }
-    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    let (status, _, _) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     assert_eq!(status, 200, "the data plane needs no admin token");
     let resp = client().request(request("GET", "/metrics", Some("adm-7f3e"))).await.expect("metrics");
     let m = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).to_string();
@@ -508,7 +507,7 @@ async fn large_bodies_are_parsed_and_forwarded_whole_beside_open_streams() {
     let gw = gateway_config(&[mock.url()]).start().await;
     let text = "abc ".repeat(300_000);
     let big = format!(r#"{{"model":"m1","messages":[{{"role":"user","content":"{text}"}}],"stream":true,"max_tokens":3}}"#);
-    let addr = gw.data_addr;
+    let addr = gw.data();
     let small = tokio::spawn(async move {
         let mut n = 0;
         for _ in 0..20 {
@@ -556,7 +555,7 @@ async fn an_http2_connection_has_at_most_http2_max_streams_open() {
     let c = client_h2();
     let send = || {
         let c = c.clone();
-        let addr = gw.data_addr;
+        let addr = gw.data();
         tokio::spawn(async move {
             let resp = c.request(post_req(addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
             resp.into_body().collect().await.expect("body").to_bytes()
@@ -613,7 +612,7 @@ async fn thousands_of_small_http2_streams_opened_at_once_all_get_answers() {
     let send = || {
         let (c, addr) = (c.clone(), gw.data_addr);
         let pieces = body.as_bytes().chunks(16).map(bytes::Bytes::copy_from_slice).collect();
-        count_sent(addr, 1);
+        gw.count_sent(1);
         let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
             .header("content-type", "application/json")
             .body(Pieces(pieces))
@@ -656,7 +655,7 @@ async fn a_stalled_http2_stream_does_not_hold_up_the_others_on_its_connection() 
         .build_http();
     // A: 4,000 events (about 600 KB), its body left unread for now.
     let big = chat_body(true, false).replace("\"max_tokens\":16", "\"max_tokens\":4000");
-    let a = c.request(post_req(gw.data_addr, "/v1/chat/completions", &big, &[])).await.expect("A's head");
+    let a = c.request(post_req(&gw, "/v1/chat/completions", &big, &[])).await.expect("A's head");
     // The gateway has forwarded A as far as the client's window lets it
     // (about 400 events of 150 bytes fill 64 KiB); A cannot end before it is read.
     let gaps = || async { metric(&metrics_text(&gw).await, "slogate_inter_token_latency_seconds_count", &[]).unwrap_or(0.0) };
@@ -665,7 +664,7 @@ async fn a_stalled_http2_stream_does_not_hold_up_the_others_on_its_connection() 
     // B, on the same connection, runs to its end meanwhile.
     let small = chat_body(true, false);
     let b = tokio::time::timeout(Duration::from_secs(60), async {
-        let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &small, &[])).await.expect("B's head");
+        let resp = c.request(post_req(&gw, "/v1/chat/completions", &small, &[])).await.expect("B's head");
         resp.into_body().collect().await.expect("B's body").to_bytes()
     })
     .await

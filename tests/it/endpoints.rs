@@ -37,7 +37,7 @@ async fn a_responses_stream_is_measured_by_its_typed_events() {
         let mock = Mock::start(script.always()).await;
         let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
         for (proto, client) in clients() {
-            let resp = client.request(post_req(gw.data_addr, "/v1/responses", RESPONSES_STREAM, &[])).await.expect("response");
+            let resp = client.request(post_req(&gw, "/v1/responses", RESPONSES_STREAM, &[])).await.expect("response");
             assert_eq!(resp.status(), 200, "{proto} {end:?}");
             assert_eq!(header(resp.headers(), "content-type"), Some("text/event-stream"), "{proto}");
             let got = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
@@ -78,7 +78,7 @@ async fn a_responses_streams_ttft_waits_for_its_first_delta() {
     script.steps.insert(first_delta, Step::Wait(Duration::from_millis(300)));
     let mock = Mock::start(script.always()).await;
     let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
-    let (status, _, _) = post(gw.data_addr, "/v1/responses", RESPONSES_STREAM, &[]).await;
+    let (status, _, _) = post(&gw, "/v1/responses", RESPONSES_STREAM, &[]).await;
     assert_eq!(status, 200);
     let m = metrics_text(&gw).await;
     let ttft = metric(&m, "slogate_time_to_first_token_seconds_sum", &[("class", "chat")]).expect("a TTFT");
@@ -96,7 +96,7 @@ async fn a_whole_responses_answer_is_counted_with_its_usage() {
         let mock = Mock::start(script.always()).await;
         let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
         for (proto, client) in clients() {
-            let resp = client.request(post_req(gw.data_addr, "/v1/responses", RESPONSES_WHOLE, &[])).await.expect("response");
+            let resp = client.request(post_req(&gw, "/v1/responses", RESPONSES_WHOLE, &[])).await.expect("response");
             assert_eq!(resp.status(), 200, "{proto}");
             assert_eq!(header(resp.headers(), "content-length"), Some(expected.len().to_string().as_str()), "{proto}");
             let got: Bytes = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
@@ -138,7 +138,7 @@ print("streamed:", text, kinds[-1])
     let stdout = openai_sdk(&gw, code, &[]).await;
     assert!(stdout.contains("whole: Hello 12 3"), "{stdout}");
     assert!(stdout.contains("streamed: Hello response.completed"), "{stdout}");
-    count_sent(gw.data_addr, 2);
+    gw.count_sent(2);
     assert_eq!(requests_with_outcome(&gw, "ok").await, 2.0);
     assert_quiescent(&gw).await;
 }
@@ -160,10 +160,10 @@ async fn health_on_the_data_port_follows_the_replicas() {
         assert_eq!(resp.status(), 200, "{proto}: no key needed");
         assert!(header(resp.headers(), "x-request-id").is_some(), "{proto}");
     }
-    let (status, headers, _) = post(gw.data_addr, "/health", "{}", &[]).await;
+    let (status, headers, _) = post(&gw, "/health", "{}", &[]).await;
     assert_eq!((status, header(&headers, "allow")), (405, Some("GET")));
     mock.state.healthy.store(false, std::sync::atomic::Ordering::SeqCst);
-    let data = gw.data_addr;
+    let data = gw.data();
     wait_until("the replica taken out", || async move { get(data, "/health").await.0 == 503 }).await;
     let resp = client().request(get_req(gw.data_addr, "/health")).await.expect("response");
     assert_eq!(header(resp.headers(), "retry-after"), Some("1"));
@@ -174,15 +174,10 @@ async fn health_on_the_data_port_follows_the_replicas() {
 
 /// A multipart request to `path` with `content_type` and `body`, counted
 /// as sent when `counted` (a request the gateway routes).
-fn form_req(
-    addr: std::net::SocketAddr,
-    path: &str,
-    content_type: &str,
-    body: Vec<u8>,
-    counted: bool,
-) -> http::Request<http_body_util::Full<Bytes>> {
+fn form_req(to: Target, path: &str, content_type: &str, body: Vec<u8>, counted: bool) -> http::Request<http_body_util::Full<Bytes>> {
+    let addr = to.addr;
     if counted {
-        count_sent(addr, 1);
+        to.count_sent(1);
     }
     http::Request::post(format!("http://{addr}{path}"))
         .header("content-type", content_type)
@@ -225,7 +220,7 @@ async fn a_transcription_upload_is_routed_by_its_model_field_and_passed_on_as_se
     let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
     for (proto, client) in clients() {
         let (ct, body) = transcription_form(Some("m1"), true, &audio(300 * 1024));
-        let resp = client.request(form_req(gw.data_addr, "/v1/audio/transcriptions", &ct, body.clone(), true)).await.expect("response");
+        let resp = client.request(form_req(gw.data(), "/v1/audio/transcriptions", &ct, body.clone(), true)).await.expect("response");
         assert_eq!(resp.status(), 200, "{proto}");
         let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
         assert!(text.contains(r#""content":" fox""#) && text.ends_with("data: [DONE]\n\n"), "{proto}: {text}");
@@ -251,7 +246,7 @@ async fn a_bad_or_oversized_form_is_refused_before_the_replica() {
     let path = "/v1/audio/transcriptions";
     for (proto, client) in clients() {
         let (ct, body) = transcription_form(None, false, &audio(1000));
-        let resp = client.request(form_req(gw.data_addr, path, &ct, body, true)).await.expect("response");
+        let resp = client.request(form_req(gw.data(), path, &ct, body, true)).await.expect("response");
         assert_eq!(resp.status(), 400, "{proto}: no model");
         let b = resp.into_body().collect().await.expect("body").to_bytes();
         assert_eq!(error_body(&b)["param"], "model", "{proto}");
@@ -261,13 +256,13 @@ async fn a_bad_or_oversized_form_is_refused_before_the_replica() {
         let (ct, mut body) = transcription_form(Some("m1"), false, &audio(1000));
         let model_at = body.windows(5).position(|w| w == b"\r\n\r\nm").expect("the model's value") + 5;
         body.truncate(model_at);
-        let resp = client.request(form_req(gw.data_addr, path, &ct, body, true)).await.expect("response");
+        let resp = client.request(form_req(gw.data(), path, &ct, body, true)).await.expect("response");
         assert_eq!(resp.status(), 400, "{proto}: a form cut short");
         let b = resp.into_body().collect().await.expect("body").to_bytes();
         assert!(error_body(&b)["message"].as_str().is_some_and(|m| m.contains("multipart")), "{proto}");
 
         let (ct, body) = transcription_form(Some("m1"), false, &audio(100 * 1024));
-        let resp = client.request(form_req(gw.data_addr, path, &ct, body, true)).await.expect("response");
+        let resp = client.request(form_req(gw.data(), path, &ct, body, true)).await.expect("response");
         assert_eq!(resp.status(), 413, "{proto}: over max_upload_body");
     }
     assert_eq!(mock.calls(), 0, "nothing reached the replica");
@@ -305,7 +300,7 @@ print("streamed:", text)
     let stdout = openai_sdk(&gw, whole, &[&wav]).await;
     assert!(stdout.contains("whole: Hello world"), "{stdout}");
     let _ = std::fs::remove_file(&wav);
-    count_sent(gw.data_addr, 2);
+    gw.count_sent(2);
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(2.0), "{m}");
     assert_eq!(
@@ -332,7 +327,7 @@ async fn speech_is_measured_at_its_first_audio_byte() {
     let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
     let body = r#"{"model":"m1","voice":"alloy","input":"Hello there"}"#;
     for (proto, client) in clients() {
-        let resp = client.request(post_req(gw.data_addr, "/v1/audio/speech", body, &[])).await.expect("response");
+        let resp = client.request(post_req(&gw, "/v1/audio/speech", body, &[])).await.expect("response");
         assert_eq!(resp.status(), 200, "{proto}");
         assert_eq!(header(resp.headers(), "content-type"), Some("audio/mpeg"), "{proto}");
         let got = resp.into_body().collect().await.expect("body").to_bytes();
@@ -342,7 +337,7 @@ async fn speech_is_measured_at_its_first_audio_byte() {
     let code = r#"print("speech bytes:", len(c.audio.speech.create(model="m1", voice="alloy", input="Hello there").content))"#;
     let stdout = openai_sdk(&gw, code, &[]).await;
     assert!(stdout.contains("speech bytes: 12288"), "{stdout}");
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "ok")]), Some(3.0), "{m}");
     assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "voice")]), Some(3.0), "a TTFT for each");
@@ -359,7 +354,7 @@ async fn speech_is_measured_at_its_first_audio_byte() {
 async fn models_named_in_the_config_carry_what_the_replicas_report() {
     let mock = Mock::start(standard(1, Duration::ZERO)).await;
     let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
-    let data = gw.data_addr;
+    let data = gw.data();
     wait_until("the replica's description", || async move { get(data, "/v1/models").await.1.contains("max_model_len") }).await;
     let (status, body) = get(gw.data_addr, "/v1/models").await;
     assert_eq!(status, 200);
@@ -380,9 +375,9 @@ async fn a_request_that_names_no_class_goes_to_its_endpoints_class() {
         Mock::start(script(|_| Script::json(200, r#"{"object":"list","data":[],"usage":{"prompt_tokens":3,"total_tokens":3}}"#))).await;
     let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
     let emb = r#"{"model":"m1","input":"hello"}"#;
-    post(gw.data_addr, "/v1/embeddings", emb, &[]).await;
-    post(gw.data_addr, "/v1/rerank", r#"{"model":"m1","query":"q","documents":["a"]}"#, &[]).await;
-    post(gw.data_addr, "/v1/embeddings", emb, &[("x-slo-class", "batch")]).await;
+    post(&gw, "/v1/embeddings", emb, &[]).await;
+    post(&gw, "/v1/rerank", r#"{"model":"m1","query":"q","documents":["a"]}"#, &[]).await;
+    post(&gw, "/v1/embeddings", emb, &[("x-slo-class", "batch")]).await;
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("class", "rag")]), Some(2.0), "{m}");
     assert_eq!(metric(&m, "slogate_requests_total", &[("class", "batch")]), Some(1.0), "the header decides");
@@ -402,9 +397,9 @@ async fn a_request_that_names_no_class_goes_to_its_endpoints_class() {
         slogate::config::key_sha256("sk-c")
     );
     let gw = start_gateway(&yaml).await;
-    post(gw.data_addr, "/v1/embeddings", emb, &[("authorization", "Bearer sk-k")]).await;
-    post(gw.data_addr, "/v1/embeddings", emb, &[("authorization", "Bearer sk-c")]).await;
-    post(gw.data_addr, "/v1/rerank", r#"{"model":"m1","query":"q","documents":["a"]}"#, &[("authorization", "Bearer sk-k")]).await;
+    post(&gw, "/v1/embeddings", emb, &[("authorization", "Bearer sk-k")]).await;
+    post(&gw, "/v1/embeddings", emb, &[("authorization", "Bearer sk-c")]).await;
+    post(&gw, "/v1/rerank", r#"{"model":"m1","query":"q","documents":["a"]}"#, &[("authorization", "Bearer sk-k")]).await;
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("class", "batch")]), Some(1.0), "the configured map: {m}");
     assert_eq!(metric(&m, "slogate_requests_total", &[("class", "chat")]), Some(2.0), "a key without batch, and rerank unmapped");
@@ -432,7 +427,7 @@ async fn a_whole_answer_is_judged_by_its_time_in_its_own_classes_latency_sli() {
     for (proto, client) in clients() {
         for input in ["fast", "slow"] {
             let body = format!(r#"{{"model":"m1","input":"{input}"}}"#);
-            let resp = client.request(post_req(gw.data_addr, "/v1/embeddings", &body, &[])).await.expect("response");
+            let resp = client.request(post_req(&gw, "/v1/embeddings", &body, &[])).await.expect("response");
             assert_eq!(resp.status(), 200, "{proto}");
             resp.into_body().collect().await.expect("body");
         }
@@ -474,21 +469,21 @@ async fn short_requests_do_not_wait_behind_a_stream_for_a_slot() {
     }))
     .await;
     let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").start().await;
-    let held = mock.hold_slot(gw.data_addr).await;
+    let held = mock.hold_slot(&gw).await;
     for (path, body) in [
         ("/v1/embeddings", r#"{"model":"m1","input":"hello"}"#),
         ("/v1/rerank", r#"{"model":"m1","query":"q","documents":["a","b"]}"#),
         ("/tokenize", r#"{"model":"m1","prompt":"hello"}"#),
     ] {
         if path == "/tokenize" {
-            count_sent(gw.data_addr, 1);
+            gw.count_sent(1);
         }
-        let answered = tokio::time::timeout(Duration::from_secs(10), post(gw.data_addr, path, body, &[])).await;
+        let answered = tokio::time::timeout(Duration::from_secs(10), post(&gw, path, body, &[])).await;
         let (status, _, _) = answered.unwrap_or_else(|_| panic!("{path} waited behind the stream"));
         assert_eq!(status, 200, "{path}");
     }
     // A chat request waits for the slot.
-    let addr = gw.data_addr;
+    let addr = gw.data();
     let chat = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(true, false), &[]).await.0 });
     wait_until("chat queued", || async {
         metric(&metrics_text(&gw).await, "slogate_queue_depth", &[("tier", "interactive")]) == Some(1.0)
@@ -531,7 +526,7 @@ async fn a_whole_transcription_counts_its_texts_tokens() {
     let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
     for (proto, client) in clients() {
         let (ct, body) = transcription_form(Some("m1"), false, &audio(1000));
-        let resp = client.request(form_req(gw.data_addr, "/v1/audio/transcriptions", &ct, body, true)).await.expect("response");
+        let resp = client.request(form_req(gw.data(), "/v1/audio/transcriptions", &ct, body, true)).await.expect("response");
         assert_eq!(resp.status(), 200, "{proto}");
     }
     let m = metrics_text(&gw).await;

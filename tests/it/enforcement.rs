@@ -42,7 +42,7 @@ fn auth(name: &str) -> (&'static str, String) {
 }
 
 /// A gateway in front of `mock` serving `m-small` and `m-big`, with `keys`.
-async fn gateway(mock: &Mock, keys: &[String], server: &[&str]) -> slogate::Gateway {
+async fn gateway(mock: &Mock, keys: &[String], server: &[&str]) -> Gw {
     let mut b = gateway_config(&[mock.url()]).models(&["m-small", "m-big"]);
     for f in server {
         b = b.server(f);
@@ -66,8 +66,8 @@ fn body_of(bytes: &[u8], declared: bool) -> (Body, Option<mpsc::UnboundedSender<
     (StreamBody::new(frames).boxed(), Some(tx))
 }
 
-async fn send(c: &AnyClient, gw: &slogate::Gateway, path: &str, headers: &[(&str, &str)], body: Body) -> (u16, http::HeaderMap, String) {
-    count_sent(gw.data_addr, 1);
+async fn send(c: &AnyClient, gw: &Gw, path: &str, headers: &[(&str, &str)], body: Body) -> (u16, http::HeaderMap, String) {
+    gw.count_sent(1);
     let mut b = http::Request::post(format!("http://{}{path}", gw.data_addr));
     for (k, v) in headers {
         b = b.header(*k, *v);
@@ -191,7 +191,7 @@ fn generating(generated: Arc<AtomicU64>, gate: Arc<std::sync::Mutex<Gate>>) -> S
 }
 
 /// The key's day token quota as `/slo.json` shows it: (used, limit).
-async fn quota_used(gw: &slogate::Gateway, tenant: &str) -> (u64, u64) {
+async fn quota_used(gw: &Gw, tenant: &str) -> (u64, u64) {
     let slo: serde_json::Value = serde_json::from_str(&get(gw.admin_addr, "/slo.json").await.1).expect("JSON");
     let t = slo["tenants"].as_array().and_then(|ts| ts.iter().find(|t| t["name"] == tenant)).cloned().expect("the tenant");
     let q = &t["quotas"][0];
@@ -200,7 +200,7 @@ async fn quota_used(gw: &slogate::Gateway, tenant: &str) -> (u64, u64) {
 
 /// Wait until the replica has said its context (4,096): the worst case of
 /// a request without an output limit.
-async fn context_known(gw: &slogate::Gateway, name: &str) {
+async fn context_known(gw: &Gw, name: &str) {
     let (data, (k, v)) = (gw.data_addr, auth(name));
     wait_until("the replica's max_model_len", || {
         let req = http::Request::get(format!("http://{data}/v1/models")).header(k, &v).body(Full::new(Bytes::new())).expect("request");
@@ -218,7 +218,7 @@ const PROTOS: [&str; 2] = ["h1", "h2"];
 
 /// A gateway with a key `PROTO-KIND` of `tokens_per_day: 6000` for each
 /// protocol and kind, once the replica's context is known.
-async fn quota_gateway(mock: &Mock, kinds: &[&str]) -> slogate::Gateway {
+async fn quota_gateway(mock: &Mock, kinds: &[&str]) -> Gw {
     let keys: Vec<String> =
         PROTOS.iter().flat_map(|p| kinds.iter().map(move |n| key(&format!("{p}-{n}"), ", limits: { tokens_per_day: 6000 }"))).collect();
     let gw = gateway(mock, &keys, &[]).await;
@@ -262,7 +262,7 @@ async fn concurrent_requests_of_every_kind_cannot_overrun_a_token_quota() {
             let (calls, refused) = (mock.calls(), Arc::new(AtomicUsize::new(0)));
             let mut tasks = Vec::new();
             for _ in 0..8 {
-                let (c, refused, req) = (c.clone(), refused.clone(), post_req(gw.data_addr, path, body, &[(k, &v)]));
+                let (c, refused, req) = (c.clone(), refused.clone(), post_req(&gw, path, body, &[(k, &v)]));
                 tasks.push(tokio::spawn(async move {
                     let resp = c.request(req).await.expect("response");
                     let status = resp.status().as_u16();
@@ -344,7 +344,7 @@ async fn cut_streams_are_settled_at_what_they_relayed() {
             let (k, v) = auth(&name);
             let mut served = 0u64;
             for _ in 0..30 {
-                let resp = c.request(post_req(gw.data_addr, path, body, &[(k, &v)])).await.expect("response");
+                let resp = c.request(post_req(&gw, path, body, &[(k, &v)])).await.expect("response");
                 if resp.status() == 429 {
                     let text = resp.into_body().collect().await.expect("body").to_bytes();
                     assert_eq!(error_code(&text), "quota_exceeded", "{proto} {kind}");
@@ -390,7 +390,7 @@ async fn a_stream_past_its_keys_reservation_is_ended_as_a_length_finish() {
     let body = r#"{"model":"m-small","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":50}"#;
     for ((proto, c), name) in clients().into_iter().zip(["h1", "h2"]) {
         let (k, v) = auth(name);
-        let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", body, &[(k, &v)])).await.expect("response");
+        let resp = c.request(post_req(&gw, "/v1/chat/completions", body, &[(k, &v)])).await.expect("response");
         assert_eq!(resp.status(), 200, "{proto}");
         let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
         let relayed = text.matches("\"content\":\"t").count();
@@ -424,13 +424,13 @@ async fn a_stream_past_its_keys_reservation_is_ended_as_a_length_finish() {
 /// (kept, so the body stays unfinished until the test ends).
 async fn unfinished(
     c: &AnyClient,
-    gw: &slogate::Gateway,
+    gw: &Gw,
     headers: &[(&str, &str)],
     first: usize,
 ) -> (tokio::task::JoinHandle<u16>, mpsc::UnboundedSender<Bytes>) {
     let (ct, form) = transcription_form(Some("m-small"), false, &vec![7u8; first]);
     let (body, more) = body_of(&form[..form.len() - 200], false);
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     let mut b = http::Request::post(format!("http://{}/v1/audio/transcriptions", gw.data_addr)).header("content-type", ct);
     for (k, v) in headers {
         b = b.header(*k, *v);
@@ -441,7 +441,7 @@ async fn unfinished(
 }
 
 /// The bytes of request bodies the gateway holds now.
-async fn held(gw: &slogate::Gateway) -> f64 {
+async fn held(gw: &Gw) -> f64 {
     metric(&metrics_text(gw).await, "slogate_request_body_bytes_held", &[]).unwrap_or(0.0)
 }
 
@@ -522,7 +522,7 @@ async fn credentials_priority_and_cache_salt_reaching_the_replica_are_the_gatewa
                 let (k, v) = auth(name);
                 let sent = [(k, v.as_str()), ("x-api-key", "sk-a"), ("api-key", "sk-a"), ("cookie", "session=s"), ("x-other", "kept")];
                 let before = mock.state.headers.lock().expect("lock").len();
-                let resp = c.request(post_req(gw.data_addr, path, body, &sent)).await.expect("response");
+                let resp = c.request(post_req(&gw, path, body, &sent)).await.expect("response");
                 assert_eq!(resp.status(), 200, "{proto} {path} {name}");
                 let _ = resp.into_body().collect().await;
                 let h = mock.state.headers.lock().expect("lock")[before].clone();
@@ -562,7 +562,7 @@ async fn a_key_from_the_environment_is_trimmed_and_check_says_so() {
     assert!(warnings[0].starts_with("auth.keys[0].key_env:"), "{warnings:?}");
     let gw = start_gateway(&yaml).await;
     let body = r#"{"model":"m-small","messages":[{"role":"user","content":"hi"}]}"#;
-    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", body, &[("authorization", "Bearer sk-newline")]).await;
+    let (s, _, _) = post(&gw, "/v1/chat/completions", body, &[("authorization", "Bearer sk-newline")]).await;
     assert_eq!(s, 200);
     assert_quiescent(&gw).await;
 }

@@ -61,7 +61,7 @@ async fn each_engines_stream_is_measured_at_its_first_content() {
         let gw = gateway_config(&[mock.url()]).pool("engine: auto").start().await;
         let f = case.file;
         // The client asks for usage, so what it gets is the stream as sent.
-        let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, true), &[])).await.expect("response");
+        let resp = client().request(post_req(&gw, "/v1/chat/completions", &chat_body(true, true), &[])).await.expect("response");
         assert_eq!(resp.status(), 200, "{f}");
         let got = resp.into_body().collect().await.expect("body").to_bytes();
         let sent: Vec<u8> = events.iter().flat_map(|e| e.to_vec()).collect();
@@ -103,7 +103,7 @@ async fn usage_slogate_asked_for_is_cut_out_for_each_engine() {
         }))
         .await;
         let gw = gateway_config(&[mock.url()]).start().await;
-        let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+        let resp = client().request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
         let got = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
         assert!(!got.contains("\"usage\":{"), "{file}: {got}");
         assert!(got.contains("Hello") && got.ends_with("data: [DONE]\n\n"), "{file}: {got}");
@@ -126,8 +126,7 @@ async fn error_shapes_pass_through_and_a_json_answer_without_usage_is_estimated(
         for (status, body) in [(422, tgi), (400, sglang)] {
             let mock = Mock::start(Script::json(status, body).always()).await;
             let gw = gateway_config(&[mock.url()]).start().await;
-            let resp =
-                client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[])).await.expect("response");
+            let resp = client.request(post_req(&gw, "/v1/chat/completions", &chat_body(false, false), &[])).await.expect("response");
             assert_eq!(resp.status(), status, "{proto}");
             let got = resp.into_body().collect().await.expect("body").to_bytes();
             assert_eq!(&got[..], body.as_bytes(), "{proto}: unchanged");
@@ -136,7 +135,7 @@ async fn error_shapes_pass_through_and_a_json_answer_without_usage_is_estimated(
         }
         let mock = Mock::start(Script::json(200, no_usage).always()).await;
         let gw = gateway_config(&[mock.url()]).start().await;
-        let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[])).await.expect("response");
+        let resp = client.request(post_req(&gw, "/v1/chat/completions", &chat_body(false, false), &[])).await.expect("response");
         assert_eq!(resp.status(), 200, "{proto}");
         let _ = resp.into_body().collect().await.expect("body");
         let m = metrics_text(&gw).await;

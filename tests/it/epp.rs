@@ -24,7 +24,7 @@ struct Stream {
 }
 
 impl Stream {
-    async fn open(gw: &slogate::Gateway) -> Stream {
+    async fn open(gw: &Gw) -> Stream {
         let addr = gw.epp_addr.expect("epp listener");
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("uri").connect().await.expect("connect");
         Stream::on(channel).await
@@ -78,20 +78,13 @@ enum Outcome {
 /// Envoy in miniature: send `body` for `path` (with `extra` headers and
 /// `hint`) through the EPP; follow the pick to the replica it names and
 /// relay the replica's answer through the EPP, chunk by chunk.
-async fn through(gw: &slogate::Gateway, path: &str, body: &str, extra: &[(&str, &str)], hint: Option<Metadata>) -> Outcome {
+async fn through(gw: &Gw, path: &str, body: &str, extra: &[(&str, &str)], hint: Option<Metadata>) -> Outcome {
     through_on(Stream::open(gw).await, gw, path, body, extra, hint).await
 }
 
 /// As [`through`], on the stream `s`.
-async fn through_on(
-    mut s: Stream,
-    gw: &slogate::Gateway,
-    path: &str,
-    body: &str,
-    extra: &[(&str, &str)],
-    hint: Option<Metadata>,
-) -> Outcome {
-    count_sent(gw.data_addr, 1);
+async fn through_on(mut s: Stream, gw: &Gw, path: &str, body: &str, extra: &[(&str, &str)], hint: Option<Metadata>) -> Outcome {
+    gw.count_sent(1);
     let mut head = vec![(":method", "POST"), (":path", path), (":authority", "gateway"), ("content-type", "application/json")];
     head.extend_from_slice(extra);
     s.send(processing_request::Request::RequestHeaders(headers(&head, false)), hint).await;
@@ -195,7 +188,6 @@ async fn the_pick_goes_in_the_header_and_the_stream_is_echoed_and_measured() {
     };
     let (a, b) = (Mock::start(script(answer)).await, Mock::start(script(answer)).await);
     let gw = epp_config(&[a.url(), b.url()]).start().await;
-    started(&gw);
     let replicas = [endpoint(&a.url()), endpoint(&b.url())];
     for usage in [false, true] {
         let Outcome::Relayed { destination, body, .. } = through(&gw, "/v1/chat/completions", &chat_body(true, usage), &[], None).await
@@ -228,7 +220,6 @@ fn streaming() -> ScriptFn {
 async fn the_subset_hint_narrows_the_pick() {
     let (a, b) = (Mock::start(streaming()).await, Mock::start(streaming()).await);
     let gw = epp_config(&[a.url(), b.url()]).start().await;
-    started(&gw);
     let only_b = [endpoint(&b.url())];
     for _ in 0..4 {
         let got = through(&gw, "/v1/chat/completions", &chat_body(false, false), &[], Some(subset(&only_b))).await;
@@ -255,7 +246,6 @@ async fn refusals_are_immediate_responses_with_retry_after() {
         slogate::config::key_sha256("sk-one")
     );
     let gw = epp_config(&[a.url()]).section(&keys).start().await;
-    started(&gw);
     let key = [("authorization", "Bearer sk-one")];
     assert!(matches!(through(&gw, "/v1/chat/completions", &chat_body(false, false), &key, None).await, Outcome::Relayed { .. }));
     let got = through(&gw, "/v1/chat/completions", &chat_body(false, false), &key, None).await;
@@ -280,7 +270,6 @@ async fn refusals_are_immediate_responses_with_retry_after() {
 async fn no_healthy_replica_is_503() {
     let a = Mock::start(streaming()).await;
     let gw = epp_config(&[a.url()]).pool("health: { interval: 100ms, panic_threshold: 0 }").start().await;
-    started(&gw);
     a.state.healthy.store(false, std::sync::atomic::Ordering::SeqCst);
     wait_until("replica taken out", || async { get(gw.admin_addr, "/readyz").await.0 == 503 }).await;
     let got = through(&gw, "/v1/chat/completions", &chat_body(false, false), &[], None).await;
@@ -296,8 +285,7 @@ async fn no_healthy_replica_is_503() {
 async fn a_client_that_leaves_mid_stream_releases_its_slot() {
     let a = Mock::start(streaming()).await;
     let gw = epp_config(&[a.url()]).start().await;
-    started(&gw);
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     let mut s = Stream::open(&gw).await;
     let head = [(":method", "POST"), (":path", "/v1/chat/completions"), ("content-type", "application/json")];
     s.send(processing_request::Request::RequestHeaders(headers(&head, false)), None).await;
@@ -324,7 +312,6 @@ async fn a_client_that_leaves_mid_stream_releases_its_slot() {
 async fn the_picker_may_run_without_the_proxy_listener() {
     let a = Mock::start(streaming()).await;
     let gw = gateway_config(&[a.url()]).section("epp: { listen: 127.0.0.1:0, proxy: false }").start().await;
-    started(&gw);
     assert!(tokio::net::TcpStream::connect(gw.data_addr).await.is_err(), "no proxy listener");
     assert!(matches!(through(&gw, "/v1/chat/completions", &chat_body(false, false), &[], None).await, Outcome::Relayed { .. }));
     assert_quiescent(&gw).await;
@@ -337,7 +324,6 @@ async fn the_picker_may_run_without_the_proxy_listener() {
 async fn the_fairness_id_is_the_tenant_without_keys_and_the_key_wins_with_them() {
     let a = Mock::start(streaming()).await;
     let gw = epp_config(&[a.url()]).start().await;
-    started(&gw);
     for flow in ["team-a", "team-b", "team-b"] {
         let sent = through(&gw, "/v1/chat/completions", &chat_body(false, false), &[("x-llm-d-inference-fairness-id", flow)], None).await;
         assert!(matches!(sent, Outcome::Relayed { .. }), "{sent:?}");
@@ -354,7 +340,6 @@ async fn the_fairness_id_is_the_tenant_without_keys_and_the_key_wins_with_them()
         ))
         .start()
         .await;
-    started(&keyed);
     let head = [("x-llm-d-inference-fairness-id", "team-a"), ("authorization", "Bearer sk-owner")];
     assert!(matches!(through(&keyed, "/v1/chat/completions", &chat_body(false, false), &head, None).await, Outcome::Relayed { .. }));
     let m = metrics_text(&keyed).await;
@@ -372,7 +357,6 @@ async fn the_picker_serves_over_tls_when_given_a_certificate() {
     let (cert, cert_path, key_path) = self_signed_in(tmp.path());
     let epp = format!("epp: {{ listen: 127.0.0.1:0, tls: {{ cert: {}, key: {} }} }}", cert_path.display(), key_path.display());
     let gw = gateway_config(&[a.url()]).section(&epp).start().await;
-    started(&gw);
     let addr = gw.epp_addr.expect("epp listener");
     // h2c is not served.
     let plain = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("uri").connect().await;
@@ -420,8 +404,7 @@ async fn in_full_duplex_the_pick_waits_for_the_body_and_the_bodies_stream_back()
     use envoy_types::pb::envoy::service::ext_proc::v3::ProtocolConfiguration;
     let mock = Mock::start(streaming()).await;
     let gw = epp_config(&[mock.url()]).start().await;
-    started(&gw);
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     let mut s = Stream::open(&gw).await;
     let duplex = BodySendMode::FullDuplexStreamed as i32;
     let config = ProtocolConfiguration { request_body_mode: duplex, response_body_mode: duplex, ..Default::default() };

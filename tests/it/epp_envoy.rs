@@ -27,10 +27,9 @@ async fn sims(n: usize) -> Vec<SimServer> {
 }
 
 /// A gateway in endpoint picker mode in front of `urls`, and Envoy in front of it.
-async fn picker_and_envoy(urls: &[String], fail_open: bool, bodies: Bodies) -> (slogate::Gateway, Envoy) {
+async fn picker_and_envoy(urls: &[String], fail_open: bool, bodies: Bodies) -> (Gw, Envoy) {
     let model = SimConfig::default().model;
     let gw = gateway_config(urls).models(&[&model]).section("epp: { listen: 127.0.0.1:0 }").start().await;
-    started(&gw);
     let epp = gw.epp_addr.expect("epp listener");
     let envoy = Envoy::start(&EnvoySetup { epp, replicas: urls, fail_open, bodies }).await;
     (gw, envoy)
@@ -97,7 +96,7 @@ print("whole tokens", words)
             );
         }
     }
-    count_sent(gw.data_addr, 20 + 4);
+    gw.count_sent(20 + 4);
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "length")]), Some(24.0), "{m}");
     assert_eq!(metric(&m, "slogate_time_to_first_token_seconds_count", &[]), Some(12.0), "{m}: the streams' TTFT");
@@ -133,7 +132,7 @@ async fn four_mib_body_is_picked_and_served(bodies: Bodies) {
     let status = resp.status();
     let text = resp.into_body().collect().await.expect("body").to_bytes();
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&text));
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     wait_until("counted", || async { requests_with_outcome(&gw, "length").await == 1.0 }).await;
     // Bytes over the limit: the picker's 413, as the proxy's.
     let over = body.replacen("lorem", &"lorem ".repeat(8), 1);
@@ -141,7 +140,7 @@ async fn four_mib_body_is_picked_and_served(bodies: Bodies) {
     let resp = client().request(post_req(envoy.addr, "/v1/chat/completions", &over, &[])).await.expect("response");
     assert_eq!(resp.status(), 413);
     resp.into_body().collect().await.expect("body");
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     assert_quiescent(&gw).await;
 }
 
@@ -186,7 +185,7 @@ async fn a_form_is_picked_by_its_model_and_reaches_the_replica_whole() {
         let (gw, envoy) = picker_and_envoy(&urls, false, bodies).await;
         for (proto, c) in clients() {
             let mut req = post_req(envoy.addr, "/v1/audio/transcriptions", "", &[]);
-            count_sent(gw.data_addr, 1);
+            gw.count_sent(1);
             *req.body_mut() = http_body_util::Full::new(bytes::Bytes::from(form.clone()));
             let h = req.headers_mut();
             h.insert("content-type", format!("multipart/form-data; boundary={boundary}").parse().expect("header"));
@@ -216,7 +215,6 @@ async fn a_replica_killed_mid_run_is_taken_out() {
         .section("epp: { listen: 127.0.0.1:0 }")
         .start()
         .await;
-    started(&gw);
     let envoy =
         Envoy::start(&EnvoySetup { epp: gw.epp_addr.expect("epp"), replicas: &urls, fail_open: false, bodies: Bodies::Shipped }).await;
     let body = chat_body(false, false).replace("m1", &model);
@@ -241,7 +239,7 @@ async fn a_replica_killed_mid_run_is_taken_out() {
         assert_eq!(resp.status(), 200, "every request after goes to the live replica");
         resp.into_body().collect().await.expect("body");
     }
-    count_sent(gw.data_addr, 12);
+    gw.count_sent(12);
     assert_quiescent(&gw).await;
 }
 
@@ -259,7 +257,7 @@ async fn the_picker_killed_fails_open_or_fast_as_configured() {
         let resp = client().request(post_req(envoy.addr, "/v1/chat/completions", &body, &[])).await.expect("response");
         assert_eq!(resp.status(), 200);
         resp.into_body().collect().await.expect("body");
-        count_sent(gw.data_addr, 1);
+        gw.count_sent(1);
         assert_quiescent(&gw).await;
         gw.shutdown().await;
         for _ in 0..5 {

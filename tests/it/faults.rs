@@ -17,7 +17,7 @@ enum Seen {
     Status(u16),
 }
 
-async fn stream_once(c: &TestClient, addr: std::net::SocketAddr) -> Seen {
+async fn stream_once(c: &TestClient, addr: Target) -> Seen {
     let resp = c.request(post_req(addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("a response");
     let status = resp.status().as_u16();
     let bytes = resp.into_body().collect().await.expect("every body ends cleanly").to_bytes();
@@ -48,7 +48,7 @@ async fn a_replica_killed_mid_run_loses_no_stream() {
     let a = Arc::new(Mock::start(standard(12, Duration::from_millis(30))).await);
     let b = Mock::start(standard(12, Duration::from_millis(30))).await;
     let gw = gateway_config(&[a.url(), b.url()]).pool("balance: round_robin").start().await;
-    let addr = gw.data_addr;
+    let addr = gw.data();
     let clients: Vec<_> = (0..8)
         .map(|i| {
             tokio::spawn(async move {
@@ -87,7 +87,7 @@ async fn a_replica_killed_mid_run_loses_no_stream() {
 async fn a_replica_that_hangs_after_its_headers_ends_each_stream_at_the_first_token_timeout() {
     let mock = Mock::start(Script::sse(vec![Step::Wait(Duration::from_secs(120))]).always()).await;
     let gw = gateway_config(&[mock.url()]).pool("timeouts: { first_token: 500ms }").pool("max_inflight_per_replica: 8").start().await;
-    let addr = gw.data_addr;
+    let addr = gw.data();
     let runs: Vec<_> = (0..8)
         .map(|i| {
             tokio::spawn(async move {
@@ -120,7 +120,7 @@ async fn a_replica_answering_200_with_garbage_is_not_counted_ok() {
     let gw = gateway_config(&[mock.url()]).start().await;
     for (proto, c) in clients() {
         for stream in [true, false] {
-            let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(stream, false), &[])).await.expect("response");
+            let resp = c.request(post_req(&gw, "/v1/chat/completions", &chat_body(stream, false), &[])).await.expect("response");
             assert_eq!(resp.status(), 200, "{proto}");
             let body = resp.into_body().collect().await.expect("body").to_bytes();
             assert_eq!(&body[..], b"<html>gateway timeout</html>", "{proto}: passed on as it came");
@@ -132,7 +132,7 @@ async fn a_replica_answering_200_with_garbage_is_not_counted_ok() {
     // Bytes that are no events, under an event-stream type: no [DONE].
     mock.set_script(Script::sse(vec![Step::Send(bytes::Bytes::from_static(b"\x00\x01garbage\xff\n\n"))]).always());
     for (proto, c) in clients() {
-        let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+        let resp = c.request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         assert_eq!(&body[..], b"\x00\x01garbage\xff\n\n", "{proto}: passed on as it came");
     }
@@ -167,7 +167,7 @@ async fn a_replica_streaming_tokens_is_not_taken_out_by_a_slow_health_check() {
         .pool("health: { interval: 100ms, timeout: 50ms, unhealthy_after: 2, healthy_after: 2 }")
         .start()
         .await;
-    let addr = gw.data_addr;
+    let addr = gw.data();
     let stream = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(true, false), &[]).await.0 });
     *mock.state.health_delay.lock().expect("lock") = Duration::from_secs(2);
     let admin = gw.admin_addr;

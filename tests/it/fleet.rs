@@ -200,11 +200,8 @@ async fn two_gateways_split_the_slots_by_demand_and_the_survivor_takes_over() {
         .pool("scrape_metrics: 50ms");
     std::fs::write(&path_a, alone.yaml()).expect("write");
     std::fs::write(&path_b, alone.yaml()).expect("write");
-    let a = slogate::Gateway::start_file(&path_a).await.expect("a starts");
-    let b = slogate::Gateway::start_file(&path_b).await.expect("b starts");
-    for gw in [&a, &b] {
-        started(gw);
-    }
+    let a = started(slogate::Gateway::start_file(&path_a).await.expect("a starts"));
+    let b = started(slogate::Gateway::start_file(&path_b).await.expect("b starts"));
     until("a alone has every slot", a.admin_addr, Some(TOKEN), |s| slots(s) == 8 && s["peers"].as_array().is_none()).await;
     // Each names the other, and itself too (one list for the whole fleet).
     let (url_a, url_b) = (format!("http://{}", a.admin_addr), format!("http://{}", b.admin_addr));
@@ -232,7 +229,7 @@ async fn two_gateways_split_the_slots_by_demand_and_the_survivor_takes_over() {
     }
 
     // A request streaming through b: b's interactive demand grows its share.
-    let held = mock.hold_slot(b.data_addr).await;
+    let held = mock.hold_slot(&b).await;
     until("b's interactive demand is met first", b.admin_addr, Some(TOKEN), |s| slots(s) >= 5).await;
     until("a gives way", a.admin_addr, Some(TOKEN), |s| slots(s) <= 3).await;
     held.release().await;
@@ -262,7 +259,7 @@ async fn a_keys_limits_are_split_among_the_live_instances_and_whole_again_when_a
     };
     wait_until("the peer heard: two instances share the key's limit", || async { instances(&slo(gw.admin_addr).await) == Some(2) }).await;
     let body = chat_body(false, false);
-    let ask = || post(gw.data_addr, "/v1/chat/completions", &body, &[("authorization", "Bearer sk-k")]);
+    let ask = || post(&gw, "/v1/chat/completions", &body, &[("authorization", "Bearer sk-k")]);
     for left in ["1", "0"] {
         let (s, h, _) = ask().await;
         assert_eq!(s, 200);
@@ -279,7 +276,7 @@ async fn a_keys_limits_are_split_among_the_live_instances_and_whole_again_when_a
     assert_eq!(h.get("x-ratelimit-remaining-requests").and_then(|v| v.to_str().ok()), Some("1"), "two used before, this one, of four");
     // Every request counted once (the metrics need the admin token here).
     let m = String::from_utf8_lossy(&admin_get(gw.admin_addr, "/metrics", Some(TOKEN)).await).into_owned();
-    assert_eq!(metric(&m, "slogate_requests_total", &[]), Some(sent_to(gw.data_addr) as f64), "{m}");
+    assert_eq!(metric(&m, "slogate_requests_total", &[]), Some(gw.sent() as f64), "{m}");
     assert_eq!(metric(&m, "slogate_tenant_limited_requests_total", &[("tenant", "k"), ("kind", "requests")]), Some(1.0));
 }
 
@@ -301,7 +298,7 @@ async fn each_gateway_of_a_fleet_reads_where_the_others_sent_their_prompts() {
     for (i, (name, c)) in clients().into_iter().enumerate() {
         let text = format!("{i} {}", "the same long system prompt ".repeat(143));
         let body = serde_json::json!({"model": "m1", "messages": [{"role": "user", "content": text}]}).to_string();
-        let resp = c.request(post_req(a.data_addr, "/v1/chat/completions", &body, &[])).await.expect("POST");
+        let resp = c.request(post_req(&a, "/v1/chat/completions", &body, &[])).await.expect("POST");
         assert_eq!(resp.status(), 200, "{name}");
         resp.into_body().collect().await.expect("body");
     }

@@ -13,7 +13,7 @@ use http_body_util::BodyExt;
 async fn gateway_errors_have_their_status_and_openai_shape() {
     let mock = Mock::start(standard(1, Duration::ZERO)).await;
     let gw = gateway_config(&[mock.url()]).server("max_request_body: 1KiB").start().await;
-    let a = gw.data_addr;
+    let a = gw.data();
     let cases: Vec<(&str, String, u16)> = vec![
         ("malformed JSON", "{not json".into(), 400),
         ("not an object", "[1,2]".into(), 400),
@@ -37,9 +37,9 @@ async fn gateway_errors_have_their_status_and_openai_shape() {
     assert_eq!(error_body(&b)["param"], "model");
     // A known path with the wrong method: 405 naming the method it takes (as vLLM answers).
     for (addr, method, path, allow) in [
-        (a, "GET", "/v1/chat/completions", "POST"),
-        (a, "DELETE", "/v1/embeddings", "POST"),
-        (a, "POST", "/v1/models", "GET"),
+        (a.addr, "GET", "/v1/chat/completions", "POST"),
+        (a.addr, "DELETE", "/v1/embeddings", "POST"),
+        (a.addr, "POST", "/v1/models", "GET"),
         (gw.admin_addr, "GET", "/-/reload", "POST"),
         (gw.admin_addr, "POST", "/metrics", "GET"),
     ] {
@@ -75,7 +75,7 @@ async fn api_keys_gate_classes_with_401_and_403() {
     };
     let auth = format!("auth:\n  keys:\n    - {{ name: web, key_sha256: {}, classes: [chat, voice] }}\n    - {{ name: nightly, key_sha256: {}, classes: [batch] }}\n", hash("web-key"), hash("batch-key"));
     let gw = start_gateway(&format!("{}{auth}", config_yaml(&[mock.url()], ""))).await;
-    let a = gw.data_addr;
+    let a = gw.data();
     let body = chat_body(false, false);
     assert_eq!(post(a, "/v1/chat/completions", &body, &[]).await.0, 401);
     assert_eq!(post(a, "/v1/chat/completions", &body, &[("authorization", "Bearer wrong")]).await.0, 401);
@@ -99,7 +99,7 @@ async fn api_keys_gate_classes_with_401_and_403() {
 async fn without_slogate_keys_the_callers_authorization_goes_to_the_replica() {
     let mock = Mock::start(standard(1, Duration::ZERO)).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[("authorization", "Bearer vllm-key")]).await;
+    let (s, _, _) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[("authorization", "Bearer vllm-key")]).await;
     assert_eq!(s, 200);
     let seen = mock.state.headers.lock().expect("lock").clone();
     assert_eq!(seen[0].get("authorization").and_then(|v| v.to_str().ok()), Some("Bearer vllm-key"));
@@ -113,7 +113,7 @@ async fn no_healthy_replica_is_503_with_retry_after() {
     let gw = gateway_config(&[mock.url()]).pool("health: { interval: 100ms, panic_threshold: 0 }").start().await;
     mock.state.healthy.store(false, Ordering::SeqCst);
     wait_until("replica taken out", || async { get(gw.admin_addr, "/readyz").await.0 == 503 }).await;
-    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    let (s, h, b) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     assert_eq!(s, 503);
     assert_eq!(h.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"), "Retry-After in whole seconds");
     assert_eq!(error_code(&b), "no_healthy_replica");
@@ -136,14 +136,14 @@ async fn replica_failing_health_is_taken_out_and_comes_back() {
     wait_until("a taken out", || async { healthy(a.url()).await == Some(0.0) }).await;
     let before = a.calls();
     for _ in 0..6 {
-        assert_eq!(post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await.0, 200);
+        assert_eq!(post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await.0, 200);
     }
     assert_eq!(a.calls(), before, "no traffic to a replica that is out");
     assert_eq!(get(gw.admin_addr, "/readyz").await.0, 200, "one healthy replica keeps the pool ready");
     a.state.healthy.store(true, Ordering::SeqCst);
     wait_until("a back", || async { healthy(a.url()).await == Some(1.0) }).await;
     for _ in 0..6 {
-        post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+        post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     }
     assert!(a.calls() > before, "traffic returns to the recovered replica");
     assert_quiescent(&gw).await;
@@ -173,7 +173,7 @@ async fn replicas_all_failing_their_checks_while_serving_are_routed_to_under_pan
     let before = a.calls() + b.calls();
     for (proto, client) in clients() {
         for _ in 0..4 {
-            let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+            let resp = client.request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
             assert_eq!(resp.status(), 200, "{proto}: served under panic");
             let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
             assert!(text.ends_with("data: [DONE]\n\n") && !text.contains("error"), "{proto}: {text}");
@@ -209,7 +209,7 @@ async fn a_replica_whose_connections_are_refused_is_taken_out_by_its_traffic() {
     wait_until("both in", || async { healthy(a.url()).await == Some(1.0) && healthy(b.url()).await == Some(1.0) }).await;
     a.kill();
     for _ in 0..6 {
-        assert_eq!(post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await.0, 200, "retried on b");
+        assert_eq!(post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await.0, 200, "retried on b");
     }
     assert_eq!(healthy(a.url()).await, Some(0.0), "taken out by its traffic");
     let v: serde_json::Value = serde_json::from_str(&get(admin, "/slo.json").await.1).expect("JSON");
@@ -225,7 +225,7 @@ async fn retry_before_first_byte_lands_on_the_other_replica() {
     let good = Mock::start(standard(2, Duration::ZERO)).await;
     let gw = start_gateway(&config_yaml(&[bad.url(), good.url()], "    balance: round_robin\n")).await;
     for _ in 0..6 {
-        let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+        let (s, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
         assert_eq!(s, 200);
     }
     assert!(bad.calls() >= 1, "the failing replica was tried");
@@ -233,7 +233,7 @@ async fn retry_before_first_byte_lands_on_the_other_replica() {
     // Now a replica that refuses connections while still marked healthy.
     bad.kill();
     for _ in 0..4 {
-        let (s, h, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+        let (s, h, _) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
         assert_eq!(s, 200);
         // An unnamed replica is shown by its pool and position, never its URL.
         assert_eq!(h.get("x-slogate-replica").and_then(|v| v.to_str().ok()), Some("p-2"));
@@ -333,7 +333,7 @@ async fn a_kept_alive_connection_closed_as_the_request_arrives_is_sent_again_on_
             .start()
             .await;
         for i in 0..2 {
-            let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+            let resp = client.request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
             assert_eq!(resp.status(), 200, "{proto}: request {i}");
             let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
             assert!(text.ends_with("data: [DONE]\n\n") && !text.contains("error"), "{proto}: a whole stream: {text}");
@@ -356,7 +356,7 @@ async fn a_replica_that_closes_before_its_response_head_is_retried_on_another() 
         let good = Mock::start(standard(2, Duration::ZERO)).await;
         let gw = start_gateway(&config_yaml(&[bad.url(), good.url()], "    balance: round_robin\n")).await;
         for i in 0..4 {
-            let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+            let resp = client.request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
             assert_eq!(resp.status(), 200, "{proto}: request {i}");
             let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
             assert!(text.ends_with("data: [DONE]\n\n") && !text.contains("error"), "{proto}: a whole stream: {text}");
@@ -385,7 +385,7 @@ async fn a_replica_that_sends_no_response_head_in_time_is_replaced_by_another() 
         });
         let (a, b) = (Mock::start(hang_first.clone()).await, Mock::start(hang_first).await);
         let gw = gateway_config(&[a.url(), b.url()]).pool("timeouts: { first_token: 400ms }").start().await;
-        let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+        let resp = client.request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
         assert_eq!(resp.status(), 200, "{proto}");
         let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes()).into_owned();
         assert!(text.ends_with("data: [DONE]\n\n") && !text.contains("error"), "{proto}: a whole stream: {text}");
@@ -405,7 +405,7 @@ async fn streaming_first_token_timeout_before_headers_is_504() {
     }))
     .await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "    timeouts: { first_token: 300ms }\n")).await;
-    let (s, _, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (s, _, b) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(s, 504);
     error_body(&b);
     assert_eq!(requests_with_outcome(&gw, "timeout").await, 1.0);
@@ -431,7 +431,7 @@ async fn models_are_the_union_across_pools_with_auto_discovery() {
     assert_eq!(ids, vec!["m1", "llama-8b"]);
     assert_eq!(v["data"][1]["max_model_len"], 4096, "discovered model objects are passed on as the replica gave them");
     let body = chat_body(false, false).replace("\"m1\"", "\"llama-8b\"");
-    let (s, h, _) = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+    let (s, h, _) = post(&gw, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(s, 200);
     assert_eq!(h.get("x-slogate-replica").and_then(|v| v.to_str().ok()), Some("discovered-1"));
     assert_eq!((auto.calls(), fixed.calls()), (1, 0));
@@ -454,11 +454,11 @@ async fn embeddings_and_completions_are_forwarded() {
     }))
     .await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-    let (s, _, b) = post(gw.data_addr, "/v1/embeddings", r#"{"model":"m1","input":"abc"}"#, &[]).await;
+    let (s, _, b) = post(&gw, "/v1/embeddings", r#"{"model":"m1","input":"abc"}"#, &[]).await;
     assert_eq!(s, 200);
     assert!(String::from_utf8_lossy(&b).contains("embedding"));
     let completion = r#"{"model":"m1","prompt":"a","stream":true}"#;
-    let (s, _, via) = post(gw.data_addr, "/v1/completions", completion, &[]).await;
+    let (s, _, via) = post(&gw, "/v1/completions", completion, &[]).await;
     assert_eq!(s, 200);
     // The client did not ask for usage: it gets exactly what the replica
     // sends such a client, with the usage slogate asked for cut out again.
@@ -477,8 +477,8 @@ async fn embeddings_and_completions_are_forwarded() {
 async fn metrics_pass_promtool_check_metrics() {
     let mock = Mock::start(standard(3, Duration::ZERO)).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-    post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
-    post(gw.data_addr, "/v1/chat/completions", r#"{"model":"x"}"#, &[]).await;
+    post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    post(&gw, "/v1/chat/completions", r#"{"model":"x"}"#, &[]).await;
     let text = metrics_text(&gw).await;
     for name in [
         "slogate_time_to_first_token_seconds",
@@ -522,12 +522,12 @@ async fn metrics_pass_promtool_check_metrics() {
 async fn shutdown_stops_accepting_and_lets_inflight_streams_finish() {
     let mock = Mock::start(standard(10, Duration::from_millis(50))).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-    let addr = gw.data_addr;
+    let addr = gw.data();
     let resp = client().request(post_req(addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("stream");
     assert_eq!(resp.status(), 200);
     let metrics = gw.metrics();
     let stopping = tokio::spawn(gw.shutdown());
-    wait_until("listener closed", || async { tokio::net::TcpStream::connect(addr).await.is_err() }).await;
+    wait_until("listener closed", || async { tokio::net::TcpStream::connect(addr.addr).await.is_err() }).await;
     let body = resp.into_body().collect().await.expect("in-flight stream completes").to_bytes();
     let text = String::from_utf8_lossy(&body);
     assert!(text.contains("t9 ") && text.ends_with("data: [DONE]\n\n"), "{text}");
@@ -543,8 +543,8 @@ async fn shutdown_closes_idle_connections_of_both_protocols_and_returns_before_i
     use hyper_util::rt::{TokioExecutor, TokioIo};
     let mock = Mock::start(standard(2, Duration::ZERO)).await;
     let gw = gateway_config(&[mock.url()]).server("shutdown_grace: 120s").server("header_read_timeout: 300s").start().await;
-    let addr = gw.data_addr;
-    let tcp = || async move { TokioIo::new(tokio::net::TcpStream::connect(addr).await.expect("connect")) };
+    let addr = gw.data();
+    let tcp = || async move { TokioIo::new(tokio::net::TcpStream::connect(addr.addr).await.expect("connect")) };
     let (mut h1, h1_conn) = hyper::client::conn::http1::handshake(tcp().await).await.expect("HTTP/1.1");
     let h1_conn = tokio::spawn(h1_conn);
     let (mut h2, h2_conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), tcp().await).await.expect("HTTP/2");
@@ -568,7 +568,7 @@ async fn shutdown_closes_idle_connections_of_both_protocols_and_returns_before_i
 
 /// A gateway whose data listener serves TLS with a fresh self-signed
 /// certificate for `localhost`; the certificate, and the directory holding it.
-async fn tls_gateway(mock: &Mock, server: &[&str]) -> (slogate::Gateway, rcgen::CertifiedKey, tempfile::TempDir) {
+async fn tls_gateway(mock: &Mock, server: &[&str]) -> (Gw, rcgen::CertifiedKey, tempfile::TempDir) {
     let tmp = tempfile::tempdir().expect("temp dir");
     let (cert, cert_path, key_path) = self_signed_in(tmp.path());
     let mut c = gateway_config(&[mock.url()]).server(&format!("tls: {{ cert: {}, key: {} }}", cert_path.display(), key_path.display()));
@@ -581,11 +581,7 @@ async fn tls_gateway(mock: &Mock, server: &[&str]) -> (slogate::Gateway, rcgen::
 }
 
 /// A TLS connection to `gw` trusting `cert`, offering `alpn`.
-async fn tls_connect(
-    gw: &slogate::Gateway,
-    cert: &rcgen::CertifiedKey,
-    alpn: &[&[u8]],
-) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+async fn tls_connect(gw: &Gw, cert: &rcgen::CertifiedKey, alpn: &[&[u8]]) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let connector = tls_trusting(cert, alpn);
     let tcp = tokio::net::TcpStream::connect(gw.data_addr).await.expect("connect");
     let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
@@ -599,7 +595,7 @@ async fn tls_listener_serves_https() {
     let stream = tls_connect(&gw, &cert, &[]).await;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("http");
     tokio::spawn(conn);
-    let req = post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]);
+    let req = post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[]);
     let resp = sender.send_request(req).await.expect("response");
     assert_eq!(resp.status(), 200);
     let body = resp.into_body().collect().await.expect("body").to_bytes();
@@ -643,7 +639,7 @@ async fn upstream_connections_are_kept_alive_and_a_cancelled_one_is_not_reused()
     .await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
     for i in 0..6 {
-        let (s, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(i % 2 == 0, false), &[]).await;
+        let (s, _, body) = post(&gw, "/v1/chat/completions", &chat_body(i % 2 == 0, false), &[]).await;
         assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
     }
     assert_eq!(mock.calls(), 6);
@@ -658,12 +654,12 @@ async fn upstream_connections_are_kept_alive_and_a_cancelled_one_is_not_reused()
     // A client that hangs up mid-stream: that connection is closed (the
     // replica must stop generating), so the next request needs a new one.
     let slow = r#"{"model":"m1","stream":true,"max_tokens":1000,"messages":[{"role":"user","content":"hi"}]}"#;
-    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", slow, &[])).await.expect("stream");
+    let resp = client().request(post_req(&gw, "/v1/chat/completions", slow, &[])).await.expect("stream");
     let mut body = resp.into_body();
     body.frame().await.expect("first frame").expect("ok");
     drop(body);
     wait_until("replica sees the cancellation", || async { mock.state.cancelled.load(Ordering::SeqCst) == 1 }).await;
-    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (s, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(s, 200);
     assert_eq!(mock.state.post_connections.load(Ordering::SeqCst), 3, "the next stream opens a new connection");
     assert_eq!(requests_with_outcome(&gw, "ok").await, 7.0);
@@ -675,7 +671,7 @@ async fn a_replica_that_closes_idle_connections_costs_no_request() {
     let mock = Mock::start(standard(2, Duration::ZERO)).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
     for round in 1..=3 {
-        let (s, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+        let (s, _, body) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
         let text = String::from_utf8_lossy(&body);
         assert_eq!(s, 200, "{text}");
         assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
@@ -693,9 +689,9 @@ async fn a_replica_that_closes_idle_connections_costs_no_request() {
 
 /// One request's place in the prefill-aware routing test: which replica it
 /// reached (its mock's call count grew) and its open body.
-async fn open_stream(c: &TestClient, gw: &slogate::Gateway, a: &Mock, b: &Mock) -> (bool, hyper::body::Incoming) {
+async fn open_stream(c: &TestClient, gw: &Gw, a: &Mock, b: &Mock) -> (bool, hyper::body::Incoming) {
     let before = a.calls();
-    let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+    let resp = c.request(post_req(gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
     assert_eq!(resp.status(), 200);
     let on_a = a.calls() > before;
     assert!(on_a || b.calls() > 0, "reached one of the replicas");

@@ -3,8 +3,6 @@
 //! does (ZMQ PUB, msgpack batches, a replay socket), and a gateway that
 //! follows the events with the same tokenizer and chat template.
 
-use std::net::SocketAddr;
-
 use http_body_util::BodyExt;
 use loadtest::sim::{SimConfig, SimServer};
 use serde_json::Value;
@@ -47,7 +45,7 @@ fn chat(group: usize, question: usize) -> String {
 
 /// POST a chat request to `addr`: the replica that served it (through the
 /// gateway) and the usage the engine reported.
-async fn send(addr: SocketAddr, body: &str, i: usize) -> (String, Value) {
+async fn send(addr: impl To, body: &str, i: usize) -> (String, Value) {
     let (proto, client) = &clients()[i % 2];
     let resp = client.request(post_req(addr, "/v1/chat/completions", body, &[])).await.expect("POST");
     assert_eq!(resp.status(), 200, "{proto}");
@@ -57,7 +55,7 @@ async fn send(addr: SocketAddr, body: &str, i: usize) -> (String, Value) {
     (replica, v["usage"].clone())
 }
 
-async fn replica_status(gw: &slogate::Gateway) -> Vec<Value> {
+async fn replica_status(gw: &Gw) -> Vec<Value> {
     let slo: Value = serde_json::from_str(&get(gw.admin_addr, "/slo.json").await.1).expect("slo JSON");
     slo["pools"][0]["replicas"].as_array().expect("replicas").clone()
 }
@@ -102,7 +100,7 @@ async fn a_prompt_goes_where_the_replicas_own_events_say_its_prefix_is_cached() 
     // Group g's next questions go to the replica that holds its system prompt.
     for q in 1..4 {
         for g in 0..4 {
-            let (replica, usage) = send(gw.data_addr, &chat(g, q), g + q).await;
+            let (replica, usage) = send(&gw, &chat(g, q), g + q).await;
             assert_eq!(replica, format!("r{}", g % 2), "group {g}, question {q}");
             let prompt = usage["prompt_tokens"].as_u64().expect("prompt tokens");
             let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached tokens");

@@ -16,16 +16,15 @@ fn gateway_yaml(mock: &Mock, redis: &str, prefix: &str, limits: &str) -> String 
     )
 }
 
-async fn ask(c: &TestClient, gw: &slogate::Gateway, body: &str) -> (u16, http::HeaderMap, String) {
-    let resp =
-        c.request(post_req(gw.data_addr, "/v1/chat/completions", body, &[("authorization", "Bearer sk-shared")])).await.expect("response");
+async fn ask(c: &TestClient, gw: &Gw, body: &str) -> (u16, http::HeaderMap, String) {
+    let resp = c.request(post_req(gw, "/v1/chat/completions", body, &[("authorization", "Bearer sk-shared")])).await.expect("response");
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     (status, headers, String::from_utf8_lossy(&body).into_owned())
 }
 
-async fn slo(gw: &slogate::Gateway) -> serde_json::Value {
+async fn slo(gw: &Gw) -> serde_json::Value {
     serde_json::from_str(&get(gw.admin_addr, "/slo.json").await.1).expect("JSON")
 }
 
@@ -71,7 +70,7 @@ async fn a_stream_on_one_gateway_holds_the_keys_max_concurrent_on_the_other() {
         let mock = Mock::start(standard(2, Duration::ZERO)).await;
         let yaml = gateway_yaml(&mock, &redis.url(), &format!("t2{proto}"), "{ max_concurrent: 1 }");
         let (a, b) = (start_gateway(&yaml).await, start_gateway(&yaml).await);
-        let held = mock.hold_slot_as(a.data_addr, &[("authorization", "Bearer sk-shared")]).await;
+        let held = mock.hold_slot_as(&a, &[("authorization", "Bearer sk-shared")]).await;
         let (s, h, body) = ask(&c, &b, &chat_body(true, false)).await;
         assert_eq!(s, 429, "{proto}: the key's one running request is on the other gateway: {body}");
         assert_eq!(header(&h, "retry-after"), Some("1"), "{proto}");
@@ -136,7 +135,7 @@ async fn a_store_that_goes_down_costs_no_request_and_each_instance_enforces_its_
     assert_eq!(metric(&m, "slogate_limits_store_up", &[]), Some(0.0));
     assert!(metric(&m, "slogate_limits_store_errors_total", &[]).is_some_and(|n| n >= 1.0), "{m}");
     assert_eq!(slo(&gw).await["tenants"][0]["limits"]["kept"], "store_down");
-    assert_eq!(metric(&m, "slogate_requests_total", &[]), Some(sent_to(gw.data_addr) as f64), "every request counted once");
+    assert_eq!(metric(&m, "slogate_requests_total", &[]), Some(gw.sent() as f64), "every request counted once");
     gw.shutdown().await;
 }
 
@@ -201,10 +200,7 @@ async fn cut_streams_settle_in_the_store_at_what_they_relayed() {
     let mut served = 0u64;
     for i in 0..30 {
         let gw = if i % 2 == 0 { &a } else { &b };
-        let resp = c
-            .request(post_req(gw.data_addr, "/v1/chat/completions", body, &[("authorization", "Bearer sk-shared")]))
-            .await
-            .expect("response");
+        let resp = c.request(post_req(gw, "/v1/chat/completions", body, &[("authorization", "Bearer sk-shared")])).await.expect("response");
         if resp.status() == 429 {
             break;
         }

@@ -36,7 +36,7 @@ async fn the_learned_limit_finds_the_replicas_capacity_and_its_queue_empties() {
     let body = r#"{"model":"sim-llama-8b","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":40,"ignore_eos":true}"#;
     let clients: Vec<_> = (0..20)
         .map(|_| {
-            let (stop, addr) = (stop.clone(), gw.data_addr);
+            let (stop, addr) = (stop.clone(), gw.data());
             tokio::spawn(async move {
                 let mut failed = 0;
                 while !stop.load(Ordering::Relaxed) {

@@ -102,12 +102,12 @@ fn ask(model: &str, max_tokens: u64) -> String {
     format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}],"max_tokens":{max_tokens}}}"#)
 }
 
-async fn chat(gw: &slogate::Gateway, key: &str, model: &str, max_tokens: u64) -> u16 {
+async fn chat(gw: &Gw, key: &str, model: &str, max_tokens: u64) -> u16 {
     let auth = format!("Bearer {key}");
-    post(gw.data_addr, "/v1/chat/completions", &ask(model, max_tokens), &[("authorization", &auth)]).await.0
+    post(&gw, "/v1/chat/completions", &ask(model, max_tokens), &[("authorization", &auth)]).await.0
 }
 
-async fn models_of(gw: &slogate::Gateway, key: &str) -> BTreeSet<String> {
+async fn models_of(gw: &Gw, key: &str) -> BTreeSet<String> {
     let req = http::Request::get(format!("http://{}/v1/models", gw.data_addr))
         .header("authorization", format!("Bearer {key}"))
         .body(http_body_util::Full::new(bytes::Bytes::new()))
@@ -167,7 +167,6 @@ async fn imported_keys_keep_their_strings_models_and_limits_and_the_report_names
     assert!(report.contains("`router_settings.num_retries`") && report.contains("`teams[tenants-a]`"), "{report}");
 
     let gw = start_gateway(&serveable(&out)).await;
-    started(&gw);
     wait_until("both pools healthy", || async { get(gw.admin_addr, "/readyz").await.0 == 200 }).await;
     // Each key, with the same string it had, sees exactly its models and is refused the others.
     let models = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
@@ -190,7 +189,7 @@ async fn imported_keys_keep_their_strings_models_and_limits_and_the_report_names
     // The team's tighter tpm (60, under the key's 100,000): a request reserving more is refused.
     assert_eq!(chat(&gw, &secret("k-big"), "m-big", 100).await, 429, "the team's tpm holds");
     // k-both may have one request at once.
-    let held = small.hold_slot_as(gw.data_addr, &[("authorization", &format!("Bearer {}", secret("k-both")))]).await;
+    let held = small.hold_slot_as(&gw, &[("authorization", &format!("Bearer {}", secret("k-both")))]).await;
     assert_eq!(chat(&gw, &secret("k-both"), "m-small", 5).await, 429, "its concurrency holds");
     held.release().await;
     assert_eq!(chat(&gw, &secret("k-both"), "m-small", 5).await, 200);
@@ -279,7 +278,6 @@ async fn the_routes_litellms_clients_call_are_answered() {
         key_sha256("sk-team-a")
     );
     let gw = gateway_config(&[mock.url()]).section(&keys).start().await;
-    started(&gw);
     for (proto, c) in clients() {
         let send = |path: &str, method: http::Method, key: Option<(&str, &str)>, body: &str| {
             let mut b = http::Request::builder().method(method).uri(format!("http://{}{path}", gw.data_addr));
@@ -295,7 +293,7 @@ async fn the_routes_litellms_clients_call_are_answered() {
             }
         };
         let bearer = Some(("authorization", "Bearer sk-team-a"));
-        count_sent(gw.data_addr, 2);
+        gw.count_sent(2);
         let (status, body) = send("/chat/completions", http::Method::POST, bearer, &ask("m1", 5)).await;
         assert_eq!(status, 200, "{proto}: {body}");
         assert!(body.contains("chat.completion"), "{proto}: {body}");

@@ -47,11 +47,11 @@ async fn slo_page_renders_in_headless_chromium_with_every_section() {
     }));
     for i in 0..12 {
         let class = if i % 3 == 0 { "batch" } else { "chat" };
-        let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", class)]).await;
+        let (s, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", class)]).await;
         assert_eq!(s, 200);
     }
     let fail = r#"{"model":"m1","stream":true,"messages":[{"role":"user","content":"fail"}]}"#;
-    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", fail, &[("x-slo-class", "voice")]).await;
+    let (s, _, _) = post(&gw, "/v1/chat/completions", fail, &[("x-slo-class", "voice")]).await;
     assert_eq!(s, 500);
     // Let the publisher fold the counts and refresh the views.
     wait_until("the view has the chat samples", || async {
@@ -131,12 +131,12 @@ async fn slo_history_charts_render_from_a_loaded_gateway() {
     let until = tokio::time::Instant::now() + Duration::from_millis(1500);
     let mut sent = 0;
     while tokio::time::Instant::now() < until {
-        let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+        let (s, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
         assert_eq!(s, 200);
         sent += 1;
     }
-    let held = mock.hold_slot(gw.data_addr).await;
-    let (s, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let held = mock.hold_slot(&gw).await;
+    let (s, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(s, 429);
     held.release().await;
     let history = |v: &serde_json::Value| v["history"]["classes"]["chat"].as_array().cloned().unwrap_or_default();
@@ -209,7 +209,7 @@ async fn capacity_endpoint_and_command_answer_per_class() {
     let mock = Mock::start(standard(2, Duration::from_millis(20))).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
     for _ in 0..5 {
-        post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+        post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     }
     wait_until("samples in the view", || async {
         let (_, j) = get(gw.admin_addr, "/slo.json").await;

@@ -55,11 +55,9 @@ fn ask(content: &str, stream: bool) -> String {
 
 /// A batch stream through `gw`, read until it has sent "Hel" and "lo":
 /// its body, and what was read of it.
-async fn batch_streaming(client: &TestClient, gw: &slogate::Gateway) -> (hyper::body::Incoming, Vec<u8>) {
-    let batch = client
-        .request(post_req(gw.data_addr, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")]))
-        .await
-        .expect("batch");
+async fn batch_streaming(client: &TestClient, gw: &Gw) -> (hyper::body::Incoming, Vec<u8>) {
+    let batch =
+        client.request(post_req(gw, "/v1/chat/completions", &ask("batch job", true), &[("x-slo-class", "batch")])).await.expect("batch");
     assert_eq!(batch.status(), 200);
     let mut body = batch.into_body();
     let mut seen = Vec::new();
@@ -78,10 +76,9 @@ async fn a_chat_request_takes_a_batch_streams_slot_and_the_batch_stream_goes_on_
         let mock = Mock::start(replica(order.clone())).await;
         // The default (`preempt: auto`): the engine does not schedule by priority.
         let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").start().await;
-        started(&gw);
         let (body, mut seen) = batch_streaming(&client, &gw).await;
         // The one slot is the batch stream's: the chat request takes it.
-        let chat = client.request(post_req(gw.data_addr, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat");
+        let chat = client.request(post_req(&gw, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat");
         assert_eq!(chat.status(), 200, "{proto}");
         chat.into_body().collect().await.expect("chat body");
         seen.extend_from_slice(&body.collect().await.expect("the batch stream ends cleanly").to_bytes());
@@ -138,7 +135,6 @@ async fn a_chat_stream_waiting_inside_the_engine_takes_a_batch_streams_slot() {
         let engine_slot = Gate::default();
         let mock = Mock::start(engine(order.clone(), engine_slot.clone())).await;
         let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 2").start().await;
-        started(&gw);
         // The engine says a request waits in it, and the gateway read that.
         mock.state.waiting.store(1, std::sync::atomic::Ordering::SeqCst);
         let scrapes = || mock.state.scrapes.load(std::sync::atomic::Ordering::SeqCst);
@@ -149,7 +145,7 @@ async fn a_chat_stream_waiting_inside_the_engine_takes_a_batch_streams_slot() {
         })
         .await;
         let (body, mut seen) = batch_streaming(&client, &gw).await;
-        let chat = client.request(post_req(gw.data_addr, "/v1/chat/completions", &ask("chat", true), &[])).await.expect("chat");
+        let chat = client.request(post_req(&gw, "/v1/chat/completions", &ask("chat", true), &[])).await.expect("chat");
         assert_eq!(chat.status(), 200, "{proto}");
         let state = mock.state.clone();
         wait_until("the batch stream's replica request ended", || {
@@ -183,11 +179,10 @@ async fn without_preempt_a_chat_request_waits_for_the_batch_stream() {
     let mock = Mock::start(replica(order.clone())).await;
     let gw =
         gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    preempt: false\n    timeouts: { idle: 60s }").start().await;
-    started(&gw);
     let (body, _) = batch_streaming(&client(), &gw).await;
     let admin = gw.admin_addr;
     let chat = tokio::spawn({
-        let addr = gw.data_addr;
+        let addr = gw.data();
         async move { client().request(post_req(addr, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat").status() }
     });
     wait_until("the chat request queued", || async {
@@ -207,7 +202,6 @@ async fn the_openai_sdk_reads_a_preempted_stream_whole() {
     let order = Arc::new(Mutex::new(Vec::new()));
     let mock = Mock::start(replica(order.clone())).await;
     let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    preempt: true").start().await;
-    started(&gw);
     let code = r#"
 import json
 s = c.chat.completions.create(model="m1", messages=[{"role": "user", "content": "batch job"}], max_tokens=16, stream=True,
@@ -229,9 +223,9 @@ print(json.dumps({"ids": sorted(ids), "text": text, "roles": roles, "finish": fi
             metric(&get(admin, "/metrics").await.1, "slogate_time_to_first_token_seconds_count", &[]) == Some(1.0)
         })
         .await;
-        post(gw.data_addr, "/v1/chat/completions", &ask("chat", false), &[]).await.0
+        post(&gw, "/v1/chat/completions", &ask("chat", false), &[]).await.0
     };
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     let (out, chat) = tokio::join!(openai_sdk(&gw, code, &[]), chat);
     assert_eq!(chat, 200);
     let got: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");

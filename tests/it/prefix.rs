@@ -3,8 +3,6 @@
 //! where it is cached, the engines report it cached, a session hint keeps
 //! a conversation on its replica, and gateways of a fleet agree.
 
-use std::net::SocketAddr;
-
 use http_body_util::BodyExt;
 use loadtest::sim::{SimConfig, SimServer};
 use serde_json::Value;
@@ -22,7 +20,7 @@ async fn replicas(n: usize) -> Vec<SimServer> {
     out
 }
 
-async fn gateway(sims: &[SimServer], pool_extra: &[&str]) -> slogate::Gateway {
+async fn gateway(sims: &[SimServer], pool_extra: &[&str]) -> Gw {
     let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
     let mut b = gateway_config(&urls);
     for f in pool_extra {
@@ -45,7 +43,7 @@ fn chat(group: usize, question: usize) -> String {
 
 /// Send over HTTP/1.1 or HTTP/2 (alternating with `i`): the replica that
 /// served it and the usage the engine reported.
-async fn send(addr: SocketAddr, body: &str, headers: &[(&str, &str)], i: usize) -> (String, Value) {
+async fn send(addr: impl To, body: &str, headers: &[(&str, &str)], i: usize) -> (String, Value) {
     let (proto, client) = &clients()[i % 2];
     let resp = client.request(post_req(addr, "/v1/chat/completions", body, headers)).await.expect("POST");
     assert_eq!(resp.status(), 200, "{proto}");
@@ -63,7 +61,7 @@ async fn prompts_sharing_a_system_prompt_go_where_it_is_cached_and_the_engines_r
     let mut homes: Vec<std::collections::BTreeSet<String>> = vec![Default::default(); 6];
     for q in 0..5 {
         for (g, home) in homes.iter_mut().enumerate() {
-            let (replica, usage) = send(gw.data_addr, &chat(g, q), &[], g + q).await;
+            let (replica, usage) = send(&gw, &chat(g, q), &[], g + q).await;
             home.insert(replica);
             prompt += usage["prompt_tokens"].as_u64().expect("prompt tokens");
             cached += usage["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached tokens");
@@ -108,7 +106,7 @@ async fn least_loaded_scatters_a_groups_requests_over_the_replicas() {
     let mut homes: Vec<std::collections::BTreeSet<String>> = vec![Default::default(); 6];
     for q in 0..5 {
         for (g, home) in homes.iter_mut().enumerate() {
-            home.insert(send(gw.data_addr, &chat(g, q), &[], g + q).await.0);
+            home.insert(send(&gw, &chat(g, q), &[], g + q).await.0);
         }
     }
     // The comparison the default is for: without the prompt, a group's
@@ -129,7 +127,7 @@ async fn a_session_hint_keeps_a_conversation_on_one_replica_whatever_its_text() 
             if how == "body" {
                 body[hint] = "conv-43".into();
             }
-            seen.insert(send(gw.data_addr, &body.to_string(), &headers, turn).await.0);
+            seen.insert(send(&gw, &body.to_string(), &headers, turn).await.0);
             // The lease goes back just after the client has the answer: wait
             // for it, or the home replica counts one request more than the others.
             assert_quiescent(&gw).await;
@@ -147,7 +145,7 @@ async fn three_gateways_send_the_same_prefix_to_the_same_replica() {
         // Each gateway routes the group's first request without having seen
         // it: they agree on its home.
         for (i, gw) in gws.iter().enumerate() {
-            seen.insert(send(gw.data_addr, &chat(100 + g, i), &[], i).await.0);
+            seen.insert(send(&gw, &chat(100 + g, i), &[], i).await.0);
         }
         assert_eq!(seen.len(), 1, "group {g}: {seen:?}");
     }

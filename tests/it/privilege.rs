@@ -26,7 +26,8 @@ fn keyed(mock: &Mock, pool: &[&str], sections: &str) -> String {
     )
 }
 
-async fn send(c: &TestClient, addr: std::net::SocketAddr, path: &str, body: &str, h: &[(&str, &str)]) -> (u16, http::HeaderMap, String) {
+async fn send(c: &TestClient, to: impl To, path: &str, body: &str, h: &[(&str, &str)]) -> (u16, http::HeaderMap, String) {
+    let addr = to.target().addr;
     let mut b = http::Request::post(format!("http://{addr}{path}")).header("content-type", "application/json");
     for (k, v) in h {
         b = b.header(*k, *v);
@@ -164,7 +165,7 @@ async fn a_key_limited_to_a_model_gets_403_on_another_and_lists_only_its_own() {
     }
     assert_eq!(m2.calls(), 2, "only the ops key's requests reached m2");
     let list = |key: &'static str| {
-        let addr = gw.data_addr;
+        let addr = gw.data();
         async move {
             let req = http::Request::get(format!("http://{addr}/v1/models"))
                 .header("authorization", format!("Bearer {key}"))
@@ -263,7 +264,7 @@ async fn the_access_log_has_a_line_per_request_with_its_fields_and_never_a_key_o
     let body = r#"{"model":"m1","messages":[{"role":"user","content":"BODY-SECRET-1"}],"max_tokens":4,"stream":true}"#;
     let unknown = r#"{"model":"MODEL-SECRET-2","messages":[{"role":"user","content":"BODY-SECRET-3"}]}"#;
     const N: usize = 1000;
-    let addr = gw.data_addr;
+    let addr = gw.data();
     let sent = tokio::time::Instant::now();
     let mut tasks = Vec::new();
     for w in 0..20 {
@@ -282,7 +283,7 @@ async fn the_access_log_has_a_line_per_request_with_its_fields_and_never_a_key_o
         t.await.expect("task");
     }
     let rate = N as f64 / sent.elapsed().as_secs_f64();
-    count_sent(gw.data_addr, N);
+    gw.count_sent(N);
     wait_until("a line per request", || {
         let log = log.clone();
         async move { lines(&log).len() >= N }
@@ -341,12 +342,12 @@ async fn the_access_log_file_is_reopened_on_reload_so_logrotate_works() {
     std::fs::write(&cfg, format!("{}telemetry:\n  access_log: {{ to: access.log }}\n", gateway_config(&[mock.url()]).yaml()))
         .expect("write");
     let gw = slogate::Gateway::start_file(&cfg).await.expect("start");
-    started(&gw);
+    let gw = started(gw);
     let admin = gw.admin_addr;
     wait_until("ready", || async move { get(admin, "/readyz").await.0 == 200 }).await;
     let log = dir.path().join("access.log");
     let rotated = dir.path().join("access.log.1");
-    post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     wait_until("the first line", || {
         let log = log.clone();
         async move { lines(&log).len() == 1 }
@@ -354,7 +355,7 @@ async fn the_access_log_file_is_reopened_on_reload_so_logrotate_works() {
     .await;
     std::fs::rename(&log, &rotated).expect("rotate");
     gw.reload().await.expect("reload");
-    post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     wait_until("the second line, in a new file", || {
         let log = log.clone();
         async move { lines(&log).len() == 1 }

@@ -27,7 +27,7 @@ async fn a_request_is_not_retried_once_the_replica_started_answering() {
     let (a, b) = (Mock::start(cut(gate.clone())).await, Mock::start(cut(gate.clone())).await);
     // Resuming off: a stream that broke is not continued elsewhere.
     let gw = gateway_config(&[a.url(), b.url()]).pool("resume: { max_attempts: 0 }").start().await;
-    let body = stream_until(gw.data_addr, "\"a\"").await;
+    let body = stream_until(&gw, "\"a\"").await;
     gate.open();
     let text = String::from_utf8_lossy(&body.collect().await.expect("the stream ends cleanly").to_bytes()).into_owned();
     assert!(
@@ -44,7 +44,7 @@ async fn a_replica_4xx_passes_through_as_client_error_and_is_not_retried() {
     let bad = || Script::json(400, r#"{"object":"error","message":"max_tokens too large","code":400}"#).always();
     let (a, b) = (Mock::start(bad()).await, Mock::start(bad()).await);
     let gw = gateway_config(&[a.url(), b.url()]).start().await;
-    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, body) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 400);
     assert_eq!(&body[..], br#"{"object":"error","message":"max_tokens too large","code":400}"#, "passed through unchanged");
     assert_eq!(calls(&[&a, &b]), 1, "a 4xx is the request's fault: not retried");
@@ -65,7 +65,7 @@ async fn a_json_answer_cut_midway_is_an_upstream_error() {
     )
     .await;
     let gw = gateway_config(&[mock.url()]).start().await;
-    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[])).await.expect("response");
+    let resp = client().request(post_req(&gw, "/v1/chat/completions", &chat_body(false, false), &[])).await.expect("response");
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     let first = body.frame().await.expect("a frame").expect("the first bytes");
@@ -84,7 +84,7 @@ async fn the_total_timeout_ends_a_stream_that_keeps_flowing() {
     let mock = Mock::start(standard(200, Duration::from_millis(50))).await;
     let gw = gateway_config(&[mock.url()]).pool("timeouts: { total: 1s, idle: 30s, first_token: 30s }").start().await;
     let start = tokio::time::Instant::now();
-    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, body) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     let took = start.elapsed();
     assert_eq!(status, 200);
     let text = String::from_utf8_lossy(&body);
@@ -106,8 +106,8 @@ async fn the_reserved_share_keeps_a_slot_for_interactive_while_batch_waits() {
         .section("tiers:\n  interactive: { reserved_share: 0.5 }")
         .start()
         .await;
-    let batch = mock.hold_slot_as(gw.data_addr, &[("x-slo-class", "batch")]).await;
-    let addr = gw.data_addr;
+    let batch = mock.hold_slot_as(&gw, &[("x-slo-class", "batch")]).await;
+    let addr = gw.data();
     let second_batch =
         tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(false, false), &[("x-slo-class", "batch")]).await });
     wait_until("the second batch request waits although a slot is free", || async {
@@ -116,7 +116,7 @@ async fn the_reserved_share_keeps_a_slot_for_interactive_while_batch_waits() {
     .await;
     assert_eq!(metric(&metrics_text(&gw).await, "slogate_inflight_requests", &[]), Some(1.0), "one slot is free");
     // Interactive gets the reserved slot at once.
-    let (s, h, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    let (s, h, _) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     assert_eq!(s, 200);
     assert_eq!(header(&h, "x-slogate-queue-ms"), Some("0"), "interactive did not wait");
     assert!(!second_batch.is_finished(), "batch still waits for its share");
@@ -129,8 +129,8 @@ async fn the_reserved_share_keeps_a_slot_for_interactive_while_batch_waits() {
 async fn shutdown_returns_when_the_grace_expires_with_requests_still_queued() {
     let mock = Mock::start(standard(1, Duration::ZERO)).await;
     let gw = gateway_config(&[mock.url()]).server("shutdown_grace: 500ms").pool("max_inflight_per_replica: 1").start().await;
-    let held = mock.hold_slot(gw.data_addr).await;
-    let addr = gw.data_addr;
+    let held = mock.hold_slot(&gw).await;
+    let addr = gw.data();
     let queued = tokio::spawn(async move { client().request(post_req(addr, "/v1/chat/completions", &chat_body(false, false), &[])).await });
     wait_until("queued", || async { metric(&metrics_text(&gw).await, "slogate_queue_depth", &[("tier", "interactive")]) == Some(1.0) })
         .await;
@@ -142,7 +142,7 @@ async fn shutdown_returns_when_the_grace_expires_with_requests_still_queued() {
         took >= Duration::from_millis(500) && took < Duration::from_secs(10),
         "returned after {took:?}: not when the 500 ms grace expired"
     );
-    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "no longer accepting");
+    assert!(tokio::net::TcpStream::connect(addr.addr).await.is_err(), "no longer accepting");
     // Nothing was counted twice or lost on the way down.
     held.hang_up();
     queued.abort();

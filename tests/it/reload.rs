@@ -17,7 +17,7 @@ fn config(replicas: &[String]) -> String {
 }
 
 /// POST /-/reload once.
-async fn post_reload(gw: &slogate::Gateway) -> (u16, String) {
+async fn post_reload(gw: &Gw) -> (u16, String) {
     let req = hyper::Request::post(format!("http://{}/-/reload", gw.admin_addr))
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .expect("request");
@@ -29,7 +29,7 @@ async fn post_reload(gw: &slogate::Gateway) -> (u16, String) {
 
 /// POST /-/reload as an operator's script would: again while it answers
 /// 429 (reloads are rate-limited), until it answers otherwise.
-async fn reload(gw: &slogate::Gateway) -> (u16, String) {
+async fn reload(gw: &Gw) -> (u16, String) {
     let answer = Mutex::new((0, String::new()));
     wait_until("a reload that is not rate-limited", || async {
         let a = post_reload(gw).await;
@@ -70,7 +70,7 @@ impl InFlight {
 }
 
 /// One client: streams until `stop`; returns (requests, failures with why).
-async fn client_loop(addr: std::net::SocketAddr, stop: Arc<AtomicBool>, inflight: Arc<InFlight>) -> (u32, Vec<String>) {
+async fn client_loop(addr: Target, stop: Arc<AtomicBool>, inflight: Arc<InFlight>) -> (u32, Vec<String>) {
     let mut n = 0;
     let mut failures = Vec::new();
     while !stop.load(Ordering::Relaxed) {
@@ -99,15 +99,15 @@ type Clients = Vec<tokio::task::JoinHandle<(u32, Vec<String>)>>;
 
 /// A gateway started from `yaml` written at `path`, ready, with six
 /// streaming clients running until `stop`.
-async fn start_with_clients(path: &std::path::Path, yaml: &str) -> (slogate::Gateway, Arc<AtomicBool>, Arc<InFlight>, Clients) {
+async fn start_with_clients(path: &std::path::Path, yaml: &str) -> (Gw, Arc<AtomicBool>, Arc<InFlight>, Clients) {
     std::fs::write(path, yaml).expect("write");
     let gw = slogate::Gateway::start_file(path).await.expect("gateway");
-    started(&gw);
+    let gw = started(gw);
     let admin = gw.admin_addr;
     wait_until("ready", || async { get(admin, "/readyz").await.0 == 200 }).await;
     let stop = Arc::new(AtomicBool::new(false));
     let inflight = Arc::new(InFlight::default());
-    let clients = (0..6).map(|_| tokio::spawn(client_loop(gw.data_addr, stop.clone(), inflight.clone()))).collect();
+    let clients = (0..6).map(|_| tokio::spawn(client_loop(gw.data(), stop.clone(), inflight.clone()))).collect();
     (gw, stop, inflight, clients)
 }
 
@@ -242,11 +242,12 @@ async fn a_reload_adds_classes_and_changes_targets_with_buckets_at_them() {
     };
     std::fs::write(&path, classes("")).expect("write");
     let gw = slogate::Gateway::start_file(&path).await.expect("gateway");
-    started(&gw);
+    let gw = started(gw);
     let admin = gw.admin_addr;
     wait_until("ready", || async { get(admin, "/readyz").await.0 == 200 }).await;
+    let data = gw.data();
     let chat = |class: &'static str| async move {
-        let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", class)]).await;
+        let (status, _, body) = post(data, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", class)]).await;
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     };
     let ttft_bucket =
@@ -287,7 +288,7 @@ async fn reloads_past_the_burst_are_refused_with_retry_after() {
     let path = tmp.path().join("slogate.yaml");
     std::fs::write(&path, config(&[a.url()])).expect("write");
     let gw = slogate::Gateway::start_file(&path).await.expect("gateway");
-    started(&gw);
+    let gw = started(gw);
     let admin = gw.admin_addr;
     wait_until("ready", || async { get(admin, "/readyz").await.0 == 200 }).await;
     let mut refused = None;
@@ -311,7 +312,7 @@ async fn reloads_past_the_burst_are_refused_with_retry_after() {
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_config_reloads_total", &[]), Some(after as f64), "a refused reload changed nothing");
     assert_eq!(metric(&m, "slogate_config_reload_failures_total", &[]), Some(0.0));
-    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 200);
     assert_quiescent(&gw).await;
 }

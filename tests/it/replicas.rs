@@ -75,16 +75,14 @@ impl Pki {
 }
 
 /// Start a gateway that may never become ready (its replica fails its checks).
-async fn start_unready(yaml: &str) -> Gateway {
+async fn start_unready(yaml: &str) -> Gw {
     let cfg = Config::parse(yaml).unwrap_or_else(|e| panic!("test config invalid:\n{e}\n---\n{yaml}"));
-    let gw = Gateway::start(cfg).await.expect("gateway starts");
-    started(&gw);
-    gw
+    started(Gateway::start(cfg).await.expect("gateway starts"))
 }
 
 /// The `/slo` entry of the pool's only replica once its health is known
 /// to be `healthy`.
-async fn replica_status(gw: &Gateway, healthy: bool) -> serde_json::Value {
+async fn replica_status(gw: &Gw, healthy: bool) -> serde_json::Value {
     let admin = gw.admin_addr;
     let entry = || async move {
         let (_, body) = get(admin, "/slo.json").await;
@@ -99,8 +97,8 @@ async fn replica_status(gw: &Gateway, healthy: bool) -> serde_json::Value {
     entry().await
 }
 
-async fn chat_through(c: &TestClient, gw: &Gateway) -> (u16, String) {
-    let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+async fn chat_through(c: &TestClient, gw: &Gw) -> (u16, String) {
+    let resp = c.request(post_req(gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
@@ -159,7 +157,7 @@ async fn an_https_replica_whose_certificate_is_not_trusted_is_unhealthy_with_the
     let r = replica_status(&gw, false).await;
     let reason = r["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("TLS with 127.0.0.1") && reason.contains("UnknownIssuer"), "{reason}");
-    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 503);
     assert_eq!(mock.calls(), 0, "nothing reached the replica");
 
@@ -211,7 +209,7 @@ async fn a_pools_api_key_authenticates_requests_health_checks_and_scrapes_and_re
     let gw = gateway_config(&[mock.url()]).pool("api_key_env: SLOGATE_TEST_REPLICA_KEY").pool("scrape_metrics: 100ms").start().await;
 
     for (proto, c) in clients() {
-        let req = post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("authorization", "Bearer caller-key")]);
+        let req = post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[("authorization", "Bearer caller-key")]);
         let resp = c.request(req).await.expect("response");
         assert_eq!(resp.status(), 200, "{proto}");
         let body = resp.into_body().collect().await.expect("body").to_bytes();
@@ -253,7 +251,7 @@ async fn a_wrong_api_key_shows_the_replica_unhealthy_with_the_reason() {
         r["reason"].as_str().unwrap_or_default(),
         "/v1/models answered 401 Unauthorized: the replica refused the key in SLOGATE_TEST_WRONG_REPLICA_KEY"
     );
-    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, body) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
     assert_eq!(mock.calls(), 0);
     let (_, slo) = get(gw.admin_addr, "/slo").await;
@@ -325,7 +323,7 @@ async fn padded_replica(pad: usize) -> String {
 async fn a_stream_response_head_must_fit_in_four_kib() {
     let fits = padded_replica(3000).await;
     let gw = gateway_config(&[fits]).start().await;
-    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (s, h, b) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
     assert_eq!(header(&h, "x-pad").map(str::len), Some(3000), "the replica's header passes");
     assert!(String::from_utf8_lossy(&b).contains("\"hi\""));
@@ -333,11 +331,11 @@ async fn a_stream_response_head_must_fit_in_four_kib() {
 
     let too_large = padded_replica(5000).await;
     let gw = gateway_config(&[too_large]).start().await;
-    let (s, _, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (s, _, b) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(s, 502, "{}", String::from_utf8_lossy(&b));
     assert!(!error_code(&b).is_empty(), "an OpenAI error body: {}", String::from_utf8_lossy(&b));
     assert_quiescent(&gw).await;
-    let (s, h, b) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    let (s, h, b) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     assert_eq!(s, 200, "a whole answer: {}", String::from_utf8_lossy(&b));
     assert_eq!(header(&h, "x-pad").map(str::len), Some(5000));
     assert_quiescent(&gw).await;
@@ -351,13 +349,12 @@ async fn a_stream_response_head_must_fit_in_four_kib() {
 async fn a_replicas_time_to_first_token_is_predicted_and_judged() {
     let mock = Mock::start(standard(3, Duration::from_millis(2))).await;
     let gw = gateway_config(&[mock.url()]).start().await;
-    started(&gw);
     let replica = mock.url();
     let count = |m: &str| metric(m, "slogate_first_token_prediction_error_seconds_count", &[("replica", &replica)]);
     for i in 0..8 {
         let (proto, c) = &clients()[i % 2];
         let body = chat_body(true, false).replace("hello", &format!("hello {i}"));
-        let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", &body, &[])).await.expect("response");
+        let resp = c.request(post_req(&gw, "/v1/chat/completions", &body, &[])).await.expect("response");
         assert_eq!(resp.status(), 200, "{proto}");
         resp.into_body().collect().await.expect("body");
         let m = metrics_text(&gw).await;
@@ -388,7 +385,7 @@ async fn the_load_scrape_rests_while_the_replica_gets_nothing_and_a_request_wake
     // that began at the last scrape would end 3.5 s from now.
     let woken = tokio::time::Instant::now();
     let before = scrapes();
-    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 200);
     wait_until("a scrape after the request", || async { scrapes() > before }).await;
     assert!(woken.elapsed() < Duration::from_secs(2), "the request did not wake the scrape: {:?}", woken.elapsed());

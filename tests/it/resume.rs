@@ -136,7 +136,7 @@ async fn a_stream_that_breaks_is_continued_on_the_other_replica_as_one_answer() 
             let script = breaks_then_continues(how, gate.clone());
             let (a, b) = (Mock::start(script.clone()).await, Mock::start(script).await);
             let gw = gateway_config(&[a.url(), b.url()]).pool("timeouts: { idle: 400ms }").start().await;
-            let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, usage), &[])).await.expect("POST");
+            let resp = client.request(post_req(&gw, "/v1/chat/completions", &chat_body(true, usage), &[])).await.expect("POST");
             assert_eq!(resp.status(), 200, "{what}");
             let mut body = resp.into_body();
             let mut seen = read_until(&mut body, "\"lo\"").await;
@@ -172,7 +172,7 @@ async fn a_stream_that_cannot_be_continued_exactly_is_cut_as_before() {
         let (a, b) = (Mock::start(script.clone()).await, Mock::start(script).await);
         let gw = gateway_config(&[a.url(), b.url()]).start().await;
         let body = chat_body(true, false).replace("\"stream\":true", "\"stream\":true,\"n\":2");
-        let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &body, &[])).await.expect("POST");
+        let resp = client.request(post_req(&gw, "/v1/chat/completions", &body, &[])).await.expect("POST");
         let mut body = resp.into_body();
         let mut seen = read_until(&mut body, "\"lo\"").await;
         gate.open();
@@ -208,11 +208,11 @@ fn cut_after_finish(tail: Vec<Step>, gate: &Gate) -> ScriptFn {
 /// stream after its finish (then `tail`); what the client read, the
 /// gateway, and how many requests the replicas got (the replicas kept
 /// running beside it).
-async fn through_cut_after_finish(client: &TestClient, body: &str, tail: Vec<Step>) -> (String, slogate::Gateway, usize, [Mock; 2]) {
+async fn through_cut_after_finish(client: &TestClient, body: &str, tail: Vec<Step>) -> (String, Gw, usize, [Mock; 2]) {
     let gate = Gate::default();
     let (a, b) = (Mock::start(cut_after_finish(tail.clone(), &gate)).await, Mock::start(cut_after_finish(tail, &gate)).await);
     let gw = gateway_config(&[a.url(), b.url()]).start().await;
-    let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", body, &[])).await.expect("POST");
+    let resp = client.request(post_req(&gw, "/v1/chat/completions", body, &[])).await.expect("POST");
     let mut body = resp.into_body();
     let mut seen = read_until(&mut body, "\"stop\"").await;
     gate.open();
@@ -291,7 +291,7 @@ async fn an_error_event_past_the_last_attempt_reaches_the_client_and_is_counted_
         };
         let (a, b) = (Mock::start(steps.clone()).await, Mock::start(steps).await);
         let gw = gateway_config(&[a.url(), b.url()]).start().await;
-        let resp = client.request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
+        let resp = client.request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("POST");
         let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("the stream ends").to_bytes()).into_owned();
         assert!(text.contains("engine died"), "{proto}: the second error event reaches the client: {text}");
         assert_eq!(a.calls() + b.calls(), 2, "{proto}: the request and one continuation");

@@ -85,7 +85,7 @@ async fn a_messages_stream_that_breaks_goes_on_through_the_chat_api_as_one_messa
             let script = breaks_then_continues(how, gate.clone(), "Hel");
             let (a, b) = (Mock::start(script.clone()).await, Mock::start(script).await);
             let gw = gateway_config(&[a.url(), b.url()]).start().await;
-            let resp = client.request(post_req(gw.data_addr, "/v1/messages", BODY, &[])).await.expect("POST");
+            let resp = client.request(post_req(&gw, "/v1/messages", BODY, &[])).await.expect("POST");
             assert_eq!(resp.status(), 200, "{what}");
             let mut body = resp.into_body();
             let mut seen = Vec::new();
@@ -144,7 +144,7 @@ async fn a_messages_stream_that_may_call_tools_is_cut() {
         let (a, b) = (Mock::start(script.clone()).await, Mock::start(script).await);
         let gw = gateway_config(&[a.url(), b.url()]).start().await;
         let body = BODY.replace("\"system\"", r#""tools":[{"name":"f","input_schema":{"type":"object"}}],"system""#);
-        let resp = client.request(post_req(gw.data_addr, "/v1/messages", &body, &[])).await.expect("POST");
+        let resp = client.request(post_req(&gw, "/v1/messages", &body, &[])).await.expect("POST");
         gate.open();
         let text = String::from_utf8_lossy(&resp.into_body().collect().await.expect("the stream ends").to_bytes()).into_owned();
         assert!(text.ends_with("\n\n") && text.contains("event: error\n"), "{proto}: cut with an error event: {text}");
@@ -175,6 +175,6 @@ print("read:", repr(text), m.id, m.stop_reason, m.usage.output_tokens, len(m.con
     let out = crate::agents::anthropic_sdk(&gw, code).await;
     assert!(out.contains("read: 'Hello world' msg_a end_turn 4 1"), "{out}");
     assert_eq!(a.calls() + b.calls(), 2);
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     assert_quiescent(&gw).await;
 }

@@ -15,7 +15,7 @@ async fn streaming_bytes_are_identical_through_gateway_and_direct() {
     for usage in [false, true] {
         let body = chat_body(true, usage);
         let (s1, _, direct) = post(mock.addr, "/v1/chat/completions", &body, &[]).await;
-        let (s2, headers, via) = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+        let (s2, headers, via) = post(&gw, "/v1/chat/completions", &body, &[]).await;
         assert_eq!((s1, s2), (200, 200));
         assert_eq!(String::from_utf8_lossy(&via), String::from_utf8_lossy(&direct), "usage asked: {usage}");
         assert_eq!(direct.windows(7).any(|w| w == b"\"usage\""), usage, "the mock sends usage only when asked");
@@ -45,7 +45,7 @@ async fn ttft_is_stamped_at_first_content_not_at_role_chunk_or_keepalive() {
     }))
     .await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 200);
     let m = metrics_text(&gw).await;
     let count = metric(&m, "slogate_time_to_first_token_seconds_count", &[("class", "chat")]);
@@ -67,7 +67,7 @@ async fn ttft_is_stamped_at_first_content_not_at_role_chunk_or_keepalive() {
 async fn inter_token_gaps_are_measured_as_delivered() {
     let mock = Mock::start(standard(4, Duration::from_millis(120))).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", "batch")]).await;
+    let (status, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[("x-slo-class", "batch")]).await;
     assert_eq!(status, 200);
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[("class", "batch")]), Some(3.0));
@@ -97,7 +97,7 @@ async fn events_split_into_single_bytes_are_forwarded_and_measured() {
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
     let body = chat_body(true, false);
     let (_, _, direct) = post(mock.addr, "/v1/chat/completions", &body, &[]).await;
-    let (status, _, via) = post(gw.data_addr, "/v1/chat/completions", &body, &[]).await;
+    let (status, _, via) = post(&gw, "/v1/chat/completions", &body, &[]).await;
     assert_eq!(status, 200);
     assert_eq!(via, direct);
     let m = metrics_text(&gw).await;
@@ -111,8 +111,8 @@ async fn events_split_into_single_bytes_are_forwarded_and_measured() {
 async fn usage_is_stripped_when_not_asked_and_kept_when_asked() {
     let mock = Mock::start(standard(3, Duration::ZERO)).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-    let (_, _, without) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
-    let (_, _, with) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, true), &[]).await;
+    let (_, _, without) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (_, _, with) = post(&gw, "/v1/chat/completions", &chat_body(true, true), &[]).await;
     let has_usage = |b: &Bytes| String::from_utf8_lossy(b).contains("\"usage\"");
     assert!(!has_usage(&without));
     assert!(has_usage(&with));
@@ -127,7 +127,7 @@ async fn usage_is_stripped_when_not_asked_and_kept_when_asked() {
 async fn finish_reason_length_is_counted_as_length() {
     let mock = Mock::start(script(|req| vllm_stream(req, 2, Duration::ZERO, "length"))).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-    post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_requests_total", &[("outcome", "length")]), Some(1.0));
     // The client's own max_tokens ended it: a good event, no breach; the
@@ -152,7 +152,7 @@ async fn mid_stream_error_event_is_a_stream_error() {
     )
     .await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, body) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 200, "an HTTP 200 stream can still fail");
     assert!(String::from_utf8_lossy(&body).contains("engine died"), "the error event reaches the client");
     assert_eq!(requests_with_outcome(&gw, "stream_error").await, 1.0);
@@ -172,7 +172,7 @@ async fn stream_cut_before_done_is_a_stream_error() {
         )
         .await;
         let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-        let body = stream_until(gw.data_addr, "\"a\"").await;
+        let body = stream_until(&gw, "\"a\"").await;
         gate.open();
         let text = String::from_utf8_lossy(&body.collect().await.expect("the stream ends cleanly").to_bytes()).into_owned();
         // An upstream connection cut ends with an error event, as OpenAI's
@@ -190,7 +190,7 @@ async fn upstream_5xx_passes_through_and_counts_as_upstream_error() {
     let mock =
         Mock::start(Script::json(500, r#"{"object":"error","message":"boom","type":"InternalServerError","code":500}"#).always()).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, body) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 500);
     assert_eq!(&body[..], br#"{"object":"error","message":"boom","type":"InternalServerError","code":500}"#, "passed through unchanged");
     assert_eq!(requests_with_outcome(&gw, "upstream_error").await, 1.0);
@@ -202,7 +202,7 @@ async fn client_disconnect_cancels_upstream_and_frees_slot() {
     let mock = Mock::start(standard(500, Duration::from_millis(20))).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "    max_inflight_per_replica: 1\n")).await;
     // Read until the first content token has arrived, then hang up.
-    let body = stream_until(gw.data_addr, "t0").await;
+    let body = stream_until(&gw, "t0").await;
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_inflight_requests", &[]), Some(1.0), "slot held while streaming");
     drop(body);
@@ -212,7 +212,7 @@ async fn client_disconnect_cancels_upstream_and_frees_slot() {
     assert_eq!(mock.state.completed.load(Ordering::SeqCst), 0, "the replica did not finish generating");
     // The freed slot is usable again.
     mock.set_script(standard(1, Duration::ZERO));
-    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, _) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 200);
     assert_quiescent(&gw).await;
 }
@@ -229,7 +229,7 @@ async fn busy_polling_lasts_while_streams_are_in_flight() {
 
     // A stream: in flight past its headers, polled for, released at its end.
     mock.set_script(standard(5, Duration::from_millis(200)));
-    let resp = client().request(post_req(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+    let resp = client().request(post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
     assert_eq!(resp.status(), 200);
     assert_eq!(busy.active(), 1, "in flight after the headers");
     let spins = busy.spins();
@@ -240,7 +240,7 @@ async fn busy_polling_lasts_while_streams_are_in_flight() {
 
     // A client that hangs up releases it too.
     mock.set_script(standard(500, Duration::from_millis(20)));
-    let body = stream_until(gw.data_addr, "t0").await;
+    let body = stream_until(&gw, "t0").await;
     assert_eq!(busy.active(), 1);
     assert_eq!(busy.asleep(), 0, "polling while the stream is open");
     drop(body);
@@ -248,7 +248,7 @@ async fn busy_polling_lasts_while_streams_are_in_flight() {
     assert_eq!(requests_with_outcome(&gw, "cancelled").await, 1.0);
 
     // A request the gateway refuses (unknown model) holds nothing afterwards.
-    let (status, _, _) = post(gw.data_addr, "/v1/chat/completions", r#"{"model":"nope","messages":[],"stream":true}"#, &[]).await;
+    let (status, _, _) = post(&gw, "/v1/chat/completions", r#"{"model":"nope","messages":[],"stream":true}"#, &[]).await;
     assert_eq!(status, 404);
     assert_eq!(busy.active(), 0);
     assert_quiescent(&gw).await;
@@ -258,11 +258,11 @@ async fn busy_polling_lasts_while_streams_are_in_flight() {
 async fn slot_is_held_until_the_stream_ends_not_the_headers() {
     let mock = Mock::start(standard(3, Duration::ZERO)).await;
     let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").start().await;
-    let first = mock.hold_slot(gw.data_addr).await;
+    let first = mock.hold_slot(&gw).await;
     // Headers are here, the stream is not over (the replica waits at its
     // gate): the only slot is still taken, so a second request waits in the
     // queue and reaches no replica.
-    let addr = gw.data_addr;
+    let addr = gw.data();
     let second = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(true, false), &[]).await });
     wait_until("second request queued", || async {
         metric(&metrics_text(&gw).await, "slogate_queue_depth", &[("tier", "interactive")]) == Some(1.0)
@@ -293,7 +293,7 @@ async fn idle_gap_past_the_limit_ends_the_stream_as_timeout() {
     )
     .await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "    timeouts: { idle: 300ms }\n")).await;
-    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(true, false), &[]).await;
+    let (status, _, body) = post(&gw, "/v1/chat/completions", &chat_body(true, false), &[]).await;
     assert_eq!(status, 200);
     let text = String::from_utf8_lossy(&body);
     assert!(text.contains("\"code\":504") && text.ends_with("data: [DONE]\n\n"), "{text}");
@@ -306,7 +306,7 @@ async fn idle_gap_past_the_limit_ends_the_stream_as_timeout() {
 async fn non_streaming_records_e2e_and_tokens() {
     let mock = Mock::start(standard(0, Duration::ZERO)).await;
     let gw = start_gateway(&config_yaml(&[mock.url()], "")).await;
-    let (status, _, body) = post(gw.data_addr, "/v1/chat/completions", &chat_body(false, false), &[]).await;
+    let (status, _, body) = post(&gw, "/v1/chat/completions", &chat_body(false, false), &[]).await;
     assert_eq!(status, 200);
     let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
     assert_eq!(v["choices"][0]["message"]["content"], "hello");

@@ -20,9 +20,9 @@ fn bearer(secret: &str) -> (&'static str, String) {
     ("authorization", format!("Bearer {secret}"))
 }
 
-async fn chat_as(c: &TestClient, gw: &slogate::Gateway, secret: &str, body: &str) -> (u16, http::HeaderMap, String) {
+async fn chat_as(c: &TestClient, gw: &Gw, secret: &str, body: &str) -> (u16, http::HeaderMap, String) {
     let (k, v) = bearer(secret);
-    let resp = c.request(post_req(gw.data_addr, "/v1/chat/completions", body, &[(k, &v)])).await.expect("response");
+    let resp = c.request(post_req(gw, "/v1/chat/completions", body, &[(k, &v)])).await.expect("response");
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
@@ -135,7 +135,7 @@ async fn max_concurrent_holds_until_a_stream_ends_and_a_refused_request_costs_th
         );
         let gw = start_gateway(&yaml).await;
         let (k, v) = bearer("sk-one");
-        let held = mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await;
+        let held = mock.hold_slot_as(&gw, &[(k, &v)]).await;
         let (s, h, b) = chat_as(&c, &gw, "sk-one", &chat_body(true, false)).await;
         assert_eq!(s, 429, "{proto}: {b}");
         assert_eq!(header(&h, "retry-after"), Some("1"), "{proto}");
@@ -166,9 +166,9 @@ async fn a_request_the_gateway_refuses_after_the_keys_limits_gives_its_quota_bac
     );
     let gw = start_gateway(&yaml).await;
     let (k, v) = bearer("sk-k");
-    let held = mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await;
+    let held = mock.hold_slot_as(&gw, &[(k, &v)]).await;
     // One waits for the slot; the queue holds one: the next is refused by the gateway.
-    let (gw_addr, auth) = (gw.data_addr, v.clone());
+    let (gw_addr, auth) = (gw.data(), v.clone());
     let waiting = tokio::spawn(async move {
         client()
             .request(post_req(gw_addr, "/v1/chat/completions", &chat_body(false, false), &[("authorization", &auth)]))
@@ -219,11 +219,11 @@ async fn a_light_key_does_not_wait_behind_a_heavy_keys_queue() {
         );
         let gw = start_gateway(&yaml).await;
         let (k, v) = bearer("sk-bulk");
-        let held = mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await;
+        let held = mock.hold_slot_as(&gw, &[(k, &v)]).await;
         // Six from bulk queue first (bulk holds the one slot).
         let ask = |who: &str| format!(r#"{{"model":"m1","messages":[{{"role":"user","content":"{who}"}}],"max_tokens":10}}"#);
         let send = |secret: &str, who: &str| {
-            let (c, gw_addr, body, secret) = (c.clone(), gw.data_addr, ask(who), secret.to_string());
+            let (c, gw_addr, body, secret) = (c.clone(), gw.data(), ask(who), secret.to_string());
             tokio::spawn(async move {
                 let (k, v) = bearer(&secret);
                 let resp = c.request(post_req(gw_addr, "/v1/chat/completions", &body, &[(k, &v)])).await.expect("response");
@@ -269,14 +269,14 @@ async fn keys_in_a_keys_file_work_and_a_key_removed_at_reload_stops_at_once_whil
     )
     .expect("write");
     let gw = slogate::Gateway::start_file(&config).await.expect("starts");
-    started(&gw);
+    let gw = started(gw);
     let admin = gw.admin_addr;
     wait_until("ready", || async move { get(admin, "/readyz").await.0 == 200 }).await;
     for secret in ["sk-inline", "sk-filed", "sk-leaving"] {
         assert_eq!(chat_as(&client(), &gw, secret, &chat_body(false, false)).await.0, 200, "{secret}");
     }
     let (k, v) = bearer("sk-leaving");
-    let held = mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await;
+    let held = mock.hold_slot_as(&gw, &[(k, &v)]).await;
     std::fs::write(&keys, one("filed", "sk-filed")).expect("write");
     let req = hyper::Request::post(format!("http://{}/-/reload", gw.admin_addr))
         .body(http_body_util::Full::new(bytes::Bytes::new()))
@@ -385,7 +385,7 @@ async fn the_openai_sdk_reads_the_headers_backs_off_on_429_and_gets_through() {
     assert!(out.status.success(), "OpenAI SDK:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("retried and got through"), "{stdout}");
     // The SDK's requests: a stream, a request refused once and retried, and two from `tight`.
-    count_sent(gw.data_addr, 5);
+    gw.count_sent(5);
     let m = metrics_text(&gw).await;
     assert_eq!(
         metric(&m, "slogate_tenant_limited_requests_total", &[("tenant", "sdk"), ("kind", "concurrent")]),
@@ -443,7 +443,7 @@ async fn a_tenant_under_its_fair_part_goes_first_in_the_replicas_own_queue() {
         );
         let gw = start_gateway(&yaml).await;
         let (k, v) = bearer("sk-heavy");
-        let held = [mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await, mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await];
+        let held = [mock.hold_slot_as(&gw, &[(k, &v)]).await, mock.hold_slot_as(&gw, &[(k, &v)]).await];
         let before = mock.state.bodies.lock().expect("bodies").len();
         // Light holds nothing of the 4 slots, its part is 2: ahead of heavy's requests at the replica.
         let (s, _, b) = chat_as(&c, &gw, "sk-light", &chat_body(false, false)).await;
@@ -476,10 +476,10 @@ async fn a_key_over_its_share_is_refused_first_with_its_own_code() {
         );
         let gw = start_gateway(&yaml).await;
         let (k, v) = bearer("sk-bulk");
-        let bulk_stream = mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await;
+        let bulk_stream = mock.hold_slot_as(&gw, &[(k, &v)]).await;
         // Small holds nothing, under its part: it takes the seat above the slot, and its stream runs.
         let (k, v) = bearer("sk-small");
-        let small_stream = mock.hold_slot_as(gw.data_addr, &[(k, &v)]).await;
+        let small_stream = mock.hold_slot_as(&gw, &[(k, &v)]).await;
         // Bulk holds the one slot, its whole part and more, while small runs: its next request is refused
         // once it can no longer make chat's 300 ms TTFT target, not after the 2 s queue timeout.
         let started = tokio::time::Instant::now();

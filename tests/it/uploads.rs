@@ -38,9 +38,10 @@ fn piecewise() -> (Body, mpsc::UnboundedSender<Bytes>) {
 
 /// A transcription request whose form is sent in pieces of `piece` bytes
 /// with no declared length (chunked over HTTP/1.1), counted as sent.
-fn chunked_form(addr: std::net::SocketAddr, content_type: &str, form: &[u8], piece: usize) -> http::Request<Body> {
+fn chunked_form(to: Target, content_type: &str, form: &[u8], piece: usize) -> http::Request<Body> {
     let (body, pieces) = piecewise();
-    count_sent(addr, 1);
+    let addr = to.addr;
+    to.count_sent(1);
     for p in form.chunks(piece) {
         pieces.send(Bytes::copy_from_slice(p)).expect("send");
     }
@@ -166,7 +167,7 @@ async fn an_upload_that_declares_its_length_reaches_the_replica_as_it_arrives() 
             .header("content-length", form.len())
             .body(body)
             .expect("request");
-        count_sent(gw.data_addr, 1);
+        gw.count_sent(1);
         let answer = tokio::spawn(async move { client.request(req).await });
         pieces.send(Bytes::copy_from_slice(&form[..half])).expect("send");
         replica_has(&mut progress, half, &format!("{proto}: the replica got the first half before the client sent the rest")).await;
@@ -194,7 +195,7 @@ async fn a_chunked_form_is_read_whole_and_a_broken_off_upload_is_the_clients_fai
     let gw = start_gateway(&gateway_config(&[format!("http://{}", replica.addr)]).yaml()).await;
     let (ct, form) = transcription_form(Some("m1"), false, &[7u8; 100 * 1024]);
     let (_, client) = upload_clients().into_iter().next().expect("HTTP/1.1");
-    let req = chunked_form(gw.data_addr, &ct, &form, 30_000);
+    let req = chunked_form(gw.data(), &ct, &form, 30_000);
     let resp = client.request(req).await.expect("response");
     assert_eq!(resp.status(), 200);
     assert!(replica.bodies.lock().expect("lock").last().is_some_and(|b| *b == form), "the form as sent");
@@ -202,7 +203,7 @@ async fn a_chunked_form_is_read_whole_and_a_broken_off_upload_is_the_clients_fai
     // Declares the whole form, sends half, then goes away.
     let raw = format!("POST /v1/audio/transcriptions HTTP/1.1\r\nhost: x\r\ncontent-type: {ct}\r\ncontent-length: {}\r\n\r\n", form.len());
     let mut s = tokio::net::TcpStream::connect(gw.data_addr).await.expect("connect");
-    count_sent(gw.data_addr, 1);
+    gw.count_sent(1);
     s.write_all(raw.as_bytes()).await.expect("head");
     s.write_all(&form[..form.len() / 2]).await.expect("half");
     replica_has(&mut progress, 1, "the upload went on as it arrived").await;
@@ -222,7 +223,7 @@ async fn a_form_of_undeclared_length_over_the_limit_is_refused() {
     let gw = gateway_config(&[format!("http://{}", replica.addr)]).server("max_upload_body: 64KiB").start().await;
     for (proto, client) in upload_clients() {
         let (ct, form) = transcription_form(Some("m1"), false, &[7u8; 70 * 1024]);
-        let req = chunked_form(gw.data_addr, &ct, &form, 16 * 1024);
+        let req = chunked_form(gw.data(), &ct, &form, 16 * 1024);
         let resp = client.request(req).await.expect("response");
         assert_eq!(resp.status(), 413, "{proto}: over max_upload_body");
     }
@@ -257,7 +258,7 @@ async fn a_form_with_its_model_after_a_long_file_is_read_whole_and_routed() {
             .header("content-length", form.len())
             .body(http_body_util::Full::new(Bytes::from(form.clone())).map_err(|never| match never {}).boxed())
             .expect("request");
-        count_sent(gw.data_addr, 1);
+        gw.count_sent(1);
         let resp = client.request(req).await.expect("response");
         assert_eq!(resp.status(), 200, "{proto}");
         let got = replica.bodies.lock().expect("lock").last().cloned().expect("a body");
@@ -314,7 +315,7 @@ async fn an_upload_the_replica_answers_early_gets_the_replicas_answer() {
                 .header("content-length", form.len())
                 .body(http_body_util::Full::new(Bytes::from(form.clone())).boxed())
                 .expect("request");
-            count_sent(gw.data_addr, 1);
+            gw.count_sent(1);
             // Bounded: an answer that never comes fails here rather than hangs the suite.
             let answered = tokio::time::timeout(Duration::from_secs(30), async {
                 let resp = client.request(req).await.expect("response");

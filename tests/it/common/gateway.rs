@@ -2,7 +2,8 @@
 //! for a condition, and clients over HTTP/1.1 and HTTP/2.
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -81,7 +82,7 @@ impl ConfigBuilder {
         y
     }
 
-    pub async fn start(&self) -> Gateway {
+    pub async fn start(&self) -> Gw {
         start_gateway(&self.yaml()).await
     }
 }
@@ -94,10 +95,9 @@ pub fn config_yaml(replicas: &[String], pool_extra: &str) -> String {
     y
 }
 
-pub async fn start_gateway(yaml: &str) -> Gateway {
+pub async fn start_gateway(yaml: &str) -> Gw {
     let cfg = Config::parse(yaml).unwrap_or_else(|e| panic!("test config invalid:\n{e}\n---\n{yaml}"));
-    let gw = Gateway::start(cfg).await.expect("gateway starts");
-    started(&gw);
+    let gw = started(Gateway::start(cfg).await.expect("gateway starts"));
     let admin = gw.admin_addr;
     wait_until("gateway ready", || async move { get(admin, "/readyz").await.0 == 200 }).await;
     gw
@@ -121,8 +121,8 @@ where
 
 /// Start a streamed chat completion through `addr` and read it until `text`
 /// has arrived; the body is returned still open (drop it to hang up).
-pub async fn stream_until(addr: SocketAddr, text: &str) -> Incoming {
-    let resp = client().request(post_req(addr, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
+pub async fn stream_until(to: impl To, text: &str) -> Incoming {
+    let resp = client().request(post_req(to, "/v1/chat/completions", &chat_body(true, false), &[])).await.expect("response");
     let mut body = resp.into_body();
     let mut seen = Vec::new();
     while !String::from_utf8_lossy(&seen).contains(text) {
@@ -151,7 +151,8 @@ pub fn clients() -> [(&'static str, TestClient); 2] {
     [("HTTP/1.1", client()), ("HTTP/2", client_h2())]
 }
 
-pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+pub async fn get(to: impl To, path: &str) -> (u16, String) {
+    let addr = to.target().addr;
     let resp = client().get(format!("http://{addr}{path}").parse().expect("uri")).await.expect("GET");
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
@@ -159,14 +160,19 @@ pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 /// A GET request (never counted: the gateway counts inference requests).
-pub fn get_req(addr: SocketAddr, path: &str) -> Request<Full<Bytes>> {
+pub fn get_req(to: impl To, path: &str) -> Request<Full<Bytes>> {
+    let addr = to.target().addr;
     Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new())).expect("request")
 }
 
-pub fn post_req(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+/// A POST to `to`: a test gateway (`&gw`, or `gw.data()` to move into a
+/// task) counts it as sent; a plain address (a mock, Envoy) counts nothing.
+pub fn post_req(to: impl To, path: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let to = to.target();
+    let addr = to.addr;
     // The paths the gateway routes (others are 404/405 and never counted).
     if path.starts_with("/v1/") && path != "/v1/models" {
-        count_sent(addr, 1);
+        to.count_sent(1);
     }
     let mut b = Request::post(format!("http://{addr}{path}")).header("content-type", "application/json");
     for (k, v) in headers {
@@ -176,8 +182,8 @@ pub fn post_req(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &str
 }
 
 /// POST and read the whole response: (status, headers, body).
-pub async fn post(addr: SocketAddr, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, http::HeaderMap, Bytes) {
-    let resp = client().request(post_req(addr, path, body, headers)).await.expect("POST");
+pub async fn post(to: impl To, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, http::HeaderMap, Bytes) {
+    let resp = client().request(post_req(to, path, body, headers)).await.expect("POST");
     let status = resp.status().as_u16();
     let (parts, body) = resp.into_parts();
     let bytes = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
@@ -222,33 +228,105 @@ pub async fn requests_with_outcome(gw: &Gateway, outcome: &str) -> f64 {
 
 // ---- quiescence: every test ends with nothing held and everything counted ----
 
-static SENT: Mutex<Vec<(SocketAddr, usize)>> = Mutex::new(Vec::new());
+/// A gateway a test started, with the count of inference requests the
+/// test sent it, which [`assert_quiescent`] checks against the gateway's own.
+pub struct Gw {
+    gw: Gateway,
+    sent: &'static AtomicUsize,
+}
 
-/// Count `n` requests sent to the data plane at `addr` (`post_req` counts its
-/// own; a test that sends by other means, raw TCP or an SDK, says so here).
-pub fn count_sent(addr: SocketAddr, n: usize) {
-    let mut sent = SENT.lock().expect("lock");
-    match sent.iter_mut().find(|(a, _)| *a == addr) {
-        Some((_, c)) => *c += n,
-        None => sent.push((addr, n)),
+/// Where a test sends a request: an address, and the count of the test
+/// gateway listening there (none for a mock or Envoy). `Copy`, so that a
+/// spawned task can take it.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    pub addr: SocketAddr,
+    sent: Option<&'static AtomicUsize>,
+}
+
+impl Target {
+    /// Count `n` requests sent by other means (raw TCP, an SDK, Envoy).
+    pub fn count_sent(&self, n: usize) {
+        if let Some(s) = self.sent {
+            s.fetch_add(n, Ordering::Relaxed);
+        }
     }
 }
 
-/// A gateway started: nothing was sent to it yet. (Its address may be one
-/// an earlier test's gateway or mock had: ports of closed listeners are reused.)
-pub fn started(gw: &Gateway) {
-    SENT.lock().expect("lock").retain(|(a, _)| *a != gw.data_addr);
+/// What a request can be sent to: an address, a target, a test gateway.
+pub trait To {
+    fn target(&self) -> Target;
 }
 
-pub fn sent_to(addr: SocketAddr) -> usize {
-    SENT.lock().expect("lock").iter().find(|(a, _)| *a == addr).map_or(0, |(_, c)| *c)
+impl To for SocketAddr {
+    fn target(&self) -> Target {
+        Target { addr: *self, sent: None }
+    }
+}
+
+impl To for Target {
+    fn target(&self) -> Target {
+        *self
+    }
+}
+
+impl To for Gw {
+    fn target(&self) -> Target {
+        self.data()
+    }
+}
+
+impl<T: To + ?Sized> To for &T {
+    fn target(&self) -> Target {
+        (**self).target()
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.addr.fmt(f)
+    }
+}
+
+/// A gateway started: nothing was sent to it yet.
+pub fn started(gw: Gateway) -> Gw {
+    // One counter per test gateway, leaked so that a `Target` is `Copy`
+    // and `'static`: a word per gateway, for the test binary's life.
+    Gw { gw, sent: Box::leak(Box::new(AtomicUsize::new(0))) }
+}
+
+impl Gw {
+    /// The data listener as a target that counts what is sent to it.
+    pub fn data(&self) -> Target {
+        Target { addr: self.gw.data_addr, sent: Some(self.sent) }
+    }
+
+    /// Count `n` requests sent by other means (raw TCP, an SDK, Envoy).
+    pub fn count_sent(&self, n: usize) {
+        self.data().count_sent(n);
+    }
+
+    pub fn sent(&self) -> usize {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    pub async fn shutdown(self) {
+        self.gw.shutdown().await
+    }
+}
+
+impl Deref for Gw {
+    type Target = Gateway;
+    fn deref(&self) -> &Gateway {
+        &self.gw
+    }
 }
 
 /// The gateway is at rest and its books balance: no request holds a slot,
 /// none waits in a queue, and every request sent to it was counted in
 /// `slogate_requests_total` exactly once.
-pub async fn assert_quiescent(gw: &Gateway) {
-    let sent = sent_to(gw.data_addr) as f64;
+pub async fn assert_quiescent(gw: &Gw) {
+    let sent = gw.sent() as f64;
     let admin = gw.admin_addr;
     let at_rest = |m: &str| {
         let inflight = metric(m, "slogate_inflight_requests", &[]).unwrap_or(0.0);
@@ -273,7 +351,7 @@ pub async fn assert_quiescent(gw: &Gateway) {
 /// Run `code` with the OpenAI Python SDK installed by scripts/setup-test-deps,
 /// the gateway's `/v1` base URL and `args` as its arguments; its output, once
 /// it succeeded.
-pub async fn openai_sdk(gw: &slogate::Gateway, code: &str, args: &[&std::path::Path]) -> String {
+pub async fn openai_sdk(gw: &Gateway, code: &str, args: &[&std::path::Path]) -> String {
     let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     assert!(py.is_file(), "{} missing: run scripts/setup-test-deps", py.display());
     let mut cmd = tokio::process::Command::new(py);
@@ -289,12 +367,12 @@ pub async fn openai_sdk(gw: &slogate::Gateway, code: &str, args: &[&std::path::P
 /// Two gateways of `alone`'s config started from files in `dir`, then
 /// made a fleet of two (`times`: the fleet's period and timeouts) by a
 /// reload of each: the gateways and their admin URLs.
-pub async fn fleet_of_two(alone: &ConfigBuilder, times: &str, dir: &std::path::Path) -> (Gateway, Gateway, String, String) {
+pub async fn fleet_of_two(alone: &ConfigBuilder, times: &str, dir: &std::path::Path) -> (Gw, Gw, String, String) {
     let (path_a, path_b) = (dir.join("a.yaml"), dir.join("b.yaml"));
     std::fs::write(&path_a, alone.yaml()).expect("write");
     std::fs::write(&path_b, alone.yaml()).expect("write");
-    let a = Gateway::start_file(&path_a).await.expect("a starts");
-    let b = Gateway::start_file(&path_b).await.expect("b starts");
+    let a = started(Gateway::start_file(&path_a).await.expect("a starts"));
+    let b = started(Gateway::start_file(&path_b).await.expect("b starts"));
     let (url_a, url_b) = (format!("http://{}", a.admin_addr), format!("http://{}", b.admin_addr));
     let fleet = format!("fleet: {{ peers: [\"{url_a}\", \"{url_b}\"], {times} }}");
     for path in [&path_a, &path_b] {

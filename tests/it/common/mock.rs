@@ -249,19 +249,19 @@ impl Mock {
     /// the slot, until [`HeldSlot::release`] (or until the holder is dropped,
     /// which hangs up). Returns once the gateway has admitted it and the
     /// replica answered, whatever other scripts the mock has.
-    pub async fn hold_slot(&self, addr: SocketAddr) -> HeldSlot {
-        self.hold_slot_as(addr, &[]).await
+    pub async fn hold_slot(&self, to: impl To) -> HeldSlot {
+        self.hold_slot_as(to, &[]).await
     }
 
     /// [`Mock::hold_slot`] with request headers (e.g. `x-slo-class`).
-    pub async fn hold_slot_as(&self, addr: SocketAddr, headers: &[(&str, &str)]) -> HeldSlot {
+    pub async fn hold_slot_as(&self, to: impl To, headers: &[(&str, &str)]) -> HeldSlot {
         let gate = Gate::default();
         *self.state.hold.lock().expect("lock") = gate.clone();
         let body = format!(
             r#"{{"model":"{}","messages":[{{"role":"user","content":"hi"}}],"stream":true,"user":"{HOLD_SLOT}"}}"#,
             self.state.model
         );
-        let resp = client().request(post_req(addr, "/v1/chat/completions", &body, headers)).await.expect("holder");
+        let resp = client().request(post_req(to, "/v1/chat/completions", &body, headers)).await.expect("holder");
         assert_eq!(resp.status(), 200, "the holder got a slot");
         HeldSlot { body: Some(resp.into_body()), gate }
     }
