@@ -163,7 +163,7 @@ async fn health_on_the_data_port_follows_the_replicas() {
     let (status, headers, _) = post(&gw, "/health", "{}", &[]).await;
     assert_eq!((status, header(&headers, "allow")), (405, Some("GET")));
     mock.state.healthy.store(false, std::sync::atomic::Ordering::SeqCst);
-    let data = gw.data();
+    let data = gw.data_addr;
     wait_until("the replica taken out", || async move { get(data, "/health").await.0 == 503 }).await;
     let resp = client().request(get_req(gw.data_addr, "/health")).await.expect("response");
     assert_eq!(header(resp.headers(), "retry-after"), Some("1"));
@@ -354,7 +354,7 @@ async fn speech_is_measured_at_its_first_audio_byte() {
 async fn models_named_in_the_config_carry_what_the_replicas_report() {
     let mock = Mock::start(standard(1, Duration::ZERO)).await;
     let gw = start_gateway(&gateway_config(&[mock.url()]).yaml()).await;
-    let data = gw.data();
+    let data = gw.data_addr;
     wait_until("the replica's description", || async move { get(data, "/v1/models").await.1.contains("max_model_len") }).await;
     let (status, body) = get(gw.data_addr, "/v1/models").await;
     assert_eq!(status, 200);

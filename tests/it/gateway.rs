@@ -29,7 +29,7 @@ async fn gateway_errors_have_their_status_and_openai_shape() {
     let (status, _, b) = post(a, "/v1/chat/completions", &chat_body(false, false), &[("x-slo-class", "gold")]).await;
     assert_eq!(status, 400);
     assert_eq!(error_body(&b)["param"], "x-slo-class");
-    let (status, body) = get(a, "/nope").await;
+    let (status, body) = get(a.addr, "/nope").await;
     assert_eq!(status, 404);
     error_body(&Bytes::from(body));
     let (status, _, b) = post(a, "/v1/rerank", r#"{"query":"q"}"#, &[]).await;

@@ -26,8 +26,7 @@ fn keyed(mock: &Mock, pool: &[&str], sections: &str) -> String {
     )
 }
 
-async fn send(c: &TestClient, to: impl To, path: &str, body: &str, h: &[(&str, &str)]) -> (u16, http::HeaderMap, String) {
-    let addr = to.target().addr;
+async fn send(c: &TestClient, addr: std::net::SocketAddr, path: &str, body: &str, h: &[(&str, &str)]) -> (u16, http::HeaderMap, String) {
     let mut b = http::Request::post(format!("http://{addr}{path}")).header("content-type", "application/json");
     for (k, v) in h {
         b = b.header(*k, *v);
@@ -165,7 +164,7 @@ async fn a_key_limited_to_a_model_gets_403_on_another_and_lists_only_its_own() {
     }
     assert_eq!(m2.calls(), 2, "only the ops key's requests reached m2");
     let list = |key: &'static str| {
-        let addr = gw.data();
+        let addr = gw.data_addr;
         async move {
             let req = http::Request::get(format!("http://{addr}/v1/models"))
                 .header("authorization", format!("Bearer {key}"))
@@ -264,7 +263,7 @@ async fn the_access_log_has_a_line_per_request_with_its_fields_and_never_a_key_o
     let body = r#"{"model":"m1","messages":[{"role":"user","content":"BODY-SECRET-1"}],"max_tokens":4,"stream":true}"#;
     let unknown = r#"{"model":"MODEL-SECRET-2","messages":[{"role":"user","content":"BODY-SECRET-3"}]}"#;
     const N: usize = 1000;
-    let addr = gw.data();
+    let addr = gw.data_addr;
     let sent = tokio::time::Instant::now();
     let mut tasks = Vec::new();
     for w in 0..20 {

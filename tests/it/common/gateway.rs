@@ -151,8 +151,7 @@ pub fn clients() -> [(&'static str, TestClient); 2] {
     [("HTTP/1.1", client()), ("HTTP/2", client_h2())]
 }
 
-pub async fn get(to: impl To, path: &str) -> (u16, String) {
-    let addr = to.target().addr;
+pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let resp = client().get(format!("http://{addr}{path}").parse().expect("uri")).await.expect("GET");
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
@@ -160,8 +159,7 @@ pub async fn get(to: impl To, path: &str) -> (u16, String) {
 }
 
 /// A GET request (never counted: the gateway counts inference requests).
-pub fn get_req(to: impl To, path: &str) -> Request<Full<Bytes>> {
-    let addr = to.target().addr;
+pub fn get_req(addr: SocketAddr, path: &str) -> Request<Full<Bytes>> {
     Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new())).expect("request")
 }
 
@@ -279,12 +277,6 @@ impl To for Gw {
 impl<T: To + ?Sized> To for &T {
     fn target(&self) -> Target {
         (**self).target()
-    }
-}
-
-impl std::fmt::Display for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.addr.fmt(f)
     }
 }
 
