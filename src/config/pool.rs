@@ -162,9 +162,9 @@ pub struct PoolConfig {
     /// Preempt batch streams for interactive requests that would miss their
     /// TTFT target waiting: the stream's replica request ends (the engine
     /// frees the slot), and it goes on later where it stopped, spliced
-    /// (docs/design/preemption.md). `auto`: on unless `upstream_priority`
-    /// says the engine orders its own queue by priority (rule 12 there says
-    /// why not there too).
+    /// (docs/design/preemption.md). `auto`: on, with or without
+    /// `upstream_priority` (an engine that orders its own queue by priority
+    /// still does not free a slot for an interactive request: rule 12 there).
     pub preempt: Preempt,
 }
 
@@ -172,15 +172,14 @@ impl PoolConfig {
     /// Does this pool preempt batch streams (`preempt`, with `auto` read)?
     pub fn preempts(&self) -> bool {
         match self.preempt {
-            Preempt::Auto => !self.upstream_priority,
-            Preempt::On => true,
+            Preempt::Auto | Preempt::On => true,
             Preempt::Off => false,
         }
     }
 }
 
-/// `pools[].preempt`: `auto` (on for engines that serve first come, first
-/// served, that is unless `upstream_priority`), `true` or `false`.
+/// `pools[].preempt`: `auto` (on: no engine we know frees a slot for an
+/// interactive request by itself), `true` or `false`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Preempt {
     #[default]

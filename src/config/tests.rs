@@ -245,3 +245,19 @@ fn auth_keys_need_exactly_one_source_and_known_classes() {
     assert!(fields.contains(&"auth.keys[1].key_sha256"), "{fields:?}");
     assert!(fields.contains(&"auth.keys[1].classes[0]"), "{fields:?}");
 }
+
+#[test]
+fn preemption_is_on_by_default_with_or_without_upstream_priority() {
+    let preempts = |extra: &str| {
+        let c = Config::parse(&format!("pools:\n  - name: p\n    models: [m]\n    replicas: [http://127.0.0.1:1]\n{extra}")).expect("valid");
+        c.pools[0].preempts()
+    };
+    assert!(preempts(""), "auto, first come first served");
+    assert!(preempts("    upstream_priority: true\n"), "auto: a priority engine frees no slot for chat either");
+    assert!(!preempts("    upstream_priority: true\n    preempt: false\n"));
+    assert!(preempts("    preempt: true\n"));
+    let err = Config::parse("pools:\n  - name: p\n    models: [m]\n    replicas: [http://127.0.0.1:1]\n    preempt: sometimes\n")
+        .expect_err("bad")
+        .0;
+    assert!(err[0].field.starts_with("pools"), "{err:?}");
+}

@@ -74,7 +74,7 @@ async fn a_chat_request_takes_a_batch_streams_slot_and_the_batch_stream_goes_on_
     for (proto, client) in clients() {
         let order = Arc::new(Mutex::new(Vec::new()));
         let mock = Mock::start(replica(order.clone())).await;
-        // The default (`preempt: auto`): the engine does not schedule by priority.
+        // The default (`preempt: auto`).
         let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1").start().await;
         let (body, mut seen) = batch_streaming(&client, &gw).await;
         // The one slot is the batch stream's: the chat request takes it.
@@ -127,14 +127,16 @@ fn engine(order: Arc<Mutex<Vec<String>>>, engine_slot: Gate) -> ScriptFn {
 /// it (the chat waits inside the engine, whose slot the batch stream
 /// holds), asks that batch stream for its slot: the batch stream's
 /// replica request ends, the chat stream is answered, and the batch
-/// stream goes on whole.
+/// stream goes on whole. With the defaults where the engine orders its
+/// own queue by priority (`upstream_priority`): it runs the chat request
+/// first, but only once a slot frees, and vLLM frees none for it.
 #[tokio::test]
-async fn a_chat_stream_waiting_inside_the_engine_takes_a_batch_streams_slot() {
+async fn a_chat_stream_waiting_inside_a_priority_engine_takes_a_batch_streams_slot() {
     for (proto, client) in clients() {
         let order = Arc::new(Mutex::new(Vec::new()));
         let engine_slot = Gate::default();
         let mock = Mock::start(engine(order.clone(), engine_slot.clone())).await;
-        let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 2").start().await;
+        let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 2\n    upstream_priority: true").start().await;
         // The engine says a request waits in it, and the gateway read that.
         mock.state.waiting.store(1, std::sync::atomic::Ordering::SeqCst);
         let scrapes = || mock.state.scrapes.load(std::sync::atomic::Ordering::SeqCst);
