@@ -249,7 +249,8 @@ fn auth_keys_need_exactly_one_source_and_known_classes() {
 #[test]
 fn preemption_is_on_by_default_with_or_without_upstream_priority() {
     let preempts = |extra: &str| {
-        let c = Config::parse(&format!("pools:\n  - name: p\n    models: [m]\n    replicas: [http://127.0.0.1:1]\n{extra}")).expect("valid");
+        let c =
+            Config::parse(&format!("pools:\n  - name: p\n    models: [m]\n    replicas: [http://127.0.0.1:1]\n{extra}")).expect("valid");
         c.pools[0].preempts()
     };
     assert!(preempts(""), "auto, first come first served");

@@ -555,13 +555,17 @@ async fn a_waiting_interactive_request_asks_for_a_batch_slot_only_when_it_would_
     assert!(!v.asked(&waker), "a slot frees in time at this pace");
     drop(held);
     assert!(h.await.expect("task").is_ok());
-    // An engine that schedules by priority (`preempt: auto`) is never asked.
+    // An engine that schedules by priority (`upstream_priority`) frees no
+    // slot for it either: `preempt: auto` asks there too, at the same moment.
     let pool = pool_with(1, tiers(0.0, 10, 10), true);
     let held = take(&pool, Tier::Batch).await;
     let v = victim_on(&pool);
     let p = pool.clone();
     let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, chat, None).await });
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(!v.asked(&waker));
-    drop((held, h));
+    tokio::time::sleep(Duration::from_millis(220)).await;
+    assert!(!v.asked(&waker), "a slot may still free in time");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(v.asked(&waker), "asked at 225 ms with upstream_priority");
+    drop(held);
+    assert!(h.await.expect("task").is_ok());
 }
