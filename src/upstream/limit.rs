@@ -16,6 +16,11 @@ pub(crate) struct LimitParams {
     /// frees is taken at once from its own queue), or 0 where the pool
     /// preempts (docs/design/learned-limits.md).
     pub(crate) probe: f64,
+    /// With `probe` 0: probe all the same while no interactive first token
+    /// came for a window ([`CEILING_SAMPLES`]), where the engine orders its
+    /// own queue by priority, so the probe's request never waits ahead of
+    /// an interactive one (batch alone keeps every slot busy).
+    pub(crate) probe_alone: bool,
 }
 
 /// What one control period saw of a replica.
@@ -158,6 +163,8 @@ pub(crate) struct Controller {
     slow_start: bool,
     /// Doublings on demand since the last period (see [`Controller::grow_on_demand`]).
     demand_doublings: u32,
+    /// Samples since the last with an interactive first token.
+    since_interactive: u32,
 }
 
 /// A ceiling's window (30 s at 250 ms): one seen is remembered this long at
@@ -182,6 +189,18 @@ impl Controller {
             batch_hold: 0,
             slow_start: true,
             demand_doublings: 0,
+            since_interactive: CEILING_SAMPLES,
+        }
+    }
+
+    /// How far above the ceiling the limit goes now: the pool's probe, or
+    /// one where [`LimitParams::probe_alone`] holds and no interactive first
+    /// token came for a window.
+    fn probe(&self) -> f64 {
+        if self.params.probe_alone && self.since_interactive >= CEILING_SAMPLES {
+            1.0
+        } else {
+            self.params.probe
         }
     }
 
@@ -240,6 +259,7 @@ impl Controller {
     /// classify the period, act on it.
     pub(crate) fn update(&mut self, s: Sample) -> usize {
         self.demand_doublings = 0;
+        self.since_interactive = if s.first_token.is_some() { 0 } else { self.since_interactive.saturating_add(1) };
         let p = self.read(&s);
         let batch_makes_room = self.move_batch_cut(&p, &s);
         let verdict = self.classify(&p, &s, batch_makes_room);
@@ -281,7 +301,7 @@ impl Controller {
             // which clears the ceiling below: a window that saw nothing
             // keeps the older one rather than let the limit grow blind.
             // Without one (the pool preempts), only time can find growth.
-            let kept = if self.params.probe >= 1.0 { self.ceiling[1].or(self.ceiling[0]) } else { self.ceiling[1] };
+            let kept = if self.probe() >= 1.0 { self.ceiling[1].or(self.ceiling[0]) } else { self.ceiling[1] };
             self.ceiling = [kept, None];
         }
         let Some(running) = s.running else { return };
@@ -334,7 +354,7 @@ impl Controller {
             Verdict::Refused
         } else if p.queued >= p.backlog + 1.0 {
             Verdict::Queued
-        } else if let Some(c) = self.ceiling().filter(|c| p.waiting >= p.backlog + 1.0 && self.limit > c + self.params.probe) {
+        } else if let Some(c) = self.ceiling().filter(|c| p.waiting >= p.backlog + 1.0 && self.limit > c + self.probe()) {
             Verdict::OverCeiling(c)
         } else if p.loaded && !batch_makes_room && self.hold == 0 {
             Verdict::Loaded
@@ -380,7 +400,7 @@ impl Controller {
             Verdict::OverCeiling(c) => {
                 // Back to one above what the replica ran while something waited.
                 self.knee = Some(self.limit);
-                self.limit = (c + self.params.probe).max(self.limit * DECREASE_FLOOR).max(min);
+                self.limit = (c + self.probe()).max(self.limit * DECREASE_FLOOR).max(min);
                 self.hold = self.probe_hold;
             }
             Verdict::Loaded => {
@@ -412,7 +432,7 @@ impl Controller {
             self.limit + self.limit.sqrt().max(1.0)
         };
         if let Some(c) = self.ceiling() {
-            self.limit = self.limit.min(c + self.params.probe);
+            self.limit = self.limit.min(c + self.probe());
         }
         if self.knee.is_some_and(|k| self.limit > k * KNEE_FORGOTTEN + 2.0) {
             self.knee = None;

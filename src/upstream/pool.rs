@@ -118,8 +118,10 @@ impl Pool {
         // A pool that preempts keeps chat out of the engine's own queue: its
         // limit stays at the ceiling, not one above it (preemption, not a
         // request waiting inside the engine, keeps its slots busy).
+        // Where the engine orders its own queue, batch alone probes as before.
         let probe = if config.preempts() { 0.0 } else { 1.0 };
-        let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize, probe };
+        let probe_alone = config.upstream_priority;
+        let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize, probe, probe_alone };
         let initial = match config.max_inflight_per_replica {
             InflightLimit::Fixed(n) => n as usize,
             InflightLimit::Auto => limit_params.initial,

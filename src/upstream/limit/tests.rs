@@ -3,7 +3,7 @@
 use super::*;
 
 fn params() -> LimitParams {
-    LimitParams { initial: 8, min: 1, max: 512, probe: 1.0 }
+    LimitParams { initial: 8, min: 1, max: 512, probe: 1.0, probe_alone: false }
 }
 
 /// A replica that runs `capacity` requests at once and queues the rest,
@@ -116,7 +116,7 @@ fn in_slow_start_a_burst_doubles_the_limit_at_once_a_few_times_a_period() {
     assert!(!c.slow_start());
     assert!(!c.grow_on_demand());
     // The bound holds.
-    let mut small = Controller::new(LimitParams { initial: 16, min: 1, max: 40, probe: 1.0 });
+    let mut small = Controller::new(LimitParams { initial: 16, min: 1, max: 40, probe: 1.0, probe_alone: false });
     while small.grow_on_demand() {}
     assert_eq!(small.allowed(), 40);
 }
@@ -269,6 +269,29 @@ fn where_the_pool_preempts_it_stays_at_the_ceiling_not_one_above() {
 }
 
 #[test]
+fn a_preempting_pool_in_front_of_a_priority_engine_probes_while_batch_is_alone() {
+    // Batch alone (no interactive first token for a window): one above the
+    // ceiling, so a slot the engine frees is taken at once from its queue.
+    // Interactive first tokens again: back to the ceiling within a window.
+    let mut c = Controller::new(LimitParams { initial: 16, probe: 0.0, probe_alone: true, ..params() });
+    let mut r = replica(8);
+    let mut step = |c: &mut Controller, interactive: bool| {
+        let mut s = r.period(c.allowed());
+        if !interactive {
+            s.first_token = None;
+            s.first_token_max = None;
+        }
+        c.update(s);
+        c.allowed()
+    };
+    let alone: Vec<usize> = (0..400).map(|_| step(&mut c, false)).collect();
+    assert!(alone[200..].iter().all(|&l| (8..=9).contains(&l)) && alone[200..].contains(&9), "{alone:?}");
+    let with_chat: Vec<usize> = (0..400).map(|_| step(&mut c, true)).collect();
+    let at_slots = &with_chat[200..];
+    assert!(at_slots.iter().filter(|&&l| l == 8).count() >= at_slots.len() * 9 / 10, "{with_chat:?}");
+}
+
+#[test]
 fn requests_in_transit_to_the_next_engine_step_are_no_queue() {
     // A replica that runs 56 of a limit of 65 (it has room), sent a
     // third of a request per engine step: most scrapes see none waiting,
@@ -378,7 +401,7 @@ fn refusals_cut_it_hard_and_a_slow_replica_or_no_demand_stops_growth() {
     assert_eq!(c.update(near(false)), 50, "no one waits: 46 of 50 is not binding");
     assert!(c.update(near(true)) > 50, "requests wait: it grows");
     // Bounds hold.
-    let mut c = Controller::new(LimitParams { initial: 8, min: 4, max: 10, probe: 1.0 });
+    let mut c = Controller::new(LimitParams { initial: 8, min: 4, max: 10, probe: 1.0, probe_alone: false });
     assert_eq!(run(&mut c, &mut replica(1000), 50).last().copied(), Some(10));
     assert_eq!(run(&mut c, &mut replica(1), 200).last().copied(), Some(4));
 }
