@@ -522,18 +522,22 @@ async fn a_waiting_interactive_request_asks_for_a_batch_slot_only_when_it_would_
     let waker = futures_util::task::noop_waker();
     let target = Duration::from_millis(300);
     let chat = Claim { ttft: Some(target), ..Claim::default() };
-    // No pace measured: it asks at three quarters of the time it can wait.
-    let pool = pool(1, tiers(0.0, 10, 10));
-    let held = take(&pool, Tier::Batch).await;
-    let v = victim_on(&pool);
-    let p = pool.clone();
-    let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, chat, None).await });
-    tokio::time::sleep(Duration::from_millis(220)).await;
-    assert!(!v.asked(&waker), "a slot may still free in time");
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    assert!(v.asked(&waker), "asked at 225 ms");
-    drop(held);
-    assert!(h.await.expect("task").is_ok());
+    // No pace measured: it asks at three quarters of the time it can wait;
+    // where the engine schedules by priority (`upstream_priority`) too, as
+    // it frees no slot for an interactive request either.
+    for upstream_priority in [false, true] {
+        let pool = pool_with(1, tiers(0.0, 10, 10), upstream_priority);
+        let held = take(&pool, Tier::Batch).await;
+        let v = victim_on(&pool);
+        let p = pool.clone();
+        let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, chat, None).await });
+        tokio::time::sleep(Duration::from_millis(220)).await;
+        assert!(!v.asked(&waker), "a slot may still free in time ({upstream_priority})");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(v.asked(&waker), "asked at 225 ms ({upstream_priority})");
+        drop(held);
+        assert!(h.await.expect("task").is_ok());
+    }
     // Slots freeing once a second: it cannot make its target waiting, so it asks at once.
     let pool = pool_with(1, tiers(0.0, 10, 10), false);
     pool.rates[Tier::Batch as usize].store(1.0);
@@ -553,19 +557,6 @@ async fn a_waiting_interactive_request_asks_for_a_batch_slot_only_when_it_would_
     let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, chat, None).await });
     settle().await;
     assert!(!v.asked(&waker), "a slot frees in time at this pace");
-    drop(held);
-    assert!(h.await.expect("task").is_ok());
-    // An engine that schedules by priority (`upstream_priority`) frees no
-    // slot for it either: `preempt: auto` asks there too, at the same moment.
-    let pool = pool_with(1, tiers(0.0, 10, 10), true);
-    let held = take(&pool, Tier::Batch).await;
-    let v = victim_on(&pool);
-    let p = pool.clone();
-    let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, chat, None).await });
-    tokio::time::sleep(Duration::from_millis(220)).await;
-    assert!(!v.asked(&waker), "a slot may still free in time");
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    assert!(v.asked(&waker), "asked at 225 ms with upstream_priority");
     drop(held);
     assert!(h.await.expect("task").is_ok());
 }
