@@ -11,16 +11,25 @@ pub(crate) struct LimitParams {
     pub(crate) initial: usize,
     pub(crate) min: usize,
     pub(crate) max: usize,
-    /// How far above the ceiling (what the replica ran while requests
-    /// waited in it) the limit goes: 1 (a probe, so that a slot the replica
-    /// frees is taken at once from its own queue), or 0 where the pool
-    /// preempts (docs/design/learned-limits.md).
-    pub(crate) probe: f64,
-    /// With `probe` 0: probe all the same while no interactive first token
-    /// came for a window ([`CEILING_SAMPLES`]), where the engine orders its
-    /// own queue by priority, so the probe's request never waits ahead of
-    /// an interactive one (batch alone keeps every slot busy).
-    pub(crate) probe_alone: bool,
+    /// Whether the limit goes one above the ceiling (see [`Probe`]).
+    pub(crate) probe: Probe,
+}
+
+/// How far above the ceiling (what the replica ran while requests waited
+/// in it) a limit goes (docs/design/learned-limits.md, rule 6).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Probe {
+    /// One above: a slot the replica frees is taken at once from its own queue.
+    Always,
+    /// At the ceiling: the pool preempts in front of an engine that serves
+    /// first come, first served.
+    Never,
+    /// At the ceiling, but one above while no interactive first token came
+    /// for a window ([`CEILING_SAMPLES`]): the pool preempts in front of an
+    /// engine that orders its own queue by priority, where the probe's
+    /// request never waits ahead of an interactive one, so batch alone
+    /// keeps every slot busy.
+    WhileBatchAlone,
 }
 
 /// What one control period saw of a replica.
@@ -193,14 +202,12 @@ impl Controller {
         }
     }
 
-    /// How far above the ceiling the limit goes now: the pool's probe, or
-    /// one where [`LimitParams::probe_alone`] holds and no interactive first
-    /// token came for a window.
+    /// How far above the ceiling the limit goes now (see [`Probe`]).
     fn probe(&self) -> f64 {
-        if self.params.probe_alone && self.since_interactive >= CEILING_SAMPLES {
-            1.0
-        } else {
-            self.params.probe
+        match self.params.probe {
+            Probe::Always => 1.0,
+            Probe::WhileBatchAlone if self.since_interactive >= CEILING_SAMPLES => 1.0,
+            Probe::Never | Probe::WhileBatchAlone => 0.0,
         }
     }
 

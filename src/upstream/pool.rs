@@ -119,9 +119,12 @@ impl Pool {
         // limit stays at the ceiling, not one above it (preemption, not a
         // request waiting inside the engine, keeps its slots busy).
         // Where the engine orders its own queue, batch alone probes as before.
-        let probe = if config.preempts() { 0.0 } else { 1.0 };
-        let probe_alone = config.upstream_priority;
-        let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize, probe, probe_alone };
+        let probe = match (config.preempts(), config.upstream_priority) {
+            (false, _) => limit::Probe::Always,
+            (true, false) => limit::Probe::Never,
+            (true, true) => limit::Probe::WhileBatchAlone,
+        };
+        let limit_params = limit::LimitParams { initial: l.initial as usize, min: l.min as usize, max: l.max as usize, probe };
         let initial = match config.max_inflight_per_replica {
             InflightLimit::Fixed(n) => n as usize,
             InflightLimit::Auto => limit_params.initial,

@@ -3,7 +3,7 @@
 use super::*;
 
 fn params() -> LimitParams {
-    LimitParams { initial: 8, min: 1, max: 512, probe: 1.0, probe_alone: false }
+    LimitParams { initial: 8, min: 1, max: 512, probe: Probe::Always }
 }
 
 /// A replica that runs `capacity` requests at once and queues the rest,
@@ -116,7 +116,7 @@ fn in_slow_start_a_burst_doubles_the_limit_at_once_a_few_times_a_period() {
     assert!(!c.slow_start());
     assert!(!c.grow_on_demand());
     // The bound holds.
-    let mut small = Controller::new(LimitParams { initial: 16, min: 1, max: 40, probe: 1.0, probe_alone: false });
+    let mut small = Controller::new(LimitParams { initial: 16, min: 1, max: 40, probe: Probe::Always });
     while small.grow_on_demand() {}
     assert_eq!(small.allowed(), 40);
 }
@@ -259,9 +259,9 @@ fn where_the_pool_preempts_it_stays_at_the_ceiling_not_one_above() {
         let mut c = Controller::new(LimitParams { initial: 16, probe, ..params() });
         run(&mut c, &mut replica(8), 400)[200..].to_vec()
     };
-    let probing = limits(1.0);
+    let probing = limits(Probe::Always);
     assert!(probing.iter().all(|&l| (8..=9).contains(&l)) && probing.contains(&9), "{probing:?}");
-    let at_slots = limits(0.0);
+    let at_slots = limits(Probe::Never);
     assert!(at_slots.iter().filter(|&&l| l == 8).count() >= at_slots.len() * 9 / 10, "{at_slots:?}");
     // Above the slots only for a look once the ceiling is forgotten (30 s or more).
     assert!(at_slots.iter().filter(|&&l| l > 8).count() <= at_slots.len() / 20, "{at_slots:?}");
@@ -273,7 +273,7 @@ fn a_preempting_pool_in_front_of_a_priority_engine_probes_while_batch_is_alone()
     // Batch alone (no interactive first token for a window): one above the
     // ceiling, so a slot the engine frees is taken at once from its queue.
     // Interactive first tokens again: back to the ceiling within a window.
-    let mut c = Controller::new(LimitParams { initial: 16, probe: 0.0, probe_alone: true, ..params() });
+    let mut c = Controller::new(LimitParams { initial: 16, probe: Probe::WhileBatchAlone, ..params() });
     let mut r = replica(8);
     let mut step = |c: &mut Controller, interactive: bool| {
         let mut s = r.period(c.allowed());
@@ -401,7 +401,7 @@ fn refusals_cut_it_hard_and_a_slow_replica_or_no_demand_stops_growth() {
     assert_eq!(c.update(near(false)), 50, "no one waits: 46 of 50 is not binding");
     assert!(c.update(near(true)) > 50, "requests wait: it grows");
     // Bounds hold.
-    let mut c = Controller::new(LimitParams { initial: 8, min: 4, max: 10, probe: 1.0, probe_alone: false });
+    let mut c = Controller::new(LimitParams { initial: 8, min: 4, max: 10, probe: Probe::Always });
     assert_eq!(run(&mut c, &mut replica(1000), 50).last().copied(), Some(10));
     assert_eq!(run(&mut c, &mut replica(1), 200).last().copied(), Some(4));
 }
