@@ -149,6 +149,11 @@ impl Lease {
         }
     }
 
+    /// When its first token is due by its replica's prediction, if one was made.
+    pub(crate) fn first_token_due(&self) -> Option<tokio::time::Instant> {
+        self.slot.first_token_due()
+    }
+
     /// Enlist the stream holding this lease as a preemption victim.
     pub(crate) fn enlist(&self, victim: std::sync::Weak<super::preempt::Victim>) {
         if let Some(v) = victim.upgrade() {

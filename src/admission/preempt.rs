@@ -19,6 +19,27 @@ const NEAR_END: f64 = 0.8;
 /// An interactive stream with no first token at this share of its class's
 /// TTFT target waits inside its engine: it asks for a slot there (rule 1).
 pub(crate) const IN_ENGINE_AT: f64 = 0.4;
+/// ... unless its replica predicted its first token later: it asks once
+/// the prediction is overdue by this share of itself (rule 1).
+const OVERDUE_BY: u32 = 4;
+
+/// When an interactive stream that took its slot at once, at `start`
+/// with a first token `target`, asks a batch stream on its replica for a
+/// slot if it has no first token yet: at 40 % of the target, or where the
+/// replica predicted the first token at `due`, once that is a quarter
+/// overdue, if later (rule 1). A long prompt's own prefill passes 40 % of
+/// the target; asking then takes a slot the request did not need.
+pub(crate) fn in_engine_ask_at(
+    start: tokio::time::Instant,
+    target: std::time::Duration,
+    due: Option<tokio::time::Instant>,
+) -> tokio::time::Instant {
+    let early = start + target.mul_f64(IN_ENGINE_AT);
+    match due {
+        Some(due) => early.max(due + due.saturating_duration_since(start) / OVERDUE_BY),
+        None => early,
+    }
+}
 
 /// One preemptible batch stream, as the pool sees it.
 #[derive(Debug)]
@@ -155,6 +176,7 @@ impl Preemption {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::time::Duration;
 
     use super::*;
 
@@ -182,6 +204,16 @@ mod tests {
         long.gave_back();
         drop(short);
         assert!(!p.ask_one(1), "no one left to ask");
+    }
+
+    #[test]
+    fn a_stream_asks_in_its_engine_at_forty_percent_or_once_its_prediction_is_overdue() {
+        let start = tokio::time::Instant::now();
+        let (target, ms) = (Duration::from_millis(300), Duration::from_millis);
+        let at = |due: Option<u64>| in_engine_ask_at(start, target, due.map(|d| start + ms(d))) - start;
+        assert_eq!(at(None), ms(120), "no prediction: 40 % of the target");
+        assert_eq!(at(Some(60)), ms(120), "a short prompt's first token due early: 40 %");
+        assert_eq!(at(Some(160)), ms(200), "a long prompt's due at 160 ms: asks a quarter after");
     }
 
     #[test]

@@ -106,8 +106,9 @@ pub(super) enum Preempting {
     /// A batch stream, which may give its slot up: its prompt and `max_tokens`.
     Victim(u64, Option<u64>),
     /// An interactive stream that took a slot without waiting: with no
-    /// first token by then (it waits inside the engine), it asks a batch
-    /// stream on its replica for a slot (rule 1).
+    /// first token by then (40 % of its target, or later where its first
+    /// token was predicted later), it waits inside the engine, and asks a
+    /// batch stream on its replica for a slot (rule 1).
     Asks(tokio::time::Instant),
 }
 
@@ -119,13 +120,14 @@ impl Preempting {
         waited: std::time::Duration,
         (prompt, max): (u64, Option<u64>),
         start: tokio::time::Instant,
+        due: Option<tokio::time::Instant>,
     ) -> Preempting {
         use crate::config::Tier;
         match class.tier {
             _ if !route.pool.config.preempts() => Preempting::None,
             Tier::Batch => Preempting::Victim(prompt, max),
             Tier::Interactive if stream && waited.is_zero() => {
-                Preempting::Asks(start + class.ttft.mul_f64(crate::admission::preempt::IN_ENGINE_AT))
+                Preempting::Asks(crate::admission::preempt::in_engine_ask_at(start, class.ttft, due))
             }
             Tier::Interactive => Preempting::None,
         }

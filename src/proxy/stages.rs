@@ -90,7 +90,8 @@ pub(super) fn forward(f: Forwarding) -> impl Future<Output = Response<ProxyBody>
         // inline it would be held by every request waiting in a queue above.
         let sent = Box::pin(send(&parts, &client, payload, route, on, &t, &snap, stream, &timeouts)).await;
         let resp = stage!(t, sent.map_err(|e| lost(upload_failed(e, upload.as_ref(), &snap), owner.as_ref())));
-        let preempt = Preempting::of(route, &caller.class, stream, admitted.waited, (prompt, max_output), t.start());
+        let preempt =
+            Preempting::of(route, &caller.class, stream, admitted.waited, (prompt, max_output), t.start(), lease.first_token_due());
         let preempts = matches!(preempt, Preempting::Victim(..));
         let resume = stream.then(|| resumable(parts, &client, body, route, endpoint, &snap, &t, preempts)).flatten();
         let passthrough = stored.is_some();

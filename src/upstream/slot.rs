@@ -29,6 +29,12 @@ impl ReplicaSlot {
         &self.replica
     }
 
+    /// When its first token is due by the replica's prediction at dispatch
+    /// (`None` where none was made: the prompt unknown, the model unlearned).
+    pub(crate) fn first_token_due(&self) -> Option<tokio::time::Instant> {
+        self.dispatch.and_then(|(at, _, predicted)| predicted.map(|p| at + p))
+    }
+
     pub(super) fn new(replica: &Arc<Replica>, tier: Tier) -> ReplicaSlot {
         replica.seats.prefilling[tier as usize].fetch_add(1, Ordering::Relaxed);
         if tier == Tier::Batch {
