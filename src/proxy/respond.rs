@@ -164,14 +164,17 @@ pub(super) fn observe(
         tracker.finish(outcome);
         Watched::new(ObservedBody::passthrough(rbody, tracker, t), list).boxed_unsync()
     } else if is_sse {
+        // Only a stream that can be continued gives its slot up: not one
+        // relayed behind Envoy, nor a Responses stream.
+        let continuable = s.resume.is_some();
         let mut body = match s.resume {
             Some(resume) => ObservedBody::resumable(rbody, tracker, t, s.strip_usage, resume),
             None => ObservedBody::sse(rbody, tracker, t, s.strip_usage),
         };
         match s.preempt {
-            Preempting::Victim(prompt, max) => body.preemptible(prompt, max),
+            Preempting::Victim(prompt, max) if continuable => body.preemptible(prompt, max),
             Preempting::Asks(at) => body.asks_at(at),
-            Preempting::None => {}
+            Preempting::Victim(..) | Preempting::None => {}
         }
         if let Some(upstream::HeadRetried(at)) = rparts.extensions.get() {
             body.first_token_from(*at);

@@ -235,3 +235,43 @@ print(json.dumps({"ids": sorted(ids), "text": text, "roles": roles, "finish": fi
     assert_eq!(order.lock().expect("lock").clone(), ["batch job", "chat", "continuation"]);
     assert_quiescent(&gw).await;
 }
+
+/// A batch stream whose answer slogate cannot continue (a Responses
+/// stream: its state lives in the replica) is never a victim: a chat
+/// request that finds its slot taken waits, and is refused when it can no
+/// longer make its target, while the batch stream goes on untouched.
+#[tokio::test]
+async fn a_batch_stream_that_cannot_be_continued_keeps_its_slot() {
+    for (proto, client) in clients() {
+        let rest = replica(Arc::new(Mutex::new(Vec::new())));
+        let mock = Mock::start(script(move |req| {
+            if req.get("input").is_none() {
+                return rest(req);
+            }
+            Script::sse(vec![
+                Step::Send(typed_event("response.created", r#""response":{"id":"resp_1","object":"response","status":"in_progress"}"#)),
+                Step::Send(typed_event("response.output_text.delta", r#""delta":"Hel""#)),
+                Step::Send(typed_event("response.output_text.delta", r#""delta":"lo""#)),
+                Step::Until(Gate::default()),
+            ])
+        }))
+        .await;
+        let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    timeouts: { idle: 60s }").start().await;
+        let job = r#"{"model":"m1","input":"batch job","stream":true}"#;
+        let batch = client.request(post_req(&gw, "/v1/responses", job, &[("x-slo-class", "batch")])).await.expect("batch");
+        assert_eq!(batch.status(), 200, "{proto}");
+        let mut body = batch.into_body();
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("\"lo\"") {
+            if let Ok(d) = body.frame().await.expect("frame").expect("ok").into_data() {
+                seen.extend_from_slice(&d);
+            }
+        }
+        let chat = client.request(post_req(&gw, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat");
+        assert_eq!(chat.status(), 429, "{proto}: the chat request waited for the slot and was refused");
+        assert_eq!(mock.state.cancelled.load(std::sync::atomic::Ordering::SeqCst), 0, "{proto}: the batch stream went on");
+        assert_eq!(metric(&metrics_text(&gw).await, "slogate_preemptions_total", &[]), None, "{proto}");
+        drop(body);
+        assert_quiescent(&gw).await;
+    }
+}

@@ -144,13 +144,18 @@ impl PoolAdmission {
     /// A slot for one of `tenant`'s next waiters in `tier`: the first of
     /// them (up to [`WINDOW`]) that a replica holding its prompt's prefix
     /// has a free slot for (with its id), else one for the first waiter.
+    /// A preempted stream waits first in its tenant's line and takes the
+    /// next slot wherever it is: its client holds part of its answer, and
+    /// passed over for waiters whose prefix is cached it could wait
+    /// minutes (docs/design/preemption.md, rule 9).
     fn lease_for_next(self: &Arc<Self>, q: &Queues, tier: Tier, tenant: u32) -> Result<(Lease, Option<u64>), PickError> {
         let queue = match tier {
             Tier::Interactive => &q.interactive,
             Tier::Batch => &q.batch,
         };
         let next: Vec<_> = queue.first_of(tenant, WINDOW).map(|w| (w.id, w.key.clone())).collect();
-        if next.len() > 1 {
+        let preempted_first = queue.first_of(tenant, 1).any(|w| w.claim.resumed);
+        if next.len() > 1 && !preempted_first {
             for (id, key) in &next {
                 if let Some(lease) = key.as_deref().and_then(|k| self.try_lease_on(tier, 0, Some(k), true).ok()) {
                     return Ok((lease, Some(*id)));

@@ -507,6 +507,7 @@ async fn a_lease_judges_the_finished_request() {
 }
 
 mod beyond;
+mod preempted;
 mod shedding;
 
 /// A batch stream holding `pool`'s slot, enlisted as a victim that has sent tokens.
