@@ -20,23 +20,29 @@ const NEAR_END: f64 = 0.8;
 /// TTFT target waits inside its engine: it asks for a slot there (rule 1).
 pub(crate) const IN_ENGINE_AT: f64 = 0.4;
 /// ... unless its replica predicted its first token later: it asks once
-/// the prediction is overdue by this share of itself (rule 1).
+/// the prediction is overdue by this share of itself (rule 1) ...
 const OVERDUE_BY: u32 = 4;
+/// ... and at this share of the target at the latest: a prediction made
+/// long by prefill work ahead of it (a burst of batch prompts) must not
+/// keep it from asking in time to be prefilled (rule 1).
+pub(crate) const IN_ENGINE_BY: f64 = 0.7;
 
 /// When an interactive stream that took its slot at once, at `start`
 /// with a first token `target`, asks a batch stream on its replica for a
 /// slot if it has no first token yet: at 40 % of the target, or where the
 /// replica predicted the first token at `due`, once that is a quarter
-/// overdue, if later (rule 1). A long prompt's own prefill passes 40 % of
-/// the target; asking then takes a slot the request did not need.
+/// overdue, if later, but by 70 % of the target (rule 1). A long prompt's
+/// own prefill passes 40 % of the target; asking then takes a slot the
+/// request did not need.
 pub(crate) fn in_engine_ask_at(
     start: tokio::time::Instant,
     target: std::time::Duration,
     due: Option<tokio::time::Instant>,
 ) -> tokio::time::Instant {
     let early = start + target.mul_f64(IN_ENGINE_AT);
+    let latest = start + target.mul_f64(IN_ENGINE_BY);
     match due {
-        Some(due) => early.max(due + due.saturating_duration_since(start) / OVERDUE_BY),
+        Some(due) => early.max((due + due.saturating_duration_since(start) / OVERDUE_BY).min(latest)),
         None => early,
     }
 }
@@ -214,6 +220,7 @@ mod tests {
         assert_eq!(at(None), ms(120), "no prediction: 40 % of the target");
         assert_eq!(at(Some(60)), ms(120), "a short prompt's first token due early: 40 %");
         assert_eq!(at(Some(160)), ms(200), "a long prompt's due at 160 ms: asks a quarter after");
+        assert_eq!(at(Some(400)), ms(210), "due past the target (prefill ahead): by 70 % of it");
     }
 
     #[test]

@@ -144,7 +144,7 @@ pub(crate) struct ObservedBody<B> {
     waiting: Option<preempting::Waiting>,
     /// An interactive stream's moment to ask for a batch stream's slot on
     /// its replica, if it has no first token by then.
-    asks_at: Option<Instant>,
+    asks: Option<preempting::Ask>,
     /// What the first-token timeout counts from: the request's arrival, or
     /// when it was sent to a second replica because the first sent no
     /// response head in time.
@@ -216,7 +216,7 @@ impl<B> ObservedBody<B> {
             continuing: None,
             victim: None,
             waiting: None,
-            asks_at: None,
+            asks: None,
             first_from: start,
         }
     }
@@ -497,6 +497,7 @@ where
             if this.preempt_if_asked(cx) {
                 continue;
             }
+            this.poll_ask(cx);
             let Some(inner) = this.inner.as_mut() else {
                 this.done = true;
                 continue;

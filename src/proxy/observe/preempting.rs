@@ -3,6 +3,7 @@
 //! replica request ends, the slot goes back, the stream waits in the batch
 //! queue, and its continuation is spliced in as a broken stream's is.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
@@ -14,6 +15,13 @@ use crate::admission::preempt::Victim;
 use crate::proxy::resume::Break;
 use crate::telemetry::labels::PoolLabels;
 use crate::telemetry::Outcome;
+
+/// An interactive stream's moment to ask for a batch stream's slot, and
+/// the timer that wakes its poller then (set at its first wait).
+pub(crate) struct Ask {
+    at: Instant,
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
 
 /// A preempted stream waiting for a slot again, since when, and its pool.
 pub(crate) struct Waiting {
@@ -35,14 +43,31 @@ impl<B> ObservedBody<B> {
     /// An interactive stream: at `at`, with no first token yet, ask a
     /// batch stream on its replica for its slot.
     pub(crate) fn asks_at(&mut self, at: Instant) {
-        self.asks_at = Some(at);
+        self.asks = Some(Ask { at, timer: None });
     }
 
-    /// The watchdog's look at `now`: the moment to ask has come, and the
-    /// stream has no first token (docs/design/preemption.md, rule 1).
+    /// The moment to ask, to the moment while the body is polled: a timer
+    /// wakes its poller then (the watchdog looks only every tick). Gone
+    /// with the first token.
+    pub(super) fn poll_ask(&mut self, cx: &mut Context<'_>) {
+        let Some(ask) = self.asks.as_mut() else { return };
+        if self.tracker.first_token.is_some() {
+            self.asks = None;
+            return;
+        }
+        let at = ask.at;
+        let timer = ask.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        if timer.as_mut().poll(cx).is_ready() {
+            self.ask_if_due(Instant::now());
+        }
+    }
+
+    /// The watchdog's look at `now` (or the ask's timer's): the moment to
+    /// ask has come, and the stream has no first token
+    /// (docs/design/preemption.md, rule 1).
     pub(crate) fn ask_if_due(&mut self, now: Instant) {
-        if self.asks_at.is_some_and(|at| now >= at) {
-            self.asks_at = None;
+        if self.asks.as_ref().is_some_and(|a| now >= a.at) {
+            self.asks = None;
             if let (None, Some(lease)) = (self.tracker.first_token, self.tracker.lease.as_ref()) {
                 lease.ask_for_slot();
             }

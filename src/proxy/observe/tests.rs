@@ -419,3 +419,42 @@ async fn a_replicas_read_is_let_go_when_its_events_are_handed_on() {
     }
     assert!(body.frame().await.is_none());
 }
+
+/// An interactive stream with no first token asks for a batch stream's
+/// slot at its moment, to the moment while the body is polled: its own
+/// timer wakes it, not the watchdog's next look.
+#[tokio::test(start_paused = true)]
+async fn a_polled_stream_asks_for_a_slot_at_its_moment() {
+    use crate::config::{InflightLimit, PoolConfig, Tier, TiersConfig};
+    use crate::upstream::{Access, Pool};
+    let (metrics, class) = fixture();
+    let cfg = PoolConfig {
+        replicas: vec!["http://127.0.0.1:9".into()],
+        max_inflight_per_replica: InflightLimit::Fixed(4),
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(cfg.clone(), Access::new(&cfg).expect("access"), None);
+    let replica = pool.replicas[0].clone();
+    replica.set_healthy(true);
+    // The replica said at its last scrape that a request waits in it.
+    replica.readings.scraped_waiting.store(1, std::sync::atomic::Ordering::Relaxed);
+    let admission = Arc::new(crate::admission::queue::PoolAdmission::new(Arc::new(pool), TiersConfig::default(), &metrics));
+    let batch = admission.try_lease(Tier::Batch).expect("a slot");
+    let victim = Arc::new(crate::admission::preempt::Victim::new(100, Some(500), 0));
+    victim.sent(10);
+    batch.enlist(Arc::downgrade(&victim));
+    let start = Instant::now();
+    let mut tracker = Tracker::new(metrics.clone(), class, start);
+    tracker.streaming = true;
+    tracker.attach_lease(admission.try_lease(Tier::Interactive).expect("a slot"), Duration::ZERO);
+    let mut body = ObservedBody::sse(Timed::new(vec![(0, ROLE), (1000, TOK)], true), tracker, TIMEOUTS, true);
+    body.asks_at(start + Duration::from_millis(120));
+    let reading = tokio::spawn(async move { body.collect().await.map(|b| b.to_bytes()) });
+    let waker = futures_util::task::noop_waker();
+    tokio::time::sleep(Duration::from_millis(119)).await;
+    assert!(!victim.asked(&waker), "not before its moment");
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    assert!(victim.asked(&waker), "asked at 120 ms");
+    reading.abort();
+    drop(batch);
+}
