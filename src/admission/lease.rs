@@ -149,8 +149,9 @@ impl Lease {
         }
     }
 
-    /// When its first token is due by its replica's prediction, if one was made.
-    pub(crate) fn first_token_due(&self) -> Option<tokio::time::Instant> {
+    /// When its first token is due by its replica's prediction, and its own
+    /// prefill's time there, if one was made.
+    pub(crate) fn first_token_due(&self) -> Option<(tokio::time::Instant, std::time::Duration)> {
         self.slot.first_token_due()
     }
 

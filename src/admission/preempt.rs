@@ -30,21 +30,22 @@ pub(crate) const IN_ENGINE_BY: f64 = 0.7;
 /// When an interactive stream that took its slot at once, at `start`
 /// with a first token `target`, asks a batch stream on its replica for a
 /// slot if it has no first token yet: at 40 % of the target, or where the
-/// replica predicted the first token at `due`, once that is a quarter
-/// overdue, if later, but by 70 % of the target (rule 1). A long prompt's
-/// own prefill passes 40 % of the target; asking then takes a slot the
-/// request did not need.
+/// replica predicted the first token at `due` (and its own prefill to take
+/// `own`), once that is a quarter overdue, if later, but by 70 % of the
+/// target; and not at all where a slot given then leaves less time than
+/// its own prefill takes (rule 1). A long prompt's own prefill passes 40 %
+/// of the target; asking then takes a slot the request did not need, and
+/// asking too late for the slot to help costs a batch stream for nothing.
 pub(crate) fn in_engine_ask_at(
     start: tokio::time::Instant,
     target: std::time::Duration,
-    due: Option<tokio::time::Instant>,
-) -> tokio::time::Instant {
+    due: Option<(tokio::time::Instant, std::time::Duration)>,
+) -> Option<tokio::time::Instant> {
     let early = start + target.mul_f64(IN_ENGINE_AT);
+    let Some((due, own)) = due else { return Some(early) };
     let latest = start + target.mul_f64(IN_ENGINE_BY);
-    match due {
-        Some(due) => early.max((due + due.saturating_duration_since(start) / OVERDUE_BY).min(latest)),
-        None => early,
-    }
+    let at = early.max((due + due.saturating_duration_since(start) / OVERDUE_BY).min(latest));
+    (at + own <= start + target).then_some(at)
 }
 
 /// One preemptible batch stream, as the pool sees it.
@@ -216,11 +217,13 @@ mod tests {
     fn a_stream_asks_in_its_engine_at_forty_percent_or_once_its_prediction_is_overdue() {
         let start = tokio::time::Instant::now();
         let (target, ms) = (Duration::from_millis(300), Duration::from_millis);
-        let at = |due: Option<u64>| in_engine_ask_at(start, target, due.map(|d| start + ms(d))) - start;
-        assert_eq!(at(None), ms(120), "no prediction: 40 % of the target");
-        assert_eq!(at(Some(60)), ms(120), "a short prompt's first token due early: 40 %");
-        assert_eq!(at(Some(160)), ms(200), "a long prompt's due at 160 ms: asks a quarter after");
-        assert_eq!(at(Some(400)), ms(210), "due past the target (prefill ahead): by 70 % of it");
+        let at = |due: Option<(u64, u64)>| in_engine_ask_at(start, target, due.map(|(d, own)| (start + ms(d), ms(own)))).map(|a| a - start);
+        assert_eq!(at(None), Some(ms(120)), "no prediction: 40 % of the target");
+        assert_eq!(at(Some((60, 50))), Some(ms(120)), "a short prompt's first token due early: 40 %");
+        assert_eq!(at(Some((160, 60))), Some(ms(200)), "due at 160 ms: asks a quarter after");
+        assert_eq!(at(Some((400, 60))), Some(ms(210)), "due past the target (prefill ahead): by 70 % of it");
+        assert_eq!(at(Some((160, 130))), None, "its own prefill would not fit after a slot given then");
+        assert_eq!(at(Some((60, 200))), None, "nor after one given at 40 %");
     }
 
     #[test]

@@ -120,14 +120,14 @@ impl Preempting {
         waited: std::time::Duration,
         (prompt, max): (u64, Option<u64>),
         start: tokio::time::Instant,
-        due: Option<tokio::time::Instant>,
+        due: Option<(tokio::time::Instant, std::time::Duration)>,
     ) -> Preempting {
         use crate::config::Tier;
         match class.tier {
             _ if !route.pool.config.preempts() => Preempting::None,
             Tier::Batch => Preempting::Victim(prompt, max),
             Tier::Interactive if stream && waited.is_zero() => {
-                Preempting::Asks(crate::admission::preempt::in_engine_ask_at(start, class.ttft, due))
+                crate::admission::preempt::in_engine_ask_at(start, class.ttft, due).map_or(Preempting::None, Preempting::Asks)
             }
             Tier::Interactive => Preempting::None,
         }

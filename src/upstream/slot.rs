@@ -29,10 +29,13 @@ impl ReplicaSlot {
         &self.replica
     }
 
-    /// When its first token is due by the replica's prediction at dispatch
-    /// (`None` where none was made: the prompt unknown, the model unlearned).
-    pub(crate) fn first_token_due(&self) -> Option<tokio::time::Instant> {
-        self.dispatch.and_then(|(at, _, predicted)| predicted.map(|p| at + p))
+    /// When its first token is due by the replica's prediction at dispatch,
+    /// and the time its own prefill takes there, were nothing ahead of it
+    /// (`None` where no prediction was made: the prompt unknown, the model
+    /// unlearned).
+    pub(crate) fn first_token_due(&self) -> Option<(tokio::time::Instant, std::time::Duration)> {
+        let (at, _, predicted) = self.dispatch?;
+        Some((at + predicted?, self.replica.predict_first_token(self.prefill_bytes)?))
     }
 
     pub(super) fn new(replica: &Arc<Replica>, tier: Tier) -> ReplicaSlot {
