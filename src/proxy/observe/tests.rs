@@ -292,11 +292,11 @@ async fn ttft_and_itl_are_the_exact_times_of_the_content_events() {
     assert_eq!(sample(&m, "slogate_time_per_output_token_seconds_sum"), 0.25);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_stream_reports_its_gaps_to_its_replica_while_it_runs_and_at_its_end() {
-    use crate::config::{InflightLimit, PoolConfig, Tier, TiersConfig};
+/// A pool of one healthy replica with 4 slots (nothing listens): the
+/// replica and the pool's admission.
+fn one_replica(metrics: &Arc<crate::telemetry::Metrics>) -> (Arc<crate::upstream::Replica>, Arc<crate::admission::queue::PoolAdmission>) {
+    use crate::config::{InflightLimit, PoolConfig, TiersConfig};
     use crate::upstream::{Access, Pool};
-    let (metrics, class) = fixture();
     let cfg = PoolConfig {
         replicas: vec!["http://127.0.0.1:9".into()],
         max_inflight_per_replica: InflightLimit::Fixed(4),
@@ -305,7 +305,14 @@ async fn a_stream_reports_its_gaps_to_its_replica_while_it_runs_and_at_its_end()
     let pool = Pool::new(cfg.clone(), Access::new(&cfg).expect("access"), None);
     let replica = pool.replicas[0].clone();
     replica.set_healthy(true);
-    let admission = Arc::new(crate::admission::queue::PoolAdmission::new(Arc::new(pool), TiersConfig::default(), &metrics));
+    (replica, Arc::new(crate::admission::queue::PoolAdmission::new(Arc::new(pool), TiersConfig::default(), metrics)))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_reports_its_gaps_to_its_replica_while_it_runs_and_at_its_end() {
+    use crate::config::Tier;
+    let (metrics, class) = fixture();
+    let (replica, admission) = one_replica(&metrics);
     let mut tracker = Tracker::new(metrics.clone(), class, Instant::now());
     tracker.attach_lease(admission.try_lease(Tier::Interactive).expect("a slot"), Duration::ZERO);
     let tick = |t: &mut Tracker, ms: u64| {
@@ -425,20 +432,11 @@ async fn a_replicas_read_is_let_go_when_its_events_are_handed_on() {
 /// timer wakes it, not the watchdog's next look.
 #[tokio::test(start_paused = true)]
 async fn a_polled_stream_asks_for_a_slot_at_its_moment() {
-    use crate::config::{InflightLimit, PoolConfig, Tier, TiersConfig};
-    use crate::upstream::{Access, Pool};
+    use crate::config::Tier;
     let (metrics, class) = fixture();
-    let cfg = PoolConfig {
-        replicas: vec!["http://127.0.0.1:9".into()],
-        max_inflight_per_replica: InflightLimit::Fixed(4),
-        ..PoolConfig::default()
-    };
-    let pool = Pool::new(cfg.clone(), Access::new(&cfg).expect("access"), None);
-    let replica = pool.replicas[0].clone();
-    replica.set_healthy(true);
+    let (replica, admission) = one_replica(&metrics);
     // The replica said at its last scrape that a request waits in it.
     replica.readings.scraped_waiting.store(1, std::sync::atomic::Ordering::Relaxed);
-    let admission = Arc::new(crate::admission::queue::PoolAdmission::new(Arc::new(pool), TiersConfig::default(), &metrics));
     let batch = admission.try_lease(Tier::Batch).expect("a slot");
     let victim = Arc::new(crate::admission::preempt::Victim::new(100, Some(500), 0));
     victim.sent(10);
