@@ -106,9 +106,9 @@ pub(super) enum Preempting {
     /// A batch stream, which may give its slot up: its prompt and `max_tokens`.
     Victim(u64, Option<u64>),
     /// An interactive stream that took a slot without waiting: with no
-    /// first token by then (40 % of its target, or later where its first
-    /// token was predicted later), it waits inside the engine, and asks a
-    /// batch stream on its replica for a slot (rule 1).
+    /// first token by then (see [`crate::admission::preempt::in_engine_ask_at`]),
+    /// it waits inside the engine, and asks a batch stream on its replica
+    /// for a slot (rule 1).
     Asks(tokio::time::Instant),
 }
 
