@@ -153,9 +153,11 @@ impl PoolAdmission {
             Tier::Interactive => &q.interactive,
             Tier::Batch => &q.batch,
         };
+        if queue.first_of(tenant, 1).any(|w| w.claim.resumed) {
+            return self.try_lease_over(tier, 0, None).map(|l| (l, None));
+        }
         let next: Vec<_> = queue.first_of(tenant, WINDOW).map(|w| (w.id, w.key.clone())).collect();
-        let preempted_first = queue.first_of(tenant, 1).any(|w| w.claim.resumed);
-        if next.len() > 1 && !preempted_first {
+        if next.len() > 1 {
             for (id, key) in &next {
                 if let Some(lease) = key.as_deref().and_then(|k| self.try_lease_on(tier, 0, Some(k), true).ok()) {
                     return Ok((lease, Some(*id)));
