@@ -244,9 +244,12 @@ publish() {
 # The fleet of the admission benchmarks (bench/admission.sh, bench/limits.sh):
 # vLLM-like replicas of a 70B FP8 model on one H100 each, 512-token prefill
 # chunks (keeps ITL under 50 ms while prefills run), priority scheduling for
-# upstream_priority. sim_up ARGS... starts them (SIM_PID, TARGETS).
+# upstream_priority. Each chunk carries when the replica sent it
+# (--stamp-events), so a report can tell a gap the engine's steps made on
+# this machine from one the path through the gateway added.
+# sim_up ARGS... starts them (SIM_PID, TARGETS).
 MODEL=sim-llama-70b-fp8
-SIM_ARGS=(--profile llama70b-fp8-h100 --max-num-batched-tokens 512 --scheduling-policy priority)
+SIM_ARGS=(--profile llama70b-fp8-h100 --max-num-batched-tokens 512 --scheduling-policy priority --stamp-events)
 sim_up() { start_sim sim "$@" "${SIM_ARGS[@]}"; SIM_PID=${PIDS[-1]}; TARGETS=$(IFS=,; echo "${SIM_URLS[*]}"); }
 sim_down() { kill "$SIM_PID" 2>/dev/null || true; wait "$SIM_PID" 2>/dev/null || true; }
 gw_down() { kill "$GW_PID" 2>/dev/null || true; wait "$GW_PID" 2>/dev/null || true; }

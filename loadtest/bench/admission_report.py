@@ -114,6 +114,25 @@ def class_row(recs, cls, dur):
     }
 
 
+def misses(recs, cls):
+    """Why the completed requests of `cls` missed their SLO, in words: a
+    late first token, or too many gaps over the ITL target; and, where the
+    simulator stamped its chunks (`engine_itl_over`), how many of those
+    gap misses the replica's own gaps already made (its steps, late on
+    this machine) rather than the path through the gateway."""
+    ttft, _ = TARGETS.get(cls, (math.inf, math.inf))
+    done = [x for x in recs if x["class"] == cls and x["outcome"] in ("ok", "length") and not within(x)]
+    late = [x for x in done if x["ttft_ms"] is not None and x["ttft_ms"] > ttft]
+    gaps = [x for x in done if x not in late]
+    text = f"{cls} requests completed outside their SLO: {len(late)} with a late first token, {len(gaps)} on gaps over the ITL target"
+    stamped = [x for x in gaps if x.get("engine_itl_over") is not None]
+    if stamped:
+        engine = [x for x in stamped if x["engine_itl_over"] > x["gaps"] // 100]
+        text += (f"; of those {len(stamped)} (gaps stamped by the replica), {len(engine)} missed on the replica's own "
+                 f"gaps as it sent them, {len(stamped) - len(engine)} only on what the path added")
+    return text + "."
+
+
 def retry_after_row(recs):
     """Every 429 the client got carried a Retry-After: (yes/no, in words)."""
     refused = [x for x in recs if x["outcome"] == "rejected"]

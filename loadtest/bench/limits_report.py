@@ -13,7 +13,7 @@ import os
 import sys
 from collections import Counter
 
-from admission_report import chart, class_row, load, pct, timeline, window, write_measured  # beside this script
+from admission_report import chart, class_row, load, misses, pct, timeline, window, write_measured  # beside this script
 
 
 def between(r, a, b):
@@ -72,11 +72,14 @@ def counter(path, name):
 def cmd_overload(d, C):
     C = float(C)
     labs = ("auto", "fixed", "none") + (("no-preempt",) if os.path.exists(os.path.join(d, "no-preempt.json")) else ())
-    rows = {}
+    rows, why = {}, None
     for lab in labs:
         r = load(os.path.join(d, f"{lab}.json"))
         w, dur = window(r)
-        rows[lab] = rows_of([x for x in r["records"] if w <= x["start_s"] < dur], dur - w)
+        recs = [x for x in r["records"] if w <= x["start_s"] < dur]
+        rows[lab] = rows_of(recs, dur - w)
+        if lab == "auto":
+            why = misses(recs, "chat")
     series = limit_chart(d, list(labs), "limits", "slots per gateway, and chat TTFT P99 as the gateway sees it")
     a = rows["auto"]
     learned = [row["replica_limits"] for row in series["auto"] if row["t"] >= 5]
@@ -102,7 +105,7 @@ def cmd_overload(d, C):
                 f"median {pct(learned, 0.5):.0f}, max {max(learned):.0f}.\n\n")
         table(f, [(lab, rows[lab], C, "C") for lab in labs])
         f.write(f"\n`auto` (the defaults, preemption on): {n:.0f} batch streams preempted, "
-                f"{redone:.0f} tokens prefilled again by their continuations.\n")
+                f"{redone:.0f} tokens prefilled again by their continuations. `auto`'s {why}\n")
         f.write("\nChart: `limits.svg` (each gateway's slots and its rolling chat TTFT P99).\n")
 
 
@@ -132,6 +135,7 @@ def cmd_change(d, C, half, C2, what):
                 f"{pct(pre, 0.5):.0f} (median of the 20 s before the change), {level:.0f} (median after). \"After\" is from "
                 f"{half + 10:.0f} s on.\n\n")
         table(f, [("before", before, C, "C"), ("after", after, C2, "C2")])
+        f.write(f"\nAfter the change, {misses(between(r, half + 10, dur), 'chat')}\n")
         ref_path = os.path.join(d, "chat-alone.json")
         if os.path.exists(ref_path):
             rr = load(ref_path)

@@ -11,7 +11,7 @@ values the scenario file's checks judge (the runner, loadtest/run, judges).
 import os
 import sys
 
-from admission_report import chart, load, pct, window, within, write_measured  # beside this script
+from admission_report import chart, load, misses, pct, window, within, write_measured  # beside this script
 
 FLEET = ("two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each), "
          "`--max-num-batched-tokens 512`, `--scheduling-policy priority`; 512-token prompts, 64-256 output tokens "
@@ -134,6 +134,7 @@ def cmd_flood(d, C):
             by = ", ".join(f"{c} {k}" for c, k in sorted(refused[n].items())) or "0"
             f.write(f"| {n} | {cls} | {x['requests']} | {x['done']} | {by} | {x['failed']} | {x['p50']:.0f} / {x['p99']:.0f} | "
                     f"{100 * x['within']:.1f} % | {x['goodput']:.2f} |\n")
+        f.write(f"\n`web`'s {misses([x for x in recs if x['stream'] == 'web'], 'chat')}\n")
 
 
 def cmd_weights(d, C):

@@ -100,13 +100,18 @@ async fn stamped_chunks_split_the_paths_share_from_the_engines() {
     let mut cfg = Profile::Llama8bH100.config();
     (cfg.step_base_ms, cfg.decode_per_seq_ms, cfg.prefill_per_token_ms, cfg.stamp_events) = (30.0, 0.0, 0.0, true);
     let sim = SimServer::start(cfg, SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("sim");
-    let s = scenario(&sim.url(), Duration::from_secs(1), Arrival::Constant { rate: 10.0 }, 16, 6);
+    let mut s = scenario(&sim.url(), Duration::from_secs(1), Arrival::Constant { rate: 10.0 }, 16, 6);
+    // A gap target under the engine's 30 ms step: every gap is over it as the replica sent it.
+    s.classes.get_mut("chat").expect("chat's targets").itl_ms = 10.0;
     let r = run(&s, "stamped", false).await.expect("run");
     assert_eq!(r.records.len(), 10);
     for x in &r.records {
         let (client, engine) = (x.ttft_ms.expect("ttft"), x.engine_ttft_ms.expect("stamped chunks give the engine's TTFT"));
         // The engine needs at least one 30 ms step for the first token; the client sees that plus the path.
         assert!(engine >= 29.0 && client >= engine, "client {client:.3} ms, engine {engine:.3} ms");
+        // Each gap over the target is counted as the replica sent it (a
+        // step apart at least), beside the client's own count.
+        assert_eq!(x.engine_itl_over, Some(5), "{x:?}");
     }
     let engine = r.engine_itl_us.get("chat").expect("engine gaps recorded");
     let path = r.itl_path_us.get("chat").expect("path share recorded");
@@ -124,7 +129,7 @@ async fn stamped_chunks_split_the_paths_share_from_the_engines() {
     let r = run(&scenario(&plain.url(), Duration::from_millis(300), Arrival::Constant { rate: 10.0 }, 16, 4), "plain", false)
         .await
         .expect("run");
-    assert!(!r.records.is_empty() && r.records.iter().all(|x| x.engine_ttft_ms.is_none()) && r.engine_itl_us.is_empty());
+    assert!(!r.records.is_empty() && r.records.iter().all(|x| x.engine_ttft_ms.is_none() && x.engine_itl_over.is_none()) && r.engine_itl_us.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -83,6 +83,7 @@ impl Ctx {
             queue_ms: None,
             context_reduced: None,
             engine_ttft_ms: None,
+            engine_itl_over: None,
             path_in_ms: None,
             target: None,
             error_code: None,
@@ -290,6 +291,10 @@ impl Clock {
                 if let (Some(t), Some(p)) = (sent_ns, self.last_sent_ns) {
                     let eg = t.saturating_sub(p) / 1000;
                     gaps.engine.push(eg);
+                    let over = rec.engine_itl_over.get_or_insert(0);
+                    if self.itl_target_us.is_some_and(|t| eg > t) {
+                        *over += 1;
+                    }
                     gaps.path.push(g.saturating_sub(eg));
                 }
                 rec.gaps += 1;

@@ -43,6 +43,11 @@ pub struct Record {
     /// the wall clock, which processes on one machine share).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_in_ms: Option<f64>,
+    /// With a stamping simulator: the gaps longer than the class ITL
+    /// target as the replica sent them (its own steps), where `itl_over`
+    /// counts them as the client read them; the difference is the path's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_itl_over: Option<u32>,
     /// For a stream with several targets: which one (0-based, in the order
     /// listed) this request went to. Requests take the targets in turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
