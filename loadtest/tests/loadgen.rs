@@ -129,7 +129,11 @@ async fn stamped_chunks_split_the_paths_share_from_the_engines() {
     let r = run(&scenario(&plain.url(), Duration::from_millis(300), Arrival::Constant { rate: 10.0 }, 16, 4), "plain", false)
         .await
         .expect("run");
-    assert!(!r.records.is_empty() && r.records.iter().all(|x| x.engine_ttft_ms.is_none() && x.engine_itl_over.is_none()) && r.engine_itl_us.is_empty());
+    assert!(
+        !r.records.is_empty()
+            && r.records.iter().all(|x| x.engine_ttft_ms.is_none() && x.engine_itl_over.is_none())
+            && r.engine_itl_us.is_empty()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
