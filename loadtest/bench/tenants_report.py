@@ -14,7 +14,8 @@ import sys
 from admission_report import chart, load, misses, pct, window, within, write_measured  # beside this script
 
 FLEET = ("two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each), "
-         "`--max-num-batched-tokens 512`, `--scheduling-policy priority`; 512-token prompts, 64-256 output tokens "
+         "`--max-num-batched-tokens 512`, `--scheduling-policy priority`, chunks stamped with when they left the replica "
+         "(`--stamp-events`); 512-token prompts, 64-256 output tokens "
          "(uniform). slogate: learned limits (`auto`), `upstream_priority: true`, class `chat` (interactive, "
          "TTFT 300 ms, ITL 50 ms), everything else slogate's defaults.")
 
