@@ -122,8 +122,9 @@ def misses(recs, cls):
     this machine) rather than the path through the gateway."""
     ttft, _ = TARGETS.get(cls, (math.inf, math.inf))
     done = [x for x in recs if x["class"] == cls and x["outcome"] in ("ok", "length") and not within(x)]
-    late = [x for x in done if x["ttft_ms"] is not None and x["ttft_ms"] > ttft]
-    gaps = [x for x in done if x not in late]
+    is_late = lambda x: x["ttft_ms"] is not None and x["ttft_ms"] > ttft
+    late = [x for x in done if is_late(x)]
+    gaps = [x for x in done if not is_late(x)]
     text = f"{cls} requests completed outside their SLO: {len(late)} with a late first token, {len(gaps)} on gaps over the ITL target"
     stamped = [x for x in gaps if x.get("engine_itl_over") is not None]
     if stamped:
