@@ -22,9 +22,7 @@ pub(crate) const IN_ENGINE_AT: f64 = 0.4;
 /// ... unless its replica predicted its first token later: it asks once
 /// the prediction is overdue by this share of itself (rule 1) ...
 const OVERDUE_BY: u32 = 4;
-/// ... and at this share of the target at the latest: a prediction made
-/// long by prefill work ahead of it (a burst of batch prompts) must not
-/// keep it from asking in time to be prefilled (rule 1).
+/// ... and at this share of the target at the latest (rule 1).
 pub(crate) const IN_ENGINE_BY: f64 = 0.7;
 
 /// When an interactive stream that took its slot at once, at `start`
@@ -32,7 +30,9 @@ pub(crate) const IN_ENGINE_BY: f64 = 0.7;
 /// slot if it has no first token yet: at 40 % of the target, or where the
 /// replica predicted the first token at `due` (and its own prefill to take
 /// `own`), once that is a quarter overdue, if later, but by 70 % of the
-/// target; and not at all where a slot given then leaves less time than
+/// target; at once where the prediction is past the target (prefill work
+/// ahead of it: a burst of prompts, which it waits behind for blocks or a
+/// slot too); and not at all where a slot given then leaves less time than
 /// its own prefill takes (rule 1). A long prompt's own prefill passes 40 %
 /// of the target; asking then takes a slot the request did not need, and
 /// asking too late for the slot to help costs a batch stream for nothing.
@@ -43,6 +43,9 @@ pub(crate) fn in_engine_ask_at(
 ) -> Option<tokio::time::Instant> {
     let early = start + target.mul_f64(IN_ENGINE_AT);
     let Some((due, own)) = due else { return Some(early) };
+    if due > start + target {
+        return (own <= target).then_some(start);
+    }
     let latest = start + target.mul_f64(IN_ENGINE_BY);
     let at = early.max((due + due.saturating_duration_since(start) / OVERDUE_BY).min(latest));
     (at + own <= start + target).then_some(at)
@@ -214,14 +217,16 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_asks_in_its_engine_at_forty_percent_or_once_its_prediction_is_overdue() {
+    fn a_stream_asks_in_its_engine_at_forty_percent_once_its_prediction_is_overdue_or_at_once_when_predicted_late() {
         let start = tokio::time::Instant::now();
         let (target, ms) = (Duration::from_millis(300), Duration::from_millis);
         let at = |due: Option<(u64, u64)>| in_engine_ask_at(start, target, due.map(|(d, own)| (start + ms(d), ms(own)))).map(|a| a - start);
         assert_eq!(at(None), Some(ms(120)), "no prediction: 40 % of the target");
         assert_eq!(at(Some((60, 50))), Some(ms(120)), "a short prompt's first token due early: 40 %");
         assert_eq!(at(Some((160, 60))), Some(ms(200)), "due at 160 ms: asks a quarter after");
-        assert_eq!(at(Some((400, 60))), Some(ms(210)), "due past the target (prefill ahead): by 70 % of it");
+        assert_eq!(at(Some((250, 60))), Some(ms(210)), "due at 250 ms: a quarter after is past 70 %: by 70 %");
+        assert_eq!(at(Some((400, 130))), Some(ms(0)), "due past the target (prefill ahead): at once");
+        assert_eq!(at(Some((400, 310))), None, "... unless its own prefill alone passes the target");
         assert_eq!(at(Some((160, 130))), None, "its own prefill would not fit after a slot given then");
         assert_eq!(at(Some((60, 200))), None, "nor after one given at 40 %");
     }

@@ -285,7 +285,7 @@ impl Pool {
     fn seat(&self, x: &Ranked<'_>, tier: Tier, key: Option<&RouteKey>) -> ReplicaSlot {
         let mut slot = ReplicaSlot::new(x.r, tier);
         if let Some(k) = key {
-            slot.prefill(x.uncached);
+            slot.prefill(x.uncached, self.config.upstream_priority);
             self.prefix.record(k, x.i, x.r.cache_blocks(k.block));
             // New full blocks to compute there: its events should name them soon.
             let stores = x.matched < k.bytes_of_token_blocks(k.token_keys.len());

@@ -48,13 +48,15 @@ impl ReplicaSlot {
 
     /// Its request's prompt has `bytes` not expected in the replica's cache:
     /// prefill work ahead of the next request there until its first token.
-    /// Its time to first token is predicted from the work ahead (both
-    /// tiers': the engine serves them first come first served, or the
-    /// prediction errs, and says so) and its own.
-    pub(super) fn prefill(&mut self, bytes: u64) {
+    /// Its time to first token is predicted from the work ahead (as routing
+    /// counts it: both tiers', or with `upstream_priority` an interactive
+    /// request's only the interactive prompts', which the engine runs
+    /// before the batch ones it has not started; where that errs, the
+    /// prediction says so) and its own.
+    pub(super) fn prefill(&mut self, bytes: u64, upstream_priority: bool) {
         if self.prefilling {
             let seats = &self.replica.seats;
-            let ahead: u64 = seats.prefill_bytes.iter().map(|b| b.load(Ordering::Relaxed)).sum();
+            let ahead = seats.prefill_bytes_ahead(self.tier, upstream_priority);
             if self.dispatch.is_none() {
                 let work = ahead + bytes;
                 self.dispatch = Some((tokio::time::Instant::now(), work, self.replica.predict_first_token(work)));
