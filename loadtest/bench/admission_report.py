@@ -21,6 +21,8 @@ from datetime import datetime
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOADGEN = os.path.join(HERE, "..", "..", "target", "release", "loadgen")
 TARGETS = {"chat": (300.0, 50.0), "batch": (3000.0, 200.0)}
+# The outcomes of a request served whole.
+DONE = ("ok", "length")
 
 
 def load(path):
@@ -53,7 +55,7 @@ def measured(r):
 
 def within(x):
     ttft, itl = TARGETS.get(x["class"], (math.inf, math.inf))
-    ok = x["outcome"] in ("ok", "length")
+    ok = x["outcome"] in DONE
     return ok and (x["ttft_ms"] is None or x["ttft_ms"] <= ttft) and x["itl_over"] <= x["gaps"] // 100
 
 
@@ -102,7 +104,7 @@ def timeline_chart(tl_path, d, stem, title):
 
 def class_row(recs, cls, dur):
     rs = [x for x in recs if x["class"] == cls]
-    done = [x for x in rs if x["outcome"] in ("ok", "length")]
+    done = [x for x in rs if x["outcome"] in DONE]
     rej = [x for x in rs if x["outcome"] == "rejected"]
     ttft = [x["ttft_ms"] for x in done if x["ttft_ms"] is not None]
     good = [x for x in rs if within(x)]
@@ -121,7 +123,7 @@ def misses(recs, cls):
     gap misses the replica's own gaps already made (its steps, late on
     this machine) rather than the path through the gateway."""
     ttft, _ = TARGETS.get(cls, (math.inf, math.inf))
-    done = [x for x in recs if x["class"] == cls and x["outcome"] in ("ok", "length") and not within(x)]
+    done = [x for x in recs if x["class"] == cls and x["outcome"] in DONE and not within(x)]
     is_late = lambda x: x["ttft_ms"] is not None and x["ttft_ms"] > ttft
     late = [x for x in done if is_late(x)]
     gaps = [x for x in done if not is_late(x)]
@@ -168,7 +170,7 @@ def cmd_capacity(path):
     counting requests that merely started in it would add the in-flight tail)."""
     r = load(path)
     w, d = window(r)
-    done = [x for x in r["records"] if x["outcome"] in ("ok", "length") and w <= x["start_s"] + x["e2e_ms"] / 1000 < d]
+    done = [x for x in r["records"] if x["outcome"] in DONE and w <= x["start_s"] + x["e2e_ms"] / 1000 < d]
     print(f"{len(done) / (d - w):.2f}")
 
 
