@@ -15,7 +15,6 @@
 //! peers', so every index sees the whole fleet's traffic.
 
 use std::collections::VecDeque;
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -184,10 +183,11 @@ struct Inner {
 impl PrefixIndex {
     /// An index of at most `capacity` names (blocks and session hints).
     pub(crate) fn new(capacity: usize) -> PrefixIndex {
-        let cap = NonZeroUsize::new(capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
         PrefixIndex {
-            inner: Mutex::new(Inner { names: LruCache::new(cap), held: Vec::new() }),
-            capacity: cap.get(),
+            // Bounded here, not by the crate: `LruCache::new` would size its
+            // table for every name up front (2 MB at the default), used or not.
+            inner: Mutex::new(Inner { names: LruCache::unbounded(), held: Vec::new() }),
+            capacity: capacity.max(1),
             journal: Mutex::new(VecDeque::new()),
             journaling: AtomicBool::new(false),
         }
@@ -315,28 +315,32 @@ impl PrefixIndex {
         if let Some(s) = session {
             names.put(s, bit);
         }
-        let Some(cap) = cache_blocks.and_then(NonZeroUsize::new) else {
+        while names.len() > self.capacity {
+            names.pop_lru();
+        }
+        let Some(cap) = cache_blocks.filter(|c| *c > 0) else {
             if let Some(h) = held.get_mut(i) {
                 *h = None;
             }
             return;
         };
+        // Names past the index's own bound are gone from it anyway.
+        let cap = cap.min(self.capacity);
         if held.len() <= i {
             held.resize_with(i + 1, || None);
         }
-        let order = held[i].get_or_insert_with(|| LruCache::new(cap));
-        if order.cap() != cap {
-            order.resize(cap);
-        }
+        // Bounded here too: a replica's cache is as large as its scrape says
+        // (a table sized for a cache of 160M tokens up front took 71 MB).
+        let order = held[i].get_or_insert_with(LruCache::unbounded);
         // The tail first, so the head is the most recent: an engine frees a
         // sequence's blocks tail first and evicts the least recently freed,
         // so a prefix's head outlives its tail.
         for b in blocks.iter().rev() {
-            if let Some((old, ())) = order.push(*b, ()) {
-                if old != *b {
-                    forget(names, old, bit);
-                }
-            }
+            order.push(*b, ());
+        }
+        while order.len() > cap {
+            let Some((old, ())) = order.pop_lru() else { break };
+            forget(names, old, bit);
         }
     }
 }
@@ -482,6 +486,18 @@ mod tests {
         assert_eq!(idx.matched(&key("gggghhhh"), 2), vec![2, 0]);
         assert_eq!(cache_blocks(1024, 256), Some(16));
         assert_eq!(cache_blocks(0, 256), None);
+    }
+
+    #[test]
+    fn a_cache_said_huge_takes_no_room_up_front_and_one_that_shrinks_forgets_its_oldest() {
+        // A scrape may say anything: a table sized for it at once would not fit in memory.
+        let idx = PrefixIndex::new(100);
+        idx.record(&key("aaaabbbbcccc"), 0, Some(usize::MAX / 2));
+        assert_eq!(idx.matched(&key("aaaabbbbcccc"), 1), vec![3]);
+        // Smaller now: the oldest go (the tail before the head), and off the index too.
+        idx.record(&key("dddd"), 0, Some(2));
+        assert_eq!(idx.matched(&key("aaaabbbbcccc"), 1), vec![1], "a is kept, b and c are gone");
+        assert_eq!(idx.len(), 2, "a and d");
     }
 
     #[test]
