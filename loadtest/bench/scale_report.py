@@ -76,6 +76,10 @@ if big:
     measured["added_itl_p99_ms_most"] = (added, f"{added:+.3f} ms {where}")
     measured["all_complete_most"] = (big["done"] == big["sent"], f"{big['done']} of {big['sent']} {where}")
     measured["cpu_us_per_event_most"] = (big["cpu"], f"{big['cpu']:.1f} us {where}")
+h1_rows = [r for r in rows if r["proto"] == "h1"]
+if h1_rows:
+    b1 = max(h1_rows, key=lambda r: r["n"])
+    measured["kb_per_stream_h1_most"] = (b1["per"] / 1024, f"{b1['per'] / 1024:.1f} KB at {b1['n']} (h1)")
 ratios = []
 for n in sorted({r["n"] for r in rows}):
     h1 = [r for r in rows if r["n"] == n and r["proto"] == "h1"]
