@@ -43,6 +43,9 @@ for kind in KINDS:
         plain = f"; plain build {p['cpu_us'] / h['cpu_us']:.2f}x" if p else ""
         measured[f"{kind}_cpu_vs_haproxy"] = (s["cpu_us"] / h["cpu_us"], f"{s['cpu_us'] / h['cpu_us']:.2f}x ({s['cpu_us']:.1f} vs {h['cpu_us']:.1f} µs{plain})")
         measured[f"{kind}_rps_vs_haproxy"] = (s["rps"] / h["rps"], f"{s['rps'] / h['rps']:.2f}x ({s['rps']:,.0f} vs {h['rps']:,.0f}/s)")
+        if p:
+            measured[f"{kind}_cpu_vs_haproxy_plain"] = (p["cpu_us"] / h["cpu_us"], f"{p['cpu_us'] / h['cpu_us']:.2f}x ({p['cpu_us']:.1f} vs {h['cpu_us']:.1f} µs)")
+            measured[f"{kind}_rps_vs_haproxy_plain"] = (p["rps"] / h["rps"], f"{p['rps'] / h['rps']:.2f}x ({p['rps']:,.0f} vs {h['rps']:,.0f}/s)")
     out.write("\n")
 
 
@@ -70,6 +73,11 @@ if "haproxy-http" in per_path and "haproxy-tcp" in per_path:
 if "slogate-plain" in per_path:
     rel += f"; plain build {per_path['slogate-plain']:.1f} µs"
 measured["event_cpu_us"] = (per_event, f"{per_event:.1f} µs{rel}")
+if "haproxy-http" in per_path:
+    ratio = per_event / per_path["haproxy-http"]
+    plain_event = per_path.get("slogate-plain")
+    extra = f"; plain build {plain_event / per_path['haproxy-http']:.2f}x" if plain_event else ""
+    measured["event_cpu_vs_haproxy"] = (ratio, f"{ratio:.2f}x ({per_event:.1f} vs {per_path['haproxy-http']:.1f} µs{extra})")
 
 
 def allocs(name):
@@ -147,6 +155,7 @@ added = [(rows[i][1]["path50"] - rows[i + 1][1]["path50"], rows[i][1]["shift99"]
 out.write(f"\nAdded TTFT p50: slogate {ttft:+.3f} ms, HAProxy `mode http` {h_ttft:+.3f}, `mode tcp` {t_ttft:+.3f} "
           f"(A/A {aa_ttft:+.3f}); added ITL p99: {itl:+.3f}, {h_itl:+.3f}, {t_itl:+.3f} ms (A/A {aa_itl:+.3f}).\n")
 measured["added_ttft_p50_ms"] = (ttft, f"{ttft:+.3f} ms; HAProxy `mode http` {h_ttft:+.3f}, `mode tcp` {t_ttft:+.3f} (A/A control {aa_ttft:+.3f})")
+measured["added_ttft_p50_over_haproxy_ms"] = (ttft - h_ttft, f"{ttft - h_ttft:+.3f} ms (slogate {ttft:+.3f}, HAProxy `mode http` {h_ttft:+.3f}; `mode tcp` {t_ttft:+.3f}, A/A control {aa_ttft:+.3f})")
 measured["added_itl_p99_ms"] = (itl, f"{itl:+.3f} ms; HAProxy `mode http` {h_itl:+.3f}, `mode tcp` {t_itl:+.3f} (A/A control {aa_itl:+.3f})")
 measured["errors"] = (errors, f"{errors}")
 write_measured(d, measured)
