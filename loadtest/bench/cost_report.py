@@ -41,11 +41,11 @@ for kind in KINDS:
     if s and h:
         p = short.get((kind, "slogate-plain"))
         plain = f"; plain build {p['cpu_us'] / h['cpu_us']:.2f}x" if p else ""
-        measured[f"{kind}_cpu_vs_haproxy"] = (s["cpu_us"] / h["cpu_us"], f"{s['cpu_us'] / h['cpu_us']:.2f}x ({s['cpu_us']:.1f} vs {h['cpu_us']:.1f} µs{plain})")
-        measured[f"{kind}_rps_vs_haproxy"] = (s["rps"] / h["rps"], f"{s['rps'] / h['rps']:.2f}x ({s['rps']:,.0f} vs {h['rps']:,.0f}/s)")
-        if p:
-            measured[f"{kind}_cpu_vs_haproxy_plain"] = (p["cpu_us"] / h["cpu_us"], f"{p['cpu_us'] / h['cpu_us']:.2f}x ({p['cpu_us']:.1f} vs {h['cpu_us']:.1f} µs)")
-            measured[f"{kind}_rps_vs_haproxy_plain"] = (p["rps"] / h["rps"], f"{p['rps'] / h['rps']:.2f}x ({p['rps']:,.0f} vs {h['rps']:,.0f}/s)")
+        for build, x, note in (("", s, plain), ("_plain", p, "")):
+            if x:
+                cpu, rps = x["cpu_us"] / h["cpu_us"], x["rps"] / h["rps"]
+                measured[f"{kind}_cpu_vs_haproxy{build}"] = (cpu, f"{cpu:.2f}x ({x['cpu_us']:.1f} vs {h['cpu_us']:.1f} µs{note})")
+                measured[f"{kind}_rps_vs_haproxy{build}"] = (rps, f"{rps:.2f}x ({x['rps']:,.0f} vs {h['rps']:,.0f}/s)")
     out.write("\n")
 
 
