@@ -222,28 +222,41 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// The headers a `Connection` header names: hop-by-hop for this hop only.
-/// `keep-alive` (hop-by-hop anyway) is left out, so the usual
-/// `Connection: keep-alive` costs no allocation.
+/// `keep-alive` (hop-by-hop anyway) and `close` (an option, not a header)
+/// are left out, so the usual `Connection: keep-alive` costs no allocation.
 fn connection_named(h: &HeaderMap) -> Vec<HeaderName> {
     h.get_all(header::CONNECTION)
         .iter()
+        .filter(|v| !names_no_header(v))
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
-        .filter(|n| !n.eq_ignore_ascii_case("keep-alive"))
+        .filter(|n| !n.eq_ignore_ascii_case("keep-alive") && !n.eq_ignore_ascii_case("close"))
         .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
         .collect()
+}
+
+/// A `Connection` value that is only `keep-alive` or `close`, as nearly
+/// every one is: it names no header, so it is not split and looked up.
+fn names_no_header(v: &HeaderValue) -> bool {
+    v.as_bytes().eq_ignore_ascii_case(b"keep-alive") || v.as_bytes().eq_ignore_ascii_case(b"close")
 }
 
 /// Remove hop-by-hop headers, including those named in `Connection`.
 /// The names are looked over once (most responses carry none, or only
 /// `Connection`): a removal by name hashes the name, present or not.
 pub(super) fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let present = h.keys().fold(0u16, |seen, k| seen | HOP_BY_HOP.iter().position(|n| n == k).map_or(0, |i| 1 << i));
+    let (mut present, mut names_others) = (0u16, false);
+    for (k, v) in h.iter() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|n| n == k) {
+            present |= 1 << i;
+            names_others |= i == 0 && !names_no_header(v);
+        }
+    }
     if present == 0 {
         return;
     }
-    if present & 1 != 0 {
+    if names_others {
         for n in connection_named(h) {
             h.remove(n);
         }
@@ -293,5 +306,33 @@ mod tests {
             h.insert(DEADLINE_MS, HeaderValue::from_static(bad));
             assert!(matches!(deadline(&h), Err(GatewayError::InvalidRequest { .. })), "{bad:?}");
         }
+    }
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_stripped_and_nothing_else() {
+        let stripped = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+            }
+            strip_hop_by_hop(&mut h);
+            let mut left: Vec<String> = h.iter().map(|(k, v)| format!("{k}: {}", v.to_str().unwrap_or("?"))).collect();
+            left.sort();
+            left
+        };
+        let kept = ["content-type: application/json", "x-keep: 1"];
+        assert_eq!(stripped(&[("connection", "Keep-Alive"), ("content-type", "application/json"), ("x-keep", "1")]), kept);
+        assert_eq!(stripped(&[("connection", "close"), ("content-type", "application/json"), ("x-keep", "1")]), kept);
+        // A header named in a later Connection value, beside one that names none.
+        let named = [
+            ("connection", "keep-alive"),
+            ("connection", "close, X-Private"),
+            ("x-private", "a"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("content-type", "application/json"),
+            ("x-keep", "1"),
+        ];
+        assert_eq!(stripped(&named), kept);
+        assert_eq!(stripped(&[("content-type", "application/json"), ("x-keep", "1")]), kept, "nothing to strip");
     }
 }

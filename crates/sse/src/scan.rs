@@ -198,15 +198,21 @@ fn delta(c: &mut Cursor<'_>) -> Option<(Option<Span>, bool)> {
 }
 
 /// Where the run of plain characters of a string that starts at `i` ends:
-/// at a quote, a backslash or a control character (or the end), looked
-/// for eight bytes at a time. Each mask marks the bytes that are its
+/// at a quote, a backslash or a control character (or the end). The first
+/// two words are looked over eight bytes at a time: most strings of a
+/// stream (a token's text, a name) end there, and a search set up for a
+/// long run would cost them more. Each mask marks the bytes that are its
 /// character exactly up to its first one (the borrow may mark bytes after
-/// it), so the lowest mark of the three is the first such byte.
+/// it), so the lowest mark of the three is the first such byte. A longer
+/// run (a whole answer's text) is searched with `memchr` for its quote or
+/// backslash, then checked for control characters in one pass the
+/// compiler vectorises: about a sixth of the instructions per byte.
 fn plain_run(b: &[u8], mut i: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
-    while let Some(word) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+    for _ in 0..2 {
+        let Some(word) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) else { return plain_tail(b, i) };
         let v = u64::from_le_bytes(*word);
         let ends = zero(v ^ (ONES * u64::from(b'"'))) | zero(v ^ (ONES * u64::from(b'\\'))) | (v.wrapping_sub(ONES * 0x20) & !v & HIGH);
         if ends != 0 {
@@ -214,6 +220,18 @@ fn plain_run(b: &[u8], mut i: usize) -> usize {
         }
         i += 8;
     }
+    let rest = b.get(i..).unwrap_or_default();
+    let run = &rest[..memchr::memchr2(b'"', b'\\', rest).unwrap_or(rest.len())];
+    // No early exit: the whole run in vector steps, then the place only if
+    // there is one (a control character ends the string as invalid).
+    if run.iter().fold(false, |any, &c| any | (c < 0x20)) {
+        return i + run.iter().position(|&c| c < 0x20).unwrap_or(run.len());
+    }
+    i + run.len()
+}
+
+/// The end of a plain run in the last bytes, fewer than a word.
+fn plain_tail(b: &[u8], mut i: usize) -> usize {
     while b.get(i).is_some_and(|&c| c != b'"' && c != b'\\' && c >= 0x20) {
         i += 1;
     }

@@ -174,3 +174,28 @@ proptest! {
         agrees(v.as_bytes());
     }
 }
+
+/// A plain run ends where a byte-by-byte reading ends it, whatever its
+/// length (the word steps, the search for long runs, the short tail) and
+/// wherever the quote, backslash or control character falls.
+#[test]
+fn a_plain_run_ends_at_the_first_quote_backslash_or_control_character() {
+    let by_byte = |b: &[u8], i: usize| i + b[i..].iter().take_while(|&&c| c != b'"' && c != b'\\' && c >= 0x20).count();
+    for len in 0..80 {
+        for start in [0, 1, 7] {
+            let plain: Vec<u8> = (0..start + len).map(|k| b"token \xc3\xa9x"[k % 9]).collect();
+            assert_eq!(plain_run(&plain, start), start + len, "no end in {len} bytes from {start}");
+            for at in start..start + len {
+                for end in [b'"', b'\\', b'\n', 0x1f, 0] {
+                    let mut b = plain.clone();
+                    b[at] = end;
+                    // A second one later does not move the first.
+                    if at + 3 < b.len() {
+                        b[at + 3] = b'"';
+                    }
+                    assert_eq!(plain_run(&b, start), by_byte(&b, start), "{end:#x} at {at} of {len} from {start}");
+                }
+            }
+        }
+    }
+}
