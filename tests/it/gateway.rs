@@ -588,18 +588,34 @@ async fn tls_connect(gw: &Gw, cert: &rcgen::CertifiedKey, alpn: &[&[u8]]) -> tok
     connector.connect(name, tcp).await.expect("TLS handshake")
 }
 
+/// Over TLS the gateway serves each protocol a client can choose: none
+/// chosen (told from its bytes), HTTP/1.1 and HTTP/2 chosen by ALPN (taken
+/// at its word).
 #[tokio::test]
-async fn tls_listener_serves_https() {
+async fn tls_listener_serves_https_whichever_protocol_the_client_chose() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
     let mock = Mock::start(standard(2, Duration::ZERO)).await;
     let (gw, cert, _dir) = tls_gateway(&mock, &[]).await;
-    let stream = tls_connect(&gw, &cert, &[]).await;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("http");
-    tokio::spawn(conn);
-    let req = post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[]);
-    let resp = sender.send_request(req).await.expect("response");
-    assert_eq!(resp.status(), 200);
-    let body = resp.into_body().collect().await.expect("body").to_bytes();
-    assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
+    for (what, alpn) in [("no ALPN", &[][..]), ("ALPN http/1.1", &[&b"http/1.1"[..]][..]), ("ALPN h2", &[&b"h2"[..]][..])] {
+        let stream = TokioIo::new(tls_connect(&gw, &cert, alpn).await);
+        let mut req = post_req(&gw, "/v1/chat/completions", &chat_body(true, false), &[]);
+        let resp = if alpn == [b"h2"] {
+            let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), stream).await.expect("HTTP/2");
+            tokio::spawn(conn);
+            *req.version_mut() = hyper::Version::HTTP_2;
+            sender.send_request(req).await
+        } else {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(stream).await.expect("HTTP/1.1");
+            tokio::spawn(conn);
+            sender.send_request(req).await
+        };
+        let resp = resp.expect("response");
+        assert_eq!(resp.status(), 200, "{what}");
+        let want = if alpn == [b"h2"] { hyper::Version::HTTP_2 } else { hyper::Version::HTTP_11 };
+        assert_eq!(resp.version(), want, "{what}");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"), "{what}");
+    }
     assert_quiescent(&gw).await;
 }
 
