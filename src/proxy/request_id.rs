@@ -18,10 +18,15 @@ pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-i
 /// The longest caller id kept.
 const MAX_LEN: usize = 128;
 
-/// The id of the request with `headers`: the caller's, or a new one.
+/// The id of the request with `headers`: the caller's, or a new one. The
+/// caller's is copied: the request keeps its id as long as it lives (its
+/// stream), and a value as parsed is a slice of the client connection's
+/// read buffer, which it would keep from being reused.
 pub(crate) fn of(headers: &HeaderMap) -> HeaderValue {
     match headers.get(X_REQUEST_ID) {
-        Some(v) if well_formed(v.as_bytes()) && !carries_key(v.as_bytes(), headers) => v.clone(),
+        Some(v) if well_formed(v.as_bytes()) && !carries_key(v.as_bytes(), headers) => {
+            HeaderValue::from_bytes(v.as_bytes()).unwrap_or_else(|_| generate())
+        }
         _ => generate(),
     }
 }

@@ -52,13 +52,53 @@ pub(super) fn resumable(
         return None;
     }
     let link = resume::PoolLink {
-        parts,
+        parts: detached(parts),
         client: client.clone(),
         pool: route.pool.clone(),
         strip_auth: snap.classifier.has_keys(),
         request_id: t.request_id.clone(),
     };
-    Some(resume::Resume::new(Box::new(link), body, kind, attempts))
+    Some(resume::Resume::new(Box::new(link), detached_body(body), kind, attempts))
+}
+
+/// The request's head as the stream keeps it, its header values and URI
+/// copied into one allocation of their own. As parsed, they (and a body
+/// that came in one read) are slices of the client connection's read
+/// buffer, and while a stream held them hyper could not reuse that
+/// buffer: every HTTP/1.1 connection carrying a stream held a second
+/// 8 KiB one.
+fn detached(mut parts: http::request::Parts) -> http::request::Parts {
+    let uri = parts.uri.to_string();
+    let mut all = bytes::BytesMut::with_capacity(uri.len() + parts.headers.values().map(|v| v.len()).sum::<usize>());
+    all.extend_from_slice(uri.as_bytes());
+    for v in parts.headers.values() {
+        all.extend_from_slice(v.as_bytes());
+    }
+    let all = all.freeze();
+    if let Ok(u) = http::Uri::from_maybe_shared(all.slice(..uri.len())) {
+        parts.uri = u;
+    }
+    let mut at = uri.len();
+    for v in parts.headers.values_mut() {
+        let end = at + v.len();
+        if let Ok(mut copy) = http::HeaderValue::from_maybe_shared(all.slice(at..end)) {
+            copy.set_sensitive(v.is_sensitive());
+            *v = copy;
+        }
+        at = end;
+    }
+    parts
+}
+
+/// The request body as the stream keeps it: one that came in a single
+/// read (a slice of the connection's buffer, see [`detached`]) copied; a
+/// larger one is a buffer of its own already.
+fn detached_body(body: bytes::Bytes) -> bytes::Bytes {
+    if body.len() <= 8 * 1024 {
+        bytes::Bytes::copy_from_slice(&body)
+    } else {
+        body
+    }
 }
 
 /// A stage failed: count the outcome (once, when the tracker drops) and
@@ -206,4 +246,30 @@ pub(super) fn observe(
     };
     headers::add_said(&mut rparts.headers, said);
     Response::from_parts(rparts, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a stream keeps of its request holds none of the buffer the
+    /// request was parsed from, and says the same.
+    #[test]
+    fn a_detached_head_and_body_keep_nothing_of_the_buffer_they_were_read_into() {
+        let read = bytes::Bytes::from(b"/v1/chat/completions?x=1 Bearer sk-1 req-7 {\"model\":\"m\"}".to_vec());
+        let mut parts = http::Request::new(()).into_parts().0;
+        parts.uri = http::Uri::from_maybe_shared(read.slice(0..24)).expect("uri");
+        let mut auth = http::HeaderValue::from_maybe_shared(read.slice(25..36)).expect("value");
+        auth.set_sensitive(true);
+        parts.headers.insert(http::header::AUTHORIZATION, auth);
+        parts.headers.append("x-request-id", http::HeaderValue::from_maybe_shared(read.slice(37..42)).expect("value"));
+        let body = read.slice(43..);
+        let (kept, kept_body) = (detached(parts), detached_body(body));
+        assert!(read.is_unique(), "nothing kept points into the read buffer");
+        assert_eq!(kept.uri, "/v1/chat/completions?x=1");
+        assert_eq!(kept.headers[http::header::AUTHORIZATION], "Bearer sk-1");
+        assert!(kept.headers[http::header::AUTHORIZATION].is_sensitive());
+        assert_eq!(kept.headers["x-request-id"], "req-7");
+        assert_eq!(&kept_body[..], b"{\"model\":\"m\"}");
+    }
 }
