@@ -166,27 +166,52 @@ impl Limits {
 /// The HTTP/2 connection preface every HTTP/2 client sends first.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// What a new connection speaks, known before hyper reads from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Speaks {
+    Http1,
+    Http2,
+}
+
 /// Wait (up to `deadline`) until a new plain connection has sent either the
 /// whole HTTP/2 preface or bytes that are not one (HTTP/1.1; hyper's own
-/// header timeout covers the rest of its head). False: it sent nothing in
-/// time, or closed.
-async fn first_bytes(stream: &TcpStream, deadline: tokio::time::Instant) -> bool {
+/// header timeout covers the rest of its head), and say which. `None`: it
+/// sent nothing in time, or closed.
+async fn first_bytes(stream: &TcpStream, deadline: tokio::time::Instant) -> Option<Speaks> {
     let mut buf = [0u8; 24];
     loop {
         let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
             Ok(Ok(n)) => n,
-            Ok(Err(_)) | Err(_) => return false,
+            Ok(Err(_)) | Err(_) => return None,
         };
         if n == 0 {
-            return false;
+            return None;
         }
-        if n >= H2_PREFACE.len() || !H2_PREFACE.starts_with(&buf[..n]) {
-            return true;
+        if !H2_PREFACE.starts_with(&buf[..n]) {
+            return Some(Speaks::Http1);
+        }
+        if n >= H2_PREFACE.len() {
+            return Some(Speaks::Http2);
         }
         // Part of a preface: peek returns at once until more arrives.
         if tokio::time::timeout_at(deadline, tokio::time::sleep(Duration::from_millis(5))).await.is_err() {
-            return false;
+            return None;
         }
+    }
+}
+
+/// The connection builder for a connection known to speak `speaks`
+/// (`None`: not known, hyper tells from its first bytes). Told, hyper's
+/// first read takes the whole request head; telling it from the bytes
+/// hands the few bytes it looked at back as a read of their own, and an
+/// HTTP/1.1 connection's read buffer then grew from 8 to 16 KiB while the
+/// rest of the head came, for the connection's life (the other half of
+/// what a stream kept: see `proxy::respond::detached`).
+fn speaking(builder: auto::Builder<TokioExecutor>, speaks: Option<Speaks>) -> auto::Builder<TokioExecutor> {
+    match speaks {
+        Some(Speaks::Http1) => builder.http1_only(),
+        Some(Speaks::Http2) => builder.http2_only(),
+        None => builder,
     }
 }
 
@@ -394,17 +419,26 @@ async fn serve_conn(
     let deadline = tokio::time::Instant::now() + header_read_timeout;
     let result = match tls {
         None => {
-            if !first_bytes(&stream, deadline).await {
+            let Some(speaks) = first_bytes(&stream, deadline).await else {
                 tracing::debug!(%peer, "no request head within server.header_read_timeout; closing");
                 return;
-            }
-            entry.watch(builder.serve_connection(TokioIo::new(stream), svc).into_owned()).await
+            };
+            let conn = speaking(builder, Some(speaks)).serve_connection(TokioIo::new(stream), svc).into_owned();
+            entry.watch(conn).await
         }
         Some(acc) => match tokio::time::timeout_at(deadline, acc.accept(stream)).await {
             Ok(Ok(s)) => {
-                // Inside TLS the preface cannot be peeked at: the connection
-                // goes if no request head is complete by the deadline.
-                let conn = entry.watch(builder.serve_connection(TokioIo::new(s), svc).into_owned());
+                // Inside TLS the preface cannot be peeked at, but the
+                // protocol the client chose (ALPN) says what it speaks; a
+                // client that chose none is told by its bytes. The
+                // connection goes if no request head is complete by the
+                // deadline.
+                let speaks = match s.get_ref().1.alpn_protocol() {
+                    Some(b"h2") => Some(Speaks::Http2),
+                    Some(b"http/1.1") => Some(Speaks::Http1),
+                    _ => None,
+                };
+                let conn = entry.watch(speaking(builder, speaks).serve_connection(TokioIo::new(s), svc).into_owned());
                 let no_head = async {
                     tokio::time::sleep_until(deadline).await;
                     if headed.load(std::sync::atomic::Ordering::Relaxed) {
