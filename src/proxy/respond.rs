@@ -68,17 +68,20 @@ pub(super) fn resumable(
 /// buffer: every HTTP/1.1 connection carrying a stream held a second
 /// 8 KiB one.
 fn detached(mut parts: http::request::Parts) -> http::request::Parts {
-    let uri = parts.uri.to_string();
-    let mut all = bytes::BytesMut::with_capacity(uri.len() + parts.headers.values().map(|v| v.len()).sum::<usize>());
-    all.extend_from_slice(uri.as_bytes());
+    use std::fmt::Write as _;
+    let values = parts.headers.values().map(|v| v.len()).sum::<usize>();
+    let mut all = bytes::BytesMut::with_capacity(values + 64);
+    // Written in place: no String of its own first.
+    let _ = write!(all, "{}", parts.uri);
+    let uri_len = all.len();
     for v in parts.headers.values() {
         all.extend_from_slice(v.as_bytes());
     }
     let all = all.freeze();
-    if let Ok(u) = http::Uri::from_maybe_shared(all.slice(..uri.len())) {
+    if let Ok(u) = http::Uri::from_maybe_shared(all.slice(..uri_len)) {
         parts.uri = u;
     }
-    let mut at = uri.len();
+    let mut at = uri_len;
     for v in parts.headers.values_mut() {
         let end = at + v.len();
         if let Ok(mut copy) = http::HeaderValue::from_maybe_shared(all.slice(at..end)) {
