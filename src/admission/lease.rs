@@ -26,6 +26,9 @@ pub(crate) trait Seating: Send + Sync {
     fn onto(&self, to: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot>;
     /// A slot was freed while its lease goes on (it moved): hand it on.
     fn freed(self: Arc<Self>);
+    /// A request's first token came: prefill work is no longer ahead on its
+    /// replica, so a batch request held for it may take a slot now.
+    fn prefilled(self: Arc<Self>);
     /// `victim`, a batch stream holding a slot, may give it up for an
     /// interactive request (where the pool preempts; see [`super::preempt`]).
     fn enlist(&self, victim: std::sync::Weak<super::preempt::Victim>);
@@ -72,9 +75,17 @@ impl Lease {
     }
 
     /// The request's first token arrived: the replica no longer counts it
-    /// among the prefills a new request would wait behind.
+    /// among the prefills a new request would wait behind, and a batch
+    /// prompt held for it may go now (docs/design/preemption.md, rule 14).
     pub(crate) fn first_token(&mut self) {
         self.slot.prefilled();
+        Arc::clone(&self.seating).prefilled();
+    }
+
+    /// The interactive request holding it has a first-token `target`: what
+    /// batch leaves room for on its replica (preemption.md rule 14).
+    pub(crate) fn interactive_target(&self, target: Duration) {
+        self.slot.interactive_target(target);
     }
 
     /// Granted for `claim`: whose service it is and what it was charged;

@@ -376,6 +376,9 @@ pub(crate) async fn admit(
     match pool.admit(tier, body_bytes, claim, key).await {
         Ok(granted) => {
             control.observe_queue_time(granted.waited);
+            if tier == Tier::Interactive {
+                granted.lease.interactive_target(control.ttft_target());
+            }
             Ok(Admitted { lease: granted.lease, waited: granted.waited, probe })
         }
         Err(refusal) => {

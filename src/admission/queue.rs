@@ -373,7 +373,7 @@ impl PoolAdmission {
                     return Ok(Granted { lease: self.charge(tier, lease, claim), waited: Duration::ZERO });
                 }
                 Err(PickError::NoHealthy) => return Err(Refusal::NoHealthy),
-                Err(PickError::Saturated) => {}
+                Err(PickError::Saturated | PickError::Held) => {}
             }
         }
         let deadlines = self.deadlines(tier, claim, start);
@@ -465,7 +465,7 @@ impl PoolAdmission {
                     self.waiting.dec(tier, w.bytes);
                     return Err(Refusal::NoHealthy);
                 }
-                Err(PickError::Saturated) => {}
+                Err(PickError::Saturated | PickError::Held) => {}
             }
         }
         let (tx, rx) = oneshot::channel();

@@ -10,6 +10,7 @@ mod access;
 mod client_body;
 pub(crate) mod conn;
 pub(crate) mod dns;
+mod first_token;
 pub(crate) mod health;
 pub(crate) mod kv_events;
 pub(crate) mod limit;

@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use http::HeaderValue;
 use prometheus_client::metrics::counter::Counter;
 
+use super::first_token::{FirstTokenModel, Outlook};
 use super::share::Share;
 use super::{conn, limit, tls};
 use crate::config::Tier;
@@ -290,50 +291,6 @@ impl LimitSignals {
     }
 }
 
-/// The replica's time from dispatch to first token as a function of the
-/// prefill work there, learned from its first tokens: the step's time
-/// (its mean gap between tokens) plus the work ahead and its own, at the
-/// rate recent first tokens took over their work (a ratio of running
-/// means, so a cached prompt's near-zero work does not blow up the rate).
-/// docs/design/preemption.md, rule 13.
-#[derive(Default)]
-pub(crate) struct FirstTokenModel {
-    /// Running mean of (time to first token − the step), microseconds.
-    excess_us: AtomicF64,
-    /// Running mean of the prefill work, KiB.
-    work_kib: AtomicF64,
-    samples: AtomicU64,
-}
-
-/// How far the model's means move toward each first token.
-const MODEL_EWMA: f64 = 0.1;
-/// First tokens learned from before the model predicts.
-const MODEL_WARMUP: u64 = 3;
-
-impl FirstTokenModel {
-    /// The time to first token predicted for `work` bytes of prefill (the
-    /// work ahead and the request's own) with a step of `step_us`; `None`
-    /// before the model has learned from a few first tokens.
-    pub(crate) fn predict(&self, work: u64, step_us: f64) -> Option<std::time::Duration> {
-        if self.samples.load(Ordering::Relaxed) < MODEL_WARMUP {
-            return None;
-        }
-        let (excess, mean_work) = (self.excess_us.load(), self.work_kib.load());
-        let scaled = if mean_work > 1e-3 { excess * (work as f64 / 1024.0) / mean_work } else { excess };
-        Some(std::time::Duration::from_secs_f64((step_us + scaled).max(0.0) / 1e6))
-    }
-
-    /// A first token after `took` for `work` bytes of prefill, the step at `step_us`.
-    pub(crate) fn learn(&self, work: u64, took: std::time::Duration, step_us: f64) {
-        let excess = (took.as_secs_f64() * 1e6 - step_us).max(0.0);
-        let kib = work as f64 / 1024.0;
-        let first = self.samples.fetch_add(1, Ordering::Relaxed) == 0;
-        let ewma = |m: &AtomicF64, v: f64| m.store(if first { v } else { m.load() + MODEL_EWMA * (v - m.load()) });
-        ewma(&self.excess_us, excess);
-        ewma(&self.work_kib, kib);
-    }
-}
-
 /// What routing reads of how it serves: its prefix cache's hits, the gaps between its tokens, when it last delivered.
 pub(crate) struct RoutingStats {
     /// Prefix-aware routing's estimate: prompt bytes sent here, and of them
@@ -352,7 +309,15 @@ pub(crate) struct RoutingStats {
     pub(super) delivered_at_ms: AtomicU64,
     /// Its time to first token, learned (predicted at dispatch, judged at the first token).
     pub(super) first_token: FirstTokenModel,
+    /// What the interactive requests sent here lately ask of it.
+    pub(super) outlook: Outlook,
 }
+
+/// The share of the interactive target a batch prompt leaves an
+/// interactive request sent after it (rule 14): its own prefill and the
+/// step are in the prediction; the rest is for what the prediction does
+/// not see (a slot to wait for, requests of other gateways, the noise).
+const HOLD_AT: f64 = 0.5;
 
 /// How far a replica's mean gap between tokens moves toward each stream's.
 pub(super) const ITL_EWMA: f64 = 0.2;
@@ -423,6 +388,16 @@ impl RoutingStats {
     pub(crate) fn learn_first_token(&self, work: u64, took: std::time::Duration, age: std::time::Duration) {
         self.first_token.learn(work, took, self.itl_mean(age).as_secs_f64() * 1e6);
     }
+
+    /// Would a batch prompt of `work` bytes sent here at `age`, with
+    /// `ahead` bytes of prefill already ahead of it, leave an interactive
+    /// request sent right after it its first token within `HOLD_AT` of its
+    /// target (the outlook's)? True where no interactive request came
+    /// lately or nothing is predicted yet (docs/design/preemption.md, rule 14).
+    pub(crate) fn leaves_interactive_time(&self, ahead: u64, work: u64, age: std::time::Duration) -> bool {
+        let Some((target, theirs)) = self.outlook.get(age) else { return true };
+        self.predict_first_token(ahead + work + theirs, age).is_none_or(|p| p <= target.mul_f64(HOLD_AT))
+    }
 }
 
 /// Where requests go: its scheme and authority, and the `Host` they carry.
@@ -432,36 +407,4 @@ pub(crate) struct Address {
     /// `Host` as requests to this replica carry it (`base`'s authority),
     /// made once.
     pub(crate) host: Option<HeaderValue>,
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::FirstTokenModel;
-
-    /// Silent until it has learned; then the step plus the work at the
-    /// rate learned: twice the work, twice the time over the step.
-    #[test]
-    fn the_first_token_model_predicts_the_step_plus_the_work_at_its_rate() {
-        let m = FirstTokenModel::default();
-        let step = 20_000.0; // 20 ms
-                             // 40 ms over the step for 64 KiB, three times.
-        for _ in 0..3 {
-            assert_eq!(m.predict(64 * 1024, step), None, "nothing predicted before it learned");
-            m.learn(64 * 1024, Duration::from_millis(60), step);
-        }
-        let at = |kib: u64| m.predict(kib * 1024, step).expect("learned").as_secs_f64() * 1000.0;
-        assert!((at(64) - 60.0).abs() < 0.01, "{}", at(64));
-        assert!((at(128) - 100.0).abs() < 0.01, "{}", at(128));
-        assert!((at(0) - 20.0).abs() < 0.01, "no work: the step alone, {}", at(0));
-        // A slower replica: it moves toward it.
-        for _ in 0..40 {
-            m.learn(64 * 1024, Duration::from_millis(120), step);
-        }
-        assert!((at(64) - 120.0).abs() < 2.0, "{}", at(64));
-        // A prompt the cache held (no work) does not blow the rate up.
-        m.learn(0, Duration::from_millis(25), step);
-        assert!(at(64) < 130.0, "{}", at(64));
-    }
 }

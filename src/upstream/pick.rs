@@ -42,6 +42,15 @@ impl Ranked<'_> {
     }
 }
 
+/// Why no slot was taken on the ranked replicas.
+enum Missed {
+    /// Every one was full (or, for interactive, slow).
+    Full,
+    /// A batch prompt was held where it would have made the next
+    /// interactive request late (docs/design/preemption.md, rule 14).
+    Held,
+}
+
 /// A replica full to its limit may take an interactive request whose
 /// prompt it holds up to half its slots above it (at least one), when the
 /// replicas with room would compute at least half the prompt again
@@ -145,8 +154,10 @@ impl Pool {
                 let block = key.map_or(0, |k| k.block);
                 ranked.retain(|x| x.matched + block >= most);
             }
-            if let Some(slot) = self.take_ranked(ranked, (over, unheld), reserved, tier, key) {
-                return Ok(slot);
+            match self.take_ranked(ranked, (over, unheld), reserved, tier, key) {
+                Ok(slot) => return Ok(slot),
+                Err(Missed::Held) => return Err(PickError::Held),
+                Err(Missed::Full) => {}
             }
         }
         Err(if any_healthy { PickError::Saturated } else { PickError::NoHealthy })
@@ -228,6 +239,10 @@ impl Pool {
     /// fastest healthy one's. Interactive goes only to the others (on a
     /// slow one it would miss its ITL whatever it waited: better to wait
     /// for a slot where it will not); batch goes to a slow one first.
+    /// On an engine that serves first come, first served, a batch prompt
+    /// goes only where it leaves the next interactive request time for its
+    /// first token (docs/design/preemption.md, rule 14); `Held` where that
+    /// kept it from every replica it was not kept from otherwise.
     fn take_ranked(
         &self,
         mut ranked: Vec<Ranked<'_>>,
@@ -235,7 +250,7 @@ impl Pool {
         reserved: usize,
         tier: Tier,
         key: Option<&RouteKey>,
-    ) -> Option<ReplicaSlot> {
+    ) -> Result<ReplicaSlot, Missed> {
         let fastest = ranked.iter().map(|x| x.itl).filter(|m| !m.is_zero()).min();
         let (mut any_slow, mut fast_slots, mut fast_batch) = (false, 0, 0);
         for x in &mut ranked {
@@ -258,25 +273,33 @@ impl Pool {
         // request whose prompt it holds may go up to half its slots above
         // there rather than be computed again elsewhere (rule 11).
         let mut full_best: Option<&Ranked<'_>> = None;
+        // A prompt known, on an engine without priorities: batch's prefill
+        // is ahead of the next interactive request's there.
+        let hold = tier == Tier::Batch && key.is_some() && !self.config.upstream_priority;
+        let mut missed = Missed::Full;
         for (n, x) in ranked.iter().enumerate() {
             // (For batch the replicas ranked away are the fast ones.)
             if x.away && (tier == Tier::Interactive || !batch_may_take_fast) {
-                return None;
+                return Err(missed);
+            }
+            if hold && !x.r.takes_batch_prompt(x.uncached) {
+                missed = Missed::Held;
+                continue;
             }
             if let Some(best) = full_best.filter(|b| tier == Tier::Interactive && b.saves_over(x)) {
                 if best.r.try_take(over + best.r.slots().div_ceil(CACHED_OVER_DIV), tier, unheld) {
-                    return Some(self.seat(best, tier, key));
+                    return Ok(self.seat(best, tier, key));
                 }
                 full_best = None;
             }
             if x.r.try_take(over, tier, unheld) {
-                return Some(self.seat(x, tier, key));
+                return Ok(self.seat(x, tier, key));
             }
             if n == 0 {
                 full_best = Some(x);
             }
         }
-        None
+        Err(missed)
     }
 
     /// The slot taken on `x`: its prefill counted there at once (a request

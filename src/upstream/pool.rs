@@ -36,6 +36,10 @@ pub(crate) enum PickError {
     NoHealthy,
     /// Healthy replicas exist, but every slot is taken.
     Saturated,
+    /// A batch prompt is held: where a slot is free, the prefill work ahead
+    /// there would make the next interactive request late
+    /// (docs/design/preemption.md, rule 14).
+    Held,
 }
 
 /// Why a pool could not be built; names the part of `pools[i]`.

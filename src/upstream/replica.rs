@@ -119,6 +119,7 @@ impl Replica {
                 itl_at_ms: AtomicU64::new(0),
                 delivered_at_ms: AtomicU64::new(0),
                 first_token: Default::default(),
+                outlook: Default::default(),
             },
             address: Address { host: base.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()), base },
         }
@@ -358,6 +359,23 @@ impl Replica {
             }
         }
         self.routing.learn_first_token(work, took, self.born.elapsed());
+    }
+
+    /// An interactive request with a first-token `target` and `work` bytes
+    /// of its own prefill was sent here: what batch leaves room for.
+    pub(super) fn interactive_sent(&self, target: std::time::Duration, work: u64) {
+        self.routing.outlook.sent(target, work, self.born.elapsed());
+    }
+
+    /// May a batch prompt of `work` bytes (not expected cached) go here
+    /// now, on an engine that serves first come, first served? Always
+    /// where no prefill is ahead of it (a prompt alone is never held);
+    /// otherwise where an interactive request sent after it would still be
+    /// predicted its first token within half its target
+    /// (docs/design/preemption.md, rule 14).
+    pub(super) fn takes_batch_prompt(&self, work: u64) -> bool {
+        self.seats.prefills_ahead(Tier::Batch, false) == 0
+            || self.routing.leaves_interactive_time(self.seats.prefill_bytes_ahead(Tier::Batch, false), work, self.born.elapsed())
     }
 
     /// Interactive requests' time from dispatch to first token over their

@@ -66,6 +66,12 @@ impl ReplicaSlot {
         }
     }
 
+    /// The interactive request holding it has a first-token `target`: the
+    /// replica's outlook, which batch leaves room for (preemption.md rule 14).
+    pub(crate) fn interactive_target(&self, target: std::time::Duration) {
+        self.replica.interactive_sent(target, self.prefill_bytes);
+    }
+
     /// The request's first token arrived: its prefill is done, and its
     /// prediction judged (a no-op after the first call).
     pub(crate) fn prefilled(&mut self) {

@@ -59,6 +59,12 @@ impl Seating for PoolAdmission {
         self.dispatch();
     }
 
+    fn prefilled(self: Arc<Self>) {
+        if self.waiting.depth(Tier::Batch) > 0 {
+            self.dispatch();
+        }
+    }
+
     fn enlist(&self, victim: std::sync::Weak<crate::admission::preempt::Victim>) {
         self.preemption.enlist(victim);
     }

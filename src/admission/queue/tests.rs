@@ -507,6 +507,7 @@ async fn a_lease_judges_the_finished_request() {
 }
 
 mod beyond;
+mod held;
 mod preempted;
 mod shedding;
 
