@@ -372,11 +372,13 @@ pub(crate) async fn admit(
             });
         }
     };
-    let tier = control.tier;
+    let (tier, short) = (control.tier, claim.short);
     match pool.admit(tier, body_bytes, claim, key).await {
         Ok(granted) => {
             control.observe_queue_time(granted.waited);
-            if tier == Tier::Interactive {
+            // What batch leaves room for: the streams' first tokens (a
+            // short request's seat is beside them, preemption.md rule 14).
+            if tier == Tier::Interactive && !short {
                 granted.lease.interactive_target(control.ttft_target());
             }
             Ok(Admitted { lease: granted.lease, waited: granted.waited, probe })

@@ -172,3 +172,28 @@ async fn the_publisher_rests_while_nothing_moves_and_an_arrival_wakes_it() {
     let _ = stop_tx.send(true);
     task.await.expect("publisher");
 }
+
+/// The stage tells the replica what an interactive stream asks of it (its
+/// class's TTFT target), which batch leaves room for; a short request
+/// (embeddings), whose seat is beside the streams, tells it nothing.
+#[tokio::test(start_paused = true)]
+async fn an_admitted_interactive_request_tells_its_replica_its_target_unless_it_is_short() {
+    let config = Config::default();
+    let metrics = Arc::new(Metrics::new(&config));
+    let controls = Controls::new(metrics.clone());
+    let chat = reload(&controls, "chat", &config.classes["chat"], &config);
+    let cfg = crate::config::PoolConfig {
+        replicas: vec!["http://127.0.0.1:9".into()],
+        max_inflight_per_replica: crate::config::InflightLimit::Fixed(4),
+        ..Default::default()
+    };
+    let access = crate::upstream::Access::new(&cfg).expect("access");
+    let pool = Arc::new(crate::upstream::Pool::new(cfg, access, None));
+    pool.replicas[0].set_healthy(true);
+    let adm = Arc::new(PoolAdmission::new(pool.clone(), config.tiers.clone(), &metrics));
+    let short = Claim { short: true, ..Claim::default() };
+    let _embedding = admit(&chat, &adm, "t", false, 0, short, None).await.expect("a slot");
+    assert_eq!(pool.replicas[0].interactive_outlook(), None, "a short request: nothing");
+    let _stream = admit(&chat, &adm, "t", true, 0, Claim::default(), None).await.expect("a slot");
+    assert_eq!(pool.replicas[0].interactive_outlook(), Some((Duration::from_millis(300), 0)), "chat's 300 ms, no prompt known");
+}

@@ -367,6 +367,13 @@ impl Replica {
         self.routing.outlook.sent(target, work, self.born.elapsed());
     }
 
+    /// The interactive requests' mean target and own prefill work here (see
+    /// [`super::first_token::Outlook`]).
+    #[cfg(test)]
+    pub(crate) fn interactive_outlook(&self) -> Option<(std::time::Duration, u64)> {
+        self.routing.outlook.get(self.born.elapsed())
+    }
+
     /// May a batch prompt of `work` bytes (not expected cached) go here
     /// now, on an engine that serves first come, first served? Always
     /// where no prefill is ahead of it (a prompt alone is never held);

@@ -59,8 +59,10 @@ impl Seating for PoolAdmission {
         self.dispatch();
     }
 
+    /// Only where a batch prompt can be held: under `upstream_priority`
+    /// none is, and a first token frees no slot.
     fn prefilled(self: Arc<Self>) {
-        if self.waiting.depth(Tier::Batch) > 0 {
+        if self.waiting.depth(Tier::Batch) > 0 && !self.pool.load().config.upstream_priority {
             self.dispatch();
         }
     }
