@@ -376,12 +376,13 @@ impl Replica {
 
     /// May a batch prompt of `work` bytes (not expected cached) go here
     /// now, on an engine that serves first come, first served? Always
-    /// where no prefill is ahead of it (a prompt alone is never held);
+    /// where no other batch prompt is being prefilled (so interactive
+    /// prompts never keep batch out, and batch is never starved);
     /// otherwise where an interactive request sent after it would still be
     /// predicted its first token within half its target
     /// (docs/design/preemption.md, rule 14).
     pub(super) fn takes_batch_prompt(&self, work: u64) -> bool {
-        self.seats.prefills_ahead(Tier::Batch, false) == 0
+        self.seats.prefilling(Tier::Batch) == 0
             || self.routing.leaves_interactive_time(self.seats.prefill_bytes_ahead(Tier::Batch, false), work, self.born.elapsed())
     }
 

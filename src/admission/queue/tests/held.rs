@@ -59,8 +59,8 @@ async fn batch_is_not_held_under_priorities_nor_while_it_is_alone() {
     teach(&prioritised).await;
     let alone = pool(8, tiers(0.0, 10, 10));
     for p in [&prioritised, &alone] {
-        let held: Vec<_> = [batch(p, 10).await, batch(p, 11).await, batch(p, 12).await].into_iter().collect();
-        assert!(held.iter().all(|h| h.is_finished()), "all three go at once");
+        let sent = [batch(p, 10).await, batch(p, 11).await, batch(p, 12).await];
+        assert!(sent.iter().all(|h| h.is_finished()), "all three go at once");
     }
     // Past the outlook's memory, a pool that held batch holds it no more.
     let forgets = pool(8, tiers(0.0, 10, 10));
@@ -68,4 +68,23 @@ async fn batch_is_not_held_under_priorities_nor_while_it_is_alone() {
     tokio::time::advance(Duration::from_secs(31)).await;
     let (_a, b) = (batch(&forgets, 10).await, batch(&forgets, 11).await);
     assert!(b.is_finished(), "no interactive request for 31 s: not held");
+}
+
+/// Interactive prompts being prefilled never keep a batch prompt out: only
+/// another batch prompt's prefill does, so batch is never starved by a
+/// steady stream of chat.
+#[tokio::test(start_paused = true)]
+async fn chat_prompts_ahead_do_not_hold_a_batch_prompt() {
+    let pool = pool(8, tiers(0.0, 10, 10));
+    teach(&pool).await;
+    let mut chats = Vec::new();
+    for n in 20..23 {
+        let lease = pool.admit(Tier::Interactive, 0, Claim::default(), prompt(n)).await.expect("a free slot").lease;
+        lease.interactive_target(Duration::from_millis(300));
+        chats.push(lease);
+    }
+    let b = batch(&pool, 10).await;
+    assert!(b.is_finished(), "three chat prompts ahead (a first token predicted at 400 ms), no batch one: it goes");
+    let next = batch(&pool, 11).await;
+    assert!(!next.is_finished(), "a batch prompt ahead as well: the next is held");
 }
