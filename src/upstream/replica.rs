@@ -380,9 +380,12 @@ impl Replica {
     /// prompts never keep batch out, and batch is never starved);
     /// otherwise where an interactive request sent after it would still be
     /// predicted its first token within half its target
-    /// (docs/design/preemption.md, rule 14).
+    /// (docs/design/preemption.md, rule 14). Always in a fleet, where this
+    /// instance sees only its own prompts of those ahead (measured: three
+    /// gateways holding completed far less than one).
     pub(super) fn takes_batch_prompt(&self, work: u64) -> bool {
         self.seats.prefilling(Tier::Batch) == 0
+            || self.seats.allowance.load(Ordering::Relaxed) != usize::MAX
             || self.routing.leaves_interactive_time(self.seats.prefill_bytes_ahead(Tier::Batch, false), work, self.born.elapsed())
     }
 

@@ -51,10 +51,11 @@ async fn a_batch_prompt_waits_for_the_prefill_ahead_where_it_would_make_the_next
     assert!(second.await.expect("task").is_ok());
 }
 
-/// Nothing is held where the engine orders its queue by priority, nor
-/// where no interactive request came lately (batch alone fills the slots).
+/// Nothing is held where the engine orders its queue by priority, in a
+/// fleet, nor where no interactive request came lately (batch alone fills
+/// the slots).
 #[tokio::test(start_paused = true)]
-async fn batch_is_not_held_under_priorities_nor_while_it_is_alone() {
+async fn batch_is_not_held_under_priorities_in_a_fleet_nor_while_it_is_alone() {
     let prioritised = pool_with(8, tiers(0.0, 10, 10), true);
     teach(&prioritised).await;
     let alone = pool(8, tiers(0.0, 10, 10));
@@ -62,6 +63,12 @@ async fn batch_is_not_held_under_priorities_nor_while_it_is_alone() {
         let sent = [batch(p, 10).await, batch(p, 11).await, batch(p, 12).await];
         assert!(sent.iter().all(|h| h.is_finished()), "all three go at once");
     }
+    // In a fleet (this instance's part of the slots set), nothing is held.
+    let fleet = pool(8, tiers(0.0, 10, 10));
+    teach(&fleet).await;
+    fleet.pool().replicas[0].set_fleet_share(Some((8, 0)));
+    let (_a, b) = (batch(&fleet, 10).await, batch(&fleet, 11).await);
+    assert!(b.is_finished(), "in a fleet: not held");
     // Past the outlook's memory, a pool that held batch holds it no more.
     let forgets = pool(8, tiers(0.0, 10, 10));
     teach(&forgets).await;
