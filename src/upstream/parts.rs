@@ -85,6 +85,12 @@ impl Seats {
         self.max_inflight().min(self.allowance.load(Ordering::Relaxed))
     }
 
+    /// Does this instance share the replica with a fleet (its part of the
+    /// slots set by the fleet's word)?
+    pub(crate) fn in_fleet(&self) -> bool {
+        self.allowance.load(Ordering::Relaxed) != usize::MAX
+    }
+
     /// The fleet's word: this instance may hold `n` requests here, the
     /// others hold `others` (`None`: the instance is alone again).
     pub(crate) fn set_fleet_share(&self, share: Option<(usize, usize)>) {

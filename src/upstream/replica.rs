@@ -385,7 +385,7 @@ impl Replica {
     /// gateways holding completed far less than one).
     pub(super) fn takes_batch_prompt(&self, work: u64) -> bool {
         self.seats.prefilling(Tier::Batch) == 0
-            || self.seats.allowance.load(Ordering::Relaxed) != usize::MAX
+            || self.seats.in_fleet()
             || self.routing.leaves_interactive_time(self.seats.prefill_bytes_ahead(Tier::Batch, false), work, self.born.elapsed())
     }
 
