@@ -13,7 +13,14 @@ trap cleanup EXIT
 spawn_on() { local cpus=$1; shift; if [ -n "$cpus" ]; then exec taskset -c "$cpus" "$@"; else exec "$@"; fi; }
 run_on() { local cpus=$1; shift; if [ -n "$cpus" ]; then taskset -c "$cpus" "$@"; else "$@"; fi; }
 
-build_release() { (cd "$ROOT" && cargo build --release --locked -q --workspace --bins); }
+# The gateway as the README's first command builds it (its default features),
+# then the load tools on their own: one `--workspace --bins` build would unify
+# the two (the tools' charts feature reaching the gateway's copy of the
+# simulator), so the gateway measured would be another binary than the one a
+# user runs, and each kind of build would replace the other's, 4-5 minutes.
+build_release() {
+  (cd "$ROOT" && cargo build --release --locked -q --bin slogate && cargo build --release --locked -q -p slogate-loadtest --bins)
+}
 # pgo_build: slogate as its container image builds it (scripts/build-release:
 # compiled with a profile of its request path), into target/slogate-pgo, made
 # again only when what it is built from changed; sets PGO_BIN.
