@@ -143,6 +143,7 @@ impl PoolAdmission {
             demand_peak: self.interactive_demand.load(Ordering::Relaxed),
             fleet,
             at_risk: self.interactive_at_risk.load(Ordering::Relaxed),
+            preempts: pool.config.preempts(),
         }
     }
 
@@ -160,7 +161,7 @@ impl PoolAdmission {
     /// The reservation one instance holding the fleet's `slots` would make
     /// for the fleet's interactive `peak` (see [`Reserve::whole`]).
     pub(crate) fn fleet_reservation(&self, slots: usize, peak: usize) -> Reserve {
-        Reserve::whole(slots, self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0), peak)
+        Reserve::whole(slots, self.tiers.load().interactive.reserved_share.clamp(0.0, 1.0), peak, self.pool.load().config.preempts())
     }
 
     /// This instance's demand on the pool, for the fleet's split of the

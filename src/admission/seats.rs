@@ -16,6 +16,20 @@ pub(crate) const DEMAND_MARGIN: f64 = 1.25;
 /// Slots kept free for interactive requests even after a quiet spell, as a
 /// share of the pool's slots (at least one).
 const HEADROOM_SHARE: f64 = 0.05;
+
+/// The headroom of `slots` for an interactive peak of `peak`: one seat
+/// where the pool preempts and no interactive request came for the
+/// demand's window (batch alone: the first interactive request takes it,
+/// and the next ones a slot a stream frees or, where none frees in time, a
+/// batch stream's), else [`HEADROOM_SHARE`] of them (docs/design/seats.md
+/// rule 4).
+fn headroom_of(slots: usize, peak: usize, preempts: bool) -> usize {
+    if preempts && peak == 0 {
+        1
+    } else {
+        part(slots, HEADROOM_SHARE)
+    }
+}
 /// Seats above a pool's slots that interactive requests of tenants under
 /// their fair part may take instead of waiting, as a share of the slots (at
 /// least one). Each is given back at the next slot freed (not handed on).
@@ -65,6 +79,9 @@ pub(crate) struct Seats {
     pub(crate) fleet: Option<FleetWord>,
     /// Some interactive class is over its TTFT target: the whole share is kept.
     pub(crate) at_risk: bool,
+    /// The pool preempts batch streams for interactive requests
+    /// (`pools[].preempt`): after a quiet spell the headroom is one seat.
+    pub(crate) preempts: bool,
 }
 
 /// A reservation: the slots kept for interactive requests normally and
@@ -96,13 +113,14 @@ pub(crate) struct FleetWord {
 
 impl Reserve {
     /// The reservation of `slots` with `share` reserved at most, for an
-    /// interactive peak of `peak` (already the demand's peak, not scaled).
-    pub(crate) fn whole(slots: usize, share: f64, peak: usize) -> Reserve {
+    /// interactive peak of `peak` (already the demand's peak, not scaled),
+    /// on a pool that `preempts` or not (see [`headroom_of`]).
+    pub(crate) fn whole(slots: usize, share: f64, peak: usize, preempts: bool) -> Reserve {
         if share == 0.0 || slots == 0 {
             return Reserve::default();
         }
         let most = Seats::most(slots, share);
-        let headroom = part(slots, HEADROOM_SHARE);
+        let headroom = headroom_of(slots, peak, preempts);
         Reserve { normal: ((peak as f64 * DEMAND_MARGIN).ceil() as usize + headroom).min(most), at_risk: most, headroom }
     }
 }
@@ -111,7 +129,7 @@ impl Seats {
     /// Slots kept for interactive requests after a quiet spell (in a fleet,
     /// this instance's part of the fleet's: it may be none).
     pub(crate) fn headroom(&self) -> usize {
-        self.fleet.map_or_else(|| part(self.cap, HEADROOM_SHARE), |f| f.part.headroom.min(self.cap))
+        self.fleet.map_or_else(|| headroom_of(self.cap, self.demand_peak, self.preempts), |f| f.part.headroom.min(self.cap))
     }
 
     /// The most the reservation may be: `share` of the slots, rounded up.
@@ -130,7 +148,7 @@ impl Seats {
         if let Some(f) = self.fleet {
             return if self.at_risk { f.part.at_risk } else { f.part.normal }.min(self.cap);
         }
-        let whole = Reserve::whole(self.cap, self.share, self.demand_peak);
+        let whole = Reserve::whole(self.cap, self.share, self.demand_peak, self.preempts);
         if self.at_risk {
             whole.at_risk
         } else {
@@ -240,7 +258,17 @@ mod tests {
     use super::{FleetWord, Reserve, Seats};
 
     fn seats(cap: usize, share: f64) -> Seats {
-        Seats { cap, share, interactive_held: 0, interactive_waiting: 0, batch_held: 0, demand_peak: 0, fleet: None, at_risk: false }
+        Seats {
+            cap,
+            share,
+            interactive_held: 0,
+            interactive_waiting: 0,
+            batch_held: 0,
+            demand_peak: 0,
+            fleet: None,
+            at_risk: false,
+            preempts: false,
+        }
     }
 
     /// (what differs from an idle pool, reserved, reserved_now, batch_limit, batch_ceiling)
@@ -278,7 +306,7 @@ mod tests {
     fn a_fleet_reserves_what_one_instance_of_all_its_slots_would() {
         let alone = Seats { demand_peak: 1, ..seats(3, 0.5) };
         assert_eq!(alone.reserved() * 3, 6);
-        let fleet = Reserve::whole(9, 0.5, 3);
+        let fleet = Reserve::whole(9, 0.5, 3, false);
         assert_eq!(fleet, Reserve { normal: 5, at_risk: 5, headroom: 1 });
         let parts = [
             Reserve { normal: 2, at_risk: 2, headroom: 1 },
@@ -291,8 +319,8 @@ mod tests {
         // At risk, an instance keeps its part of the fleet's share, never more than its slots.
         let risky = Seats { at_risk: true, fleet: word(Reserve { normal: 1, at_risk: 7, headroom: 0 }), ..alone };
         assert_eq!(risky.reserved(), 3);
-        assert_eq!(Reserve::whole(0, 0.5, 3), Reserve::default());
-        assert_eq!(Reserve::whole(9, 0.0, 3), Reserve::default());
+        assert_eq!(Reserve::whole(0, 0.5, 3, false), Reserve::default());
+        assert_eq!(Reserve::whole(9, 0.0, 3, false), Reserve::default());
     }
 
     #[test]
@@ -301,6 +329,22 @@ mod tests {
             let s = seats(cap, 0.5);
             assert_eq!((s.headroom(), s.fair_headroom(), s.short_seats()), (headroom, fair, fair), "cap {cap}");
         }
+    }
+
+    /// Where the pool preempts, batch alone leaves one seat, not a
+    /// twentieth of the slots: the second interactive request after the
+    /// quiet spell takes a batch stream's slot if none frees in time. Once
+    /// interactive demand is seen, the headroom is the usual one again.
+    #[test]
+    fn a_preempting_pool_keeps_one_seat_of_headroom_after_a_quiet_spell() {
+        let quiet = Seats { preempts: true, ..seats(128, 0.5) };
+        assert_eq!((quiet.headroom(), quiet.reserved(), quiet.batch_ceiling()), (1, 1, 127));
+        let busy = Seats { demand_peak: 4, ..quiet };
+        assert_eq!((busy.headroom(), busy.reserved()), (7, 12));
+        let without = seats(128, 0.5);
+        assert_eq!((without.headroom(), without.batch_ceiling()), (7, 121), "without preemption: 5 % of the slots");
+        assert_eq!(Reserve::whole(128, 0.5, 0, true).headroom, 1, "a fleet's, alike");
+        assert_eq!(Reserve::whole(128, 0.5, 3, true).headroom, 7);
     }
 
     #[test]
