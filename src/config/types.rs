@@ -228,7 +228,7 @@ impl Default for TiersConfig {
                 queue_capacity: 256,
                 queue_timeout: Dur::secs(2),
                 // At most half: the reservation follows interactive demand
-                // (its 30 s peak and a quarter, plus 5 % headroom), so the
+                // (its 30 s peak and a quarter, plus a headroom), so the
                 // share only bounds it. The admission benchmarks, chat at
                 // 0.4-0.5 of capacity beside batch, hold chat's SLO with
                 // half; a quarter caps the reservation below that demand.
