@@ -309,6 +309,13 @@ impl Controller {
             // keeps the older one rather than let the limit grow blind.
             // Without one (the pool preempts), only time can find growth.
             let kept = if self.probe() >= 1.0 { self.ceiling[1].or(self.ceiling[0]) } else { self.ceiling[1] };
+            // A ceiling forgotten is still the last place a queue showed:
+            // the limit looks past it a seat at a time, as near a knee. By
+            // its square root it went from 8 to 10 and 14 in half a second
+            // past llama.cpp's 8 slots, and chat waited inside the engine.
+            if let (None, Some(c)) = (kept, self.ceiling()) {
+                self.knee = Some(c);
+            }
             self.ceiling = [kept, None];
         }
         let Some(running) = s.running else { return };

@@ -405,3 +405,26 @@ fn refusals_cut_it_hard_and_a_slow_replica_or_no_demand_stops_growth() {
     assert_eq!(run(&mut c, &mut replica(1000), 50).last().copied(), Some(10));
     assert_eq!(run(&mut c, &mut replica(1), 200).last().copied(), Some(4));
 }
+
+#[test]
+fn past_a_forgotten_ceiling_it_grows_one_at_a_time() {
+    // A preempting pool (no probe) forgets the ceiling after a window or
+    // two unrenewed. From there the limit looks past it one seat at a
+    // time, as near a knee, not by its square root: a jump of several past
+    // an engine's hard slots sends them all to wait inside it, where chat
+    // arriving then waits behind them (measured on llama.cpp's server: 8
+    // slots, the limit 8 -> 10 -> 14 in half a second, three chat requests
+    // 430-615 ms late).
+    let mut c = Controller::new(LimitParams { initial: 16, probe: Probe::Never, ..params() });
+    let mut r = replica(8);
+    run(&mut c, &mut r, 200);
+    assert_eq!(c.limit(), 8);
+    // Batch holds all but the headroom's seat: no queue renews the ceiling.
+    r.demand = 7;
+    let quiet = run(&mut c, &mut r, 3 * CEILING_SAMPLES as usize);
+    assert_eq!(c.ceiling(), None, "forgotten");
+    r.demand = usize::MAX;
+    let busy = run(&mut c, &mut r, 40);
+    assert!(quiet.iter().chain(&busy).all(|&l| l <= 9), "one past the slots at most: {quiet:?} {busy:?}");
+    assert_eq!(busy[busy.len() - 1], 8, "back at the slots: {busy:?}");
+}
