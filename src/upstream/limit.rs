@@ -302,8 +302,14 @@ impl Controller {
     /// shows as one waiting with one fewer running: that sample says less,
     /// and the window keeps the largest). Running more than that: capacity grew.
     fn read_ceiling(&mut self, s: &Sample, waiting: f64) {
-        self.samples += 1;
-        if self.samples % CEILING_SAMPLES == 0 {
+        // Without a probe only time at the cap can find growth, so only
+        // periods that used the whole cap count toward forgetting it: below
+        // it (batch alone holding all but the headroom's seat) a minute
+        // says nothing of the replica, and the cap forgotten there let the
+        // limit past llama.cpp's 8 slots as soon as chat came.
+        let counts = self.probe() >= 1.0 || self.ceiling().is_none_or(|c| s.inflight_peak as f64 >= c);
+        self.samples += u32::from(counts);
+        if counts && self.samples % CEILING_SAMPLES == 0 {
             // With a probe, a replica that grew runs the probe's request,
             // which clears the ceiling below: a window that saw nothing
             // keeps the older one rather than let the limit grow blind.
