@@ -307,14 +307,15 @@ impl Controller {
         // it (batch alone holding all but the headroom's seat) a minute
         // says nothing of the replica, and the cap forgotten there let the
         // limit past llama.cpp's 8 slots as soon as chat came.
-        let counts = self.probe() >= 1.0 || self.ceiling().is_none_or(|c| s.inflight_peak as f64 >= c);
+        let probing = self.probe() >= 1.0;
+        let counts = probing || self.ceiling().is_none_or(|c| s.inflight_peak as f64 >= c);
         self.samples += u32::from(counts);
         if counts && self.samples % CEILING_SAMPLES == 0 {
             // With a probe, a replica that grew runs the probe's request,
             // which clears the ceiling below: a window that saw nothing
             // keeps the older one rather than let the limit grow blind.
             // Without one (the pool preempts), only time can find growth.
-            let kept = if self.probe() >= 1.0 { self.ceiling[1].or(self.ceiling[0]) } else { self.ceiling[1] };
+            let kept = if probing { self.ceiling[1].or(self.ceiling[0]) } else { self.ceiling[1] };
             // A ceiling forgotten is still the last place a queue showed:
             // the limit looks past it a seat at a time, as near a knee. By
             // its square root it went from 8 to 10 and 14 in half a second
