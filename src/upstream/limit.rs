@@ -118,6 +118,11 @@ struct Period {
     slow: bool,
     /// ...and the period's mean over twice its recent best: load.
     loaded: bool,
+    /// The replica runs more than at the sample before: it is taking its
+    /// queue on (a burst's prompts admitted a few per step, as the engine's
+    /// token budget for a step allows), so the queue is no sign of its
+    /// capacity.
+    taking_on: bool,
 }
 
 /// What the controller does about a period.
@@ -150,6 +155,8 @@ pub(crate) struct Controller {
     probe_hold: u32,
     /// The previous sample's waiting queue.
     waiting: f64,
+    /// The previous sample's running count, when scraped.
+    running: Option<f64>,
     /// The lowest first-token share seen lately (it creeps up 1 % a period,
     /// so it follows prompts that stay longer).
     best_first_token: Option<f64>,
@@ -190,6 +197,7 @@ impl Controller {
             hold: 0,
             probe_hold: HOLD_AFTER_DECREASE,
             waiting: 0.0,
+            running: None,
             best_first_token: None,
             ceiling: [None, None],
             samples: 0,
@@ -283,6 +291,10 @@ impl Controller {
         let transit = (s.in_transit + TRANSIT_SIGMAS * s.in_transit.sqrt()).floor();
         let waiting = (s.waiting.unwrap_or(0.0) - transit).max(0.0);
         let prev = std::mem::replace(&mut self.waiting, waiting);
+        let before = std::mem::replace(&mut self.running, s.running);
+        // Before any sample nothing ran here: a first sample that runs
+        // anything is the replica taking on the gateway's first requests.
+        let taking_on = s.running.is_some_and(|now| now > before.unwrap_or(0.0));
         let backlog = s.inflight_now.saturating_sub(self.limit()) as f64;
         let best = self.best_first_token.map(|b| b * BEST_CREEP);
         self.best_first_token = match (best, s.first_token) {
@@ -294,7 +306,7 @@ impl Controller {
         // period is already a sign.
         let slow = s.first_token_max.or(s.first_token).is_some_and(|t| t > 1.0);
         let loaded = slow && s.first_token.zip(best).is_some_and(|(t, b)| t > LOADED_OVER_BEST * b);
-        Period { waiting, prev, queued: waiting.min(prev), backlog, slow, loaded }
+        Period { waiting, prev, queued: waiting.min(prev), backlog, slow, loaded, taking_on }
     }
 
     /// A queue, even one sample's, says what the replica runs at most now
@@ -373,7 +385,7 @@ impl Controller {
     fn classify(&self, p: &Period, s: &Sample, batch_makes_room: bool) -> Verdict {
         if s.refused {
             Verdict::Refused
-        } else if p.queued >= p.backlog + 1.0 {
+        } else if p.queued >= p.backlog + 1.0 && !p.taking_on {
             Verdict::Queued
         } else if let Some(c) = self.ceiling().filter(|c| p.waiting >= p.backlog + 1.0 && self.limit > c + self.probe()) {
             Verdict::OverCeiling(c)
@@ -388,7 +400,7 @@ impl Controller {
 
     fn act(&mut self, v: Verdict, p: &Period, s: &Sample) {
         let min = self.params.min as f64;
-        if !matches!(v, Verdict::Free | Verdict::Hold) || p.waiting >= 1.0 || p.loaded {
+        if !matches!(v, Verdict::Free | Verdict::Hold) || (p.waiting >= 1.0 && !p.taking_on) || p.loaded {
             // The replica showed where its capacity is: from here on the
             // limit moves by the rules below, not by doubling.
             self.slow_start = false;

@@ -440,3 +440,58 @@ fn below_the_cap_it_is_not_forgotten_and_past_a_forgotten_one_it_grows_one_at_a_
     assert_eq!(grown[first], 9, "a seat at a time: {grown:?}");
     assert!(grown.iter().all(|&l| l <= 13), "{grown:?}");
 }
+
+/// A replica that takes on at most `admit` waiting requests a period (its
+/// engine's token budget per step, spent on their prompts): a burst waits
+/// in it while it fills its `capacity` slots, a queue that is no sign of
+/// the capacity.
+struct Ramping {
+    capacity: usize,
+    admit: usize,
+    service: usize,
+    inflight: usize,
+    running: usize,
+    carry: f64,
+}
+
+impl Ramping {
+    fn period(&mut self, limit: usize) -> Sample {
+        self.carry += self.running as f64 / self.service as f64;
+        let done = (self.carry.floor() as usize).min(self.running);
+        self.carry -= done as f64;
+        self.running -= done;
+        self.inflight = (self.inflight - done).max(limit);
+        self.running = self.inflight.min(self.capacity).min(self.running + self.admit);
+        Sample {
+            waiting: Some((self.inflight - self.running) as f64),
+            running: Some(self.running as f64),
+            inflight_peak: self.inflight,
+            inflight_now: self.inflight,
+            demand: true,
+            first_token: Some(0.3),
+            first_token_max: Some(0.5),
+            ..Sample::default()
+        }
+    }
+}
+
+#[test]
+fn a_burst_the_replica_takes_on_a_few_prompts_a_step_is_no_sign_of_its_capacity() {
+    // 64 slots, 6 prompts taken on a period: the first 32 wait in it for
+    // a second while it runs 6, 12, 18, ... of them. Read as a queue at
+    // capacity, that ended slow start at the first sample (32 allowed
+    // became 16) and cut the limit to what it ran then (12); a fleet's
+    // gateways started at a third of the replicas' slots that way and
+    // took seconds to climb back, while chat waited inside the replicas.
+    let mut c = Controller::new(LimitParams { initial: 16, ..params() });
+    let mut r = Ramping { capacity: 64, admit: 6, service: 20, inflight: 0, running: 0, carry: 0.0 };
+    let limits: Vec<usize> = (0..120)
+        .map(|_| {
+            c.update(r.period(c.allowed()));
+            c.allowed()
+        })
+        .collect();
+    assert!(limits.iter().all(|&l| l >= 32), "the queue of a burst being taken on cut it: {limits:?}");
+    assert!(!c.slow_start(), "the queue once the slots were full ended slow start");
+    assert!(limits[60..].iter().all(|&l| (63..=65).contains(&l)), "settled at the capacity: {limits:?}");
+}
