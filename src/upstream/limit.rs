@@ -301,7 +301,7 @@ impl Controller {
             (Some(b), Some(t)) => Some(b.min(t)),
             (b, t) => b.or(t),
         };
-        self.read_ceiling(s, waiting);
+        self.read_ceiling(s, waiting, taking_on);
         // Interactive targets are P99s: one first token over its target in a
         // period is already a sign.
         let slow = s.first_token_max.or(s.first_token).is_some_and(|t| t > 1.0);
@@ -313,7 +313,7 @@ impl Controller {
     /// (a request caught between its arrival and the engine's next step
     /// shows as one waiting with one fewer running: that sample says less,
     /// and the window keeps the largest). Running more than that: capacity grew.
-    fn read_ceiling(&mut self, s: &Sample, waiting: f64) {
+    fn read_ceiling(&mut self, s: &Sample, waiting: f64, taking_on: bool) {
         // Without a probe only time at the cap can find growth, so only
         // periods that used the whole cap count toward forgetting it: below
         // it (batch alone holding all but the headroom's seat) a minute
@@ -345,9 +345,12 @@ impl Controller {
         }
         // A queue counts once the next sample shows the replica took no more
         // on: one it then took (a burst in transit, a ramp) says nothing of
-        // its capacity.
+        // its capacity. Judged on what the replica runs for everyone too:
+        // our share of it moves with the others' counts, a period stale in
+        // a fleet, and a share read low while the replica took a burst on
+        // made a ceiling of 8 on a replica of 64 slots.
         if let Some(p) = self.pending.take() {
-            if mine <= p {
+            if mine <= p && !taking_on {
                 self.ceiling[1] = Some(self.ceiling[1].map_or(p, |c| c.max(p)));
             }
         }
@@ -400,9 +403,12 @@ impl Controller {
 
     fn act(&mut self, v: Verdict, p: &Period, s: &Sample) {
         let min = self.params.min as f64;
-        if !matches!(v, Verdict::Free | Verdict::Hold) || (p.waiting >= 1.0 && !p.taking_on) || p.loaded {
+        if !matches!(v, Verdict::Free | Verdict::Hold) || p.waiting >= 1.0 || p.loaded {
             // The replica showed where its capacity is: from here on the
-            // limit moves by the rules below, not by doubling.
+            // limit moves by the rules below, not by doubling. A queue it
+            // is still taking on counts here (not as a cut): it has not
+            // started what it has, and doubling again would put a second
+            // burst behind the first.
             self.slow_start = false;
         }
         match v {

@@ -444,54 +444,87 @@ fn below_the_cap_it_is_not_forgotten_and_past_a_forgotten_one_it_grows_one_at_a_
 /// A replica that takes on at most `admit` waiting requests a period (its
 /// engine's token budget per step, spent on their prompts): a burst waits
 /// in it while it fills its `capacity` slots, a queue that is no sign of
-/// the capacity.
+/// the capacity. The gateway sends it up to `demand` requests.
 struct Ramping {
     capacity: usize,
     admit: usize,
     service: usize,
+    demand: usize,
     inflight: usize,
     running: usize,
     carry: f64,
 }
 
 impl Ramping {
+    fn new(capacity: usize, admit: usize) -> Ramping {
+        Ramping { capacity, admit, service: 20, demand: usize::MAX, inflight: 0, running: 0, carry: 0.0 }
+    }
+
     fn period(&mut self, limit: usize) -> Sample {
         self.carry += self.running as f64 / self.service as f64;
         let done = (self.carry.floor() as usize).min(self.running);
         self.carry -= done as f64;
         self.running -= done;
-        self.inflight = (self.inflight - done).max(limit);
-        self.running = self.inflight.min(self.capacity).min(self.running + self.admit);
+        self.inflight = (self.inflight - done).max(limit.min(self.demand));
+        self.running = self.inflight.min(self.capacity).min(self.running.saturating_add(self.admit));
         Sample {
             waiting: Some((self.inflight - self.running) as f64),
             running: Some(self.running as f64),
             inflight_peak: self.inflight,
             inflight_now: self.inflight,
-            demand: true,
+            demand: self.demand > 0,
             first_token: Some(0.3),
             first_token_max: Some(0.5),
             ..Sample::default()
         }
     }
+
+    fn run(&mut self, c: &mut Controller, periods: usize) -> Vec<usize> {
+        (0..periods)
+            .map(|_| {
+                c.update(self.period(c.allowed()));
+                c.allowed()
+            })
+            .collect()
+    }
 }
 
 #[test]
 fn a_burst_the_replica_takes_on_a_few_prompts_a_step_is_no_sign_of_its_capacity() {
-    // 64 slots, 6 prompts taken on a period: the first 32 wait in it for
-    // a second while it runs 6, 12, 18, ... of them. Read as a queue at
-    // capacity, that ended slow start at the first sample (32 allowed
-    // became 16) and cut the limit to what it ran then (12); a fleet's
-    // gateways started at a third of the replicas' slots that way and
-    // took seconds to climb back, while chat waited inside the replicas.
-    let mut c = Controller::new(LimitParams { initial: 16, ..params() });
-    let mut r = Ramping { capacity: 64, admit: 6, service: 20, inflight: 0, running: 0, carry: 0.0 };
-    let limits: Vec<usize> = (0..120)
-        .map(|_| {
-            c.update(r.period(c.allowed()));
-            c.allowed()
-        })
-        .collect();
-    assert!(limits.iter().all(|&l| l >= 32), "the queue of a burst being taken on cut it: {limits:?}");
-    assert!(!c.slow_start(), "the queue once the slots were full ended slow start");
-    assert!(limits[60..].iter().all(|&l| (63..=65).contains(&l)), "settled at the capacity: {limits:?}");
+    // 64 slots, learned; then nothing for 10 s, and a burst of 64 that the
+    // replica takes on 6 a period: they wait in it for a few seconds while
+    // it runs 6, 12, 18, ... of them. Read as a queue at capacity, that cut
+    // the limit to what the replica ran then (64, 32, 18, and 9 s to climb
+    // back).
+    let mut c = Controller::new(LimitParams { initial: 64, ..params() });
+    let mut r = Ramping::new(64, usize::MAX);
+    let learned = r.run(&mut c, 80);
+    assert!(learned[40..].iter().all(|&l| (63..=65).contains(&l)), "learned 64: {learned:?}");
+    r.demand = 0;
+    r.run(&mut c, 40);
+    // The last streams end.
+    (r.inflight, r.running, r.carry) = (0, 0, 0.0);
+    r.run(&mut c, 4);
+    (r.demand, r.admit) = (usize::MAX, 6);
+    let burst = r.run(&mut c, 60);
+    assert!(burst.iter().all(|&l| l >= 63), "the queue of a burst being taken on cut it: {burst:?}");
+
+    // In a fleet our share of what the replica runs counts the other
+    // instances' requests as last heard, a period stale: while the replica
+    // took a burst on (8 running, then 12), the share read low (15 of the
+    // 23 there) and made a ceiling of 8, and the limit went to half.
+    let mut c = Controller::new(LimitParams { initial: 32, ..params() });
+    let at = |running: f64, waiting: f64, ours: usize| Sample {
+        waiting: Some(waiting),
+        running: Some(running),
+        inflight_peak: ours,
+        inflight_now: ours,
+        demand: true,
+        ..Sample::default()
+    };
+    c.update(at(4.0, 0.0, 4));
+    c.update(at(8.0, 3.0, 11));
+    c.update(at(12.0, 11.0, 15));
+    assert_eq!(c.ceiling(), None, "a ceiling read while the replica took more on");
+    assert!(c.limit() >= 32, "{}", c.limit());
 }
