@@ -190,10 +190,12 @@ fn store_models(replica: &Replica, body: &[u8]) {
 }
 
 /// The metric names an engine reports its queue under: (waiting, running).
+/// llama.cpp's server's queue names: it waits only while every slot is busy.
+const LLAMACPP: (&str, &str) = ("llamacpp:requests_deferred", "llamacpp:requests_processing");
+
 fn queue_metrics(engine: Engine) -> &'static [(&'static str, &'static str)] {
     const VLLM: (&str, &str) = ("vllm:num_requests_waiting", "vllm:num_requests_running");
     const SGLANG: (&str, &str) = ("sglang:num_queue_reqs", "sglang:num_running_reqs");
-    const LLAMACPP: (&str, &str) = ("llamacpp:requests_deferred", "llamacpp:requests_processing");
     const TGI: (&str, &str) = ("tgi_queue_size", "tgi_batch_current_size");
     match engine {
         Engine::Auto => &[VLLM, SGLANG, LLAMACPP, TGI],
@@ -283,8 +285,13 @@ fn read_metrics(text: &[u8], engine: Engine) -> (Load, Option<u64>) {
             }
         }
     }
-    let load =
-        sums.iter().find_map(|(w, r)| w.map(|w| Load { waiting: Some(w.max(0.0)), running: r.map(|r| r.max(0.0)) })).unwrap_or_default();
+    let load = sums
+        .iter()
+        .zip(names)
+        .find_map(|((w, r), (name, _))| {
+            w.map(|w| Load { waiting: Some(w.max(0.0)), running: r.map(|r| r.max(0.0)), waits_only_when_full: *name == LLAMACPP.0 })
+        })
+        .unwrap_or_default();
     (load, vllm_cache.or(sglang_cache).filter(|t| *t > 0))
 }
 
@@ -324,8 +331,11 @@ mod tests {
             let want = (Some(3.0), Some(5.0));
             let got = read_metrics(text.as_bytes(), engine).0;
             assert_eq!((got.waiting, got.running), want, "{engine:?}");
+            // Only llama.cpp's server waits only while every slot is busy.
+            assert_eq!(got.waits_only_when_full, engine == Engine::Llamacpp, "{engine:?}");
             let got = read_metrics(text.as_bytes(), Engine::Auto).0;
             assert_eq!((got.waiting, got.running), want, "auto on {engine:?}");
+            assert_eq!(got.waits_only_when_full, engine == Engine::Llamacpp, "auto on {engine:?}");
             // Another engine's names find nothing in it.
             let other = if engine == Engine::Vllm { Engine::Tgi } else { Engine::Vllm };
             assert_eq!(read_metrics(text.as_bytes(), other).0.waiting, None, "{other:?} names in {engine:?}'s text");

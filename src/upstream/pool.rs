@@ -451,7 +451,7 @@ mod tests {
         pool.activate(&metrics);
         let r = &pool.replicas[0];
         r.set_healthy(true);
-        let (target, idle) = (Duration::from_millis(300), Load { waiting: Some(0.0), running: Some(1.0) });
+        let (target, idle) = (Duration::from_millis(300), Load { waiting: Some(0.0), running: Some(1.0), waits_only_when_full: false });
         let batch = pool.pick(None, Room::Over(0), Tier::Batch, None).expect("slot");
         r.record_first_token(Duration::from_millis(100), target);
         r.control("p", idle, false);

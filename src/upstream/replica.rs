@@ -451,6 +451,7 @@ impl Replica {
         let sample = limit::Sample {
             waiting: load.waiting,
             running: load.running,
+            waits_only_when_full: load.waits_only_when_full,
             inflight_peak: p.inflight_peak + others,
             inflight_now: self.inflight() + others,
             demand,
@@ -493,6 +494,11 @@ impl Replica {
 pub(crate) struct Load {
     pub(crate) waiting: Option<f64>,
     pub(crate) running: Option<f64>,
+    /// The engine gives a waiting request a slot as soon as one frees
+    /// (llama.cpp's server), so a request waits there only while every
+    /// slot is busy: its queue says it is full, however its running count
+    /// moved (docs/design/learned-limits.md, rule 5).
+    pub(crate) waits_only_when_full: bool,
 }
 
 /// A replica's own series.

@@ -35,6 +35,7 @@ impl Replica {
         Sample {
             waiting: Some(self.inflight.saturating_sub(self.capacity) as f64),
             running: Some(self.inflight.min(self.capacity) as f64),
+            waits_only_when_full: false,
             inflight_peak: self.inflight,
             inflight_now: self.inflight,
             demand: true,
@@ -527,4 +528,15 @@ fn a_burst_the_replica_takes_on_a_few_prompts_a_step_is_no_sign_of_its_capacity(
     c.update(at(12.0, 11.0, 15));
     assert_eq!(c.ceiling(), None, "a ceiling read while the replica took more on");
     assert!(c.limit() >= 32, "{}", c.limit());
+
+    // Where a request waits only while every slot is busy (llama.cpp's
+    // server), a slot that freed between two samples was refilled at once:
+    // the queue is one at capacity however the running count moved.
+    let mut c = Controller::new(LimitParams { initial: 12, probe: Probe::Never, ..params() });
+    let full = |running: f64, waiting: f64| Sample { waits_only_when_full: true, ..at(running, waiting, 12) };
+    c.update(full(7.0, 4.0));
+    c.update(full(8.0, 4.0));
+    assert_eq!(c.limit(), 8, "the queue at the 8 slots cut the limit to them");
+    c.update(full(8.0, 4.0));
+    assert_eq!(c.ceiling(), Some(8.0), "and made them its ceiling");
 }
