@@ -189,10 +189,10 @@ fn store_models(replica: &Replica, body: &[u8]) {
     }
 }
 
-/// The metric names an engine reports its queue under: (waiting, running).
 /// llama.cpp's server's queue names: it waits only while every slot is busy.
 const LLAMACPP: (&str, &str) = ("llamacpp:requests_deferred", "llamacpp:requests_processing");
 
+/// The metric names an engine reports its queue under: (waiting, running).
 fn queue_metrics(engine: Engine) -> &'static [(&'static str, &'static str)] {
     const VLLM: (&str, &str) = ("vllm:num_requests_waiting", "vllm:num_requests_running");
     const SGLANG: (&str, &str) = ("sglang:num_queue_reqs", "sglang:num_running_reqs");

@@ -295,13 +295,9 @@ impl Controller {
         let waiting = (s.waiting.unwrap_or(0.0) - transit).max(0.0);
         let prev = std::mem::replace(&mut self.waiting, waiting);
         let before = std::mem::replace(&mut self.running, s.running);
-        // Before any sample nothing ran here: a first sample that runs
-        // anything is the replica taking on the gateway's first requests.
-        // Not where a request waits only while every slot is busy
-        // (llama.cpp's server): there a slot that freed was refilled at
-        // once, and the queue beside it is one at capacity; read as a
-        // ramp, it let three gateways over llama.cpp's 8 slots complete
-        // 59-81 % of the capacity where they completed 81-86 % before.
+        // A replica taking a burst on (rule 5); before any sample nothing
+        // ran here. Never where a request waits only while every slot is
+        // busy (llama.cpp's server): its queue is one at capacity.
         let taking_on = !s.waits_only_when_full && s.running.is_some_and(|now| now > before.unwrap_or(0.0));
         let backlog = s.inflight_now.saturating_sub(self.limit()) as f64;
         let best = self.best_first_token.map(|b| b * BEST_CREEP);
@@ -355,8 +351,7 @@ impl Controller {
         // on: one it then took (a burst in transit, a ramp) says nothing of
         // its capacity. Judged on what the replica runs for everyone too:
         // our share of it moves with the others' counts, a period stale in
-        // a fleet, and a share read low while the replica took a burst on
-        // made a ceiling of 8 on a replica of 64 slots.
+        // a fleet (rule 6).
         if let Some(p) = self.pending.take() {
             if mine <= p && !taking_on {
                 self.ceiling[1] = Some(self.ceiling[1].map_or(p, |c| c.max(p)));

@@ -48,7 +48,18 @@ impl Replica {
     }
 }
 
-fn run(c: &mut Controller, r: &mut Replica, periods: usize) -> Vec<usize> {
+/// A model of a replica: what one period's sample says when the gateway allows `limit`.
+trait Model {
+    fn period(&mut self, limit: usize) -> Sample;
+}
+
+impl Model for Replica {
+    fn period(&mut self, limit: usize) -> Sample {
+        Replica::period(self, limit)
+    }
+}
+
+fn run(c: &mut Controller, r: &mut impl Model, periods: usize) -> Vec<usize> {
     (0..periods)
         .map(|_| {
             c.update(r.period(c.allowed()));
@@ -479,14 +490,11 @@ impl Ramping {
             ..Sample::default()
         }
     }
+}
 
-    fn run(&mut self, c: &mut Controller, periods: usize) -> Vec<usize> {
-        (0..periods)
-            .map(|_| {
-                c.update(self.period(c.allowed()));
-                c.allowed()
-            })
-            .collect()
+impl Model for Ramping {
+    fn period(&mut self, limit: usize) -> Sample {
+        Ramping::period(self, limit)
     }
 }
 
@@ -499,15 +507,15 @@ fn a_burst_the_replica_takes_on_a_few_prompts_a_step_is_no_sign_of_its_capacity(
     // back).
     let mut c = Controller::new(LimitParams { initial: 64, ..params() });
     let mut r = Ramping::new(64, usize::MAX);
-    let learned = r.run(&mut c, 80);
+    let learned = run(&mut c, &mut r, 80);
     assert!(learned[40..].iter().all(|&l| (63..=65).contains(&l)), "learned 64: {learned:?}");
     r.demand = 0;
-    r.run(&mut c, 40);
+    run(&mut c, &mut r, 40);
     // The last streams end.
     (r.inflight, r.running, r.carry) = (0, 0, 0.0);
-    r.run(&mut c, 4);
+    run(&mut c, &mut r, 4);
     (r.demand, r.admit) = (usize::MAX, 6);
-    let burst = r.run(&mut c, 60);
+    let burst = run(&mut c, &mut r, 60);
     assert!(burst.iter().all(|&l| l >= 63), "the queue of a burst being taken on cut it: {burst:?}");
 
     // In a fleet our share of what the replica runs counts the other
