@@ -271,7 +271,7 @@ measure_capacity() {
   bench_load capacity "$WORK/capacity.yaml"
   run_on "${LG_CPUS:-}" "$BIN/loadgen" run "$WORK/capacity.yaml" --target "$TARGETS" --label capacity --out "$1/capacity.json" --report "$1/capacity.md" --no-progress >&2
   sim_down
-  C=$(python3 "$ROOT/loadtest/bench/admission_report.py" capacity "$1/capacity.json")
+  C=$("$BIN/bench" report capacity "$1/capacity.json")
   echo "$C" >"$WORK/C"
   echo "capacity C = $C req/s" >&2
 }

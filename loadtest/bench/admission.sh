@@ -37,14 +37,14 @@ overload() {
   sim_up --replicas 2
   bench_config main "$WORK/gw.yaml"
   start_gateway "$WORK/gw.yaml"
-  python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration 215 --out "$d/timeline.csv" &
+  "$BIN/bench" timeline --admin "$ADMIN_URL" --class chat --duration 215 --out "$d/timeline.csv" &
   local tl=$!
   loadgen run "$d/scenario.yaml" --target "$GW_URL" --label gateway --out "$d/gateway.json" --report "$d/gateway.md" --plots "$d" --no-progress
   kill "$tl" 2>/dev/null || true; wait "$tl" 2>/dev/null || true
   cp "$WORK/gateway.log" "$d/gateway.log"   # read by the report; not committed
   gw_down; sim_down
   loadgen compare "$d/direct.json" "$d/gateway.json" >"$d/compare.md"
-  python3 "$HERE/admission_report.py" overload "$d" "$C"
+  "$BIN/bench" report admission overload "$d" "$C"
 }
 
 # overload_epp: overload with slogate as Envoy's endpoint picker in the
@@ -59,14 +59,14 @@ overload_epp() {
   start_gateway "$WORK/gw.yaml"
   envoy_picked_config "$epp_port" "$WORK/envoy.in" "${SIM_URLS[@]}"
   start_envoy envoy "$WORK/envoy.in"
-  python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration 215 --out "$d/timeline.csv" &
+  "$BIN/bench" timeline --admin "$ADMIN_URL" --class chat --duration 215 --out "$d/timeline.csv" &
   local tl=$!
   loadgen run "$d/scenario.yaml" --target "$ENVOY_URL" --label gateway --out "$d/gateway.json" --report "$d/gateway.md" --plots "$d" --no-progress
   kill "$tl" 2>/dev/null || true; wait "$tl" 2>/dev/null || true
   cp "$WORK/gateway.log" "$d/gateway.log"   # read by the report; not committed
   kill "$ENVOY_PID" 2>/dev/null || true; gw_down; sim_down
   loadgen compare "$d/direct.json" "$d/gateway.json" >"$d/compare.md"
-  python3 "$HERE/admission_report.py" overload "$d" "$C"
+  "$BIN/bench" report admission overload "$d" "$C"
 }
 
 # shedlate: chat alone at 1.5 C and 3 C, shed_late off and on, each on fresh replicas.
@@ -83,7 +83,7 @@ shedlate() {
       gw_down; sim_down
     done
   done
-  python3 "$HERE/admission_report.py" shedlate "$d" "$C"
+  "$BIN/bench" report admission shedlate "$d" "$C"
 }
 
 # breaker: one replica slowed 8x from 25 s to 75 s.
@@ -93,14 +93,14 @@ breaker() {
   bench_load main "$d/scenario.yaml"
   bench_config main "$WORK/gw.yaml"
   start_gateway "$WORK/gw.yaml"
-  python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration 112 --out "$d/timeline.csv" \
+  "$BIN/bench" timeline --admin "$ADMIN_URL" --class chat --duration 112 --out "$d/timeline.csv" \
     --fault "25=${SIM_URLS[0]}={\"slowdown\": 8}" --fault "75=${SIM_URLS[0]}={\"slowdown\": 1}" 2>"$d/faults.log" &
   local tl=$!
   loadgen run "$d/scenario.yaml" --target "$GW_URL" --label breaker --out "$d/breaker.json" --report "$d/breaker.md" --plots "$d" --no-progress
   wait "$tl" || true
   cp "$WORK/gateway.log" "$d/gateway.log"   # read by the report; not committed
   gw_down; sim_down
-  python3 "$HERE/admission_report.py" breaker "$d"
+  "$BIN/bench" report admission breaker "$d"
 }
 
 # reduction: the same prefill-bound load without and with context reduction.
@@ -111,7 +111,7 @@ reduction() {
     sim_up --replicas 1
     bench_config "$mode" "$WORK/gw.yaml"
     start_gateway "$WORK/gw.yaml"
-    python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration 122 --out "$d/timeline-$mode.csv" &
+    "$BIN/bench" timeline --admin "$ADMIN_URL" --class chat --duration 122 --out "$d/timeline-$mode.csv" &
     local tl=$!
     loadgen run "$d/scenario.yaml" --target "$GW_URL" --label "$mode-reduction" --out "$d/$mode.json" --report "$d/$mode.md" --plots "$d" --no-progress
     wait "$tl" || true
@@ -119,7 +119,7 @@ reduction() {
     gw_down; sim_down
   done
   loadgen compare "$d/without.json" "$d/with.json" >"$d/compare.md"
-  python3 "$HERE/admission_report.py" reduction "$d"
+  "$BIN/bench" report admission reduction "$d"
 }
 
 case ${1:-} in

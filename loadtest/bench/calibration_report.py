@@ -4,7 +4,7 @@ DIR/measured.json (judged by loadtest/run).
     calibration_report.py DIR SECS RATES CSECS CONCURRENCIES
 """
 import json, os, sys, re
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 work, secs, rates, csecs, concs = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4]), [int(c) for c in sys.argv[5].split()]
 measured = {}
 def load(n): return json.load(open(f"{work}/{n}.json"))

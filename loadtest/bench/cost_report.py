@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 from quantiles import interleaved
 
 d, hz, streams = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from admission_report import measured as in_window, write_measured  # beside this script
+from report_common import measured as in_window, write_measured  # beside this script
 from prom import bucket_of, buckets, quantile, samples
 from quantiles import pct, pct_pairs
 

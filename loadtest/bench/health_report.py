@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 
 work = sys.argv[1]
 rows, measured, all_ok, kept = [], {}, [], []

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 from quantiles import pct_pairs  # beside this script
 
 d, hz, json_rate, form_rate = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]

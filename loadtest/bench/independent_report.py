@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 from prom import bucket_of, quantile, samples
 from prom import buckets as buckets_between
 from prom import delta_of

@@ -45,7 +45,7 @@ capacity2() {
   bench_load capacity2 "$WORK/capacity2.yaml"
   loadgen run "$WORK/capacity2.yaml" --target "$TARGETS" --label capacity2 --out "$WORK/capacity2.json" --report "$WORK/capacity2.md" --no-progress >&2
   sim_down
-  C2=$(python3 "$HERE/admission_report.py" capacity "$WORK/capacity2.json")
+  C2=$("$BIN/bench" report capacity "$WORK/capacity2.json")
   echo "$C2" >"$WORK/C2"
   echo "capacity C2 = $C2 req/s" >&2
 }
@@ -64,7 +64,7 @@ through() {
   [ -n "${SLOW_AT:-}" ] && faults=(--fault "$SLOW_AT=${SIM_URLS[0]}={\"slowdown\":2.0}")
   bench_load "$loadname" "$RUN/$label.yaml" "$@"
   local secs; secs=$(awk '/^duration:/ {gsub("s", "", $2); print $2}' "$RUN/$label.yaml")
-  python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration "$((secs + 5))" --out "$RUN/$label-timeline.csv" "${faults[@]}" &
+  "$BIN/bench" timeline --admin "$ADMIN_URL" --class chat --duration "$((secs + 5))" --out "$RUN/$label-timeline.csv" "${faults[@]}" &
   local tl=$!
   loadgen run "$RUN/$label.yaml" --target "$GW_URL" --label "$label" --out "$RUN/$label.json" --report "$RUN/$label.md" --no-progress
   kill "$tl" 2>/dev/null || true; wait "$tl" 2>/dev/null || true
@@ -89,7 +89,7 @@ fleet_part() {
     bench_config "$conf" "$RUN/gw-$v-$i.yaml" --set limit="$limit" --set admin_port="${ports[$i]}" --set peers="$peers"
     start_gateway "$RUN/gw-$v-$i.yaml" "gw-$v-$i"
     urls+=("$GW_URL"); pids+=("$GW_PID")
-    python3 "$HERE/timeline.py" --admin "$ADMIN_URL" --class chat --duration 105 --out "$RUN/$v-$i-timeline.csv" 2>/dev/null &
+    "$BIN/bench" timeline --admin "$ADMIN_URL" --class chat --duration 105 --out "$RUN/$v-$i-timeline.csv" 2>/dev/null &
     tls+=($!)
   done
   for i in 0 1 2; do
@@ -123,22 +123,22 @@ case $PART in
     if [ "$compare" = yes ] && [ $((SEED % 2)) = 1 ]; then PREEMPT=false through no-preempt main "${rates[@]}"; fi
     LIMIT=$FIXED through fixed main "${rates[@]}"
     LIMIT=4096 through none main "${rates[@]}"
-    python3 "$HERE/limits_report.py" overload "$RUN" "$C" ;;
+    "$BIN/bench" report limits overload "$RUN" "$C" ;;
   shift)
     measure_capacity "$WORK"; capacity2
     through auto main --set chat_rate="$(calc "0.4*$C")" --set batch_total="$(calc "1.6*$C")"
     # The reference: the same chat with 1024-token prompts and no batch at
     # all, what this fleet can give chat at best once prompts have doubled.
     through chat-alone chat_alone --set chat_rate="$(calc "0.4*$C")"
-    python3 "$HERE/limits_report.py" change "$RUN" "$C" 50 "$C2" shift ;;
+    "$BIN/bench" report limits change "$RUN" "$C" 50 "$C2" shift ;;
   slow)
     measure_capacity "$WORK"; capacity2 slow
     SLOW_AT=50 through auto main --set chat_rate="$(calc "0.4*$C")" --set batch_rate="$(calc "1.6*$C/8")"
-    python3 "$HERE/limits_report.py" change "$RUN" "$C" 50 "$C2" slow ;;
+    "$BIN/bench" report limits change "$RUN" "$C" 50 "$C2" slow ;;
   batch)
     measure_capacity "$WORK"
     through auto main --set chat_rate="$(calc "0.4*$C")" --set batch_rate="$(calc "2*$C/8")"
-    python3 "$HERE/limits_report.py" batch "$RUN" "$C" 60 ;;
+    "$BIN/bench" report limits batch "$RUN" "$C" 60 ;;
   fleet)
     measure_capacity "$WORK"
     third=$(calc "1/3")
@@ -153,7 +153,7 @@ case $PART in
         *) echo "unknown fleet variant $v" >&2; exit 2 ;;
       esac
     done
-    python3 "$HERE/limits_report.py" fleet "$RUN" "$C" 50 ;;
+    "$BIN/bench" report limits fleet "$RUN" "$C" 50 ;;
   coldstart)
     for v in auto fixed; do
       sim_up --replicas 1
@@ -163,6 +163,6 @@ case $PART in
       loadgen run "$RUN/$v.yaml" --target "$GW_URL" --label "$v" --out "$RUN/$v.json" --report "$RUN/$v.md" --no-progress
       gw_down; sim_down
     done
-    python3 "$HERE/limits_report.py" coldstart "$RUN" ;;
+    "$BIN/bench" report limits coldstart "$RUN" ;;
   *) echo "unknown part $PART" >&2; exit 2 ;;
 esac

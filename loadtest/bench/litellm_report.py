@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 
 work, tck, version = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 GWS = ("slogate", "litellm")

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 from prom import buckets, bucket_of, delta_of, quantile, samples
 from quantiles import pct
 

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 
 run, check_ok, ll_version, sdk_version = sys.argv[1], sys.argv[2] == "true", sys.argv[3], sys.argv[4]
 got = json.load(open(os.path.join(run, "answers.json")))

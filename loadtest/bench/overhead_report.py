@@ -13,7 +13,7 @@ import os
 import statistics
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 
 work, idle_kb, open_kb, open_streams, tck, placement = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]
 rounds = 1

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 from quantiles import pct, pct_pairs  # beside this script
 
 d, hz, a_name, b_name, a2_name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]

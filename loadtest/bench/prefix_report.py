@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 
 work, secs, *runs = sys.argv[1:]
 secs = float(secs)  # a load's duration where its scenario does not say

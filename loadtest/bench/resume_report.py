@@ -10,7 +10,7 @@ import os
 import re
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 
 work, kill_at = sys.argv[1], sys.argv[2]
 FAULTS = {

@@ -10,7 +10,7 @@ import math
 import os
 import sys
 
-from admission_report import chart, pct, write_measured  # beside this script
+from report_common import chart, pct, write_measured  # beside this script
 
 d, old_rev = sys.argv[1], sys.argv[2]
 LABELS = (("constant", f"constant (slogate at {old_rev})"), ("measured", "measured (this commit)"))

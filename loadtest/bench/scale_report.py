@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from admission_report import write_measured  # beside this script
+from report_common import write_measured  # beside this script
 
 work, hz = sys.argv[1], int(sys.argv[2])
 runs = list(csv.DictReader(open(f"{work}/runs.csv")))

@@ -22,4 +22,4 @@ for where in gateway direct; do
     --out "$RUN/$where.json" --report "$RUN/$where.md"
   gw_down; sim_down
 done
-python3 "$HERE/short_report.py" "$RUN" "$C"
+"$BIN/bench" report short "$RUN" "$C"

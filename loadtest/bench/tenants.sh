@@ -40,21 +40,21 @@ fair() {
     through alone keys "$RUN/alone.yaml"
   fi
   through fair keys "$RUN/scenario.yaml"
-  python3 "$HERE/tenants_report.py" fair "$RUN" "$C"
+  "$BIN/bench" report tenants fair "$RUN" "$C"
 }
 
 flood() {
   measure_capacity "$WORK"
   bench_load main "$RUN/scenario.yaml" --set chat_rate="$(calc "0.5*$C")" --set batch_rate="$(calc "2*$C")"
   through flood keys "$RUN/scenario.yaml"
-  python3 "$HERE/tenants_report.py" flood "$RUN" "$C"
+  "$BIN/bench" report tenants flood "$RUN" "$C"
 }
 
 weights() {
   measure_capacity "$WORK"
   bench_load main "$RUN/scenario.yaml" --set rate="$(calc "1.5*$C")"
   through weights keys "$RUN/scenario.yaml"
-  python3 "$HERE/tenants_report.py" weights "$RUN" "$C"
+  "$BIN/bench" report tenants weights "$RUN" "$C"
 }
 
 tpm() {
@@ -67,7 +67,7 @@ tpm() {
   start_gateway "$WORK/gw-tpm.yaml" "gw-tpm"
   "$ROOT/.venv/bin/python" "$HERE/tpm_sdk.py" "$GW_URL/v1" "$ADMIN_URL" "$limit" "$minutes" "$RUN/tpm.json"
   gw_down; sim_down
-  python3 "$HERE/tenants_report.py" tpm "$RUN" "$limit"
+  "$BIN/bench" report tenants tpm "$RUN" "$limit"
 }
 
 case ${1:-} in

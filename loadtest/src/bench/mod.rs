@@ -8,6 +8,8 @@
 //! `loadtest/README.md` ("Benchmark scenarios").
 
 pub mod judge;
+pub mod report;
+pub mod timeline;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

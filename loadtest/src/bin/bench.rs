@@ -66,6 +66,31 @@ enum Cmd {
     },
     /// Print var NAME of a scenario file (a parameter the driver reads).
     Var { file: PathBuf, name: String },
+    /// Write one run's report (`report.md`, `measured.json`, charts):
+    /// `capacity RESULT.json` prints C; `limits KIND DIR ...` (see
+    /// `loadtest/src/bench/report/`).
+    Report {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        args: Vec<String>,
+    },
+    /// Sample a gateway's admission state every 250 ms into a CSV, and
+    /// switch simulator faults at given offsets (loopback only).
+    Timeline {
+        /// The gateway's admin URL.
+        #[arg(long)]
+        admin: String,
+        /// The class whose TTFT, breaker and reduction are sampled.
+        #[arg(long = "class", default_value = "chat")]
+        class: String,
+        /// Seconds to sample for.
+        #[arg(long)]
+        duration: f64,
+        #[arg(long)]
+        out: PathBuf,
+        /// `SECONDS=SIM_URL=JSON`: POST JSON to the simulator's /admin/faults then.
+        #[arg(long = "fault")]
+        faults: Vec<bench::timeline::Fault>,
+    },
     /// Read every scenario file and say what is wrong with any.
     Check {
         #[arg(long, default_value = ".")]
@@ -93,6 +118,8 @@ fn main() -> ExitCode {
             bench::parse_sets(&sets).and_then(|vars| for_driver(&file)?.load_scenario(&name, &target, &vars)).map(|y| print!("{y}"))
         }
         Cmd::Var { file, name } => for_driver(&file).and_then(|f| f.var(&name)).map(|v| println!("{v}")),
+        Cmd::Report { args } => bench::report::main(&args),
+        Cmd::Timeline { admin, class, duration, out, faults } => bench::timeline::run(&admin, &class, duration, &out, faults),
         Cmd::Check { root } => check_all(&root),
     };
     match result {

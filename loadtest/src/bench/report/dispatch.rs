@@ -1,0 +1,64 @@
+//! `bench report NAME KIND DIR ARGS...`: which report a driver asked for,
+//! its arguments read.
+
+use std::path::Path;
+
+use super::records::{capacity, load};
+use super::{admission, admission_events, fleet, limits, short, tenants, tenants_tokens};
+
+/// The reports, as `NAME KIND ARGS`, for the usage message.
+const USAGE: &str = "capacity RESULT.json | admission overload|shedlate DIR C | admission breaker|reduction DIR | \
+limits overload DIR C | limits change DIR C HALF C2 shift|slow | limits batch DIR C QUIET | limits fleet DIR C KILL_AT | \
+limits coldstart DIR | short DIR C | tenants fair|flood|weights DIR C | tenants tpm DIR LIMIT";
+
+/// The driver's arguments, read in order.
+struct Args<'a>(std::slice::Iter<'a, String>);
+
+impl<'a> Args<'a> {
+    fn text(&mut self, what: &str) -> Result<&'a str, String> {
+        self.0.next().map(String::as_str).ok_or_else(|| format!("missing {what}; the reports: {USAGE}"))
+    }
+    fn num(&mut self, what: &str) -> Result<f64, String> {
+        let a = self.text(what)?;
+        a.parse().map_err(|_| format!("{what}: {a:?} is not a number"))
+    }
+    fn dir(&mut self) -> Result<&'a Path, String> {
+        self.text("DIR").map(Path::new)
+    }
+}
+
+/// Runs the report `args` name, with the rest of them.
+pub fn main(args: &[String]) -> Result<(), String> {
+    let mut a = Args(args.iter());
+    match a.text("the report's name")? {
+        // Prints C (req/s) for the driver to read.
+        "capacity" => {
+            println!("{:.2}", capacity(&load(Path::new(a.text("RESULT.json")?))?));
+            Ok(())
+        }
+        "short" => short::short(a.dir()?, a.num("C")?),
+        name => of_kind(name, a),
+    }
+}
+
+/// The reports of a driver that has several: `NAME KIND DIR ARGS`.
+fn of_kind(name: &str, mut a: Args) -> Result<(), String> {
+    let kind = a.text("the report's kind")?;
+    let dir = a.dir()?;
+    match (name, kind) {
+        ("admission", "overload") => admission::overload(dir, a.num("C")?),
+        ("admission", "shedlate") => admission::shedlate(dir, a.num("C")?),
+        ("admission", "breaker") => admission_events::breaker(dir),
+        ("admission", "reduction") => admission_events::reduction(dir),
+        ("limits", "overload") => limits::overload(dir, a.num("C")?),
+        ("limits", "change") => limits::change(dir, a.num("C")?, a.num("HALF")?, a.num("C2")?, a.text("shift|slow")?),
+        ("limits", "batch") => limits::batch(dir, a.num("C")?, a.num("QUIET")?),
+        ("limits", "fleet") => fleet::fleet(dir, a.num("C")?, a.num("KILL_AT")?),
+        ("limits", "coldstart") => fleet::coldstart(dir),
+        ("tenants", "fair") => tenants::fair(dir, a.num("C")?),
+        ("tenants", "flood") => tenants::flood(dir, a.num("C")?),
+        ("tenants", "weights") => tenants_tokens::weights(dir, a.num("C")?),
+        ("tenants", "tpm") => tenants_tokens::tpm(dir, a.num("LIMIT")?),
+        _ => Err(format!("no report {name} {kind}; the reports: {USAGE}")),
+    }
+}
