@@ -29,4 +29,4 @@ for name in defaults panic_off; do
   grep -c '"replica taken out' "$WORK/gw-$name.log" >"$RUN/$name.takeouts" || true
   cleanup; PIDS=()
 done
-python3 "$HERE/health_report.py" "$RUN"
+"$BIN/bench" report health "$RUN"

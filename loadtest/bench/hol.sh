@@ -30,4 +30,4 @@ for part in quiet direct gateway; do
   t1=$(cpu_ticks "$GW_PID"); r1=$(reduced); r1=${r1:-0}
   echo "$(( t1 - t0 )) $(( r1 - r0 ))" >"$RUN/$part.extra"
 done
-python3 "$HERE/hol_report.py" "$RUN" "$(getconf CLK_TCK)"
+"$BIN/bench" report hol "$RUN" "$(getconf CLK_TCK)"

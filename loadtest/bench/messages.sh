@@ -18,4 +18,4 @@ curl -s "$ADMIN/metrics" >"$RUN/before.prom"
 sleep 0.5   # the last streams' accounting lands after their last byte
 curl -s "$ADMIN/metrics" >"$RUN/after.prom"
 SDK_VERSION=$("$ROOT/.venv/bin/pip" show anthropic | awk '/^Version/{print $2}')
-python3 "$HERE/messages_report.py" "$RUN" "anthropic $SDK_VERSION"
+"$BIN/bench" report messages "$RUN" "anthropic $SDK_VERSION"

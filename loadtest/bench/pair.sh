@@ -19,4 +19,4 @@ pair_run() {
   pair_one control "$1" "$5" "$3,$6"
 }
 # pair_report NAME_A NAME_B NAME_A2: $RUN/report.md and measured.json.
-pair_report() { python3 "$HERE/pair_report.py" "$RUN" "$(getconf CLK_TCK)" "$1" "$2" "$3"; }
+pair_report() { "$BIN/bench" report pair "$RUN" "$(getconf CLK_TCK)" "$1" "$2" "$3"; }

@@ -42,4 +42,4 @@ for fault in kill faults stall; do
     one "$fault" "$mode"
   done
 done
-python3 "$HERE/resume_report.py" "$RUN" "$FAULT_AT"
+"$BIN/bench" report resume "$RUN" "$FAULT_AT"

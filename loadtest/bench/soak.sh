@@ -59,4 +59,4 @@ awk -F, 'NR > 1 {printf "%s,%.1f,%s,%s,%s,%s\n", $1, $3 / 1024, $4, $5, $6, $7}'
   | { echo "t (s),RSS MB,open fds,slots in flight,queued,client connections"; cat; } >"$RUN/chart.csv"
 "$BIN/loadgen" chart "$RUN/chart.csv" --dir "$RUN" --stem soak --title "slogate under soak: what it holds over time" --y-label "MB / count" >/dev/null
 rm -f "$RUN"/*.png
-python3 "$HERE/soak_report.py" "$RUN"
+"$BIN/bench" report soak "$RUN"

@@ -66,9 +66,9 @@ enum Cmd {
     },
     /// Print var NAME of a scenario file (a parameter the driver reads).
     Var { file: PathBuf, name: String },
-    /// Write one run's report (`report.md`, `measured.json`, charts):
-    /// `capacity RESULT.json` prints C; `limits KIND DIR ...` (see
-    /// `loadtest/src/bench/report/`).
+    /// Write one run's report (`report.md`, `measured.json`, charts), as
+    /// its driver asks: `NAME [KIND] DIR ARGS` (`capacity RESULT.json`
+    /// prints C; the list is in `loadtest/src/bench/report/dispatch.rs`).
     Report {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         args: Vec<String>,

@@ -4,12 +4,13 @@
 use std::path::Path;
 
 use super::records::{capacity, load};
-use super::{admission, admission_events, fleet, limits, short, tenants, tenants_tokens};
+use super::{admission, admission_events, fleet, health, limits, messages, paths, resume, short, soak, tenants, tenants_tokens};
 
 /// The reports, as `NAME KIND ARGS`, for the usage message.
 const USAGE: &str = "capacity RESULT.json | admission overload|shedlate DIR C | admission breaker|reduction DIR | \
 limits overload DIR C | limits change DIR C HALF C2 shift|slow | limits batch DIR C QUIET | limits fleet DIR C KILL_AT | \
-limits coldstart DIR | short DIR C | tenants fair|flood|weights DIR C | tenants tpm DIR LIMIT";
+limits coldstart DIR | short DIR C | health DIR | soak DIR | resume DIR FAULT_AT | messages DIR CLIENT | hol DIR HZ | pair DIR HZ A B A2 | tenants fair|flood|weights DIR C | \
+tenants tpm DIR LIMIT";
 
 /// The driver's arguments, read in order.
 struct Args<'a>(std::slice::Iter<'a, String>);
@@ -37,6 +38,21 @@ pub fn main(args: &[String]) -> Result<(), String> {
             Ok(())
         }
         "short" => short::short(a.dir()?, a.num("C")?),
+        "health" => health::health(a.dir()?),
+        "soak" => soak::soak(a.dir()?),
+        "resume" => {
+            let dir = a.dir()?;
+            resume::resume(dir, a.text("FAULT_AT")?)
+        }
+        "messages" => {
+            let dir = a.dir()?;
+            messages::messages(dir, a.text("CLIENT")?)
+        }
+        "hol" => paths::hol(a.dir()?, a.num("HZ")?),
+        "pair" => {
+            let (dir, hz) = (a.dir()?, a.num("HZ")?);
+            paths::pair(dir, hz, [a.text("A")?, a.text("B")?, a.text("A2")?])
+        }
         name => of_kind(name, a),
     }
 }

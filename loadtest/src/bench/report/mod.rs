@@ -9,10 +9,16 @@ mod admission;
 mod admission_events;
 mod dispatch;
 mod fleet;
+mod health;
 mod limits;
+mod messages;
 pub mod out;
+mod paths;
+pub mod prom;
 pub mod records;
+mod resume;
 mod short;
+mod soak;
 mod tenants;
 mod tenants_tokens;
 

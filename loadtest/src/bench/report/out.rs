@@ -83,6 +83,8 @@ pub fn percent(share: f64, prec: usize) -> String {
 pub struct Table {
     columns: BTreeMap<String, usize>,
     pub rows: Vec<Vec<f64>>,
+    /// The cells as written.
+    cells: Vec<Vec<String>>,
 }
 
 impl Table {
@@ -91,8 +93,14 @@ impl Table {
         let mut lines = text.lines().filter(|l| !l.trim().is_empty());
         let header = lines.next().ok_or_else(|| format!("{}: empty", path.display()))?;
         let columns = header.split(',').enumerate().map(|(i, c)| (c.trim().to_string(), i)).collect();
-        let rows = lines.map(|l| l.split(',').map(|v| v.trim().parse::<f64>().unwrap_or(f64::NAN)).collect()).collect();
-        Ok(Self { columns, rows })
+        let cells: Vec<Vec<String>> = lines.map(|l| l.split(',').map(|v| v.trim().to_string()).collect()).collect();
+        let rows = cells.iter().map(|r| r.iter().map(|v| v.parse::<f64>().unwrap_or(f64::NAN)).collect()).collect();
+        Ok(Self { columns, rows, cells })
+    }
+
+    /// Column `name` of row `i` as written; empty where either is missing.
+    pub fn text(&self, i: usize, name: &str) -> &str {
+        self.columns.get(name).and_then(|&c| self.cells.get(i)?.get(c)).map_or("", String::as_str)
     }
 
     /// Column `name` of row `i`; NaN where either is missing.

@@ -74,6 +74,22 @@ pub fn pct_floor(values: &[f64], q: f64) -> f64 {
     v[((q * v.len() as f64) as usize).min(v.len() - 1)]
 }
 
+/// The q-quantile of (value, count) pairs, as loadgen writes gaps; NaN
+/// when empty.
+pub fn pct_pairs(pairs: &[(u64, u64)], q: f64) -> f64 {
+    let total: u64 = pairs.iter().map(|p| p.1).sum();
+    let mut sorted = pairs.to_vec();
+    sorted.sort_unstable();
+    let mut seen = 0;
+    for (v, c) in sorted {
+        seen += c;
+        if seen as f64 >= q * total as f64 {
+            return v as f64;
+        }
+    }
+    f64::NAN
+}
+
 /// One class's requests in a part of a run.
 #[derive(Debug, Clone, Copy)]
 pub struct ClassRow {
@@ -171,6 +187,18 @@ mod tests {
         assert_eq!(pct(&hundred[..10], 0.99), 10.0);
         assert_eq!(pct(&[4.0, 1.0, 3.0, 2.0], 0.5), 2.0);
         assert!(pct(&[], 0.5).is_nan());
+    }
+
+    /// Gaps as loadgen writes them, (value, count): the value at which
+    /// the running count reaches q of them.
+    #[test]
+    fn a_quantile_of_counted_values_is_where_the_count_reaches_it() {
+        let gaps = [(30, 50), (10, 49), (90, 1)];
+        assert_eq!(pct_pairs(&gaps, 0.5), 30.0);
+        assert_eq!(pct_pairs(&gaps, 0.49), 10.0);
+        assert_eq!(pct_pairs(&gaps, 0.99), 30.0);
+        assert_eq!(pct_pairs(&gaps, 1.0), 90.0);
+        assert!(pct_pairs(&[], 0.5).is_nan());
     }
 
     /// Within SLO: served, first token by the class's target, at most one
