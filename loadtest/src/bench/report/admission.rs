@@ -94,25 +94,9 @@ TTFT P99 is already far over chat's 300 ms, so holding chat's SLO at 2 C is admi
         n(0.4 * c, 2),
         n(1.6 * c, 2)
     );
-    f += "## Side by side\n\n| run | class | requests | completed | 429 | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n";
-    f += "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
-    for (k, r) in &rows {
-        for (cls, x) in [("chat", &r.chat), ("batch", &r.batch)] {
-            let _ = writeln!(
-                f,
-                "| {k} | {cls} | {} | {} | {} | {} | {} / {} | {} % | {} |",
-                x.requests,
-                x.done,
-                x.rejected,
-                x.failed,
-                n(x.p50, 0),
-                n(x.p99, 0),
-                percent(x.within, 1),
-                n(x.goodput, 2)
-            );
-        }
-        let _ = writeln!(f, "| {k} | **all** | | | | | | | **{}** ({} % of C) |", n(r.good(), 2), n(100.0 * r.good() / c, 0));
-    }
+    f += "## Side by side\n\n";
+    let parts: Vec<_> = rows.iter().map(|(k, r)| (*k, *r, c, "C")).collect();
+    super::limits::table(&mut f, "run", &parts);
     f += OVERLOAD_AFTER;
     write(&dir.join("report.md"), &f)
 }

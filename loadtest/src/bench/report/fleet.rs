@@ -94,7 +94,7 @@ pub(super) fn fleet(dir: &Path, c: f64, kill_at: f64) -> Result<(), String> {
     let mut f = format!("Capacity C = {} req/s.\n\n", n(c, 2));
     let mut shown: Vec<_> = rows.iter().map(|(v, r)| (*v, *r, c, "C")).collect();
     shown.extend(after.map(|a| ("kill, after", a, c, "C")));
-    table(&mut f, &shown);
+    table(&mut f, "part", &shown);
     if after.is_some() {
         f += "\nChart: `kill-slots.svg` (each gateway's `slogate_replica_slots`, summed over the replicas, and the replicas' limit).\n";
     }

@@ -38,10 +38,10 @@ impl Rows {
     }
 }
 
-/// The side-by-side table: each part's classes, and its goodput as a share
+/// The side-by-side table (its first column headed `first`): each part's classes, and its goodput as a share
 /// of the capacity it is judged against (`C`, or `C2` after a change).
-pub(super) fn table(f: &mut String, parts: &[(&str, Rows, f64, &str)]) {
-    f.push_str("| part | class | requests | completed | 429 | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n");
+pub(super) fn table(f: &mut String, first: &str, parts: &[(&str, Rows, f64, &str)]) {
+    let _ = writeln!(f, "| {first} | class | requests | completed | 429 | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |");
     f.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for (name, rows, c, cname) in parts {
         for (cls, x) in [("chat", &rows.chat), ("batch", &rows.batch)] {
@@ -144,7 +144,7 @@ pub(super) fn overload(dir: &Path, c: f64) -> Result<(), String> {
         n(hi, 0)
     );
     let parts: Vec<_> = labs.iter().zip(&rows).map(|(l, r)| (*l, *r, c, "C")).collect();
-    table(&mut f, &parts);
+    table(&mut f, "part", &parts);
     let _ = writeln!(
         f,
         "\n`auto` (the defaults, preemption on): {} batch streams preempted, {} tokens prefilled again by their continuations. `auto`'s {why}",
@@ -192,7 +192,7 @@ pub(super) fn change(dir: &Path, c: f64, half: f64, c2: f64, what: &str) -> Resu
         n(level, 0),
         n(half + 10.0, 0)
     );
-    table(&mut f, &[("before", before, c, "C"), ("after", after, c2, "C2")]);
+    table(&mut f, "part", &[("before", before, c, "C"), ("after", after, c2, "C2")]);
     let _ = writeln!(f, "\nAfter the change, {}", misses(&after_recs, "chat"));
     let reference = dir.join("chat-alone.json");
     if reference.exists() {

@@ -111,9 +111,15 @@ pub struct ClassRow {
 
 /// The row of class `cls` among `recs`, over `span` seconds.
 pub fn class_row(recs: &[&Record], cls: &str, span: f64) -> ClassRow {
-    let rs: Vec<&Record> = recs.iter().copied().filter(|x| x.class == cls).collect();
+    row_where(recs, |x| x.class == cls, |x| x.outcome == "rejected", span)
+}
+
+/// The row of the requests among `recs` that `mine` picks, over `span`
+/// seconds, those that `refused` says were refused counted apart.
+pub fn row_where(recs: &[&Record], mine: impl Fn(&Record) -> bool, refused: impl Fn(&Record) -> bool, span: f64) -> ClassRow {
+    let rs: Vec<&Record> = recs.iter().copied().filter(|x| mine(x)).collect();
     let served: Vec<&Record> = rs.iter().copied().filter(|x| done(x)).collect();
-    let rejected = rs.iter().filter(|x| x.outcome == "rejected").count();
+    let rejected = rs.iter().filter(|x| refused(x)).count();
     let ttft: Vec<f64> = served.iter().filter_map(|x| x.ttft_ms).collect();
     let good = rs.iter().filter(|x| within(x)).count();
     let share = |n: usize, of: usize| if of == 0 { f64::NAN } else { n as f64 / of as f64 };

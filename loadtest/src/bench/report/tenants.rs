@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::out::{chart, n, percent, write, Measured};
-use super::records::{done, load, measured, misses, pct, window, within};
+use super::records::{load, measured, misses, pct, row_where, window, ClassRow};
 use crate::loadgen::{Record, RunResult};
 
 pub(super) const FLEET: &str = "two simulated vLLM replicas, profile `llama70b-fp8-h100` (70B FP8 on one H100 each), \
@@ -27,42 +27,20 @@ fn refused(x: &Record) -> bool {
     x.outcome == "rejected" || x.status == 429
 }
 
-/// One tenant's (loadgen stream's) requests in the measured window.
+/// One tenant's (loadgen stream's) requests in the measured window, and
+/// its refusals by error code.
 #[derive(Clone)]
 pub(super) struct TenantRow {
-    pub requests: usize,
-    pub done: usize,
-    pub rejected: usize,
-    pub failed: usize,
-    pub p50: f64,
-    pub p99: f64,
-    pub within: f64,
-    pub goodput: f64,
-    /// Its refusals by error code.
+    pub row: ClassRow,
     pub codes: BTreeMap<String, usize>,
 }
 
 pub(super) fn tenant_row(recs: &[&Record], name: &str, span: f64) -> TenantRow {
-    let rs: Vec<&Record> = recs.iter().copied().filter(|x| x.stream == name).collect();
-    let served: Vec<&Record> = rs.iter().copied().filter(|x| done(x)).collect();
-    let ttft: Vec<f64> = served.iter().filter_map(|x| x.ttft_ms).collect();
-    let good = rs.iter().filter(|x| within(x)).count();
     let mut codes = BTreeMap::new();
-    for x in rs.iter().filter(|x| refused(x)) {
+    for x in recs.iter().filter(|x| x.stream == name && refused(x)) {
         *codes.entry(x.error_code.clone().unwrap_or_else(|| "?".into())).or_insert(0) += 1;
     }
-    let rejected = codes.values().sum::<usize>();
-    TenantRow {
-        requests: rs.len(),
-        done: served.len(),
-        rejected,
-        failed: rs.len() - served.len() - rejected,
-        p50: pct(&ttft, 0.5),
-        p99: pct(&ttft, 0.99),
-        within: if rs.is_empty() { f64::NAN } else { good as f64 / rs.len() as f64 },
-        goodput: good as f64 / span,
-        codes,
-    }
+    TenantRow { row: row_where(recs, |x| x.stream == name, refused, span), codes }
 }
 
 impl TenantRow {
@@ -84,14 +62,14 @@ impl TenantRow {
     fn line(&self, lead: &str) -> String {
         format!(
             "| {lead} | {} | {} | {} | {} | {} / {} | {} % | {} |\n",
-            self.requests,
-            self.done,
+            self.row.requests,
+            self.row.done,
             self.by_code(),
-            self.failed,
-            n(self.p50, 0),
-            n(self.p99, 0),
-            percent(self.within, 1),
-            n(self.goodput, 2)
+            self.row.failed,
+            n(self.row.p50, 0),
+            n(self.row.p99, 0),
+            percent(self.row.within, 1),
+            n(self.row.goodput, 2)
         )
     }
 }
@@ -148,15 +126,15 @@ pub(super) fn fair(dir: &Path, c: f64) -> Result<(), String> {
     let mut m = Measured::default();
     for t in ["B", "C"] {
         let x = get(t)?;
-        m.stated(&format!("{t}_within_pct"), 100.0 * x.within, format!("{} %", percent(x.within, 2)));
-        m.stated(&format!("{t}_ttft_p99_ms"), x.p99, format!("{} ms", n(x.p99, 0)));
+        m.stated(&format!("{t}_within_pct"), 100.0 * x.row.within, format!("{} %", percent(x.row.within, 2)));
+        m.stated(&format!("{t}_ttft_p99_ms"), x.row.p99, format!("{} ms", n(x.row.p99, 0)));
         let bo = x.code("breaker_open");
         m.stated(&format!("{t}_breaker_open"), bo as f64, format!("{bo} breaker_open"));
     }
     let a = get("A")?;
-    let (own, every) = (a.code("tenant_over_share"), a.rejected);
+    let (own, every) = (a.code("tenant_over_share"), a.row.rejected);
     m.flag("A_refusals_all_over_share", own > 0 && own == every, format!("{own} of {every}"));
-    let good = |rs: &[(&str, TenantRow)]| rs.iter().map(|(_, x)| x.goodput).fold(0.0, |a, b| a + b);
+    let good = |rs: &[(&str, TenantRow)]| rs.iter().map(|(_, x)| x.row.goodput).fold(0.0, |a, b| a + b);
     let g = good(fair);
     m.stated("goodput_pct_of_c", 100.0 * g / c, format!("{} req/s = {} % of C", n(g, 2), n(100.0 * g / c, 0)));
     m.write(dir)?;
@@ -168,10 +146,10 @@ pub(super) fn fair(dir: &Path, c: f64) -> Result<(), String> {
         let _ = writeln!(
             f,
             "\nReference, A absent (`alone`): B {} % and C {} % within SLO, TTFT P99 {} / {} ms: what this fleet and machine give them at best.",
-            percent(b.within, 1),
-            percent(cc.within, 1),
-            n(b.p99, 0),
-            n(cc.p99, 0)
+            percent(b.row.within, 1),
+            percent(cc.row.within, 1),
+            n(b.row.p99, 0),
+            n(cc.row.p99, 0)
         );
     }
     f += "\n## Side by side\n\n| run | tenant | requests | completed | 429 (by code) | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
@@ -199,8 +177,8 @@ pub(super) fn flood(dir: &Path, c: f64) -> Result<(), String> {
     let bo = web.code("breaker_open");
     let mut m = Measured::default();
     m.stated("web_breaker_open", bo as f64, format!("{bo} breaker_open"));
-    m.stated("web_within_pct", 100.0 * web.within, format!("{} %", percent(web.within, 2)));
-    m.stated("web_ttft_p99_ms", web.p99, format!("{} ms", n(web.p99, 0)));
+    m.stated("web_within_pct", 100.0 * web.row.within, format!("{} %", percent(web.row.within, 2)));
+    m.stated("web_ttft_p99_ms", web.row.p99, format!("{} ms", n(web.row.p99, 0)));
     m.write(dir)?;
     let mut f = format!("**Fleet:** {FLEET}\n\n**Capacity C = {} req/s.**\n\n", n(c, 2));
     f += "| tenant | class | requests | completed | 429 (by code) | failed | TTFT p50 / p99 ms | within SLO | goodput req/s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n";

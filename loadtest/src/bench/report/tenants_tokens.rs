@@ -53,11 +53,11 @@ pub(super) fn weights(dir: &Path, c: f64) -> Result<(), String> {
         let _ = writeln!(
             f,
             "| {who} | {weight} | {served} | {} | {} | {} | {} / {} |",
-            x.requests,
-            x.done,
-            x.rejected,
-            n(x.p50, 0),
-            n(x.p99, 0)
+            x.row.requests,
+            x.row.done,
+            x.row.rejected,
+            n(x.row.p50, 0),
+            n(x.row.p99, 0)
         );
     }
     f += "\nChart: `served.svg`.\n";
