@@ -11,6 +11,7 @@ use std::path::Path;
 
 use super::out::{n, percent, signed, write, Measured};
 use super::records::{done, load, pct_floor, window};
+use crate::loadgen::Record;
 
 struct Side {
     emb: usize,
@@ -27,13 +28,13 @@ struct Side {
 fn summary(dir: &Path, name: &str) -> Result<Side, String> {
     let r = load(&dir.join(format!("{name}.json")))?;
     let (warmup, _) = window(&r);
-    let recs: Vec<_> = r.records.iter().filter(|x| x.start_s >= warmup).collect();
-    let emb: Vec<_> = recs.iter().filter(|x| x.stream == "emb").collect();
-    let chat: Vec<_> = recs.iter().filter(|x| x.stream == "chat").collect();
-    let emb_ok: Vec<_> = emb.iter().filter(|x| done(x)).collect();
-    let chat_ok: Vec<_> = chat.iter().filter(|x| done(x)).collect();
+    let recs: Vec<&Record> = r.records.iter().filter(|x| x.start_s >= warmup).collect();
+    let of = |stream: &str, served: bool| -> Vec<&Record> {
+        recs.iter().copied().filter(|x| x.stream == stream && (!served || done(x))).collect()
+    };
+    let (emb, chat, emb_ok, chat_ok) = (of("emb", false), of("chat", false), of("emb", true), of("chat", true));
     let e2e: Vec<f64> = emb_ok.iter().map(|x| x.e2e_ms).collect();
-    let queue = |v: &[&&&crate::loadgen::Record]| v.iter().map(|x| x.queue_ms.unwrap_or(0.0)).collect::<Vec<f64>>();
+    let queue = |v: &[&Record]| v.iter().map(|x| x.queue_ms.unwrap_or(0.0)).collect::<Vec<f64>>();
     let chat_queue = queue(&chat_ok);
     Ok(Side {
         emb: emb.len(),
