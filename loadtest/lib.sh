@@ -42,7 +42,7 @@ start_sim() {
   PIDS+=($!)
   local want; want=$(printf '%s\n' "$@" | awk 'p{print;exit} /^--replicas$/{p=1}'); want=${want:-1}
   for _ in $(seq 100); do [ "$(wc -l <"$WORK/$name.out")" -ge "$want" ] && break; sleep 0.05; done
-  mapfile -t SIM_URLS < <(python3 -c 'import json,sys; [print(json.loads(l)["url"]) for l in open(sys.argv[1])]' "$WORK/$name.out")
+  mapfile -t SIM_URLS < <(sed -n 's/^{"url":"\([^"]*\)".*/\1/p' "$WORK/$name.out")
 }
 
 # start_gateway CONFIG : start slogate, set GW_URL, ADMIN_URL, GW_PID once ready.
@@ -54,16 +54,12 @@ start_gateway() { # config [log name, default gateway]; GW_BIN: another slogate 
   ( spawn_on "${GW_CPUS:-}" ${GW_WRAP:-} "${GW_BIN:-$BIN/slogate}" --log-format json serve --config "$1" 2>"$log" ) &
   GW_PID=$!; PIDS+=($GW_PID)
   for _ in $(seq $tries); do grep -q '"slogate listening"' "$log" 2>/dev/null && break; sleep 0.05; done
-  read -r GW_URL ADMIN_URL < <(python3 -c 'import json,sys
-for l in open(sys.argv[1]):
-    f = json.loads(l).get("fields", {})
-    if f.get("message") == "slogate listening":
-        print(f["data"], f["admin"]); break' "$log")
+  read -r GW_URL ADMIN_URL < <(grep -m1 '"slogate listening"' "$log" | sed -n 's/.*"data":"\([^"]*\)".*"admin":"\([^"]*\)".*/\1 \2/p')
   for _ in $(seq 200); do curl -sf "$ADMIN_URL/readyz" >/dev/null && break; sleep 0.05; done
 }
 
 # free_port: a loopback port nothing listens on now (for programs that cannot bind port 0 and say which they got).
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { "$BIN/bench" port; }
 
 # start_demo: `slogate demo` on free ports, into $RUN; sets DATA, ADMIN and
 # MODEL from the lines it prints first.
@@ -99,6 +95,10 @@ envoy_picked_config() {
   sed -e "s/\${LISTEN_HOST}/127.0.0.1/" -e "s/\${EPP_HOST}/127.0.0.1/" -e "s/\${EPP_PORT}/$epp/" -e "s/\${FAILURE_MODE_ALLOW}/false/" \
     -e "s/\${REPLICAS}/$joined/" "$ROOT/deploy/envoy/slogate-epp.yaml" >"$out"
 }
+
+# drop_ext_proc: the Envoy configuration on stdin without its ext_proc
+# filter: Envoy alone, balancing round robin.
+drop_ext_proc() { awk '/^          - name: envoy\.filters\.http\.ext_proc$/ { skip = 1; next } /^          - name: / { skip = 0 } !skip'; }
 
 # HAProxy, the reference relay of the overhead benchmark (Debian's package, installed once).
 ensure_haproxy() {
@@ -296,4 +296,4 @@ bench_load() {
 # bench_var NAME: a parameter of the scenario file (its vars).
 bench_var() { "$BIN/bench" var "$SCENARIO" "$1"; }
 # calc EXPR: a rate computed from C, to three decimals.
-calc() { python3 -c "print(round($1, 3))"; }
+calc() { awk "BEGIN { v = $1; printf \"%.10g\\n\", (v < 0 ? -int(-v * 1000 + 0.5) : int(v * 1000 + 0.5)) / 1000 }"; }

@@ -42,7 +42,7 @@ done
 
 # 3: capacity knee, open loop.
 for r in $RATES; do run "r$r" open --set rate="$r"; done
-python3 "$HERE/calibration_report.py" "$RUN" "$SECS" "$RATES" "$CSECS" "$CONC"
+"$BIN/bench" report calibration "$RUN" "$SECS" "$RATES" "$CSECS" "$CONC"
 # Charts of the most loaded open-loop run.
 "$BIN/loadgen" plot "$RUN/r$(echo $RATES | awk '{print $NF}').json" --dir "$RUN"
 rm -f "$RUN"/*.png

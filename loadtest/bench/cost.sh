@@ -18,24 +18,18 @@ ulimit -n "$(ulimit -Hn)"
 ensure_pkg wrk wrk
 ensure_haproxy
 
-# The fixed answers, shaped as vLLM's.
-python3 - "$WORK" <<'EOF'
-import json, random, sys
-work = sys.argv[1]
-rng = random.Random(1)
-emb = {"id": "embd-1", "object": "list", "created": 1, "model": "m1",
-       "data": [{"index": 0, "object": "embedding", "embedding": [round(rng.uniform(-0.1, 0.1), 6) for _ in range(1024)]}],
-       "usage": {"prompt_tokens": 12, "total_tokens": 12, "completion_tokens": 0, "prompt_tokens_details": None}}
-text = " ".join(["token"] * 64)
-cmpl = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m1",
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}],
-        "usage": {"prompt_tokens": 12, "total_tokens": 76, "completion_tokens": 64, "prompt_tokens_details": None}}
-models = {"object": "list", "data": [{"id": "m1", "object": "model", "owned_by": "vllm", "max_model_len": 4096}]}
-for name, body in [("embeddings", emb), ("completions", cmpl), ("models", models)]:
-    open(f"{work}/{name}.json", "w").write(json.dumps(body, separators=(",", ":")))
-open(f"{work}/embeddings.req", "w").write(json.dumps({"model": "m1", "input": "What does a token bucket do?"}))
-open(f"{work}/completions.req", "w").write(json.dumps({"model": "m1", "prompt": "Once upon a time", "max_tokens": 64}))
-EOF
+# The fixed answers, shaped as vLLM's: the embedding's 1,024 floats drawn once.
+{
+  printf '{"id":"embd-1","object":"list","created":1,"model":"m1","data":[{"index":0,"object":"embedding","embedding":['
+  awk 'BEGIN { srand(1); for (i = 0; i < 1024; i++) printf "%s%.6f", (i ? "," : ""), rand() * 0.2 - 0.1 }'
+  printf ']}],"usage":{"prompt_tokens":12,"total_tokens":12,"completion_tokens":0,"prompt_tokens_details":null}}'
+} >"$WORK/embeddings.json"
+TEXT=$(printf 'token %.0s' $(seq 64))
+printf '{"id":"cmpl-1","object":"text_completion","created":1,"model":"m1","choices":[{"index":0,"text":"%s","logprobs":null,"finish_reason":"length","stop_reason":null}],"usage":{"prompt_tokens":12,"total_tokens":76,"completion_tokens":64,"prompt_tokens_details":null}}' \
+  "${TEXT% }" >"$WORK/completions.json"
+printf '{"object":"list","data":[{"id":"m1","object":"model","owned_by":"vllm","max_model_len":4096}]}' >"$WORK/models.json"
+printf '{"model": "m1", "input": "What does a token bucket do?"}' >"$WORK/embeddings.req"
+printf '{"model": "m1", "prompt": "Once upon a time", "max_tokens": 64}' >"$WORK/completions.req"
 
 start_nginx nginx /v1/embeddings="$WORK/embeddings.json" /v1/completions="$WORK/completions.json" /v1/models="$WORK/models.json"
 UP=$NGINX_URL
@@ -68,20 +62,16 @@ one() {
   [ "$pid" != - ] && t0=$(cpu_ticks "$pid")
   wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$WORK/$kind.lua" "$url/v1/$kind" >"$RUN/wrk-$kind-$path.txt" 2>&1
   [ "$pid" != - ] && ticks=$(( $(cpu_ticks "$pid") - t0 ))
-  python3 - "$RUN/wrk-$kind-$path.txt" "$round" "$kind" "$path" "$ticks" >>"$RUN/short.csv" <<'EOF'
-import re, sys
-text, round_, kind, path, ticks = open(sys.argv[1]).read(), *sys.argv[2:6]
-def ms(label):
-    m = re.search(rf"^\s*{label}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
-    v, u = float(m.group(1)), m.group(2)
-    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
-reqs = int(re.search(r"(\d+) requests in ([\d.]+)(ms|s)", text).group(1))
-secs = re.search(r"(\d+) requests in ([\d.]+)(ms|s)", text)
-secs = float(secs.group(2)) / (1000 if secs.group(3) == "ms" else 1)
-bad = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-errs = re.search(r"Socket errors: (.*)", text)
-print(f"{round_},{kind},{path},{reqs},{secs:.3f},{ticks},{ms(50):.3f},{ms(99):.3f},{bad.group(1) if bad else 0},{(errs.group(1).replace(',', ';') if errs else '')}")
-EOF
+  # requests, seconds, CPU ticks, p50 and p99 (ms), non-2xx answers and socket errors, from wrk's summary
+  awk -v round="$round" -v kind="$kind" -v path="$path" -v ticks="$ticks" '
+    function ms(v,   u) { u = v; sub(/^[0-9.]+/, "", u); v += 0; return u == "us" ? v / 1000 : u == "s" ? v * 1000 : v }
+    $1 == "50%" { p50 = ms($2) }
+    $1 == "99%" { p99 = ms($2) }
+    / requests in / { reqs = $1; secs = $4; sub(/,$/, "", secs); unit = secs; sub(/^[0-9.]+/, "", unit); secs += 0; if (unit == "ms") secs /= 1000 }
+    /Non-2xx or 3xx responses:/ { bad = $NF }
+    /Socket errors:/ { errs = $0; sub(/.*Socket errors: /, "", errs); gsub(/,/, ";", errs) }
+    END { printf "%s,%s,%s,%s,%.3f,%s,%.3f,%.3f,%d,%s\n", round, kind, path, reqs, secs, ticks, p50, p99, bad, errs }
+  ' "$RUN/wrk-$kind-$path.txt" >>"$RUN/short.csv"
 }
 
 echo "round,kind,path,requests,secs,ticks,p50_ms,p99_ms,non2xx,socket_errors" >"$RUN/short.csv"
@@ -100,16 +90,10 @@ kill "$PLAIN_PID"; wait "$PLAIN_PID" 2>/dev/null || true
 # fresh gateways; the difference in allocations over the difference in
 # requests leaves start-up and shutdown out.
 (cd "$ROOT" && cargo build --release --locked -q --features heap-profile --target-dir target/heap --bin slogate)
-heap_run() { # NAME KIND SECONDS: allocations and requests to $RUN/NAME.allocs
+heap_run() { # NAME KIND SECONDS: the allocations to $RUN/NAME.heap.json, wrk's requests to $RUN/NAME.wrk
   GW_BIN="$ROOT/target/heap/release/slogate" SLOGATE_HEAP_PROFILE="$RUN/$1.heap.json" start_gateway "$RUN/gw.yaml" "gw-$1"
   wrk -t1 -c"$CONNS" -d"$3s" -s "$WORK/$2.lua" "$GW_URL/v1/$2" >"$RUN/$1.wrk" 2>&1
   gw_down
-  python3 - "$RUN/$1.heap.json" "$RUN/$1.wrk" >"$RUN/$1.allocs" <<'EOF2'
-import json, re, sys
-pps = json.load(open(sys.argv[1]))["pps"]
-# dhat: tbk is the allocations (blocks), tb their bytes.
-print(sum(p["tbk"] for p in pps), sum(p["tb"] for p in pps), re.search(r"(\d+) requests in", open(sys.argv[2]).read()).group(1))
-EOF2
 }
 for kind in embeddings completions; do
   heap_run "heap-$kind-short" "$kind" 2
@@ -209,4 +193,4 @@ for mode in http tcp; do
   kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
 done
 run_lg "$RUN/mix.yaml" "${SIM_URLS[0]},${SIM_URLS[0]}" lat-aa >&2
-python3 "$HERE/cost_report.py" "$RUN" "$(getconf CLK_TCK)" "$STREAMS"
+"$BIN/bench" report cost "$RUN" "$(getconf CLK_TCK)" "$STREAMS"

@@ -30,25 +30,21 @@ FLOOR_PID=$!; PIDS+=($FLOOR_PID)
 # floor picker twice (the control) and slogate as the picker.
 envoy_picked_config "$EPP_PORT" "$WORK/shipped.in" "$SIM"
 FLOOR_L=$(free_port) SLOGATE_L=$(free_port) CONTROL_L=$(free_port)
-python3 - "$WORK/shipped.in" "$FLOOR_PORT" "$FLOOR_L" "$SLOGATE_L" "$CONTROL_L" >"$WORK/shared.in" <<'PY'
-import re, sys
-shipped, floor_port, floor_l, slogate_l, control_l = sys.argv[1:]
-text = open(shipped).read()
-head, rest = text.split("  listeners:\n", 1)
-listener, clusters = rest.split("  clusters:\n", 1)
-def variant(name, port, epp):
-    l = listener.replace("- name: gateway", f"- name: {name}", 1).replace("${LISTEN_PORT}", port)
-    if epp is None:  # round robin: no ext_proc filter
-        l = re.sub(r"          - name: envoy\.filters\.http\.ext_proc\n.*?(?=          - name: envoy\.filters\.http\.router)", "", l, flags=re.S)
-    else:
-        l = l.replace("cluster_name: epp }", f"cluster_name: {epp} }}")
-    return l
-floor = clusters.split("  - name: picked", 1)[0].replace("name: epp", "name: floor").replace("cluster_name: epp", "cluster_name: floor")
-floor = re.sub(r"port_value: \d+", f"port_value: {floor_port}", floor)
-out = head + "  listeners:\n" + variant("rr", "${LISTEN_PORT}", None) + variant("floor", floor_l, "floor") \
-    + variant("slogate", slogate_l, "epp") + variant("control", control_l, "floor") + "  clusters:\n" + clusters + floor
-sys.stdout.write(out)
-PY
+# variant NAME PORT PICKER: the shipped listener, named NAME on PORT, its
+# ext_proc filter asking cluster PICKER (- : none, round robin).
+variant() {
+  sed -n '/^  listeners:$/,/^  clusters:$/p' "$WORK/shipped.in" | sed -e '1d;$d' -e "0,/- name: gateway/s//- name: $1/" -e "s/\${LISTEN_PORT}/$2/" |
+    if [ "$3" = - ]; then drop_ext_proc; else sed "s/cluster_name: epp }/cluster_name: $3 }/"; fi
+}
+{ sed -n '1,/^  listeners:$/p' "$WORK/shipped.in"
+  variant rr '${LISTEN_PORT}' -
+  variant floor "$FLOOR_L" floor
+  variant slogate "$SLOGATE_L" epp
+  variant control "$CONTROL_L" floor
+  sed -n '/^  clusters:$/,$p' "$WORK/shipped.in"
+  # The floor picker's cluster: the shipped picker's, at its port.
+  sed -n '/^  clusters:$/,/^  - name: picked$/p' "$WORK/shipped.in" | sed -e '1d;$d' -e 's/name: epp/name: floor/' -e "s/port_value: [0-9]*/port_value: $FLOOR_PORT/"
+} >"$WORK/shared.in"
 start_envoy shared "$WORK/shared.in" 2; ENVOY_PID_SHARED=$ENVOY_PID RR_URL=$ENVOY_URL
 FLOOR_URL=http://127.0.0.1:$FLOOR_L EPP_URL=http://127.0.0.1:$SLOGATE_L FLOOR2_URL=http://127.0.0.1:$CONTROL_L
 "$ROOT/.venv/bin/envoy" --version | awk '{print $3}' >"$RUN/envoy.version"
@@ -61,4 +57,4 @@ with_cores paths run_lg "$RUN/paths.yaml" "$SIM,$RR_URL,$FLOOR_URL,$EPP_URL,$PRO
 t1="$(ticks "$ENVOY_PID_SHARED") $(ticks "$FLOOR_PID") $(ticks "$PICKER_PID") $(ticks "$PROXY_PID")"
 echo "$t0 $t1" >"$RUN/paths.cpu"
 curl -s "$PICKER_ADMIN/metrics" >"$RUN/after.prom"
-python3 "$HERE/epp_report.py" "$RUN" "$(getconf CLK_TCK)"
+"$BIN/bench" report epp "$RUN" "$(getconf CLK_TCK)"

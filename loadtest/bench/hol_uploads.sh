@@ -17,26 +17,19 @@ SECS=20   # each part: the streams load's duration
 
 # The large bodies (once for all runs) and nginx's fixed answers.
 if [ ! -f "$WORK/big.json" ]; then
-  python3 - "$WORK" <<'PY'
-import json, os, sys
-work = sys.argv[1]
-# 4,000,000 characters: about 4 MB, under the default max_request_body (4 MiB) with the rest of the body
-words = ("the quick brown fox jumps over the lazy dog " * 100000)[:4000000]
-json.dump({"messages": [{"role": "user", "content": words}], "max_tokens": 1, "stream": False, "model": "bulk-llm"},
-          open(f"{work}/big.json", "w"))
-b = "slogatebenchboundary"
-with open(f"{work}/big.form", "wb") as f:
-    f.write(f"--{b}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"speech.wav\"\r\nContent-Type: audio/wav\r\n\r\n".encode())
-    f.write(os.urandom(25 * 10**6))
-    f.write(f"\r\n--{b}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nbulk-whisper\r\n--{b}--\r\n".encode())
-open(f"{work}/chat.answer", "w").write(json.dumps({
-    "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "bulk-llm",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}],
-    "usage": {"prompt_tokens": 1048576, "completion_tokens": 1, "total_tokens": 1048577}}, separators=(",", ":")))
-open(f"{work}/transcription.answer", "w").write(json.dumps({"text": "ok", "usage": {"type": "duration", "seconds": 781}}))
-open(f"{work}/models.answer", "w").write(json.dumps({"object": "list", "data": [
-    {"id": "bulk-llm", "object": "model", "owned_by": "vllm"}, {"id": "bulk-whisper", "object": "model", "owned_by": "vllm"}]}))
-PY
+  # 4,000,000 characters: about 4 MB, under the default max_request_body (4 MiB) with the rest of the body
+  { printf '{"messages": [{"role": "user", "content": "'
+    yes 'the quick brown fox jumps over the lazy dog' | tr '\n' ' ' | head -c 4000000 || true   # (yes and tr end on SIGPIPE)
+    printf '"}], "max_tokens": 1, "stream": false, "model": "bulk-llm"}'
+  } >"$WORK/big.json"
+  b=slogatebenchboundary
+  { printf -- '--%s\r\nContent-Disposition: form-data; name="file"; filename="speech.wav"\r\nContent-Type: audio/wav\r\n\r\n' "$b"
+    head -c 25000000 /dev/urandom
+    printf -- '\r\n--%s\r\nContent-Disposition: form-data; name="model"\r\n\r\nbulk-whisper\r\n--%s--\r\n' "$b" "$b"
+  } >"$WORK/big.form"
+  printf '%s' '{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"bulk-llm","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"length"}],"usage":{"prompt_tokens":1048576,"completion_tokens":1,"total_tokens":1048577}}' >"$WORK/chat.answer"
+  printf '%s' '{"text": "ok", "usage": {"type": "duration", "seconds": 781}}' >"$WORK/transcription.answer"
+  printf '%s' '{"object": "list", "data": [{"id": "bulk-llm", "object": "model", "owned_by": "vllm"}, {"id": "bulk-whisper", "object": "model", "owned_by": "vllm"}]}' >"$WORK/models.answer"
 fi
 
 start_sim a --step-base-ms 20 $SIM_EVEN --stamp-events --model sim-a; A_URL=${SIM_URLS[0]}
@@ -65,7 +58,8 @@ bulk() {
   n=$(calc "int($rate * $SECS)")
   # One client per request a second, each sending one a second: they
   # overlap as independent uploads do, none waits for another.
-  h2load --h1 -c "$(calc "max(1, int($rate))")" --rps 1 -n "$n" -d "$file" -H "content-type: $ctype" "$url$path" >"$RUN/$part.h2load" 2>&1 || true
+  local clients; clients=$(calc "int($rate)"); [ "$clients" -ge 1 ] || clients=1
+  h2load --h1 -c "$clients" --rps 1 -n "$n" -d "$file" -H "content-type: $ctype" "$url$path" >"$RUN/$part.h2load" 2>&1 || true
 }
 
 for part in quiet json-direct json-gateway form-direct form-gateway lg-json-direct lg-json-gateway lg-form-direct lg-form-gateway; do
@@ -79,4 +73,4 @@ for part in quiet json-direct json-gateway form-direct form-gateway lg-json-dire
   [ -n "$bulk_pid" ] && wait "$bulk_pid"
   echo "$(( $(cpu_ticks "$GW_PID") - t0 ))" >"$RUN/$part.cpu"
 done
-python3 "$HERE/hol_uploads_report.py" "$RUN" "$(getconf CLK_TCK)" "$JSON_RATE" "$FORM_RATE"
+"$BIN/bench" report uploads "$RUN" "$(getconf CLK_TCK)" "$JSON_RATE" "$FORM_RATE"

@@ -47,4 +47,4 @@ curl -s "$ADMIN/metrics" >"$RUN/after.prom"
 aiperf direct "$CONCURRENCY" "$REPLICA" "$REPLICA2"
 { curl -s "$REPLICA/metrics"; curl -s "$REPLICA2/metrics" | sed 's/}/,replica="2"}/'; } >"$RUN/replica-after.prom"
 
-python3 "$HERE/independent_report.py" "$RUN" "aiperf $AIPERF_VERSION"
+"$BIN/bench" report independent "$RUN" "aiperf $AIPERF_VERSION"

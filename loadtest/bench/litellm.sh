@@ -90,4 +90,4 @@ for gw in $ORDER; do
   stop_gw
 done
 cleanup; PIDS=()
-python3 "$HERE/litellm_report.py" "$RUN" "$(getconf CLK_TCK)" "$LITELLM_VERSION"
+"$BIN/bench" report litellm "$RUN" "$(getconf CLK_TCK)" "$LITELLM_VERSION"

@@ -55,4 +55,4 @@ curl -sf "$LL_URL/health/liveliness" >/dev/null || { echo "LiteLLM did not start
 "$VENV/bin/python" "$HERE/migration_sdk.py" "$LITELLM_MASTER_KEY" "$RUN/answers.json" \
   "LiteLLM /v1=$LL_URL/v1" "LiteLLM, no /v1=$LL_URL" "slogate /v1=$GW_URL/v1" "slogate, no /v1=$GW_URL"
 SDK_VERSION=$("$VENV/bin/python" -c "import openai; print(openai.__version__)")
-python3 "$HERE/migration_report.py" "$RUN" "$CHECK_OK" "$LITELLM_VERSION" "$SDK_VERSION"
+"$BIN/bench" report migration "$RUN" "$CHECK_OK" "$LITELLM_VERSION" "$SDK_VERSION"

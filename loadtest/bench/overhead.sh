@@ -119,4 +119,4 @@ OPEN_RSS=$(rss_kb "$GW_PID")
 wait "$LG"
 cleanup; PIDS=()
 
-python3 "$HERE/overhead_report.py" "$RUN" "$IDLE_RSS" "$OPEN_RSS" "$OPEN" "$(getconf CLK_TCK)" "$PLACEMENT"
+"$BIN/bench" report overhead "$RUN" "$IDLE_RSS" "$OPEN_RSS" "$OPEN" "$(getconf CLK_TCK)" "$PLACEMENT"

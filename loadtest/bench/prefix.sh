@@ -20,15 +20,12 @@ TOKENIZER="$ROOT/crates/prompt/tests/fixtures/tokenizer/tokenizer.json"
 # sim_metrics URL...: prefix cache queries and hits, and finished requests, of each replica (JSON lines).
 sim_metrics() {
   for u in "$@"; do
-    curl -s "$u/metrics" | python3 -c 'import sys, json
-m = {"queries": 0, "hits": 0, "requests": 0}
-for l in sys.stdin:
-    if l.startswith("#"): continue
-    name, _, v = l.rpartition(" ")
-    if name.startswith("vllm:prefix_cache_queries_total"): m["queries"] += float(v)
-    if name.startswith("vllm:prefix_cache_hits_total"): m["hits"] += float(v)
-    if name.startswith("vllm:request_success_total"): m["requests"] += float(v)
-print(json.dumps(m))'
+    curl -s "$u/metrics" | awk '
+      /^#/ { next }
+      index($1, "vllm:prefix_cache_queries_total") == 1 { q += $NF }
+      index($1, "vllm:prefix_cache_hits_total") == 1 { h += $NF }
+      index($1, "vllm:request_success_total") == 1 { r += $NF }
+      END { printf "{\"queries\": %.1f, \"hits\": %.1f, \"requests\": %.1f}\n", q, h, r }'
   done
 }
 
@@ -102,14 +99,7 @@ series_envoy() {
     # No picker: the shipped file's fail-open route (round robin over the replicas) takes every request.
     envoy_picked_config "$(free_port)" "$WORK/$name.envoy" "${SIM_URLS[@]}"
     sed -i 's/failure_mode_allow: false/failure_mode_allow: true/' "$WORK/$name.envoy"
-    python3 - "$WORK/$name.envoy" <<'PY'
-import re, sys
-p = sys.argv[1]
-s = open(p).read()
-# Drop the ext_proc filter: Envoy alone, balancing round robin.
-s = re.sub(r"          - name: envoy.filters.http.ext_proc\n(?:            .*\n|              .*\n|                .*\n)*", "", s)
-open(p, "w").write(s)
-PY
+    drop_ext_proc <"$WORK/$name.envoy" >"$WORK/$name.envoy.rr" && mv "$WORK/$name.envoy.rr" "$WORK/$name.envoy"
   fi
   start_envoy "envoy-$name" "$WORK/$name.envoy"
   at_rates "$name" shared "$ENVOY_URL" "shared, through Envoy (picker: $picker)" "$@"
@@ -132,7 +122,7 @@ fi
 # The decision's cost and the index's memory, outside any load.
 if part cost; then (cd "$ROOT" && cargo run --release --locked -q --example prefix_cost) >"$RUN/cost.md"; fi
 
-python3 "$HERE/prefix_report.py" "$RUN" 30 "${parts[@]}"
+"$BIN/bench" report prefix "$RUN" 30 "${parts[@]}"
 for chart in throughput ttft; do
   [ -f "$RUN/$chart.csv" ] || continue
   line=(); [ "$chart" = ttft ] && line=(--line "chat TTFT target=300")

@@ -24,4 +24,4 @@ variant() {
 }
 variant constant "$OLD_BIN"
 variant measured "$BIN/slogate"
-python3 "$HERE/retry_report.py" "$RUN" "$OLD_REV"
+"$BIN/bench" report retry "$RUN" "$OLD_REV"

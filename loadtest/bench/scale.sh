@@ -16,7 +16,7 @@ start_sim sim --replicas "$(bench_var fleet)" --stagger --stamp-events --profile
   --prefill-per-token-ms 0 --max-num-seqs 20000 --max-num-batched-tokens 10000000 --kv-blocks 10000000
 SIMS=$(IFS=,; echo "${SIM_URLS[*]}")
 bench_config main "$RUN/gw.yaml"
-echo "run,proto,streams,idle_kb,peak_kb,open_peak,cpu_ticks,events" >"$RUN/runs.csv"
+echo "run,proto,streams,idle_kb,peak_kb,open_peak,cpu_ticks" >"$RUN/runs.csv"
 
 # sample NAME: every 0.5 s, the gateway's RSS (kB) and open requests, until $RUN/NAME.stop exists.
 sample() {
@@ -51,9 +51,8 @@ part() { # NAME PROTO N [heap]
   "$BIN/loadgen" run "$RUN/$name.yaml" --target "$GW_URL" --label "$name" --no-progress --out "$RUN/$name.json" --report "$RUN/$name.md" >&2
   local ticks=$(( $(cpu_ticks "$GW_PID") - t0 ))
   touch "$RUN/$name.stop"; wait "$sampler"
-  local events; events=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(sum(x["tokens"] for x in r["records"] if x["stream"]=="through"))' "$RUN/$name.json")
   local peak open; read -r peak open < <(awk 'BEGIN{p=0;o=0} {if ($1>p) p=$1; if ($2>o) o=$2} END{print p, o}' "$RUN/$name.samples")
-  echo "$name,$proto,$n,$IDLE_KB,$peak,$open,$ticks,$events" >>"$RUN/runs.csv"
+  echo "$name,$proto,$n,$IDLE_KB,$peak,$open,$ticks" >>"$RUN/runs.csv"
   gw_down
   sleep 2   # the sockets it held are gone before the next part
 }
@@ -64,9 +63,9 @@ if [ -n "$HEAP_N" ]; then
   (cd "$ROOT" && cargo build --release --locked -q --features heap-profile --target-dir target/heap --bin slogate)
   part "heap-h1" h1 "$HEAP_N" heap
   part "heap-h2" h2 "$HEAP_N" heap
-  python3 "$HERE/scale_heap.py" "$HEAP_N" "HTTP/1.1=$RUN/heap-h1.heap.json" "HTTP/2=$RUN/heap-h2.heap.json" >"$RUN/heap.md"
+  "$BIN/bench" report heap "$HEAP_N" "HTTP/1.1=$RUN/heap-h1.heap.json" "HTTP/2=$RUN/heap-h2.heap.json" >"$RUN/heap.md"
 fi
-python3 "$HERE/scale_report.py" "$RUN" "$(getconf CLK_TCK)"
+"$BIN/bench" report scale "$RUN" "$(getconf CLK_TCK)"
 for p in h1 h2; do
   [ "$(wc -l <"$RUN/rss-$p.csv")" -gt 1 ] || continue
   "$BIN/loadgen" chart "$RUN/rss-$p.csv" --dir "$RUN" --stem "rss-$p" --title "slogate RSS against open streams ($p)" --y-label "MB" >&2

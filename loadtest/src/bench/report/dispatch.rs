@@ -4,13 +4,19 @@
 use std::path::Path;
 
 use super::records::{capacity, load};
-use super::{admission, admission_events, fleet, health, limits, messages, paths, resume, short, soak, tenants, tenants_tokens};
+use super::{
+    admission, admission_events, calibration, cost, epp, fleet, health, independent, limits, litellm, messages, migration, overhead, paths,
+    prefix, resume, retry, scale, short, soak, tenants, tenants_tokens, uploads,
+};
 
 /// The reports, as `NAME KIND ARGS`, for the usage message.
 const USAGE: &str = "capacity RESULT.json | admission overload|shedlate DIR C | admission breaker|reduction DIR | \
 limits overload DIR C | limits change DIR C HALF C2 shift|slow | limits batch DIR C QUIET | limits fleet DIR C KILL_AT | \
 limits coldstart DIR | short DIR C | health DIR | soak DIR | resume DIR FAULT_AT | messages DIR CLIENT | hol DIR HZ | pair DIR HZ A B A2 | tenants fair|flood|weights DIR C | \
-tenants tpm DIR LIMIT";
+tenants tpm DIR LIMIT | \
+uploads DIR HZ JSON_RATE FORM_RATE | epp DIR HZ | independent DIR GENERATOR | retry DIR OLD_REV | migration DIR CHECK_OK LITELLM SDK | \
+calibration DIR SECS RATES CSECS CONCURRENCIES | scale DIR HZ | heap N PROTO=DHAT_JSON... | litellm DIR HZ VERSION | cost DIR HZ STREAMS | \
+overhead DIR IDLE_KB OPEN_KB OPEN_STREAMS HZ PLACEMENT | prefix DIR SECS PART...";
 
 /// The driver's arguments, read in order.
 struct Args<'a>(std::slice::Iter<'a, String>);
@@ -52,6 +58,49 @@ pub fn main(args: &[String]) -> Result<(), String> {
         "pair" => {
             let (dir, hz) = (a.dir()?, a.num("HZ")?);
             paths::pair(dir, hz, [a.text("A")?, a.text("B")?, a.text("A2")?])
+        }
+        "uploads" => {
+            let (dir, hz) = (a.dir()?, a.num("HZ")?);
+            uploads::uploads(dir, hz, a.text("JSON_RATE")?, a.text("FORM_RATE")?)
+        }
+        "epp" => epp::epp(a.dir()?, a.num("HZ")?),
+        "independent" => {
+            let dir = a.dir()?;
+            independent::independent(dir, a.text("GENERATOR")?)
+        }
+        "retry" => {
+            let dir = a.dir()?;
+            retry::retry(dir, a.text("OLD_REV")?)
+        }
+        "migration" => {
+            let (dir, ok) = (a.dir()?, a.text("CHECK_OK")? == "true");
+            migration::migration(dir, ok, a.text("LITELLM_VERSION")?, a.text("SDK_VERSION")?)
+        }
+        "calibration" => {
+            let (dir, secs) = (a.dir()?, a.num("SECS")?);
+            calibration::calibration(dir, secs, a.text("RATES")?, a.text("CSECS")?, a.text("CONCURRENCIES")?)
+        }
+        "scale" => scale::scale(a.dir()?, a.num("HZ")?),
+        "heap" => {
+            let n = a.num("N")?;
+            scale::heap(n, a.0.as_slice())
+        }
+        "litellm" => {
+            let (dir, hz) = (a.dir()?, a.num("HZ")?);
+            litellm::litellm(dir, hz, a.text("LITELLM_VERSION")?)
+        }
+        "cost" => {
+            let (dir, hz) = (a.dir()?, a.num("HZ")?);
+            cost::cost(dir, hz, a.text("STREAMS")?)
+        }
+        "overhead" => {
+            let (dir, idle, open) = (a.dir()?, a.num("IDLE_KB")?, a.num("OPEN_KB")?);
+            let (streams, hz) = (a.text("OPEN_STREAMS")?, a.num("HZ")?);
+            overhead::overhead(dir, idle, open, streams, hz, a.text("PLACEMENT")?)
+        }
+        "prefix" => {
+            let (dir, secs) = (a.dir()?, a.num("SECS")?);
+            prefix::prefix(dir, secs, a.0.as_slice())
         }
         name => of_kind(name, a),
     }

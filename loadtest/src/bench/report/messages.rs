@@ -11,30 +11,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::out::{n, write, Measured};
+use super::out::{g, n, write, Measured};
 use super::prom::{bucket_of, buckets, delta_of, label, quantile, samples};
 use super::records::pct_floor;
-
-/// A number as Python's `{:g}` writes it: six significant digits, no
-/// trailing zeros (bucket bounds in milliseconds).
-pub(super) fn g(v: f64) -> String {
-    if !v.is_finite() || v == 0.0 {
-        return if v.is_nan() {
-            "nan".into()
-        } else if v == 0.0 {
-            "0".into()
-        } else {
-            n(v, 0)
-        };
-    }
-    let decimals = (5 - v.abs().log10().floor() as i32).max(0) as usize;
-    let s = format!("{v:.decimals$}");
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    }
-}
 
 fn numbers(v: &Value) -> Vec<f64> {
     v.as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default()
@@ -85,19 +64,4 @@ pub(super) fn messages(dir: &Path, client: &str) -> Result<(), String> {
         gaps.len()
     );
     write(&dir.join("report.md"), &f)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::g;
-
-    #[test]
-    fn bounds_read_as_python_writes_them() {
-        assert_eq!(g(5.0), "5");
-        assert_eq!(g(0.025 * 1000.0), "25");
-        assert_eq!(g(2.5), "2.5");
-        assert_eq!(g(f64::INFINITY), "inf");
-        assert_eq!(g(0.0), "0");
-        assert_eq!(g(1234.5678), "1234.57");
-    }
 }

@@ -36,6 +36,16 @@ impl Measured {
         self.0.insert(key.into(), json!({ "value": value, "text": text.into() }));
     }
 
+    /// A yes/no that may be missing (not judged), and how the report states it.
+    pub fn maybe_flag(&mut self, key: &str, value: Option<bool>, text: impl Into<String>) {
+        self.0.insert(key.into(), json!({ "value": value, "text": text.into() }));
+    }
+
+    /// A bare yes/no.
+    pub fn plain_flag(&mut self, key: &str, value: bool) {
+        self.0.insert(key.into(), json!(value));
+    }
+
     /// A bare number.
     pub fn plain(&mut self, key: &str, value: f64) {
         self.0.insert(key.into(), number(value));
@@ -77,6 +87,101 @@ pub fn signed(v: f64, prec: usize) -> String {
 /// A share as a percentage with `prec` decimals.
 pub fn percent(share: f64, prec: usize) -> String {
     n(100.0 * share, prec)
+}
+
+/// A number as Python's `{:g}` writes it: six significant digits, no
+/// trailing zeros (bucket bounds in milliseconds).
+pub fn g(v: f64) -> String {
+    if !v.is_finite() || v == 0.0 {
+        return if v.is_nan() {
+            "nan".into()
+        } else if v == 0.0 {
+            "0".into()
+        } else {
+            n(v, 0)
+        };
+    }
+    let decimals = (5 - v.abs().log10().floor() as i32).max(0) as usize;
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+/// `v` with no decimals and a comma between thousands, as Python's `,.0f`.
+pub fn thousands(v: f64) -> String {
+    if !v.is_finite() {
+        return n(v, 0);
+    }
+    let s = n(v.abs(), 0);
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if v < 0.0 && s != "0" {
+        out.insert(0, '-');
+    }
+    out
+}
+/// A JSON value as Python's `str()` prints it (what the Python reports
+/// wrote): `None`, `True`, `404`, `1.5`, a string as is.
+pub fn py_str(v: &Value) -> String {
+    match v {
+        Value::Null => "None".into(),
+        Value::Bool(b) => (if *b { "True" } else { "False" }).into(),
+        Value::Number(x) if x.is_f64() => {
+            let f = x.as_f64().unwrap_or(f64::NAN);
+            if f.fract() == 0.0 && f.abs() < 1e16 {
+                format!("{f:.1}")
+            } else {
+                f.to_string()
+            }
+        }
+        Value::Number(x) => x.to_string(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) => format!("[{}]", a.iter().map(py_repr).collect::<Vec<_>>().join(", ")),
+        Value::Object(o) => {
+            format!("{{{}}}", o.iter().map(|(k, v)| format!("{}: {}", quoted(k), py_repr(v))).collect::<Vec<_>>().join(", "))
+        }
+    }
+}
+
+/// A JSON value as Python's `repr()` prints it: a string quoted, the rest
+/// as [`py_str`].
+pub fn py_repr(v: &Value) -> String {
+    match v {
+        Value::String(s) => quoted(s),
+        v => py_str(v),
+    }
+}
+
+/// A string as Python quotes it: in single quotes unless it holds one and
+/// no double quote, with backslashes and control characters escaped.
+fn quoted(s: &str) -> String {
+    let q = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(q);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == q => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push(q);
+    out
 }
 
 /// A CSV a driver wrote (a header, then numbers): rows by column name.
@@ -175,5 +280,29 @@ mod tests {
         std::fs::write(&p, "# HELP x\nx_total{a=\"1\"} 2\nx_total{a=\"2\"} 3.5\nx_total_more 9\nx_total 1\n").expect("write");
         assert_eq!(counter(&p, "x_total"), 6.5);
         assert_eq!(counter(&dir.path().join("none"), "x_total"), 0.0);
+    }
+
+    #[test]
+    fn bounds_read_as_python_writes_them() {
+        assert_eq!(g(5.0), "5");
+        assert_eq!(g(0.025 * 1000.0), "25");
+        assert_eq!(g(2.5), "2.5");
+        assert_eq!(g(f64::INFINITY), "inf");
+        assert_eq!(g(0.0), "0");
+        assert_eq!(g(1234.5678), "1234.57");
+    }
+
+    #[test]
+    fn thousands_and_python_values_print_as_python_printed_them() {
+        assert_eq!(thousands(1234567.4), "1,234,567");
+        assert_eq!(thousands(999.6), "1,000");
+        assert_eq!(thousands(12.0), "12");
+        assert_eq!(thousands(-1234.0), "-1,234");
+        assert_eq!(py_repr(&json!("it's")), "\"it's\"");
+        assert_eq!(py_repr(&json!("a\nb")), "'a\\nb'");
+        assert_eq!(py_repr(&Value::Null), "None");
+        assert_eq!(py_str(&json!(404)), "404");
+        assert_eq!(py_str(&json!(1.0)), "1.0");
+        assert_eq!(py_str(&json!(["a", "b"])), "['a', 'b']");
     }
 }

@@ -106,15 +106,17 @@ pub(super) fn hol(dir: &Path, hz: f64) -> Result<(), String> {
     write(&dir.join("report.md"), &f)
 }
 
-/// One target of a paired run.
+/// One target of a run whose requests took its paths in turn: requests
+/// served and not, the path's TTFT p50 and p99, its ITL p99, and the CPU
+/// per request of its processes.
 #[derive(Clone, Copy)]
-struct Side {
-    n: usize,
-    errors: usize,
-    ttft50: f64,
-    ttft99: f64,
-    itl99: f64,
-    cpu_us: f64,
+pub(super) struct Side {
+    pub n: usize,
+    pub errors: usize,
+    pub ttft50: f64,
+    pub ttft99: f64,
+    pub itl99: f64,
+    pub cpu_us: f64,
 }
 
 impl Side {

@@ -171,6 +171,39 @@ pub fn capacity(r: &RunResult) -> f64 {
     n as f64 / (d - w)
 }
 
+/// One path of a run whose requests took its targets in turn, from a
+/// simulator that stamps its chunks (the requests sent after `warm`
+/// seconds): TTFT p50, the path's share of TTFT (the client's TTFT less
+/// the engine's) at p50, the client's ITL p99 and how far it lies above
+/// the replica's ITL p99 of the same gaps (ms).
+pub struct Interleaved {
+    pub n: usize,
+    pub bad: usize,
+    pub ttft50: f64,
+    pub path50: f64,
+    pub itl99: f64,
+    pub shift99: f64,
+}
+
+pub fn interleaved(run: &RunResult, target: usize, warm: f64) -> Interleaved {
+    let recs: Vec<&Record> = run.records.iter().filter(|x| x.start_s >= warm && x.target == Some(target)).collect();
+    let ok: Vec<&&Record> = recs.iter().filter(|x| done(x) && x.ttft_ms.is_some()).collect();
+    let key = target.to_string();
+    let q99 =
+        |m: &std::collections::BTreeMap<String, Vec<(u64, u64)>>| pct_pairs(m.get(&key).map_or(&[][..], Vec::as_slice), 0.99) / 1000.0;
+    let (client, engine) = (q99(&run.itl_by_target.client_us), q99(&run.itl_by_target.engine_us));
+    let t: Vec<f64> = ok.iter().filter_map(|x| x.ttft_ms).collect();
+    let path: Vec<f64> = ok.iter().filter_map(|x| Some(x.ttft_ms? - x.engine_ttft_ms?)).collect();
+    Interleaved {
+        n: recs.len(),
+        bad: recs.len() - ok.len(),
+        ttft50: pct_floor(&t, 0.5),
+        path50: pct_floor(&path, 0.5),
+        itl99: client,
+        shift99: client - engine,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
