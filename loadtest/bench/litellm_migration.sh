@@ -38,8 +38,9 @@ EOS
 
 # LiteLLM, as its docs start it (no network at start).
 LL_PORT=$(free_port)
+# (exec: the PID cleanup kills is LiteLLM's own, or it outlives the run)
 ( export LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_LOG=ERROR
-  "$VENV/bin/litellm" --config "$RUN/litellm.yaml" --host 127.0.0.1 --port "$LL_PORT" >"$RUN/litellm.out" 2>"$RUN/litellm.err" ) &
+  exec "$VENV/bin/litellm" --config "$RUN/litellm.yaml" --host 127.0.0.1 --port "$LL_PORT" >"$RUN/litellm.out" 2>"$RUN/litellm.err" ) &
 PIDS+=($!); LL_URL="http://127.0.0.1:$LL_PORT"
 
 # slogate: the imported config, beside LiteLLM on this host (loopback, free ports).
