@@ -117,7 +117,7 @@ fn agreement(dir: &Path, concs: &[u64], l: &mut Vec<String>, m: &mut Measured) -
     for &c in concs {
         let r = run(dir, &format!("c{c}"))?;
         let t: Vec<f64> = r.records.iter().filter_map(|x| x.ttft_ms).collect();
-        let t_client = t.iter().sum::<f64>() / t.len().max(1) as f64;
+        let t_client = t.iter().fold(0.0, |a, b| a + b) / t.len().max(1) as f64; // from +0: none reads 0, not -0
         let metrics = dir.join(format!("c{c}.metrics"));
         let (s, count) = sim_hist(&metrics, "vllm:time_to_first_token_seconds")?;
         let (s2, n2) = sim_hist(&metrics, "vllm:inter_token_latency_seconds")?;

@@ -49,7 +49,8 @@ pub(super) fn independent(dir: &Path, generator: &str) -> Result<(), String> {
     let a = json(&dir.join("aiperf/profile_export_aiperf.json"))?;
     let ttft = &a["time_to_first_token"];
     let ms = |v: &Value, key: &str| v[key].as_f64().unwrap_or(f64::NAN);
-    let errors: f64 = a["error_summary"].as_array().map_or(0.0, |e| e.iter().filter_map(|x| x["count"].as_f64()).sum());
+    // (An integer sum: a float one starts at -0 and prints "-0" when empty.)
+    let errors = a["error_summary"].as_array().map_or(0, |e| e.iter().filter_map(|x| x["count"].as_u64()).sum::<u64>());
     let sent = ms(&a["request_count"], "avg");
     let counted = delta_of(&before, &after, "slogate_requests_total", |_| true);
     let good = delta_of(&before, &after, "slogate_requests_total", |l| matches!(label(l, "outcome"), Some("ok" | "length")));
@@ -88,8 +89,8 @@ pub(super) fn independent(dir: &Path, generator: &str) -> Result<(), String> {
             signed(gap_direct * 1000.0, 2)
         ),
     );
-    let said = format!("aiperf {} sent ({} errors), slogate {} counted, {} good", n(sent, 0), n(errors, 0), n(counted, 0), n(good, 0));
-    m.flag("counted_once", counted == sent && errors == 0.0, said);
+    let said = format!("aiperf {} sent ({errors} errors), slogate {} counted, {} good", n(sent, 0), n(counted, 0), n(good, 0));
+    m.flag("counted_once", counted == sent && errors == 0, said);
     m.write(dir)?;
     let mut f = format!(
         "Load generator: {generator}.\n\n| measure | aiperf (client) | slogate (gateway) | bucket | same bucket |\n|---|---|---|---|---|\n"

@@ -200,7 +200,7 @@ pub(super) fn litellm(dir: &Path, hz: f64, version: &str) -> Result<(), String> 
         times,
         format!("{}x ({} vs {} MB)", n(times, 0), n(idle[1] / 1024.0, 0), n(idle[0] / 1024.0, 1)),
     );
-    m.plain("slogate_failed", [8, 32, 200].iter().filter_map(|&c| at("slogate", c)).map(|x| x.bad as f64).sum());
+    m.plain("slogate_failed", [8, 32, 200].iter().filter_map(|&c| at("slogate", c)).map(|x| x.bad).sum::<usize>() as f64);
     m.write(dir)?;
     write(&dir.join("report.md"), &(out.join("\n") + "\n"))
 }
