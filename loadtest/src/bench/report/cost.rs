@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::out::{counter, n, signed, thousands, write, Measured, Table};
+use super::out::{counter, n, read_json, read_text, signed, thousands, write, Measured, Table};
 use super::records::{done, interleaved, load};
 
 const PATHS: [&str; 5] = ["direct", "haproxy-tcp", "haproxy-http", "slogate", "slogate-plain"];
@@ -26,10 +26,6 @@ fn name(path: &str) -> &str {
         "slogate-plain" => "slogate, plain `cargo build --release`",
         other => other,
     }
-}
-
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// One wrk run of short requests.
@@ -124,7 +120,7 @@ fn streams(dir: &Path, hz: f64, open: &str, f: &mut String, m: &mut Measured) ->
 
 /// A dhat profile's allocations (blocks) and their bytes.
 fn heap_totals(path: &Path) -> Result<(f64, f64), String> {
-    let d: serde_json::Value = serde_json::from_str(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))?;
+    let d: serde_json::Value = read_json(path)?;
     let pps = d["pps"].as_array().map_or(&[][..], Vec::as_slice);
     let sum = |k: &str| pps.iter().filter_map(|p| p[k].as_f64()).sum();
     Ok((sum("tbk"), sum("tb")))
@@ -142,7 +138,7 @@ fn allocations(dir: &Path, f: &mut String, m: &mut Measured) -> Result<(), Strin
     // requests wrk counted.
     let allocs = |name: &str| -> Result<[f64; 3], String> {
         let (blocks, bytes) = heap_totals(&dir.join(format!("{name}.heap.json")))?;
-        let wrk = read(&dir.join(format!("{name}.wrk")))?;
+        let wrk = read_text(&dir.join(format!("{name}.wrk")))?;
         let requests = wrk.lines().find_map(|l| l.split(" requests in").next().filter(|_| l.contains(" requests in"))?.trim().parse().ok());
         Ok([blocks, bytes, requests.ok_or_else(|| format!("{name}.wrk: no requests counted"))?])
     };
@@ -173,7 +169,7 @@ fn allocations(dir: &Path, f: &mut String, m: &mut Measured) -> Result<(), Strin
 /// A callgrind dump's totals, by event (`Ir`, `I1mr`, `D1mr`, ...).
 fn callgrind(path: &Path) -> Result<BTreeMap<String, f64>, String> {
     let (mut events, mut totals) = (Vec::new(), Vec::new());
-    for l in read(path)?.lines() {
+    for l in read_text(path)?.lines() {
         if let Some(e) = l.strip_prefix("events:") {
             events = e.split_whitespace().map(String::from).collect();
         } else if let Some(t) = l.strip_prefix("summary:").or_else(|| l.strip_prefix("totals:")) {

@@ -29,9 +29,7 @@ pub(super) fn health(dir: &Path) -> Result<(), String> {
         let ok = out.get("ok").unwrap_or(&0) + out.get("length").unwrap_or(&0);
         let other: Vec<String> = out.iter().filter(|(k, _)| !matches!(**k, "ok" | "length")).map(|(k, v)| format!("{k} {v}")).collect();
         let other = if other.is_empty() { "none".to_string() } else { other.join(", ") };
-        let slo_path = dir.join(format!("{name}.slo.json"));
-        let slo: Value = serde_json::from_str(&std::fs::read_to_string(&slo_path).map_err(|e| format!("{}: {e}", slo_path.display()))?)
-            .map_err(|e| format!("{}: {e}", slo_path.display()))?;
+        let slo: Value = super::out::read_json(&dir.join(format!("{name}.slo.json")))?;
         let pool = &slo["pools"][0];
         let replica = &pool["replicas"][0];
         let healthy = replica["healthy"].as_bool().unwrap_or(false);

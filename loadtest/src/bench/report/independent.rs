@@ -12,13 +12,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::out::{g, n, signed, write, Measured};
+use super::out::{g, n, read_json, signed, write, Measured};
 use super::prom::{bucket_of, buckets, delta_of, label, quantile, samples, Samples};
-
-fn json(path: &Path) -> Result<Value, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
-}
 
 /// A histogram's mean between two scrapes: its sum over its count.
 fn mean(before: &Samples, after: &Samples, name: &str) -> f64 {
@@ -46,7 +41,7 @@ fn row(name: &str, theirs: f64, ours: f64, ours_says: &str, bs: &[(f64, f64)]) -
 pub(super) fn independent(dir: &Path, generator: &str) -> Result<(), String> {
     let (before, after) = (samples(&dir.join("before.prom"))?, samples(&dir.join("after.prom"))?);
     let (rb, ra) = (samples(&dir.join("replica-before.prom"))?, samples(&dir.join("replica-after.prom"))?);
-    let a = json(&dir.join("aiperf/profile_export_aiperf.json"))?;
+    let a = read_json::<Value>(&dir.join("aiperf/profile_export_aiperf.json"))?;
     let ttft = &a["time_to_first_token"];
     let ms = |v: &Value, key: &str| v[key].as_f64().unwrap_or(f64::NAN);
     // (An integer sum: a float one starts at -0 and prints "-0" when empty.)
@@ -66,7 +61,7 @@ pub(super) fn independent(dir: &Path, generator: &str) -> Result<(), String> {
     let mean_ours = mean(&before, &after, "slogate_time_to_first_token_seconds");
     let mean_theirs = ms(ttft, "avg") / 1000.0;
     // The control: aiperf straight to one replica, against the simulator's own TTFT.
-    let d = json(&dir.join("direct/profile_export_aiperf.json"))?;
+    let d = read_json::<Value>(&dir.join("direct/profile_export_aiperf.json"))?;
     let sim_mean = mean(&rb, &ra, "vllm:time_to_first_token_seconds");
     let direct_mean = ms(&d["time_to_first_token"], "avg") / 1000.0;
     let (gap_gateway, gap_direct) = (mean_theirs - mean_ours, direct_mean - sim_mean);

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::out::{n, signed, write, Measured};
+use super::out::{n, read_text, signed, write, Measured};
 use super::paths::ints;
 use super::records::{done, load, pct_floor as pct, pct_pairs};
 use crate::loadgen::RunResult;
@@ -19,10 +19,6 @@ use crate::loadgen::RunResult;
 const GWS: [&str; 2] = ["slogate", "litellm"];
 /// The client statistics leave out the first seconds of each load.
 const WARM: f64 = 5.0;
-
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
-}
 
 /// One path of an interleaved run, its requests after the warm-up.
 struct Side {
@@ -51,7 +47,7 @@ fn side(r: &RunResult, target: usize) -> Side {
 fn extra(dir: &Path, name: &str, served: usize, hz: f64) -> Result<(f64, f64, f64), String> {
     let ticks = ints(&dir.join(format!("{name}.cpu")))?.first().copied().unwrap_or(0) as f64;
     let cores: Vec<f64> =
-        read(&dir.join(format!("{name}.cores")))?.split_whitespace().map(|v| v.parse::<f64>().unwrap_or(f64::NAN) * 100.0).collect();
+        read_text(&dir.join(format!("{name}.cores")))?.split_whitespace().map(|v| v.parse::<f64>().unwrap_or(f64::NAN) * 100.0).collect();
     Ok((ticks / hz * 1e6 / served.max(1) as f64, cores.first().copied().unwrap_or(f64::NAN), cores.get(1).copied().unwrap_or(f64::NAN)))
 }
 

@@ -22,9 +22,7 @@ fn numbers(v: &Value) -> Vec<f64> {
 /// `bench report messages DIR CLIENT`.
 pub(super) fn messages(dir: &Path, client: &str) -> Result<(), String> {
     let (before, after) = (samples(&dir.join("before.prom"))?, samples(&dir.join("after.prom"))?);
-    let sdk_path = dir.join("sdk.json");
-    let sdk: Value = serde_json::from_str(&std::fs::read_to_string(&sdk_path).map_err(|e| format!("{}: {e}", sdk_path.display()))?)
-        .map_err(|e| format!("{}: {e}", sdk_path.display()))?;
+    let sdk: Value = super::out::read_json(&dir.join("sdk.json"))?;
     let msgs = |l: &[(String, String)]| label(l, "endpoint") == Some("messages");
     let counted = delta_of(&before, &after, "slogate_requests_total", msgs);
     let good = delta_of(&before, &after, "slogate_requests_total", |l| msgs(l) && matches!(label(l, "outcome"), Some("ok" | "length")));

@@ -15,8 +15,7 @@ use super::out::{py_repr, py_str, write, Measured};
 /// `bench report migration DIR CHECK_OK LITELLM_VERSION SDK_VERSION`.
 pub(super) fn migration(dir: &Path, check_ok: bool, litellm: &str, sdk: &str) -> Result<(), String> {
     let path = dir.join("answers.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let got: serde_json::Map<String, Value> = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let got: serde_json::Map<String, Value> = super::out::read_json(&path)?;
     let names: Vec<&String> = got.keys().collect();
     let first = names.first().map(|n| &got[n.as_str()]).ok_or_else(|| format!("{}: no base URL", path.display()))?;
     let models = |e: &Value| e["models"].clone();

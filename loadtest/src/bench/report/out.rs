@@ -58,6 +58,16 @@ impl Measured {
     }
 }
 
+/// A file's text, saying which on failure.
+pub fn read_text(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A JSON file read as `T`, saying which on failure.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, String> {
+    serde_json::from_str(&read_text(path)?).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Writes a file, saying which on failure.
 pub fn write(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))

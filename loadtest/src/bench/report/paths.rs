@@ -9,17 +9,13 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::out::{n, signed, write, Measured};
+use super::out::{n, read_text, signed, write, Measured};
 use super::records::{done, load, pct_floor, pct_pairs};
 use crate::loadgen::RunResult;
 
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
-}
-
 /// The whitespace-separated integers of a file a driver wrote.
 pub(super) fn ints(path: &Path) -> Result<Vec<i64>, String> {
-    read(path)?.split_whitespace().map(|v| v.parse().map_err(|_| format!("{}: {v:?} is not a number", path.display()))).collect()
+    read_text(path)?.split_whitespace().map(|v| v.parse().map_err(|_| format!("{}: {v:?} is not a number", path.display()))).collect()
 }
 
 fn gaps<'a>(m: &'a std::collections::BTreeMap<String, Vec<(u64, u64)>>, key: &str) -> &'a [(u64, u64)] {

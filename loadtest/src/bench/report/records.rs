@@ -18,8 +18,7 @@ pub fn targets(class: &str) -> (f64, f64) {
 
 /// A loadgen result (`loadgen run --out`).
 pub fn load(path: &Path) -> Result<RunResult, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    super::out::read_json(path)
 }
 
 /// The measured window: from the end of the warm-up to the run's duration,

@@ -46,8 +46,7 @@ fn by(m: &Samples, name: &str, key: &str) -> String {
 }
 
 fn streams(path: &Path) -> Result<Vec<Stream>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    super::out::read_json(path)
 }
 
 /// `bench report resume DIR FAULT_AT`.

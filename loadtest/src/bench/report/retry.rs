@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::out::{chart, n, percent, py_str, write, Measured};
+use super::out::{chart, n, percent, py_str, read_json, write, Measured};
 use super::records::pct;
 
 /// The width in which a wave of retries is counted, in seconds.
@@ -97,9 +97,7 @@ pub(super) fn retry(dir: &Path, old_rev: &str) -> Result<(), String> {
     let labels = [("constant", format!("constant (slogate at {old_rev})")), ("measured", "measured (this commit)".to_string())];
     let mut s = Vec::new();
     for (lab, _) in &labels {
-        let path = dir.join(format!("{lab}.json"));
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        s.push(summary(&serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?));
+        s.push(summary(&read_json(&dir.join(format!("{lab}.json")))?));
     }
     let (c, m) = (&s[0], &s[1]);
     let mut out = Measured::default();

@@ -236,8 +236,7 @@ fn plain(frame: &str) -> String {
 
 /// Live bytes at the peak of a dhat profile, by what allocated them.
 fn breakdown(path: &Path) -> Result<BTreeMap<&'static str, u64>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let d: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let d: serde_json::Value = super::out::read_json(path)?;
     let ftbl: Vec<String> = d["ftbl"].as_array().map_or(Vec::new(), |a| a.iter().map(|f| plain(f.as_str().unwrap_or(""))).collect());
     let mut out = BTreeMap::new();
     for pp in d["pps"].as_array().map_or(&[][..], Vec::as_slice) {

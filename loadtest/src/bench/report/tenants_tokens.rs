@@ -80,8 +80,7 @@ fn list<'a>(v: &'a Value, k: &str) -> Result<&'a Vec<Value>, String> {
 /// (`tpm.json`, written by `tpm_sdk.py`), against its `limit`.
 pub(super) fn tpm(dir: &Path, limit: f64) -> Result<(), String> {
     let path = dir.join("tpm.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let r: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let r: Value = super::out::read_json(&path)?;
     let elapsed = float(&r, "elapsed_s")?;
     let used = float(&r, "gateway_tokens")?;
     let per_min = used / (elapsed / 60.0);
