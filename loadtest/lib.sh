@@ -59,7 +59,16 @@ start_gateway() { # config [log name, default gateway]; GW_BIN: another slogate 
 }
 
 # free_port: a loopback port nothing listens on now (for programs that cannot bind port 0 and say which they got).
-free_port() { "$BIN/bench" port; }
+# A port in the ephemeral range a connection to which is refused: no
+# binary needed, so scripts that source this file before building can use it.
+free_port() {
+  local p
+  for _ in $(seq 100); do
+    p=$((32768 + RANDOM % 28000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
+  done
+  echo "free_port: no free loopback port found" >&2; return 1
+}
 
 # start_demo: `slogate demo` on free ports, into $RUN; sets DATA, ADMIN and
 # MODEL from the lines it prints first.

@@ -91,9 +91,6 @@ enum Cmd {
         #[arg(long = "fault")]
         faults: Vec<bench::timeline::Fault>,
     },
-    /// Print a loopback port nothing listens on now, for a program that
-    /// cannot bind port 0 and say which port it got.
-    Port,
     /// Read every scenario file and say what is wrong with any.
     Check {
         #[arg(long, default_value = ".")]
@@ -123,10 +120,6 @@ fn main() -> ExitCode {
         Cmd::Var { file, name } => for_driver(&file).and_then(|f| f.var(&name)).map(|v| println!("{v}")),
         Cmd::Report { args } => bench::report::main(&args),
         Cmd::Timeline { admin, class, duration, out, faults } => bench::timeline::run(&admin, &class, duration, &out, faults),
-        Cmd::Port => std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| println!("{}", a.port()))
-            .map_err(|e| format!("a loopback port: {e}")),
         Cmd::Check { root } => check_all(&root),
     };
     match result {
