@@ -32,7 +32,7 @@ sample "$(now)" before >>"$RUN/samples.csv"
 
 "$BIN/loadgen" run "$RUN/load.yaml" --target "$GW_URL" --label soak --no-progress --out "$RUN/soak.json" --report "$RUN/soak.md" >/dev/null &
 LG=$!; PIDS+=($LG)
-python3 "$HERE/soak_clients.py" 127.0.0.1 "$PORT" "$DURATION" >"$RUN/clients.txt" &
+"$BIN/bench" soak-clients 127.0.0.1 "$PORT" "$DURATION" >"$RUN/clients.txt" &
 CL=$!; PIDS+=($CL)
 END=$(( T0 + 5 + DURATION ))
 NEXT_STALL=$(( $(date +%s) + 60 )) STALLS=0

@@ -9,6 +9,7 @@
 
 pub mod judge;
 pub mod report;
+pub mod soak_clients;
 pub mod timeline;
 
 use std::collections::BTreeMap;

@@ -91,6 +91,14 @@ enum Cmd {
         #[arg(long = "fault")]
         faults: Vec<bench::timeline::Fault>,
     },
+    /// Misbehaving clients for the soak benchmark (loopback only): hang-ups
+    /// mid-stream, readers that stop, half request heads; prints a summary.
+    SoakClients {
+        host: String,
+        port: u16,
+        /// Seconds to run for.
+        seconds: f64,
+    },
     /// Read every scenario file and say what is wrong with any.
     Check {
         #[arg(long, default_value = ".")]
@@ -120,6 +128,7 @@ fn main() -> ExitCode {
         Cmd::Var { file, name } => for_driver(&file).and_then(|f| f.var(&name)).map(|v| println!("{v}")),
         Cmd::Report { args } => bench::report::main(&args),
         Cmd::Timeline { admin, class, duration, out, faults } => bench::timeline::run(&admin, &class, duration, &out, faults),
+        Cmd::SoakClients { host, port, seconds } => bench::soak_clients::run(&host, port, seconds).map(|s| println!("{s}")),
         Cmd::Check { root } => check_all(&root),
     };
     match result {
