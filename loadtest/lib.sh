@@ -58,16 +58,27 @@ start_gateway() { # config [log name, default gateway]; GW_BIN: another slogate 
   for _ in $(seq 200); do curl -sf "$ADMIN_URL/readyz" >/dev/null && break; sleep 0.05; done
 }
 
-# free_port: a loopback port nothing listens on now (for programs that cannot bind port 0 and say which they got).
-# A port in the ephemeral range a connection to which is refused: no
-# binary needed, so scripts that source this file before building can use it.
+# free_port: a loopback port no socket uses now (for programs that cannot
+# bind port 0 and say which they got). Drawn below the kernel's ephemeral
+# range, where no outgoing connection takes its local port (a port there
+# that nothing listens on can still be a client's, and binding it fails:
+# the fleet benchmark's gateways met that), and checked against every TCP
+# socket's local port in /proc/net/tcp and tcp6. Plain bash and awk: scripts
+# that source this file before anything is built use it.
 free_port() {
-  local p
+  local lo hi from=1024 to=65536 p
+  read -r lo hi </proc/sys/net/ipv4/ip_local_port_range
+  if [ "$lo" -gt 11024 ]; then from=10000 to=$lo; elif [ "$hi" -lt 64535 ]; then from=$((hi + 1)); fi
   for _ in $(seq 100); do
-    p=$((32768 + RANDOM % 28000))
-    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
+    p=$((from + (RANDOM * 32768 + RANDOM) % (to - from)))
+    port_unused "$p" && { echo "$p"; return 0; }
   done
   echo "free_port: no free loopback port found" >&2; return 1
+}
+# port_unused PORT: no TCP socket (listening or connected, IPv4 or IPv6) has PORT as its local port.
+port_unused() {
+  awk -v port="$(printf ':%04X' "$1")" 'FNR > 1 && substr($2, length($2) - 4) == port { used = 1 } END { exit used }' \
+    /proc/net/tcp /proc/net/tcp6 2>/dev/null
 }
 
 # start_demo: `slogate demo` on free ports, into $RUN; sets DATA, ADMIN and

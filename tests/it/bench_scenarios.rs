@@ -83,3 +83,31 @@ fn a_driver_writes_no_gateway_configuration_or_load_by_hand() {
         );
     }
 }
+
+/// lib.sh's `port_unused` (behind `free_port`, which names the ports of
+/// gateways that must know their peers' before they start): a listener's
+/// port, and a connected client's local port, are both in use. A client's
+/// port refuses connections like a free one, and a fleet benchmark's
+/// gateway once failed to bind one.
+#[test]
+fn free_port_never_names_a_port_a_socket_holds() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let unused = |port: u16| {
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("source {}/loadtest/lib.sh && port_unused {port}", root.display()))
+            .env("WORK", std::env::temp_dir())
+            .status()
+            .expect("bash")
+            .success()
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let listening = listener.local_addr().expect("addr").port();
+    let client = std::net::TcpStream::connect(("127.0.0.1", listening)).expect("connect");
+    let (_accepted, _) = listener.accept().expect("accept");
+    let client_port = client.local_addr().expect("addr").port();
+    assert!(!unused(listening), "a listener's port {listening}");
+    assert!(!unused(client_port), "a connected client's port {client_port}");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind").port();
+    assert!(unused(closed), "a port whose listener closed ({closed})");
+}
