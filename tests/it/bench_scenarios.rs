@@ -1,7 +1,8 @@
 //! The benchmark scenario files (`loadtest/scenarios/`): each is read as the
 //! runner reads it, its driver exists, and every gateway configuration and
 //! load it gives, filled with its declared example values, is one slogate
-//! and loadgen accept. A scenario cannot rot unseen between its runs.
+//! and loadgen accept. A scenario cannot rot unseen between its runs. And
+//! the drivers' shared helpers (`loadtest/lib.sh`) hold what they promise.
 
 use std::path::Path;
 
