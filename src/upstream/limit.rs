@@ -5,6 +5,8 @@
 //! numbers are the named constants below, each with its reason. The rules
 //! are docs/design/learned-limits.md's.
 
+use std::collections::VecDeque;
+
 /// Bounds and start of a learned limit (`pools[].learned_limit`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct LimitParams {
@@ -170,8 +172,18 @@ pub(crate) struct Controller {
     /// clears it.
     ceiling: [Option<f64>; 2],
     samples: u32,
-    /// The running count (our part) of the previous sample, when something waited in it.
-    pending: Option<f64>,
+    /// The running count of the previous sample (our part, and all of it),
+    /// when something waited in it.
+    pending: Option<(f64, f64)>,
+    /// What the replica ran (every client's requests) at each queue that
+    /// counted lately, with the period it came in: how far its capacity
+    /// moves (see [`Controller::moving_cut`]).
+    capacities: VecDeque<(u32, f64)>,
+    /// Seats batch leaves to interactive requests because the replica's
+    /// capacity moves under the limit (see [`Controller::moving_cut`]).
+    moving_cut: f64,
+    /// Periods since the controller started (wraps).
+    periods: u32,
     /// Seats of the limit batch leaves to interactive requests, because
     /// their first tokens came late under load (see [`Controller::batch_cut`]).
     batch_cut: f64,
@@ -189,6 +201,13 @@ pub(crate) struct Controller {
 /// A ceiling's window (30 s at 250 ms): one seen is remembered this long at
 /// least; without a probe, at most twice this long unless renewed.
 const CEILING_SAMPLES: u32 = 120;
+/// The queues that count toward how far a replica's capacity moves: those
+/// of the last window ([`CEILING_SAMPLES`]), and at least this many of
+/// them before the spread says anything.
+const MOVING_READINGS: usize = 8;
+/// A capacity read at a queue is one low when a request was caught between
+/// its arrival and the engine's next step: a spread up to this is no move.
+const MOVING_NOISE: f64 = 1.0;
 
 impl Controller {
     pub(crate) fn new(params: LimitParams) -> Controller {
@@ -205,6 +224,9 @@ impl Controller {
             ceiling: [None, None],
             samples: 0,
             pending: None,
+            capacities: VecDeque::new(),
+            moving_cut: 0.0,
+            periods: 0,
             batch_cut: 0.0,
             batch_hold: 0,
             slow_start: true,
@@ -253,7 +275,32 @@ impl Controller {
     /// half the limit): a tenth more each time interactive first tokens come
     /// late under load, one back each period they are on target.
     pub(crate) fn batch_cut(&self) -> usize {
-        (self.batch_cut.ceil() as usize).min(self.limit() / 2)
+        (self.batch_cut.max(self.moving_cut).ceil() as usize).min(self.limit() / 2)
+    }
+
+    /// Seats batch leaves to interactive requests while the replica's
+    /// capacity moves (rule 7a): the most it ran at a queue lately, less
+    /// the median of those readings, this gateway's part of it; none while
+    /// no interactive first token came for a window (batch alone). An
+    /// engine bound by its KV cache runs fewer requests as their answers
+    /// grow, so the ceiling (the most it ran) is above what it runs most of
+    /// the time, and an interactive request on a seat batch took up to it
+    /// waits inside the engine for a request to end.
+    fn moving_cut(&mut self, ours: f64) {
+        let since = self.periods.wrapping_sub(CEILING_SAMPLES);
+        while self.capacities.front().is_some_and(|&(at, _)| at.wrapping_sub(since) > CEILING_SAMPLES) {
+            self.capacities.pop_front();
+        }
+        self.moving_cut = 0.0;
+        if self.capacities.len() < MOVING_READINGS || self.since_interactive >= CEILING_SAMPLES {
+            return;
+        }
+        let mut ran: Vec<f64> = self.capacities.iter().map(|&(_, r)| r).collect();
+        ran.sort_by(f64::total_cmp);
+        let (median, most) = (ran[ran.len() / 2], ran[ran.len() - 1]);
+        if most - median > MOVING_NOISE {
+            self.moving_cut = ((most - median) * ours).floor();
+        }
     }
 
     pub(crate) fn limit(&self) -> usize {
@@ -277,6 +324,7 @@ impl Controller {
     /// classify the period, act on it.
     pub(crate) fn update(&mut self, s: Sample) -> usize {
         self.demand_doublings = 0;
+        self.periods = self.periods.wrapping_add(1);
         self.since_interactive = if s.first_token.is_some() { 0 } else { self.since_interactive.saturating_add(1) };
         let p = self.read(&s);
         let batch_makes_room = self.move_batch_cut(&p, &s);
@@ -352,14 +400,16 @@ impl Controller {
         // its capacity. Judged on what the replica runs for everyone too:
         // our share of it moves with the others' counts, a period stale in
         // a fleet (rule 6).
-        if let Some(p) = self.pending.take() {
+        if let Some((p, all)) = self.pending.take() {
             if mine <= p && !taking_on {
                 self.ceiling[1] = Some(self.ceiling[1].map_or(p, |c| c.max(p)));
+                self.capacities.push_back((self.periods, all));
             }
         }
         if waiting >= 1.0 && mine > 0.0 {
-            self.pending = Some(mine);
+            self.pending = Some((mine, running));
         }
+        self.moving_cut(ours);
         // The replica runs the ceiling and one still waits: the ceiling
         // holds. That one is most often the probe's own request, which the
         // transit estimate may take for one in transit (so the queue above

@@ -472,7 +472,7 @@ impl Replica {
         }
         self.set_max_inflight(limit);
         if was == 0 && cut > 0 {
-            tracing::info!(pool, replica = %self.label(), limit, batch_cut = cut, "interactive first tokens late under load: batch leaves seats to interactive here");
+            tracing::info!(pool, replica = %self.label(), limit, batch_cut = cut, "batch leaves seats of the limit to interactive requests here (their first tokens late under load, or the replica's capacity moving under the limit)");
         }
         if let Some(logged) = self.learning.moved_from(limit) {
             tracing::info!(pool, replica = %self.label(), from = logged, to = limit, waiting = ?sample.waiting, refused = sample.refused, "learned in-flight limit moved");

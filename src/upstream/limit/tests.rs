@@ -548,3 +548,58 @@ fn a_burst_the_replica_takes_on_a_few_prompts_a_step_is_no_sign_of_its_capacity(
     c.update(full(8.0, 4.0));
     assert_eq!(c.ceiling(), Some(8.0), "and made them its ceiling");
 }
+
+/// A replica bound by its KV cache: how many requests it runs moves with
+/// how far their answers have run, here through `capacities`, a period
+/// each. `interactive`: interactive first tokens come (else batch alone).
+struct Moving {
+    r: Replica,
+    capacities: Vec<usize>,
+    at: usize,
+    interactive: bool,
+}
+
+impl Model for Moving {
+    fn period(&mut self, limit: usize) -> Sample {
+        self.r.capacity = self.capacities[self.at % self.capacities.len()];
+        self.at += 1;
+        let s = self.r.period(limit);
+        if self.interactive {
+            s
+        } else {
+            Sample { first_token: None, first_token_max: None, ..s }
+        }
+    }
+}
+
+#[test]
+fn where_the_capacity_moves_batch_leaves_interactive_the_seats_it_moves_by() {
+    // 51 to 64 requests fit, a few more or fewer each period: the ceiling
+    // (the most it ran with a queue) is above what it runs most of the time.
+    let capacities = vec![57, 55, 56, 54, 52, 53, 51, 53, 55, 58, 60, 62, 64, 61, 59, 60, 57, 58, 56, 54, 55, 53, 56, 58, 57, 59];
+    let moving = |interactive| Moving { r: replica(64), capacities: capacities.clone(), at: 0, interactive };
+    let mut c = Controller::new(LimitParams { initial: 64, probe: Probe::WhileBatchAlone, ..params() });
+    let mut r = moving(true);
+    let mut cuts = Vec::new();
+    for _ in 0..240 {
+        c.update(r.period(c.allowed()));
+        cuts.push(c.batch_cut());
+    }
+    let late = &cuts[120..];
+    assert!(late.iter().all(|&cut| (2..=c.limit() / 2).contains(&cut)), "batch leaves the spread's seats: {cuts:?}");
+    assert_eq!(cuts[..MOVING_READINGS].iter().max(), Some(&0), "not before enough queues were read: {cuts:?}");
+
+    // The same replica with batch alone: nobody to leave seats for.
+    let mut c = Controller::new(LimitParams { initial: 64, probe: Probe::WhileBatchAlone, ..params() });
+    let mut r = moving(false);
+    let cuts: Vec<usize> = (0..240).map(|_| (c.update(r.period(c.allowed())), c.batch_cut()).1).collect();
+    assert_eq!(cuts.iter().max(), Some(&0), "{cuts:?}");
+
+    // A capacity that stays put (bound by its slots), a queue now and then
+    // read one low (a request caught between its arrival and the next
+    // step): no cut.
+    let mut c = Controller::new(LimitParams { initial: 64, probe: Probe::WhileBatchAlone, ..params() });
+    let mut r = Moving { capacities: vec![64, 64, 64, 63], ..moving(true) };
+    let cuts: Vec<usize> = (0..240).map(|_| (c.update(r.period(c.allowed())), c.batch_cut()).1).collect();
+    assert_eq!(cuts.iter().max(), Some(&0), "{cuts:?}");
+}
