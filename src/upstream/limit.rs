@@ -279,7 +279,7 @@ impl Controller {
     }
 
     /// Seats batch leaves to interactive requests while the replica's
-    /// capacity moves (rule 7a): the most it ran at a queue lately, less
+    /// capacity moves (rule 7): the most it ran at a queue lately, less
     /// the median of those readings, this gateway's part of it; none while
     /// no interactive first token came for a window (batch alone). An
     /// engine bound by its KV cache runs fewer requests as their answers
