@@ -32,10 +32,9 @@ pub(crate) trait Seating: Send + Sync {
     /// `victim`, a batch stream holding a slot, may give it up for an
     /// interactive request (where the pool preempts; see [`super::preempt`]).
     fn enlist(&self, victim: std::sync::Weak<super::preempt::Victim>);
-    /// Ask a batch stream on replica `key`, where `waiting` interactive
-    /// requests have no first token, for its slot (see
+    /// Ask a batch stream on replica `key` for its slot (see
     /// [`super::preempt::Preemption::ask_on`]).
-    fn ask_on(&self, key: usize, waiting: usize) -> bool;
+    fn ask_on(&self, key: usize) -> bool;
     /// A preempted stream gave its slot back (its lease is dropped): wait
     /// in `tier`'s queue as `claim` for another.
     fn requeue(self: Arc<Self>, tier: Tier, claim: Claim) -> Requeued;
@@ -181,9 +180,8 @@ impl Lease {
     /// batch stream on that replica for its slot (docs/design/preemption.md, rule 1).
     pub(crate) fn ask_for_slot(&self) -> bool {
         let replica = self.slot.replica();
-        let waiting = replica.prefilling(Tier::Interactive);
         replica.readings.scraped_waiting.load(std::sync::atomic::Ordering::Relaxed) > 0
-            && self.seating.ask_on(super::preempt::replica_key(replica), waiting)
+            && self.seating.ask_on(super::preempt::replica_key(replica))
     }
 
     /// Give the slot back now (the waiter next in line takes it) and wait

@@ -161,12 +161,11 @@ impl Preemption {
     }
 
     /// An interactive request on replica `key` has no first token at its
-    /// moment (it waits inside the engine for a slot), one of `waiting`
-    /// there without one: ask the stream on that replica cheapest to redo,
-    /// unless as many asked there owe their slots already (rule 1's second
-    /// case, and rule 7).
-    pub(crate) fn ask_on(&self, key: usize, waiting: usize) -> bool {
-        self.ask(waiting.max(1), Some(key))
+    /// moment (it waits inside the engine for a slot): ask the stream on
+    /// that replica cheapest to redo, unless one asked there owes its slot
+    /// already (rule 1's second case).
+    pub(crate) fn ask_on(&self, key: usize) -> bool {
+        self.ask(1, Some(key))
     }
 
     fn ask(&self, waiting: usize, on: Option<usize>) -> bool {
@@ -236,20 +235,15 @@ mod tests {
     fn a_request_waiting_in_an_engine_asks_a_stream_on_its_replica_only() {
         let p = Preemption::default();
         let (here, there) = (Arc::new(Victim::new(500, None, 0)), Arc::new(Victim::new(10, None, 0)));
-        let here2 = Arc::new(Victim::new(600, None, 0));
-        for (v, key) in [(&here, 1), (&there, 2), (&here2, 1)] {
+        for (v, key) in [(&here, 1), (&there, 2)] {
             v.sent(5);
             v.on(key);
             p.enlist(Arc::downgrade(v));
         }
         let waker = futures_util::task::noop_waker();
-        assert!(p.ask_on(1, 1));
+        assert!(p.ask_on(1));
         assert!(here.asked(&waker) && !there.asked(&waker), "its own replica's, though dearer");
-        assert!(!p.ask_on(1, 1), "one owed there already, for the one waiting");
-        assert!(!p.ask_on(3, 1), "none on that replica");
-        // Two interactive requests wait there (a burst): one victim each.
-        assert!(p.ask_on(1, 2));
-        assert!(here2.asked(&waker) && !there.asked(&waker));
-        assert!(!p.ask_on(1, 3), "none left there to ask");
+        assert!(!p.ask_on(1), "one owed there already");
+        assert!(!p.ask_on(3), "none on that replica");
     }
 }

@@ -1,8 +1,7 @@
 //! A replica's time to a first token: predicted at dispatch from the
-//! prefill work there ([`FirstTokenModel`]) and, where requests wait inside
-//! the engine, the pace its slots free at ([`Releases`]); and what the
-//! interactive requests sent there lately ask of it ([`Outlook`]), which
-//! batch leaves room for on an engine that serves first come, first served.
+//! prefill work there ([`FirstTokenModel`]), and what the interactive
+//! requests sent there lately ask of it ([`Outlook`]), which batch leaves
+//! room for on an engine that serves first come, first served.
 //! docs/design/preemption.md, rules 13 and 14.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,83 +92,11 @@ impl Outlook {
     }
 }
 
-/// How often the replica's slots were given back lately (a stream ended,
-/// failed or was preempted: the engine freed what its request held): the
-/// mean interval between releases, moved a twentieth toward each, once
-/// [`RELEASES_WARMUP`] intervals taught it, forgotten after
-/// [`RELEASES_FORGOTTEN_AFTER`] without one. Where requests wait inside the
-/// engine (its slots or KV cache full), a request sent there waits for
-/// releases before its prefill starts (docs/design/preemption.md, rule 13).
-#[derive(Default)]
-pub(crate) struct Releases {
-    every_us: AtomicF64,
-    samples: AtomicU64,
-    /// When the last was, in milliseconds after the replica was made; 0: never.
-    at_ms: AtomicU64,
-}
-
-/// How far the mean interval moves toward each.
-const RELEASES_EWMA: f64 = 0.05;
-/// Intervals learned from before the mean is told.
-const RELEASES_WARMUP: u64 = 8;
-/// A quiet spell this long: the pace is unknown again.
-const RELEASES_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
-
-impl Releases {
-    /// A slot was given back at `age`.
-    pub(crate) fn released(&self, age: std::time::Duration) {
-        let now = (age.as_millis() as u64).max(1);
-        let last = self.at_ms.swap(now, Ordering::Relaxed);
-        let gap = now.saturating_sub(last);
-        if last == 0 || gap as u128 > RELEASES_FORGOTTEN_AFTER.as_millis() {
-            self.samples.store(0, Ordering::Relaxed);
-            return;
-        }
-        let gap_us = gap as f64 * 1000.0;
-        let first = self.samples.fetch_add(1, Ordering::Relaxed) == 0;
-        let m = self.every_us.load();
-        self.every_us.store(if first { gap_us } else { m + RELEASES_EWMA * (gap_us - m) });
-    }
-
-    /// The mean interval between releases at `age`; `None` before it was
-    /// learned, and after a quiet spell.
-    pub(crate) fn every(&self, age: std::time::Duration) -> Option<std::time::Duration> {
-        let at = self.at_ms.load(Ordering::Relaxed);
-        let quiet = age.saturating_sub(std::time::Duration::from_millis(at)) > RELEASES_FORGOTTEN_AFTER;
-        (at > 0 && !quiet && self.samples.load(Ordering::Relaxed) >= RELEASES_WARMUP)
-            .then(|| std::time::Duration::from_secs_f64(self.every_us.load() / 1e6))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use super::{FirstTokenModel, Outlook, Releases};
-
-    /// Unknown until eight intervals taught it; then their running mean;
-    /// unknown again after a quiet spell, and learned afresh.
-    #[test]
-    fn the_release_pace_is_the_mean_interval_and_forgets_a_quiet_spell() {
-        let r = Releases::default();
-        let ms = Duration::from_millis;
-        let every = |at: u64| r.every(ms(at)).map(|d| (d.as_secs_f64() * 1000.0).round() as u64);
-        for i in 0..=8u64 {
-            assert_eq!(every(1000 + i * 100), None, "{i} intervals: not yet");
-            r.released(ms(1000 + i * 100));
-        }
-        assert_eq!(every(1800), Some(100));
-        r.released(ms(2100)); // 300 ms: a twentieth of the way
-        assert_eq!(every(2100), Some(110));
-        assert_eq!(every(7100), Some(110), "5 s after the last: still");
-        assert_eq!(every(7101), None, "past it: forgotten");
-        r.released(ms(9000));
-        assert_eq!(every(9000), None, "a release after the spell starts afresh");
-        for i in 1..=8u64 {
-            r.released(ms(9000 + i * 50));
-        }
-        assert_eq!(every(9400), Some(50));
-    }
+    use super::{FirstTokenModel, Outlook};
 
     /// Silent until it has learned; then the step plus the work at the
     /// rate learned: twice the work, twice the time over the step.

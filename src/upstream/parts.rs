@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 use http::HeaderValue;
 use prometheus_client::metrics::counter::Counter;
 
-use super::first_token::{FirstTokenModel, Outlook, Releases};
+use super::first_token::{FirstTokenModel, Outlook};
 use super::share::Share;
 use super::{conn, limit, tls};
 use crate::config::Tier;
@@ -317,8 +317,6 @@ pub(crate) struct RoutingStats {
     pub(super) first_token: FirstTokenModel,
     /// What the interactive requests sent here lately ask of it.
     pub(super) outlook: Outlook,
-    /// The pace its slots were given back at lately.
-    pub(super) releases: Releases,
 }
 
 /// The share of the interactive target a batch prompt leaves an

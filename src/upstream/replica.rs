@@ -120,7 +120,6 @@ impl Replica {
                 delivered_at_ms: AtomicU64::new(0),
                 first_token: Default::default(),
                 outlook: Default::default(),
-                releases: Default::default(),
             },
             address: Address { host: base.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()), base },
         }
@@ -347,24 +346,6 @@ impl Replica {
     /// take here; `None` until the replica's first tokens taught it.
     pub(super) fn predict_first_token(&self, work: u64) -> Option<std::time::Duration> {
         self.routing.predict_first_token(work, self.born.elapsed())
-    }
-
-    /// Where the replica said at its last scrape that requests wait inside
-    /// it (its slots or KV cache full), a request sent there now waits for
-    /// `turn` of its slots to be given back before its prefill starts (one
-    /// for each prompt ahead of it there, and its own), at the pace they
-    /// were lately; zero where none waited or the pace is not known
-    /// (docs/design/preemption.md, rule 13).
-    pub(super) fn engine_wait(&self, turn: usize) -> std::time::Duration {
-        if self.readings.scraped_waiting.load(Ordering::Relaxed) == 0 {
-            return std::time::Duration::ZERO;
-        }
-        self.routing.releases.every(self.born.elapsed()).map_or(std::time::Duration::ZERO, |e| e * turn as u32)
-    }
-
-    /// One of its slots was given back.
-    pub(super) fn slot_released(&self) {
-        self.routing.releases.released(self.born.elapsed());
     }
 
     /// A first token came `took` after dispatch for `work` bytes of

@@ -52,18 +52,14 @@ impl ReplicaSlot {
     /// counts it: both tiers', or with `upstream_priority` an interactive
     /// request's only the interactive prompts', which the engine runs
     /// before the batch ones it has not started; where that errs, the
-    /// prediction says so) and its own, and where requests wait inside the
-    /// engine, the wait for a slot there for each of those prompts (its
-    /// own included) at the pace the replica's slots were given back lately.
+    /// prediction says so) and its own.
     pub(super) fn prefill(&mut self, bytes: u64, upstream_priority: bool) {
         if self.prefilling {
             let seats = &self.replica.seats;
             let ahead = seats.prefill_bytes_ahead(self.tier, upstream_priority);
             if self.dispatch.is_none() {
                 let work = ahead + bytes;
-                let wait = self.replica.engine_wait(seats.prefills_ahead(self.tier, upstream_priority));
-                let predicted = self.replica.predict_first_token(work).map(|p| p + wait);
-                self.dispatch = Some((tokio::time::Instant::now(), work, predicted));
+                self.dispatch = Some((tokio::time::Instant::now(), work, self.replica.predict_first_token(work)));
             }
             seats.prefill_bytes[self.tier as usize].fetch_add(bytes, Ordering::Relaxed);
             self.prefill_bytes += bytes;
@@ -99,7 +95,6 @@ impl ReplicaSlot {
         self.prefill_done();
         if std::mem::take(&mut self.held) {
             self.replica.seats.inflight.fetch_sub(1, Ordering::SeqCst);
-            self.replica.slot_released();
             if let Some(g) = self.replica.gauges.get() {
                 g.inflight.dec();
             }
@@ -119,68 +114,5 @@ impl Drop for ReplicaSlot {
 impl std::fmt::Debug for ReplicaSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplicaSlot").field("replica", &self.replica.url).field("held", &self.held).finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::Ordering;
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use super::ReplicaSlot;
-    use crate::config::{InflightLimit, PoolConfig, Tier};
-    use crate::upstream::{Access, Pool, Replica};
-
-    fn replica() -> Arc<Replica> {
-        let cfg = PoolConfig {
-            replicas: vec!["http://127.0.0.1:9".into()],
-            max_inflight_per_replica: InflightLimit::Fixed(64),
-            upstream_priority: true,
-            ..PoolConfig::default()
-        };
-        let access = Access::new(&cfg).expect("access");
-        Pool::new(cfg, access, None).replicas[0].clone()
-    }
-
-    fn predicted_ms(slot: &ReplicaSlot) -> u64 {
-        let (_, _, p) = slot.dispatch.expect("dispatched");
-        (p.expect("predicted").as_secs_f64() * 1000.0).round() as u64
-    }
-
-    /// Where the replica's last scrape said requests wait inside it, an
-    /// interactive prompt waits for a slot to be given back there for
-    /// itself and for each interactive prompt ahead of it (the engine
-    /// prefills those first), at the pace slots were given back; where
-    /// none waited, the prefill work alone (preemption.md, rule 13).
-    #[tokio::test(start_paused = true)]
-    async fn where_requests_wait_in_the_engine_the_prediction_adds_a_release_for_each_prompt_ahead_and_its_own() {
-        let ms = Duration::from_millis;
-        let r = replica();
-        // Learned: 100 ms for 4 KiB of prefill (no step measured).
-        for _ in 0..3 {
-            r.first_token_came(4096, None, ms(100));
-        }
-        // Slots given back every 50 ms.
-        tokio::time::advance(ms(50)).await;
-        for _ in 0..10 {
-            drop(ReplicaSlot::new(&r, Tier::Batch));
-            tokio::time::advance(ms(50)).await;
-        }
-        let mut batch = ReplicaSlot::new(&r, Tier::Batch);
-        batch.prefill(4096, true);
-        let mut first = ReplicaSlot::new(&r, Tier::Interactive);
-        first.prefill(4096, true);
-        assert_eq!(predicted_ms(&first), 100, "nothing waits in the engine: its own prefill (batch's is behind it)");
-        r.readings.scraped_waiting.store(3, Ordering::Relaxed);
-        let mut second = ReplicaSlot::new(&r, Tier::Interactive);
-        second.prefill(4096, true);
-        assert_eq!(predicted_ms(&second), 200 + 2 * 50, "the prompt ahead and its own, each after a release");
-        // Quiet for longer than the pace is remembered: the wait is not known.
-        drop((batch, first, second));
-        tokio::time::advance(ms(5001)).await;
-        let mut later = ReplicaSlot::new(&r, Tier::Interactive);
-        later.prefill(4096, true);
-        assert_eq!(predicted_ms(&later), 100);
     }
 }

@@ -71,8 +71,8 @@ impl Seating for PoolAdmission {
         self.preemption.enlist(victim);
     }
 
-    fn ask_on(&self, key: usize, waiting: usize) -> bool {
-        self.preemption.ask_on(key, waiting)
+    fn ask_on(&self, key: usize) -> bool {
+        self.preemption.ask_on(key)
     }
 
     fn requeue(self: Arc<Self>, tier: Tier, claim: Claim) -> Requeued {
