@@ -2,10 +2,11 @@
 //!
 //! Most requests need only `model`, `stream` and `stream_options` read, and
 //! at most two members added (`stream_options` to ask for usage, `priority`
-//! for vLLM's scheduler). For those the body is read into a small struct
-//! (every byte still checked as JSON, the rest skipped without building
-//! values) and the members are written into the caller's bytes right after
-//! the opening brace. Anything else (a field to change rather than add,
+//! for vLLM's scheduler). For those the body is read by the quick path
+//! ([`quick`]: a one-pass scan, or serde into a small struct where the scan
+//! is not sure; every byte still checked as JSON, the rest skipped without
+//! building values) and the members are written into the caller's bytes
+//! right after the opening brace. Anything else (a field to change rather than add,
 //! context reduction, duplicate keys, a `model` that is not a string) takes
 //! the general path: the whole object as a `serde_json::Value`, edited and
 //! written again. Both paths send the replica the same request.
@@ -13,10 +14,12 @@
 use std::borrow::Cow;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use serde::de::IgnoredAny;
-use serde::{Deserialize, Deserializer};
-use serde_json::value::RawValue;
+use serde::Deserialize;
 use serde_json::{Map, Value};
+
+mod quick;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use quick::paths_agree;
 
 use crate::error::GatewayError;
 use crate::upstream::prefix::RouteKey;
@@ -84,50 +87,6 @@ struct Spans {
     metadata: Option<(usize, usize)>,
 }
 
-/// Only the routed-on members; the rest is checked and skipped.
-#[derive(Deserialize)]
-struct Wire<'a> {
-    #[serde(borrow)]
-    model: Option<Cow<'a, str>>,
-    stream: Option<bool>,
-    #[serde(default, deserialize_with = "present_value")]
-    stream_options: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    priority: bool,
-    #[serde(default, deserialize_with = "present")]
-    cache_salt: bool,
-    #[serde(default, deserialize_with = "count")]
-    max_tokens: Option<u64>,
-    #[serde(default, deserialize_with = "count")]
-    max_completion_tokens: Option<u64>,
-    #[serde(default, deserialize_with = "count")]
-    max_output_tokens: Option<u64>,
-    #[serde(default, deserialize_with = "count")]
-    n: Option<u64>,
-    #[serde(default, deserialize_with = "count")]
-    best_of: Option<u64>,
-    // The prompt, borrowed as written (checked, not built into values).
-    #[serde(default, borrow)]
-    messages: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    prompt: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    input: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    instructions: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    prompt_cache_key: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    metadata: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    previous_response_id: Option<Cow<'a, str>>,
-}
-
-/// A token count; anything else (the replica judges it) as absent.
-fn count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    Value::deserialize(d).map(|v| v.as_u64())
-}
-
 /// How many answers a request asks for: `n` or `best_of` (the larger),
 /// times the prompts of a list of them (`prompt: ["a", "b"]`, or a list of
 /// token lists; one list of token ids is one prompt). At least 1.
@@ -138,24 +97,6 @@ fn answers(n: Option<u64>, best_of: Option<u64>, prompt: Option<&Value>) -> u64 
         _ => 1,
     };
     each.saturating_mul(prompts.max(1))
-}
-
-/// [`answers`] of a prompt as written (the quick path's borrowed member).
-fn answers_raw(n: Option<u64>, best_of: Option<u64>, prompt: Option<&RawValue>) -> Option<u64> {
-    let Some(raw) = prompt.filter(|r| r.get().starts_with('[')) else { return Some(answers(n, best_of, None)) };
-    let items: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
-    let listed = items.first().is_some_and(|f| f.get().starts_with('"') || f.get().starts_with('['));
-    let each = n.unwrap_or(1).max(best_of.unwrap_or(1)).max(1);
-    Some(if listed { each.saturating_mul(items.len() as u64) } else { each })
-}
-
-/// `Some` for any value, `null` included (unlike `Option`'s own rule).
-fn present_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
-}
-
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    IgnoredAny::deserialize(d).map(|_| true)
 }
 
 fn usage_asked(opts: Option<&Value>) -> bool {
@@ -199,7 +140,7 @@ impl RequestBody {
     /// Parse a body; 400 (`MalformedJson` or `InvalidRequest`) when it is
     /// not a JSON object.
     pub(super) fn parse(bytes: Bytes) -> Result<Self, GatewayError> {
-        if let Some((head, spans)) = Self::quick_head(&bytes) {
+        if let Some((head, spans)) = quick::head(&bytes) {
             return Ok(Self { bytes, head, object: None, dirty: false, form: false, spans });
         }
         let object = parse_object(&bytes)?;
@@ -211,43 +152,6 @@ impl RequestBody {
     pub(super) fn empty() -> Self {
         let head = Head::form(Model::Missing, false);
         Self { bytes: Bytes::new(), head, object: None, dirty: false, form: false, spans: Spans::default() }
-    }
-
-    /// The members read by the small struct, or `None` when the body needs
-    /// the general path (or is malformed, which that path reports).
-    fn quick_head(bytes: &[u8]) -> Option<(Head, Spans)> {
-        // A struct also reads from a JSON array; only an object will do.
-        if first_non_ws(bytes, 0).map(|i| bytes[i]) != Some(b'{') {
-            return None;
-        }
-        // JSON is UTF-8: skipped members are not decoded, so check it here
-        // (the general path's values are, and it rejects the body).
-        let text = std::str::from_utf8(bytes).ok()?;
-        // Fails on duplicate keys and on a `model` or `stream` of another
-        // type; the general path then decides as it always did.
-        let w: Wire<'_> = serde_json::from_str(text).ok()?;
-        // A borrowed member's place in the body.
-        let at = |r: Option<&RawValue>| r.map(|r| r.get().as_ptr() as usize - text.as_ptr() as usize).zip(r.map(|r| r.get().len()));
-        let spans = Spans {
-            instructions: at(w.instructions),
-            prompt: at(w.messages.or(w.prompt).or(w.input)),
-            cache_key: at(w.prompt_cache_key),
-            metadata: at(w.metadata),
-        };
-        let answers = answers_raw(w.n, w.best_of, w.prompt)?;
-        let head = Head {
-            model: Model::Name(w.model?.into_owned()),
-            stream: w.stream == Some(true),
-            include_usage: usage_asked(w.stream_options.as_ref()),
-            has_stream_options: w.stream_options.is_some(),
-            has_priority: w.priority,
-            has_cache_salt: w.cache_salt,
-            max_output: w.max_completion_tokens.or(w.max_tokens),
-            max_output_tokens: w.max_output_tokens,
-            answers,
-            previous_response_id: w.previous_response_id.map(Cow::into_owned),
-        };
-        Some((head, spans))
     }
 
     /// What prefix-aware routing knows of the prompt: its members as the
@@ -459,38 +363,6 @@ fn insert_members(bytes: &[u8], members: &str) -> Option<Bytes> {
     }
     out.put_slice(&bytes[open + 1..]);
     Some(out.freeze())
-}
-
-/// The request-body reader's promise, checked on any input (the proptest
-/// and the fuzz target): the quick path reads the same head and writes the
-/// same request as the general path, or both reject the body.
-#[cfg(any(test, feature = "fuzzing"))]
-pub(crate) fn paths_agree(bytes: &[u8], usage: bool, priority: Option<i64>) -> Result<(), String> {
-    let salt = priority.filter(|p| *p == 1).map(|_| "slogate-salt");
-    let bytes = Bytes::copy_from_slice(bytes);
-    let text = || String::from_utf8_lossy(&bytes).into_owned();
-    let Ok(quick) = RequestBody::parse(bytes.clone()) else {
-        return match parse_object(&bytes) {
-            Err(_) => Ok(()),
-            Ok(_) => Err(format!("the quick path rejected what the general path reads: {}", text())),
-        };
-    };
-    let object = parse_object(&bytes).map_err(|_| format!("the general path rejects what the quick path read: {}", text()))?;
-    if quick.head() != &head_of(&object) {
-        return Err(format!("heads differ: {:?} vs {:?}: {}", quick.head(), head_of(&object), text()));
-    }
-    let written = |b: RequestBody| -> Result<Value, String> {
-        let out = b.into_bytes(usage, priority, salt, None).map_err(|e| format!("cannot write: {e}"))?;
-        serde_json::from_slice(&out).map_err(|e| format!("wrote invalid JSON ({e}): {}", String::from_utf8_lossy(&out)))
-    };
-    let q = written(quick)?;
-    let mut general = RequestBody::parse(bytes.clone()).map_err(|e| e.to_string())?;
-    general.object().map_err(|e| e.to_string())?;
-    let g = written(general)?;
-    if q != g {
-        return Err(format!("the paths write different requests: {q} vs {g}: {}", text()));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

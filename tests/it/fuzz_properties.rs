@@ -69,6 +69,46 @@ fn form_part() -> impl Strategy<Value = String> {
     prop_oneof![plain, tricky]
 }
 
+/// A member a request body's head is read from, with a value of the type
+/// it has (nine times in ten), or any member with any value (one in ten:
+/// a type it should not have, a key written with an escape, another member).
+fn routed_member() -> impl Strategy<Value = (&'static str, &'static str)> {
+    let any: Vec<&'static str> = vec![
+        "true",
+        "false",
+        "null",
+        "0",
+        "7",
+        "-1",
+        "1.5",
+        "2e3",
+        "18446744073709551615",
+        "\"m\"",
+        "\"m\\n\"",
+        "{}",
+        "[]",
+        "[\"a\",\"b\"]",
+        "[1,2]",
+        "[[1],[2]]",
+        "{\"include_usage\":true}",
+        "{\"user_id\":\"u\"}",
+        "[{\"role\":\"user\",\"content\":\"hi\"}]",
+    ];
+    let typed = |key: &'static str, values: Vec<&'static str>| (Just(key), prop::sample::select(values));
+    let prompt = vec!["\"p\"", "[\"a\",\"b\"]", "[1,2]", "[[1],[2]]", "[{\"role\":\"user\",\"content\":\"hi\"}]", "null", "{}"];
+    let count = vec!["0", "7", "64", "18446744073709551615", "-1", "1.5", "null", "\"9\""];
+    prop_oneof![
+        2 => typed("stream", vec!["true", "false", "null"]),
+        1 => typed("stream_options", vec!["{\"include_usage\":true}", "{\"include_usage\":false}", "null"]),
+        1 => typed("priority", vec!["1", "null", "\"high\""]),
+        1 => typed("cache_salt", vec!["\"s\"", "null"]),
+        1 => prop::sample::select(vec!["messages", "prompt", "input", "instructions", "prompt_cache_key", "metadata"]).prop_flat_map(move |k| (Just(k), prop::sample::select(prompt.clone()))),
+        1 => typed("previous_response_id", vec!["\"r1\"", "null", "\"r\\u0031\""]),
+        2 => prop::sample::select(vec!["max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of"]).prop_flat_map(move |k| (Just(k), prop::sample::select(count.clone()))),
+        1 => (prop::sample::select(vec!["model", "stream", "prompt", "n", "mod\\u0065l", "x"]), prop::sample::select(any)),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -108,6 +148,20 @@ proptest! {
         text in r#"\{( *"(model|stream|stream_options|priority|messages|x)" *: *(true|false|null|1|"m"|\{\}|\[\]|\{"include_usage":(true|false)\}) *,?)*\}"#,
         usage in any::<bool>(),
     ) {
+        slogate::fuzzing::request_body(text.as_bytes(), usage, None);
+    }
+
+    #[test]
+    fn the_request_body_paths_agree_on_the_members_routing_reads(
+        model in prop_oneof![8 => Just("\"m\""), 1 => Just("\"r\\u0031\""), 1 => Just("null")],
+        members in prop::collection::vec(routed_member(), 0..5),
+        at in 0usize..5,
+        gap in prop_oneof![Just(""), Just(" "), Just("\n  ")],
+        usage in any::<bool>(),
+    ) {
+        let mut members: Vec<String> = members.iter().map(|(k, v)| format!("{gap}\"{k}\"{gap}:{gap}{v}")).collect();
+        members.insert(at.min(members.len()), format!("{gap}\"model\":{gap}{model}"));
+        let text = format!("{{{}{gap}}}", members.join(","));
         slogate::fuzzing::request_body(text.as_bytes(), usage, None);
     }
 

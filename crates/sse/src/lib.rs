@@ -8,6 +8,11 @@
 //! current partial line and the current event's data, and reports for each
 //! completed event where in the fed chunk it ended, so a caller can cut an
 //! event out of the byte stream without re-chunking the rest.
+//!
+//! The same one-pass JSON reading reads a whole answer's usage and a
+//! request body's routed-on members ([`quick_request_head`]), for the
+//! gateway's request path, where serde's derived readings cost more than
+//! the rest of the work.
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -18,6 +23,7 @@ mod scan;
 mod text;
 pub use answer::{read_answer, Answer};
 pub use memo::Memo;
+pub use scan::{quick_request_head, RequestHead};
 use text::Field;
 pub use text::{analyze_text, Piece};
 
