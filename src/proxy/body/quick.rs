@@ -28,12 +28,46 @@ pub(super) fn head(bytes: &[u8]) -> Option<(Head, Spans)> {
     // JSON is UTF-8: skipped members are not decoded, so check it here
     // (the general path's values are, and it rejects the body).
     let text = std::str::from_utf8(bytes).ok()?;
-    scanned(text).or_else(|| by_serde(bytes))
+    scanned(text).or_else(|| by_serde(text))
 }
 
 /// The members as the one-pass scan reads them.
 fn scanned(text: &str) -> Option<(Head, Spans)> {
-    let w = sse::quick_request_head(text.as_bytes())?;
+    head_from(&sse::quick_request_head(text.as_bytes())?, None, text)
+}
+
+/// The members read by serde into a small struct (the members as
+/// [`head`] reads them).
+fn by_serde(text: &str) -> Option<(Head, Spans)> {
+    // Fails on duplicate keys and on a `model` or `stream` of another
+    // type; the general path then decides as it always did.
+    let w: Wire<'_> = serde_json::from_str(text).ok()?;
+    // A borrowed member's place in the body.
+    let at = |r: Option<&RawValue>| r.map(|r| (r.get().as_ptr() as usize - text.as_ptr() as usize, r.get().len()));
+    let members = sse::RequestHead {
+        model: w.model.as_deref(),
+        stream: w.stream,
+        priority: w.priority,
+        cache_salt: w.cache_salt,
+        max_tokens: w.max_tokens,
+        max_completion_tokens: w.max_completion_tokens,
+        max_output_tokens: w.max_output_tokens,
+        n: w.n,
+        best_of: w.best_of,
+        messages: at(w.messages),
+        prompt: at(w.prompt),
+        input: at(w.input),
+        instructions: at(w.instructions),
+        prompt_cache_key: at(w.prompt_cache_key),
+        metadata: at(w.metadata),
+        previous_response_id: w.previous_response_id.as_deref(),
+    };
+    head_from(&members, w.stream_options.as_ref(), text)
+}
+
+/// The head and the prompt's place from the members either reading found
+/// (`stream_options` as serde read it: the scan leaves a body with one to serde).
+fn head_from(w: &sse::RequestHead<'_>, stream_options: Option<&Value>, text: &str) -> Option<(Head, Spans)> {
     let spans = Spans {
         instructions: w.instructions,
         prompt: w.messages.or(w.prompt).or(w.input),
@@ -44,45 +78,14 @@ fn scanned(text: &str) -> Option<(Head, Spans)> {
     let head = Head {
         model: Model::Name(w.model?.to_owned()),
         stream: w.stream == Some(true),
-        include_usage: false,
-        has_stream_options: false,
+        include_usage: usage_asked(stream_options),
+        has_stream_options: stream_options.is_some(),
         has_priority: w.priority,
         has_cache_salt: w.cache_salt,
         max_output: w.max_completion_tokens.or(w.max_tokens),
         max_output_tokens: w.max_output_tokens,
         answers: answers_raw(w.n, w.best_of, prompt)?,
         previous_response_id: w.previous_response_id.map(str::to_owned),
-    };
-    Some((head, spans))
-}
-
-/// The members read by serde into a small struct (the members as
-/// [`head`] reads them).
-fn by_serde(bytes: &[u8]) -> Option<(Head, Spans)> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    // Fails on duplicate keys and on a `model` or `stream` of another
-    // type; the general path then decides as it always did.
-    let w: Wire<'_> = serde_json::from_str(text).ok()?;
-    // A borrowed member's place in the body.
-    let at = |r: Option<&RawValue>| r.map(|r| r.get().as_ptr() as usize - text.as_ptr() as usize).zip(r.map(|r| r.get().len()));
-    let spans = Spans {
-        instructions: at(w.instructions),
-        prompt: at(w.messages.or(w.prompt).or(w.input)),
-        cache_key: at(w.prompt_cache_key),
-        metadata: at(w.metadata),
-    };
-    let answers = answers_raw(w.n, w.best_of, w.prompt.map(RawValue::get))?;
-    let head = Head {
-        model: Model::Name(w.model?.into_owned()),
-        stream: w.stream == Some(true),
-        include_usage: usage_asked(w.stream_options.as_ref()),
-        has_stream_options: w.stream_options.is_some(),
-        has_priority: w.priority,
-        has_cache_salt: w.cache_salt,
-        max_output: w.max_completion_tokens.or(w.max_tokens),
-        max_output_tokens: w.max_output_tokens,
-        answers,
-        previous_response_id: w.previous_response_id.map(Cow::into_owned),
     };
     Some((head, spans))
 }
@@ -200,7 +203,7 @@ mod tests {
             r#"{"model":"m","max_output_tokens":18446744073709551,"temperature":0.2}"#,
         ];
         for body in read {
-            let (scan, serde) = (scanned(body), by_serde(body.as_bytes()));
+            let (scan, serde) = (scanned(body), by_serde(body));
             assert!(scan.is_some(), "the scan reads {body}");
             assert_eq!(scan, serde, "{body}");
         }
@@ -223,7 +226,7 @@ mod tests {
         for body in left {
             assert_eq!(scanned(body), None, "left to serde: {body}");
         }
-        assert!(by_serde(left[0].as_bytes()).is_some_and(|(h, _)| h.include_usage));
-        assert!(by_serde(left[1].as_bytes()).is_some_and(|(h, _)| h.model == super::Model::Name("m".into())));
+        assert!(by_serde(left[0]).is_some_and(|(h, _)| h.include_usage));
+        assert!(by_serde(left[1]).is_some_and(|(h, _)| h.model == super::Model::Name("m".into())));
     }
 }
