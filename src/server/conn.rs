@@ -25,7 +25,7 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// What the service answers a request with.
 type Answer = Response<ProxyBody>;
 
-/// The service a listener's connections run ([`service`]): any service of
+/// The service a listener's connections run ([`super::service`]): any service of
 /// these bounds (a trait, as a type alias cannot name them).
 pub(super) trait Svc:
     tower::Service<Request<Incoming>, Response = Answer, Error = Infallible, Future: Send> + Clone + Send + 'static
@@ -91,6 +91,24 @@ pub(super) struct Builders {
     either: auto::Builder<TokioExecutor>,
 }
 
+impl Builders {
+    /// Serve `io` with the builder for what it speaks (`None`: not known,
+    /// told from its first bytes) until it closes. HTTP/1.1 inline; the
+    /// others boxed: one HTTP/2 connection carries many streams, and its
+    /// larger state would otherwise size every HTTP/1.1 connection's task.
+    async fn serve<I>(&self, speaks: Option<Speaks>, io: TokioIo<I>, svc: impl Svc, entry: drain::Entry) -> Result<(), BoxError>
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let svc = TowerToHyperService::new(svc);
+        match speaks {
+            Some(Speaks::Http1) => Ok(entry.watch(self.h1.serve_connection(io, svc)).await?),
+            Some(Speaks::Http2) => Ok(Box::pin(entry.watch(self.h2.serve_connection(io, svc))).await?),
+            None => Box::pin(entry.watch(self.either.serve_connection(io, svc))).await,
+        }
+    }
+}
+
 /// What one HTTP/2 stream may send before the gateway reads it: a prompt
 /// of up to 1 MiB arrives in one round trip.
 const H2_STREAM_WINDOW: u32 = 1 << 20;
@@ -145,16 +163,10 @@ pub(super) async fn serve_conn(
                 tracing::debug!(%peer, "no request head within server.header_read_timeout; closing");
                 return;
             };
-            let (io, svc) = (TokioIo::new(stream), TowerToHyperService::new(svc));
-            match speaks {
-                Speaks::Http1 => entry.watch(builders.h1.serve_connection(io, svc)).await.map_err(Into::into),
-                // Boxed: one HTTP/2 connection carries many streams, and
-                // its larger state would otherwise size every HTTP/1.1
-                // connection's task too.
-                Speaks::Http2 => Box::pin(entry.watch(builders.h2.serve_connection(io, svc))).await.map_err(Into::into),
-            }
+            builders.serve(Some(speaks), TokioIo::new(stream), svc, entry).await
         }
-        // Boxed for the same reason: TLS's state is 1.2 KB more.
+        // Boxed: TLS's state (1.2 KB more) would otherwise size every plain
+        // connection's task too.
         Some(acc) => match Box::pin(serve_tls(builders, stream, peer, acc, svc, entry, deadline)).await {
             Some(r) => r,
             None => return,
@@ -190,10 +202,10 @@ async fn serve_tls(
     // Set when the first request head is complete (hyper calls the service).
     let headed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let seen = headed.clone();
-    let svc = TowerToHyperService::new(tower::ServiceExt::map_request(svc, move |req: Request<Incoming>| {
+    let svc = tower::ServiceExt::map_request(svc, move |req: Request<Incoming>| {
         seen.store(true, std::sync::atomic::Ordering::Relaxed);
         req
-    }));
+    });
     // Inside TLS the preface cannot be peeked at, but the protocol the
     // client chose (ALPN) says what it speaks; a client that chose none is
     // told by its bytes. The connection goes if no request head is
@@ -204,13 +216,7 @@ async fn serve_tls(
         Some(b"http/1.1") => Some(Speaks::Http1),
         _ => None,
     };
-    let conn = async move {
-        match speaks {
-            Some(Speaks::Http1) => entry.watch(builders.h1.serve_connection(io, svc)).await.map_err(BoxError::from),
-            Some(Speaks::Http2) => entry.watch(builders.h2.serve_connection(io, svc)).await.map_err(BoxError::from),
-            None => entry.watch(builders.either.serve_connection(io, svc)).await,
-        }
-    };
+    let conn = builders.serve(speaks, io, svc, entry);
     let no_head = async {
         tokio::time::sleep_until(deadline).await;
         if headed.load(std::sync::atomic::Ordering::Relaxed) {
