@@ -568,6 +568,30 @@ mod tests {
     }
 
     #[test]
+    fn in_a_fleet_batch_takes_no_seat_of_its_part_while_the_replica_is_full_as_last_heard() {
+        let pool = two(8, true);
+        let (ra, rb) = (pool.replicas[0].clone(), pool.replicas[1].clone());
+        // This instance's part: 4 of each replica's 8. The others hold 6 on
+        // the first (one of them took seats past its own part) and 2 on the second.
+        ra.set_fleet_share(Some((4, 6)));
+        rb.set_fleet_share(Some((4, 2)));
+        let batch: Vec<ReplicaSlot> = std::iter::from_fn(|| pool.pick(None, Room::Leave(0), Tier::Batch, None).ok()).take(10).collect();
+        assert_eq!((ra.inflight(), rb.inflight()), (2, 4), "the first replica's 8 seats: 6 held elsewhere, 2 free");
+        assert_eq!(batch.len(), 6);
+        // Interactive still has its part there (the engine runs it first).
+        let chat: Vec<ReplicaSlot> =
+            std::iter::from_fn(|| pool.pick(Some(&rb), Room::Over(0), Tier::Interactive, None).ok()).take(10).collect();
+        assert_eq!(chat.len(), 2, "up to this instance's part of 4");
+        // A request that must go there (a stored response's follow-up) still does.
+        assert!(pool.slot_on(&ra, Tier::Batch).is_some());
+        // The others let go: batch takes its part again.
+        drop(chat);
+        ra.set_fleet_share(Some((4, 0)));
+        assert!(pool.pick(Some(&rb), Room::Leave(0), Tier::Batch, None).is_ok());
+        drop(batch);
+    }
+
+    #[test]
     fn in_a_fleet_an_interactive_request_may_take_a_seat_no_instance_holds() {
         let pool = two(8, false);
         let (ra, rb) = (pool.replicas[0].clone(), pool.replicas[1].clone());

@@ -284,6 +284,15 @@ impl Replica {
                 if unheld {
                     max = max.max(unheld_seats().saturating_sub(cut));
                 }
+                // A part is what this instance may hold, not a seat free on
+                // the replica: while another holds seats past its own part
+                // (unheld ones it took), batch here waits for the replica to
+                // have one free as last heard, or the engine runs past its
+                // limit and chat waits inside it (fleet.md rule 9). Not for a
+                // request that must go here (`over`: a stored response's).
+                if over == 0 && self.seats.in_fleet() {
+                    max = max.min(unheld_seats());
+                }
             }
         }
         loop {
