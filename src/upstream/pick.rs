@@ -106,7 +106,7 @@ impl Pool {
     /// the pool's.
     pub(crate) fn slot_on(&self, replica: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot> {
         let ours = self.replicas.iter().any(|r| Arc::ptr_eq(r, replica));
-        (ours && replica.is_healthy() && replica.try_take(usize::MAX / 2, tier, true)).then(|| ReplicaSlot::new(replica, tier))
+        (ours && replica.is_healthy() && replica.try_take(usize::MAX / 2, tier, true, false)).then(|| ReplicaSlot::new(replica, tier))
     }
 
     /// [`Pool::pick`] for a queued request that may let a slot go to
@@ -130,6 +130,7 @@ impl Pool {
             Room::Leave(reserved) | Room::Unheld(reserved) => (0, reserved),
         };
         let unheld = matches!(room, Room::Unheld(_));
+        let while_free = self.config.upstream_priority;
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
         let mut any_healthy = false;
@@ -142,7 +143,7 @@ impl Pool {
         if self.config.balance == Balance::RoundRobin {
             for i in candidates {
                 let r = &self.replicas[i];
-                if r.try_take(over, tier, unheld) {
+                if r.try_take(over, tier, unheld, while_free) {
                     return Ok(ReplicaSlot::new(r, tier));
                 }
             }
@@ -251,6 +252,7 @@ impl Pool {
         tier: Tier,
         key: Option<&RouteKey>,
     ) -> Result<ReplicaSlot, Missed> {
+        let while_free = self.config.upstream_priority;
         let fastest = ranked.iter().map(|x| x.itl).filter(|m| !m.is_zero()).min();
         let (mut any_slow, mut fast_slots, mut fast_batch) = (false, 0, 0);
         for x in &mut ranked {
@@ -287,12 +289,12 @@ impl Pool {
                 continue;
             }
             if let Some(best) = full_best.filter(|b| tier == Tier::Interactive && b.saves_over(x)) {
-                if best.r.try_take(over + best.r.slots().div_ceil(CACHED_OVER_DIV), tier, unheld) {
+                if best.r.try_take(over + best.r.slots().div_ceil(CACHED_OVER_DIV), tier, unheld, while_free) {
                     return Ok(self.seat(best, tier, key));
                 }
                 full_best = None;
             }
-            if x.r.try_take(over, tier, unheld) {
+            if x.r.try_take(over, tier, unheld, while_free) {
                 return Ok(self.seat(x, tier, key));
             }
             if n == 0 {

@@ -568,7 +568,7 @@ mod tests {
     }
 
     #[test]
-    fn in_a_fleet_batch_takes_no_seat_of_its_part_while_the_replica_is_full_as_last_heard() {
+    fn in_a_fleet_before_interactive_batch_takes_no_seat_of_its_part_while_the_replica_is_full_as_last_heard() {
         let pool = two(8, true);
         let (ra, rb) = (pool.replicas[0].clone(), pool.replicas[1].clone());
         // This instance's part: 4 of each replica's 8. The others hold 6 on
@@ -589,6 +589,12 @@ mod tests {
         ra.set_fleet_share(Some((4, 0)));
         assert!(pool.pick(Some(&rb), Room::Leave(0), Tier::Batch, None).is_ok());
         drop(batch);
+        // First come, first served (no unheld seats for batch): its part, as before.
+        let fcfs = two(8, false);
+        fcfs.replicas[0].set_fleet_share(Some((4, 6)));
+        fcfs.replicas[1].set_fleet_share(Some((4, 2)));
+        let batch: Vec<ReplicaSlot> = std::iter::from_fn(|| fcfs.pick(None, Room::Leave(0), Tier::Batch, None).ok()).take(10).collect();
+        assert_eq!(batch.len(), 8);
     }
 
     #[test]

@@ -268,8 +268,11 @@ impl Replica {
     /// an interactive request should not wait while a seat on the replica
     /// stands free because it was another instance's part. A batch request
     /// leaves the batch cut free (this instance's part of it in a fleet);
-    /// with `unheld` it may take such a seat too, less the whole cut.
-    pub(super) fn try_take(&self, over: usize, tier: Tier, unheld: bool) -> bool {
+    /// with `unheld` it may take such a seat too, less the whole cut. With
+    /// `while_free` (an engine that runs interactive requests first, where
+    /// batch takes unheld seats) a batch request in a fleet takes a seat
+    /// only while the replica has one free as last heard.
+    pub(super) fn try_take(&self, over: usize, tier: Tier, unheld: bool, while_free: bool) -> bool {
         let mut cur = self.seats.inflight.load(Ordering::SeqCst);
         let mut max = self.slots().saturating_add(over);
         let (slots, limit) = (self.slots(), self.max_inflight());
@@ -290,7 +293,7 @@ impl Replica {
                 // have one free as last heard, or the engine runs past its
                 // limit and chat waits inside it (fleet.md rule 9). Not for a
                 // request that must go here (`over`: a stored response's).
-                if over == 0 && self.seats.in_fleet() {
+                if while_free && over == 0 && self.seats.in_fleet() {
                     max = max.min(unheld_seats());
                 }
             }
