@@ -106,6 +106,7 @@ impl Pool {
     /// the pool's.
     pub(crate) fn slot_on(&self, replica: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot> {
         let ours = self.replicas.iter().any(|r| Arc::ptr_eq(r, replica));
+        // Not held to a free seat (`while_free`): it cannot go elsewhere.
         (ours && replica.is_healthy() && replica.try_take(usize::MAX / 2, tier, true, false)).then(|| ReplicaSlot::new(replica, tier))
     }
 
@@ -155,7 +156,7 @@ impl Pool {
                 let block = key.map_or(0, |k| k.block);
                 ranked.retain(|x| x.matched + block >= most);
             }
-            match self.take_ranked(ranked, (over, unheld), reserved, tier, key) {
+            match self.take_ranked(ranked, (over, unheld, while_free), reserved, tier, key) {
                 Ok(slot) => return Ok(slot),
                 Err(Missed::Held) => return Err(PickError::Held),
                 Err(Missed::Full) => {}
@@ -247,12 +248,11 @@ impl Pool {
     fn take_ranked(
         &self,
         mut ranked: Vec<Ranked<'_>>,
-        (over, unheld): (usize, bool),
+        (over, unheld, while_free): (usize, bool, bool),
         reserved: usize,
         tier: Tier,
         key: Option<&RouteKey>,
     ) -> Result<ReplicaSlot, Missed> {
-        let while_free = self.config.upstream_priority;
         let fastest = ranked.iter().map(|x| x.itl).filter(|m| !m.is_zero()).min();
         let (mut any_slow, mut fast_slots, mut fast_batch) = (false, 0, 0);
         for x in &mut ranked {

@@ -291,9 +291,8 @@ impl Replica {
                 // the replica: while another holds seats past its own part
                 // (unheld ones it took), batch here waits for the replica to
                 // have one free as last heard, or the engine runs past its
-                // limit and chat waits inside it (fleet.md rule 9). Not for a
-                // request that must go here (`over`: a stored response's).
-                if while_free && over == 0 && self.seats.in_fleet() {
+                // limit and chat waits inside it (fleet.md rule 9).
+                if while_free && self.seats.in_fleet() {
                     max = max.min(unheld_seats());
                 }
             }
