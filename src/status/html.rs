@@ -387,7 +387,11 @@ fn replicas_table(s: &Status) -> String {
                 r.inflight,
                 r.prefilling,
                 {
-                    let limit = if r.limit_learned { format!("{} (learned)", r.max_inflight) } else { r.max_inflight.to_string() };
+                    let limit = match (r.limit_learned, r.engine_slots) {
+                        (true, Some(n)) => format!("{} (learned, within the engine's {n})", r.max_inflight),
+                        (true, None) => format!("{} (learned)", r.max_inflight),
+                        (false, _) => r.max_inflight.to_string(),
+                    };
                     match r.fleet_slots {
                         Some(n) => format!("{n} of {limit}"),
                         None => limit,

@@ -202,6 +202,10 @@ pub(crate) struct ReplicaStatus {
     /// Its slots: learned (`max_inflight_per_replica: auto`) or fixed.
     pub(crate) max_inflight: usize,
     pub(crate) limit_learned: bool,
+    /// The requests the engine says it runs at once (llama.cpp's server's
+    /// `total_slots`), where it says: a learned limit stays within them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) engine_slots: Option<usize>,
     /// In a fleet: the slots this instance may hold (its part of the limit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) fleet_slots: Option<usize>,
@@ -326,6 +330,7 @@ fn pool_status(p: &crate::upstream::Pool, cfg: &Config) -> PoolStatus {
                 prefilling: r.prefilling(Tier::Interactive) + r.prefilling(Tier::Batch),
                 max_inflight: r.max_inflight(),
                 limit_learned: p.learns_limits(),
+                engine_slots: r.declared_slots(),
                 fleet_slots: cfg.fleet.enabled().then(|| r.slots()),
                 estimated_hit_ratio: r.hit_ratios().0,
                 reported_hit_ratio: r.hit_ratios().1,

@@ -79,6 +79,8 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
     // What this loop last decided (its traffic may have taken it out since).
     let mut set = false;
     let mut tick = 0u64;
+    // Whether `/props` was asked since llama.cpp's metric names were seen.
+    let mut asked_seen = false;
     loop {
         tokio::select! {
             _ = interval.tick() => {}
@@ -109,6 +111,13 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
         } else {
             streak_bad += 1;
             streak_ok = 0;
+        }
+        // Before the first verdict routes requests here, so the first of
+        // them already find the limit within the engine's slots.
+        let seen = replica.readings.llamacpp.load(std::sync::atomic::Ordering::Relaxed);
+        if ok && (!known || tick % 15 == 0 || (seen && !asked_seen)) {
+            asked_seen |= seen;
+            read_slots(&pool, &replica, h.timeout.get()).await;
         }
         // The first check decides at once; after that the thresholds apply.
         let now = if !known {
@@ -189,6 +198,34 @@ fn store_models(replica: &Replica, body: &[u8]) {
     }
 }
 
+/// Where the engine says how many requests it runs at once (llama.cpp's
+/// server, named so or seen by its metric names in an `auto` pool): its
+/// `/props` `total_slots` (`--parallel`), read at the first check and
+/// every 15th after (a restarted server may have other slots), and once
+/// more at the next check after its metric names are first seen. A
+/// replica that does not answer it is left as it was.
+async fn read_slots(pool: &Pool, replica: &Arc<Replica>, timeout: Duration) {
+    let seen = replica.readings.llamacpp.load(std::sync::atomic::Ordering::Relaxed);
+    let asks = match pool.config.engine {
+        Engine::Llamacpp => true,
+        Engine::Auto => seen,
+        _ => false,
+    };
+    if !asks {
+        return;
+    }
+    let Ok((status, body)) = get(replica, "/props", timeout).await else { return };
+    if let Some(n) = status.is_success().then(|| total_slots(&body)).flatten() {
+        replica.declare_slots(n, pool.learns_limits(), &pool.config.name);
+    }
+}
+
+/// `total_slots` of a llama.cpp server's `/props` answer, when it is a count.
+fn total_slots(body: &[u8]) -> Option<usize> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v.get("total_slots")?.as_u64().filter(|&n| n > 0).and_then(|n| usize::try_from(n).ok())
+}
+
 /// llama.cpp's server's queue names: it waits only while every slot is busy.
 const LLAMACPP: (&str, &str) = ("llamacpp:requests_deferred", "llamacpp:requests_processing");
 
@@ -233,6 +270,9 @@ async fn scrape_load(replica: &Arc<Replica>, engine: Engine, timeout: Duration) 
         replica.readings.scraped_waiting.store(w as u64, std::sync::atomic::Ordering::Relaxed);
     }
     replica.set_scraped_total(load.waiting.zip(load.running).map(|(w, r)| w + r));
+    if load.waits_only_when_full {
+        replica.readings.llamacpp.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     load
 }
 
@@ -416,5 +456,15 @@ mod tests {
         });
         let (status, body) = get(&replica(&url), "/health", Duration::from_secs(5)).await.expect("an answer");
         assert_eq!((status.as_u16(), &body[..]), (503, &b"busy"[..]));
+    }
+
+    #[test]
+    fn llama_cpps_props_give_its_slots_and_nothing_else_does() {
+        assert_eq!(total_slots(br#"{"total_slots":8,"model_alias":"m","endpoint_slots":true}"#), Some(8));
+        for body in
+            [&br#"{"total_slots":0}"#[..], br#"{"total_slots":-1}"#, br#"{"total_slots":"8"}"#, br#"{"detail":"Not Found"}"#, b"not json"]
+        {
+            assert_eq!(total_slots(body), None, "{}", String::from_utf8_lossy(body));
+        }
     }
 }

@@ -196,6 +196,9 @@ pub(crate) struct Controller {
     demand_doublings: u32,
     /// Samples since the last with an interactive first token.
     since_interactive: u32,
+    /// The requests the engine says it runs at once (llama.cpp's server's
+    /// `total_slots`), when it says: the limit's bound, below `params.max`.
+    declared: Option<usize>,
 }
 
 /// A ceiling's window (30 s at 250 ms): one seen is remembered this long at
@@ -232,7 +235,22 @@ impl Controller {
             slow_start: true,
             demand_doublings: 0,
             since_interactive: CEILING_SAMPLES,
+            declared: None,
         }
+    }
+
+    /// The most the limit may be: `params.max`, or the slots the engine
+    /// declares where fewer (never below `params.min`).
+    fn max(&self) -> usize {
+        self.declared.map_or(self.params.max, |d| d.min(self.params.max)).max(self.params.min)
+    }
+
+    /// The engine declared how many requests it runs at once (`None`: it
+    /// did not say): the limit, and what slow start offers, stay within
+    /// them (docs/design/learned-limits.md, rule 16).
+    pub(crate) fn declare(&mut self, slots: Option<usize>) {
+        self.declared = slots.filter(|&n| n > 0);
+        self.limit = self.limit.clamp(self.params.min as f64, self.max() as f64);
     }
 
     /// How far above the ceiling the limit goes now (see [`Probe`]).
@@ -249,7 +267,7 @@ impl Controller {
     /// at the next period, at most [`DEMAND_DOUBLINGS`] times between two
     /// periods (the next one judges what the burst did). True if it grew.
     pub(crate) fn grow_on_demand(&mut self) -> bool {
-        let max = self.params.max as f64;
+        let max = self.max() as f64;
         if !self.slow_start || self.waiting > 0.0 || self.demand_doublings >= DEMAND_DOUBLINGS || self.limit >= max {
             return false;
         }
@@ -262,7 +280,7 @@ impl Controller {
     /// [`SLOW_START`] times it (within the bounds).
     pub(crate) fn allowed(&self) -> usize {
         let n = if self.slow_start { (self.limit * SLOW_START).floor() as usize } else { self.limit() };
-        n.clamp(self.params.min, self.params.max)
+        n.clamp(self.params.min, self.max())
     }
 
     /// Still in slow start?
@@ -304,7 +322,7 @@ impl Controller {
     }
 
     pub(crate) fn limit(&self) -> usize {
-        (self.limit.floor() as usize).clamp(self.params.min, self.params.max)
+        (self.limit.floor() as usize).clamp(self.params.min, self.max())
     }
 
     /// The most the replica ran for us lately while anything waited.
@@ -317,7 +335,7 @@ impl Controller {
 
     pub(crate) fn set_params(&mut self, params: LimitParams) {
         self.params = params;
-        self.limit = self.limit.clamp(params.min as f64, params.max as f64);
+        self.limit = self.limit.clamp(params.min as f64, self.max() as f64);
     }
 
     /// Take one period's sample; the limit after it: read the sample,
@@ -330,7 +348,7 @@ impl Controller {
         let batch_makes_room = self.move_batch_cut(&p, &s);
         let verdict = self.classify(&p, &s, batch_makes_room);
         self.act(verdict, &p, &s);
-        self.limit = self.limit.clamp(self.params.min as f64, self.params.max as f64);
+        self.limit = self.limit.clamp(self.params.min as f64, self.max() as f64);
         self.limit()
     }
 

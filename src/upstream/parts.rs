@@ -150,6 +150,12 @@ pub(crate) struct Readings {
     pub(crate) models: ArcSwap<Vec<serde_json::Value>>,
     /// The load scrape's rest while nothing is sent here, poked by each dispatch.
     pub(super) scrape: crate::sync::Rest,
+    /// Its `/metrics` has llama.cpp's server's names (an `engine: auto`
+    /// pool learns so from its load scrape).
+    pub(super) llamacpp: AtomicBool,
+    /// The requests it says it runs at once (llama.cpp's server's
+    /// `/props` `total_slots`); 0 while it has not said.
+    pub(super) declared_slots: AtomicUsize,
 }
 
 impl Readings {

@@ -97,6 +97,8 @@ impl Replica {
                 cache_tokens: AtomicU64::new(0),
                 models: ArcSwap::from_pointee(Vec::new()),
                 scrape: crate::sync::Rest::default(),
+                llamacpp: AtomicBool::new(false),
+                declared_slots: AtomicUsize::new(0),
             },
             conn: Connection { idle: conn::IdleConns::default(), tls, api_key },
             learning: LimitSignals {
@@ -441,6 +443,33 @@ impl Replica {
         };
         self.set_max_inflight(allowed);
         true
+    }
+
+    /// The requests the engine says it runs at once (`None`: not said).
+    pub(crate) fn declared_slots(&self) -> Option<usize> {
+        Some(self.readings.declared_slots.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
+    /// The engine said how many requests it runs at once (llama.cpp's
+    /// server's `total_slots`): kept for the status page and, where the
+    /// pool `learns` its limits, the learned limit stays within them from
+    /// now on, this one included (docs/design/learned-limits.md, rule 16).
+    pub(crate) fn declare_slots(&self, slots: usize, learns: bool, pool: &str) {
+        let was = self.readings.declared_slots.swap(slots, Ordering::Relaxed);
+        // Kept by the controller whatever the limit now, so a reload to a
+        // learned limit starts within them.
+        let allowed = {
+            let mut c = self.learning.controller();
+            c.declare(Some(slots));
+            c.allowed()
+        };
+        if !learns {
+            return;
+        }
+        self.set_max_inflight(allowed);
+        if was != slots {
+            tracing::info!(pool, replica = %self.label(), slots, limit = allowed, "the replica declares how many requests it runs at once: its learned limit stays within them");
+        }
     }
 
     /// One period of the learned limit: the replica's load as scraped, and

@@ -96,3 +96,135 @@ async fn a_fixed_limit_is_exported_as_it_is() {
     assert_eq!(v["pools"][0]["replicas"][0]["max_inflight"], 3);
     assert_eq!(v["pools"][0]["replicas"][0]["limit_learned"], false);
 }
+
+/// A stand-in for llama.cpp's server (`llama-server --parallel 3 --metrics`):
+/// its `/health`, `/props` (`total_slots`, unless `declares` is false: an
+/// older server), `/metrics` under its names, `/v1/models`, and a short
+/// completion for any POST. Counts the `/props` requests.
+struct LlamaServer {
+    addr: std::net::SocketAddr,
+    props: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LlamaServer {
+    async fn start(declares: bool) -> LlamaServer {
+        use http_body_util::Full;
+        use hyper::body::Bytes;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let props = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = props.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (status, body) = match (req.method().as_str(), req.uri().path()) {
+                            ("GET", "/health") => (200, r#"{"status":"ok"}"#.to_string()),
+                            ("GET", "/props") => {
+                                counted.fetch_add(1, Ordering::SeqCst);
+                                if declares {
+                                    (200, r#"{"total_slots":3,"model_alias":"m1","endpoint_slots":true}"#.to_string())
+                                } else {
+                                    (404, r#"{"error":{"code":404,"message":"File Not Found"}}"#.to_string())
+                                }
+                            }
+                            ("GET", "/metrics") => (200, "llamacpp:requests_processing 0\nllamacpp:requests_deferred 0\n".to_string()),
+                            ("GET", "/v1/models") => (200, r#"{"object":"list","data":[{"id":"m1","object":"model"}]}"#.to_string()),
+                            ("POST", _) => (
+                                200,
+                                r#"{"id":"c1","object":"text_completion","created":1,"model":"m1","choices":[{"index":0,"text":"hi","finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#.to_string(),
+                            ),
+                            _ => (404, String::new()),
+                        };
+                        async move {
+                            let resp = hyper::Response::builder()
+                                .status(status)
+                                .header("content-type", "application/json")
+                                .header("content-length", body.len())
+                                .body(Full::new(Bytes::from(body)))
+                                .expect("response");
+                            Ok::<_, std::convert::Infallible>(resp)
+                        }
+                    });
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+                });
+            }
+        });
+        LlamaServer { addr, props, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn props_asked(&self) -> usize {
+        self.props.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn llama_gateway(url: &str, engine: &str) -> String {
+    gateway_config(&[url.to_string()])
+        .pool("max_inflight_per_replica: auto")
+        .pool("scrape_metrics: 100ms")
+        .pool("learned_limit: { initial: 16, min: 1, max: 64 }")
+        .pool(&format!("engine: {engine}"))
+        .yaml()
+}
+
+/// llama.cpp's server says how many requests it runs at once (`/props`
+/// `total_slots`): the learned limit is within them from the first
+/// request, where slow start would have offered 32, and the status page
+/// says so.
+#[tokio::test]
+async fn a_limit_learned_in_front_of_llama_cpp_stays_within_the_slots_it_declares() {
+    let server = LlamaServer::start(true).await;
+    let gw = start_gateway(&llama_gateway(&server.url(), "llamacpp")).await;
+    // Ready means a first health check passed, and /props is read before it.
+    assert_eq!(limit(&metrics_text(&gw).await), 3.0, "the limit starts within the engine's 3 slots, not at slow start's 32");
+    let (_, slo) = get(gw.admin_addr, "/slo.json").await;
+    let v: serde_json::Value = serde_json::from_str(&slo).expect("json");
+    assert_eq!(v["pools"][0]["replicas"][0]["engine_slots"], 3, "{slo}");
+    // Traffic (the controller's periods) does not take it past them.
+    for _ in 0..20 {
+        let (s, _, _) = post(gw.data(), "/v1/completions", r#"{"model":"m1","prompt":"hi","max_tokens":1}"#, &[]).await;
+        assert_eq!(s, 200);
+    }
+    assert!(limit(&metrics_text(&gw).await) <= 3.0);
+}
+
+/// In an `engine: auto` pool the load scrape finds llama.cpp's metric
+/// names, and the next check reads its slots; a vLLM pool never asks, and
+/// a server that does not answer `/props` leaves the limit as it was.
+#[tokio::test]
+async fn an_auto_pool_reads_the_slots_once_it_sees_llama_cpp_and_others_are_not_asked() {
+    let server = LlamaServer::start(true).await;
+    let gw = start_gateway(&llama_gateway(&server.url(), "auto")).await;
+    let (s, _, _) = post(gw.data(), "/v1/completions", r#"{"model":"m1","prompt":"hi","max_tokens":1}"#, &[]).await;
+    assert_eq!(s, 200);
+    wait_until("the limit within the 3 slots llama.cpp declares", || async { limit(&metrics_text(&gw).await) == 3.0 }).await;
+
+    let vllm = LlamaServer::start(true).await;
+    let gw = start_gateway(&llama_gateway(&vllm.url(), "vllm")).await;
+    let (s, _, _) = post(gw.data(), "/v1/completions", r#"{"model":"m1","prompt":"hi","max_tokens":1}"#, &[]).await;
+    assert_eq!(s, 200);
+    // Its first check (before ready) and the load scrapes the request woke.
+    wait_until("a load scrape after the request", || async { metrics_text(&gw).await.contains("slogate_replica_limit") }).await;
+    assert_eq!(vllm.props_asked(), 0, "a vLLM pool does not ask for llama.cpp's /props");
+    assert_eq!(limit(&metrics_text(&gw).await), 32.0, "slow start's offer, no slots declared");
+
+    let old = LlamaServer::start(false).await;
+    let gw = start_gateway(&llama_gateway(&old.url(), "llamacpp")).await;
+    assert!(old.props_asked() >= 1);
+    assert_eq!(limit(&metrics_text(&gw).await), 32.0, "no slots said: slow start's offer");
+    let (_, slo) = get(gw.admin_addr, "/slo.json").await;
+    assert!(!slo.contains("engine_slots"), "{slo}");
+}

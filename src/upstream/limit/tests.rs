@@ -456,3 +456,28 @@ fn below_the_cap_it_is_not_forgotten_and_past_a_forgotten_one_it_grows_one_at_a_
     assert_eq!(grown[first], 9, "a seat at a time: {grown:?}");
     assert!(grown.iter().all(|&l| l <= 13), "{grown:?}");
 }
+
+#[test]
+fn slots_the_engine_declares_bound_slow_start_growth_and_a_burst() {
+    // 16 to start (slow start offers 32) on an engine that declares 8.
+    let mut c = Controller::new(LimitParams { initial: 16, ..params() });
+    assert_eq!(c.allowed(), 32);
+    c.declare(Some(8));
+    assert_eq!((c.limit(), c.allowed()), (8, 8), "within the 8 slots at once");
+    assert!(!c.grow_on_demand() || c.allowed() <= 8);
+    let limits = run(&mut c, &mut replica(8), 80);
+    assert!(limits.iter().all(|&l| l <= 8), "{limits:?}");
+    assert_eq!(limits.last(), Some(&8), "and at them while the load fills them: {limits:?}");
+    // More slots (a restarted server): the limit may grow to them, not past.
+    c.declare(Some(12));
+    let limits = run(&mut c, &mut replica(12), 200);
+    assert!(limits.iter().all(|&l| l <= 12), "{limits:?}");
+    assert_eq!(limits.last(), Some(&12), "{limits:?}");
+    // A floor the operator set stays the floor; zero slots are no word.
+    let mut c = Controller::new(LimitParams { initial: 16, min: 4, ..params() });
+    c.declare(Some(2));
+    assert_eq!(c.allowed(), 4);
+    let mut c = Controller::new(LimitParams { initial: 16, ..params() });
+    c.declare(Some(0));
+    assert_eq!(c.allowed(), 32);
+}
