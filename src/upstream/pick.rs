@@ -107,7 +107,8 @@ impl Pool {
     pub(crate) fn slot_on(&self, replica: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot> {
         let ours = self.replicas.iter().any(|r| Arc::ptr_eq(r, replica));
         // Not held to a free seat (`while_free`): it cannot go elsewhere.
-        (ours && replica.is_healthy() && replica.try_take(usize::MAX / 2, tier, true, false)).then(|| ReplicaSlot::new(replica, tier))
+        (ours && replica.is_healthy() && replica.try_take(usize::MAX / 2, tier, true, false, false))
+            .then(|| ReplicaSlot::new(replica, tier))
     }
 
     /// [`Pool::pick`] for a queued request that may let a slot go to
@@ -132,6 +133,7 @@ impl Pool {
         };
         let unheld = matches!(room, Room::Unheld(_));
         let while_free = self.config.upstream_priority;
+        let others_wait = self.others_wait();
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
         let mut any_healthy = false;
@@ -144,7 +146,7 @@ impl Pool {
         if self.config.balance == Balance::RoundRobin {
             for i in candidates {
                 let r = &self.replicas[i];
-                if r.try_take(over, tier, unheld, while_free) {
+                if r.try_take(over, tier, unheld, while_free, others_wait) {
                     return Ok(ReplicaSlot::new(r, tier));
                 }
             }
@@ -156,7 +158,7 @@ impl Pool {
                 let block = key.map_or(0, |k| k.block);
                 ranked.retain(|x| x.matched + block >= most);
             }
-            match self.take_ranked(ranked, (over, unheld, while_free), reserved, tier, key) {
+            match self.take_ranked(ranked, (over, unheld, while_free, others_wait), reserved, tier, key) {
                 Ok(slot) => return Ok(slot),
                 Err(Missed::Held) => return Err(PickError::Held),
                 Err(Missed::Full) => {}
@@ -248,7 +250,7 @@ impl Pool {
     fn take_ranked(
         &self,
         mut ranked: Vec<Ranked<'_>>,
-        (over, unheld, while_free): (usize, bool, bool),
+        (over, unheld, while_free, others_wait): (usize, bool, bool, bool),
         reserved: usize,
         tier: Tier,
         key: Option<&RouteKey>,
@@ -289,12 +291,12 @@ impl Pool {
                 continue;
             }
             if let Some(best) = full_best.filter(|b| tier == Tier::Interactive && b.saves_over(x)) {
-                if best.r.try_take(over + best.r.slots().div_ceil(CACHED_OVER_DIV), tier, unheld, while_free) {
+                if best.r.try_take(over + best.r.slots().div_ceil(CACHED_OVER_DIV), tier, unheld, while_free, others_wait) {
                     return Ok(self.seat(best, tier, key));
                 }
                 full_best = None;
             }
-            if x.r.try_take(over, tier, unheld, while_free) {
+            if x.r.try_take(over, tier, unheld, while_free, others_wait) {
                 return Ok(self.seat(x, tier, key));
             }
             if n == 0 {

@@ -105,6 +105,11 @@ impl Pool {
         self.others_waiting.store(n, Ordering::Relaxed);
     }
 
+    /// The fleet's other instances have requests waiting for this pool, as last heard.
+    pub(super) fn others_wait(&self) -> bool {
+        self.others_waiting.load(Ordering::Relaxed) > 0
+    }
+
     /// Requests waiting for this pool's replicas in the whole fleet.
     pub(crate) fn fleet_waiting(&self) -> usize {
         self.waiting() + self.others_waiting.load(Ordering::Relaxed)
@@ -612,6 +617,19 @@ mod tests {
         let _i2 = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("the other free seat");
         assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "2 + 5 + 1 = 8: full");
         assert_eq!((ra.inflight(), rb.inflight()), (3, 3));
+        // The others have requests waiting, which fill their parts at once:
+        // on an engine that serves first come, first served, no seat past
+        // this instance's part; where it runs interactive requests first, as before.
+        drop((_i1, _i2));
+        pool.set_others_waiting(3);
+        assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "parts only");
+        let prio = two(8, true);
+        prio.set_others_waiting(3);
+        for r in &prio.replicas {
+            r.set_fleet_share(Some((2, 5)));
+        }
+        let _mine: Vec<ReplicaSlot> = (0..4).map(|_| prio.pick(None, Room::Over(0), Tier::Batch, None).expect("within the part")).collect();
+        assert!(prio.pick(None, Room::Over(0), Tier::Interactive, None).is_ok(), "the engine orders its queue: an unheld seat");
     }
 
     #[test]

@@ -273,14 +273,23 @@ impl Replica {
     /// with `unheld` it may take such a seat too, less the whole cut. With
     /// `while_free` (an engine that runs interactive requests first, where
     /// batch takes unheld seats) a batch request in a fleet takes a seat
-    /// only while the replica has one free as last heard.
-    pub(super) fn try_take(&self, over: usize, tier: Tier, unheld: bool, while_free: bool) -> bool {
+    /// only while the replica has one free as last heard. Without it (an
+    /// engine that serves first come, first served), an interactive
+    /// request takes no unheld seat while `others_wait`: the fleet's other
+    /// instances have requests waiting, which fill their parts at once.
+    pub(super) fn try_take(&self, over: usize, tier: Tier, unheld: bool, while_free: bool, others_wait: bool) -> bool {
         let mut cur = self.seats.inflight.load(Ordering::SeqCst);
         let mut max = self.slots().saturating_add(over);
         let (slots, limit) = (self.slots(), self.max_inflight());
         let unheld_seats = || limit.saturating_sub(self.seats.others_inflight.load(Ordering::Relaxed));
         match tier {
-            Tier::Interactive => max = max.max(unheld_seats()),
+            // Another instance's part it does not fill is free only while
+            // that instance has nothing waiting to fill it with: on an engine
+            // that serves first come, first served, a seat taken twice is a
+            // request in the engine's own queue, where chat waits behind
+            // batch (fleet.md rule 9).
+            Tier::Interactive if while_free || !others_wait => max = max.max(unheld_seats()),
+            Tier::Interactive => {}
             Tier::Batch => {
                 let cut = self.seats.batch_cut.load(Ordering::Relaxed);
                 if cut > 0 && limit > 0 {
