@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::prefix::{home, RouteKey};
-use super::replica::SLOW_GAPS;
+use super::replica::{Reach, SLOW_GAPS};
 use super::{PickError, Pool, Replica, ReplicaSlot, Room};
 use crate::config::{Balance, Tier};
 
@@ -106,9 +106,11 @@ impl Pool {
     /// the pool's.
     pub(crate) fn slot_on(&self, replica: &Arc<Replica>, tier: Tier) -> Option<ReplicaSlot> {
         let ours = self.replicas.iter().any(|r| Arc::ptr_eq(r, replica));
-        // Not held to a free seat (`while_free`): it cannot go elsewhere.
-        (ours && replica.is_healthy() && replica.try_take(usize::MAX / 2, tier, true, false, false))
-            .then(|| ReplicaSlot::new(replica, tier))
+        // Held to no free seat (`must`): it cannot go elsewhere.
+        (ours
+            && replica.is_healthy()
+            && replica.try_take(tier, Reach { over: usize::MAX / 2, unheld: true, must: true, ..Reach::default() }))
+        .then(|| ReplicaSlot::new(replica, tier))
     }
 
     /// [`Pool::pick`] for a queued request that may let a slot go to
@@ -132,8 +134,7 @@ impl Pool {
             Room::Leave(reserved) | Room::Unheld(reserved) => (0, reserved),
         };
         let unheld = matches!(room, Room::Unheld(_));
-        let while_free = self.config.upstream_priority;
-        let others_wait = self.others_wait();
+        let reach = Reach { over, unheld, prioritised: self.config.upstream_priority, others_wait: self.others_wait(), must: false };
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
         let mut any_healthy = false;
@@ -146,7 +147,7 @@ impl Pool {
         if self.config.balance == Balance::RoundRobin {
             for i in candidates {
                 let r = &self.replicas[i];
-                if r.try_take(over, tier, unheld, while_free, others_wait) {
+                if r.try_take(tier, reach) {
                     return Ok(ReplicaSlot::new(r, tier));
                 }
             }
@@ -158,7 +159,7 @@ impl Pool {
                 let block = key.map_or(0, |k| k.block);
                 ranked.retain(|x| x.matched + block >= most);
             }
-            match self.take_ranked(ranked, (over, unheld, while_free, others_wait), reserved, tier, key) {
+            match self.take_ranked(ranked, reach, reserved, tier, key) {
                 Ok(slot) => return Ok(slot),
                 Err(Missed::Held) => return Err(PickError::Held),
                 Err(Missed::Full) => {}
@@ -250,7 +251,7 @@ impl Pool {
     fn take_ranked(
         &self,
         mut ranked: Vec<Ranked<'_>>,
-        (over, unheld, while_free, others_wait): (usize, bool, bool, bool),
+        reach: Reach,
         reserved: usize,
         tier: Tier,
         key: Option<&RouteKey>,
@@ -291,12 +292,12 @@ impl Pool {
                 continue;
             }
             if let Some(best) = full_best.filter(|b| tier == Tier::Interactive && b.saves_over(x)) {
-                if best.r.try_take(over + best.r.slots().div_ceil(CACHED_OVER_DIV), tier, unheld, while_free, others_wait) {
+                if best.r.try_take(tier, Reach { over: reach.over + best.r.slots().div_ceil(CACHED_OVER_DIV), ..reach }) {
                     return Ok(self.seat(best, tier, key));
                 }
                 full_best = None;
             }
-            if x.r.try_take(over, tier, unheld, while_free, others_wait) {
+            if x.r.try_take(tier, reach) {
                 return Ok(self.seat(x, tier, key));
             }
             if n == 0 {

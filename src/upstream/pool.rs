@@ -594,12 +594,22 @@ mod tests {
         ra.set_fleet_share(Some((4, 0)));
         assert!(pool.pick(Some(&rb), Room::Leave(0), Tier::Batch, None).is_ok());
         drop(batch);
-        // First come, first served (no unheld seats for batch): its part, as before.
+        // First come, first served: the same for batch, and interactive too
+        // takes no seat of its part while the replica is full as last heard
+        // (the engine would queue it behind what it runs, first come first served).
         let fcfs = two(8, false);
-        fcfs.replicas[0].set_fleet_share(Some((4, 6)));
-        fcfs.replicas[1].set_fleet_share(Some((4, 2)));
+        let (fa, fb) = (fcfs.replicas[0].clone(), fcfs.replicas[1].clone());
+        fa.set_fleet_share(Some((4, 6)));
+        fb.set_fleet_share(Some((4, 2)));
         let batch: Vec<ReplicaSlot> = std::iter::from_fn(|| fcfs.pick(None, Room::Leave(0), Tier::Batch, None).ok()).take(10).collect();
-        assert_eq!(batch.len(), 8);
+        assert_eq!((fa.inflight(), fb.inflight()), (2, 4), "as above");
+        assert!(fcfs.pick(Some(&fb), Room::Over(0), Tier::Interactive, None).is_err(), "the first replica is full as last heard");
+        drop(batch);
+        let chat: Vec<ReplicaSlot> =
+            std::iter::from_fn(|| fcfs.pick(Some(&fb), Room::Over(0), Tier::Interactive, None).ok()).take(10).collect();
+        assert_eq!((chat.len(), fa.inflight()), (2, 2), "2 free of its part of 4");
+        // A request that must go there still does.
+        assert!(fcfs.slot_on(&fa, Tier::Interactive).is_some());
     }
 
     #[test]

@@ -263,23 +263,23 @@ impl Replica {
         g.batch_cut.set(self.seats.batch_cut.load(Ordering::Relaxed) as i64);
     }
 
-    /// Take a slot for a request of `tier` if one is free (`over`: that
-    /// many above the slot count). An interactive request may also take a
-    /// seat of the replica's limit that no instance of the fleet holds,
-    /// beyond this instance's part: parts follow demand a period late, and
-    /// an interactive request should not wait while a seat on the replica
-    /// stands free because it was another instance's part. A batch request
-    /// leaves the batch cut free (this instance's part of it in a fleet);
-    /// with `unheld` it may take such a seat too, less the whole cut. With
-    /// `while_free` (an engine that runs interactive requests first, where
-    /// batch takes unheld seats) a batch request in a fleet takes a seat
-    /// only while the replica has one free as last heard. Without it (an
-    /// engine that serves first come, first served), an interactive
-    /// request takes no unheld seat while `others_wait`: the fleet's other
-    /// instances have requests waiting, which fill their parts at once.
-    pub(super) fn try_take(&self, over: usize, tier: Tier, unheld: bool, while_free: bool, others_wait: bool) -> bool {
+    /// Take a slot for a request of `tier` if one is free (`reach.over`:
+    /// that many above the slot count). An interactive request may also
+    /// take a seat of the replica's limit that no instance of the fleet
+    /// holds, beyond this instance's part: parts follow demand a period
+    /// late, and an interactive request should not wait while a seat on the
+    /// replica stands free because it was another instance's part; on an
+    /// engine that serves first come, first served, only while the other
+    /// instances have nothing waiting, which would fill their parts at
+    /// once. A batch request leaves the batch cut free (this instance's part
+    /// of it in a fleet); with `reach.unheld` it may take such a seat too,
+    /// less the whole cut. In a fleet, a request takes a seat only while the
+    /// replica has one free as last heard, batch always, interactive on an
+    /// engine that serves first come, first served (fleet.md rule 9);
+    /// `reach.must` (a request that can go nowhere else) is exempt.
+    pub(super) fn try_take(&self, tier: Tier, reach: Reach) -> bool {
         let mut cur = self.seats.inflight.load(Ordering::SeqCst);
-        let mut max = self.slots().saturating_add(over);
+        let mut max = self.slots().saturating_add(reach.over);
         let (slots, limit) = (self.slots(), self.max_inflight());
         let unheld_seats = || limit.saturating_sub(self.seats.others_inflight.load(Ordering::Relaxed));
         match tier {
@@ -288,25 +288,28 @@ impl Replica {
             // that serves first come, first served, a seat taken twice is a
             // request in the engine's own queue, where chat waits behind
             // batch (fleet.md rule 9).
-            Tier::Interactive if while_free || !others_wait => max = max.max(unheld_seats()),
+            Tier::Interactive if reach.prioritised || !reach.others_wait => max = max.max(unheld_seats()),
             Tier::Interactive => {}
             Tier::Batch => {
                 let cut = self.seats.batch_cut.load(Ordering::Relaxed);
                 if cut > 0 && limit > 0 {
                     max = max.min(slots.saturating_sub((cut * slots).div_ceil(limit)));
                 }
-                if unheld {
+                if reach.unheld {
                     max = max.max(unheld_seats().saturating_sub(cut));
                 }
-                // A part is what this instance may hold, not a seat free on
-                // the replica: while another holds seats past its own part
-                // (unheld ones it took), batch here waits for the replica to
-                // have one free as last heard, or the engine runs past its
-                // limit and chat waits inside it (fleet.md rule 9).
-                if while_free && self.seats.in_fleet() {
-                    max = max.min(unheld_seats());
-                }
             }
+        }
+        // A part is what this instance may hold, not a seat free on the
+        // replica: while another holds seats past its own part (unheld ones
+        // it took, or a part that shrank under its streams), a request here
+        // waits for the replica to have one free as last heard, or the
+        // engine runs past its limit and the request waits inside it, chat
+        // too (fleet.md rule 9). Interactive is exempt where the engine runs
+        // it first.
+        let held_to_free = !reach.must && (tier == Tier::Batch || !reach.prioritised);
+        if held_to_free && self.seats.in_fleet() {
+            max = max.min(unheld_seats());
         }
         loop {
             if cur >= max {
@@ -536,6 +539,22 @@ impl Replica {
     pub(super) fn load_score(&self) -> u64 {
         self.inflight() as u64 + self.readings.scraped_waiting.load(Ordering::Relaxed)
     }
+}
+
+/// How far a request may reach for a seat on a replica (see [`Replica::try_take`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Reach {
+    /// Seats above the replica's slot count (this instance's part in a fleet).
+    pub(super) over: usize,
+    /// Batch may take seats no instance of the fleet holds (fleet.md rule 9).
+    pub(super) unheld: bool,
+    /// The engine runs interactive requests first (`upstream_priority`).
+    pub(super) prioritised: bool,
+    /// The fleet's other instances have requests waiting for the pool, as last heard.
+    pub(super) others_wait: bool,
+    /// The request can go to no other replica (a stored response's
+    /// follow-up): it is held to no free seat.
+    pub(super) must: bool,
 }
 
 /// What a replica said of its load (its `/metrics`); `None` where it did not say.
