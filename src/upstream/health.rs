@@ -117,7 +117,7 @@ async fn replica_loop(pool: Arc<Pool>, replica: Arc<Replica>, mut stop: watch::R
         let seen = replica.readings.llamacpp.load(std::sync::atomic::Ordering::Relaxed);
         if ok && (!known || tick % 15 == 0 || (seen && !asked_seen)) {
             asked_seen |= seen;
-            read_slots(&pool, &replica, h.timeout.get()).await;
+            read_slots(&pool, &replica, seen, h.timeout.get()).await;
         }
         // The first check decides at once; after that the thresholds apply.
         let now = if !known {
@@ -203,9 +203,9 @@ fn store_models(replica: &Replica, body: &[u8]) {
 /// `/props` `total_slots` (`--parallel`), read at the first check and
 /// every 15th after (a restarted server may have other slots), and once
 /// more at the next check after its metric names are first seen. A
-/// replica that does not answer it is left as it was.
-async fn read_slots(pool: &Pool, replica: &Arc<Replica>, timeout: Duration) {
-    let seen = replica.readings.llamacpp.load(std::sync::atomic::Ordering::Relaxed);
+/// replica that does not answer it is left as it was. `seen`: its metric
+/// names were llama.cpp's.
+async fn read_slots(pool: &Pool, replica: &Arc<Replica>, seen: bool, timeout: Duration) {
     let asks = match pool.config.engine {
         Engine::Llamacpp => true,
         Engine::Auto => seen,

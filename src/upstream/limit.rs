@@ -253,6 +253,11 @@ impl Controller {
         self.limit = self.limit.clamp(self.params.min as f64, self.max() as f64);
     }
 
+    /// The slots the engine declared, if it did.
+    pub(crate) fn declared(&self) -> Option<usize> {
+        self.declared
+    }
+
     /// How far above the ceiling the limit goes now (see [`Probe`]).
     fn probe(&self) -> f64 {
         match self.params.probe {

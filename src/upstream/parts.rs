@@ -153,9 +153,6 @@ pub(crate) struct Readings {
     /// Its `/metrics` has llama.cpp's server's names (an `engine: auto`
     /// pool learns so from its load scrape).
     pub(super) llamacpp: AtomicBool,
-    /// The requests it says it runs at once (llama.cpp's server's
-    /// `/props` `total_slots`); 0 while it has not said.
-    pub(super) declared_slots: AtomicUsize,
 }
 
 impl Readings {

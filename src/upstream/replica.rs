@@ -98,7 +98,6 @@ impl Replica {
                 models: ArcSwap::from_pointee(Vec::new()),
                 scrape: crate::sync::Rest::default(),
                 llamacpp: AtomicBool::new(false),
-                declared_slots: AtomicUsize::new(0),
             },
             conn: Connection { idle: conn::IdleConns::default(), tls, api_key },
             learning: LimitSignals {
@@ -457,29 +456,29 @@ impl Replica {
         true
     }
 
-    /// The requests the engine says it runs at once (`None`: not said).
+    /// The requests the engine says it runs at once (`None`: not said), as
+    /// its learned limit keeps them.
     pub(crate) fn declared_slots(&self) -> Option<usize> {
-        Some(self.readings.declared_slots.load(Ordering::Relaxed)).filter(|&n| n > 0)
+        self.learning.controller().declared()
     }
 
     /// The engine said how many requests it runs at once (llama.cpp's
-    /// server's `total_slots`): kept for the status page and, where the
-    /// pool `learns` its limits, the learned limit stays within them from
+    /// server's `total_slots`): the controller keeps them whatever the
+    /// limit now (a reload to a learned limit starts within them) and,
+    /// where the pool `learns` its limits, the limit stays within them from
     /// now on, this one included (docs/design/learned-limits.md, rule 16).
     pub(crate) fn declare_slots(&self, slots: usize, learns: bool, pool: &str) {
-        let was = self.readings.declared_slots.swap(slots, Ordering::Relaxed);
-        // Kept by the controller whatever the limit now, so a reload to a
-        // learned limit starts within them.
-        let allowed = {
+        let (was, allowed) = {
             let mut c = self.learning.controller();
+            let was = c.declared();
             c.declare(Some(slots));
-            c.allowed()
+            (was, c.allowed())
         };
         if !learns {
             return;
         }
         self.set_max_inflight(allowed);
-        if was != slots {
+        if was != Some(slots) {
             tracing::info!(pool, replica = %self.label(), slots, limit = allowed, "the replica declares how many requests it runs at once: its learned limit stays within them");
         }
     }
