@@ -72,7 +72,10 @@ async fn inter_token_gaps_are_measured_as_delivered() {
     let m = metrics_text(&gw).await;
     assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_count", &[("class", "batch")]), Some(3.0));
     let sum = metric(&m, "slogate_inter_token_latency_seconds_sum", &[("class", "batch")]).unwrap_or(0.0);
-    assert!((0.36..1.2).contains(&sum), "three gaps of >= 120 ms (not the whole stream's 480), got {sum}");
+    // The mock sleeps 120 ms between events; gaps are measured as they
+    // arrive, so a first event delivered a little late shortens the sum
+    // (358.4 ms seen under the full suite's load): 10 % below, not 0.
+    assert!((0.324..1.2).contains(&sum), "three gaps of about 120 ms (not the whole stream's 480), got {sum}");
     assert_eq!(metric(&m, "slogate_inter_token_latency_seconds_bucket", &[("class", "batch"), ("le", "0.1")]), Some(0.0));
     // TPOT = (e2e - ttft) / (4 - 1) >= 120 ms.
     let tpot = metric(&m, "slogate_time_per_output_token_seconds_sum", &[("class", "batch")]).unwrap_or(0.0);
