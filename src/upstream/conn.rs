@@ -1,34 +1,26 @@
-//! The data plane's connections to replicas: HTTP/1 client connections that
-//! are driven by the response body that uses them, kept per replica while
-//! idle.
+//! The data plane's connections to replicas: HTTP/1.1 connections of
+//! slogate's own ([`super::link`], [`super::wire`]), driven by the response
+//! body that uses them, kept per replica while idle. The rules:
+//! docs/design/replica-connections.md.
 //!
-//! hyper-util's pooled client spawns one task per connection. That task reads
-//! the replica's socket and hands each decoded chunk to the response body
-//! through a one-slot channel, so every SSE event costs two task polls and a
-//! wake-up between them, and events that arrived in one read still leave the
-//! gateway in one write each: the writing task never sees a second chunk
-//! before it flushes the first.
-//!
-//! Here [`UpstreamBody`] polls its connection itself, in the task that writes
-//! to the client. One poll reads the socket, decodes a chunk and hands it
+//! [`UpstreamBody`] polls its connection itself, in the task that writes to
+//! the client. One poll reads the socket, decodes a chunk and hands it
 //! over; when more events are already in the read buffer, hyper's server
-//! writes them in one `writev`, each still its own HTTP chunk (nothing waits,
-//! nothing is merged). When the body ends, the connection goes back to its
-//! replica's idle list; when the body is dropped early (the client went away,
-//! a timeout), the connection is dropped with it and the socket closes, so
-//! the replica stops generating. How one poll drives both the connection
-//! and the body it feeds: [`super::link`].
+//! writes them in one `writev`, each still its own HTTP chunk (nothing
+//! waits, nothing is merged). When the body ends, the connection goes back
+//! to its replica's idle list; when the body is dropped early (the client
+//! went away, a timeout), the connection is dropped with it and the socket
+//! closes, so the replica stops generating.
 //!
-//! An idle connection is not polled. It is checked when taken: a replica that
-//! closed it (vLLM closes idle keep-alive connections after a few seconds)
-//! has left an end-of-file that a poll sees at once. If the request still
-//! could not be sent on it, it is sent again on a new connection. A request
+//! An idle connection is not polled. It is checked when taken: a replica
+//! that closed it (vLLM closes idle keep-alive connections after a few
+//! seconds) has left an end-of-file that a read sees at once. A request
 //! written on it that the replica then closed unanswered (its close crossed
 //! the request on the wire) is reported as [`SendError::IdleClosed`], and
 //! [`super::send_with_retry`] sends it again on a new connection.
 
 use std::collections::VecDeque;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -39,22 +31,18 @@ use tokio::time::Instant;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::Builder;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::link::{poll_through, Link, Stream};
+use super::link::{Link, ReadSize, Stream};
 use super::payload::SendBody;
 use super::tls::ReplicaTls;
+use super::wire::WireError;
 use super::Replica;
 
 /// An idle connection unused for this long is closed when next seen.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Idle connections kept per replica; more are closed.
 const MAX_IDLE: usize = 1024;
-/// Stale idle connections tried before a new one is opened.
-const STALE_TRIES: usize = 3;
 
 struct Idle {
     link: Box<Link>,
@@ -69,9 +57,9 @@ pub(crate) enum Reads {
     /// holds its connection for minutes; a larger buffer would stay that
     /// large for every open stream.
     Events,
-    /// hyper's adaptive buffer (8 KiB, doubling while reads fill it): a
-    /// whole answer (an embeddings list, a completion) arrives in one or
-    /// two reads instead of one per 4 KiB.
+    /// An adaptive buffer (8 KiB, doubling while reads fill it): a whole
+    /// answer (an embeddings list, a completion) arrives in one or two
+    /// reads instead of one per 4 KiB.
     Whole,
 }
 
@@ -118,7 +106,7 @@ impl IdleConns {
         for list in [&self.events, &self.whole] {
             let Ok(mut list) = list.lock() else { continue };
             let mut cx = Context::from_waker(Waker::noop());
-            list.retain_mut(|i| i.since.elapsed() <= IDLE_TIMEOUT && i.link.drive(&mut cx) && i.link.tx.is_ready());
+            list.retain_mut(|i| i.since.elapsed() <= IDLE_TIMEOUT && i.link.alive(&mut cx));
         }
     }
 
@@ -142,7 +130,7 @@ impl IdleConns {
             // A connection the replica closed finishes on this poll (it reads
             // the end of file); the waker is replaced on the next real poll.
             let mut cx = Context::from_waker(Waker::noop());
-            if !idle.link.drive(&mut cx) || !idle.link.tx.is_ready() {
+            if !idle.link.alive(&mut cx) {
                 continue;
             }
             return Some(idle.link);
@@ -159,18 +147,12 @@ pub(crate) enum SendError {
     Connect { addr: String, error: std::io::Error },
     #[error("connect to {addr}: no connection within {after:?}")]
     ConnectTimeout { addr: String, after: Duration },
-    /// The HTTP handshake on a new connection failed, or the request could
-    /// not be written: the replica never saw it.
-    #[error("{0}")]
-    NotSent(hyper::Error),
-    /// The request was written (the replica may be generating) and then the
+    /// The request went out (the replica may be generating) and then the
     /// exchange failed.
     #[error("{0}")]
-    Http(#[from] hyper::Error),
+    Http(#[from] WireError),
     #[error("TLS with {addr}: {error}")]
     Tls { addr: String, error: std::io::Error },
-    #[error("the replica closed the connection before answering")]
-    Closed,
     /// The request went out on a kept-alive connection that the replica
     /// then closed with nothing answered: it timed the idle connection out
     /// as the request was on its way (uvicorn, which serves vLLM, and
@@ -198,32 +180,31 @@ pub(crate) fn send<'a>(
         req.headers_mut().insert(http::header::AUTHORIZATION, key.clone());
     }
     async move {
-        let mut tries = 0;
-        loop {
-            let (link, reused) = match (!fresh && tries < STALE_TRIES).then(|| replica.conn.idle.take(reads)).flatten() {
-                Some(link) => (link, true),
-                // Boxed: a new connection's state (the TLS handshake's among
-                // it) would otherwise sit in every request's future.
-                None => (Box::pin(connect(&replica.address.base, replica.conn.tls(), connect_timeout, reads)).await?, false),
-            };
-            tries += 1;
-            match exchange(link, req).await {
-                Ok((resp, link)) => {
-                    let (parts, incoming) = resp.into_parts();
-                    let body = UpstreamBody { source: Source::Replica(incoming), link, home: Some((replica.clone(), reads)) };
-                    return Ok(Response::from_parts(parts, body));
-                }
-                // Never written: safe to send again, on another connection.
-                Err(Failed::NotSent(error, back)) if reused => {
-                    tracing::debug!(replica = %replica.url, %error, "idle connection was closed; sending on another");
-                    req = *back;
-                }
-                Err(Failed::NotSent(error, _)) => return Err(SendError::NotSent(error)),
-                Err(Failed::Sent(e)) if reused && e.closed_unanswered() => return Err(SendError::IdleClosed(Box::new(e))),
-                Err(Failed::Sent(e)) => return Err(e),
-            }
+        let (mut link, reused) = match (!fresh).then(|| replica.conn.idle.take(reads)).flatten() {
+            Some(link) => (link, true),
+            // Boxed: a new connection's state (the TLS handshake's among
+            // it) would otherwise sit in every request's future.
+            None => (Box::pin(connect(&replica.address.base, replica.conn.tls(), connect_timeout, reads)).await?, false),
+        };
+        link.start(req);
+        match poll_fn(|cx| link.poll_head(cx)).await {
+            Ok(head) => Ok(answer(head, link, Some((replica.clone(), reads)))),
+            Err(e) if reused && e.closed() => Err(SendError::IdleClosed(Box::new(SendError::Http(e)))),
+            Err(e) => Err(SendError::Http(e)),
         }
     }
+}
+
+/// The answer whose head came on `link`, its body read from it.
+fn answer(head: Response<()>, link: Box<Link>, home: Option<(Arc<Replica>, Reads)>) -> Response<UpstreamBody> {
+    let (parts, ()) = head.into_parts();
+    let mut body = UpstreamBody { source: Source::Replica(Some(link)), home };
+    // An answer without a body is whole already: its connection goes back
+    // now, not when (or if) something polls the empty body.
+    if body.is_end_stream() {
+        body.release();
+    }
+    Response::from_parts(parts, body)
 }
 
 impl SendError {
@@ -238,95 +219,16 @@ impl SendError {
         matches!(self, SendError::Connect { .. } | SendError::ConnectTimeout { .. })
     }
 
-    /// The connection ended (closed, or reset) before any of the answer:
-    /// not an answer the replica got wrong.
-    fn closed_unanswered(&self) -> bool {
-        match self {
-            SendError::Closed => true,
-            SendError::Http(e) => {
-                e.is_incomplete_message()
-                    || e.is_closed()
-                    || io_kind(e).is_some_and(|k| {
-                        matches!(
-                            k,
-                            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionAborted
-                        )
-                    })
-            }
-            _ => false,
-        }
-    }
-
     /// What a client may be told: the failure without the replica's address
     /// or certificate names (those go to the log).
     pub(crate) fn public_message(&self) -> String {
         match self {
             SendError::Connect { error, .. } => format!("could not connect: {}", error.kind()),
             SendError::ConnectTimeout { after, .. } => format!("no connection within {after:?}"),
-            SendError::NotSent(e) | SendError::Http(e) => e.to_string(),
+            SendError::Http(e) => e.to_string(),
             SendError::Tls { .. } => "the TLS handshake failed".into(),
-            SendError::Closed => self.to_string(),
             SendError::IdleClosed(e) => e.public_message(),
         }
-    }
-}
-
-/// The kind of the I/O error under a hyper error, if one is.
-fn io_kind(e: &hyper::Error) -> Option<std::io::ErrorKind> {
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            return Some(io.kind());
-        }
-        source = s.source();
-    }
-    None
-}
-
-enum Failed {
-    NotSent(hyper::Error, Box<Request<SendBody>>),
-    Sent(SendError),
-}
-
-/// Send on one connection, driving it until the response headers arrive;
-/// the connection comes back with them unless it has ended.
-fn exchange(mut link: Box<Link>, req: Request<SendBody>) -> Exchange<impl Future<Output = Answer>> {
-    Exchange { answer: link.tx.try_send_request(req), link: Some(link) }
-}
-
-type Answer = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<SendBody>>>;
-
-pin_project_lite::pin_project! {
-    /// [`exchange`]'s future: hyper's answer, with the connection that
-    /// brings it. A future of its own rather than an `async` block, which
-    /// would keep hyper's future twice in its state (as given, and as
-    /// pinned in its body), and this state is moved with each request.
-    struct Exchange<F> {
-        #[pin]
-        answer: F,
-        link: Option<Box<Link>>,
-    }
-}
-
-impl<F: Future<Output = Answer>> Future for Exchange<F> {
-    type Output = Result<(Response<Incoming>, Option<Box<Link>>), Failed>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let mut answer = this.answer;
-        let result = match poll_through(this.link, cx, |cx| answer.as_mut().poll(cx)) {
-            Poll::Ready(r) => r,
-            // The connection ended and left the request unanswered.
-            Poll::Pending if this.link.is_none() => return Poll::Ready(Err(Failed::Sent(SendError::Closed))),
-            Poll::Pending => return Poll::Pending,
-        };
-        Poll::Ready(match result {
-            Ok(resp) => Ok((resp, this.link.take())),
-            Err(mut e) => match e.take_message() {
-                Some(req) => Err(Failed::NotSent(e.into_error(), Box::new(req))),
-                None => Err(Failed::Sent(SendError::Http(e.into_error()))),
-            },
-        })
     }
 }
 
@@ -352,22 +254,21 @@ async fn connect(base: &http::Uri, tls: Option<&ReplicaTls>, timeout: Duration, 
         Ok(s) => s?,
         Err(_) => return Err(SendError::ConnectTimeout { addr: addr(), after: timeout }),
     };
-    let mut builder = Builder::new();
-    if reads == Reads::Events {
-        builder.read_buf_exact_size(Some(EVENTS_READ_BUF));
-    }
-    let (tx, conn) = builder.handshake(TokioIo::new(stream)).await.map_err(SendError::NotSent)?;
-    Ok(Link::new(tx, conn))
+    let size = match reads {
+        Reads::Events => ReadSize::Exact(EVENTS_READ_BUF),
+        Reads::Whole => ReadSize::Adaptive(WHOLE_READ_BUF),
+    };
+    Ok(Link::new(stream, size))
 }
 
 /// The read buffer of a connection that carries streams.
 const EVENTS_READ_BUF: usize = 4096;
+/// The first read buffer of a connection that reads whole answers.
+const WHOLE_READ_BUF: usize = 8192;
 
 /// A replica's response body, carrying the connection it arrives on.
 pub(crate) struct UpstreamBody {
     source: Source,
-    /// `None` once the connection has ended.
-    link: Option<Box<Link>>,
     /// The replica whose idle list the connection goes back to, and which
     /// of its lists (none for a one-off request).
     home: Option<(Arc<Replica>, Reads)>,
@@ -375,8 +276,9 @@ pub(crate) struct UpstreamBody {
 
 /// Where a response body comes from.
 enum Source {
-    /// A connection of slogate's to the replica.
-    Replica(Incoming),
+    /// A connection of slogate's to the replica; `None` once the body has
+    /// ended (its connection gone back to the idle list) or failed.
+    Replica(Option<Box<Link>>),
     /// The proxy in front (slogate as Envoy's endpoint picker) relays it,
     /// chunk by chunk (the sender dropped at its end).
     Relayed(tokio::sync::mpsc::UnboundedReceiver<Bytes>),
@@ -385,13 +287,16 @@ enum Source {
 impl UpstreamBody {
     /// An answer another proxy relays (slogate as its endpoint picker).
     pub(crate) fn relayed(chunks: tokio::sync::mpsc::UnboundedReceiver<Bytes>) -> Self {
-        UpstreamBody { source: Source::Relayed(chunks), link: None, home: None }
+        UpstreamBody { source: Source::Relayed(chunks), home: None }
     }
 
-    /// The body ended: the connection can serve the next request.
+    /// The body ended: the connection can serve the next request, if the
+    /// answer lets it.
     fn release(&mut self) {
-        if let (Some(link), Some((home, reads))) = (self.link.take(), &self.home) {
-            if !link.tx.is_closed() {
+        let Source::Replica(link) = &mut self.source else { return };
+        if let (Some(mut link), Some((home, reads))) = (link.take(), &self.home) {
+            if link.reusable() {
+                link.rest();
                 home.conn.idle.put(*reads, link);
             }
         }
@@ -404,44 +309,43 @@ impl Body for UpstreamBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, SendError>>> {
         let this = self.get_mut();
-        let incoming = match &mut this.source {
-            Source::Replica(incoming) => incoming,
+        let link = match &mut this.source {
+            Source::Replica(Some(link)) => link,
+            Source::Replica(None) => return Poll::Ready(None),
             Source::Relayed(r) => return r.poll_recv(cx).map(|c| c.map(|b| Ok(Frame::data(b)))),
         };
-        // Read and decode first, so a chunk the connection just decoded is
-        // handed over in this same poll.
-        match poll_through(&mut this.link, cx, |cx| Pin::new(&mut *incoming).poll_frame(cx)) {
+        match link.poll_data(cx) {
+            Poll::Ready(Some(Ok(data))) => {
+                // A body of known length is not polled past its last byte.
+                if link.body_ended() {
+                    this.release();
+                }
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
             Poll::Ready(None) => {
                 this.release();
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {
-                this.link = None;
+                this.source = Source::Replica(None);
                 Poll::Ready(Some(Err(SendError::Http(e))))
             }
-            Poll::Ready(Some(Ok(frame))) => {
-                // A body of known length may not be polled past its last byte.
-                if incoming.is_end_stream() {
-                    this.release();
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            // The connection is gone and the body has nothing more: it was cut.
-            Poll::Pending if this.link.is_none() => Poll::Ready(Some(Err(SendError::Closed))),
             Poll::Pending => Poll::Pending,
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.source {
-            Source::Replica(incoming) => incoming.is_end_stream(),
+            Source::Replica(Some(link)) => link.body_ended(),
+            Source::Replica(None) => true,
             Source::Relayed(_) => false,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.source {
-            Source::Replica(incoming) => incoming.size_hint(),
+            Source::Replica(Some(link)) => link.size_hint(),
+            Source::Replica(None) => SizeHint::with_exact(0),
             Source::Relayed(_) => SizeHint::default(),
         }
     }
@@ -507,15 +411,10 @@ pub(crate) async fn get_once(
         req.headers_mut().insert(http::header::AUTHORIZATION, v.clone());
     }
     read_whole(path, timeout, async {
-        let link = connect(base, None, timeout, Reads::Whole).await?;
-        match exchange(link, req).await {
-            Ok((resp, link)) => {
-                let (parts, incoming) = resp.into_parts();
-                Ok(Response::from_parts(parts, UpstreamBody { source: Source::Replica(incoming), link, home: None }))
-            }
-            Err(Failed::NotSent(e, _)) => Err(SendError::NotSent(e)),
-            Err(Failed::Sent(e)) => Err(e),
-        }
+        let mut link = connect(base, None, timeout, Reads::Whole).await?;
+        link.start(req);
+        let head = poll_fn(|cx| link.poll_head(cx)).await?;
+        Ok(answer(head, link, None))
     })
     .await
 }

@@ -1,193 +1,317 @@
-//! One connection to a replica, driven by the task that uses it: the
-//! request waiting for its answer's head, then the response body.
+//! One connection to a replica and the exchange on it: the request written,
+//! the answer's head read, then its body, all driven by the task that uses
+//! the answer (the task that writes to the client). What the bytes mean is
+//! [`super::wire`]'s; the rules: docs/design/replica-connections.md.
 //!
-//! hyper's client connection hands what it decodes to the answer (the head's
-//! one-shot channel, then the body's one-slot channel), and the two ends wake
-//! each other: decoding a chunk wakes the body, taking it wakes the
-//! connection. Here one task polls both ends, one after the other, in the
-//! same poll, so those wakes can only tell it what it is about to see: each
-//! would schedule the task once more, to find nothing new. That was a second
-//! poll of the whole response path (the client's connection, the body, the
-//! replica's connection) for every streamed event, and often a wake-up of a
-//! second worker thread to run it.
-//!
-//! [`Link::drive_then`] polls both ends under a waker that knows when its
-//! task is inside that poll. A wake then is noted, not passed on: when the
-//! poll is about to return `Pending` it looks again itself (twice at most,
-//! then the wake goes to the task: a yield asked for); when it returns
-//! a frame, its caller polls again before it waits (what the wake was for is
-//! kept where it happened: a socket's readiness, a channel's item). A wake
-//! at any other time (the replica's socket became readable) goes to the task
-//! at once, as any wake does.
-//!
-//! A link whose poll returned `Pending` stays quiet until one of those wakes:
-//! polled again before it (hyper's server polls a body twice more after
-//! each frame it writes), it answers `Pending` at once, since everything it
-//! waits on was asked to wake it and none has. That was two passes per
-//! streamed event through the replica's connection and the body's channel
-//! that could find nothing.
+//! Nothing is handed between tasks or through channels: a poll of the
+//! answer's body reads the socket, decodes what it read and returns it, so
+//! the socket's readiness wakes the one task that writes the event on, and
+//! an event already in the read buffer goes out in the same poll. A
+//! connection holds its socket, its read buffer (sized by [`ReadSize`],
+//! taken back when it empties) and, while a request goes out, what is left
+//! of it: nothing else lives as long as an open stream.
 
-use std::future::Future;
+use std::io::IoSlice;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{ready, Context, Poll};
 
-use futures_util::task::AtomicWaker;
-use hyper::client::conn::http1::{Connection, SendRequest};
-use hyper_util::rt::TokioIo;
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Method, Request, Response};
+use http_body::{Body, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::payload::SendBody;
+use super::wire::{self, Decoded, Framing, WireError};
 
-type Conn = Connection<TokioIo<Stream>, SendBody>;
+/// How a connection's read buffer is sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReadSize {
+    /// This many bytes at a time, for a connection that carries streams:
+    /// a stream's head and events are small, and it holds its connection
+    /// for minutes.
+    Exact(usize),
+    /// Starting here and doubling while reads fill it (to
+    /// [`MAX_ADAPTIVE`]): a whole answer arrives in a few reads.
+    Adaptive(usize),
+}
 
-/// A connection: hyper's sending half and the connection it drives,
-/// boxed once when it is opened, so that handing it from the idle list to a
-/// request, through the response and back moves a pointer rather than
-/// hyper's state (about 700 bytes, copied at every hand-over).
+/// The most an adaptive read buffer grows to.
+const MAX_ADAPTIVE: usize = 256 * 1024;
+
+/// Where a connection is in its exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// No request on it: it may take one.
+    Idle,
+    /// A request went out (or is going out); its answer's head is awaited.
+    Head,
+    /// The answer's body, delimited so.
+    Body(Framing),
+    /// The answer was read whole.
+    Done,
+    /// It failed, or cannot carry another request: it is closed once dropped.
+    Broken,
+}
+
+/// What is left of a request on its way out.
+struct Out {
+    head: Bytes,
+    body: SendBody,
+    /// The body's bytes now being written.
+    chunk: Bytes,
+    /// The body has ended: what is written is flushed, and it is sent.
+    ended: bool,
+}
+
+/// A connection to a replica, boxed once when it is opened, so that
+/// handing it from the idle list to a request, through its answer and back
+/// moves a pointer.
 pub(super) struct Link {
-    pub(super) tx: SendRequest<SendBody>,
-    conn: Conn,
-    in_poll: Arc<InPoll>,
-    /// `in_poll` as a waker, made once.
-    waker: Waker,
+    io: Stream,
+    buf: BytesMut,
+    size: ReadSize,
+    state: State,
+    /// The request's method, which says whether its answer has a body.
+    method: Method,
+    out: Option<Out>,
+    /// The answer lets the connection carry another request.
+    keep_alive: bool,
 }
 
 impl Link {
-    pub(super) fn new(tx: SendRequest<SendBody>, conn: Conn) -> Box<Link> {
-        let in_poll = Arc::new(InPoll { state: AtomicU8::new(IDLE), task: AtomicWaker::new() });
-        let waker = Waker::from(in_poll.clone());
-        Box::new(Link { tx, conn, in_poll, waker })
+    pub(super) fn new(io: Stream, size: ReadSize) -> Box<Link> {
+        Box::new(Link { io, buf: BytesMut::new(), size, state: State::Idle, method: Method::GET, out: None, keep_alive: true })
     }
 
-    /// Drive the connection alone (read, decode, write what is queued):
-    /// false once it has ended (closed, or failed), when it is not used
-    /// again. For the idle list's checks, with a waker that does nothing.
-    pub(super) fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        // Whoever takes it next looks at it first: it is not quiet for them.
-        self.in_poll.state.store(IDLE, Ordering::Release);
-        Pin::new(&mut self.conn).poll(cx).is_pending()
-    }
-
-    /// Drive the connection, then poll `take` (what the connection feeds:
-    /// the answer's head, or its body), in this one poll of `cx`'s task (see
-    /// the module docs): whether the connection is still open, and what
-    /// `take` gave.
-    pub(super) fn drive_then<T>(&mut self, cx: &mut Context<'_>, mut take: impl FnMut(&mut Context<'_>) -> Poll<T>) -> (bool, Poll<T>) {
-        self.in_poll.task.register(cx.waker());
-        // Nothing woke the link since it last returned `Pending`: it would
-        // again (every source it waits on was asked to wake it). hyper's
-        // server polls a body again after each frame it writes, twice,
-        // and this answers those polls without going through the replica's
-        // connection and the body's channel.
-        // (A wake after this look finds the link quiet, makes it idle and
-        // wakes the task, whose next poll looks.)
-        if self.in_poll.state.load(Ordering::Acquire) == QUIET {
-            return (true, Poll::Pending);
+    /// Whether an idle connection is still open: a replica that closed it
+    /// has left an end of file that one read sees at once (the waker is
+    /// replaced at the next real poll). Anything else read there (bytes
+    /// nobody asked for) makes it unusable too.
+    pub(super) fn alive(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.state != State::Idle || !self.buf.is_empty() {
+            return false;
         }
-        self.in_poll.state.store(POLLING, Ordering::Release);
-        let mut inner = Context::from_waker(&self.waker);
-        for _ in 0..LOOKS {
-            let open = Pin::new(&mut self.conn).poll(&mut inner).is_pending();
-            let got = take(&mut inner);
-            if got.is_ready() || !open {
-                // The caller polls again before it waits (or the connection
-                // is gone): a wake noted now has nothing left to tell.
-                self.in_poll.state.store(IDLE, Ordering::Release);
-                return (open, got);
-            }
-            if self.in_poll.leave() {
-                return (open, got);
-            }
-            // Woken while polling: something changed after it was looked at.
-        }
-        // Woken at every look: something asks the task to yield (hyper's
-        // connection hands the thread back after a run of work by waking
-        // its task at once). The task is woken, as any wake does, and polls
-        // again after the others.
-        self.in_poll.state.store(IDLE, Ordering::Release);
-        cx.waker().wake_by_ref();
-        (true, Poll::Pending)
-    }
-}
-
-/// [`Link::drive_then`] on a connection that may have ended (`None`), which
-/// is dropped when it ends; with none, `take` alone is polled.
-pub(super) fn poll_through<T>(
-    link: &mut Option<Box<Link>>,
-    cx: &mut Context<'_>,
-    mut take: impl FnMut(&mut Context<'_>) -> Poll<T>,
-) -> Poll<T> {
-    let Some(l) = link.as_mut() else { return take(cx) };
-    let (open, got) = l.drive_then(cx, take);
-    if !open {
-        *link = None;
-    }
-    got
-}
-
-/// How many times one poll looks again after a wake during it before it
-/// leaves the wake to the task: the handing over of a chunk needs one.
-const LOOKS: usize = 3;
-
-/// Not being polled (and the last poll gave something, or it was woken since).
-const IDLE: u8 = 0;
-const POLLING: u8 = 1;
-/// Polling, and woken since the poll began.
-const WOKEN: u8 = 2;
-/// Not being polled, and not woken since its last poll returned `Pending`.
-const QUIET: u8 = 3;
-
-/// A link's waker: notes a wake while its task polls the link, passes one on
-/// to the task otherwise.
-struct InPoll {
-    state: AtomicU8,
-    /// The task that polled the link last.
-    task: AtomicWaker,
-}
-
-impl InPoll {
-    /// End a poll that returns `Pending`: false when a wake came during it
-    /// (the poll goes on, looking again). Left quiet: until a wake, polling
-    /// again would find nothing.
-    fn leave(&self) -> bool {
-        match self.state.compare_exchange(POLLING, QUIET, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => true,
-            Err(_) => {
-                self.state.store(POLLING, Ordering::Release);
+        let mut probe = [0u8; 1];
+        match Pin::new(&mut self.io).poll_read(cx, &mut ReadBuf::new(&mut probe)) {
+            Poll::Pending => true,
+            Poll::Ready(_) => {
+                self.state = State::Broken;
                 false
             }
         }
     }
-}
 
-impl Wake for InPoll {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
+    /// The answer was read whole and the connection may take another request.
+    pub(super) fn reusable(&self) -> bool {
+        matches!(self.state, State::Done | State::Idle) && self.keep_alive && self.out.is_none() && self.buf.is_empty()
     }
 
-    fn wake_by_ref(self: &Arc<Self>) {
-        // Polling: noted (the poll looks again). Already noted: nothing.
-        // Not polling: the task is woken (and a quiet link is no longer).
-        // Retried when the state moved under it, so that a wake always
-        // lands in one of the two.
-        let mut now = self.state.load(Ordering::Acquire);
-        loop {
-            let to = match now {
-                POLLING => WOKEN,
-                QUIET => IDLE,
-                WOKEN => return,
-                _ => break,
-            };
-            match self.state.compare_exchange(now, to, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) if to == WOKEN => return,
-                Ok(_) => break,
-                Err(moved) => now = moved,
+    /// Made ready for its next request (kept idle): its read buffer is
+    /// freed until then.
+    pub(super) fn rest(&mut self) {
+        self.state = State::Idle;
+        self.buf = BytesMut::new();
+    }
+
+    /// Begin sending `req` (its URI in origin form, `Host` set): written as
+    /// the exchange is polled.
+    pub(super) fn start(&mut self, req: Request<SendBody>) {
+        let hint = req.body().size_hint();
+        let head = wire::encode_head(&req, hint.exact().unwrap_or_else(|| hint.lower()));
+        let (parts, body) = req.into_parts();
+        self.method = parts.method;
+        // Bytes in memory go out with the head; an upload as it comes.
+        let (chunk, body) = match body {
+            SendBody::Bytes(b) => (b.unwrap_or_default(), SendBody::Bytes(None)),
+            upload => (Bytes::new(), upload),
+        };
+        self.out = Some(Out { head: head.into(), body, chunk, ended: false });
+        self.state = State::Head;
+        self.keep_alive = true;
+    }
+
+    /// Write what can be written of the request: ready once it is all
+    /// out (flushed), pending while the socket or the body's next bytes
+    /// are not ready.
+    fn send(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), WireError>> {
+        while let Some(out) = self.out.as_mut() {
+            if !out.head.is_empty() {
+                // The head and the body's first bytes in one write.
+                let bufs = [IoSlice::new(&out.head), IoSlice::new(&out.chunk)];
+                let n = ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &bufs)).map_err(WireError::Io)?;
+                if n == 0 {
+                    return Poll::Ready(Err(WireError::Io(std::io::ErrorKind::WriteZero.into())));
+                }
+                let from_head = n.min(out.head.len());
+                out.head.advance(from_head);
+                out.chunk.advance(n - from_head);
+            } else if !out.chunk.is_empty() {
+                let n = ready!(Pin::new(&mut self.io).poll_write(cx, &out.chunk)).map_err(WireError::Io)?;
+                if n == 0 {
+                    return Poll::Ready(Err(WireError::Io(std::io::ErrorKind::WriteZero.into())));
+                }
+                out.chunk.advance(n);
+            } else if out.ended {
+                ready!(Pin::new(&mut self.io).poll_flush(cx)).map_err(WireError::Io)?;
+                self.out = None;
+            } else {
+                match ready!(Pin::new(&mut out.body).poll_frame(cx)) {
+                    Some(Ok(frame)) => out.chunk = frame.into_data().unwrap_or_default(),
+                    Some(Err(e)) => return Poll::Ready(Err(WireError::Body(e.to_string()))),
+                    None => out.ended = true,
+                }
             }
         }
-        self.task.wake();
+        Poll::Ready(Ok(()))
+    }
+
+    /// Go on sending the request, as far as it can go now; a failure
+    /// leaves the connection broken.
+    fn send_some(&mut self, cx: &mut Context<'_>) -> Result<(), WireError> {
+        if self.out.is_none() {
+            return Ok(());
+        }
+        match self.send(cx) {
+            Poll::Ready(Err(e)) => {
+                self.state = State::Broken;
+                self.out = None;
+                Err(e)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Read more into the buffer: the bytes read, 0 at the end of file.
+    fn fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        let next = match self.size {
+            ReadSize::Exact(n) | ReadSize::Adaptive(n) => n,
+        };
+        // Taken back whole when what was read has all been handed on.
+        if self.buf.capacity() - self.buf.len() < next / 4 || self.buf.capacity() == 0 {
+            self.buf.reserve(next);
+        }
+        let room = self.buf.capacity() - self.buf.len();
+        let n = match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf) {
+            Poll::Ready(r) => r?,
+            Poll::Pending => {
+                // A stream waits for its next event (a second, for a slow
+                // generation) holding no read buffer when it has handed on
+                // all it read.
+                if self.buf.is_empty() && matches!(self.size, ReadSize::Exact(_)) {
+                    self.buf = BytesMut::new();
+                }
+                return Poll::Pending;
+            }
+        };
+        if let ReadSize::Adaptive(size) = &mut self.size {
+            if n == room && *size < MAX_ADAPTIVE {
+                *size *= 2;
+            }
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Drive the exchange until the answer's head has come.
+    pub(super) fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<()>, WireError>> {
+        let r = self.head(cx);
+        if let Poll::Ready(Err(_)) = r {
+            self.state = State::Broken;
+        }
+        r
+    }
+
+    fn head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<()>, WireError>> {
+        self.send_some(cx)?;
+        loop {
+            if let Some(head) = wire::parse_head(&mut self.buf, &self.method)? {
+                self.keep_alive = head.keep_alive;
+                self.state = head.framing.map_or(State::Done, State::Body);
+                return Poll::Ready(Ok(head.response));
+            }
+            let was_empty = self.buf.is_empty();
+            match ready!(self.fill(cx)) {
+                Ok(0) if was_empty => return Poll::Ready(Err(WireError::Closed)),
+                Ok(0) => return Poll::Ready(Err(WireError::Incomplete)),
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Err(WireError::Io(e))),
+            }
+        }
+    }
+
+    /// The answer's body's next bytes; `None` at its end. The request's
+    /// rest (an upload the replica answered before reading it all) goes
+    /// on out meanwhile.
+    pub(super) fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, WireError>>> {
+        let r = self.data(cx);
+        if let Poll::Ready(Some(Err(_))) = r {
+            self.state = State::Broken;
+        }
+        r
+    }
+
+    fn data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, WireError>>> {
+        if let Err(e) = self.send_some(cx) {
+            return Poll::Ready(Some(Err(e)));
+        }
+        loop {
+            let State::Body(framing) = &mut self.state else { return Poll::Ready(None) };
+            match wire::decode(&mut self.buf, framing) {
+                Ok(Decoded::Data(n)) => {
+                    if *framing == Framing::Length(0) {
+                        self.state = State::Done;
+                    }
+                    return Poll::Ready(Some(Ok(self.take(n))));
+                }
+                Ok(Decoded::End) => {
+                    self.state = State::Done;
+                    return Poll::Ready(None);
+                }
+                Ok(Decoded::More) => {}
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
+            let close_delimited = *framing == Framing::Close;
+            match ready!(self.fill(cx)) {
+                Ok(0) if close_delimited => {
+                    self.keep_alive = false;
+                    self.state = State::Done;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => return Poll::Ready(Some(Err(WireError::Incomplete))),
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Some(Err(WireError::Io(e)))),
+            }
+        }
+    }
+
+    /// The buffer's first `n` bytes, taken out. A stream's events are
+    /// copied (a few hundred bytes each), so that nothing handed on keeps
+    /// the read buffer alive and it can be freed while the stream waits
+    /// for its next event; a whole answer's bytes are handed on as they
+    /// lie in the buffer.
+    fn take(&mut self, n: usize) -> Bytes {
+        match self.size {
+            ReadSize::Exact(_) => {
+                let data = Bytes::copy_from_slice(&self.buf[..n]);
+                self.buf.advance(n);
+                data
+            }
+            ReadSize::Adaptive(_) => self.buf.split_to(n).freeze(),
+        }
+    }
+
+    /// The body has been read to its end (or has none).
+    pub(super) fn body_ended(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+
+    /// What is known of the body's length from here.
+    pub(super) fn size_hint(&self) -> SizeHint {
+        match self.state {
+            State::Done => SizeHint::with_exact(0),
+            State::Body(Framing::Length(n)) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
     }
 }
 
@@ -295,37 +419,5 @@ impl AsyncWrite for Stream {
             Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicUsize;
-
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    /// A wake while the task polls is noted (the poll looks again) and
-    /// reaches no one; a wake after the poll reaches the task.
-    #[test]
-    fn a_wake_during_a_poll_is_noted_and_one_after_it_reaches_the_task() {
-        let task = Arc::new(Count(AtomicUsize::new(0)));
-        let in_poll = Arc::new(InPoll { state: AtomicU8::new(IDLE), task: AtomicWaker::new() });
-        let waker = Waker::from(in_poll.clone());
-        in_poll.task.register(&Waker::from(task.clone()));
-        in_poll.state.store(POLLING, Ordering::Release);
-        waker.wake_by_ref();
-        waker.wake_by_ref();
-        assert_eq!(task.0.load(Ordering::SeqCst), 0, "woken while polling: noted, not passed on");
-        assert!(!in_poll.leave(), "woken during the poll: it looks again");
-        assert!(in_poll.leave(), "nothing since: it ends");
-        waker.wake_by_ref();
-        assert_eq!(task.0.load(Ordering::SeqCst), 1, "woken after the poll: the task is woken");
     }
 }

@@ -28,6 +28,7 @@ mod share;
 mod slot;
 pub(crate) mod tls;
 pub(crate) mod verdict;
+mod wire;
 
 pub(crate) use access::Access;
 pub(crate) use client_body::ClientBody;

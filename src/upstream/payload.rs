@@ -3,7 +3,7 @@
 //! read only as far as it routes on, the rest passed on as it comes).
 //!
 //! An upload can be sent once. A retry that finds it untouched (the
-//! connection failed before hyper read any of it) sends it whole; one that
+//! connection failed before any of it was read) sends it whole; one that
 //! finds part of it gone fails with [`UploadFailure::Resend`], as the
 //! caller's bytes are not kept. A form read whole before it could be routed
 //! is kept, in the frames it came in ([`Upload::in_memory`]), and every
@@ -28,9 +28,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone)]
 pub(crate) enum SendBody {
     Bytes(Option<Bytes>),
-    /// Boxed: the request travels by value through hyper's client (a dozen
-    /// moves from the send to the connection and back with the answer), and
-    /// with an upload's state inline every request would carry its size.
+    /// Boxed: the request travels by value (from its building through the
+    /// send to its connection), and with an upload's state inline every
+    /// request would carry its size.
     Upload(Box<Upload>),
 }
 

@@ -10,27 +10,25 @@ use bytes::{Bytes, BytesMut};
 /// `complete_end` of `data`, less those `cuts` remove (or with what they
 /// put instead); the rest of `data` is held.
 ///
-/// The events are copied into `out`, the stream's own buffer, and `data`
-/// is let go at once. Handed on as it is, `data` would keep the replica
-/// connection's read buffer shared until the client's socket took it, and
-/// hyper, reading on before that, would allocate a new buffer for every
-/// event (two allocations and two frees an event). Copied, the read
-/// buffer is reused, and `out` is too, once the client has what was
-/// handed out of it: about a hundred bytes copied instead.
+/// A read of whole events with nothing held or cut (most reads) is handed
+/// on as it came: the replica connection copied it out of its read buffer
+/// already, at its size, so handing it on keeps nothing else alive. The
+/// others are put together in a buffer of their own size: a stream keeps
+/// no buffer of its own between events.
 pub(super) fn splice_read(
     pending: &mut BytesMut,
     data: Bytes,
     cuts: Vec<(usize, usize, Option<Bytes>)>,
     complete_end: usize,
-    out: &mut BytesMut,
 ) -> Option<Bytes> {
-    /// What `out` holds at least when it must grow: room for several events.
-    const OUT_ROOM: usize = 2048;
     let p = pending.len();
-    let need = p + complete_end;
-    if out.capacity() < need {
-        out.reserve(need.max(OUT_ROOM));
+    if p == 0 && cuts.is_empty() {
+        pending.extend_from_slice(&data[complete_end..]);
+        return Some(data.slice(..complete_end)).filter(|b| !b.is_empty());
     }
+    let need = p + complete_end;
+    let put: usize = cuts.iter().filter_map(|c| c.2.as_ref().map(Bytes::len)).sum();
+    let mut out = BytesMut::with_capacity(need + put);
     // Offsets are in `pending ++ data`.
     let append = |buf: &mut BytesMut, a: usize, b: usize| {
         if a < p {
@@ -42,16 +40,16 @@ pub(super) fn splice_read(
     };
     let mut pos = 0;
     for (s, e, instead) in cuts {
-        append(out, pos, s);
+        append(&mut out, pos, s);
         if let Some(instead) = instead {
             out.extend_from_slice(&instead);
         }
         pos = e;
     }
-    append(out, pos, need);
-    pending.clear();
-    pending.extend_from_slice(&data[complete_end..]);
-    Some(out.split().freeze()).filter(|b| !b.is_empty())
+    append(&mut out, pos, need);
+    // What is held is small (part of one event): its buffer goes once empty.
+    *pending = BytesMut::from(&data[complete_end..]);
+    Some(out.freeze()).filter(|b| !b.is_empty())
 }
 
 /// The last events of a stream its key's limits ended: a `length` finish

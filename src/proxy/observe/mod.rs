@@ -79,8 +79,6 @@ enum Mode {
         /// events only, so an error event slogate adds (a timeout, an event
         /// too large) starts on an event boundary. At most `max_event`.
         pending: BytesMut,
-        /// Where the events handed to the client are copied (see [`splice_read`]).
-        out: BytesMut,
         saw_done: bool,
         saw_error: bool,
         finish_reason: Option<String>,
@@ -170,7 +168,6 @@ impl<B> ObservedBody<B> {
             memo: Memo::new(),
             strip_usage,
             pending: BytesMut::new(),
-            out: BytesMut::new(),
             saw_done: false,
             saw_error: false,
             finish_reason: None,
@@ -245,7 +242,7 @@ impl<B> ObservedBody<B> {
                 keep_json(chunks, size, &data);
                 Some(data)
             }
-            Mode::Sse { parser, memo, strip_usage, pending, out, saw_done, saw_error, finish_reason, broke, limited } => {
+            Mode::Sse { parser, memo, strip_usage, pending, saw_done, saw_error, finish_reason, broke, limited } => {
                 // Offsets below are in `pending ++ data`: events to cut, or
                 // to replace (a continuation's, rewritten).
                 let p = pending.len();
@@ -306,7 +303,7 @@ impl<B> ObservedBody<B> {
                     pending.extend_from_slice(&data[lead..]);
                     return (lead == 1).then(|| data.slice(..1));
                 };
-                splice_read(pending, data, cuts, complete_end, out)
+                splice_read(pending, data, cuts, complete_end)
             }
         }
     }

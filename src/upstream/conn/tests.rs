@@ -1,4 +1,5 @@
-//! The connections' tests: idle lists, sizes, and one poll per event.
+//! The connections' tests: idle lists, sizes, one poll per event, and what
+//! a connection holds.
 
 use super::*;
 
@@ -58,13 +59,11 @@ impl Wakes {
     }
 }
 
-/// A connected link, its replica's end, and a task's waker that counts its wakes.
-async fn link_and_task() -> (Box<Link>, TcpStream, Arc<Wakes>, Waker) {
-    let (listener, base) = replica().await;
-    let (link, server) = connected(&listener, &base, Reads::Events).await;
-    let count = Wakes::new();
-    let waker = Waker::from(count.clone());
-    (link, server, count, waker)
+/// Send `req` on `link` and wait for the answer's head (no idle list to go back to).
+async fn exchange(mut link: Box<Link>, req: Request<SendBody>) -> Result<Response<UpstreamBody>, WireError> {
+    link.start(req);
+    let head = poll_fn(|cx| link.poll_head(cx)).await?;
+    Ok(answer(head, link, None))
 }
 
 /// The head of a streamed answer, as vLLM sends it.
@@ -101,8 +100,7 @@ async fn an_event_reaches_the_body_in_the_poll_that_read_it_with_no_wake_of_its_
         server.write_all(SSE_HEAD).await.expect("head");
     };
     let (answer, ()) = tokio::join!(exchange(link, req), replica_side);
-    let Ok((resp, link)) = answer else { panic!("no answer head") };
-    let mut body = UpstreamBody { source: Source::Replica(resp.into_body()), link, home: None };
+    let mut body = answer.expect("an answer head").into_body();
 
     let count = Wakes::new();
     let waker = Waker::from(count.clone());
@@ -121,58 +119,8 @@ async fn an_event_reaches_the_body_in_the_poll_that_read_it_with_no_wake_of_its_
     assert_eq!(count.count(), woken, "handing the event over woke the task again");
 }
 
-/// Something polled under the link that asks for a yield at every look
-/// (as hyper's connection does after a run of work: it wakes its task at
-/// once) gets it: the poll ends, and the task is woken to poll again later.
-#[tokio::test]
-async fn a_poll_woken_at_every_look_ends_and_wakes_its_task() {
-    let (mut link, _server, count, waker) = link_and_task().await;
-    let mut cx = Context::from_waker(&waker);
-    let mut looks = 0;
-    let (open, got) = link.drive_then(&mut cx, |cx| {
-        looks += 1;
-        cx.waker().wake_by_ref();
-        Poll::<()>::Pending
-    });
-    assert!(open && got.is_pending());
-    assert_eq!(looks, 3, "it looked again twice");
-    assert_eq!(count.count(), 1, "then the task was woken");
-}
-
-/// A link whose poll returned `Pending` is not looked at again until
-/// something it waits on wakes it: hyper's server polls a body again after
-/// every frame it writes, and those polls would find nothing.
-#[tokio::test]
-async fn a_quiet_link_is_looked_at_again_only_after_a_wake() {
-    let (mut link, _server, count, waker) = link_and_task().await;
-    let mut cx = Context::from_waker(&waker);
-    let mut looks = 0;
-    let mut source: Option<Waker> = None;
-    let mut poll = |link: &mut Link, cx: &mut Context<'_>| {
-        link.drive_then(cx, |cx| {
-            looks += 1;
-            source = Some(cx.waker().clone());
-            Poll::<()>::Pending
-        })
-    };
-    assert!(poll(&mut link, &mut cx).1.is_pending());
-    assert!(poll(&mut link, &mut cx).1.is_pending());
-    assert!(poll(&mut link, &mut cx).1.is_pending());
-    let (looked, source) = (looks, source.take().expect("the source registered a waker"));
-    assert_eq!(looked, 1, "polled twice more with no wake: not looked at");
-    source.wake();
-    assert_eq!(count.count(), 1, "the source's wake reached the task");
-    let mut looks = 0;
-    let (open, got) = link.drive_then(&mut cx, |_| {
-        looks += 1;
-        Poll::Ready(())
-    });
-    assert!(open && got.is_ready() && looks == 1, "woken: looked at again");
-}
-
-/// A replica that sends a long run of events at once (more reads than
-/// tokio lets one poll make, runs of work after which hyper yields):
-/// every event arrives.
+/// A replica that sends a long run of events at once (many reads, many
+/// events in each): every event arrives.
 #[tokio::test]
 async fn a_long_burst_of_events_arrives_whole() {
     use http_body_util::BodyExt;
@@ -195,8 +143,7 @@ async fn a_long_burst_of_events_arrives_whole() {
     });
     let req = Request::post("/v1/completions").body(SendBody::from(Bytes::from_static(b"{}"))).expect("request");
     let read = async {
-        let Ok((resp, link)) = exchange(link, req).await else { panic!("no answer head") };
-        let mut body = UpstreamBody { source: Source::Replica(resp.into_body()), link, home: None };
+        let mut body = exchange(link, req).await.expect("an answer head").into_body();
         let mut bytes = 0;
         while let Some(frame) = body.frame().await {
             bytes += frame.expect("a frame").into_data().map_or(0, |d| d.len());
@@ -213,9 +160,9 @@ fn future_size<A, B, C, D, E, F: std::future::Future>(_: impl Fn(A, B, C, D, E) 
 
 /// A connection is handed from the idle list to a request, through its
 /// response and back as one pointer, and a new connection's state is
-/// boxed where it is made: inline, hyper's connection (672 bytes) was
-/// copied at every hand-over and the TLS handshake's state sat in every
-/// request's future (3,680 bytes; 1,616 when written).
+/// boxed where it is made: inline, a connection's state was copied at
+/// every hand-over and the TLS handshake's state sat in every request's
+/// future (3,680 bytes; 1,616 when written).
 #[test]
 fn a_connection_moves_as_a_pointer_and_the_sending_future_stays_small() {
     let body = std::mem::size_of::<UpstreamBody>();
@@ -235,4 +182,109 @@ async fn connections_of_each_kind_of_reads_are_kept_apart() {
     assert!(idle.take(Reads::Events).is_none(), "a stream gets no connection that reads whole answers");
     assert!(idle.take(Reads::Whole).is_some(), "a whole answer gets it");
     assert_eq!(idle.len(), 0);
+}
+
+/// The replica's side of one exchange: read the request's head, answer `wire`.
+async fn answer_once(server: &mut TcpStream, wire: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    assert!(read_request_head(server).await, "the request came");
+    server.write_all(wire).await.expect("answer");
+}
+
+/// Send a GET on `link`, the replica answering `wire`: the body read to
+/// its end (or its error), and the link.
+async fn get_through(mut link: Box<Link>, server: &mut TcpStream, wire: &[u8]) -> (Result<Vec<u8>, WireError>, Box<Link>) {
+    let req = Request::get("/x").header(http::header::HOST, "r").body(SendBody::from(Bytes::new())).expect("request");
+    link.start(req);
+    let (head, ()) = tokio::join!(poll_fn(|cx| link.poll_head(cx)), answer_once(server, wire));
+    if let Err(e) = head {
+        return (Err(e), link);
+    }
+    let mut body = Vec::new();
+    loop {
+        match poll_fn(|cx| link.poll_data(cx)).await {
+            Some(Ok(d)) => body.extend_from_slice(&d),
+            Some(Err(e)) => return (Err(e), link),
+            None => return (Ok(body), link),
+        }
+    }
+}
+
+/// A connection may carry the next request only when its answer was read
+/// whole and lets it stay open; one that ends mid-answer is an error of
+/// the body, never a short answer.
+#[tokio::test]
+async fn a_connection_is_kept_only_when_its_answer_lets_it() {
+    let (listener, base) = replica().await;
+    let (link, mut server) = connected(&listener, &base, Reads::Whole).await;
+    let (body, mut link) = get_through(link, &mut server, b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello").await;
+    assert_eq!(body.expect("whole"), b"hello");
+    assert!(link.reusable(), "a whole answer of known length keeps its connection");
+    link.rest();
+    let (body, mut link) =
+        get_through(link, &mut server, b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n").await;
+    assert_eq!(body.expect("whole"), b"hi");
+    assert!(link.reusable(), "the same connection, again, chunked");
+    link.rest();
+    let (body, link) = get_through(link, &mut server, b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok").await;
+    assert_eq!(body.expect("whole"), b"ok");
+    assert!(!link.reusable(), "connection: close");
+
+    let mut link = answered_then_closed(&listener, &base, Reads::Whole, b"HTTP/1.1 200 OK\r\n\r\nuntil the end").await;
+    let mut got = Vec::new();
+    while let Some(d) = poll_fn(|cx| link.poll_data(cx)).await {
+        got.extend_from_slice(&d.expect("data"));
+    }
+    assert_eq!(got, b"until the end", "a body delimited by the connection's end");
+    assert!(!link.reusable(), "and its connection is not kept");
+
+    let mut link = answered_then_closed(&listener, &base, Reads::Events, b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf").await;
+    assert_eq!(poll_fn(|cx| link.poll_data(cx)).await.expect("data").expect("bytes"), &b"half"[..]);
+    let cut = poll_fn(|cx| link.poll_data(cx)).await.expect("not a clean end");
+    assert!(matches!(cut, Err(WireError::Incomplete)), "{cut:?}");
+    assert!(!link.reusable());
+}
+
+/// A new connection on which a GET was answered `wire`, the replica's end
+/// then closed: the link, past the answer's head.
+async fn answered_then_closed(listener: &tokio::net::TcpListener, base: &http::Uri, reads: Reads, wire: &[u8]) -> Box<Link> {
+    let (mut link, mut server) = connected(listener, base, reads).await;
+    link.start(Request::get("/x").body(SendBody::from(Bytes::new())).expect("request"));
+    let replica_side = async {
+        answer_once(&mut server, wire).await;
+        drop(server);
+    };
+    let (head, ()) = tokio::join!(poll_fn(|cx| link.poll_head(cx)), replica_side);
+    assert!(head.is_ok(), "{:?}", head.err());
+    link
+}
+
+/// An answer without a body (204 here) is whole at its head: the body says
+/// it has ended and its connection is free before anything polls it.
+#[tokio::test]
+async fn an_answer_without_a_body_is_whole_at_its_head() {
+    let (listener, base) = replica().await;
+    let (link, mut server) = connected(&listener, &base, Reads::Whole).await;
+    let req = Request::delete("/x").body(SendBody::from(Bytes::new())).expect("request");
+    let (answer, ()) = tokio::join!(exchange(link, req), answer_once(&mut server, b"HTTP/1.1 204 No Content\r\n\r\n"));
+    let body = answer.expect("an answer head").into_body();
+    assert!(body.is_end_stream());
+    assert_eq!(body.size_hint().exact(), Some(0));
+    assert!(matches!(body.source, Source::Replica(None)), "the connection was let go at once");
+}
+
+/// The connection's end before any answer is "closed unanswered"
+/// (retried by the sending stage), not an invalid answer.
+#[tokio::test]
+async fn a_replica_that_closes_unanswered_is_told_apart() {
+    let (listener, base) = replica().await;
+    let (mut link, mut server) = connected(&listener, &base, Reads::Events).await;
+    link.start(Request::post("/x").body(SendBody::from(Bytes::from_static(b"{}"))).expect("request"));
+    let replica_side = async {
+        assert!(read_request_head(&mut server).await);
+        drop(server);
+    };
+    let (head, ()) = tokio::join!(poll_fn(|cx| link.poll_head(cx)), replica_side);
+    let e = head.expect_err("no answer");
+    assert!(matches!(e, WireError::Closed) && e.closed(), "{e:?}");
 }

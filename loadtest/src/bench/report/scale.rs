@@ -184,24 +184,17 @@ fn judge(rows: &[Row]) -> Measured {
 
 /// What allocated a live byte, by frames that must all appear in the
 /// allocation's call stack; the first that matches names it.
-const RULES: [(&str, &[&str]); 19] = [
+const RULES: [(&str, &[&str]); 18] = [
     ("a panic's backtrace being printed (debug info; not per stream)", &["std::backtrace_rs"]),
-    (
-        "replica connection: hyper's request channel (a block of 32 request slots)",
-        &["hyper::client::dispatch::channel", "tokio::sync::mpsc::block"],
-    ),
-    ("replica connection: hyper's write buffer (8 KiB, fixed in hyper)", &["hyper::proto::h1::io::WriteBuf::new", "hyper::client::conn"]),
-    (
-        "replica connection: read buffer (4 KiB, `read_buf_exact_size`)",
-        &["hyper::proto::h1::io::Buffered::poll_read_from_io", "hyper::client::conn"],
-    ),
+    ("replica connection: read buffer (4 KiB, held while a read is handed on)", &["slogate::upstream::link::Link::fill"]),
+    ("replica connection: events read, being handed on (copies)", &["slogate::upstream::link::Link::take"]),
     ("client HTTP/1.1 connection: write buffer (8 KiB, fixed in hyper)", &["hyper::proto::h1::io::WriteBuf::new"]),
     ("client HTTP/1.1 connection: read buffer", &["hyper::proto::h1::io::Buffered::poll_read_from_io"]),
     ("the request's future until its response head (routing, admission, connect)", &["tower::util::boxed_clone::BoxCloneService"]),
     ("stream observer (SSE parser, timings, outcome)", &["slogate::proxy::observe"]),
     ("request sent to the replica (its head and body)", &["slogate::proxy::build_upstream_request"]),
     ("request sent to the replica (its head and body)", &["slogate::proxy::body"]),
-    ("replica connection: other (channels, socket registration, request queued)", &["slogate::upstream::conn"]),
+    ("replica connection: its state (socket, framing; about 250 bytes)", &["slogate::upstream::conn"]),
     ("client HTTP/1.1 connection: other", &["hyper::server::conn::http1"]),
     ("client HTTP/2 connection: stream state (h2: streams, frames queued, headers)", &[": h2::"]),
     (
