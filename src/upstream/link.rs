@@ -36,6 +36,13 @@ pub(super) enum ReadSize {
     Adaptive(usize),
 }
 
+thread_local! {
+    /// What a stream's connection reads into when it holds no bytes of its
+    /// own ([`Link::read_scratch`]): one buffer per worker thread, never
+    /// handed on, so it is reused by every read.
+    static SCRATCH: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
+}
+
 /// The most an adaptive read buffer grows to.
 const MAX_ADAPTIVE: usize = 256 * 1024;
 
@@ -271,7 +278,26 @@ impl Link {
                 Err(e) => return Poll::Ready(Some(Err(e))),
             }
             let close_delimited = *framing == Framing::Close;
-            match ready!(self.fill(cx)) {
+            let read = if matches!(self.size, ReadSize::Exact(_)) && self.buf.is_empty() {
+                // Emptied (the head, a chunk a read left unfinished): let go.
+                self.buf = BytesMut::new();
+                match ready!(self.read_scratch(cx)) {
+                    Ok(Some(data)) => {
+                        if self.state == State::Body(Framing::Length(0)) {
+                            self.state = State::Done;
+                        }
+                        if data.is_empty() {
+                            continue;
+                        }
+                        return Poll::Ready(Some(Ok(data)));
+                    }
+                    Ok(None) => Ok(0),
+                    Err(e) => return Poll::Ready(Some(Err(e))),
+                }
+            } else {
+                ready!(self.fill(cx))
+            };
+            match read {
                 Ok(0) if close_delimited => {
                     self.keep_alive = false;
                     self.state = State::Done;
@@ -284,10 +310,44 @@ impl Link {
         }
     }
 
-    /// The buffer's first `n` bytes, taken out. A stream's events are
-    /// copied (a few hundred bytes each), so that nothing handed on keeps
-    /// the read buffer alive and it can be freed while the stream waits
-    /// for its next event; a whole answer's bytes are handed on as they
+    /// A stream's read while it holds no bytes of its own: into this
+    /// thread's scratch buffer, every piece of the body in it copied out
+    /// at once as one frame (empty: the read held only framing), what is
+    /// left (part of a chunk's framing) kept as the connection's own until
+    /// it completes. `None`: the end of file. So a stream holds no read
+    /// buffer between its events, and an event costs one allocation, its
+    /// own, at its size.
+    fn read_scratch(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, WireError>> {
+        let ReadSize::Exact(size) = self.size else { return Poll::Ready(Ok(Some(Bytes::new()))) };
+        SCRATCH.with(|scratch| {
+            // Never borrowed twice: a poll does not re-enter.
+            let mut scratch = scratch.borrow_mut();
+            scratch.clear();
+            if scratch.capacity() < size {
+                scratch.reserve(size);
+            }
+            let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut *scratch)).map_err(WireError::Io)?;
+            if n == 0 {
+                return Poll::Ready(Ok(None));
+            }
+            let State::Body(framing) = &mut self.state else { return Poll::Ready(Ok(Some(Bytes::new()))) };
+            let mut out = BytesMut::new();
+            while let Decoded::Data(k) = wire::decode(&mut scratch, framing)? {
+                if out.capacity() == 0 {
+                    out.reserve(scratch.len());
+                }
+                out.extend_from_slice(&scratch[..k]);
+                scratch.advance(k);
+            }
+            self.buf.extend_from_slice(&scratch);
+            Poll::Ready(Ok(Some(out.freeze())))
+        })
+    }
+
+    /// The buffer's first `n` bytes, taken out. A stream's are copied
+    /// (what completes a chunk a read left unfinished), so that nothing
+    /// handed on keeps the buffer alive and it is freed while the stream
+    /// waits for its next event; a whole answer's are handed on as they
     /// lie in the buffer.
     fn take(&mut self, n: usize) -> Bytes {
         match self.size {
@@ -298,6 +358,12 @@ impl Link {
             }
             ReadSize::Adaptive(_) => self.buf.split_to(n).freeze(),
         }
+    }
+
+    /// The read buffer's capacity: what the connection holds between reads.
+    #[cfg(test)]
+    pub(super) fn holds(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// The body has been read to its end (or has none).

@@ -119,6 +119,49 @@ async fn an_event_reaches_the_body_in_the_poll_that_read_it_with_no_wake_of_its_
     assert_eq!(count.count(), woken, "handing the event over woke the task again");
 }
 
+/// A stream's connection holds no read buffer while it waits for its
+/// next event, hands each read on as one frame (every event in it), and
+/// keeps only a chunk's unfinished framing until the rest comes.
+#[tokio::test]
+async fn a_stream_holds_no_read_buffer_between_events() {
+    use http_body_util::BodyExt;
+    use tokio::io::AsyncWriteExt;
+    let (listener, base) = replica().await;
+    let (mut link, mut server) = connected(&listener, &base, Reads::Events).await;
+    link.start(Request::post("/v1/completions").body(SendBody::from(Bytes::from_static(b"{}"))).expect("request"));
+    let (head, ()) = tokio::join!(poll_fn(|cx| link.poll_head(cx)), answer_once(&mut server, SSE_HEAD));
+    assert!(head.is_ok());
+    let (a, b) = ("data: {\"text\":\"a\"}\n\n", "data: {\"text\":\"b\"}\n\n");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(link.poll_data(&mut cx).is_pending());
+    assert_eq!(link.holds(), 0, "waiting for the first event: no buffer");
+    server.write_all(format!("{}{}", chunk(a), chunk(b)).as_bytes()).await.expect("two events");
+    let data = poll_fn(|cx| link.poll_data(cx)).await.expect("data").expect("bytes");
+    assert_eq!(data, format!("{a}{b}"), "both events of the read, as one frame");
+    assert!(link.poll_data(&mut cx).is_pending());
+    assert_eq!(link.holds(), 0, "between events: no buffer");
+    // A chunk's size line cut by the read: its start is kept until the rest comes.
+    let whole = chunk(a);
+    server.write_all(&whole.as_bytes()[..1]).await.expect("a piece");
+    let mut piece = link.poll_data(&mut cx);
+    for _ in 0..100 {
+        if link.holds() > 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+        piece = link.poll_data(&mut cx);
+    }
+    assert!(piece.is_pending() && link.holds() > 0, "the piece is kept");
+    server.write_all(&whole.as_bytes()[1..]).await.expect("the rest");
+    let data = poll_fn(|cx| link.poll_data(cx)).await.expect("data").expect("bytes");
+    assert_eq!(data, a);
+    assert!(link.poll_data(&mut cx).is_pending());
+    assert_eq!(link.holds(), 0, "the event whole: its buffer let go");
+    server.write_all(b"0\r\n\r\n").await.expect("end");
+    let mut body = answer(http::Response::new(()), link, None).into_body();
+    assert!(body.frame().await.is_none(), "the end");
+}
+
 /// A replica that sends a long run of events at once (many reads, many
 /// events in each): every event arrives.
 #[tokio::test]
