@@ -37,11 +37,27 @@ pub(super) enum ReadSize {
 }
 
 thread_local! {
-    /// What a stream's connection reads into when it holds no bytes of its
-    /// own ([`Link::read_scratch`]): one buffer per worker thread, never
-    /// handed on, so it is reused by every read.
-    static SCRATCH: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
+    /// A stream's connection's reads while it holds no bytes of its own
+    /// ([`Link::read_scratch`]), one per worker thread.
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
+
+/// A worker thread's buffers for streams' reads: `read`, never handed on,
+/// reused by every read; `out`, where the events read are copied and split
+/// off as frames (a slice of a shared block: no allocation of their own,
+/// and a block is reused once the frames cut from it are written, or a new
+/// one of [`OUT_BLOCK`] taken while they are not).
+#[derive(Default)]
+struct Scratch {
+    read: BytesMut,
+    out: BytesMut,
+}
+
+/// The blocks a thread's events are copied into. A frame keeps its block
+/// alive until it is written: a client that stops reading holds a block
+/// for each frame queued for it (hyper queues up to 16), so blocks are
+/// small.
+const OUT_BLOCK: usize = 2048;
 
 /// The most an adaptive read buffer grows to.
 const MAX_ADAPTIVE: usize = 256 * 1024;
@@ -315,32 +331,32 @@ impl Link {
     /// at once as one frame (empty: the read held only framing), what is
     /// left (part of a chunk's framing) kept as the connection's own until
     /// it completes. `None`: the end of file. So a stream holds no read
-    /// buffer between its events, and an event costs one allocation, its
-    /// own, at its size.
+    /// buffer between its events, and an event costs no allocation of its
+    /// own (see [`Scratch`]).
     fn read_scratch(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, WireError>> {
         let ReadSize::Exact(size) = self.size else { return Poll::Ready(Ok(Some(Bytes::new()))) };
         SCRATCH.with(|scratch| {
             // Never borrowed twice: a poll does not re-enter.
-            let mut scratch = scratch.borrow_mut();
-            scratch.clear();
-            if scratch.capacity() < size {
-                scratch.reserve(size);
+            let Scratch { read, out } = &mut *scratch.borrow_mut();
+            read.clear();
+            if read.capacity() < size {
+                read.reserve(size);
             }
-            let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut *scratch)).map_err(WireError::Io)?;
+            let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, read)).map_err(WireError::Io)?;
             if n == 0 {
                 return Poll::Ready(Ok(None));
             }
             let State::Body(framing) = &mut self.state else { return Poll::Ready(Ok(Some(Bytes::new()))) };
-            let mut out = BytesMut::new();
-            while let Decoded::Data(k) = wire::decode(&mut scratch, framing)? {
-                if out.capacity() == 0 {
-                    out.reserve(scratch.len());
-                }
-                out.extend_from_slice(&scratch[..k]);
-                scratch.advance(k);
+            // At most what was read is body: room for it, in this block or the next.
+            if out.capacity() < read.len() {
+                out.reserve(read.len().max(OUT_BLOCK));
             }
-            self.buf.extend_from_slice(&scratch);
-            Poll::Ready(Ok(Some(out.freeze())))
+            while let Decoded::Data(k) = wire::decode(read, framing)? {
+                out.extend_from_slice(&read[..k]);
+                read.advance(k);
+            }
+            self.buf.extend_from_slice(read);
+            Poll::Ready(Ok(Some(out.split().freeze())))
         })
     }
 

@@ -12,9 +12,10 @@ use bytes::{Bytes, BytesMut};
 ///
 /// A read of whole events with nothing held or cut (most reads) is handed
 /// on as it came: the replica connection copied it out of its read buffer
-/// already, at its size, so handing it on keeps nothing else alive. The
-/// others are put together in a buffer of their own size: a stream keeps
-/// no buffer of its own between events.
+/// already, into a small block its thread's streams share, so handing it
+/// on keeps no buffer of this stream's alive. The others are put together
+/// in a buffer of their own size: a stream keeps no buffer of its own
+/// between events.
 pub(super) fn splice_read(
     pending: &mut BytesMut,
     data: Bytes,

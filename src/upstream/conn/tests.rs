@@ -140,6 +140,12 @@ async fn a_stream_holds_no_read_buffer_between_events() {
     assert_eq!(data, format!("{a}{b}"), "both events of the read, as one frame");
     assert!(link.poll_data(&mut cx).is_pending());
     assert_eq!(link.holds(), 0, "between events: no buffer");
+    // The next read's frame is cut from the same block: no allocation of its own.
+    server.write_all(chunk(b).as_bytes()).await.expect("an event");
+    let next = poll_fn(|cx| link.poll_data(cx)).await.expect("data").expect("bytes");
+    assert_eq!(next, b);
+    assert_eq!(next.as_ptr(), data[data.len()..].as_ptr(), "the frame follows the last one in the thread's block");
+    assert!(link.poll_data(&mut cx).is_pending());
     // A chunk's size line cut by the read: its start is kept until the rest comes.
     let whole = chunk(a);
     server.write_all(&whole.as_bytes()[..1]).await.expect("a piece");
