@@ -130,11 +130,14 @@ impl Link {
         matches!(self.state, State::Done | State::Idle) && self.keep_alive && self.out.is_none() && self.buf.is_empty()
     }
 
-    /// Made ready for its next request (kept idle): its read buffer is
-    /// freed until then.
+    /// Made ready for its next request (kept idle). A connection for
+    /// streams lets its read buffer go; one for whole answers keeps it for
+    /// the next (it is taken back whole once the answer's bytes are written).
     pub(super) fn rest(&mut self) {
         self.state = State::Idle;
-        self.buf = BytesMut::new();
+        if matches!(self.size, ReadSize::Exact(_)) {
+            self.buf = BytesMut::new();
+        }
     }
 
     /// Begin sending `req` (its URI in origin form, `Host` set): written as

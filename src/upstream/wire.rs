@@ -56,7 +56,11 @@ impl WireError {
 /// `len` (whatever `Content-Length` or `Transfer-Encoding` the request
 /// carried is not written): every body slogate sends has a known length.
 pub(super) fn encode_head<B>(req: &Request<B>, len: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256);
+    // Sized once: the request line, each header line, the length's, the end.
+    let lines: usize = req.headers().iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
+    let target = req.uri().path_and_query().map_or(1, |p| p.as_str().len());
+    let host = req.uri().authority().map_or(0, |a| a.as_str().len() + 8);
+    let mut out = Vec::with_capacity(req.method().as_str().len() + target + 12 + lines + host + 40 + 2);
     out.extend_from_slice(req.method().as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(req.uri().path_and_query().map_or("/", |p| p.as_str()).as_bytes());
@@ -136,10 +140,20 @@ pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<H
         };
         let status = parsed.code.and_then(|c| StatusCode::from_u16(c).ok()).ok_or(WireError::Invalid("its status"))?;
         let version = if parsed.version == Some(1) { Version::HTTP_11 } else { Version::HTTP_10 };
+        // Every value copied into one allocation, each a slice of it: not
+        // an allocation per header, and nothing of the read buffer kept.
+        let mut values = BytesMut::with_capacity(parsed.headers.iter().map(|h| h.value.len()).sum());
+        for h in parsed.headers.iter() {
+            values.extend_from_slice(h.value);
+        }
+        let values = values.freeze();
         let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        let mut at = 0;
         for h in parsed.headers.iter() {
             let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| WireError::Invalid("a header name"))?;
-            let value = HeaderValue::from_bytes(h.value).map_err(|_| WireError::Invalid("a header value"))?;
+            let value =
+                HeaderValue::from_maybe_shared(values.slice(at..at + h.value.len())).map_err(|_| WireError::Invalid("a header value"))?;
+            at += h.value.len();
             headers.append(name, value);
         }
         buf.advance(len);
@@ -352,6 +366,8 @@ mod tests {
         assert_eq!(h.framing, Some(Framing::Chunked(Chunk::Size)));
         assert!(h.keep_alive);
         assert!(buf.is_empty(), "the head is taken out, nothing after it read yet");
+        let (a, b) = (&h.response.headers()["content-type"], &h.response.headers()["transfer-encoding"]);
+        assert_eq!(a.as_bytes()[a.len()..].as_ptr(), b.as_bytes().as_ptr(), "the values share one allocation, one after the other");
     }
 
     #[test]
