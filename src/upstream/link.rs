@@ -165,18 +165,12 @@ impl Link {
             if !out.head.is_empty() {
                 // The head and the body's first bytes in one write.
                 let bufs = [IoSlice::new(&out.head), IoSlice::new(&out.chunk)];
-                let n = ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &bufs)).map_err(WireError::Io)?;
-                if n == 0 {
-                    return Poll::Ready(Err(WireError::Io(std::io::ErrorKind::WriteZero.into())));
-                }
+                let n = wrote(ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &bufs)))?;
                 let from_head = n.min(out.head.len());
                 out.head.advance(from_head);
                 out.chunk.advance(n - from_head);
             } else if !out.chunk.is_empty() {
-                let n = ready!(Pin::new(&mut self.io).poll_write(cx, &out.chunk)).map_err(WireError::Io)?;
-                if n == 0 {
-                    return Poll::Ready(Err(WireError::Io(std::io::ErrorKind::WriteZero.into())));
-                }
+                let n = wrote(ready!(Pin::new(&mut self.io).poll_write(cx, &out.chunk)))?;
                 out.chunk.advance(n);
             } else if out.ended {
                 ready!(Pin::new(&mut self.io).poll_flush(cx)).map_err(WireError::Io)?;
@@ -214,7 +208,7 @@ impl Link {
             ReadSize::Exact(n) | ReadSize::Adaptive(n) => n,
         };
         // Taken back whole when what was read has all been handed on.
-        if self.buf.capacity() - self.buf.len() < next / 4 || self.buf.capacity() == 0 {
+        if self.buf.capacity() - self.buf.len() < next / 4 {
             self.buf.reserve(next);
         }
         let room = self.buf.capacity() - self.buf.len();
@@ -397,6 +391,15 @@ impl Link {
             State::Body(Framing::Length(n)) => SizeHint::with_exact(n),
             _ => SizeHint::default(),
         }
+    }
+}
+
+/// A write's bytes, or why none: a write of none is an error.
+fn wrote(r: std::io::Result<usize>) -> Result<usize, WireError> {
+    match r {
+        Ok(0) => Err(WireError::Io(std::io::ErrorKind::WriteZero.into())),
+        Ok(n) => Ok(n),
+        Err(e) => Err(WireError::Io(e)),
     }
 }
 
