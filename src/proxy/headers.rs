@@ -177,6 +177,30 @@ pub(super) fn build_upstream_request(
     Ok(req)
 }
 
+/// What a stream keeps of its request's headers for a continuation: only
+/// those [`build_upstream_request`] may forward (its `json` hop: the
+/// `Content-Type` is its own), in a map of their own size. The parsed map
+/// is sized for everything the client sent, and an open stream holds it
+/// for as long as it lasts. Building a request from what this keeps gives
+/// the replica the same headers as building it from the whole map.
+pub(super) fn for_continuations(h: &HeaderMap, strip_credentials: bool) -> HeaderMap {
+    let named = connection_named(h);
+    let forwarded = |k: &HeaderName| {
+        k != header::HOST
+            && k != header::CONTENT_LENGTH
+            && k != header::CONTENT_TYPE
+            && k != X_REQUEST_ID
+            && !is_hop_by_hop(k)
+            && !(strip_credentials && CREDENTIALS.contains(k))
+            && !named.contains(k)
+    };
+    let mut kept = HeaderMap::with_capacity(h.iter().filter(|(k, _)| forwarded(k)).count());
+    for (k, v) in h.iter().filter(|(k, _)| forwarded(k)) {
+        kept.append(k.clone(), v.clone());
+    }
+    kept
+}
+
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// `X-Forwarded-For` and `Forwarded` (RFC 7239) as the replica gets them:
@@ -334,5 +358,53 @@ mod tests {
         ];
         assert_eq!(stripped(&named), kept);
         assert_eq!(stripped(&[("content-type", "application/json"), ("x-keep", "1")]), kept, "nothing to strip");
+    }
+
+    /// What a stream keeps for its continuations is smaller than what the
+    /// client sent, and a request built from it carries the very headers a
+    /// request built from everything does, credentials kept or stripped.
+    #[test]
+    fn a_continuation_built_from_the_kept_headers_forwards_the_same_ones() {
+        let cfg = crate::config::PoolConfig { replicas: vec!["http://127.0.0.1:9".into()], ..crate::config::PoolConfig::default() };
+        let access = crate::upstream::Access::new(&cfg).expect("access");
+        let replica = crate::upstream::Pool::new(cfg, access, None).replicas[0].clone();
+        let client = crate::server::ClientAddr::new("10.0.0.7:5000".parse().expect("addr"));
+        let mut parts = Request::new(()).into_parts().0;
+        parts.uri = http::Uri::from_static("/v1/chat/completions");
+        for (k, v) in [
+            ("host", "gw.example"),
+            ("content-type", "application/json; charset=utf-8"),
+            ("content-length", "42"),
+            ("connection", "keep-alive, X-Private"),
+            ("x-private", "p"),
+            ("te", "trailers"),
+            ("authorization", "Bearer sk-1"),
+            ("x-request-id", "theirs"),
+            ("x-forwarded-for", "192.0.2.1"),
+            ("user-agent", "OpenAI/Python 1.0"),
+            ("accept", "text/event-stream"),
+            ("x-stainless-lang", "python"),
+        ] {
+            parts.headers.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        let sent = |parts: &http::request::Parts, strip: bool| {
+            let forwarded = Forwarded::of(parts, &client);
+            let hop = Hop { strip_credentials: strip, json: true };
+            let req =
+                build_upstream_request(parts, &replica, bytes::Bytes::new().into(), hop, &forwarded, &HeaderValue::from_static("ours"))
+                    .expect("request");
+            let mut all: Vec<String> = req.headers().iter().map(|(k, v)| format!("{k}: {}", v.to_str().unwrap_or("?"))).collect();
+            all.sort();
+            all
+        };
+        for strip in [false, true] {
+            let mut kept = parts.clone();
+            kept.headers = for_continuations(&parts.headers, strip);
+            assert_eq!(sent(&kept, strip), sent(&parts, strip), "strip credentials: {strip}");
+            assert_eq!(kept.headers.len(), if strip { 4 } else { 5 }, "{:?}", kept.headers);
+            assert!(kept.headers.capacity() < parts.headers.capacity());
+        }
+        assert!(sent(&parts, false).contains(&"authorization: Bearer sk-1".to_string()));
+        assert!(!sent(&parts, true).iter().any(|h| h.starts_with("authorization")));
     }
 }

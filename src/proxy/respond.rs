@@ -51,24 +51,29 @@ pub(super) fn resumable(
     if (attempts == 0 || route.pool.replicas.len() < 2) && !preempts {
         return None;
     }
+    let strip_auth = snap.classifier.has_keys();
     let link = resume::PoolLink {
-        parts: detached(parts),
+        parts: detached(parts, strip_auth),
         client: client.clone(),
         pool: route.pool.clone(),
-        strip_auth: snap.classifier.has_keys(),
+        strip_auth,
         request_id: t.request_id.clone(),
     };
     Some(resume::Resume::new(Box::new(link), detached_body(body), kind, attempts))
 }
 
-/// The request's head as the stream keeps it, its header values and URI
-/// copied into one allocation of their own. As parsed, they (and a body
-/// that came in one read) are slices of the client connection's read
+/// The request's head as the stream keeps it: only the headers a
+/// continuation forwards ([`headers::for_continuations`]), their values and
+/// the URI copied into one allocation of their own. As parsed, they (and a
+/// body that came in one read) are slices of the client connection's read
 /// buffer, and while a stream held them hyper could not reuse that
 /// buffer: every HTTP/1.1 connection carrying a stream held a second
 /// 8 KiB one.
-fn detached(mut parts: http::request::Parts) -> http::request::Parts {
+fn detached(mut parts: http::request::Parts, strip_credentials: bool) -> http::request::Parts {
     use std::fmt::Write as _;
+    parts.headers = headers::for_continuations(&parts.headers, strip_credentials);
+    // Nothing a continuation reads (a relayed request is not resumed).
+    parts.extensions = http::Extensions::new();
     let values = parts.headers.values().map(|v| v.len()).sum::<usize>();
     let mut all = bytes::BytesMut::with_capacity(values + 64);
     // Written in place: no String of its own first.
@@ -265,14 +270,14 @@ mod tests {
         let mut auth = http::HeaderValue::from_maybe_shared(read.slice(25..36)).expect("value");
         auth.set_sensitive(true);
         parts.headers.insert(http::header::AUTHORIZATION, auth);
-        parts.headers.append("x-request-id", http::HeaderValue::from_maybe_shared(read.slice(37..42)).expect("value"));
+        parts.headers.append("x-tag", http::HeaderValue::from_maybe_shared(read.slice(37..42)).expect("value"));
         let body = read.slice(43..);
-        let (kept, kept_body) = (detached(parts), detached_body(body));
+        let (kept, kept_body) = (detached(parts, false), detached_body(body));
         assert!(read.is_unique(), "nothing kept points into the read buffer");
         assert_eq!(kept.uri, "/v1/chat/completions?x=1");
         assert_eq!(kept.headers[http::header::AUTHORIZATION], "Bearer sk-1");
         assert!(kept.headers[http::header::AUTHORIZATION].is_sensitive());
-        assert_eq!(kept.headers["x-request-id"], "req-7");
+        assert_eq!(kept.headers["x-tag"], "req-7");
         assert_eq!(&kept_body[..], b"{\"model\":\"m\"}");
     }
 }

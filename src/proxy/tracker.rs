@@ -64,13 +64,12 @@ pub(crate) struct Tracker {
     /// Accounted for already (see [`Tracker::close`]).
     recorded: bool,
     /// Who it is for, its hold on the key's limits, and the key's quotas
-    /// for the response headers (keys with limits only).
-    tenant: Option<Arc<Tenant>>,
-    permit: Option<Permit>,
+    /// for the response headers (keys with limits only): boxed, so a
+    /// request under no key does not carry their room for its life.
+    key: Option<Box<Keyed>>,
     /// The tokens a stream may relay before its key's limits end it
     /// (its reservation less its prompt); `u64::MAX` when they cannot.
     key_budget: u64,
-    rate: Option<RateState>,
     /// The request's id: its response, its replica, its span and its access
     /// log line carry it.
     pub(super) request_id: HeaderValue,
@@ -89,8 +88,17 @@ pub(crate) struct Tracker {
     learn: Option<(Arc<crate::upstream::owners::Owners>, Arc<str>)>,
 }
 
+/// A request's key: its tenant, its hold on the key's limits, and the
+/// key's quotas for the response headers.
+#[derive(Default)]
+struct Keyed {
+    tenant: Option<Arc<Tenant>>,
+    permit: Option<Permit>,
+    rate: Option<RateState>,
+}
+
 impl Tracker {
-    /// Boxed: a tracker is about 640 bytes, and it travels with its request
+    /// Boxed: a tracker is about 600 bytes, and it travels with its request
     /// by value (into the forwarding's future, into the observed body, that
     /// into its shared cell); inline, each of those moves copied all of it.
     pub(crate) fn new(metrics: Arc<Metrics>, class: Arc<Class>, start: Instant) -> Box<Tracker> {
@@ -116,10 +124,8 @@ impl Tracker {
             finish_reason: None,
             span: tracing::Span::none(),
             recorded: false,
-            tenant: None,
-            permit: None,
+            key: None,
             key_budget: u64::MAX,
-            rate: None,
             request_id: HeaderValue::from_static(""),
             endpoint: Endpoint::Other,
             status: 0,
@@ -192,8 +198,12 @@ impl Tracker {
         self.bytes_in = n;
     }
 
+    fn keyed(&mut self) -> &mut Keyed {
+        self.key.get_or_insert_with(Box::default)
+    }
+
     pub(crate) fn set_tenant(&mut self, tenant: Arc<Tenant>) {
-        self.tenant = Some(tenant);
+        self.keyed().tenant = Some(tenant);
     }
 
     /// The key's limits let the request through: hold `permit` until it ends.
@@ -201,17 +211,18 @@ impl Tracker {
         if let Some(bound) = permit.token_bound() {
             self.key_budget = bound.saturating_sub(self.prompt_estimate);
         }
-        self.permit = Some(permit);
-        self.rate = Some(state);
+        let key = self.keyed();
+        key.permit = Some(permit);
+        key.rate = Some(state);
     }
 
     /// The key's quotas, for the headers of the response.
     pub(crate) fn set_rate(&mut self, state: RateState) {
-        self.rate = Some(state);
+        self.keyed().rate = Some(state);
     }
 
     pub(crate) fn rate(&self) -> Option<RateState> {
-        self.rate
+        self.key.as_ref().and_then(|k| k.rate)
     }
 
     pub(crate) fn metrics(&self) -> &Metrics {
@@ -405,13 +416,13 @@ impl Tracker {
             probe.finished(&f);
         }
         let taken = self.key_tokens(&f);
-        if let Some(p) = self.permit.as_mut() {
+        if let Some(p) = self.key.as_mut().and_then(|k| k.permit.as_mut()) {
             p.finished(f.admitted, taken);
         }
         if let Some(l) = self.lease.as_mut() {
             l.finished(&f);
         }
-        if let Some(t) = &self.tenant {
+        if let Some(t) = self.key.as_ref().and_then(|k| k.tenant.as_ref()) {
             t.finished(&f);
         }
         self.log_access(&f);
@@ -445,7 +456,7 @@ impl Tracker {
         log.log(AccessRecord {
             end: std::time::SystemTime::now(),
             request_id: self.request_id.clone(),
-            tenant: self.tenant.as_ref().map(|t| t.name.clone()),
+            tenant: self.key.as_ref().and_then(|k| k.tenant.as_ref()).map(|t| t.name.clone()),
             model: self.series.clone(),
             class: self.class.name.clone(),
             endpoint: self.endpoint,

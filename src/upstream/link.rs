@@ -79,7 +79,10 @@ enum State {
 
 /// What is left of a request on its way out.
 struct Out {
-    head: Bytes,
+    /// The request's head, and how much of it is written. A `Vec` of its
+    /// own: made `Bytes`, one shorter than its allocation takes another.
+    head: Vec<u8>,
+    head_at: usize,
     body: SendBody,
     /// The body's bytes now being written.
     chunk: Bytes,
@@ -152,7 +155,7 @@ impl Link {
             SendBody::Bytes(b) => (b.unwrap_or_default(), SendBody::Bytes(None)),
             upload => (Bytes::new(), upload),
         };
-        self.out = Some(Out { head: head.into(), body, chunk, ended: false });
+        self.out = Some(Out { head, head_at: 0, body, chunk, ended: false });
         self.state = State::Head;
         self.keep_alive = true;
     }
@@ -162,12 +165,13 @@ impl Link {
     /// are not ready.
     fn send(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), WireError>> {
         while let Some(out) = self.out.as_mut() {
-            if !out.head.is_empty() {
+            if out.head_at < out.head.len() {
                 // The head and the body's first bytes in one write.
-                let bufs = [IoSlice::new(&out.head), IoSlice::new(&out.chunk)];
+                let head = &out.head[out.head_at..];
+                let bufs = [IoSlice::new(head), IoSlice::new(&out.chunk)];
                 let n = wrote(ready!(Pin::new(&mut self.io).poll_write_vectored(cx, &bufs)))?;
-                let from_head = n.min(out.head.len());
-                out.head.advance(from_head);
+                let from_head = n.min(head.len());
+                out.head_at += from_head;
                 out.chunk.advance(n - from_head);
             } else if !out.chunk.is_empty() {
                 let n = wrote(ready!(Pin::new(&mut self.io).poll_write(cx, &out.chunk)))?;

@@ -3,6 +3,8 @@
 //! No I/O here: [`super::link`] reads and writes, this decides what the
 //! bytes mean. The rules: docs/design/replica-connections.md.
 
+use std::io::Write as _;
+
 use bytes::{Buf, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
@@ -78,7 +80,10 @@ pub(super) fn encode_head<B>(req: &Request<B>, len: u64) -> Vec<u8> {
     }
     // A GET or HEAD without a body says nothing of one (as clients do).
     if len > 0 || !matches!(*req.method(), Method::GET | Method::HEAD) {
-        line(&mut out, b"content-length", len.to_string().as_bytes());
+        // Written in place (no string of its own): the head is sized for it.
+        out.extend_from_slice(b"content-length: ");
+        let _ = write!(out, "{len}");
+        out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
     out

@@ -32,7 +32,8 @@ pub use text::{analyze_text, Piece};
 /// Completed blocks (the bytes up to and including a blank line) are handed
 /// to a callback with their `data` field (lines joined with `\n`, or `None`
 /// for comment-only blocks) and the offset in the fed chunk where the block
-/// ends. The data buffer is reused: parsing allocates nothing per event.
+/// ends. Parsing allocates nothing per event: a block lying whole in one
+/// chunk is handed on in place, and the data buffer is reused.
 #[derive(Debug, Default)]
 pub struct SseParser {
     line: Vec<u8>,
@@ -54,6 +55,11 @@ impl SseParser {
     }
 
     /// Feed one chunk; `on_block(data, end)` is called for each completed block.
+    ///
+    /// A block whose one `data` line and blank line are both in `chunk` (a
+    /// replica's usual event) is handed on where it lies, not copied: the
+    /// data buffer is used only by blocks of several data lines or split
+    /// over chunks, and an open stream holds none between its events.
     pub fn feed(&mut self, chunk: &[u8], mut on_block: impl FnMut(Option<&[u8]>, usize)) {
         // An empty read says nothing, not even whether an LF follows a CR.
         if chunk.is_empty() {
@@ -66,10 +72,13 @@ impl SseParser {
                 i = 1;
             }
         }
+        // The block's only data so far, where it lies in `chunk`.
+        let mut pending: Option<(usize, usize)> = None;
         while i < chunk.len() {
             let rest = &chunk[i..];
             match memchr::memchr2(b'\n', b'\r', rest) {
                 None => {
+                    self.spill(chunk, &mut pending);
                     self.line.extend_from_slice(rest);
                     return;
                 }
@@ -85,7 +94,7 @@ impl SseParser {
                         }
                     }
                     if self.line.is_empty() {
-                        self.take_line(&rest[..pos], end, &mut on_block);
+                        self.take_line_in(chunk, i, i + pos, end, &mut pending, &mut on_block);
                     } else {
                         self.line.extend_from_slice(&rest[..pos]);
                         let line = std::mem::take(&mut self.line);
@@ -97,6 +106,49 @@ impl SseParser {
                 }
             }
         }
+        self.spill(chunk, &mut pending);
+    }
+
+    /// The block's data so far, lying in `chunk`, into the data buffer: its
+    /// block goes on past what is at hand.
+    fn spill(&mut self, chunk: &[u8], pending: &mut Option<(usize, usize)>) {
+        if let Some((a, b)) = pending.take() {
+            self.data.extend_from_slice(&chunk[a..b]);
+        }
+    }
+
+    /// A line lying whole in `chunk` (`from..to`): a block's first data
+    /// line is only noted where it lies.
+    fn take_line_in(
+        &mut self,
+        chunk: &[u8],
+        from: usize,
+        to: usize,
+        end: usize,
+        pending: &mut Option<(usize, usize)>,
+        on_block: &mut impl FnMut(Option<&[u8]>, usize),
+    ) {
+        let line = &chunk[from..to];
+        if line.is_empty() {
+            if let Some((a, b)) = pending.take() {
+                on_block(Some(&chunk[a..b]), end);
+                self.has_data = false;
+                return;
+            }
+        } else if !self.has_data && line.starts_with(b"data") {
+            let value = match line.get(4) {
+                None => Some(to..to),
+                Some(b':') => Some(if line.get(5) == Some(&b' ') { from + 6..to } else { from + 5..to }),
+                Some(_) => None,
+            };
+            if let Some(v) = value {
+                *pending = Some((v.start, v.end));
+                self.has_data = true;
+                return;
+            }
+        }
+        self.spill(chunk, pending);
+        self.take_line(line, end, on_block);
     }
 
     fn take_line(&mut self, line: &[u8], end: usize, on_block: &mut impl FnMut(Option<&[u8]>, usize)) {

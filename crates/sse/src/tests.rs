@@ -99,6 +99,31 @@ fn split_at_every_byte_boundary_gives_the_same_events() {
     assert_eq!(parse_all(&bytes), whole);
 }
 
+/// A replica's usual reads, whole events of one data line each, are handed
+/// on where they lie: the parser copies nothing of them and holds no
+/// buffer between them. A block of several data lines, or one split over
+/// reads, goes through its buffer as before.
+#[test]
+fn whole_events_are_handed_on_in_place_and_nothing_is_held_between_them() {
+    let read = b"data: {\"a\":1}\n\ndata:{\"b\":2}\r\n\r\ndata\n\n: ping\n\n";
+    let mut p = SseParser::new();
+    let mut got = Vec::new();
+    p.feed(read, |d, end| {
+        if let Some(d) = d {
+            // A slice of the read itself.
+            let at = d.as_ptr() as usize - read.as_ptr() as usize;
+            assert_eq!(&read[at..at + d.len()], d);
+        }
+        got.push((d.map(|d| String::from_utf8_lossy(d).into_owned()), end));
+    });
+    assert_eq!(got, vec![(Some("{\"a\":1}".into()), 15), (Some("{\"b\":2}".into()), 31), (Some(String::new()), 37), (None, 45)]);
+    assert_eq!((p.data.capacity(), p.line.capacity()), (0, 0), "nothing held between events");
+    let mut several = Vec::new();
+    p.feed(b"data: a\ndata: b\n\ndata: c", |d, _| several.push(d.map(|d| String::from_utf8_lossy(d).into_owned())));
+    p.feed(b"\n\n", |d, _| several.push(d.map(|d| String::from_utf8_lossy(d).into_owned())));
+    assert_eq!(several, vec![Some("a\nb".to_string()), Some("c".to_string())]);
+}
+
 /// Found by the property test: an empty read between a CR and its LF
 /// made the LF a second line end, so a blank line appeared that the
 /// replica never sent.

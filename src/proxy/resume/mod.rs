@@ -150,7 +150,7 @@ pub(crate) struct Splice {
     /// call, reasoning, a second choice).
     not_exact: bool,
     /// The first chunk's `id`, `created`, `model` and `system_fingerprint`.
-    ids: Option<Vec<(String, Value)>>,
+    ids: Option<Box<[(&'static str, Value)]>>,
     /// The tokens the client had when the current continuation began.
     spliced: Option<u64>,
     /// The client had a chunk (its role chunk) before the continuation.
@@ -228,7 +228,7 @@ impl Splice {
     pub(super) fn note_ids(&mut self, data: &[u8]) {
         if self.ids.is_none() && self.kind != Kind::Messages {
             if let Ok(chunk) = serde_json::from_slice::<Map<String, Value>>(data) {
-                self.ids = Some(IDS.iter().filter_map(|k| chunk.get(*k).map(|v| (k.to_string(), v.clone()))).collect());
+                self.ids = Some(IDS.iter().filter_map(|&k| chunk.get(k).map(|v| (k, v.clone()))).collect());
             }
         }
     }
@@ -255,9 +255,9 @@ impl Splice {
         if self.had_chunk && !info.content && !info.error && info.finish_reason.is_none() && info.usage.is_none() {
             return None;
         }
-        for (k, v) in self.ids.iter().flatten() {
+        for &(k, ref v) in self.ids.iter().flatten() {
             if chunk.contains_key(k) {
-                chunk.insert(k.clone(), v.clone());
+                chunk.insert(k.to_string(), v.clone());
             }
         }
         if let (Some(u), Some(Value::Object(wire))) = (info.usage, chunk.get_mut("usage")) {
