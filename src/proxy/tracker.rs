@@ -63,9 +63,11 @@ pub(crate) struct Tracker {
     span: tracing::Span,
     /// Accounted for already (see [`Tracker::close`]).
     recorded: bool,
-    /// Who it is for, its hold on the key's limits, and the key's quotas
-    /// for the response headers (keys with limits only): boxed, so a
-    /// request under no key does not carry their room for its life.
+    /// Who it is for.
+    tenant: Option<Arc<Tenant>>,
+    /// Its hold on its key's limits and the key's quotas for the response
+    /// headers (keys with limits only): boxed, so a request whose key has
+    /// none does not carry their room for its life.
     key: Option<Box<Keyed>>,
     /// The tokens a stream may relay before its key's limits end it
     /// (its reservation less its prompt); `u64::MAX` when they cannot.
@@ -88,17 +90,16 @@ pub(crate) struct Tracker {
     learn: Option<(Arc<crate::upstream::owners::Owners>, Arc<str>)>,
 }
 
-/// A request's key: its tenant, its hold on the key's limits, and the
-/// key's quotas for the response headers.
+/// A request's hold on its key's limits, and the key's quotas for the
+/// response headers.
 #[derive(Default)]
 struct Keyed {
-    tenant: Option<Arc<Tenant>>,
     permit: Option<Permit>,
     rate: Option<RateState>,
 }
 
 impl Tracker {
-    /// Boxed: a tracker is about 600 bytes, and it travels with its request
+    /// Boxed: a tracker is about 620 bytes, and it travels with its request
     /// by value (into the forwarding's future, into the observed body, that
     /// into its shared cell); inline, each of those moves copied all of it.
     pub(crate) fn new(metrics: Arc<Metrics>, class: Arc<Class>, start: Instant) -> Box<Tracker> {
@@ -124,6 +125,7 @@ impl Tracker {
             finish_reason: None,
             span: tracing::Span::none(),
             recorded: false,
+            tenant: None,
             key: None,
             key_budget: u64::MAX,
             request_id: HeaderValue::from_static(""),
@@ -203,7 +205,7 @@ impl Tracker {
     }
 
     pub(crate) fn set_tenant(&mut self, tenant: Arc<Tenant>) {
-        self.keyed().tenant = Some(tenant);
+        self.tenant = Some(tenant);
     }
 
     /// The key's limits let the request through: hold `permit` until it ends.
@@ -422,7 +424,7 @@ impl Tracker {
         if let Some(l) = self.lease.as_mut() {
             l.finished(&f);
         }
-        if let Some(t) = self.key.as_ref().and_then(|k| k.tenant.as_ref()) {
+        if let Some(t) = &self.tenant {
             t.finished(&f);
         }
         self.log_access(&f);
@@ -456,7 +458,7 @@ impl Tracker {
         log.log(AccessRecord {
             end: std::time::SystemTime::now(),
             request_id: self.request_id.clone(),
-            tenant: self.key.as_ref().and_then(|k| k.tenant.as_ref()).map(|t| t.name.clone()),
+            tenant: self.tenant.as_ref().map(|t| t.name.clone()),
             model: self.series.clone(),
             class: self.class.name.clone(),
             endpoint: self.endpoint,

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderValue;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use sse::{EventInfo, Piece, Usage};
 use tokio::time::Instant;
@@ -150,7 +151,7 @@ pub(crate) struct Splice {
     /// call, reasoning, a second choice).
     not_exact: bool,
     /// The first chunk's `id`, `created`, `model` and `system_fingerprint`.
-    ids: Option<Box<[(&'static str, Value)]>>,
+    ids: Option<Box<[u8]>>,
     /// The tokens the client had when the current continuation began.
     spliced: Option<u64>,
     /// The client had a chunk (its role chunk) before the continuation.
@@ -160,8 +161,48 @@ pub(crate) struct Splice {
     passed_error: Option<NotResumed>,
 }
 
-/// The members every chunk of one stream shares.
-const IDS: [&str; 4] = ["id", "created", "model", "system_fingerprint"];
+/// The members every chunk of one stream shares, as the first chunk has
+/// them (a `null` kept as `null`), read without the rest of the chunk.
+#[derive(serde::Deserialize)]
+struct Ids<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    created: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    system_fingerprint: Option<&'a RawValue>,
+}
+
+/// A member that is there, whatever its value (`null` too).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    serde::Deserialize::deserialize(d).map(Some)
+}
+
+impl Ids<'_> {
+    /// One JSON object of its own: an open stream holds it for as long
+    /// as it lasts, and only a continuation reads it.
+    fn object(&self) -> Box<[u8]> {
+        let members = [("id", self.id), ("created", self.created), ("model", self.model), ("system_fingerprint", self.system_fingerprint)];
+        let present = members.iter().filter_map(|(k, v)| Some((*k, (*v)?.get())));
+        // Exactly: a boxed slice of a longer vector would be a second allocation.
+        let (n, len) = present.clone().fold((0usize, 0usize), |(n, len), (k, v)| (n + 1, len + k.len() + v.len() + 3));
+        let mut out = Vec::with_capacity(2 + len + n.saturating_sub(1));
+        out.push(b'{');
+        for (i, (k, v)) in present.enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.push(b'"');
+            out.extend_from_slice(k.as_bytes());
+            out.extend_from_slice(b"\":");
+            out.extend_from_slice(v.as_bytes());
+        }
+        out.push(b'}');
+        out.into_boxed_slice()
+    }
+}
 
 impl Splice {
     /// The splice of a stream of `request` (`kind`) that may be continued `attempts` times.
@@ -227,8 +268,8 @@ impl Splice {
     /// The stream's first event: its ids, which every continuation chunk carries.
     pub(super) fn note_ids(&mut self, data: &[u8]) {
         if self.ids.is_none() && self.kind != Kind::Messages {
-            if let Ok(chunk) = serde_json::from_slice::<Map<String, Value>>(data) {
-                self.ids = Some(IDS.iter().filter_map(|&k| chunk.get(k).map(|v| (k, v.clone()))).collect());
+            if let Ok(ids) = serde_json::from_slice::<Ids<'_>>(data) {
+                self.ids = Some(ids.object());
             }
         }
     }
@@ -255,9 +296,10 @@ impl Splice {
         if self.had_chunk && !info.content && !info.error && info.finish_reason.is_none() && info.usage.is_none() {
             return None;
         }
-        for &(k, ref v) in self.ids.iter().flatten() {
-            if chunk.contains_key(k) {
-                chunk.insert(k.to_string(), v.clone());
+        let ids = self.ids.as_deref().and_then(|ids| serde_json::from_slice::<Map<String, Value>>(ids).ok());
+        for (k, v) in ids.into_iter().flatten() {
+            if chunk.contains_key(&k) {
+                chunk.insert(k, v);
             }
         }
         if let (Some(u), Some(Value::Object(wire))) = (info.usage, chunk.get_mut("usage")) {
@@ -415,6 +457,22 @@ mod tests {
     }
 
     const ROLE: &str = r#"{"id":"chatcmpl-a","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
+
+    /// A stream keeps its first chunk's ids as one small object, exactly
+    /// as they came (a `null` too), and nothing else of the chunk.
+    #[test]
+    fn the_first_chunks_ids_are_kept_as_they_came_and_alone() {
+        let mut s = splice("{}", true);
+        s.note_ids(br#"{"id":"chatcmpl-a","object":"chat.completion.chunk","created":7,"model":"m","system_fingerprint":null,"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#);
+        let kept = s.ids.as_deref().expect("ids");
+        assert_eq!(std::str::from_utf8(kept), Ok(r#"{"id":"chatcmpl-a","created":7,"model":"m","system_fingerprint":null}"#));
+        let mut t = splice("{}", true);
+        t.note_ids(br#"{"model": "m2", "choices": []}"#);
+        assert_eq!(t.ids.as_deref(), Some(&br#"{"model":"m2"}"#[..]));
+        let mut u = splice("{}", true);
+        u.note_ids(b"not json");
+        assert!(u.ids.is_none());
+    }
 
     #[test]
     fn a_chat_continuation_goes_on_from_the_text_the_client_has() {

@@ -184,17 +184,25 @@ fn judge(rows: &[Row]) -> Measured {
 
 /// What allocated a live byte, by frames that must all appear in the
 /// allocation's call stack; the first that matches names it.
-const RULES: [(&str, &[&str]); 18] = [
+const RULES: [(&str, &[&str]); 25] = [
     ("a panic's backtrace being printed (debug info; not per stream)", &["std::backtrace_rs"]),
     ("replica connection: read buffer (4 KiB, held while a read is handed on)", &["slogate::upstream::link::Link::fill"]),
     ("replica connection: events read, being handed on (copies)", &["slogate::upstream::link::Link::take"]),
     ("client HTTP/1.1 connection: write buffer (8 KiB, fixed in hyper)", &["hyper::proto::h1::io::WriteBuf::new"]),
     ("client HTTP/1.1 connection: read buffer", &["hyper::proto::h1::io::Buffered::poll_read_from_io"]),
     ("the request's future until its response head (routing, admission, connect)", &["tower::util::boxed_clone::BoxCloneService"]),
+    ("a stream's memo of its last chunk with text (read by comparison)", &["sse::memo::Memo::keep"]),
+    ("resume: the request kept for a continuation, the answer's text so far", &["slogate::proxy::resume"]),
+    ("resume: the request kept for a continuation, the answer's text so far", &["slogate::proxy::respond::resumable"]),
+    ("resume: the request kept for a continuation, the answer's text so far", &["ObservedBody::resumable"]),
     ("stream observer (SSE parser, timings, outcome)", &["slogate::proxy::observe"]),
+    ("stream observer (SSE parser, timings, outcome)", &["slogate::proxy::watchdog"]),
+    ("the request's tracker (timings, lease, accounting)", &["slogate::proxy::tracker"]),
     ("request sent to the replica (its head and body)", &["slogate::proxy::build_upstream_request"]),
     ("request sent to the replica (its head and body)", &["slogate::proxy::body"]),
     ("replica connection: its state (socket, framing; about 250 bytes)", &["slogate::upstream::conn"]),
+    // Before hyper's connection: its poll is on the stack of all a request does.
+    ("other slogate", &["slogate::proxy"]),
     ("client HTTP/1.1 connection: other", &["hyper::server::conn::http1"]),
     ("client HTTP/2 connection: stream state (h2: streams, frames queued, headers)", &[": h2::"]),
     (
