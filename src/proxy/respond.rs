@@ -68,7 +68,7 @@ pub(super) fn resumable(
 /// body that came in one read) are slices of the client connection's read
 /// buffer, and while a stream held them hyper could not reuse that
 /// buffer: every HTTP/1.1 connection carrying a stream held a second
-/// 8 KiB one.
+/// 8 KiB one. The rule: docs/design/resume.md, rule 20.
 fn detached(mut parts: http::request::Parts, strip_credentials: bool) -> http::request::Parts {
     use std::fmt::Write as _;
     parts.headers = headers::for_continuations(&parts.headers, strip_credentials);

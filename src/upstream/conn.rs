@@ -33,7 +33,7 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use tokio::net::TcpStream;
 
-use super::link::{Link, ReadSize, Stream};
+use super::link::{Link, ReadSize, Stream, FIRST_ADAPTIVE};
 use super::payload::SendBody;
 use super::tls::ReplicaTls;
 use super::wire::WireError;
@@ -256,15 +256,13 @@ async fn connect(base: &http::Uri, tls: Option<&ReplicaTls>, timeout: Duration, 
     };
     let size = match reads {
         Reads::Events => ReadSize::Exact(EVENTS_READ_BUF),
-        Reads::Whole => ReadSize::Adaptive(WHOLE_READ_BUF),
+        Reads::Whole => ReadSize::Adaptive(FIRST_ADAPTIVE),
     };
     Ok(Link::new(stream, size))
 }
 
 /// The read buffer of a connection that carries streams.
 const EVENTS_READ_BUF: usize = 4096;
-/// The first read buffer of a connection that reads whole answers.
-const WHOLE_READ_BUF: usize = 8192;
 
 /// A replica's response body, carrying the connection it arrives on.
 pub(crate) struct UpstreamBody {

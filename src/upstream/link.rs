@@ -62,6 +62,15 @@ const OUT_BLOCK: usize = 2048;
 /// The most an adaptive read buffer grows to.
 const MAX_ADAPTIVE: usize = 256 * 1024;
 
+/// The largest read size at which a connection for whole answers keeps its
+/// buffer while idle: an embeddings answer's (1,024 floats grow it to
+/// 16 KiB). After a larger answer (a replica's `/metrics`, read by the load
+/// scrape) the buffer is let go, and the reads start from the first size.
+const KEPT_IDLE: usize = 16 * 1024;
+
+/// The first read size of a connection for whole answers.
+pub(super) const FIRST_ADAPTIVE: usize = 8192;
+
 /// Where a connection is in its exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -135,11 +144,17 @@ impl Link {
 
     /// Made ready for its next request (kept idle). A connection for
     /// streams lets its read buffer go; one for whole answers keeps it for
-    /// the next (it is taken back whole once the answer's bytes are written).
+    /// the next (it is taken back whole once the answer's bytes are
+    /// written) unless it grew past [`KEPT_IDLE`].
     pub(super) fn rest(&mut self) {
         self.state = State::Idle;
-        if matches!(self.size, ReadSize::Exact(_)) {
-            self.buf = BytesMut::new();
+        match &mut self.size {
+            ReadSize::Exact(_) => self.buf = BytesMut::new(),
+            ReadSize::Adaptive(size) if *size > KEPT_IDLE => {
+                self.buf = BytesMut::new();
+                *size = FIRST_ADAPTIVE;
+            }
+            ReadSize::Adaptive(_) => {}
         }
     }
 

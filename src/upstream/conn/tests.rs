@@ -337,3 +337,22 @@ async fn a_replica_that_closes_unanswered_is_told_apart() {
     let e = head.expect_err("no answer");
     assert!(matches!(e, WireError::Closed) && e.closed(), "{e:?}");
 }
+
+/// A connection for whole answers keeps its read buffer while idle after
+/// an answer an embeddings request's size, for its next answer; after a
+/// larger one (a replica's `/metrics`, read by the load scrape) it lets the
+/// buffer go, and its reads start from their first size again.
+#[tokio::test]
+async fn an_idle_whole_answer_connection_keeps_a_small_read_buffer_and_lets_a_large_one_go() {
+    let (listener, base) = replica().await;
+    let (mut link, mut server) = connected(&listener, &base, Reads::Whole).await;
+    for (len, kept) in [(9_000, true), (60_000, false), (9_000, true)] {
+        let wire = [format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n").into_bytes(), vec![b'x'; len]].concat();
+        let (body, back) = get_through(link, &mut server, &wire).await;
+        link = back;
+        assert_eq!(body.map(|b| b.len()).ok(), Some(len));
+        assert!(link.reusable());
+        link.rest();
+        assert_eq!(link.holds() > 0, kept, "after an answer of {len} bytes: {} held", link.holds());
+    }
+}
