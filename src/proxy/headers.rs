@@ -104,6 +104,21 @@ pub(super) struct Hop {
     pub(super) json: bool,
 }
 
+impl Hop {
+    /// Whether this hop forwards the client's header `k` (its own value:
+    /// the forwarding headers' are appended to, not forwarded), `named`
+    /// being what the client's `Connection` names.
+    fn forwards(self, k: &HeaderName, named: &[HeaderName]) -> bool {
+        k != header::HOST
+            && k != header::CONTENT_LENGTH
+            && k != X_REQUEST_ID
+            && !is_hop_by_hop(k)
+            && !(self.strip_credentials && CREDENTIALS.contains(k))
+            && !(self.json && k == header::CONTENT_TYPE)
+            && !named.contains(k)
+    }
+}
+
 /// The headers that carry a caller's credentials (OpenAI's, Anthropic's,
 /// LiteLLM's, Azure's, a browser's).
 pub(crate) const CREDENTIALS: [HeaderName; 5] = [
@@ -148,17 +163,9 @@ pub(super) fn build_upstream_request(
         h.insert(header::HOST, host.clone());
     }
     let named = connection_named(&parts.headers);
-    let strip = hop.strip_credentials || replica.has_api_key();
+    let hop = Hop { strip_credentials: hop.strip_credentials || replica.has_api_key(), ..hop };
     for (k, v) in parts.headers.iter() {
-        if k == header::HOST
-            || k == header::CONTENT_LENGTH
-            || is_hop_by_hop(k)
-            || (strip && CREDENTIALS.contains(k))
-            || (hop.json && k == header::CONTENT_TYPE)
-            || named.contains(k)
-            || (forwarded.replaces(k))
-            || k == X_REQUEST_ID
-        {
+        if !hop.forwards(k, &named) || forwarded.replaces(k) {
             continue;
         }
         h.append(k.clone(), v.clone());
@@ -185,17 +192,9 @@ pub(super) fn build_upstream_request(
 /// the replica the same headers as building it from the whole map.
 pub(super) fn for_continuations(h: &HeaderMap, strip_credentials: bool) -> HeaderMap {
     let named = connection_named(h);
-    let forwarded = |k: &HeaderName| {
-        k != header::HOST
-            && k != header::CONTENT_LENGTH
-            && k != header::CONTENT_TYPE
-            && k != X_REQUEST_ID
-            && !is_hop_by_hop(k)
-            && !(strip_credentials && CREDENTIALS.contains(k))
-            && !named.contains(k)
-    };
-    let mut kept = HeaderMap::with_capacity(h.iter().filter(|(k, _)| forwarded(k)).count());
-    for (k, v) in h.iter().filter(|(k, _)| forwarded(k)) {
+    let hop = Hop { strip_credentials, json: true };
+    let mut kept = HeaderMap::with_capacity(h.keys().filter(|k| hop.forwards(k, &named)).count());
+    for (k, v) in h.iter().filter(|(k, _)| hop.forwards(k, &named)) {
         kept.append(k.clone(), v.clone());
     }
     kept

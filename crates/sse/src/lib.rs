@@ -135,14 +135,10 @@ impl SseParser {
                 self.has_data = false;
                 return;
             }
-        } else if !self.has_data && line.starts_with(b"data") {
-            let value = match line.get(4) {
-                None => Some(to..to),
-                Some(b':') => Some(if line.get(5) == Some(&b' ') { from + 6..to } else { from + 5..to }),
-                Some(_) => None,
-            };
-            if let Some(v) = value {
-                *pending = Some((v.start, v.end));
+        } else if !self.has_data {
+            let (field, value) = field(line);
+            if field == b"data" {
+                *pending = Some((from + value, to));
                 self.has_data = true;
                 return;
             }
@@ -161,13 +157,8 @@ impl SseParser {
         if line[0] == b':' {
             return;
         }
-        let (field, value) = match line.iter().position(|&b| b == b':') {
-            Some(p) => {
-                let v = &line[p + 1..];
-                (&line[..p], v.strip_prefix(b" ").unwrap_or(v))
-            }
-            None => (line, &[][..]),
-        };
+        let (field, at) = field(line);
+        let value = &line[at..];
         if field == b"data" {
             if self.has_data {
                 self.data.push(b'\n');
@@ -175,6 +166,15 @@ impl SseParser {
             self.data.extend_from_slice(value);
             self.has_data = true;
         }
+    }
+}
+
+/// A line's field name, and where its value starts (after the colon and
+/// one space; the line's end when it has no colon).
+fn field(line: &[u8]) -> (&[u8], usize) {
+    match line.iter().position(|&b| b == b':') {
+        Some(p) => (&line[..p], if line.get(p + 1) == Some(&b' ') { p + 2 } else { p + 1 }),
+        None => (line, line.len()),
     }
 }
 
