@@ -1,44 +1,31 @@
 //! Reading a complete non-streaming JSON answer: its usage and finish
 //! reason, or (when the replica reports no usage) an estimate of its tokens
 //! from the text, without building a JSON tree of the whole answer.
+//!
+//! An answer of the shape vLLM and OpenAI write is read from its tail
+//! ([`sse::read_answer_tail`]): the usage member and the finish reasons'
+//! keys, not the text. Such an answer is not checked as JSON as a whole
+//! (the client reads it as the replica sent it; only what slogate counts
+//! is read); one of any other shape is read whole, and one that does not
+//! read as the answer asked for counts as the replica's error.
 
 use super::tracker::Tracker;
+use crate::config::Endpoint;
 use crate::telemetry::Outcome;
 use sse::Usage;
 
-/// Usage as the last member of a JSON object (`..., "usage": {...}}`), as
-/// vLLM and OpenAI write it, read without reading the rest (an embeddings
-/// answer's thousands of numbers). `None` when it is not found so; the
-/// whole answer is read then. The pattern cannot match inside a string,
-/// where a quote is escaped.
-fn usage_at_end(body: &[u8]) -> Option<Usage> {
-    let body = body.trim_ascii();
-    let inner = body.strip_prefix(b"{")?.strip_suffix(b"}")?;
-    let at = rfind_usage(inner)?;
-    sse::read_usage(&inner[at + KEY.len()..])
-}
-
-const KEY: &[u8] = b"\"usage\":";
-
-/// Where the last `"usage":` in `b` starts: found from the end by its `u`
-/// (a searcher built for each answer cost more than the search).
-fn rfind_usage(b: &[u8]) -> Option<usize> {
-    let mut end = b.len();
-    while let Some(u) = memchr::memrchr(b'u', &b[..end]) {
-        if u > 0 && b[u - 1..].starts_with(KEY) {
-            return Some(u - 1);
-        }
-        end = u;
-    }
-    None
-}
-
 /// Read usage and finish reason from a complete non-streaming JSON answer
-/// (`usage_only`: an answer with no finish, whose usage may be read from its end).
+/// (`usage_only`: an answer with no finish, embeddings or rerank).
 pub(super) fn read_json_outcome(body: &[u8], usage_only: bool, tracker: &mut Tracker) -> Outcome {
-    if let Some(u) = usage_only.then(|| usage_at_end(body)).flatten() {
-        tracker.usage = Some(u);
-        return Outcome::ok;
+    // Usage read from the tail, where vLLM and OpenAI write it, without
+    // walking the text or numbers before it; with a chat or completion
+    // answer's finish reasons, found by their keys. A Responses answer's
+    // status is read the whole way.
+    let choices = matches!(tracker.endpoint(), Endpoint::Chat | Endpoint::Completions);
+    if let Some(a) = (usage_only || choices).then(|| sse::read_answer_tail(body, !usage_only)).flatten() {
+        tracker.usage = a.usage;
+        tracker.finish_reason = a.finish_reason;
+        return if a.length { Outcome::length } else { Outcome::ok };
     }
     // A 200 that is not the JSON answer asked for (garbage, a cut body):
     // the caller got no usable answer.
@@ -112,27 +99,6 @@ pub(super) fn read_message(body: &[u8], tracker: &mut Tracker) -> Outcome {
         other => {
             tracker.finish_reason = other.map(|r| if r == "end_turn" { "stop".into() } else { r.to_string() });
             Outcome::ok
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The last `"usage":` is found where a searcher for it finds it.
-    #[test]
-    fn usage_is_found_from_the_end_as_a_search_finds_it() {
-        for body in [
-            &br#""usage":{}"#[..],
-            br#"{"a":"u","usage":{"x":"uu"},"b":"usage","usage":null}"#,
-            br#"{"usage" :1,"usag":2,"uu\"usage\":"}"#,
-            br#"uuuuusage":"#,
-            b"",
-            b"u",
-            br#"{"data":[0.1,0.2],"usage":{"prompt_tokens":1,"prompt_tokens_details":null}}"#,
-        ] {
-            assert_eq!(rfind_usage(body), memchr::memmem::rfind(body, KEY), "{:?}", String::from_utf8_lossy(body));
         }
     }
 }

@@ -133,9 +133,10 @@ pub(super) struct Head {
 /// skipped. `method`: the request's, which decides whether a body follows.
 pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, WireError> {
     loop {
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut slots);
-        let len = match parsed.parse(buf) {
+        // Left uninitialised: filling 100 slots first cost more than parsing a head.
+        let mut slots = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut parsed, buf, &mut slots) {
             Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => len,
             Ok(httparse::Status::Complete(_)) => return Err(WireError::HeadTooLarge),
             Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => return Err(WireError::HeadTooLarge),

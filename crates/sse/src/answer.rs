@@ -32,6 +32,15 @@ pub fn read_answer(data: &[u8]) -> Option<Answer> {
     scan::quick_answer(data).or_else(|| full_answer(data))
 }
 
+/// Read a complete answer's usage from its tail, where vLLM and OpenAI
+/// write it, without walking the rest (an embeddings answer's thousands of
+/// numbers, a completion's text); with `finishes`, each choice's finish
+/// reason too, found by its key (chat and completion answers). `None`
+/// when the answer is not of that shape: read it with [`read_answer`] then.
+pub fn read_answer_tail(data: &[u8], finishes: bool) -> Option<Answer> {
+    scan::tail_answer(data, finishes)
+}
+
 /// The full reading of a complete answer.
 pub(crate) fn full_answer(data: &[u8]) -> Option<Answer> {
     // The text is kept as it was sent (its characters are counted only

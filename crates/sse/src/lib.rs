@@ -21,7 +21,7 @@ mod answer;
 mod memo;
 mod scan;
 mod text;
-pub use answer::{read_answer, Answer};
+pub use answer::{read_answer, read_answer_tail, Answer};
 pub use memo::Memo;
 pub use scan::{quick_request_head, RequestHead};
 use text::Field;

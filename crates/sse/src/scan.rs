@@ -16,8 +16,10 @@ use crate::EventInfo;
 
 mod answer;
 mod head;
+mod tail;
 pub(crate) use answer::{quick_answer, quick_usage};
 pub use head::{quick_request_head, RequestHead};
+pub(crate) use tail::tail_answer;
 
 /// The most nested arrays and objects skipped (serde_json's own limit is 128).
 const MAX_DEPTH: u32 = 64;

@@ -92,7 +92,7 @@ fn choice(c: &mut Cursor<'_>, answer: &mut Answer) -> Option<()> {
 
 impl Cursor<'_> {
     /// A usage object, as [`Usage`]'s derived reading reads it.
-    fn usage(&mut self) -> Option<Usage> {
+    pub(super) fn usage(&mut self) -> Option<Usage> {
         let mut usage = Usage::default();
         let (mut seen_prompt, mut seen_completion, mut seen_details) = (false, false, false);
         self.members(|c, key| {
