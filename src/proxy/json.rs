@@ -7,7 +7,8 @@
 //! keys, not the text. Such an answer is not checked as JSON as a whole
 //! (the client reads it as the replica sent it; only what slogate counts
 //! is read); one of any other shape is read whole, and one that does not
-//! read as the answer asked for counts as the replica's error.
+//! read as the answer asked for counts as the replica's error
+//! (docs/design/measurement.md, rule 8).
 
 use super::tracker::Tracker;
 use crate::config::Endpoint;

@@ -243,8 +243,13 @@ impl Link {
                 return Poll::Pending;
             }
         };
+        // Grown only by a read that filled a whole size's room: a read
+        // that filled what was left behind an answer split off says nothing
+        // of the answers' size (doubling on it took an embeddings answer's
+        // 16 KiB past KEPT_IDLE, and the buffer was let go and grown again
+        // for every answer).
         if let ReadSize::Adaptive(size) = &mut self.size {
-            if n == room && *size < MAX_ADAPTIVE {
+            if n == room && room >= *size && *size < MAX_ADAPTIVE {
                 *size *= 2;
             }
         }

@@ -356,3 +356,22 @@ async fn an_idle_whole_answer_connection_keeps_a_small_read_buffer_and_lets_a_la
         assert_eq!(link.holds() > 0, kept, "after an answer of {len} bytes: {} held", link.holds());
     }
 }
+
+/// Answers of one size, one after another (embeddings of one model): the
+/// read buffer settles at a size that holds one and is kept between them,
+/// not grown past what is kept by a read that filled the room left behind
+/// the last answer, then let go and grown again for every answer.
+#[tokio::test]
+async fn answers_of_one_size_keep_one_read_buffer_between_them() {
+    let (listener, base) = replica().await;
+    let (mut link, mut server) = connected(&listener, &base, Reads::Whole).await;
+    let len = 8_700;
+    for i in 0..12 {
+        let wire = [format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n").into_bytes(), vec![b'x'; len]].concat();
+        let (body, back) = get_through(link, &mut server, &wire).await;
+        link = back;
+        assert_eq!(body.map(|b| b.len()).ok(), Some(len));
+        link.rest();
+        assert!(link.holds() > 0, "answer {i}: its read buffer was let go");
+    }
+}
