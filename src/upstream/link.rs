@@ -226,8 +226,17 @@ impl Link {
         let next = match self.size {
             ReadSize::Exact(n) | ReadSize::Adaptive(n) => n,
         };
-        // Taken back whole when what was read has all been handed on.
-        if self.buf.capacity() - self.buf.len() < next / 4 {
+        // Taken back whole when what was read has all been handed on. A
+        // stream reads into what is left down to a quarter; a whole answer
+        // starts with a whole size's room, the buffer taken back in place
+        // once the last answer's bytes are gone (read into the room left
+        // behind it, an answer was split over two buffers, and a new one
+        // was allocated for every other answer).
+        let least = match self.size {
+            ReadSize::Exact(n) => n / 4,
+            ReadSize::Adaptive(n) => n,
+        };
+        if self.buf.capacity() - self.buf.len() < least {
             self.buf.reserve(next);
         }
         let room = self.buf.capacity() - self.buf.len();
@@ -401,6 +410,12 @@ impl Link {
     #[cfg(test)]
     pub(super) fn holds(&self) -> usize {
         self.buf.capacity()
+    }
+
+    /// Where the read buffer's room starts (tests: which buffer is read into).
+    #[cfg(test)]
+    pub(super) fn buffer_at(&self) -> usize {
+        self.buf.as_ptr() as usize
     }
 
     /// The body has been read to its end (or has none).

@@ -366,6 +366,7 @@ async fn answers_of_one_size_keep_one_read_buffer_between_them() {
     let (listener, base) = replica().await;
     let (mut link, mut server) = connected(&listener, &base, Reads::Whole).await;
     let len = 8_700;
+    let mut buffers = std::collections::HashSet::new();
     for i in 0..12 {
         let wire = [format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n").into_bytes(), vec![b'x'; len]].concat();
         let (body, back) = get_through(link, &mut server, &wire).await;
@@ -373,5 +374,10 @@ async fn answers_of_one_size_keep_one_read_buffer_between_them() {
         assert_eq!(body.map(|b| b.len()).ok(), Some(len));
         link.rest();
         assert!(link.holds() > 0, "answer {i}: its read buffer was let go");
+        // After the first answers have sized it, the same buffer is read into.
+        if i >= 2 {
+            buffers.insert(link.buffer_at());
+        }
     }
+    assert_eq!(buffers.len(), 1, "the answers were read into {} buffers", buffers.len());
 }
