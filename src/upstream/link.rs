@@ -223,18 +223,15 @@ impl Link {
 
     /// Read more into the buffer: the bytes read, 0 at the end of file.
     fn fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let next = match self.size {
-            ReadSize::Exact(n) | ReadSize::Adaptive(n) => n,
-        };
         // Taken back whole when what was read has all been handed on. A
         // stream reads into what is left down to a quarter; a whole answer
         // starts with a whole size's room, the buffer taken back in place
         // once the last answer's bytes are gone (read into the room left
         // behind it, an answer was split over two buffers, and a new one
         // was allocated for every other answer).
-        let least = match self.size {
-            ReadSize::Exact(n) => n / 4,
-            ReadSize::Adaptive(n) => n,
+        let (next, least) = match self.size {
+            ReadSize::Exact(n) => (n, n / 4),
+            ReadSize::Adaptive(n) => (n, n),
         };
         if self.buf.capacity() - self.buf.len() < least {
             self.buf.reserve(next);
@@ -252,13 +249,10 @@ impl Link {
                 return Poll::Pending;
             }
         };
-        // Grown only by a read that filled a whole size's room: a read
-        // that filled what was left behind an answer split off says nothing
-        // of the answers' size (doubling on it took an embeddings answer's
-        // 16 KiB past KEPT_IDLE, and the buffer was let go and grown again
-        // for every answer).
+        // A whole answer's room is at least its size (above), so a read
+        // that filled it says the answers are larger.
         if let ReadSize::Adaptive(size) = &mut self.size {
-            if n == room && room >= *size && *size < MAX_ADAPTIVE {
+            if n == room && *size < MAX_ADAPTIVE {
                 *size *= 2;
             }
         }

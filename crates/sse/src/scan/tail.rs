@@ -5,11 +5,12 @@
 //! text, most of an answer, is never walked.
 //!
 //! A key is found by a search for `"name"` whose opening quote follows
-//! `{` or `,` and whose closing one a colon (whitespace between): inside a string every quote is
-//! escaped, so such a match is a member's key in valid JSON. The usage is
-//! the last such `"usage":`, and is taken only when what follows it is
-//! the usage object, then members, then the answer's closing brace (so it
-//! is a member of the answer itself, not of something inside it). The
+//! `{` or `,` and whose closing one a colon (whitespace between): inside
+//! a string every quote is escaped, so such a match is a member's key in
+//! valid JSON. The usage is the last such `"usage"`, taken only when what
+//! follows it is the usage object, then members, then the answer's closing
+//! brace (so it is a member of the answer itself, not of something inside
+//! it). The
 //! answer is not checked as a whole: where the tail reading answers, it
 //! answers as the full reading does for valid JSON with one of each key,
 //! which is what replicas write; anything else (no usage in that place,
