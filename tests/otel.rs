@@ -160,7 +160,8 @@ fn request_spans_reach_an_otlp_receiver_with_genai_attributes_and_traceparent() 
     // Parented on the caller's traceparent.
     assert_eq!(hex(&stream.trace_id), TRACE_ID);
     assert_eq!(hex(&stream.parent_span_id), PARENT);
-    // The replica got this span as its parent.
+    // The replica got this span as its parent, in place of the caller's.
+    assert_eq!(headers.get_all("traceparent").iter().count(), 1, "one traceparent upstream: {headers:?}");
     let sent = headers.get("traceparent").and_then(|v| v.to_str().ok()).expect("traceparent sent upstream");
     assert_eq!(sent, format!("00-{TRACE_ID}-{}-01", hex(&stream.span_id)));
 

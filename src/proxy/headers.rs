@@ -3,11 +3,11 @@
 //! client's address appended to `X-Forwarded-For` and `Forwarded`, the
 //! request id set), and what slogate adds to the caller's response.
 
-use http::{header, HeaderMap, HeaderName, HeaderValue, Request};
+use http::{header, HeaderMap, HeaderName, HeaderValue};
 
 use super::request_id::X_REQUEST_ID;
 use crate::error::GatewayError;
-use crate::upstream::SendBody;
+use crate::upstream::{Outgoing, SendBody};
 
 /// What slogate says of a request in its response's headers.
 pub(super) struct Said<'a> {
@@ -133,8 +133,11 @@ pub(crate) const CREDENTIALS: [HeaderName; 5] = [
 /// and but for every credential header when slogate checked the caller's
 /// key against its own keys or the pool has a key of its own (added at the
 /// connection): a slogate key is not the replica's to see
-/// (docs/access.md, rule 20). The URI is in origin form (`/v1/...`), with
-/// `Host` naming the replica.
+/// (docs/access.md, rule 20). The target is in origin form (`/v1/...`),
+/// with `Host` naming the replica. `trace`: the trace context's headers
+/// (empty when not traced), sent in place of the caller's of those names.
+/// The head is written straight from the caller's header map, with no map
+/// of its own (design/replica-connections.md, rule 9).
 pub(super) fn build_upstream_request(
     parts: &http::request::Parts,
     replica: &crate::upstream::Replica,
@@ -142,46 +145,45 @@ pub(super) fn build_upstream_request(
     hop: Hop,
     forwarded: &Forwarded,
     request_id: &HeaderValue,
-) -> Result<Request<SendBody>, GatewayError> {
-    let mut req = Request::new(body);
-    *req.method_mut() = parts.method.clone();
-    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    trace: &HeaderMap,
+) -> Outgoing {
+    let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     // A replica URL may carry a path prefix (`http://host/vllm`).
     let prefix = replica.address.base.path().trim_end_matches('/');
-    *req.uri_mut() = if prefix.is_empty() {
-        parts.uri.path_and_query().map(|p| http::Uri::from(p.clone())).unwrap_or_else(|| http::Uri::from_static("/"))
-    } else {
-        format!("{prefix}{pq}")
-            .parse()
-            .map_err(|e: http::uri::InvalidUri| GatewayError::Internal(format!("cannot build the replica's URI: {e}")))?
-    };
-    // Room for what the client sent and the few headers added here, so
-    // the map is not grown on the way.
-    *req.headers_mut() = HeaderMap::with_capacity(parts.headers.len() + 4);
-    let h = req.headers_mut();
-    if let Some(host) = &replica.address.host {
-        h.insert(header::HOST, host.clone());
+    let host = replica.address.host.as_ref();
+    let added = [host, Some(request_id), forwarded.x_forwarded_for.as_ref(), forwarded.forwarded.as_ref()];
+    // Room for every line the caller sent (some are left out) and those
+    // added here, so the head is not grown on the way.
+    let lines = parts.headers.iter().chain(trace.iter()).map(|(k, v)| Outgoing::line_len(k, v)).sum::<usize>()
+        + added.iter().flatten().map(|v| v.len() + 20).sum::<usize>()
+        + if hop.json { 35 } else { 0 };
+    let mut req = Outgoing::new(parts.method.clone(), prefix, pq, lines, body);
+    if let Some(host) = host {
+        req.header(&header::HOST, host);
     }
     let named = connection_named(&parts.headers);
     let hop = Hop { strip_credentials: hop.strip_credentials || replica.has_api_key(), ..hop };
     for (k, v) in parts.headers.iter() {
-        if !hop.forwards(k, &named) || forwarded.replaces(k) {
+        if !hop.forwards(k, &named) || forwarded.replaces(k) || (!trace.is_empty() && trace.contains_key(k)) {
             continue;
         }
-        h.append(k.clone(), v.clone());
+        req.header(k, v);
     }
     if hop.json {
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        req.header(&header::CONTENT_TYPE, &HeaderValue::from_static("application/json"));
     }
     // The request's id, as vLLM takes it for its own (`X-Request-Id`).
-    h.insert(X_REQUEST_ID, request_id.clone());
+    req.header(&X_REQUEST_ID, request_id);
     if let Some(v) = &forwarded.x_forwarded_for {
-        h.insert(X_FORWARDED_FOR, v.clone());
+        req.header(&X_FORWARDED_FOR, v);
     }
     if let Some(v) = &forwarded.forwarded {
-        h.insert(header::FORWARDED, v.clone());
+        req.header(&header::FORWARDED, v);
     }
-    Ok(req)
+    for (k, v) in trace {
+        req.header(k, v);
+    }
+    req
 }
 
 /// What a stream keeps of its request's headers for a continuation: only
@@ -368,7 +370,7 @@ mod tests {
         let access = crate::upstream::Access::new(&cfg).expect("access");
         let replica = crate::upstream::Pool::new(cfg, access, None).replicas[0].clone();
         let client = crate::server::ClientAddr::new("10.0.0.7:5000".parse().expect("addr"));
-        let mut parts = Request::new(()).into_parts().0;
+        let mut parts = http::Request::new(()).into_parts().0;
         parts.uri = http::Uri::from_static("/v1/chat/completions");
         for (k, v) in [
             ("host", "gw.example"),
@@ -389,10 +391,17 @@ mod tests {
         let sent = |parts: &http::request::Parts, strip: bool| {
             let forwarded = Forwarded::of(parts, &client);
             let hop = Hop { strip_credentials: strip, json: true };
-            let req =
-                build_upstream_request(parts, &replica, bytes::Bytes::new().into(), hop, &forwarded, &HeaderValue::from_static("ours"))
-                    .expect("request");
-            let mut all: Vec<String> = req.headers().iter().map(|(k, v)| format!("{k}: {}", v.to_str().unwrap_or("?"))).collect();
+            let trace = HeaderMap::new();
+            let req = build_upstream_request(
+                parts,
+                &replica,
+                bytes::Bytes::new().into(),
+                hop,
+                &forwarded,
+                &HeaderValue::from_static("ours"),
+                &trace,
+            );
+            let mut all = req.header_lines();
             all.sort();
             all
         };

@@ -80,13 +80,14 @@ pub(super) async fn send(
     let json = matches!(&body, SendBody::Bytes(Some(b)) if !b.is_empty());
     let hop = Hop { strip_credentials: snap.classifier.has_keys(), json };
     let forwarded = Forwarded::of(parts, client);
-    let build = |replica: &upstream::Replica| {
-        let mut req = build_upstream_request(parts, replica, body.clone(), hop, &forwarded, &t.request_id)?;
-        if !t.span().is_disabled() {
-            crate::telemetry::otel::inject(t.span(), req.headers_mut());
-        }
-        Ok(req)
-    };
+    // The trace context, where the request is traced (a map of its own:
+    // the request's head is written from the caller's map).
+    let mut trace = http::HeaderMap::new();
+    if !t.span().is_disabled() {
+        crate::telemetry::otel::inject(t.span(), &mut trace);
+    }
+    let build =
+        |replica: &upstream::Replica| Ok(build_upstream_request(parts, replica, body.clone(), hop, &forwarded, &t.request_id, &trace));
     upstream::send_with_retry(
         &route.pool,
         &mut lease,

@@ -34,6 +34,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::net::TcpStream;
 
 use super::link::{Link, ReadSize, Stream, FIRST_ADAPTIVE};
+use super::outgoing::Outgoing;
 use super::payload::SendBody;
 use super::tls::ReplicaTls;
 use super::wire::WireError;
@@ -161,23 +162,25 @@ pub(crate) enum SendError {
     IdleClosed(Box<SendError>),
 }
 
-/// Send `req` (origin-form URI, `Host` set) to `replica`, on an idle
-/// connection that reads as `reads` asks when one is left (not when
+/// Send `req` (origin-form target, `Host` written) to `replica`, on an
+/// idle connection that reads as `reads` asks when one is left (not when
 /// `fresh`), else on a new one. With the pool's API key, `Authorization`
-/// is the key, whatever `req` carried.
+/// is the key: `req` must carry no credential of its own then.
 ///
 /// Written as a function returning its future, not an `async fn`: an
 /// `async fn` keeps its arguments twice in its state (as given, and as
 /// moved into its body), and this future is moved twice per request.
 pub(crate) fn send<'a>(
     replica: &'a Arc<Replica>,
-    mut req: Request<SendBody>,
+    mut req: Outgoing,
     connect_timeout: Duration,
     fresh: bool,
     reads: Reads,
 ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + 'a {
+    // The request carries no credential of its own where the replica has
+    // a key (the proxy leaves them out for such a replica).
     if let Some(key) = replica.conn.authorization() {
-        req.headers_mut().insert(http::header::AUTHORIZATION, key.clone());
+        req.header(&http::header::AUTHORIZATION, key);
     }
     async move {
         let (mut link, reused) = match (!fresh).then(|| replica.conn.idle.take(reads)).flatten() {
@@ -389,7 +392,7 @@ async fn read_whole(
 /// scrapes), on its pooled connections like any request.
 pub(crate) async fn get(replica: &Arc<Replica>, path: &str, timeout: Duration) -> Result<(http::StatusCode, Bytes), String> {
     let req = get_request(&replica.address.base, path)?;
-    read_whole(path, timeout, send(replica, req, timeout, false, Reads::Whole)).await
+    read_whole(path, timeout, send(replica, req.into(), timeout, false, Reads::Whole)).await
 }
 
 /// GET `path` from any plain-HTTP server at `base` (a gateway's admin
@@ -410,7 +413,7 @@ pub(crate) async fn get_once(
     }
     read_whole(path, timeout, async {
         let mut link = connect(base, None, timeout, Reads::Whole).await?;
-        link.start(req);
+        link.start(req.into());
         let head = poll_fn(|cx| link.poll_head(cx)).await?;
         Ok(answer(head, link, None))
     })

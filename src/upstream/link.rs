@@ -16,11 +16,12 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{Method, Request, Response};
+use http::{Method, Response};
 use http_body::{Body, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::outgoing::Outgoing;
 use super::payload::SendBody;
 use super::wire::{self, Decoded, Framing, WireError};
 
@@ -158,13 +159,12 @@ impl Link {
         }
     }
 
-    /// Begin sending `req` (its URI in origin form, `Host` set): written as
-    /// the exchange is polled.
-    pub(super) fn start(&mut self, req: Request<SendBody>) {
+    /// Begin sending `req` (its target in origin form, `Host` written):
+    /// written as the exchange is polled.
+    pub(super) fn start(&mut self, req: Outgoing) {
         let hint = req.body().size_hint();
-        let head = wire::encode_head(&req, hint.exact().unwrap_or_else(|| hint.lower()));
-        let (parts, body) = req.into_parts();
-        self.method = parts.method;
+        let (method, head, body) = req.finish(hint.exact().unwrap_or_else(|| hint.lower()));
+        self.method = method;
         // Bytes in memory go out with the head; an upload as it comes.
         let (chunk, body) = match body {
             SendBody::Bytes(b) => (b.unwrap_or_default(), SendBody::Bytes(None)),

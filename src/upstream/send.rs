@@ -43,7 +43,7 @@ pub(crate) trait Attempts {
 pub(crate) async fn send_with_retry<A: Attempts>(
     pool: &Pool,
     on: &mut A,
-    request: impl Fn(&Replica) -> Result<http::Request<super::SendBody>, GatewayError>,
+    request: impl Fn(&Replica) -> Result<super::Outgoing, GatewayError>,
     reads: conn::Reads,
     start: tokio::time::Instant,
     mut deadline: tokio::time::Instant,

@@ -1,13 +1,12 @@
-//! HTTP/1.1 as slogate speaks it to a replica: a request's head written,
-//! an answer's head parsed (`httparse`) and its body's framing decoded.
-//! No I/O here: [`super::link`] reads and writes, this decides what the
-//! bytes mean. The rules: docs/design/replica-connections.md.
-
-use std::io::Write as _;
+//! HTTP/1.1 as slogate speaks it to a replica: an answer's head parsed
+//! (`httparse`) and its body's framing decoded (a request's head is
+//! written as it is built: [`super::outgoing`]). No I/O here:
+//! [`super::link`] reads and writes, this decides what the bytes mean.
+//! The rules: docs/design/replica-connections.md.
 
 use bytes::{Buf, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
 
 /// Headers an answer's head may carry (hyper's default too).
 const MAX_HEADERS: usize = 100;
@@ -52,48 +51,6 @@ impl WireError {
             _ => false,
         }
     }
-}
-
-/// A request's head as it goes on the wire. The body's length comes from
-/// `len` (whatever `Content-Length` or `Transfer-Encoding` the request
-/// carried is not written): every body slogate sends has a known length.
-pub(super) fn encode_head<B>(req: &Request<B>, len: u64) -> Vec<u8> {
-    // Sized once: the request line, each header line, the length's, the end.
-    let lines: usize = req.headers().iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
-    let target = req.uri().path_and_query().map_or(1, |p| p.as_str().len());
-    let host = req.uri().authority().map_or(0, |a| a.as_str().len() + 8);
-    let mut out = Vec::with_capacity(req.method().as_str().len() + target + 12 + lines + host + 40 + 2);
-    out.extend_from_slice(req.method().as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(req.uri().path_and_query().map_or("/", |p| p.as_str()).as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    let headers = req.headers();
-    if !headers.contains_key(HOST) {
-        if let Some(authority) = req.uri().authority() {
-            line(&mut out, b"host", authority.as_str().as_bytes());
-        }
-    }
-    for (name, value) in headers {
-        if name != CONTENT_LENGTH && name != TRANSFER_ENCODING {
-            line(&mut out, name.as_str().as_bytes(), value.as_bytes());
-        }
-    }
-    // A GET or HEAD without a body says nothing of one (as clients do).
-    if len > 0 || !matches!(*req.method(), Method::GET | Method::HEAD) {
-        // Written in place (no string of its own): the head is sized for it.
-        out.extend_from_slice(b"content-length: ");
-        let _ = write!(out, "{len}");
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    out
-}
-
-fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// How an answer's body is delimited.
@@ -336,22 +293,6 @@ mod tests {
             }
         }
         Ok((out, false))
-    }
-
-    #[test]
-    fn a_request_head_states_its_length_and_drops_the_framing_it_came_with() {
-        let req = Request::post("/v1/completions?x=1")
-            .header(HOST, "replica:8000")
-            .header(CONTENT_LENGTH, "999")
-            .header(TRANSFER_ENCODING, "chunked")
-            .header("x-a", "1")
-            .header("x-a", "2")
-            .body(())
-            .expect("request");
-        let head = String::from_utf8(encode_head(&req, 17)).expect("utf-8");
-        assert_eq!(head, "POST /v1/completions?x=1 HTTP/1.1\r\nhost: replica:8000\r\nx-a: 1\r\nx-a: 2\r\ncontent-length: 17\r\n\r\n");
-        let get = Request::get("http://h:1/health").body(()).expect("request");
-        assert_eq!(String::from_utf8(encode_head(&get, 0)).expect("utf-8"), "GET /health HTTP/1.1\r\nhost: h:1\r\n\r\n");
     }
 
     #[test]

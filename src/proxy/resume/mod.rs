@@ -410,17 +410,17 @@ impl Link<conn::UpstreamBody> for PoolLink {
         let replica = lease.replica().clone();
         let forwarded = Forwarded::of(&self.parts, &self.client);
         let hop = Hop { strip_credentials: self.strip_auth, json: true };
+        let untraced = http::HeaderMap::new();
         let req = match path {
             Some(path) => {
                 let mut parts = self.parts.clone();
                 parts.uri = http::Uri::from_static(path);
-                build_upstream_request(&parts, &replica, body.into(), hop, &forwarded, &self.request_id)
+                build_upstream_request(&parts, &replica, body.into(), hop, &forwarded, &self.request_id, &untraced)
             }
-            None => build_upstream_request(&self.parts, &replica, body.into(), hop, &forwarded, &self.request_id),
+            None => build_upstream_request(&self.parts, &replica, body.into(), hop, &forwarded, &self.request_id, &untraced),
         };
         let connect = self.pool.config.timeouts.connect.get();
         Some(Box::pin(async move {
-            let req = req.map_err(|e| e.for_log())?;
             let send = |req, fresh| tokio::time::timeout_at(deadline, conn::send(&replica, req, connect, fresh, conn::Reads::Events));
             let sent = match send(req.clone(), false).await {
                 // A kept-alive connection closed as it went out: on a new one.

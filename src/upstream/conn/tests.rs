@@ -61,7 +61,7 @@ impl Wakes {
 
 /// Send `req` on `link` and wait for the answer's head (no idle list to go back to).
 async fn exchange(mut link: Box<Link>, req: Request<SendBody>) -> Result<Response<UpstreamBody>, WireError> {
-    link.start(req);
+    link.start(req.into());
     let head = poll_fn(|cx| link.poll_head(cx)).await?;
     Ok(answer(head, link, None))
 }
@@ -128,7 +128,7 @@ async fn a_stream_holds_no_read_buffer_between_events() {
     use tokio::io::AsyncWriteExt;
     let (listener, base) = replica().await;
     let (mut link, mut server) = connected(&listener, &base, Reads::Events).await;
-    link.start(Request::post("/v1/completions").body(SendBody::from(Bytes::from_static(b"{}"))).expect("request"));
+    link.start(Request::post("/v1/completions").body(SendBody::from(Bytes::from_static(b"{}"))).expect("request").into());
     let (head, ()) = tokio::join!(poll_fn(|cx| link.poll_head(cx)), answer_once(&mut server, SSE_HEAD));
     assert!(head.is_ok());
     let (a, b) = ("data: {\"text\":\"a\"}\n\n", "data: {\"text\":\"b\"}\n\n");
@@ -244,7 +244,7 @@ async fn answer_once(server: &mut TcpStream, wire: &[u8]) {
 /// its end (or its error), and the link.
 async fn get_through(mut link: Box<Link>, server: &mut TcpStream, wire: &[u8]) -> (Result<Vec<u8>, WireError>, Box<Link>) {
     let req = Request::get("/x").header(http::header::HOST, "r").body(SendBody::from(Bytes::new())).expect("request");
-    link.start(req);
+    link.start(req.into());
     let (head, ()) = tokio::join!(poll_fn(|cx| link.poll_head(cx)), answer_once(server, wire));
     if let Err(e) = head {
         return (Err(e), link);
@@ -298,7 +298,7 @@ async fn a_connection_is_kept_only_when_its_answer_lets_it() {
 /// then closed: the link, past the answer's head.
 async fn answered_then_closed(listener: &tokio::net::TcpListener, base: &http::Uri, reads: Reads, wire: &[u8]) -> Box<Link> {
     let (mut link, mut server) = connected(listener, base, reads).await;
-    link.start(Request::get("/x").body(SendBody::from(Bytes::new())).expect("request"));
+    link.start(Request::get("/x").body(SendBody::from(Bytes::new())).expect("request").into());
     let replica_side = async {
         answer_once(&mut server, wire).await;
         drop(server);
@@ -328,7 +328,7 @@ async fn an_answer_without_a_body_is_whole_at_its_head() {
 async fn a_replica_that_closes_unanswered_is_told_apart() {
     let (listener, base) = replica().await;
     let (mut link, mut server) = connected(&listener, &base, Reads::Events).await;
-    link.start(Request::post("/x").body(SendBody::from(Bytes::from_static(b"{}"))).expect("request"));
+    link.start(Request::post("/x").body(SendBody::from(Bytes::from_static(b"{}"))).expect("request").into());
     let replica_side = async {
         assert!(read_request_head(&mut server).await);
         drop(server);
