@@ -150,37 +150,34 @@ pub(super) fn build_upstream_request(
     let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     // A replica URL may carry a path prefix (`http://host/vllm`).
     let prefix = replica.address.base.path().trim_end_matches('/');
-    let host = replica.address.host.as_ref();
-    let added = [host, Some(request_id), forwarded.x_forwarded_for.as_ref(), forwarded.forwarded.as_ref()];
+    let host = replica.address.host.as_ref().map(|h| (&header::HOST, h));
+    let json = HeaderValue::from_static("application/json");
+    // Written after the caller's, in this order; `None`: not this request's.
+    let after = [
+        (&header::CONTENT_TYPE, hop.json.then_some(&json)),
+        (&X_REQUEST_ID, Some(request_id)),
+        (&X_FORWARDED_FOR, forwarded.x_forwarded_for.as_ref()),
+        (&header::FORWARDED, forwarded.forwarded.as_ref()),
+    ];
+    let after = || after.iter().filter_map(|&(k, v)| Some((k, v?)));
     // Room for every line the caller sent (some are left out) and those
     // added here, so the head is not grown on the way.
-    let lines = parts.headers.iter().chain(trace.iter()).map(|(k, v)| Outgoing::line_len(k, v)).sum::<usize>()
-        + added.iter().flatten().map(|v| v.len() + 20).sum::<usize>()
-        + if hop.json { 35 } else { 0 };
+    let lines = parts.headers.iter().chain(host).chain(after()).chain(trace).map(|(k, v)| Outgoing::line_len(k, v)).sum();
     let mut req = Outgoing::new(parts.method.clone(), prefix, pq, lines, body);
-    if let Some(host) = host {
-        req.header(&header::HOST, host);
+    if let Some((k, v)) = host {
+        req.header(k, v);
     }
     let named = connection_named(&parts.headers);
     let hop = Hop { strip_credentials: hop.strip_credentials || replica.has_api_key(), ..hop };
     for (k, v) in parts.headers.iter() {
-        if !hop.forwards(k, &named) || forwarded.replaces(k) || (!trace.is_empty() && trace.contains_key(k)) {
+        // (A lookup in an empty map returns before hashing the name.)
+        if !hop.forwards(k, &named) || forwarded.replaces(k) || trace.contains_key(k) {
             continue;
         }
         req.header(k, v);
     }
-    if hop.json {
-        req.header(&header::CONTENT_TYPE, &HeaderValue::from_static("application/json"));
-    }
-    // The request's id, as vLLM takes it for its own (`X-Request-Id`).
-    req.header(&X_REQUEST_ID, request_id);
-    if let Some(v) = &forwarded.x_forwarded_for {
-        req.header(&X_FORWARDED_FOR, v);
-    }
-    if let Some(v) = &forwarded.forwarded {
-        req.header(&header::FORWARDED, v);
-    }
-    for (k, v) in trace {
+    // The request's id goes as `X-Request-Id`, which vLLM takes for its own.
+    for (k, v) in after().chain(trace) {
         req.header(k, v);
     }
     req
