@@ -168,6 +168,14 @@ impl Preemption {
         self.ask(1, Some(key))
     }
 
+    /// Interactive requests of other instances of a fleet wait for seats
+    /// this instance holds past its part of replica `key`: ask streams
+    /// there, the cheapest to redo first, until `owed` of them owe their
+    /// slots (docs/design/fleet.md, rule 9). True when one was asked.
+    pub(crate) fn ask_for_peers(&self, key: usize, owed: usize) -> bool {
+        self.ask(owed, Some(key))
+    }
+
     fn ask(&self, waiting: usize, on: Option<usize>) -> bool {
         let mut vs = self.victims.lock().unwrap_or_else(|p| p.into_inner());
         vs.retain(|w| w.strong_count() > 0);
@@ -245,5 +253,24 @@ mod tests {
         assert!(here.asked(&waker) && !there.asked(&waker), "its own replica's, though dearer");
         assert!(!p.ask_on(1), "one owed there already");
         assert!(!p.ask_on(3), "none on that replica");
+    }
+
+    #[test]
+    fn seats_past_a_fleet_part_are_asked_for_until_that_many_are_owed() {
+        let p = Preemption::default();
+        let vs: Vec<Arc<Victim>> = (0..3).map(|i| Arc::new(Victim::new(100 + i, None, 0))).collect();
+        let other = Arc::new(Victim::new(1, None, 0));
+        for (v, key) in vs.iter().map(|v| (v, 1)).chain([(&other, 2)]) {
+            v.sent(5);
+            v.on(key);
+            p.enlist(Arc::downgrade(v));
+        }
+        let waker = futures_util::task::noop_waker();
+        assert!(p.ask_for_peers(1, 2) && p.ask_for_peers(1, 2), "two seats past the part: two streams");
+        assert!(!p.ask_for_peers(1, 2), "two owed already: the next fleet tick asks no third");
+        assert_eq!(vs.iter().map(|v| v.asked(&waker)).collect::<Vec<_>>(), [true, true, false], "the cheapest to redo first");
+        assert!(!other.asked(&waker), "only on the replica held past the part");
+        vs[0].gave_back();
+        assert!(p.ask_for_peers(1, 2), "one came back while two seats are still past the part");
     }
 }

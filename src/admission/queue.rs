@@ -588,6 +588,7 @@ impl PoolAdmission {
 
 mod deadlines;
 mod dispatch;
+mod peers;
 mod seating;
 
 #[cfg(test)]

@@ -102,6 +102,7 @@ impl Fleet {
                     batch: d.batch,
                     batch_held: a.batch_inflight(),
                     waiting: d.waiting,
+                    interactive_waiting: a.interactive_waiting(),
                     replicas: pool
                         .replicas
                         .iter()
@@ -241,10 +242,19 @@ impl Fleet {
                 others_batch: fresh.iter().map(|p| p.1.batch_held).sum(),
             }));
             let parts = split(&self.id, own, &locals, &standings, &pool.config.name, scale);
+            let chat_waits: usize = fresh.iter().map(|p| p.1.interactive_waiting).sum();
             for (r, part) in pool.replicas.iter().zip(parts) {
                 r.set_fleet_share(Some((part.slots, part.others)));
                 let labels = ReplicaLabels { pool: pool.config.name.clone(), replica: r.label().to_string() };
                 metrics.replica_slots.get_or_create(&labels).set(part.slots as i64);
+                // Seats held past the part on a full replica, while chat
+                // waits elsewhere in the fleet, go back now, not as streams end.
+                if chat_waits > 0
+                    && r.inflight() + part.others >= r.max_inflight()
+                    && a.preempt_for_peers(r, r.inflight().saturating_sub(part.slots).min(chat_waits))
+                {
+                    tracing::info!(pool = %pool.config.name, replica = %r.label(), "a batch stream held past this instance's part asked for its slot: another instance's interactive request waits");
+                }
             }
             pool.set_others_waiting(fresh.iter().map(|p| p.1.waiting).sum());
         }

@@ -258,6 +258,7 @@ mod tests {
                 batch: d.batch,
                 batch_held: 0,
                 waiting: d.waiting,
+                interactive_waiting: 0,
                 replicas: replicas
                     .iter()
                     .map(|&(url, inflight, limit, slots)| ReplicaState { url: url.into(), healthy: true, inflight, limit, slots })

@@ -32,6 +32,9 @@ pub(crate) struct PoolState {
     pub(crate) batch_held: usize,
     /// Requests waiting in its queues.
     pub(crate) waiting: usize,
+    /// Interactive requests among them.
+    #[serde(default)]
+    pub(crate) interactive_waiting: usize,
     pub(crate) replicas: Vec<ReplicaState>,
     /// Bytes per block of its prefix index (`prefix.block`): decisions of
     /// another block size name other blocks and are not read.
