@@ -242,20 +242,7 @@ impl Fleet {
                 others_batch: fresh.iter().map(|p| p.1.batch_held).sum(),
             }));
             let parts = split(&self.id, own, &locals, &standings, &pool.config.name, scale);
-            let chat_waits: usize = fresh.iter().map(|p| p.1.interactive_waiting).sum();
-            for (r, part) in pool.replicas.iter().zip(parts) {
-                r.set_fleet_share(Some((part.slots, part.others)));
-                let labels = ReplicaLabels { pool: pool.config.name.clone(), replica: r.label().to_string() };
-                metrics.replica_slots.get_or_create(&labels).set(part.slots as i64);
-                // Seats held past the part on a full replica, while chat
-                // waits elsewhere in the fleet, go back now, not as streams end.
-                if chat_waits > 0
-                    && r.inflight() + part.others >= r.max_inflight()
-                    && a.preempt_for_peers(r, r.inflight().saturating_sub(part.slots).min(chat_waits))
-                {
-                    tracing::info!(pool = %pool.config.name, replica = %r.label(), "a batch stream held past this instance's part asked for its slot: another instance's interactive request waits");
-                }
-            }
+            set_parts(a, &pool, &parts, fresh.iter().map(|p| p.1.interactive_waiting).sum(), metrics);
             pool.set_others_waiting(fresh.iter().map(|p| p.1.waiting).sum());
         }
         // Slots may have appeared: hand them out.
@@ -302,6 +289,24 @@ impl Fleet {
             if let Some(t) = p.poller.lock().unwrap_or_else(|e| e.into_inner()).take() {
                 t.abort();
             }
+        }
+    }
+}
+
+/// This instance's `parts` of `pool`'s replicas take effect. Seats it holds
+/// past its part on a replica full as last heard, while `chat_waits`
+/// interactive requests wait at the other instances, go back now, not as
+/// its streams end (fleet.md rule 9).
+fn set_parts(a: &PoolAdmission, pool: &crate::upstream::Pool, parts: &[split::Part], chat_waits: usize, metrics: &Metrics) {
+    for (r, part) in pool.replicas.iter().zip(parts) {
+        r.set_fleet_share(Some((part.slots, part.others)));
+        let labels = ReplicaLabels { pool: pool.config.name.clone(), replica: r.label().to_string() };
+        metrics.replica_slots.get_or_create(&labels).set(part.slots as i64);
+        if chat_waits > 0
+            && r.inflight() + part.others >= r.max_inflight()
+            && a.preempt_for_peers(r, r.inflight().saturating_sub(part.slots).min(chat_waits))
+        {
+            tracing::info!(pool = %pool.config.name, replica = %r.label(), "a batch stream held past this instance's part asked for its slot: another instance's interactive request waits");
         }
     }
 }
