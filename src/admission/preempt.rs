@@ -160,19 +160,14 @@ impl Preemption {
         self.ask(waiting, None)
     }
 
-    /// An interactive request on replica `key` has no first token at its
-    /// moment (it waits inside the engine for a slot): ask the stream on
-    /// that replica cheapest to redo, unless one asked there owes its slot
-    /// already (rule 1's second case).
-    pub(crate) fn ask_on(&self, key: usize) -> bool {
-        self.ask(1, Some(key))
-    }
-
-    /// Interactive requests of other instances of a fleet wait for seats
-    /// this instance holds past its part of replica `key`: ask streams
-    /// there, the cheapest to redo first, until `owed` of them owe their
-    /// slots (docs/design/fleet.md, rule 9). True when one was asked.
-    pub(crate) fn ask_for_peers(&self, key: usize, owed: usize) -> bool {
+    /// Ask the stream on replica `key` cheapest to redo for its slot,
+    /// unless `owed` asked there owe theirs already: for an interactive
+    /// request there with no first token at its moment (it waits inside
+    /// the engine for a slot; rule 1's second case, one owed), or for other
+    /// instances of a fleet whose interactive requests wait for seats this
+    /// one holds past its part there (docs/design/fleet.md, rule 9: as many
+    /// as it holds past its part). True when one was asked.
+    pub(crate) fn ask_on(&self, key: usize, owed: usize) -> bool {
         self.ask(owed, Some(key))
     }
 
@@ -249,10 +244,10 @@ mod tests {
             p.enlist(Arc::downgrade(v));
         }
         let waker = futures_util::task::noop_waker();
-        assert!(p.ask_on(1));
+        assert!(p.ask_on(1, 1));
         assert!(here.asked(&waker) && !there.asked(&waker), "its own replica's, though dearer");
-        assert!(!p.ask_on(1), "one owed there already");
-        assert!(!p.ask_on(3), "none on that replica");
+        assert!(!p.ask_on(1, 1), "one owed there already");
+        assert!(!p.ask_on(3, 1), "none on that replica");
     }
 
     #[test]
@@ -266,11 +261,11 @@ mod tests {
             p.enlist(Arc::downgrade(v));
         }
         let waker = futures_util::task::noop_waker();
-        assert!(p.ask_for_peers(1, 2) && p.ask_for_peers(1, 2), "two seats past the part: two streams");
-        assert!(!p.ask_for_peers(1, 2), "two owed already: the next fleet tick asks no third");
+        assert!(p.ask_on(1, 2) && p.ask_on(1, 2), "two seats past the part: two streams");
+        assert!(!p.ask_on(1, 2), "two owed already: the next fleet tick asks no third");
         assert_eq!(vs.iter().map(|v| v.asked(&waker)).collect::<Vec<_>>(), [true, true, false], "the cheapest to redo first");
         assert!(!other.asked(&waker), "only on the replica held past the part");
         vs[0].gave_back();
-        assert!(p.ask_for_peers(1, 2), "one came back while two seats are still past the part");
+        assert!(p.ask_on(1, 2), "one came back while two seats are still past the part");
     }
 }

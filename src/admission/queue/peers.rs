@@ -20,6 +20,6 @@ impl PoolAdmission {
     /// replica full as last heard: batch streams there are asked for their
     /// slots until `over` owe them. True when one was asked.
     pub(crate) fn preempt_for_peers(&self, r: &Arc<Replica>, over: usize) -> bool {
-        over > 0 && self.pool().config.preempts() && self.preemption.ask_for_peers(replica_key(r), over)
+        over > 0 && self.pool().config.preempts() && self.preemption.ask_on(replica_key(r), over)
     }
 }

@@ -72,7 +72,7 @@ impl Seating for PoolAdmission {
     }
 
     fn ask_on(&self, key: usize) -> bool {
-        self.preemption.ask_on(key)
+        self.preemption.ask_on(key, 1)
     }
 
     fn requeue(self: Arc<Self>, tier: Tier, claim: Claim) -> Requeued {
