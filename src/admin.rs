@@ -70,20 +70,32 @@ async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
         (&Method::POST, "/-/reload") => reload(&app).await,
         (&Method::GET, "/slo") => typed(crate::status::html(&crate::status::collect(&app)).into(), "text/html; charset=utf-8", true),
         (&Method::GET, "/capacity") => capacity(&req, &app),
-        (&Method::GET, crate::fleet::STATE_PATH) => {
-            let snap = app.snapshot();
-            let pools: Vec<_> = snap.pools.iter().map(|r| r.admission.clone()).collect();
-            // A peer asks for the routing decisions after the last it read.
-            let since = req.uri().query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("since=")?.parse().ok()));
-            let state = app.fleet.state(&pools, &snap.config.fleet, true, since);
-            typed(serde_json::to_vec(&state).unwrap_or_default(), "application/json", true)
-        }
+        (&Method::GET, crate::fleet::STATE_PATH) => fleet_state(&req, &app).await,
         (&Method::GET, "/slo.json") => {
             typed(serde_json::to_vec_pretty(&crate::status::collect(&app)).unwrap_or_default(), "application/json", true)
         }
         (&Method::GET, "/readyz") => readyz(&app),
         (m, p) => GatewayError::no_route(m, p, route_method(p)).into_response(),
     }
+}
+
+/// This instance's fleet state. A peer asks for the routing decisions after
+/// the last it read (`since`), and may ask to be answered only at news or
+/// after `wait_ms` (docs/design/fleet.md, rule 15).
+async fn fleet_state(req: &Request<Incoming>, app: &App) -> Response<ProxyBody> {
+    let query =
+        |name: &str| -> Option<u64> { req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok()) };
+    let pools: Vec<_> = app.snapshot().pools.iter().map(|r| r.admission.clone()).collect();
+    let woken = match query("wait_ms") {
+        Some(ms) if ms > 0 => crate::fleet::Fleet::hold(&pools, std::time::Duration::from_millis(ms), query("news")).await,
+        _ => false,
+    };
+    // The state as it stands after the wait.
+    let snap = app.snapshot();
+    let pools: Vec<_> = snap.pools.iter().map(|r| r.admission.clone()).collect();
+    let mut state = app.fleet.state(&pools, &snap.config.fleet, true, query("since"));
+    state.woken = woken;
+    typed(serde_json::to_vec(&state).unwrap_or_default(), "application/json", true)
 }
 
 /// A 401 when the admin listener has a token and the request lacks it.

@@ -200,6 +200,36 @@ impl Drop for Running<'_> {
     }
 }
 
+/// A count of changes that readers elsewhere want to hear of at once: a
+/// reader holding a long poll watches it ([`Beacon::watch`]) and answers
+/// when it moves, or at once where it moved since the count the reader
+/// last saw ([`Beacon::count`]). Telling takes the count's lock: it is for
+/// events, not for every request.
+pub(crate) struct Beacon(tokio::sync::watch::Sender<u64>);
+
+impl Default for Beacon {
+    fn default() -> Beacon {
+        Beacon(tokio::sync::watch::Sender::new(0))
+    }
+}
+
+impl Beacon {
+    /// Something changed that the watchers act on.
+    pub(crate) fn tell(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// The changes told so far (wrapping).
+    pub(crate) fn count(&self) -> u64 {
+        *self.0.borrow()
+    }
+
+    /// A receiver whose `changed()` resolves at the next [`Beacon::tell`].
+    pub(crate) fn watch(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 //! A waiter leaves the queue by being handed a lease, refused, or dropped
 //! with its request ([`WaitGuard`]).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use prometheus_client::metrics::gauge::Gauge;
@@ -14,6 +14,7 @@ use super::fair::{FairQueue, Queued, Share};
 use super::lease::{Claim, Lease, Refusal};
 use super::rates::Rates;
 use crate::config::Tier;
+use crate::sync::Beacon;
 use crate::telemetry::metrics::{Metrics, TierLabel, TierOnlyLabels};
 
 /// A request waiting for a slot.
@@ -76,6 +77,13 @@ struct Counters {
 pub(crate) struct Waiting {
     queues: Mutex<Queues>,
     tiers: [Counters; 2],
+    /// What a fleet's other instances hear at once rather than at their
+    /// next read (docs/design/fleet.md, rule 15): interactive requests
+    /// start waiting here or none waits any more, and, while theirs wait,
+    /// a slot is given back here.
+    pub(crate) news: Beacon,
+    /// The others have interactive requests waiting, as last heard.
+    others_wait: AtomicBool,
 }
 
 impl Waiting {
@@ -85,7 +93,24 @@ impl Waiting {
             bytes: AtomicU64::new(0),
             depth: metrics.queue_depth.get_or_create(&TierOnlyLabels { tier }).clone(),
         };
-        Waiting { queues: Mutex::new(Queues::default()), tiers: [counters(TierLabel::interactive), counters(TierLabel::batch)] }
+        Waiting {
+            queues: Mutex::new(Queues::default()),
+            tiers: [counters(TierLabel::interactive), counters(TierLabel::batch)],
+            news: Beacon::default(),
+            others_wait: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the fleet's other instances have interactive requests waiting.
+    pub(crate) fn set_others_wait(&self, wait: bool) {
+        self.others_wait.store(wait, Ordering::Relaxed);
+    }
+
+    /// A slot was given back here: news for the others while theirs wait.
+    pub(super) fn slot_freed(&self) {
+        if self.others_wait.load(Ordering::Relaxed) {
+            self.news.tell();
+        }
     }
 
     /// The queues, locked (`None` if a panic poisoned the lock).
@@ -101,16 +126,22 @@ impl Waiting {
     pub(super) fn inc(&self, tier: Tier, bytes: u64) {
         let c = self.of(tier);
         c.bytes.fetch_add(bytes, Ordering::SeqCst);
-        c.waiting.fetch_add(1, Ordering::SeqCst);
+        let was = c.waiting.fetch_add(1, Ordering::SeqCst);
         c.depth.inc();
+        if tier == Tier::Interactive && was == 0 {
+            self.news.tell();
+        }
     }
 
     /// A request with a body of `bytes` stops waiting in `tier`.
     pub(super) fn dec(&self, tier: Tier, bytes: u64) {
         let c = self.of(tier);
-        c.waiting.fetch_sub(1, Ordering::SeqCst);
+        let was = c.waiting.fetch_sub(1, Ordering::SeqCst);
         c.bytes.fetch_sub(bytes, Ordering::SeqCst);
         c.depth.dec();
+        if tier == Tier::Interactive && was == 1 {
+            self.news.tell();
+        }
     }
 
     /// Requests waiting in `tier`'s queue.

@@ -31,6 +31,8 @@ pub(crate) use wire::{PeerView, PoolState, ReplicaState, State};
 pub(crate) const STATE_PATH: &str = "/fleet.json";
 /// How often `fleet.peers_dns` is resolved again.
 const RESOLVE_EVERY: Duration = Duration::from_secs(1);
+/// The longest a read of [`STATE_PATH`] is held for news (`?wait_ms=`).
+const HOLD_AT_MOST: Duration = Duration::from_secs(1);
 
 /// What the fleet task reads at each tick.
 pub(crate) struct View {
@@ -51,6 +53,9 @@ pub(crate) struct Fleet {
     /// Per pool: the fleet's interactive requests (holding or waiting, all
     /// instances heard) at each tick of the last [`DEMAND_WINDOW`].
     interactive: Mutex<HashMap<String, std::collections::VecDeque<(Instant, usize)>>>,
+    /// A peer's read came back early with news: the parts are computed
+    /// again now, not at the next period (rule 15).
+    news: Arc<tokio::sync::Notify>,
 }
 
 /// One other instance (or this one, reached by its address).
@@ -76,7 +81,34 @@ impl Fleet {
         // A random id (the standard library's hasher seeds are random per process).
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u32(std::process::id());
-        Fleet { id: format!("{:016x}", h.finish()), peers: Mutex::new(HashMap::new()), interactive: Mutex::default() }
+        Fleet { id: format!("{:016x}", h.finish()), peers: Mutex::new(HashMap::new()), interactive: Mutex::default(), news: Arc::default() }
+    }
+
+    /// A peer's read of this instance's state, held for at most `wait` (and
+    /// [`HOLD_AT_MOST`]) until one of `pools` has news for it (rule 15), or
+    /// not at all where news came since the count it last saw (`seen`).
+    /// True when news ended it.
+    pub(crate) async fn hold(pools: &[Arc<PoolAdmission>], wait: Duration, seen: Option<u64>) -> bool {
+        // Watched before the count is read: news between the two is not lost.
+        let waits: Vec<_> = pools
+            .iter()
+            .map(|a| {
+                let mut news = a.news();
+                Box::pin(async move { news.changed().await.is_ok() })
+            })
+            .collect();
+        if seen.is_some_and(|n| n != news_count(pools)) {
+            return true;
+        }
+        let wait = tokio::time::sleep(wait.min(HOLD_AT_MOST));
+        if waits.is_empty() {
+            wait.await;
+            return false;
+        }
+        tokio::select! {
+            (told, _, _) = futures_util::future::select_all(waits) => told,
+            _ = wait => false,
+        }
     }
 
     pub(crate) fn id(&self) -> &str {
@@ -88,6 +120,7 @@ impl Fleet {
     /// numbered after `since`, for a peer that asks).
     pub(crate) fn state(&self, pools: &[Arc<PoolAdmission>], config: &FleetConfig, with_peers: bool, since: Option<u64>) -> State {
         let sent_seq = prefix::last_seq();
+        let news = news_count(pools);
         let pools = pools
             .iter()
             .map(|a| {
@@ -121,7 +154,7 @@ impl Fleet {
             })
             .collect();
         let peers = if with_peers { self.peer_views(config, Instant::now()) } else { Vec::new() };
-        State { id: self.id.clone(), pools, sent_seq, peers }
+        State { id: self.id.clone(), pools, sent_seq, peers, woken: false, news }
     }
 
     /// The peers as they stand now (for the status page).
@@ -173,7 +206,7 @@ impl Fleet {
             let Ok(base) = crate::config::parse_peer_url(address) else { continue };
             let peer =
                 Arc::new(Peer { address: address.clone(), since: Instant::now(), heard: Mutex::default(), poller: Mutex::new(None) });
-            let task = tokio::spawn(poll(self.id.clone(), peer.clone(), base, current.clone(), stop.clone()));
+            let task = tokio::spawn(poll(self.id.clone(), peer.clone(), base, current.clone(), self.news.clone(), stop.clone()));
             *peer.poller.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
             peers.insert(address.clone(), peer);
         }
@@ -242,7 +275,9 @@ impl Fleet {
                 others_batch: fresh.iter().map(|p| p.1.batch_held).sum(),
             }));
             let parts = split(&self.id, own, &locals, &standings, &pool.config.name, scale);
-            set_parts(a, &pool, &parts, fresh.iter().map(|p| p.1.interactive_waiting).sum(), metrics);
+            let chat_waits = fresh.iter().map(|p| p.1.interactive_waiting).sum();
+            a.set_others_wait(chat_waits > 0);
+            set_parts(a, &pool, &parts, chat_waits, metrics);
             pool.set_others_waiting(fresh.iter().map(|p| p.1.waiting).sum());
         }
         // Slots may have appeared: hand them out.
@@ -293,6 +328,11 @@ impl Fleet {
     }
 }
 
+/// The news `pools` told so far, together (wrapping).
+fn news_count(pools: &[Arc<PoolAdmission>]) -> u64 {
+    pools.iter().fold(0u64, |n, a| n.wrapping_add(a.news_count()))
+}
+
 /// This instance's `parts` of `pool`'s replicas take effect. Seats it holds
 /// past its part on a replica full as last heard, while `chat_waits`
 /// interactive requests wait at the other instances, go back now, not as
@@ -312,18 +352,36 @@ fn set_parts(a: &PoolAdmission, pool: &crate::upstream::Pool, parts: &[split::Pa
 }
 
 /// Read one peer's state every `fleet.period` until it is forgotten or the
-/// gateway stops.
-async fn poll(own_id: String, peer: Arc<Peer>, base: http::Uri, current: Arc<Current>, mut stop: watch::Receiver<bool>) {
-    let mut next = Instant::now();
+/// gateway stops. Each read asks the peer to hold it for the period and
+/// answer early with news (rule 15): such an answer has the parts computed
+/// again at once, through `news`, and the next read sent at once.
+async fn poll(
+    own_id: String,
+    peer: Arc<Peer>,
+    base: http::Uri,
+    current: Arc<Current>,
+    news: Arc<tokio::sync::Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
     // The last of its routing decisions read (see [`prefix::take_in`]).
     let mut read = 0u64;
+    // The count of its news in its last answer.
+    let mut seen: Option<u64> = None;
     loop {
         let view = current();
         let config = view.config.fleet.clone();
         drop(view.pools);
         let timeout = config.peer_timeout.get() / 2;
-        let path = format!("{STATE_PATH}?since={read}");
-        let answer = crate::upstream::conn::get_once(&base, &path, view.bearer.as_ref(), timeout).await;
+        let sent = Instant::now();
+        let is_self = peer.heard.lock().unwrap_or_else(|e| e.into_inner()).is_self;
+        // Held for the period, well inside the timeout; this instance's own
+        // state is read at once.
+        let hold = if is_self { Duration::ZERO } else { config.period.get().min(timeout / 2) };
+        let mut path = format!("{STATE_PATH}?since={read}&wait_ms={}", hold.as_millis());
+        if let Some(n) = seen {
+            path.push_str(&format!("&news={n}"));
+        }
+        let answer = crate::upstream::conn::get_once(&base, &path, view.bearer.as_ref(), timeout + hold).await;
         let now = Instant::now();
         let heard = match answer {
             Ok((status, body)) if status.is_success() => {
@@ -344,6 +402,10 @@ async fn poll(own_id: String, peer: Arc<Peer>, base: http::Uri, current: Arc<Cur
             });
             state
         });
+        let woken = matches!(&heard, Ok(state) if state.woken && state.id != own_id);
+        if let Ok(state) = &heard {
+            seen = Some(state.news);
+        }
         {
             let mut h = peer.heard.lock().unwrap_or_else(|e| e.into_inner());
             match heard {
@@ -356,7 +418,16 @@ async fn poll(own_id: String, peer: Arc<Peer>, base: http::Uri, current: Arc<Cur
                 Err(e) => h.error = Some(e),
             }
         }
-        next = (next + config.period.get()).max(now);
+        // A peer that held the read answers at the period's end: the next
+        // read goes at once. One that answers at once (itself, an older
+        // instance, an error) is read again a period after this read.
+        let next = if woken {
+            news.notify_one();
+            // News told without pause does not turn this into a busy loop.
+            (sent + config.period.get() / 10).max(now)
+        } else {
+            (sent + config.period.get()).max(now)
+        };
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
             _ = stop.changed() => return,
@@ -407,12 +478,17 @@ pub(crate) fn run(fleet: Arc<Fleet>, metrics: Arc<Metrics>, current: Box<Current
             drop(view);
             // Alone, it only looks for a reload that names peers.
             let wait = if config.enabled() { config.period.get() } else { ALONE_CHECK.max(config.period.get()) };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = stop.changed() => {
-                    fleet.set_peers_empty();
-                    resolver.abort();
-                    return;
+            let tick = Instant::now() + wait;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(tick) => break,
+                    // A peer's news: the parts follow it now (rule 15).
+                    _ = fleet.news.notified(), if joined => fleet.allocate(&current(), Instant::now(), &metrics),
+                    _ = stop.changed() => {
+                        fleet.set_peers_empty();
+                        resolver.abort();
+                        return;
+                    }
                 }
             }
         }

@@ -269,6 +269,8 @@ mod tests {
             }],
             sent_seq: 0,
             peers: Vec::new(),
+            woken: false,
+            news: 0,
         })
     }
 

@@ -14,6 +14,15 @@ pub(crate) struct State {
     /// Its peers as it sees them (for people; peers do not read it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) peers: Vec<PeerView>,
+    /// A reader that asked to wait (`?wait_ms=`) is answered before its
+    /// wait ended, for news it acts on at once (an older instance never
+    /// waits and never says so).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) woken: bool,
+    /// The news told so far: a reader passes it back (`?news=`) and is
+    /// answered at once where more came since.
+    #[serde(default)]
+    pub(crate) news: u64,
 }
 
 /// One pool of an instance's state.

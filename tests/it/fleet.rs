@@ -316,3 +316,42 @@ async fn each_gateway_of_a_fleet_reads_where_the_others_sent_their_prompts() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_read_is_held_until_news_and_answered_at_once_for_news_it_missed() {
+    let mock = Mock::start(standard(2, std::time::Duration::ZERO)).await;
+    let gw = gateway_config(&[mock.url()])
+        .pool("max_inflight_per_replica: 1")
+        // The waiter waits for the held slot, past chat's TTFT target.
+        .section("tiers:\n  interactive: { shed_late: false }")
+        .start()
+        .await;
+    let admin = gw.admin_addr;
+    let read = move |query: String| async move {
+        serde_json::from_slice::<serde_json::Value>(&admin_get(admin, &format!("/fleet.json{query}"), None).await).expect("JSON")
+    };
+    let news = |s: &serde_json::Value| s["news"].as_u64().expect("news");
+    let waiting = |s: &serde_json::Value| s["pools"][0]["interactive_waiting"].as_u64().expect("interactive_waiting");
+    let quiet = read(String::new()).await;
+    assert!(quiet["woken"].is_null(), "a plain read is answered as it stands: {quiet}");
+    // Nothing happens: held for the wait asked, and not woken.
+    let asked = std::time::Duration::from_millis(200);
+    let start = tokio::time::Instant::now();
+    let held = read(format!("?wait_ms={}&news={}", asked.as_millis(), news(&quiet))).await;
+    assert!(start.elapsed() >= asked && held["woken"].is_null(), "held for the wait: {held}");
+    // A chat request starts waiting here: news, which a read that comes
+    // after it hears at once by its count.
+    let slot = mock.hold_slot(&gw).await;
+    let addr = gw.data();
+    let waiter = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat_body(false, false), &[]).await });
+    wait_until("the chat request waits", || async { waiting(&read(String::new()).await) == 1 }).await;
+    let missed = read(format!("?wait_ms=1000&news={}", news(&held))).await;
+    assert_eq!((missed["woken"].as_bool(), waiting(&missed)), (Some(true), 1), "{missed}");
+    // Held from here, it is answered when the last chat request stops
+    // waiting (its slot came).
+    let pending = tokio::spawn(read(format!("?wait_ms=1000&news={}", news(&missed))));
+    slot.release().await;
+    let told = pending.await.expect("task");
+    assert_eq!((told["woken"].as_bool(), waiting(&told)), (Some(true), 0), "{told}");
+    assert_eq!(waiter.await.expect("task").0, 200);
+}

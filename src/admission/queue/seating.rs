@@ -36,6 +36,7 @@ impl Seating for PoolAdmission {
             }
         }
         self.released[lease.tier as usize].fetch_add(1, Ordering::Relaxed);
+        self.waiting.slot_freed();
         if self.waiting.depth(Tier::Interactive) + self.waiting.depth(Tier::Batch) > 0 {
             self.dispatch();
         }
@@ -56,6 +57,7 @@ impl Seating for PoolAdmission {
     }
 
     fn freed(self: Arc<Self>) {
+        self.waiting.slot_freed();
         self.dispatch();
     }
 

@@ -508,6 +508,7 @@ async fn a_lease_judges_the_finished_request() {
 
 mod beyond;
 mod held;
+mod news;
 mod preempted;
 mod shedding;
 
