@@ -200,9 +200,14 @@ pub(crate) fn split(id: &str, own: Demand, replicas: &[(&str, Local)], peers: &[
             let exact: Vec<f64> = fractions.iter().map(|x| f as f64 * x).collect();
             let floors: Vec<usize> = exact.iter().map(|e| (e + 1e-9).floor() as usize).collect();
             let left = f.saturating_sub(floors.iter().sum());
-            // Rank members by remainder, then by id rotated by the replica's position.
+            // Rank members by remainder, then by id rotated by the replica's
+            // position. The remainders are compared to a millionth: each
+            // instance sums the shares in its own order (itself first), and
+            // remainders alike but for their last bits must rank alike at
+            // every instance, or the parts do not add up to the slots.
+            let remainder = |m: usize| ((exact[m] - floors[m] as f64) * 1e6).round() as i64;
             let mut rank: Vec<(usize, usize)> = by_id.iter().enumerate().map(|(pos, &(_, m))| ((pos + n - k % n) % n, m)).collect();
-            rank.sort_by(|a, b| (exact[b.1] - floors[b.1] as f64).total_cmp(&(exact[a.1] - floors[a.1] as f64)).then(a.0.cmp(&b.0)));
+            rank.sort_by_key(|&(pos, m)| (std::cmp::Reverse(remainder(m)), pos));
             let extra = rank.iter().take(left).any(|&(_, m)| m == 0);
             Part { slots: (floors[0] + extra as usize).max(1), others }
         })
@@ -283,6 +288,25 @@ mod tests {
         let s = shares(10.0, &[demand(8, 0), demand(8, 50)]);
         assert_eq!(s, vec![5.0, 5.0], "interactive over capacity is shared evenly, batch gets nothing");
         assert!((shares(7.0, &[demand(3, 9), demand(0, 2), demand(1, 0)]).iter().sum::<f64>() - 7.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn every_instance_ranks_the_remainders_alike_so_the_parts_add_up() {
+        // Three instances on 8 slots, each computing its own part with
+        // itself first: their sums of the shares differ in the last bits,
+        // and compared exactly, two remainders that are equal ranked apart
+        // at one instance and not at another (parts 2, 2 and 3: a seat no
+        // instance held).
+        let demands = [("a", demand(3, 0)), ("b", demand(3, 14)), ("c", demand(5, 8))];
+        let parts: Vec<usize> = demands
+            .iter()
+            .map(|&(me, d)| {
+                let peers: Vec<Standing> =
+                    demands.iter().filter(|(id, _)| *id != me).map(|&(id, d)| Standing::Fresh(peer(id, d, &[("r1", 0, 8, 1)]))).collect();
+                split(me, d, &[("r1", local(8, 0, None))], &peers, "p", 1.0)[0].slots
+            })
+            .collect();
+        assert_eq!(parts.iter().sum::<usize>(), 8, "the parts {parts:?} add up to the slots");
     }
 
     #[test]
