@@ -85,14 +85,13 @@ async fn handle(req: Request<Incoming>, app: Arc<App>) -> Response<ProxyBody> {
 async fn fleet_state(req: &Request<Incoming>, app: &App) -> Response<ProxyBody> {
     let query =
         |name: &str| -> Option<u64> { req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok()) };
-    let pools: Vec<_> = app.snapshot().pools.iter().map(|r| r.admission.clone()).collect();
+    let snap = app.snapshot();
+    let pools: Vec<_> = snap.pools.iter().map(|r| r.admission.clone()).collect();
     let woken = match query("wait_ms") {
         Some(ms) if ms > 0 => crate::fleet::Fleet::hold(&pools, std::time::Duration::from_millis(ms), query("news")).await,
         _ => false,
     };
     // The state as it stands after the wait.
-    let snap = app.snapshot();
-    let pools: Vec<_> = snap.pools.iter().map(|r| r.admission.clone()).collect();
     let mut state = app.fleet.state(&pools, &snap.config.fleet, true, query("since"));
     state.woken = woken;
     typed(serde_json::to_vec(&state).unwrap_or_default(), "application/json", true)

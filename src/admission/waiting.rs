@@ -81,7 +81,7 @@ pub(crate) struct Waiting {
     /// next read (docs/design/fleet.md, rule 15): interactive requests
     /// start waiting here or none waits any more, and, while theirs wait,
     /// a slot is given back here.
-    pub(crate) news: Beacon,
+    pub(super) news: Beacon,
     /// The others have interactive requests waiting, as last heard.
     others_wait: AtomicBool,
 }
@@ -102,7 +102,7 @@ impl Waiting {
     }
 
     /// Whether the fleet's other instances have interactive requests waiting.
-    pub(crate) fn set_others_wait(&self, wait: bool) {
+    pub(super) fn set_others_wait(&self, wait: bool) {
         self.others_wait.store(wait, Ordering::Relaxed);
     }
 

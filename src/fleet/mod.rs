@@ -7,6 +7,7 @@
 //! atomics. The rules are docs/design/fleet.md's.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -379,7 +380,7 @@ async fn poll(
         let hold = if is_self { Duration::ZERO } else { config.period.get().min(timeout / 2) };
         let mut path = format!("{STATE_PATH}?since={read}&wait_ms={}", hold.as_millis());
         if let Some(n) = seen {
-            path.push_str(&format!("&news={n}"));
+            let _ = write!(path, "&news={n}");
         }
         let answer = crate::upstream::conn::get_once(&base, &path, view.bearer.as_ref(), timeout + hold).await;
         let now = Instant::now();
