@@ -317,6 +317,7 @@ impl Fleet {
                 metrics.replica_slots.get_or_create(&labels).set(r.slots() as i64);
             }
             pool.set_others_waiting(0);
+            a.set_others_wait(false);
         }
     }
 

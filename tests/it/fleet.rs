@@ -355,3 +355,48 @@ async fn a_peers_read_is_held_until_news_and_answered_at_once_for_news_it_missed
     assert_eq!((told["woken"].as_bool(), waiting(&told)), (Some(true), 0), "{told}");
     assert_eq!(waiter.await.expect("task").0, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_freed_is_news_while_a_peers_chat_waits_and_not_once_alone_again() {
+    std::env::set_var("SLOGATE_TEST_FLEET_TOKEN_5", "t5");
+    let mock = Mock::start(standard(4, std::time::Duration::ZERO)).await;
+    *mock.state.running.lock().expect("lock") = Some(0);
+    let peer = FakePeer::start("t5").await;
+    *peer.state.lock().expect("lock") = serde_json::json!({
+        "id": "fake-peer",
+        "pools": [{"name": "p", "interactive": 1, "interactive_now": 1, "batch": 0, "waiting": 1, "interactive_waiting": 1,
+                   "replicas": [{"url": mock.url(), "healthy": true, "inflight": 0, "limit": 8, "slots": 4}]}]
+    });
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let path = tmp.path().join("g.yaml");
+    let in_fleet = fleet_gateway(&mock, &[peer.url()], "SLOGATE_TEST_FLEET_TOKEN_5");
+    std::fs::write(&path, in_fleet.yaml()).expect("write");
+    let gw = started(slogate::Gateway::start_file(&path).await.expect("starts"));
+    let admin = gw.admin_addr;
+    let url = peer.url();
+    until("the peer is heard", admin, Some("t5"), |s| peer_status(s, &url) == "fresh").await;
+    let news = |s: &serde_json::Value| s["news"].as_u64().expect("news");
+    // The peer's chat waits: a slot given back here is news for it.
+    // (Heard, it counts at the next tick: a slot freed before then is not news yet.)
+    let before = news(&fleet_state(admin, Some("t5")).await);
+    let (gw_ref, mock_ref) = (&gw, &mock);
+    wait_until("a slot freed is told", || async move {
+        mock_ref.hold_slot(gw_ref).await.release().await;
+        news(&fleet_state(admin, Some("t5")).await) != before
+    })
+    .await;
+    // Alone again: nobody waits elsewhere, and a slot freed is no news.
+    std::fs::write(
+        &path,
+        gateway_config(&[mock.url()]).server("admin_token_env: SLOGATE_TEST_FLEET_TOKEN_5").pool("max_inflight_per_replica: 8").yaml(),
+    )
+    .expect("write");
+    gw.reload().await.expect("reloads");
+    until("alone", admin, Some("t5"), |s| s["peers"].as_array().is_none()).await;
+    let before = news(&fleet_state(admin, Some("t5")).await);
+    mock.hold_slot(&gw).await.release().await;
+    wait_until("the slot is given back", || async { fleet_state(admin, Some("t5")).await["pools"][0]["replicas"][0]["inflight"] == 0 })
+        .await;
+    assert_eq!(news(&fleet_state(admin, Some("t5")).await), before, "no news once alone");
+    gw.shutdown().await;
+}
