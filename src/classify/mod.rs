@@ -29,6 +29,9 @@ const X_SLO_CLASS: http::HeaderName = http::HeaderName::from_static("x-slo-class
 #[derive(Clone)]
 pub(crate) struct Class {
     pub(crate) name: Arc<str>,
+    /// Its name as the `x-slogate-class` response header's value, made
+    /// once (`None` for a name that is no header value: not sent).
+    pub(crate) header: Option<http::HeaderValue>,
     pub(crate) tier: Tier,
     pub(crate) ttft: Duration,
     pub(crate) itl: Duration,
@@ -212,6 +215,7 @@ impl Classifier {
             .map(|(name, c)| {
                 Arc::new(Class {
                     name: name.as_str().into(),
+                    header: http::HeaderValue::from_str(name).ok(),
                     tier: c.tier,
                     ttft: c.ttft.get(),
                     itl: c.itl.get(),

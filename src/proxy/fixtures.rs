@@ -18,6 +18,7 @@ pub(crate) fn fixture() -> (Arc<Metrics>, Arc<Class>) {
     let controls = crate::admission::Controls::new(metrics.clone());
     let class = Arc::new(Class {
         name: "chat".into(),
+        header: Some(http::HeaderValue::from_static("chat")),
         tier: crate::config::Tier::Interactive,
         ttft: Duration::from_millis(300),
         itl: Duration::from_millis(50),

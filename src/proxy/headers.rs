@@ -11,7 +11,7 @@ use crate::upstream::{Outgoing, SendBody};
 
 /// What slogate says of a request in its response's headers.
 pub(super) struct Said<'a> {
-    pub(super) class: &'a str,
+    pub(super) class: Option<&'a HeaderValue>,
     pub(super) replica: Option<HeaderValue>,
     pub(super) waited_ms: u64,
     pub(super) reduced: Option<String>,
@@ -22,8 +22,8 @@ pub(super) struct Said<'a> {
 /// Add slogate's headers to a response: class, replica, queue time, context
 /// reduction, the key's rate limits, the request id.
 pub(super) fn add_said(h: &mut HeaderMap, said: Said<'_>) {
-    if let Ok(v) = HeaderValue::from_str(said.class) {
-        h.insert(HeaderName::from_static("x-slogate-class"), v);
+    if let Some(v) = said.class {
+        h.insert(HeaderName::from_static("x-slogate-class"), v.clone());
     }
     if let Some(replica) = said.replica {
         h.insert(HeaderName::from_static("x-slogate-replica"), replica);

@@ -194,7 +194,7 @@ pub(super) fn observe(
 ) -> Response<ProxyBody> {
     let status = resp.status();
     let replica = lease.replica().public_name();
-    let class_name = tracker.class().name.clone();
+    let class_header = tracker.class().header.clone();
     let rate = tracker.rate();
     let id = tracker.request_id.clone();
     tracker.span().record("http.response.status_code", status.as_u16());
@@ -245,7 +245,7 @@ pub(super) fn observe(
         rparts.headers.remove(header::CONTENT_LENGTH);
     }
     let said = headers::Said {
-        class: &class_name,
+        class: class_header.as_ref(),
         replica: Some(replica),
         waited_ms: s.waited.as_millis() as u64,
         reduced: s.reduced,

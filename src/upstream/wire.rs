@@ -85,6 +85,9 @@ pub(super) struct Head {
     pub(super) keep_alive: bool,
 }
 
+/// Headers an answer's map has room for beyond the replica's own.
+const ADDED_HEADERS: usize = 4;
+
 /// Parse an answer's head from the front of `buf`, taking it out of it:
 /// `Ok(None)` while it is incomplete. Informational answers (1xx) are
 /// skipped. `method`: the request's, which decides whether a body follows.
@@ -110,7 +113,11 @@ pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<H
             values.extend_from_slice(h.value);
         }
         let values = values.freeze();
-        let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        // Room for the headers the gateway adds to the answer it relays
+        // (class, replica, queue time, request id): sized to the replica's
+        // alone, vLLM's four and those four outgrew the map, which then
+        // hashed every header again into one twice its size.
+        let mut headers = HeaderMap::with_capacity(parsed.headers.len() + ADDED_HEADERS);
         let mut at = 0;
         for h in parsed.headers.iter() {
             let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| WireError::Invalid("a header name"))?;
@@ -381,5 +388,16 @@ mod tests {
         buf.advance(6);
         assert_eq!(decode(&mut buf, &mut framing).expect("valid"), Decoded::End);
         assert_eq!(&buf[..], b"NEXT");
+    }
+
+    #[test]
+    fn a_vllm_answers_map_takes_the_gateways_headers_without_growing() {
+        let vllm = "HTTP/1.1 200 OK\r\ndate: Sat, 05 Dec 2026 14:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n{}";
+        let mut headers = head(vllm, &Method::POST).expect("valid").expect("whole").response.into_parts().0.headers;
+        let room = headers.capacity();
+        for name in ["x-slogate-class", "x-slogate-replica", "x-slogate-queue-ms", "x-request-id"] {
+            headers.insert(name, HeaderValue::from_static("v"));
+        }
+        assert_eq!((headers.len(), headers.capacity()), (8, room));
     }
 }
