@@ -71,7 +71,7 @@ pub(crate) async fn respond(
     mut pending: Pending,
     every: Duration,
     streams: Streams,
-    class: Arc<str>,
+    class: Option<HeaderValue>,
     id: HeaderValue,
 ) -> Response<ProxyBody> {
     tokio::select! {
@@ -80,12 +80,12 @@ pub(crate) async fn respond(
     }
     tokio::select! {
         resp = &mut pending => resp,
-        _ = streams.marked() => committed(pending, every, &class, &id),
+        _ = streams.marked() => committed(pending, every, class, &id),
     }
 }
 
 /// The 200 response of a stream whose headers go before its response.
-fn committed(pending: Pending, every: Duration, class: &str, id: &HeaderValue) -> Response<ProxyBody> {
+fn committed(pending: Pending, every: Duration, class: Option<HeaderValue>, id: &HeaderValue) -> Response<ProxyBody> {
     let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let body = KeepaliveBody { state: State::Waiting { pending, ticks, first: true } };
@@ -93,7 +93,7 @@ fn committed(pending: Pending, every: Duration, class: &str, id: &HeaderValue) -
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    if let Ok(v) = HeaderValue::from_str(class) {
+    if let Some(v) = class {
         h.insert(HeaderName::from_static("x-slogate-class"), v);
     }
     h.insert(HeaderName::from_static("x-slogate-keepalive"), HeaderValue::from_static("queued"));

@@ -151,7 +151,7 @@ pub(crate) async fn handle(req: Request<ClientBody>, app: Arc<App>, client: Arc<
         Some(every) => {
             let streams = keepalive::Streams::default();
             f.streams = Some(streams.clone());
-            let (class, id) = (class.name.clone(), f.tracker.request_id.clone());
+            let (class, id) = (class.header.clone(), f.tracker.request_id.clone());
             let pending = Box::pin(stages::forward(f).instrument(span));
             keepalive::respond(pending, every.get(), streams, class, id).await
         }
