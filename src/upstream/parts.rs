@@ -209,6 +209,8 @@ pub(crate) struct LimitSignals {
     pub(super) first_token_max: AtomicU64,
     /// The 90th percentile of that share, tracked (see [`Replica::first_token_p90`]).
     pub(super) first_token_p90: AtomicF64,
+    /// Its median, tracked alike (see [`Replica::first_token_p50`]).
+    pub(super) first_token_p50: AtomicF64,
     /// Requests sent here since the start, and the count and time (ms
     /// after `born`) the controller last looked at it.
     pub(super) dispatched: AtomicU64,
@@ -218,8 +220,8 @@ pub(crate) struct LimitSignals {
     pub(super) logged_limit: AtomicUsize,
 }
 
-/// How far the tracked 90th percentile of a replica's first-token share
-/// moves per sample (in shares of the class target).
+/// How far the tracked 90th percentile (and median) of a replica's
+/// first-token share moves per sample (in shares of the class target).
 pub(super) const P90_STEP: f64 = 0.02;
 
 /// What the request path noted for the learned limit over one period.
@@ -254,11 +256,19 @@ impl LimitSignals {
         // sample in ten is above. O(1), no history; follows a change within
         // tens of samples.
         self.first_token_p90.update(|q| Some(if x > q { q + P90_STEP * 0.9 } else { (q - P90_STEP * 0.1).max(0.0) }));
+        // The median alike: half a step either way, so it rests where half
+        // the samples are above.
+        self.first_token_p50.update(|q| Some(if x > q { q + P90_STEP * 0.5 } else { (q - P90_STEP * 0.5).max(0.0) }));
     }
 
     /// The tracked 90th percentile of interactive first tokens' share of their target.
     pub(crate) fn first_token_p90(&self) -> f64 {
         self.first_token_p90.load()
+    }
+
+    /// The tracked median of interactive first tokens' share of their target.
+    pub(crate) fn first_token_p50(&self) -> f64 {
+        self.first_token_p50.load()
     }
 
     /// The replica refused a request (429 or 503).

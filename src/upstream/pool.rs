@@ -334,7 +334,17 @@ impl Pool {
     /// The recent 90th percentile of interactive requests' dispatch-to-first-token
     /// time over their class's target, across the healthy replicas (their mean).
     pub(crate) fn first_token_p90(&self) -> f64 {
-        let (sum, n) = self.replicas.iter().filter(|r| r.is_healthy()).fold((0.0, 0usize), |(s, n), r| (s + r.first_token_p90(), n + 1));
+        self.healthy_mean(Replica::first_token_p90)
+    }
+
+    /// The same time's recent median, across the healthy replicas (their mean).
+    pub(crate) fn first_token_p50(&self) -> f64 {
+        self.healthy_mean(Replica::first_token_p50)
+    }
+
+    /// The mean of `f` over the healthy replicas (0 without any).
+    fn healthy_mean(&self, f: impl Fn(&Replica) -> f64) -> f64 {
+        let (sum, n) = self.replicas.iter().filter(|r| r.is_healthy()).fold((0.0, 0usize), |(s, n), r| (s + f(r), n + 1));
         if n == 0 {
             0.0
         } else {

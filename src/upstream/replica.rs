@@ -108,6 +108,7 @@ impl Replica {
                 first_token_n: AtomicU64::new(0),
                 first_token_max: AtomicU64::new(0),
                 first_token_p90: AtomicF64::new(0.0),
+                first_token_p50: AtomicF64::new(0.0),
                 dispatched: AtomicU64::new(0),
                 dispatched_seen: AtomicU64::new(0),
                 controlled_at_ms: AtomicU64::new(0),
@@ -417,6 +418,11 @@ impl Replica {
     /// class's target: its recent 90th percentile (0 before any).
     pub(crate) fn first_token_p90(&self) -> f64 {
         self.learning.first_token_p90()
+    }
+
+    /// The same time's recent median (0 before any).
+    pub(crate) fn first_token_p50(&self) -> f64 {
+        self.learning.first_token_p50()
     }
 
     /// The replica refused a request (429 or 503).

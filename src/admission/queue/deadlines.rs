@@ -29,7 +29,8 @@ pub(crate) struct Deadlines {
     /// The queue timeout.
     timeout: Instant,
     /// Interactive: the last moment it can still make its class's TTFT
-    /// target, with the replicas' recent time to a first token.
+    /// target, with the replicas' recent time to a first token (that time,
+    /// as it is told when refused).
     late: Option<(Instant, Duration)>,
     /// `tiers.interactive.shed_late`: refuse everyone past `late`, not only
     /// tenants over their parts.
@@ -81,24 +82,33 @@ impl PoolAdmission {
     /// The moments a request of `claim` in `tier`, arrived at `start`, is
     /// looked at while it waits.
     pub(super) fn deadlines(&self, tier: Tier, claim: Claim, start: Instant) -> Deadlines {
-        let late = match (tier, claim.ttft) {
+        let pool = self.pool.load();
+        let (late, at_risk) = match (tier, claim.ttft) {
             (Tier::Interactive, Some(target)) => {
                 // A short request's answer takes milliseconds once it has a
                 // seat: the streams' time to a first token is not its.
-                let expected = if claim.short { Duration::ZERO } else { target.mul_f64(self.pool.load().first_token_p90().min(1.0)) };
-                Some((start + target.saturating_sub(expected), expected))
+                let expected = |share: f64| if claim.short { Duration::ZERO } else { target.mul_f64(share.min(1.0)) };
+                // A slot for it is at risk once the replicas' 90th percentile
+                // time to a first token would not make its target. It can no
+                // longer make it at that moment too where other interactive
+                // requests wait (a slot spent on it would make them late);
+                // with nobody waiting, once even their median would not: it
+                // would take no one's slot (seats.md rule 16).
+                let tail = expected(pool.first_token_p90());
+                let alone = self.waiting.ahead_of(Tier::Interactive) == 0;
+                let judged = if alone { expected(pool.first_token_p50()).min(tail) } else { tail };
+                (Some((start + target.saturating_sub(judged), judged)), Some(start + target.saturating_sub(tail)))
             }
-            _ => None,
+            _ => (None, None),
         };
         // A preempted stream's client holds part of its answer: it waits as
         // long as the stream may be idle, not as long as a new request would
         // (docs/design/preemption.md, rule 9).
         let timeout = match claim.resumed {
-            true => self.timeout(tier).max(self.pool.load().config.timeouts.idle.get()),
+            true => self.timeout(tier).max(pool.config.timeouts.idle.get()),
             false => self.timeout(tier),
         };
-        let pool = self.pool.load();
-        let preempt = late.filter(|_| pool.config.preempts() && !claim.short).map(|(t, _)| start + (t - start).mul_f64(PREEMPT_AT));
+        let preempt = at_risk.filter(|_| pool.config.preempts() && !claim.short).map(|t| start + (t - start).mul_f64(PREEMPT_AT));
         Deadlines {
             start,
             timeout: start + timeout,

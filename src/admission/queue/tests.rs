@@ -467,6 +467,53 @@ async fn with_shed_late_an_interactive_request_waits_only_while_it_can_make_its_
     drop(held2);
 }
 
+/// Replicas whose first tokens mostly come quickly, one in five late (long
+/// prompts in bursts): their 90th percentile is past the target, their
+/// median is not. A request that must wait while no other interactive
+/// request does is not refused as it arrives, as though no slot could come
+/// in time: it waits while the median still makes its target, and where
+/// the pool preempts it asks a batch stream for its slot at once, since
+/// the tail says a slot is at risk. One that would wait behind it is
+/// judged by the tail, as a slot spent on it would make the first late.
+#[tokio::test(start_paused = true)]
+async fn with_shed_late_a_tail_past_the_target_does_not_refuse_a_lone_waiter_while_the_median_makes_it() {
+    let waker = futures_util::task::noop_waker();
+    let target = Duration::from_millis(300);
+    let chat = Claim { ttft: Some(target), ..Claim::default() };
+    for upstream_priority in [false, true] {
+        let mut t = tiers(0.0, 10, 10);
+        t.interactive.shed_late = true;
+        let pool = pool_with(1, t, upstream_priority);
+        let replica = pool.pool().replicas[0].clone();
+        for i in 0..1000 {
+            replica.record_first_token(Duration::from_millis(if i % 5 == 0 { 450 } else { 120 }), target);
+        }
+        assert!(pool.pool().first_token_p90() >= 1.0, "{}", pool.pool().first_token_p90());
+        assert!((pool.pool().first_token_p50() - 0.4).abs() < 0.03, "{}", pool.pool().first_token_p50());
+        let held = take(&pool, Tier::Batch).await;
+        let v = victim_on(&pool);
+        let start = Instant::now();
+        let p = pool.clone();
+        let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, chat, None).await });
+        settle().await;
+        assert!(!h.is_finished(), "not refused as it arrives ({upstream_priority})");
+        assert!(v.asked(&waker), "a batch stream asked for its slot at once ({upstream_priority})");
+        let behind = Instant::now();
+        let r = pool.admit(Tier::Interactive, 0, chat, None).await;
+        assert!(matches!(r, Err(Refusal::Late { .. })), "behind another: refused at once ({upstream_priority}): {r:?}");
+        assert_eq!(behind.elapsed(), Duration::ZERO);
+        let r = h.await.expect("task");
+        let Err(Refusal::Late { expected, .. }) = r else { panic!("{r:?}") };
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(170) && waited <= Duration::from_millis(190),
+            "refused once the median no longer makes it, the target less 120 ms: {waited:?}"
+        );
+        assert!(expected >= Duration::from_millis(110) && expected <= Duration::from_millis(130), "told the median: {expected:?}");
+        drop(held);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_tenant_at_its_share_leaves_the_last_seats_to_the_others_while_they_are_active() {
     // 20 slots: the reserve is two.
