@@ -222,7 +222,14 @@ pub(crate) struct LimitSignals {
 
 /// How far the tracked 90th percentile (and median) of a replica's
 /// first-token share moves per sample (in shares of the class target).
-pub(super) const P90_STEP: f64 = 0.02;
+pub(super) const QUANTILE_STEP: f64 = 0.02;
+
+/// Move the streaming estimate `est` of quantile `q` toward sample `x`: up
+/// by `q` of a step when the sample is above it, down by the rest of one
+/// when not, so it rests where a share `1 - q` of the samples is above.
+fn track(est: &AtomicF64, x: f64, q: f64) {
+    est.update(|e| Some(if x > e { e + QUANTILE_STEP * q } else { (e - QUANTILE_STEP * (1.0 - q)).max(0.0) }));
+}
 
 /// What the request path noted for the learned limit over one period.
 pub(crate) struct Period {
@@ -255,10 +262,9 @@ impl LimitSignals {
         // the estimate, down by 0.1 of one when not, so it rests where one
         // sample in ten is above. O(1), no history; follows a change within
         // tens of samples.
-        self.first_token_p90.update(|q| Some(if x > q { q + P90_STEP * 0.9 } else { (q - P90_STEP * 0.1).max(0.0) }));
-        // The median alike: half a step either way, so it rests where half
-        // the samples are above.
-        self.first_token_p50.update(|q| Some(if x > q { q + P90_STEP * 0.5 } else { (q - P90_STEP * 0.5).max(0.0) }));
+        track(&self.first_token_p90, x, 0.9);
+        // The median alike: half a step either way.
+        track(&self.first_token_p50, x, 0.5);
     }
 
     /// The tracked 90th percentile of interactive first tokens' share of their target.

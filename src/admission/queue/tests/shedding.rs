@@ -1,6 +1,6 @@
 //! Who is refused first under pressure, what they are told, and when: the
 //! tenant over its share before those within theirs, Retry-After from the
-//! measured drain, a caller's deadline.
+//! measured drain, a caller's deadline, and `shed_late`'s moment.
 
 use super::*;
 use crate::admission::lease::OverWhy;
@@ -180,4 +180,95 @@ async fn refused_clients_are_told_to_return_at_the_drain_rate() {
     // Batch keeps its own.
     pool.rates[Tier::Batch as usize].store(10.0);
     assert_eq!(pool.schedule(Tier::Batch, s(500)), s(500));
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_shed_late_an_interactive_request_waits_only_while_it_can_make_its_target() {
+    let mut t = tiers(0.0, 10, 10);
+    t.interactive.shed_late = true;
+    let pool = pool(1, t);
+    let target = Duration::from_millis(300);
+    // The replica takes half the target to a first token, 90 % of the time.
+    let replica = pool.pool().replicas[0].clone();
+    for _ in 0..500 {
+        replica.record_first_token(Duration::from_millis(150), target);
+    }
+    assert!((pool.pool().first_token_p90() - 0.5).abs() < 0.03, "{}", pool.pool().first_token_p90());
+    let held = take(&pool, Tier::Interactive).await;
+    let claim = Claim { ttft: Some(target), ..Claim::default() };
+    let start = Instant::now();
+    let p = pool.clone();
+    let r = tokio::spawn(async move { p.admit(Tier::Interactive, 0, claim, None).await }).await.expect("task");
+    assert!(matches!(r, Err(Refusal::Late { .. })), "{r:?}");
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(140) && waited <= Duration::from_millis(160),
+        "refused at its slack, not the 2 s timeout: {waited:?}"
+    );
+    // Replicas over the target already: a request that would have to wait is refused at once.
+    for _ in 0..500 {
+        replica.record_first_token(Duration::from_millis(400), target);
+    }
+    let start = Instant::now();
+    let r = pool.admit(Tier::Interactive, 0, claim, None).await;
+    assert!(matches!(r, Err(Refusal::Late { .. })), "{r:?}");
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // A free slot is taken whatever the estimate: nothing to wait for.
+    drop(held);
+    assert!(pool.admit(Tier::Interactive, 0, claim, None).await.is_ok());
+    // A request without a target (batch, or a class the proxy did not mark) is untouched.
+    let held2 = take(&pool, Tier::Interactive).await;
+    let p = pool.clone();
+    let start = Instant::now();
+    let r = tokio::spawn(async move { p.admit(Tier::Interactive, 0, Claim::default(), None).await }).await.expect("task");
+    assert!(matches!(r, Err(Refusal::Timeout { .. })), "{r:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    drop(held2);
+}
+
+/// Replicas whose first tokens mostly come quickly, one in five late (long
+/// prompts in bursts): their 90th percentile is past the target, their
+/// median is not. A request that must wait while no other interactive
+/// request does is not refused as it arrives, as though no slot could come
+/// in time: it waits while the median still makes its target, and where
+/// the pool preempts it asks a batch stream for its slot at once, since
+/// the tail says a slot is at risk. One that would wait behind it is
+/// judged by the tail, as a slot spent on it would make the first late.
+#[tokio::test(start_paused = true)]
+async fn with_shed_late_a_tail_past_the_target_does_not_refuse_a_lone_waiter_while_the_median_makes_it() {
+    let waker = futures_util::task::noop_waker();
+    let target = Duration::from_millis(300);
+    let chat = Claim { ttft: Some(target), ..Claim::default() };
+    for upstream_priority in [false, true] {
+        let mut t = tiers(0.0, 10, 10);
+        t.interactive.shed_late = true;
+        let pool = pool_with(1, t, upstream_priority);
+        let replica = pool.pool().replicas[0].clone();
+        for i in 0..1000 {
+            replica.record_first_token(Duration::from_millis(if i % 5 == 0 { 450 } else { 120 }), target);
+        }
+        assert!(pool.pool().first_token_p90() >= 1.0, "{}", pool.pool().first_token_p90());
+        assert!((pool.pool().first_token_p50() - 0.4).abs() < 0.03, "{}", pool.pool().first_token_p50());
+        let held = take(&pool, Tier::Batch).await;
+        let v = victim_on(&pool);
+        let start = Instant::now();
+        let p = pool.clone();
+        let h = tokio::spawn(async move { p.admit(Tier::Interactive, 0, chat, None).await });
+        settle().await;
+        assert!(!h.is_finished(), "not refused as it arrives ({upstream_priority})");
+        assert!(v.asked(&waker), "a batch stream asked for its slot at once ({upstream_priority})");
+        let behind = Instant::now();
+        let r = pool.admit(Tier::Interactive, 0, chat, None).await;
+        assert!(matches!(r, Err(Refusal::Late { .. })), "behind another: refused at once ({upstream_priority}): {r:?}");
+        assert_eq!(behind.elapsed(), Duration::ZERO);
+        let r = h.await.expect("task");
+        let Err(Refusal::Late { expected, .. }) = r else { panic!("{r:?}") };
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(170) && waited <= Duration::from_millis(190),
+            "refused once the median no longer makes it, the target less 120 ms: {waited:?}"
+        );
+        assert!(expected >= Duration::from_millis(110) && expected <= Duration::from_millis(130), "told the median: {expected:?}");
+        drop(held);
+    }
 }
