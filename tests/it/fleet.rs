@@ -274,9 +274,14 @@ async fn a_keys_limits_are_split_among_the_live_instances_and_whole_again_when_a
     assert_eq!(s, 200);
     assert_eq!(h.get("x-ratelimit-limit-requests").and_then(|v| v.to_str().ok()), Some("4"));
     assert_eq!(h.get("x-ratelimit-remaining-requests").and_then(|v| v.to_str().ok()), Some("1"), "two used before, this one, of four");
-    // Every request counted once (the metrics need the admin token here).
-    let m = String::from_utf8_lossy(&admin_get(gw.admin_addr, "/metrics", Some(TOKEN)).await).into_owned();
-    assert_eq!(metric(&m, "slogate_requests_total", &[]), Some(gw.sent() as f64), "{m}");
+    // Every request counted once (the metrics need the admin token here; a
+    // request is counted as its response body is dropped, which may come a
+    // moment after the client read it).
+    let metrics = || async { String::from_utf8_lossy(&admin_get(gw.admin_addr, "/metrics", Some(TOKEN)).await).into_owned() };
+    let sent = gw.sent() as f64;
+    wait_until("every request counted", || async { metric(&metrics().await, "slogate_requests_total", &[]) >= Some(sent) }).await;
+    let m = metrics().await;
+    assert_eq!(metric(&m, "slogate_requests_total", &[]), Some(sent), "counted once: {m}");
     assert_eq!(metric(&m, "slogate_tenant_limited_requests_total", &[("tenant", "k"), ("kind", "requests")]), Some(1.0));
 }
 

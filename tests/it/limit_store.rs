@@ -10,7 +10,7 @@ use slogate::config::key_sha256;
 
 fn gateway_yaml(mock: &Mock, redis: &str, prefix: &str, limits: &str) -> String {
     format!(
-        "{}auth:\n  keys:\n    - {{ name: shared, key_sha256: {}, classes: [chat], limits: {limits} }}\nlimits:\n  redis: {redis}\n  key_prefix: {prefix}\n  timeout: 500ms\n",
+        "{}auth:\n  keys:\n    - {{ name: shared, key_sha256: {}, classes: [chat], limits: {limits} }}\nlimits:\n  redis: {redis}\n  key_prefix: {prefix}\n  timeout: 2s\n",
         gateway_config(&[mock.url()]).yaml(),
         key_sha256("sk-shared")
     )
@@ -135,7 +135,9 @@ async fn a_store_that_goes_down_costs_no_request_and_each_instance_enforces_its_
     assert_eq!(metric(&m, "slogate_limits_store_up", &[]), Some(0.0));
     assert!(metric(&m, "slogate_limits_store_errors_total", &[]).is_some_and(|n| n >= 1.0), "{m}");
     assert_eq!(slo(&gw).await["tenants"][0]["limits"]["kept"], "store_down");
-    assert_eq!(metric(&m, "slogate_requests_total", &[]), Some(gw.sent() as f64), "every request counted once");
+    // Every request counted once (a request is counted as its response body
+    // is dropped, which may come a moment after the client read it).
+    assert_quiescent(&gw).await;
     gw.shutdown().await;
 }
 
