@@ -57,7 +57,10 @@ fn generate() -> HeaderValue {
     hex_into(&mut buf[..16], seed);
     // splitmix64's finaliser: a bijection, so distinct counters give distinct ids.
     hex_into(&mut buf[16..], mix(n.wrapping_add(seed)));
-    HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    // Owned as one shared allocation from the start: the id is cloned into
+    // the replica's request, the response and the access log, and a value
+    // copied from a slice would allocate again at its first clone.
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(buf)).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
 fn mix(mut z: u64) -> u64 {

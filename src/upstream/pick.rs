@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::prefix::{home, RouteKey};
+use super::prefix::{home, PerReplica, RouteKey};
 use super::replica::{Reach, SLOW_GAPS};
 use super::{PickError, Pool, Replica, ReplicaSlot, Room};
 use crate::config::{Balance, Tier};
@@ -177,7 +177,7 @@ impl Pool {
     /// them; the one its session hint went to, all of it. Where cost and
     /// load tie, the prompt's home (the same on every instance of a fleet)
     /// goes first.
-    fn ranked<'a>(&'a self, candidates: impl Iterator<Item = usize>, tier: Tier, key: Option<&RouteKey>) -> Vec<Ranked<'a>> {
+    fn ranked<'a>(&'a self, candidates: impl Iterator<Item = usize>, tier: Tier, key: Option<&RouteKey>) -> PerReplica<Ranked<'a>> {
         let priority = self.config.upstream_priority;
         let known = key.map(|k| self.known_cached(k));
         let home = key.and_then(|k| self.home_of(k));
@@ -207,9 +207,9 @@ impl Pool {
     /// hold: the leading blocks the index saw go there, or more where its
     /// KV events say it holds more (exact mode, while they come); all of
     /// it where its session went.
-    fn known_cached(&self, key: &RouteKey) -> Vec<u64> {
+    fn known_cached(&self, key: &RouteKey) -> PerReplica<u64> {
         let n = self.replicas.len();
-        let mut known: Vec<u64> = self.prefix.matched(key, n).into_iter().map(|b| (b as u64 * key.block).min(key.bytes)).collect();
+        let mut known: PerReplica<u64> = self.prefix.matched(key, n).into_iter().map(|b| (b as u64 * key.block).min(key.bytes)).collect();
         // Exact mode: what a replica's events say it holds, where they
         // come, or what was sent there if more: the events name a prompt's
         // blocks only once its prefill is done, so a burst of one prefix
@@ -250,7 +250,7 @@ impl Pool {
     /// kept it from every replica it was not kept from otherwise.
     fn take_ranked(
         &self,
-        mut ranked: Vec<Ranked<'_>>,
+        mut ranked: PerReplica<Ranked<'_>>,
         reach: Reach,
         reserved: usize,
         tier: Tier,

@@ -23,6 +23,10 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::kv_events::held::token_keys;
 
+/// One value per replica of a pool, on the stack up to 8 replicas: routing
+/// builds a few of these for every request, and a pool rarely has more.
+pub(crate) type PerReplica<T> = smallvec::SmallVec<[T; 8]>;
+
 /// Replicas the index tells apart: bit `i` of a set is the pool's replica `i`.
 pub(crate) const INDEXED_REPLICAS: usize = 64;
 
@@ -241,8 +245,8 @@ impl PrefixIndex {
 
     /// For each of the pool's `n` replicas, how many of `key`'s leading
     /// blocks it was sent (the longest run from the first).
-    pub(crate) fn matched(&self, key: &RouteKey, n: usize) -> Vec<u32> {
-        let mut out = vec![0u32; n];
+    pub(crate) fn matched(&self, key: &RouteKey, n: usize) -> PerReplica<u32> {
+        let mut out: PerReplica<u32> = smallvec::smallvec![0u32; n];
         let n = n.min(INDEXED_REPLICAS);
         let inner = self.lock();
         let mut alive: u64 = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
@@ -420,7 +424,7 @@ mod tests {
         assert_eq!(idx.sent_since(sent[0].seq, 10), sent[1..]);
         assert_eq!(idx.sent_since(0, 1), sent[1..], "at most `max`, the newest");
         // A peer's decision counts here as this instance's own do.
-        assert_eq!(idx.matched(&key("eeee"), 4), [0, 0, 0, 1]);
+        assert_eq!(idx.matched(&key("eeee"), 4).as_slice(), [0, 0, 0, 1]);
         for _ in 0..JOURNAL + 10 {
             idx.record(&key("ffff"), 0, None);
         }
@@ -435,8 +439,8 @@ mod tests {
         idx.record(&key("aaaabbbbcccc"), 0, None);
         idx.record(&key("aaaabbbbxxxx"), 1, None);
         idx.record(&key("aaaa"), 2, None);
-        assert_eq!(idx.matched(&key("aaaabbbbccccdddd"), 4), vec![3, 2, 1, 0]);
-        assert_eq!(idx.matched(&key("zzzz"), 4), vec![0, 0, 0, 0]);
+        assert_eq!(idx.matched(&key("aaaabbbbccccdddd"), 4).as_slice(), [3, 2, 1, 0]);
+        assert_eq!(idx.matched(&key("zzzz"), 4).as_slice(), [0, 0, 0, 0]);
         // A session hint points where the conversation was last sent.
         let s = |t: &str| RouteKey::of(&[t.as_bytes()], 4, 100, Some(b"conv-1"));
         assert_eq!(idx.session(&s("qqqq")), None);
@@ -455,8 +459,8 @@ mod tests {
         idx.record(&key("aaaabbbb"), 2, None);
         idx.record(&key("eeee"), 3, None); // 5 > 4: c's first name goes
         assert_eq!(idx.len(), 4);
-        assert_eq!(idx.matched(&key("aaaabbbb"), 4), vec![2, 0, 2, 0]);
-        assert_eq!(idx.matched(&key("ccccdddd"), 4), vec![0, 0, 0, 0], "its first block is gone, so is the run");
+        assert_eq!(idx.matched(&key("aaaabbbb"), 4).as_slice(), [2, 0, 2, 0]);
+        assert_eq!(idx.matched(&key("ccccdddd"), 4).as_slice(), [0, 0, 0, 0], "its first block is gone, so is the run");
     }
 
     #[test]
@@ -465,25 +469,25 @@ mod tests {
         // Replica 0's cache holds 4 blocks; replica 1's size is unknown.
         idx.record(&key("aaaabbbb"), 0, Some(4));
         idx.record(&key("aaaabbbb"), 1, None);
-        assert_eq!(idx.matched(&key("aaaabbbb"), 2), vec![2, 2]);
+        assert_eq!(idx.matched(&key("aaaabbbb"), 2).as_slice(), [2, 2]);
         // Three new blocks on replica 0: the oldest of its 4 go, b's before
         // a's (a prefix's head outlives its tail).
         idx.record(&key("ccccddddeeee"), 0, Some(4));
-        assert_eq!(idx.matched(&key("aaaabbbb"), 2), vec![1, 2], "b is gone from 0, a is kept");
+        assert_eq!(idx.matched(&key("aaaabbbb"), 2).as_slice(), [1, 2], "b is gone from 0, a is kept");
         idx.record(&key("ffff"), 0, Some(4));
-        assert_eq!(idx.matched(&key("aaaabbbb"), 2), vec![0, 2]);
-        assert_eq!(idx.matched(&key("ccccddddeeee"), 2), vec![3, 0]);
+        assert_eq!(idx.matched(&key("aaaabbbb"), 2).as_slice(), [0, 2]);
+        assert_eq!(idx.matched(&key("ccccddddeeee"), 2).as_slice(), [3, 0]);
         // A name no replica holds any more leaves the index.
         idx.record(&key("gggghhhh"), 0, Some(4));
         idx.record(&key("iiii"), 0, Some(4));
-        assert_eq!(idx.matched(&key("ccccddddeeee"), 2), vec![0, 0]);
+        assert_eq!(idx.matched(&key("ccccddddeeee"), 2).as_slice(), [0, 0]);
         assert_eq!(idx.len(), 2 + 4, "a, b (replica 1) and replica 0's four");
         // Sent again, a known block moves up rather than taking more room.
         idx.record(&key("iiii"), 0, Some(4));
-        assert_eq!(idx.matched(&key("gggghhhh"), 2), vec![2, 0]);
+        assert_eq!(idx.matched(&key("gggghhhh"), 2).as_slice(), [2, 0]);
         // A cache that grows keeps what it held.
         idx.record(&key("jjjj"), 0, Some(8));
-        assert_eq!(idx.matched(&key("gggghhhh"), 2), vec![2, 0]);
+        assert_eq!(idx.matched(&key("gggghhhh"), 2).as_slice(), [2, 0]);
         assert_eq!(cache_blocks(1024, 256), Some(16));
         assert_eq!(cache_blocks(0, 256), None);
     }
@@ -493,10 +497,10 @@ mod tests {
         // A scrape may say anything: a table sized for it at once would not fit in memory.
         let idx = PrefixIndex::new(100);
         idx.record(&key("aaaabbbbcccc"), 0, Some(usize::MAX / 2));
-        assert_eq!(idx.matched(&key("aaaabbbbcccc"), 1), vec![3]);
+        assert_eq!(idx.matched(&key("aaaabbbbcccc"), 1).as_slice(), [3]);
         // Smaller now: the oldest go (the tail before the head), and off the index too.
         idx.record(&key("dddd"), 0, Some(2));
-        assert_eq!(idx.matched(&key("aaaabbbbcccc"), 1), vec![1], "a is kept, b and c are gone");
+        assert_eq!(idx.matched(&key("aaaabbbbcccc"), 1).as_slice(), [1], "a is kept, b and c are gone");
         assert_eq!(idx.len(), 2, "a and d");
     }
 
