@@ -73,6 +73,8 @@ pub(super) struct RequestBody {
 
 /// A prompt member's bytes: borrowed from the body, or written out again.
 type Text<'a> = Cow<'a, [u8]>;
+/// A prompt's parts for its routing key: its instructions and its prompt, on the stack.
+type PromptParts<T> = smallvec::SmallVec<[T; 2]>;
 
 /// Byte ranges of a body's prompt members, as the client wrote them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -165,7 +167,7 @@ impl RequestBody {
         if self.form {
             return None;
         }
-        let (parts, key): (Vec<Text<'_>>, Option<Text<'_>>) = match &self.object {
+        let (parts, key): (PromptParts<Text<'_>>, Option<Text<'_>>) = match &self.object {
             None => {
                 let slice = |s: Option<(usize, usize)>| s.and_then(|(at, len)| self.bytes.get(at..at + len)).map(Cow::Borrowed);
                 let parts = [slice(self.spans.instructions), slice(self.spans.prompt)].into_iter().flatten().collect();
@@ -174,14 +176,14 @@ impl RequestBody {
             Some(o) => {
                 let json = |v: Option<&Value>| v.and_then(|v| serde_json::to_vec(v).ok()).map(Cow::Owned);
                 let prompt = o.get("messages").or_else(|| o.get("prompt")).or_else(|| o.get("input"));
-                (vec![json(o.get("instructions")), json(prompt)].into_iter().flatten().collect(), json(o.get("prompt_cache_key")))
+                ([json(o.get("instructions")), json(prompt)].into_iter().flatten().collect(), json(o.get("prompt_cache_key")))
             }
         };
         let session = key.as_deref().or(session);
         if parts.is_empty() && session.is_none() {
             return None;
         }
-        let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_ref()).collect();
+        let parts: PromptParts<&[u8]> = parts.iter().map(|p| p.as_ref()).collect();
         Some(RouteKey::of(&parts, block, max_blocks, session))
     }
 

@@ -78,7 +78,7 @@ impl RouteKey {
         let mut blocks = Vec::with_capacity((bytes / block).min(max_blocks));
         let mut parent = CHAIN_SEED;
         let mut pending: Vec<u8> = Vec::new();
-        'parts: for part in parts {
+        'parts: for (i, part) in parts.iter().enumerate() {
             let mut p = *part;
             if !pending.is_empty() {
                 let take = (block - pending.len()).min(p.len());
@@ -99,7 +99,10 @@ impl RouteKey {
                 blocks.push(parent);
                 p = &p[block..];
             }
-            if blocks.len() >= max_blocks {
+            // A tail short of a block is carried into the next part; after
+            // the last one it is never a block (and copying it would be an
+            // allocation per request for nothing).
+            if blocks.len() >= max_blocks || i + 1 == parts.len() {
                 break;
             }
             pending.extend_from_slice(p);
