@@ -212,7 +212,13 @@ impl PoolAdmission {
     /// more above the slots.
     /// `key`: the request's prompt, for prefix-aware routing.
     fn try_lease_over(self: &Arc<Self>, tier: Tier, extra: usize, key: Option<&RouteKey>) -> Result<Lease, PickError> {
-        self.try_lease_on(tier, extra, key, false)
+        self.try_lease_on(tier, extra, key, false, false)
+    }
+
+    /// [`PoolAdmission::try_lease_over`] for an interactive request that
+    /// has waited a fleet period ([`Room::Patient`]).
+    pub(super) fn try_lease_patient(self: &Arc<Self>, key: Option<&RouteKey>) -> Result<Lease, PickError> {
+        self.try_lease_on(Tier::Interactive, 0, key, false, true)
     }
 
     /// [`PoolAdmission::try_lease_over`]; `holding`: only on a replica
@@ -220,16 +226,32 @@ impl PoolAdmission {
     /// A replica still in slow start takes more at once when every slot is
     /// taken (docs/design/learned-limits.md rule 15), so a fresh gateway does
     /// not queue what its replicas could run.
-    fn try_lease_on(self: &Arc<Self>, tier: Tier, extra: usize, key: Option<&RouteKey>, holding: bool) -> Result<Lease, PickError> {
-        match self.lease_now(tier, extra, key, holding) {
-            Err(PickError::Saturated) if self.pool.load().grow_on_demand() => self.lease_now(tier, extra, key, holding),
+    /// `patient`: an interactive request that has waited a fleet period.
+    fn try_lease_on(
+        self: &Arc<Self>,
+        tier: Tier,
+        extra: usize,
+        key: Option<&RouteKey>,
+        holding: bool,
+        patient: bool,
+    ) -> Result<Lease, PickError> {
+        match self.lease_now(tier, extra, key, holding, patient) {
+            Err(PickError::Saturated) if self.pool.load().grow_on_demand() => self.lease_now(tier, extra, key, holding, patient),
             leased => leased,
         }
     }
 
-    fn lease_now(self: &Arc<Self>, tier: Tier, extra: usize, key: Option<&RouteKey>, holding: bool) -> Result<Lease, PickError> {
+    fn lease_now(
+        self: &Arc<Self>,
+        tier: Tier,
+        extra: usize,
+        key: Option<&RouteKey>,
+        holding: bool,
+        patient: bool,
+    ) -> Result<Lease, PickError> {
         let pool = self.pool.load();
         let room = match tier {
+            Tier::Interactive if patient => Room::Patient(self.interactive_over(&pool) + extra),
             Tier::Interactive => Room::Over(self.interactive_over(&pool) + extra),
             Tier::Batch => {
                 // Within the batch ceiling (see [`Seats::batch_ceiling`]);

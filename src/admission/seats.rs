@@ -109,6 +109,10 @@ pub(crate) struct FleetWord {
     pub(crate) others_interactive: usize,
     /// Batch requests the others hold.
     pub(crate) others_batch: usize,
+    /// The fleet's period: an interactive request that has waited this long
+    /// may take a seat no instance holds though others have requests
+    /// waiting (they had a period to fill their parts: fleet.md rule 9).
+    pub(crate) period: std::time::Duration,
 }
 
 impl Reserve {
@@ -376,7 +380,7 @@ mod tests {
     fn in_a_fleet_batch_may_take_seats_no_instance_holds_within_the_fleets_batch() {
         let whole = Reserve { normal: 5, at_risk: 7, headroom: 1 };
         let part = Reserve { normal: 2, at_risk: 3, headroom: 1 };
-        let word = FleetWord { slots: 9, whole, part, others_interactive: 0, others_batch: 0 };
+        let word = FleetWord { slots: 9, whole, part, others_interactive: 0, others_batch: 0, period: std::time::Duration::ZERO };
         let one = Seats { fleet: Some(word), ..seats(3, 0.75) };
         assert_eq!(one.batch_ceiling(), 1, "its own part leaves batch one seat");
         assert_eq!(one.batch_room(), 4, "the fleet's batch: 9 - 5");

@@ -274,6 +274,7 @@ impl Fleet {
                 part: reserve_part(whole, &weights),
                 others_interactive: fresh.iter().map(|p| p.1.interactive_now).sum(),
                 others_batch: fresh.iter().map(|p| p.1.batch_held).sum(),
+                period: config.period.get(),
             }));
             let parts = split(&self.id, own, &locals, &standings, &pool.config.name, scale);
             let chat_waits = fresh.iter().map(|p| p.1.interactive_waiting).sum();

@@ -130,11 +130,12 @@ impl Pool {
         holding: bool,
     ) -> Result<ReplicaSlot, PickError> {
         let (over, reserved) = match room {
-            Room::Over(over) => (over.div_ceil(self.healthy_count().max(1)), 0),
+            Room::Over(over) | Room::Patient(over) => (over.div_ceil(self.healthy_count().max(1)), 0),
             Room::Leave(reserved) | Room::Unheld(reserved) => (0, reserved),
         };
         let unheld = matches!(room, Room::Unheld(_));
-        let reach = Reach { over, unheld, prioritised: self.config.upstream_priority, others_wait: self.others_wait(), must: false };
+        let others_wait = self.others_wait() && !matches!(room, Room::Patient(_));
+        let reach = Reach { over, unheld, prioritised: self.config.upstream_priority, others_wait, must: false };
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
         let mut any_healthy = false;

@@ -19,6 +19,11 @@ pub(crate) enum Room {
     /// An interactive request may go this many above the pool's slots
     /// (spread over its healthy replicas).
     Over(usize),
+    /// As `Over`, for an interactive request that has waited a fleet
+    /// period: in a fleet it may take a seat of a replica's limit that no
+    /// instance holds even while other instances have requests waiting
+    /// (they had a period to fill their parts; docs/design/fleet.md rule 9).
+    Patient(usize),
     /// A batch request leaves this many slots to interactive requests on the
     /// replicas they can use (applied while a replica is slow; otherwise the
     /// batch limit does it).
@@ -643,6 +648,8 @@ mod tests {
         drop((_i1, _i2));
         pool.set_others_waiting(3);
         assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "parts only");
+        // ... unless the request has waited a fleet period: the others had one to fill their parts.
+        assert!(pool.pick(None, Room::Patient(0), Tier::Interactive, None).is_ok(), "patient: the unheld seat");
         let prio = two(8, true);
         prio.set_others_waiting(3);
         for r in &prio.replicas {

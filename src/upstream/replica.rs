@@ -284,10 +284,11 @@ impl Replica {
         let unheld_seats = || limit.saturating_sub(self.seats.others_inflight.load(Ordering::Relaxed));
         match tier {
             // Another instance's part it does not fill is free only while
-            // that instance has nothing waiting to fill it with: on an engine
-            // that serves first come, first served, a seat taken twice is a
-            // request in the engine's own queue, where chat waits behind
-            // batch (fleet.md rule 9).
+            // that instance has nothing waiting to fill it with (or once this
+            // request waited a fleet period: `others_wait` is then false): on
+            // an engine that serves first come, first served, a seat taken
+            // twice is a request in the engine's own queue, where chat waits
+            // behind batch (fleet.md rule 9).
             Tier::Interactive if reach.prioritised || !reach.others_wait => max = max.max(unheld_seats()),
             Tier::Interactive => {}
             Tier::Batch => {

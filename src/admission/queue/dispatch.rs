@@ -159,12 +159,24 @@ impl PoolAdmission {
         let next: Vec<_> = queue.first_of(tenant, WINDOW).map(|w| (w.id, w.key.clone())).collect();
         if next.len() > 1 {
             for (id, key) in &next {
-                if let Some(lease) = key.as_deref().and_then(|k| self.try_lease_on(tier, 0, Some(k), true).ok()) {
+                if let Some(lease) = key.as_deref().and_then(|k| self.try_lease_on(tier, 0, Some(k), true, false).ok()) {
                     return Ok((lease, Some(*id)));
                 }
             }
         }
         let first = next.first().and_then(|(_, k)| k.clone());
+        // The tenant's first waiter has waited a fleet period: a seat no
+        // instance holds is its to take, though others have requests
+        // waiting (docs/design/fleet.md rule 9).
+        let patient = tier == Tier::Interactive
+            && self
+                .fleet
+                .load()
+                .as_ref()
+                .is_some_and(|f| queue.first_of(tenant, 1).any(|w| Instant::now().saturating_duration_since(w.enqueued) >= f.period));
+        if patient {
+            return self.try_lease_patient(first.as_deref()).map(|l| (l, None));
+        }
         self.try_lease_over(tier, 0, first.as_deref()).map(|l| (l, None))
     }
 

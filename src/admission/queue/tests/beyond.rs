@@ -30,6 +30,7 @@ async fn with_upstream_priority_the_reserved_share_is_interactives_whatever_batc
                 part: pool.fleet_reservation(20, 0),
                 others_interactive,
                 others_batch: 0,
+                period: Duration::ZERO,
             };
             pool.set_fleet(Some(word(10)));
             let mut fleet_more = 0;
@@ -56,7 +57,7 @@ async fn in_a_fleet_batch_takes_seats_no_instance_holds_within_the_fleets_batch(
     let whole = fcfs.fleet_reservation(9, 3);
     let part = crate::admission::seats::Reserve { normal: 2, at_risk: 2, headroom: 1 };
     fcfs.pool().replicas[0].set_fleet_share(Some((3, 0)));
-    fcfs.set_fleet(Some(FleetWord { slots: 9, whole, part, others_interactive: 0, others_batch: 0 }));
+    fcfs.set_fleet(Some(FleetWord { slots: 9, whole, part, others_interactive: 0, others_batch: 0, period: Duration::ZERO }));
     let own: Vec<_> = std::iter::from_fn(|| fcfs.try_lease(Tier::Batch).ok()).take(10).collect();
     assert_eq!(own.len(), 1, "first come, first served: batch keeps to its part less its reserved part");
     let pool = pool_with(9, tiers(0.5, 10, 10), true);
@@ -64,7 +65,7 @@ async fn in_a_fleet_batch_takes_seats_no_instance_holds_within_the_fleets_batch(
     let whole = pool.fleet_reservation(9, 3);
     assert_eq!(whole.normal, 5);
     let part = crate::admission::seats::Reserve { normal: 2, at_risk: 2, headroom: 1 };
-    let word = |others_batch| FleetWord { slots: 9, whole, part, others_interactive: 0, others_batch };
+    let word = |others_batch| FleetWord { slots: 9, whole, part, others_interactive: 0, others_batch, period: Duration::ZERO };
     let mut batch = Vec::new();
     for (others_hold, others_batch, takes) in [(0, 0, 4), (6, 0, 3), (2, 2, 2)] {
         batch.clear();
@@ -86,6 +87,44 @@ async fn in_a_fleet_batch_takes_seats_no_instance_holds_within_the_fleets_batch(
     pool.set_fleet(None);
     let alone: Vec<_> = std::iter::from_fn(|| pool.try_lease(Tier::Batch).ok()).take(10).collect();
     assert_eq!(alone.len(), pool.batch_limit());
+}
+
+/// On an engine that serves first come, first served, three instances
+/// share a replica of 8: this one's part is 2, the others hold 5, one seat
+/// is nobody's. While the others have requests waiting (which fill their
+/// parts at once), a chat request past this part waits; once it has waited
+/// a fleet period, the seat the others left unfilled for that period is its.
+#[tokio::test(start_paused = true)]
+async fn in_a_fleet_a_chat_request_that_waited_a_period_takes_the_seat_the_waiting_others_left() {
+    let adm = pool(8, tiers(0.0, 10, 10));
+    let replica = adm.pool().replicas[0].clone();
+    replica.set_fleet_share(Some((2, 5)));
+    adm.pool().set_others_waiting(3);
+    let period = Duration::from_millis(100);
+    adm.set_fleet(Some(FleetWord { slots: 8, period, ..FleetWord::default() }));
+    let _own = [take(&adm, Tier::Interactive).await, take(&adm, Tier::Interactive).await];
+    let waiter = queued(&adm, Tier::Interactive).await;
+    // The fleet's next period comes before this one has waited a period: it waits.
+    tokio::time::advance(Duration::from_millis(60)).await;
+    adm.dispatch();
+    settle().await;
+    assert!(!waiter.is_finished(), "the others' waiting requests may fill their parts");
+    assert_eq!(replica.inflight(), 2);
+    // The period after: the seat is still nobody's, and it is this request's.
+    tokio::time::advance(Duration::from_millis(60)).await;
+    adm.dispatch();
+    settle().await;
+    assert!(waiter.is_finished(), "a fleet period waited");
+    let granted = waiter.await.expect("task").expect("granted");
+    assert!(granted.waited >= period);
+    assert_eq!(replica.inflight(), 3, "2 + 5 + 1: the replica's 8");
+    // No further: the replica is full as last heard.
+    let next = queued(&adm, Tier::Interactive).await;
+    tokio::time::advance(Duration::from_millis(150)).await;
+    adm.dispatch();
+    settle().await;
+    assert!(!next.is_finished(), "no seat past the replica's limit");
+    next.abort();
 }
 
 #[tokio::test(start_paused = true)]
