@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::leasing::Asking;
 use super::{PoolAdmission, STARVATION_GUARD_INTERVAL};
 use crate::admission::lease::{Claim, Lease};
 use crate::admission::waiting::{Queues, Waiter};
@@ -159,7 +160,10 @@ impl PoolAdmission {
         let next: Vec<_> = queue.first_of(tenant, WINDOW).map(|w| (w.id, w.key.clone())).collect();
         if next.len() > 1 {
             for (id, key) in &next {
-                if let Some(lease) = key.as_deref().and_then(|k| self.try_lease_on(tier, 0, Some(k), true, false).ok()) {
+                if let Some(lease) = key
+                    .as_deref()
+                    .and_then(|k| self.try_lease_on(Asking { tier, extra: 0, key: Some(k), holding: true, patient: false }).ok())
+                {
                     return Ok((lease, Some(*id)));
                 }
             }
