@@ -91,7 +91,7 @@ enum Mode {
     },
     /// A JSON body: keep the chunks (cheap clones) to read usage at the
     /// end (`usage_only`: only usage is read, from the tail when it is there).
-    Json { chunks: Vec<Bytes>, size: usize, usage_only: bool },
+    Json { chunks: JsonChunks, size: usize, usage_only: bool },
     /// Forward as is; the outcome was decided from the status.
     Passthrough,
     /// A binary answer sent as it is made (speech): its first byte is its
@@ -101,9 +101,13 @@ enum Mode {
 
 const JSON_KEEP_LIMIT: usize = 16 << 20;
 
+/// A JSON body's chunks: a replica's whole answer most often comes in one
+/// read, kept without an allocation of its own.
+type JsonChunks = smallvec::SmallVec<[Bytes; 1]>;
+
 /// Keep a JSON body's chunk (a cheap clone) to read at its end; past
 /// [`JSON_KEEP_LIMIT`] the body is passed on unread (`usize::MAX` marks it).
-fn keep_json(chunks: &mut Vec<Bytes>, size: &mut usize, data: &Bytes) {
+fn keep_json(chunks: &mut JsonChunks, size: &mut usize, data: &Bytes) {
     if size.saturating_add(data.len()) <= JSON_KEEP_LIMIT {
         *size += data.len();
         chunks.push(data.clone());
@@ -180,7 +184,7 @@ impl<B> ObservedBody<B> {
     /// `usage_only`: an answer with no finish to read (embeddings, rerank),
     /// whose usage comes last.
     pub(crate) fn json(inner: B, tracker: Box<Tracker>, timeouts: StreamTimeouts, usage_only: bool) -> Self {
-        Self::new(inner, Mode::Json { chunks: Vec::new(), size: 0, usage_only }, tracker, timeouts)
+        Self::new(inner, Mode::Json { chunks: JsonChunks::new(), size: 0, usage_only }, tracker, timeouts)
     }
 
     /// Observe a binary answer made as it is sent (speech audio): TTFT at its
