@@ -178,10 +178,7 @@ impl PoolAdmission {
                 .load()
                 .as_ref()
                 .is_some_and(|f| queue.first_of(tenant, 1).any(|w| Instant::now().saturating_duration_since(w.enqueued) >= f.period));
-        if patient {
-            return self.try_lease_patient(first.as_deref()).map(|l| (l, None));
-        }
-        self.try_lease_over(tier, 0, first.as_deref()).map(|l| (l, None))
+        self.try_lease_on(Asking { tier, extra: 0, key: first.as_deref(), holding: false, patient }).map(|l| (l, None))
     }
 
     /// Give `lease` to `chosen` (a waiter's id), else to `tenant`'s first

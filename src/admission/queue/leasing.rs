@@ -54,12 +54,6 @@ impl PoolAdmission {
         self.try_lease_on(Asking { tier, extra, key, holding: false, patient: false })
     }
 
-    /// [`PoolAdmission::try_lease_over`] for an interactive request that
-    /// has waited a fleet period ([`Room::Patient`]).
-    pub(super) fn try_lease_patient(self: &Arc<Self>, key: Option<&RouteKey>) -> Result<Lease, PickError> {
-        self.try_lease_on(Asking { tier: Tier::Interactive, extra: 0, key, holding: false, patient: true })
-    }
-
     /// Take a slot as `ask` says. A replica still in slow start takes more
     /// at once when every slot is taken (docs/design/learned-limits.md rule
     /// 15), so a fresh gateway does not queue what its replicas could run.
