@@ -203,9 +203,10 @@ fn delta(c: &mut Cursor<'_>) -> Option<(Option<Span>, bool)> {
 
 /// Where the run of plain characters of a string that starts at `i` ends:
 /// at a quote, a backslash or a control character (or the end). The first
-/// two words are looked over eight bytes at a time: most strings of a
-/// stream (a token's text, a name) end there, and a search set up for a
-/// long run would cost them more. Each mask marks the bytes that are its
+/// four words are looked over eight bytes at a time: most strings of a
+/// stream (a token's text, a name) and every key of an answer's usage
+/// (`prompt_tokens_details` is 21 bytes) end there, and a search set up
+/// for a long run would cost them more. Each mask marks the bytes that are its
 /// character exactly up to its first one (the borrow may mark bytes after
 /// it), so the lowest mark of the three is the first such byte. A longer
 /// run (a whole answer's text) is searched with `memchr` for its quote or
@@ -215,7 +216,7 @@ fn plain_run(b: &[u8], mut i: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
-    for _ in 0..2 {
+    for _ in 0..4 {
         let Some(word) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) else { return plain_tail(b, i) };
         let v = u64::from_le_bytes(*word);
         let ends = zero(v ^ (ONES * u64::from(b'"'))) | zero(v ^ (ONES * u64::from(b'\\'))) | (v.wrapping_sub(ONES * 0x20) & !v & HIGH);
