@@ -70,9 +70,9 @@ pub(crate) fn tail_answer(data: &[u8], finishes: bool) -> Option<Answer> {
 /// every byte of the usage object instead (about 500 instructions a
 /// completion, measured, against about 100).
 fn last_key(b: &[u8]) -> Option<usize> {
-    memchr::memrchr_iter(b'u', b).filter_map(|u| u.checked_sub(1)).find(|&at| {
-        b[at..].starts_with(USAGE) && at_key(b, at) && b[at + USAGE.len()..].trim_ascii_start().first() == Some(&b':')
-    })
+    memchr::memrchr_iter(b'u', b)
+        .filter_map(|u| u.checked_sub(1))
+        .find(|&at| b[at..].starts_with(USAGE) && at_key(b, at) && b[at + USAGE.len()..].trim_ascii_start().first() == Some(&b':'))
 }
 
 /// The quote at `at` opens a key: `{` or `,` before it, or the start of
