@@ -7,7 +7,7 @@
 //! burst of 4 MB bodies arriving together then costs fresh pages every
 //! time: zeroed by the kernel on first touch and unmapped on free, about a
 //! fifth of the gateway's CPU for those bodies. Serving blocks up to
-//! [`MMAP_THRESHOLD`] from the heaps, which keep up to [`TRIM_THRESHOLD`]
+//! `MMAP_THRESHOLD` from the heaps, which keep up to `TRIM_THRESHOLD`
 //! free at their top, lets the next body reuse the last one's pages.
 
 use std::ffi::OsStr;

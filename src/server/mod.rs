@@ -75,7 +75,7 @@ impl Tuning {
 }
 
 /// The gateway's runtime: multi-threaded, with short scheduler slices on
-/// every worker when `short_sched_slice` is set (see [`sched`]).
+/// every worker when `short_sched_slice` is set (see `server::sched`).
 pub fn runtime(short_sched_slice: bool) -> std::io::Result<tokio::runtime::Runtime> {
     let mut b = tokio::runtime::Builder::new_multi_thread();
     if short_sched_slice {

@@ -351,7 +351,7 @@ fn register_tenants(registry: &mut Registry, m: &Metrics) {
 
 impl Metrics {
     /// Build the registry, with the gauges of the classes of `config`.
-    /// Histogram buckets come from each class's series ([`ClassSeries`]).
+    /// Histogram buckets come from each class's series (`telemetry::series::ClassSeries`).
     pub fn new(config: &Config) -> Metrics {
         let e2e_b = Buckets(Arc::new(buckets_with_targets(E2E_BASE, [])));
 

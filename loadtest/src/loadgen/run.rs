@@ -1,6 +1,6 @@
 //! Running a scenario: open-loop dispatch on a precomputed schedule (or
 //! closed-loop workers), each request measured as a client sees it
-//! ([`super::exchange`]).
+//! (`loadgen::exchange`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
