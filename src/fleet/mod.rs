@@ -263,7 +263,10 @@ impl Fleet {
             let now_total = own.interactive_now + fresh.iter().map(|p| p.1.interactive_now).sum::<usize>();
             let peaks = own.interactive + fresh.iter().map(|p| p.1.interactive).sum::<usize>();
             let fleet_peak = self.fleet_peak(&pool.config.name, now_total, now);
-            let fleet_slots: usize = pool.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.max_inflight()).sum();
+            // The fleet's slots are its limits' (rule 4), not this
+            // instance's own: batch past its part counts against them.
+            let fleet_slots: usize =
+                locals.iter().filter(|(_, l)| l.healthy).map(|(url, l)| split::fleet_limit(url, l.limit, fresh.iter().map(|p| p.1))).sum();
             let weights: Vec<(&str, usize)> =
                 std::iter::once((self.id.as_str(), own.interactive)).chain(fresh.iter().map(|(id, p)| (*id, p.interactive))).collect();
             let whole = a.fleet_reservation(fleet_slots, fleet_peak);
@@ -343,10 +346,11 @@ fn news_count(pools: &[Arc<PoolAdmission>]) -> u64 {
 fn set_parts(a: &PoolAdmission, pool: &crate::upstream::Pool, parts: &[split::Part], chat_waits: usize, metrics: &Metrics) {
     for (r, part) in pool.replicas.iter().zip(parts) {
         r.set_fleet_share(Some((part.slots, part.others)));
+        r.set_fleet_limit(part.limit);
         let labels = ReplicaLabels { pool: pool.config.name.clone(), replica: r.label().to_string() };
         metrics.replica_slots.get_or_create(&labels).set(part.slots as i64);
         if chat_waits > 0
-            && r.inflight() + part.others >= r.max_inflight()
+            && r.inflight() + part.others >= part.limit
             && a.preempt_for_peers(r, r.inflight().saturating_sub(part.slots).min(chat_waits))
         {
             tracing::info!(pool = %pool.config.name, replica = %r.label(), "a batch stream held past this instance's part asked for its slot: another instance's interactive request waits");

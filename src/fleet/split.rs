@@ -106,6 +106,14 @@ pub(crate) struct Local {
 pub(crate) struct Part {
     pub(crate) slots: usize,
     pub(crate) others: usize,
+    /// The replica's limit for the whole fleet (rule 4).
+    pub(crate) limit: usize,
+}
+
+/// A replica's limit for the whole fleet (rule 4): the smallest that this
+/// instance (`own`) and the heard `peers` learned for it.
+pub(crate) fn fleet_limit<'a>(url: &str, own: usize, peers: impl IntoIterator<Item = &'a PoolState>) -> usize {
+    peers.into_iter().filter_map(|p| p.replicas.iter().find(|r| r.url == url)).filter(|x| x.healthy).map(|x| x.limit).fold(own, usize::min)
 }
 
 /// Share `capacity` among demands, smallest first: each gets its demand
@@ -158,10 +166,10 @@ pub(crate) fn split(id: &str, own: Demand, replicas: &[(&str, Local)], peers: &[
     let mut free = Vec::with_capacity(replicas.len());
     for (url, r) in replicas {
         if !r.healthy {
-            free.push((0usize, 0usize));
+            free.push((0usize, 0usize, 0usize));
             continue;
         }
-        let limit = fresh.iter().filter_map(|(_, p)| on(p, url)).filter(|x| x.healthy).map(|x| x.limit).fold(r.limit, usize::min);
+        let limit = fleet_limit(url, r.limit, fresh.iter().map(|(_, p)| p));
         let heard: usize = fresh.iter().filter_map(|(_, p)| on(p, url)).map(|x| x.inflight).sum();
         let equal = limit.div_ceil(members);
         let claimed: usize =
@@ -170,9 +178,9 @@ pub(crate) fn split(id: &str, own: Demand, replicas: &[(&str, Local)], peers: &[
         // instances' requests (and any other client's).
         let beyond = if unheard { r.scraped.map_or(0, |t| (t as usize).saturating_sub(r.inflight + heard)) } else { 0 };
         let reserve = claimed.max(beyond);
-        free.push((limit.saturating_sub(reserve), heard + reserve));
+        free.push((limit.saturating_sub(reserve), heard + reserve, limit));
     }
-    let capacity: usize = free.iter().map(|(f, _)| f).sum();
+    let capacity: usize = free.iter().map(|(f, _, _)| f).sum();
     let mut demands = vec![own];
     demands.extend(fresh.iter().map(|(_, p)| Demand {
         interactive: p.interactive,
@@ -193,9 +201,9 @@ pub(crate) fn split(id: &str, own: Demand, replicas: &[(&str, Local)], peers: &[
         .iter()
         .zip(free)
         .enumerate()
-        .map(|(k, ((_, r), (f, others)))| {
+        .map(|(k, ((_, r), (f, others, limit)))| {
             if !r.healthy {
-                return Part { slots: 0, others };
+                return Part { slots: 0, others, limit };
             }
             let exact: Vec<f64> = fractions.iter().map(|x| f as f64 * x).collect();
             let floors: Vec<usize> = exact.iter().map(|e| (e + 1e-9).floor() as usize).collect();
@@ -209,7 +217,7 @@ pub(crate) fn split(id: &str, own: Demand, replicas: &[(&str, Local)], peers: &[
             let mut rank: Vec<(usize, usize)> = by_id.iter().enumerate().map(|(pos, &(_, m))| ((pos + n - k % n) % n, m)).collect();
             rank.sort_by_key(|&(pos, m)| (std::cmp::Reverse(remainder(m)), pos));
             let extra = rank.iter().take(left).any(|&(_, m)| m == 0);
-            Part { slots: (floors[0] + extra as usize).max(1), others }
+            Part { slots: (floors[0] + extra as usize).max(1), others, limit }
         })
         .collect()
 }
@@ -315,10 +323,17 @@ mod tests {
         let peers = [Standing::Fresh(peer("b", demand(4, 0), &[("r1", 3, 12, 6), ("r2", 1, 16, 6)]))];
         let parts = split("a", demand(0, 100), &[("r1", local(16, 9, None)), ("r2", local(16, 9, None))], &peers, "p", 1.0);
         // 28 slots: the peer's interactive 4 first, 24 to this instance's batch.
-        assert_eq!(parts, vec![Part { slots: 10, others: 3 }, Part { slots: 14, others: 1 }], "24 slots in all, rounded by remainder");
+        assert_eq!(
+            parts,
+            vec![Part { slots: 10, others: 3, limit: 12 }, Part { slots: 14, others: 1, limit: 16 }],
+            "24 slots in all, rounded by remainder"
+        );
         // Alone with its peer idle: half each, at least one.
         let peers = [Standing::Fresh(peer("b", demand(0, 0), &[("r1", 0, 16, 8)]))];
-        assert_eq!(split("a", demand(0, 0), &[("r1", local(16, 0, None))], &peers, "p", 1.0), vec![Part { slots: 8, others: 0 }]);
+        assert_eq!(
+            split("a", demand(0, 0), &[("r1", local(16, 0, None))], &peers, "p", 1.0),
+            vec![Part { slots: 8, others: 0, limit: 16 }]
+        );
         let peers = [Standing::Fresh(peer("b", demand(0, 500), &[("r1", 16, 16, 16)]))];
         assert_eq!(split("a", demand(0, 0), &[("r1", local(16, 0, None))], &peers, "p", 1.0)[0].slots, 1, "never below one slot");
         // A peer serving other pools only changes nothing here but the member count.
@@ -376,8 +391,8 @@ mod tests {
         let r = [("r1", local(16, 2, Some(12)))];
         let quiet = [("r1", local(16, 2, Some(4)))];
         // Never heard: an equal share (8 of 16) is kept for it, or what the replica runs beyond.
-        assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(None)], "p", 1.0), vec![Part { slots: 8, others: 8 }]);
-        assert_eq!(split("a", demand(0, 100), &r, &[Standing::Lost(None)], "p", 1.0), vec![Part { slots: 6, others: 10 }]);
+        assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(None)], "p", 1.0), vec![Part { slots: 8, others: 8, limit: 16 }]);
+        assert_eq!(split("a", demand(0, 100), &r, &[Standing::Lost(None)], "p", 1.0), vec![Part { slots: 6, others: 10, limit: 16 }]);
         // Heard before holding 12 slots: those are kept, whatever the replica says.
         let last = peer("b", demand(0, 50), &[("r1", 11, 16, 12)]);
         assert_eq!(split("a", demand(0, 100), &quiet, &[Standing::Lost(Some(last))], "p", 1.0)[0].slots, 4);

@@ -27,6 +27,7 @@ mod replica;
 mod send;
 mod share;
 mod slot;
+mod take;
 pub(crate) mod tls;
 pub(crate) mod verdict;
 mod wire;

@@ -42,6 +42,9 @@ pub(crate) struct Seats {
     /// Requests other instances of the fleet hold here (or are assumed to,
     /// for peers not heard lately), as the fleet last published it.
     pub(super) others_inflight: AtomicUsize,
+    /// The replica's limit for the whole fleet (the smallest any instance
+    /// learned, fleet.md rule 4); `usize::MAX` when alone or not yet heard.
+    pub(super) fleet_limit: AtomicUsize,
 }
 
 impl Seats {
@@ -85,6 +88,12 @@ impl Seats {
         self.max_inflight().min(self.allowance.load(Ordering::Relaxed))
     }
 
+    /// The replica's limit for every instance's requests together: the
+    /// fleet's (fleet.md rule 4), within this instance's own; its own alone.
+    pub(crate) fn shared_limit(&self) -> usize {
+        self.max_inflight().min(self.fleet_limit.load(Ordering::Relaxed))
+    }
+
     /// Does this instance share the replica with a fleet (its part of the
     /// slots set by the fleet's word)?
     pub(crate) fn in_fleet(&self) -> bool {
@@ -97,6 +106,14 @@ impl Seats {
         let (n, others) = share.unwrap_or((usize::MAX, 0));
         self.allowance.store(n, Ordering::Relaxed);
         self.others_inflight.store(others, Ordering::Relaxed);
+        if share.is_none() {
+            self.fleet_limit.store(usize::MAX, Ordering::Relaxed);
+        }
+    }
+
+    /// The fleet's limit for the replica, as this instance last computed it.
+    pub(crate) fn set_fleet_limit(&self, limit: usize) {
+        self.fleet_limit.store(limit, Ordering::Relaxed);
     }
 }
 

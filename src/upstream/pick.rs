@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::prefix::{home, PerReplica, RouteKey};
-use super::replica::{Reach, SLOW_GAPS};
+use super::replica::SLOW_GAPS;
+use super::take::Reach;
 use super::{PickError, Pool, Replica, ReplicaSlot, Room};
 use crate::config::{Balance, Tier};
 

@@ -85,6 +85,7 @@ impl Replica {
                 max_inflight: AtomicUsize::new(initial),
                 allowance: AtomicUsize::new(usize::MAX),
                 others_inflight: AtomicUsize::new(0),
+                fleet_limit: AtomicUsize::new(usize::MAX),
             },
             health: Health {
                 healthy: AtomicBool::new(false),
@@ -188,6 +189,10 @@ impl Replica {
     pub(crate) fn set_fleet_share(&self, share: Option<(usize, usize)>) {
         self.seats.set_fleet_share(share);
     }
+    /// See [`Seats::set_fleet_limit`](super::parts::Seats::set_fleet_limit).
+    pub(crate) fn set_fleet_limit(&self, limit: usize) {
+        self.seats.set_fleet_limit(limit);
+    }
     /// What the replica runs and queues for all its clients, as last scraped.
     pub(crate) fn scraped_total(&self) -> Option<u64> {
         self.readings.scraped_total()
@@ -261,73 +266,6 @@ impl Replica {
         });
         g.inflight.set(self.inflight() as i64);
         g.batch_cut.set(self.seats.batch_cut.load(Ordering::Relaxed) as i64);
-    }
-
-    /// Take a slot for a request of `tier` if one is free (`reach.over`:
-    /// that many above the slot count). An interactive request may also
-    /// take a seat of the replica's limit that no instance of the fleet
-    /// holds, beyond this instance's part: parts follow demand a period
-    /// late, and an interactive request should not wait while a seat on the
-    /// replica stands free because it was another instance's part; on an
-    /// engine that serves first come, first served, only while the other
-    /// instances have nothing waiting, which would fill their parts at
-    /// once. A batch request leaves the batch cut free (this instance's part
-    /// of it in a fleet); with `reach.unheld` it may take such a seat too,
-    /// less the whole cut. In a fleet, a request takes a seat only while the
-    /// replica has one free as last heard, batch always, interactive on an
-    /// engine that serves first come, first served (fleet.md rule 9);
-    /// `reach.must` (a request that can go nowhere else) is exempt.
-    pub(super) fn try_take(&self, tier: Tier, reach: Reach) -> bool {
-        let mut cur = self.seats.inflight.load(Ordering::SeqCst);
-        let mut max = self.slots().saturating_add(reach.over);
-        let (slots, limit) = (self.slots(), self.max_inflight());
-        let unheld_seats = || limit.saturating_sub(self.seats.others_inflight.load(Ordering::Relaxed));
-        match tier {
-            // Another instance's part it does not fill is free only while
-            // that instance has nothing waiting to fill it with (or once this
-            // request waited a fleet period: `others_wait` is then false): on
-            // an engine that serves first come, first served, a seat taken
-            // twice is a request in the engine's own queue, where chat waits
-            // behind batch (fleet.md rule 9).
-            Tier::Interactive if reach.prioritised || !reach.others_wait => max = max.max(unheld_seats()),
-            Tier::Interactive => {}
-            Tier::Batch => {
-                let cut = self.seats.batch_cut.load(Ordering::Relaxed);
-                if cut > 0 && limit > 0 {
-                    max = max.min(slots.saturating_sub((cut * slots).div_ceil(limit)));
-                }
-                if reach.unheld {
-                    max = max.max(unheld_seats().saturating_sub(cut));
-                }
-            }
-        }
-        // A part is what this instance may hold, not a seat free on the
-        // replica: while another holds seats past its own part (unheld ones
-        // it took, or a part that shrank under its streams), a request here
-        // waits for the replica to have one free as last heard, or the
-        // engine runs past its limit and the request waits inside it, chat
-        // too (fleet.md rule 9). Interactive is exempt where the engine runs
-        // it first.
-        let held_to_free = !reach.must && (tier == Tier::Batch || !reach.prioritised);
-        if held_to_free && self.seats.in_fleet() {
-            max = max.min(unheld_seats());
-        }
-        loop {
-            if cur >= max {
-                return false;
-            }
-            match self.seats.inflight.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => {
-                    if let Some(g) = self.gauges.get() {
-                        g.inflight.inc();
-                    }
-                    self.learning.taken(cur + 1);
-                    self.readings.scrape.poke();
-                    return true;
-                }
-                Err(now) => cur = now,
-            }
-        }
     }
 
     /// An interactive request sent here got its first token `after` its
@@ -545,22 +483,6 @@ impl Replica {
     pub(super) fn load_score(&self) -> u64 {
         self.inflight() as u64 + self.readings.scraped_waiting.load(Ordering::Relaxed)
     }
-}
-
-/// How far a request may reach for a seat on a replica (see [`Replica::try_take`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Reach {
-    /// Seats above the replica's slot count (this instance's part in a fleet).
-    pub(super) over: usize,
-    /// Batch may take seats no instance of the fleet holds (fleet.md rule 9).
-    pub(super) unheld: bool,
-    /// The engine runs interactive requests first (`upstream_priority`).
-    pub(super) prioritised: bool,
-    /// The fleet's other instances have requests waiting for the pool, as last heard.
-    pub(super) others_wait: bool,
-    /// The request can go to no other replica (a stored response's
-    /// follow-up): it is held to no free seat.
-    pub(super) must: bool,
 }
 
 /// What a replica said of its load (its `/metrics`); `None` where it did not say.

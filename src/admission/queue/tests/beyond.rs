@@ -89,6 +89,25 @@ async fn in_a_fleet_batch_takes_seats_no_instance_holds_within_the_fleets_batch(
     assert_eq!(alone.len(), pool.batch_limit());
 }
 
+/// The seats no instance holds are the fleet's limit's, the smallest any
+/// instance learned (fleet.md rule 4), not this instance's own: with its
+/// own at 9, the fleet's at 6 and the others holding 3, batch past its
+/// part stops at the 3 seats left, where its own limit would leave it the
+/// fleet's batch of 4 and run the replica one past the fleet's limit.
+#[tokio::test(start_paused = true)]
+async fn in_a_fleet_the_seats_no_instance_holds_are_the_fleets_limits_not_its_own() {
+    let pool = pool_with(9, tiers(0.5, 10, 10), true);
+    let replica = pool.pool().replicas[0].clone();
+    let whole = pool.fleet_reservation(9, 3);
+    let part = crate::admission::seats::Reserve { normal: 2, at_risk: 2, headroom: 1 };
+    pool.set_fleet(Some(FleetWord { slots: 9, whole, part, others_interactive: 0, others_batch: 0, period: Duration::ZERO }));
+    replica.set_fleet_share(Some((3, 3)));
+    let takes = |pool: &Arc<PoolAdmission>| std::iter::from_fn(|| pool.try_lease(Tier::Batch).ok()).take(10).collect::<Vec<_>>();
+    assert_eq!(takes(&pool).len(), 4, "no fleet limit heard yet: its own 9, less the others' 3, within the fleet's batch");
+    replica.set_fleet_limit(6);
+    assert_eq!(takes(&pool).len(), 3, "the fleet's 6, less the others' 3");
+}
+
 /// On an engine that serves first come, first served, three instances
 /// share a replica of 8: this one's part is 2, the others hold 5, one seat
 /// is nobody's. While the others have requests waiting (which fill their
