@@ -539,9 +539,13 @@ impl Controller {
             return;
         }
         let near_knee = self.knee.is_some_and(|k| self.limit + self.limit.sqrt() >= k);
+        // Requests wait in the replica (within what is in transit) and it
+        // took none of them on since the sample before: most likely it runs
+        // all its slots (rule 9).
+        let at_slots = s.waiting.is_some_and(|w| w >= 1.0) && !p.taking_on;
         self.limit = if self.slow_start {
             self.limit * SLOW_START
-        } else if near_knee {
+        } else if near_knee || at_slots {
             self.limit + 1.0
         } else {
             self.limit + self.limit.sqrt().max(1.0)

@@ -481,3 +481,21 @@ fn slots_the_engine_declares_bound_slow_start_growth_and_a_burst() {
     c.declare(Some(0));
     assert_eq!(c.allowed(), 32);
 }
+
+/// Past the slow start and far from any knee, a limit that binds grows by
+/// its square root. A replica that runs all its slots with one request
+/// waiting, within what is in transit, and took none on since the sample
+/// before, is most likely at them: the limit looks past them a seat at a
+/// time (a sample later, a queue beyond what is in transit cuts it back).
+/// One that took requests on is not at its slots, and the square root holds.
+#[test]
+fn a_replica_at_its_slots_with_requests_in_transit_is_looked_past_a_seat_at_a_time() {
+    for (running_before, grown) in [(64.0, 65), (60.0, 72)] {
+        let mut c = Controller::new(LimitParams { initial: 64, ..params() });
+        c.slow_start = false;
+        c.running = Some(running_before);
+        let s =
+            Sample { waiting: Some(1.0), running: Some(64.0), inflight_peak: 64, inflight_now: 64, in_transit: 1.5, ..Sample::default() };
+        assert_eq!(c.update(s), grown, "running {running_before} at the sample before");
+    }
+}
