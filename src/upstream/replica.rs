@@ -1,7 +1,7 @@
 //! One replica: where it is, its health, its slots (held until a stream
 //! ends), what it reports and what its streams measure (first tokens,
-//! gaps), and its learned limit. A request's hold on one of its slots is
-//! a `ReplicaSlot` (`slot.rs`).
+//! gaps), and its learned limit. Taking one of its slots is `take.rs`; a
+//! request's hold on one is a `ReplicaSlot` (`slot.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
