@@ -156,6 +156,33 @@ async fn the_latest_admitted_sequence_is_preempted_and_recomputes_its_tokens() {
     }
 }
 
+/// As vLLM's v1 scheduler: a prompt gets the blocks of the chunk scheduled
+/// now, not its whole prompt's up front, and a running prompt whose next
+/// chunk finds no block free preempts the lowest-priority sequence. So under
+/// priority scheduling a high-priority prompt bigger than the free cache is
+/// prefilled at once, not after a low-priority answer ends.
+#[tokio::test(start_paused = true)]
+async fn a_high_priority_prompt_takes_the_cache_a_low_priority_answer_holds_chunk_by_chunk() {
+    // 20 blocks of 16 tokens. The low-priority answer's 240-token prompt and
+    // first tokens hold 16 of them when a 96-token (6-block) prompt comes:
+    // its first chunk (47 tokens, 3 blocks) fits the 4 free, its second does not.
+    let c = SimConfig { kv_blocks: 20, max_num_batched_tokens: 48, priority_scheduling: true, ..cfg() };
+    let e = start(c);
+    let t0 = Instant::now();
+    let low = tokio::spawn(drain(e.submit(SeqRequest { priority: 10, ..req(240, 50) }).expect("accepted"), t0));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let came = t0.elapsed();
+    let high = drain(e.submit(SeqRequest { priority: -1, ..req(96, 1) }).expect("accepted"), t0).await;
+    let ttft = high.0[0] - came;
+    // Three chunks of at most 47 tokens, a step of 10-11 ms each: well under
+    // the ~450 ms the low-priority answer had left.
+    assert!(ttft < Duration::from_millis(80), "the prompt waited {ttft:?} for its blocks");
+    let (times, finish) = low.await.expect("join");
+    assert_eq!((times.len(), finish), (50, Some(Finish::Length)), "the preempted answer still gets all its tokens exactly once");
+    assert_eq!(e.stats.preemptions.load(Ordering::Relaxed), 1, "the low-priority answer was preempted for the chunk");
+    assert!(times.windows(2).any(|w| w[1] - w[0] > Duration::from_millis(40)), "and paid for it with a pause: {times:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn priority_scheduling_serves_lower_priority_values_first() {
     let e = start(SimConfig { max_num_seqs: 1, priority_scheduling: true, ..cfg() });
@@ -278,9 +305,10 @@ async fn a_cached_prefix_skips_its_prefill_and_is_reported() {
 
 #[tokio::test(start_paused = true)]
 async fn cached_prefixes_are_evicted_when_memory_is_needed() {
-    // 64 blocks of 16 tokens. A 480-token prompt takes 31 blocks and leaves
-    // 30 named (cached) when it ends; `a` leaves 34 free, `b` takes 31 of
-    // them, and `c` takes the 4 left and evicts 27 of `a`'s, tail first.
+    // 64 blocks of 16 tokens. A 480-token prompt (one token out, so no
+    // decode block) takes 30 blocks and leaves them named (cached) when it
+    // ends; `a` leaves 34 free, `b` takes 30 of them, and `c` takes the 4
+    // left and evicts 26 of `a`'s, tail first.
     let e = start(SimConfig { kv_blocks: 64, ..cfg() });
     let a = || SeqRequest { block_hashes: prompt_hashes(0, b'a', 480, 16), ..req(480, 1) };
     let b = || SeqRequest { block_hashes: prompt_hashes(0, b'b', 480, 16), ..req(480, 1) };
@@ -288,11 +316,11 @@ async fn cached_prefixes_are_evicted_when_memory_is_needed() {
     for r in [a(), b(), c()] {
         drain(e.submit(r).expect("accepted"), Instant::now()).await;
     }
-    // Of `a`, freed first, only the head is left: 3 blocks.
+    // Of `a`, freed first, only the head is left: 4 blocks.
     let again_a = a();
     let cached_a = again_a.cached.clone();
     drain(e.submit(again_a).expect("accepted"), Instant::now()).await;
-    assert_eq!(cached_a.load(Ordering::Relaxed), 48, "a's tail was evicted");
+    assert_eq!(cached_a.load(Ordering::Relaxed), 64, "a's tail was evicted");
     // `c` is cached whole (`a` took `b`'s blocks) (less the last block, always computed).
     let again_c = c();
     let cached_c = again_c.cached.clone();

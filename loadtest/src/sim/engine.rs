@@ -6,9 +6,14 @@
 //! waiting ones in FCFS (or priority) order. A step takes the larger of its
 //! memory-bound part (`base + decode_per_seq x decodes`) and its compute-bound
 //! part (`alpha x` tokens processed), times the slowdown fault. `max_num_seqs` caps the running batch; the KV cache is
-//! counted in blocks, and when a decode needs a block and none is free, the
-//! most recently admitted sequence is preempted and recomputed later (its
-//! prompt and generated tokens are prefilled again). Blocks of computed
+//! counted in blocks, allocated as vLLM's v1 scheduler does: a sequence
+//! gets the blocks of the chunk scheduled in a step, not its whole prompt
+//! up front. When a running sequence's decode or next prefill chunk needs a
+//! block and none is free, the most recently admitted sequence (under
+//! priority scheduling, the latest of the lowest priority) is preempted and
+//! recomputed later (its prompt and generated tokens are prefilled again),
+//! and no waiting sequence is taken in that step. A waiting sequence whose
+//! first chunk does not fit waits. Blocks of computed
 //! prompt tokens are named and reused by later prompts with the same prefix
 //! (vLLM's automatic prefix caching; see [`super::cache`]): a sequence
 //! skips the prefill of the leading blocks the cache holds.
@@ -351,16 +356,20 @@ impl Core {
         Some(order)
     }
 
-    /// Schedule the waiting queue's front if its blocks fit: the leading
-    /// prompt blocks the prefix cache holds are reused (their prefill
-    /// skipped; at least one token is always computed, as vLLM does), the
-    /// rest allocated. `None` when it does not fit.
-    fn schedule_front(&mut self) -> Option<Seq> {
+    /// Schedule the waiting queue's front if the blocks of its first chunk
+    /// (`budget` tokens at most) fit: the leading prompt blocks the prefix
+    /// cache holds are reused (their prefill skipped; at least one token is
+    /// always computed, as vLLM does), the chunk's allocated. `None` when it
+    /// does not fit. As vLLM's v1 scheduler, only the chunk scheduled now
+    /// needs blocks: the rest are allocated step by step as the prefill goes on.
+    fn schedule_front(&mut self, budget: u32) -> Option<Seq> {
         let front = self.waiting.front()?;
         let bs = self.cfg.block_size.max(1);
         let hashes = &front.req.block_hashes;
         let hit = self.cache.hits(hashes).min(((front.prefill_target - 1) / bs) as usize);
-        let need = self.blocks_for(front.prefill_target + 1).saturating_sub(hit as u32);
+        let start = hit as u32 * bs;
+        let chunk = (front.prefill_target - start).min(budget);
+        let need = self.blocks_for(start + chunk).saturating_sub(hit as u32);
         if !self.cache.fits(&hashes[..hit], need) {
             return None;
         }
@@ -402,10 +411,10 @@ impl Core {
 
     async fn step(&mut self) {
         // 1. Decodes first: every fully prefilled running sequence gets a KV slot for its next token.
-        self.allocate_decodes();
+        let preempted = self.allocate_decodes();
         let decodes: Vec<u64> = self.running.iter().filter(|s| s.decoding()).map(|s| s.order).collect();
         // 2. Prefill chunks with what is left of the token budget.
-        let prefill_tokens = self.prefill(decodes.len());
+        let prefill_tokens = self.prefill(decodes.len(), preempted);
         // Prefills that complete in this step produce their first token at its end.
         let completing: Vec<u64> = self.running.iter().filter(|s| s.decoding() && !decodes.contains(&s.order)).map(|s| s.order).collect();
         self.publish();
@@ -426,8 +435,9 @@ impl Core {
     }
 
     /// A KV slot for each decoding sequence's next token, preempting the
-    /// latest sequences where the cache is full.
-    fn allocate_decodes(&mut self) {
+    /// latest sequences where the cache is full. True when it preempted one.
+    fn allocate_decodes(&mut self) -> bool {
+        let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
@@ -447,25 +457,52 @@ impl Core {
                 Some(_) => {}
                 None => break,
             }
+            preempted = true;
             // Re-examine from the start: indices moved.
             i = 0;
         }
+        preempted
     }
 
     /// Prefill chunks within the step's token budget (what `decodes` leave
     /// of it), new sequences taken in while slots and budget remain; the
-    /// prompt tokens prefilled.
-    fn prefill(&mut self, decodes: usize) -> u32 {
+    /// prompt tokens prefilled. As vLLM's v1 scheduler: each chunk's blocks
+    /// are allocated when it is scheduled, a partly prefilled sequence whose
+    /// chunk finds none free preempts the latest (under priority scheduling,
+    /// the lowest-priority) running sequence, and no waiting sequence is
+    /// taken in during a step that preempted one (`preempted`).
+    fn prefill(&mut self, decodes: usize, mut preempted: bool) -> u32 {
         let mut budget = self.cfg.max_num_batched_tokens.saturating_sub(decodes as u32);
         let mut prefill_tokens = 0u32;
-        for s in self.running.iter_mut().filter(|s| !s.decoding()) {
-            let chunk = (s.prefill_target - s.prefilled).min(budget);
-            s.prefilled += chunk;
-            budget -= chunk;
-            prefill_tokens += chunk;
+        let partial: Vec<u64> = self.running.iter().filter(|s| !s.decoding()).map(|s| s.order).collect();
+        'partial: for order in partial {
+            loop {
+                if budget == 0 {
+                    break 'partial;
+                }
+                // Still running (an earlier chunk's allocation may have preempted it)?
+                let Some(i) = self.running.iter().position(|s| s.order == order) else { continue 'partial };
+                let s = &self.running[i];
+                let chunk = (s.prefill_target - s.prefilled).min(budget);
+                let need = self.blocks_for(s.prefilled + chunk).saturating_sub(s.held());
+                if self.cache.allocate(need) {
+                    let s = &mut self.running[i];
+                    s.blocks += need;
+                    s.prefilled += chunk;
+                    budget -= chunk;
+                    prefill_tokens += chunk;
+                    continue 'partial;
+                }
+                preempted = true;
+                match self.preempt_latest() {
+                    Some(o) if o == order => break 'partial, // nothing below it to preempt
+                    Some(_) => {}
+                    None => break 'partial,
+                }
+            }
         }
-        while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some(mut s) = self.schedule_front() else { break };
+        while !preempted && budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some(mut s) = self.schedule_front(budget) else { break };
             let chunk = (s.prefill_target - s.prefilled).min(budget);
             s.prefilled += chunk;
             budget -= chunk;
