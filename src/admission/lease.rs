@@ -34,7 +34,7 @@ pub(crate) trait Seating: Send + Sync {
     fn enlist(&self, victim: std::sync::Weak<super::preempt::Victim>);
     /// Ask a batch stream on replica `key` for its slot (see
     /// [`super::preempt::Preemption::ask_on`]).
-    fn ask_on(&self, key: usize) -> bool;
+    fn ask_on(&self, replica: &Arc<Replica>) -> bool;
     /// A preempted stream gave its slot back (its lease is dropped): wait
     /// in `tier`'s queue as `claim` for another.
     fn requeue(self: Arc<Self>, tier: Tier, claim: Claim) -> Requeued;
@@ -175,13 +175,10 @@ impl Lease {
     }
 
     /// This request has no first token at its moment: where its replica
-    /// said at its last scrape that requests wait inside it (so this one
-    /// likely waits for a slot there, rather than being prefilled), ask a
+    /// likely keeps it waiting for a slot (rather than prefilling it), ask a
     /// batch stream on that replica for its slot (docs/design/preemption.md, rule 1).
     pub(crate) fn ask_for_slot(&self) -> bool {
-        let replica = self.slot.replica();
-        replica.readings.scraped_waiting.load(std::sync::atomic::Ordering::Relaxed) > 0
-            && self.seating.ask_on(super::preempt::replica_key(replica))
+        self.seating.ask_on(self.slot.replica())
     }
 
     /// Give the slot back now (the waiter next in line takes it) and wait

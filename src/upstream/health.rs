@@ -269,6 +269,9 @@ async fn scrape_load(replica: &Arc<Replica>, engine: Engine, timeout: Duration) 
     if let Some(w) = load.waiting {
         replica.readings.scraped_waiting.store(w as u64, std::sync::atomic::Ordering::Relaxed);
     }
+    if let Some(r) = load.running {
+        replica.readings.set_scraped_running(r);
+    }
     replica.set_scraped_total(load.waiting.zip(load.running).map(|(w, r)| w + r));
     if load.waits_only_when_full {
         replica.readings.llamacpp.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -424,6 +427,29 @@ mod tests {
         }
         let (load, cache) = read_metrics(text.as_bytes(), Engine::Sglang);
         assert_eq!((load.waiting, load.running, cache), (None, None, None), "SGLang's names find nothing");
+    }
+
+    /// Where the engine orders its queue by priority, an interactive request
+    /// waits for a slot only where the replica runs (nearly) all it was ever
+    /// seen running: below that, a KV-bound engine runs the prompt at once and
+    /// it waits for prefill, which a preempted batch stream does not give.
+    #[test]
+    fn a_request_waits_for_a_slot_where_requests_wait_and_under_priority_every_slot_runs() {
+        let r = replica("http://127.0.0.1:1");
+        let waiting = |n: u64| r.readings.scraped_waiting.store(n, std::sync::atomic::Ordering::Relaxed);
+        r.readings.set_scraped_running(64.0);
+        assert!(!r.waits_for_a_slot(false) && !r.waits_for_a_slot(true), "nothing waits inside it");
+        waiting(3);
+        assert!(r.waits_for_a_slot(false) && r.waits_for_a_slot(true), "all 64 run and 3 wait");
+        // Its cache, not its slots, bounds it now: 55 run, 3 wait.
+        r.readings.set_scraped_running(55.0);
+        assert!(r.waits_for_a_slot(false), "first come, first served: it waits behind them");
+        assert!(!r.waits_for_a_slot(true), "under priority it is prefilled at once");
+        // A slot or four just freed, refilled at the next steps: still its slots.
+        r.readings.set_scraped_running(60.0);
+        assert!(r.waits_for_a_slot(true));
+        r.readings.set_scraped_running(59.0);
+        assert!(!r.waits_for_a_slot(true));
     }
 
     /// A failed check says why, for the log line that takes the replica out.

@@ -163,6 +163,10 @@ pub(crate) struct Readings {
     pub(crate) scraped_waiting: AtomicU64,
     /// Tokens its KV cache holds, as its `/metrics` says; 0 when unknown.
     pub(super) cache_tokens: AtomicU64,
+    /// Requests running inside it, as last scraped, and the most any
+    /// scrape saw (its slots, once it ran them all); 0 when not scraped.
+    pub(super) scraped_running: AtomicU64,
+    pub(super) most_running: AtomicU64,
     /// Models this replica's `/v1/models` listed (raw model objects).
     pub(crate) models: ArcSwap<Vec<serde_json::Value>>,
     /// The load scrape's rest while nothing is sent here, poked by each dispatch.
@@ -181,7 +185,25 @@ impl Readings {
     pub(crate) fn set_scraped_total(&self, total: Option<f64>) {
         self.scraped_total.store(total.map_or(u64::MAX, |t| t.round() as u64), Ordering::Relaxed);
     }
+
+    /// A scrape said `running` requests run inside it.
+    pub(crate) fn set_scraped_running(&self, running: f64) {
+        let n = running.max(0.0).round() as u64;
+        self.scraped_running.store(n, Ordering::Relaxed);
+        self.most_running.fetch_max(n, Ordering::Relaxed);
+    }
+
+    /// Does it run (nearly) as many requests as it was ever seen running,
+    /// its slots, as last scraped? Within a sixteenth: a slot that just
+    /// freed is refilled at the engine's next steps.
+    pub(crate) fn runs_its_slots(&self) -> bool {
+        let (now, most) = (self.scraped_running.load(Ordering::Relaxed), self.most_running.load(Ordering::Relaxed));
+        most > 0 && now * RUNS_ITS_SLOTS_DIV >= most * (RUNS_ITS_SLOTS_DIV - 1)
+    }
 }
+
+/// [`Readings::runs_its_slots`]: within one in this many of the most seen.
+const RUNS_ITS_SLOTS_DIV: u64 = 16;
 
 /// How it is reached: idle connections, TLS, its key.
 pub(crate) struct Connection {

@@ -96,6 +96,8 @@ impl Replica {
                 scraped_total: AtomicU64::new(u64::MAX),
                 scraped_waiting: AtomicU64::new(0),
                 cache_tokens: AtomicU64::new(0),
+                scraped_running: AtomicU64::new(0),
+                most_running: AtomicU64::new(0),
                 models: ArcSwap::from_pointee(Vec::new()),
                 scrape: crate::sync::Rest::default(),
                 llamacpp: AtomicBool::new(false),
@@ -478,6 +480,18 @@ impl Replica {
     /// Nothing is sent here by any instance of the fleet: its load scrape may rest.
     pub(super) fn unused(&self) -> bool {
         self.inflight() == 0 && self.seats.others_inflight.load(Ordering::Relaxed) == 0
+    }
+
+    /// Does an interactive request here with no first token likely wait
+    /// for one of the engine's slots, so that a batch stream's slot given
+    /// up helps it (docs/design/preemption.md, rule 1)? Where its last
+    /// scrape said requests wait inside it; under `upstream_priority`, only
+    /// where that scrape also saw it run (nearly) all the requests it was
+    /// ever seen running: below its slots, such an engine runs an
+    /// interactive prompt at once and takes its cache blocks from batch
+    /// itself, and the request waits for prefill, which a slot does not give.
+    pub(crate) fn waits_for_a_slot(&self, upstream_priority: bool) -> bool {
+        self.readings.scraped_waiting.load(Ordering::Relaxed) > 0 && (!upstream_priority || self.readings.runs_its_slots())
     }
 
     pub(super) fn load_score(&self) -> u64 {

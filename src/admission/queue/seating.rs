@@ -73,8 +73,9 @@ impl Seating for PoolAdmission {
         self.preemption.enlist(victim);
     }
 
-    fn ask_on(&self, key: usize) -> bool {
-        self.preemption.ask_on(key, 1)
+    fn ask_on(&self, replica: &Arc<Replica>) -> bool {
+        replica.waits_for_a_slot(self.pool.load().config.upstream_priority)
+            && self.preemption.ask_on(crate::admission::preempt::replica_key(replica), 1)
     }
 
     fn requeue(self: Arc<Self>, tier: Tier, claim: Claim) -> Requeued {
