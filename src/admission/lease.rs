@@ -32,8 +32,9 @@ pub(crate) trait Seating: Send + Sync {
     /// `victim`, a batch stream holding a slot, may give it up for an
     /// interactive request (where the pool preempts; see [`super::preempt`]).
     fn enlist(&self, victim: std::sync::Weak<super::preempt::Victim>);
-    /// Ask a batch stream on replica `key` for its slot (see
-    /// [`super::preempt::Preemption::ask_on`]).
+    /// Ask a batch stream on `replica` for its slot, where the replica
+    /// likely keeps an interactive request waiting for one
+    /// ([`Replica::waits_for_a_slot`]; see [`super::preempt::Preemption::ask_on`]).
     fn ask_on(&self, replica: &Arc<Replica>) -> bool;
     /// A preempted stream gave its slot back (its lease is dropped): wait
     /// in `tier`'s queue as `claim` for another.

@@ -437,9 +437,10 @@ mod tests {
     fn a_request_waits_for_a_slot_where_requests_wait_and_under_priority_every_slot_runs() {
         let r = replica("http://127.0.0.1:1");
         let waiting = |n: u64| r.readings.scraped_waiting.store(n, std::sync::atomic::Ordering::Relaxed);
-        r.readings.set_scraped_running(64.0);
         assert!(!r.waits_for_a_slot(false) && !r.waits_for_a_slot(true), "nothing waits inside it");
         waiting(3);
+        assert!(r.waits_for_a_slot(true), "requests wait, and its metrics never said what it runs");
+        r.readings.set_scraped_running(64.0);
         assert!(r.waits_for_a_slot(false) && r.waits_for_a_slot(true), "all 64 run and 3 wait");
         // Its cache, not its slots, bounds it now: 55 run, 3 wait.
         r.readings.set_scraped_running(55.0);

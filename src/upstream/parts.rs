@@ -195,10 +195,11 @@ impl Readings {
 
     /// Does it run (nearly) as many requests as it was ever seen running,
     /// its slots, as last scraped? Within a sixteenth: a slot that just
-    /// freed is refilled at the engine's next steps.
+    /// freed is refilled at the engine's next steps. True where its
+    /// metrics never said what it runs: nothing says it has slots free.
     pub(crate) fn runs_its_slots(&self) -> bool {
         let (now, most) = (self.scraped_running.load(Ordering::Relaxed), self.most_running.load(Ordering::Relaxed));
-        most > 0 && now * RUNS_ITS_SLOTS_DIV >= most * (RUNS_ITS_SLOTS_DIV - 1)
+        most == 0 || now * RUNS_ITS_SLOTS_DIV >= most * (RUNS_ITS_SLOTS_DIV - 1)
     }
 }
 

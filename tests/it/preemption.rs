@@ -137,8 +137,10 @@ async fn a_chat_stream_waiting_inside_a_priority_engine_takes_a_batch_streams_sl
         let engine_slot = Gate::default();
         let mock = Mock::start(engine(order.clone(), engine_slot.clone())).await;
         let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 2\n    upstream_priority: true").start().await;
-        // The engine says a request waits in it, and the gateway read that.
+        // The engine says a request waits in it while it runs all it can
+        // (the batch stream), and the gateway read that.
         mock.state.waiting.store(1, std::sync::atomic::Ordering::SeqCst);
+        *mock.state.running.lock().expect("lock") = Some(1);
         let scrapes = || mock.state.scrapes.load(std::sync::atomic::Ordering::SeqCst);
         let before = scrapes();
         wait_until("two scrapes", || {
