@@ -270,7 +270,7 @@ async fn scrape_load(replica: &Arc<Replica>, engine: Engine, timeout: Duration) 
         replica.readings.scraped_waiting.store(w as u64, std::sync::atomic::Ordering::Relaxed);
     }
     if let Some(r) = load.running {
-        replica.readings.set_scraped_running(r);
+        replica.readings.saw_running(r);
     }
     replica.set_scraped_total(load.waiting.zip(load.running).map(|(w, r)| w + r));
     if load.waits_only_when_full {
@@ -436,20 +436,24 @@ mod tests {
     #[test]
     fn a_request_waits_for_a_slot_where_requests_wait_and_under_priority_every_slot_runs() {
         let r = replica("http://127.0.0.1:1");
-        let waiting = |n: u64| r.readings.scraped_waiting.store(n, std::sync::atomic::Ordering::Relaxed);
+        // A scrape as `scrape_load` reads it: 3 waiting beside `running`.
+        let scraped = |running: f64| {
+            r.readings.set_scraped_total(Some(running + 3.0));
+            r.readings.saw_running(running);
+        };
         assert!(!r.waits_for_a_slot(false) && !r.waits_for_a_slot(true), "nothing waits inside it");
-        waiting(3);
+        r.readings.scraped_waiting.store(3, std::sync::atomic::Ordering::Relaxed);
         assert!(r.waits_for_a_slot(true), "requests wait, and its metrics never said what it runs");
-        r.readings.set_scraped_running(64.0);
+        scraped(64.0);
         assert!(r.waits_for_a_slot(false) && r.waits_for_a_slot(true), "all 64 run and 3 wait");
         // Its cache, not its slots, bounds it now: 55 run, 3 wait.
-        r.readings.set_scraped_running(55.0);
+        scraped(55.0);
         assert!(r.waits_for_a_slot(false), "first come, first served: it waits behind them");
         assert!(!r.waits_for_a_slot(true), "under priority it is prefilled at once");
         // A slot or four just freed, refilled at the next steps: still its slots.
-        r.readings.set_scraped_running(60.0);
+        scraped(60.0);
         assert!(r.waits_for_a_slot(true));
-        r.readings.set_scraped_running(59.0);
+        scraped(59.0);
         assert!(!r.waits_for_a_slot(true));
     }
 

@@ -163,9 +163,8 @@ pub(crate) struct Readings {
     pub(crate) scraped_waiting: AtomicU64,
     /// Tokens its KV cache holds, as its `/metrics` says; 0 when unknown.
     pub(super) cache_tokens: AtomicU64,
-    /// Requests running inside it, as last scraped, and the most any
-    /// scrape saw (its slots, once it ran them all); 0 when not scraped.
-    pub(super) scraped_running: AtomicU64,
+    /// The most requests any scrape saw running inside it (its slots,
+    /// once it ran them all); 0 when none said.
     pub(super) most_running: AtomicU64,
     /// Models this replica's `/v1/models` listed (raw model objects).
     pub(crate) models: ArcSwap<Vec<serde_json::Value>>,
@@ -187,19 +186,20 @@ impl Readings {
     }
 
     /// A scrape said `running` requests run inside it.
-    pub(crate) fn set_scraped_running(&self, running: f64) {
-        let n = running.max(0.0).round() as u64;
-        self.scraped_running.store(n, Ordering::Relaxed);
-        self.most_running.fetch_max(n, Ordering::Relaxed);
+    pub(crate) fn saw_running(&self, running: f64) {
+        self.most_running.fetch_max(running.max(0.0).round() as u64, Ordering::Relaxed);
     }
 
     /// Does it run (nearly) as many requests as it was ever seen running,
-    /// its slots, as last scraped? Within a sixteenth: a slot that just
-    /// freed is refilled at the engine's next steps. True where its
-    /// metrics never said what it runs: nothing says it has slots free.
+    /// its slots, as last scraped (what it ran and queued, less what it
+    /// queued)? Within a sixteenth: a slot that just freed is refilled at
+    /// the engine's next steps. True where its metrics did not say what it
+    /// runs: nothing says it has slots free.
     pub(crate) fn runs_its_slots(&self) -> bool {
-        let (now, most) = (self.scraped_running.load(Ordering::Relaxed), self.most_running.load(Ordering::Relaxed));
-        most == 0 || now * RUNS_ITS_SLOTS_DIV >= most * (RUNS_ITS_SLOTS_DIV - 1)
+        let most = self.most_running.load(Ordering::Relaxed);
+        let Some(total) = self.scraped_total().filter(|_| most > 0) else { return true };
+        let now = total.saturating_sub(self.scraped_waiting.load(Ordering::Relaxed));
+        now * RUNS_ITS_SLOTS_DIV >= most * (RUNS_ITS_SLOTS_DIV - 1)
     }
 }
 

@@ -96,7 +96,6 @@ impl Replica {
                 scraped_total: AtomicU64::new(u64::MAX),
                 scraped_waiting: AtomicU64::new(0),
                 cache_tokens: AtomicU64::new(0),
-                scraped_running: AtomicU64::new(0),
                 most_running: AtomicU64::new(0),
                 models: ArcSwap::from_pointee(Vec::new()),
                 scrape: crate::sync::Rest::default(),
