@@ -238,6 +238,37 @@ print(json.dumps({"ids": sorted(ids), "text": text, "roles": roles, "finish": fi
     assert_quiescent(&gw).await;
 }
 
+/// A batch stream found, once asked, to hold what a continuation cannot
+/// carry on from (reasoning) goes on where it is and keeps its slot to its
+/// end: the chat request that asked still waits for it, and is refused
+/// when it can no longer make its target.
+#[tokio::test]
+async fn a_batch_stream_asked_that_cannot_be_continued_keeps_its_slot() {
+    for (proto, client) in clients() {
+        let mock = Mock::start(script(move |req| {
+            if req["messages"][0]["content"].as_str() != Some("batch job") {
+                return json_answer("hi", "stop", 5, 1);
+            }
+            Script::sse(vec![
+                Step::Send(chunk("chatcmpl-a", r#"{"role":"assistant","content":""}"#, None)),
+                Step::Send(chunk("chatcmpl-a", r#"{"reasoning_content":"hmm"}"#, None)),
+                Step::Send(chunk("chatcmpl-a", r#"{"content":"Hel"}"#, None)),
+                Step::Send(chunk("chatcmpl-a", r#"{"content":"lo"}"#, None)),
+                Step::Until(Gate::default()),
+            ])
+        }))
+        .await;
+        let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    timeouts: { idle: 60s }").start().await;
+        let (body, _) = batch_streaming(&client, &gw).await;
+        let chat = client.request(post_req(&gw, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat");
+        assert_eq!(chat.status(), 429, "{proto}: the slot stayed the batch stream's");
+        assert_eq!(mock.state.cancelled.load(std::sync::atomic::Ordering::SeqCst), 0, "{proto}: the batch stream went on");
+        assert_eq!(metric(&metrics_text(&gw).await, "slogate_preemptions_total", &[]), None, "{proto}");
+        drop(body);
+        assert_quiescent(&gw).await;
+    }
+}
+
 /// A batch stream whose answer slogate cannot continue (a Responses
 /// stream: its state lives in the replica) is never a victim: a chat
 /// request that finds its slot taken waits, and is refused when it can no

@@ -87,7 +87,9 @@ impl<B> ObservedBody<B> {
         let sent = t.first_token.map_or(0, |_| t.gaps + 1);
         let finished = matches!(&self.mode, Mode::Sse { finish_reason: Some(_), .. });
         let exact = self.resume.as_ref().is_some_and(|r| r.exact(sent));
-        let Some(lease) = t.lease.take().filter(|_| sent > 0 && !finished && exact) else {
+        // Checked before the lease is taken: a stream that goes on where it
+        // is keeps its slot to its end.
+        let Some(lease) = t.lease.take_if(|_| sent > 0 && !finished && exact) else {
             // It goes on where it is: asked no more.
             v.gave_back();
             self.victim = None;
