@@ -238,6 +238,16 @@ print(json.dumps({"ids": sorted(ids), "text": text, "roles": roles, "finish": fi
     assert_quiescent(&gw).await;
 }
 
+/// A chat request through `gw` finds the only slot held by a batch stream
+/// that cannot give it up: it waits, and is refused when it can no longer
+/// make its target, while the batch stream goes on untouched.
+async fn the_chat_request_waits_for_the_batch_streams_slot(client: &TestClient, gw: &Gw, mock: &Mock, proto: &str) {
+    let chat = client.request(post_req(gw, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat");
+    assert_eq!(chat.status(), 429, "{proto}: the chat request waited for the slot and was refused");
+    assert_eq!(mock.state.cancelled.load(std::sync::atomic::Ordering::SeqCst), 0, "{proto}: the batch stream went on");
+    assert_eq!(metric(&metrics_text(gw).await, "slogate_preemptions_total", &[]), None, "{proto}");
+}
+
 /// A batch stream found, once asked, to hold what a continuation cannot
 /// carry on from (reasoning) goes on where it is and keeps its slot to its
 /// end: the chat request that asked still waits for it, and is refused
@@ -260,10 +270,7 @@ async fn a_batch_stream_asked_that_cannot_be_continued_keeps_its_slot() {
         .await;
         let gw = gateway_config(&[mock.url()]).pool("max_inflight_per_replica: 1\n    timeouts: { idle: 60s }").start().await;
         let (body, _) = batch_streaming(&client, &gw).await;
-        let chat = client.request(post_req(&gw, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat");
-        assert_eq!(chat.status(), 429, "{proto}: the slot stayed the batch stream's");
-        assert_eq!(mock.state.cancelled.load(std::sync::atomic::Ordering::SeqCst), 0, "{proto}: the batch stream went on");
-        assert_eq!(metric(&metrics_text(&gw).await, "slogate_preemptions_total", &[]), None, "{proto}");
+        the_chat_request_waits_for_the_batch_streams_slot(&client, &gw, &mock, proto).await;
         drop(body);
         assert_quiescent(&gw).await;
     }
@@ -300,10 +307,7 @@ async fn a_batch_stream_that_cannot_be_continued_keeps_its_slot() {
                 seen.extend_from_slice(&d);
             }
         }
-        let chat = client.request(post_req(&gw, "/v1/chat/completions", &ask("chat", false), &[])).await.expect("chat");
-        assert_eq!(chat.status(), 429, "{proto}: the chat request waited for the slot and was refused");
-        assert_eq!(mock.state.cancelled.load(std::sync::atomic::Ordering::SeqCst), 0, "{proto}: the batch stream went on");
-        assert_eq!(metric(&metrics_text(&gw).await, "slogate_preemptions_total", &[]), None, "{proto}");
+        the_chat_request_waits_for_the_batch_streams_slot(&client, &gw, &mock, proto).await;
         drop(body);
         assert_quiescent(&gw).await;
     }
