@@ -144,6 +144,7 @@ impl PoolAdmission {
             fleet,
             at_risk: self.interactive_at_risk.load(Ordering::Relaxed),
             preempts: pool.config.preempts(),
+            at_slots: pool.prioritised_at_its_slots(),
         }
     }
 

@@ -82,6 +82,10 @@ pub(crate) struct Seats {
     /// The pool preempts batch streams for interactive requests
     /// (`pools[].preempt`): after a quiet spell the headroom is one seat.
     pub(crate) preempts: bool,
+    /// The replicas order their own queues by tier (`upstream_priority`)
+    /// and every one's limit is at its engine's slots: alone, the
+    /// reservation is the headroom while interactive is not at risk.
+    pub(crate) at_slots: bool,
 }
 
 /// A reservation: the slots kept for interactive requests normally and
@@ -142,9 +146,11 @@ impl Seats {
     }
 
     /// The slots reserved for interactive requests: the demand's recent
-    /// peak and a quarter more, plus the headroom, up to the share; the
-    /// whole share while interactive is at risk. In a fleet, this
-    /// instance's part of the fleet's reservation.
+    /// peak and a quarter more, plus the headroom, up to the share; only
+    /// the headroom where the replicas order their queues by tier and run
+    /// at their engines' slots (interactive requests past it go above the
+    /// slots); the whole share while interactive is at risk. In a fleet,
+    /// this instance's part of the fleet's reservation.
     pub(crate) fn reserved(&self) -> usize {
         if self.share == 0.0 || self.cap == 0 {
             return 0;
@@ -155,6 +161,8 @@ impl Seats {
         let whole = Reserve::whole(self.cap, self.share, self.demand_peak, self.preempts);
         if self.at_risk {
             whole.at_risk
+        } else if self.at_slots {
+            whole.headroom.min(whole.at_risk)
         } else {
             whole.normal
         }
@@ -272,6 +280,7 @@ mod tests {
             fleet: None,
             at_risk: false,
             preempts: false,
+            at_slots: false,
         }
     }
 
@@ -349,6 +358,25 @@ mod tests {
         assert_eq!((without.headroom(), without.batch_ceiling()), (7, 121), "without preemption: 5 % of the slots");
         assert_eq!(Reserve::whole(128, 0.5, 0, true).headroom, 1, "a fleet's, alike");
         assert_eq!(Reserve::whole(128, 0.5, 3, true).headroom, 7);
+    }
+
+    /// Where the replicas order their own queues by tier and run at their
+    /// engines' slots, interactive requests past the headroom go above the
+    /// slots (rule 10): reserving chat's peak besides would idle what batch
+    /// could run. At risk the whole share is kept, and a fleet keeps its part.
+    #[test]
+    fn at_the_engines_slots_under_priority_only_the_headroom_is_reserved() {
+        let busy = Seats { demand_peak: 49, ..seats(128, 0.5) };
+        assert_eq!((busy.reserved(), busy.batch_limit()), (64, 64), "chat's peak and a quarter: the whole share");
+        let at_slots = Seats { at_slots: true, ..busy };
+        assert_eq!((at_slots.reserved(), at_slots.batch_limit()), (7, 121), "the headroom only");
+        assert_eq!(Seats { at_risk: true, ..at_slots }.reserved(), 64, "at risk: the whole share");
+        assert_eq!(Seats { share: 0.0, ..at_slots }.reserved(), 0, "no share: none");
+        let quiet = Seats { demand_peak: 0, preempts: true, ..at_slots };
+        assert_eq!(quiet.reserved(), 1, "after a quiet spell where it preempts: one seat");
+        let part = Reserve { normal: 20, at_risk: 30, headroom: 2 };
+        let fleet = Seats { fleet: Some(FleetWord { part, ..FleetWord::default() }), ..at_slots };
+        assert_eq!(fleet.reserved(), 20, "in a fleet, its part of the fleet's reservation");
     }
 
     #[test]

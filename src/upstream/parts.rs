@@ -185,6 +185,11 @@ impl Readings {
         self.scraped_total.store(total.map_or(u64::MAX, |t| t.round() as u64), Ordering::Relaxed);
     }
 
+    /// The most requests any scrape saw running inside it (0: none said).
+    pub(crate) fn most_running(&self) -> u64 {
+        self.most_running.load(Ordering::Relaxed)
+    }
+
     /// A scrape said `running` requests run inside it.
     pub(crate) fn saw_running(&self, running: f64) {
         self.most_running.fetch_max(running.max(0.0).round() as u64, Ordering::Relaxed);

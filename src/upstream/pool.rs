@@ -361,6 +361,15 @@ impl Pool {
         self.replicas.iter().filter(|r| r.is_healthy()).count()
     }
 
+    /// Do its replicas order their own queues by tier
+    /// (`upstream_priority`), each healthy one with its limit at its
+    /// engine's slots ([`Replica::limit_at_its_slots`])? Then the
+    /// interactive reservation is its headroom (docs/design/seats.md rule 4).
+    pub(crate) fn prioritised_at_its_slots(&self) -> bool {
+        let mut healthy = self.replicas.iter().filter(|r| r.is_healthy()).peekable();
+        self.config.upstream_priority && healthy.peek().is_some() && healthy.all(|r| r.limit_at_its_slots())
+    }
+
     /// This instance's slots on healthy replicas.
     pub(crate) fn capacity(&self) -> usize {
         self.replicas.iter().filter(|r| r.is_healthy()).map(|r| r.slots()).sum()
@@ -389,6 +398,28 @@ mod tests {
             r.set_healthy(true);
         }
         pool
+    }
+
+    /// The reservation narrows to the headroom only where the replicas
+    /// order their queues by tier and every healthy one's limit reaches the
+    /// most it was seen running (its engine's slots).
+    #[test]
+    fn a_prioritised_pool_is_at_its_slots_where_every_healthy_limit_reaches_the_most_seen_running() {
+        let pool = two(8, true);
+        assert!(!pool.prioritised_at_its_slots(), "no scrape said what they run");
+        pool.replicas[0].readings.saw_running(8.0);
+        assert!(!pool.prioritised_at_its_slots(), "one replica's running count is unknown");
+        pool.replicas[1].readings.saw_running(6.0);
+        assert!(pool.prioritised_at_its_slots(), "limits 8 and 8 reach 8 and 6");
+        pool.replicas[1].readings.saw_running(9.0);
+        assert!(!pool.prioritised_at_its_slots(), "it ran 9: a limit of 8 holds it below its slots");
+        pool.replicas[1].set_healthy(false);
+        assert!(pool.prioritised_at_its_slots(), "only healthy replicas count");
+        pool.replicas[0].set_healthy(false);
+        assert!(!pool.prioritised_at_its_slots(), "no healthy replica");
+        let fcfs = two(8, false);
+        fcfs.replicas.iter().for_each(|r| r.readings.saw_running(8.0));
+        assert!(!fcfs.prioritised_at_its_slots(), "without upstream_priority, never");
     }
 
     fn on(slot: &ReplicaSlot) -> &str {

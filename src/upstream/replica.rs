@@ -493,6 +493,14 @@ impl Replica {
         self.readings.scraped_waiting.load(Ordering::Relaxed) > 0 && (!upstream_priority || self.readings.runs_its_slots())
     }
 
+    /// Is its limit at least the most requests a scrape ever saw running
+    /// inside it, its engine's slots (so that neither its KV cache nor late
+    /// first tokens hold it lower)? False where no scrape said what it runs.
+    pub(crate) fn limit_at_its_slots(&self) -> bool {
+        let most = self.readings.most_running();
+        most > 0 && self.max_inflight() as u64 >= most
+    }
+
     pub(super) fn load_score(&self) -> u64 {
         self.inflight() as u64 + self.readings.scraped_waiting.load(Ordering::Relaxed)
     }
