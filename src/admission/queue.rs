@@ -71,6 +71,9 @@ pub(crate) struct PoolAdmission {
     rates: [AtomicF64; 2],
     /// Published by the publisher: some interactive class is over its TTFT target.
     interactive_at_risk: AtomicBool,
+    /// Published each tick: the pool is prioritised and every replica's
+    /// limit has been at its engine's slots for [`AT_SLOTS_HELD`](super::seats::AT_SLOTS_HELD).
+    at_slots: AtomicBool,
     /// In a fleet: the fleet's word, each period (`None` alone).
     fleet: ArcSwapOption<FleetWord>,
     /// Per tier: the moment the last refused client was told to come back,
@@ -105,6 +108,7 @@ impl PoolAdmission {
             released: [AtomicU64::new(0), AtomicU64::new(0)],
             rates: [AtomicF64::new(0.0), AtomicF64::new(0.0)],
             interactive_at_risk: AtomicBool::new(false),
+            at_slots: AtomicBool::new(false),
             fleet: ArcSwapOption::empty(),
             retry_cursor: [AtomicU64::new(0), AtomicU64::new(0)],
             born: Instant::now(),
@@ -144,7 +148,7 @@ impl PoolAdmission {
             fleet,
             at_risk: self.interactive_at_risk.load(Ordering::Relaxed),
             preempts: pool.config.preempts(),
-            at_slots: pool.prioritised_at_its_slots(),
+            at_slots: self.at_slots.load(Ordering::Relaxed),
         }
     }
 
@@ -468,6 +472,8 @@ impl PoolAdmission {
             let current = self.interactive_inflight.load(Ordering::Relaxed) + self.waiting.depth(Tier::Interactive);
             let high = self.interactive_high.swap(current, Ordering::Relaxed).max(current);
             self.interactive_demand.store(q.rates.demand_peak(now, high), Ordering::Relaxed);
+            let at_slots = q.rates.at_slots_held(now, self.pool.load().prioritised_at_its_slots());
+            self.at_slots.store(at_slots, Ordering::Relaxed);
             // For the learned limits: is there demand beyond the slots?
             self.pool.load().set_waiting(q.interactive.len() + q.batch.len());
             for tier in [Tier::Interactive, Tier::Batch] {

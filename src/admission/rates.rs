@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::fair::OverShare;
-use super::seats::DEMAND_WINDOW;
+use super::seats::{AT_SLOTS_HELD, DEMAND_WINDOW};
 use crate::config::Tier;
 
 /// How far back a service rate looks.
@@ -25,6 +25,9 @@ pub(crate) struct Rates {
     released: [VecDeque<(Instant, u64)>; 2],
     /// (instant, interactive demand's peak over the tick before).
     demand: VecDeque<(Instant, usize)>,
+    /// Since when every tick found the pool prioritised with each replica's
+    /// limit at its engine's slots; `None` while it is not.
+    at_slots_since: Option<Instant>,
 }
 
 impl Rates {
@@ -36,6 +39,20 @@ impl Rates {
             self.demand.pop_front();
         }
         self.demand.iter().map(|(_, d)| *d).max().unwrap_or(0)
+    }
+
+    /// Has every tick for [`AT_SLOTS_HELD`] found the pool prioritised
+    /// with each replica's limit at its engine's slots, this one
+    /// (`at_slots`) included? A limit that just climbed back to the slots
+    /// is often cut again within the second (the KV cache bounds the
+    /// engine): reserving only the headroom at once would let batch take
+    /// the seats chat's next burst needs (docs/design/seats.md rule 4).
+    pub(crate) fn at_slots_held(&mut self, now: Instant, at_slots: bool) -> bool {
+        if !at_slots {
+            self.at_slots_since = None;
+            return false;
+        }
+        now.saturating_duration_since(*self.at_slots_since.get_or_insert(now)) >= AT_SLOTS_HELD
     }
 
     /// `released` leases of `tier` so far: the tier's slots freed per
@@ -108,6 +125,22 @@ mod tests {
         assert_eq!(r.demand_peak(t0 + Duration::from_secs(29), 2), 3);
         // The mark of t0 is older than the window now.
         assert_eq!(r.demand_peak(t0 + Duration::from_secs(31), 0), 2);
+    }
+
+    #[test]
+    fn the_slots_bind_once_every_tick_of_the_hold_found_them_binding() {
+        let t0 = Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        let mut r = Rates::default();
+        assert!(!r.at_slots_held(t0, true), "the first tick at the slots");
+        assert!(!r.at_slots_held(at(9), true), "nine seconds of ten");
+        assert!(r.at_slots_held(at(10), true), "held for ten");
+        assert!(r.at_slots_held(at(30), true));
+        // A limit cut below the slots for one tick starts the hold over.
+        assert!(!r.at_slots_held(at(31), false));
+        assert!(!r.at_slots_held(at(32), true));
+        assert!(!r.at_slots_held(at(41), true));
+        assert!(r.at_slots_held(at(42), true));
     }
 
     #[test]

@@ -10,6 +10,10 @@
 
 /// How far back the interactive demand the reservation follows looks.
 pub(crate) const DEMAND_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+/// Where the replicas order their queues by tier, the reservation is only
+/// the headroom once every replica's limit has been at its engine's slots
+/// this long (docs/design/seats.md rule 4).
+pub(crate) const AT_SLOTS_HELD: std::time::Duration = std::time::Duration::from_secs(10);
 /// The reservation covers the interactive demand's recent peak and this
 /// much more (a quarter: arrivals are bursty, and the peak is a recent one).
 pub(crate) const DEMAND_MARGIN: f64 = 1.25;
@@ -83,8 +87,9 @@ pub(crate) struct Seats {
     /// (`pools[].preempt`): after a quiet spell the headroom is one seat.
     pub(crate) preempts: bool,
     /// The replicas order their own queues by tier (`upstream_priority`)
-    /// and every one's limit is at its engine's slots: alone, the
-    /// reservation is the headroom while interactive is not at risk.
+    /// and every one's limit has been at its engine's slots for
+    /// [`AT_SLOTS_HELD`]: alone, the reservation is the headroom while
+    /// interactive is not at risk.
     pub(crate) at_slots: bool,
 }
 
