@@ -181,6 +181,60 @@ async fn batch_takes_no_seat_interactive_holds_or_needs_now_even_past_the_share(
     assert_eq!(more, 4, "batch back to 15, its limit");
 }
 
+/// Where the replicas order their queues by tier, the reservation of
+/// interactive's peak narrows to the headroom once every replica's limit
+/// has been at its engine's slots (the most a scrape saw running) for
+/// every tick of the hold, and widens again at the first tick one is not.
+#[tokio::test(start_paused = true)]
+async fn a_prioritised_pool_at_its_slots_reserves_only_the_headroom_after_the_hold() {
+    use crate::admission::seats::AT_SLOTS_HELD;
+    // Two replicas of 8 slots, at most half (8) reserved, a headroom of 1.
+    let pool = replicas_with(2, 8, tiers(0.5, 100, 100), true);
+    let mut chat = Vec::new();
+    for _ in 0..6 {
+        chat.push(take(&pool, Tier::Interactive).await);
+    }
+    pool.tick(Instant::now());
+    assert_eq!(pool.batch_limit(), 8, "a peak of 6 and a quarter, and the headroom: the share");
+    let replicas = pool.pool().replicas.clone();
+    for r in &replicas {
+        r.readings.saw_running(8.0);
+    }
+    pool.tick(Instant::now());
+    assert_eq!(pool.batch_limit(), 8, "at the slots for one tick only");
+    tokio::time::advance(AT_SLOTS_HELD - Duration::from_millis(250)).await;
+    pool.tick(Instant::now());
+    assert_eq!(pool.batch_limit(), 8, "not yet held for the whole hold");
+    tokio::time::advance(Duration::from_millis(250)).await;
+    pool.tick(Instant::now());
+    assert_eq!(pool.batch_limit(), 15, "held: only the headroom is reserved");
+    // While chat holds 6, batch still leaves them and the headroom.
+    let mut batch = Vec::new();
+    while let Ok(b) = pool.try_lease(Tier::Batch) {
+        batch.push(b);
+    }
+    assert_eq!(batch.len(), 9);
+    // One replica was seen running 9: its limit of 8 is below its slots.
+    replicas[1].readings.saw_running(9.0);
+    pool.tick(Instant::now());
+    assert_eq!(pool.batch_limit(), 8, "the peak is reserved again at once");
+    // Without upstream_priority the peak is always reserved.
+    let fcfs = replicas_with(2, 8, tiers(0.5, 100, 100), false);
+    let mut chat = Vec::new();
+    for _ in 0..6 {
+        chat.push(take(&fcfs, Tier::Interactive).await);
+    }
+    for r in &fcfs.pool().replicas {
+        r.readings.saw_running(8.0);
+    }
+    for _ in 0..2 {
+        fcfs.tick(Instant::now());
+        tokio::time::advance(AT_SLOTS_HELD).await;
+    }
+    fcfs.tick(Instant::now());
+    assert_eq!(fcfs.batch_limit(), 8);
+}
+
 /// With no interactive traffic batch may use all but the headroom; when
 /// interactive comes, the headroom serves it at once, a freed slot goes
 /// to it first, and the reservation grows with its demand; after a
