@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use super::fair::{OverShare, Standing};
 use super::lease::{Claim, Granted, Lease, OverWhy, Refusal};
 use super::rates;
-use super::seats::{Demand, FleetWord, Reserve, Seats, DEMAND_MARGIN};
+use super::seats::{Demand, FleetWord, Reserve, Seats, DEMAND_MARGIN, NARROW_PER_TICK};
 use super::waiting::{Queues, WaitGuard, Waiter, Waiting};
 use crate::config::{Tier, TiersConfig};
 use crate::sync::AtomicF64;
@@ -71,9 +71,9 @@ pub(crate) struct PoolAdmission {
     rates: [AtomicF64; 2],
     /// Published by the publisher: some interactive class is over its TTFT target.
     interactive_at_risk: AtomicBool,
-    /// Published each tick: the pool is prioritised and every replica's
-    /// limit has been at its engine's slots for [`AT_SLOTS_HELD`](super::seats::AT_SLOTS_HELD).
-    at_slots: AtomicBool,
+    /// Published each tick: the least the reservation may narrow to
+    /// ([`Seats::narrowed`]); `usize::MAX` while it may not.
+    narrowed: AtomicUsize,
     /// In a fleet: the fleet's word, each period (`None` alone).
     fleet: ArcSwapOption<FleetWord>,
     /// Per tier: the moment the last refused client was told to come back,
@@ -108,7 +108,7 @@ impl PoolAdmission {
             released: [AtomicU64::new(0), AtomicU64::new(0)],
             rates: [AtomicF64::new(0.0), AtomicF64::new(0.0)],
             interactive_at_risk: AtomicBool::new(false),
-            at_slots: AtomicBool::new(false),
+            narrowed: AtomicUsize::new(usize::MAX),
             fleet: ArcSwapOption::empty(),
             retry_cursor: [AtomicU64::new(0), AtomicU64::new(0)],
             born: Instant::now(),
@@ -148,7 +148,7 @@ impl PoolAdmission {
             fleet,
             at_risk: self.interactive_at_risk.load(Ordering::Relaxed),
             preempts: pool.config.preempts(),
-            at_slots: self.at_slots.load(Ordering::Relaxed),
+            narrowed: Some(self.narrowed.load(Ordering::Relaxed)).filter(|n| *n != usize::MAX),
         }
     }
 
@@ -472,8 +472,15 @@ impl PoolAdmission {
             let current = self.interactive_inflight.load(Ordering::Relaxed) + self.waiting.depth(Tier::Interactive);
             let high = self.interactive_high.swap(current, Ordering::Relaxed).max(current);
             self.interactive_demand.store(q.rates.demand_peak(now, high), Ordering::Relaxed);
-            let at_slots = q.rates.at_slots_held(now, self.pool.load().prioritised_at_its_slots());
-            self.at_slots.store(at_slots, Ordering::Relaxed);
+            // Once the replicas have held at their slots, the reservation
+            // narrows a seat or so a tick from what it was (rule 4).
+            let pool = self.pool.load();
+            let narrowed = if q.rates.at_slots_held(now, pool.prioritised_at_its_slots()) {
+                self.seats(&pool).reserved().saturating_sub(NARROW_PER_TICK)
+            } else {
+                usize::MAX
+            };
+            self.narrowed.store(narrowed, Ordering::Relaxed);
             // For the learned limits: is there demand beyond the slots?
             self.pool.load().set_waiting(q.interactive.len() + q.batch.len());
             for tier in [Tier::Interactive, Tier::Batch] {

@@ -14,6 +14,10 @@ pub(crate) const DEMAND_WINDOW: std::time::Duration = std::time::Duration::from_
 /// the headroom once every replica's limit has been at its engine's slots
 /// this long (docs/design/seats.md rule 4).
 pub(crate) const AT_SLOTS_HELD: std::time::Duration = std::time::Duration::from_secs(10);
+/// Seats the reservation narrows by at most each tick once it may narrow:
+/// batch let onto many seats at once starts as many prompts at once, and
+/// their prefill makes chat's next first tokens late (seats.md rule 4).
+pub(crate) const NARROW_PER_TICK: usize = 1;
 /// The reservation covers the interactive demand's recent peak and this
 /// much more (a quarter: arrivals are bursty, and the peak is a recent one).
 pub(crate) const DEMAND_MARGIN: f64 = 1.25;
@@ -86,11 +90,13 @@ pub(crate) struct Seats {
     /// The pool preempts batch streams for interactive requests
     /// (`pools[].preempt`): after a quiet spell the headroom is one seat.
     pub(crate) preempts: bool,
-    /// The replicas order their own queues by tier (`upstream_priority`)
-    /// and every one's limit has been at its engine's slots for
-    /// [`AT_SLOTS_HELD`]: alone, the reservation is the headroom while
-    /// interactive is not at risk.
-    pub(crate) at_slots: bool,
+    /// Where the replicas order their own queues by tier
+    /// (`upstream_priority`) and every one's limit has been at its
+    /// engine's slots for [`AT_SLOTS_HELD`]: the least the reservation may
+    /// narrow to this tick, on its way down to the headroom
+    /// ([`NARROW_PER_TICK`] a tick). Alone and while interactive is not at
+    /// risk only.
+    pub(crate) narrowed: Option<usize>,
 }
 
 /// A reservation: the slots kept for interactive requests normally and
@@ -166,8 +172,8 @@ impl Seats {
         let whole = Reserve::whole(self.cap, self.share, self.demand_peak, self.preempts);
         if self.at_risk {
             whole.at_risk
-        } else if self.at_slots {
-            whole.headroom.min(whole.at_risk)
+        } else if let Some(least) = self.narrowed {
+            least.max(whole.headroom).min(whole.normal)
         } else {
             whole.normal
         }
@@ -285,7 +291,7 @@ mod tests {
             fleet: None,
             at_risk: false,
             preempts: false,
-            at_slots: false,
+            narrowed: None,
         }
     }
 
@@ -373,8 +379,11 @@ mod tests {
     fn at_the_engines_slots_under_priority_only_the_headroom_is_reserved() {
         let busy = Seats { demand_peak: 49, ..seats(128, 0.5) };
         assert_eq!((busy.reserved(), busy.batch_limit()), (64, 64), "chat's peak and a quarter: the whole share");
-        let at_slots = Seats { at_slots: true, ..busy };
+        let at_slots = Seats { narrowed: Some(0), ..busy };
         assert_eq!((at_slots.reserved(), at_slots.batch_limit()), (7, 121), "the headroom only");
+        let on_its_way = Seats { narrowed: Some(40), ..busy };
+        assert_eq!((on_its_way.reserved(), on_its_way.batch_limit()), (40, 88), "narrowing a seat a tick: 40 this tick");
+        assert_eq!(Seats { narrowed: Some(90), ..busy }.reserved(), 64, "never past the share");
         assert_eq!(Seats { at_risk: true, ..at_slots }.reserved(), 64, "at risk: the whole share");
         assert_eq!(Seats { share: 0.0, ..at_slots }.reserved(), 0, "no share: none");
         let quiet = Seats { demand_peak: 0, preempts: true, ..at_slots };

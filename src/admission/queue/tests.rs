@@ -184,7 +184,8 @@ async fn batch_takes_no_seat_interactive_holds_or_needs_now_even_past_the_share(
 /// Where the replicas order their queues by tier, the reservation of
 /// interactive's peak narrows to the headroom once every replica's limit
 /// has been at its engine's slots (the most a scrape saw running) for
-/// every tick of the hold, and widens again at the first tick one is not.
+/// every tick of the hold, a seat a tick, and widens again at the first
+/// tick one is not.
 #[tokio::test(start_paused = true)]
 async fn a_prioritised_pool_at_its_slots_reserves_only_the_headroom_after_the_hold() {
     use crate::admission::seats::AT_SLOTS_HELD;
@@ -206,8 +207,13 @@ async fn a_prioritised_pool_at_its_slots_reserves_only_the_headroom_after_the_ho
     pool.tick(Instant::now());
     assert_eq!(pool.batch_limit(), 8, "not yet held for the whole hold");
     tokio::time::advance(Duration::from_millis(250)).await;
+    // Held: the reservation narrows a seat a tick, down to the headroom.
+    for limit in 9..=15 {
+        pool.tick(Instant::now());
+        assert_eq!(pool.batch_limit(), limit, "a seat a tick");
+    }
     pool.tick(Instant::now());
-    assert_eq!(pool.batch_limit(), 15, "held: only the headroom is reserved");
+    assert_eq!(pool.batch_limit(), 15, "only the headroom is reserved");
     // While chat holds 6, batch still leaves them and the headroom.
     let mut batch = Vec::new();
     while let Ok(b) = pool.try_lease(Tier::Batch) {
