@@ -55,6 +55,11 @@ fn replicas_on(n: u16, slots: u32, tiers: TiersConfig, upstream_priority: bool, 
     Arc::new(PoolAdmission::new(pool, tiers, metrics))
 }
 
+/// Every lease `tier` may take now, without waiting.
+fn lease_all(pool: &Arc<PoolAdmission>, tier: Tier) -> Vec<Lease> {
+    std::iter::from_fn(|| pool.try_lease(tier).ok()).collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn each_tick_publishes_the_seats_each_tier_holds_and_the_reservation() {
     let metrics = Metrics::new(&Config::default());
@@ -160,11 +165,8 @@ async fn batch_takes_no_seat_interactive_holds_or_needs_now_even_past_the_share(
     assert_eq!(pool.batch_limit(), 15, "the reservation stops at the share");
     // Batch fills what the 8 and the headroom leave: 11, not 12 (the 8
     // held leave 12 free, one of them the headroom) or 15.
-    let mut batch = Vec::new();
-    while let Ok(b) = pool.try_lease(Tier::Batch) {
-        batch.push(b);
-    }
-    assert_eq!(batch.len(), 11);
+    let held = lease_all(&pool, Tier::Batch);
+    assert_eq!(held.len(), 11);
     // The next interactive request takes the headroom at once.
     chat.push(pool.try_lease(Tier::Interactive).expect("the headroom"));
     // A seat an interactive stream frees is the headroom again while 8 hold.
@@ -173,12 +175,8 @@ async fn batch_takes_no_seat_interactive_holds_or_needs_now_even_past_the_share(
     assert!(pool.try_lease(Tier::Batch).is_err(), "8 interactive, 11 batch: the free seat is the headroom");
     // The burst over (4 left), batch may take seats again, up to the batch limit.
     chat.truncate(4);
-    let mut more = 0;
-    while let Ok(b) = pool.try_lease(Tier::Batch) {
-        batch.push(b);
-        more += 1;
-    }
-    assert_eq!(more, 4, "batch back to 15, its limit");
+    let more = lease_all(&pool, Tier::Batch);
+    assert_eq!(more.len(), 4, "batch back to 15, its limit");
 }
 
 /// Where the replicas order their queues by tier, the reservation of
@@ -215,10 +213,7 @@ async fn a_prioritised_pool_at_its_slots_reserves_only_the_headroom_after_the_ho
     pool.tick(Instant::now());
     assert_eq!(pool.batch_limit(), 15, "only the headroom is reserved");
     // While chat holds 6, batch still leaves them and the headroom.
-    let mut batch = Vec::new();
-    while let Ok(b) = pool.try_lease(Tier::Batch) {
-        batch.push(b);
-    }
+    let batch = lease_all(&pool, Tier::Batch);
     assert_eq!(batch.len(), 9);
     // One replica was seen running 9: its limit of 8 is below its slots.
     replicas[1].readings.saw_running(9.0);
