@@ -482,7 +482,7 @@ impl PoolAdmission {
             };
             self.narrowed.store(narrowed, Ordering::Relaxed);
             // For the learned limits: is there demand beyond the slots?
-            self.pool.load().set_waiting(q.interactive.len() + q.batch.len());
+            pool.set_waiting(q.interactive.len() + q.batch.len());
             for tier in [Tier::Interactive, Tier::Batch] {
                 let busy = !q.of(tier).is_empty();
                 if !busy {

@@ -157,10 +157,10 @@ impl Seats {
     }
 
     /// The slots reserved for interactive requests: the demand's recent
-    /// peak and a quarter more, plus the headroom, up to the share; only
-    /// the headroom where the replicas order their queues by tier and run
-    /// at their engines' slots (interactive requests past it go above the
-    /// slots); the whole share while interactive is at risk. In a fleet,
+    /// peak and a quarter more, plus the headroom, up to the share; where
+    /// it may narrow ([`Seats::narrowed`]), down to the headroom a seat a
+    /// tick (interactive requests past it go above the slots); the whole
+    /// share while interactive is at risk. In a fleet,
     /// this instance's part of the fleet's reservation.
     pub(crate) fn reserved(&self) -> usize {
         if self.share == 0.0 || self.cap == 0 {

@@ -201,7 +201,7 @@ impl Readings {
     /// the engine's next steps. True where its metrics did not say what it
     /// runs: nothing says it has slots free.
     pub(crate) fn runs_its_slots(&self) -> bool {
-        let most = self.most_running.load(Ordering::Relaxed);
+        let most = self.most_running();
         let Some(total) = self.scraped_total().filter(|_| most > 0) else { return true };
         let now = total.saturating_sub(self.scraped_waiting.load(Ordering::Relaxed));
         now * RUNS_ITS_SLOTS_DIV >= most * (RUNS_ITS_SLOTS_DIV - 1)
