@@ -195,6 +195,14 @@ impl Readings {
         self.most_running.fetch_max(running.max(0.0).round() as u64, Ordering::Relaxed);
     }
 
+    /// It failed its checks: it may come back as another engine (restarted
+    /// with fewer slots), so the most it was seen running is learned again
+    /// from its next scrapes, and until then nothing says its limit reaches
+    /// its slots.
+    pub(crate) fn forget_running(&self) {
+        self.most_running.store(0, Ordering::Relaxed);
+    }
+
     /// Does it run (nearly) as many requests as it was ever seen running,
     /// its slots, as last scraped (what it ran and queued, less what it
     /// queued)? Within a sixteenth: a slot that just freed is refilled at

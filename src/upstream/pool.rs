@@ -422,6 +422,23 @@ mod tests {
         assert!(!fcfs.prioritised_at_its_slots(), "without upstream_priority, never");
     }
 
+    /// A replica that failed its checks may come back restarted with fewer
+    /// slots: what it ran before is forgotten, so a limit learned at its
+    /// new slots reaches them, and until a scrape says what it runs the
+    /// reservation stays whole.
+    #[test]
+    fn a_replica_that_went_down_is_at_its_slots_by_what_it_runs_once_back() {
+        let pool = two(8, true);
+        pool.replicas.iter().for_each(|r| r.readings.saw_running(8.0));
+        assert!(pool.prioritised_at_its_slots());
+        pool.replicas[1].set_healthy(false);
+        pool.replicas[1].set_healthy(true);
+        assert_eq!(pool.replicas[1].readings.most_running(), 0, "forgotten as it went down");
+        assert!(!pool.prioritised_at_its_slots(), "back, and no scrape has said what it runs");
+        pool.replicas[1].readings.saw_running(4.0);
+        assert!(pool.prioritised_at_its_slots(), "back with 4 slots: a limit of 8 reaches them");
+    }
+
     fn on(slot: &ReplicaSlot) -> &str {
         &slot.replica().url
     }

@@ -224,6 +224,8 @@ impl Replica {
         if up {
             // Its load is read as soon as it may take requests.
             self.readings.scrape.poke();
+        } else {
+            self.readings.forget_running();
         }
     }
     /// Route to it or not, whatever its verdict (its pool's panic).
