@@ -457,6 +457,28 @@ mod tests {
         assert!(!r.waits_for_a_slot(true));
     }
 
+    /// The last scrape may be a period older than the request: where this
+    /// gateway has more requests on a replica than it was ever seen
+    /// running, one of them waits inside it for a slot, whatever that
+    /// scrape said of its queue.
+    #[test]
+    fn a_request_waits_for_a_slot_where_the_gateway_sends_past_the_most_seen_running() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let r = replica("http://127.0.0.1:1");
+        r.readings.set_scraped_total(Some(64.0));
+        r.seats.inflight.store(65, Relaxed);
+        assert!(!r.waits_for_a_slot(false), "no scrape said what it runs: its slots are unknown");
+        r.readings.saw_running(64.0);
+        r.seats.inflight.store(64, Relaxed);
+        assert!(!r.waits_for_a_slot(false) && !r.waits_for_a_slot(true), "64 sent, 64 run, none waits");
+        r.seats.inflight.store(65, Relaxed);
+        assert!(r.waits_for_a_slot(false) && r.waits_for_a_slot(true), "the 65th waits, before any scrape saw it");
+        // Its cache bounds it now (the last scrape saw 55 run): under
+        // priority the request is prefilled at once.
+        r.readings.set_scraped_total(Some(55.0));
+        assert!(r.waits_for_a_slot(false) && !r.waits_for_a_slot(true));
+    }
+
     /// A failed check says why, for the log line that takes the replica out.
     #[tokio::test]
     async fn a_failed_check_says_why() {

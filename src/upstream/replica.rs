@@ -486,13 +486,19 @@ impl Replica {
     /// Does an interactive request here with no first token likely wait
     /// for one of the engine's slots, so that a batch stream's slot given
     /// up helps it (docs/design/preemption.md, rule 1)? Where its last
-    /// scrape said requests wait inside it; under `upstream_priority`, only
-    /// where that scrape also saw it run (nearly) all the requests it was
-    /// ever seen running: below its slots, such an engine runs an
-    /// interactive prompt at once and takes its cache blocks from batch
-    /// itself, and the request waits for prefill, which a slot does not give.
+    /// scrape said requests wait inside it, or this gateway has more
+    /// requests on it than a scrape ever saw it run (its slots: the last
+    /// scrape may be a period older than the request); under
+    /// `upstream_priority`, only where that scrape also saw it run (nearly)
+    /// all the requests it was ever seen running: below its slots, such an
+    /// engine runs an interactive prompt at once and takes its cache blocks
+    /// from batch itself, and the request waits for prefill, which a slot
+    /// does not give.
     pub(crate) fn waits_for_a_slot(&self, upstream_priority: bool) -> bool {
-        self.readings.scraped_waiting.load(Ordering::Relaxed) > 0 && (!upstream_priority || self.readings.runs_its_slots())
+        let most = self.readings.most_running();
+        let past_its_slots = most > 0 && self.inflight() as u64 > most;
+        (self.readings.scraped_waiting.load(Ordering::Relaxed) > 0 || past_its_slots)
+            && (!upstream_priority || self.readings.runs_its_slots())
     }
 
     /// Is its limit at least the most requests a scrape ever saw running
