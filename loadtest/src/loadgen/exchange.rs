@@ -88,6 +88,7 @@ impl Ctx {
             target: None,
             error_code: None,
             retry_after_ms: None,
+            replica: None,
         }
     }
 
@@ -241,12 +242,13 @@ impl Ctx {
 }
 
 /// What the answer's head says for the record: Retry-After (seconds and
-/// milliseconds), slogate's queue time and context reduction.
+/// milliseconds), slogate's queue time, context reduction and replica.
 fn read_head(h: &http::HeaderMap, rec: &mut Record) {
     rec.retry_after = h.get("retry-after").and_then(|v| v.to_str().ok()?.parse().ok());
     rec.retry_after_ms = h.get("retry-after-ms").and_then(|v| v.to_str().ok()?.parse().ok());
     rec.queue_ms = h.get("x-slogate-queue-ms").and_then(|v| v.to_str().ok()?.parse().ok());
     rec.context_reduced = h.get("x-slogate-context-reduced").and_then(|v| v.to_str().ok()).map(str::to_string);
+    rec.replica = h.get("x-slogate-replica").and_then(|v| v.to_str().ok()).map(str::to_string);
 }
 
 /// A whole (non-streamed) answer: its tokens from its usage, and whether it
@@ -307,5 +309,34 @@ impl Clock {
         }
         self.last = Some(now);
         self.last_sent_ns = sent_ns;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What slogate's answer head says lands in the record: the wait in its
+    /// queue, the replica that answered, Retry-After in both forms.
+    #[test]
+    fn the_answer_head_fills_the_record() {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in [("retry-after", "2"), ("retry-after-ms", "1500"), ("x-slogate-queue-ms", "12.5"), ("x-slogate-replica", "replica-1")]
+        {
+            h.insert(k, http::HeaderValue::from_static(v));
+        }
+        let mut rec: Record = serde_json::from_value(serde_json::json!({
+            "stream": "chat", "class": "chat", "start_s": 0.0, "status": 200, "outcome": "ok", "ttft_ms": null,
+            "e2e_ms": 0.0, "tokens": 0, "prompt_tokens": 0, "gaps": 0, "itl_over": 0, "itl_max_ms": null,
+            "retry_after": null, "queue_ms": null, "context_reduced": null
+        }))
+        .expect("a record");
+        read_head(&h, &mut rec);
+        assert_eq!((rec.retry_after, rec.retry_after_ms, rec.queue_ms), (Some(2), Some(1500), Some(12.5)));
+        assert_eq!(rec.replica.as_deref(), Some("replica-1"));
+        assert_eq!(rec.context_reduced, None);
+        // Straight to a replica: nothing of slogate's.
+        read_head(&http::HeaderMap::new(), &mut rec);
+        assert_eq!((rec.queue_ms, rec.replica), (None, None));
     }
 }

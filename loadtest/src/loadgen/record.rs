@@ -58,6 +58,10 @@ pub struct Record {
     /// A refusal's `retry-after-ms`, where it was sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// Through slogate: the replica that answered (`x-slogate-replica`), so
+    /// a run's late requests can be told apart by where they went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
 }
 
 impl Record {
