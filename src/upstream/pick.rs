@@ -41,6 +41,16 @@ impl Ranked<'_> {
         let bytes = self.matched + self.uncached;
         self.matched >= other.matched + (bytes / 2).max(self.block.max(1))
     }
+
+    /// On an engine that runs interactive requests first, `other` has at
+    /// least a prompt more of the prefill an interactive request waits for
+    /// than this replica (in the rank's unit: this prompt's bytes, or one
+    /// prefill without a prompt): the first token would be that much later
+    /// there.
+    fn sooner_than(&self, other: &Ranked<'_>) -> bool {
+        let prompt = (self.matched + self.uncached).max(1);
+        other.cost >= self.cost.saturating_add(prompt)
+    }
 }
 
 /// Why no slot was taken on the ranked replicas.
@@ -52,11 +62,13 @@ enum Missed {
     Held,
 }
 
-/// A replica full to its limit may take an interactive request whose
-/// prompt it holds up to half its slots above it (at least one), when the
-/// replicas with room would compute at least half the prompt again
+/// A replica full to its limit may take an interactive request up to half
+/// its slots above it (at least one): one whose prompt it holds, when the
+/// replicas with room would compute at least half the prompt again, or, on
+/// an engine that runs interactive requests first, one that would wait a
+/// prompt's prefill longer on the replicas with room
 /// (docs/design/prefix-routing.md rule 11).
-const CACHED_OVER_DIV: usize = 2;
+const FULL_OVER_DIV: usize = 2;
 
 impl Pool {
     /// A fleet peer sent a prompt of `blocks` (and `session` hint) to the
@@ -278,7 +290,9 @@ impl Pool {
         ranked.sort_by_key(|x| (x.away, x.cost, x.load, x.away_from_home));
         // The best-ranked replica, where it was full: an interactive
         // request whose prompt it holds may go up to half its slots above
-        // there rather than be computed again elsewhere (rule 11).
+        // there rather than be computed again elsewhere, or, where the
+        // engine runs interactive requests first, rather than wait behind
+        // a prompt's more interactive prefill elsewhere (rule 11).
         let mut full_best: Option<&Ranked<'_>> = None;
         // A prompt known, on an engine without priorities: batch's prefill
         // is ahead of the next interactive request's there.
@@ -293,8 +307,9 @@ impl Pool {
                 missed = Missed::Held;
                 continue;
             }
-            if let Some(best) = full_best.filter(|b| tier == Tier::Interactive && b.saves_over(x)) {
-                if best.r.try_take(tier, Reach { over: reach.over + best.r.slots().div_ceil(CACHED_OVER_DIV), ..reach }) {
+            let above = |b: &&Ranked<'_>| b.saves_over(x) || (reach.prioritised && b.sooner_than(x) && x.r.has_seat(tier, reach));
+            if let Some(best) = full_best.filter(|b| tier == Tier::Interactive && above(b)) {
+                if best.r.try_take(tier, Reach { over: reach.over + best.r.slots().div_ceil(FULL_OVER_DIV), ..reach }) {
                     return Ok(self.seat(best, tier, key));
                 }
                 full_best = None;
@@ -383,9 +398,15 @@ mod tests {
     /// `n` healthy replicas (nothing listens) with `slots` each, prefix-aware,
     /// blocks of 16 bytes.
     fn pool(n: usize, slots: u32, load_weight: f64) -> Pool {
+        pool_ordering(n, slots, load_weight, false)
+    }
+
+    /// [`pool`] of engines that run interactive requests first, or not.
+    fn pool_ordering(n: usize, slots: u32, load_weight: f64, upstream_priority: bool) -> Pool {
         let mut cfg = PoolConfig {
             replicas: (0..n).map(|i| format!("http://127.0.0.1:{}", 9 + i).into()).collect(),
             max_inflight_per_replica: InflightLimit::Fixed(slots),
+            upstream_priority,
             ..PoolConfig::default()
         };
         cfg.prefix.block = crate::config::Size(16);
@@ -535,6 +556,41 @@ mod tests {
         assert_eq!(on.iter().filter(|&&i| i == on[0]).count(), 3, "{on:?}");
         // Both full, both holding it: the first one full is not taken above.
         assert!(pool.pick(None, Room::Over(0), Tier::Interactive, Some(&k)).is_err());
+    }
+
+    #[test]
+    fn where_the_engine_runs_interactive_first_a_full_replica_takes_one_above_rather_than_a_prompt_more_prefill_elsewhere() {
+        for priority in [true, false] {
+            let pool = pool_ordering(2, 3, 0.0, priority);
+            // Prompts with nothing in common: none is cached anywhere.
+            let unshared = |q: u8| key(&prompt(char::from(b'a' + q), 0));
+            let (a, b) = (&pool.replicas[0], &pool.replicas[1]);
+            let on = |r: &Arc<Replica>, q: u8| {
+                let other = if Arc::ptr_eq(r, a) { b } else { a };
+                let s = pool.pick(Some(other), Room::Over(0), Tier::Interactive, Some(&unshared(q))).expect("slot");
+                assert!(Arc::ptr_eq(s.replica(), r));
+                s
+            };
+            // `a` full, its streams past their prefill; `b` with a seat
+            // free and an unshared prompt still prefilling.
+            let mut held: Vec<_> = (0..3).map(|q| on(a, q)).collect();
+            held.extend((3..5).map(|q| on(b, q)));
+            for s in &mut held[..4] {
+                s.prefilled();
+            }
+            let chat = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&unshared(9))).expect("slot");
+            let want = if priority { a } else { b };
+            assert!(
+                Arc::ptr_eq(chat.replica(), want),
+                "priority {priority}: to the replica with less interactive prefill ahead only where the engine orders by it"
+            );
+            drop(chat);
+            // Batch never goes above; and where `b` is full too, neither
+            // does interactive: it waits for a slot.
+            let batch = pool.pick(None, Room::Over(0), Tier::Batch, Some(&unshared(10))).expect("slot");
+            assert!(Arc::ptr_eq(batch.replica(), b));
+            assert!(pool.pick(None, Room::Over(0), Tier::Interactive, Some(&unshared(11))).is_err(), "priority {priority}");
+        }
     }
 
     #[test]

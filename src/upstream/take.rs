@@ -39,7 +39,35 @@ impl Replica {
     /// engine that serves first come, first served (fleet.md rule 9);
     /// `reach.must` (a request that can go nowhere else) is exempt.
     pub(super) fn try_take(&self, tier: Tier, reach: Reach) -> bool {
+        let max = self.seat_cap(tier, reach);
         let mut cur = self.seats.inflight.load(Ordering::SeqCst);
+        loop {
+            if cur >= max {
+                return false;
+            }
+            match self.seats.inflight.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => {
+                    if let Some(g) = self.gauges.get() {
+                        g.inflight.inc();
+                    }
+                    self.learning.taken(cur + 1);
+                    self.readings.scrape.poke();
+                    return true;
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Would [`Replica::try_take`] find a seat now (another request may
+    /// take it first)?
+    pub(super) fn has_seat(&self, tier: Tier, reach: Reach) -> bool {
+        self.seats.inflight.load(Ordering::SeqCst) < self.seat_cap(tier, reach)
+    }
+
+    /// The seats a request of `tier` may fill on this replica, its own
+    /// among them: [`Replica::try_take`]'s rules.
+    fn seat_cap(&self, tier: Tier, reach: Reach) -> usize {
         let mut max = self.slots().saturating_add(reach.over);
         let (slots, limit) = (self.slots(), self.max_inflight());
         // Seats no instance holds are the fleet's limit's, not this
@@ -77,21 +105,6 @@ impl Replica {
         if held_to_free && self.seats.in_fleet() {
             max = max.min(unheld_seats());
         }
-        loop {
-            if cur >= max {
-                return false;
-            }
-            match self.seats.inflight.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => {
-                    if let Some(g) = self.gauges.get() {
-                        g.inflight.inc();
-                    }
-                    self.learning.taken(cur + 1);
-                    self.readings.scrape.poke();
-                    return true;
-                }
-                Err(now) => cur = now,
-            }
-        }
+        max
     }
 }
