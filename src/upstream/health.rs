@@ -458,9 +458,9 @@ mod tests {
     }
 
     /// The last scrape may be a period older than the request: where this
-    /// gateway has more requests on a replica than it was ever seen
-    /// running, one of them waits inside it for a slot, whatever that
-    /// scrape said of its queue.
+    /// gateway (with the fleet's other instances, as last heard) has more
+    /// requests on a replica than it was ever seen running, one of them
+    /// waits inside it for a slot, whatever that scrape said of its queue.
     #[test]
     fn a_request_waits_for_a_slot_where_the_gateway_sends_past_the_most_seen_running() {
         use std::sync::atomic::Ordering::Relaxed;
@@ -477,6 +477,13 @@ mod tests {
         // priority the request is prefilled at once.
         r.readings.set_scraped_total(Some(55.0));
         assert!(r.waits_for_a_slot(false) && !r.waits_for_a_slot(true));
+        // One of a fleet: 30 of its own and 35 of the others' as last heard.
+        r.readings.set_scraped_total(Some(64.0));
+        r.seats.inflight.store(30, Relaxed);
+        r.seats.set_fleet_share(Some((32, 34)));
+        assert!(!r.waits_for_a_slot(false), "64 sent by the fleet, none waits");
+        r.seats.set_fleet_share(Some((32, 35)));
+        assert!(r.waits_for_a_slot(false) && r.waits_for_a_slot(true), "the fleet's 65th waits, though this instance holds 30");
     }
 
     /// A failed check says why, for the log line that takes the replica out.

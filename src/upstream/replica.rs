@@ -486,7 +486,8 @@ impl Replica {
     /// Does an interactive request here with no first token likely wait
     /// for one of the engine's slots, so that a batch stream's slot given
     /// up helps it (docs/design/preemption.md, rule 1)? Where its last
-    /// scrape said requests wait inside it, or this gateway has more
+    /// scrape said requests wait inside it, or the fleet (this gateway
+    /// alone, or with the others' requests as last heard) has more
     /// requests on it than a scrape ever saw it run (its slots: the last
     /// scrape may be a period older than the request); under
     /// `upstream_priority`, only where that scrape also saw it run (nearly)
@@ -496,7 +497,9 @@ impl Replica {
     /// does not give.
     pub(crate) fn waits_for_a_slot(&self, upstream_priority: bool) -> bool {
         let most = self.readings.most_running();
-        let past_its_slots = most > 0 && self.inflight() as u64 > most;
+        // In a fleet, every instance's requests there, the others' as last heard.
+        let sent = self.inflight() + self.seats.others_inflight.load(Ordering::Relaxed);
+        let past_its_slots = most > 0 && sent as u64 > most;
         (self.readings.scraped_waiting.load(Ordering::Relaxed) > 0 || past_its_slots)
             && (!upstream_priority || self.readings.runs_its_slots())
     }
