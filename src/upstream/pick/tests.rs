@@ -32,6 +32,17 @@ fn key(text: &str) -> RouteKey {
     RouteKey::of(&[text.as_bytes()], 16, 512, None)
 }
 
+/// `n` interactive requests for `k`'s prompt, each past its prefill.
+fn prefilled(pool: &Pool, k: &RouteKey, n: usize) -> Vec<ReplicaSlot> {
+    (0..n)
+        .map(|_| {
+            let mut s = pool.pick(None, Room::Over(0), Tier::Interactive, Some(k)).expect("slot");
+            s.prefilled();
+            s
+        })
+        .collect()
+}
+
 fn at(pool: &Pool, slot: &ReplicaSlot) -> usize {
     pool.replicas.iter().position(|r| Arc::ptr_eq(r, slot.replica())).expect("one of the pool's")
 }
@@ -118,12 +129,7 @@ fn a_hot_prefix_spills_to_another_replica_when_the_prefill_queued_there_outweigh
 fn load_weighs_against_the_cache_and_a_full_replica_is_passed_over() {
     let pool = pool(2, 3, 1.0);
     let k = key(&prompt('x', 0));
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        let mut s = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&k)).expect("slot");
-        s.prefilled();
-        held.push(s);
-    }
+    let mut held = prefilled(&pool, &k, 3);
     let home = at(&pool, &held[0]);
     assert!(held.iter().all(|s| at(&pool, s) == home), "cached, and 3 streams weigh less than the prefix");
     // Its three slots are full: the prompt cached there and nowhere
@@ -155,12 +161,7 @@ fn a_full_replica_takes_no_one_above_its_limit_whose_prompt_is_as_cached_elsewhe
     let k = key(&prompt('y', 0));
     // Three on its home (one above), then two on the other: it spilled, both hold it.
     // (A prompt of 1615 bytes: 1600 held on its home, none elsewhere.)
-    let mut held = Vec::new();
-    for _ in 0..5 {
-        let mut s = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&k)).expect("slot");
-        s.prefilled();
-        held.push(s);
-    }
+    let held = prefilled(&pool, &k, 5);
     let on: Vec<_> = held.iter().map(|s| at(&pool, s)).collect();
     assert_eq!(on.iter().filter(|&&i| i == on[0]).count(), 3, "{on:?}");
     // Both full, both holding it: the first one full is not taken above.
