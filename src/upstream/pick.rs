@@ -51,6 +51,16 @@ impl Ranked<'_> {
         let prompt = (self.matched + self.uncached).max(1);
         other.cost >= self.cost.saturating_add(prompt)
     }
+
+    /// This replica, full to its limit, would start an interactive request
+    /// sooner than `other`, which has a seat for it, would (rule 11): the
+    /// prefill ahead of it is a prompt less here, and its engine, which
+    /// runs interactive requests first, does not run all its slots, so it
+    /// takes the request in at once (taking cache blocks from batch), where
+    /// at its slots the request would wait for one to free.
+    fn starts_sooner_than(&self, other: &Ranked<'_>, tier: Tier, reach: Reach) -> bool {
+        self.sooner_than(other) && !self.r.readings.runs_its_slots() && other.r.has_seat(tier, reach)
+    }
 }
 
 /// Why no slot was taken on the ranked replicas.
@@ -307,7 +317,7 @@ impl Pool {
                 missed = Missed::Held;
                 continue;
             }
-            let above = |b: &&Ranked<'_>| b.saves_over(x) || (reach.prioritised && b.sooner_than(x) && x.r.has_seat(tier, reach));
+            let above = |b: &&Ranked<'_>| b.saves_over(x) || (reach.prioritised && b.starts_sooner_than(x, tier, reach));
             if let Some(best) = full_best.filter(|b| tier == Tier::Interactive && above(b)) {
                 if best.r.try_take(tier, Reach { over: reach.over + best.r.slots().div_ceil(FULL_OVER_DIV), ..reach }) {
                     return Ok(self.seat(best, tier, key));

@@ -182,12 +182,22 @@ fn where_the_engine_runs_interactive_first_a_full_replica_takes_one_above_rather
             s
         };
         // `a` full, its streams past their prefill; `b` with a seat
-        // free and an unshared prompt still prefilling.
+        // free and an unshared prompt still prefilling (its own, and
+        // this one's: twice `a`'s cost).
         let mut held: Vec<_> = (0..3).map(|q| on(a, q)).collect();
         held.extend((3..5).map(|q| on(b, q)));
         for s in &mut held[..4] {
             s.prefilled();
         }
+        // `a`'s engine runs all it was ever seen running: above its
+        // limit the request would wait there for a slot to free.
+        a.readings.saw_running(64.0);
+        a.readings.set_scraped_total(Some(64.0));
+        let chat = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&unshared(8))).expect("slot");
+        assert!(Arc::ptr_eq(chat.replica(), b), "priority {priority}: at its slots, not above");
+        drop(chat);
+        // Its cache bounds it now (40 run): it takes a request in at once.
+        a.readings.set_scraped_total(Some(40.0));
         let chat = pool.pick(None, Room::Over(0), Tier::Interactive, Some(&unshared(9))).expect("slot");
         let want = if priority { a } else { b };
         assert!(
