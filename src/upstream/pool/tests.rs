@@ -255,17 +255,24 @@ fn with_upstream_priority_an_interactive_request_waits_only_behind_interactive_p
     }
 }
 
+/// `pool`'s two replicas of 8 in a fleet where this instance's part is 4
+/// of each and the others hold 6 on the first (one of them took seats past
+/// its own part) and 2 on the second; then batch as far as it goes: the
+/// first replica's 2 free seats and 4, its part, on the second.
+fn batch_beside_the_others(pool: &Pool) -> (Arc<Replica>, Arc<Replica>, Vec<ReplicaSlot>) {
+    let (a, b) = (pool.replicas[0].clone(), pool.replicas[1].clone());
+    a.set_fleet_share(Some((4, 6)));
+    b.set_fleet_share(Some((4, 2)));
+    let batch: Vec<ReplicaSlot> = std::iter::from_fn(|| pool.pick(None, Room::Leave(0), Tier::Batch, None).ok()).take(10).collect();
+    assert_eq!((a.inflight(), b.inflight()), (2, 4), "the first replica's 8 seats: 6 held elsewhere, 2 free");
+    assert_eq!(batch.len(), 6);
+    (a, b, batch)
+}
+
 #[test]
 fn in_a_fleet_before_interactive_batch_takes_no_seat_of_its_part_while_the_replica_is_full_as_last_heard() {
     let pool = two(8, true);
-    let (ra, rb) = (pool.replicas[0].clone(), pool.replicas[1].clone());
-    // This instance's part: 4 of each replica's 8. The others hold 6 on
-    // the first (one of them took seats past its own part) and 2 on the second.
-    ra.set_fleet_share(Some((4, 6)));
-    rb.set_fleet_share(Some((4, 2)));
-    let batch: Vec<ReplicaSlot> = std::iter::from_fn(|| pool.pick(None, Room::Leave(0), Tier::Batch, None).ok()).take(10).collect();
-    assert_eq!((ra.inflight(), rb.inflight()), (2, 4), "the first replica's 8 seats: 6 held elsewhere, 2 free");
-    assert_eq!(batch.len(), 6);
+    let (ra, rb, batch) = batch_beside_the_others(&pool);
     // Interactive still has its part there (the engine runs it first).
     let chat: Vec<ReplicaSlot> =
         std::iter::from_fn(|| pool.pick(Some(&rb), Room::Over(0), Tier::Interactive, None).ok()).take(10).collect();
@@ -281,11 +288,7 @@ fn in_a_fleet_before_interactive_batch_takes_no_seat_of_its_part_while_the_repli
     // takes no seat of its part while the replica is full as last heard
     // (the engine would queue it behind what it runs, first come first served).
     let fcfs = two(8, false);
-    let (fa, fb) = (fcfs.replicas[0].clone(), fcfs.replicas[1].clone());
-    fa.set_fleet_share(Some((4, 6)));
-    fb.set_fleet_share(Some((4, 2)));
-    let batch: Vec<ReplicaSlot> = std::iter::from_fn(|| fcfs.pick(None, Room::Leave(0), Tier::Batch, None).ok()).take(10).collect();
-    assert_eq!((fa.inflight(), fb.inflight()), (2, 4), "as above");
+    let (fa, fb, batch) = batch_beside_the_others(&fcfs);
     assert!(fcfs.pick(Some(&fb), Room::Over(0), Tier::Interactive, None).is_err(), "the first replica is full as last heard");
     drop(batch);
     let chat: Vec<ReplicaSlot> =
