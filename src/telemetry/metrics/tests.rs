@@ -33,9 +33,7 @@ fn each_class_has_buckets_at_its_own_targets() {
     let text = m.encode();
     let has = |metric: &str, class: &str, le: &str| {
         text.lines().any(|x| {
-            x.starts_with(&format!("{metric}_bucket{{"))
-                && x.contains(&format!("class=\"{class}\""))
-                && x.contains(&format!("le=\"{le}\""))
+            x.starts_with(&format!("{metric}_bucket{{")) && x.contains(&format!("class=\"{class}\"")) && x.contains(&format!("le=\"{le}\""))
         })
     };
     for le in ["0.3", "0.6"] {
@@ -67,7 +65,9 @@ fn a_changed_target_adds_its_buckets_and_keeps_the_old_ones_and_their_counts() {
     }
     let text = m.encode();
     let p = |le: &str| {
-        format!("slogate_time_to_first_token_seconds_bucket{{le=\"{le}\",model=\"m\",class=\"chat\",tier=\"interactive\",endpoint=\"chat\"}}")
+        format!(
+            "slogate_time_to_first_token_seconds_bucket{{le=\"{le}\",model=\"m\",class=\"chat\",tier=\"interactive\",endpoint=\"chat\"}}"
+        )
     };
     assert_eq!(sample(&text, &p("0.3")), Some(3.0));
     assert_eq!(sample(&text, &p("0.25")), None, "not a bucket yet");
