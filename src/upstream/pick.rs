@@ -42,24 +42,17 @@ impl Ranked<'_> {
         self.matched >= other.matched + (bytes / 2).max(self.block.max(1))
     }
 
-    /// On an engine that runs interactive requests first, `other` has at
-    /// least a prompt more of the prefill an interactive request waits for
-    /// than this replica (in the rank's unit: this prompt's bytes, or one
-    /// prefill without a prompt): the first token would be that much later
-    /// there.
-    fn sooner_than(&self, other: &Ranked<'_>) -> bool {
-        let prompt = (self.matched + self.uncached).max(1);
-        other.cost >= self.cost.saturating_add(prompt)
-    }
-
     /// This replica, full to its limit, would start an interactive request
-    /// sooner than `other`, which has a seat for it, would (rule 11): the
-    /// prefill ahead of it is a prompt less here, and its engine, which
-    /// runs interactive requests first, does not run all its slots, so it
-    /// takes the request in at once (taking cache blocks from batch), where
-    /// at its slots the request would wait for one to free.
+    /// sooner than `other`, which has a seat for it, would (rule 11): on an
+    /// engine that runs interactive requests first, `other` has at least a
+    /// prompt more of the prefill such a request waits for (in the rank's
+    /// unit: this prompt's bytes, or one prefill without a prompt), and
+    /// this replica's engine does not run all its slots, so it takes the
+    /// request in at once (taking cache blocks from batch), where at its
+    /// slots the request would wait for one to free.
     fn starts_sooner_than(&self, other: &Ranked<'_>, tier: Tier, reach: Reach) -> bool {
-        self.sooner_than(other) && !self.r.readings.runs_its_slots() && other.r.has_seat(tier, reach)
+        let prompt = (self.matched + self.uncached).max(1);
+        other.cost >= self.cost.saturating_add(prompt) && !self.r.readings.runs_its_slots() && other.r.has_seat(tier, reach)
     }
 }
 
