@@ -271,11 +271,16 @@ impl Fleet {
                 std::iter::once((self.id.as_str(), own.interactive)).chain(fresh.iter().map(|(id, p)| (*id, p.interactive))).collect();
             let whole = a.fleet_reservation(fleet_slots, fleet_peak);
             let scale = interactive_scale(whole.normal, peaks);
+            let part = reserve_part(whole, &weights);
+            let others_interactive = fresh.iter().map(|p| p.1.interactive_now).sum();
+            // The others' reserved seats their interactive requests do not
+            // use: their waiting batch does not fill them (rule 9).
+            pool.set_others_reserve_free(whole.normal.saturating_sub(part.normal).saturating_sub(others_interactive));
             a.set_fleet((fleet_slots > 0).then(|| FleetWord {
                 slots: fleet_slots,
                 whole,
-                part: reserve_part(whole, &weights),
-                others_interactive: fresh.iter().map(|p| p.1.interactive_now).sum(),
+                part,
+                others_interactive,
                 others_batch: fresh.iter().map(|p| p.1.batch_held).sum(),
                 period: config.period.get(),
             }));
@@ -321,6 +326,7 @@ impl Fleet {
                 metrics.replica_slots.get_or_create(&labels).set(r.slots() as i64);
             }
             pool.set_others_waiting(0);
+            pool.set_others_reserve_free(0);
             a.set_others_wait(false);
         }
     }

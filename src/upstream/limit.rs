@@ -199,6 +199,9 @@ pub(crate) struct Controller {
     /// The requests the engine says it runs at once (llama.cpp's server's
     /// `total_slots`), when it says: the limit's bound, below `params.max`.
     declared: Option<usize>,
+    /// Our share of the requests the replica runs and queues, averaged
+    /// over [`SHARE_SAMPLES`] (not capped at one; see [`Controller::read_share`]).
+    share: f64,
 }
 
 /// A ceiling's window (30 s at 250 ms): one seen is remembered this long at
@@ -211,6 +214,14 @@ const MOVING_READINGS: usize = 8;
 /// A capacity read at a queue is one low when a request was caught between
 /// its arrival and the engine's next step: a spread up to this is no move.
 const MOVING_NOISE: f64 = 1.0;
+/// Our share of the replica's requests is averaged over about this many
+/// samples (2 s at 250 ms): in a fleet the others' counts are a period
+/// stale and a scrape is a moment older than the counts, so one sample's
+/// share reads a seat low whenever a peer's request is not heard of yet,
+/// where another client's requests lower it sample after sample (rule 6).
+const SHARE_SAMPLES: f64 = 8.0;
+/// The most one sample's share counts for.
+const SHARE_READ_MOST: f64 = 2.0;
 
 impl Controller {
     pub(crate) fn new(params: LimitParams) -> Controller {
@@ -236,6 +247,7 @@ impl Controller {
             demand_doublings: 0,
             since_interactive: CEILING_SAMPLES,
             declared: None,
+            share: 1.0,
         }
     }
 
@@ -412,10 +424,20 @@ impl Controller {
             }
             self.ceiling = [kept, None];
         }
-        let Some(running) = s.running else { return };
-        let ours = if running + waiting > 0.0 { (s.inflight_now as f64 / (running + waiting)).min(1.0) } else { 1.0 };
-        let mine = (running * ours).floor();
-        if self.ceiling().is_some_and(|c| mine > c) {
+        let Some(running) = self.running(s) else { return };
+        let ours = self.read_share(s.inflight_now, running + waiting);
+        let mine = (running * ours).round();
+        // Where a request waits only while every slot is busy and the
+        // engine declared its slots (llama.cpp's server), its capacity is
+        // those slots, and ours our share of them: a ceiling below that was
+        // read off a share not yet settled (a fleet's first samples, before
+        // the others' counts are heard), and the limit it holds would keep
+        // the replica from ever running more to clear it.
+        let whole = match self.declared {
+            Some(slots) if s.waits_only_when_full => (slots as f64 * ours).round(),
+            _ => mine,
+        };
+        if self.ceiling().is_some_and(|c| mine.max(whole) > c) {
             self.ceiling = [None, None];
         }
         // A queue counts once the next sample shows the replica took no more
@@ -441,6 +463,38 @@ impl Controller {
         if let Some(c) = self.ceiling().filter(|&c| mine >= c && s.waiting.unwrap_or(0.0) >= 1.0) {
             self.ceiling[1] = Some(c);
         }
+    }
+
+    /// What the replica runs, as scraped; where a request waits there only
+    /// while every slot is busy (llama.cpp's server) and the engine
+    /// declared its slots, all of them while anything waits: a scrape
+    /// caught as a slot passed from a finished request to a waiting one
+    /// reads one low (7 running, 1 waiting on 8 slots), and without a probe
+    /// a ceiling read there held the limit a seat under the slots for as
+    /// long as queues renewed it (rule 6).
+    fn running(&self, s: &Sample) -> Option<f64> {
+        let full = s.waits_only_when_full && s.waiting.is_some_and(|w| w >= 1.0);
+        match (s.running, self.declared) {
+            (Some(r), Some(slots)) if full => Some(r.max(slots as f64)),
+            (r, _) => r,
+        }
+    }
+
+    /// Our share of the `total` requests the replica runs and queues,
+    /// `inflight` of them ours as counted now, averaged over
+    /// [`SHARE_SAMPLES`] and read at most one. It starts at one (the only
+    /// client until samples say otherwise): a fleet's first samples, before
+    /// the others' counts are heard, read a third of it or less, and taken
+    /// as the start they cut a limit of 8 slots to 3 for 6-18 s.
+    fn read_share(&mut self, inflight: usize, total: f64) -> f64 {
+        if total > 0.0 {
+            // A request caught on its way (sent, not yet counted there)
+            // reads above one; bounded, so one moment does not outweigh
+            // the rest.
+            let now = (inflight as f64 / total).min(SHARE_READ_MOST);
+            self.share += (now - self.share) / SHARE_SAMPLES;
+        }
+        self.share.min(1.0)
     }
 
     /// Interactive first tokens late because of load, batch held here:
@@ -499,15 +553,17 @@ impl Controller {
                 self.knee = Some(self.limit);
                 // With a queue, what the replica runs is its capacity now; our
                 // part of it is our share of its requests (all of it when the
-                // gateway is its only client). Without that figure, the queue's
-                // size beyond the backlog says how far over it the limit is.
-                let by_queue = (self.limit - (p.queued - p.backlog).floor()).max(self.limit * QUEUE_CUT_FLOOR);
-                let target = match s.running {
-                    Some(r) if r + p.waiting > 0.0 => {
-                        let ours = (s.inflight_now as f64 / (r + p.waiting)).min(1.0);
-                        (r * ours).floor().min(by_queue)
-                    }
-                    _ => by_queue,
+                // gateway is its only client). The queue's size beyond the
+                // backlog says how far over it the limit is, less the requests
+                // there that are not ours as counted now: in a fleet, a peer's
+                // request not heard of yet waits past the others' limit, not
+                // past ours (another client's shows in the share instead).
+                let unheard = self.running(s).map_or(0.0, |r| (r + p.waiting - s.inflight_now as f64).max(0.0));
+                let over = (p.queued - p.backlog - unheard).max(0.0).floor();
+                let by_queue = (self.limit - over).max(self.limit * QUEUE_CUT_FLOOR);
+                let target = match self.running(s) {
+                    Some(r) => (r * self.share.min(1.0)).round().min(by_queue),
+                    None => by_queue,
                 };
                 self.limit = target.max(self.limit * DECREASE_FLOOR).max(min);
                 self.hold = self.probe_hold;

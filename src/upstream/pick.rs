@@ -151,7 +151,8 @@ impl Pool {
         };
         let unheld = matches!(room, Room::Unheld(_));
         let others_wait = self.others_wait() && !matches!(room, Room::Patient(_));
-        let reach = Reach { over, unheld, prioritised: self.config.upstream_priority, others_wait, must: false };
+        let lend = if tier == Tier::Interactive { self.others_reserve_free() } else { 0 };
+        let reach = Reach { over, unheld, prioritised: self.config.upstream_priority, others_wait, lend, must: false };
         let n = self.replicas.len();
         let start = self.rr.fetch_add(1, Ordering::Relaxed);
         let mut any_healthy = false;

@@ -87,6 +87,9 @@ pub(crate) struct Pool {
     waiting: AtomicUsize,
     /// Requests waiting in the fleet's other instances, as the fleet last published it.
     others_waiting: AtomicUsize,
+    /// Seats of the others' reserved parts that their interactive requests
+    /// neither hold nor wait for, as the fleet last published it.
+    others_reserve_free: AtomicUsize,
     /// Too few replicas pass their checks: all are routed to (see [`Pool::judge`]).
     panic: std::sync::atomic::AtomicBool,
     panic_gauge: std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge>,
@@ -108,6 +111,18 @@ impl Pool {
     /// The fleet's tick: the other instances have `n` requests waiting.
     pub(crate) fn set_others_waiting(&self, n: usize) {
         self.others_waiting.store(n, Ordering::Relaxed);
+    }
+
+    /// The fleet's tick: `n` seats of the others' reserved parts stand
+    /// unused by their interactive requests.
+    pub(crate) fn set_others_reserve_free(&self, n: usize) {
+        self.others_reserve_free.store(n, Ordering::Relaxed);
+    }
+
+    /// Seats of the others' reserved parts unused by their interactive
+    /// requests, as last heard.
+    pub(super) fn others_reserve_free(&self) -> usize {
+        self.others_reserve_free.load(Ordering::Relaxed)
     }
 
     /// The fleet's other instances have requests waiting for this pool, as last heard.
@@ -187,6 +202,7 @@ impl Pool {
             url_keys,
             waiting: AtomicUsize::new(0),
             others_waiting: AtomicUsize::new(0),
+            others_reserve_free: AtomicUsize::new(0),
             panic: std::sync::atomic::AtomicBool::new(false),
             panic_gauge: std::sync::OnceLock::new(),
             owners: previous.map(|p| p.owners.clone()).unwrap_or_default(),

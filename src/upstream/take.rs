@@ -18,6 +18,11 @@ pub(super) struct Reach {
     pub(super) prioritised: bool,
     /// The fleet's other instances have requests waiting for the pool, as last heard.
     pub(super) others_wait: bool,
+    /// Seats of the other instances' reserved parts that their interactive
+    /// requests neither hold nor wait for, as last heard: an interactive
+    /// request may take that many past its part at once, as the others'
+    /// waiting batch does not fill them (fleet.md rule 9).
+    pub(super) lend: usize,
     /// The request can go to no other replica (a stored response's
     /// follow-up): it is held to no free seat.
     pub(super) must: bool,
@@ -83,7 +88,7 @@ impl Replica {
             // twice is a request in the engine's own queue, where chat waits
             // behind batch (fleet.md rule 9).
             Tier::Interactive if reach.prioritised || !reach.others_wait => max = max.max(unheld_seats()),
-            Tier::Interactive => {}
+            Tier::Interactive => max = max.saturating_add(reach.lend),
             Tier::Batch => {
                 let cut = self.seats.batch_cut.load(Ordering::Relaxed);
                 if cut > 0 && limit > 0 {

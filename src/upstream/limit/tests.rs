@@ -499,3 +499,107 @@ fn a_replica_at_its_slots_with_requests_in_transit_is_looked_past_a_seat_at_a_ti
         assert_eq!(c.update(s), grown, "running {running_before} at the sample before");
     }
 }
+
+/// Three gateways in front of llama.cpp's 8 hard slots (the pool preempts,
+/// so no probe): the fleet holds what the limit allows, and now and then a
+/// peer's request the others have not heard of yet puts one more on the
+/// replica (counts a period stale), so a sample sees one more there than
+/// the gateway counts, or one waiting, for a period or two. `external`
+/// requests of another client run there all the time.
+struct Stale {
+    slots: usize,
+    external: usize,
+    every: usize,
+    period: usize,
+}
+
+impl Stale {
+    /// A sample of a slot-bound engine where the gateway counts `ours`.
+    fn at(ours: usize) -> Sample {
+        Sample {
+            waits_only_when_full: true,
+            inflight_peak: ours,
+            inflight_now: ours,
+            demand: true,
+            first_token: Some(0.3),
+            first_token_max: Some(0.5),
+            ..Sample::default()
+        }
+    }
+}
+
+impl Model for Stale {
+    fn period(&mut self, limit: usize) -> Sample {
+        self.period += 1;
+        let ours = limit.min(self.slots);
+        let unheard = usize::from(self.period % self.every < 2);
+        let there = ours + unheard + self.external;
+        Sample { waiting: Some(there.saturating_sub(self.slots) as f64), running: Some(there.min(self.slots) as f64), ..Stale::at(ours) }
+    }
+}
+
+/// A sample's share reads a seat low whenever a peer's request is not
+/// heard of yet; read that way, the queue it makes set a ceiling of 7 on 8
+/// slots that held for minutes (`limits-llamacpp/fleet`: one instance's
+/// limit at 7 for 77 of 95 s, and the fleet's with it, as a replica's
+/// limit is the smallest any instance learned). Averaged, the share is the
+/// fleet's whole, and the limit stays at the slots. Another client's
+/// request there all the time is no staleness: the limit leaves its seat.
+#[test]
+fn a_peers_request_not_heard_of_yet_does_not_cap_the_fleet_below_the_slots() {
+    let params = LimitParams { initial: 8, probe: Probe::Never, ..params() };
+    let mut c = Controller::new(params);
+    c.declare(Some(8));
+    let limits = run(&mut c, &mut Stale { slots: 8, external: 0, every: 20, period: 0 }, 480);
+    let at_slots = limits[40..].iter().filter(|&&l| l == 8).count();
+    assert!(at_slots >= (limits.len() - 40) * 95 / 100, "at the 8 slots nearly always: {limits:?}");
+
+    let mut c = Controller::new(params);
+    c.declare(Some(8));
+    let limits = run(&mut c, &mut Stale { slots: 8, external: 1, every: 20, period: 0 }, 480);
+    let left = limits[40..].iter().filter(|&&l| l <= 7).count();
+    assert!(left >= (limits.len() - 40) * 9 / 10, "the other client's seat left to it: {limits:?}");
+
+    // A fleet's first samples, before the others' counts are heard: the
+    // replica runs and queues 9 of which this instance counts 2.
+    let mut c = Controller::new(params);
+    c.declare(Some(8));
+    let first = Sample { waiting: Some(1.0), running: Some(8.0), inflight_now: 2, inflight_peak: 2, ..Stale::at(8) };
+    let mut limits: Vec<usize> = (0..2).map(|_| c.update(first)).collect();
+    limits.extend(run(&mut c, &mut Stale { slots: 8, external: 0, every: 1000, period: 2 }, 40));
+    assert!(limits.iter().all(|&l| l >= 7), "{limits:?}");
+    assert!(limits[20..].iter().all(|&l| l == 8), "back at the slots within 5 s: {limits:?}");
+}
+
+/// llama.cpp's server queues a request only while every slot is busy, but
+/// a scrape caught as a slot passes from a finished request to a waiting
+/// one reads one low: 7 running and 1 waiting on its 8 slots. Read as a
+/// capacity of 7, it set a ceiling that, with no probe (the pool
+/// preempts), only the replica running 8 could clear, which the limit of 7
+/// no longer let it: one instance's limit, and the fleet's with it, sat at
+/// 7 for the rest of a `limits-llamacpp/fleet` run (92 s).
+#[test]
+fn a_slot_caught_passing_to_a_waiting_request_is_no_capacity_below_the_declared_slots() {
+    let mut c = Controller::new(LimitParams { initial: 8, probe: Probe::Never, ..params() });
+    c.declare(Some(8));
+    let at = |running: f64, waiting: f64, ours: usize| Sample {
+        waiting: Some(waiting),
+        running: Some(running),
+        waits_only_when_full: true,
+        inflight_peak: ours,
+        inflight_now: ours,
+        demand: true,
+        first_token: Some(0.3),
+        first_token_max: Some(0.5),
+        ..Sample::default()
+    };
+    let mut limits = Vec::new();
+    for period in 0..480 {
+        let l = c.allowed();
+        let s = if period % 40 < 2 { at(7.0, 1.0, l) } else { at(l.min(8) as f64, 0.0, l) };
+        c.update(s);
+        limits.push(c.allowed());
+    }
+    let at_slots = limits[40..].iter().filter(|&&l| l == 8).count();
+    assert!(at_slots >= (limits.len() - 40) * 95 / 100, "at the 8 slots: {limits:?}");
+}

@@ -321,6 +321,16 @@ fn in_a_fleet_an_interactive_request_may_take_a_seat_no_instance_holds() {
     assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "parts only");
     // ... unless the request has waited a fleet period: the others had one to fill their parts.
     assert!(pool.pick(None, Room::Patient(0), Tier::Interactive, None).is_ok(), "patient: the unheld seat");
+    // ... or at once while that seat is in the others' reserved parts,
+    // unused by their interactive requests: their waiting batch does not
+    // fill it. Batch is lent none.
+    pool.set_others_reserve_free(1);
+    assert_eq!(pool.pick(None, Room::Over(0), Tier::Batch, None).err(), Some(PickError::Saturated), "batch keeps to its part");
+    let _lent: Vec<ReplicaSlot> =
+        (0..2).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("the others' unused reservation")).collect();
+    assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "one seat lent a replica");
+    assert_eq!((ra.inflight(), rb.inflight()), (3, 3));
+    pool.set_others_reserve_free(0);
     let prio = two(8, true);
     prio.set_others_waiting(3);
     for r in &prio.replicas {
