@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::admission::seats::{FleetWord, DEMAND_WINDOW};
+use crate::admission::seats::{FleetWord, Reserve, DEMAND_WINDOW};
 use crate::admission::PoolAdmission;
 use crate::config::{Config, FleetConfig};
 use crate::telemetry::metrics::{FleetPeerLabels, Metrics, ReplicaLabels};
@@ -273,9 +273,7 @@ impl Fleet {
             let scale = interactive_scale(whole.normal, peaks);
             let part = reserve_part(whole, &weights);
             let others_interactive = fresh.iter().map(|p| p.1.interactive_now).sum();
-            // The others' reserved seats their interactive requests do not
-            // use: their waiting batch does not fill them (rule 9).
-            pool.set_others_reserve_free(whole.normal.saturating_sub(part.normal).saturating_sub(others_interactive));
+            pool.set_others_reserve_free(reserve_free(whole, part, others_interactive));
             a.set_fleet((fleet_slots > 0).then(|| FleetWord {
                 slots: fleet_slots,
                 whole,
@@ -338,6 +336,14 @@ impl Fleet {
             }
         }
     }
+}
+
+/// Seats of the others' reserved parts (the fleet's `whole` reservation
+/// less this instance's `part`) that their interactive requests neither
+/// hold nor wait for: their waiting batch does not fill them, so an
+/// interactive request here may take one at once (rule 9).
+fn reserve_free(whole: Reserve, part: Reserve, others_interactive: usize) -> usize {
+    whole.normal.saturating_sub(part.normal).saturating_sub(others_interactive)
 }
 
 /// The news `pools` told so far, together (wrapping).

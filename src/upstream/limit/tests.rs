@@ -582,17 +582,7 @@ fn a_peers_request_not_heard_of_yet_does_not_cap_the_fleet_below_the_slots() {
 fn a_slot_caught_passing_to_a_waiting_request_is_no_capacity_below_the_declared_slots() {
     let mut c = Controller::new(LimitParams { initial: 8, probe: Probe::Never, ..params() });
     c.declare(Some(8));
-    let at = |running: f64, waiting: f64, ours: usize| Sample {
-        waiting: Some(waiting),
-        running: Some(running),
-        waits_only_when_full: true,
-        inflight_peak: ours,
-        inflight_now: ours,
-        demand: true,
-        first_token: Some(0.3),
-        first_token_max: Some(0.5),
-        ..Sample::default()
-    };
+    let at = |running: f64, waiting: f64, ours: usize| Sample { waiting: Some(waiting), running: Some(running), ..Stale::at(ours) };
     let mut limits = Vec::new();
     for period in 0..480 {
         let l = c.allowed();
