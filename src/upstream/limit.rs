@@ -457,10 +457,11 @@ impl Controller {
                 // there that are not ours as counted now: in a fleet, a peer's
                 // request not heard of yet waits past the others' limit, not
                 // past ours (another client's shows in the share instead).
-                let unheard = self.running(s).map_or(0.0, |r| (r + p.waiting - s.inflight_now as f64).max(0.0));
+                let running = self.running(s);
+                let unheard = running.map_or(0.0, |r| (r + p.waiting - s.inflight_now as f64).max(0.0));
                 let over = (p.queued - p.backlog - unheard).max(0.0).floor();
                 let by_queue = (self.limit - over).max(self.limit * QUEUE_CUT_FLOOR);
-                let target = match self.running(s) {
+                let target = match running {
                     Some(r) => (r * self.share.min(1.0)).round().min(by_queue),
                     None => by_queue,
                 };
