@@ -193,4 +193,21 @@ for mode in http tcp; do
   kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null || true
 done
 run_lg "$RUN/mix.yaml" "${SIM_URLS[0]},${SIM_URLS[0]}" lat-aa >&2
+# Idle: both builds on their defaults (a learned limit, so the replica's
+# metrics are read) and HAProxy `mode http` in front of the same simulator,
+# no traffic at all: each one's CPU (user + system from /proc, every
+# thread's) over IDLE_SECS, after 5 s to settle. Side by side: nothing
+# they do reaches the others.
+IDLE_SECS=$(bench_var idle_secs)
+GW_BIN=$PGO_BIN start_gateway "$RUN/gw-lat.yaml" gw-idle; IDLE_PGO=$GW_PID
+start_gateway "$RUN/gw-lat.yaml" gw-idle-plain; IDLE_PLAIN=$GW_PID
+start_haproxy hap-idle http "${SIM_URLS[0]}"; IDLE_HAP=${PIDS[-1]}
+sleep 5
+i0=$(cpu_ticks "$IDLE_PGO") p0=$(cpu_ticks "$IDLE_PLAIN") h0=$(cpu_ticks "$IDLE_HAP")
+sleep "$IDLE_SECS"
+{ echo "path,ticks,secs"
+  echo "slogate,$(( $(cpu_ticks "$IDLE_PGO") - i0 )),$IDLE_SECS"
+  echo "slogate-plain,$(( $(cpu_ticks "$IDLE_PLAIN") - p0 )),$IDLE_SECS"
+  echo "haproxy-http,$(( $(cpu_ticks "$IDLE_HAP") - h0 )),$IDLE_SECS"; } >"$RUN/idle.csv"
+cleanup; PIDS=()
 "$BIN/bench" report cost "$RUN" "$(getconf CLK_TCK)" "$STREAMS"

@@ -1,7 +1,8 @@
 //! Report of `loadtest/bench/cost.sh`: short requests (requests/s, CPU per
 //! request, p50/p99 per path), streams (CPU per event per path),
-//! allocations per request and per event, instructions per request, and
-//! the latency each proxy adds at 32 streams a path.
+//! allocations per request and per event, instructions per request, the
+//! latency each proxy adds at 32 streams a path, and the CPU each proxy
+//! spends with no traffic at all.
 //!
 //! ```text
 //! bench report cost DIR HZ STREAMS
@@ -270,6 +271,40 @@ fn latency(dir: &Path, f: &mut String, m: &mut Measured) -> Result<u64, String> 
     Ok(errors)
 }
 
+/// Idle: each path's CPU with no traffic, as a share of one core.
+fn idle(dir: &Path, hz: f64, f: &mut String, m: &mut Measured) -> Result<(), String> {
+    let t = Table::read(&dir.join("idle.csv"))?;
+    let mut pct = BTreeMap::new();
+    for i in 0..t.rows.len() {
+        let (path, ticks, secs) = (t.text(i, "path"), t.at(i, "ticks"), t.at(i, "secs"));
+        if i == 0 {
+            let _ = write!(
+                f,
+                "**idle** (no traffic for {} s, one simulated replica behind; CPU in clock ticks of {} ms)\n\n| path | CPU | share of a core |\n|---|---:|---:|\n",
+                n(secs, 0),
+                n(1000.0 / hz, 0)
+            );
+        }
+        let share = ticks / hz / secs * 100.0;
+        pct.insert(path.to_string(), share);
+        let _ = writeln!(f, "| {} | {} ms | {} % |", name(path), n(ticks * 1000.0 / hz, 0), n(share, 3));
+    }
+    f.push('\n');
+    let said = |x: f64| format!("{} % of a core", n(x, 3));
+    if let Some(x) = pct.get("slogate") {
+        let others = ["slogate-plain", "haproxy-http"]
+            .iter()
+            .filter_map(|p| pct.get(*p).map(|v| format!("{} {}", name(p), said(*v))))
+            .collect::<Vec<_>>()
+            .join(", ");
+        m.stated("idle_cpu_pct", *x, format!("{} ({others})", said(*x)));
+    }
+    if let Some(x) = pct.get("slogate-plain") {
+        m.stated("idle_cpu_pct_plain", *x, said(*x));
+    }
+    Ok(())
+}
+
 /// `bench report cost DIR HZ STREAMS`.
 pub(super) fn cost(dir: &Path, hz: f64, streams_open: &str) -> Result<(), String> {
     let (mut f, mut m) = (String::new(), Measured::default());
@@ -278,6 +313,7 @@ pub(super) fn cost(dir: &Path, hz: f64, streams_open: &str) -> Result<(), String
     allocations(dir, &mut f, &mut m)?;
     instructions(dir, &mut f, &mut m)?;
     errors += latency(dir, &mut f, &mut m)?;
+    idle(dir, hz, &mut f, &mut m)?;
     m.stated("errors", errors as f64, errors.to_string());
     m.write(dir)?;
     write(&dir.join("report.md"), &f)
@@ -294,5 +330,22 @@ mod tests {
         assert_eq!(t["Ir"], 1000.0);
         assert_eq!(t["D1mw"], 40.0);
         assert_eq!(t.len(), 4);
+    }
+
+    #[test]
+    fn idle_cpu_is_each_paths_ticks_over_the_window_as_a_share_of_a_core() {
+        let dir = tempfile::tempdir().expect("a folder");
+        std::fs::write(dir.path().join("idle.csv"), "path,ticks,secs\nslogate,3,60\nslogate-plain,6,60\nhaproxy-http,0,60\n")
+            .expect("write");
+        let (mut f, mut m) = (String::new(), super::Measured::default());
+        super::idle(dir.path(), 100.0, &mut f, &mut m).expect("report");
+        m.write(dir.path()).expect("measured.json");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("measured.json")).expect("read")).expect("json");
+        let got = |k: &str| v[k]["value"].as_f64().expect(k);
+        assert!((got("idle_cpu_pct") - 0.05).abs() < 1e-9, "3 ticks of 10 ms over 60 s");
+        assert!((got("idle_cpu_pct_plain") - 0.1).abs() < 1e-9);
+        assert!(v["idle_cpu_pct"]["text"].as_str().expect("text").contains("HAProxy `mode http` 0.000 %"), "{v}");
+        assert!(f.contains("| **slogate** (release build) | 30 ms | 0.050 % |"), "{f}");
     }
 }
