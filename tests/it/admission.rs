@@ -297,9 +297,9 @@ async fn upstream_priority_passes_the_tier_to_vllm() {
     assert_quiescent(&gw).await;
 }
 
-/// A gateway that keeps queued streams alive every 15 s, one slot (held
-/// for minutes of paused time: the replica's timeouts are longer), the
-/// interactive queue holding a request up to `queue_timeout`.
+/// A gateway that keeps queued streams alive `every` interval, one slot
+/// (held for minutes, of paused time too: the replica's timeouts are
+/// longer), the interactive queue holding a request up to `queue_timeout`.
 async fn keepalive_gateway(mock: &Mock, every: &str, queue_timeout: &str) -> Gw {
     gateway_config(&[mock.url()])
         .server(&format!("queued_keepalive: {every}"))
