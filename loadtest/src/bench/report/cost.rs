@@ -275,16 +275,16 @@ fn latency(dir: &Path, f: &mut String, m: &mut Measured) -> Result<u64, String> 
 fn idle(dir: &Path, hz: f64, f: &mut String, m: &mut Measured) -> Result<(), String> {
     let t = Table::read(&dir.join("idle.csv"))?;
     let mut pct = BTreeMap::new();
+    if !t.rows.is_empty() {
+        let _ = write!(
+            f,
+            "**idle** (no traffic for {} s, one simulated replica behind; CPU in clock ticks of {} ms)\n\n| path | CPU | share of a core |\n|---|---:|---:|\n",
+            n(t.at(0, "secs"), 0),
+            n(1000.0 / hz, 0)
+        );
+    }
     for i in 0..t.rows.len() {
         let (path, ticks, secs) = (t.text(i, "path"), t.at(i, "ticks"), t.at(i, "secs"));
-        if i == 0 {
-            let _ = write!(
-                f,
-                "**idle** (no traffic for {} s, one simulated replica behind; CPU in clock ticks of {} ms)\n\n| path | CPU | share of a core |\n|---|---:|---:|\n",
-                n(secs, 0),
-                n(1000.0 / hz, 0)
-            );
-        }
         let share = ticks / hz / secs * 100.0;
         pct.insert(path.to_string(), share);
         let _ = writeln!(f, "| {} | {} ms | {} % |", name(path), n(ticks * 1000.0 / hz, 0), n(share, 3));
