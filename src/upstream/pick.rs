@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::prefix::{home, PerReplica, RouteKey};
 use super::replica::SLOW_GAPS;
-use super::take::Reach;
+use super::take::{Reach, Seat};
 use super::{PickError, Pool, Replica, ReplicaSlot, Room};
 use crate::config::{Balance, Tier};
 
@@ -125,7 +125,7 @@ impl Pool {
         // Held to no free seat (`must`): it cannot go elsewhere.
         (ours
             && replica.is_healthy()
-            && replica.try_take(tier, Reach { over: usize::MAX / 2, unheld: true, must: true, ..Reach::default() }))
+            && replica.try_take(tier, Reach { over: usize::MAX / 2, unheld: true, must: true, ..Reach::default() }).is_some())
         .then(|| ReplicaSlot::new(replica, tier))
     }
 
@@ -165,8 +165,10 @@ impl Pool {
         if self.config.balance == Balance::RoundRobin {
             for i in candidates {
                 let r = &self.replicas[i];
-                if r.try_take(tier, reach) {
-                    return Ok(ReplicaSlot::new(r, tier));
+                if let Some(seat) = r.try_take(tier, reach) {
+                    let mut slot = ReplicaSlot::new(r, tier);
+                    slot.count_lent(seat, &self.lent);
+                    return Ok(slot);
                 }
             }
         } else {
@@ -313,13 +315,13 @@ impl Pool {
             }
             let above = |b: &&Ranked<'_>| b.saves_over(x) || (reach.prioritised && b.starts_sooner_than(x, tier, reach));
             if let Some(best) = full_best.filter(|b| tier == Tier::Interactive && above(b)) {
-                if best.r.try_take(tier, Reach { over: reach.over + best.r.slots().div_ceil(FULL_OVER_DIV), ..reach }) {
-                    return Ok(self.seat(best, tier, key));
+                if let Some(seat) = best.r.try_take(tier, Reach { over: reach.over + best.r.slots().div_ceil(FULL_OVER_DIV), ..reach }) {
+                    return Ok(self.seat(best, tier, key, seat));
                 }
                 full_best = None;
             }
-            if x.r.try_take(tier, reach) {
-                return Ok(self.seat(x, tier, key));
+            if let Some(seat) = x.r.try_take(tier, reach) {
+                return Ok(self.seat(x, tier, key, seat));
             }
             if n == 0 {
                 full_best = Some(x);
@@ -331,8 +333,9 @@ impl Pool {
     /// The slot taken on `x`: its prefill counted there at once (a request
     /// routed on another worker meanwhile must see it), then the prompt
     /// recorded.
-    fn seat(&self, x: &Ranked<'_>, tier: Tier, key: Option<&RouteKey>) -> ReplicaSlot {
+    fn seat(&self, x: &Ranked<'_>, tier: Tier, key: Option<&RouteKey>, seat: Seat) -> ReplicaSlot {
         let mut slot = ReplicaSlot::new(x.r, tier);
+        slot.count_lent(seat, &self.lent);
         if let Some(k) = key {
             slot.prefill(x.uncached, self.config.upstream_priority);
             self.prefix.record(k, x.i, x.r.cache_blocks(k.block));

@@ -90,6 +90,9 @@ pub(crate) struct Pool {
     /// Seats of the others' reserved parts that their interactive requests
     /// neither hold nor wait for, as the fleet last published it.
     others_reserve_free: AtomicUsize,
+    /// Of those, the seats this instance's interactive requests hold, on
+    /// any replica: lending is the pool's, not each replica's.
+    pub(super) lent: Arc<AtomicUsize>,
     /// Too few replicas pass their checks: all are routed to (see [`Pool::judge`]).
     panic: std::sync::atomic::AtomicBool,
     panic_gauge: std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge>,
@@ -120,9 +123,12 @@ impl Pool {
     }
 
     /// Seats of the others' reserved parts unused by their interactive
-    /// requests, as last heard.
+    /// requests, as last heard, less those this instance holds lent: what
+    /// is left to lend, on all the replicas together. (Two picks at once
+    /// may both take the last one: the replica's free seats as last heard
+    /// still bound each.)
     pub(super) fn others_reserve_free(&self) -> usize {
-        self.others_reserve_free.load(Ordering::Relaxed)
+        self.others_reserve_free.load(Ordering::Relaxed).saturating_sub(self.lent.load(Ordering::Relaxed))
     }
 
     /// The fleet's other instances have requests waiting for this pool, as last heard.
@@ -203,6 +209,7 @@ impl Pool {
             waiting: AtomicUsize::new(0),
             others_waiting: AtomicUsize::new(0),
             others_reserve_free: AtomicUsize::new(0),
+            lent: Arc::default(),
             panic: std::sync::atomic::AtomicBool::new(false),
             panic_gauge: std::sync::OnceLock::new(),
             owners: previous.map(|p| p.owners.clone()).unwrap_or_default(),

@@ -1,9 +1,10 @@
 //! A request's hold on one of a replica's slots: taken when the request
 //! is routed, given back exactly once, when dropped or released.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::take::Seat;
 use super::Replica;
 use crate::config::Tier;
 
@@ -22,6 +23,9 @@ pub(crate) struct ReplicaSlot {
     /// Where its prompt is known: when it was dispatched, the prefill work
     /// ahead of it there and its own, and the time to first token predicted.
     dispatch: Option<(tokio::time::Instant, u64, Option<std::time::Duration>)>,
+    /// A seat lent of the fleet's other instances' reserved parts: counted
+    /// in its pool's lent seats until the slot goes back.
+    lent: Option<Arc<AtomicUsize>>,
 }
 
 impl ReplicaSlot {
@@ -43,7 +47,16 @@ impl ReplicaSlot {
         if tier == Tier::Batch {
             replica.seats.batch_held.fetch_add(1, Ordering::Relaxed);
         }
-        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true, prefill_bytes: 0, dispatch: None }
+        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true, prefill_bytes: 0, dispatch: None, lent: None }
+    }
+
+    /// Its seat was lent (`Seat::Lent`): counted in `lent`, the pool's lent
+    /// seats, until the slot goes back.
+    pub(super) fn count_lent(&mut self, seat: Seat, lent: &Arc<AtomicUsize>) {
+        if seat == Seat::Lent && self.lent.is_none() {
+            lent.fetch_add(1, Ordering::Relaxed);
+            self.lent = Some(lent.clone());
+        }
     }
 
     /// Its request's prompt has `bytes` not expected in the replica's cache:
@@ -100,6 +113,9 @@ impl ReplicaSlot {
             }
             if self.tier == Tier::Batch {
                 self.replica.seats.batch_held.fetch_sub(1, Ordering::Relaxed);
+            }
+            if let Some(lent) = self.lent.take() {
+                lent.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }

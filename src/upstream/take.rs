@@ -28,6 +28,15 @@ pub(super) struct Reach {
     pub(super) must: bool,
 }
 
+/// Whose seat a request took: within its instance's part (or the
+/// replica's slots), or one lent of the other instances' reserved parts
+/// ([`Reach::lend`]), which the pool counts until the slot goes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Seat {
+    Own,
+    Lent,
+}
+
 impl Replica {
     /// Take a slot for a request of `tier` if one is free (`reach.over`:
     /// that many above the slot count). An interactive request may also
@@ -42,13 +51,16 @@ impl Replica {
     /// less the whole cut. In a fleet, a request takes a seat only while the
     /// replica has one free as last heard, batch always, interactive on an
     /// engine that serves first come, first served (fleet.md rule 9);
-    /// `reach.must` (a request that can go nowhere else) is exempt.
-    pub(super) fn try_take(&self, tier: Tier, reach: Reach) -> bool {
+    /// `reach.must` (a request that can go nowhere else) is exempt. Says
+    /// whether the seat was one lent (past what `reach` without its lending
+    /// allows), `None` when none was free.
+    pub(super) fn try_take(&self, tier: Tier, reach: Reach) -> Option<Seat> {
         let max = self.seat_cap(tier, reach);
+        let own = if reach.lend > 0 { self.seat_cap(tier, Reach { lend: 0, ..reach }) } else { max };
         let mut cur = self.seats.inflight.load(Ordering::SeqCst);
         loop {
             if cur >= max {
-                return false;
+                return None;
             }
             match self.seats.inflight.compare_exchange_weak(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => {
@@ -57,7 +69,7 @@ impl Replica {
                     }
                     self.learning.taken(cur + 1);
                     self.readings.scrape.poke();
-                    return true;
+                    return Some(if cur >= own { Seat::Lent } else { Seat::Own });
                 }
                 Err(now) => cur = now,
             }

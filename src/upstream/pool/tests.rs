@@ -324,12 +324,31 @@ fn in_a_fleet_an_interactive_request_may_take_a_seat_no_instance_holds() {
     // ... or at once while that seat is in the others' reserved parts,
     // unused by their interactive requests: their waiting batch does not
     // fill it. Batch is lent none.
-    pool.set_others_reserve_free(1);
+    // The lending is the pool's: 2 seats free in the others' reserved
+    // parts are 2 seats lent in all, whichever replicas they are on, not
+    // 2 on each. Batch is lent none.
+    pool.set_others_reserve_free(2);
     assert_eq!(pool.pick(None, Room::Over(0), Tier::Batch, None).err(), Some(PickError::Saturated), "batch keeps to its part");
-    let _lent: Vec<ReplicaSlot> =
+    let lent: Vec<ReplicaSlot> =
         (0..2).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("the others' unused reservation")).collect();
-    assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "one seat lent a replica");
-    assert_eq!((ra.inflight(), rb.inflight()), (3, 3));
+    assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "2 lent in all");
+    assert_eq!(ra.inflight() + rb.inflight(), 4 + 2);
+    // A lent seat given back may be lent again.
+    let mut lent = lent.into_iter();
+    drop(lent.next());
+    let again = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("lent again");
+    assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "still 2 lent in all");
+    // With one seat free to lend across the two replicas, only one is taken.
+    drop((again, lent));
+    pool.set_others_reserve_free(1);
+    let one = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("one lent");
+    assert_eq!(
+        pool.pick(None, Room::Over(0), Tier::Interactive, None).err(),
+        Some(PickError::Saturated),
+        "one seat lent in all, not one a replica"
+    );
+    assert_eq!(ra.inflight() + rb.inflight(), 4 + 1);
+    drop(one);
     pool.set_others_reserve_free(0);
     let prio = two(8, true);
     prio.set_others_waiting(3);
