@@ -323,10 +323,9 @@ fn in_a_fleet_an_interactive_request_may_take_a_seat_no_instance_holds() {
     assert!(pool.pick(None, Room::Patient(0), Tier::Interactive, None).is_ok(), "patient: the unheld seat");
     // ... or at once while that seat is in the others' reserved parts,
     // unused by their interactive requests: their waiting batch does not
-    // fill it. Batch is lent none.
-    // The lending is the pool's: 2 seats free in the others' reserved
-    // parts are 2 seats lent in all, whichever replicas they are on, not
-    // 2 on each. Batch is lent none.
+    // fill it. The lending is the pool's: 2 seats free in the others'
+    // reserved parts are 2 seats lent in all, whichever replicas they are
+    // on, not 2 on each. Batch is lent none.
     pool.set_others_reserve_free(2);
     assert_eq!(pool.pick(None, Room::Over(0), Tier::Batch, None).err(), Some(PickError::Saturated), "batch keeps to its part");
     let lent: Vec<ReplicaSlot> =
