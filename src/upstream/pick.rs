@@ -166,9 +166,7 @@ impl Pool {
             for i in candidates {
                 let r = &self.replicas[i];
                 if let Some(seat) = r.try_take(tier, reach) {
-                    let mut slot = ReplicaSlot::new(r, tier);
-                    slot.count_lent(seat, &self.lent);
-                    return Ok(slot);
+                    return Ok(self.taken(r, tier, seat));
                 }
             }
         } else {
@@ -330,12 +328,18 @@ impl Pool {
         Err(missed)
     }
 
+    /// The slot `try_take` took on `r`, a lent seat counted in the pool's.
+    fn taken(&self, r: &Arc<Replica>, tier: Tier, seat: Seat) -> ReplicaSlot {
+        let mut slot = ReplicaSlot::new(r, tier);
+        slot.count_lent(seat, &self.lent);
+        slot
+    }
+
     /// The slot taken on `x`: its prefill counted there at once (a request
     /// routed on another worker meanwhile must see it), then the prompt
     /// recorded.
     fn seat(&self, x: &Ranked<'_>, tier: Tier, key: Option<&RouteKey>, seat: Seat) -> ReplicaSlot {
-        let mut slot = ReplicaSlot::new(x.r, tier);
-        slot.count_lent(seat, &self.lent);
+        let mut slot = self.taken(x.r, tier, seat);
         if let Some(k) = key {
             slot.prefill(x.uncached, self.config.upstream_priority);
             self.prefix.record(k, x.i, x.r.cache_blocks(k.block));
