@@ -29,6 +29,11 @@ pub(crate) struct Seats {
     pub(super) prefill_bytes: [AtomicU64; 2],
     /// Batch requests holding a slot here. Only changed through `ReplicaSlot`.
     pub(super) batch_held: AtomicUsize,
+    /// Of those holding a slot here, interactive requests in a seat lent of
+    /// the fleet's other instances' reserved parts (fleet.md rule 9): the
+    /// pool counts them too, and they are in `inflight` here already. Only
+    /// changed through `ReplicaSlot`.
+    pub(super) lent: AtomicUsize,
     /// Seats of the limit batch leaves to interactive requests here (the
     /// learned limit's answer to their first tokens coming late under load).
     pub(super) batch_cut: AtomicUsize,

@@ -81,6 +81,7 @@ impl Replica {
                 prefilling: [AtomicUsize::new(0), AtomicUsize::new(0)],
                 prefill_bytes: [AtomicU64::new(0), AtomicU64::new(0)],
                 batch_held: AtomicUsize::new(0),
+                lent: AtomicUsize::new(0),
                 batch_cut: AtomicUsize::new(0),
                 max_inflight: AtomicUsize::new(initial),
                 allowance: AtomicUsize::new(usize::MAX),

@@ -55,6 +55,7 @@ impl ReplicaSlot {
     pub(super) fn count_lent(&mut self, seat: Seat, lent: &Arc<AtomicUsize>) {
         if seat == Seat::Lent && self.lent.is_none() {
             lent.fetch_add(1, Ordering::Relaxed);
+            self.replica.seats.lent.fetch_add(1, Ordering::Relaxed);
             self.lent = Some(lent.clone());
         }
     }
@@ -116,6 +117,7 @@ impl ReplicaSlot {
             }
             if let Some(lent) = self.lent.take() {
                 lent.fetch_sub(1, Ordering::Relaxed);
+                self.replica.seats.lent.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }

@@ -100,7 +100,11 @@ impl Replica {
             // twice is a request in the engine's own queue, where chat waits
             // behind batch (fleet.md rule 9).
             Tier::Interactive if reach.prioritised || !reach.others_wait => max = max.max(unheld_seats()),
-            Tier::Interactive => max = max.saturating_add(reach.lend),
+            // What the pool has left to lend, and the seats lent here
+            // already: those are in this replica's count, where the pool's
+            // took them off what is left (counted twice, one replica lent about
+            // half the seats it was free to).
+            Tier::Interactive => max = max.saturating_add(reach.lend).saturating_add(self.seats.lent.load(Ordering::Relaxed)),
             Tier::Batch => {
                 let cut = self.seats.batch_cut.load(Ordering::Relaxed);
                 if cut > 0 && limit > 0 {

@@ -358,6 +358,38 @@ fn in_a_fleet_an_interactive_request_may_take_a_seat_no_instance_holds() {
     assert!(prio.pick(None, Room::Over(0), Tier::Interactive, None).is_ok(), "the engine orders its queue: an unheld seat");
 }
 
+/// Lent seats on one replica: they are in its own count and in the
+/// pool's, and lending counts each once (a seat counted in both lent half
+/// of what the others left free: the one replica of the llama.cpp fleet).
+#[test]
+fn a_replica_lends_every_seat_the_others_leave_free() {
+    let cfg = PoolConfig {
+        replicas: vec!["http://127.0.0.1:9".into()],
+        max_inflight_per_replica: InflightLimit::Fixed(8),
+        ..PoolConfig::default()
+    };
+    let access = Access::new(&cfg).expect("access");
+    let pool = Pool::new(cfg, access, None);
+    let r = pool.replicas[0].clone();
+    r.set_healthy(true);
+    // This instance's part: 2 of the 8; the others hold 3 and have requests waiting.
+    r.set_fleet_share(Some((2, 3)));
+    pool.set_others_waiting(3);
+    let _mine: Vec<ReplicaSlot> = (0..2).map(|_| pool.pick(None, Room::Over(0), Tier::Batch, None).expect("within the part")).collect();
+    pool.set_others_reserve_free(3);
+    let lent: Vec<ReplicaSlot> =
+        (0..3).map(|_| pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("the others' unused reservation")).collect();
+    assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "3 lent, no more");
+    assert_eq!((r.inflight(), pool.lent.load(Ordering::Relaxed), r.seats.lent.load(Ordering::Relaxed)), (5, 3, 3));
+    // One given back is lent again, and the counts fall with the slots.
+    let mut lent = lent.into_iter();
+    drop(lent.next());
+    let again = pool.pick(None, Room::Over(0), Tier::Interactive, None).expect("lent again");
+    assert_eq!(pool.pick(None, Room::Over(0), Tier::Interactive, None).err(), Some(PickError::Saturated), "still 3 lent");
+    drop((again, lent));
+    assert_eq!((r.inflight(), pool.lent.load(Ordering::Relaxed), r.seats.lent.load(Ordering::Relaxed)), (2, 0, 0));
+}
+
 #[test]
 fn the_prefill_count_falls_once_at_the_first_token_or_at_release() {
     let pool = two(8, false);
