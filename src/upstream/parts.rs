@@ -31,8 +31,8 @@ pub(crate) struct Seats {
     pub(super) batch_held: AtomicUsize,
     /// Of those holding a slot here, interactive requests in a seat lent of
     /// the fleet's other instances' reserved parts (fleet.md rule 9): the
-    /// pool counts them too, and they are in `inflight` here already. Only
-    /// changed through `ReplicaSlot`.
+    /// pool's lent seats are their sum over its replicas, and they are in
+    /// `inflight` here already. Only changed through `ReplicaSlot`.
     pub(super) lent: AtomicUsize,
     /// Seats of the limit batch leaves to interactive requests here (the
     /// learned limit's answer to their first tokens coming late under load).

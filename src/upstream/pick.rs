@@ -328,10 +328,10 @@ impl Pool {
         Err(missed)
     }
 
-    /// The slot `try_take` took on `r`, a lent seat counted in the pool's.
+    /// The slot `try_take` took on `r`, a lent seat counted there.
     fn taken(&self, r: &Arc<Replica>, tier: Tier, seat: Seat) -> ReplicaSlot {
         let mut slot = ReplicaSlot::new(r, tier);
-        slot.count_lent(seat, &self.lent);
+        slot.count_lent(seat);
         slot
     }
 

@@ -90,9 +90,6 @@ pub(crate) struct Pool {
     /// Seats of the others' reserved parts that their interactive requests
     /// neither hold nor wait for, as the fleet last published it.
     others_reserve_free: AtomicUsize,
-    /// Of those, the seats this instance's interactive requests hold, on
-    /// any replica: lending is the pool's, not each replica's.
-    pub(super) lent: Arc<AtomicUsize>,
     /// Too few replicas pass their checks: all are routed to (see [`Pool::judge`]).
     panic: std::sync::atomic::AtomicBool,
     panic_gauge: std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge>,
@@ -128,7 +125,17 @@ impl Pool {
     /// may both take the last one: the replica's free seats as last heard
     /// still bound each.)
     pub(super) fn others_reserve_free(&self) -> usize {
-        self.others_reserve_free.load(Ordering::Relaxed).saturating_sub(self.lent.load(Ordering::Relaxed))
+        match self.others_reserve_free.load(Ordering::Relaxed) {
+            0 => 0,
+            free => free.saturating_sub(self.lent()),
+        }
+    }
+
+    /// The seats of the others' reserved parts this instance's interactive
+    /// requests hold, on all the replicas: lending is the pool's, not each
+    /// replica's.
+    pub(super) fn lent(&self) -> usize {
+        self.replicas.iter().map(|r| r.seats.lent.load(Ordering::Relaxed)).sum()
     }
 
     /// The fleet's other instances have requests waiting for this pool, as last heard.
@@ -209,7 +216,6 @@ impl Pool {
             waiting: AtomicUsize::new(0),
             others_waiting: AtomicUsize::new(0),
             others_reserve_free: AtomicUsize::new(0),
-            lent: Arc::default(),
             panic: std::sync::atomic::AtomicBool::new(false),
             panic_gauge: std::sync::OnceLock::new(),
             owners: previous.map(|p| p.owners.clone()).unwrap_or_default(),

@@ -1,7 +1,7 @@
 //! A request's hold on one of a replica's slots: taken when the request
 //! is routed, given back exactly once, when dropped or released.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::take::Seat;
@@ -24,8 +24,8 @@ pub(crate) struct ReplicaSlot {
     /// ahead of it there and its own, and the time to first token predicted.
     dispatch: Option<(tokio::time::Instant, u64, Option<std::time::Duration>)>,
     /// A seat lent of the fleet's other instances' reserved parts: counted
-    /// in its pool's lent seats until the slot goes back.
-    lent: Option<Arc<AtomicUsize>>,
+    /// in the replica's lent seats until the slot goes back.
+    lent: bool,
 }
 
 impl ReplicaSlot {
@@ -47,16 +47,15 @@ impl ReplicaSlot {
         if tier == Tier::Batch {
             replica.seats.batch_held.fetch_add(1, Ordering::Relaxed);
         }
-        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true, prefill_bytes: 0, dispatch: None, lent: None }
+        ReplicaSlot { replica: replica.clone(), held: true, tier, prefilling: true, prefill_bytes: 0, dispatch: None, lent: false }
     }
 
-    /// Its seat was lent (`Seat::Lent`): counted in `lent`, the pool's lent
-    /// seats, until the slot goes back.
-    pub(super) fn count_lent(&mut self, seat: Seat, lent: &Arc<AtomicUsize>) {
-        if seat == Seat::Lent && self.lent.is_none() {
-            lent.fetch_add(1, Ordering::Relaxed);
+    /// Its seat was lent (`Seat::Lent`): counted in the replica's lent
+    /// seats (the pool's are their sum) until the slot goes back.
+    pub(super) fn count_lent(&mut self, seat: Seat) {
+        if seat == Seat::Lent && !self.lent {
             self.replica.seats.lent.fetch_add(1, Ordering::Relaxed);
-            self.lent = Some(lent.clone());
+            self.lent = true;
         }
     }
 
@@ -115,8 +114,7 @@ impl ReplicaSlot {
             if self.tier == Tier::Batch {
                 self.replica.seats.batch_held.fetch_sub(1, Ordering::Relaxed);
             }
-            if let Some(lent) = self.lent.take() {
-                lent.fetch_sub(1, Ordering::Relaxed);
+            if std::mem::take(&mut self.lent) {
                 self.replica.seats.lent.fetch_sub(1, Ordering::Relaxed);
             }
         }
