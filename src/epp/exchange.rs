@@ -257,11 +257,13 @@ fn request(head: wire::Headers, body: Option<Bytes>, subset: Option<Vec<String>>
     (req, ends)
 }
 
-/// The replica's response head as Envoy relays it.
+/// The replica's response head as Envoy relays it, but for the headers of
+/// one hop (as a replica's own answer is read).
 fn response_head(head: &wire::Headers) -> http::response::Parts {
     let mut parts = http::Response::new(()).into_parts().0;
     parts.status = head.status.and_then(|s| http::StatusCode::from_u16(s).ok()).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    parts.headers = head.map.clone();
+    let end_to_end = head.map.iter().filter(|(k, _)| !crate::upstream::HOP_BY_HOP.contains(k));
+    parts.headers = end_to_end.map(|(k, v)| (k.clone(), v.clone())).collect();
     parts
 }
 

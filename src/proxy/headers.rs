@@ -239,8 +239,10 @@ fn appended(h: &HeaderMap, name: &HeaderName, element: &HeaderValue) -> Option<H
     HeaderValue::from_bytes(&v).ok()
 }
 
+/// A header of one hop only (the replica's answer's are left out as it is
+/// read: [`crate::upstream::HOP_BY_HOP`]).
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name)
+    crate::upstream::HOP_BY_HOP.contains(name)
 }
 
 /// The headers a `Connection` header names: hop-by-hop for this hop only.
@@ -263,46 +265,6 @@ fn connection_named(h: &HeaderMap) -> Vec<HeaderName> {
 fn names_no_header(v: &HeaderValue) -> bool {
     v.as_bytes().eq_ignore_ascii_case(b"keep-alive") || v.as_bytes().eq_ignore_ascii_case(b"close")
 }
-
-/// Remove hop-by-hop headers, including those named in `Connection`.
-/// The names are looked over once (most responses carry none, or only
-/// `Connection`): a removal by name hashes the name, present or not.
-pub(super) fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let (mut present, mut names_others) = (0u16, false);
-    for (k, v) in h.iter() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|n| n == k) {
-            present |= 1 << i;
-            names_others |= i == 0 && !names_no_header(v);
-        }
-    }
-    if present == 0 {
-        return;
-    }
-    if names_others {
-        for n in connection_named(h) {
-            h.remove(n);
-        }
-    }
-    for (i, n) in HOP_BY_HOP.iter().enumerate() {
-        if present & (1 << i) != 0 {
-            h.remove(n);
-        }
-    }
-}
-
-/// The hop-by-hop headers: this hop's only, never forwarded (`Connection`
-/// first: [`strip_hop_by_hop`] reads its bit).
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    HeaderName::from_static("proxy-connection"),
-];
 
 #[cfg(test)]
 mod tests {
@@ -329,35 +291,6 @@ mod tests {
             assert!(matches!(deadline(&h), Err(GatewayError::InvalidRequest { .. })), "{bad:?}");
         }
     }
-    #[test]
-    fn hop_by_hop_headers_and_those_connection_names_are_stripped_and_nothing_else() {
-        let stripped = |pairs: &[(&'static str, &'static str)]| {
-            let mut h = HeaderMap::new();
-            for (k, v) in pairs {
-                h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
-            }
-            strip_hop_by_hop(&mut h);
-            let mut left: Vec<String> = h.iter().map(|(k, v)| format!("{k}: {}", v.to_str().unwrap_or("?"))).collect();
-            left.sort();
-            left
-        };
-        let kept = ["content-type: application/json", "x-keep: 1"];
-        assert_eq!(stripped(&[("connection", "Keep-Alive"), ("content-type", "application/json"), ("x-keep", "1")]), kept);
-        assert_eq!(stripped(&[("connection", "close"), ("content-type", "application/json"), ("x-keep", "1")]), kept);
-        // A header named in a later Connection value, beside one that names none.
-        let named = [
-            ("connection", "keep-alive"),
-            ("connection", "close, X-Private"),
-            ("x-private", "a"),
-            ("keep-alive", "timeout=5"),
-            ("transfer-encoding", "chunked"),
-            ("content-type", "application/json"),
-            ("x-keep", "1"),
-        ];
-        assert_eq!(stripped(&named), kept);
-        assert_eq!(stripped(&[("content-type", "application/json"), ("x-keep", "1")]), kept, "nothing to strip");
-    }
-
     /// What a stream keeps for its continuations is smaller than what the
     /// client sent, and a request built from it carries the very headers a
     /// request built from everything does, credentials kept or stripped.

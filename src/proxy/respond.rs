@@ -240,7 +240,6 @@ pub(super) fn observe(
     } else {
         Watched::new(ObservedBody::passthrough(rbody, tracker, t), list).boxed_unsync()
     };
-    headers::strip_hop_by_hop(&mut rparts.headers);
     if is_sse && s.strip_usage {
         rparts.headers.remove(header::CONTENT_LENGTH);
     }

@@ -5,7 +5,7 @@
 //! The rules: docs/design/replica-connections.md.
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{self, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
 
 /// Headers an answer's head may carry (hyper's default too).
@@ -88,9 +88,129 @@ pub(super) struct Head {
 /// Headers an answer's map has room for beyond the replica's own.
 const ADDED_HEADERS: usize = 4;
 
+/// The headers of one hop (RFC 9110 section 7.6.1): never forwarded,
+/// either way. `Connection` first.
+pub(crate) const HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    TRANSFER_ENCODING,
+    header::UPGRADE,
+    HeaderName::from_static("proxy-connection"),
+];
+
+/// What an answer's head says of its own hop, read from its lines as
+/// they were parsed: its framing and whether the connection stays, and
+/// which of its headers are this hop's (never put in the map).
+#[derive(Default)]
+struct Hop {
+    /// The headers left out, by their place in the head (at most
+    /// [`MAX_HEADERS`]).
+    left_out: u128,
+    /// `Connection` says `close`; says `keep-alive`; names a header.
+    close: bool,
+    keep_alive: bool,
+    names_headers: bool,
+    /// `Transfer-Encoding` was sent; its last coding is `chunked`.
+    codings: bool,
+    chunked: bool,
+    /// Every `Content-Length` value, the same (an error if not).
+    length: Option<u64>,
+}
+
+impl Hop {
+    /// Read a head's lines; an error for a `Content-Length` that is not one
+    /// length.
+    fn read(headers: &[httparse::Header<'_>]) -> Result<Hop, WireError> {
+        let mut hop = Hop::default();
+        for (i, h) in headers.iter().enumerate() {
+            let name = h.name.as_bytes();
+            if name.eq_ignore_ascii_case(b"content-length") {
+                hop.content_length(h.value)?;
+                continue;
+            }
+            let Some(at) = HOP_BY_HOP.iter().position(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name)) else { continue };
+            hop.left_out |= 1 << i;
+            if at == 0 {
+                for token in h.value.split(|b| *b == b',').map(trim).filter(|t| !t.is_empty()) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        hop.close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        hop.keep_alive = true;
+                    } else {
+                        hop.names_headers = true;
+                    }
+                }
+            } else if HOP_BY_HOP[at] == TRANSFER_ENCODING {
+                hop.codings = true;
+                hop.chunked = h.value.split(|b| *b == b',').next_back().map(trim).is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
+            }
+        }
+        if hop.names_headers {
+            hop.leave_out_named(headers);
+        }
+        if hop.codings {
+            // A length beside a transfer coding is not the body's: the
+            // coding decides, and the length is not passed on (RFC 9112
+            // section 6.3).
+            hop.leave_out(headers, CONTENT_LENGTH.as_str().as_bytes());
+        }
+        Ok(hop)
+    }
+
+    /// A `Content-Length` value: one or more lengths, all the same.
+    fn content_length(&mut self, value: &[u8]) -> Result<(), WireError> {
+        for part in value.split(|b| *b == b',') {
+            let n = std::str::from_utf8(trim(part))
+                .ok()
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or(WireError::Invalid("its Content-Length"))?;
+            if self.length.is_some_and(|l| l != n) {
+                return Err(WireError::Invalid("two different Content-Lengths"));
+            }
+            self.length = Some(n);
+        }
+        Ok(())
+    }
+
+    /// Leave out the headers a `Connection` header names.
+    fn leave_out_named(&mut self, headers: &[httparse::Header<'_>]) {
+        let named = headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(CONNECTION.as_str()))
+            .flat_map(|h| h.value.split(|b| *b == b','))
+            .map(trim)
+            .filter(|t| !t.is_empty());
+        for token in named {
+            self.leave_out(headers, token);
+        }
+    }
+
+    /// Leave out every header named `name` (in any case).
+    fn leave_out(&mut self, headers: &[httparse::Header<'_>], name: &[u8]) {
+        for (i, h) in headers.iter().enumerate() {
+            if h.name.as_bytes().eq_ignore_ascii_case(name) {
+                self.left_out |= 1 << i;
+            }
+        }
+    }
+
+    /// A header of the head, by its place, goes in the map.
+    fn kept(&self, i: usize) -> bool {
+        self.left_out & (1 << i) == 0
+    }
+}
+
 /// Parse an answer's head from the front of `buf`, taking it out of it:
 /// `Ok(None)` while it is incomplete. Informational answers (1xx) are
 /// skipped. `method`: the request's, which decides whether a body follows.
+/// The head's own hop's headers (`Connection`, those it names,
+/// `Transfer-Encoding` and the rest of [`HOP_BY_HOP`]) are read for its
+/// framing and left out of the map: the client's hop has its own.
 pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, WireError> {
     loop {
         // Left uninitialised: filling 100 slots first cost more than parsing a head.
@@ -105,17 +225,23 @@ pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<H
             Err(_) => return Err(WireError::Invalid("its head does not parse")),
         };
         let status = parsed.code.and_then(|c| StatusCode::from_u16(c).ok()).ok_or(WireError::Invalid("its status"))?;
+        if status.is_informational() {
+            buf.advance(len);
+            continue;
+        }
         let version = if parsed.version == Some(1) { Version::HTTP_11 } else { Version::HTTP_10 };
+        let hop = Hop::read(parsed.headers)?;
+        let kept = || parsed.headers.iter().enumerate().filter(|(i, _)| hop.kept(*i)).map(|(_, h)| h);
         // Every value copied into one allocation, each a slice of it: not
         // an allocation per header, and nothing of the read buffer kept.
-        let values = values_of(parsed.headers);
+        let values = values_of(kept());
         // Room for the headers the gateway adds to the answer it relays
         // (class, replica, queue time, request id): sized to the replica's
         // alone, vLLM's four and those four outgrew the map, which then
         // hashed every header again into one twice its size.
-        let mut headers = HeaderMap::with_capacity(parsed.headers.len() + ADDED_HEADERS);
+        let mut headers = HeaderMap::with_capacity(kept().count() + ADDED_HEADERS);
         let mut at = 0;
-        for h in parsed.headers.iter() {
+        for h in kept() {
             let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| WireError::Invalid("a header name"))?;
             let value =
                 HeaderValue::from_maybe_shared(values.slice(at..at + h.value.len())).map_err(|_| WireError::Invalid("a header value"))?;
@@ -123,11 +249,8 @@ pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<H
             headers.append(name, value);
         }
         buf.advance(len);
-        if status.is_informational() {
-            continue;
-        }
-        let framing = framing(status, method, &headers)?;
-        let keep_alive = keep_alive(version, &headers) && framing != Some(Framing::Close);
+        let framing = framing(status, method, &hop);
+        let keep_alive = (if version == Version::HTTP_11 { !hop.close } else { hop.keep_alive }) && framing != Some(Framing::Close);
         let mut response = Response::new(());
         *response.status_mut() = status;
         *response.version_mut() = version;
@@ -155,8 +278,8 @@ impl AsRef<[u8]> for InlineValues {
 }
 
 /// Every value of `headers`, one after another, in one buffer.
-fn values_of(headers: &[httparse::Header<'_>]) -> Bytes {
-    let total: usize = headers.iter().map(|h| h.value.len()).sum();
+fn values_of<'a, 'b: 'a>(headers: impl Iterator<Item = &'a httparse::Header<'b>> + Clone) -> Bytes {
+    let total: usize = headers.clone().map(|h| h.value.len()).sum();
     if total <= INLINE_VALUES {
         let mut inline = InlineValues { len: 0, buf: [0; INLINE_VALUES] };
         for h in headers {
@@ -173,48 +296,17 @@ fn values_of(headers: &[httparse::Header<'_>]) -> Bytes {
 }
 
 /// RFC 9112 section 6.3, for an answer.
-fn framing(status: StatusCode, method: &Method, headers: &HeaderMap) -> Result<Option<Framing>, WireError> {
+fn framing(status: StatusCode, method: &Method, hop: &Hop) -> Option<Framing> {
     if *method == Method::HEAD || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-        return Ok(None);
+        return None;
     }
-    let mut codings = headers.get_all(TRANSFER_ENCODING).iter().peekable();
-    if codings.peek().is_some() {
-        let last = codings.flat_map(|v| v.as_bytes().split(|b| *b == b',')).last().map(trim);
-        return Ok(Some(if last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")) {
-            Framing::Chunked(Chunk::Size)
-        } else {
-            Framing::Close
-        }));
+    if hop.codings {
+        return Some(if hop.chunked { Framing::Chunked(Chunk::Size) } else { Framing::Close });
     }
-    let mut length = None;
-    for v in headers.get_all(CONTENT_LENGTH) {
-        for part in v.as_bytes().split(|b| *b == b',') {
-            let n = std::str::from_utf8(trim(part))
-                .ok()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or(WireError::Invalid("its Content-Length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(WireError::Invalid("two different Content-Lengths"));
-            }
-            length = Some(n);
-        }
-    }
-    Ok(Some(match length {
-        Some(0) => return Ok(None),
-        Some(n) => Framing::Length(n),
-        None => Framing::Close,
-    }))
-}
-
-fn keep_alive(version: Version, headers: &HeaderMap) -> bool {
-    let has = |token: &[u8]| {
-        headers.get_all(CONNECTION).iter().any(|v| v.as_bytes().split(|b| *b == b',').any(|t| trim(t).eq_ignore_ascii_case(token)))
-    };
-    if version == Version::HTTP_11 {
-        !has(b"close")
-    } else {
-        has(b"keep-alive")
+    match hop.length {
+        Some(0) => None,
+        Some(n) => Some(Framing::Length(n)),
+        None => Some(Framing::Close),
     }
 }
 
@@ -336,7 +428,7 @@ mod tests {
 
     #[test]
     fn an_answer_head_parses_in_pieces_and_says_how_its_body_ends() {
-        let wire = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
+        let wire = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\ntransfer-encoding: chunked\r\nx-b: 1\r\n\r\n5\r\nhello\r\n";
         let mut buf = BytesMut::new();
         let mut got = None;
         for b in wire.as_bytes() {
@@ -352,7 +444,8 @@ mod tests {
         assert_eq!(h.framing, Some(Framing::Chunked(Chunk::Size)));
         assert!(h.keep_alive);
         assert!(buf.is_empty(), "the head is taken out, nothing after it read yet");
-        let (a, b) = (&h.response.headers()["content-type"], &h.response.headers()["transfer-encoding"]);
+        assert!(!h.response.headers().contains_key("transfer-encoding"), "this hop's framing is not the client's");
+        let (a, b) = (&h.response.headers()["content-type"], &h.response.headers()["x-b"]);
         assert_eq!(a.as_bytes()[a.len()..].as_ptr(), b.as_bytes().as_ptr(), "the values share one allocation, one after the other");
     }
 
@@ -381,11 +474,38 @@ mod tests {
         assert_eq!((close.framing, close.keep_alive), (Some(Framing::Close), false), "no length: ends at close");
         let te = f("HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: gzip, chunked\r\n\r\n", &Method::GET);
         assert_eq!(te.framing, Some(Framing::Chunked(Chunk::Size)), "transfer-encoding wins over a length");
+        assert!(!te.response.headers().contains_key("content-length"), "and the length is not passed on");
+        let other = f("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: gzip\r\n\r\n", &Method::GET);
+        assert_eq!(other.framing, Some(Framing::Close), "the last coding not chunked: the body ends at close");
         assert!(!f("HTTP/1.1 200 OK\r\nconnection: Close\r\ncontent-length: 1\r\n\r\n", &Method::GET).keep_alive);
         assert!(!f("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n", &Method::GET).keep_alive);
         assert!(f("HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n", &Method::GET).keep_alive);
         let early = f("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n", &Method::POST);
         assert_eq!(early.response.status(), StatusCode::CREATED, "an informational answer is skipped");
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_left_out_and_nothing_else() {
+        let kept = |lines: &str| {
+            let h = head(
+                &format!("HTTP/1.1 200 OK\r\n{lines}content-type: application/json\r\nx-keep: 1\r\ncontent-length: 2\r\n\r\n"),
+                &Method::GET,
+            )
+            .expect("valid")
+            .expect("whole");
+            let mut left: Vec<String> = h.response.headers().iter().map(|(k, v)| format!("{k}: {}", v.to_str().unwrap_or("?"))).collect();
+            left.sort();
+            (left, h.keep_alive)
+        };
+        let all = |ka: bool| (vec!["content-length: 2".to_string(), "content-type: application/json".into(), "x-keep: 1".into()], ka);
+        assert_eq!(kept(""), all(true), "nothing to leave out");
+        assert_eq!(kept("Connection: Keep-Alive\r\n"), all(true));
+        assert_eq!(kept("connection: close\r\n"), all(false));
+        // A header named in a later Connection value, beside one that names
+        // none, and one named before the Connection that names it.
+        let named = "x-early: b\r\nconnection: keep-alive\r\nConnection: close, X-Private, X-Early\r\nx-private: a\r\n\
+                     keep-alive: timeout=5\r\nproxy-connection: keep-alive\r\ntrailer: x\r\nupgrade: h2c\r\n";
+        assert_eq!(kept(named), all(false));
     }
 
     #[test]

@@ -289,6 +289,13 @@ fn slogate_check_names_a_missing_ca_file_an_unset_key_variable_and_half_an_mtls_
 /// A replica whose completions carry an `x-pad` header of `pad` bytes
 /// (a proxy in front of it adding large headers): raw HTTP/1.1 on a free port.
 async fn padded_replica(pad: usize) -> String {
+    raw_replica(pad, "").await
+}
+
+/// A replica answering completions with `lines` (each ending in CRLF) in
+/// their head after an `x-pad` header of `pad` bytes: raw HTTP/1.1 on a
+/// free port.
+async fn raw_replica(pad: usize, lines: &'static str) -> String {
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
@@ -300,8 +307,9 @@ async fn padded_replica(pad: usize) -> String {
                     let body = r#"{"id":"c","object":"chat.completion","created":1,"model":"m1","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
                     // Health checks get a plain answer; only completions are padded.
                     let pad = if head.starts_with("post") { pad } else { 1 };
+                    let lines = if head.starts_with("post") { lines } else { "" };
                     let resp = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-pad: {}\r\ncontent-length: {}\r\n\r\n{body}",
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-pad: {}\r\n{lines}content-length: {}\r\n\r\n{body}",
                         "p".repeat(pad),
                         body.len()
                     );
@@ -336,6 +344,32 @@ async fn a_response_head_past_the_read_buffer_passes_and_one_past_64_kib_is_a_50
         let (s, _, b) = post(&gw, "/v1/chat/completions", &chat_body(stream, false), &[]).await;
         assert_eq!(s, 502, "{}", String::from_utf8_lossy(&b));
         assert!(!error_code(&b).is_empty(), "an OpenAI error body: {}", String::from_utf8_lossy(&b));
+    }
+    assert_quiescent(&gw).await;
+}
+
+/// A replica's answer's headers of its own hop (`Connection`, those it
+/// names, `Keep-Alive`, `Proxy-Connection`, `Upgrade`) do not reach the
+/// client, over HTTP/1.1 or HTTP/2 (where a connection header is not even
+/// allowed), while its other headers do.
+#[tokio::test]
+async fn a_replicas_hop_by_hop_headers_stay_on_its_hop() {
+    let hop = "Connection: keep-alive, X-Replica-Hop\r\nX-Replica-Hop: secret\r\nKeep-Alive: timeout=5\r\n\
+               Proxy-Connection: keep-alive\r\nUpgrade: h2c\r\nX-Kept: yes\r\n";
+    let gw = gateway_config(&[raw_replica(1, hop).await]).start().await;
+    for (proto, c) in clients() {
+        for stream in [true, false] {
+            let resp = c.request(post_req(&gw, "/v1/chat/completions", &chat_body(stream, false), &[])).await.expect("response");
+            assert_eq!(resp.status(), 200, "{proto}, stream {stream}");
+            let h = resp.headers().clone();
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            assert!(String::from_utf8_lossy(&body).contains("\"hi\""), "{proto}, stream {stream}");
+            for name in ["x-replica-hop", "keep-alive", "proxy-connection", "upgrade"] {
+                assert!(h.get(name).is_none(), "{proto}, stream {stream}: {name} passed: {h:?}");
+            }
+            assert!(h.get_all("connection").iter().all(|v| v.as_bytes().eq_ignore_ascii_case(b"keep-alive")), "{proto}: {h:?}");
+            assert_eq!(header(&h, "x-kept"), Some("yes"), "{proto}, stream {stream}: the replica's own header passes");
+        }
     }
     assert_quiescent(&gw).await;
 }
