@@ -25,6 +25,7 @@ pub mod config;
 mod discovery;
 mod epp;
 mod error;
+mod flat;
 mod fleet;
 pub mod import;
 mod limits;

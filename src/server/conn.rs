@@ -163,7 +163,7 @@ pub(super) async fn serve_conn(
                 tracing::debug!(%peer, "no request head within server.header_read_timeout; closing");
                 return;
             };
-            builders.serve(Some(speaks), TokioIo::new(stream), svc, entry).await
+            builders.serve(Some(speaks), TokioIo::new(crate::flat::Flat(stream)), svc, entry).await
         }
         // Boxed: TLS's state (1.2 KB more) would otherwise size every plain
         // connection's task too.

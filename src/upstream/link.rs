@@ -510,7 +510,7 @@ impl AsyncWrite for Stream {
             return Poll::Ready(Ok(len));
         }
         let r = match &mut this.io {
-            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Plain(s) => crate::flat::poll_write_flat(Pin::new(s), cx, bufs),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         };
         this.wrote(r, len)
