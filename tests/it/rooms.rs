@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 const LADDER: &[(&str, u32)] = &[
     ("config", 0),
     ("sync", 0),
+    ("flat", 0),
     ("telemetry", 1),
     ("reduce", 1),
     ("error", 2),
