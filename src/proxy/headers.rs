@@ -251,12 +251,10 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 fn connection_named(h: &HeaderMap) -> Vec<HeaderName> {
     h.get_all(header::CONNECTION)
         .iter()
-        .filter(|v| !names_no_header(v))
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|n| !n.eq_ignore_ascii_case("keep-alive") && !n.eq_ignore_ascii_case("close"))
-        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+        .filter(|v| !names_no_header(v) && v.to_str().is_ok())
+        .flat_map(|v| crate::upstream::list_items(v.as_bytes()))
+        .filter(|n| !n.eq_ignore_ascii_case(b"keep-alive") && !n.eq_ignore_ascii_case(b"close"))
+        .filter_map(|n| HeaderName::from_bytes(n).ok())
         .collect()
 }
 

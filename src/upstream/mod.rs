@@ -43,4 +43,4 @@ pub(crate) use relay::Relay;
 pub(crate) use replica::{Load, Replica};
 pub(crate) use send::{send_with_retry, Attempts, HeadRetried};
 pub(crate) use slot::ReplicaSlot;
-pub(crate) use wire::HOP_BY_HOP;
+pub(crate) use wire::{list_items, HOP_BY_HOP};

@@ -106,7 +106,7 @@ pub(crate) const HOP_BY_HOP: [HeaderName; 9] = [
 /// they were parsed: its framing and whether the connection stays, and
 /// which of its headers are this hop's (never put in the map).
 #[derive(Default)]
-struct Hop {
+struct HopLines {
     /// The headers left out, by their place in the head (at most
     /// [`MAX_HEADERS`]).
     left_out: u128,
@@ -121,21 +121,21 @@ struct Hop {
     length: Option<u64>,
 }
 
-impl Hop {
+impl HopLines {
     /// Read a head's lines; an error for a `Content-Length` that is not one
     /// length.
-    fn read(headers: &[httparse::Header<'_>]) -> Result<Hop, WireError> {
-        let mut hop = Hop::default();
+    fn read(headers: &[httparse::Header<'_>]) -> Result<HopLines, WireError> {
+        let mut hop = HopLines::default();
         for (i, h) in headers.iter().enumerate() {
             let name = h.name.as_bytes();
-            if name.eq_ignore_ascii_case(b"content-length") {
+            if name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()) {
                 hop.content_length(h.value)?;
                 continue;
             }
             let Some(at) = HOP_BY_HOP.iter().position(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name)) else { continue };
             hop.left_out |= 1 << i;
             if at == 0 {
-                for token in h.value.split(|b| *b == b',').map(trim).filter(|t| !t.is_empty()) {
+                for token in list_items(h.value) {
                     if token.eq_ignore_ascii_case(b"close") {
                         hop.close = true;
                     } else if token.eq_ignore_ascii_case(b"keep-alive") {
@@ -179,12 +179,7 @@ impl Hop {
 
     /// Leave out the headers a `Connection` header names.
     fn leave_out_named(&mut self, headers: &[httparse::Header<'_>]) {
-        let named = headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case(CONNECTION.as_str()))
-            .flat_map(|h| h.value.split(|b| *b == b','))
-            .map(trim)
-            .filter(|t| !t.is_empty());
+        let named = headers.iter().filter(|h| h.name.eq_ignore_ascii_case(CONNECTION.as_str())).flat_map(|h| list_items(h.value));
         for token in named {
             self.leave_out(headers, token);
         }
@@ -230,7 +225,7 @@ pub(super) fn parse_head(buf: &mut BytesMut, method: &Method) -> Result<Option<H
             continue;
         }
         let version = if parsed.version == Some(1) { Version::HTTP_11 } else { Version::HTTP_10 };
-        let hop = Hop::read(parsed.headers)?;
+        let hop = HopLines::read(parsed.headers)?;
         let kept = || parsed.headers.iter().enumerate().filter(|(i, _)| hop.kept(*i)).map(|(_, h)| h);
         // Every value copied into one allocation, each a slice of it: not
         // an allocation per header, and nothing of the read buffer kept.
@@ -295,8 +290,15 @@ fn values_of<'a, 'b: 'a>(headers: impl Iterator<Item = &'a httparse::Header<'b>>
     values.freeze()
 }
 
+/// The elements of a comma-separated header value (RFC 9110 section
+/// 5.6.1), trimmed, the empty ones left out: a `Connection` header's
+/// options and the headers it names.
+pub(crate) fn list_items(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value.split(|b| *b == b',').map(trim).filter(|t| !t.is_empty())
+}
+
 /// RFC 9112 section 6.3, for an answer.
-fn framing(status: StatusCode, method: &Method, hop: &Hop) -> Option<Framing> {
+fn framing(status: StatusCode, method: &Method, hop: &HopLines) -> Option<Framing> {
     if *method == Method::HEAD || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return None;
     }
